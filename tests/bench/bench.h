@@ -1,0 +1,32 @@
+/*
+ * bench.h — shared plumbing for `kvgw bench NAME`: every benchmark prints a readable table,
+ * then one JSON object on its last line: {"bench": NAME, "figures": {...}}. Figure names
+ * carry their unit (lookups_per_s_full_hit, bytes_per_token, ttft_ms_cached).
+ */
+#ifndef KVGW_BENCH_H
+#define KVGW_BENCH_H
+
+#include <stddef.h>
+
+#define BENCH_MAX_FIGURES 64
+
+typedef struct bench_report {
+    const char *name;
+    int n;
+    struct {
+        char key[64];
+        double value;
+        char note[96];
+    } fig[BENCH_MAX_FIGURES];
+} bench_report_t;
+
+void bench_report_init(bench_report_t *r, const char *name);
+/* Adds a figure; note is free text for the table (may be NULL). */
+void bench_report_add(bench_report_t *r, const char *key, double value, const char *note);
+/* Prints the table and then the JSON line to stdout. */
+void bench_report_print(const bench_report_t *r);
+
+/* The benchmarks, each a subcommand main: argv[0] is the benchmark's name. */
+int bench_radix_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,108 @@
+/* test_common.c — common/: errors, allocator hooks, arena, buffers, logging. */
+#include "common.h"
+#include "pc_test.h"
+
+#include <errno.h>
+
+PC_TEST(err_names_and_messages)
+{
+    ASSERT_STR_EQ(pc_err_name(PC_ERR_NOMEM), "NOMEM");
+    ASSERT_STR_EQ(pc_strerror(PC_ERR_NOMEM), "out of memory");
+    ASSERT_STR_EQ(pc_strerror(PC_OK), "ok");
+    ASSERT_STR_EQ(pc_err_name(12345), "UNKNOWN");
+    ASSERT_EQ(pc_err_from_errno(ENOMEM), PC_ERR_NOMEM);
+    ASSERT_EQ(pc_err_from_errno(ENOENT), PC_ERR_NOTFOUND);
+    ASSERT_EQ(pc_err_from_errno(EIO), PC_ERR_IO);
+}
+
+static int fail_after;
+static void *failing_malloc(size_t n) { return fail_after-- > 0 ? malloc(n) : NULL; }
+static void *failing_calloc(size_t c, size_t n) { return fail_after-- > 0 ? calloc(c, n) : NULL; }
+static void *failing_realloc(void *p, size_t n) { return fail_after-- > 0 ? realloc(p, n) : NULL; }
+
+PC_TEST(allocator_hooks_inject_failure)
+{
+    pc_allocator_t a = {failing_malloc, failing_calloc, failing_realloc, free};
+    pc_allocator_t prev = pc_set_allocator(&a);
+    fail_after = 1;
+    void *p = pc_malloc(16);
+    void *q = pc_malloc(16);
+    pc_set_allocator(&prev);
+    ASSERT_TRUE(p != NULL);
+    ASSERT_TRUE(q == NULL);
+    pc_free(p);
+    pc_free(NULL);
+    ASSERT_TRUE(pc_reallocarray(NULL, SIZE_MAX / 2, 4) == NULL);
+}
+
+PC_TEST(arena_alignment_and_clear)
+{
+    pc_arena_t a;
+    pc_arena_init(&a, 64);
+    char *s = pc_arena_strndup(&a, "hello world", 5);
+    ASSERT_STR_EQ(s, "hello");
+    for (int i = 0; i < 100; i++) {
+        double *d = pc_arena_new(&a, double, 3);
+        ASSERT_TRUE(d != NULL);
+        ASSERT_EQ((uintptr_t)d % _Alignof(max_align_t), 0);
+        ASSERT_TRUE(d[0] == 0 && d[2] == 0);
+        d[2] = i;
+    }
+    char *big = pc_arena_alloc(&a, 10000);
+    ASSERT_TRUE(big != NULL);
+    memset(big, 1, 10000);
+    ASSERT_STR_EQ(s, "hello");
+    pc_arena_clear(&a);
+    ASSERT_EQ(a.bytes_used, 0);
+    ASSERT_TRUE(pc_arena_alloc(&a, 8) != NULL);
+    pc_arena_close(&a);
+}
+
+PC_TEST(buf_reserve_commit_printf)
+{
+    pc_buf_t b = PC_BUF_INIT;
+    ASSERT_EQ(pc_buf_append_cstr(&b, "abc"), PC_OK);
+    char *p = pc_buf_reserve(&b, 1000);
+    ASSERT_TRUE(p != NULL);
+    memset(p, 'x', 1000);
+    pc_buf_commit(&b, 1000);
+    ASSERT_EQ(b.len, 1003);
+    ASSERT_EQ(pc_buf_printf(&b, "%d-%s", 42, "y"), PC_OK);
+    char longfmt[600];
+    memset(longfmt, 'z', sizeof longfmt - 1);
+    longfmt[sizeof longfmt - 1] = '\0';
+    ASSERT_EQ(pc_buf_printf(&b, "%s", longfmt), PC_OK);
+    ASSERT_EQ(pc_buf_terminate(&b), PC_OK);
+    ASSERT_EQ(b.len, 1003 + 4 + 599);
+    ASSERT_TRUE(memcmp(b.base + 1003, "42-y", 4) == 0);
+    ASSERT_TRUE(pc_slice_eq_cstr(pc_slice(b.base, 3), "abc"));
+    pc_buf_free(&b);
+    ASSERT_TRUE(b.base == NULL && b.len == 0);
+}
+
+static char last_msg[128];
+static int last_level = -1;
+static void capture(int level, const char *module, const char *msg, void *ud)
+{
+    (void)module;
+    (void)ud;
+    last_level = level;
+    snprintf(last_msg, sizeof last_msg, "%s", msg);
+}
+
+PC_TEST(log_levels_filter_before_formatting)
+{
+    pc_log_set_sink(capture, NULL);
+    pc_log_set_level(PC_LOG_WARN);
+    PC_LOG(PC_LOG_INFO, "t", "hidden %d", 1);
+    ASSERT_EQ(last_level, -1);
+    PC_LOG(PC_LOG_ERROR, "t", "shown %d", 2);
+    ASSERT_EQ(last_level, PC_LOG_ERROR);
+    ASSERT_STR_EQ(last_msg, "shown 2");
+    ASSERT_EQ(pc_log_level_parse("debug"), PC_LOG_DEBUG);
+    ASSERT_EQ(pc_log_level_parse("nope"), -1);
+    pc_log_set_sink(NULL, NULL);
+    pc_log_set_level(PC_LOG_INFO);
+}
+
+PC_TEST_MAIN()
