@@ -1,0 +1,488 @@
+/*
+ * mkmodel.c — deterministic test-model generator (see mkmodel.h).
+ *
+ * The file is streamed: metadata and tensor declarations first, then each tensor is generated
+ * in chunks of rows into one reusable buffer, converted to the target type and handed to the
+ * writer. Peak memory is the vocabulary metadata plus one chunk, whatever the model size.
+ */
+#include "mkmodel.h"
+
+#include "common.h"
+#include "gguf.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* llama.cpp's general.file_type values (enum llama_ftype). */
+#define FTYPE_ALL_F32 0
+#define FTYPE_MOSTLY_F16 1
+#define FTYPE_MOSTLY_Q8_0 7
+#define FTYPE_MOSTLY_BF16 32
+
+#define CHUNK_ELEMS (1u << 20) /* elements generated per write */
+
+eng_mkmodel_params_t eng_mkmodel_params_default(void)
+{
+    return (eng_mkmodel_params_t){
+        .arch = ENG_ARCH_LLAMA,
+        .n_layer = 2,
+        .n_embd = 256,
+        .n_head = 8,
+        .n_head_kv = 2,
+        .n_ff = 704,
+        .head_dim = 0,
+        .n_ctx = 8192,
+        .dtype = ENG_GGML_TYPE_F32,
+        .rope_theta = 500000.0f,
+        .rms_eps = 1e-5f,
+        .tied = false,
+        .rope_freqs = false,
+        .seed = 1,
+        .name = NULL,
+        .alignment = 0,
+    };
+}
+
+static int PC_PRINTF(4, 5) mk_fail(int rc, char *err, size_t err_len, const char *fmt, ...)
+{
+    if (err != NULL && err_len > 0) {
+        int n = snprintf(err, err_len, "mkmodel: ");
+        va_list ap;
+        va_start(ap, fmt);
+        if (n > 0 && (size_t)n < err_len)
+            vsnprintf(err + n, err_len - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Numbers
+ * ------------------------------------------------------------------------------------------- */
+
+uint16_t eng_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t exp = (x >> 23) & 0xffu;
+    uint32_t man = x & 0x7fffffu;
+    if (exp == 0xff) /* Inf or NaN (quiet, keeping the top payload bits) */
+        return (uint16_t)(sign | 0x7c00u | (man != 0 ? 0x200u | (man >> 13) : 0));
+    int32_t e = (int32_t)exp - 127 + 15;
+    if (e >= 0x1f)
+        return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) {
+        /* Subnormal half (or zero): shift the full mantissa, rounding to nearest even. */
+        if (e < -10)
+            return (uint16_t)sign;
+        uint32_t m = man | 0x800000u;
+        uint32_t shift = (uint32_t)(14 - e);
+        uint32_t h = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1u)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)e << 10) | (man >> 13);
+    uint32_t rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        h++; /* may carry into the exponent, up to infinity: correct */
+    return (uint16_t)(sign | h);
+}
+
+float eng_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, x;
+    if (exp == 0x1f) {
+        x = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        x = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        x = sign;
+    } else {
+        /* Subnormal: normalize. */
+        int e = -1;
+        do {
+            man <<= 1;
+            e++;
+        } while ((man & 0x400u) == 0);
+        x = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+uint16_t eng_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it a quiet NaN */
+        return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+float eng_bf16_to_f32(uint16_t b)
+{
+    uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t name_seed(uint64_t seed, const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *c = name; *c != '\0'; c++)
+        h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+    uint64_t s = seed ^ h;
+    return splitmix64(&s);
+}
+
+/* Approximately standard normal: the sum of four 16-bit uniforms, centred and scaled to unit
+ * variance (Irwin-Hall; tails bounded at +-3.46). All integer until the final multiply. */
+static float unit_normal(uint64_t *s)
+{
+    uint64_t r = splitmix64(s);
+    int32_t sum = (int32_t)(r & 0xffff) + (int32_t)((r >> 16) & 0xffff) +
+                  (int32_t)((r >> 32) & 0xffff) + (int32_t)(r >> 48);
+    /* mean 4 * 32767.5, variance 4 * (65536^2 - 1) / 12 */
+    const float inv_sd = 1.0f / 37837.23f;
+    return ((float)(2 * sum - 4 * 65535) * 0.5f) * inv_sd;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tensor plan
+ * ------------------------------------------------------------------------------------------- */
+
+enum init_kind { INIT_NORMAL, INIT_NORM, INIT_ROPE_FREQS };
+
+typedef struct tplan {
+    char name[64];
+    uint32_t type;
+    uint32_t n_dims;
+    int64_t ne[2];
+    enum init_kind init;
+    float scale; /* std for INIT_NORMAL */
+} tplan_t;
+
+typedef struct plan {
+    tplan_t *t;
+    size_t n, cap;
+} plan_t;
+
+static int plan_add(plan_t *pl, const char *name, uint32_t type, uint32_t n_dims, int64_t ne0,
+                    int64_t ne1, enum init_kind init, float scale)
+{
+    if (pl->n == pl->cap) {
+        size_t cap = pl->cap != 0 ? pl->cap * 2 : 64;
+        tplan_t *t = pc_reallocarray(pl->t, cap, sizeof *t);
+        if (t == NULL)
+            return PC_ERR_NOMEM;
+        pl->t = t;
+        pl->cap = cap;
+    }
+    tplan_t *t = &pl->t[pl->n++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->type = n_dims == 1 ? ENG_GGML_TYPE_F32 : type;
+    t->n_dims = n_dims;
+    t->ne[0] = ne0;
+    t->ne[1] = n_dims == 2 ? ne1 : 1;
+    t->init = init;
+    t->scale = scale;
+    return 0;
+}
+
+static int build_plan(const eng_mkmodel_params_t *p, uint32_t n_vocab, plan_t *pl)
+{
+    uint32_t hd = p->head_dim != 0 ? p->head_dim : p->n_embd / p->n_head;
+    int64_t e = p->n_embd, q = (int64_t)p->n_head * hd, kv = (int64_t)p->n_head_kv * hd,
+            ff = p->n_ff;
+    float emb_sd = 2.0f / sqrtf((float)e);
+    float out_div = sqrtf(2.0f * (float)p->n_layer);
+    uint32_t dt = p->dtype;
+    int rc = 0;
+    char name[64];
+#define ADD(...)                                                                                   \
+    do {                                                                                           \
+        if ((rc = plan_add(pl, __VA_ARGS__)) != 0)                                                 \
+            return rc;                                                                             \
+    } while (0)
+    ADD("token_embd.weight", dt, 2, e, n_vocab, INIT_NORMAL, emb_sd);
+    if (p->rope_freqs)
+        ADD("rope_freqs.weight", ENG_GGML_TYPE_F32, 1, hd / 2, 1, INIT_ROPE_FREQS, 0);
+    for (uint32_t il = 0; il < p->n_layer; il++) {
+#define LNAME(sfx) (snprintf(name, sizeof name, "blk.%" PRIu32 "." sfx, il), name)
+        ADD(LNAME("attn_norm.weight"), dt, 1, e, 1, INIT_NORM, 0);
+        ADD(LNAME("attn_q.weight"), dt, 2, e, q, INIT_NORMAL, 1.0f / sqrtf((float)e));
+        ADD(LNAME("attn_k.weight"), dt, 2, e, kv, INIT_NORMAL, 1.0f / sqrtf((float)e));
+        ADD(LNAME("attn_v.weight"), dt, 2, e, kv, INIT_NORMAL, 1.0f / sqrtf((float)e));
+        if (p->arch == ENG_ARCH_QWEN2) {
+            ADD(LNAME("attn_q.bias"), dt, 1, q, 1, INIT_NORMAL, 0.1f);
+            ADD(LNAME("attn_k.bias"), dt, 1, kv, 1, INIT_NORMAL, 0.1f);
+            ADD(LNAME("attn_v.bias"), dt, 1, kv, 1, INIT_NORMAL, 0.1f);
+        }
+        if (p->arch == ENG_ARCH_QWEN3) {
+            ADD(LNAME("attn_q_norm.weight"), dt, 1, hd, 1, INIT_NORM, 0);
+            ADD(LNAME("attn_k_norm.weight"), dt, 1, hd, 1, INIT_NORM, 0);
+        }
+        ADD(LNAME("attn_output.weight"), dt, 2, q, e, INIT_NORMAL,
+            1.0f / sqrtf((float)q) / out_div);
+        ADD(LNAME("ffn_norm.weight"), dt, 1, e, 1, INIT_NORM, 0);
+        ADD(LNAME("ffn_gate.weight"), dt, 2, e, ff, INIT_NORMAL, 1.0f / sqrtf((float)e));
+        ADD(LNAME("ffn_up.weight"), dt, 2, e, ff, INIT_NORMAL, 1.0f / sqrtf((float)e));
+        ADD(LNAME("ffn_down.weight"), dt, 2, ff, e, INIT_NORMAL, 1.0f / sqrtf((float)ff) / out_div);
+#undef LNAME
+    }
+    ADD("output_norm.weight", dt, 1, e, 1, INIT_NORM, 0);
+    if (!p->tied)
+        ADD("output.weight", dt, 2, e, n_vocab, INIT_NORMAL, emb_sd);
+#undef ADD
+    return 0;
+}
+
+/* Llama 3.1's RoPE scaling as llama.cpp stores it: per frequency pair, the divisor of the
+ * frequency (1 for high frequencies, `factor` for low ones, smooth in between). */
+static float rope_factor(uint32_t i, uint32_t rope_dim, float theta)
+{
+    const float factor = 8.0f, low_freq_factor = 1.0f, high_freq_factor = 4.0f, old_ctx = 8192.0f;
+    float freq = 1.0f / powf(theta, (float)(2 * i) / (float)rope_dim);
+    float wavelen = 2.0f * (float)M_PI / freq;
+    float low_wavelen = old_ctx / low_freq_factor, high_wavelen = old_ctx / high_freq_factor;
+    if (wavelen < high_wavelen)
+        return 1.0f;
+    if (wavelen > low_wavelen)
+        return factor;
+    float smooth = (old_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+    return 1.0f / ((1.0f - smooth) / factor + smooth);
+}
+
+/* Converts n floats (n a multiple of 32 for Q8_0) to `type` into dst; returns bytes written. */
+static size_t convert(uint32_t type, const float *src, size_t n, uint8_t *dst)
+{
+    switch (type) {
+    case ENG_GGML_TYPE_F16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = eng_f32_to_f16(src[i]);
+            memcpy(dst + 2 * i, &h, 2);
+        }
+        return 2 * n;
+    case ENG_GGML_TYPE_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = eng_f32_to_bf16(src[i]);
+            memcpy(dst + 2 * i, &h, 2);
+        }
+        return 2 * n;
+    case ENG_GGML_TYPE_Q8_0: {
+        /* ggml's quantize_row_q8_0_ref: d = amax / 127 stored as F16, q = round(x / d). */
+        size_t out = 0;
+        for (size_t b = 0; b < n; b += ENG_QK8_0) {
+            float amax = 0.0f;
+            for (size_t j = 0; j < ENG_QK8_0; j++)
+                amax = fmaxf(amax, fabsf(src[b + j]));
+            float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            uint16_t dh = eng_f32_to_f16(d);
+            memcpy(dst + out, &dh, 2);
+            for (size_t j = 0; j < ENG_QK8_0; j++)
+                dst[out + 2 + j] = (uint8_t)(int8_t)roundf(src[b + j] * id);
+            out += 2 + ENG_QK8_0;
+        }
+        return out;
+    }
+    default:
+        memcpy(dst, src, 4 * n);
+        return 4 * n;
+    }
+}
+
+static int write_tensor(eng_gguf_writer_t *w, const eng_mkmodel_params_t *p, const tplan_t *t,
+                        float *fbuf, uint8_t *obuf, char *err, size_t err_len)
+{
+    uint64_t s = name_seed(p->seed, t->name);
+    uint64_t total = (uint64_t)t->ne[0] * (uint64_t)t->ne[1];
+    uint64_t done = 0;
+    /* Whole rows per chunk keep Q8_0 blocks intact (ne[0] is a multiple of 32). */
+    uint64_t rows = CHUNK_ELEMS / (uint64_t)t->ne[0];
+    if (rows == 0)
+        rows = 1;
+    uint32_t hd = p->head_dim != 0 ? p->head_dim : p->n_embd / p->n_head;
+    while (done < total) {
+        size_t n = (size_t)PC_MIN(total - done, rows * (uint64_t)t->ne[0]);
+        for (size_t i = 0; i < n; i++) {
+            switch (t->init) {
+            case INIT_NORMAL:
+                fbuf[i] = t->scale * unit_normal(&s);
+                break;
+            case INIT_NORM:
+                fbuf[i] = 1.0f + 0.05f * unit_normal(&s);
+                break;
+            case INIT_ROPE_FREQS:
+                fbuf[i] = rope_factor((uint32_t)(done + i), hd, p->rope_theta);
+                break;
+            }
+        }
+        size_t nb = convert(t->type, fbuf, n, obuf);
+        int rc = eng_gguf_writer_tensor_write(w, obuf, nb, err, err_len);
+        if (rc != 0)
+            return rc;
+        done += n;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Metadata
+ * ------------------------------------------------------------------------------------------- */
+
+static int set_hparams(eng_gguf_writer_t *w, const eng_mkmodel_params_t *p, uint32_t n_vocab)
+{
+    const char *arch = eng_arch_name(p->arch);
+    uint32_t hd = p->head_dim != 0 ? p->head_dim : p->n_embd / p->n_head;
+    uint32_t ftype = p->dtype == ENG_GGML_TYPE_F16    ? FTYPE_MOSTLY_F16
+                     : p->dtype == ENG_GGML_TYPE_BF16 ? FTYPE_MOSTLY_BF16
+                     : p->dtype == ENG_GGML_TYPE_Q8_0 ? FTYPE_MOSTLY_Q8_0
+                                                      : FTYPE_ALL_F32;
+    char key[96];
+    int rc;
+#define K(sfx) (snprintf(key, sizeof key, "%s.%s", arch, sfx), key)
+    if ((rc = eng_gguf_writer_set_str(w, "general.architecture", arch)) ||
+        (rc =
+             eng_gguf_writer_set_str(w, "general.name", p->name != NULL ? p->name : "kvgw-test")) ||
+        (rc = eng_gguf_writer_set_u32(w, "general.file_type", ftype)) ||
+        (p->dtype == ENG_GGML_TYPE_Q8_0 &&
+         (rc = eng_gguf_writer_set_u32(w, "general.quantization_version", 2))) ||
+        (rc = eng_gguf_writer_set_u32(w, K("vocab_size"), n_vocab)) ||
+        (rc = eng_gguf_writer_set_u32(w, K("context_length"), p->n_ctx)) ||
+        (rc = eng_gguf_writer_set_u32(w, K("embedding_length"), p->n_embd)) ||
+        (rc = eng_gguf_writer_set_u32(w, K("block_count"), p->n_layer)) ||
+        (rc = eng_gguf_writer_set_u32(w, K("feed_forward_length"), p->n_ff)) ||
+        (rc = eng_gguf_writer_set_u32(w, K("attention.head_count"), p->n_head)) ||
+        (rc = eng_gguf_writer_set_u32(w, K("attention.head_count_kv"), p->n_head_kv)) ||
+        (rc = eng_gguf_writer_set_f32(w, K("attention.layer_norm_rms_epsilon"), p->rms_eps)) ||
+        (rc = eng_gguf_writer_set_f32(w, K("rope.freq_base"), p->rope_theta)) ||
+        (rc = eng_gguf_writer_set_u32(w, K("rope.dimension_count"), hd)))
+        return rc;
+    if (p->head_dim != 0 && ((rc = eng_gguf_writer_set_u32(w, K("attention.key_length"), hd)) ||
+                             (rc = eng_gguf_writer_set_u32(w, K("attention.value_length"), hd))))
+        return rc;
+#undef K
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Entry points
+ * ------------------------------------------------------------------------------------------- */
+
+int eng_mkmodel_check(const eng_mkmodel_params_t *p, char *err, size_t err_len)
+{
+    if (p->arch != ENG_ARCH_LLAMA && p->arch != ENG_ARCH_QWEN2 && p->arch != ENG_ARCH_QWEN3)
+        return mk_fail(PC_ERR_INVAL, err, err_len, "unknown architecture %d", (int)p->arch);
+    const struct {
+        const char *what;
+        uint32_t v, max;
+    } counts[] = {
+        {"layers", p->n_layer, 1024},     {"dim", p->n_embd, 1u << 16}, {"heads", p->n_head, 1024},
+        {"kv-heads", p->n_head_kv, 1024}, {"ff", p->n_ff, 1u << 20},    {"ctx", p->n_ctx, 1u << 24},
+    };
+    for (size_t i = 0; i < PC_ARRAY_LEN(counts); i++)
+        if (counts[i].v < 1 || counts[i].v > counts[i].max)
+            return mk_fail(PC_ERR_INVAL, err, err_len, "%s %" PRIu32 " not in 1..%" PRIu32,
+                           counts[i].what, counts[i].v, counts[i].max);
+    if (p->n_head % p->n_head_kv != 0)
+        return mk_fail(PC_ERR_INVAL, err, err_len,
+                       "heads %" PRIu32 " is not a multiple of kv-heads %" PRIu32, p->n_head,
+                       p->n_head_kv);
+    if (p->head_dim == 0 && p->n_embd % p->n_head != 0)
+        return mk_fail(PC_ERR_INVAL, err, err_len,
+                       "dim %" PRIu32 " is not a multiple of heads %" PRIu32, p->n_embd, p->n_head);
+    uint32_t hd = p->head_dim != 0 ? p->head_dim : p->n_embd / p->n_head;
+    if (hd % 2 != 0 || hd > 1024)
+        return mk_fail(PC_ERR_INVAL, err, err_len, "head size %" PRIu32 " must be even and <= 1024",
+                       hd);
+    if (p->dtype != ENG_GGML_TYPE_F32 && p->dtype != ENG_GGML_TYPE_F16 &&
+        p->dtype != ENG_GGML_TYPE_BF16 && p->dtype != ENG_GGML_TYPE_Q8_0)
+        return mk_fail(PC_ERR_INVAL, err, err_len, "dtype %s not supported (f32, f16, bf16, q8_0)",
+                       eng_ggml_type_name(p->dtype) != NULL ? eng_ggml_type_name(p->dtype) : "?");
+    if (p->dtype == ENG_GGML_TYPE_Q8_0 && (p->n_embd % ENG_QK8_0 != 0 || p->n_ff % ENG_QK8_0 != 0 ||
+                                           (p->n_head * hd) % ENG_QK8_0 != 0))
+        return mk_fail(PC_ERR_INVAL, err, err_len,
+                       "q8_0 needs dim, ff and heads * head size to be multiples of 32");
+    if (!(p->rope_theta > 0.0f && p->rope_theta < 1e12f))
+        return mk_fail(PC_ERR_INVAL, err, err_len, "rope theta %g not in (0, 1e12)",
+                       (double)p->rope_theta);
+    if (!(p->rms_eps > 0.0f && p->rms_eps < 1.0f))
+        return mk_fail(PC_ERR_INVAL, err, err_len, "rms eps %g not in (0, 1)", (double)p->rms_eps);
+    return 0;
+}
+
+int eng_mkmodel_write(const eng_mkmodel_params_t *p, const eng_vocab_t *vocab, const char *path,
+                      char *err, size_t err_len)
+{
+    eng_gguf_writer_t *w = NULL;
+    plan_t pl = {0};
+    float *fbuf = NULL;
+    uint8_t *obuf = NULL;
+    int rc = eng_mkmodel_check(p, err, err_len);
+    if (rc != 0)
+        return rc;
+    if (vocab == NULL || vocab->n_tokens == 0 || vocab->tokens == NULL || vocab->model == NULL)
+        return mk_fail(PC_ERR_INVAL, err, err_len, "empty vocabulary");
+    if ((rc = eng_gguf_writer_init(p->alignment, &w)) != 0) {
+        mk_fail(rc, err, err_len, "alignment %" PRIu32 ": %s", p->alignment, pc_strerror(rc));
+        goto fail;
+    }
+    if ((rc = set_hparams(w, p, vocab->n_tokens)) != 0 || (rc = eng_vocab_to_gguf(vocab, w)) != 0) {
+        mk_fail(rc, err, err_len, "metadata: %s", pc_strerror(rc));
+        goto fail;
+    }
+    if ((rc = build_plan(p, vocab->n_tokens, &pl)) != 0) {
+        mk_fail(rc, err, err_len, "tensor plan: %s", pc_strerror(rc));
+        goto fail;
+    }
+    for (size_t i = 0; i < pl.n; i++) {
+        const tplan_t *t = &pl.t[i];
+        int64_t ne[2] = {t->ne[0], t->ne[1]};
+        if ((rc = eng_gguf_writer_tensor_add(w, t->name, t->type, t->n_dims, ne)) != 0) {
+            mk_fail(rc, err, err_len, "tensor %s: %s", t->name, pc_strerror(rc));
+            goto fail;
+        }
+    }
+    /* One chunk: at least a full row of the widest tensor. */
+    size_t max_row = 0;
+    for (size_t i = 0; i < pl.n; i++)
+        max_row = PC_MAX(max_row, (size_t)pl.t[i].ne[0]);
+    size_t chunk = PC_MAX((size_t)CHUNK_ELEMS, max_row);
+    fbuf = pc_malloc(chunk * sizeof *fbuf);
+    obuf = pc_malloc(chunk * sizeof *fbuf);
+    if (fbuf == NULL || obuf == NULL) {
+        rc = mk_fail(PC_ERR_NOMEM, err, err_len, "out of memory");
+        goto fail;
+    }
+    if ((rc = eng_gguf_writer_file_begin(w, path, err, err_len)) != 0)
+        goto fail;
+    for (size_t i = 0; i < pl.n; i++)
+        if ((rc = write_tensor(w, p, &pl.t[i], fbuf, obuf, err, err_len)) != 0)
+            goto fail;
+    rc = eng_gguf_writer_file_finish(w, err, err_len);
+fail:
+    pc_free(fbuf);
+    pc_free(obuf);
+    pc_free(pl.t);
+    eng_gguf_writer_free(w);
+    return rc;
+}

@@ -1,0 +1,70 @@
+/*
+ * mkmodel.h — the test-model generator behind `kvgw mkmodel`.
+ *
+ * Writes a real GGUF model of a chosen shape whose weights are deterministic pseudo-random
+ * numbers, with the tokenizer (tokenizer.ggml.*) and chat template of a real vocabulary, so the
+ * whole stack (tokenizer, template, engine, cache) runs on a model llama.cpp can also load.
+ *
+ * Determinism: the bytes depend only on the parameters and the vocabulary. Every tensor draws
+ * from its own generator, seeded from (seed, tensor name), so a tensor's values do not depend on
+ * which other tensors exist. Normal-looking values come from sums of integer uniforms (exact
+ * integer arithmetic, then one float multiply), so they are identical on every IEEE machine.
+ *
+ * Scales keep a forward pass in a sane range: projections have std 1/sqrt(fan_in) (output
+ * projections attn_output/ffn_down further divided by sqrt(2 * n_layer)), embeddings and the
+ * output matrix std 2/sqrt(n_embd) (logits with std about 2), norm weights 1 +- 0.05, biases
+ * std 0.1. Norms, biases and rope factors are F32 whatever the dtype (as llama.cpp writes them).
+ */
+#ifndef ENG_MKMODEL_H
+#define ENG_MKMODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hparams.h"
+#include "vocab.h"
+
+typedef struct eng_mkmodel_params {
+    enum eng_arch arch; /* llama, qwen2 (q/k/v biases), qwen3 (q/k head norms) */
+    uint32_t n_layer;
+    uint32_t n_embd;
+    uint32_t n_head;
+    uint32_t n_head_kv;
+    uint32_t n_ff;
+    uint32_t head_dim; /* 0: n_embd / n_head; otherwise written as attention.key_length */
+    uint32_t n_ctx;    /* <arch>.context_length */
+    uint32_t dtype;    /* weight matrices: ENG_GGML_TYPE_F32, F16, BF16 or Q8_0 */
+    float rope_theta;
+    float rms_eps;
+    bool tied;       /* no output.weight: logits use token_embd.weight */
+    bool rope_freqs; /* write rope_freqs.weight with Llama 3.1's scaling factors */
+    uint64_t seed;
+    const char *name;   /* general.name; NULL: "kvgw-test" */
+    uint32_t alignment; /* 0: 32 */
+} eng_mkmodel_params_t;
+
+/* llama, 2 layers, width 256, 8 heads, 2 KV heads, FFN 704, context 8192, F32, theta 500000,
+ * eps 1e-5, untied, seed 1. */
+eng_mkmodel_params_t eng_mkmodel_params_default(void);
+
+/* Checks the shape (counts >= 1 and bounded, n_head % n_head_kv, n_embd % n_head unless
+ * head_dim is given, even head size, Q8_0 block divisibility, a supported dtype). Returns 0 or
+ * PC_ERR_INVAL with a one-line reason in err. */
+int eng_mkmodel_check(const eng_mkmodel_params_t *p, char *err, size_t err_len);
+
+/* Writes the model to path (through "<path>.tmp", renamed at the end, so an existing file is
+ * replaced only by a complete one). The vocabulary supplies n_vocab and the tokenizer metadata;
+ * it is only read. Returns 0, PC_ERR_INVAL (bad parameters or an empty vocabulary), PC_ERR_IO
+ * or PC_ERR_NOMEM, with a one-line reason in err. */
+int eng_mkmodel_write(const eng_mkmodel_params_t *p, const eng_vocab_t *vocab, const char *path,
+                      char *err, size_t err_len);
+
+/* Conversions used by the generator, exposed for the engine and tests: IEEE half and bfloat16
+ * with round-to-nearest-even (NaN stays NaN, overflow becomes infinity). */
+uint16_t eng_f32_to_f16(float f);
+float eng_f16_to_f32(uint16_t h);
+uint16_t eng_f32_to_bf16(float f);
+float eng_bf16_to_f32(uint16_t b);
+
+#endif
