@@ -8,6 +8,8 @@ pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(YAML REQUIRED IMPORTED_TARGET yaml-0.1)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+# ICU (common library only): Unicode NFC for the tokenizer (Qwen's tokenizer.json normalizes).
+pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
 
 add_library(kvgw_dep_uv INTERFACE)
 target_link_libraries(kvgw_dep_uv INTERFACE PkgConfig::UV)
@@ -24,6 +26,8 @@ add_library(kvgw_dep_xxhash INTERFACE)
 target_link_libraries(kvgw_dep_xxhash INTERFACE PkgConfig::XXHASH)
 add_library(kvgw_dep_openblas INTERFACE)
 target_link_libraries(kvgw_dep_openblas INTERFACE PkgConfig::OPENBLAS)
+add_library(kvgw_dep_icu INTERFACE)
+target_link_libraries(kvgw_dep_icu INTERFACE PkgConfig::ICU)
 
 # llhttp: Debian ships no library, only the C sources (package node-llhttp, llhttp 8.1.0).
 set(KVGW_LLHTTP_DIR /usr/share/llhttp CACHE PATH "Directory with llhttp's api.c, http.c, llhttp.c")

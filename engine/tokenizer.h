@@ -18,13 +18,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pc_buf.h"
 #include "vocab.h"
+
+/* The most bytes one eng_tok_stream_feed or _flush call writes (tokens are at most 320 bytes;
+ * invalid bytes become 3-byte U+FFFD). */
+#define ENG_TOK_STREAM_OUT_MAX 1024
 
 typedef struct eng_tok eng_tok_t;
 
 /* Builds a tokenizer from a vocab (copied; the vocab may be freed afterwards). Returns 0, or
- * PC_ERR_UNSUPPORTED (unknown model / pre-tokenizer), PC_ERR_FORMAT, PC_ERR_NOMEM with a
- * one-line reason in err. */
+ * PC_ERR_UNSUPPORTED (unknown model / pre-tokenizer), PC_ERR_FORMAT (a byte-level vocab
+ * without all 256 byte tokens, a merge naming unknown tokens, a token over 320 bytes),
+ * PC_ERR_NOMEM with a one-line reason in err. pre "qwen2" implies NFC normalization and
+ * "llama-bpe" whole-piece vocab lookups before merging (both as their tokenizer.json files). */
 int eng_tok_init(const eng_vocab_t *v, eng_tok_t **out, char *err, size_t err_len);
 void eng_tok_free(eng_tok_t *t);
 
@@ -49,6 +56,13 @@ bool eng_tok_is_eog(const eng_tok_t *t, uint32_t id);
 size_t eng_tok_decode_token(const eng_tok_t *t, uint32_t id, bool with_special, char *buf,
                             size_t cap);
 
+/* Appends the text of ids[0..n) to out: the tokens' bytes concatenated, control tokens only when
+ * with_special, and for SentencePiece vocabs without the space the encoder put in front (the
+ * Llama 2 decoder's Strip). Byte-level output is exactly what was encoded, invalid UTF-8
+ * included. Returns 0, PC_ERR_RANGE (an id >= n_vocab; out unchanged) or PC_ERR_NOMEM. */
+int eng_tok_decode(const eng_tok_t *t, const uint32_t *ids, size_t n, bool with_special,
+                   pc_buf_t *out);
+
 /* Incremental decoder for streaming: feed token ids one at a time; each call returns the bytes
  * that became complete UTF-8 (never half a character). flush returns what is left (invalid
  * trailing bytes become U+FFFD). Caller-allocated. */
@@ -61,7 +75,8 @@ typedef struct eng_tok_stream {
 } eng_tok_stream_t;
 
 void eng_tok_stream_init(eng_tok_stream_t *s, const eng_tok_t *t, bool with_special);
-/* Writes complete UTF-8 to out[cap]; returns bytes written. cap >= 256 always suffices. */
+/* Writes complete UTF-8 to out[cap]; returns bytes written. cap >= ENG_TOK_STREAM_OUT_MAX
+ * always suffices (with less, what does not fit is dropped). */
 size_t eng_tok_stream_feed(eng_tok_stream_t *s, uint32_t id, char *out, size_t cap);
 size_t eng_tok_stream_flush(eng_tok_stream_t *s, char *out, size_t cap);
 

@@ -55,11 +55,20 @@ typedef struct eng_vocab {
 int eng_vocab_from_gguf(const struct eng_gguf *g, eng_vocab_t **out, char *err, size_t err_len);
 
 /* Reads a Hugging Face tokenizer.json (and tokenizer_config.json when config_path is not NULL:
- * chat template, bos/eos tokens, add_bos) into a new vocab. Added tokens marked special become
- * ENG_TOKEN_TYPE_CONTROL, others USER_DEFINED. Returns 0, PC_ERR_IO, PC_ERR_FORMAT or
- * PC_ERR_NOMEM, with a one-line reason in err. */
+ * chat template, bos/eos/pad tokens, add_bos) into a new vocab. Added tokens marked special
+ * become ENG_TOKEN_TYPE_CONTROL, others USER_DEFINED; eot is found by its usual spellings
+ * (<|eot_id|>, <|im_end|>), eos falls back to it. Returns 0, PC_ERR_IO, PC_ERR_FORMAT,
+ * PC_ERR_UNSUPPORTED (not BPE, or a pre-tokenizer regex kvgw does not implement) or
+ * PC_ERR_NOMEM, with a one-line reason in err. The mapping is described in vocab.c. */
 int eng_vocab_from_tokenizer_json(const char *json_path, const char *config_path,
                                   eng_vocab_t **out, char *err, size_t err_len);
+
+/* Writes the vocab as tokenizer.ggml.* metadata (and tokenizer.chat_template) into a GGUF
+ * writer that has not begun its file: the keys eng_vocab_from_gguf reads, so a round trip gives
+ * an identical vocab. Absent special ids and NULL arrays are left out. Returns 0 or the
+ * writer's error (PC_ERR_EXISTS if a key is already set, PC_ERR_STATE, PC_ERR_NOMEM). */
+struct eng_gguf_writer;
+int eng_vocab_to_gguf(const eng_vocab_t *v, struct eng_gguf_writer *w);
 
 void eng_vocab_free(eng_vocab_t *v);
 
