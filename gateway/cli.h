@@ -20,5 +20,8 @@ typedef struct kvgw_cmd {
 } kvgw_cmd_t;
 
 int kvgw_cmd_bench(int argc, char **argv);
+int kvgw_cmd_tokenize(int argc, char **argv);
+int kvgw_cmd_mkmodel(int argc, char **argv);
+int kvgw_cmd_eval(int argc, char **argv);
 
 #endif

@@ -9,6 +9,8 @@
 
 static const kvgw_cmd_t bench_cmds[] = {
     {"radix", bench_radix_main, "token radix tree: inserts, lookups, memory, expiry"},
+    {"tokenizer", bench_tokenizer_main, "tokenizer encode throughput on an English/code corpus"},
+    {"engine", bench_engine_main, "engine core: prefill, decode, TTFT cold vs cached prefix"},
 };
 
 static void bench_usage(FILE *f)
@@ -39,6 +41,9 @@ int kvgw_cmd_bench(int argc, char **argv)
 
 static const kvgw_cmd_t commands[] = {
     {"bench", kvgw_cmd_bench, "run a benchmark (radix)"},
+    {"tokenize", kvgw_cmd_tokenize, "text on stdin -> token ids (JSON); --decode the reverse"},
+    {"mkmodel", kvgw_cmd_mkmodel, "write a test model (GGUF) with deterministic random weights"},
+    {"eval", kvgw_cmd_eval, "forward pass over token ids; writes every position's logits"},
 };
 
 static void usage(FILE *f)

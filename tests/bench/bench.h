@@ -28,5 +28,7 @@ void bench_report_print(const bench_report_t *r);
 
 /* The benchmarks, each a subcommand main: argv[0] is the benchmark's name. */
 int bench_radix_main(int argc, char **argv);
+int bench_tokenizer_main(int argc, char **argv);
+int bench_engine_main(int argc, char **argv);
 
 #endif

@@ -1,0 +1,105 @@
+/*
+ * backend.h — the compute backend interface: a table of function pointers (ggml's
+ * ggml_backend_i), so the CUDA backend of a later issue plugs in beside the CPU one.
+ *
+ * A backend runs one forward step of a model over a batch of sequences. Each sequence brings
+ * its new tokens, the position of the first one, and its block table in the KV pool; the table
+ * already covers every new position (the engine reserved the blocks, copy-on-write included),
+ * so a backend never allocates KV blocks: it writes the new tokens' K and V into the blocks and
+ * attends over positions [0, pos0 + n_tokens) of each sequence. Logits are produced only for
+ * the rows asked for, in batch order.
+ *
+ * The CPU backend (backend_cpu.c) is always built and is the oracle the others are compared
+ * with. A backend object is used by one thread at a time (the engine serializes forward steps);
+ * it may run its own worker threads inside a call.
+ */
+#ifndef ENG_BACKEND_H
+#define ENG_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct eng_model;  /* model.h */
+struct eng_kvpool; /* kvpool.h */
+
+/* What supports() can be asked about. */
+enum eng_backend_op {
+    ENG_BACKEND_OP_FORWARD = 0, /* a whole forward step; `type` is a weight type */
+    ENG_BACKEND_OP_MATMUL = 1,  /* a matrix product with weights of type `type` */
+    ENG_BACKEND_OP_KV = 2,      /* a KV cache element type (enum eng_kv_dtype) */
+};
+
+/* Which logits a sequence of the batch wants. */
+enum eng_logits_mode {
+    ENG_LOGITS_NONE = 0,
+    ENG_LOGITS_LAST = 1, /* one row: the last new token */
+    ENG_LOGITS_ALL = 2,  /* one row per new token */
+};
+
+/* One sequence of a forward step. */
+typedef struct eng_fwd_seq {
+    const int32_t *tokens;  /* [n_tokens], every id < n_vocab */
+    uint32_t n_tokens;      /* >= 1 */
+    uint32_t pos0;          /* position of tokens[0]: the tokens already in the KV cache */
+    const uint32_t *blocks; /* [n_blocks] block ids covering positions [0, pos0 + n_tokens) */
+    uint32_t n_blocks;
+    enum eng_logits_mode logits;
+} eng_fwd_seq_t;
+
+typedef struct eng_backend eng_backend_t;
+
+typedef struct eng_backend_i {
+    /* A static name ("cpu"). */
+    const char *(*name)(const eng_backend_t *be);
+    /* Releases the backend and everything it allocated. */
+    void (*free)(eng_backend_t *be);
+    /* True when the backend can compute `op` for element type `type`. */
+    bool (*supports)(const eng_backend_t *be, enum eng_backend_op op, uint32_t type);
+    /* (optional) Memory the backend computes from (host memory for the CPU backend). Returns 0
+     * with *out owned by the caller (release with buf_free), or PC_ERR_NOMEM. */
+    int (*buf_alloc)(eng_backend_t *be, size_t n_bytes, void **out);
+    void (*buf_free)(eng_backend_t *be, void *buf);
+    /* One forward step over seqs[n_seqs]. logits receives [n_rows][n_vocab] floats, rows in
+     * batch order (ENG_LOGITS_LAST: one row; ALL: n_tokens rows). The sum of n_tokens must not
+     * exceed the max_tokens the backend was created for. Returns 0, PC_ERR_INVAL or
+     * PC_ERR_NOMEM; on error the KV contents of the new positions are unspecified (the engine
+     * does not advance the sequences then). */
+    int (*forward)(eng_backend_t *be, const struct eng_model *model, struct eng_kvpool *kv,
+                   const eng_fwd_seq_t *seqs, uint32_t n_seqs, float *logits);
+    /* (optional) Waits for queued work; the CPU backend is synchronous. */
+    void (*synchronize)(eng_backend_t *be);
+} eng_backend_i;
+
+struct eng_backend {
+    const eng_backend_i *iface;
+    void *ctx;
+};
+
+/* Parameters of the CPU backend. */
+typedef struct eng_cpu_params {
+    uint32_t n_threads;    /* worker threads including the caller; >= 1 */
+    uint32_t max_tokens;   /* the largest batch (sum of n_tokens) a forward step takes */
+    uint32_t block_tokens; /* the KV pool's block size */
+    bool no_simd;          /* force the portable C kernels (tests compare both paths) */
+    bool bf16;             /* BF16 GEMMs for weights packed as BF16 (model pack_bf16) */
+} eng_cpu_params_t;
+
+/* Creates the CPU backend for `model` (scratch sized for p->max_tokens). Sets OpenBLAS to one
+ * thread: the backend parallelizes GEMMs itself over its own pool, so the two never
+ * oversubscribe the cores. Returns 0, PC_ERR_INVAL or PC_ERR_NOMEM. */
+int eng_backend_cpu_init(const struct eng_model *model, const eng_cpu_params_t *p,
+                         eng_backend_t **out);
+
+/* Convenience wrappers over the table. eng_backend_free(NULL) is a no-op. */
+static inline const char *eng_backend_name(const eng_backend_t *be)
+{
+    return be->iface->name(be);
+}
+static inline void eng_backend_free(eng_backend_t *be)
+{
+    if (be != NULL)
+        be->iface->free(be);
+}
+
+#endif

@@ -1,0 +1,585 @@
+/*
+ * cpu_kernels.c — half-precision conversion, matrix products and paged attention for the CPU
+ * backend (see cpu.h and cpu_kernels.h).
+ *
+ * Every kernel has a portable C path; the AVX-512 paths are compiled with target attributes
+ * (the build does not assume -march) and chosen at run time.
+ */
+#include "cpu_kernels.h"
+
+#include <cblas.h>
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kvpool.h"
+#include "pc_alloc.h"
+#include "pc_assert.h"
+
+#define AVX512 __attribute__((target("avx512f,f16c,fma")))
+/* 16 halves at p as 16 floats. */
+#define HALF16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(p)))
+
+bool eng__cpu_has_avx512(void)
+{
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c") &&
+                 __builtin_cpu_supports("fma");
+    }
+    return cached;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Half precision
+ * ------------------------------------------------------------------------------------------- */
+
+float eng__f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalize */
+            int e = -1;
+            do {
+                man <<= 1;
+                e++;
+            } while ((man & 0x400) == 0);
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t eng__f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t exp = (x >> 23) & 0xff;
+    uint32_t man = x & 0x7fffff;
+    if (exp == 0xff) /* inf or NaN (keep a quiet NaN) */
+        return (uint16_t)(sign | 0x7c00 | (man ? 0x200 | (man >> 13) : 0));
+    int e = (int)exp - 127 + 15;
+    if (e >= 31)
+        return (uint16_t)(sign | 0x7c00);
+    if (e <= 0) { /* subnormal or zero in half */
+        if (e < -10)
+            return (uint16_t)sign;
+        man |= 0x800000;
+        uint32_t shift = (uint32_t)(14 - e);
+        uint32_t half = man >> shift;
+        uint32_t rem = man & ((1u << shift) - 1);
+        uint32_t mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1)))
+            half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = sign | ((uint32_t)e << 10) | (man >> 13);
+    uint32_t rem = man & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (half & 1)))
+        half++; /* may carry into the exponent, which is the right rounding */
+    return (uint16_t)half;
+}
+
+AVX512 static void f16_to_f32_avx512(const uint16_t *src, float *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(src + i))));
+    for (; i < n; i++)
+        dst[i] = _cvtsh_ss(src[i]);
+}
+
+AVX512 static void f32_to_f16_avx512(const float *src, uint16_t *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((void *)(dst + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+void eng__f16_to_f32_row(const uint16_t *src, float *dst, size_t n, bool simd)
+{
+    if (simd && eng__cpu_has_avx512()) {
+        f16_to_f32_avx512(src, dst, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        dst[i] = eng__f16_to_f32(src[i]);
+}
+
+void eng__f32_to_f16_row(const float *src, uint16_t *dst, size_t n, bool simd)
+{
+    if (simd && eng__cpu_has_avx512()) {
+        f32_to_f16_avx512(src, dst, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        dst[i] = eng__f32_to_f16(src[i]);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Matrix products
+ * ------------------------------------------------------------------------------------------- */
+
+/* Below this many rows of x, F16 weights are multiplied directly (GEMV-like, memory bound);
+ * from it on, converted to F32 tiles for sgemm (compute bound). */
+#define GEMV_MAX_ROWS 8
+#define GEMV_TILE 64
+
+/* ---------------------------------------------------------------------------------------------
+ * BF16 GEMM
+ * ------------------------------------------------------------------------------------------- */
+
+#define AVX512BF16 __attribute__((target("avx512f,avx512bf16,f16c,fma")))
+
+bool eng__cpu_has_bf16(void)
+{
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = eng__cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+    }
+    return cached;
+}
+
+/* Round to nearest even; NaN stays NaN. */
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000)
+        return (uint16_t)((x >> 16) | 0x40);
+    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+static uint32_t bf16_panels(uint32_t n_out)
+{
+    return ((n_out + 31) / 32) * 2;
+}
+
+size_t eng__bf16_packed_elems(uint32_t n_in, uint32_t n_out)
+{
+    return (size_t)bf16_panels(n_out) * ((n_in + 1) / 2) * 32;
+}
+
+void eng__bf16_pack(const eng_weight_t *w, uint16_t *dst)
+{
+    uint32_t kp = (w->n_in + 1) / 2;
+    float *row = pc_xmalloc(((size_t)w->n_in + 1) * sizeof *row); /* load time: dies on OOM */
+    memset(dst, 0, eng__bf16_packed_elems(w->n_in, w->n_out) * sizeof *dst);
+    for (uint32_t n = 0; n < w->n_out; n++) {
+        eng_weight_row_f32(w, n, row);
+        row[w->n_in] = 0;
+        uint16_t *panel = dst + (size_t)(n / 16) * kp * 32;
+        for (uint32_t j = 0; j < kp; j++) {
+            panel[(size_t)j * 32 + (n % 16) * 2] = f32_to_bf16(row[2 * j]);
+            panel[(size_t)j * 32 + (n % 16) * 2 + 1] = f32_to_bf16(row[2 * j + 1]);
+        }
+    }
+    pc_free(row);
+}
+
+/* x[M][K] -> BF16 rows of kp pairs (K rounded up to even, zero padded). */
+AVX512BF16 static void to_bf16_rows(const float *x, uint32_t M, uint32_t K, uint16_t *dst)
+{
+    uint32_t kp = (K + 1) / 2;
+    for (uint32_t m = 0; m < M; m++) {
+        const float *src = x + (size_t)m * K;
+        uint16_t *d = dst + (size_t)m * kp * 2;
+        uint32_t k = 0;
+        for (; k + 32 <= K; k += 32) {
+            __m512bh v =
+                _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + k + 16), _mm512_loadu_ps(src + k));
+            _mm512_storeu_si512((void *)(d + k), (__m512i)v);
+        }
+        for (; k < K; k++)
+            d[k] = f32_to_bf16(src[k]);
+        if (K % 2)
+            d[K] = 0;
+    }
+}
+
+/* C[M][32 columns of panel pair pp] (+)= A . B for an 8-row block (rows past M repeat the last
+ * one and are not stored). */
+AVX512BF16 static void gemm_bf16_block(const uint32_t *a /* [M][kp] pairs */, uint32_t M,
+                                       uint32_t m0, uint32_t kp, const uint16_t *b0,
+                                       const uint16_t *b1, float *y, uint32_t ldy, uint32_t n0,
+                                       uint32_t n_valid, bool accumulate)
+{
+    const uint32_t *ar[8];
+    for (uint32_t r = 0; r < 8; r++)
+        ar[r] = a + (size_t)PC_MIN(m0 + r, M - 1) * kp;
+    /* Sixteen named accumulators: an array of vectors would live on the stack. */
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    __m512 c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+    const uint32_t *a0 = ar[0], *a1 = ar[1], *a2 = ar[2], *a3 = ar[3];
+    const uint32_t *a4 = ar[4], *a5 = ar[5], *a6 = ar[6], *a7 = ar[7];
+    for (uint32_t j = 0; j < kp; j++) {
+        __m512bh w0 = (__m512bh)_mm512_loadu_si512((const void *)(b0 + (size_t)j * 32));
+        __m512bh w1 = (__m512bh)_mm512_loadu_si512((const void *)(b1 + (size_t)j * 32));
+#define BF16_ROW(ap, x0, x1)                                                                       \
+    do {                                                                                           \
+        __m512bh av = (__m512bh)_mm512_set1_epi32((int)(ap)[j]);                                   \
+        x0 = _mm512_dpbf16_ps(x0, av, w0);                                                         \
+        x1 = _mm512_dpbf16_ps(x1, av, w1);                                                         \
+    } while (0)
+        BF16_ROW(a0, c00, c01);
+        BF16_ROW(a1, c10, c11);
+        BF16_ROW(a2, c20, c21);
+        BF16_ROW(a3, c30, c31);
+        BF16_ROW(a4, c40, c41);
+        BF16_ROW(a5, c50, c51);
+        BF16_ROW(a6, c60, c61);
+        BF16_ROW(a7, c70, c71);
+#undef BF16_ROW
+    }
+    __m512 c[8][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31},
+                      {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71}};
+    for (uint32_t r = 0; r < 8 && m0 + r < M; r++) {
+        float *yr = y + (size_t)(m0 + r) * ldy + n0;
+        float tmp[32];
+        _mm512_storeu_ps(tmp, c[r][0]);
+        _mm512_storeu_ps(tmp + 16, c[r][1]);
+        for (uint32_t i = 0; i < n_valid; i++)
+            yr[i] = accumulate ? yr[i] + tmp[i] : tmp[i];
+    }
+}
+
+typedef struct matmul_ctx {
+    const float *x;
+    uint32_t M, K, N;
+    const eng_weight_t *w;
+    float *y;
+    bool accumulate;
+    float *const *tmp;
+    const uint16_t *a_bf16; /* x as BF16 rows, when the BF16 path runs */
+    bool simd;
+    uint32_t tile; /* output columns per task */
+} matmul_ctx_t;
+
+/* x[M][K] . w[n0..n1)^T into y[:, n0..n1) for small M, F16 weights: memory bound, one pass over
+ * the weight rows (four accumulators per row for a single x row). */
+AVX512 static void gemv_f16_avx512(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
+{
+    const uint16_t *w = c->w->data;
+    const float *x = c->x;
+    uint32_t K = c->K, M = c->M, K16 = K & ~15u;
+    uint32_t n = n0;
+    if (M == 1) {
+        for (; n < n1; n++) {
+            const uint16_t *wr = w + (size_t)n * K;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            uint32_t k = 0;
+            for (; k + 64 <= K; k += 64) {
+                a0 = _mm512_fmadd_ps(HALF16(wr + k), _mm512_loadu_ps(x + k), a0);
+                a1 = _mm512_fmadd_ps(HALF16(wr + k + 16), _mm512_loadu_ps(x + k + 16), a1);
+                a2 = _mm512_fmadd_ps(HALF16(wr + k + 32), _mm512_loadu_ps(x + k + 32), a2);
+                a3 = _mm512_fmadd_ps(HALF16(wr + k + 48), _mm512_loadu_ps(x + k + 48), a3);
+            }
+            for (; k < K16; k += 16)
+                a0 = _mm512_fmadd_ps(HALF16(wr + k), _mm512_loadu_ps(x + k), a0);
+            float s =
+                _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+            for (; k < K; k++)
+                s += _cvtsh_ss(wr[k]) * x[k];
+            c->y[n] = c->accumulate ? c->y[n] + s : s;
+        }
+        return;
+    }
+    for (; n < n1; n++) {
+        const uint16_t *wr = w + (size_t)n * K;
+        __m512 acc[GEMV_MAX_ROWS];
+        for (uint32_t m = 0; m < M; m++)
+            acc[m] = _mm512_setzero_ps();
+        for (uint32_t k = 0; k < K16; k += 16) {
+            __m512 wv = HALF16(wr + k);
+            for (uint32_t m = 0; m < M; m++)
+                acc[m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)m * K + k), acc[m]);
+        }
+        for (uint32_t m = 0; m < M; m++) {
+            float s = _mm512_reduce_add_ps(acc[m]);
+            for (uint32_t k = K16; k < K; k++)
+                s += _cvtsh_ss(wr[k]) * x[(size_t)m * K + k];
+            float *yp = &c->y[(size_t)m * c->N + n];
+            *yp = c->accumulate ? *yp + s : s;
+        }
+    }
+}
+
+static void gemv_f16_scalar(const matmul_ctx_t *c, uint32_t n0, uint32_t n1, float *tmp)
+{
+    for (uint32_t n = n0; n < n1; n++) {
+        eng_weight_row_f32(c->w, n, tmp);
+        for (uint32_t m = 0; m < c->M; m++) {
+            const float *xr = c->x + (size_t)m * c->K;
+            float s = 0;
+            for (uint32_t k = 0; k < c->K; k++)
+                s += tmp[k] * xr[k];
+            float *yp = &c->y[(size_t)m * c->N + n];
+            *yp = c->accumulate ? *yp + s : s;
+        }
+    }
+}
+
+static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    const matmul_ctx_t *c = ctx;
+    uint32_t n0 = task * c->tile;
+    uint32_t n1 = PC_MIN(c->N, n0 + c->tile);
+    if (n0 >= n1)
+        return;
+    float beta = c->accumulate ? 1.0f : 0.0f;
+    if (c->a_bf16 != NULL) {
+        /* Tiles are whole panel pairs: n0 is a multiple of 32. */
+        uint32_t kp = (c->K + 1) / 2;
+        for (uint32_t n = n0; n < n1; n += 32) {
+            const uint16_t *b0 = c->w->bf16 + (size_t)(n / 16) * kp * 32;
+            for (uint32_t m0 = 0; m0 < c->M; m0 += 8)
+                gemm_bf16_block((const uint32_t *)c->a_bf16, c->M, m0, kp, b0, b0 + (size_t)kp * 32,
+                                c->y, c->N, n, PC_MIN(32, n1 - n), c->accumulate);
+        }
+        return;
+    }
+    if (c->w->type == ENG_GGML_TYPE_F32) {
+        const float *wp = (const float *)c->w->data + (size_t)n0 * c->K;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c->M, (int)(n1 - n0), (int)c->K,
+                    1.0f, c->x, (int)c->K, wp, (int)c->K, beta, c->y + n0, (int)c->N);
+        return;
+    }
+    if (c->M < GEMV_MAX_ROWS) {
+        if (c->simd)
+            gemv_f16_avx512(c, n0, n1);
+        else
+            gemv_f16_scalar(c, n0, n1, c->tmp[thread]);
+        return;
+    }
+    float *t = c->tmp[thread];
+    const uint16_t *wp = (const uint16_t *)c->w->data + (size_t)n0 * c->K;
+    eng__f16_to_f32_row(wp, t, (size_t)(n1 - n0) * c->K, c->simd);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c->M, (int)(n1 - n0), (int)c->K, 1.0f,
+                c->x, (int)c->K, t, (int)c->K, beta, c->y + n0, (int)c->N);
+}
+
+void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *w, float *y,
+                 bool accumulate, float *const *tmp, uint16_t *a_bf16, bool simd)
+{
+    matmul_ctx_t c = {.x = x,
+                      .M = M,
+                      .K = w->n_in,
+                      .N = w->n_out,
+                      .w = w,
+                      .y = y,
+                      .accumulate = accumulate,
+                      .tmp = tmp,
+                      .simd = simd && eng__cpu_has_avx512()};
+    uint32_t nt = eng__pool_n_threads(pool);
+    if (a_bf16 != NULL && w->bf16 != NULL && M >= GEMV_MAX_ROWS && c.simd && eng__cpu_has_bf16()) {
+        to_bf16_rows(x, M, c.K, a_bf16);
+        c.a_bf16 = a_bf16;
+        c.tile = 128;
+    } else if (w->type == ENG_GGML_TYPE_F32) {
+        /* One contiguous slice per thread (rounded to 16 columns) keeps sgemm's blocks big;
+         * small products run on the caller alone. */
+        uint64_t flops = (uint64_t)M * c.N * c.K;
+        uint32_t parts = flops < (1u << 18) ? 1 : nt;
+        c.tile = ((c.N + parts - 1) / parts + 15) & ~15u;
+    } else {
+        c.tile = M < GEMV_MAX_ROWS ? GEMV_TILE : ENG_CPU_WTILE;
+    }
+    if (c.tile == 0)
+        c.tile = 16;
+    uint32_t n_tasks = (c.N + c.tile - 1) / c.tile;
+    eng__pool_run(pool, matmul_task, &c, n_tasks);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention
+ * ------------------------------------------------------------------------------------------- */
+
+/* e^x for x <= 0 .. 88, relative error ~2e-7: x = n ln2 + r, |r| <= ln2/2, e^r by its degree-6
+ * Taylor polynomial, scaled by 2^n with scalef. Lanes at -inf give 0 (callers mask anyway). */
+AVX512 static inline __m512 exp512(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* The running state of one query row: max score m, normalizer l, unnormalized output o. */
+typedef struct attn_row {
+    const float *q;
+    float *o;
+    float m, l;
+    uint32_t pos;
+} attn_row_t;
+
+/* One KV block (kt [hd][16], vb [16][hd], F32) against up to 4 rows; block_start is the
+ * position of the block's first slot, n_slots its valid slots. */
+AVX512 static void attn_block_avx512(const float *kt, const float *vb, uint32_t hd,
+                                     attn_row_t *rows, uint32_t n_rows, uint32_t block_start,
+                                     uint32_t n_slots)
+{
+    const float *q0 = rows[0].q;
+    const float *q1 = n_rows > 1 ? rows[1].q : q0;
+    const float *q2 = n_rows > 2 ? rows[2].q : q0;
+    const float *q3 = n_rows > 3 ? rows[3].q : q0;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (uint32_t d = 0; d < hd; d++) {
+        __m512 k = _mm512_loadu_ps(kt + (size_t)d * 16);
+        s0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), k, s0);
+        s1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), k, s1);
+        s2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[d]), k, s2);
+        s3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[d]), k, s3);
+    }
+    __m512 s[4] = {s0, s1, s2, s3};
+    for (uint32_t r = 0; r < n_rows; r++) {
+        attn_row_t *row = &rows[r];
+        if (row->pos < block_start)
+            continue;
+        uint32_t n_valid = PC_MIN(n_slots, row->pos - block_start + 1);
+        __mmask16 mk = (__mmask16)(n_valid >= 16 ? 0xffff : (1u << n_valid) - 1);
+        __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), mk, s[r]);
+        float bmax = _mm512_reduce_max_ps(sv);
+        float m_new = row->m > bmax ? row->m : bmax;
+        __m512 p = _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(sv, _mm512_set1_ps(m_new))));
+        float corr = expf(row->m - m_new); /* 0 for the first block (m = -inf) */
+        row->l = row->l * corr + _mm512_reduce_add_ps(p);
+        row->m = m_new;
+        float pj[16];
+        _mm512_storeu_ps(pj, p);
+        __m512 vcorr = _mm512_set1_ps(corr);
+        for (uint32_t c = 0; c < hd; c += 16) {
+            __m512 o = _mm512_mul_ps(_mm512_loadu_ps(row->o + c), vcorr);
+            for (uint32_t j = 0; j < n_valid; j++)
+                o = _mm512_fmadd_ps(_mm512_set1_ps(pj[j]), _mm512_loadu_ps(vb + (size_t)j * hd + c),
+                                    o);
+            _mm512_storeu_ps(row->o + c, o);
+        }
+    }
+}
+
+static void attn_block_scalar(const float *kt, const float *vb, uint32_t hd, uint32_t bt,
+                              attn_row_t *row, uint32_t block_start, uint32_t n_slots)
+{
+    if (row->pos < block_start)
+        return;
+    uint32_t n_valid = PC_MIN(n_slots, row->pos - block_start + 1);
+    float s[4096];
+    float bmax = -INFINITY;
+    for (uint32_t j = 0; j < n_valid; j++) {
+        float acc = 0;
+        for (uint32_t d = 0; d < hd; d++)
+            acc += row->q[d] * kt[(size_t)d * bt + j];
+        s[j] = acc;
+        bmax = acc > bmax ? acc : bmax;
+    }
+    float m_new = row->m > bmax ? row->m : bmax;
+    float corr = expf(row->m - m_new);
+    float sum = 0;
+    for (uint32_t j = 0; j < n_valid; j++) {
+        s[j] = expf(s[j] - m_new);
+        sum += s[j];
+    }
+    row->l = row->l * corr + sum;
+    row->m = m_new;
+    for (uint32_t d = 0; d < hd; d++) {
+        float o = row->o[d] * corr;
+        for (uint32_t j = 0; j < n_valid; j++)
+            o += s[j] * vb[(size_t)j * hd + d];
+        row->o[d] = o;
+    }
+}
+
+void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float *scratch)
+{
+    const eng_kvpool_t *pool = a->kvpool;
+    uint32_t hd = a->head_dim, bt = a->block_tokens;
+    uint32_t group = a->n_head / a->n_head_kv;
+    uint32_t q_stride = a->n_head * hd;
+    float *kt = scratch;                /* [hd][bt] */
+    float *vb = kt + (size_t)hd * bt;   /* [bt][hd] */
+    float *obuf = vb + (size_t)hd * bt; /* [n_rows][hd] */
+    uint32_t n_rows = (task->t1 - task->t0) * group;
+    attn_row_t rows_fixed[64];
+    PC_ASSERT(n_rows <= PC_ARRAY_LEN(rows_fixed));
+    attn_row_t *rows = rows_fixed;
+    uint32_t max_pos = 0;
+    for (uint32_t t = task->t0, r = 0; t < task->t1; t++) {
+        for (uint32_t g = 0; g < group; g++, r++) {
+            uint32_t h = task->kv_head * group + g;
+            rows[r].q = a->q + (size_t)t * q_stride + (size_t)h * hd;
+            rows[r].o = obuf + (size_t)r * hd;
+            rows[r].m = -INFINITY;
+            rows[r].l = 0;
+            rows[r].pos = a->pos[t];
+            memset(rows[r].o, 0, hd * sizeof(float));
+        }
+        max_pos = PC_MAX(max_pos, a->pos[t]);
+    }
+    bool simd = a->simd && eng__cpu_has_avx512() && bt == 16 && hd % 16 == 0;
+    const uint32_t *blocks = a->blocks[task->seq];
+    uint32_t n_blocks = max_pos / bt + 1;
+    for (uint32_t bi = 0; bi < n_blocks; bi++) {
+        uint32_t start = bi * bt;
+        uint32_t n_slots = PC_MIN(bt, max_pos + 1 - start);
+        const void *kv = eng_kvpool_kv(pool, blocks[bi], a->layer, task->kv_head);
+        /* Only the valid slots are converted: unwritten ones may hold anything (NaN in tests). */
+        if (a->kv_f16) {
+            const uint16_t *k16 = kv;
+            for (uint32_t d = 0; d < hd; d++)
+                eng__f16_to_f32_row(k16 + (size_t)d * bt, kt + (size_t)d * bt, n_slots, a->simd);
+            eng__f16_to_f32_row(k16 + (size_t)hd * bt, vb, (size_t)n_slots * hd, a->simd);
+        } else {
+            const float *k32 = kv;
+            for (uint32_t d = 0; d < hd; d++)
+                memcpy(kt + (size_t)d * bt, k32 + (size_t)d * bt, n_slots * sizeof(float));
+            memcpy(vb, k32 + (size_t)hd * bt, (size_t)n_slots * hd * sizeof(float));
+        }
+        if (n_slots < bt) /* lanes past the valid slots are masked, but keep them finite */
+            for (uint32_t d = 0; d < hd; d++)
+                memset(kt + (size_t)d * bt + n_slots, 0, (bt - n_slots) * sizeof(float));
+        if (simd) {
+            for (uint32_t r = 0; r < n_rows; r += 4)
+                attn_block_avx512(kt, vb, hd, rows + r, PC_MIN(4, n_rows - r), start, n_slots);
+        } else {
+            for (uint32_t r = 0; r < n_rows; r++)
+                attn_block_scalar(kt, vb, hd, bt, &rows[r], start, n_slots);
+        }
+    }
+    for (uint32_t t = task->t0, r = 0; t < task->t1; t++) {
+        for (uint32_t g = 0; g < group; g++, r++) {
+            uint32_t h = task->kv_head * group + g;
+            float *out = a->out + (size_t)t * q_stride + (size_t)h * hd;
+            float inv = 1.0f / rows[r].l;
+            for (uint32_t d = 0; d < hd; d++)
+                out[d] = rows[r].o[d] * inv;
+        }
+    }
+}

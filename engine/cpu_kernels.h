@@ -1,0 +1,67 @@
+/*
+ * cpu_kernels.h — the CPU backend's compute kernels (engine-internal).
+ *
+ * Matrix products go through OpenBLAS sgemm, one single-threaded call per slice of output
+ * columns on each pool thread (OpenBLAS is set to one thread). F16 weights are converted tile by
+ * tile into a per-thread F32 buffer before sgemm, or, for a handful of rows (decode), multiplied
+ * directly by an F16C/AVX-512 kernel that reads half the bytes.
+ *
+ * Attention runs over the paged KV cache, one task per (sequence, KV head, run of query
+ * tokens), block by block with an online softmax (FlashAttention's recurrence), so no score
+ * matrix is ever materialized and unused KV slots are never read.
+ */
+#ifndef ENG_CPU_KERNELS_H
+#define ENG_CPU_KERNELS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cpu.h"
+#include "model.h"
+
+/* Rows of a weight tile converted at once for the F16 x sgemm path. */
+#define ENG_CPU_WTILE 128
+
+/* y[M][N] = x[M][K] . w^T, or y += that with accumulate. tmp[thread] points at
+ * ENG_CPU_WTILE * K floats per pool thread. With a_bf16 (room for M * (K + 1) halves) and
+ * w->bf16 set, products of at least 8 rows run as BF16 dot products with F32 accumulation
+ * (x rounded to BF16): twice the FMA rate of F32 on CPUs with AVX512-BF16. */
+void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *w, float *y,
+                 bool accumulate, float *const *tmp, uint16_t *a_bf16, bool simd);
+
+/*
+ * BF16 panels. A weight matrix [n_out][n_in] is stored as ceil(n_out / 16) panels of 16 output
+ * rows; a panel is ceil(n_in / 2) pairs of input columns, each pair 16 lanes of two BF16 values:
+ *   panel[p][j][lane][e] = bf16(w[16 p + lane][2 j + e])   (zero past n_out or n_in)
+ * so one 64-byte load feeds VDPBF16PS with 16 outputs x 2 inputs. The panel count is rounded up
+ * to an even number (the kernel works on 32 outputs at a time).
+ */
+size_t eng__bf16_packed_elems(uint32_t n_in, uint32_t n_out);
+void eng__bf16_pack(const eng_weight_t *w, uint16_t *dst);
+/* True when the CPU has AVX512-BF16. */
+bool eng__cpu_has_bf16(void);
+
+/* One attention task's geometry. */
+typedef struct eng_attn_task {
+    uint32_t seq; /* index into the seqs of the batch */
+    uint32_t kv_head;
+    uint32_t t0, t1; /* batch rows [t0, t1) of the sequence (same sequence, ascending pos) */
+} eng_attn_task_t;
+
+typedef struct eng_attn_args {
+    const float *q;      /* [T][n_head * head_dim], roped and scaled by 1/sqrt(head_dim) */
+    float *out;          /* [T][n_head * head_dim] */
+    const uint32_t *pos; /* [T] position of each batch row */
+    const uint32_t *const *blocks; /* [n_seqs] -> block table of each sequence */
+    const void *kvpool;            /* struct eng_kvpool * */
+    uint32_t layer;
+    uint32_t n_head, n_head_kv, head_dim, block_tokens;
+    bool kv_f16;
+    bool simd;
+} eng_attn_args_t;
+
+/* Per-thread scratch of attention: 2 * block_tokens * head_dim + rows * (head_dim + 2) floats
+ * where rows = max tokens per task * heads per KV head. */
+void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float *scratch);
+
+#endif

@@ -1,0 +1,334 @@
+/*
+ * engine.c — the engine core: model + KV pool + backend, sequences and batched forward steps
+ * (see engine.h).
+ *
+ * Invariants: every live sequence is on the engine's list (so eng_check can count the
+ * references they hold); a sequence's kv.n_tokens positions hold computed KV, and its table
+ * may hold blocks past them only inside eng_forward.
+ */
+#include "engine.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "engine_internal.h"
+#include "model.h"
+#include "pc_alloc.h"
+#include "pc_assert.h"
+#include "pc_err.h"
+
+eng_params_t eng_params_default(void)
+{
+    return (eng_params_t){.model_path = NULL,
+                          .n_threads = 2,
+                          .kv_dtype = ENG_KV_F16,
+                          .kv_block_tokens = ENG_KV_BLOCK_TOKENS_DEFAULT,
+                          .kv_max_tokens = 65536,
+                          .kv_max_bytes = 0,
+                          .max_batch_tokens = 512,
+                          .weights_f32 = false,
+                          .kv_poison = false,
+                          .no_simd = false,
+                          .bf16_gemm = false};
+}
+
+int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    if (err != NULL && err_len > 0)
+        err[0] = '\0';
+    if (p->model_path == NULL || p->n_threads == 0 || p->n_threads > 256 ||
+        p->max_batch_tokens == 0 || p->max_batch_tokens > (1u << 20)) {
+        snprintf(err, err_len, "engine: invalid parameters (model path, threads 1..256, batch)");
+        return PC_ERR_INVAL;
+    }
+    eng_t *e = pc_calloc(1, sizeof *e);
+    if (e == NULL)
+        return PC_ERR_NOMEM;
+    e->p = *p;
+    e->p.model_path = NULL; /* not kept: the caller's string */
+    eng_model_params_t mp = eng_model_params_default();
+    mp.weights_f32 = p->weights_f32;
+    mp.pack_bf16 = p->bf16_gemm && !p->no_simd && eng__cpu_has_bf16();
+    int rc = eng_model_load(p->model_path, &mp, &e->model, err, err_len);
+    if (rc != 0)
+        goto fail;
+    const eng_hparams_t *hp = &e->model->hp;
+    eng_kvpool_params_t kp = eng_kvpool_params_default();
+    kp.block_tokens = p->kv_block_tokens;
+    kp.dtype = p->kv_dtype;
+    kp.max_tokens = p->kv_max_tokens;
+    kp.max_bytes = p->kv_max_bytes;
+    kp.poison = p->kv_poison;
+    rc = eng_kvpool_init(&kp, hp->n_layer, hp->n_head_kv, hp->head_dim, &e->kv);
+    if (rc != 0) {
+        snprintf(err, err_len,
+                 "engine: cannot create the KV pool (%s): block size %u, budget %llu "
+                 "tokens / %llu bytes",
+                 pc_strerror(rc), p->kv_block_tokens, (unsigned long long)p->kv_max_tokens,
+                 (unsigned long long)p->kv_max_bytes);
+        goto fail;
+    }
+    eng_cpu_params_t cp = {.n_threads = p->n_threads,
+                           .max_tokens = p->max_batch_tokens,
+                           .block_tokens = p->kv_block_tokens,
+                           .no_simd = p->no_simd,
+                           .bf16 = p->bf16_gemm};
+    rc = eng_backend_cpu_init(e->model, &cp, &e->be);
+    if (rc != 0) {
+        snprintf(err, err_len, "engine: cannot create the CPU backend: %s", pc_strerror(rc));
+        goto fail;
+    }
+    rc = eng__prefix_init(e, &e->prefix);
+    if (rc != 0) {
+        snprintf(err, err_len, "engine: cannot create the prefix index: %s", pc_strerror(rc));
+        goto fail;
+    }
+    *out = e;
+    return 0;
+
+fail:
+    eng_free(e);
+    return rc;
+}
+
+void eng_free(eng_t *e)
+{
+    if (e == NULL)
+        return;
+    PC_ASSERT(e->seqs == NULL);
+    eng__prefix_free(e->prefix); /* releases the cached blocks before the pool goes */
+    eng_backend_free(e->be);
+    eng_kvpool_free(e->kv);
+    eng_model_free(e->model);
+    pc_free(e->fwd);
+    pc_free(e->fwd_item);
+    pc_free(e->orig_tokens);
+    pc_free(e);
+}
+
+const eng_hparams_t *eng_hparams(const eng_t *e)
+{
+    return &e->model->hp;
+}
+uint32_t eng_n_vocab(const eng_t *e)
+{
+    return e->model->hp.n_vocab;
+}
+eng_kvpool_t *eng_kvpool(eng_t *e)
+{
+    return e->kv;
+}
+const char *eng_backend_name_of(const eng_t *e)
+{
+    return eng_backend_name(e->be);
+}
+
+int eng_seq_create(eng_t *e, eng_seq_t **out)
+{
+    eng_seq_t *s = pc_calloc(1, sizeof *s);
+    if (s == NULL)
+        return PC_ERR_NOMEM;
+    eng_kvseq_init(&s->kv);
+    s->next = e->seqs;
+    if (e->seqs != NULL)
+        e->seqs->prev = s;
+    e->seqs = s;
+    e->n_seqs++;
+    *out = s;
+    return 0;
+}
+
+void eng_seq_free(eng_t *e, eng_seq_t *s)
+{
+    if (s == NULL)
+        return;
+    eng_kvseq_close(&s->kv, e->kv);
+    pc_free(s->tokens);
+    if (s->prev != NULL)
+        s->prev->next = s->next;
+    else
+        e->seqs = s->next;
+    if (s->next != NULL)
+        s->next->prev = s->prev;
+    e->n_seqs--;
+    pc_free(s);
+}
+
+uint32_t eng_seq_n_tokens(const eng_seq_t *s)
+{
+    return s->kv.n_tokens;
+}
+
+const int32_t *eng_seq_tokens(const eng_seq_t *s)
+{
+    return s->tokens;
+}
+
+int eng__seq_tokens_reserve(eng_seq_t *s, uint32_t n)
+{
+    if (n <= s->tokens_cap)
+        return 0;
+    uint32_t cap = s->tokens_cap ? s->tokens_cap : 64;
+    while (cap < n)
+        cap = cap > UINT32_MAX / 2 ? n : cap * 2;
+    int32_t *t = pc_reallocarray(s->tokens, cap, sizeof *t);
+    if (t == NULL)
+        return PC_ERR_NOMEM;
+    s->tokens = t;
+    s->tokens_cap = cap;
+    return 0;
+}
+
+uint32_t eng_batch_n_rows(const eng_batch_item_t *items, uint32_t n_items)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < n_items; i++)
+        n += items[i].logits == ENG_LOGITS_ALL    ? items[i].n_tokens
+             : items[i].logits == ENG_LOGITS_LAST ? 1
+                                                  : 0;
+    return n;
+}
+
+int eng_forward(eng_t *e, const eng_batch_item_t *items, uint32_t n_items, float *logits)
+{
+    const eng_hparams_t *hp = &e->model->hp;
+    if (n_items == 0)
+        return PC_ERR_INVAL;
+    /* Validate everything before touching any state. */
+    e->mark++;
+    for (uint32_t i = 0; i < n_items; i++) {
+        const eng_batch_item_t *it = &items[i];
+        if (it->seq == NULL || it->tokens == NULL || it->n_tokens == 0 ||
+            it->seq->mark == e->mark || it->logits > ENG_LOGITS_ALL)
+            return PC_ERR_INVAL;
+        if ((uint64_t)it->seq->kv.n_tokens + it->n_tokens > hp->n_ctx_train)
+            return PC_ERR_INVAL;
+        it->seq->mark = e->mark;
+        for (uint32_t j = 0; j < it->n_tokens; j++)
+            if (it->tokens[j] < 0 || (uint32_t)it->tokens[j] >= hp->n_vocab)
+                return PC_ERR_INVAL;
+    }
+    if (eng_batch_n_rows(items, n_items) > 0 && logits == NULL)
+        return PC_ERR_INVAL;
+
+    /* Reserve every item's blocks; on failure release what this call reserved. */
+    uint32_t n_res = 0;
+    int rc = 0;
+    for (; n_res < n_items; n_res++) {
+        eng_seq_t *sq = items[n_res].seq;
+        rc = eng__seq_tokens_reserve(sq, sq->kv.n_tokens + items[n_res].n_tokens);
+        if (rc != 0)
+            break;
+        rc = eng_kvseq_reserve(&sq->kv, e->kv, items[n_res].n_tokens);
+        if (rc != 0)
+            break;
+    }
+    if (rc != 0) {
+        for (uint32_t i = 0; i < n_res; i++)
+            eng_kvseq_trim(&items[i].seq->kv, e->kv);
+        return rc == PC_ERR_NOSPACE ? 1 : rc;
+    }
+
+    if (e->fwd_cap < n_items) {
+        eng_fwd_seq_t *f = pc_reallocarray(e->fwd, n_items, sizeof *f);
+        if (f != NULL)
+            e->fwd = f;
+        uint32_t *fi = pc_reallocarray(e->fwd_item, n_items, sizeof *fi);
+        if (fi != NULL)
+            e->fwd_item = fi;
+        uint32_t *o = pc_reallocarray(e->orig_tokens, n_items, sizeof *o);
+        if (o != NULL)
+            e->orig_tokens = o;
+        if (f == NULL || fi == NULL || o == NULL) {
+            rc = PC_ERR_NOMEM;
+            goto fail;
+        }
+        e->fwd_cap = n_items;
+    }
+    for (uint32_t i = 0; i < n_items; i++)
+        e->orig_tokens[i] = items[i].seq->kv.n_tokens;
+
+    /* Steps of at most max_batch_tokens tokens; an item may span several steps, and each
+     * sequence appears at most once per step. */
+    uint32_t item = 0, done = 0; /* next token: items[item].tokens[done] */
+    uint32_t n_vocab = hp->n_vocab;
+    size_t row_out = 0;
+    while (item < n_items) {
+        uint32_t budget = e->p.max_batch_tokens, n = 0, rows = 0;
+        while (item < n_items && budget > 0) {
+            const eng_batch_item_t *it = &items[item];
+            uint32_t take = PC_MIN(budget, it->n_tokens - done);
+            bool ends = done + take == it->n_tokens;
+            enum eng_logits_mode lm = it->logits == ENG_LOGITS_ALL              ? ENG_LOGITS_ALL
+                                      : (it->logits == ENG_LOGITS_LAST && ends) ? ENG_LOGITS_LAST
+                                                                                : ENG_LOGITS_NONE;
+            e->fwd_item[n] = item;
+            e->fwd[n++] = (eng_fwd_seq_t){.tokens = it->tokens + done,
+                                          .n_tokens = take,
+                                          .pos0 = it->seq->kv.n_tokens,
+                                          .blocks = it->seq->kv.blocks,
+                                          .n_blocks = it->seq->kv.n_blocks,
+                                          .logits = lm};
+            rows += lm == ENG_LOGITS_ALL ? take : lm == ENG_LOGITS_LAST;
+            budget -= take;
+            done += take;
+            if (ends) {
+                item++;
+                done = 0;
+            } else {
+                break; /* the budget is spent */
+            }
+        }
+        rc = e->be->iface->forward(e->be, e->model, e->kv, e->fwd, n,
+                                   rows ? logits + row_out * n_vocab : NULL);
+        if (rc != 0)
+            goto fail;
+        row_out += rows;
+        for (uint32_t i = 0; i < n; i++) { /* commit: these positions now hold KV */
+            eng_seq_t *sq = items[e->fwd_item[i]].seq;
+            memcpy(sq->tokens + sq->kv.n_tokens, e->fwd[i].tokens,
+                   e->fwd[i].n_tokens * sizeof *sq->tokens);
+            sq->kv.n_tokens += e->fwd[i].n_tokens;
+        }
+    }
+    return 0;
+
+fail:
+    /* A failed step leaves every sequence as it was before this call. */
+    for (uint32_t i = 0; i < n_items; i++) {
+        if (e->orig_tokens != NULL && e->fwd_cap >= n_items)
+            items[i].seq->kv.n_tokens = e->orig_tokens[i];
+        eng_kvseq_trim(&items[i].seq->kv, e->kv);
+    }
+    return rc;
+}
+
+int eng_check(eng_t *e, char *err, size_t err_len)
+{
+    uint32_t n = eng_kvpool_n_blocks(e->kv);
+    uint32_t *refs = pc_calloc(n, sizeof *refs);
+    if (refs == NULL)
+        return PC_ERR_NOMEM;
+    int rc = 0;
+    for (eng_seq_t *s = e->seqs; s != NULL; s = s->next) {
+        uint32_t need =
+            (s->kv.n_tokens + eng_kvpool_block_tokens(e->kv) - 1) / eng_kvpool_block_tokens(e->kv);
+        if (s->kv.n_blocks != need) {
+            snprintf(err, err_len, "engine: a sequence of %u tokens holds %u blocks",
+                     s->kv.n_tokens, s->kv.n_blocks);
+            rc = PC_ERR_INTERNAL;
+            goto done;
+        }
+        for (uint32_t i = 0; i < s->kv.n_blocks; i++)
+            refs[s->kv.blocks[i]]++;
+    }
+    eng__prefix_count_refs(e->prefix, refs);
+    rc = eng_kvpool_check(e->kv, refs, err, err_len);
+    if (rc == 0)
+        rc = eng__prefix_check(e->prefix, err, err_len);
+done:
+    pc_free(refs);
+    return rc;
+}

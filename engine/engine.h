@@ -1,0 +1,178 @@
+/*
+ * engine.h — the inference engine core: a model, a paged KV cache and a backend.
+ *
+ *   eng_params_t p = eng_params_default();
+ *   p.model_path = "models/kvgw-demo.gguf";
+ *   eng_t *e; eng_init(&p, &e, err, sizeof err);
+ *   eng_seq_t *s; eng_seq_create(e, &s);
+ *   eng_batch_item_t it = {.seq = s, .tokens = ids, .n_tokens = n, .logits = ENG_LOGITS_LAST};
+ *   eng_forward(e, &it, 1, logits);          // logits: [1][n_vocab]
+ *   ... eng_seq_free(e, s); eng_free(e);
+ *
+ * A forward step takes a batch that mixes prefill chunks and single decode tokens of different
+ * sequences; each sequence continues at its own position with its own block table. The engine
+ * reserves the KV blocks of every item first (evicting cached blocks if needed), and only then
+ * computes: a step that does not fit changes nothing.
+ *
+ * Threads: an eng_t is used by one thread at a time (the worker's); it runs its own compute
+ * threads inside eng_forward.
+ */
+#ifndef ENG_ENGINE_H
+#define ENG_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "hparams.h"
+#include "kvpool.h"
+
+typedef struct eng_params {
+    const char *model_path;
+    uint32_t n_threads;         /* compute threads, default 2 */
+    enum eng_kv_dtype kv_dtype; /* default F16 */
+    uint32_t kv_block_tokens;   /* default 16 */
+    uint64_t kv_max_tokens;     /* KV budget in tokens (default 65536); 0 = use kv_max_bytes */
+    uint64_t kv_max_bytes;      /* KV budget in bytes, or 0; the smaller of the two wins */
+    uint32_t max_batch_tokens;  /* tokens per internal forward step (default 512); longer
+                                   batches are computed in successive steps */
+    bool weights_f32;           /* convert F16 weights to F32 at load */
+    bool bf16_gemm; /* prefill GEMMs in BF16 with F32 accumulation (CPUs with AVX512-BF16):
+                       about twice the F32 rate; activations and weights are rounded to 8
+                       significant bits, so logits move by ~1e-2 relative */
+    bool kv_poison; /* tests: NaN in unwritten KV slots */
+    bool no_simd;   /* tests: portable kernels only */
+} eng_params_t;
+
+eng_params_t eng_params_default(void);
+
+typedef struct eng eng_t;
+typedef struct eng_seq eng_seq_t;
+
+/* Loads the model and creates the KV pool and the CPU backend. Returns 0, PC_ERR_INVAL (bad
+ * parameters), PC_ERR_IO / PC_ERR_FORMAT / PC_ERR_UNSUPPORTED (model file) or PC_ERR_NOMEM,
+ * with a one-line reason in err. */
+int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len);
+
+/* Releases the engine. Every sequence must have been freed. NULL is a no-op. */
+void eng_free(eng_t *e);
+
+/* The model's hyper-parameters; valid until eng_free. */
+const eng_hparams_t *eng_hparams(const eng_t *e);
+uint32_t eng_n_vocab(const eng_t *e);
+/* The KV pool, for statistics and checks; valid until eng_free. */
+eng_kvpool_t *eng_kvpool(eng_t *e);
+const char *eng_backend_name_of(const eng_t *e);
+
+/* A new empty sequence. Returns 0 or PC_ERR_NOMEM. */
+int eng_seq_create(eng_t *e, eng_seq_t **out);
+/* Releases a sequence and its references to KV blocks. NULL is a no-op. */
+void eng_seq_free(eng_t *e, eng_seq_t *s);
+/* Positions of the sequence that hold KV. */
+uint32_t eng_seq_n_tokens(const eng_seq_t *s);
+/* The tokens of those positions; valid until the next eng_forward or eng_seq_free. */
+const int32_t *eng_seq_tokens(const eng_seq_t *s);
+
+/* One item of a forward batch: new tokens for one sequence. */
+typedef struct eng_batch_item {
+    eng_seq_t *seq;
+    const int32_t *tokens; /* [n_tokens] */
+    uint32_t n_tokens;     /* >= 1 */
+    enum eng_logits_mode logits;
+} eng_batch_item_t;
+
+/* Rows of logits a batch produces (LAST: 1, ALL: n_tokens, NONE: 0). */
+uint32_t eng_batch_n_rows(const eng_batch_item_t *items, uint32_t n_items);
+
+/*
+ * Computes the new tokens of every item, in one or more internal steps of at most
+ * max_batch_tokens tokens, and writes the requested logits to logits[n_rows][n_vocab] (rows in
+ * item order; logits may be NULL when no row is asked for). On success each item's sequence
+ * grows by its n_tokens.
+ *
+ * Returns 0; 1 when the KV pool cannot hold the new tokens even after evicting cached blocks
+ * (nothing changed); PC_ERR_INVAL (an empty item, a token id out of range, a sequence twice in
+ * the batch, a sequence past the model's position limit) with nothing changed; or another
+ * negative error, after which the items' sequences are as before the call.
+ */
+int eng_forward(eng_t *e, const eng_batch_item_t *items, uint32_t n_items, float *logits);
+
+/* ---------------------------------------------------------------------------------------------
+ * Prefix index: token prefixes -> KV blocks, per namespace (a radix tree, radix/).
+ *
+ * A node of the tree covers the positions of its edge and references the KV blocks that hold
+ * them. A sequence started from the index shares the blocks of its longest cached prefix (at
+ * token granularity: a match ending inside a block shares that block too, and the sequence
+ * copies it before writing into it) and computes only the rest. Nothing matches across
+ * namespaces.
+ *
+ * Cached prefixes are opportunistic: when the KV pool runs out of blocks the least recently
+ * used unpinned ones are evicted. A retained prefix is pinned until its expiry (or release);
+ * pinned prefixes are evicted only when nothing else can be (hard pressure), earliest expiry
+ * first. Every removal from the index is reported through the eviction callback.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Why cached KV left the index. */
+enum eng_evict_reason {
+    ENG_EVICT_LRU = 1,      /* the pool needed blocks; an unpinned prefix went */
+    ENG_EVICT_PRESSURE = 2, /* the pool needed blocks and only retained prefixes were left */
+    ENG_EVICT_REMOVED = 3,  /* eng_prefix_drop */
+};
+
+typedef struct eng_evict_event {
+    uint64_t ns;        /* namespace */
+    uint32_t n_tokens;  /* the prefix length that is no longer cached: positions >= this */
+    uint32_t n_dropped; /* positions dropped by this removal ([n_tokens, n_tokens + n)) */
+    int reason;         /* enum eng_evict_reason */
+} eng_evict_event_t;
+
+typedef void (*eng_evict_fn)(const eng_evict_event_t *ev, void *ud);
+
+/* Installs the eviction callback (NULL: none). It runs inside the call that evicted (usually
+ * eng_forward) and must not call back into the engine. */
+void eng_set_evict_callback(eng_t *e, eng_evict_fn fn, void *ud);
+
+/* Starts the empty sequence s from the longest prefix of tokens[0..n) cached in namespace ns,
+ * reusing at most n - 1 tokens (the last token is always computed, for its logits). Sets
+ * *n_reused; the caller then runs eng_forward on tokens[*n_reused .. n). Returns 0,
+ * PC_ERR_STATE (s is not empty) or PC_ERR_NOMEM (s stays empty). */
+int eng_seq_start_cached(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tokens, uint32_t n,
+                         uint32_t *n_reused);
+
+/* Caches the first n positions of s (all computed) in namespace ns, unpinned. Returns 0,
+ * PC_ERR_INVAL (n is 0 or more than s holds) or PC_ERR_NOMEM (the index is unchanged). */
+int eng_prefix_insert(eng_t *e, eng_seq_t *s, uint64_t ns, uint32_t n);
+
+/* Caches the first n positions of s like eng_prefix_insert and pins them until expiry (any
+ * clock the caller uses consistently with eng_prefix_expire). Retaining the same prefix again
+ * adds another pin with its own expiry. Returns 0, PC_ERR_INVAL or PC_ERR_NOMEM. */
+int eng_prefix_retain(eng_t *e, eng_seq_t *s, uint64_t ns, uint32_t n, uint64_t expiry);
+
+/* Releases one pin of the retained prefix tokens[0..n) in ns (the one expiring first); the
+ * prefix stays cached, unpinned. Returns 0 or PC_ERR_NOTFOUND. */
+int eng_prefix_release(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n);
+
+/* Releases every pin whose expiry is <= now. Returns how many were released. */
+uint32_t eng_prefix_expire(eng_t *e, uint64_t now);
+
+/* Removes every cached prefix of ns that starts with tokens[0..n) (n = 0: the namespace).
+ * Returns 0, PC_ERR_NOTFOUND or PC_ERR_BUSY (one is retained; nothing removed). */
+int eng_prefix_drop(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n);
+
+typedef struct eng_prefix_stats {
+    uint64_t n_tokens; /* tokens stored in the tree */
+    uint64_t n_nodes;
+    uint64_t n_retained;   /* pins held */
+    uint64_t n_lookups;    /* eng_seq_start_cached calls */
+    uint64_t n_hit_tokens; /* tokens reused by them */
+    uint64_t n_evicted;    /* removals reported through the callback */
+} eng_prefix_stats_t;
+
+void eng_prefix_stats(const eng_t *e, eng_prefix_stats_t *out);
+
+/* Checks KV accounting: every block is free or referenced exactly as many times as live
+ * sequences (and the prefix index) hold it. Returns 0 or PC_ERR_INTERNAL with the reason. */
+int eng_check(eng_t *e, char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,343 @@
+/*
+ * kvpool.c — the paged KV block pool and per-sequence block tables (see kvpool.h).
+ *
+ * The free list is a stack of block ids; refcount[b] == 0 exactly for the blocks on it. The
+ * whole KV memory is one allocation made at init, so the budget is a hard limit.
+ */
+#include "kvpool.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "pc_alloc.h"
+#include "pc_assert.h"
+#include "pc_err.h"
+
+struct eng_kvpool {
+    uint32_t block_tokens;
+    enum eng_kv_dtype dtype;
+    uint32_t n_layer, n_head_kv, head_dim;
+    uint32_t n_blocks;
+    size_t elem_bytes;
+    size_t head_elems;  /* 2 * head_dim * block_tokens: one (layer, head) slice of a block */
+    size_t block_bytes; /* n_layer * n_head_kv * head_elems * elem_bytes */
+    bool poison;
+    uint8_t *data;      /* [n_blocks][block_bytes] */
+    uint32_t *refcount; /* [n_blocks] */
+    uint32_t *free_ids; /* stack [n_blocks] */
+    uint32_t n_free;
+    eng_kvpool_evict_fn evict;
+    void *evict_ud;
+};
+
+eng_kvpool_params_t eng_kvpool_params_default(void)
+{
+    return (eng_kvpool_params_t){.block_tokens = ENG_KV_BLOCK_TOKENS_DEFAULT,
+                                 .dtype = ENG_KV_F16,
+                                 .max_tokens = 0,
+                                 .max_bytes = 0,
+                                 .poison = false};
+}
+
+int eng_kvpool_init(const eng_kvpool_params_t *p, uint32_t n_layer, uint32_t n_head_kv,
+                    uint32_t head_dim, eng_kvpool_t **out)
+{
+    *out = NULL;
+    if (p->block_tokens == 0 || p->block_tokens > 4096 || n_layer == 0 || n_head_kv == 0 ||
+        head_dim == 0 || (p->dtype != ENG_KV_F16 && p->dtype != ENG_KV_F32))
+        return PC_ERR_INVAL;
+    size_t elem = p->dtype == ENG_KV_F16 ? 2 : 4;
+    size_t head_elems = (size_t)2 * head_dim * p->block_tokens;
+    size_t block_bytes = (size_t)n_layer * n_head_kv * head_elems * elem;
+    uint64_t n_blocks = UINT64_MAX;
+    if (p->max_tokens > 0)
+        n_blocks = p->max_tokens / p->block_tokens;
+    if (p->max_bytes > 0)
+        n_blocks = PC_MIN(n_blocks, p->max_bytes / block_bytes);
+    if (n_blocks == UINT64_MAX || n_blocks == 0 || n_blocks > UINT32_MAX / 2 ||
+        n_blocks > SIZE_MAX / block_bytes)
+        return PC_ERR_INVAL;
+
+    eng_kvpool_t *pool = pc_calloc(1, sizeof *pool);
+    if (pool == NULL)
+        return PC_ERR_NOMEM;
+    pool->block_tokens = p->block_tokens;
+    pool->dtype = p->dtype;
+    pool->n_layer = n_layer;
+    pool->n_head_kv = n_head_kv;
+    pool->head_dim = head_dim;
+    pool->n_blocks = (uint32_t)n_blocks;
+    pool->elem_bytes = elem;
+    pool->head_elems = head_elems;
+    pool->block_bytes = block_bytes;
+    pool->poison = p->poison;
+    pool->data = pc_malloc((size_t)n_blocks * block_bytes);
+    pool->refcount = pc_calloc(n_blocks, sizeof *pool->refcount);
+    pool->free_ids = pc_malloc(n_blocks * sizeof *pool->free_ids);
+    if (pool->data == NULL || pool->refcount == NULL || pool->free_ids == NULL) {
+        eng_kvpool_free(pool);
+        return PC_ERR_NOMEM;
+    }
+    /* Block 0 on top of the stack: allocation order is 0, 1, 2, ... on a fresh pool. */
+    for (uint32_t i = 0; i < pool->n_blocks; i++)
+        pool->free_ids[i] = pool->n_blocks - 1 - i;
+    pool->n_free = pool->n_blocks;
+    *out = pool;
+    return 0;
+}
+
+void eng_kvpool_free(eng_kvpool_t *pool)
+{
+    if (pool == NULL)
+        return;
+    pc_free(pool->data);
+    pc_free(pool->refcount);
+    pc_free(pool->free_ids);
+    pc_free(pool);
+}
+
+void eng_kvpool_set_evict(eng_kvpool_t *pool, eng_kvpool_evict_fn fn, void *ud)
+{
+    pool->evict = fn;
+    pool->evict_ud = ud;
+}
+
+uint32_t eng_kvpool_block_tokens(const eng_kvpool_t *pool)
+{
+    return pool->block_tokens;
+}
+enum eng_kv_dtype eng_kvpool_dtype(const eng_kvpool_t *pool)
+{
+    return pool->dtype;
+}
+uint32_t eng_kvpool_n_blocks(const eng_kvpool_t *pool)
+{
+    return pool->n_blocks;
+}
+uint32_t eng_kvpool_n_free(const eng_kvpool_t *pool)
+{
+    return pool->n_free;
+}
+size_t eng_kvpool_block_bytes(const eng_kvpool_t *pool)
+{
+    return pool->block_bytes;
+}
+
+static void poison_block(eng_kvpool_t *pool, uint32_t b)
+{
+    uint8_t *p = pool->data + (size_t)b * pool->block_bytes;
+    if (pool->dtype == ENG_KV_F16) {
+        uint16_t *h = (uint16_t *)p;
+        for (size_t i = 0; i < pool->block_bytes / 2; i++)
+            h[i] = 0x7e00; /* F16 quiet NaN */
+    } else {
+        float *f = (float *)p;
+        for (size_t i = 0; i < pool->block_bytes / 4; i++)
+            f[i] = NAN;
+    }
+}
+
+int eng_kvpool_alloc(eng_kvpool_t *pool, uint32_t *block)
+{
+    if (pool->n_free == 0 && pool->evict != NULL)
+        pool->evict(pool->evict_ud, 1);
+    if (pool->n_free == 0)
+        return PC_ERR_NOSPACE;
+    uint32_t b = pool->free_ids[--pool->n_free];
+    PC_ASSERT(pool->refcount[b] == 0);
+    pool->refcount[b] = 1;
+    if (pool->poison)
+        poison_block(pool, b);
+    *block = b;
+    return 0;
+}
+
+void eng_kvpool_ref(eng_kvpool_t *pool, uint32_t block)
+{
+    PC_ASSERT(block < pool->n_blocks && pool->refcount[block] > 0);
+    pool->refcount[block]++;
+}
+
+void eng_kvpool_unref(eng_kvpool_t *pool, uint32_t block)
+{
+    PC_ASSERT(block < pool->n_blocks && pool->refcount[block] > 0);
+    if (--pool->refcount[block] == 0)
+        pool->free_ids[pool->n_free++] = block;
+}
+
+uint32_t eng_kvpool_refcount(const eng_kvpool_t *pool, uint32_t block)
+{
+    PC_ASSERT(block < pool->n_blocks);
+    return pool->refcount[block];
+}
+
+void *eng_kvpool_kv(const eng_kvpool_t *pool, uint32_t block, uint32_t layer, uint32_t head)
+{
+    size_t idx = ((size_t)block * pool->n_layer + layer) * pool->n_head_kv + head;
+    return pool->data + idx * pool->head_elems * pool->elem_bytes;
+}
+
+void eng_kvpool_copy(eng_kvpool_t *pool, uint32_t dst, uint32_t src, uint32_t n_tokens)
+{
+    PC_ASSERT(dst < pool->n_blocks && src < pool->n_blocks && n_tokens <= pool->block_tokens);
+    if (n_tokens == pool->block_tokens || pool->poison == false) {
+        /* Copying whole slices is simpler and copies no more than a block. */
+        memcpy(pool->data + (size_t)dst * pool->block_bytes,
+               pool->data + (size_t)src * pool->block_bytes, pool->block_bytes);
+        return;
+    }
+    /* Poisoned pools copy only the valid positions, so unwritten slots stay NaN. */
+    size_t e = pool->elem_bytes, bt = pool->block_tokens, hd = pool->head_dim;
+    for (uint32_t l = 0; l < pool->n_layer; l++) {
+        for (uint32_t h = 0; h < pool->n_head_kv; h++) {
+            uint8_t *d = eng_kvpool_kv(pool, dst, l, h);
+            const uint8_t *s = eng_kvpool_kv(pool, src, l, h);
+            for (size_t i = 0; i < hd; i++) /* K rows: one per dimension */
+                memcpy(d + i * bt * e, s + i * bt * e, n_tokens * e);
+            memcpy(d + hd * bt * e, s + hd * bt * e, (size_t)n_tokens * hd * e); /* V */
+        }
+    }
+}
+
+int eng_kvpool_check(const eng_kvpool_t *pool, const uint32_t *expected_refs, char *err,
+                     size_t err_len)
+{
+    uint8_t *seen = pc_calloc(pool->n_blocks ? pool->n_blocks : 1, 1);
+    if (seen == NULL)
+        return PC_ERR_NOMEM;
+    int rc = 0;
+    uint32_t n_zero = 0;
+    for (uint32_t b = 0; b < pool->n_blocks; b++) {
+        if (pool->refcount[b] != expected_refs[b]) {
+            snprintf(err, err_len, "kvpool: block %u has refcount %u, owners hold %u", b,
+                     pool->refcount[b], expected_refs[b]);
+            rc = PC_ERR_INTERNAL;
+            goto done;
+        }
+        n_zero += pool->refcount[b] == 0;
+    }
+    if (n_zero != pool->n_free) {
+        snprintf(err, err_len, "kvpool: %u blocks unreferenced but %u on the free list", n_zero,
+                 pool->n_free);
+        rc = PC_ERR_INTERNAL;
+        goto done;
+    }
+    for (uint32_t i = 0; i < pool->n_free; i++) {
+        uint32_t b = pool->free_ids[i];
+        if (b >= pool->n_blocks || seen[b] || pool->refcount[b] != 0) {
+            snprintf(err, err_len, "kvpool: free list entry %u (block %u) is invalid", i, b);
+            rc = PC_ERR_INTERNAL;
+            goto done;
+        }
+        seen[b] = 1;
+    }
+done:
+    pc_free(seen);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Block tables
+ * ------------------------------------------------------------------------------------------- */
+
+void eng_kvseq_init(eng_kvseq_t *s)
+{
+    memset(s, 0, sizeof *s);
+}
+
+void eng_kvseq_close(eng_kvseq_t *s, eng_kvpool_t *pool)
+{
+    for (uint32_t i = 0; i < s->n_blocks; i++)
+        eng_kvpool_unref(pool, s->blocks[i]);
+    pc_free(s->blocks);
+    memset(s, 0, sizeof *s);
+}
+
+static int table_grow(eng_kvseq_t *s, uint32_t n)
+{
+    if (n <= s->cap)
+        return 0;
+    uint32_t cap = s->cap ? s->cap : 8;
+    while (cap < n)
+        cap *= 2;
+    uint32_t *b = pc_reallocarray(s->blocks, cap, sizeof *b);
+    if (b == NULL)
+        return PC_ERR_NOMEM;
+    s->blocks = b;
+    s->cap = cap;
+    return 0;
+}
+
+int eng_kvseq_share(eng_kvseq_t *s, eng_kvpool_t *pool, const uint32_t *blocks, uint32_t n_tokens)
+{
+    if (s->n_blocks != 0 || s->n_tokens != 0)
+        return PC_ERR_STATE;
+    uint32_t n = (n_tokens + pool->block_tokens - 1) / pool->block_tokens;
+    int rc = table_grow(s, n);
+    if (rc != 0)
+        return rc;
+    for (uint32_t i = 0; i < n; i++) {
+        eng_kvpool_ref(pool, blocks[i]);
+        s->blocks[i] = blocks[i];
+    }
+    s->n_blocks = n;
+    s->n_tokens = n_tokens;
+    return 0;
+}
+
+int eng_kvseq_reserve(eng_kvseq_t *s, eng_kvpool_t *pool, uint32_t n_new)
+{
+    uint32_t bt = pool->block_tokens;
+    uint64_t end = (uint64_t)s->n_tokens + n_new;
+    if (end > (uint64_t)UINT32_MAX - bt)
+        return PC_ERR_NOSPACE;
+    uint32_t need = (uint32_t)((end + bt - 1) / bt);
+    int rc = table_grow(s, need);
+    if (rc != 0)
+        return rc;
+
+    /* Copy-on-write: the partial last block is written next; it must be ours alone. */
+    uint32_t cow_idx = UINT32_MAX, cow_old = 0;
+    if (n_new > 0 && s->n_tokens % bt != 0) {
+        uint32_t i = s->n_tokens / bt;
+        PC_ASSERT(i < s->n_blocks);
+        if (pool->refcount[s->blocks[i]] > 1) {
+            uint32_t nb;
+            rc = eng_kvpool_alloc(pool, &nb);
+            if (rc != 0)
+                return rc;
+            eng_kvpool_copy(pool, nb, s->blocks[i], s->n_tokens % bt);
+            cow_idx = i;
+            cow_old = s->blocks[i];
+            s->blocks[i] = nb;
+        }
+    }
+    uint32_t n_before = s->n_blocks;
+    while (s->n_blocks < need) {
+        uint32_t nb;
+        rc = eng_kvpool_alloc(pool, &nb);
+        if (rc != 0)
+            goto fail;
+        s->blocks[s->n_blocks++] = nb;
+    }
+    if (cow_idx != UINT32_MAX)
+        eng_kvpool_unref(pool, cow_old);
+    return 0;
+
+fail:
+    while (s->n_blocks > n_before)
+        eng_kvpool_unref(pool, s->blocks[--s->n_blocks]);
+    if (cow_idx != UINT32_MAX) {
+        eng_kvpool_unref(pool, s->blocks[cow_idx]);
+        s->blocks[cow_idx] = cow_old;
+    }
+    return rc;
+}
+
+void eng_kvseq_trim(eng_kvseq_t *s, eng_kvpool_t *pool)
+{
+    uint32_t need = (s->n_tokens + pool->block_tokens - 1) / pool->block_tokens;
+    while (s->n_blocks > need)
+        eng_kvpool_unref(pool, s->blocks[--s->n_blocks]);
+}

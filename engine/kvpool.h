@@ -1,0 +1,123 @@
+/*
+ * kvpool.h — the paged KV cache: a fixed pool of fixed-size blocks (engine-internal).
+ *
+ * A block holds the keys and values of block_tokens consecutive positions of one sequence, for
+ * every layer and KV head. All blocks are allocated once, at init, from the memory budget (a
+ * number of tokens or of bytes): the pool never allocates KV memory afterwards. Block layout,
+ * for block b, layer l, KV head h (elements of the pool's dtype, F16 or F32):
+ *
+ *   base + ((b * n_layer + l) * n_head_kv + h) * 2 * head_dim * block_tokens
+ *     K:  [head_dim][block_tokens]   transposed: one row holds a dimension of every token, so
+ *                                    16 scores are one vector of FMAs over head_dim
+ *     V:  [block_tokens][head_dim]   follows K
+ *
+ * Blocks are reference-counted. A block is either free (refcount 0, on the free list) or
+ * referenced by one or more owners: sequences (eng_kvseq_t block tables) and the prefix index.
+ * A sequence writes only into blocks it owns alone: eng_kvseq_reserve copies a shared, partially
+ * filled last block before the sequence writes into it (copy-on-write). Full shared blocks are
+ * never written again.
+ *
+ * When the free list is empty, alloc asks the eviction hook (the prefix index) to release cached
+ * blocks; if nothing can be released the caller gets PC_ERR_NOSPACE and nothing changed.
+ *
+ * Not thread-safe: the engine serializes every call.
+ */
+#ifndef ENG_KVPOOL_H
+#define ENG_KVPOOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum eng_kv_dtype {
+    ENG_KV_F16 = 0,
+    ENG_KV_F32 = 1,
+};
+
+#define ENG_KV_BLOCK_TOKENS_DEFAULT 16
+
+typedef struct eng_kvpool_params {
+    uint32_t block_tokens;   /* tokens per block, default 16 */
+    enum eng_kv_dtype dtype; /* default F16 */
+    uint64_t max_tokens;     /* budget in tokens (rounded down to whole blocks), or 0 */
+    uint64_t max_bytes;      /* budget in bytes, or 0; when both are set the smaller wins */
+    bool poison;             /* fill allocated blocks with NaN (tests: stray reads fail) */
+} eng_kvpool_params_t;
+
+eng_kvpool_params_t eng_kvpool_params_default(void);
+
+typedef struct eng_kvpool eng_kvpool_t;
+
+/* The eviction hook: release at least n_blocks blocks if possible (by unreferencing cached
+ * blocks). Returns the number of blocks that became free. */
+typedef uint32_t (*eng_kvpool_evict_fn)(void *ud, uint32_t n_blocks);
+
+/* Creates a pool for a model shape. Returns 0, PC_ERR_INVAL (no budget, or a budget below one
+ * block) or PC_ERR_NOMEM. */
+int eng_kvpool_init(const eng_kvpool_params_t *p, uint32_t n_layer, uint32_t n_head_kv,
+                    uint32_t head_dim, eng_kvpool_t **out);
+void eng_kvpool_free(eng_kvpool_t *pool);
+
+void eng_kvpool_set_evict(eng_kvpool_t *pool, eng_kvpool_evict_fn fn, void *ud);
+
+uint32_t eng_kvpool_block_tokens(const eng_kvpool_t *pool);
+enum eng_kv_dtype eng_kvpool_dtype(const eng_kvpool_t *pool);
+uint32_t eng_kvpool_n_blocks(const eng_kvpool_t *pool);
+uint32_t eng_kvpool_n_free(const eng_kvpool_t *pool);
+size_t eng_kvpool_block_bytes(const eng_kvpool_t *pool);
+
+/* Takes a free block (refcount 1), evicting through the hook when none is free. Returns 0,
+ * or PC_ERR_NOSPACE (nothing changed). */
+int eng_kvpool_alloc(eng_kvpool_t *pool, uint32_t *block);
+/* Adds a reference to a referenced block. */
+void eng_kvpool_ref(eng_kvpool_t *pool, uint32_t block);
+/* Drops a reference; the block returns to the free list at zero. */
+void eng_kvpool_unref(eng_kvpool_t *pool, uint32_t block);
+uint32_t eng_kvpool_refcount(const eng_kvpool_t *pool, uint32_t block);
+
+/* Copies the first n_tokens positions of src into dst (every layer and head). */
+void eng_kvpool_copy(eng_kvpool_t *pool, uint32_t dst, uint32_t src, uint32_t n_tokens);
+
+/* The K part of (block, layer, kv head): [head_dim][block_tokens]; V follows it:
+ * [block_tokens][head_dim]. Valid until eng_kvpool_free. */
+void *eng_kvpool_kv(const eng_kvpool_t *pool, uint32_t block, uint32_t layer, uint32_t head);
+
+/* Accounting check: expected_refs[n_blocks] holds the references the owners know of. Returns 0
+ * when every block's refcount equals it, the free list holds exactly the blocks at zero (once
+ * each) and the counters agree; else PC_ERR_INTERNAL with the first mismatch in err. */
+int eng_kvpool_check(const eng_kvpool_t *pool, const uint32_t *expected_refs, char *err,
+                     size_t err_len);
+
+/* ---------------------------------------------------------------------------------------------
+ * Per-sequence block tables.
+ * ------------------------------------------------------------------------------------------- */
+
+/* A sequence's block table: blocks[i] holds positions [i * block_tokens, (i+1) * block_tokens).
+ * Caller-allocated; eng_kvseq_init/eng_kvseq_close. */
+typedef struct eng_kvseq {
+    uint32_t *blocks;
+    uint32_t n_blocks;
+    uint32_t cap;
+    uint32_t n_tokens; /* positions holding valid KV */
+} eng_kvseq_t;
+
+void eng_kvseq_init(eng_kvseq_t *s);
+/* Unreferences every block and empties the table (the struct can be reused). */
+void eng_kvseq_close(eng_kvseq_t *s, eng_kvpool_t *pool);
+
+/* Starts an empty sequence from shared blocks holding n_tokens positions (a cached prefix):
+ * references blocks[0 .. ceil(n_tokens / block_tokens)). A partial last block stays shared
+ * until the sequence writes into it (copy-on-write in reserve). Returns 0, PC_ERR_STATE (s is
+ * not empty) or PC_ERR_NOMEM. */
+int eng_kvseq_share(eng_kvseq_t *s, eng_kvpool_t *pool, const uint32_t *blocks, uint32_t n_tokens);
+
+/* Makes positions [n_tokens, n_tokens + n_new) writable by this sequence alone: copies a shared
+ * partial last block, then allocates the blocks the new positions need. n_tokens itself does not
+ * move (the caller commits with s->n_tokens += n_new after computing). Returns 0, or
+ * PC_ERR_NOSPACE / PC_ERR_NOMEM with the table exactly as before. */
+int eng_kvseq_reserve(eng_kvseq_t *s, eng_kvpool_t *pool, uint32_t n_new);
+
+/* Drops blocks past what n_tokens positions need (after a failed step or a truncation). */
+void eng_kvseq_trim(eng_kvseq_t *s, eng_kvpool_t *pool);
+
+#endif

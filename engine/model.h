@@ -1,0 +1,82 @@
+/*
+ * model.h — a decoder model's weights, loaded from GGUF (engine-internal; engine.h is the
+ * public API).
+ *
+ * Weight matrices are row-major [n_out][n_in] (GGUF's ne[0] = n_in varies fastest), stored as
+ * F32 or F16: F32 and F16 tensors are used in place from the file mapping, BF16 and Q8_0 are
+ * converted to F32 at load, and with weights_f32 F16 is converted too. Norm weights and biases
+ * are F32 (eng_hparams_check_tensors guarantees it). The token embedding table doubles as the
+ * output head when the model ties them.
+ *
+ * An eng_model_t is immutable after eng_model_load: any number of threads may read it.
+ */
+#ifndef ENG_MODEL_H
+#define ENG_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf.h"
+#include "hparams.h"
+
+/* A weight matrix: n_out rows of n_in elements of `type` (ENG_GGML_TYPE_F32 or _F16). */
+typedef struct eng_weight {
+    uint32_t type;
+    uint32_t n_in;
+    uint32_t n_out;
+    const void *data;     /* [n_out][n_in]; into the mapping or a buffer the model owns */
+    const uint16_t *bf16; /* the same values as BF16 panels for the BF16 GEMM (cpu_kernels.h
+                             documents the layout), or NULL */
+} eng_weight_t;
+
+typedef struct eng_layer {
+    const float *attn_norm;       /* [n_embd] */
+    eng_weight_t wq;              /* [n_head * head_dim][n_embd] */
+    eng_weight_t wk;              /* [n_head_kv * head_dim][n_embd] */
+    eng_weight_t wv;              /* [n_head_kv * head_dim][n_embd] */
+    eng_weight_t wo;              /* [n_embd][n_head * head_dim] */
+    const float *bq, *bk, *bv;    /* qwen2 biases, else NULL */
+    const float *q_norm, *k_norm; /* qwen3 per-head norms [head_dim], else NULL */
+    const float *ffn_norm;        /* [n_embd] */
+    eng_weight_t w_gate;          /* [n_ff][n_embd] */
+    eng_weight_t w_up;            /* [n_ff][n_embd] */
+    eng_weight_t w_down;          /* [n_embd][n_ff] */
+} eng_layer_t;
+
+typedef struct eng_model {
+    eng_hparams_t hp;
+    eng_weight_t tok_embd; /* [n_vocab][n_embd] */
+    const float *out_norm; /* [n_embd] */
+    eng_weight_t output;   /* [n_vocab][n_embd]; equals tok_embd when tied */
+    float *rope_inv_freq;  /* [rope_dim / 2]: theta^(-2i/rope_dim) / rope_freqs[i] */
+    eng_layer_t *layers;   /* [n_layer] */
+    eng_gguf_t *_gguf;     /* private: the mapping the weights point into */
+    void **_owned;         /* private: converted buffers */
+    size_t _n_owned;
+    size_t _weight_bytes;
+} eng_model_t;
+
+typedef struct eng_model_params {
+    bool weights_f32; /* convert F16 weights to F32 at load (default: keep F16) */
+    bool pack_bf16;   /* also pack the layers' matrices as BF16 panels for the BF16 GEMM */
+} eng_model_params_t;
+
+eng_model_params_t eng_model_params_default(void);
+
+/* Opens path, reads and checks the hyper-parameters and tensors, and builds the model. On
+ * success *out owns the file mapping (release with eng_model_free). Returns 0, PC_ERR_IO,
+ * PC_ERR_FORMAT, PC_ERR_UNSUPPORTED or PC_ERR_NOMEM with a one-line reason in err. */
+int eng_model_load(const char *path, const eng_model_params_t *p, eng_model_t **out, char *err,
+                   size_t err_len);
+
+/* Releases the model and its mapping; NULL is a no-op. */
+void eng_model_free(eng_model_t *m);
+
+/* Bytes of weights the model computes with (converted buffers and mapped tensors). */
+size_t eng_model_weight_bytes(const eng_model_t *m);
+
+/* Row `row` of w as F32 into dst[n_in]. */
+void eng_weight_row_f32(const eng_weight_t *w, uint32_t row, float *dst);
+
+#endif

@@ -1,0 +1,383 @@
+/*
+ * test_forward.c — the engine's forward pass against a naive double-precision reference
+ * (eng_testmodel.h), per architecture: llama (Llama 3.1 rope factors, separate output head),
+ * qwen2 (q/k/v biases, NEOX rope, tied embeddings, no GQA) and qwen3 (per-head q/k norms).
+ *
+ * With F32 weights and F32 KV the logits of every position match within 1e-4 relative, on the
+ * SIMD and the portable kernels, with KV blocks of 16 and of 8 tokens, in one prefill or in
+ * chunks and single decode tokens, and for a batch of sequences mixed in one step (each equal to
+ * the same sequence run alone). Unwritten KV slots are NaN (kv_poison), so a stray read fails.
+ */
+#include "cpu_kernels.h"
+#include "engine.h"
+#include "eng_testmodel.h"
+#include "pc_err.h"
+#include "pc_test.h"
+
+#define N_VOCAB 300
+
+typedef struct arch_case {
+    const char *name;
+    enum eng_arch arch;
+    uint32_t n_embd, n_head, n_head_kv, n_ff;
+    bool tied, rope_freqs;
+} arch_case_t;
+
+static const arch_case_t cases[] = {
+    {"llama", ENG_ARCH_LLAMA, 128, 4, 2, 200, false, true},
+    {"qwen2", ENG_ARCH_QWEN2, 64, 4, 4, 160, true, false},
+    {"qwen3", ENG_ARCH_QWEN3, 128, 8, 2, 192, false, false},
+};
+
+static uint32_t rng_state = 12345;
+static int32_t rnd_token(void)
+{
+    rng_state = rng_state * 1103515245u + 12345u;
+    return (int32_t)((rng_state >> 8) % N_VOCAB);
+}
+
+static void make_model(const arch_case_t *c, uint32_t dtype, char *path, size_t len)
+{
+    eng_mkmodel_params_t p = eng_mkmodel_params_default();
+    p.arch = c->arch;
+    p.n_layer = 2;
+    p.n_embd = c->n_embd;
+    p.n_head = c->n_head;
+    p.n_head_kv = c->n_head_kv;
+    p.n_ff = c->n_ff;
+    p.n_ctx = 4096;
+    p.dtype = dtype;
+    p.tied = c->tied;
+    p.rope_freqs = c->rope_freqs;
+    p.rope_theta = 10000.0f;
+    p.seed = 7;
+    char err[256];
+    int rc = tm_make(&p, N_VOCAB, path, len, err, sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "mkmodel failed: %s\n", err);
+        abort();
+    }
+}
+
+static eng_t *open_engine(const char *path, enum eng_kv_dtype kv, uint32_t bt, uint32_t batch,
+                          bool simd)
+{
+    eng_params_t p = eng_params_default();
+    p.model_path = path;
+    p.kv_dtype = kv;
+    p.kv_block_tokens = bt;
+    p.kv_max_tokens = 4096;
+    p.max_batch_tokens = batch;
+    p.kv_poison = true;
+    p.no_simd = !simd;
+    eng_t *e = NULL;
+    char err[256];
+    int rc = eng_init(&p, &e, err, sizeof err);
+    if (rc != 0)
+        fprintf(stderr, "eng_init: %s\n", err);
+    return e;
+}
+
+/* One prefill of n tokens with every position's logits, against the reference. */
+static void check_prefill(const char *path, const float *ref, const int32_t *toks, uint32_t n,
+                          uint32_t bt, uint32_t batch, bool simd)
+{
+    eng_t *e = open_engine(path, ENG_KV_F32, bt, batch, simd);
+    ASSERT_TRUE(e != NULL);
+    uint32_t V = eng_n_vocab(e);
+    float *lg = malloc((size_t)n * V * sizeof *lg);
+    eng_seq_t *s;
+    ASSERT_EQ(eng_seq_create(e, &s), 0);
+    eng_batch_item_t it = {.seq = s, .tokens = toks, .n_tokens = n, .logits = ENG_LOGITS_ALL};
+    ASSERT_EQ(eng_forward(e, &it, 1, lg), 0);
+    ASSERT_EQ(eng_seq_n_tokens(s), n);
+    double err = tm_rel_err(lg, ref, n, V);
+    if (!(err <= 1e-4))
+        fprintf(stderr, "  bt=%u batch=%u simd=%d: rel err %g\n", bt, batch, simd, err);
+    ASSERT_LE(err, 1e-4);
+    char msg[256];
+    ASSERT_EQ(eng_check(e, msg, sizeof msg), 0);
+    eng_seq_free(e, s);
+    ASSERT_EQ(eng_check(e, msg, sizeof msg), 0);
+    ASSERT_EQ(eng_kvpool_n_free(eng_kvpool(e)), eng_kvpool_n_blocks(eng_kvpool(e)));
+    eng_free(e);
+    free(lg);
+}
+
+/* Prefill in two chunks (LAST logits only), then one decode token at a time. */
+static void check_decode(const char *path, const float *ref, const int32_t *toks, uint32_t n)
+{
+    eng_t *e = open_engine(path, ENG_KV_F32, 16, 512, true);
+    ASSERT_TRUE(e != NULL);
+    uint32_t V = eng_n_vocab(e);
+    float *lg = malloc((size_t)V * sizeof *lg);
+    eng_seq_t *s;
+    ASSERT_EQ(eng_seq_create(e, &s), 0);
+    uint32_t p1 = 13, p2 = 21;
+    eng_batch_item_t it = {.seq = s, .tokens = toks, .n_tokens = p1, .logits = ENG_LOGITS_LAST};
+    ASSERT_EQ(eng_forward(e, &it, 1, lg), 0);
+    ASSERT_LE(tm_rel_err(lg, ref + (size_t)(p1 - 1) * V, 1, V), 1e-4);
+    it = (eng_batch_item_t){
+        .seq = s, .tokens = toks + p1, .n_tokens = p2 - p1, .logits = ENG_LOGITS_LAST};
+    ASSERT_EQ(eng_forward(e, &it, 1, lg), 0);
+    ASSERT_LE(tm_rel_err(lg, ref + (size_t)(p2 - 1) * V, 1, V), 1e-4);
+    for (uint32_t i = p2; i < n; i++) {
+        it = (eng_batch_item_t){
+            .seq = s, .tokens = toks + i, .n_tokens = 1, .logits = ENG_LOGITS_LAST};
+        ASSERT_EQ(eng_forward(e, &it, 1, lg), 0);
+        ASSERT_LE(tm_rel_err(lg, ref + (size_t)i * V, 1, V), 1e-4);
+    }
+    eng_seq_free(e, s);
+    eng_free(e);
+    free(lg);
+}
+
+static void run_arch(const arch_case_t *c)
+{
+    char path[256];
+    make_model(c, ENG_GGML_TYPE_F32, path, sizeof path);
+    enum { N = 45 };
+    int32_t toks[N];
+    for (int i = 0; i < N; i++)
+        toks[i] = rnd_token();
+    float *ref = malloc((size_t)N * N_VOCAB * sizeof *ref);
+    ASSERT_EQ(tm_reference(path, toks, N, ref), 0);
+    PC_TEST_CALL(check_prefill(path, ref, toks, N, 16, 512, true));
+    PC_TEST_CALL(check_prefill(path, ref, toks, N, 16, 512, false));
+    PC_TEST_CALL(check_prefill(path, ref, toks, N, 8, 512, true));
+    PC_TEST_CALL(check_prefill(path, ref, toks, N, 16, 7, true)); /* 7 steps of <= 7 tokens */
+    PC_TEST_CALL(check_decode(path, ref, toks, N));
+    free(ref);
+    unlink(path);
+}
+
+PC_TEST(reference_llama)
+{
+    PC_TEST_CALL(run_arch(&cases[0]));
+}
+PC_TEST(reference_qwen2)
+{
+    PC_TEST_CALL(run_arch(&cases[1]));
+}
+PC_TEST(reference_qwen3)
+{
+    PC_TEST_CALL(run_arch(&cases[2]));
+}
+
+/* A batch of N different sequences in one step equals each sequence alone. */
+PC_TEST(batch_equals_alone)
+{
+    char path[256];
+    make_model(&cases[0], ENG_GGML_TYPE_F32, path, sizeof path);
+    enum { NS = 4, LEN = 40 };
+    int32_t toks[NS][LEN];
+    float *ref[NS];
+    for (int s = 0; s < NS; s++) {
+        for (int i = 0; i < LEN; i++)
+            toks[s][i] = rnd_token();
+        ref[s] = malloc((size_t)LEN * N_VOCAB * sizeof(float));
+        ASSERT_EQ(tm_reference(path, toks[s], LEN, ref[s]), 0);
+    }
+    eng_t *e = open_engine(path, ENG_KV_F32, 16, 64, true);
+    ASSERT_TRUE(e != NULL);
+    eng_seq_t *seq[NS];
+    for (int s = 0; s < NS; s++)
+        ASSERT_EQ(eng_seq_create(e, &seq[s]), 0);
+    /* Three rounds of mixed items: (start, length) per sequence and round; 0 = absent. */
+    static const uint32_t plan[3][NS][2] = {
+        {{0, 20}, {0, 7}, {0, 0}, {0, 1}},
+        {{20, 1}, {7, 10}, {0, 33}, {1, 1}},
+        {{21, 19}, {17, 23}, {33, 7}, {2, 38}},
+    };
+    float *lg = malloc((size_t)NS * LEN * N_VOCAB * sizeof *lg);
+    for (int round = 0; round < 3; round++) {
+        eng_batch_item_t items[NS];
+        uint32_t n = 0;
+        for (int s = 0; s < NS; s++) {
+            if (plan[round][s][1] == 0)
+                continue;
+            items[n++] = (eng_batch_item_t){.seq = seq[s],
+                                            .tokens = toks[s] + plan[round][s][0],
+                                            .n_tokens = plan[round][s][1],
+                                            .logits = ENG_LOGITS_ALL};
+        }
+        ASSERT_EQ(eng_forward(e, items, n, lg), 0);
+        size_t row = 0;
+        for (int s = 0; s < NS; s++) {
+            for (uint32_t j = 0; j < plan[round][s][1]; j++, row++) {
+                uint32_t pos = plan[round][s][0] + j;
+                double err =
+                    tm_rel_err(lg + row * N_VOCAB, ref[s] + (size_t)pos * N_VOCAB, 1, N_VOCAB);
+                if (!(err <= 1e-4))
+                    fprintf(stderr, "  round %d seq %d pos %u: %g\n", round, s, pos, err);
+                ASSERT_LE(err, 1e-4);
+            }
+        }
+        char msg[256];
+        ASSERT_EQ(eng_check(e, msg, sizeof msg), 0);
+    }
+    for (int s = 0; s < NS; s++) {
+        ASSERT_EQ(eng_seq_n_tokens(seq[s]), LEN);
+        eng_seq_free(e, seq[s]);
+        free(ref[s]);
+    }
+    eng_free(e);
+    free(lg);
+    unlink(path);
+}
+
+/* F16 weights and F16 KV (the defaults) stay close to the F32 reference of the same weights,
+ * and converting F16 weights to F32 at load changes nothing beyond rounding. */
+PC_TEST(f16_weights_and_kv)
+{
+    char p32[256], p16[256];
+    make_model(&cases[2], ENG_GGML_TYPE_F32, p32, sizeof p32);
+    make_model(&cases[2], ENG_GGML_TYPE_F16, p16, sizeof p16);
+    enum { N = 40 };
+    int32_t toks[N];
+    for (int i = 0; i < N; i++)
+        toks[i] = rnd_token();
+    float *ref = malloc((size_t)N * N_VOCAB * sizeof *ref);
+    ASSERT_EQ(tm_reference(p32, toks, N, ref), 0);
+    float *lg[2];
+    for (int conv = 0; conv < 2; conv++) {
+        eng_params_t p = eng_params_default();
+        p.model_path = p16;
+        p.weights_f32 = conv == 1;
+        p.kv_poison = true;
+        eng_t *e = NULL;
+        char err[256];
+        ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
+        eng_seq_t *s;
+        ASSERT_EQ(eng_seq_create(e, &s), 0);
+        lg[conv] = malloc((size_t)N * N_VOCAB * sizeof(float));
+        /* Prefill 30 (through the converted-tile sgemm), then decode (the F16 GEMV). */
+        eng_batch_item_t it = {.seq = s, .tokens = toks, .n_tokens = 30, .logits = ENG_LOGITS_ALL};
+        ASSERT_EQ(eng_forward(e, &it, 1, lg[conv]), 0);
+        for (int i = 30; i < N; i++) {
+            it = (eng_batch_item_t){
+                .seq = s, .tokens = toks + i, .n_tokens = 1, .logits = ENG_LOGITS_ALL};
+            ASSERT_EQ(eng_forward(e, &it, 1, lg[conv] + (size_t)i * N_VOCAB), 0);
+        }
+        double rel = tm_rel_err(lg[conv], ref, N, N_VOCAB);
+        fprintf(stderr, "  f16 (weights_f32=%d): rel err vs f32 reference %g\n", conv, rel);
+        ASSERT_LE(rel, 2e-2);
+        eng_seq_free(e, s);
+        eng_free(e);
+    }
+    ASSERT_LE(tm_rel_err(lg[0], lg[1], N, N_VOCAB), 1e-4);
+    free(lg[0]), free(lg[1]), free(ref);
+    unlink(p32);
+    unlink(p16);
+}
+
+/* The BF16 GEMM (prefill on CPUs with AVX512-BF16) stays close to the reference, and a step
+ * computed in BF16 then continued in F32 (decode rows) is consistent. */
+PC_TEST(bf16_gemm)
+{
+    char path[256];
+    make_model(&cases[0], ENG_GGML_TYPE_F16, path, sizeof path);
+    char p32[256];
+    make_model(&cases[0], ENG_GGML_TYPE_F32, p32, sizeof p32);
+    enum { N = 40 };
+    int32_t toks[N];
+    for (int i = 0; i < N; i++)
+        toks[i] = rnd_token();
+    float *ref = malloc((size_t)N * N_VOCAB * sizeof *ref);
+    ASSERT_EQ(tm_reference(p32, toks, N, ref), 0);
+    eng_params_t p = eng_params_default();
+    p.model_path = path;
+    p.bf16_gemm = true;
+    p.kv_poison = true;
+    eng_t *e = NULL;
+    char err[256];
+    ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
+    eng_seq_t *s;
+    ASSERT_EQ(eng_seq_create(e, &s), 0);
+    float *lg = malloc((size_t)N * N_VOCAB * sizeof *lg);
+    eng_batch_item_t it = {.seq = s, .tokens = toks, .n_tokens = 33, .logits = ENG_LOGITS_ALL};
+    ASSERT_EQ(eng_forward(e, &it, 1, lg), 0);
+    for (int i = 33; i < N; i++) {
+        it = (eng_batch_item_t){
+            .seq = s, .tokens = toks + i, .n_tokens = 1, .logits = ENG_LOGITS_ALL};
+        ASSERT_EQ(eng_forward(e, &it, 1, lg + (size_t)i * N_VOCAB), 0);
+    }
+    double rel = tm_rel_err(lg, ref, N, N_VOCAB);
+    fprintf(stderr, "  bf16 GEMM (%s): rel err vs f32 reference %g\n",
+            eng__cpu_has_bf16() ? "avx512-bf16" : "not available: f32 path", rel);
+    ASSERT_LE(rel, 5e-2);
+    eng_seq_free(e, s);
+    eng_free(e);
+    free(lg), free(ref);
+    unlink(path);
+    unlink(p32);
+}
+
+/* Bad input is rejected and changes nothing; a full KV pool gives 1 and changes nothing. */
+PC_TEST(rejects_and_rolls_back)
+{
+    char path[256];
+    make_model(&cases[1], ENG_GGML_TYPE_F32, path, sizeof path);
+    eng_params_t p = eng_params_default();
+    p.model_path = path;
+    p.kv_max_tokens = 64; /* 4 blocks */
+    eng_t *e = NULL;
+    char err[256];
+    ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
+    eng_seq_t *a, *b;
+    ASSERT_EQ(eng_seq_create(e, &a), 0);
+    ASSERT_EQ(eng_seq_create(e, &b), 0);
+    int32_t toks[64];
+    for (int i = 0; i < 64; i++)
+        toks[i] = rnd_token();
+    float *lg = malloc((size_t)2 * N_VOCAB * sizeof *lg);
+    eng_batch_item_t it = {.seq = a, .tokens = toks, .n_tokens = 40, .logits = ENG_LOGITS_LAST};
+    ASSERT_EQ(eng_forward(e, &it, 1, lg), 0);
+    ASSERT_EQ(eng_kvpool_n_free(eng_kvpool(e)), 1);
+
+    int32_t bad[2] = {1, N_VOCAB};
+    it = (eng_batch_item_t){.seq = a, .tokens = bad, .n_tokens = 2, .logits = ENG_LOGITS_LAST};
+    ASSERT_EQ(eng_forward(e, &it, 1, lg), PC_ERR_INVAL);
+    bad[1] = -1;
+    ASSERT_EQ(eng_forward(e, &it, 1, lg), PC_ERR_INVAL);
+    it.n_tokens = 0;
+    ASSERT_EQ(eng_forward(e, &it, 1, lg), PC_ERR_INVAL);
+    eng_batch_item_t dup[2] = {{.seq = a, .tokens = toks, .n_tokens = 1},
+                               {.seq = a, .tokens = toks, .n_tokens = 1}};
+    ASSERT_EQ(eng_forward(e, dup, 2, lg), PC_ERR_INVAL);
+    it = (eng_batch_item_t){.seq = a, .tokens = toks, .n_tokens = 1, .logits = ENG_LOGITS_LAST};
+    ASSERT_EQ(eng_forward(e, &it, 1, NULL), PC_ERR_INVAL);
+    ASSERT_EQ(eng_seq_n_tokens(a), 40);
+
+    /* b needs 2 blocks, 1 is free; a needs none more (40 -> 41 fits its third block). */
+    eng_batch_item_t two[2] = {
+        {.seq = a, .tokens = toks + 40, .n_tokens = 1, .logits = ENG_LOGITS_LAST},
+        {.seq = b, .tokens = toks, .n_tokens = 20, .logits = ENG_LOGITS_LAST}};
+    ASSERT_EQ(eng_forward(e, two, 2, lg), 1);
+    ASSERT_EQ(eng_seq_n_tokens(a), 40);
+    ASSERT_EQ(eng_seq_n_tokens(b), 0);
+    ASSERT_EQ(eng_kvpool_n_free(eng_kvpool(e)), 1);
+    ASSERT_EQ(eng_check(e, err, sizeof err), 0);
+    two[1].n_tokens = 16;
+    ASSERT_EQ(eng_forward(e, two, 2, lg), 0);
+    ASSERT_EQ(eng_seq_n_tokens(a), 41);
+    ASSERT_EQ(eng_seq_n_tokens(b), 16);
+    ASSERT_EQ(eng_kvpool_n_free(eng_kvpool(e)), 0);
+    ASSERT_EQ(eng_check(e, err, sizeof err), 0);
+    eng_seq_free(e, a);
+    eng_seq_free(e, b);
+    ASSERT_EQ(eng_check(e, err, sizeof err), 0);
+    eng_free(e);
+    free(lg);
+
+    /* A missing file and an impossible budget fail with a reason. */
+    p.model_path = "/nonexistent/model.gguf";
+    ASSERT_TRUE(eng_init(&p, &e, err, sizeof err) < 0);
+    ASSERT_TRUE(err[0] != '\0');
+    p.model_path = path;
+    p.kv_max_tokens = 8; /* less than a block */
+    ASSERT_EQ(eng_init(&p, &e, err, sizeof err), PC_ERR_INVAL);
+    unlink(path);
+}
+
+PC_TEST_MAIN()
