@@ -8,6 +8,7 @@
 #include "cpu_kernels.h"
 
 #include <cblas.h>
+#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -20,14 +21,36 @@
 /* 16 halves at p as 16 floats. */
 #define HALF16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(p)))
 
+/* CPU features from cpuid (gcc's and clang's __builtin_cpu_supports disagree on the feature
+ * names, and clang 14 knows neither "f16c" nor "avx512bf16"). AVX-512 also needs the OS to save
+ * the opmask and ZMM state: XCR0 bits 1, 2 (SSE, AVX) and 5, 6, 7 (opmask, ZMM halves). */
+static unsigned cpu_features(void)
+{
+    enum { F_AVX512 = 1, F_BF16 = 2 };
+    unsigned a, b, c, d, f = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    bool fma = c & (1u << 12), f16c = c & (1u << 29), osxsave = c & (1u << 27);
+    if (!fma || !f16c || !osxsave)
+        return 0;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 0xe6) != 0xe6 || __get_cpuid_max(0, NULL) < 7)
+        return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (b & (1u << 16)) /* AVX512F */
+        f |= F_AVX512;
+    __cpuid_count(7, 1, a, b, c, d);
+    if ((f & F_AVX512) && (a & (1u << 5))) /* AVX512_BF16 */
+        f |= F_BF16;
+    return f;
+}
+
 bool eng__cpu_has_avx512(void)
 {
-    static int cached = -1;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c") &&
-                 __builtin_cpu_supports("fma");
-    }
+    static int cached = -1; /* racing threads compute the same value */
+    if (cached < 0)
+        cached = (cpu_features() & 1) != 0;
     return cached;
 }
 
@@ -150,10 +173,8 @@ void eng__f32_to_f16_row(const float *src, uint16_t *dst, size_t n, bool simd)
 bool eng__cpu_has_bf16(void)
 {
     static int cached = -1;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = eng__cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
-    }
+    if (cached < 0)
+        cached = (cpu_features() & 2) != 0;
     return cached;
 }
 
