@@ -1,0 +1,462 @@
+/*
+ * sampling.c — the sampler described in sampling.h: exact kept sets by partial selection, one
+ * PRNG draw per sampled token.
+ *
+ * Invariant of the working arrays: ws->cand[0..n) holds candidates (logit with +inf clamped to
+ * FLT_MAX, token id); after prepare(), ws->cand[0..n_kept) is the kept set in increasing id
+ * order (the draw order) and ws->w[0..n_kept) their weights, whose sum is the returned total
+ * (>= 1: the most likely token has weight exactly 1 and is always kept).
+ */
+#include "sampling.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "pc_alloc.h"
+#include "pc_err.h"
+
+typedef struct cand {
+    float logit;
+    uint32_t id;
+} cand_t;
+
+struct eng_sample_ws {
+    uint32_t n_vocab;
+    cand_t *cand; /* [n_vocab] */
+    cand_t *tmp;  /* [n_vocab] the top_p boundary bucket */
+    double *w;    /* [n_vocab] */
+};
+
+/* Up to this k, top-k selection keeps a heap of k (O(n log k), with a cheap rejection test for
+ * most elements); above it, quickselect (O(n) expected). */
+#define HEAP_SELECT_MAX 256
+/* top_p without top_k: mass histogram over -log(weight) in [0, TOP_P_SPAN). */
+#define TOP_P_BUCKETS 1024
+#define TOP_P_SPAN 32.0
+
+eng_sampling_params_t eng_sampling_params_default(void)
+{
+    return (eng_sampling_params_t){
+        .temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0};
+}
+
+static int check_fail(char *err, size_t err_len, const char *what, double v)
+{
+    if (err != NULL && err_len > 0)
+        snprintf(err, err_len, "sampling: %s (got %g)", what, v);
+    return PC_ERR_INVAL;
+}
+
+int eng_sampling_params_check(const eng_sampling_params_t *p, char *err, size_t err_len)
+{
+    if (!isfinite(p->temperature) || p->temperature < 0)
+        return check_fail(err, err_len, "temperature must be a finite number >= 0", p->temperature);
+    if (!isfinite(p->top_p) || !(p->top_p > 0 && p->top_p <= 1))
+        return check_fail(err, err_len, "top_p must be in (0, 1]", p->top_p);
+    if (!isfinite(p->min_p) || !(p->min_p >= 0 && p->min_p <= 1))
+        return check_fail(err, err_len, "min_p must be in [0, 1]", p->min_p);
+    return 0;
+}
+
+/* ---- PRNG ---------------------------------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+void eng_rng_seed(eng_rng_t *r, uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&x);
+    /* splitmix64 is a bijection of a counter, so four outputs are never all zero; keep the
+     * guard anyway because xoshiro's all-zero state is a fixed point. */
+    if ((r->s[0] | r->s[1] | r->s[2] | r->s[3]) == 0)
+        r->s[0] = 1;
+}
+
+uint64_t eng_rng_next(eng_rng_t *r)
+{
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double eng_rng_uniform(eng_rng_t *r)
+{
+    return (double)(eng_rng_next(r) >> 11) * 0x1.0p-53;
+}
+
+/* ---- scratch ------------------------------------------------------------------------------- */
+
+int eng_sample_ws_init(uint32_t n_vocab, eng_sample_ws_t **out)
+{
+    *out = NULL;
+    if (n_vocab == 0)
+        return PC_ERR_INVAL;
+    eng_sample_ws_t *ws = pc_calloc(1, sizeof *ws);
+    if (ws == NULL)
+        return PC_ERR_NOMEM;
+    ws->n_vocab = n_vocab;
+    ws->cand = pc_malloc((size_t)n_vocab * sizeof *ws->cand);
+    ws->tmp = pc_malloc((size_t)n_vocab * sizeof *ws->tmp);
+    ws->w = pc_malloc((size_t)n_vocab * sizeof *ws->w);
+    if (ws->cand == NULL || ws->tmp == NULL || ws->w == NULL) {
+        eng_sample_ws_free(ws);
+        return PC_ERR_NOMEM;
+    }
+    *out = ws;
+    return 0;
+}
+
+void eng_sample_ws_free(eng_sample_ws_t *ws)
+{
+    if (ws == NULL)
+        return;
+    pc_free(ws->cand);
+    pc_free(ws->tmp);
+    pc_free(ws->w);
+    pc_free(ws);
+}
+
+int eng_sampler_init(eng_sampler_t *s, const eng_sampling_params_t *p, char *err, size_t err_len)
+{
+    int rc = eng_sampling_params_check(p, err, err_len);
+    if (rc != 0)
+        return rc;
+    s->params = *p;
+    eng_rng_seed(&s->rng, p->seed);
+    return 0;
+}
+
+/* ---- selection ----------------------------------------------------------------------------- */
+
+/* The candidate order: higher logit first, ties by lower id. A strict total order (ids are
+ * unique), so every selection and sort below has one possible result. */
+static inline bool before(cand_t a, cand_t b)
+{
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
+
+static int cand_cmp(const void *pa, const void *pb)
+{
+    cand_t a = *(const cand_t *)pa, b = *(const cand_t *)pb;
+    return before(a, b) ? -1 : before(b, a) ? 1 : 0;
+}
+
+static inline void swap_cand(cand_t *a, cand_t *b)
+{
+    cand_t t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Min-heap on `before`: the root is the worst of the heap. */
+static void heap_sift_down(cand_t *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, worst = i;
+        if (l < n && before(h[worst], h[l]))
+            worst = l;
+        if (r < n && before(h[worst], h[r]))
+            worst = r;
+        if (worst == i)
+            return;
+        swap_cand(&h[i], &h[worst]);
+        i = worst;
+    }
+}
+
+static void select_heap(cand_t *c, size_t n, size_t k)
+{
+    for (size_t i = k / 2; i-- > 0;)
+        heap_sift_down(c, k, i);
+    for (size_t i = k; i < n; i++) {
+        if (before(c[i], c[0])) {
+            swap_cand(&c[i], &c[0]);
+            heap_sift_down(c, k, 0);
+        }
+    }
+}
+
+/* Quickselect (Hoare-style partition, median-of-three pivot) so that c[0..k) are the k first in
+ * order. When the recursion budget runs out (adversarial input), the remaining range is sorted,
+ * which bounds the worst case at O(n log n). */
+static void select_quick(cand_t *c, size_t n, size_t k)
+{
+    size_t lo = 0, hi = n; /* the boundary k lies in [lo, hi) */
+    int budget = 64;
+    while (hi - lo > 16) {
+        if (budget-- == 0) {
+            qsort(c + lo, hi - lo, sizeof *c, cand_cmp);
+            return;
+        }
+        size_t mid = lo + (hi - lo) / 2;
+        /* Median of three into c[mid]. */
+        if (before(c[mid], c[lo]))
+            swap_cand(&c[mid], &c[lo]);
+        if (before(c[hi - 1], c[lo]))
+            swap_cand(&c[hi - 1], &c[lo]);
+        if (before(c[hi - 1], c[mid]))
+            swap_cand(&c[hi - 1], &c[mid]);
+        cand_t pivot = c[mid];
+        swap_cand(&c[mid], &c[hi - 1]);
+        size_t store = lo;
+        for (size_t i = lo; i < hi - 1; i++) {
+            if (before(c[i], pivot))
+                swap_cand(&c[i], &c[store++]);
+        }
+        swap_cand(&c[store], &c[hi - 1]);
+        /* c[lo..store) precede the pivot, c[store] is the pivot, c(store..hi) follow it. */
+        if (store == k || store + 1 == k)
+            return;
+        if (k < store)
+            hi = store;
+        else
+            lo = store + 1;
+    }
+    qsort(c + lo, hi - lo, sizeof *c, cand_cmp);
+}
+
+/* Moves the k first candidates (in order) to c[0..k), sorted. */
+static void select_sorted(cand_t *c, size_t n, size_t k)
+{
+    if (k < n) {
+        if (k <= HEAP_SELECT_MAX)
+            select_heap(c, n, k);
+        else
+            select_quick(c, n, k);
+    }
+    qsort(c, k, sizeof *c, cand_cmp);
+}
+
+/* ---- the distribution ---------------------------------------------------------------------- */
+
+static inline bool is_greedy(const eng_sampling_params_t *p)
+{
+    return p->temperature == 0 || p->top_k == 1;
+}
+
+int eng_sample_greedy(const float *logits, uint32_t n, uint32_t *token)
+{
+    uint32_t best = UINT32_MAX;
+    float best_v = -INFINITY;
+    for (uint32_t i = 0; i < n; i++) {
+        float x = logits[i];
+        /* NaN fails the comparison; -inf never beats the -inf start; strict > keeps the lowest
+         * id among ties. */
+        if (x > best_v) {
+            best_v = x;
+            best = i;
+        }
+    }
+    if (best == UINT32_MAX)
+        return PC_ERR_INVAL;
+    *token = best;
+    return 0;
+}
+
+static int cand_cmp_id(const void *pa, const void *pb)
+{
+    uint32_t a = ((const cand_t *)pa)->id, b = ((const cand_t *)pb)->id;
+    return a < b ? -1 : a > b ? 1 : 0;
+}
+
+/* The weight of a candidate: its unnormalized probability, 1 for the most likely one. */
+static inline double weight(float logit, double mx, double inv_t)
+{
+    return exp(((double)logit - mx) * inv_t);
+}
+
+/* The bucket of a candidate for top_p: buckets split -log(weight) in [0, TOP_P_SPAN) evenly,
+ * everything beyond goes to the last one. Monotone in the candidate order, so each bucket is a
+ * contiguous run of it. */
+static inline size_t bucket_of(float logit, double mx, double inv_t)
+{
+    double d = (mx - (double)logit) * inv_t;
+    if (!(d < TOP_P_SPAN))
+        return TOP_P_BUCKETS - 1;
+    size_t b = (size_t)(d * (TOP_P_BUCKETS / TOP_P_SPAN));
+    return b < TOP_P_BUCKETS - 1 ? b : TOP_P_BUCKETS - 1;
+}
+
+/* top_p over all n candidates (no top_k cut), in O(n) plus a sort of one bucket: the mass per
+ * bucket finds the bucket where the cumulative mass reaches the target; only its members need
+ * ordering. Leaves the kept set in c[0..) in id order and returns its size. */
+static size_t top_p_buckets(eng_sample_ws_t *ws, size_t n, double mx, double inv_t, double top_p)
+{
+    cand_t *c = ws->cand;
+    double bmass[TOP_P_BUCKETS] = {0};
+    double mass = 0;
+    for (size_t j = 0; j < n; j++) {
+        double wj = weight(c[j].logit, mx, inv_t);
+        mass += wj;
+        bmass[bucket_of(c[j].logit, mx, inv_t)] += wj;
+    }
+    double want = top_p * mass, cum = 0;
+    size_t bb = 0;
+    while (bb < TOP_P_BUCKETS - 1 && cum + bmass[bb] < want)
+        cum += bmass[bb++];
+    cand_t *t = ws->tmp;
+    size_t nt = 0;
+    for (size_t j = 0; j < n; j++)
+        if (bucket_of(c[j].logit, mx, inv_t) == bb)
+            t[nt++] = c[j];
+    if (nt == 0) /* only when rounding ran past every bucket: keep everything */
+        return n;
+    qsort(t, nt, sizeof *t, cand_cmp);
+    cand_t last = t[nt - 1];
+    for (size_t i = 0; i < nt; i++) {
+        cum += weight(t[i].logit, mx, inv_t);
+        if (cum >= want) {
+            last = t[i];
+            break;
+        }
+    }
+    size_t kept = 0;
+    for (size_t j = 0; j < n; j++) {
+        size_t b = bucket_of(c[j].logit, mx, inv_t);
+        if (b < bb || (b == bb && !before(last, c[j])))
+            c[kept++] = c[j];
+    }
+    return kept;
+}
+
+/* Fills the kept set (see the file comment) in ws->cand[0..n_kept) in id order, with weights
+ * in ws->w. Returns 0 with *n_kept and *total, or PC_ERR_INVAL when there is no candidate. */
+static int prepare(const eng_sampling_params_t *p, eng_sample_ws_t *ws, const float *logits,
+                   uint32_t n_vocab, size_t *n_kept, double *total)
+{
+    if (n_vocab == 0 || n_vocab > ws->n_vocab)
+        return PC_ERR_INVAL;
+    cand_t *c = ws->cand;
+    double *w = ws->w;
+    if (is_greedy(p)) {
+        uint32_t id = 0;
+        if (eng_sample_greedy(logits, n_vocab, &id) != 0)
+            return PC_ERR_INVAL;
+        c[0] = (cand_t){logits[id], id};
+        w[0] = 1.0;
+        *n_kept = 1;
+        *total = 1.0;
+        return 0;
+    }
+
+    float maxv = -INFINITY;
+    bool any = false;
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        float x = logits[i];
+        if (x > -INFINITY) { /* false for NaN and -inf */
+            any = true;
+            if (x > FLT_MAX)
+                x = FLT_MAX;
+            if (x > maxv)
+                maxv = x;
+        }
+    }
+    if (!any)
+        return PC_ERR_INVAL;
+
+    double inv_t = 1.0 / (double)p->temperature;
+    double mx = (double)maxv;
+    /* min_p: exp((x - max) / T) >= min_p  <=>  x >= max + T * ln(min_p). */
+    double thr = p->min_p > 0 ? mx + (double)p->temperature * log((double)p->min_p) : -INFINITY;
+    size_t n = 0;
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        float x = logits[i];
+        if (!(x > -INFINITY))
+            continue;
+        if (x > FLT_MAX)
+            x = FLT_MAX;
+        if ((double)x >= thr)
+            c[n++] = (cand_t){x, i};
+    }
+    size_t k = p->top_k != 0 && p->top_k < n ? p->top_k : n;
+    size_t kept = k;
+    if (k < n) {
+        select_sorted(c, n, k);
+        if (p->top_p < 1.0f) {
+            double mass = 0, cum = 0;
+            for (size_t j = 0; j < k; j++)
+                mass += weight(c[j].logit, mx, inv_t);
+            double want = (double)p->top_p * mass;
+            for (kept = 0; kept < k;) {
+                cum += weight(c[kept++].logit, mx, inv_t);
+                if (cum >= want)
+                    break;
+            }
+        }
+        qsort(c, kept, sizeof *c, cand_cmp_id);
+    } else if (p->top_p < 1.0f) {
+        kept = top_p_buckets(ws, n, mx, inv_t, (double)p->top_p);
+    }
+    double sum = 0;
+    for (size_t j = 0; j < kept; j++)
+        sum += w[j] = weight(c[j].logit, mx, inv_t);
+    *n_kept = kept;
+    *total = sum;
+    return 0;
+}
+
+int eng_sampler_sample(eng_sampler_t *s, eng_sample_ws_t *ws, const float *logits, uint32_t n_vocab,
+                       uint32_t *token)
+{
+    size_t n_kept;
+    double total;
+    int rc = prepare(&s->params, ws, logits, n_vocab, &n_kept, &total);
+    if (rc != 0)
+        return rc;
+    if (n_kept == 1 && is_greedy(&s->params)) {
+        *token = ws->cand[0].id;
+        return 0;
+    }
+    double u = eng_rng_uniform(&s->rng) * total;
+    double cum = 0;
+    size_t last = 0;
+    for (size_t j = 0; j < n_kept; j++) {
+        if (ws->w[j] <= 0)
+            continue;
+        cum += ws->w[j];
+        last = j;
+        if (u < cum)
+            break;
+    }
+    /* u < total, but the running sum can round below it on the last step: then the last token
+     * with a weight is the pick. */
+    *token = ws->cand[last].id;
+    return 0;
+}
+
+int eng_sample_probs(const eng_sampling_params_t *p, eng_sample_ws_t *ws, const float *logits,
+                     uint32_t n_vocab, float *probs)
+{
+    size_t n_kept;
+    double total;
+    int rc = prepare(p, ws, logits, n_vocab, &n_kept, &total);
+    if (rc != 0)
+        return rc;
+    for (uint32_t i = 0; i < n_vocab; i++)
+        probs[i] = 0;
+    for (size_t j = 0; j < n_kept; j++)
+        probs[ws->cand[j].id] = (float)(ws->w[j] / total);
+    return 0;
+}
