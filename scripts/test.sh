@@ -22,7 +22,7 @@ cmake --build build -j"$jobs"
 if [ -x scripts/models.sh ]; then bash scripts/models.sh; fi
 
 step "Tests (Release)"
-ctest --test-dir build --output-on-failure -j"$jobs" -LE 'fuzz|bench' || fail=1
+ctest --test-dir build --output-on-failure -j"$jobs" -LE '^(fuzz|bench)$' || fail=1
 
 if [ $quick -eq 0 ]; then
     step "Sanitizer build (ASan + UBSan)"
@@ -37,7 +37,7 @@ if [ $quick -eq 0 ]; then
         CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVGW_SANITIZE=ON \
             -DKVGW_FUZZ=ON >/dev/null
         cmake --build build-fuzz -j"$jobs"
-        ctest --test-dir build-fuzz --output-on-failure -j"$jobs" -L fuzz || fail=1
+        ctest --test-dir build-fuzz --output-on-failure -j"$jobs" -L '^fuzz$' || fail=1
     else
         echo "clang not found: fuzz targets only replay their corpus (in the unit tests)"
     fi
