@@ -571,17 +571,26 @@ static void kids_rehash(rdx_kids_t *dst, const rdx_kids_t *src)
             kids_add(dst, keys[i], ptr[i]);
 }
 
-/* Any child (the first used slot), or NULL. */
-/* Used by the bottom-up subtree walks, which only need some child to descend into. */
-static rdx_node_t *kids_any(const rdx_kids_t *k)
+/* The child in the first used slot at or after `from`, or NULL. */
+/* Used by the bottom-up subtree walks, which only need some child to descend into. Freeing
+ * always takes the first used slot s, and a deletion never moves an entry below s (a sorted
+ * array shifts later entries down to s; the hash table's backward shift only moves entries
+ * towards their home slot, and the wrapped ones to the end), so a walk that resumes at s
+ * visits every slot once and a teardown of a wide node is linear, not quadratic. */
+static rdx_node_t *kids_first_from(const rdx_kids_t *k, uint32_t from)
 {
     if (k == NULL)
         return NULL;
     rdx_node_t *const *ptr = kids_ptr(k);
-    for (uint32_t i = 0; i < kids_span(k); i++)
+    for (uint32_t i = from; i < kids_span(k); i++)
         if (ptr[i] != NULL)
             return ptr[i];
     return NULL;
+}
+
+static rdx_node_t *kids_any(const rdx_kids_t *k)
+{
+    return kids_first_from(k, 0);
 }
 
 /* ---- heaps (min-heaps of nodes; each node stores its index) ------------------------------ */
@@ -917,16 +926,32 @@ static void prune(rdx_tree_t *t, rdx_node_t *nd, int reason, size_t *freed)
 static void free_subtree(rdx_tree_t *t, rdx_node_t *nd, int reason, size_t *freed)
 {
     rdx_node_t *cur = nd;
+    uint32_t from = 0; /* where to resume scanning cur's table (see kids_first_from) */
     for (;;) {
-        while (cur->kids != NULL)
-            cur = kids_any(cur->kids);
+        while (cur->kids != NULL) {
+            cur = kids_first_from(cur->kids, from);
+            from = 0;
+        }
         rdx_node_t *up = cur->parent;
         int last = cur == nd;
+        uint32_t slot = last ? 0 : kids_slot(up->kids, first_tok(t, cur));
         *freed += cur->len;
         free_node(t, cur, reason);
         if (last)
             return;
         cur = up;
+        from = slot;
+    }
+}
+
+/* Frees every child subtree of a namespace root (the root itself stays). */
+static void free_children(rdx_tree_t *t, rdx_node_t *root, int reason, size_t *freed)
+{
+    uint32_t from = 0;
+    while (root->kids != NULL) {
+        rdx_node_t *c = kids_first_from(root->kids, from);
+        from = kids_slot(root->kids, first_tok(t, c));
+        free_subtree(t, c, reason, freed);
     }
 }
 
@@ -1011,8 +1036,7 @@ void rdx_tree_free(rdx_tree_t *t)
         while (t->ns_slots[i] != NULL) {
             rdx_ns_t *s = t->ns_slots[i];
             size_t freed = 0;
-            while (s->root->kids != NULL)
-                free_subtree(t, kids_any(s->root->kids), RDX_FREE_DESTROY, &freed);
+            free_children(t, s->root, RDX_FREE_DESTROY, &freed);
             ns_drop(t, s);
         }
     }
@@ -1441,8 +1465,7 @@ int rdx_tree_remove_prefix(rdx_tree_t *t, uint64_t ns, const uint32_t *tok, size
             return PC_ERR_BUSY;
         size_t freed = 0;
         rdx_node_t *root = s->root;
-        while (root->kids != NULL)
-            free_subtree(t, kids_any(root->kids), RDX_FREE_REMOVE, &freed);
+        free_children(t, root, RDX_FREE_REMOVE, &freed);
         settle(t, root, RDX_FREE_REMOVE, &freed);
         return 0;
     }

@@ -196,6 +196,47 @@ PC_TEST(high_fanout_children)
     rdx_tree_free(t);
 }
 
+static uint64_t n_removed_nodes;
+static void count_remove(const rdx_free_event_t *ev, void *ud)
+{
+    (void)ud;
+    if (ev->reason == RDX_FREE_REMOVE)
+        n_removed_nodes++;
+}
+
+PC_TEST(wide_teardown_frees_every_child_once)
+{
+    /* Tearing down wide nodes resumes its scan of the child table where the previous child
+     * was (kids_first_from): every child must still be freed exactly once, whatever the
+     * backward-shift deletions moved. A wide node under the root and a wide root. */
+    rdx_tree_params_t p = rdx_tree_params_default();
+    p.on_free = count_remove;
+    rdx_tree_t *t;
+    ASSERT_EQ(rdx_tree_init(&p, &t), 0);
+    uint32_t s[3] = {7, 0, 0};
+    for (uint32_t i = 0; i < 20000; i++) {
+        s[1] = i * 2654435761u;
+        s[2] = i;
+        ASSERT_EQ(rdx_tree_insert(t, 1, s, 3, 1, RDX_EXPIRY_NEVER, 0, NULL), 0);
+        uint32_t r[2] = {i, i ^ 0x5555};
+        ASSERT_EQ(rdx_tree_insert(t, 2, r, 2, 1, RDX_EXPIRY_NEVER, 0, NULL), 0);
+    }
+    CHECK_TREE(t);
+    n_removed_nodes = 0;
+    ASSERT_EQ(rdx_tree_remove_prefix(t, 1, s, 1), 0);
+    ASSERT_EQ(n_removed_nodes, 20001);
+    n_removed_nodes = 0;
+    ASSERT_EQ(rdx_tree_remove_prefix(t, 2, NULL, 0), 0);
+    ASSERT_EQ(n_removed_nodes, 20000);
+    rdx_stats_t st;
+    rdx_tree_stats(t, &st);
+    ASSERT_EQ(st.n_nodes, 0);
+    ASSERT_EQ(st.n_tokens, 0);
+    ASSERT_EQ(rdx_tree_ns_count(t), 0);
+    CHECK_TREE(t);
+    rdx_tree_free(t);
+}
+
 /* ---- TTL ---- */
 
 static uint64_t n_expired_events, n_expired_tokens;
