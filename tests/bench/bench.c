@@ -23,19 +23,25 @@ void bench_report_add(bench_report_t *r, const char *key, double value, const ch
 
 static void print_value(double v)
 {
-    if (isfinite(v) && v == (double)(long long)v && fabs(v) < 1e15)
-        printf("%lld", (long long)v);
-    else if (isfinite(v))
-        printf("%.6g", v);
-    else
+    if (!isfinite(v))
         printf("null");
+    else if (v == (double)(long long)v && fabs(v) < 1e15)
+        printf("%lld", (long long)v);
+    else if (fabs(v) >= 1000 && fabs(v) < 1e15)
+        printf("%.1f", v);
+    else
+        printf("%.6g", v);
 }
 
 void bench_report_print(const bench_report_t *r)
 {
     printf("\n%-40s %18s  %s\n", "figure", "value", "");
     for (int i = 0; i < r->n; i++) {
-        printf("%-40s %18.6g  %s\n", r->fig[i].key, r->fig[i].value, r->fig[i].note);
+        double v = r->fig[i].value;
+        if (isfinite(v) && fabs(v) >= 1000 && fabs(v) < 1e15)
+            printf("%-40s %18.0f  %s\n", r->fig[i].key, v, r->fig[i].note);
+        else
+            printf("%-40s %18.6g  %s\n", r->fig[i].key, v, r->fig[i].note);
     }
     printf("{\"bench\": \"%s\", \"figures\": {", r->name);
     for (int i = 0; i < r->n; i++) {
