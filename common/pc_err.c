@@ -2,6 +2,8 @@
 #include "pc_err.h"
 
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 
 const char *pc_strerror(int err)
 {
@@ -71,4 +73,15 @@ int pc_err_from_errno(int errnum)
     default:
         return PC_ERR_IO;
     }
+}
+
+int pc_err_setf(char *err, size_t err_len, int code, const char *fmt, ...)
+{
+    if (err != NULL && err_len > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_len, fmt, ap);
+        va_end(ap);
+    }
+    return code;
 }

@@ -9,6 +9,8 @@
 #ifndef PC_ERR_H
 #define PC_ERR_H
 
+#include <stddef.h>
+
 #define PC_ERR_MAP(XX)                                                                             \
     XX(NOMEM, -1, "out of memory")                                                                 \
     XX(INVAL, -2, "invalid argument")                                                              \
@@ -41,6 +43,15 @@ const char *pc_strerror(int err);
 
 /* The symbolic name without prefix ("NOMEM"), or "UNKNOWN"; never NULL. */
 const char *pc_err_name(int err);
+
+/* Writes a one-line reason (printf-style) into err[err_len] when err is not NULL and err_len is
+ * not 0, truncating if needed, and returns code: `return pc_err_setf(err, len, PC_ERR_FORMAT,
+ * "gguf: key '%s' missing", key);`. */
+int pc_err_setf(char *err, size_t err_len, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
 
 /* Maps an errno value to the closest project error (ENOMEM -> PC_ERR_NOMEM, ...). */
 int pc_err_from_errno(int errnum);

@@ -11,7 +11,6 @@
 
 #include <jansson.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,20 +19,6 @@
 #include "pc_err.h"
 
 #define CHAT_PATH_MAX 96
-
-static int seterr(char *err, size_t err_len, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int seterr(char *err, size_t err_len, int code, const char *fmt, ...)
-{
-    if (err != NULL && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 const char *eng_chat_ttl_name(eng_chat_ttl_t ttl)
 {
@@ -290,7 +275,7 @@ static int copy_json_text(adapter_t *a, const json_t *v, pc_slice_t *out)
     a->scratch.len = 0;
     int rc = eng__json_write(&a->scratch, v, ENG__JSON_COMPACT);
     if (rc == PC_ERR_RANGE)
-        return seterr(a->err, a->err_len, PC_ERR_INVAL, "JSON nested too deeply");
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "JSON nested too deeply");
     if (rc != 0)
         return rc;
     return copy_slice(a, a->scratch.base != NULL ? a->scratch.base : "", a->scratch.len, out);
@@ -324,15 +309,16 @@ static int parse_cache_control(adapter_t *a, const json_t *cc, const char *path,
     if (cc == NULL || json_is_null(cc))
         return 0;
     if (!json_is_object(cc))
-        return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                      "%s.cache_control: Input should be an object, not %s", path, type_name(cc));
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "%s.cache_control: Input should be an object, not %s", path,
+                           type_name(cc));
     const json_t *type = json_object_get(cc, "type");
     if (type == NULL)
-        return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s.cache_control.type: Field required",
-                      path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "%s.cache_control.type: Field required", path);
     if (!json_is_string(type) || strcmp(json_string_value(type), "ephemeral") != 0)
-        return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                      "%s.cache_control.type: Input should be 'ephemeral'", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "%s.cache_control.type: Input should be 'ephemeral'", path);
     const json_t *t = json_object_get(cc, "ttl");
     if (t == NULL || json_is_null(t)) {
         *ttl = ENG_CHAT_TTL_5M;
@@ -343,8 +329,8 @@ static int parse_cache_control(adapter_t *a, const json_t *cc, const char *path,
     else if (json_is_string(t) && strcmp(json_string_value(t), "1h") == 0)
         *ttl = ENG_CHAT_TTL_1H;
     else
-        return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                      "%s.cache_control.ttl: Input should be '5m' or '1h'", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "%s.cache_control.ttl: Input should be '5m' or '1h'", path);
     return 0;
 }
 
@@ -356,12 +342,13 @@ static int get_string(adapter_t *a, const json_t *obj, const char *key, const ch
     *out = NULL;
     if (v == NULL || (json_is_null(v) && !required)) {
         if (required)
-            return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s.%s: Field required", path, key);
+            return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "%s.%s: Field required", path,
+                               key);
         return 0;
     }
     if (!json_is_string(v))
-        return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s.%s: Input should be a valid string",
-                      path, key);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "%s.%s: Input should be a valid string", path, key);
     *out = v;
     return 0;
 }
@@ -378,8 +365,8 @@ static int check_tool_name(adapter_t *a, const json_t *name, const char *path)
              c == '_' || c == '-';
     }
     if (!ok)
-        return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                      "%s.name: String should match pattern '^[a-zA-Z0-9_-]{1,64}$'", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "%s.name: String should match pattern '^[a-zA-Z0-9_-]{1,64}$'", path);
     return 0;
 }
 
@@ -400,11 +387,11 @@ static int anth_tool(adapter_t *a, const json_t *t, size_t i, eng_chat_tool_t *o
     int rc;
     snprintf(path, sizeof path, "tools.%zu", i);
     if (!json_is_object(t))
-        return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object", path);
     if ((rc = get_string(a, t, "type", path, false, &type)) != 0)
         return rc;
     if (type != NULL && strcmp(json_string_value(type), "custom") != 0)
-        return seterr(
+        return pc_err_setf(
             a->err, a->err_len, PC_ERR_UNSUPPORTED,
             "%s.type: tool type '%s' is not supported by model %s (only custom tools are)", path,
             json_string_value(type), a->model);
@@ -414,10 +401,11 @@ static int anth_tool(adapter_t *a, const json_t *t, size_t i, eng_chat_tool_t *o
         return rc;
     const json_t *schema = json_object_get(t, "input_schema");
     if (schema == NULL)
-        return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s.input_schema: Field required", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "%s.input_schema: Field required",
+                           path);
     if (!json_is_object(schema))
-        return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                      "%s.input_schema: Input should be a valid dictionary", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "%s.input_schema: Input should be a valid dictionary", path);
     if ((rc = copy_jstring(a, name, &out->name)) != 0 ||
         (rc = copy_json_text(a, schema, &out->input_schema)) != 0)
         return rc;
@@ -437,11 +425,11 @@ static int anth_text_block(adapter_t *a, const json_t *blk, const char *path, en
     if ((rc = get_string(a, blk, "text", path, true, &text)) != 0)
         return rc;
     if (json_string_length(text) == 0)
-        return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s: text content blocks must be non-empty",
-                      path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "%s: text content blocks must be non-empty", path);
     if (is_ws_only(json_string_value(text), json_string_length(text)))
-        return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                      "%s: text content blocks must contain non-whitespace text", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "%s: text content blocks must contain non-whitespace text", path);
     out->kind = ENG_CHAT_BLOCK_TEXT;
     if ((rc = copy_jstring(a, text, &out->text)) != 0)
         return rc;
@@ -457,8 +445,8 @@ static int anth_tool_result_content(adapter_t *a, const json_t *c, const char *p
     if (json_is_string(c))
         return copy_jstring(a, c, &out->text);
     if (!json_is_array(c))
-        return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                      "%s.content: Input should be a valid string or a list of blocks", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "%s.content: Input should be a valid string or a list of blocks", path);
     a->scratch.len = 0;
     for (size_t i = 0; i < json_array_size(c); i++) {
         const json_t *blk = json_array_get(c, i), *type, *text;
@@ -466,18 +454,20 @@ static int anth_tool_result_content(adapter_t *a, const json_t *c, const char *p
         int rc;
         snprintf(sub, sizeof sub, "%s.content.%zu", path, i);
         if (!json_is_object(blk))
-            return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object", sub);
+            return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object",
+                               sub);
         if ((rc = get_string(a, blk, "type", sub, true, &type)) != 0)
             return rc;
         const char *ts = json_string_value(type);
         if (strcmp(ts, "image") == 0 || strcmp(ts, "document") == 0)
-            return seterr(a->err, a->err_len, PC_ERR_UNSUPPORTED,
-                          "%s: %s content is not supported by model %s", sub, ts, a->model);
+            return pc_err_setf(a->err, a->err_len, PC_ERR_UNSUPPORTED,
+                               "%s: %s content is not supported by model %s", sub, ts, a->model);
         if (strcmp(ts, "text") != 0)
-            return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                          "%s.type: Input tag '%s' found using 'type' does not match any of the "
-                          "expected tags: 'text', 'image'",
-                          sub, ts);
+            return pc_err_setf(
+                a->err, a->err_len, PC_ERR_INVAL,
+                "%s.type: Input tag '%s' found using 'type' does not match any of the "
+                "expected tags: 'text', 'image'",
+                sub, ts);
         if ((rc = get_string(a, blk, "text", sub, true, &text)) != 0)
             return rc;
         if ((i > 0 && PUTS(&a->scratch, "\n") != 0) ||
@@ -498,29 +488,29 @@ static int anth_block(adapter_t *a, const json_t *blk, eng_chat_role_t role, siz
     out->src_msg = (uint32_t)mi;
     out->src_block = (uint32_t)bi;
     if (!json_is_object(blk))
-        return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object", path);
     if ((rc = get_string(a, blk, "type", path, true, &type)) != 0)
         return rc;
     const char *ts = json_string_value(type);
     if (strcmp(ts, "text") == 0)
         return anth_text_block(a, blk, path, out);
     if (strcmp(ts, "image") == 0 || strcmp(ts, "document") == 0)
-        return seterr(a->err, a->err_len, PC_ERR_UNSUPPORTED,
-                      "%s: %s content is not supported by model %s", path, ts, a->model);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_UNSUPPORTED,
+                           "%s: %s content is not supported by model %s", path, ts, a->model);
     if (strcmp(ts, "tool_use") == 0) {
         const json_t *id, *name, *input = json_object_get(blk, "input");
         if (role != ENG_CHAT_ROLE_ASSISTANT)
-            return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                          "%s: tool_use blocks are only allowed in assistant messages", path);
+            return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                               "%s: tool_use blocks are only allowed in assistant messages", path);
         if ((rc = get_string(a, blk, "id", path, true, &id)) != 0 ||
             (rc = get_string(a, blk, "name", path, true, &name)) != 0 ||
             (rc = check_tool_name(a, name, path)) != 0)
             return rc;
         if (input == NULL)
-            return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s.input: Field required", path);
+            return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "%s.input: Field required", path);
         if (!json_is_object(input))
-            return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                          "%s.input: Input should be a valid dictionary", path);
+            return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                               "%s.input: Input should be a valid dictionary", path);
         out->kind = ENG_CHAT_BLOCK_TOOL_USE;
         if ((rc = copy_jstring(a, id, &out->id)) != 0 ||
             (rc = copy_jstring(a, name, &out->name)) != 0 ||
@@ -531,13 +521,13 @@ static int anth_block(adapter_t *a, const json_t *blk, eng_chat_role_t role, siz
     if (strcmp(ts, "tool_result") == 0) {
         const json_t *id, *is_err = json_object_get(blk, "is_error");
         if (role != ENG_CHAT_ROLE_USER)
-            return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                          "%s: tool_result blocks are only allowed in user messages", path);
+            return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                               "%s: tool_result blocks are only allowed in user messages", path);
         if ((rc = get_string(a, blk, "tool_use_id", path, true, &id)) != 0)
             return rc;
         if (is_err != NULL && !json_is_boolean(is_err) && !json_is_null(is_err))
-            return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                          "%s.is_error: Input should be a valid boolean", path);
+            return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                               "%s.is_error: Input should be a valid boolean", path);
         out->kind = ENG_CHAT_BLOCK_TOOL_RESULT;
         out->is_error = json_is_true(is_err);
         if ((rc = copy_jstring(a, id, &out->id)) != 0 ||
@@ -545,10 +535,11 @@ static int anth_block(adapter_t *a, const json_t *blk, eng_chat_role_t role, siz
             return rc;
         return parse_cache_control(a, json_object_get(blk, "cache_control"), path, &out->cache_ttl);
     }
-    return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                  "%s.type: Input tag '%s' found using 'type' does not match any of the expected "
-                  "tags: 'text', 'image', 'tool_use', 'tool_result'",
-                  path, ts);
+    return pc_err_setf(
+        a->err, a->err_len, PC_ERR_INVAL,
+        "%s.type: Input tag '%s' found using 'type' does not match any of the expected "
+        "tags: 'text', 'image', 'tool_use', 'tool_result'",
+        path, ts);
 }
 
 /* Number of blocks message m contributes (string content = 1 block). Validates the shape. */
@@ -560,7 +551,7 @@ static int anth_msg_shape(adapter_t *a, const json_t *m, size_t mi, eng_chat_rol
     int rc;
     snprintf(path, sizeof path, "messages.%zu", mi);
     if (!json_is_object(m))
-        return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object", path);
     if ((rc = get_string(a, m, "role", path, true, &r)) != 0)
         return rc;
     if (strcmp(json_string_value(r), "user") == 0)
@@ -568,18 +559,18 @@ static int anth_msg_shape(adapter_t *a, const json_t *m, size_t mi, eng_chat_rol
     else if (strcmp(json_string_value(r), "assistant") == 0)
         *role = ENG_CHAT_ROLE_ASSISTANT;
     else
-        return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                      "%s.role: Input should be 'user' or 'assistant'", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "%s.role: Input should be 'user' or 'assistant'", path);
     c = json_object_get(m, "content");
     if (c == NULL)
-        return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s.content: Field required", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "%s.content: Field required", path);
     if (json_is_string(c))
         *n_blocks = json_string_length(c) > 0 ? 1 : 0;
     else if (json_is_array(c))
         *n_blocks = json_array_size(c);
     else
-        return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                      "%s.content: Input should be a valid string or a list of blocks", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "%s.content: Input should be a valid string or a list of blocks", path);
     return 0;
 }
 
@@ -593,7 +584,7 @@ int eng_chat_from_anthropic_json(const json_t *body, pc_arena_t *arena, eng_chat
     int rc;
 
     if (!json_is_object(body)) {
-        rc = seterr(err, err_len, PC_ERR_INVAL, "request body: Input should be an object");
+        rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "request body: Input should be an object");
         goto fail;
     }
     if ((rc = get_string(&a, body, "model", "body", true, &model)) != 0)
@@ -601,14 +592,14 @@ int eng_chat_from_anthropic_json(const json_t *body, pc_arena_t *arena, eng_chat
     a.model = json_string_value(model);
     msgs = json_object_get(body, "messages");
     if (msgs == NULL || !json_is_array(msgs)) {
-        rc = seterr(err, err_len, PC_ERR_INVAL,
-                    msgs == NULL ? "messages: Field required"
-                                 : "messages: Input should be a valid list");
+        rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
+                         msgs == NULL ? "messages: Field required"
+                                      : "messages: Input should be a valid list");
         goto fail;
     }
     n_msgs = json_array_size(msgs);
     if (n_msgs == 0) {
-        rc = seterr(err, err_len, PC_ERR_INVAL, "messages: at least one message is required");
+        rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "messages: at least one message is required");
         goto fail;
     }
     rc = PC_ERR_NOMEM;
@@ -621,7 +612,7 @@ int eng_chat_from_anthropic_json(const json_t *body, pc_arena_t *arena, eng_chat
     tools = json_object_get(body, "tools");
     if (tools != NULL && !json_is_null(tools)) {
         if (!json_is_array(tools)) {
-            rc = seterr(err, err_len, PC_ERR_INVAL, "tools: Input should be a valid list");
+            rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "tools: Input should be a valid list");
             goto fail;
         }
         c->n_tools = json_array_size(tools);
@@ -656,22 +647,23 @@ int eng_chat_from_anthropic_json(const json_t *body, pc_arena_t *arena, eng_chat
                 snprintf(path, sizeof path, "system.%zu", i);
                 c->system[i].src_block = (uint32_t)i;
                 if (!json_is_object(blk)) {
-                    rc = seterr(err, err_len, PC_ERR_INVAL, "%s: Input should be an object", path);
+                    rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "%s: Input should be an object",
+                                     path);
                     goto fail;
                 }
                 if ((rc = get_string(&a, blk, "type", path, true, &type)) != 0)
                     goto fail;
                 if (strcmp(json_string_value(type), "text") != 0) {
-                    rc =
-                        seterr(err, err_len, PC_ERR_INVAL, "%s.type: Input should be 'text'", path);
+                    rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "%s.type: Input should be 'text'",
+                                     path);
                     goto fail;
                 }
                 if ((rc = anth_text_block(&a, blk, path, &c->system[i])) != 0)
                     goto fail;
             }
         } else {
-            rc = seterr(err, err_len, PC_ERR_INVAL,
-                        "system: Input should be a valid string or a list of text blocks");
+            rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
+                             "system: Input should be a valid string or a list of text blocks");
             goto fail;
         }
     }
@@ -684,10 +676,11 @@ int eng_chat_from_anthropic_json(const json_t *body, pc_arena_t *arena, eng_chat
         if ((rc = anth_msg_shape(&a, json_array_get(msgs, i), i, &role, &nb)) != 0)
             goto fail;
         if (nb == 0 && !(i == n_msgs - 1 && role == ENG_CHAT_ROLE_ASSISTANT)) {
-            rc = seterr(err, err_len, PC_ERR_INVAL,
-                        "messages.%zu: all messages must have non-empty content except for the "
-                        "optional final assistant message",
-                        i);
+            rc =
+                pc_err_setf(err, err_len, PC_ERR_INVAL,
+                            "messages.%zu: all messages must have non-empty content except for the "
+                            "optional final assistant message",
+                            i);
             goto fail;
         }
         if (i == 0 || role != prev)
@@ -746,17 +739,17 @@ int eng_chat_from_anthropic_json(const json_t *body, pc_arena_t *arena, eng_chat
         if (last->n_blocks == 0) {
             c->n_messages--; /* an empty prefill is the plain generation prompt */
             if (c->n_messages == 0) {
-                rc = seterr(err, err_len, PC_ERR_INVAL,
-                            "messages: at least one non-empty message is required");
+                rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
+                                 "messages: at least one non-empty message is required");
                 goto fail;
             }
         } else {
             const eng_chat_block_t *lb = &last->blocks[last->n_blocks - 1];
             if (lb->kind == ENG_CHAT_BLOCK_TEXT && lb->text.len > 0 &&
                 is_ws_only(lb->text.base + lb->text.len - 1, 1)) {
-                rc = seterr(err, err_len, PC_ERR_INVAL,
-                            "messages: final assistant content cannot end with trailing "
-                            "whitespace");
+                rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
+                                 "messages: final assistant content cannot end with trailing "
+                                 "whitespace");
                 goto fail;
             }
             c->prefill = true;
@@ -784,7 +777,8 @@ static int oai_content(adapter_t *a, const json_t *c, const char *path, bool nul
     *n = 0;
     if (c == NULL || json_is_null(c)) {
         if (!null_ok)
-            return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s.content: Field required", path);
+            return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "%s.content: Field required",
+                               path);
         return 0;
     }
     if (json_is_string(c)) {
@@ -796,27 +790,29 @@ static int oai_content(adapter_t *a, const json_t *c, const char *path, bool nul
         return 0;
     }
     if (!json_is_array(c))
-        return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                      "%s.content: Input should be a string or an array of content parts", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "%s.content: Input should be a string or an array of content parts",
+                           path);
     for (size_t i = 0; i < json_array_size(c); i++) {
         const json_t *p = json_array_get(c, i), *type, *text;
         char sub[CHAT_PATH_MAX + 32];
         snprintf(sub, sizeof sub, "%s.content.%zu", path, i);
         if (!json_is_object(p))
-            return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object", sub);
+            return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object",
+                               sub);
         if ((rc = get_string(a, p, "type", sub, true, &type)) != 0)
             return rc;
         const char *ts = json_string_value(type);
         if (strcmp(ts, "image_url") == 0 || strcmp(ts, "input_audio") == 0 ||
             strcmp(ts, "file") == 0)
-            return seterr(a->err, a->err_len, PC_ERR_UNSUPPORTED,
-                          "%s: %s content is not supported by model %s", sub, ts, a->model);
+            return pc_err_setf(a->err, a->err_len, PC_ERR_UNSUPPORTED,
+                               "%s: %s content is not supported by model %s", sub, ts, a->model);
         const char *field = strcmp(ts, "refusal") == 0 ? "refusal" : "text";
         if (strcmp(ts, "text") != 0 && strcmp(ts, "refusal") != 0)
-            return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                          "%s.type: Invalid value '%s'; supported: 'text', 'image_url', "
-                          "'input_audio', 'file', 'refusal'",
-                          sub, ts);
+            return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                               "%s.type: Invalid value '%s'; supported: 'text', 'image_url', "
+                               "'input_audio', 'file', 'refusal'",
+                               sub, ts);
         if ((rc = get_string(a, p, field, sub, true, &text)) != 0)
             return rc;
         if (blocks != NULL) {
@@ -859,17 +855,18 @@ static int oai_tool_call(adapter_t *a, const json_t *tc, const char *mpath, size
     snprintf(path, sizeof path, "%s.tool_calls.%zu", mpath, k);
     snprintf(fpath, sizeof fpath, "%s.function", path);
     if (!json_is_object(tc))
-        return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object", path);
     if ((rc = get_string(a, tc, "id", path, true, &id)) != 0 ||
         (rc = get_string(a, tc, "type", path, false, &type)) != 0)
         return rc;
     if (type != NULL && strcmp(json_string_value(type), "function") != 0)
-        return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s.type: Input should be 'function'",
-                      path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "%s.type: Input should be 'function'",
+                           path);
     fn = json_object_get(tc, "function");
     if (!json_is_object(fn))
-        return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                      fn == NULL ? "%s: Field required" : "%s: Input should be an object", fpath);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           fn == NULL ? "%s: Field required" : "%s: Input should be an object",
+                           fpath);
     if ((rc = get_string(a, fn, "name", fpath, true, &name)) != 0 ||
         (rc = check_tool_name(a, name, fpath)) != 0 ||
         (rc = get_string(a, fn, "arguments", fpath, true, &args)) != 0)
@@ -879,8 +876,8 @@ static int oai_tool_call(adapter_t *a, const json_t *tc, const char *mpath, size
     bool is_obj = json_is_object(parsed);
     json_decref(parsed);
     if (!is_obj)
-        return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                      "%s.arguments: must be a JSON-encoded object", fpath);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "%s.arguments: must be a JSON-encoded object", fpath);
     out->kind = ENG_CHAT_BLOCK_TOOL_USE;
     out->input_raw = true;
     out->src_block = (uint32_t)k;
@@ -899,25 +896,26 @@ static int oai_tool(adapter_t *a, const json_t *t, size_t i, eng_chat_tool_t *ou
     snprintf(path, sizeof path, "tools.%zu", i);
     snprintf(fpath, sizeof fpath, "%s.function", path);
     if (!json_is_object(t))
-        return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object", path);
     if ((rc = get_string(a, t, "type", path, true, &type)) != 0)
         return rc;
     if (strcmp(json_string_value(type), "function") != 0)
-        return seterr(a->err, a->err_len, PC_ERR_UNSUPPORTED,
-                      "%s.type: tool type '%s' is not supported by model %s", path,
-                      json_string_value(type), a->model);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_UNSUPPORTED,
+                           "%s.type: tool type '%s' is not supported by model %s", path,
+                           json_string_value(type), a->model);
     fn = json_object_get(t, "function");
     if (!json_is_object(fn))
-        return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                      fn == NULL ? "%s: Field required" : "%s: Input should be an object", fpath);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           fn == NULL ? "%s: Field required" : "%s: Input should be an object",
+                           fpath);
     if ((rc = get_string(a, fn, "name", fpath, true, &name)) != 0 ||
         (rc = check_tool_name(a, name, fpath)) != 0 ||
         (rc = get_string(a, fn, "description", fpath, false, &desc)) != 0)
         return rc;
     params = json_object_get(fn, "parameters");
     if (params != NULL && !json_is_null(params) && !json_is_object(params))
-        return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s.parameters: Input should be an object",
-                      fpath);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "%s.parameters: Input should be an object", fpath);
     if ((rc = copy_jstring(a, name, &out->name)) != 0)
         return rc;
     if (desc != NULL) {
@@ -939,7 +937,7 @@ static int oai_message(adapter_t *a, const json_t *m, size_t i, eng_chat_msg_t *
     int rc;
     snprintf(path, sizeof path, "messages.%zu", i);
     if (!json_is_object(m))
-        return seterr(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object", path);
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "%s: Input should be an object", path);
     if ((rc = get_string(a, m, "role", path, true, &r)) != 0)
         return rc;
     const char *rs = json_string_value(r);
@@ -959,14 +957,14 @@ static int oai_message(adapter_t *a, const json_t *m, size_t i, eng_chat_msg_t *
         out->role = ENG_CHAT_ROLE_ASSISTANT;
         calls = json_object_get(m, "tool_calls");
         if (calls != NULL && !json_is_null(calls) && !json_is_array(calls))
-            return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                          "%s.tool_calls: Input should be a valid list", path);
+            return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                               "%s.tool_calls: Input should be a valid list", path);
         n_calls = json_array_size(calls);
         if ((rc = oai_content(a, content, path, true, NULL, &n_text)) != 0)
             return rc;
         if (n_text + n_calls == 0 && (content == NULL || json_is_null(content)))
-            return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                          "%s: assistant messages need content or tool_calls", path);
+            return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                               "%s: assistant messages need content or tool_calls", path);
         out->n_blocks = n_text + n_calls;
         if (fill && out->n_blocks > 0 &&
             (out->blocks = pc_arena_new(a->arena, eng_chat_block_t, out->n_blocks)) == NULL)
@@ -995,10 +993,10 @@ static int oai_message(adapter_t *a, const json_t *m, size_t i, eng_chat_msg_t *
             return rc;
         return oai_tool_content(a, content, path, &out->blocks[0]);
     }
-    return seterr(a->err, a->err_len, PC_ERR_INVAL,
-                  "%s.role: Invalid value '%s'; supported: 'system', 'developer', 'user', "
-                  "'assistant', 'tool'",
-                  path, rs);
+    return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                       "%s.role: Invalid value '%s'; supported: 'system', 'developer', 'user', "
+                       "'assistant', 'tool'",
+                       path, rs);
 }
 
 int eng_chat_from_openai_json(const json_t *body, pc_arena_t *arena, eng_chat_t **out, char *err,
@@ -1011,7 +1009,7 @@ int eng_chat_from_openai_json(const json_t *body, pc_arena_t *arena, eng_chat_t 
     int rc;
 
     if (!json_is_object(body)) {
-        rc = seterr(err, err_len, PC_ERR_INVAL, "request body: Input should be an object");
+        rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "request body: Input should be an object");
         goto fail;
     }
     if ((rc = get_string(&a, body, "model", "body", true, &model)) != 0)
@@ -1019,14 +1017,14 @@ int eng_chat_from_openai_json(const json_t *body, pc_arena_t *arena, eng_chat_t 
     a.model = json_string_value(model);
     msgs = json_object_get(body, "messages");
     if (msgs == NULL || !json_is_array(msgs)) {
-        rc = seterr(err, err_len, PC_ERR_INVAL,
-                    msgs == NULL ? "messages: Field required"
-                                 : "messages: Input should be a valid list");
+        rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
+                         msgs == NULL ? "messages: Field required"
+                                      : "messages: Input should be a valid list");
         goto fail;
     }
     n_msgs = json_array_size(msgs);
     if (n_msgs == 0) {
-        rc = seterr(err, err_len, PC_ERR_INVAL, "messages: at least one message is required");
+        rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "messages: at least one message is required");
         goto fail;
     }
     rc = PC_ERR_NOMEM;
@@ -1039,7 +1037,7 @@ int eng_chat_from_openai_json(const json_t *body, pc_arena_t *arena, eng_chat_t 
     tools = json_object_get(body, "tools");
     if (tools != NULL && !json_is_null(tools)) {
         if (!json_is_array(tools)) {
-            rc = seterr(err, err_len, PC_ERR_INVAL, "tools: Input should be a valid list");
+            rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "tools: Input should be a valid list");
             goto fail;
         }
         c->n_tools = json_array_size(tools);
@@ -1068,8 +1066,8 @@ int eng_chat_from_openai_json(const json_t *body, pc_arena_t *arena, eng_chat_t 
     }
     c->n_messages = n_msgs - first;
     if (c->n_messages == 0) {
-        rc = seterr(err, err_len, PC_ERR_INVAL,
-                    "messages: at least one message besides the system message is required");
+        rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
+                         "messages: at least one message besides the system message is required");
         goto fail;
     }
     rc = PC_ERR_NOMEM;

@@ -11,7 +11,6 @@
 #include "common.h"
 
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,19 +28,6 @@ static const char *const arch_names[] = {"llama", "qwen2", "qwen3"};
 const char *eng_arch_name(enum eng_arch arch)
 {
     return (unsigned)arch < PC_ARRAY_LEN(arch_names) ? arch_names[arch] : "?";
-}
-
-static int PC_PRINTF(4, 5) hp_fail(int rc, char *err, size_t err_len, const char *fmt, ...)
-{
-    if (err != NULL && err_len > 0) {
-        int n = snprintf(err, err_len, "hparams: ");
-        va_list ap;
-        va_start(ap, fmt);
-        if (n > 0 && (size_t)n < err_len)
-            vsnprintf(err + n, err_len - (size_t)n, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
 }
 
 /* Reads "<arch>.<suffix>" as u32. `def` is used when the key is absent and def_ok. */
@@ -75,8 +61,8 @@ static int check_range(const char *arch, const char *what, uint32_t v, uint32_t 
                        size_t err_len)
 {
     if (v < 1 || v > max)
-        return hp_fail(PC_ERR_FORMAT, err, err_len, "%s.%s = %" PRIu32 " not in 1..%" PRIu32, arch,
-                       what, v, max);
+        return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                           "hparams: %s.%s = %" PRIu32 " not in 1..%" PRIu32, arch, what, v, max);
     return 0;
 }
 
@@ -97,9 +83,9 @@ int eng_hparams_from_gguf(const eng_gguf_t *g, eng_hparams_t *out, char *err, si
         }
     }
     if (!known)
-        return hp_fail(PC_ERR_UNSUPPORTED, err, err_len,
-                       "architecture '%.*s' is not supported (llama, qwen2, qwen3)",
-                       (int)PC_MIN(arch_s.len, 64), arch_s.base);
+        return pc_err_setf(err, err_len, PC_ERR_UNSUPPORTED,
+                           "hparams: architecture '%.*s' is not supported (llama, qwen2, qwen3)",
+                           (int)PC_MIN(arch_s.len, 64), arch_s.base);
     snprintf(arch, sizeof arch, "%s", arch_names[hp.arch]);
 
     if ((rc = get_u32_key(g, arch, "context_length", false, 0, &hp.n_ctx_train, err, err_len)) ||
@@ -123,17 +109,18 @@ int eng_hparams_from_gguf(const eng_gguf_t *g, eng_hparams_t *out, char *err, si
              check_range(arch, "attention.head_count_kv", hp.n_head_kv, HP_MAX_HEAD, err, err_len)))
         return rc;
     if (hp.n_head % hp.n_head_kv != 0)
-        return hp_fail(PC_ERR_FORMAT, err, err_len,
-                       "%s.attention.head_count %" PRIu32
-                       " is not a multiple of %s.attention.head_count_kv %" PRIu32,
-                       arch, hp.n_head, arch, hp.n_head_kv);
+        return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                           "hparams: %s.attention.head_count %" PRIu32
+                           " is not a multiple of %s.attention.head_count_kv %" PRIu32,
+                           arch, hp.n_head, arch, hp.n_head_kv);
     if (!(hp.rms_eps > 0.0f && hp.rms_eps < 1.0f))
-        return hp_fail(PC_ERR_FORMAT, err, err_len,
-                       "%s.attention.layer_norm_rms_epsilon %g not in (0, 1)", arch,
-                       (double)hp.rms_eps);
+        return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                           "hparams: %s.attention.layer_norm_rms_epsilon %g not in (0, 1)", arch,
+                           (double)hp.rms_eps);
     if (!(hp.rope_theta > 0.0f && hp.rope_theta < 1e12f))
-        return hp_fail(PC_ERR_FORMAT, err, err_len, "%s.rope.freq_base %g not positive and finite",
-                       arch, (double)hp.rope_theta);
+        return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                           "hparams: %s.rope.freq_base %g not positive and finite", arch,
+                           (double)hp.rope_theta);
 
     /* Head size: key_length when given (and then value_length must agree), else n_embd/n_head. */
     uint32_t key_len = 0, val_len = 0;
@@ -143,30 +130,32 @@ int eng_hparams_from_gguf(const eng_gguf_t *g, eng_hparams_t *out, char *err, si
         return rc;
     if (key_len != 0) {
         if (val_len != key_len)
-            return hp_fail(PC_ERR_FORMAT, err, err_len,
-                           "%s.attention.value_length %" PRIu32 " differs from key_length %" PRIu32
-                           " (not supported)",
-                           arch, val_len, key_len);
+            return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                               "hparams: %s.attention.value_length %" PRIu32
+                               " differs from key_length %" PRIu32 " (not supported)",
+                               arch, val_len, key_len);
         if ((rc = check_range(arch, "attention.key_length", key_len, 1024, err, err_len)))
             return rc;
         hp.head_dim = key_len;
     } else {
         if (hp.n_embd % hp.n_head != 0)
-            return hp_fail(PC_ERR_FORMAT, err, err_len,
-                           "%s.embedding_length %" PRIu32 " is not a multiple of "
-                           "%s.attention.head_count %" PRIu32 " and no key_length is given",
-                           arch, hp.n_embd, arch, hp.n_head);
+            return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                               "hparams: %s.embedding_length %" PRIu32 " is not a multiple of "
+                               "%s.attention.head_count %" PRIu32 " and no key_length is given",
+                               arch, hp.n_embd, arch, hp.n_head);
         hp.head_dim = hp.n_embd / hp.n_head;
     }
     if (hp.head_dim % 2 != 0)
-        return hp_fail(PC_ERR_FORMAT, err, err_len, "head size %" PRIu32 " is odd", hp.head_dim);
+        return pc_err_setf(err, err_len, PC_ERR_FORMAT, "hparams: head size %" PRIu32 " is odd",
+                           hp.head_dim);
     if ((rc = get_u32_key(g, arch, "rope.dimension_count", true, hp.head_dim, &hp.rope_dim, err,
                           err_len)))
         return rc;
     if (hp.rope_dim < 2 || hp.rope_dim > hp.head_dim || hp.rope_dim % 2 != 0)
-        return hp_fail(PC_ERR_FORMAT, err, err_len,
-                       "%s.rope.dimension_count %" PRIu32 " must be even and in 2..%" PRIu32, arch,
-                       hp.rope_dim, hp.head_dim);
+        return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                           "hparams: %s.rope.dimension_count %" PRIu32
+                           " must be even and in 2..%" PRIu32,
+                           arch, hp.rope_dim, hp.head_dim);
 
     /* Vocabulary size: the embedding's rows are authoritative; the key, when present, agrees. */
     uint32_t vocab_key = 0;
@@ -175,22 +164,24 @@ int eng_hparams_from_gguf(const eng_gguf_t *g, eng_hparams_t *out, char *err, si
     const eng_gguf_tensor_t *emb = eng_gguf_tensor_find(g, "token_embd.weight");
     if (emb != NULL) {
         if (emb->n_dims != 2 || emb->ne[1] > HP_MAX_VOCAB)
-            return hp_fail(PC_ERR_FORMAT, err, err_len,
-                           "token_embd.weight must be 2-D with at most %u rows", HP_MAX_VOCAB);
+            return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                               "hparams: token_embd.weight must be 2-D with at most %u rows",
+                               HP_MAX_VOCAB);
         hp.n_vocab = (uint32_t)emb->ne[1];
         if (vocab_key != 0 && vocab_key != hp.n_vocab)
-            return hp_fail(PC_ERR_FORMAT, err, err_len,
-                           "%s.vocab_size %" PRIu32 " differs from token_embd.weight rows %" PRIu32,
-                           arch, vocab_key, hp.n_vocab);
+            return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                               "hparams: %s.vocab_size %" PRIu32
+                               " differs from token_embd.weight rows %" PRIu32,
+                               arch, vocab_key, hp.n_vocab);
     } else if (vocab_key != 0) {
         hp.n_vocab = vocab_key;
     } else {
         const eng_gguf_val_t *toks = eng_gguf_get(g, "tokenizer.ggml.tokens");
         if (toks == NULL || toks->type != ENG_GGUF_ARRAY || toks->n == 0 || toks->n > HP_MAX_VOCAB)
-            return hp_fail(PC_ERR_FORMAT, err, err_len,
-                           "cannot tell the vocabulary size (no token_embd.weight, "
-                           "%s.vocab_size or tokenizer.ggml.tokens)",
-                           arch);
+            return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                               "hparams: cannot tell the vocabulary size (no token_embd.weight, "
+                               "%s.vocab_size or tokenizer.ggml.tokens)",
+                               arch);
         hp.n_vocab = (uint32_t)toks->n;
     }
     if ((rc = check_range(arch, "vocab_size", hp.n_vocab, HP_MAX_VOCAB, err, err_len)))
@@ -318,8 +309,8 @@ static int check_one(const eng_gguf_tensor_t *t, const tspec_t *s, char *err, si
         char got_s[96], want_s[96];
         fmt_shape(got_s, sizeof got_s, t->n_dims, t->ne);
         fmt_shape(want_s, sizeof want_s, s->n_dims, want);
-        return hp_fail(PC_ERR_FORMAT, err, err_len, "tensor %s has shape %s, expected %s", t->name,
-                       got_s, want_s);
+        return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                           "hparams: tensor %s has shape %s, expected %s", t->name, got_s, want_s);
     }
     bool ok = s->vector ? t->type == ENG_GGML_TYPE_F32 : eng_ggml_type_supported(t->type);
     if (!ok && err != NULL && err_len > 0) {
@@ -341,8 +332,9 @@ int eng_hparams_check_tensors(const eng_gguf_t *g, const eng_hparams_t *hp, char
     for (uint64_t i = 0; i < eng_gguf_n_tensors(g); i++) {
         const eng_gguf_tensor_t *t = eng_gguf_tensor_at(g, i);
         if (!name_spec(hp, t->name, &s))
-            return hp_fail(PC_ERR_FORMAT, err, err_len, "unexpected tensor %s for a %s model",
-                           t->name, eng_arch_name(hp->arch));
+            return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                               "hparams: unexpected tensor %s for a %s model", t->name,
+                               eng_arch_name(hp->arch));
         if ((rc = check_one(t, &s, err, err_len)) != 0)
             return rc;
     }
@@ -352,7 +344,8 @@ int eng_hparams_check_tensors(const eng_gguf_t *g, const eng_hparams_t *hp, char
     for (size_t i = 0; i < PC_ARRAY_LEN(globals); i++) {
         if (name_spec(hp, globals[i], &s) && s.required &&
             eng_gguf_tensor_find(g, globals[i]) == NULL)
-            return hp_fail(PC_ERR_FORMAT, err, err_len, "tensor %s missing", globals[i]);
+            return pc_err_setf(err, err_len, PC_ERR_FORMAT, "hparams: tensor %s missing",
+                               globals[i]);
     }
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         for (size_t k = 0; k < PC_ARRAY_LEN(layer_suffixes); k++) {
@@ -361,7 +354,7 @@ int eng_hparams_check_tensors(const eng_gguf_t *g, const eng_hparams_t *hp, char
                 continue;
             snprintf(name, sizeof name, "blk.%" PRIu32 ".%s", il, layer_suffixes[k]);
             if (eng_gguf_tensor_find(g, name) == NULL)
-                return hp_fail(PC_ERR_FORMAT, err, err_len, "tensor %s missing", name);
+                return pc_err_setf(err, err_len, PC_ERR_FORMAT, "hparams: tensor %s missing", name);
         }
     }
     return 0;

@@ -12,7 +12,6 @@
 
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -44,19 +43,6 @@ eng_mkmodel_params_t eng_mkmodel_params_default(void)
         .name = NULL,
         .alignment = 0,
     };
-}
-
-static int PC_PRINTF(4, 5) mk_fail(int rc, char *err, size_t err_len, const char *fmt, ...)
-{
-    if (err != NULL && err_len > 0) {
-        int n = snprintf(err, err_len, "mkmodel: ");
-        va_list ap;
-        va_start(ap, fmt);
-        if (n > 0 && (size_t)n < err_len)
-            vsnprintf(err + n, err_len - (size_t)n, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -391,7 +377,8 @@ static int set_hparams(eng_gguf_writer_t *w, const eng_mkmodel_params_t *p, uint
 int eng_mkmodel_check(const eng_mkmodel_params_t *p, char *err, size_t err_len)
 {
     if (p->arch != ENG_ARCH_LLAMA && p->arch != ENG_ARCH_QWEN2 && p->arch != ENG_ARCH_QWEN3)
-        return mk_fail(PC_ERR_INVAL, err, err_len, "unknown architecture %d", (int)p->arch);
+        return pc_err_setf(err, err_len, PC_ERR_INVAL, "mkmodel: unknown architecture %d",
+                           (int)p->arch);
     const struct {
         const char *what;
         uint32_t v, max;
@@ -401,32 +388,37 @@ int eng_mkmodel_check(const eng_mkmodel_params_t *p, char *err, size_t err_len)
     };
     for (size_t i = 0; i < PC_ARRAY_LEN(counts); i++)
         if (counts[i].v < 1 || counts[i].v > counts[i].max)
-            return mk_fail(PC_ERR_INVAL, err, err_len, "%s %" PRIu32 " not in 1..%" PRIu32,
-                           counts[i].what, counts[i].v, counts[i].max);
+            return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                               "mkmodel: %s %" PRIu32 " not in 1..%" PRIu32, counts[i].what,
+                               counts[i].v, counts[i].max);
     if (p->n_head % p->n_head_kv != 0)
-        return mk_fail(PC_ERR_INVAL, err, err_len,
-                       "heads %" PRIu32 " is not a multiple of kv-heads %" PRIu32, p->n_head,
-                       p->n_head_kv);
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "mkmodel: heads %" PRIu32 " is not a multiple of kv-heads %" PRIu32,
+                           p->n_head, p->n_head_kv);
     if (p->head_dim == 0 && p->n_embd % p->n_head != 0)
-        return mk_fail(PC_ERR_INVAL, err, err_len,
-                       "dim %" PRIu32 " is not a multiple of heads %" PRIu32, p->n_embd, p->n_head);
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "mkmodel: dim %" PRIu32 " is not a multiple of heads %" PRIu32,
+                           p->n_embd, p->n_head);
     uint32_t hd = p->head_dim != 0 ? p->head_dim : p->n_embd / p->n_head;
     if (hd % 2 != 0 || hd > 1024)
-        return mk_fail(PC_ERR_INVAL, err, err_len, "head size %" PRIu32 " must be even and <= 1024",
-                       hd);
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "mkmodel: head size %" PRIu32 " must be even and <= 1024", hd);
     if (p->dtype != ENG_GGML_TYPE_F32 && p->dtype != ENG_GGML_TYPE_F16 &&
         p->dtype != ENG_GGML_TYPE_BF16 && p->dtype != ENG_GGML_TYPE_Q8_0)
-        return mk_fail(PC_ERR_INVAL, err, err_len, "dtype %s not supported (f32, f16, bf16, q8_0)",
-                       eng_ggml_type_name(p->dtype) != NULL ? eng_ggml_type_name(p->dtype) : "?");
+        return pc_err_setf(
+            err, err_len, PC_ERR_INVAL, "mkmodel: dtype %s not supported (f32, f16, bf16, q8_0)",
+            eng_ggml_type_name(p->dtype) != NULL ? eng_ggml_type_name(p->dtype) : "?");
     if (p->dtype == ENG_GGML_TYPE_Q8_0 && (p->n_embd % ENG_QK8_0 != 0 || p->n_ff % ENG_QK8_0 != 0 ||
                                            (p->n_head * hd) % ENG_QK8_0 != 0))
-        return mk_fail(PC_ERR_INVAL, err, err_len,
-                       "q8_0 needs dim, ff and heads * head size to be multiples of 32");
+        return pc_err_setf(
+            err, err_len, PC_ERR_INVAL,
+            "mkmodel: q8_0 needs dim, ff and heads * head size to be multiples of 32");
     if (!(p->rope_theta > 0.0f && p->rope_theta < 1e12f))
-        return mk_fail(PC_ERR_INVAL, err, err_len, "rope theta %g not in (0, 1e12)",
-                       (double)p->rope_theta);
+        return pc_err_setf(err, err_len, PC_ERR_INVAL, "mkmodel: rope theta %g not in (0, 1e12)",
+                           (double)p->rope_theta);
     if (!(p->rms_eps > 0.0f && p->rms_eps < 1.0f))
-        return mk_fail(PC_ERR_INVAL, err, err_len, "rms eps %g not in (0, 1)", (double)p->rms_eps);
+        return pc_err_setf(err, err_len, PC_ERR_INVAL, "mkmodel: rms eps %g not in (0, 1)",
+                           (double)p->rms_eps);
     return 0;
 }
 
@@ -441,24 +433,25 @@ int eng_mkmodel_write(const eng_mkmodel_params_t *p, const eng_vocab_t *vocab, c
     if (rc != 0)
         return rc;
     if (vocab == NULL || vocab->n_tokens == 0 || vocab->tokens == NULL || vocab->model == NULL)
-        return mk_fail(PC_ERR_INVAL, err, err_len, "empty vocabulary");
+        return pc_err_setf(err, err_len, PC_ERR_INVAL, "mkmodel: empty vocabulary");
     if ((rc = eng_gguf_writer_init(p->alignment, &w)) != 0) {
-        mk_fail(rc, err, err_len, "alignment %" PRIu32 ": %s", p->alignment, pc_strerror(rc));
+        pc_err_setf(err, err_len, rc, "mkmodel: alignment %" PRIu32 ": %s", p->alignment,
+                    pc_strerror(rc));
         goto fail;
     }
     if ((rc = set_hparams(w, p, vocab->n_tokens)) != 0 || (rc = eng_vocab_to_gguf(vocab, w)) != 0) {
-        mk_fail(rc, err, err_len, "metadata: %s", pc_strerror(rc));
+        pc_err_setf(err, err_len, rc, "mkmodel: metadata: %s", pc_strerror(rc));
         goto fail;
     }
     if ((rc = build_plan(p, vocab->n_tokens, &pl)) != 0) {
-        mk_fail(rc, err, err_len, "tensor plan: %s", pc_strerror(rc));
+        pc_err_setf(err, err_len, rc, "mkmodel: tensor plan: %s", pc_strerror(rc));
         goto fail;
     }
     for (size_t i = 0; i < pl.n; i++) {
         const tplan_t *t = &pl.t[i];
         int64_t ne[2] = {t->ne[0], t->ne[1]};
         if ((rc = eng_gguf_writer_tensor_add(w, t->name, t->type, t->n_dims, ne)) != 0) {
-            mk_fail(rc, err, err_len, "tensor %s: %s", t->name, pc_strerror(rc));
+            pc_err_setf(err, err_len, rc, "mkmodel: tensor %s: %s", t->name, pc_strerror(rc));
             goto fail;
         }
     }
@@ -470,7 +463,7 @@ int eng_mkmodel_write(const eng_mkmodel_params_t *p, const eng_vocab_t *vocab, c
     fbuf = pc_malloc(chunk * sizeof *fbuf);
     obuf = pc_malloc(chunk * sizeof *fbuf);
     if (fbuf == NULL || obuf == NULL) {
-        rc = mk_fail(PC_ERR_NOMEM, err, err_len, "out of memory");
+        rc = pc_err_setf(err, err_len, PC_ERR_NOMEM, "mkmodel: out of memory");
         goto fail;
     }
     if ((rc = eng_gguf_writer_file_begin(w, path, err, err_len)) != 0)

@@ -12,7 +12,6 @@
 #include "render.h"
 
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -50,20 +49,6 @@ struct eng_render {
     int32_t ids[RENDER_MAX_PIECES]; /* piece ids, -1 for an ADDED piece the vocab lacks */
 };
 
-static int seterr(char *err, size_t err_len, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int seterr(char *err, size_t err_len, int code, const char *fmt, ...)
-{
-    if (err != NULL && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 eng_render_family_t eng_render_family_detect(const char *chat_template, const char *arch)
 {
     if (chat_template != NULL) {
@@ -99,8 +84,8 @@ int eng_render_init(const eng_tok_t *tok, eng_render_family_t family, eng_render
     if (family == ENG_RENDER_FAMILY_UNKNOWN && tok != NULL)
         family = eng_render_family_detect(eng_tok_vocab(tok)->chat_template, NULL);
     if (family != ENG_RENDER_FAMILY_LLAMA3 && family != ENG_RENDER_FAMILY_CHATML)
-        return seterr(err, err_len, PC_ERR_UNSUPPORTED,
-                      "unknown chat format: the chat template is neither Llama 3 nor ChatML");
+        return pc_err_setf(err, err_len, PC_ERR_UNSUPPORTED,
+                           "unknown chat format: the chat template is neither Llama 3 nor ChatML");
     eng_render_t *r = pc_calloc(1, sizeof *r);
     if (r == NULL)
         return PC_ERR_NOMEM;
@@ -116,9 +101,9 @@ int eng_render_init(const eng_tok_t *tok, eng_render_family_t family, eng_render
     for (size_t i = 0; i < r->n_pieces; i++) {
         r->ids[i] = tok != NULL ? eng_tok_piece_id(tok, r->pieces[i].text) : -1;
         if (tok != NULL && r->ids[i] < 0 && r->pieces[i].kind == ENG_RENDER_SEG_SPECIAL) {
-            int rc = seterr(err, err_len, PC_ERR_UNSUPPORTED,
-                            "the vocabulary has no token '%s', which the %s chat format needs",
-                            r->pieces[i].text, eng_render_family_name(family));
+            int rc = pc_err_setf(err, err_len, PC_ERR_UNSUPPORTED,
+                                 "the vocabulary has no token '%s', which the %s chat format needs",
+                                 r->pieces[i].text, eng_render_family_name(family));
             pc_free(r);
             return rc;
         }
@@ -272,7 +257,8 @@ static int tool_json(emitter_t *e, const eng_chat_tool_t *t, size_t i, pc_slice_
     if (t->input_schema.len > 0) {
         params = json_loadb(t->input_schema.base, t->input_schema.len, JSON_ALLOW_NUL, NULL);
         if (params == NULL) {
-            rc = seterr(e->err, e->err_len, PC_ERR_INVAL, "tools.%zu: input_schema is not JSON", i);
+            rc = pc_err_setf(e->err, e->err_len, PC_ERR_INVAL,
+                             "tools.%zu: input_schema is not JSON", i);
             goto fail;
         }
     }
@@ -313,8 +299,8 @@ static int call_args(emitter_t *e, const eng_chat_block_t *b, size_t mi, size_t 
     }
     json_t *v = json_loadb(b->input.base, b->input.len, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
     if (v == NULL)
-        return seterr(e->err, e->err_len, PC_ERR_INVAL,
-                      "messages.%zu.content.%zu: input is not JSON", mi, bi);
+        return pc_err_setf(e->err, e->err_len, PC_ERR_INVAL,
+                           "messages.%zu.content.%zu: input is not JSON", mi, bi);
     e->json.len = 0;
     int rc = eng__json_write(&e->json, v, ENG__JSON_PY);
     json_decref(v);
@@ -591,7 +577,7 @@ int eng_render_segments(const eng_render_t *r, const eng_chat_t *chat, pc_arena_
     e.err_len = err_len;
     e.json = PC_BUF_INIT;
     if (n_marks > UINT32_MAX)
-        return seterr(err, err_len, PC_ERR_RANGE, "request has too many elements");
+        return pc_err_setf(err, err_len, PC_ERR_RANGE, "request has too many elements");
     if (n_marks > 0 && (e.marks = pc_arena_new(arena, eng_render_mark_t, n_marks)) == NULL)
         goto fail;
     rc = r->family == ENG_RENDER_FAMILY_LLAMA3 ? llama3_render(&e) : chatml_render(&e);
@@ -637,12 +623,12 @@ int eng_render_tokenize(const eng_render_t *r, eng_render_out_t *out, pc_arena_t
     int rc;
 
     if (r->tok == NULL)
-        return seterr(err, err_len, PC_ERR_STATE, "renderer has no tokenizer");
+        return pc_err_setf(err, err_len, PC_ERR_STATE, "renderer has no tokenizer");
     for (size_t s = 0; s <= out->n_segs; s++) {
         /* Marks whose element ends before segment s. */
         while (mi < out->n_marks && out->marks[mi].seg_end == s) {
             if (n > UINT32_MAX) {
-                rc = seterr(err, err_len, PC_ERR_RANGE, "prompt longer than 2^32 tokens");
+                rc = pc_err_setf(err, err_len, PC_ERR_RANGE, "prompt longer than 2^32 tokens");
                 goto fail;
             }
             out->marks[mi++].token_end = (uint32_t)n;
@@ -671,7 +657,7 @@ int eng_render_tokenize(const eng_render_t *r, eng_render_out_t *out, pc_arena_t
     }
     PC_ASSERT(mi == out->n_marks);
     if (n > UINT32_MAX) {
-        rc = seterr(err, err_len, PC_ERR_RANGE, "prompt longer than 2^32 tokens");
+        rc = pc_err_setf(err, err_len, PC_ERR_RANGE, "prompt longer than 2^32 tokens");
         goto fail;
     }
     rc = PC_ERR_NOMEM;

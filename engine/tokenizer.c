@@ -34,7 +34,6 @@
 #include "tokenizer_internal.h"
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <unicode/unorm2.h>
@@ -245,16 +244,6 @@ struct eng_tok {
 
     cache_shard_t *cache; /* [CACHE_SHARDS], NULL for SPM */
 };
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (err == NULL || err_len == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes
  * for U+0100 + k in byte order. Fills cp -> byte for cp < 324 (-1 = no byte). */
@@ -502,8 +491,8 @@ static int merges_build(struct eng_tok *t, const keyview_t *kv, char *err, size_
             }
         }
         if (a < 0 || b < 0 || ab < 0) {
-            set_err(err, err_len, "tokenizer: merge %u '%.60s' names unknown tokens", r, m);
-            rc = PC_ERR_FORMAT;
+            rc = pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                             "tokenizer: merge %u '%.60s' names unknown tokens", r, m);
             return rc;
         }
         pairmap_put(&t->pairs, (uint32_t)a, (uint32_t)b, r, (uint32_t)ab);
@@ -519,8 +508,7 @@ int eng_tok_init(const eng_vocab_t *v, eng_tok_t **out, char *err, size_t err_le
     if (t == NULL)
         goto fail;
     if (v->n_tokens == 0 || v->tokens == NULL || v->model == NULL) {
-        set_err(err, err_len, "tokenizer: empty vocab");
-        rc = PC_ERR_FORMAT;
+        rc = pc_err_setf(err, err_len, PC_ERR_FORMAT, "tokenizer: empty vocab");
         goto fail;
     }
     if (strcmp(v->model, "gpt2") == 0) {
@@ -528,16 +516,16 @@ int eng_tok_init(const eng_vocab_t *v, eng_tok_t **out, char *err, size_t err_le
     } else if (strcmp(v->model, "llama") == 0) {
         t->kind = TOK_SPM;
     } else {
-        set_err(err, err_len, "tokenizer: unsupported tokenizer model '%s'", v->model);
-        rc = PC_ERR_UNSUPPORTED;
+        rc = pc_err_setf(err, err_len, PC_ERR_UNSUPPORTED,
+                         "tokenizer: unsupported tokenizer model '%s'", v->model);
         goto fail;
     }
     if ((rc = vocab_copy(&t->v, v)) != 0)
         goto fail;
     const char *regex = NULL;
     if (t->kind == TOK_BPE && (regex = eng__tok_pre_regex(t->v.pre)) == NULL) {
-        set_err(err, err_len, "tokenizer: unsupported pre-tokenizer '%s'", t->v.pre);
-        rc = PC_ERR_UNSUPPORTED;
+        rc = pc_err_setf(err, err_len, PC_ERR_UNSUPPORTED,
+                         "tokenizer: unsupported pre-tokenizer '%s'", t->v.pre);
         goto fail;
     }
     t->ignore_merges = t->kind == TOK_BPE && strcmp(t->v.pre, "llama-bpe") == 0;
@@ -548,9 +536,9 @@ int eng_tok_init(const eng_vocab_t *v, eng_tok_t **out, char *err, size_t err_le
         t->re = pcre2_compile((PCRE2_SPTR)regex, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &ec,
                               &eo, NULL);
         if (t->re == NULL) {
-            set_err(err, err_len, "tokenizer: regex for '%s' does not compile (%d at %zu)",
-                    t->v.pre, ec, (size_t)eo);
-            rc = PC_ERR_INTERNAL;
+            rc = pc_err_setf(err, err_len, PC_ERR_INTERNAL,
+                             "tokenizer: regex for '%s' does not compile (%d at %zu)", t->v.pre, ec,
+                             (size_t)eo);
             goto fail;
         }
         pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE); /* interpreter when JIT is unavailable */
@@ -565,9 +553,9 @@ int eng_tok_init(const eng_vocab_t *v, eng_tok_t **out, char *err, size_t err_le
     for (uint32_t i = 0; i < n; i++) {
         size_t l = strlen(t->v.tokens[i]);
         if (l > MAX_TOKEN_BYTES) {
-            set_err(err, err_len, "tokenizer: token %u is %zu bytes (at most %d)", i, l,
-                    MAX_TOKEN_BYTES);
-            rc = PC_ERR_FORMAT;
+            rc =
+                pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                            "tokenizer: token %u is %zu bytes (at most %d)", i, l, MAX_TOKEN_BYTES);
             goto fail;
         }
         text_total += l;
@@ -615,9 +603,8 @@ int eng_tok_init(const eng_vocab_t *v, eng_tok_t **out, char *err, size_t err_le
             char c = (char)b;
             t->byte_id[b] = strmap_get(&t->by_bytes, &kv_bytes, &c, 1);
             if (t->byte_id[b] < 0) {
-                set_err(err, err_len, "tokenizer: byte-level vocab lacks the token of byte 0x%02X",
-                        b);
-                rc = PC_ERR_FORMAT;
+                rc = pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                                 "tokenizer: byte-level vocab lacks the token of byte 0x%02X", b);
                 goto fail;
             }
         }
@@ -647,7 +634,7 @@ int eng_tok_init(const eng_vocab_t *v, eng_tok_t **out, char *err, size_t err_le
     return 0;
 fail:
     if (rc == PC_ERR_NOMEM)
-        set_err(err, err_len, "tokenizer: out of memory");
+        pc_err_setf(err, err_len, rc, "tokenizer: out of memory");
     eng_tok_free(t);
     return rc;
 }

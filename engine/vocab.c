@@ -27,20 +27,9 @@
 #include "tokenizer_internal.h"
 
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (err == NULL || err_len == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 void eng_vocab_free(eng_vocab_t *v)
 {
@@ -75,8 +64,7 @@ static eng_vocab_t *vocab_new(void)
 
 static int gguf_fail(char *err, size_t err_len, const char *key, const char *why)
 {
-    set_err(err, err_len, "GGUF key %s: %s", key, why);
-    return PC_ERR_FORMAT;
+    return pc_err_setf(err, err_len, PC_ERR_FORMAT, "GGUF key %s: %s", key, why);
 }
 
 /* An optional string (required: a missing key is a format error); *out is a new copy. */
@@ -243,7 +231,7 @@ int eng_vocab_from_gguf(const struct eng_gguf *g, eng_vocab_t **out, char *err, 
     return 0;
 fail:
     if (rc == PC_ERR_NOMEM)
-        set_err(err, err_len, "out of memory reading the GGUF vocab");
+        pc_err_setf(err, err_len, rc, "out of memory reading the GGUF vocab");
     eng_vocab_free(v);
     return rc;
 }
@@ -255,17 +243,15 @@ static json_t *load_json(const char *path, size_t flags, int *rc, char *err, siz
     json_error_t je;
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
-        set_err(err, err_len, "cannot open %s", path);
-        *rc = PC_ERR_IO;
+        *rc = pc_err_setf(err, err_len, PC_ERR_IO, "cannot open %s", path);
         return NULL;
     }
     json_t *j = json_loadf(f, flags, &je);
     fclose(f);
     if (j == NULL || !json_is_object(j)) {
-        set_err(err, err_len, "%s: %s (line %d)", path, j ? "not a JSON object" : je.text,
-                j ? 0 : je.line);
+        *rc = pc_err_setf(err, err_len, PC_ERR_FORMAT, "%s: %s (line %d)", path,
+                          j ? "not a JSON object" : je.text, j ? 0 : je.line);
         json_decref(j);
-        *rc = PC_ERR_FORMAT;
         return NULL;
     }
     return j;
@@ -333,16 +319,16 @@ static int put_token(eng_vocab_t *v, json_int_t id, const char *s, int32_t type,
                      size_t err_len)
 {
     if (id < 0 || id >= (json_int_t)v->n_tokens) {
-        set_err(err, err_len, "token id %lld out of range", (long long)id);
-        return PC_ERR_FORMAT;
+        return pc_err_setf(err, err_len, PC_ERR_FORMAT, "token id %lld out of range",
+                           (long long)id);
     }
     if (v->tokens[id] != NULL) {
         if (strcmp(v->tokens[id], s) == 0) { /* added token repeating a vocab entry */
             v->token_type[id] = type;
             return 0;
         }
-        set_err(err, err_len, "token id %lld assigned twice", (long long)id);
-        return PC_ERR_FORMAT;
+        return pc_err_setf(err, err_len, PC_ERR_FORMAT, "token id %lld assigned twice",
+                           (long long)id);
     }
     if ((v->tokens[id] = pc_strdup(s)) == NULL)
         return PC_ERR_NOMEM;
@@ -379,9 +365,11 @@ int eng_vocab_from_tokenizer_json(const char *json_path, const char *config_path
     const char *mtype = json_string_value(json_object_get(model, "type"));
     if (mtype == NULL || strcmp(mtype, "BPE") != 0 || !json_is_object(vocab) ||
         (merges != NULL && !json_is_array(merges)) || (added != NULL && !json_is_array(added))) {
-        set_err(err, err_len, "%s: model is not BPE with a vocab object (type %s)", json_path,
-                mtype ? mtype : "missing");
-        rc = mtype != NULL && strcmp(mtype, "BPE") != 0 ? PC_ERR_UNSUPPORTED : PC_ERR_FORMAT;
+        rc = pc_err_setf(err, err_len,
+                         mtype != NULL && strcmp(mtype, "BPE") != 0 ? PC_ERR_UNSUPPORTED
+                                                                    : PC_ERR_FORMAT,
+                         "%s: model is not BPE with a vocab object (type %s)", json_path,
+                         mtype ? mtype : "missing");
         goto fail;
     }
 
@@ -403,8 +391,8 @@ int eng_vocab_from_tokenizer_json(const char *json_path, const char *config_path
             pre = eng__tok_pre_name(re);
         }
         if (pre == NULL) {
-            set_err(err, err_len, "%s: unsupported pre-tokenizer regex %.80s", json_path, re);
-            rc = PC_ERR_UNSUPPORTED;
+            rc = pc_err_setf(err, err_len, PC_ERR_UNSUPPORTED,
+                             "%s: unsupported pre-tokenizer regex %.80s", json_path, re);
             goto fail;
         }
     } else if (json_is_true(json_object_get(model, "byte_fallback")) &&
@@ -413,8 +401,8 @@ int eng_vocab_from_tokenizer_json(const char *json_path, const char *config_path
         v->model = pc_strdup("llama");
         pre = "default";
     } else {
-        set_err(err, err_len, "%s: neither byte-level nor SentencePiece-style BPE", json_path);
-        rc = PC_ERR_UNSUPPORTED;
+        rc = pc_err_setf(err, err_len, PC_ERR_UNSUPPORTED,
+                         "%s: neither byte-level nor SentencePiece-style BPE", json_path);
         goto fail;
     }
     if (v->model == NULL || (v->pre = pc_strdup(pre)) == NULL)
@@ -429,8 +417,8 @@ int eng_vocab_from_tokenizer_json(const char *json_path, const char *config_path
     {
         if (!json_is_integer(val) || json_integer_value(val) < 0 ||
             json_integer_value(val) > INT32_MAX - 1) {
-            set_err(err, err_len, "%s: vocab entry '%.40s' has a bad id", json_path, key);
-            rc = PC_ERR_FORMAT;
+            rc = pc_err_setf(err, err_len, PC_ERR_FORMAT, "%s: vocab entry '%.40s' has a bad id",
+                             json_path, key);
             goto fail;
         }
         if (json_integer_value(val) > max_id)
@@ -443,16 +431,15 @@ int eng_vocab_from_tokenizer_json(const char *json_path, const char *config_path
         json_int_t id = json_integer_value(json_object_get(e, "id"));
         if (!json_is_integer(json_object_get(e, "id")) || id < 0 || id > INT32_MAX - 1 ||
             !json_is_string(json_object_get(e, "content"))) {
-            set_err(err, err_len, "%s: added_tokens[%zu] lacks an id or content", json_path, k);
-            rc = PC_ERR_FORMAT;
+            rc = pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                             "%s: added_tokens[%zu] lacks an id or content", json_path, k);
             goto fail;
         }
         if (id > max_id)
             max_id = id;
     }
     if (max_id < 0) {
-        set_err(err, err_len, "%s: empty vocab", json_path);
-        rc = PC_ERR_FORMAT;
+        rc = pc_err_setf(err, err_len, PC_ERR_FORMAT, "%s: empty vocab", json_path);
         goto fail;
     }
     v->n_tokens = (uint32_t)max_id + 1;
@@ -497,8 +484,8 @@ int eng_vocab_from_tokenizer_json(const char *json_path, const char *config_path
         const char *s = json_string_value(e);
         if (s != NULL) {
             if (strchr(s + (s[0] != '\0'), ' ') == NULL) {
-                set_err(err, err_len, "%s: merges[%zu] is not \"left right\"", json_path, k);
-                rc = PC_ERR_FORMAT;
+                rc = pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                                 "%s: merges[%zu] is not \"left right\"", json_path, k);
                 goto fail;
             }
             pair = pc_strdup(s);
@@ -506,8 +493,8 @@ int eng_vocab_from_tokenizer_json(const char *json_path, const char *config_path
             const char *a = json_string_value(json_array_get(e, 0));
             const char *b = json_string_value(json_array_get(e, 1));
             if (json_array_size(e) != 2 || a == NULL || b == NULL || a[0] == '\0' || b[0] == '\0') {
-                set_err(err, err_len, "%s: merges[%zu] is not a pair of strings", json_path, k);
-                rc = PC_ERR_FORMAT;
+                rc = pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                                 "%s: merges[%zu] is not a pair of strings", json_path, k);
                 goto fail;
             }
             size_t la = strlen(a), lb = strlen(b);
@@ -586,7 +573,7 @@ int eng_vocab_from_tokenizer_json(const char *json_path, const char *config_path
     return 0;
 fail:
     if (rc == PC_ERR_NOMEM)
-        set_err(err, err_len, "out of memory reading %s", json_path);
+        pc_err_setf(err, err_len, rc, "out of memory reading %s", json_path);
     pc_free(pair);
     eng_vocab_free(v);
     json_decref(tj);
