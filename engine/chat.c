@@ -574,55 +574,66 @@ static int anth_msg_shape(adapter_t *a, const json_t *m, size_t mi, eng_chat_rol
     return 0;
 }
 
+static int oai_tool(adapter_t *a, const json_t *t, size_t i, eng_chat_tool_t *out);
+
+/* What both adapters do first: the body is an object with a string "model" and a non-empty
+ * "messages" list; the chat is allocated and its tools (if any) parsed with tool_fn. Sets *out
+ * (in the arena) and *msgs_out. Returns 0 or the error, with the reason in a->err. */
+static int chat_begin(adapter_t *a, const json_t *body, eng_chat_api_t api,
+                      int (*tool_fn)(adapter_t *, const json_t *, size_t, eng_chat_tool_t *),
+                      eng_chat_t **out, const json_t **msgs_out)
+{
+    const json_t *model, *msgs, *tools;
+    eng_chat_t *c;
+    int rc;
+    if (!json_is_object(body))
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "request body: Input should be an object");
+    if ((rc = get_string(a, body, "model", "body", true, &model)) != 0)
+        return rc;
+    a->model = json_string_value(model);
+    msgs = json_object_get(body, "messages");
+    if (msgs == NULL || !json_is_array(msgs))
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           msgs == NULL ? "messages: Field required"
+                                        : "messages: Input should be a valid list");
+    if (json_array_size(msgs) == 0)
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           "messages: at least one message is required");
+    if ((c = pc_arena_new(a->arena, *c, 1)) == NULL)
+        return PC_ERR_NOMEM;
+    c->api = api;
+    if ((rc = copy_jstring(a, model, &c->model)) != 0)
+        return rc;
+    tools = json_object_get(body, "tools");
+    if (tools != NULL && !json_is_null(tools)) {
+        if (!json_is_array(tools))
+            return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                               "tools: Input should be a valid list");
+        c->n_tools = json_array_size(tools);
+        if (c->n_tools > 0 && (c->tools = pc_arena_new(a->arena, *c->tools, c->n_tools)) == NULL)
+            return PC_ERR_NOMEM;
+        for (size_t i = 0; i < c->n_tools; i++)
+            if ((rc = tool_fn(a, json_array_get(tools, i), i, &c->tools[i])) != 0)
+                return rc;
+    }
+    *out = c;
+    *msgs_out = msgs;
+    return 0;
+}
+
 int eng_chat_from_anthropic_json(const json_t *body, pc_arena_t *arena, eng_chat_t **out, char *err,
                                  size_t err_len)
 {
     adapter_t a = {arena, err, err_len, "?", PC_BUF_INIT};
     eng_chat_t *c = NULL;
-    const json_t *model, *tools, *system, *msgs;
+    const json_t *system, *msgs;
     size_t n_msgs, n_turns = 0;
     int rc;
 
-    if (!json_is_object(body)) {
-        rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "request body: Input should be an object");
+    if ((rc = chat_begin(&a, body, ENG_CHAT_API_ANTHROPIC, anth_tool, &c, &msgs)) != 0)
         goto fail;
-    }
-    if ((rc = get_string(&a, body, "model", "body", true, &model)) != 0)
-        goto fail;
-    a.model = json_string_value(model);
-    msgs = json_object_get(body, "messages");
-    if (msgs == NULL || !json_is_array(msgs)) {
-        rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
-                         msgs == NULL ? "messages: Field required"
-                                      : "messages: Input should be a valid list");
-        goto fail;
-    }
     n_msgs = json_array_size(msgs);
-    if (n_msgs == 0) {
-        rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "messages: at least one message is required");
-        goto fail;
-    }
-    rc = PC_ERR_NOMEM;
-    if ((c = pc_arena_new(arena, *c, 1)) == NULL)
-        goto fail;
-    c->api = ENG_CHAT_API_ANTHROPIC;
-    if ((rc = copy_jstring(&a, model, &c->model)) != 0)
-        goto fail;
-
-    tools = json_object_get(body, "tools");
-    if (tools != NULL && !json_is_null(tools)) {
-        if (!json_is_array(tools)) {
-            rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "tools: Input should be a valid list");
-            goto fail;
-        }
-        c->n_tools = json_array_size(tools);
-        rc = PC_ERR_NOMEM;
-        if (c->n_tools > 0 && (c->tools = pc_arena_new(arena, *c->tools, c->n_tools)) == NULL)
-            goto fail;
-        for (size_t i = 0; i < c->n_tools; i++)
-            if ((rc = anth_tool(&a, json_array_get(tools, i), i, &c->tools[i])) != 0)
-                goto fail;
-    }
 
     system = json_object_get(body, "system");
     if (system != NULL && !json_is_null(system)) {
@@ -1004,50 +1015,13 @@ int eng_chat_from_openai_json(const json_t *body, pc_arena_t *arena, eng_chat_t 
 {
     adapter_t a = {arena, err, err_len, "?", PC_BUF_INIT};
     eng_chat_t *c = NULL;
-    const json_t *model, *tools, *msgs;
+    const json_t *msgs;
     size_t n_msgs, first = 0;
     int rc;
 
-    if (!json_is_object(body)) {
-        rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "request body: Input should be an object");
+    if ((rc = chat_begin(&a, body, ENG_CHAT_API_OPENAI, oai_tool, &c, &msgs)) != 0)
         goto fail;
-    }
-    if ((rc = get_string(&a, body, "model", "body", true, &model)) != 0)
-        goto fail;
-    a.model = json_string_value(model);
-    msgs = json_object_get(body, "messages");
-    if (msgs == NULL || !json_is_array(msgs)) {
-        rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
-                         msgs == NULL ? "messages: Field required"
-                                      : "messages: Input should be a valid list");
-        goto fail;
-    }
     n_msgs = json_array_size(msgs);
-    if (n_msgs == 0) {
-        rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "messages: at least one message is required");
-        goto fail;
-    }
-    rc = PC_ERR_NOMEM;
-    if ((c = pc_arena_new(arena, *c, 1)) == NULL)
-        goto fail;
-    c->api = ENG_CHAT_API_OPENAI;
-    if ((rc = copy_jstring(&a, model, &c->model)) != 0)
-        goto fail;
-
-    tools = json_object_get(body, "tools");
-    if (tools != NULL && !json_is_null(tools)) {
-        if (!json_is_array(tools)) {
-            rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "tools: Input should be a valid list");
-            goto fail;
-        }
-        c->n_tools = json_array_size(tools);
-        rc = PC_ERR_NOMEM;
-        if (c->n_tools > 0 && (c->tools = pc_arena_new(arena, *c->tools, c->n_tools)) == NULL)
-            goto fail;
-        for (size_t i = 0; i < c->n_tools; i++)
-            if ((rc = oai_tool(&a, json_array_get(tools, i), i, &c->tools[i])) != 0)
-                goto fail;
-    }
 
     /* Validate everything before allocating, so a bad request costs little arena. */
     for (size_t i = 0; i < n_msgs; i++) {
