@@ -336,28 +336,28 @@ static turn_t block_turn(const eng_chat_msg_t *m, const eng_chat_block_t *b)
     "for a function call.Respond in the format {\"name\": function name, \"parameters\": "         \
     "dictionary of argument name and its value}.Do not use variables.\n\n"
 
-static int llama3_open(emitter_t *e, turn_t t)
+/* Closes the open turn with `close` and opens turn t with headers[t] (TURN_NONE: user). */
+static int open_turn(emitter_t *e, turn_t t, const char *close, const char *const headers[])
 {
     int rc;
-    if (e->open != TURN_NONE && (rc = scaffold(e, "<|eot_id|>")) != 0)
+    if (e->open != TURN_NONE && (rc = scaffold(e, close)) != 0)
         return rc;
-    switch (t) {
-    case TURN_SYSTEM:
-        rc = scaffold(e, "<|start_header_id|>system<|end_header_id|>\n\n");
-        break;
-    case TURN_ASSISTANT:
-        rc = scaffold(e, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-        break;
-    case TURN_TOOL:
-        rc = scaffold(e, "<|start_header_id|>ipython<|end_header_id|>\n\n");
-        break;
-    default:
-        rc = scaffold(e, "<|start_header_id|>user<|end_header_id|>\n\n");
-        break;
-    }
+    rc = scaffold(e, headers[t == TURN_NONE ? TURN_USER : t]);
     e->open = t;
     e->need_sep = false;
     return rc;
+}
+
+static const char *const llama3_headers[] = {
+    [TURN_SYSTEM] = "<|start_header_id|>system<|end_header_id|>\n\n",
+    [TURN_USER] = "<|start_header_id|>user<|end_header_id|>\n\n",
+    [TURN_ASSISTANT] = "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    [TURN_TOOL] = "<|start_header_id|>ipython<|end_header_id|>\n\n",
+};
+
+static int llama3_open(emitter_t *e, turn_t t)
+{
+    return open_turn(e, t, "<|eot_id|>", llama3_headers);
 }
 
 static int llama3_render(emitter_t *e)
@@ -451,30 +451,19 @@ static int chatml_close_tools(emitter_t *e)
     return scaffold(e, CHATML_TOOLS_OUTRO);
 }
 
+static const char *const chatml_headers[] = {
+    [TURN_SYSTEM] = "<|im_start|>system\n",
+    [TURN_USER] = "<|im_start|>user\n",
+    [TURN_ASSISTANT] = "<|im_start|>assistant\n",
+    [TURN_TOOL] = "<|im_start|>user", /* each <tool_response> block brings its own newline */
+};
+
 static int chatml_open(emitter_t *e, turn_t t)
 {
     int rc;
     if ((rc = chatml_close_tools(e)) != 0)
         return rc;
-    if (e->open != TURN_NONE && (rc = scaffold(e, "<|im_end|>\n")) != 0)
-        return rc;
-    switch (t) {
-    case TURN_SYSTEM:
-        rc = scaffold(e, "<|im_start|>system\n");
-        break;
-    case TURN_ASSISTANT:
-        rc = scaffold(e, "<|im_start|>assistant\n");
-        break;
-    case TURN_TOOL:
-        rc = scaffold(e, "<|im_start|>user");
-        break;
-    default:
-        rc = scaffold(e, "<|im_start|>user\n");
-        break;
-    }
-    e->open = t;
-    e->need_sep = false;
-    return rc;
+    return open_turn(e, t, "<|im_end|>\n", chatml_headers);
 }
 
 static int chatml_render(emitter_t *e)
