@@ -91,6 +91,25 @@ typedef struct eng_cpu_params {
 int eng_backend_cpu_init(const struct eng_model *model, const eng_cpu_params_t *p,
                          eng_backend_t **out);
 
+/* Parameters of the CUDA backend (engine/cuda/backend_cuda.c, built only with KVGW_HAVE_CUDA). */
+typedef struct eng_cuda_params {
+    int device;            /* CUDA device index */
+    uint32_t max_tokens;   /* the largest batch (sum of n_tokens) a forward step takes */
+    uint32_t block_tokens; /* the KV pool's block size */
+    uint32_t split_kv;     /* decode attention: KV positions per split (0: 512) */
+    bool kv_poison;        /* fill newly allocated device blocks with NaN (tests) */
+} eng_cuda_params_t;
+
+/* Creates the CUDA backend (CUDA builds only): uploads the model's weights (F16 as stored, F32
+ * converted to F16, or to BF16 where a value exceeds the F16 range), allocates a device KV pool
+ * mirroring `kv` block for block (same ids and layout) and installs kv's hooks so block copies
+ * and poisoning reach it. The backend must be freed before kv. Returns 0, PC_ERR_UNSUPPORTED
+ * (no CUDA device, or a shape the kernels do not take), PC_ERR_INVAL or PC_ERR_NOMEM (device
+ * memory), with a one-line reason in err. */
+int eng_backend_cuda_init(const struct eng_model *model, struct eng_kvpool *kv,
+                          const eng_cuda_params_t *p, eng_backend_t **out, char *err,
+                          size_t err_len);
+
 /* Convenience wrappers over the table. eng_backend_free(NULL) is a no-op. */
 static inline const char *eng_backend_name(const eng_backend_t *be)
 {

@@ -1,0 +1,377 @@
+/*
+ * kernels.h — the CUDA kernels of the cuda backend behind a plain C ABI, and their CPU
+ * references.
+ *
+ * Every kernel takes one argument struct of pointers and sizes (no engine headers), and has a
+ * CPU reference of the same name with the krn_ref_ prefix that takes the same struct with host
+ * pointers: krn_rmsnorm(ctx, &a) on device memory computes what krn_ref_rmsnorm(&a) computes on
+ * host memory. The references are always built (kernels/ref/); the CUDA entry points only when
+ * nvcc was found (KVGW_HAVE_CUDA), and tests compare the two on random inputs.
+ *
+ * Conventions
+ *   - Activations are row-major F32: a [n_rows][width] matrix is rows of `width` floats.
+ *   - Every index that is a block id, a row or a position is int32_t; every product of a block
+ *     id (or a row) with a stride is computed in int64_t.
+ *   - A CUDA entry point only enqueues work on the context's stream and returns 0, or a
+ *     negative PC_ERR_* (common/pc_err.h) value: PC_ERR_INVAL for bad sizes (nothing enqueued),
+ *     PC_ERR_INTERNAL for a failed CUDA or cuBLAS call (logged with file and line). Results are
+ *     visible after krn_ctx_sync.
+ *
+ * The paged KV layout is the engine's (engine/kvpool.h), byte for byte, so blocks can move
+ * between the host pool and the device pool unchanged. For block b, layer l, KV head h:
+ *
+ *   base + ((b * n_layer + l) * n_head_kv + h) * 2 * head_dim * block_tokens   elements
+ *     K: [head_dim][block_tokens]   (transposed: row d holds dimension d of every slot)
+ *     V: [block_tokens][head_dim]   (follows K)
+ *
+ * Position p of a sequence lives in block block_table[p / block_tokens], slot p % block_tokens.
+ */
+#ifndef KRN_KERNELS_H
+#define KRN_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types of KV blocks, weights and GEMM inputs. */
+enum krn_dtype {
+    KRN_F32 = 0,
+    KRN_F16 = 1,
+    KRN_BF16 = 2,
+};
+
+/* Bytes of one element of dtype t (4 or 2). */
+static inline size_t krn_dtype_size(enum krn_dtype t)
+{
+    return t == KRN_F32 ? 4 : 2;
+}
+
+/* IEEE half and bfloat16 conversions on the host (round to nearest even on the way down; NaN
+ * stays NaN). Exact for every half and bfloat16 value on the way up. */
+float krn_f16_to_f32(uint16_t h);
+uint16_t krn_f32_to_f16(float f);
+float krn_bf16_to_f32(uint16_t h);
+uint16_t krn_f32_to_bf16(float f);
+
+/* The paged KV pool (layout above). */
+typedef struct krn_kv {
+    void *base; /* [n_blocks][n_layer][n_head_kv][2][head_dim * block_tokens] of dtype */
+    int32_t n_blocks;
+    int32_t n_layer;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t block_tokens;
+    enum krn_dtype dtype; /* KRN_F16 or KRN_F32 */
+} krn_kv_t;
+
+/* Elements of one (block, layer, head) slice: K then V. */
+static inline int64_t krn_kv_slice_elems(const krn_kv_t *kv)
+{
+    return (int64_t)2 * kv->head_dim * kv->block_tokens;
+}
+/* Element offset of the slice of (block, layer, head). */
+static inline int64_t krn_kv_slice_offset(const krn_kv_t *kv, int32_t block, int32_t layer,
+                                          int32_t head)
+{
+    return (((int64_t)block * kv->n_layer + layer) * kv->n_head_kv + head) * krn_kv_slice_elems(kv);
+}
+/* Bytes of one block (every layer and head). */
+static inline size_t krn_kv_block_bytes(const krn_kv_t *kv)
+{
+    return (size_t)kv->n_layer * (size_t)kv->n_head_kv * (size_t)krn_kv_slice_elems(kv) *
+           krn_dtype_size(kv->dtype);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Element-wise kernels
+ * ------------------------------------------------------------------------------------------- */
+
+/* out[r][:] = table[ids[r]][:] converted to F32. */
+typedef struct krn_embed_args {
+    const void *table;  /* [n_vocab][width] of table_dtype */
+    const int32_t *ids; /* [n_rows], each in [0, n_vocab) */
+    float *out;         /* [n_rows][width] */
+    int32_t n_rows, width, n_vocab;
+    enum krn_dtype table_dtype;
+} krn_embed_args_t;
+
+/* y[r][:] = x[r][:] / sqrt(mean(x[r][:]^2) + eps) * w[:]. y may equal x (in place). Also the
+ * per-head q/k norm of qwen3, with rows = tokens * heads and width = head_dim. */
+typedef struct krn_rmsnorm_args {
+    const float *x; /* [n_rows][width] */
+    const float *w; /* [width] */
+    float *y;       /* [n_rows][width] */
+    int32_t n_rows, width;
+    float eps;
+} krn_rmsnorm_args_t;
+
+/* RoPE in place over x[n_rows][n_heads * head_dim], then every element times post_scale (the
+ * 1/sqrt(head_dim) of q; 1 for k). Row r rotates by angle pos[r] * inv_freq[i] (computed in
+ * double, as the CPU backend does; inv_freq already holds Llama 3.1's frequency factors):
+ * NORM style rotates (x[2i], x[2i+1]), NEOX style (x[i], x[i + rope_dim/2]), i < rope_dim/2;
+ * dimensions past rope_dim are left as they are. */
+enum krn_rope_style {
+    KRN_ROPE_NORM = 0,
+    KRN_ROPE_NEOX = 2,
+};
+typedef struct krn_rope_args {
+    float *x;              /* [n_rows][n_heads * head_dim] */
+    const int32_t *pos;    /* [n_rows] */
+    const float *inv_freq; /* [rope_dim / 2] */
+    int32_t n_rows, n_heads, head_dim, rope_dim;
+    enum krn_rope_style style;
+    float post_scale;
+} krn_rope_args_t;
+
+/* g[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u, over n elements. */
+typedef struct krn_swiglu_args {
+    float *g;       /* [n] */
+    const float *u; /* [n] */
+    int64_t n;
+} krn_swiglu_args_t;
+
+/* x[i] += y[i] over n elements (the residual stream). */
+typedef struct krn_add_args {
+    float *x;       /* [n] */
+    const float *y; /* [n] */
+    int64_t n;
+} krn_add_args_t;
+
+/* x[r][j] += b[j]. */
+typedef struct krn_bias_add_args {
+    float *x;       /* [n_rows][width] */
+    const float *b; /* [width] */
+    int32_t n_rows, width;
+} krn_bias_add_args_t;
+
+/* F32 rows to F16 or BF16 (the GEMM's input type), round to nearest even. */
+typedef struct krn_convert_args {
+    const float *x; /* [n] */
+    void *y;        /* [n] of dtype */
+    int64_t n;
+    enum krn_dtype dtype; /* KRN_F16 or KRN_BF16 */
+} krn_convert_args_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Paged KV
+ * ------------------------------------------------------------------------------------------- */
+
+/* Writes the K and V rows of one layer into the pool at each row's position. */
+typedef struct krn_kv_write_args {
+    krn_kv_t kv;
+    int32_t layer;
+    const float *k;              /* [n_rows][n_head_kv * head_dim] (roped) */
+    const float *v;              /* [n_rows][n_head_kv * head_dim] */
+    const int32_t *row_seq;      /* [n_rows] the row's sequence: a row of block_tables */
+    const int32_t *row_pos;      /* [n_rows] */
+    const int32_t *block_tables; /* [n_seqs][max_blocks] */
+    int32_t n_rows, max_blocks;
+} krn_kv_write_args_t;
+
+/* Copies blocks inside the pool: for each i, the first n_tokens[i] positions of block src[i]
+ * into block dst[i], every layer and head (slots past n_tokens are left as they are, so
+ * poisoned slots stay poisoned). n_tokens NULL copies whole blocks. */
+typedef struct krn_block_copy_args {
+    krn_kv_t kv;
+    const int32_t *src;      /* [n] */
+    const int32_t *dst;      /* [n] */
+    const int32_t *n_tokens; /* [n] or NULL */
+    int32_t n;
+} krn_block_copy_args_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Paged attention (prefill and decode)
+ *
+ * One task computes, for the query rows [row0, row0 + n_rows) of one sequence (consecutive
+ * positions, ascending) and the `group` query heads of one KV head, the attention over the KV
+ * positions [kv0, kv1), causal (a row at position p sees positions <= p). kv1 never exceeds
+ * the last row's position + 1, so no slot past the written positions is read.
+ *
+ * A task with part < 0 covers all of [0, last pos] and writes normalized outputs to out. A
+ * split task (decode over a long context) writes its unnormalized partial state (o, m, l) to
+ * the partial slots part .. part + n_rows * group - 1; a merge then combines the splits of one
+ * (rows, KV head) unit with the online-softmax merge of krn_softmax_merge.h.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Most query rows (tokens x heads of a group) one task holds, and the most elements of the
+ * task's query tile (rows x head_dim). */
+#define KRN_ATTN_MAX_ROWS 64
+#define KRN_ATTN_MAX_TILE 8192
+/* Largest head_dim the attention kernels take. */
+#define KRN_ATTN_MAX_HEAD_DIM 256
+
+typedef struct krn_attn_task {
+    int32_t seq;     /* the row of block_tables */
+    int32_t kv_head; /* query heads kv_head * group .. + group - 1 */
+    int32_t row0;    /* first batch row */
+    int32_t n_rows;  /* tokens; n_rows * group <= KRN_ATTN_MAX_ROWS */
+    int32_t kv0;     /* KV positions [kv0, kv1) */
+    int32_t kv1;
+    int32_t part; /* -1: direct output; else the first partial slot */
+} krn_attn_task_t;
+
+/* Combines n_splits partial states: split s of row-head i is slot part0 + s * width + i, with
+ * width = n_rows * group, in the order of the query layout (token-major, then head). */
+typedef struct krn_attn_merge {
+    int32_t row0, n_rows, kv_head;
+    int32_t part0, n_splits;
+} krn_attn_merge_t;
+
+typedef struct krn_attn_args {
+    krn_kv_t kv;
+    int32_t layer;
+    int32_t n_head;              /* query heads; group = n_head / kv.n_head_kv */
+    const float *q;              /* [n_rows][n_head * head_dim], roped, times 1/sqrt(head_dim) */
+    float *out;                  /* [n_rows][n_head * head_dim] */
+    const int32_t *row_pos;      /* [n_rows] */
+    const int32_t *block_tables; /* [n_seqs][max_blocks] */
+    int32_t max_blocks;
+    const krn_attn_task_t *tasks; /* [n_tasks] */
+    int32_t n_tasks;
+    const krn_attn_merge_t *merges; /* [n_merges] */
+    int32_t n_merges;
+    float *part_o;  /* [n_parts][head_dim] unnormalized partial outputs */
+    float *part_ml; /* [n_parts][2] (running max, running sum) */
+} krn_attn_args_t;
+
+/* One sequence of a batch, for planning. */
+typedef struct krn_plan_seq {
+    int32_t row0;     /* its first batch row */
+    int32_t n_tokens; /* rows row0 .. row0 + n_tokens - 1 at positions pos0 .. */
+    int32_t pos0;
+} krn_plan_seq_t;
+
+/* Planning parameters. Split tasks are made for units whose rows are few (decode) and whose
+ * context is long, so the GPU has enough work: a unit of a single token over kv_len positions
+ * is cut into ceil(kv_len / split_kv) splits when kv_len > split_kv. */
+typedef struct krn_plan_params {
+    int32_t n_head, n_head_kv, head_dim;
+    int32_t split_kv; /* positions per split, a multiple of the block size; 0 = never split */
+} krn_plan_params_t;
+
+/* Builds the task and merge lists of a batch. Counts first: with tasks NULL it only writes
+ * *n_tasks, *n_merges and *n_parts (the partial slots needed). Returns 0 or PC_ERR_INVAL (a
+ * shape the kernels do not take: head_dim odd or > KRN_ATTN_MAX_HEAD_DIM, group >
+ * KRN_ATTN_MAX_ROWS, an empty sequence). Pure host code, shared by the backend and the tests. */
+int krn_attn_plan(const krn_plan_params_t *p, const krn_plan_seq_t *seqs, int32_t n_seqs,
+                  krn_attn_task_t *tasks, int32_t *n_tasks, krn_attn_merge_t *merges,
+                  int32_t *n_merges, int32_t *n_parts);
+
+/* ---------------------------------------------------------------------------------------------
+ * Sampling: one token per row of logits, with the engine's exact rules (engine/sampling.h):
+ * candidates are logits that are not NaN or -inf (+inf counts as FLT_MAX), ordered by logit
+ * then lowest id; min_p, top_k and top_p keep a prefix of that order; the pick is the first
+ * kept token, in increasing id order, whose cumulative weight exp((x - max) / T) (in double)
+ * exceeds u * total. temperature 0 or top_k 1 is the argmax (ties to the lowest id).
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct krn_sample_row {
+    float temperature;
+    int32_t top_k; /* 0 = off */
+    float top_p;   /* (0, 1]; 1 = off */
+    float min_p;   /* [0, 1]; 0 = off */
+    double u;      /* the request's uniform draw in [0, 1) (unused when greedy) */
+} krn_sample_row_t;
+
+typedef struct krn_sample_args {
+    const float *logits;         /* [n_rows][n_vocab] */
+    const krn_sample_row_t *row; /* [n_rows] */
+    int32_t *token;              /* [n_rows] out: the pick, or -1 when no logit is a candidate */
+    double *work;                /* [n_rows][n_vocab] scratch weights */
+    int32_t n_rows, n_vocab;
+} krn_sample_args_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * GEMM: y[M][N] = x[M][K] . w[N][K]^T (+ y when accumulate), F32 accumulation. x is F16 or
+ * BF16 like w (the caller converts activations with krn_convert). CUDA: cuBLAS
+ * (cublasGemmEx). Reference: a plain triple loop in double.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct krn_gemm_args {
+    const void *x; /* [M][K] of dtype */
+    const void *w; /* [N][K] of dtype */
+    float *y;      /* [M][N] */
+    int32_t M, N, K;
+    enum krn_dtype dtype; /* KRN_F16 or KRN_BF16 */
+    bool accumulate;
+} krn_gemm_args_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * CPU references (kernels/ref/, always built). Same contracts as the CUDA kernels, on host
+ * memory; they return 0 or PC_ERR_INVAL.
+ * ------------------------------------------------------------------------------------------- */
+int krn_ref_embed(const krn_embed_args_t *a);
+int krn_ref_rmsnorm(const krn_rmsnorm_args_t *a);
+int krn_ref_qk_norm(const krn_rmsnorm_args_t *a);
+int krn_ref_rope(const krn_rope_args_t *a);
+int krn_ref_swiglu(const krn_swiglu_args_t *a);
+int krn_ref_add(const krn_add_args_t *a);
+int krn_ref_bias_add(const krn_bias_add_args_t *a);
+int krn_ref_convert(const krn_convert_args_t *a);
+int krn_ref_kv_write(const krn_kv_write_args_t *a);
+int krn_ref_block_copy(const krn_block_copy_args_t *a);
+int krn_ref_attention(const krn_attn_args_t *a);
+int krn_ref_sample(const krn_sample_args_t *a);
+int krn_ref_gemm(const krn_gemm_args_t *a);
+
+/* ---------------------------------------------------------------------------------------------
+ * CUDA entry points (only with KVGW_HAVE_CUDA). A krn_ctx owns one CUDA stream and one cuBLAS
+ * handle on one device; it is used by one thread at a time. Pointers in argument structs are
+ * device pointers unless a function says otherwise.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct krn_ctx krn_ctx_t;
+
+/* The number of CUDA devices (0 when there is no driver or no device; never an error). */
+int krn_device_count(void);
+/* A one-line description of device `dev` ("NVIDIA H100 80GB HBM3, sm_90, 79.1 GiB"). */
+void krn_device_describe(int dev, char *buf, size_t len);
+
+/* Creates a context on device `dev`: a stream and a cuBLAS handle bound to it. Returns 0,
+ * PC_ERR_UNSUPPORTED (no such device) or PC_ERR_INTERNAL. */
+int krn_ctx_init(int dev, krn_ctx_t **out);
+/* Waits for queued work, then releases the stream and the handle; NULL is a no-op. */
+void krn_ctx_free(krn_ctx_t *ctx);
+/* Waits for every queued kernel and copy. Returns 0 or PC_ERR_INTERNAL (a kernel failed). */
+int krn_ctx_sync(krn_ctx_t *ctx);
+
+/* Device memory. krn_dev_alloc returns 0 or PC_ERR_NOMEM; krn_dev_free(NULL) is a no-op. */
+int krn_dev_alloc(krn_ctx_t *ctx, size_t n_bytes, void **out);
+void krn_dev_free(krn_ctx_t *ctx, void *p);
+/* Copies on the context's stream (host memory must stay valid until krn_ctx_sync). */
+int krn_copy_h2d(krn_ctx_t *ctx, void *dst, const void *src, size_t n_bytes);
+int krn_copy_d2h(krn_ctx_t *ctx, void *dst, const void *src, size_t n_bytes);
+int krn_copy_d2d(krn_ctx_t *ctx, void *dst, const void *src, size_t n_bytes);
+/* Fills n_bytes with the byte `value` (0xff makes every F16 and F32 element a NaN). */
+int krn_memset(krn_ctx_t *ctx, void *dst, int value, size_t n_bytes);
+
+/* Whole blocks between the device pool and host memory laid out as [n][block_bytes]
+ * (KV tiering): block ids[i] <-> host + i * block_bytes. */
+int krn_blocks_to_host(krn_ctx_t *ctx, const krn_kv_t *kv, const int32_t *ids, int32_t n,
+                       void *host);
+int krn_blocks_from_host(krn_ctx_t *ctx, const krn_kv_t *kv, const int32_t *ids, int32_t n,
+                         const void *host);
+
+int krn_embed(krn_ctx_t *ctx, const krn_embed_args_t *a);
+int krn_rmsnorm(krn_ctx_t *ctx, const krn_rmsnorm_args_t *a);
+int krn_qk_norm(krn_ctx_t *ctx, const krn_rmsnorm_args_t *a);
+int krn_rope(krn_ctx_t *ctx, const krn_rope_args_t *a);
+int krn_swiglu(krn_ctx_t *ctx, const krn_swiglu_args_t *a);
+int krn_add(krn_ctx_t *ctx, const krn_add_args_t *a);
+int krn_bias_add(krn_ctx_t *ctx, const krn_bias_add_args_t *a);
+int krn_convert(krn_ctx_t *ctx, const krn_convert_args_t *a);
+int krn_kv_write(krn_ctx_t *ctx, const krn_kv_write_args_t *a);
+/* src, dst and n_tokens are device arrays. */
+int krn_block_copy(krn_ctx_t *ctx, const krn_block_copy_args_t *a);
+/* tasks and merges are device arrays (from krn_attn_plan, copied up). */
+int krn_attention(krn_ctx_t *ctx, const krn_attn_args_t *a);
+int krn_sample(krn_ctx_t *ctx, const krn_sample_args_t *a);
+int krn_gemm(krn_ctx_t *ctx, const krn_gemm_args_t *a);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,184 @@
+/*
+ * krn_ctx.cu — the CUDA context of the cuda backend (one stream and one cuBLAS handle per
+ * krn_ctx, never globals), device memory and copies, KV block transfers to and from the host,
+ * and the cuBLAS GEMM.
+ *
+ * Launch geometry: no kernels here. Copies are cudaMemcpyAsync on the context's stream; the
+ * GEMM is one cublasGemmEx call on the handle bound to that stream:
+ *   y[M][N] (row-major) is, column-major, the N x M matrix op(W) . op(X) with W = w viewed as
+ *   K x N (lda = K, transposed) and X = x viewed as K x M (ldb = K), ldc = N.
+ */
+#include <string.h>
+
+#include "krn_cuda.cuh"
+
+int krn_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky "no driver" error */
+        return 0;
+    }
+    return n;
+}
+
+void krn_device_describe(int dev, char *buf, size_t len)
+{
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
+        snprintf(buf, len, "CUDA device %d: unavailable", dev);
+        return;
+    }
+    snprintf(buf, len, "%s, sm_%d%d, %.1f GiB", p.name, p.major, p.minor,
+             (double)p.totalGlobalMem / (1024.0 * 1024 * 1024));
+}
+
+static int ctx_setup(krn_ctx_t *c)
+{
+    KRN_CUDA_CHECK(cudaSetDevice(c->dev));
+    KRN_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    KRN_CUBLAS_CHECK(cublasCreate(&c->blas));
+    KRN_CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
+    /* F16/BF16 inputs with F32 accumulation and output; tensor cores as the library sees fit. */
+    KRN_CUBLAS_CHECK(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+    return 0;
+}
+
+int krn_ctx_init(int dev, krn_ctx_t **out)
+{
+    *out = NULL;
+    if (dev < 0 || dev >= krn_device_count())
+        return PC_ERR_UNSUPPORTED;
+    krn_ctx_t *c = (krn_ctx_t *)calloc(1, sizeof *c);
+    if (c == NULL)
+        return PC_ERR_NOMEM;
+    c->dev = dev;
+    int rc = ctx_setup(c);
+    if (rc != 0) {
+        krn_ctx_free(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void krn_ctx_free(krn_ctx_t *c)
+{
+    if (c == NULL)
+        return;
+    cudaSetDevice(c->dev);
+    if (c->stream != NULL)
+        cudaStreamSynchronize(c->stream);
+    if (c->blas != NULL)
+        cublasDestroy(c->blas);
+    if (c->stream != NULL)
+        cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+int krn_ctx_sync(krn_ctx_t *c)
+{
+    KRN_ENTER(c);
+    KRN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return 0;
+}
+
+int krn_dev_alloc(krn_ctx_t *c, size_t n_bytes, void **out)
+{
+    *out = NULL;
+    KRN_ENTER(c);
+    cudaError_t e = cudaMalloc(out, n_bytes ? n_bytes : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *out = NULL;
+        return PC_ERR_NOMEM;
+    }
+    return 0;
+}
+
+void krn_dev_free(krn_ctx_t *c, void *p)
+{
+    if (p == NULL)
+        return;
+    cudaSetDevice(c->dev);
+    cudaFree(p);
+}
+
+int krn_copy_h2d(krn_ctx_t *c, void *dst, const void *src, size_t n)
+{
+    KRN_ENTER(c);
+    if (n > 0)
+        KRN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream));
+    return 0;
+}
+
+int krn_copy_d2h(krn_ctx_t *c, void *dst, const void *src, size_t n)
+{
+    KRN_ENTER(c);
+    if (n > 0)
+        KRN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream));
+    return 0;
+}
+
+int krn_copy_d2d(krn_ctx_t *c, void *dst, const void *src, size_t n)
+{
+    KRN_ENTER(c);
+    if (n > 0)
+        KRN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->stream));
+    return 0;
+}
+
+int krn_memset(krn_ctx_t *c, void *dst, int value, size_t n)
+{
+    KRN_ENTER(c);
+    if (n > 0)
+        KRN_CUDA_CHECK(cudaMemsetAsync(dst, value, n, c->stream));
+    return 0;
+}
+
+static int blocks_xfer(krn_ctx_t *c, const krn_kv_t *kv, const int32_t *ids, int32_t n, void *host,
+                       bool to_host)
+{
+    if (n < 0)
+        return PC_ERR_INVAL;
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= kv->n_blocks)
+            return PC_ERR_INVAL;
+    KRN_ENTER(c);
+    size_t bb = krn_kv_block_bytes(kv);
+    for (int32_t i = 0; i < n; i++) {
+        uint8_t *dev = (uint8_t *)kv->base + (int64_t)ids[i] * (int64_t)bb;
+        uint8_t *h = (uint8_t *)host + (size_t)i * bb;
+        if (to_host)
+            KRN_CUDA_CHECK(cudaMemcpyAsync(h, dev, bb, cudaMemcpyDeviceToHost, c->stream));
+        else
+            KRN_CUDA_CHECK(cudaMemcpyAsync(dev, h, bb, cudaMemcpyHostToDevice, c->stream));
+    }
+    return 0;
+}
+
+int krn_blocks_to_host(krn_ctx_t *c, const krn_kv_t *kv, const int32_t *ids, int32_t n, void *host)
+{
+    return blocks_xfer(c, kv, ids, n, host, true);
+}
+
+int krn_blocks_from_host(krn_ctx_t *c, const krn_kv_t *kv, const int32_t *ids, int32_t n,
+                         const void *host)
+{
+    return blocks_xfer(c, kv, ids, n, (void *)host, false);
+}
+
+int krn_gemm(krn_ctx_t *c, const krn_gemm_args_t *a)
+{
+    if (a->M < 0 || a->N <= 0 || a->K <= 0 || (a->dtype != KRN_F16 && a->dtype != KRN_BF16))
+        return PC_ERR_INVAL;
+    if (a->M == 0)
+        return 0;
+    KRN_ENTER(c);
+    cudaDataType_t t = a->dtype == KRN_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    const float alpha = 1.0f, beta = a->accumulate ? 1.0f : 0.0f;
+    KRN_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, a->N, a->M, a->K, &alpha, a->w,
+                                  t, a->K, a->x, t, a->K, &beta, a->y, CUDA_R_32F, a->N,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return 0;
+}

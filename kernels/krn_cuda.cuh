@@ -1,0 +1,106 @@
+/*
+ * krn_cuda.cuh — what the .cu files of kernels/ share: the context struct, the checking macros
+ * and small device helpers (loads and stores of KV elements, block-wide reductions).
+ *
+ * KRN_CUDA_CHECK / KRN_CUBLAS_CHECK wrap every CUDA runtime and cuBLAS call: on failure they
+ * print the call, the file and the line and the library's message on stderr, and make the
+ * enclosing function return PC_ERR_INTERNAL. A kernel launch is followed by
+ * KRN_CUDA_CHECK(cudaGetLastError()) (launch configuration errors); faults inside a kernel
+ * surface at the next synchronizing call (krn_ctx_sync), which is checked the same way.
+ */
+#ifndef KRN_CUDA_CUH
+#define KRN_CUDA_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+
+#include "kernels.h"
+#include "pc_err.h"
+
+struct krn_ctx {
+    int dev;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+};
+
+#define KRN_CUDA_CHECK(call)                                                                       \
+    do {                                                                                           \
+        cudaError_t krn_e_ = (call);                                                               \
+        if (krn_e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "kernels: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,                 \
+                    cudaGetErrorString(krn_e_));                                                   \
+            return PC_ERR_INTERNAL;                                                                \
+        }                                                                                          \
+    } while (0)
+
+#define KRN_CUBLAS_CHECK(call)                                                                     \
+    do {                                                                                           \
+        cublasStatus_t krn_s_ = (call);                                                            \
+        if (krn_s_ != CUBLAS_STATUS_SUCCESS) {                                                     \
+            fprintf(stderr, "kernels: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,                 \
+                    cublasGetStatusString(krn_s_));                                                \
+            return PC_ERR_INTERNAL;                                                                \
+        }                                                                                          \
+    } while (0)
+
+/* Makes the context's device current (a no-op when it already is). */
+#define KRN_ENTER(ctx) KRN_CUDA_CHECK(cudaSetDevice((ctx)->dev))
+
+/* Launch geometry of grid-stride element-wise loops. */
+static inline unsigned krn_grid_for(int64_t n, unsigned threads)
+{
+    int64_t g = (n + threads - 1) / threads;
+    if (g < 1)
+        g = 1;
+    return g > 65535 * 16 ? 65535 * 16 : (unsigned)g;
+}
+
+/* KV element loads and stores (F16 or F32 pools). */
+__device__ __forceinline__ float krn_ld(const __half *p, int64_t i)
+{
+    return __half2float(p[i]);
+}
+__device__ __forceinline__ float krn_ld(const float *p, int64_t i)
+{
+    return p[i];
+}
+__device__ __forceinline__ void krn_st(__half *p, int64_t i, float v)
+{
+    p[i] = __float2half_rn(v);
+}
+__device__ __forceinline__ void krn_st(float *p, int64_t i, float v)
+{
+    p[i] = v;
+}
+
+/* Block-wide reductions for blocks of up to 1024 threads (a multiple of 32). Every thread gets
+ * the result. `sh` is shared scratch of 32 elements; the functions synchronize. */
+template <typename T, typename Op> __device__ __forceinline__ T krn_block_reduce(T v, Op op, T *sh)
+{
+    unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    for (int o = 16; o > 0; o /= 2)
+        v = op(v, __shfl_down_sync(0xffffffffu, v, o));
+    __syncthreads(); /* sh may still be read by a previous reduction */
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    T r = sh[0];
+    for (unsigned w = 1; w < n_warps; w++)
+        r = op(r, sh[w]);
+    return r;
+}
+
+struct krn_op_add {
+    template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct krn_op_max {
+    template <typename T> __device__ __forceinline__ T operator()(T a, T b) const
+    {
+        return a > b ? a : b;
+    }
+};
+
+#endif

@@ -1,0 +1,113 @@
+/*
+ * krn_kv.cu — writing new K/V rows into their paged blocks, and copying blocks inside the
+ * device pool (copy-on-write of a shared partial block, defragmentation, tiering staging).
+ *
+ * Launch geometry:
+ *   kv_write     grid (n_rows, n_head_kv), head_dim threads (at most 256, one per dimension):
+ *                thread d stores K[d][slot] and V[slot][d] of its (row, head)
+ *   block_copy   grid (n, n_layer * n_head_kv), 256 threads striding over the (block, layer,
+ *                head) slice; element e of the slice is copied only when its slot is below the
+ *                pair's n_tokens
+ */
+#include "krn_cuda.cuh"
+
+template <typename KT>
+__global__ void kv_write_kernel(KT *base,                    // the pool (kernels.h layout)
+                                const float *k,              // [n_rows][n_head_kv * head_dim]
+                                const float *v,              // [n_rows][n_head_kv * head_dim]
+                                const int32_t *row_seq,      // [n_rows]
+                                const int32_t *row_pos,      // [n_rows]
+                                const int32_t *block_tables, // [n_seqs][max_blocks]
+                                int32_t max_blocks, int32_t n_blocks, int32_t n_layer,
+                                int32_t layer, int32_t n_head_kv, int32_t head_dim, int32_t bt)
+{
+    int64_t r = blockIdx.x;
+    int32_t h = blockIdx.y, d = threadIdx.x;
+    if (d >= head_dim)
+        return;
+    int32_t pos = row_pos[r];
+    int32_t bi = pos / bt, slot = pos % bt;
+    if (pos < 0 || bi >= max_blocks)
+        return;
+    int32_t block = block_tables[(int64_t)row_seq[r] * max_blocks + bi];
+    if (block < 0 || block >= n_blocks)
+        return;
+    int64_t slice = (((int64_t)block * n_layer + layer) * n_head_kv + h) * 2 * head_dim * bt;
+    int64_t src = r * n_head_kv * head_dim + (int64_t)h * head_dim + d;
+    krn_st(base, slice + (int64_t)d * bt + slot, k[src]);
+    krn_st(base, slice + (int64_t)head_dim * bt + (int64_t)slot * head_dim + d, v[src]);
+}
+
+int krn_kv_write(krn_ctx_t *c, const krn_kv_write_args_t *a)
+{
+    const krn_kv_t *kv = &a->kv;
+    if (a->n_rows < 0 || a->layer < 0 || a->layer >= kv->n_layer || kv->head_dim <= 0 ||
+        kv->head_dim > 1024 || kv->n_head_kv <= 0 || kv->n_head_kv > 65535 ||
+        kv->block_tokens <= 0 || a->max_blocks <= 0)
+        return PC_ERR_INVAL;
+    if (a->n_rows == 0)
+        return 0;
+    KRN_ENTER(c);
+    dim3 grid((unsigned)a->n_rows, (unsigned)kv->n_head_kv);
+    unsigned threads = (unsigned)((kv->head_dim + 31) / 32 * 32);
+    if (kv->dtype == KRN_F16)
+        kv_write_kernel<__half><<<grid, threads, 0, c->stream>>>(
+            (__half *)kv->base, a->k, a->v, a->row_seq, a->row_pos, a->block_tables, a->max_blocks,
+            kv->n_blocks, kv->n_layer, a->layer, kv->n_head_kv, kv->head_dim, kv->block_tokens);
+    else if (kv->dtype == KRN_F32)
+        kv_write_kernel<float><<<grid, threads, 0, c->stream>>>(
+            (float *)kv->base, a->k, a->v, a->row_seq, a->row_pos, a->block_tables, a->max_blocks,
+            kv->n_blocks, kv->n_layer, a->layer, kv->n_head_kv, kv->head_dim, kv->block_tokens);
+    else
+        return PC_ERR_INVAL;
+    KRN_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+template <typename E>
+__global__ void block_copy_kernel(E *base,                 // the pool, as elements of its size
+                                  const int32_t *src,      // [n]
+                                  const int32_t *dst,      // [n]
+                                  const int32_t *n_tokens, // [n] or NULL
+                                  int32_t n_blocks, int32_t head_dim, int32_t bt)
+{
+    int32_t i = blockIdx.x;
+    int32_t lh = blockIdx.y; /* layer * n_head_kv + head */
+    int32_t s = src[i], d = dst[i];
+    if (s < 0 || s >= n_blocks || d < 0 || d >= n_blocks)
+        return;
+    int32_t n = n_tokens != NULL ? n_tokens[i] : bt;
+    int64_t slice = (int64_t)2 * head_dim * bt, per_block = (int64_t)gridDim.y * slice;
+    const E *sp = base + (int64_t)s * per_block + (int64_t)lh * slice;
+    E *dp = base + (int64_t)d * per_block + (int64_t)lh * slice;
+    int64_t k_elems = (int64_t)head_dim * bt;
+    for (int64_t e = threadIdx.x; e < slice; e += blockDim.x) {
+        int32_t slot = e < k_elems ? (int32_t)(e % bt) : (int32_t)((e - k_elems) / head_dim);
+        if (slot < n)
+            dp[e] = sp[e];
+    }
+}
+
+int krn_block_copy(krn_ctx_t *c, const krn_block_copy_args_t *a)
+{
+    const krn_kv_t *kv = &a->kv;
+    if (a->n < 0 || kv->n_layer <= 0 || kv->n_head_kv <= 0 ||
+        (int64_t)kv->n_layer * kv->n_head_kv > 65535 || kv->head_dim <= 0 || kv->block_tokens <= 0)
+        return PC_ERR_INVAL;
+    if (a->n == 0)
+        return 0;
+    KRN_ENTER(c);
+    dim3 grid((unsigned)a->n, (unsigned)(kv->n_layer * kv->n_head_kv));
+    if (kv->dtype == KRN_F16)
+        block_copy_kernel<uint16_t><<<grid, 256, 0, c->stream>>>((uint16_t *)kv->base, a->src,
+                                                                 a->dst, a->n_tokens, kv->n_blocks,
+                                                                 kv->head_dim, kv->block_tokens);
+    else if (kv->dtype == KRN_F32)
+        block_copy_kernel<uint32_t><<<grid, 256, 0, c->stream>>>((uint32_t *)kv->base, a->src,
+                                                                 a->dst, a->n_tokens, kv->n_blocks,
+                                                                 kv->head_dim, kv->block_tokens);
+    else
+        return PC_ERR_INVAL;
+    KRN_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}

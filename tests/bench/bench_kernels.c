@@ -1,0 +1,357 @@
+/*
+ * bench_kernels.c — `kvgw bench kernels`: the CUDA backend's kernels and cuBLAS GEMMs, and the
+ * engine end to end on the cuda backend (models/kvgw-bench.gguf).
+ *
+ * Figures (GPU builds on a machine with a CUDA device):
+ *   decode_attn_gb_per_s        paged decode attention, batch 32 x 8192 context, 32 query / 8 KV
+ *                               heads, head_dim 128, F16 KV in 16-token blocks (split-K + merge):
+ *                               KV bytes read per second
+ *                               (compare with the card's ~3.3 TB/s H100, ~4.8 TB/s H200)
+ *   prefill_attn_tflop_per_s    causal prefill attention, 4 x 2048 tokens, same heads: 4 * heads
+ *                               * head_dim * causal pairs per second
+ *   gemm_{f16,bf16}_tflop_per_s cuBLAS at a prefill shape, M 4096 x N 4096 x K 4096 (and N 14336)
+ *   e2e_prefill_tokens_per_s    the engine, 2048-token prompt
+ *   e2e_decode_tokens_per_s     the engine, single tokens after a 512-token prompt
+ *   ttft_ms_cold / ttft_ms_cached   4096-token prompt, cold and with 4032 tokens cached
+ * Without CUDA in the build, or without a device, it says so on stderr and prints the JSON line
+ * with no figures, exit status 0 (nothing to measure is not a failure of the benchmark).
+ */
+#include "bench.h"
+#include "common.h"
+#include "engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef KVGW_HAVE_CUDA
+#include "kernels.h"
+#endif
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvgw bench kernels [--model FILE] [--iters N] [--no-e2e]\n");
+}
+
+static double now_s(void)
+{
+    return (double)pc_time_mono_ns() * 1e-9;
+}
+
+#ifdef KVGW_HAVE_CUDA
+
+#define BK_CHECK(x)                                                                                \
+    do {                                                                                           \
+        int bk_rc_ = (x);                                                                          \
+        if (bk_rc_ != 0) {                                                                         \
+            fprintf(stderr, "kvgw bench kernels: %s failed: %s\n", #x, pc_strerror(bk_rc_));       \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+static uint64_t bk_rng = 88172645463325252ull;
+static float bk_unif(void)
+{
+    bk_rng ^= bk_rng << 13;
+    bk_rng ^= bk_rng >> 7;
+    bk_rng ^= bk_rng << 17;
+    return (float)((double)(bk_rng >> 11) * 0x1.0p-53 * 2 - 1);
+}
+
+/* Random F16 device memory of n elements. */
+static int dev_random_f16(krn_ctx_t *c, size_t n, void **out)
+{
+    uint16_t *h = malloc(n * 2);
+    if (h == NULL)
+        return PC_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++)
+        h[i] = krn_f32_to_f16(bk_unif() * 0.5f);
+    int rc = krn_dev_alloc(c, n * 2, out);
+    if (rc == 0)
+        rc = krn_copy_h2d(c, *out, h, n * 2);
+    if (rc == 0)
+        rc = krn_ctx_sync(c);
+    free(h);
+    return rc;
+}
+
+/* Attention over n_seqs sequences of ctx positions each with n_new new rows per sequence;
+ * returns seconds per call (mean of iters), or -1. *bytes and *flops describe one call. */
+static double bench_attention(krn_ctx_t *c, int32_t n_seqs, int32_t ctx, int32_t n_new, int iters,
+                              double *bytes, double *flops)
+{
+    const int32_t nh = 32, nkv = 8, hd = 128, bt = 16;
+    int32_t max_blocks = (ctx + bt - 1) / bt;
+    krn_kv_t kv = {.n_blocks = n_seqs * max_blocks,
+                   .n_layer = 1,
+                   .n_head_kv = nkv,
+                   .head_dim = hd,
+                   .block_tokens = bt,
+                   .dtype = KRN_F16};
+    size_t pool_elems = krn_kv_block_bytes(&kv) / 2 * (size_t)kv.n_blocks;
+    int32_t T = n_seqs * n_new, width = nh * hd;
+    int32_t *tables = malloc(sizeof *tables * (size_t)n_seqs * max_blocks);
+    int32_t *pos = malloc(sizeof *pos * (size_t)T);
+    krn_plan_seq_t *seqs = malloc(sizeof *seqs * (size_t)n_seqs);
+    float *q = malloc(sizeof *q * (size_t)T * width);
+    krn_attn_task_t *tasks = NULL;
+    krn_attn_merge_t *merges = NULL;
+    void *d_pool = NULL, *d_tables = NULL, *d_pos = NULL, *d_q = NULL, *d_out = NULL;
+    void *d_tasks = NULL, *d_merges = NULL, *d_po = NULL, *d_pml = NULL;
+    double sec = -1;
+    if (!tables || !pos || !seqs || !q)
+        goto fail;
+    /* Blocks of each sequence strided over the pool, as a long-running server's would be. */
+    for (int32_t s = 0; s < n_seqs; s++)
+        for (int32_t b = 0; b < max_blocks; b++)
+            tables[(size_t)s * max_blocks + b] = b * n_seqs + s;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        seqs[s] = (krn_plan_seq_t){.row0 = s * n_new, .n_tokens = n_new, .pos0 = ctx - n_new};
+        for (int32_t j = 0; j < n_new; j++)
+            pos[s * n_new + j] = ctx - n_new + j;
+    }
+    for (size_t i = 0; i < (size_t)T * width; i++)
+        q[i] = bk_unif() * 0.1f;
+    krn_plan_params_t pp = {.n_head = nh, .n_head_kv = nkv, .head_dim = hd, .split_kv = 512};
+    int32_t nt, nm, np;
+    BK_CHECK(krn_attn_plan(&pp, seqs, n_seqs, NULL, &nt, NULL, &nm, &np));
+    tasks = malloc(sizeof *tasks * ((size_t)nt + 1));
+    merges = malloc(sizeof *merges * ((size_t)nm + 1));
+    if (!tasks || !merges)
+        goto fail;
+    BK_CHECK(krn_attn_plan(&pp, seqs, n_seqs, tasks, &nt, merges, &nm, &np));
+    BK_CHECK(dev_random_f16(c, pool_elems, &d_pool));
+    kv.base = d_pool;
+    BK_CHECK(krn_dev_alloc(c, sizeof *tables * (size_t)n_seqs * max_blocks, &d_tables));
+    BK_CHECK(krn_dev_alloc(c, sizeof *pos * (size_t)T, &d_pos));
+    BK_CHECK(krn_dev_alloc(c, sizeof *q * (size_t)T * width, &d_q));
+    BK_CHECK(krn_dev_alloc(c, sizeof *q * (size_t)T * width, &d_out));
+    BK_CHECK(krn_dev_alloc(c, sizeof *tasks * ((size_t)nt + 1), &d_tasks));
+    BK_CHECK(krn_dev_alloc(c, sizeof *merges * ((size_t)nm + 1), &d_merges));
+    BK_CHECK(krn_dev_alloc(c, sizeof(float) * ((size_t)np * hd + 1), &d_po));
+    BK_CHECK(krn_dev_alloc(c, sizeof(float) * ((size_t)np * 2 + 1), &d_pml));
+    BK_CHECK(krn_copy_h2d(c, d_tables, tables, sizeof *tables * (size_t)n_seqs * max_blocks));
+    BK_CHECK(krn_copy_h2d(c, d_pos, pos, sizeof *pos * (size_t)T));
+    BK_CHECK(krn_copy_h2d(c, d_q, q, sizeof *q * (size_t)T * width));
+    BK_CHECK(krn_copy_h2d(c, d_tasks, tasks, sizeof *tasks * (size_t)nt));
+    BK_CHECK(krn_copy_h2d(c, d_merges, merges, sizeof *merges * (size_t)nm));
+    krn_attn_args_t a = {.kv = kv,
+                         .layer = 0,
+                         .n_head = nh,
+                         .q = d_q,
+                         .out = d_out,
+                         .row_pos = d_pos,
+                         .block_tables = d_tables,
+                         .max_blocks = max_blocks,
+                         .tasks = d_tasks,
+                         .n_tasks = nt,
+                         .merges = d_merges,
+                         .n_merges = nm,
+                         .part_o = d_po,
+                         .part_ml = d_pml};
+    BK_CHECK(krn_attention(c, &a)); /* warm-up */
+    BK_CHECK(krn_ctx_sync(c));
+    double t0 = now_s();
+    for (int i = 0; i < iters; i++)
+        BK_CHECK(krn_attention(c, &a));
+    BK_CHECK(krn_ctx_sync(c));
+    sec = (now_s() - t0) / iters;
+    *bytes = (double)n_seqs * ctx * nkv * hd * 2 * 2;
+    double pairs = 0; /* causal (query, key) pairs per head */
+    for (int32_t j = 0; j < n_new; j++)
+        pairs += ctx - n_new + j + 1;
+    *flops = 4.0 * nh * hd * pairs * n_seqs;
+fail:
+    free(tables);
+    free(pos);
+    free(seqs);
+    free(q);
+    free(tasks);
+    free(merges);
+    void *ds[] = {d_pool, d_tables, d_pos, d_q, d_out, d_tasks, d_merges, d_po, d_pml};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
+        krn_dev_free(c, ds[i]);
+    return sec;
+}
+
+static double bench_gemm(krn_ctx_t *c, enum krn_dtype dt, int32_t M, int32_t N, int32_t K,
+                         int iters)
+{
+    void *x = NULL, *w = NULL, *y = NULL;
+    double tf = -1;
+    BK_CHECK(dev_random_f16(c, (size_t)M * K, &x)); /* F16 bits read as BF16 are still finite */
+    BK_CHECK(dev_random_f16(c, (size_t)N * K, &w));
+    BK_CHECK(krn_dev_alloc(c, (size_t)M * N * 4, &y));
+    krn_gemm_args_t g = {.x = x, .w = w, .y = y, .M = M, .N = N, .K = K, .dtype = dt};
+    BK_CHECK(krn_gemm(c, &g));
+    BK_CHECK(krn_ctx_sync(c));
+    double t0 = now_s();
+    for (int i = 0; i < iters; i++)
+        BK_CHECK(krn_gemm(c, &g));
+    BK_CHECK(krn_ctx_sync(c));
+    tf = 2.0 * M * N * K * iters / (now_s() - t0) * 1e-12;
+fail:
+    krn_dev_free(c, x);
+    krn_dev_free(c, w);
+    krn_dev_free(c, y);
+    return tf;
+}
+
+/* The engine on the cuda backend: prefill, decode and TTFT cold vs cached. */
+static int bench_e2e(const char *model, bench_report_t *rep)
+{
+    eng_params_t p = eng_params_default();
+    p.model_path = model;
+    p.backend = "cuda";
+    p.kv_max_tokens = 16384;
+    p.max_batch_tokens = 2048;
+    eng_t *e = NULL;
+    char err[256];
+    int rc = eng_init(&p, &e, err, sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "kvgw bench kernels: %s\n", err);
+        return rc;
+    }
+    uint32_t V = eng_n_vocab(e);
+    int32_t *toks = malloc(sizeof *toks * 4096);
+    float *logits = malloc(sizeof *logits * V);
+    eng_seq_t *s = NULL;
+    rc = PC_ERR_NOMEM;
+    if (!toks || !logits)
+        goto done;
+    for (int i = 0; i < 4096; i++)
+        toks[i] = (int32_t)(((uint64_t)i * 2654435761u) % V);
+    /* Prefill 2048 (after a warm-up of 512). */
+    for (int pass = 0; pass < 2; pass++) {
+        uint32_t n = pass == 0 ? 512 : 2048;
+        if ((rc = eng_seq_create(e, &s)) != 0)
+            goto done;
+        eng_batch_item_t it = {.seq = s, .tokens = toks, .n_tokens = n, .logits = ENG_LOGITS_LAST};
+        double t0 = now_s();
+        if ((rc = eng_forward(e, &it, 1, logits)) < 0)
+            goto done;
+        double dt = now_s() - t0;
+        if (pass == 1)
+            bench_report_add(rep, "e2e_prefill_tokens_per_s", n / dt, "2048-token prompt");
+        if (pass == 0) { /* decode after the 512-token prompt */
+            int n_dec = 64;
+            t0 = now_s();
+            for (int i = 0; i < n_dec; i++) {
+                it = (eng_batch_item_t){
+                    .seq = s, .tokens = &toks[600 + i], .n_tokens = 1, .logits = ENG_LOGITS_LAST};
+                if ((rc = eng_forward(e, &it, 1, logits)) < 0)
+                    goto done;
+            }
+            bench_report_add(rep, "e2e_decode_tokens_per_s", n_dec / (now_s() - t0),
+                             "batch 1 after 512");
+        }
+        eng_seq_free(e, s);
+        s = NULL;
+    }
+    /* TTFT: 4096 tokens cold (caching 4032), then the same prompt from the cache. */
+    for (int pass = 0; pass < 2; pass++) {
+        if ((rc = eng_seq_create(e, &s)) != 0)
+            goto done;
+        double t0 = now_s();
+        uint32_t reused = 0;
+        if (pass == 1 && (rc = eng_seq_start_cached(e, s, 42, toks, 4096, &reused)) != 0)
+            goto done;
+        eng_batch_item_t it = {.seq = s,
+                               .tokens = toks + reused,
+                               .n_tokens = 4096 - reused,
+                               .logits = ENG_LOGITS_LAST};
+        if ((rc = eng_forward(e, &it, 1, logits)) < 0)
+            goto done;
+        double ms = (now_s() - t0) * 1e3;
+        if (pass == 0 && (rc = eng_prefix_insert(e, s, 42, 4032)) != 0)
+            goto done;
+        bench_report_add(rep, pass == 0 ? "ttft_ms_cold" : "ttft_ms_cached", ms,
+                         pass == 0 ? "4096 tokens" : "4032 of 4096 cached");
+        eng_seq_free(e, s);
+        s = NULL;
+    }
+    rc = 0;
+done:
+    if (s != NULL)
+        eng_seq_free(e, s);
+    free(toks);
+    free(logits);
+    eng_free(e);
+    return rc > 0 ? PC_ERR_NOSPACE : rc;
+}
+#endif
+
+int bench_kernels_main(int argc, char **argv)
+{
+    const char *model = "models/kvgw-bench.gguf";
+    int iters = 20;
+    bool e2e = true;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
+            model = argv[++i];
+        } else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
+            iters = atoi(argv[++i]);
+            if (iters < 1 || iters > 100000) {
+                fprintf(stderr, "kvgw bench kernels: --iters must be 1..100000\n");
+                usage(stderr);
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--no-e2e") == 0) {
+            e2e = false;
+        } else {
+            fprintf(stderr, "kvgw bench kernels: unknown option '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    bench_report_t rep;
+    bench_report_init(&rep, "kernels");
+#ifdef KVGW_HAVE_CUDA
+    if (krn_device_count() == 0) {
+        fprintf(stderr, "kvgw bench kernels: no CUDA device present; nothing measured\n");
+        bench_report_print(&rep);
+        return 0;
+    }
+    char desc[256];
+    krn_device_describe(0, desc, sizeof desc);
+    printf("device: %s\n", desc);
+    krn_ctx_t *c = NULL;
+    if (krn_ctx_init(0, &c) != 0) {
+        fprintf(stderr, "kvgw bench kernels: cannot create a CUDA context\n");
+        return 1;
+    }
+    double bytes = 0, flops = 0;
+    double s = bench_attention(c, 32, 8192, 1, iters, &bytes, &flops);
+    if (s > 0) {
+        double gbs = bytes / s * 1e-9;
+        bench_report_add(&rep, "decode_attn_gb_per_s", gbs, "batch 32 x 8K, F16 KV");
+        bench_report_add(&rep, "decode_attn_us", s * 1e6, NULL);
+    }
+    s = bench_attention(c, 4, 2048, 2048, iters / 4 + 1, &bytes, &flops);
+    if (s > 0)
+        bench_report_add(&rep, "prefill_attn_tflop_per_s", flops / s * 1e-12, "4 x 2048 causal");
+    double tf = bench_gemm(c, KRN_F16, 4096, 4096, 4096, iters);
+    if (tf > 0)
+        bench_report_add(&rep, "gemm_f16_tflop_per_s", tf, "4096^3");
+    tf = bench_gemm(c, KRN_BF16, 4096, 4096, 4096, iters);
+    if (tf > 0)
+        bench_report_add(&rep, "gemm_bf16_tflop_per_s", tf, "4096^3");
+    tf = bench_gemm(c, KRN_BF16, 4096, 14336, 4096, iters);
+    if (tf > 0)
+        bench_report_add(&rep, "gemm_bf16_ffn_tflop_per_s", tf, "4096 x 14336 x 4096");
+    krn_ctx_free(c);
+    if (e2e && bench_e2e(model, &rep) != 0)
+        fprintf(stderr, "kvgw bench kernels: end-to-end part skipped\n");
+#else
+    (void)model;
+    (void)iters;
+    (void)e2e;
+    fprintf(stderr, "kvgw bench kernels: built without CUDA; no GPU to measure\n");
+#endif
+    bench_report_print(&rep);
+    return 0;
+}

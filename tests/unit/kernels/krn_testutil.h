@@ -1,0 +1,259 @@
+/*
+ * krn_testutil.h — shared pieces of the kernels tests: a seeded PRNG, random attention
+ * scenarios on a host paged KV pool, and a dense double-precision attention to check against.
+ *
+ * A scenario is a batch of sequences with random lengths (one at the maximum length the block
+ * tables allow), random non-contiguous block tables drawn from a shuffled pool, every written
+ * KV slot random (never zero) and every other slot NaN, so a stray read of an unwritten slot
+ * turns an output into NaN and fails the comparison.
+ */
+#ifndef KRN_TESTUTIL_H
+#define KRN_TESTUTIL_H
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+typedef struct kt_rng {
+    uint64_t s;
+} kt_rng_t;
+
+static inline uint64_t kt_next(kt_rng_t *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+/* Uniform in [0, n). */
+static inline uint32_t kt_below(kt_rng_t *r, uint32_t n)
+{
+    return (uint32_t)(kt_next(r) % n);
+}
+/* Uniform in [-1, 1), never exactly 0. */
+static inline float kt_unif(kt_rng_t *r)
+{
+    float f = (float)((double)(kt_next(r) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+    return f == 0 ? 0.5f : f;
+}
+
+typedef struct kt_attn {
+    krn_kv_t kv; /* host pool */
+    int32_t layer, n_head, n_seqs, max_blocks, n_rows;
+    int32_t *tables;  /* [n_seqs][max_blocks] */
+    int32_t *row_pos; /* [n_rows] */
+    int32_t *row_seq; /* [n_rows] */
+    krn_plan_seq_t *seqs;
+    float *q;   /* [n_rows][n_head * head_dim], scaled */
+    float *out; /* [n_rows][n_head * head_dim] */
+} kt_attn_t;
+
+static inline void kt_attn_free(kt_attn_t *t)
+{
+    free(t->kv.base);
+    free(t->tables);
+    free(t->row_pos);
+    free(t->row_seq);
+    free(t->seqs);
+    free(t->q);
+    free(t->out);
+    memset(t, 0, sizeof *t);
+}
+
+static inline void kt_store(const krn_kv_t *kv, int64_t off, float v)
+{
+    if (kv->dtype == KRN_F16)
+        ((uint16_t *)kv->base)[off] = krn_f32_to_f16(v);
+    else
+        ((float *)kv->base)[off] = v;
+}
+static inline float kt_load(const krn_kv_t *kv, int64_t off)
+{
+    return kv->dtype == KRN_F16 ? krn_f16_to_f32(((const uint16_t *)kv->base)[off])
+                                : ((const float *)kv->base)[off];
+}
+
+/*
+ * A random scenario: n_seqs sequences, each with `new_tokens[s]` rows after a prefix of
+ * ctx[s] positions already in the cache (their K/V written at random); sequence 0 ends at the
+ * table's last position when at_max. The new rows' K/V are written too (the kernels test
+ * attention after kv_write). Layer `layer` of n_layer is the one used.
+ */
+static inline int kt_attn_make(kt_attn_t *t, kt_rng_t *r, int32_t n_head, int32_t n_head_kv,
+                               int32_t head_dim, int32_t bt, enum krn_dtype dt, int32_t n_seqs,
+                               const int32_t *ctx, const int32_t *new_tokens, int32_t max_blocks)
+{
+    memset(t, 0, sizeof *t);
+    int32_t n_layer = 2;
+    t->layer = 1;
+    t->n_head = n_head;
+    t->n_seqs = n_seqs;
+    t->max_blocks = max_blocks;
+    int32_t n_blocks = n_seqs * max_blocks + 3;
+    t->kv = (krn_kv_t){.n_blocks = n_blocks,
+                       .n_layer = n_layer,
+                       .n_head_kv = n_head_kv,
+                       .head_dim = head_dim,
+                       .block_tokens = bt,
+                       .dtype = dt};
+    size_t bytes = krn_kv_block_bytes(&t->kv) * (size_t)n_blocks;
+    t->kv.base = malloc(bytes);
+    memset(t->kv.base, 0xff, bytes); /* NaN everywhere (F16 and F32) */
+    /* Shuffled block ids, dealt out to the tables: non-contiguous and in no order. */
+    int32_t *ids = malloc(sizeof *ids * (size_t)n_blocks);
+    for (int32_t i = 0; i < n_blocks; i++)
+        ids[i] = i;
+    for (int32_t i = n_blocks - 1; i > 0; i--) {
+        int32_t j = (int32_t)kt_below(r, (uint32_t)i + 1), x = ids[i];
+        ids[i] = ids[j];
+        ids[j] = x;
+    }
+    t->tables = malloc(sizeof *t->tables * (size_t)n_seqs * max_blocks);
+    for (int32_t i = 0; i < n_seqs * max_blocks; i++)
+        t->tables[i] = ids[i];
+    free(ids);
+    t->n_rows = 0;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        if (ctx[s] + new_tokens[s] > max_blocks * bt || new_tokens[s] < 1)
+            return -1;
+        t->n_rows += new_tokens[s];
+    }
+    int32_t width = n_head * head_dim;
+    t->row_pos = malloc(sizeof *t->row_pos * (size_t)t->n_rows);
+    t->row_seq = malloc(sizeof *t->row_seq * (size_t)t->n_rows);
+    t->seqs = malloc(sizeof *t->seqs * (size_t)n_seqs);
+    t->q = malloc(sizeof *t->q * (size_t)t->n_rows * width);
+    t->out = malloc(sizeof *t->out * (size_t)t->n_rows * width);
+    for (int64_t i = 0; i < (int64_t)t->n_rows * width; i++) {
+        t->q[i] = kt_unif(r) * 2.0f / sqrtf((float)head_dim) * 2.0f;
+        t->out[i] = NAN;
+    }
+    int32_t row = 0;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        t->seqs[s] = (krn_plan_seq_t){.row0 = row, .n_tokens = new_tokens[s], .pos0 = ctx[s]};
+        for (int32_t j = 0; j < new_tokens[s]; j++, row++) {
+            t->row_pos[row] = ctx[s] + j;
+            t->row_seq[row] = s;
+        }
+        /* K/V of every position up to the last new one, in every layer. */
+        for (int32_t p = 0; p < ctx[s] + new_tokens[s]; p++) {
+            int32_t b = t->tables[(int64_t)s * max_blocks + p / bt], slot = p % bt;
+            for (int32_t l = 0; l < n_layer; l++)
+                for (int32_t h = 0; h < n_head_kv; h++) {
+                    int64_t base = krn_kv_slice_offset(&t->kv, b, l, h);
+                    for (int32_t d = 0; d < head_dim; d++) {
+                        kt_store(&t->kv, base + (int64_t)d * bt + slot, kt_unif(r) * 2);
+                        kt_store(&t->kv,
+                                 base + (int64_t)head_dim * bt + (int64_t)slot * head_dim + d,
+                                 kt_unif(r) * 2);
+                    }
+                }
+        }
+    }
+    return 0;
+}
+
+/* Dense causal softmax attention in double over the scenario's pool: out[n_rows][width]. */
+static inline void kt_attn_dense(const kt_attn_t *t, double *out)
+{
+    const krn_kv_t *kv = &t->kv;
+    int32_t hd = kv->head_dim, bt = kv->block_tokens, group = t->n_head / kv->n_head_kv;
+    int32_t width = t->n_head * hd;
+    for (int32_t row = 0; row < t->n_rows; row++) {
+        int32_t pos = t->row_pos[row], s = t->row_seq[row];
+        double *sc = malloc(sizeof *sc * (size_t)(pos + 1));
+        for (int32_t h = 0; h < t->n_head; h++) {
+            int32_t kh = h / group;
+            const float *q = t->q + (int64_t)row * width + (int64_t)h * hd;
+            double mx = -INFINITY, sum = 0;
+            for (int32_t p = 0; p <= pos; p++) {
+                int32_t b = t->tables[(int64_t)s * t->max_blocks + p / bt];
+                int64_t base = krn_kv_slice_offset(kv, b, t->layer, kh);
+                double acc = 0;
+                for (int32_t d = 0; d < hd; d++)
+                    acc += (double)q[d] * kt_load(kv, base + (int64_t)d * bt + p % bt);
+                sc[p] = acc;
+                mx = acc > mx ? acc : mx;
+            }
+            for (int32_t p = 0; p <= pos; p++)
+                sum += sc[p] = exp(sc[p] - mx);
+            double *o = out + (int64_t)row * width + (int64_t)h * hd;
+            for (int32_t d = 0; d < hd; d++)
+                o[d] = 0;
+            for (int32_t p = 0; p <= pos; p++) {
+                int32_t b = t->tables[(int64_t)s * t->max_blocks + p / bt];
+                int64_t base = krn_kv_slice_offset(kv, b, t->layer, kh) + (int64_t)hd * bt +
+                               (int64_t)(p % bt) * hd;
+                for (int32_t d = 0; d < hd; d++)
+                    o[d] += sc[p] / sum * kt_load(kv, base + d);
+            }
+        }
+        free(sc);
+    }
+}
+
+/* ||a - b|| / ||b||, or INFINITY when a holds a NaN. */
+static inline double kt_rel_err_f(const float *a, const float *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(b[i]))
+            return INFINITY;
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+static inline double kt_rel_err_d(const float *a, const double *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(a[i]))
+            return INFINITY;
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* The task and merge lists of a scenario (malloc'ed; the caller frees them). */
+static inline int kt_attn_plan(const kt_attn_t *t, int32_t split_kv, krn_attn_args_t *a)
+{
+    krn_plan_params_t pp = {.n_head = t->n_head,
+                            .n_head_kv = t->kv.n_head_kv,
+                            .head_dim = t->kv.head_dim,
+                            .split_kv = split_kv};
+    int32_t nt, nm, np;
+    int rc = krn_attn_plan(&pp, t->seqs, t->n_seqs, NULL, &nt, NULL, &nm, &np);
+    if (rc != 0)
+        return rc;
+    krn_attn_task_t *tasks = malloc(sizeof *tasks * (size_t)(nt + 1));
+    krn_attn_merge_t *merges = malloc(sizeof *merges * (size_t)(nm + 1));
+    rc = krn_attn_plan(&pp, t->seqs, t->n_seqs, tasks, &nt, merges, &nm, &np);
+    *a = (krn_attn_args_t){.kv = t->kv,
+                           .layer = t->layer,
+                           .n_head = t->n_head,
+                           .q = t->q,
+                           .out = t->out,
+                           .row_pos = t->row_pos,
+                           .block_tables = t->tables,
+                           .max_blocks = t->max_blocks,
+                           .tasks = tasks,
+                           .n_tasks = nt,
+                           .merges = merges,
+                           .n_merges = nm,
+                           .part_o = malloc(sizeof(float) * ((size_t)np * t->kv.head_dim + 1)),
+                           .part_ml = malloc(sizeof(float) * ((size_t)np * 2 + 1))};
+    return rc;
+}
+static inline void kt_attn_plan_free(krn_attn_args_t *a)
+{
+    free((void *)a->tasks);
+    free((void *)a->merges);
+    free(a->part_o);
+    free(a->part_ml);
+}
+
+#endif

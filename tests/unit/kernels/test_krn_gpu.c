@@ -1,0 +1,464 @@
+/*
+ * test_krn_gpu.c — every CUDA kernel against its CPU reference on random inputs (never zeros),
+ * and the cuda engine against the cpu engine end to end. Label gpu: without a CUDA device
+ * every test ends SKIPPED (exit code 77), never passed.
+ *
+ * Tolerances: F32 paths 1e-5 relative norm, F16/BF16 paths 1e-2 (attention over F16 KV reads
+ * the same halves as the reference, so it is held to 1e-5 as well).
+ */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "kernels.h"
+#include "krn_testutil.h"
+#include "pc_assert.h"
+#include "pc_err.h"
+#include "pc_test.h"
+
+static krn_ctx_t *g_ctx;
+
+#define NEED_GPU()                                                                                 \
+    do {                                                                                           \
+        if (krn_device_count() == 0)                                                               \
+            PC_SKIP("no CUDA device");                                                             \
+        if (g_ctx == NULL)                                                                         \
+            ASSERT_EQ(krn_ctx_init(0, &g_ctx), 0);                                                 \
+    } while (0)
+
+/* A device copy of n bytes of host memory (NULL for n 0). */
+static void *up(const void *h, size_t n)
+{
+    void *d = NULL;
+    PC_ASSERT(krn_dev_alloc(g_ctx, n ? n : 1, &d) == 0);
+    if (n > 0)
+        PC_ASSERT(krn_copy_h2d(g_ctx, d, h, n) == 0);
+    return d;
+}
+static void down(void *h, const void *d, size_t n)
+{
+    PC_ASSERT(krn_copy_d2h(g_ctx, h, d, n) == 0);
+    PC_ASSERT(krn_ctx_sync(g_ctx) == 0);
+}
+
+PC_TEST(elementwise_kernels_match_references)
+{
+    NEED_GPU();
+    kt_rng_t r = {21};
+    enum { R = 37, W = 200, H = 5, HD = 40, V = 50 };
+    float x[R * W], w[W], u[R * W], want[R * W], got[R * W];
+    for (int i = 0; i < R * W; i++) {
+        x[i] = kt_unif(&r) * 4;
+        u[i] = kt_unif(&r);
+    }
+    for (int i = 0; i < W; i++)
+        w[i] = kt_unif(&r);
+    float *dx = up(x, sizeof x), *dw = up(w, sizeof w), *du = up(u, sizeof u);
+    float *dy = up(x, sizeof x);
+    /* RMSNorm (out of place) and q/k norm (in place, head-wide rows). */
+    krn_rmsnorm_args_t a = {.x = x, .w = w, .y = want, .n_rows = R, .width = W, .eps = 1e-6f};
+    ASSERT_EQ(krn_ref_rmsnorm(&a), 0);
+    krn_rmsnorm_args_t da = {.x = dx, .w = dw, .y = dy, .n_rows = R, .width = W, .eps = 1e-6f};
+    ASSERT_EQ(krn_rmsnorm(g_ctx, &da), 0);
+    down(got, dy, sizeof got);
+    ASSERT_LE(kt_rel_err_f(got, want, R * W), 1e-5);
+    memcpy(want, x, sizeof x);
+    a = (krn_rmsnorm_args_t){
+        .x = want, .w = w, .y = want, .n_rows = R * 5, .width = 40, .eps = 1e-6f};
+    ASSERT_EQ(krn_ref_qk_norm(&a), 0);
+    ASSERT_EQ(krn_copy_h2d(g_ctx, dy, x, sizeof x), 0);
+    da =
+        (krn_rmsnorm_args_t){.x = dy, .w = dw, .y = dy, .n_rows = R * 5, .width = 40, .eps = 1e-6f};
+    ASSERT_EQ(krn_qk_norm(g_ctx, &da), 0);
+    down(got, dy, sizeof got);
+    ASSERT_LE(kt_rel_err_f(got, want, R * W), 1e-5);
+    /* RoPE both styles, partial rope_dim, large positions. */
+    int32_t pos[R];
+    for (int i = 0; i < R; i++)
+        pos[i] = (int32_t)kt_below(&r, 200000);
+    int32_t *dpos = up(pos, sizeof pos);
+    float inv[HD / 2];
+    for (int i = 0; i < HD / 2; i++)
+        inv[i] = (float)(pow(10000.0, -2.0 * i / HD) / (1 + i % 3));
+    float *dinv = up(inv, sizeof inv);
+    for (int style = 0; style < 2; style++) {
+        int rd = style ? HD : HD - 8;
+        memcpy(want, x, sizeof x);
+        krn_rope_args_t ra = {.x = want,
+                              .pos = pos,
+                              .inv_freq = inv,
+                              .n_rows = R,
+                              .n_heads = H,
+                              .head_dim = HD,
+                              .rope_dim = rd,
+                              .style = style ? KRN_ROPE_NEOX : KRN_ROPE_NORM,
+                              .post_scale = 0.125f};
+        ASSERT_EQ(krn_ref_rope(&ra), 0);
+        ASSERT_EQ(krn_copy_h2d(g_ctx, dy, x, sizeof x), 0);
+        ra.x = dy;
+        ra.pos = dpos;
+        ra.inv_freq = dinv;
+        ASSERT_EQ(krn_rope(g_ctx, &ra), 0);
+        down(got, dy, sizeof got);
+        ASSERT_LE(kt_rel_err_f(got, want, R * W), 1e-5);
+    }
+    /* SwiGLU, add, bias add. */
+    memcpy(want, x, sizeof x);
+    krn_swiglu_args_t sg = {.g = want, .u = u, .n = R * W};
+    ASSERT_EQ(krn_ref_swiglu(&sg), 0);
+    krn_bias_add_args_t ba = {.x = want, .b = w, .n_rows = R, .width = W};
+    ASSERT_EQ(krn_ref_bias_add(&ba), 0);
+    krn_add_args_t ad = {.x = want, .y = u, .n = R * W};
+    ASSERT_EQ(krn_ref_add(&ad), 0);
+    ASSERT_EQ(krn_copy_h2d(g_ctx, dy, x, sizeof x), 0);
+    sg = (krn_swiglu_args_t){.g = dy, .u = du, .n = R * W};
+    ASSERT_EQ(krn_swiglu(g_ctx, &sg), 0);
+    ba = (krn_bias_add_args_t){.x = dy, .b = dw, .n_rows = R, .width = W};
+    ASSERT_EQ(krn_bias_add(g_ctx, &ba), 0);
+    ad = (krn_add_args_t){.x = dy, .y = du, .n = R * W};
+    ASSERT_EQ(krn_add(g_ctx, &ad), 0);
+    down(got, dy, sizeof got);
+    ASSERT_LE(kt_rel_err_f(got, want, R * W), 1e-5);
+    /* Embedding gather from each table type, and F16/BF16 conversion (bit exact). */
+    uint16_t t16[V * W], h_want[R * W], h_got[R * W];
+    int32_t ids[R];
+    for (int i = 0; i < R; i++)
+        ids[i] = (int32_t)kt_below(&r, V);
+    int32_t *dids = up(ids, sizeof ids);
+    for (int dt = 0; dt < 3; dt++) {
+        float table[V * W];
+        for (int i = 0; i < V * W; i++) {
+            table[i] = kt_unif(&r);
+            t16[i] = dt == 1 ? krn_f32_to_f16(table[i]) : krn_f32_to_bf16(table[i]);
+        }
+        const void *ht = dt == 0 ? (const void *)table : t16;
+        size_t tb = dt == 0 ? sizeof table : sizeof t16;
+        void *dt_table = up(ht, tb);
+        krn_embed_args_t ea = {.table = ht,
+                               .ids = ids,
+                               .out = want,
+                               .n_rows = R,
+                               .width = W,
+                               .n_vocab = V,
+                               .table_dtype = (enum krn_dtype)dt};
+        ASSERT_EQ(krn_ref_embed(&ea), 0);
+        ea = (krn_embed_args_t){.table = dt_table,
+                                .ids = dids,
+                                .out = dy,
+                                .n_rows = R,
+                                .width = W,
+                                .n_vocab = V,
+                                .table_dtype = (enum krn_dtype)dt};
+        ASSERT_EQ(krn_embed(g_ctx, &ea), 0);
+        down(got, dy, sizeof got);
+        ASSERT_MEM_EQ(got, want, sizeof got);
+        krn_dev_free(g_ctx, dt_table);
+        if (dt == 0)
+            continue;
+        krn_convert_args_t ca = {.x = x, .y = h_want, .n = R * W, .dtype = (enum krn_dtype)dt};
+        ASSERT_EQ(krn_ref_convert(&ca), 0);
+        ca = (krn_convert_args_t){.x = dx, .y = du, .n = R * W, .dtype = (enum krn_dtype)dt};
+        ASSERT_EQ(krn_convert(g_ctx, &ca), 0);
+        down(h_got, du, sizeof h_got);
+        ASSERT_MEM_EQ(h_got, h_want, sizeof h_got);
+    }
+    krn_dev_free(g_ctx, dx);
+    krn_dev_free(g_ctx, dw);
+    krn_dev_free(g_ctx, du);
+    krn_dev_free(g_ctx, dy);
+    krn_dev_free(g_ctx, dpos);
+    krn_dev_free(g_ctx, dinv);
+    krn_dev_free(g_ctx, dids);
+}
+
+PC_TEST(gemm_matches_reference)
+{
+    NEED_GPU();
+    kt_rng_t r = {22};
+    const int32_t shapes[][3] = {{1, 64, 64}, {7, 200, 96}, {128, 512, 256}, {333, 130, 72}};
+    for (size_t si = 0; si < PC_ARRAY_LEN(shapes); si++) {
+        int32_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+        for (int dt = 1; dt < 3; dt++) {
+            size_t nx = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N;
+            uint16_t *x = malloc(nx * 2), *w = malloc(nw * 2);
+            float *y = malloc(ny * 4), *want = malloc(ny * 4);
+            for (size_t i = 0; i < nx; i++)
+                x[i] = dt == 1 ? krn_f32_to_f16(kt_unif(&r)) : krn_f32_to_bf16(kt_unif(&r));
+            for (size_t i = 0; i < nw; i++)
+                w[i] = dt == 1 ? krn_f32_to_f16(kt_unif(&r)) : krn_f32_to_bf16(kt_unif(&r));
+            for (size_t i = 0; i < ny; i++)
+                want[i] = kt_unif(&r);
+            void *dx = up(x, nx * 2), *dw = up(w, nw * 2);
+            float *dy = up(want, ny * 4);
+            krn_gemm_args_t g = {.x = x,
+                                 .w = w,
+                                 .y = want,
+                                 .M = M,
+                                 .N = N,
+                                 .K = K,
+                                 .dtype = (enum krn_dtype)dt,
+                                 .accumulate = si % 2 == 1};
+            ASSERT_EQ(krn_ref_gemm(&g), 0);
+            g.x = dx;
+            g.w = dw;
+            g.y = dy;
+            ASSERT_EQ(krn_gemm(g_ctx, &g), 0);
+            down(y, dy, ny * 4);
+            double err = kt_rel_err_f(y, want, (int64_t)ny);
+            free(x);
+            free(w);
+            free(y);
+            free(want);
+            krn_dev_free(g_ctx, dx);
+            krn_dev_free(g_ctx, dw);
+            krn_dev_free(g_ctx, dy);
+            ASSERT_LE(err, 1e-5); /* same rounded inputs, F32 accumulation */
+        }
+    }
+}
+
+/* One attention scenario on the device: kv_write of the new rows (device) vs the reference's
+ * pool, then attention vs the reference attention. */
+static void attn_case(kt_rng_t *r, int32_t n_head, int32_t n_head_kv, int32_t hd, int32_t bt,
+                      enum krn_dtype dt, int32_t n_seqs, int32_t max_blocks, int32_t split_kv,
+                      bool decode)
+{
+    int32_t ctx[8], nt[8];
+    for (int32_t s = 0; s < n_seqs; s++) {
+        int32_t cap = max_blocks * bt;
+        nt[s] = decode ? 1 : 1 + (int32_t)kt_below(r, (uint32_t)(cap < 300 ? cap : 300));
+        ctx[s] = (int32_t)kt_below(r, (uint32_t)(cap - nt[s] + 1));
+        if (s == 0)
+            ctx[s] = cap - nt[s]; /* one sequence at the maximum length */
+    }
+    kt_attn_t t;
+    ASSERT_EQ(kt_attn_make(&t, r, n_head, n_head_kv, hd, bt, dt, n_seqs, ctx, nt, max_blocks), 0);
+    krn_attn_args_t a;
+    ASSERT_EQ(kt_attn_plan(&t, split_kv, &a), 0);
+    /* Device pool = the host pool with the new rows' slots poisoned again; kv_write fills them
+     * from k/v rows read back out of the host pool. */
+    int32_t wk = n_head_kv * hd;
+    float *k = malloc(sizeof(float) * (size_t)t.n_rows * wk),
+          *v = malloc(sizeof(float) * (size_t)t.n_rows * wk);
+    size_t pool_bytes = krn_kv_block_bytes(&t.kv) * (size_t)t.kv.n_blocks;
+    uint8_t *host2 = malloc(pool_bytes);
+    memcpy(host2, t.kv.base, pool_bytes);
+    krn_kv_t kv2 = t.kv;
+    kv2.base = host2;
+    for (int32_t i = 0; i < t.n_rows; i++) {
+        int32_t p = t.row_pos[i], b = t.tables[(int64_t)t.row_seq[i] * max_blocks + p / bt];
+        for (int32_t h = 0; h < n_head_kv; h++) {
+            int64_t base = krn_kv_slice_offset(&t.kv, b, t.layer, h);
+            for (int32_t d = 0; d < hd; d++) {
+                int64_t ko = base + (int64_t)d * bt + p % bt;
+                int64_t vo = base + (int64_t)hd * bt + (int64_t)(p % bt) * hd + d;
+                k[(int64_t)i * wk + h * hd + d] = kt_load(&t.kv, ko);
+                v[(int64_t)i * wk + h * hd + d] = kt_load(&t.kv, vo);
+                kt_store(&kv2, ko, NAN);
+                kt_store(&kv2, vo, NAN);
+            }
+        }
+    }
+    ASSERT_EQ(krn_ref_attention(&a), 0);
+    int64_t n_out = (int64_t)t.n_rows * n_head * hd;
+    krn_kv_t dkv = t.kv;
+    dkv.base = up(host2, pool_bytes);
+    float *dk = up(k, sizeof(float) * (size_t)t.n_rows * wk),
+          *dv = up(v, sizeof(float) * (size_t)t.n_rows * wk);
+    int32_t *dseq = up(t.row_seq, sizeof(int32_t) * (size_t)t.n_rows);
+    int32_t *dpos = up(t.row_pos, sizeof(int32_t) * (size_t)t.n_rows);
+    int32_t *dtab = up(t.tables, sizeof(int32_t) * (size_t)n_seqs * max_blocks);
+    krn_kv_write_args_t kw = {.kv = dkv,
+                              .layer = t.layer,
+                              .k = dk,
+                              .v = dv,
+                              .row_seq = dseq,
+                              .row_pos = dpos,
+                              .block_tables = dtab,
+                              .n_rows = t.n_rows,
+                              .max_blocks = max_blocks};
+    ASSERT_EQ(krn_kv_write(g_ctx, &kw), 0);
+    krn_attn_args_t da = a;
+    da.kv = dkv;
+    da.q = up(t.q, sizeof(float) * (size_t)n_out);
+    float *out_nan = malloc(sizeof(float) * (size_t)n_out);
+    for (int64_t i = 0; i < n_out; i++)
+        out_nan[i] = NAN;
+    da.out = up(out_nan, sizeof(float) * (size_t)n_out);
+    da.row_pos = dpos;
+    da.block_tables = dtab;
+    da.tasks = up(a.tasks, sizeof(krn_attn_task_t) * (size_t)a.n_tasks);
+    da.merges = up(a.merges, sizeof(krn_attn_merge_t) * (size_t)a.n_merges);
+    int32_t n_parts = 0;
+    for (int32_t i = 0; i < a.n_merges; i++)
+        n_parts += a.merges[i].n_splits * a.merges[i].n_rows * (n_head / n_head_kv);
+    da.part_o = up(NULL, sizeof(float) * ((size_t)n_parts * hd + 1));
+    da.part_ml = up(NULL, sizeof(float) * ((size_t)n_parts * 2 + 1));
+    ASSERT_EQ(krn_attention(g_ctx, &da), 0);
+    float *got = malloc(sizeof(float) * (size_t)n_out);
+    down(got, da.out, sizeof(float) * (size_t)n_out);
+    /* The written pool equals the reference's (bit exact: same F32 -> F16 rounding). */
+    uint8_t *pool_back = malloc(pool_bytes);
+    down(pool_back, dkv.base, pool_bytes);
+    int pool_same = memcmp(pool_back, t.kv.base, pool_bytes) == 0;
+    double err = kt_rel_err_f(got, t.out, n_out);
+    krn_dev_free(g_ctx, dkv.base);
+    krn_dev_free(g_ctx, dk);
+    krn_dev_free(g_ctx, dv);
+    krn_dev_free(g_ctx, dseq);
+    krn_dev_free(g_ctx, dpos);
+    krn_dev_free(g_ctx, dtab);
+    krn_dev_free(g_ctx, (void *)da.q);
+    krn_dev_free(g_ctx, da.out);
+    krn_dev_free(g_ctx, (void *)da.tasks);
+    krn_dev_free(g_ctx, (void *)da.merges);
+    krn_dev_free(g_ctx, da.part_o);
+    krn_dev_free(g_ctx, da.part_ml);
+    free(k);
+    free(v);
+    free(host2);
+    free(out_nan);
+    free(got);
+    free(pool_back);
+    kt_attn_plan_free(&a);
+    kt_attn_free(&t);
+    ASSERT_TRUE(pool_same);
+    ASSERT_LE(err, 1e-5);
+}
+
+PC_TEST(attention_and_kv_write_match_reference)
+{
+    NEED_GPU();
+    kt_rng_t r = {23};
+    const struct {
+        int32_t nh, nkv, hd, bt;
+    } shapes[] = {{4, 4, 16, 16}, {8, 2, 64, 16},  {32, 8, 128, 16}, {16, 1, 128, 32},
+                  {12, 4, 96, 8}, {8, 8, 256, 16}, {64, 1, 64, 64},  {6, 2, 32, 5}};
+    for (size_t i = 0; i < PC_ARRAY_LEN(shapes); i++) {
+        for (int dt = 0; dt < 2; dt++) {
+            enum krn_dtype kd = dt ? KRN_F16 : KRN_F32;
+            int32_t bt = shapes[i].bt;
+            /* Prefill chunks, then decode with and without splits. */
+            PC_TEST_CALL(attn_case(&r, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, kd, 3,
+                                   1 + 200 / bt, 0, false));
+            PC_TEST_CALL(attn_case(&r, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, kd, 5,
+                                   1 + 600 / bt, 0, true));
+            PC_TEST_CALL(attn_case(&r, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, kd, 5,
+                                   1 + 600 / bt, 4 * bt, true));
+        }
+    }
+}
+
+PC_TEST(block_copies_match_reference)
+{
+    NEED_GPU();
+    kt_rng_t r = {24};
+    for (int dt = 0; dt < 2; dt++) {
+        krn_kv_t kv = {.n_blocks = 20,
+                       .n_layer = 3,
+                       .n_head_kv = 2,
+                       .head_dim = 24,
+                       .block_tokens = 16,
+                       .dtype = dt ? KRN_F16 : KRN_F32};
+        size_t bb = krn_kv_block_bytes(&kv), bytes = bb * 20;
+        uint8_t *h = malloc(bytes), *back = malloc(bytes);
+        for (size_t i = 0; i < bytes; i++)
+            h[i] = (uint8_t)kt_next(&r);
+        krn_kv_t dkv = kv;
+        dkv.base = up(h, bytes);
+        kv.base = h;
+        int32_t src[6], dst[6], nt[6];
+        for (int i = 0; i < 6; i++) {
+            src[i] = i;
+            dst[i] = 10 + i;
+            nt[i] = (int32_t)kt_below(&r, 17);
+        }
+        krn_block_copy_args_t c = {.kv = kv, .src = src, .dst = dst, .n_tokens = nt, .n = 6};
+        ASSERT_EQ(krn_ref_block_copy(&c), 0);
+        c.kv = dkv;
+        c.src = up(src, sizeof src);
+        c.dst = up(dst, sizeof dst);
+        c.n_tokens = up(nt, sizeof nt);
+        ASSERT_EQ(krn_block_copy(g_ctx, &c), 0);
+        down(back, dkv.base, bytes);
+        ASSERT_MEM_EQ(back, h, bytes);
+        /* Tiering round trip: blocks out to the host and back into other blocks. */
+        int32_t ids[3] = {3, 17, 9}, ids2[3] = {4, 5, 6};
+        uint8_t *stage = malloc(3 * bb);
+        ASSERT_EQ(krn_blocks_to_host(g_ctx, &dkv, ids, 3, stage), 0);
+        ASSERT_EQ(krn_ctx_sync(g_ctx), 0);
+        ASSERT_EQ(krn_blocks_from_host(g_ctx, &dkv, ids2, 3, stage), 0);
+        down(back, dkv.base, bytes);
+        for (int i = 0; i < 3; i++)
+            ASSERT_MEM_EQ(back + (size_t)ids2[i] * bb, h + (size_t)ids[i] * bb, bb);
+        int32_t badid[1] = {20};
+        ASSERT_EQ(krn_blocks_to_host(g_ctx, &dkv, badid, 1, stage), PC_ERR_INVAL);
+        krn_dev_free(g_ctx, dkv.base);
+        krn_dev_free(g_ctx, (void *)c.src);
+        krn_dev_free(g_ctx, (void *)c.dst);
+        krn_dev_free(g_ctx, (void *)c.n_tokens);
+        free(h);
+        free(back);
+        free(stage);
+    }
+}
+
+PC_TEST(sampler_matches_reference)
+{
+    NEED_GPU();
+    kt_rng_t r = {25};
+    enum { ROWS = 24, V = 5000 };
+    float *logits = malloc(sizeof(float) * ROWS * V);
+    double *work = malloc(sizeof(double) * ROWS * V);
+    krn_sample_row_t rows[ROWS];
+    int32_t want[ROWS], got[ROWS];
+    for (int iter = 0; iter < 20; iter++) {
+        for (int i = 0; i < ROWS * V; i++) {
+            logits[i] = kt_unif(&r) * (iter % 2 ? 10.0f : 3.0f);
+            if (iter % 3 == 0)
+                logits[i] = (float)(int)(logits[i] * 4);
+        }
+        for (int i = 0; i < ROWS; i++) {
+            if (i % 5 == 1)
+                logits[i * V + kt_below(&r, V)] = NAN;
+            if (i % 5 == 2)
+                logits[i * V + kt_below(&r, V)] = INFINITY;
+            if (i % 7 == 3)
+                logits[i * V + kt_below(&r, V)] = -INFINITY;
+            rows[i] = (krn_sample_row_t){
+                .temperature = i % 6 == 0 ? 0.0f : 0.2f + (float)kt_below(&r, 20) / 10,
+                .top_k = i % 3 == 0 ? 0 : (int32_t)kt_below(&r, 300),
+                .top_p = i % 4 == 0 ? 1.0f : 0.1f + 0.85f * (float)kt_below(&r, 100) / 100,
+                .min_p = i % 5 == 4 ? 0.02f * (float)kt_below(&r, 10) : 0.0f,
+                .u = (double)(kt_next(&r) >> 11) * 0x1.0p-53};
+        }
+        krn_sample_args_t a = {.logits = logits,
+                               .row = rows,
+                               .token = want,
+                               .work = work,
+                               .n_rows = ROWS,
+                               .n_vocab = V};
+        ASSERT_EQ(krn_ref_sample(&a), 0);
+        a.logits = up(logits, sizeof(float) * ROWS * V);
+        a.row = up(rows, sizeof rows);
+        a.token = up(NULL, sizeof got);
+        a.work = up(NULL, sizeof(double) * ROWS * V);
+        ASSERT_EQ(krn_sample(g_ctx, &a), 0);
+        down(got, a.token, sizeof got);
+        krn_dev_free(g_ctx, (void *)a.logits);
+        krn_dev_free(g_ctx, (void *)a.row);
+        krn_dev_free(g_ctx, a.token);
+        krn_dev_free(g_ctx, a.work);
+        for (int i = 0; i < ROWS; i++)
+            ASSERT_EQ(got[i], want[i]);
+    }
+    free(logits);
+    free(work);
+}
+
+#include "test_krn_gpu_e2e.h"
+
+PC_TEST_MAIN()

@@ -1,0 +1,157 @@
+/*
+ * test_krn_gpu_e2e.h — the end-to-end part of test_krn_gpu.c: the engine on the cuda backend
+ * against the engine on the cpu backend over generated models (llama with Llama 3.1 RoPE
+ * factors, qwen2 with q/k/v biases, qwen3 with q/k head norms; F32 and F16 weights; F16 and F32
+ * KV), and prefix reuse on the GPU against a cold run.
+ */
+#include "eng_testmodel.h"
+#include "mkmodel.h"
+
+enum { E2E_VOCAB = 300 };
+
+static void e2e_model(enum eng_arch arch, uint32_t dtype, char *path, size_t len)
+{
+    eng_mkmodel_params_t p = eng_mkmodel_params_default();
+    p.arch = arch;
+    p.n_layer = 2;
+    p.n_embd = 128;
+    p.n_head = 8;
+    p.n_head_kv = 2;
+    p.n_ff = 256;
+    p.n_ctx = 4096;
+    p.dtype = dtype;
+    p.rope_theta = 500000.0f;
+    p.rope_freqs = arch == ENG_ARCH_LLAMA;
+    p.seed = 17;
+    char err[256];
+    if (tm_make(&p, E2E_VOCAB, path, len, err, sizeof err) != 0) {
+        fprintf(stderr, "mkmodel: %s\n", err);
+        abort();
+    }
+}
+
+static eng_t *e2e_engine(const char *path, const char *backend, enum eng_kv_dtype kvt)
+{
+    eng_params_t p = eng_params_default();
+    p.model_path = path;
+    p.backend = backend;
+    p.kv_dtype = kvt;
+    p.kv_max_tokens = 8192;
+    p.kv_poison = true;
+    p.max_batch_tokens = 256;
+    eng_t *e = NULL;
+    char err[256];
+    if (eng_init(&p, &e, err, sizeof err) != 0)
+        fprintf(stderr, "eng_init(%s): %s\n", backend, err);
+    return e;
+}
+
+/* Prefill of n tokens (every row's logits), then decode steps; logits into out. */
+static int e2e_run(eng_t *e, const int32_t *toks, uint32_t n_prefill, uint32_t n_decode, float *out)
+{
+    eng_seq_t *s;
+    if (eng_seq_create(e, &s) != 0)
+        return -1;
+    uint32_t V = eng_n_vocab(e);
+    eng_batch_item_t it = {
+        .seq = s, .tokens = toks, .n_tokens = n_prefill, .logits = ENG_LOGITS_ALL};
+    int rc = eng_forward(e, &it, 1, out);
+    for (uint32_t i = 0; rc == 0 && i < n_decode; i++) {
+        it = (eng_batch_item_t){
+            .seq = s, .tokens = toks + n_prefill + i, .n_tokens = 1, .logits = ENG_LOGITS_LAST};
+        rc = eng_forward(e, &it, 1, out + (size_t)(n_prefill + i) * V);
+    }
+    eng_seq_free(e, s);
+    return rc;
+}
+
+PC_TEST(cuda_engine_logits_match_cpu_engine)
+{
+    NEED_GPU();
+    const struct {
+        enum eng_arch arch;
+        uint32_t dtype;
+        enum eng_kv_dtype kv;
+    } cases[] = {{ENG_ARCH_LLAMA, ENG_GGML_TYPE_F32, ENG_KV_F32},
+                 {ENG_ARCH_LLAMA, ENG_GGML_TYPE_F16, ENG_KV_F16},
+                 {ENG_ARCH_QWEN2, ENG_GGML_TYPE_F32, ENG_KV_F16},
+                 {ENG_ARCH_QWEN3, ENG_GGML_TYPE_BF16, ENG_KV_F16}};
+    kt_rng_t r = {31};
+    enum { NP = 300, ND = 6 }; /* a prefill longer than one step (256), then decode */
+    int32_t toks[NP + ND];
+    for (int i = 0; i < NP + ND; i++)
+        toks[i] = (int32_t)kt_below(&r, E2E_VOCAB);
+    for (size_t ci = 0; ci < PC_ARRAY_LEN(cases); ci++) {
+        char path[256];
+        e2e_model(cases[ci].arch, cases[ci].dtype, path, sizeof path);
+        eng_t *cpu = e2e_engine(path, "cpu", cases[ci].kv),
+              *gpu = e2e_engine(path, "cuda", cases[ci].kv);
+        ASSERT_TRUE(cpu != NULL && gpu != NULL);
+        ASSERT_STR_EQ(eng_backend_name_of(gpu), "cuda");
+        size_t n = (size_t)(NP + ND) * E2E_VOCAB;
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        ASSERT_EQ(e2e_run(cpu, toks, NP, ND, a), 0);
+        ASSERT_EQ(e2e_run(gpu, toks, NP, ND, b), 0);
+        double err = kt_rel_err_f(b, a, (int64_t)n);
+        char msg[256];
+        ASSERT_EQ(eng_check(gpu, msg, sizeof msg), 0);
+        eng_free(cpu);
+        eng_free(gpu);
+        free(a);
+        free(b);
+        unlink(path);
+        ASSERT_LE(err, 1e-2);
+    }
+}
+
+PC_TEST(cuda_prefix_reuse_matches_cold_run)
+{
+    NEED_GPU();
+    char path[256];
+    e2e_model(ENG_ARCH_LLAMA, ENG_GGML_TYPE_F16, path, sizeof path);
+    eng_t *e = e2e_engine(path, "cuda", ENG_KV_F16);
+    ASSERT_TRUE(e != NULL);
+    kt_rng_t r = {32};
+    enum { N = 150, GEN = 8 };
+    int32_t toks[N];
+    for (int i = 0; i < N; i++)
+        toks[i] = (int32_t)kt_below(&r, E2E_VOCAB);
+    uint32_t V = eng_n_vocab(e);
+    float *logits = malloc(sizeof(float) * V);
+    int32_t cold[GEN], warm[GEN];
+    /* Cold: the whole prompt, then greedy decoding; its first 101 positions are cached (a
+     * boundary inside a block: the warm sequence copies that block before writing). */
+    for (int pass = 0; pass < 2; pass++) {
+        eng_seq_t *s;
+        ASSERT_EQ(eng_seq_create(e, &s), 0);
+        uint32_t reused = 0;
+        if (pass == 1) {
+            ASSERT_EQ(eng_seq_start_cached(e, s, 7, toks, N, &reused), 0);
+            ASSERT_EQ(reused, 101u);
+        }
+        eng_batch_item_t it = {
+            .seq = s, .tokens = toks + reused, .n_tokens = N - reused, .logits = ENG_LOGITS_LAST};
+        ASSERT_EQ(eng_forward(e, &it, 1, logits), 0);
+        if (pass == 0)
+            ASSERT_EQ(eng_prefix_insert(e, s, 7, 101), 0);
+        for (int g = 0; g < GEN; g++) {
+            uint32_t best = 0;
+            for (uint32_t i = 1; i < V; i++)
+                if (logits[i] > logits[best])
+                    best = i;
+            (pass ? warm : cold)[g] = (int32_t)best;
+            int32_t t = (int32_t)best;
+            it = (eng_batch_item_t){
+                .seq = s, .tokens = &t, .n_tokens = 1, .logits = ENG_LOGITS_LAST};
+            ASSERT_EQ(eng_forward(e, &it, 1, logits), 0);
+        }
+        eng_seq_free(e, s);
+    }
+    char msg[256];
+    ASSERT_EQ(eng_check(e, msg, sizeof msg), 0);
+    free(logits);
+    eng_free(e);
+    unlink(path);
+    for (int g = 0; g < GEN; g++)
+        ASSERT_EQ(warm[g], cold[g]);
+}

@@ -1,0 +1,668 @@
+/*
+ * test_krn_ref.c — the CPU references of kernels/ against naive formulas, and against the
+ * engine's own CPU code where both compute the same thing:
+ *   - half/bfloat16 conversions against the engine's (every half, random floats);
+ *   - the online-softmax merge header against a direct softmax, over random splits of the KV
+ *     range merged in random orders;
+ *   - the paged attention reference against a dense double-precision attention (random shapes,
+ *     GQA ratios, block sizes, non-contiguous tables, NaN in unused slots, split and unsplit
+ *     plans), and against the engine's CPU attention on the engine's real KV pool;
+ *   - kv_write and block_copy against the engine's pool layout and eng_kvpool_copy;
+ *   - RMSNorm, RoPE (NORM/NEOX, frequency factors), SwiGLU, adds, embedding, GEMM against
+ *     textbook double formulas;
+ *   - the sampler against engine/sampling.c: same token for the same uniform draw.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "eng_testmodel.h"
+#include "engine.h"
+#include "cpu_kernels.h"
+#include "kernels.h"
+#include "krn_softmax_merge.h"
+#include "krn_testutil.h"
+#include "kvpool.h"
+#include "mkmodel.h"
+#include "pc_assert.h"
+#include "pc_err.h"
+#include "pc_test.h"
+#include "sampling.h"
+
+PC_TEST(half_conversions_match_engine)
+{
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = krn_f16_to_f32((uint16_t)h);
+        float e = eng__f16_to_f32((uint16_t)h);
+        if (isnan(e)) {
+            ASSERT_TRUE(isnan(f));
+            continue;
+        }
+        ASSERT_MEM_EQ(&f, &e, sizeof f);
+        ASSERT_EQ(krn_f32_to_f16(f), (uint16_t)h == 0x8000 ? 0x8000 : eng__f32_to_f16(f));
+    }
+    kt_rng_t r = {1};
+    for (int i = 0; i < 200000; i++) {
+        uint32_t bits = (uint32_t)kt_next(&r);
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        if (isnan(f))
+            continue;
+        ASSERT_EQ(krn_f32_to_f16(f), eng__f32_to_f16(f));
+        ASSERT_EQ(krn_f32_to_bf16(f), eng_f32_to_bf16(f));
+        float b = krn_bf16_to_f32(krn_f32_to_bf16(f)), eb = eng_bf16_to_f32(eng_f32_to_bf16(f));
+        ASSERT_MEM_EQ(&b, &eb, sizeof b);
+    }
+    ASSERT_TRUE(isnan(krn_f16_to_f32(krn_f32_to_f16(NAN))));
+    ASSERT_TRUE(isnan(krn_bf16_to_f32(krn_f32_to_bf16(NAN))));
+}
+
+/* The merge header: a row's scores cut into random ranges, each range run through the tile
+ * update in random tiles (some fully masked), the partial states merged in a random order. */
+PC_TEST(softmax_merge_matches_direct_softmax)
+{
+    kt_rng_t r = {7};
+    enum { N = 300, D = 8 };
+    for (int iter = 0; iter < 300; iter++) {
+        int n = 1 + (int)kt_below(&r, N);
+        float s[N], v[N][D];
+        double scale = iter % 3 == 0 ? 30.0 : 3.0; /* large spreads exercise the rescaling */
+        for (int j = 0; j < n; j++) {
+            s[j] = (float)(kt_unif(&r) * scale);
+            for (int d = 0; d < D; d++)
+                v[j][d] = kt_unif(&r);
+        }
+        int n_masked = iter % 4 == 0 ? (int)kt_below(&r, (uint32_t)n) : 0; /* tail masked */
+        /* Direct softmax in double over the unmasked scores. */
+        double mx = -INFINITY, sum = 0, want[D] = {0};
+        for (int j = 0; j < n - n_masked; j++)
+            mx = s[j] > mx ? s[j] : mx;
+        for (int j = 0; j < n - n_masked; j++)
+            sum += exp(s[j] - mx);
+        for (int j = 0; j < n - n_masked; j++)
+            for (int d = 0; d < D; d++)
+                want[d] += exp(s[j] - mx) / sum * v[j][d];
+        /* Random cut points. */
+        int cuts[N + 1], n_parts = 0;
+        cuts[0] = 0;
+        for (int j = 1; j < n; j++)
+            if (kt_below(&r, 4) == 0)
+                cuts[++n_parts] = j;
+        cuts[++n_parts] = n;
+        float pm[N], pl[N], po[N][D];
+        for (int p = 0; p < n_parts; p++) {
+            float m = -INFINITY, l = 0, o[D] = {0};
+            for (int j0 = cuts[p]; j0 < cuts[p + 1];) {
+                int tn = 1 + (int)kt_below(&r, 16);
+                if (tn > cuts[p + 1] - j0)
+                    tn = cuts[p + 1] - j0;
+                float ts[16], tmax = -INFINITY;
+                for (int j = 0; j < tn; j++) {
+                    ts[j] = j0 + j < n - n_masked ? s[j0 + j] : -INFINITY;
+                    tmax = ts[j] > tmax ? ts[j] : tmax;
+                }
+                float mn = krn_sm_max(m, tmax), c = krn_sm_scale(m, mn), ls = 0;
+                for (int d = 0; d < D; d++)
+                    o[d] *= c;
+                for (int j = 0; j < tn; j++) {
+                    float pj = krn_sm_prob(ts[j], mn);
+                    ls += pj;
+                    for (int d = 0; d < D; d++)
+                        o[d] += pj * v[j0 + j][d];
+                }
+                l = l * c + ls;
+                m = mn;
+                j0 += tn;
+            }
+            pm[p] = m;
+            pl[p] = l;
+            memcpy(po[p], o, sizeof o);
+        }
+        int order[N];
+        for (int p = 0; p < n_parts; p++)
+            order[p] = p;
+        for (int p = n_parts - 1; p > 0; p--) {
+            int j = (int)kt_below(&r, (uint32_t)p + 1), x = order[p];
+            order[p] = order[j];
+            order[j] = x;
+        }
+        float m = -INFINITY, l = 0, o[D] = {0};
+        for (int k = 0; k < n_parts; k++) {
+            int p = order[k];
+            float sa, sb;
+            krn_sm_merge(&m, &l, pm[p], pl[p], &sa, &sb);
+            for (int d = 0; d < D; d++)
+                o[d] = o[d] * sa + po[p][d] * sb;
+        }
+        float inv = krn_sm_inv(l);
+        if (n_masked == n) { /* nothing to attend to: zeros, never NaN */
+            for (int d = 0; d < D; d++)
+                ASSERT_EQ(o[d] * inv, 0.0f);
+            continue;
+        }
+        for (int d = 0; d < D; d++)
+            ASSERT_NEAR(o[d] * inv, want[d], 2e-6 + 2e-6 * fabs(want[d]));
+    }
+}
+
+typedef struct attn_case {
+    int32_t n_head, n_head_kv, head_dim, bt;
+    enum krn_dtype dt;
+} attn_case_t;
+
+static void check_attention_case(const attn_case_t *c, kt_rng_t *r, int32_t split_kv)
+{
+    int32_t n_seqs = 1 + (int32_t)kt_below(r, 4), max_blocks = 1 + (int32_t)kt_below(r, 6);
+    int32_t ctx[4], nt[4];
+    for (int32_t s = 0; s < n_seqs; s++) {
+        int32_t cap = max_blocks * c->bt;
+        nt[s] = kt_below(r, 2) ? 1 : 1 + (int32_t)kt_below(r, (uint32_t)cap);
+        ctx[s] = (int32_t)kt_below(r, (uint32_t)(cap - nt[s] + 1));
+        if (s == 0) /* one sequence at the maximum length */
+            ctx[s] = cap - nt[s];
+    }
+    kt_attn_t t;
+    ASSERT_EQ(kt_attn_make(&t, r, c->n_head, c->n_head_kv, c->head_dim, c->bt, c->dt, n_seqs, ctx,
+                           nt, max_blocks),
+              0);
+    krn_attn_args_t a;
+    ASSERT_EQ(kt_attn_plan(&t, split_kv, &a), 0);
+    ASSERT_EQ(krn_ref_attention(&a), 0);
+    int64_t n = (int64_t)t.n_rows * t.n_head * c->head_dim;
+    double *want = malloc(sizeof *want * (size_t)n);
+    kt_attn_dense(&t, want);
+    double err = kt_rel_err_d(t.out, want, n);
+    free(want);
+    kt_attn_plan_free(&a);
+    kt_attn_free(&t);
+    ASSERT_LE(err, 1e-5);
+}
+
+PC_TEST(attention_ref_matches_dense_softmax)
+{
+    const attn_case_t cases[] = {
+        {4, 4, 16, 16, KRN_F32},  {8, 2, 32, 16, KRN_F16},   {6, 1, 8, 4, KRN_F32},
+        {16, 4, 64, 32, KRN_F16}, {32, 8, 128, 16, KRN_F16}, {12, 3, 24, 7, KRN_F32},
+        {64, 1, 16, 8, KRN_F32},  {8, 8, 256, 16, KRN_F16},
+    };
+    kt_rng_t r = {11};
+    for (size_t i = 0; i < PC_ARRAY_LEN(cases); i++) {
+        for (int rep = 0; rep < 3; rep++) {
+            PC_TEST_CALL(check_attention_case(&cases[i], &r, 0));
+            /* Split plans: decode rows over long contexts become splits + merges. */
+            PC_TEST_CALL(check_attention_case(&cases[i], &r, cases[i].bt * (1 + rep)));
+            PC_TEST_CALL(check_attention_case(&cases[i], &r, 5));
+        }
+    }
+}
+
+PC_TEST(plan_covers_every_row_head_once)
+{
+    krn_plan_seq_t seqs[3] = {{0, 1, 1000}, {1, 70, 5}, {71, 1, 3}};
+    krn_plan_params_t p = {.n_head = 8, .n_head_kv = 2, .head_dim = 64, .split_kv = 256};
+    int32_t nt, nm, np;
+    ASSERT_EQ(krn_attn_plan(&p, seqs, 3, NULL, &nt, NULL, &nm, &np), 0);
+    krn_attn_task_t tasks[64];
+    krn_attn_merge_t merges[8];
+    ASSERT_TRUE(nt <= 64 && nm <= 8);
+    ASSERT_EQ(krn_attn_plan(&p, seqs, 3, tasks, &nt, merges, &nm, &np), 0);
+    /* Seq 0: 1001 positions in 4 splits x 2 heads; seq 1: 70 tokens in 16-token tasks. */
+    ASSERT_EQ(nm, 2);
+    ASSERT_EQ(np, 2 * 4 * 4);
+    ASSERT_EQ(nt, 8 + 2 * 5 + 2);
+    int cover[72][2] = {{0}};
+    for (int32_t i = 0; i < nt; i++) {
+        ASSERT_TRUE(tasks[i].n_rows * 4 <= KRN_ATTN_MAX_ROWS);
+        ASSERT_TRUE(tasks[i].kv1 <= seqs[tasks[i].seq].pos0 +
+                                        (tasks[i].row0 - seqs[tasks[i].seq].row0) +
+                                        tasks[i].n_rows);
+        if (tasks[i].part < 0)
+            for (int32_t j = 0; j < tasks[i].n_rows; j++)
+                cover[tasks[i].row0 + j][tasks[i].kv_head]++;
+    }
+    for (int32_t i = 0; i < nm; i++)
+        for (int32_t j = 0; j < merges[i].n_rows; j++)
+            cover[merges[i].row0 + j][merges[i].kv_head]++;
+    for (int i = 0; i < 72; i++)
+        for (int h = 0; h < 2; h++)
+            ASSERT_EQ(cover[i][h], 1);
+    p.n_head = 256; /* group 128 > KRN_ATTN_MAX_ROWS */
+    ASSERT_EQ(krn_attn_plan(&p, seqs, 3, NULL, &nt, NULL, &nm, &np), PC_ERR_INVAL);
+    p = (krn_plan_params_t){.n_head = 8, .n_head_kv = 3, .head_dim = 64};
+    ASSERT_EQ(krn_attn_plan(&p, seqs, 3, NULL, &nt, NULL, &nm, &np), PC_ERR_INVAL);
+}
+
+/* kv_write into the engine's real pool (its memory as krn_kv_t), then the engine's CPU
+ * attention and the reference over the same blocks; eng_kvpool_copy vs krn_ref_block_copy. */
+static void check_vs_engine(uint32_t n_head, uint32_t n_head_kv, uint32_t hd, uint32_t bt,
+                            enum eng_kv_dtype edt, kt_rng_t *r)
+{
+    uint32_t n_layer = 2, layer = 1;
+    eng_kvpool_params_t kp = eng_kvpool_params_default();
+    kp.block_tokens = bt;
+    kp.dtype = edt;
+    kp.max_tokens = 64 * bt;
+    kp.poison = true;
+    eng_kvpool_t *pool;
+    ASSERT_EQ(eng_kvpool_init(&kp, n_layer, n_head_kv, hd, &pool), 0);
+    uint32_t nb = eng_kvpool_n_blocks(pool);
+    krn_kv_t kv = {.base = eng_kvpool_kv(pool, 0, 0, 0),
+                   .n_blocks = (int32_t)nb,
+                   .n_layer = (int32_t)n_layer,
+                   .n_head_kv = (int32_t)n_head_kv,
+                   .head_dim = (int32_t)hd,
+                   .block_tokens = (int32_t)bt,
+                   .dtype = edt == ENG_KV_F16 ? KRN_F16 : KRN_F32};
+    ASSERT_EQ((size_t)krn_kv_block_bytes(&kv), eng_kvpool_block_bytes(pool));
+    /* Allocate every block (poisoning them), then use a shuffled subset as two tables. */
+    uint32_t ids[64];
+    for (uint32_t i = 0; i < nb; i++)
+        ASSERT_EQ(eng_kvpool_alloc(pool, &ids[i]), 0);
+    for (uint32_t i = nb - 1; i > 0; i--) {
+        uint32_t j = kt_below(r, i + 1), x = ids[i];
+        ids[i] = ids[j];
+        ids[j] = x;
+    }
+    enum { MAXB = 8 };
+    int32_t tables[2 * MAXB];
+    for (int i = 0; i < 2 * MAXB; i++)
+        tables[i] = (int32_t)ids[i];
+    int32_t len[2] = {MAXB * (int32_t)bt, 1 + (int32_t)kt_below(r, MAXB * bt)};
+    int32_t n_rows = len[0] + len[1];
+    int32_t wk = (int32_t)(n_head_kv * hd), wq = (int32_t)(n_head * hd);
+    float *k = malloc(sizeof *k * (size_t)n_rows * wk),
+          *v = malloc(sizeof *v * (size_t)n_rows * wk);
+    float *q = malloc(sizeof *q * (size_t)n_rows * wq);
+    float *o1 = malloc(sizeof *o1 * (size_t)n_rows * wq),
+          *o2 = malloc(sizeof *o2 * (size_t)n_rows * wq);
+    int32_t *pos = malloc(sizeof *pos * (size_t)n_rows),
+            *seq = malloc(sizeof *seq * (size_t)n_rows);
+    uint32_t *upos = malloc(sizeof *upos * (size_t)n_rows);
+    for (int64_t i = 0; i < (int64_t)n_rows * wk; i++) {
+        k[i] = kt_unif(r);
+        v[i] = kt_unif(r);
+    }
+    for (int64_t i = 0; i < (int64_t)n_rows * wq; i++)
+        q[i] = kt_unif(r) * 0.5f;
+    for (int32_t i = 0; i < n_rows; i++) {
+        seq[i] = i < len[0] ? 0 : 1;
+        pos[i] = i < len[0] ? i : i - len[0];
+        upos[i] = (uint32_t)pos[i];
+    }
+    krn_kv_write_args_t w = {.kv = kv,
+                             .layer = (int32_t)layer,
+                             .k = k,
+                             .v = v,
+                             .row_seq = seq,
+                             .row_pos = pos,
+                             .block_tables = tables,
+                             .n_rows = n_rows,
+                             .max_blocks = MAXB};
+    ASSERT_EQ(krn_ref_kv_write(&w), 0);
+    /* The layout, read back through the engine's accessor. */
+    for (int32_t i = 0; i < n_rows; i += 3) {
+        uint32_t b = (uint32_t)tables[seq[i] * MAXB + pos[i] / (int32_t)bt],
+                 slot = (uint32_t)pos[i] % bt;
+        for (uint32_t h = 0; h < n_head_kv; h++) {
+            const void *s = eng_kvpool_kv(pool, b, layer, h);
+            for (uint32_t d = 0; d < hd; d++) {
+                float kk = edt == ENG_KV_F16 ? eng__f16_to_f32(((const uint16_t *)s)[d * bt + slot])
+                                             : ((const float *)s)[d * bt + slot];
+                float vv = edt == ENG_KV_F16
+                               ? eng__f16_to_f32(((const uint16_t *)s)[hd * bt + slot * hd + d])
+                               : ((const float *)s)[hd * bt + slot * hd + d];
+                ASSERT_NEAR(kk, k[(int64_t)i * wk + h * hd + d], 1e-3);
+                ASSERT_NEAR(vv, v[(int64_t)i * wk + h * hd + d], 1e-3);
+            }
+        }
+    }
+    /* The engine's attention, every row. */
+    const uint32_t *eng_tables[2] = {(const uint32_t *)&tables[0], (const uint32_t *)&tables[MAXB]};
+    eng_attn_args_t ea = {.q = q,
+                          .out = o1,
+                          .pos = upos,
+                          .blocks = eng_tables,
+                          .kvpool = pool,
+                          .layer = layer,
+                          .n_head = n_head,
+                          .n_head_kv = n_head_kv,
+                          .head_dim = hd,
+                          .block_tokens = bt,
+                          .kv_f16 = edt == ENG_KV_F16,
+                          .simd = false};
+    uint32_t group = n_head / n_head_kv, per = 64 / group > 16 ? 16 : 64 / group;
+    float *scratch = malloc(sizeof(float) * (2 * bt * hd + 64 * (hd + 2)));
+    for (int32_t s = 0; s < 2; s++) {
+        int32_t r0 = s == 0 ? 0 : len[0];
+        for (uint32_t h = 0; h < n_head_kv; h++)
+            for (int32_t t0 = 0; t0 < len[s]; t0 += (int32_t)per) {
+                eng_attn_task_t task = {
+                    .seq = (uint32_t)s,
+                    .kv_head = h,
+                    .t0 = (uint32_t)(r0 + t0),
+                    .t1 =
+                        (uint32_t)(r0 + (t0 + (int32_t)per < len[s] ? t0 + (int32_t)per : len[s]))};
+                eng__attention(&ea, &task, scratch);
+            }
+    }
+    free(scratch);
+    kt_attn_t t = {.kv = kv,
+                   .layer = (int32_t)layer,
+                   .n_head = (int32_t)n_head,
+                   .n_seqs = 2,
+                   .max_blocks = MAXB,
+                   .n_rows = n_rows,
+                   .tables = tables,
+                   .row_pos = pos,
+                   .row_seq = seq,
+                   .q = q,
+                   .out = o2};
+    krn_plan_seq_t ps[2] = {{0, len[0], 0}, {len[0], len[1], 0}};
+    t.seqs = ps;
+    krn_attn_args_t a;
+    ASSERT_EQ(kt_attn_plan(&t, 0, &a), 0);
+    ASSERT_EQ(krn_ref_attention(&a), 0);
+    double err = kt_rel_err_f(o2, o1, (int64_t)n_rows * wq);
+    kt_attn_plan_free(&a);
+    ASSERT_LE(err, 1e-5);
+
+    /* Block copies: the engine's (poisoned pools copy only the valid slots) vs the reference
+     * on a byte copy of the pool. */
+    size_t bytes = (size_t)nb * eng_kvpool_block_bytes(pool);
+    uint8_t *shadow = malloc(bytes);
+    memcpy(shadow, kv.base, bytes);
+    krn_kv_t kv2 = kv;
+    kv2.base = shadow;
+    int32_t src[3] = {tables[0], tables[1], tables[MAXB]},
+            dst[3] = {tables[2], tables[MAXB + 1], tables[3]};
+    int32_t ntok[3] = {(int32_t)bt, (int32_t)kt_below(r, bt), 1};
+    for (int i = 0; i < 3; i++)
+        eng_kvpool_copy(pool, (uint32_t)dst[i], (uint32_t)src[i], (uint32_t)ntok[i]);
+    krn_block_copy_args_t bc = {.kv = kv2, .src = src, .dst = dst, .n_tokens = ntok, .n = 3};
+    ASSERT_EQ(krn_ref_block_copy(&bc), 0);
+    int same = memcmp(shadow, kv.base, bytes) == 0;
+    free(shadow);
+    free(k);
+    free(v);
+    free(q);
+    free(o1);
+    free(o2);
+    free(pos);
+    free(seq);
+    free(upos);
+    for (uint32_t i = 0; i < nb; i++)
+        eng_kvpool_unref(pool, i);
+    eng_kvpool_free(pool);
+    ASSERT_TRUE(same);
+}
+
+PC_TEST(reference_matches_engine_cpu_attention_and_pool)
+{
+    kt_rng_t r = {5};
+    PC_TEST_CALL(check_vs_engine(4, 2, 16, 16, ENG_KV_F16, &r));
+    PC_TEST_CALL(check_vs_engine(8, 8, 32, 16, ENG_KV_F32, &r));
+    PC_TEST_CALL(check_vs_engine(12, 2, 8, 4, ENG_KV_F16, &r));
+    PC_TEST_CALL(check_vs_engine(4, 1, 64, 8, ENG_KV_F32, &r));
+}
+
+PC_TEST(elementwise_refs_match_formulas)
+{
+    kt_rng_t r = {3};
+    enum { R = 5, W = 48, H = 3, HD = 16 };
+    float x[R * W], y[R * W], w[W], u[R * W], x0[R * W];
+    for (int i = 0; i < R * W; i++) {
+        x[i] = x0[i] = kt_unif(&r) * 3;
+        u[i] = kt_unif(&r);
+    }
+    for (int i = 0; i < W; i++)
+        w[i] = kt_unif(&r);
+    krn_rmsnorm_args_t rn = {.x = x, .w = w, .y = y, .n_rows = R, .width = W, .eps = 1e-5f};
+    ASSERT_EQ(krn_ref_rmsnorm(&rn), 0);
+    for (int i = 0; i < R; i++) {
+        double ss = 0;
+        for (int j = 0; j < W; j++)
+            ss += (double)x[i * W + j] * x[i * W + j];
+        for (int j = 0; j < W; j++)
+            ASSERT_NEAR(y[i * W + j], x[i * W + j] / sqrt(ss / W + 1e-5) * w[j], 1e-5);
+    }
+    /* RoPE: NORM and NEOX, partial rope_dim, frequency factors, post scale. */
+    for (int style = 0; style < 2; style++) {
+        float rx[R * H * HD], inv[HD / 2], fac[HD / 2];
+        int32_t pos[R] = {0, 1, 17, 4095, 131071};
+        int rope_dim = style ? HD : HD - 4;
+        for (int i = 0; i < rope_dim / 2; i++) {
+            fac[i] = 1.0f + (float)i / 3;
+            inv[i] = (float)(pow(500000.0, -2.0 * i / rope_dim) / fac[i]);
+        }
+        for (int i = 0; i < R * H * HD; i++)
+            rx[i] = kt_unif(&r);
+        float orig[R * H * HD];
+        memcpy(orig, rx, sizeof rx);
+        krn_rope_args_t ra = {.x = rx,
+                              .pos = pos,
+                              .inv_freq = inv,
+                              .n_rows = R,
+                              .n_heads = H,
+                              .head_dim = HD,
+                              .rope_dim = rope_dim,
+                              .style = style ? KRN_ROPE_NEOX : KRN_ROPE_NORM,
+                              .post_scale = 0.25f};
+        ASSERT_EQ(krn_ref_rope(&ra), 0);
+        for (int i = 0; i < R; i++)
+            for (int h = 0; h < H; h++) {
+                const float *o = orig + (i * H + h) * HD;
+                const float *g = rx + (i * H + h) * HD;
+                for (int k = 0; k < rope_dim / 2; k++) {
+                    double th = pos[i] * pow(500000.0, -2.0 * k / rope_dim) / fac[k];
+                    int a = style ? k : 2 * k, b = style ? k + rope_dim / 2 : 2 * k + 1;
+                    ASSERT_NEAR(g[a], 0.25 * (o[a] * cos(th) - o[b] * sin(th)), 2e-4);
+                    ASSERT_NEAR(g[b], 0.25 * (o[a] * sin(th) + o[b] * cos(th)), 2e-4);
+                }
+                for (int d = rope_dim; d < HD; d++)
+                    ASSERT_NEAR(g[d], 0.25 * o[d], 1e-7);
+            }
+    }
+    krn_rope_args_t bad = {.x = x, .n_rows = 1, .n_heads = 1, .head_dim = 4, .rope_dim = 6};
+    ASSERT_EQ(krn_ref_rope(&bad), PC_ERR_INVAL);
+    /* SwiGLU, add, bias add. */
+    krn_swiglu_args_t sg = {.g = x, .u = u, .n = R * W};
+    ASSERT_EQ(krn_ref_swiglu(&sg), 0);
+    for (int i = 0; i < R * W; i++)
+        ASSERT_NEAR(x[i], x0[i] / (1 + exp(-x0[i])) * u[i], 1e-6);
+    memcpy(x, x0, sizeof x);
+    krn_add_args_t ad = {.x = x, .y = u, .n = R * W};
+    ASSERT_EQ(krn_ref_add(&ad), 0);
+    krn_bias_add_args_t ba = {.x = x, .b = w, .n_rows = R, .width = W};
+    ASSERT_EQ(krn_ref_bias_add(&ba), 0);
+    for (int i = 0; i < R * W; i++)
+        ASSERT_NEAR(x[i], (double)x0[i] + u[i] + w[i % W], 1e-6);
+    /* Embedding gather from F16, BF16 and F32 tables. */
+    float table[10 * W];
+    uint16_t t16[10 * W];
+    for (int i = 0; i < 10 * W; i++)
+        table[i] = kt_unif(&r);
+    int32_t ids[4] = {9, 0, 3, 9};
+    for (int dt = 0; dt < 3; dt++) {
+        for (int i = 0; i < 10 * W; i++)
+            t16[i] = dt == 1 ? krn_f32_to_f16(table[i]) : krn_f32_to_bf16(table[i]);
+        krn_embed_args_t ea = {.table = dt == 0 ? (const void *)table : t16,
+                               .ids = ids,
+                               .out = y,
+                               .n_rows = 4,
+                               .width = W,
+                               .n_vocab = 10,
+                               .table_dtype = (enum krn_dtype)dt};
+        ASSERT_EQ(krn_ref_embed(&ea), 0);
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < W; j++)
+                ASSERT_NEAR(y[i * W + j], table[ids[i] * W + j], dt == 0 ? 0 : 1e-2);
+        ids[1] = 10;
+        ASSERT_EQ(krn_ref_embed(&ea), PC_ERR_INVAL);
+        ids[1] = 0;
+    }
+    /* GEMM in F16 and BF16 against a float matmul of the unrounded inputs. */
+    enum { M = 7, N = 9, K = 33 };
+    float a[M * K], b[N * K], c[M * N];
+    uint16_t a16[M * K], b16[N * K];
+    for (int i = 0; i < M * K; i++)
+        a[i] = kt_unif(&r);
+    for (int i = 0; i < N * K; i++)
+        b[i] = kt_unif(&r);
+    for (int dt = 1; dt < 3; dt++) {
+        krn_convert_args_t ca = {.x = a, .y = a16, .n = M * K, .dtype = (enum krn_dtype)dt};
+        ASSERT_EQ(krn_ref_convert(&ca), 0);
+        ca = (krn_convert_args_t){.x = b, .y = b16, .n = N * K, .dtype = (enum krn_dtype)dt};
+        ASSERT_EQ(krn_ref_convert(&ca), 0);
+        for (int i = 0; i < M * N; i++)
+            c[i] = 1.0f;
+        krn_gemm_args_t ga = {.x = a16,
+                              .w = b16,
+                              .y = c,
+                              .M = M,
+                              .N = N,
+                              .K = K,
+                              .dtype = (enum krn_dtype)dt,
+                              .accumulate = true};
+        ASSERT_EQ(krn_ref_gemm(&ga), 0);
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double s = 1;
+                for (int k = 0; k < K; k++)
+                    s += (double)a[i * K + k] * b[j * K + k];
+                ASSERT_NEAR(c[i * N + j], s, dt == 1 ? 1e-2 : 6e-2);
+            }
+    }
+}
+
+/* The reference sampler picks what engine/sampling.c picks for the same uniform draw. */
+PC_TEST(sampler_ref_matches_engine_sampler)
+{
+    kt_rng_t r = {9};
+    enum { V = 700 };
+    eng_sample_ws_t *ws;
+    ASSERT_EQ(eng_sample_ws_init(V, &ws), 0);
+    float logits[V];
+    double work[V];
+    int checked = 0;
+    for (int iter = 0; iter < 160; iter++) {
+        int32_t n = 1 + (int32_t)kt_below(&r, V);
+        for (int32_t i = 0; i < n; i++) {
+            logits[i] = kt_unif(&r) * (iter % 2 ? 8.0f : 2.0f);
+            if (iter % 5 == 0) /* ties */
+                logits[i] = (float)(int)(logits[i] * 2);
+        }
+        if (iter % 7 == 1)
+            for (int j = 0; j < 5; j++)
+                logits[kt_below(&r, (uint32_t)n)] = NAN;
+        if (iter % 7 == 2)
+            for (int j = 0; j < 5; j++)
+                logits[kt_below(&r, (uint32_t)n)] = -INFINITY;
+        if (iter % 11 == 3) {
+            logits[kt_below(&r, (uint32_t)n)] = INFINITY;
+            logits[kt_below(&r, (uint32_t)n)] = FLT_MAX;
+        }
+        eng_sampling_params_t sp = eng_sampling_params_default();
+        sp.temperature = iter % 9 == 0 ? 0.0f : 0.3f + (float)kt_below(&r, 20) / 10;
+        sp.top_k = iter % 3 == 0 ? 0 : kt_below(&r, (uint32_t)n + 2);
+        sp.top_p = iter % 4 == 0 ? 1.0f : 0.05f + 0.9f * (float)kt_below(&r, 100) / 100;
+        sp.min_p = iter % 5 == 1 ? 0.05f * (float)kt_below(&r, 10) : 0.0f;
+        sp.seed = (uint64_t)iter;
+        eng_sampler_t s;
+        ASSERT_EQ(eng_sampler_init(&s, &sp, NULL, 0), 0);
+        for (int draw = 0; draw < 40; draw++) {
+            eng_rng_t peek = s.rng;
+            double u = eng_rng_uniform(&peek);
+            if (draw == 0)
+                u = 0;
+            uint32_t want;
+            int rc = eng_sampler_sample(&s, ws, logits, (uint32_t)n, &want);
+            krn_sample_row_t row = {.temperature = sp.temperature,
+                                    .top_k = (int32_t)sp.top_k,
+                                    .top_p = sp.top_p,
+                                    .min_p = sp.min_p,
+                                    .u = u};
+            int32_t got = -2;
+            krn_sample_args_t sa = {.logits = logits,
+                                    .row = &row,
+                                    .token = &got,
+                                    .work = work,
+                                    .n_rows = 1,
+                                    .n_vocab = n};
+            ASSERT_EQ(krn_ref_sample(&sa), 0);
+            if (rc != 0) {
+                ASSERT_EQ(got, -1);
+                break;
+            }
+            if (draw == 0 && sp.temperature != 0 && sp.top_k != 1)
+                continue; /* u = 0 was not the engine's draw */
+            ASSERT_EQ(got, (int32_t)want);
+            checked++;
+        }
+    }
+    /* No candidate at all. */
+    for (int i = 0; i < 10; i++)
+        logits[i] = i % 2 ? NAN : -INFINITY;
+    krn_sample_row_t row = {.temperature = 1, .top_p = 1, .u = 0.5};
+    int32_t got = 0;
+    krn_sample_args_t sa = {
+        .logits = logits, .row = &row, .token = &got, .work = work, .n_rows = 1, .n_vocab = 10};
+    ASSERT_EQ(krn_ref_sample(&sa), 0);
+    ASSERT_EQ(got, -1);
+    eng_sample_ws_free(ws);
+    ASSERT_TRUE(checked > 3000);
+}
+
+/* The engine's backend choice: "cuda" on a build without CUDA, or on a machine without a
+ * device, fails with a reason; "auto" picks cuda exactly when a device is usable; an unknown
+ * name is refused. */
+PC_TEST(engine_backend_selection)
+{
+    eng_mkmodel_params_t mp = eng_mkmodel_params_default();
+    mp.n_layer = 1;
+    mp.n_embd = 64;
+    mp.n_head = 4;
+    mp.n_head_kv = 2;
+    mp.n_ff = 128;
+    char path[256], err[256];
+    ASSERT_EQ(tm_make(&mp, 100, path, sizeof path, err, sizeof err), 0);
+    eng_params_t p = eng_params_default();
+    p.model_path = path;
+    p.kv_max_tokens = 1024;
+    eng_t *e = NULL;
+    ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
+    ASSERT_STR_EQ(eng_backend_name_of(e), "cpu"); /* the default */
+    eng_free(e);
+    p.backend = "tpu";
+    ASSERT_EQ(eng_init(&p, &e, err, sizeof err), PC_ERR_INVAL);
+    ASSERT_TRUE(strstr(err, "unknown backend") != NULL);
+#ifdef KVGW_HAVE_CUDA
+    bool have_gpu = krn_device_count() > 0;
+#else
+    bool have_gpu = false;
+#endif
+    p.backend = "auto";
+    ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
+    ASSERT_STR_EQ(eng_backend_name_of(e), have_gpu ? "cuda" : "cpu");
+    eng_free(e);
+    p.backend = "cuda";
+    int rc = eng_init(&p, &e, err, sizeof err);
+    if (have_gpu) {
+        ASSERT_EQ(rc, 0);
+        ASSERT_STR_EQ(eng_backend_name_of(e), "cuda");
+        eng_free(e);
+    } else {
+        ASSERT_EQ(rc, PC_ERR_UNSUPPORTED);
+        ASSERT_TRUE(e == NULL);
+#ifdef KVGW_HAVE_CUDA
+        ASSERT_TRUE(strstr(err, "no CUDA device") != NULL);
+#else
+        ASSERT_TRUE(strstr(err, "no CUDA support") != NULL);
+#endif
+    }
+    unlink(path);
+}
+
+PC_TEST_MAIN()
