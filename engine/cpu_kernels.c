@@ -159,9 +159,13 @@ void eng__f32_to_f16_row(const float *src, uint16_t *dst, size_t n, bool simd)
  * Matrix products
  * ------------------------------------------------------------------------------------------- */
 
-/* Below this many rows of x, F16 weights are multiplied directly (GEMV-like, memory bound);
- * from it on, converted to F32 tiles for sgemm (compute bound). */
+/* Below GEMV_MAX_ROWS rows of x the BF16 GEMM is not used. Below GEMV_F16_MAX_ROWS rows, F16
+ * weights are multiplied directly, GEMV-like: one pass over the weights, each weight row
+ * converted once (in registers) and applied to the rows of x in groups of GEMV_MAX_ROWS; from
+ * it on, they are converted to F32 tiles for sgemm, whose cost the rows then amortize. A batch
+ * of decode tokens (one row per running sequence) stays on the direct path. */
 #define GEMV_MAX_ROWS 8
+#define GEMV_F16_MAX_ROWS 32
 #define GEMV_TILE 64
 
 /* ---------------------------------------------------------------------------------------------
@@ -294,6 +298,69 @@ typedef struct matmul_ctx {
     uint32_t tile; /* output columns per task */
 } matmul_ctx_t;
 
+/* s[0..R) = the dot products of one F16 weight row with rows 0..R) of xg (1 <= R <= 4, or
+ * <= 8 for the 8-row version). The accumulators are named so that they stay in registers;
+ * rows past R repeat row R - 1 (loads from L1) and are not stored. */
+#define GEMV_ROW_PTRS(N)                                                                           \
+    const float *xr[N];                                                                            \
+    for (uint32_t m = 0; m < N; m++)                                                               \
+        xr[m] = xg + (size_t)PC_MIN(m, R - 1) * K;
+#define GEMV_FMA(a, m) a = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xr[m] + k), a)
+#define GEMV_STORE(a, m)                                                                           \
+    if (m < R) {                                                                                   \
+        float v = _mm512_reduce_add_ps(a);                                                         \
+        for (uint32_t kk = K16; kk < K; kk++)                                                      \
+            v += _cvtsh_ss(wr[kk]) * xr[m][kk];                                                    \
+        s[m] = v;                                                                                  \
+    }
+
+AVX512 static void gemv_f16_rows4(const uint16_t *wr, const float *xg, uint32_t K, uint32_t K16,
+                                  uint32_t R, float *s)
+{
+    GEMV_ROW_PTRS(4)
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (uint32_t k = 0; k < K16; k += 16) {
+        __m512 wv = HALF16(wr + k);
+        GEMV_FMA(a0, 0);
+        GEMV_FMA(a1, 1);
+        GEMV_FMA(a2, 2);
+        GEMV_FMA(a3, 3);
+    }
+    GEMV_STORE(a0, 0)
+    GEMV_STORE(a1, 1)
+    GEMV_STORE(a2, 2)
+    GEMV_STORE(a3, 3)
+}
+
+AVX512 static void gemv_f16_rows8(const uint16_t *wr, const float *xg, uint32_t K, uint32_t K16,
+                                  uint32_t R, float *s)
+{
+    GEMV_ROW_PTRS(8)
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (uint32_t k = 0; k < K16; k += 16) {
+        __m512 wv = HALF16(wr + k);
+        GEMV_FMA(a0, 0);
+        GEMV_FMA(a1, 1);
+        GEMV_FMA(a2, 2);
+        GEMV_FMA(a3, 3);
+        GEMV_FMA(a4, 4);
+        GEMV_FMA(a5, 5);
+        GEMV_FMA(a6, 6);
+        GEMV_FMA(a7, 7);
+    }
+    GEMV_STORE(a0, 0)
+    GEMV_STORE(a1, 1)
+    GEMV_STORE(a2, 2)
+    GEMV_STORE(a3, 3)
+    GEMV_STORE(a4, 4)
+    GEMV_STORE(a5, 5)
+    GEMV_STORE(a6, 6)
+    GEMV_STORE(a7, 7)
+}
+#undef GEMV_ROW_PTRS
+#undef GEMV_FMA
+#undef GEMV_STORE
+
 /* x[M][K] . w[n0..n1)^T into y[:, n0..n1) for small M, F16 weights: memory bound, one pass over
  * the weight rows (four accumulators per row for a single x row). */
 AVX512 static void gemv_f16_avx512(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
@@ -324,21 +391,19 @@ AVX512 static void gemv_f16_avx512(const matmul_ctx_t *c, uint32_t n0, uint32_t 
         return;
     }
     for (; n < n1; n++) {
-        const uint16_t *wr = w + (size_t)n * K;
-        __m512 acc[GEMV_MAX_ROWS];
-        for (uint32_t m = 0; m < M; m++)
-            acc[m] = _mm512_setzero_ps();
-        for (uint32_t k = 0; k < K16; k += 16) {
-            __m512 wv = HALF16(wr + k);
-            for (uint32_t m = 0; m < M; m++)
-                acc[m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)m * K + k), acc[m]);
-        }
-        for (uint32_t m = 0; m < M; m++) {
-            float s = _mm512_reduce_add_ps(acc[m]);
-            for (uint32_t k = K16; k < K; k++)
-                s += _cvtsh_ss(wr[k]) * x[(size_t)m * K + k];
-            float *yp = &c->y[(size_t)m * c->N + n];
-            *yp = c->accumulate ? *yp + s : s;
+        const uint16_t *wr = w + (size_t)n * K; /* stays in L1 across the row groups */
+        for (uint32_t m0 = 0; m0 < M; m0 += GEMV_MAX_ROWS) {
+            uint32_t mg = PC_MIN(GEMV_MAX_ROWS, M - m0);
+            const float *xg = x + (size_t)m0 * K;
+            float s[GEMV_MAX_ROWS];
+            if (mg <= 4)
+                gemv_f16_rows4(wr, xg, K, K16, mg, s);
+            else
+                gemv_f16_rows8(wr, xg, K, K16, mg, s);
+            for (uint32_t m = 0; m < mg; m++) {
+                float *yp = &c->y[(size_t)(m0 + m) * c->N + n];
+                *yp = c->accumulate ? *yp + s[m] : s[m];
+            }
         }
     }
 }
@@ -383,7 +448,7 @@ static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
                     1.0f, c->x, (int)c->K, wp, (int)c->K, beta, c->y + n0, (int)c->N);
         return;
     }
-    if (c->M < GEMV_MAX_ROWS) {
+    if (c->M < GEMV_F16_MAX_ROWS) {
         if (c->simd)
             gemv_f16_avx512(c, n0, n1);
         else
@@ -421,7 +486,7 @@ void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_
         uint32_t parts = flops < (1u << 18) ? 1 : nt;
         c.tile = ((c.N + parts - 1) / parts + 15) & ~15u;
     } else {
-        c.tile = M < GEMV_MAX_ROWS ? GEMV_TILE : ENG_CPU_WTILE;
+        c.tile = M < GEMV_F16_MAX_ROWS ? GEMV_TILE : ENG_CPU_WTILE;
     }
     if (c.tile == 0)
         c.tile = 16;

@@ -30,7 +30,46 @@ eng_params_t eng_params_default(void)
                           .weights_f32 = false,
                           .kv_poison = false,
                           .no_simd = false,
-                          .bf16_gemm = false};
+                          .bf16_gemm = false,
+                          .backend = "cpu",
+                          .cuda_device = 0};
+}
+
+/* Creates e->be as `backend` asks ("cpu", "cuda" or "auto": cuda where a device is usable,
+ * else cpu). Returns 0 or an error with the reason in err. */
+static int make_backend(eng_t *e, const char *backend, char *err, size_t err_len)
+{
+    const eng_params_t *p = &e->p;
+    int rc;
+#ifdef KVGW_HAVE_CUDA
+    if (strcmp(backend, "cpu") != 0) {
+        eng_cuda_params_t gp = {.device = p->cuda_device,
+                                .max_tokens = p->max_batch_tokens,
+                                .block_tokens = p->kv_block_tokens,
+                                .split_kv = 0,
+                                .kv_poison = p->kv_poison};
+        char gerr[256] = "";
+        rc = eng_backend_cuda_init(e->model, e->kv, &gp, &e->be, gerr, sizeof gerr);
+        if (rc == 0)
+            return 0;
+        if (strcmp(backend, "cuda") == 0 || rc != PC_ERR_UNSUPPORTED) {
+            snprintf(err, err_len, "engine: %s", gerr);
+            return rc;
+        }
+        /* auto on a machine without a usable GPU: the CPU backend. */
+    }
+#else
+    PC_ASSERT(strcmp(backend, "cuda") != 0); /* eng_init refused it */
+#endif
+    eng_cpu_params_t cp = {.n_threads = p->n_threads,
+                           .max_tokens = p->max_batch_tokens,
+                           .block_tokens = p->kv_block_tokens,
+                           .no_simd = p->no_simd,
+                           .bf16 = p->bf16_gemm};
+    rc = eng_backend_cpu_init(e->model, &cp, &e->be);
+    if (rc != 0)
+        snprintf(err, err_len, "engine: cannot create the CPU backend: %s", pc_strerror(rc));
+    return rc;
 }
 
 int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
@@ -43,11 +82,25 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
         snprintf(err, err_len, "engine: invalid parameters (model path, threads 1..256, batch)");
         return PC_ERR_INVAL;
     }
+    const char *backend = p->backend != NULL ? p->backend : "cpu";
+    if (strcmp(backend, "cpu") != 0 && strcmp(backend, "cuda") != 0 &&
+        strcmp(backend, "auto") != 0) {
+        snprintf(err, err_len, "engine: unknown backend \"%s\" (cpu, cuda or auto)", backend);
+        return PC_ERR_INVAL;
+    }
+#ifndef KVGW_HAVE_CUDA
+    if (strcmp(backend, "cuda") == 0) {
+        snprintf(err, err_len, "engine: backend \"cuda\" requested, but this build has no CUDA "
+                               "support (rebuild with nvcc installed, -DKVGW_CUDA=ON)");
+        return PC_ERR_UNSUPPORTED;
+    }
+#endif
     eng_t *e = pc_calloc(1, sizeof *e);
     if (e == NULL)
         return PC_ERR_NOMEM;
     e->p = *p;
     e->p.model_path = NULL; /* not kept: the caller's string */
+    e->p.backend = NULL;    /* nor this one: the resolved name is eng_backend_name_of */
     eng_model_params_t mp = eng_model_params_default();
     mp.weights_f32 = p->weights_f32;
     mp.pack_bf16 = p->bf16_gemm && !p->no_simd && eng__cpu_has_bf16();
@@ -70,16 +123,9 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
                  (unsigned long long)p->kv_max_bytes);
         goto fail;
     }
-    eng_cpu_params_t cp = {.n_threads = p->n_threads,
-                           .max_tokens = p->max_batch_tokens,
-                           .block_tokens = p->kv_block_tokens,
-                           .no_simd = p->no_simd,
-                           .bf16 = p->bf16_gemm};
-    rc = eng_backend_cpu_init(e->model, &cp, &e->be);
-    if (rc != 0) {
-        snprintf(err, err_len, "engine: cannot create the CPU backend: %s", pc_strerror(rc));
+    rc = make_backend(e, backend, err, err_len);
+    if (rc != 0)
         goto fail;
-    }
     rc = eng__prefix_init(e, &e->prefix);
     if (rc != 0) {
         snprintf(err, err_len, "engine: cannot create the prefix index: %s", pc_strerror(rc));

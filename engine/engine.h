@@ -42,6 +42,10 @@ typedef struct eng_params {
                        about twice the F32 rate; activations and weights are rounded to 8
                        significant bits, so logits move by ~1e-2 relative */
     bool kv_poison; /* tests: NaN in unwritten KV slots */
+    const char *backend; /* "cpu" (default, also for NULL), "cuda" (an error where the build or
+                            the machine has no CUDA), or "auto" (cuda when a GPU is usable,
+                            else cpu) */
+    int cuda_device;     /* the CUDA device of the cuda backend, default 0 */
     bool no_simd;   /* tests: portable kernels only */
 } eng_params_t;
 
@@ -50,7 +54,7 @@ eng_params_t eng_params_default(void);
 typedef struct eng eng_t;
 typedef struct eng_seq eng_seq_t;
 
-/* Loads the model and creates the KV pool and the CPU backend. Returns 0, PC_ERR_INVAL (bad
+/* Loads the model and creates the KV pool and the backend p->backend names. Returns 0, PC_ERR_INVAL (bad
  * parameters), PC_ERR_IO / PC_ERR_FORMAT / PC_ERR_UNSUPPORTED (model file) or PC_ERR_NOMEM,
  * with a one-line reason in err. */
 int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len);
@@ -125,6 +129,9 @@ typedef struct eng_evict_event {
     uint32_t n_tokens;  /* the prefix length that is no longer cached: positions >= this */
     uint32_t n_dropped; /* positions dropped by this removal ([n_tokens, n_tokens + n)) */
     int reason;         /* enum eng_evict_reason */
+    const int32_t *tokens; /* [n_tokens + n_dropped] the removed prefix's token path (for
+                              naming it, e.g. eng_wire_prefix_fp); valid during the callback
+                              only; NULL if memory for it ran out */
 } eng_evict_event_t;
 
 typedef void (*eng_evict_fn)(const eng_evict_event_t *ev, void *ud);

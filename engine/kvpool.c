@@ -29,6 +29,7 @@ struct eng_kvpool {
     uint32_t n_free;
     eng_kvpool_evict_fn evict;
     void *evict_ud;
+    eng_kvpool_hooks_t hooks; /* a mirror's (cuda backend), or all NULL */
 };
 
 eng_kvpool_params_t eng_kvpool_params_default(void)
@@ -103,6 +104,14 @@ void eng_kvpool_set_evict(eng_kvpool_t *pool, eng_kvpool_evict_fn fn, void *ud)
     pool->evict_ud = ud;
 }
 
+void eng_kvpool_set_hooks(eng_kvpool_t *pool, const eng_kvpool_hooks_t *hooks)
+{
+    if (hooks != NULL)
+        pool->hooks = *hooks;
+    else
+        memset(&pool->hooks, 0, sizeof pool->hooks);
+}
+
 uint32_t eng_kvpool_block_tokens(const eng_kvpool_t *pool)
 {
     return pool->block_tokens;
@@ -149,6 +158,8 @@ int eng_kvpool_alloc(eng_kvpool_t *pool, uint32_t *block)
     pool->refcount[b] = 1;
     if (pool->poison)
         poison_block(pool, b);
+    if (pool->hooks.on_alloc != NULL)
+        pool->hooks.on_alloc(pool->hooks.ud, b);
     *block = b;
     return 0;
 }
@@ -181,6 +192,8 @@ void *eng_kvpool_kv(const eng_kvpool_t *pool, uint32_t block, uint32_t layer, ui
 void eng_kvpool_copy(eng_kvpool_t *pool, uint32_t dst, uint32_t src, uint32_t n_tokens)
 {
     PC_ASSERT(dst < pool->n_blocks && src < pool->n_blocks && n_tokens <= pool->block_tokens);
+    if (pool->hooks.on_copy != NULL)
+        pool->hooks.on_copy(pool->hooks.ud, dst, src, n_tokens);
     if (n_tokens == pool->block_tokens || pool->poison == false) {
         /* Copying whole slices is simpler and copies no more than a block. */
         memcpy(pool->data + (size_t)dst * pool->block_bytes,
@@ -305,12 +318,16 @@ int eng_kvseq_reserve(eng_kvseq_t *s, eng_kvpool_t *pool, uint32_t n_new)
         if (pool->refcount[s->blocks[i]] > 1) {
             uint32_t nb;
             rc = eng_kvpool_alloc(pool, &nb);
-            if (rc != 0)
+            /* A full pool evicts through the hook, which may drop the other reference (a
+             * cached prefix): then the block is ours alone and needs no copy. */
+            if (rc != 0 && pool->refcount[s->blocks[i]] > 1)
                 return rc;
-            eng_kvpool_copy(pool, nb, s->blocks[i], s->n_tokens % bt);
-            cow_idx = i;
-            cow_old = s->blocks[i];
-            s->blocks[i] = nb;
+            if (rc == 0) {
+                eng_kvpool_copy(pool, nb, s->blocks[i], s->n_tokens % bt);
+                cow_idx = i;
+                cow_old = s->blocks[i];
+                s->blocks[i] = nb;
+            }
         }
     }
     uint32_t n_before = s->n_blocks;

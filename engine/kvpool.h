@@ -60,6 +60,18 @@ void eng_kvpool_free(eng_kvpool_t *pool);
 
 void eng_kvpool_set_evict(eng_kvpool_t *pool, eng_kvpool_evict_fn fn, void *ud);
 
+/* A mirror of the pool's memory elsewhere (the cuda backend keeps the blocks in device memory
+ * with the same ids and layout) follows the block operations that touch contents: on_alloc runs
+ * after a block was taken (and poisoned, in a poisoning pool), on_copy before eng_kvpool_copy
+ * copies. The hooks cannot fail; a mirror records its own errors. NULL removes them. */
+typedef struct eng_kvpool_hooks {
+    void (*on_alloc)(void *ud, uint32_t block);
+    void (*on_copy)(void *ud, uint32_t dst, uint32_t src, uint32_t n_tokens);
+    void *ud;
+} eng_kvpool_hooks_t;
+
+void eng_kvpool_set_hooks(eng_kvpool_t *pool, const eng_kvpool_hooks_t *hooks);
+
 uint32_t eng_kvpool_block_tokens(const eng_kvpool_t *pool);
 enum eng_kv_dtype eng_kvpool_dtype(const eng_kvpool_t *pool);
 uint32_t eng_kvpool_n_blocks(const eng_kvpool_t *pool);

@@ -53,6 +53,8 @@ struct eng_prefix {
     int reason_now;     /* the reason reported for nodes freed now; 0 = report nothing */
     uint32_t *path_buf; /* block table scratch */
     uint32_t path_cap;
+    uint32_t *evict_path; /* token path scratch for eviction events */
+    size_t evict_cap;
     eng_evict_fn cb;
     void *cb_ud;
     eng_prefix_stats_t stats;
@@ -130,6 +132,18 @@ static void on_free(const rdx_free_event_t *ev, void *ud)
                            .n_tokens = (uint32_t)(ev->depth - ev->len),
                            .n_dropped = ev->len,
                            .reason = px->reason_now};
+    /* The node and its ancestors are still linked (removal is bottom-up), so its path can be
+     * read; without memory for it the event goes out without the path. */
+    if (ev->depth > px->evict_cap) {
+        uint32_t *b = pc_reallocarray(px->evict_path, ev->depth, sizeof *b);
+        if (b != NULL) {
+            px->evict_path = b;
+            px->evict_cap = ev->depth;
+        }
+    }
+    if (ev->depth <= px->evict_cap && ev->node != NULL &&
+        rdx_node_prefix(px->tree, ev->node, px->evict_path) == ev->depth)
+        e.tokens = (const int32_t *)px->evict_path;
     px->cb(&e, px->cb_ud);
 }
 
@@ -203,6 +217,7 @@ void eng__prefix_free(struct eng_prefix *px)
     PC_ASSERT(px->list.next == &px->list);
     pc_free(px->pins);
     pc_free(px->path_buf);
+    pc_free(px->evict_path);
     pc_free(px);
 }
 

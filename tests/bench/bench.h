@@ -30,5 +30,7 @@ void bench_report_print(const bench_report_t *r);
 int bench_radix_main(int argc, char **argv);
 int bench_tokenizer_main(int argc, char **argv);
 int bench_engine_main(int argc, char **argv);
+int bench_kernels_main(int argc, char **argv);
+int bench_worker_main(int argc, char **argv);
 
 #endif

@@ -233,7 +233,7 @@ PC_TEST(f16_weights_and_kv)
     char p32[256], p16[256];
     make_model(&cases[2], ENG_GGML_TYPE_F32, p32, sizeof p32);
     make_model(&cases[2], ENG_GGML_TYPE_F16, p16, sizeof p16);
-    enum { N = 40 };
+    enum { N = 60 };
     int32_t toks[N];
     for (int i = 0; i < N; i++)
         toks[i] = rnd_token();
@@ -251,10 +251,14 @@ PC_TEST(f16_weights_and_kv)
         eng_seq_t *s;
         ASSERT_EQ(eng_seq_create(e, &s), 0);
         lg[conv] = malloc((size_t)N * N_VOCAB * sizeof(float));
-        /* Prefill 30 (through the converted-tile sgemm), then decode (the F16 GEMV). */
-        eng_batch_item_t it = {.seq = s, .tokens = toks, .n_tokens = 30, .logits = ENG_LOGITS_ALL};
+        /* Prefill 33 (through the converted-tile sgemm), a chunk of 17 (the F16 GEMV on row
+         * groups of 8, 8 and 1), then decode (the F16 GEMV on one row). */
+        eng_batch_item_t it = {.seq = s, .tokens = toks, .n_tokens = 33, .logits = ENG_LOGITS_ALL};
         ASSERT_EQ(eng_forward(e, &it, 1, lg[conv]), 0);
-        for (int i = 30; i < N; i++) {
+        it = (eng_batch_item_t){
+            .seq = s, .tokens = toks + 33, .n_tokens = 17, .logits = ENG_LOGITS_ALL};
+        ASSERT_EQ(eng_forward(e, &it, 1, lg[conv] + (size_t)33 * N_VOCAB), 0);
+        for (int i = 50; i < N; i++) {
             it = (eng_batch_item_t){
                 .seq = s, .tokens = toks + i, .n_tokens = 1, .logits = ENG_LOGITS_ALL};
             ASSERT_EQ(eng_forward(e, &it, 1, lg[conv] + (size_t)i * N_VOCAB), 0);

@@ -1,0 +1,966 @@
+/*
+ * test_worker.c — the worker (engine/worker.h) end to end on a small generated model with a
+ * byte-level vocabulary (256 byte tokens and an end-of-turn control token), so that text,
+ * stop sequences and the tokenizer are real.
+ *
+ * The oracle for greedy output is a plain engine loop with no scheduler: the whole prompt in
+ * one forward pass, then one token at a time. The worker must give the same tokens when
+ * requests run together in chunked steps, when they are preempted and recomputed, and when
+ * they start from another request's cached prefix.
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "mkmodel.h"
+#include "pc_alloc.h"
+#include "pc_assert.h"
+#include "pc_err.h"
+#include "pc_test.h"
+#include "pc_time.h"
+#include "sampling.h"
+#include "vocab.h"
+#include "wire.h"
+#include "worker.h"
+
+#define N_VOCAB 257
+#define EOT_ID 256
+#define MAX_OUT 512
+
+static char g_model[256];
+
+/* GPT-2's byte-to-unicode mapping, as UTF-8, for the byte tokens. */
+static void byte_token(int b, char out[8])
+{
+    int cp = b;
+    if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255))) {
+        int n = 0;
+        for (int x = 0; x < b; x++)
+            if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255)))
+                n++;
+        cp = 256 + n;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = 0;
+    } else {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        out[2] = 0;
+    }
+}
+
+static const char *model_path(void)
+{
+    if (g_model[0] != '\0')
+        return g_model;
+    eng_vocab_t *v = pc_calloc(1, sizeof *v);
+    v->bos_id = v->eos_id = v->eom_id = v->pad_id = v->unk_id = -1;
+    v->eot_id = EOT_ID;
+    v->model = pc_strdup("gpt2");
+    v->pre = pc_strdup("default");
+    v->n_tokens = N_VOCAB;
+    v->tokens = pc_calloc(N_VOCAB, sizeof *v->tokens);
+    v->token_type = pc_calloc(N_VOCAB, sizeof *v->token_type);
+    for (int i = 0; i < 256; i++) {
+        char t[8];
+        byte_token(i, t);
+        v->tokens[i] = pc_strdup(t);
+        v->token_type[i] = ENG_TOKEN_TYPE_NORMAL;
+    }
+    v->tokens[EOT_ID] = pc_strdup("<|eot|>");
+    v->token_type[EOT_ID] = ENG_TOKEN_TYPE_CONTROL;
+    eng_mkmodel_params_t p = eng_mkmodel_params_default();
+    p.n_layer = 2;
+    p.n_embd = 64;
+    p.n_head = 4;
+    p.n_head_kv = 2;
+    p.n_ff = 128;
+    p.n_ctx = 4096;
+    p.rope_theta = 10000.0f;
+    p.seed = 11;
+    p.name = "kvgw-worker-test";
+    char err[256];
+    snprintf(g_model, sizeof g_model, "/tmp/kvgw-worker-test-%d.gguf", (int)getpid());
+    if (eng_mkmodel_write(&p, v, g_model, err, sizeof err) != 0) {
+        fprintf(stderr, "mkmodel: %s\n", err);
+        abort();
+    }
+    eng_vocab_free(v);
+    return g_model;
+}
+
+__attribute__((destructor)) static void remove_model(void)
+{
+    if (g_model[0] != '\0')
+        unlink(g_model);
+}
+
+static eng_worker_params_t wparams(void)
+{
+    eng_worker_params_t p = eng_worker_params_default();
+    p.engine.model_path = model_path();
+    p.engine.kv_dtype = ENG_KV_F32;
+    p.engine.kv_max_tokens = 16384;
+    p.engine.n_threads = 2;
+    p.step_tokens = 64;
+    p.load_interval_ms = 0;
+    return p;
+}
+
+static eng_worker_t *start(const eng_worker_params_t *p)
+{
+    eng_worker_t *w = NULL;
+    char err[256];
+    if (eng_worker_init(p, &w, err, sizeof err) != 0)
+        fprintf(stderr, "eng_worker_init: %s\n", err);
+    return w;
+}
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static uint32_t rnd(uint32_t n)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng % n);
+}
+
+static void random_prompt(uint32_t *t, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        t[i] = rnd(256);
+}
+
+/* Greedy reference: a plain engine, the prompt in one pass, then one token at a time. */
+static int reference(const uint32_t *prompt, uint32_t n, uint32_t max_tokens, uint32_t *out)
+{
+    eng_params_t p = eng_params_default();
+    p.model_path = model_path();
+    p.kv_dtype = ENG_KV_F32;
+    p.kv_max_tokens = 8192;
+    p.max_batch_tokens = 4096;
+    eng_t *e = NULL;
+    char err[256];
+    if (eng_init(&p, &e, err, sizeof err) != 0)
+        return -1;
+    eng_seq_t *s = NULL;
+    eng_seq_create(e, &s);
+    float *lg = malloc(N_VOCAB * sizeof *lg);
+    int32_t *ids = malloc((n + max_tokens) * sizeof *ids);
+    for (uint32_t i = 0; i < n; i++)
+        ids[i] = (int32_t)prompt[i];
+    eng_batch_item_t it = {.seq = s, .tokens = ids, .n_tokens = n, .logits = ENG_LOGITS_LAST};
+    int rc = eng_forward(e, &it, 1, lg);
+    for (uint32_t k = 0; rc == 0 && k < max_tokens; k++) {
+        uint32_t t;
+        eng_sample_greedy(lg, N_VOCAB, &t);
+        out[k] = t;
+        ids[n + k] = (int32_t)t;
+        if (k + 1 < max_tokens) {
+            it = (eng_batch_item_t){
+                .seq = s, .tokens = &ids[n + k], .n_tokens = 1, .logits = ENG_LOGITS_LAST};
+            rc = eng_forward(e, &it, 1, lg);
+        }
+    }
+    free(lg);
+    free(ids);
+    eng_seq_free(e, s);
+    eng_free(e);
+    return rc;
+}
+
+/* ---- collecting events ------------------------------------------------------------------ */
+
+typedef struct result {
+    uint64_t id;
+    uint32_t tokens[MAX_OUT];
+    uint32_t n_tokens;
+    char text[8192];
+    size_t text_len;
+    bool done, failed;
+    eng_wire_done_t d; /* text slice not kept */
+    int err_code;
+    char err_msg[256];
+    bool extra_after_final; /* an event after the final one: a bug */
+} result_t;
+
+typedef struct collector {
+    result_t *res;
+    uint32_t n_res;
+    eng_wire_kv_event_t kv[256];
+    uint32_t n_kv;
+    uint32_t n_load;
+    eng_wire_load_t last_load;
+} collector_t;
+
+static result_t *find(collector_t *c, uint64_t id)
+{
+    for (uint32_t i = 0; i < c->n_res; i++)
+        if (c->res[i].id == id)
+            return &c->res[i];
+    return NULL;
+}
+
+static void take(collector_t *c, const eng_worker_event_t *ev)
+{
+    result_t *r;
+    switch (ev->type) {
+    case ENG_WIRE_TOKEN:
+        r = find(c, ev->u.token.request_id);
+        if (r == NULL)
+            return;
+        if (r->done || r->failed)
+            r->extra_after_final = true;
+        if (r->n_tokens < MAX_OUT)
+            r->tokens[r->n_tokens++] = ev->u.token.token_id;
+        memcpy(r->text + r->text_len, ev->u.token.text.base, ev->u.token.text.len);
+        r->text_len += ev->u.token.text.len;
+        break;
+    case ENG_WIRE_DONE:
+        r = find(c, ev->u.done.request_id);
+        if (r == NULL)
+            return;
+        if (r->done || r->failed)
+            r->extra_after_final = true;
+        r->done = true;
+        r->d = ev->u.done;
+        r->d.text = (pc_slice_t){NULL, 0};
+        memcpy(r->text + r->text_len, ev->u.done.text.base, ev->u.done.text.len);
+        r->text_len += ev->u.done.text.len;
+        break;
+    case ENG_WIRE_ERROR:
+        r = find(c, ev->u.error.request_id);
+        if (r == NULL)
+            return;
+        if (r->done || r->failed)
+            r->extra_after_final = true;
+        r->failed = true;
+        r->err_code = ev->u.error.code;
+        snprintf(r->err_msg, sizeof r->err_msg, "%.*s", (int)ev->u.error.message.len,
+                 ev->u.error.message.base);
+        break;
+    case ENG_WIRE_KV_EVENT:
+        if (c->n_kv < PC_ARRAY_LEN(c->kv))
+            c->kv[c->n_kv++] = ev->u.kv;
+        break;
+    case ENG_WIRE_LOAD:
+        c->n_load++;
+        c->last_load = ev->u.load;
+        break;
+    }
+}
+
+static bool all_final(const collector_t *c)
+{
+    for (uint32_t i = 0; i < c->n_res; i++)
+        if (!c->res[i].done && !c->res[i].failed)
+            return false;
+    return true;
+}
+
+/* Polls until every tracked request has its final event, or timeout_ms passes. */
+static bool drain(eng_worker_t *w, collector_t *c, int timeout_ms)
+{
+    uint64_t until = pc_time_mono_ms() + (uint64_t)timeout_ms;
+    eng_worker_event_t ev[32];
+    while (!all_final(c)) {
+        if (pc_time_mono_ms() > until)
+            return false;
+        size_t n = eng_worker_poll_wait(w, ev, PC_ARRAY_LEN(ev), 100);
+        for (size_t i = 0; i < n; i++)
+            take(c, &ev[i]);
+    }
+    return true;
+}
+
+/* Polls for up to ms (collecting everything). */
+static void drain_for(eng_worker_t *w, collector_t *c, int ms)
+{
+    uint64_t until = pc_time_mono_ms() + (uint64_t)ms;
+    eng_worker_event_t ev[32];
+    while (pc_time_mono_ms() < until) {
+        size_t n = eng_worker_poll_wait(w, ev, PC_ARRAY_LEN(ev), 20);
+        for (size_t i = 0; i < n; i++)
+            take(c, &ev[i]);
+    }
+}
+
+static eng_wire_submit_t greedy_req(uint64_t id, uint64_t ns, const uint32_t *t, uint32_t n,
+                                    uint32_t max_tokens)
+{
+    eng_wire_submit_t q = {.request_id = id,
+                           .ns = ns,
+                           .max_tokens = max_tokens,
+                           .flags = ENG_WIRE_SUBMIT_IGNORE_EOG,
+                           .tokens = t,
+                           .n_tokens = n};
+    q.sampling = eng_sampling_params_default();
+    q.sampling.temperature = 0;
+    return q;
+}
+
+static int submit(eng_worker_t *w, const eng_wire_submit_t *q)
+{
+    char err[256] = "";
+    int rc = eng_worker_submit(w, q, err, sizeof err);
+    if (rc != 0)
+        fprintf(stderr, "submit %llu: %s (%s)\n", (unsigned long long)q->request_id,
+                pc_strerror(rc), err);
+    return rc;
+}
+
+/* The pool is back to free + cached only: nothing leaked by finished requests. */
+static void check_idle(eng_worker_t *w)
+{
+    eng_wire_load_t l;
+    uint64_t until = pc_time_mono_ms() + 2000;
+    do { /* the load is published after the step that retired the last request */
+        eng_worker_load(w, &l);
+    } while (l.running_seqs != 0 && pc_time_mono_ms() < until);
+    ASSERT_EQ(l.running_seqs, 0);
+    ASSERT_EQ(l.queued_requests, 0);
+    ASSERT_EQ(l.free_blocks + l.cached_blocks, l.total_blocks);
+}
+
+/* ---- tests -------------------------------------------------------------------------------- */
+
+#define N_BATCH 6
+
+PC_TEST(batch_equivalence_greedy)
+{
+    static const uint32_t lens[N_BATCH] = {5, 17, 64, 100, 150, 33};
+    static uint32_t prompts[N_BATCH][160], want[N_BATCH][40];
+    for (int i = 0; i < N_BATCH; i++) {
+        random_prompt(prompts[i], lens[i]);
+        ASSERT_EQ(reference(prompts[i], lens[i], 40, want[i]), 0);
+    }
+    eng_worker_params_t p = wparams();
+    p.step_tokens = 48; /* several chunks per prompt, decodes and prefills mixed */
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t res[N_BATCH];
+    memset(res, 0, sizeof res);
+    collector_t c = {.res = res, .n_res = N_BATCH};
+    for (int i = 0; i < N_BATCH; i++) {
+        res[i].id = 100 + (uint64_t)i;
+        eng_wire_submit_t q = greedy_req(res[i].id, 7, prompts[i], lens[i], 40);
+        ASSERT_EQ(submit(w, &q), 0);
+    }
+    ASSERT_TRUE(drain(w, &c, 60000));
+    for (int i = 0; i < N_BATCH; i++) {
+        ASSERT_TRUE(res[i].done);
+        ASSERT_FALSE(res[i].extra_after_final);
+        ASSERT_EQ(res[i].d.stop_reason, ENG_WIRE_STOP_MAX_TOKENS);
+        ASSERT_EQ(res[i].n_tokens, 40);
+        ASSERT_MEM_EQ(res[i].tokens, want[i], 40 * sizeof(uint32_t));
+        ASSERT_EQ(res[i].d.usage.prompt_tokens, lens[i]);
+        ASSERT_EQ(res[i].d.usage.output_tokens, 40);
+        ASSERT_EQ(res[i].d.usage.tokens_reused + res[i].d.usage.tokens_computed, lens[i]);
+    }
+    eng_worker_stats_t st;
+    eng_worker_stats(w, &st);
+    ASSERT_EQ(st.n_finished, N_BATCH);
+    ASSERT_EQ(st.tokens_generated, N_BATCH * 40);
+    /* Fewer steps than running them one after another: they were batched. */
+    ASSERT_LE(st.n_steps, 40 + 10 + 10);
+    PC_TEST_CALL(check_idle(w));
+    eng_worker_free(w);
+}
+
+PC_TEST(preemption_recompute_same_tokens)
+{
+    /* 12 blocks of 16 tokens; three requests of 40 + 40 tokens need 15: someone is preempted,
+     * recomputes its prompt and what it generated, and carries on with the same tokens. */
+    static uint32_t prompts[3][40], want[3][40];
+    for (int i = 0; i < 3; i++) {
+        random_prompt(prompts[i], 40);
+        ASSERT_EQ(reference(prompts[i], 40, 40, want[i]), 0);
+    }
+    eng_worker_params_t p = wparams();
+    p.engine.kv_max_tokens = 12 * 16;
+    p.engine.kv_poison = true;
+    p.step_tokens = 128;
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t res[3];
+    memset(res, 0, sizeof res);
+    collector_t c = {.res = res, .n_res = 3};
+    for (int i = 0; i < 3; i++) {
+        res[i].id = 1 + (uint64_t)i;
+        eng_wire_submit_t q = greedy_req(res[i].id, 1 + (uint64_t)i, prompts[i], 40, 40);
+        ASSERT_EQ(submit(w, &q), 0);
+    }
+    ASSERT_TRUE(drain(w, &c, 60000));
+    uint32_t recomputed = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!res[i].done)
+            fprintf(stderr, "request %d: %s\n", i, res[i].err_msg);
+        ASSERT_TRUE(res[i].done);
+        ASSERT_EQ(res[i].n_tokens, 40);
+        ASSERT_MEM_EQ(res[i].tokens, want[i], 40 * sizeof(uint32_t));
+        ASSERT_EQ(res[i].d.usage.output_tokens, 40);
+        recomputed += res[i].d.usage.tokens_computed + res[i].d.usage.tokens_reused - 40;
+    }
+    eng_worker_stats_t st;
+    eng_worker_stats(w, &st);
+    ASSERT_TRUE(st.n_preempted >= 1);
+    ASSERT_TRUE(recomputed > 0); /* the preempted request replayed its tokens */
+    PC_TEST_CALL(check_idle(w));
+    eng_worker_free(w);
+}
+
+PC_TEST(same_seed_same_tokens)
+{
+    static uint32_t prompt[30], other[50];
+    random_prompt(prompt, 30);
+    random_prompt(other, 50);
+    eng_worker_params_t p = wparams();
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t res[4];
+    memset(res, 0, sizeof res);
+    collector_t c = {.res = res, .n_res = 4};
+    uint64_t seeds[4] = {42, 42, 43, 42};
+    for (int i = 0; i < 4; i++) {
+        res[i].id = 10 + (uint64_t)i;
+        /* 0, 1 and 2 run together; 3 runs later beside a different neighbour. */
+        eng_wire_submit_t q = greedy_req(res[i].id, 5 + (uint64_t)i, prompt, 30, 32);
+        q.sampling.temperature = 0.9f;
+        q.sampling.top_k = 64;
+        q.sampling.top_p = 0.95f;
+        q.sampling.seed = seeds[i];
+        if (i == 3) {
+            c.n_res = 3;
+            ASSERT_TRUE(drain(w, &c, 60000));
+            c.n_res = 4;
+            eng_wire_submit_t o = greedy_req(99, 77, other, 50, 20);
+            ASSERT_EQ(submit(w, &o), 0);
+        }
+        ASSERT_EQ(submit(w, &q), 0);
+    }
+    ASSERT_TRUE(drain(w, &c, 60000));
+    for (int i = 0; i < 4; i++)
+        ASSERT_EQ(res[i].n_tokens, 32);
+    ASSERT_MEM_EQ(res[0].tokens, res[1].tokens, 32 * sizeof(uint32_t));
+    ASSERT_MEM_EQ(res[0].tokens, res[3].tokens, 32 * sizeof(uint32_t));
+    ASSERT_TRUE(memcmp(res[0].tokens, res[2].tokens, 32 * sizeof(uint32_t)) != 0);
+    drain_for(w, &c, 200); /* request 99's events */
+    eng_worker_free(w);
+}
+
+/* Runs one greedy request alone and returns its result (text and tokens). */
+static void run_one(eng_worker_t *w, eng_wire_submit_t *q, result_t *out)
+{
+    memset(out, 0, sizeof *out);
+    out->id = q->request_id;
+    collector_t c = {.res = out, .n_res = 1};
+    ASSERT_EQ(submit(w, q), 0);
+    ASSERT_TRUE(drain(w, &c, 60000));
+    ASSERT_FALSE(out->extra_after_final);
+}
+
+static bool utf8_boundary(const char *s, size_t i)
+{
+    return ((unsigned char)s[i] & 0xC0) != 0x80;
+}
+
+PC_TEST(stop_sequence_across_tokens)
+{
+    static uint32_t prompt[20];
+    random_prompt(prompt, 20);
+    eng_worker_params_t p = wparams();
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t full, stopped;
+    eng_wire_submit_t q = greedy_req(1, 3, prompt, 20, 60);
+    PC_TEST_CALL(run_one(w, &q, &full));
+    ASSERT_TRUE(full.done);
+    ASSERT_TRUE(full.text_len >= 12);
+    /* A stop sequence from the middle of the text, at least 3 bytes (3 byte tokens at least,
+     * so it spans token boundaries), starting and ending on character boundaries. */
+    size_t a = full.text_len / 3;
+    while (a < full.text_len && !utf8_boundary(full.text, a))
+        a++;
+    size_t b = a + 3;
+    while (b < full.text_len && !utf8_boundary(full.text, b))
+        b++;
+    ASSERT_TRUE(b <= full.text_len);
+    pc_slice_t stops[2] = {pc_slice_cstr("\x01\x02\x03-never"), pc_slice(full.text + a, b - a)};
+    /* The expected released text: everything before the first occurrence of the stop. */
+    size_t first = 0;
+    while (memcmp(full.text + first, full.text + a, b - a) != 0)
+        first++;
+    q.request_id = 2;
+    q.ns = 4;
+    q.stops = stops;
+    q.n_stops = 2;
+    PC_TEST_CALL(run_one(w, &q, &stopped));
+    ASSERT_TRUE(stopped.done);
+    ASSERT_EQ(stopped.d.stop_reason, ENG_WIRE_STOP_SEQUENCE);
+    ASSERT_EQ(stopped.d.stop_index, 1);
+    ASSERT_EQ(stopped.text_len, first);
+    ASSERT_MEM_EQ(stopped.text, full.text, first);
+    /* The tokens up to the one that completed the stop are the full run's. */
+    ASSERT_TRUE(stopped.n_tokens < full.n_tokens);
+    ASSERT_MEM_EQ(stopped.tokens, full.tokens, stopped.n_tokens * sizeof(uint32_t));
+    ASSERT_EQ(stopped.d.usage.output_tokens, stopped.n_tokens);
+
+    /* A stop token id: the run ends at its first occurrence, the token is sent, no text. */
+    static result_t by_id;
+    uint32_t stop_id = full.tokens[7];
+    uint32_t at = 0;
+    while (full.tokens[at] != stop_id)
+        at++;
+    q.request_id = 3;
+    q.ns = 5;
+    q.stops = NULL;
+    q.n_stops = 0;
+    q.stop_ids = &stop_id;
+    q.n_stop_ids = 1;
+    PC_TEST_CALL(run_one(w, &q, &by_id));
+    ASSERT_TRUE(by_id.done);
+    ASSERT_EQ(by_id.d.stop_reason, ENG_WIRE_STOP_TOKEN);
+    ASSERT_EQ(by_id.n_tokens, at + 1);
+    ASSERT_EQ(by_id.tokens[at], stop_id);
+    eng_worker_free(w);
+}
+
+PC_TEST(end_of_generation_token)
+{
+    /* Without IGNORE_EOG the end-of-turn token ends the request when the model produces it:
+     * then it is the last token sent; otherwise max_tokens ends it. */
+    static uint32_t prompt[40];
+    random_prompt(prompt, 40);
+    eng_worker_params_t p = wparams();
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t r;
+    eng_wire_submit_t q = greedy_req(1, 1, prompt, 40, 200);
+    q.flags = 0;
+    PC_TEST_CALL(run_one(w, &q, &r));
+    ASSERT_TRUE(r.done);
+    uint32_t eot_at = UINT32_MAX;
+    for (uint32_t i = 0; i < r.n_tokens && eot_at == UINT32_MAX; i++)
+        if (r.tokens[i] == EOT_ID)
+            eot_at = i;
+    if (eot_at != UINT32_MAX) {
+        ASSERT_EQ(r.d.stop_reason, ENG_WIRE_STOP_EOG);
+        ASSERT_EQ(eot_at, r.n_tokens - 1);
+    } else {
+        ASSERT_EQ(r.d.stop_reason, ENG_WIRE_STOP_MAX_TOKENS);
+        ASSERT_EQ(r.n_tokens, 200);
+    }
+    eng_worker_free(w);
+}
+
+PC_TEST(max_tokens_zero_prewarms)
+{
+    static uint32_t prompt[100], want[10];
+    random_prompt(prompt, 100);
+    ASSERT_EQ(reference(prompt, 100, 10, want), 0);
+    eng_worker_params_t p = wparams();
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t warm, hot;
+    eng_wire_submit_t q = greedy_req(1, 9, prompt, 100, 0);
+    PC_TEST_CALL(run_one(w, &q, &warm));
+    ASSERT_TRUE(warm.done);
+    ASSERT_EQ(warm.d.stop_reason, ENG_WIRE_STOP_MAX_TOKENS);
+    ASSERT_EQ(warm.n_tokens, 0);
+    ASSERT_EQ(warm.text_len, 0);
+    ASSERT_EQ(warm.d.usage.output_tokens, 0);
+    ASSERT_EQ(warm.d.usage.tokens_computed, 100);
+    ASSERT_EQ(warm.d.usage.tokens_reused, 0);
+    /* The same prompt again finds it cached (all but the last token) and decodes the same. */
+    q = greedy_req(2, 9, prompt, 100, 10);
+    PC_TEST_CALL(run_one(w, &q, &hot));
+    ASSERT_TRUE(hot.done);
+    ASSERT_EQ(hot.d.usage.tokens_reused, 99);
+    ASSERT_EQ(hot.d.usage.tokens_computed, 1);
+    ASSERT_MEM_EQ(hot.tokens, want, 10 * sizeof(uint32_t));
+    PC_TEST_CALL(check_idle(w));
+    eng_worker_free(w);
+}
+
+PC_TEST(cancel_queued_prefill_decode)
+{
+    static uint32_t long_prompt[3000], short_prompt[10];
+    random_prompt(long_prompt, 3000);
+    random_prompt(short_prompt, 10);
+    eng_worker_params_t p = wparams();
+    p.step_tokens = 32;
+    p.max_running = 1;
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t res[3];
+    memset(res, 0, sizeof res);
+    collector_t c = {.res = res, .n_res = 3};
+    res[0].id = 1; /* mid-prefill */
+    res[1].id = 2; /* queued behind it (max_running 1) */
+    res[2].id = 3; /* mid-decode, later */
+    eng_wire_submit_t q = greedy_req(1, 1, long_prompt, 3000, 10);
+    ASSERT_EQ(submit(w, &q), 0);
+    q = greedy_req(2, 1, short_prompt, 10, 10);
+    ASSERT_EQ(submit(w, &q), 0);
+    /* Wait until the long prefill ran a few steps, then cancel both. */
+    eng_worker_stats_t st;
+    uint64_t until = pc_time_mono_ms() + 30000;
+    do {
+        eng_worker_stats(w, &st);
+    } while (st.n_steps < 3 && pc_time_mono_ms() < until);
+    ASSERT_TRUE(st.n_steps >= 3);
+    ASSERT_EQ(eng_worker_cancel(w, 2), 0);
+    ASSERT_EQ(eng_worker_cancel(w, 1), 0);
+    ASSERT_EQ(eng_worker_cancel(w, 12345), PC_ERR_NOTFOUND);
+    c.n_res = 2;
+    ASSERT_TRUE(drain(w, &c, 30000));
+    ASSERT_TRUE(res[0].done && res[1].done);
+    ASSERT_EQ(res[0].d.stop_reason, ENG_WIRE_STOP_CANCELED);
+    ASSERT_EQ(res[0].n_tokens, 0);
+    ASSERT_TRUE(res[0].d.usage.tokens_computed > 0);
+    ASSERT_TRUE(res[0].d.usage.tokens_computed < 3000);
+    ASSERT_EQ(res[1].d.stop_reason, ENG_WIRE_STOP_CANCELED);
+    ASSERT_EQ(res[1].d.usage.tokens_computed, 0);
+    ASSERT_EQ(eng_worker_cancel(w, 1), PC_ERR_NOTFOUND); /* finished */
+
+    /* Mid-decode: cancel after the first tokens arrived. */
+    q = greedy_req(3, 2, short_prompt, 10, 2000);
+    ASSERT_EQ(submit(w, &q), 0);
+    eng_worker_event_t ev[16];
+    c.n_res = 3;
+    until = pc_time_mono_ms() + 30000;
+    while (res[2].n_tokens < 3 && pc_time_mono_ms() < until) {
+        size_t n = eng_worker_poll_wait(w, ev, 16, 100);
+        for (size_t i = 0; i < n; i++)
+            take(&c, &ev[i]);
+    }
+    ASSERT_EQ(eng_worker_cancel(w, 3), 0);
+    ASSERT_TRUE(drain(w, &c, 30000));
+    ASSERT_TRUE(res[2].done);
+    ASSERT_EQ(res[2].d.stop_reason, ENG_WIRE_STOP_CANCELED);
+    ASSERT_TRUE(res[2].n_tokens >= 3 && res[2].n_tokens < 2000);
+    ASSERT_EQ(res[2].d.usage.output_tokens, res[2].n_tokens);
+    PC_TEST_CALL(check_idle(w));
+    /* The id is free again after its final event. */
+    q = greedy_req(3, 2, short_prompt, 10, 1);
+    ASSERT_EQ(submit(w, &q), 0);
+    eng_worker_free(w); /* with a request in flight: dropped without events */
+}
+
+PC_TEST(queue_overflow_overloaded)
+{
+    static uint32_t long_prompt[2000], prompt[10];
+    random_prompt(long_prompt, 2000);
+    random_prompt(prompt, 10);
+    eng_worker_params_t p = wparams();
+    p.max_running = 1;
+    p.max_queue = 2;
+    p.step_tokens = 16;
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    eng_wire_submit_t q = greedy_req(1, 1, long_prompt, 2000, 5);
+    ASSERT_EQ(submit(w, &q), 0);
+    /* Wait until request 1 is admitted (running), so the queue is empty. */
+    eng_wire_load_t l;
+    uint64_t until = pc_time_mono_ms() + 30000;
+    do {
+        eng_worker_load(w, &l);
+    } while (l.running_seqs != 1 && pc_time_mono_ms() < until);
+    ASSERT_EQ(l.running_seqs, 1);
+    q = greedy_req(2, 1, prompt, 10, 5);
+    ASSERT_EQ(submit(w, &q), 0);
+    q.request_id = 3;
+    ASSERT_EQ(submit(w, &q), 0);
+    q.request_id = 4;
+    char err[256] = "";
+    ASSERT_EQ(eng_worker_submit(w, &q, err, sizeof err), PC_ERR_OVERLOADED);
+    ASSERT_TRUE(strstr(err, "overloaded") != NULL);
+    q.request_id = 2; /* a live id */
+    ASSERT_EQ(eng_worker_submit(w, &q, err, sizeof err), PC_ERR_EXISTS);
+    eng_worker_load(w, &l);
+    static result_t res[3];
+    memset(res, 0, sizeof res);
+    res[0].id = 1, res[1].id = 2, res[2].id = 3;
+    collector_t c = {.res = res, .n_res = 3};
+    ASSERT_EQ(eng_worker_cancel(w, 1), 0);
+    ASSERT_TRUE(drain(w, &c, 30000));
+    ASSERT_TRUE(res[1].done && res[2].done);
+    ASSERT_EQ(res[1].n_tokens, 5);
+    /* Room again. */
+    q.request_id = 4;
+    ASSERT_EQ(submit(w, &q), 0);
+    eng_worker_free(w);
+}
+
+PC_TEST(bad_requests_refused)
+{
+    eng_worker_params_t p = wparams();
+    p.engine.kv_max_tokens = 8 * 16; /* 128 tokens */
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    eng_worker_info_t info;
+    eng_worker_info(w, &info);
+    ASSERT_EQ(info.n_vocab, N_VOCAB);
+    ASSERT_EQ(info.n_ctx, 4096);
+    ASSERT_EQ(info.block_tokens, 16);
+    ASSERT_EQ(info.total_blocks, 8);
+    ASSERT_EQ(info.max_prompt_tokens, 128);
+    ASSERT_STR_EQ(info.model_name, "kvgw-worker-test");
+    ASSERT_TRUE(info.model_fp != 0);
+    static uint32_t big[5000];
+    random_prompt(big, 5000);
+    char err[256];
+    /* Larger than the pool. */
+    eng_wire_submit_t q = greedy_req(1, 1, big, 129, 1);
+    ASSERT_EQ(eng_worker_submit(w, &q, err, sizeof err), PC_ERR_RANGE);
+    ASSERT_TRUE(strstr(err, "KV blocks") != NULL);
+    /* Longer than the context. */
+    q = greedy_req(1, 1, big, 100, 4000);
+    ASSERT_EQ(eng_worker_submit(w, &q, err, sizeof err), PC_ERR_RANGE);
+    ASSERT_TRUE(strstr(err, "context") != NULL);
+    /* A token id out of range. */
+    big[3] = N_VOCAB;
+    q = greedy_req(1, 1, big, 10, 1);
+    ASSERT_EQ(eng_worker_submit(w, &q, err, sizeof err), PC_ERR_INVAL);
+    big[3] = 1;
+    /* Request id 0, empty prompt, bad sampling, bad flags, bad retain, bad stop. */
+    q = greedy_req(0, 1, big, 10, 1);
+    ASSERT_EQ(eng_worker_submit(w, &q, err, sizeof err), PC_ERR_INVAL);
+    q = greedy_req(1, 1, big, 0, 1);
+    ASSERT_EQ(eng_worker_submit(w, &q, err, sizeof err), PC_ERR_INVAL);
+    q = greedy_req(1, 1, big, 10, 1);
+    q.sampling.top_p = 0;
+    ASSERT_EQ(eng_worker_submit(w, &q, err, sizeof err), PC_ERR_INVAL);
+    q = greedy_req(1, 1, big, 10, 1);
+    q.flags = 2;
+    ASSERT_EQ(eng_worker_submit(w, &q, err, sizeof err), PC_ERR_INVAL);
+    eng_wire_retain_t rt = {.n_tokens = 11, .ttl_ms = 1000};
+    q = greedy_req(1, 1, big, 10, 1);
+    q.retain = &rt;
+    q.n_retain = 1;
+    ASSERT_EQ(eng_worker_submit(w, &q, err, sizeof err), PC_ERR_INVAL);
+    pc_slice_t empty = pc_slice("", 0);
+    q = greedy_req(1, 1, big, 10, 1);
+    q.stops = &empty;
+    q.n_stops = 1;
+    ASSERT_EQ(eng_worker_submit(w, &q, err, sizeof err), PC_ERR_INVAL);
+    /* Nothing was queued: no events, nothing submitted. */
+    eng_worker_event_t ev[4];
+    ASSERT_EQ(eng_worker_poll_wait(w, ev, 4, 100), 0);
+    eng_worker_stats_t st;
+    eng_worker_stats(w, &st);
+    ASSERT_EQ(st.n_submitted, 0);
+    /* Prompt and generation that fill the pool exactly run to the end (the prompt's cached
+     * copy in the index gives way); one more token than fits fails cleanly after the tokens
+     * that fitted. */
+    static result_t r;
+    q = greedy_req(5, 1, big, 120, 9); /* KV holds 120 + 8: the last token is never fed */
+    PC_TEST_CALL(run_one(w, &q, &r));
+    ASSERT_TRUE(r.done);
+    ASSERT_EQ(r.n_tokens, 9);
+    q = greedy_req(6, 1, big, 120, 40);
+    PC_TEST_CALL(run_one(w, &q, &r));
+    ASSERT_TRUE(r.failed);
+    ASSERT_EQ(r.err_code, PC_ERR_NOSPACE);
+    ASSERT_EQ(r.n_tokens, 9);
+    PC_TEST_CALL(check_idle(w));
+    eng_worker_free(w);
+}
+
+PC_TEST(shared_prefix_computed_once)
+{
+    /* Four requests with a 512-token common prefix arrive together; one computes it, the
+     * others wait for it and start from the cache. */
+    enum { SHARED = 512, SUFFIX = 12, N = 4 };
+    static uint32_t prompts[N][SHARED + SUFFIX], want[N][8];
+    random_prompt(prompts[0], SHARED + SUFFIX);
+    for (int i = 1; i < N; i++) {
+        memcpy(prompts[i], prompts[0], SHARED * sizeof(uint32_t));
+        random_prompt(prompts[i] + SHARED, SUFFIX);
+        prompts[i][SHARED] = (prompts[0][SHARED] + (uint32_t)i) % 256; /* diverge right there */
+    }
+    for (int i = 0; i < N; i++)
+        ASSERT_EQ(reference(prompts[i], SHARED + SUFFIX, 8, want[i]), 0);
+    eng_worker_params_t p = wparams();
+    p.step_tokens = 64;
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t res[N];
+    memset(res, 0, sizeof res);
+    collector_t c = {.res = res, .n_res = N};
+    for (int i = 0; i < N; i++) {
+        res[i].id = 1 + (uint64_t)i;
+        eng_wire_submit_t q = greedy_req(res[i].id, 42, prompts[i], SHARED + SUFFIX, 8);
+        ASSERT_EQ(submit(w, &q), 0);
+    }
+    ASSERT_TRUE(drain(w, &c, 60000));
+    uint32_t computed = 0, reused = 0;
+    for (int i = 0; i < N; i++) {
+        ASSERT_TRUE(res[i].done);
+        ASSERT_MEM_EQ(res[i].tokens, want[i], 8 * sizeof(uint32_t));
+        computed += res[i].d.usage.tokens_computed;
+        reused += res[i].d.usage.tokens_reused;
+    }
+    /* The shared part once, each suffix once. */
+    ASSERT_EQ(computed, SHARED + N * SUFFIX);
+    ASSERT_EQ(reused, (N - 1) * SHARED);
+    eng_worker_stats_t st;
+    eng_worker_stats(w, &st);
+    ASSERT_TRUE(st.n_prefix_waits >= N - 1);
+    PC_TEST_CALL(check_idle(w));
+    eng_worker_free(w);
+}
+
+PC_TEST(short_prompt_not_held_up_by_long_prefill)
+{
+    /* A 3000-token prompt submitted first takes many steps of 64 tokens; a 20-token one
+     * submitted right after gets its first token while the long prefill is still running. */
+    static uint32_t long_prompt[3000], short_prompt[20];
+    random_prompt(long_prompt, 3000);
+    random_prompt(short_prompt, 20);
+    eng_worker_params_t p = wparams();
+    p.step_tokens = 64;
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t res[2];
+    memset(res, 0, sizeof res);
+    res[0].id = 1, res[1].id = 2;
+    collector_t c = {.res = res, .n_res = 2};
+    eng_wire_submit_t q = greedy_req(1, 1, long_prompt, 3000, 2);
+    ASSERT_EQ(submit(w, &q), 0);
+    q = greedy_req(2, 2, short_prompt, 20, 2);
+    ASSERT_EQ(submit(w, &q), 0);
+    eng_worker_event_t ev[16];
+    uint64_t until = pc_time_mono_ms() + 60000;
+    bool short_first = false;
+    while (!all_final(&c) && pc_time_mono_ms() < until) {
+        size_t n = eng_worker_poll_wait(w, ev, 16, 100);
+        for (size_t i = 0; i < n; i++) {
+            take(&c, &ev[i]);
+            if (res[1].n_tokens > 0 && res[0].n_tokens == 0)
+                short_first = true;
+        }
+    }
+    ASSERT_TRUE(res[0].done && res[1].done);
+    ASSERT_TRUE(short_first);
+    eng_worker_free(w);
+}
+
+static bool has_kv(const collector_t *c, uint8_t kind, uint64_t ns, uint32_t n, uint64_t fp,
+                   uint64_t request_id)
+{
+    for (uint32_t i = 0; i < c->n_kv; i++) {
+        const eng_wire_kv_event_t *k = &c->kv[i];
+        if (k->kind == kind && k->ns == ns && k->n_tokens == n && k->prefix_fp == fp &&
+            k->request_id == request_id)
+            return true;
+    }
+    return false;
+}
+
+PC_TEST(kv_events_retained_released_evicted)
+{
+    static uint32_t a[100], b[100];
+    random_prompt(a, 100);
+    random_prompt(b, 100);
+    eng_worker_params_t p = wparams();
+    p.engine.kv_max_tokens = 10 * 16; /* 160 tokens: b's prefill must evict a's cache */
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t res[2];
+    memset(res, 0, sizeof res);
+    res[0].id = 1;
+    collector_t c = {.res = res, .n_res = 1};
+    eng_wire_retain_t rt[2] = {{.n_tokens = 40, .ttl_ms = 150}, {.n_tokens = 100, .ttl_ms = 300}};
+    eng_wire_submit_t q = greedy_req(1, 21, a, 100, 4);
+    q.retain = rt;
+    q.n_retain = 2;
+    ASSERT_EQ(submit(w, &q), 0);
+    ASSERT_TRUE(drain(w, &c, 30000));
+    drain_for(w, &c, 50);
+    uint64_t fp40 = eng_wire_prefix_fp(a, 40), fp100 = eng_wire_prefix_fp(a, 100);
+    ASSERT_TRUE(has_kv(&c, ENG_WIRE_KV_RETAINED, 21, 40, fp40, 1));
+    ASSERT_TRUE(has_kv(&c, ENG_WIRE_KV_RETAINED, 21, 100, fp100, 1));
+    for (uint32_t i = 0; i < c.n_kv; i++)
+        if (c.kv[i].kind == ENG_WIRE_KV_RETAINED)
+            ASSERT_EQ(c.kv[i].ttl_ms, c.kv[i].n_tokens == 40 ? 150 : 300);
+    /* The pins expire (the worker releases them): RELEASED, same names. */
+    drain_for(w, &c, 600);
+    ASSERT_TRUE(has_kv(&c, ENG_WIRE_KV_RELEASED, 21, 40, fp40, 1));
+    ASSERT_TRUE(has_kv(&c, ENG_WIRE_KV_RELEASED, 21, 100, fp100, 1));
+    /* Another namespace needs the blocks: a's cache is evicted, reported with its path. */
+    res[1].id = 2;
+    c.n_res = 2;
+    q = greedy_req(2, 22, b, 100, 4);
+    ASSERT_EQ(submit(w, &q), 0);
+    ASSERT_TRUE(drain(w, &c, 30000));
+    ASSERT_TRUE(res[1].done);
+    uint32_t n_evicted = 0;
+    for (uint32_t i = 0; i < c.n_kv; i++) {
+        const eng_wire_kv_event_t *k = &c.kv[i];
+        if (k->kind != ENG_WIRE_KV_EVICTED)
+            continue;
+        n_evicted++;
+        ASSERT_EQ(k->ns, 21);
+        ASSERT_EQ(k->reason, ENG_EVICT_LRU);
+        ASSERT_TRUE(k->n_kept < k->n_tokens && k->n_tokens <= 100);
+        ASSERT_EQ_U64(k->prefix_fp, eng_wire_prefix_fp(a, k->n_tokens));
+    }
+    ASSERT_TRUE(n_evicted >= 1);
+    eng_worker_free(w);
+}
+
+static atomic_int g_wakes;
+static void on_wake(void *ud)
+{
+    (void)ud;
+    atomic_fetch_add(&g_wakes, 1);
+}
+
+PC_TEST(load_events_and_wake)
+{
+    static uint32_t prompt[200];
+    random_prompt(prompt, 200);
+    eng_worker_params_t p = wparams();
+    p.load_interval_ms = 20;
+    p.step_tokens = 16;
+    p.wake = on_wake;
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    eng_wire_load_t l;
+    eng_worker_load(w, &l);
+    ASSERT_EQ(l.total_blocks, 16384 / 16);
+    ASSERT_EQ(l.free_blocks, l.total_blocks);
+    static result_t res[1];
+    memset(res, 0, sizeof res);
+    res[0].id = 1;
+    collector_t c = {.res = res, .n_res = 1};
+    eng_wire_submit_t q = greedy_req(1, 1, prompt, 200, 60);
+    ASSERT_EQ(submit(w, &q), 0);
+    /* Wait for wake-ups, then drain with non-blocking polls only. */
+    uint64_t until = pc_time_mono_ms() + 30000;
+    eng_worker_event_t ev[4]; /* small: several polls per wake */
+    while (!all_final(&c) && pc_time_mono_ms() < until) {
+        int seen = atomic_load(&g_wakes);
+        size_t n;
+        while ((n = eng_worker_poll(w, ev, 4)) > 0)
+            for (size_t i = 0; i < n; i++)
+                take(&c, &ev[i]);
+        while (atomic_load(&g_wakes) == seen && !all_final(&c) && pc_time_mono_ms() < until)
+            usleep(200);
+    }
+    ASSERT_TRUE(res[0].done);
+    ASSERT_TRUE(atomic_load(&g_wakes) >= 1);
+    drain_for(w, &c, 100); /* the idle LOAD */
+    ASSERT_TRUE(c.n_load >= 2);
+    ASSERT_EQ(c.last_load.running_seqs, 0);
+    ASSERT_EQ(c.last_load.total_blocks, 1024);
+    ASSERT_TRUE(c.last_load.cached_blocks >= 200 / 16);
+    eng_worker_free(w);
+}
+
+PC_TEST_MAIN()
