@@ -23,5 +23,6 @@ int kvgw_cmd_bench(int argc, char **argv);
 int kvgw_cmd_tokenize(int argc, char **argv);
 int kvgw_cmd_mkmodel(int argc, char **argv);
 int kvgw_cmd_eval(int argc, char **argv);
+int kvgw_cmd_worker(int argc, char **argv);
 
 #endif

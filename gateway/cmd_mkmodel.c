@@ -34,7 +34,7 @@ static void help(void)
     usage(stdout);
     printf("\nWrites a GGUF model of the given shape with deterministic pseudo-random weights\n"
            "(same options and tokenizer: identical bytes) and the tokenizer and chat template\n"
-           "of a Hugging Face tokenizer.json. The file loads in kvgw and in llama.cpp.\n\n"
+           "of a Hugging Face tokenizer.json, following llama.cpp's GGUF conventions.\n\n"
            "  --arch A               llama (default), qwen2 (q/k/v biases), qwen3 (q/k norms)\n"
            "  --layers N             transformer blocks (default %" PRIu32 ")\n"
            "  --dim D                embedding width (default %" PRIu32 ")\n"

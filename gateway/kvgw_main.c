@@ -11,6 +11,8 @@ static const kvgw_cmd_t bench_cmds[] = {
     {"radix", bench_radix_main, "token radix tree: inserts, lookups, memory, expiry"},
     {"tokenizer", bench_tokenizer_main, "tokenizer encode throughput on an English/code corpus"},
     {"engine", bench_engine_main, "engine core: prefill, decode, TTFT cold vs cached prefix"},
+    {"kernels", bench_kernels_main, "CUDA kernels, cuBLAS GEMMs, engine on the cuda backend"},
+    {"worker", bench_worker_main, "worker: concurrent requests, TTFT beside a cold prefill"},
 };
 
 static void bench_usage(FILE *f)
@@ -44,6 +46,7 @@ static const kvgw_cmd_t commands[] = {
     {"tokenize", kvgw_cmd_tokenize, "text on stdin -> token ids (JSON); --decode the reverse"},
     {"mkmodel", kvgw_cmd_mkmodel, "write a test model (GGUF) with deterministic random weights"},
     {"eval", kvgw_cmd_eval, "forward pass over token ids; writes every position's logits"},
+    {"worker", kvgw_cmd_worker, "serve a model to gateways over TCP (cluster mode)"},
 };
 
 static void usage(FILE *f)

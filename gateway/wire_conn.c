@@ -1,0 +1,401 @@
+/*
+ * wire_conn.c — a worker-protocol TCP connection on libuv (contract in wire_conn.h).
+ *
+ * Output: frames are encoded into c->_out; a flush steals that buffer into a write request, so
+ * one uv_write carries every frame produced since the last flush and nothing is copied twice.
+ * The write callback gives the bytes back to the queue accounting. libuv runs every write
+ * callback (UV_ECANCELED when closing) before the close callback, so when on_closed runs no
+ * write request is left.
+ */
+#include "wire_conn.h"
+
+#include <arpa/inet.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+#define DEFAULT_QUEUE_BYTES ((size_t)64 << 20)
+#define DRAIN_MS 2000
+
+typedef struct wreq {
+    uv_write_t req;
+    gw_wconn_t *c;
+    pc_buf_t buf;
+} wreq_t;
+
+static void hard_close(gw_wconn_t *c);
+
+PC_PRINTF(3, 4)
+static void close_fmt(gw_wconn_t *c, int err, const char *fmt, ...)
+{
+    char why[GW_WCONN_REASON_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    gw_wconn_close(c, err, why, false);
+}
+
+/* The timer's period: fine enough for the shortest interval it watches. */
+static uint64_t tick_ms(const gw_wconn_t *c)
+{
+    uint64_t t = 1000;
+    if (c->_heartbeat_ms > 0)
+        t = PC_MIN(t, c->_heartbeat_ms / 4);
+    if (c->_peer_timeout_ms > 0)
+        t = PC_MIN(t, c->_peer_timeout_ms / 8);
+    if (c->_deadline_ms > 0)
+        t = PC_MIN(t, 50);
+    return PC_MAX(t, 5);
+}
+
+static void on_timer(uv_timer_t *t);
+
+static void timer_restart(gw_wconn_t *c)
+{
+    if (c->state >= GW_WCONN_CLOSING)
+        return;
+    uint64_t ms = tick_ms(c);
+    uv_timer_start(&c->timer, on_timer, ms, ms);
+}
+
+int gw_wconn_init(uv_loop_t *loop, gw_wconn_t *c, const gw_wconn_ops_t *ops, void *data,
+                  uint32_t max_frame, size_t max_queue_bytes)
+{
+    memset(c, 0, offsetof(gw_wconn_t, _rbuf));
+    c->data = data;
+    c->_ops = ops;
+    c->_max_queue_bytes = max_queue_bytes > 0 ? max_queue_bytes : DEFAULT_QUEUE_BYTES;
+    c->max_frame_out = ENG_WIRE_MAX_FRAME_DEFAULT;
+    int rc = eng_wire_decoder_init(max_frame, &c->_dec);
+    if (rc != 0)
+        return rc;
+    if (uv_tcp_init(loop, &c->tcp) != 0) {
+        eng_wire_decoder_free(c->_dec);
+        c->_dec = NULL;
+        return PC_ERR_IO;
+    }
+    uv_timer_init(loop, &c->timer); /* cannot fail */
+    c->tcp.data = c;
+    c->timer.data = c;
+    c->_n_open = 2;
+    c->state = GW_WCONN_IDLE;
+    return 0;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    gw_wconn_t *c = h->data;
+    buf->base = c->_rbuf;
+    buf->len = sizeof c->_rbuf;
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    gw_wconn_t *c = s->data;
+    if (n == 0)
+        return;
+    if (n < 0) {
+        if (n == UV_EOF)
+            gw_wconn_close(c, PC_ERR_CLOSED, "peer closed the connection", false);
+        else
+            close_fmt(c, PC_ERR_IO, "read: %s", uv_strerror((int)n));
+        return;
+    }
+    if (c->state != GW_WCONN_OPEN)
+        return;
+    c->_last_rx_ms = uv_now(c->tcp.loop);
+    c->bytes_in += (uint64_t)n;
+    int rc = eng_wire_decoder_feed(c->_dec, buf->base, (size_t)n);
+    eng_wire_frame_t f;
+    c->_in_read = true;
+    while (rc == 0 && c->state == GW_WCONN_OPEN) {
+        rc = eng_wire_decoder_next(c->_dec, &f);
+        if (rc != 1)
+            break;
+        c->frames_in++;
+        c->_ops->on_frame(c, &f);
+        rc = 0;
+    }
+    c->_in_read = false;
+    if (c->state != GW_WCONN_OPEN)
+        return;
+    if (rc < 0) {
+        const char *why = eng_wire_decoder_error(c->_dec);
+        if (why[0] == '\0')
+            why = pc_strerror(rc);
+        char reason[GW_WCONN_REASON_MAX];
+        snprintf(reason, sizeof reason, "bad frame: %s", why);
+        if (c->error_frame != 0) {
+            eng_wire_frame_t e = {.type = c->error_frame};
+            e.u.error.code = rc;
+            e.u.error.message = pc_slice_cstr(reason); /* < GW_WCONN_REASON_MAX */
+            gw_wconn_send(c, &e);
+        }
+        gw_wconn_close(c, rc, reason, c->error_frame != 0);
+        return;
+    }
+    gw_wconn_flush(c);
+}
+
+int gw_wconn_start(gw_wconn_t *c)
+{
+    PC_ASSERT(c->state == GW_WCONN_IDLE);
+    c->state = GW_WCONN_OPEN;
+    uint64_t now = uv_now(c->tcp.loop);
+    c->_last_rx_ms = c->_last_tx_ms = now;
+    uv_tcp_nodelay(&c->tcp, 1); /* tokens are small frames that must leave at once */
+    int rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+    if (rc != 0) {
+        close_fmt(c, PC_ERR_IO, "read start: %s", uv_strerror(rc));
+        return PC_ERR_IO;
+    }
+    timer_restart(c);
+    return 0;
+}
+
+/* Whether the output may grow by n bytes; otherwise the connection is closed. */
+static int queue_check(gw_wconn_t *c, size_t n)
+{
+    size_t queued = gw_wconn_queued_bytes(c);
+    if (queued + n <= c->_max_queue_bytes)
+        return 0;
+    close_fmt(c, PC_ERR_OVERLOADED, "peer is not reading: %zu bytes queued (limit %zu)", queued + n,
+              c->_max_queue_bytes);
+    return PC_ERR_OVERLOADED;
+}
+
+int gw_wconn_send(gw_wconn_t *c, const eng_wire_frame_t *f)
+{
+    if (c->state != GW_WCONN_OPEN)
+        return PC_ERR_CLOSED;
+    size_t before = c->_out.len;
+    char why[160];
+    int rc = eng_wire_encode(f, c->max_frame_out, &c->_out, why, sizeof why);
+    if (rc == PC_ERR_INVAL) {
+        PC_LOG(PC_LOG_ERROR, "wire", "not sending an invalid %s frame: %s",
+               eng_wire_type_name(f->type), why);
+        return rc;
+    }
+    if (rc != 0) {
+        gw_wconn_close(c, rc, "out of memory encoding a frame", false);
+        return rc;
+    }
+    size_t n = c->_out.len - before;
+    c->_out.len = before; /* the check counts the new frame as not yet queued */
+    if ((rc = queue_check(c, n)) != 0)
+        return rc;
+    c->_out.len = before + n;
+    c->frames_out++;
+    return 0;
+}
+
+int gw_wconn_send_raw(gw_wconn_t *c, const void *bytes, size_t len)
+{
+    if (c->state != GW_WCONN_OPEN)
+        return PC_ERR_CLOSED;
+    int rc = queue_check(c, len);
+    if (rc != 0)
+        return rc;
+    if (pc_buf_append(&c->_out, bytes, len) != 0) {
+        gw_wconn_close(c, PC_ERR_NOMEM, "out of memory queueing bytes", false);
+        return PC_ERR_NOMEM;
+    }
+    return 0;
+}
+
+static void on_write(uv_write_t *req, int status)
+{
+    wreq_t *w = PC_CONTAINER_OF(req, wreq_t, req);
+    gw_wconn_t *c = w->c;
+    c->_bytes_writing -= w->buf.len;
+    pc_buf_free(&w->buf);
+    pc_free(w);
+    if (status < 0 && status != UV_ECANCELED)
+        close_fmt(c, PC_ERR_IO, "write: %s", uv_strerror(status));
+}
+
+int gw_wconn_flush(gw_wconn_t *c)
+{
+    if (c->_out.len == 0 || c->state != GW_WCONN_OPEN || c->_in_read)
+        return 0;
+    wreq_t *w = pc_malloc(sizeof *w);
+    if (w == NULL) {
+        gw_wconn_close(c, PC_ERR_NOMEM, "out of memory writing", false);
+        return PC_ERR_NOMEM;
+    }
+    w->c = c;
+    w->buf = c->_out;
+    c->_out = PC_BUF_INIT;
+    uv_buf_t b = uv_buf_init(w->buf.base, (unsigned)w->buf.len);
+    int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_write);
+    if (rc != 0) {
+        pc_buf_free(&w->buf);
+        pc_free(w);
+        close_fmt(c, PC_ERR_IO, "write: %s", uv_strerror(rc));
+        return PC_ERR_IO;
+    }
+    c->_bytes_writing += b.len;
+    c->bytes_out += b.len;
+    c->_last_tx_ms = uv_now(c->tcp.loop);
+    return 0;
+}
+
+void gw_wconn_set_heartbeat(gw_wconn_t *c, uint32_t interval_ms, uint32_t peer_timeout_ms)
+{
+    c->_heartbeat_ms = interval_ms;
+    c->_peer_timeout_ms = peer_timeout_ms;
+    c->_last_rx_ms = uv_now(c->tcp.loop);
+    timer_restart(c);
+}
+
+void gw_wconn_set_deadline(gw_wconn_t *c, uint32_t ms, const char *why)
+{
+    c->_deadline_ms = ms > 0 ? uv_now(c->tcp.loop) + ms : 0;
+    c->_deadline_why = why;
+    timer_restart(c); /* a deadline also bounds a connect in progress (IDLE) */
+}
+
+static void on_timer(uv_timer_t *t)
+{
+    gw_wconn_t *c = t->data;
+    uint64_t now = uv_now(t->loop);
+    if (c->state == GW_WCONN_DRAINING) {
+        if (now >= c->_deadline_ms)
+            hard_close(c);
+        return;
+    }
+    if (c->state != GW_WCONN_OPEN && c->state != GW_WCONN_IDLE)
+        return;
+    if (c->_deadline_ms > 0 && now >= c->_deadline_ms) {
+        gw_wconn_close(c, PC_ERR_TIMEOUT, c->_deadline_why ? c->_deadline_why : "deadline passed",
+                       false);
+        return;
+    }
+    if (c->state != GW_WCONN_OPEN)
+        return;
+    if (c->_peer_timeout_ms > 0 && now - c->_last_rx_ms > c->_peer_timeout_ms) {
+        close_fmt(c, PC_ERR_TIMEOUT, "peer silent for %llu ms (timeout %u ms)",
+                  (unsigned long long)(now - c->_last_rx_ms), c->_peer_timeout_ms);
+        return;
+    }
+    if (c->_heartbeat_ms > 0 && now - c->_last_tx_ms >= c->_heartbeat_ms &&
+        c->_bytes_writing == 0) {
+        eng_wire_frame_t f = {.type = ENG_WIRE_HEARTBEAT};
+        f.u.heartbeat_ms = now;
+        if (gw_wconn_send(c, &f) == 0)
+            gw_wconn_flush(c);
+    }
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    gw_wconn_t *c = h->data;
+    if (--c->_n_open > 0)
+        return;
+    eng_wire_decoder_free(c->_dec);
+    c->_dec = NULL;
+    pc_buf_free(&c->_out);
+    c->state = GW_WCONN_CLOSED;
+    c->_ops->on_closed(c);
+}
+
+static void hard_close(gw_wconn_t *c)
+{
+    if (c->state >= GW_WCONN_CLOSING)
+        return;
+    c->state = GW_WCONN_CLOSING;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    uv_timer_stop(&c->timer);
+    uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    gw_wconn_t *c = req->handle->data;
+    if (c->state == GW_WCONN_DRAINING)
+        hard_close(c);
+}
+
+void gw_wconn_close(gw_wconn_t *c, int err, const char *reason, bool drain)
+{
+    if (c->state >= GW_WCONN_CLOSING)
+        return;
+    if (c->state == GW_WCONN_DRAINING) {
+        if (!drain)
+            hard_close(c);
+        return;
+    }
+    c->close_err = err;
+    snprintf(c->close_reason, sizeof c->close_reason, "%s", reason ? reason : "");
+    if (drain && c->state == GW_WCONN_OPEN) {
+        c->_in_read = false; /* the last flush happens now */
+        gw_wconn_flush(c);
+        if (c->state == GW_WCONN_OPEN) {
+            uv_read_stop((uv_stream_t *)&c->tcp);
+            if (uv_shutdown(&c->_shutdown, (uv_stream_t *)&c->tcp, on_shutdown) == 0) {
+                c->state = GW_WCONN_DRAINING;
+                c->_deadline_ms = uv_now(c->tcp.loop) + DRAIN_MS;
+                timer_restart(c);
+                return;
+            }
+        }
+    }
+    hard_close(c);
+}
+
+int gw_wconn_parse_addr(const char *hostport, struct sockaddr_storage *addr)
+{
+    if (hostport == NULL)
+        return PC_ERR_INVAL;
+    const char *colon = strrchr(hostport, ':');
+    if (colon == NULL || colon == hostport || colon[1] == '\0')
+        return PC_ERR_INVAL;
+    char *end;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (*end != '\0' || port > 65535 || colon[1] == '-' || colon[1] == '+')
+        return PC_ERR_INVAL;
+    char host[128];
+    size_t hl = (size_t)(colon - hostport);
+    if (hl >= sizeof host)
+        return PC_ERR_INVAL;
+    memcpy(host, hostport, hl);
+    host[hl] = '\0';
+    memset(addr, 0, sizeof *addr);
+    if (host[0] == '[') {
+        if (hl < 3 || host[hl - 1] != ']')
+            return PC_ERR_INVAL;
+        host[hl - 1] = '\0';
+        if (uv_ip6_addr(host + 1, (int)port, (struct sockaddr_in6 *)addr) != 0)
+            return PC_ERR_INVAL;
+        return 0;
+    }
+    if (strcmp(host, "localhost") == 0)
+        strcpy(host, "127.0.0.1");
+    if (uv_ip4_addr(host, (int)port, (struct sockaddr_in *)addr) != 0)
+        return PC_ERR_INVAL;
+    return 0;
+}
+
+void gw_wconn_format_addr(const struct sockaddr *addr, char *buf, size_t len)
+{
+    char ip[64] = "?";
+    int port = 0;
+    if (addr->sa_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)addr;
+        uv_ip4_name(a, ip, sizeof ip);
+        port = ntohs(a->sin_port);
+        snprintf(buf, len, "%s:%d", ip, port);
+    } else if (addr->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)addr;
+        uv_ip6_name(a, ip, sizeof ip);
+        port = ntohs(a->sin6_port);
+        snprintf(buf, len, "[%s]:%d", ip, port);
+    } else {
+        snprintf(buf, len, "?");
+    }
+}

@@ -1,0 +1,275 @@
+/*
+ * worker_client.c — the gateway's TCP link to a worker (contract in worker_client.h).
+ */
+#include "worker_client.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common.h"
+#include "wire_conn.h"
+
+#define MIN_PEER_FRAME (16u << 10)
+#define MAX_PEER_HEARTBEAT_MS 600000u
+
+struct gw_worker_client {
+    gw_worker_client_params_t p; /* strings point into the buffers below */
+    char node[ENG_WIRE_NAME_MAX + 1];
+    char model_name[ENG_WIRE_NAME_MAX + 1];
+    char address[128];
+    gw_worker_client_cbs_t cbs;
+    void *ud;
+    uv_connect_t connect;
+    bool ready;
+    gw_wconn_t w; /* last: it ends with the read buffer */
+};
+
+gw_worker_client_params_t gw_worker_client_params_default(void)
+{
+    return (gw_worker_client_params_t){
+        .version_min = ENG_WIRE_VERSION,
+        .version_max = ENG_WIRE_VERSION,
+        .heartbeat_ms = 1000,
+        .connect_timeout_ms = 5000,
+        .max_frame = ENG_WIRE_MAX_FRAME_DEFAULT,
+        .max_queue_bytes = (size_t)64 << 20,
+    };
+}
+
+PC_PRINTF(3, 4)
+static void fail(gw_worker_client_t *c, int err, const char *fmt, ...)
+{
+    char why[GW_WCONN_REASON_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    gw_wconn_close(&c->w, err, why, false);
+}
+
+/* A REJECT's or connection ERROR's code, if it is one of ours. */
+static int peer_code(int32_t code)
+{
+    return code < 0 && code >= PC_ERR_INTERNAL ? code : PC_ERR_UPSTREAM;
+}
+
+static void on_ack(gw_worker_client_t *c, const eng_wire_hello_t *a)
+{
+    const gw_worker_client_params_t *p = &c->p;
+    if (a->role != ENG_WIRE_ROLE_WORKER) {
+        fail(c, PC_ERR_FORMAT, "HELLO_ACK with role %u, not a worker", a->role);
+        return;
+    }
+    if (a->version_min != a->version_max || a->version_min < p->version_min ||
+        a->version_min > p->version_max) {
+        fail(c, PC_ERR_UNSUPPORTED, "the worker picked versions %u..%u, asked %u..%u",
+             a->version_min, a->version_max, p->version_min, p->version_max);
+        return;
+    }
+    if (a->version_min != ENG_WIRE_VERSION) {
+        fail(c, PC_ERR_UNSUPPORTED, "the worker picked version %u, this side speaks %d",
+             a->version_min, ENG_WIRE_VERSION);
+        return;
+    }
+    if (p->model_name[0] != '\0' && !pc_slice_eq_cstr(a->model_name, p->model_name)) {
+        fail(c, PC_ERR_INVAL, "the worker serves '%.*s', asked '%s'", (int)a->model_name.len,
+             a->model_name.base, p->model_name);
+        return;
+    }
+    if ((p->model_fp != 0 && a->model_fp != p->model_fp) ||
+        (p->n_vocab != 0 && a->n_vocab != p->n_vocab)) {
+        fail(c, PC_ERR_INVAL, "the worker's model (fp %016llx, n_vocab %u) is not the one asked",
+             (unsigned long long)a->model_fp, a->n_vocab);
+        return;
+    }
+    if (a->heartbeat_ms == 0 || a->heartbeat_ms > MAX_PEER_HEARTBEAT_MS ||
+        a->max_frame < MIN_PEER_FRAME) {
+        fail(c, PC_ERR_FORMAT, "HELLO_ACK with heartbeat_ms %u, max_frame %u", a->heartbeat_ms,
+             a->max_frame);
+        return;
+    }
+    c->ready = true;
+    c->w.max_frame_out = a->max_frame;
+    gw_wconn_set_deadline(&c->w, 0, NULL);
+    gw_wconn_set_heartbeat(&c->w, p->heartbeat_ms, 3 * a->heartbeat_ms);
+    if (c->cbs.on_ready)
+        c->cbs.on_ready(c, a, c->ud);
+}
+
+static void on_frame(gw_wconn_t *w, const eng_wire_frame_t *f)
+{
+    gw_worker_client_t *c = w->data;
+    if (f->type == ENG_WIRE_REJECT || (f->type == ENG_WIRE_ERROR && f->u.error.request_id == 0)) {
+        fail(c, peer_code(f->u.error.code), "worker: %.*s", (int)f->u.error.message.len,
+             f->u.error.message.base);
+        return;
+    }
+    if (!c->ready) {
+        if (f->type == ENG_WIRE_HELLO_ACK)
+            on_ack(c, &f->u.hello);
+        else
+            fail(c, PC_ERR_FORMAT, "expected HELLO_ACK, got %s", eng_wire_type_name(f->type));
+        return;
+    }
+    switch (f->type) {
+    case ENG_WIRE_TOKEN:
+    case ENG_WIRE_DONE:
+    case ENG_WIRE_ERROR:
+    case ENG_WIRE_KV_EVENT:
+    case ENG_WIRE_LOAD:
+    case ENG_WIRE_HEARTBEAT:
+        if (c->cbs.on_frame)
+            c->cbs.on_frame(c, f, c->ud);
+        return;
+    default:
+        fail(c, PC_ERR_FORMAT, "%s is not a frame a worker sends", eng_wire_type_name(f->type));
+        return;
+    }
+}
+
+static void on_closed(gw_wconn_t *w)
+{
+    gw_worker_client_t *c = w->data;
+    if (c->cbs.on_close)
+        c->cbs.on_close(c, w->close_err, w->close_reason, c->ud);
+    pc_free(c);
+}
+
+static const gw_wconn_ops_t client_ops = {.on_frame = on_frame, .on_closed = on_closed};
+
+static void on_connect(uv_connect_t *req, int status)
+{
+    gw_worker_client_t *c = req->data;
+    if (status == UV_ECANCELED || c->w.state != GW_WCONN_IDLE)
+        return; /* closing already */
+    if (status < 0) {
+        fail(c, PC_ERR_IO, "connect to %s: %s", c->address, uv_strerror(status));
+        return;
+    }
+    if (gw_wconn_start(&c->w) != 0)
+        return;
+    eng_wire_frame_t f = {.type = ENG_WIRE_HELLO};
+    eng_wire_hello_t *h = &f.u.hello;
+    h->version_min = c->p.version_min;
+    h->version_max = c->p.version_max;
+    h->role = ENG_WIRE_ROLE_GATEWAY;
+    h->heartbeat_ms = c->p.heartbeat_ms;
+    h->max_frame = c->p.max_frame;
+    h->node = pc_slice_cstr(c->node);
+    h->model_name = pc_slice_cstr(c->model_name);
+    h->model_fp = c->p.model_fp;
+    h->n_vocab = c->p.n_vocab;
+    if (gw_wconn_send(&c->w, &f) != 0) {
+        fail(c, PC_ERR_INVAL, "cannot encode HELLO");
+        return;
+    }
+    gw_wconn_flush(&c->w);
+}
+
+int gw_worker_client_connect(uv_loop_t *loop, const gw_worker_client_params_t *p,
+                             const gw_worker_client_cbs_t *cbs, void *ud, gw_worker_client_t **out,
+                             char *err, size_t err_len)
+{
+    *out = NULL;
+    struct sockaddr_storage sa;
+    if (gw_wconn_parse_addr(p->address, &sa) != 0) {
+        snprintf(err, err_len, "bad worker address '%s' (expected HOST:PORT, numeric host)",
+                 p->address ? p->address : "(null)");
+        return PC_ERR_INVAL;
+    }
+    const char *node = p->node ? p->node : "gateway";
+    const char *model = p->model_name ? p->model_name : "";
+    if (strlen(node) > ENG_WIRE_NAME_MAX || strlen(model) > ENG_WIRE_NAME_MAX ||
+        p->version_min == 0 || p->version_min > p->version_max || p->heartbeat_ms == 0 ||
+        p->heartbeat_ms > MAX_PEER_HEARTBEAT_MS || p->max_frame < MIN_PEER_FRAME ||
+        p->connect_timeout_ms == 0) {
+        snprintf(err, err_len,
+                 "bad worker client parameters (names of at most %d bytes, "
+                 "version range, heartbeat_ms 1..%u, max_frame >= %u)",
+                 ENG_WIRE_NAME_MAX, MAX_PEER_HEARTBEAT_MS, MIN_PEER_FRAME);
+        return PC_ERR_INVAL;
+    }
+    gw_worker_client_t *c = pc_malloc(sizeof *c);
+    if (c == NULL)
+        return PC_ERR_NOMEM;
+    memset(c, 0, offsetof(gw_worker_client_t, w));
+    c->p = *p;
+    snprintf(c->node, sizeof c->node, "%s", node);
+    snprintf(c->model_name, sizeof c->model_name, "%s", model);
+    snprintf(c->address, sizeof c->address, "%s", p->address);
+    c->p.node = c->node;
+    c->p.model_name = c->model_name;
+    c->p.address = c->address;
+    if (cbs)
+        c->cbs = *cbs;
+    c->ud = ud;
+    int rc = gw_wconn_init(loop, &c->w, &client_ops, c, p->max_frame, p->max_queue_bytes);
+    if (rc != 0) {
+        pc_free(c);
+        snprintf(err, err_len, "cannot set up a connection: %s", pc_strerror(rc));
+        return rc;
+    }
+    c->connect.data = c;
+    rc = uv_tcp_connect(&c->connect, &c->w.tcp, (struct sockaddr *)&sa, on_connect);
+    if (rc != 0) {
+        /* The handles are initialized: close them, on_close reports it. */
+        fail(c, PC_ERR_IO, "connect to %s: %s", c->address, uv_strerror(rc));
+    } else {
+        gw_wconn_set_deadline(&c->w, p->connect_timeout_ms,
+                              "no handshake with the worker before the connect timeout");
+    }
+    *out = c;
+    return 0;
+}
+
+static int send_frame(gw_worker_client_t *c, const eng_wire_frame_t *f)
+{
+    if (!c->ready || !gw_wconn_is_open(&c->w))
+        return PC_ERR_STATE;
+    int rc = gw_wconn_send(&c->w, f);
+    if (rc == 0)
+        rc = gw_wconn_flush(&c->w);
+    return rc;
+}
+
+int gw_worker_client_submit(gw_worker_client_t *c, const eng_wire_submit_t *req)
+{
+    eng_wire_frame_t f = {.type = ENG_WIRE_SUBMIT};
+    f.u.submit = *req;
+    return send_frame(c, &f);
+}
+
+int gw_worker_client_cancel(gw_worker_client_t *c, uint64_t request_id)
+{
+    eng_wire_frame_t f = {.type = ENG_WIRE_CANCEL};
+    f.u.cancel_id = request_id;
+    return send_frame(c, &f);
+}
+
+int gw_worker_client_ping(gw_worker_client_t *c)
+{
+    eng_wire_frame_t f = {.type = ENG_WIRE_HEARTBEAT};
+    f.u.heartbeat_ms = uv_now(c->w.tcp.loop);
+    return send_frame(c, &f);
+}
+
+int gw_worker_client_send_raw(gw_worker_client_t *c, const void *bytes, size_t len)
+{
+    if (!c->ready || !gw_wconn_is_open(&c->w))
+        return PC_ERR_STATE;
+    int rc = gw_wconn_send_raw(&c->w, bytes, len);
+    if (rc == 0)
+        rc = gw_wconn_flush(&c->w);
+    return rc;
+}
+
+void gw_worker_client_close(gw_worker_client_t *c)
+{
+    gw_wconn_close(&c->w, 0, "", true);
+}
+
+void *gw_worker_client_data(const gw_worker_client_t *c)
+{
+    return c->ud;
+}

@@ -1,0 +1,821 @@
+/*
+ * worker_server.c — the worker API over TCP (contract in worker_server.h).
+ *
+ * Request bookkeeping. Request ids are unique per connection only, the worker's are unique per
+ * worker, so the server submits every request under an id of its own (a counter, never reused)
+ * and keeps one record per request:
+ *
+ *   s->reqs     worker id -> record, while the request is live or holds pins (KV_EVENT
+ *               RETAINED / RELEASED name the request and may come after its final event);
+ *   conn->reqs  the connection's request id -> record, while the request is live (CANCEL and
+ *               the duplicate-id check), so an id is free for reuse once its final frame left.
+ *
+ * When a connection ends, its records leave both maps at once and its live requests are
+ * canceled; the events that still come for them find no record and are dropped. Nothing else
+ * ever points at a connection, so its memory is freed right after its close callbacks.
+ */
+#include "worker_server.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "wire_conn.h"
+
+#define MIN_PEER_FRAME (16u << 10)
+#define MAX_PEER_HEARTBEAT_MS 600000u
+#define POLL_BATCH 64
+
+/* ---------------------------------------------------------------------------------------------
+ * A u64 -> pointer map: open addressing, linear probing, backward-shift deletion (no
+ * tombstones). Key 0 marks an empty slot (request ids are nonzero). Grows at 1/2 load.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct u64map {
+    uint64_t *keys;
+    void **vals;
+    size_t cap; /* a power of two, or 0 */
+    size_t n;
+} u64map_t;
+
+static size_t map_slot(uint64_t k, size_t cap)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return (size_t)k & (cap - 1);
+}
+
+static void *map_get(const u64map_t *m, uint64_t k)
+{
+    if (m->cap == 0)
+        return NULL;
+    for (size_t i = map_slot(k, m->cap);; i = (i + 1) & (m->cap - 1)) {
+        if (m->keys[i] == k)
+            return m->vals[i];
+        if (m->keys[i] == 0)
+            return NULL;
+    }
+}
+
+static void map_put_nogrow(u64map_t *m, uint64_t k, void *v)
+{
+    size_t i = map_slot(k, m->cap);
+    while (m->keys[i] != 0 && m->keys[i] != k)
+        i = (i + 1) & (m->cap - 1);
+    if (m->keys[i] == 0)
+        m->n++;
+    m->keys[i] = k;
+    m->vals[i] = v;
+}
+
+/* Inserts or replaces; k != 0. Dies on allocation failure (gateway policy, pc_xmalloc). */
+static void map_put(u64map_t *m, uint64_t k, void *v)
+{
+    PC_ASSERT(k != 0);
+    if ((m->n + 1) * 2 > m->cap) {
+        u64map_t g = {.cap = m->cap ? m->cap * 2 : 16};
+        g.keys = pc_xcalloc(g.cap, sizeof *g.keys);
+        g.vals = pc_xcalloc(g.cap, sizeof *g.vals);
+        for (size_t i = 0; i < m->cap; i++)
+            if (m->keys[i] != 0)
+                map_put_nogrow(&g, m->keys[i], m->vals[i]);
+        pc_free(m->keys);
+        pc_free(m->vals);
+        *m = g;
+    }
+    map_put_nogrow(m, k, v);
+}
+
+static void map_del(u64map_t *m, uint64_t k)
+{
+    if (m->cap == 0)
+        return;
+    size_t mask = m->cap - 1, i = map_slot(k, m->cap);
+    while (m->keys[i] != k) {
+        if (m->keys[i] == 0)
+            return;
+        i = (i + 1) & mask;
+    }
+    /* Shift back every later entry of the run that may live at i (its home is not in (i, j]). */
+    for (size_t j = (i + 1) & mask; m->keys[j] != 0; j = (j + 1) & mask) {
+        size_t h = map_slot(m->keys[j], m->cap);
+        bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+        if (!stays) {
+            m->keys[i] = m->keys[j];
+            m->vals[i] = m->vals[j];
+            i = j;
+        }
+    }
+    m->keys[i] = 0;
+    m->vals[i] = NULL;
+    m->n--;
+}
+
+static void map_free(u64map_t *m)
+{
+    pc_free(m->keys);
+    pc_free(m->vals);
+    *m = (u64map_t){0};
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Server state
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct srv_conn srv_conn_t;
+
+typedef struct srv_req {
+    uint64_t wid;     /* the worker's id (ours) */
+    uint64_t cid;     /* the connection's id */
+    srv_conn_t *conn; /* never NULL while in a map */
+    bool live;        /* final event not seen yet */
+    uint32_t pins;    /* RETAINED seen minus RELEASED seen */
+} srv_req_t;
+
+struct srv_conn {
+    gw_worker_server_t *s;
+    srv_conn_t *prev, *next;
+    u64map_t reqs; /* live requests by the connection's ids */
+    bool ready;    /* HELLO_ACK sent */
+    bool rejected; /* REJECT sent */
+    char peer[64];
+    char node[ENG_WIRE_NAME_MAX + 1];
+    gw_wconn_t w; /* last: it ends with the read buffer */
+};
+
+enum { SRV_RUNNING, SRV_DRAINING, SRV_CLOSING, SRV_CLOSED };
+
+struct gw_worker_server {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    uv_async_t async;
+    uv_timer_t drain_timer;
+    int n_open; /* the three handles above that are not closed yet */
+    int state;
+    bool free_when_closed; /* init failed: free at the last close callback */
+    gw_worker_server_params_t p;
+    char node[ENG_WIRE_NAME_MAX + 1];
+    char addr[80];
+    uint16_t port;
+    eng_worker_t *worker;
+    eng_worker_info_t info;
+    size_t model_name_len; /* info.model_name cut to ENG_WIRE_NAME_MAX on a UTF-8 boundary */
+    srv_conn_t *conns;
+    u64map_t reqs; /* by worker id */
+    uint64_t next_wid;
+    pthread_mutex_t wake_mu;
+    bool wake_open; /* the async handle may be signaled */
+    gw_worker_server_stats_t st;
+    gw_worker_server_closed_fn on_closed;
+    void *closed_ud;
+    eng_worker_event_t ev[POLL_BATCH];
+};
+
+gw_worker_server_params_t gw_worker_server_params_default(void)
+{
+    return (gw_worker_server_params_t){
+        .listen = "127.0.0.1:7070",
+        .heartbeat_ms = 1000,
+        .handshake_timeout_ms = 5000,
+        .max_frame = ENG_WIRE_MAX_FRAME_DEFAULT,
+        .max_queue_bytes = (size_t)64 << 20,
+        .max_conns = 64,
+        .drain_timeout_ms = 5000,
+    };
+}
+
+static void check_closed(gw_worker_server_t *s);
+static void finish_drain(gw_worker_server_t *s);
+
+/* ---------------------------------------------------------------------------------------------
+ * Frames out
+ * ------------------------------------------------------------------------------------------- */
+
+/* Our messages are short ASCII or UTF-8 reasons; the limit is a guard. */
+static pc_slice_t msg_slice(const char *msg)
+{
+    size_t n = strlen(msg);
+    return pc_slice(msg, PC_MIN(n, ENG_WIRE_MESSAGE_MAX));
+}
+
+static void send_error(srv_conn_t *c, uint64_t cid, int code, const char *msg)
+{
+    eng_wire_frame_t f = {.type = ENG_WIRE_ERROR};
+    f.u.error.request_id = cid;
+    f.u.error.code = code;
+    f.u.error.message = msg_slice(msg);
+    gw_wconn_send(&c->w, &f);
+}
+
+static void send_load(srv_conn_t *c)
+{
+    eng_wire_frame_t f = {.type = ENG_WIRE_LOAD};
+    eng_worker_load(c->s->worker, &f.u.load);
+    gw_wconn_send(&c->w, &f);
+}
+
+/* Refuses the handshake: REJECT with the reason, then close after it is written. */
+PC_PRINTF(3, 4)
+static void reject(srv_conn_t *c, int code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    PC_LOG(PC_LOG_WARN, "worker", "conn %s: handshake rejected: %s", c->peer, msg);
+    eng_wire_frame_t f = {.type = ENG_WIRE_REJECT};
+    f.u.error.code = code;
+    f.u.error.message = msg_slice(msg);
+    gw_wconn_send(&c->w, &f);
+    c->rejected = true;
+    c->s->st.conns_rejected++;
+    gw_wconn_close(&c->w, code, msg, true);
+}
+
+/* A frame the protocol does not allow here: ERROR (request 0) with the reason, then close. */
+PC_PRINTF(2, 3)
+static void protocol_error(srv_conn_t *c, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    send_error(c, 0, PC_ERR_FORMAT, msg);
+    gw_wconn_close(&c->w, PC_ERR_FORMAT, msg, true);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Frames in
+ * ------------------------------------------------------------------------------------------- */
+
+static void on_hello(srv_conn_t *c, const eng_wire_hello_t *h)
+{
+    gw_worker_server_t *s = c->s;
+    const eng_worker_info_t *in = &s->info;
+    if (h->role != ENG_WIRE_ROLE_GATEWAY) {
+        reject(c, PC_ERR_INVAL, "role %u: only a gateway (role 1) connects to a worker", h->role);
+        return;
+    }
+    if (h->version_min > ENG_WIRE_VERSION || h->version_max < ENG_WIRE_VERSION) {
+        reject(c, PC_ERR_UNSUPPORTED, "protocol versions %u..%u asked, this worker speaks %d",
+               h->version_min, h->version_max, ENG_WIRE_VERSION);
+        return;
+    }
+    if (h->heartbeat_ms == 0 || h->heartbeat_ms > MAX_PEER_HEARTBEAT_MS) {
+        reject(c, PC_ERR_INVAL, "heartbeat_ms %u outside 1..%u", h->heartbeat_ms,
+               MAX_PEER_HEARTBEAT_MS);
+        return;
+    }
+    if (h->max_frame < MIN_PEER_FRAME) {
+        reject(c, PC_ERR_INVAL, "max_frame %u below the minimum of %u bytes", h->max_frame,
+               MIN_PEER_FRAME);
+        return;
+    }
+    if (h->model_name.len > 0 &&
+        !pc_slice_eq(h->model_name, pc_slice(in->model_name, s->model_name_len))) {
+        reject(c, PC_ERR_INVAL, "model '%.*s' asked, this worker serves '%.*s'",
+               (int)h->model_name.len, h->model_name.base, (int)s->model_name_len, in->model_name);
+        return;
+    }
+    if (h->model_fp != 0 && h->model_fp != in->model_fp) {
+        reject(c, PC_ERR_INVAL, "model fingerprint %016llx asked, this worker's is %016llx",
+               (unsigned long long)h->model_fp, (unsigned long long)in->model_fp);
+        return;
+    }
+    if (h->n_vocab != 0 && h->n_vocab != in->n_vocab) {
+        reject(c, PC_ERR_INVAL, "n_vocab %u asked, this worker's model has %u", h->n_vocab,
+               in->n_vocab);
+        return;
+    }
+    snprintf(c->node, sizeof c->node, "%.*s", (int)h->node.len, h->node.base);
+    c->ready = true;
+    c->w.error_frame = ENG_WIRE_ERROR;
+    c->w.max_frame_out = h->max_frame;
+    gw_wconn_set_deadline(&c->w, 0, NULL);
+    gw_wconn_set_heartbeat(&c->w, s->p.heartbeat_ms, 3 * h->heartbeat_ms);
+
+    eng_wire_frame_t f = {.type = ENG_WIRE_HELLO_ACK};
+    eng_wire_hello_t *a = &f.u.hello;
+    a->version_min = a->version_max = ENG_WIRE_VERSION;
+    a->role = ENG_WIRE_ROLE_WORKER;
+    a->heartbeat_ms = s->p.heartbeat_ms;
+    a->max_frame = s->p.max_frame;
+    a->node = pc_slice_cstr(s->node);
+    a->model_name = pc_slice(in->model_name, s->model_name_len);
+    a->model_fp = in->model_fp;
+    a->n_vocab = in->n_vocab;
+    a->n_ctx = in->n_ctx;
+    a->block_tokens = in->block_tokens;
+    gw_wconn_send(&c->w, &f);
+    send_load(c); /* the router's first figures */
+    PC_LOG(PC_LOG_INFO, "worker", "conn %s: gateway '%s' connected (heartbeat %u ms)", c->peer,
+           c->node, h->heartbeat_ms);
+}
+
+static void on_submit(srv_conn_t *c, const eng_wire_submit_t *sub)
+{
+    gw_worker_server_t *s = c->s;
+    uint64_t cid = sub->request_id;
+    if (cid == 0) {
+        protocol_error(c, "SUBMIT with request id 0");
+        return;
+    }
+    if (map_get(&c->reqs, cid) != NULL) {
+        protocol_error(c, "SUBMIT reuses request id %llu, which is still live",
+                       (unsigned long long)cid);
+        return;
+    }
+    if (s->state != SRV_RUNNING) {
+        send_error(c, cid, PC_ERR_STATE, "the worker is shutting down");
+        s->st.requests_refused++;
+        return;
+    }
+    eng_wire_submit_t rq = *sub;
+    rq.request_id = ++s->next_wid;
+    char err[256] = "";
+    int rc = eng_worker_submit(s->worker, &rq, err, sizeof err);
+    if (rc != 0) {
+        PC_LOG(PC_LOG_DEBUG, "worker", "conn %s: request %llu refused: %s", c->peer,
+               (unsigned long long)cid, err);
+        send_error(c, cid, rc, err[0] ? err : pc_strerror(rc));
+        s->st.requests_refused++;
+        return;
+    }
+    srv_req_t *r = pc_xmalloc(sizeof *r);
+    *r = (srv_req_t){.wid = rq.request_id, .cid = cid, .conn = c, .live = true};
+    map_put(&s->reqs, r->wid, r);
+    map_put(&c->reqs, cid, r);
+    s->st.requests_submitted++;
+    s->st.requests_live++;
+}
+
+static void on_cancel(srv_conn_t *c, uint64_t cid)
+{
+    srv_req_t *r = map_get(&c->reqs, cid);
+    if (r == NULL) {
+        /* Unknown, or its final frame is already on its way: nothing to do. */
+        PC_LOG(PC_LOG_DEBUG, "worker", "conn %s: CANCEL of request %llu, which is not live",
+               c->peer, (unsigned long long)cid);
+        return;
+    }
+    eng_worker_cancel(c->s->worker, r->wid);
+}
+
+static void on_frame(gw_wconn_t *w, const eng_wire_frame_t *f)
+{
+    srv_conn_t *c = w->data;
+    if (!c->ready) {
+        if (f->type != ENG_WIRE_HELLO)
+            reject(c, PC_ERR_FORMAT, "expected HELLO, got %s", eng_wire_type_name(f->type));
+        else
+            on_hello(c, &f->u.hello);
+        return;
+    }
+    switch (f->type) {
+    case ENG_WIRE_SUBMIT:
+        on_submit(c, &f->u.submit);
+        break;
+    case ENG_WIRE_CANCEL:
+        on_cancel(c, f->u.cancel_id);
+        break;
+    case ENG_WIRE_HEARTBEAT:
+        send_load(c);
+        break;
+    case ENG_WIRE_HELLO:
+        protocol_error(c, "HELLO after the handshake");
+        break;
+    default:
+        protocol_error(c, "%s is not a frame a gateway sends", eng_wire_type_name(f->type));
+        break;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Connections
+ * ------------------------------------------------------------------------------------------- */
+
+static void on_conn_closed(gw_wconn_t *w)
+{
+    srv_conn_t *c = w->data;
+    gw_worker_server_t *s = c->s;
+    int err = w->close_err;
+    if (!c->rejected) {
+        if (err == PC_ERR_FORMAT || err == PC_ERR_UNSUPPORTED || err == PC_ERR_RANGE)
+            s->st.conns_bad_frame++;
+        else if (err == PC_ERR_TIMEOUT)
+            s->st.conns_timeout++;
+        else if (err == PC_ERR_OVERLOADED)
+            s->st.conns_slow++;
+    }
+    bool expected = err == 0 || err == PC_ERR_CLOSED || c->rejected;
+    PC_LOG(expected ? PC_LOG_INFO : PC_LOG_WARN, "worker", "conn %s: closed: %s", c->peer,
+           w->close_reason[0] ? w->close_reason : "done");
+
+    /* Forget every request of the connection; cancel the live ones. */
+    uint32_t n_canceled = 0;
+    for (size_t i = 0; i < s->reqs.cap;) {
+        srv_req_t *r = s->reqs.vals[i];
+        if (s->reqs.keys[i] == 0 || r->conn != c) {
+            i++;
+            continue;
+        }
+        if (r->live) {
+            eng_worker_cancel(s->worker, r->wid);
+            s->st.requests_live--;
+            s->st.requests_orphaned++;
+            n_canceled++;
+        }
+        map_del(&s->reqs, r->wid); /* may shift a later entry into slot i: look at i again */
+        pc_free(r);
+    }
+    if (n_canceled > 0)
+        PC_LOG(PC_LOG_INFO, "worker", "conn %s: canceled %u live request(s)", c->peer, n_canceled);
+    map_free(&c->reqs);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    s->st.conns_open--;
+    pc_free(c);
+    if (s->state == SRV_DRAINING && s->st.requests_live == 0)
+        finish_drain(s);
+    check_closed(s);
+}
+
+static const gw_wconn_ops_t conn_ops = {.on_frame = on_frame, .on_closed = on_conn_closed};
+
+static void on_connection(uv_stream_t *l, int status)
+{
+    gw_worker_server_t *s = l->data;
+    if (status < 0) {
+        PC_LOG(PC_LOG_WARN, "worker", "accept: %s", uv_strerror(status));
+        return;
+    }
+    srv_conn_t *c = pc_xmalloc(sizeof *c);
+    memset(c, 0, offsetof(srv_conn_t, w));
+    c->s = s;
+    snprintf(c->peer, sizeof c->peer, "?");
+    if (gw_wconn_init(s->loop, &c->w, &conn_ops, c, s->p.max_frame, s->p.max_queue_bytes) != 0) {
+        PC_LOG(PC_LOG_ERROR, "worker", "accept: cannot set up a connection");
+        pc_free(c);
+        return;
+    }
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    s->st.conns_open++;
+    int rc = uv_accept(l, (uv_stream_t *)&c->w.tcp);
+    if (rc != 0) {
+        PC_LOG(PC_LOG_WARN, "worker", "accept: %s", uv_strerror(rc));
+        gw_wconn_close(&c->w, PC_ERR_IO, "accept failed", false);
+        return;
+    }
+    s->st.conns_accepted++;
+    struct sockaddr_storage sa;
+    int len = sizeof sa;
+    if (uv_tcp_getpeername(&c->w.tcp, (struct sockaddr *)&sa, &len) == 0)
+        gw_wconn_format_addr((struct sockaddr *)&sa, c->peer, sizeof c->peer);
+    c->w.error_frame = ENG_WIRE_REJECT;
+    if (gw_wconn_start(&c->w) != 0)
+        return;
+    PC_LOG(PC_LOG_DEBUG, "worker", "conn %s: accepted", c->peer);
+    if (s->st.conns_open > s->p.max_conns) {
+        reject(c, PC_ERR_OVERLOADED, "too many connections (limit %u)", s->p.max_conns);
+        return;
+    }
+    gw_wconn_set_deadline(&c->w, s->p.handshake_timeout_ms, "no HELLO before the deadline");
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Worker events
+ * ------------------------------------------------------------------------------------------- */
+
+/* The connection that owns the event's request, with the frame's id rewritten to the
+ * connection's; NULL (the event is dropped) when the connection is gone. */
+static srv_req_t *route(gw_worker_server_t *s, uint64_t wid)
+{
+    srv_req_t *r = map_get(&s->reqs, wid);
+    if (r == NULL)
+        s->st.events_dropped++;
+    return r;
+}
+
+static void forget_if_done(gw_worker_server_t *s, srv_req_t *r)
+{
+    if (!r->live && r->pins == 0) {
+        map_del(&s->reqs, r->wid);
+        pc_free(r);
+    }
+}
+
+static void broadcast(gw_worker_server_t *s, const eng_wire_frame_t *f)
+{
+    for (srv_conn_t *c = s->conns; c != NULL; c = c->next)
+        if (c->ready && gw_wconn_is_open(&c->w))
+            gw_wconn_send(&c->w, f);
+}
+
+static void dispatch(gw_worker_server_t *s, const eng_worker_event_t *ev)
+{
+    eng_wire_frame_t f = *ev;
+    srv_req_t *r;
+    switch (ev->type) {
+    case ENG_WIRE_TOKEN:
+        if ((r = route(s, ev->u.token.request_id)) == NULL)
+            return;
+        f.u.token.request_id = r->cid;
+        gw_wconn_send(&r->conn->w, &f);
+        return;
+    case ENG_WIRE_DONE:
+    case ENG_WIRE_ERROR: {
+        uint64_t wid = ev->type == ENG_WIRE_DONE ? ev->u.done.request_id : ev->u.error.request_id;
+        if ((r = route(s, wid)) == NULL)
+            return;
+        if (ev->type == ENG_WIRE_DONE)
+            f.u.done.request_id = r->cid;
+        else
+            f.u.error.request_id = r->cid;
+        gw_wconn_send(&r->conn->w, &f);
+        if (r->live) {
+            r->live = false;
+            map_del(&r->conn->reqs, r->cid);
+            s->st.requests_live--;
+        }
+        forget_if_done(s, r);
+        return;
+    }
+    case ENG_WIRE_KV_EVENT:
+        if (ev->u.kv.kind == ENG_WIRE_KV_EVICTED) {
+            broadcast(s, &f);
+            return;
+        }
+        if ((r = route(s, ev->u.kv.request_id)) == NULL)
+            return;
+        f.u.kv.request_id = r->cid;
+        if (ev->u.kv.kind == ENG_WIRE_KV_RETAINED)
+            r->pins++;
+        else if (r->pins > 0)
+            r->pins--;
+        gw_wconn_send(&r->conn->w, &f);
+        forget_if_done(s, r);
+        return;
+    case ENG_WIRE_LOAD:
+        broadcast(s, &f);
+        return;
+    default:
+        PC_LOG(PC_LOG_ERROR, "worker", "unexpected event %s from the worker",
+               eng_wire_type_name(ev->type));
+        return;
+    }
+}
+
+static void drain_events(gw_worker_server_t *s)
+{
+    if (s->worker == NULL)
+        return;
+    size_t k;
+    do {
+        k = eng_worker_poll(s->worker, s->ev, POLL_BATCH);
+        for (size_t i = 0; i < k; i++)
+            dispatch(s, &s->ev[i]);
+    } while (k == POLL_BATCH);
+    for (srv_conn_t *c = s->conns; c != NULL; c = c->next)
+        gw_wconn_flush(&c->w);
+    if (s->state == SRV_DRAINING && s->st.requests_live == 0)
+        finish_drain(s);
+}
+
+static void on_async(uv_async_t *a)
+{
+    drain_events(a->data);
+}
+
+/* The worker's wake callback, on the worker's thread. */
+static void on_wake(void *ud)
+{
+    gw_worker_server_t *s = ud;
+    pthread_mutex_lock(&s->wake_mu);
+    if (s->wake_open)
+        uv_async_send(&s->async);
+    pthread_mutex_unlock(&s->wake_mu);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Life cycle
+ * ------------------------------------------------------------------------------------------- */
+
+static void on_server_handle_closed(uv_handle_t *h)
+{
+    gw_worker_server_t *s = h->data;
+    s->n_open--;
+    check_closed(s);
+}
+
+static void check_closed(gw_worker_server_t *s)
+{
+    if (s->state != SRV_CLOSING || s->n_open > 0 || s->conns != NULL)
+        return;
+    s->state = SRV_CLOSED;
+    if (s->free_when_closed) {
+        gw_worker_server_free(s);
+        return;
+    }
+    PC_LOG(PC_LOG_INFO, "worker", "stopped");
+    if (s->on_closed)
+        s->on_closed(s, s->closed_ud);
+}
+
+/* Stops the worker and closes the async handle and the drain timer (the listener is closed
+ * already); connections close on their own. */
+static void close_core(gw_worker_server_t *s)
+{
+    pthread_mutex_lock(&s->wake_mu);
+    s->wake_open = false;
+    pthread_mutex_unlock(&s->wake_mu);
+    eng_worker_free(s->worker); /* joins the scheduler thread: no wake after this */
+    s->worker = NULL;
+    uv_close((uv_handle_t *)&s->async, on_server_handle_closed);
+    uv_close((uv_handle_t *)&s->drain_timer, on_server_handle_closed);
+}
+
+static void finish_drain(gw_worker_server_t *s)
+{
+    if (s->state != SRV_DRAINING)
+        return;
+    s->state = SRV_CLOSING;
+    uv_timer_stop(&s->drain_timer);
+    for (srv_conn_t *c = s->conns; c != NULL; c = c->next) {
+        if (c->ready && gw_wconn_is_open(&c->w))
+            send_error(c, 0, PC_ERR_CLOSED, "the worker is shutting down");
+        gw_wconn_close(&c->w, 0, "the worker is shutting down", true);
+    }
+    close_core(s);
+    check_closed(s);
+}
+
+static void on_drain_timeout(uv_timer_t *t)
+{
+    gw_worker_server_t *s = t->data;
+    PC_LOG(PC_LOG_WARN, "worker", "shutdown: %llu request(s) still live after %u ms; closing",
+           (unsigned long long)s->st.requests_live, s->p.drain_timeout_ms);
+    finish_drain(s);
+}
+
+void gw_worker_server_shutdown(gw_worker_server_t *s, gw_worker_server_closed_fn on_closed,
+                               void *ud)
+{
+    if (s->state != SRV_RUNNING)
+        return;
+    s->state = SRV_DRAINING;
+    s->on_closed = on_closed;
+    s->closed_ud = ud;
+    PC_LOG(PC_LOG_INFO, "worker", "shutting down: %llu live request(s), %u connection(s)",
+           (unsigned long long)s->st.requests_live, s->st.conns_open);
+    uv_close((uv_handle_t *)&s->listener, on_server_handle_closed);
+    for (size_t i = 0; i < s->reqs.cap; i++) {
+        srv_req_t *r = s->reqs.vals[i];
+        if (s->reqs.keys[i] != 0 && r->live)
+            eng_worker_cancel(s->worker, r->wid);
+    }
+    if (s->st.requests_live == 0) {
+        finish_drain(s);
+        return;
+    }
+    uv_timer_start(&s->drain_timer, on_drain_timeout, s->p.drain_timeout_ms, 0);
+}
+
+/* The longest prefix of name within n bytes that does not cut a UTF-8 character. */
+static size_t utf8_cut(const char *name, size_t n)
+{
+    size_t len = strlen(name);
+    if (len <= n)
+        return len;
+    while (n > 0 && ((unsigned char)name[n] & 0xC0) == 0x80)
+        n--;
+    return n;
+}
+
+int gw_worker_server_init(uv_loop_t *loop, const gw_worker_server_params_t *p,
+                          const eng_worker_params_t *wp, gw_worker_server_t **out, char *err,
+                          size_t err_len)
+{
+    *out = NULL;
+    if (p->heartbeat_ms == 0 || p->heartbeat_ms > MAX_PEER_HEARTBEAT_MS ||
+        p->max_frame < MIN_PEER_FRAME || p->max_conns == 0 || p->handshake_timeout_ms == 0) {
+        snprintf(err, err_len,
+                 "bad server parameters (heartbeat_ms 1..%u, max_frame >= %u, "
+                 "max_conns and handshake_timeout_ms >= 1)",
+                 MAX_PEER_HEARTBEAT_MS, MIN_PEER_FRAME);
+        return PC_ERR_INVAL;
+    }
+    struct sockaddr_storage sa;
+    if (gw_wconn_parse_addr(p->listen, &sa) != 0) {
+        snprintf(err, err_len, "bad listen address '%s' (expected HOST:PORT, numeric host)",
+                 p->listen ? p->listen : "(null)");
+        return PC_ERR_INVAL;
+    }
+    gw_worker_server_t *s = pc_xcalloc(1, sizeof *s);
+    s->loop = loop;
+    s->p = *p;
+    s->p.listen = NULL; /* not kept: the caller's string */
+    s->p.node = NULL;
+    if (p->node != NULL)
+        snprintf(s->node, sizeof s->node, "%s", p->node);
+    else if (gethostname(s->node, sizeof s->node - 1) != 0)
+        snprintf(s->node, sizeof s->node, "worker");
+    s->node[utf8_cut(s->node, ENG_WIRE_NAME_MAX)] = '\0';
+    pthread_mutex_init(&s->wake_mu, NULL);
+
+    eng_worker_params_t w = *wp;
+    w.wake = on_wake;
+    w.wake_ud = s;
+    int rc = eng_worker_init(&w, &s->worker, err, err_len);
+    if (rc != 0) {
+        pthread_mutex_destroy(&s->wake_mu);
+        pc_free(s);
+        return rc;
+    }
+    eng_worker_info(s->worker, &s->info);
+    s->model_name_len = utf8_cut(s->info.model_name, ENG_WIRE_NAME_MAX);
+
+    /* From here on a failure closes the handles and frees s at the last close callback. */
+    uv_async_init(loop, &s->async, on_async);
+    uv_timer_init(loop, &s->drain_timer);
+    uv_tcp_init(loop, &s->listener);
+    s->async.data = s->drain_timer.data = s->listener.data = s;
+    s->n_open = 3;
+    pthread_mutex_lock(&s->wake_mu);
+    s->wake_open = true;
+    pthread_mutex_unlock(&s->wake_mu);
+
+    char where[80];
+    gw_wconn_format_addr((struct sockaddr *)&sa, where, sizeof where);
+    if ((rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&sa, 0)) != 0 ||
+        (rc = uv_listen((uv_stream_t *)&s->listener, 128, on_connection)) != 0) {
+        snprintf(err, err_len, "cannot listen on %s: %s", where, uv_strerror(rc));
+        goto fail;
+    }
+    int len = sizeof sa;
+    if ((rc = uv_tcp_getsockname(&s->listener, (struct sockaddr *)&sa, &len)) != 0) {
+        snprintf(err, err_len, "getsockname: %s", uv_strerror(rc));
+        goto fail;
+    }
+    gw_wconn_format_addr((struct sockaddr *)&sa, s->addr, sizeof s->addr);
+    s->port = sa.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&sa)->sin_port)
+                                      : ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
+    s->state = SRV_RUNNING;
+    PC_LOG(PC_LOG_INFO, "worker", "listening on %s: model '%s' (fp %016llx, n_vocab %u, n_ctx %u)",
+           s->addr, s->info.model_name, (unsigned long long)s->info.model_fp, s->info.n_vocab,
+           s->info.n_ctx);
+    *out = s;
+    return 0;
+
+fail:
+    s->state = SRV_CLOSING;
+    s->free_when_closed = true;
+    uv_close((uv_handle_t *)&s->listener, on_server_handle_closed);
+    close_core(s);
+    return PC_ERR_IO;
+}
+
+const char *gw_worker_server_address(const gw_worker_server_t *s)
+{
+    return s->addr;
+}
+
+uint16_t gw_worker_server_port(const gw_worker_server_t *s)
+{
+    return s->port;
+}
+
+eng_worker_t *gw_worker_server_worker(gw_worker_server_t *s)
+{
+    return s->worker;
+}
+
+void gw_worker_server_stats(const gw_worker_server_t *s, gw_worker_server_stats_t *out)
+{
+    *out = s->st;
+}
+
+void gw_worker_server_free(gw_worker_server_t *s)
+{
+    if (s == NULL)
+        return;
+    PC_ASSERT(s->state == SRV_CLOSED);
+    for (size_t i = 0; i < s->reqs.cap; i++)
+        if (s->reqs.keys[i] != 0)
+            pc_free(s->reqs.vals[i]);
+    map_free(&s->reqs);
+    pthread_mutex_destroy(&s->wake_mu);
+    pc_free(s);
+}

@@ -1,0 +1,109 @@
+/*
+ * worker_server.h — `kvgw worker`'s network half: the worker API (engine/worker.h) served over
+ * TCP with the worker protocol (engine/wire.h), on a libuv loop.
+ *
+ * The server owns one eng_worker_t and a listening socket. Each accepted connection goes
+ * through:
+ *
+ *   handshake   the peer's first frame must be HELLO (role gateway) within handshake_timeout_ms.
+ *               The server answers HELLO_ACK (the version it picked, the model's identity from
+ *               eng_worker_info, its heartbeat interval and max_frame), or REJECT with a reason
+ *               and closes: no common protocol version, a model name / fingerprint / n_vocab
+ *               that the HELLO asks for and this worker does not have (empty / 0 mean any),
+ *               role worker, heartbeat_ms outside 1..600000, max_frame below 16 KiB.
+ *   requests    SUBMIT goes to eng_worker_submit under a worker-wide id of the server's own
+ *               (request ids are only unique per connection); a refusal is answered at once
+ *               with ERROR for that request id. CANCEL maps to eng_worker_cancel (an id that
+ *               is not live is ignored: its final frame is on the way). HEARTBEAT is answered
+ *               with LOAD. The worker's events come back through its wake callback
+ *               (uv_async_send) and go out with the connection's own request ids: TOKEN, DONE,
+ *               ERROR and KV_EVENT RETAINED / RELEASED to the connection that submitted the
+ *               request, KV_EVENT EVICTED and LOAD to every connection past its handshake.
+ *   liveness    heartbeats both ways (wire_conn.h): the server sends one every heartbeat_ms of
+ *               silence and drops a peer silent for 3 of the peer's intervals.
+ *   failure     a bad frame (the decoder's reason), a frame out of place (a second HELLO, a
+ *               frame only workers send, a SUBMIT reusing a live request id) closes the
+ *               connection with ERROR (request 0) and a logged reason; a peer that stops
+ *               reading is dropped when its output queue passes max_queue_bytes. Whatever
+ *               ends a connection, its live requests are canceled in the worker, and events
+ *               that arrive for them afterwards are dropped.
+ *
+ * Shutdown (gw_worker_server_shutdown, e.g. on SIGINT/SIGTERM): stop accepting, cancel every
+ * live request, send the final frames (DONE canceled) for at most drain_timeout_ms, close every
+ * connection after its queued bytes are written, stop the worker (eng_worker_free joins the
+ * scheduler thread: the loop waits for at most the step in progress), close the server's handles;
+ * on_closed runs after the last close callback, and uv_run then returns once nothing else is on
+ * the loop. Only then may gw_worker_server_free run.
+ *
+ * Threads: every function runs on the loop's thread. The worker's thread only calls the wake
+ * callback, which takes a mutex and calls uv_async_send while the async handle is open.
+ */
+#ifndef GW_WORKER_SERVER_H
+#define GW_WORKER_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "worker.h"
+
+typedef struct gw_worker_server_params {
+    const char *listen;            /* "HOST:PORT" (wire_conn.h's syntax); port 0 picks one */
+    const char *node;              /* the name sent in HELLO_ACK; NULL: the host name */
+    uint32_t heartbeat_ms;         /* our heartbeat interval; default 1000 */
+    uint32_t handshake_timeout_ms; /* from accept to HELLO; default 5000 */
+    uint32_t max_frame;        /* largest payload accepted; default ENG_WIRE_MAX_FRAME_DEFAULT */
+    size_t max_queue_bytes;    /* per-connection output limit; default 64 MiB */
+    uint32_t max_conns;        /* more are refused with REJECT; default 64 */
+    uint32_t drain_timeout_ms; /* shutdown: wait for final frames; default 5000 */
+} gw_worker_server_params_t;
+
+gw_worker_server_params_t gw_worker_server_params_default(void);
+
+typedef struct gw_worker_server gw_worker_server_t;
+
+/* Runs once, on the loop, after shutdown closed every handle of the server. */
+typedef void (*gw_worker_server_closed_fn)(gw_worker_server_t *s, void *ud);
+
+/* Starts the worker (wp; its wake callback is the server's, wp->wake is ignored) and listens on
+ * p->listen. Returns 0, PC_ERR_INVAL (bad parameters or address), the worker's errors
+ * (eng_worker_init) or PC_ERR_IO (bind/listen failed), with a one-line reason in err; on
+ * failure nothing is left on the loop. */
+int gw_worker_server_init(uv_loop_t *loop, const gw_worker_server_params_t *p,
+                          const eng_worker_params_t *wp, gw_worker_server_t **out, char *err,
+                          size_t err_len);
+
+/* The bound address ("127.0.0.1:40123"), the port chosen when p->listen asked for 0. Valid
+ * until gw_worker_server_free. */
+const char *gw_worker_server_address(const gw_worker_server_t *s);
+uint16_t gw_worker_server_port(const gw_worker_server_t *s);
+
+/* The worker, for embedders and tests (eng_worker_info, _load, _stats). Valid until shutdown
+ * completes. */
+eng_worker_t *gw_worker_server_worker(gw_worker_server_t *s);
+
+/* Begins the graceful shutdown described above; on_closed(s, ud) (may be NULL) runs when it
+ * is complete. Calling it again does nothing. */
+void gw_worker_server_shutdown(gw_worker_server_t *s, gw_worker_server_closed_fn on_closed,
+                               void *ud);
+
+/* Releases the server's memory: only after on_closed ran. NULL is a no-op. */
+void gw_worker_server_free(gw_worker_server_t *s);
+
+typedef struct gw_worker_server_stats {
+    uint32_t conns_open; /* connections not closed yet */
+    uint64_t conns_accepted;
+    uint64_t conns_rejected;     /* REJECT sent (handshake refused, too many connections) */
+    uint64_t conns_bad_frame;    /* closed for a bad or misplaced frame */
+    uint64_t conns_timeout;      /* closed for a missed handshake or heartbeats */
+    uint64_t conns_slow;         /* closed for not reading (output queue over the limit) */
+    uint64_t requests_submitted; /* accepted by the worker */
+    uint64_t requests_refused;   /* answered ERROR at once */
+    uint64_t requests_live;      /* submitted, final event not seen yet */
+    uint64_t requests_orphaned;  /* canceled because their connection ended */
+    uint64_t events_dropped;     /* events for requests whose connection had ended */
+} gw_worker_server_stats_t;
+
+void gw_worker_server_stats(const gw_worker_server_t *s, gw_worker_server_stats_t *out);
+
+#endif

@@ -1,0 +1,238 @@
+/*
+ * fuzz_worker_server.c — libFuzzer target for the worker server's connection handling
+ * (gateway/worker_server.c over gateway/wire_conn.c): whatever a hostile or buggy gateway
+ * sends. fuzz_wire covers the codec alone; this target covers what the server does with the
+ * frames the codec accepts (the handshake rules, SUBMIT/CANCEL/HEARTBEAT against a real worker,
+ * frames out of place, reused ids) and with the ones it rejects.
+ *
+ * One server with a real worker (the gw_testmodel.h model) lives for the whole process, on a
+ * loop in this thread. Each input is one loopback TCP connection: byte 0 bit 0 set sends a
+ * valid HELLO first (so most inputs get past the handshake), the rest of the input is written
+ * as is; the connection then stays open until the server has been quiet for a few
+ * milliseconds, the client half-closes, and reads until the server closes.
+ *
+ * Properties (abort otherwise): the server closes the connection; everything it sent decodes
+ * as valid frames (a cut at the very end is allowed: the server drops unwritten output when
+ * the peer goes away), the first one HELLO_ACK or REJECT; once closed, the server holds no
+ * connection and no live request; and no crash or sanitizer report.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "common.h"
+#include "unit/gateway/gw_testmodel.h"
+#include "wire.h"
+#include "wire_conn.h"
+#include "worker.h"
+#include "worker_server.h"
+
+typedef struct fz {
+    uv_loop_t loop;
+    uv_timer_t tick;
+    gw_worker_server_t *srv;
+    char model[128];
+} fz_t;
+
+typedef struct peer {
+    uv_tcp_t tcp;
+    uv_connect_t connect;
+    uv_shutdown_t shutdown;
+    int connected; /* 0 pending, 1 ok, -1 failed */
+    bool eof, closed;
+    uint64_t last_rx_ms;
+    pc_buf_t in;
+    char rbuf[65536];
+} peer_t;
+
+static fz_t *g;
+
+static void on_tick(uv_timer_t *t)
+{
+    (void)t;
+}
+
+static void model_unlink(void)
+{
+    if (g != NULL)
+        unlink(g->model);
+}
+
+static void setup(void)
+{
+    g = pc_xcalloc(1, sizeof *g);
+    pc_log_set_level(PC_LOG_OFF);
+    snprintf(g->model, sizeof g->model, "/tmp/kvgw-fuzz-ws-%d.gguf", (int)getpid());
+    char err[256];
+    if (gw_testmodel_write(g->model, err, sizeof err) != 0) {
+        fprintf(stderr, "fuzz_worker_server: %s\n", err);
+        abort();
+    }
+    atexit(model_unlink);
+    uv_loop_init(&g->loop);
+    uv_timer_init(&g->loop, &g->tick);
+    uv_timer_start(&g->tick, on_tick, 1, 1);
+    gw_worker_server_params_t sp = gw_worker_server_params_default();
+    sp.listen = "127.0.0.1:0";
+    sp.handshake_timeout_ms = 200;
+    eng_worker_params_t wp = eng_worker_params_default();
+    wp.engine.model_path = g->model;
+    wp.engine.n_threads = 1;
+    wp.engine.kv_max_tokens = 2048;
+    wp.load_interval_ms = 50;
+    if (gw_worker_server_init(&g->loop, &sp, &wp, &g->srv, err, sizeof err) != 0) {
+        fprintf(stderr, "fuzz_worker_server: %s\n", err);
+        abort();
+    }
+}
+
+static void on_alloc(uv_handle_t *h, size_t n, uv_buf_t *b)
+{
+    peer_t *p = h->data;
+    b->base = p->rbuf;
+    b->len = sizeof p->rbuf;
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
+{
+    peer_t *p = s->data;
+    if (n > 0) {
+        pc_buf_append(&p->in, b->base, (size_t)n);
+        p->last_rx_ms = uv_now(s->loop);
+    } else if (n < 0) {
+        p->eof = true;
+        uv_read_stop(s);
+    }
+}
+
+static void on_connect(uv_connect_t *c, int status)
+{
+    peer_t *p = c->data;
+    p->connected = status == 0 ? 1 : -1;
+    if (status == 0)
+        uv_read_start((uv_stream_t *)&p->tcp, on_alloc, on_read);
+}
+
+static void on_write(uv_write_t *w, int status)
+{
+    (void)status;
+    pc_free(w);
+}
+
+static void on_shutdown(uv_shutdown_t *r, int status)
+{
+    (void)r, (void)status;
+}
+
+static void on_closed(uv_handle_t *h)
+{
+    ((peer_t *)h->data)->closed = true;
+}
+
+static void write_bytes(peer_t *p, const void *data, size_t len)
+{
+    if (len == 0)
+        return;
+    uv_write_t *w = pc_xmalloc(sizeof *w + len);
+    memcpy(w + 1, data, len);
+    uv_buf_t b = uv_buf_init((char *)(w + 1), (unsigned)len);
+    if (uv_write(w, (uv_stream_t *)&p->tcp, &b, 1, on_write) != 0)
+        pc_free(w);
+}
+
+/* Runs the loop until done() or about 2 s; false on the timeout. */
+#define RUN(cond)                                                                                  \
+    do {                                                                                           \
+        uint64_t dl_ = pc_time_mono_ms() + 2000;                                                   \
+        while (!(cond) && pc_time_mono_ms() < dl_)                                                 \
+            uv_run(&g->loop, UV_RUN_ONCE);                                                         \
+    } while (0)
+
+/* What the server sent must be frames, the first a HELLO_ACK or REJECT. */
+static void check_output(const pc_buf_t *in)
+{
+    if (in->len == 0)
+        return;
+    eng_wire_decoder_t *d;
+    if (eng_wire_decoder_init(0, &d) != 0)
+        abort();
+    eng_wire_decoder_feed(d, in->base, in->len);
+    eng_wire_frame_t f;
+    int rc, n = 0;
+    while ((rc = eng_wire_decoder_next(d, &f)) == 1) {
+        if (n++ == 0 && f.type != ENG_WIRE_HELLO_ACK && f.type != ENG_WIRE_REJECT)
+            abort();
+    }
+    if (rc < 0) {
+        fprintf(stderr, "server output: %s\n", eng_wire_decoder_error(d));
+        abort();
+    }
+    eng_wire_decoder_free(d);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size == 0)
+        return 0;
+    if (g == NULL)
+        setup();
+    peer_t *p = pc_xcalloc(1, sizeof *p);
+    struct sockaddr_storage sa;
+    if (gw_wconn_parse_addr(gw_worker_server_address(g->srv), &sa) != 0)
+        abort();
+    uv_tcp_init(&g->loop, &p->tcp);
+    p->tcp.data = p->connect.data = p;
+    if (uv_tcp_connect(&p->connect, &p->tcp, (struct sockaddr *)&sa, on_connect) != 0)
+        abort();
+    RUN(p->connected != 0);
+    if (p->connected != 1)
+        abort();
+
+    if (data[0] & 1) {
+        eng_wire_frame_t h = {.type = ENG_WIRE_HELLO};
+        h.u.hello.version_min = h.u.hello.version_max = ENG_WIRE_VERSION;
+        h.u.hello.role = ENG_WIRE_ROLE_GATEWAY;
+        h.u.hello.heartbeat_ms = 1000;
+        h.u.hello.max_frame = ENG_WIRE_MAX_FRAME_DEFAULT;
+        h.u.hello.node = PC_SLICE_LIT("fuzz");
+        pc_buf_t b = PC_BUF_INIT;
+        if (eng_wire_encode(&h, 0, &b, NULL, 0) != 0)
+            abort();
+        write_bytes(p, b.base, b.len);
+        pc_buf_free(&b);
+    }
+    write_bytes(p, data + 1, size - 1);
+    /* Let the requests run a little: until the server is quiet for 5 ms (at most 2 s). */
+    p->last_rx_ms = uv_now(&g->loop);
+    RUN(p->eof || uv_now(&g->loop) - p->last_rx_ms >= 5);
+    if (!p->eof)
+        uv_shutdown(&p->shutdown, (uv_stream_t *)&p->tcp, on_shutdown);
+    RUN(p->eof);
+    if (!p->eof) {
+        fprintf(stderr, "the server did not close the connection\n");
+        abort();
+    }
+    check_output(&p->in);
+    uv_close((uv_handle_t *)&p->tcp, on_closed);
+    gw_worker_server_stats_t st;
+    RUN(p->closed && (gw_worker_server_stats(g->srv, &st), st.conns_open == 0));
+    gw_worker_server_stats(g->srv, &st);
+    if (!p->closed || st.conns_open != 0 || st.requests_live != 0) {
+        fprintf(stderr, "after the connection: %u open, %llu live\n", st.conns_open,
+                (unsigned long long)st.requests_live);
+        abort();
+    }
+    if (getenv("KVGW_FUZZ_VERBOSE") != NULL)
+        fprintf(stderr,
+                "input %zu bytes: %zu bytes back; so far %llu submitted, %llu refused, "
+                "%llu orphaned, %llu rejected, %llu bad frames\n",
+                size, p->in.len, (unsigned long long)st.requests_submitted,
+                (unsigned long long)st.requests_refused, (unsigned long long)st.requests_orphaned,
+                (unsigned long long)st.conns_rejected, (unsigned long long)st.conns_bad_frame);
+    pc_buf_free(&p->in);
+    pc_free(p);
+    return 0;
+}

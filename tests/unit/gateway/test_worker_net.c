@@ -1,0 +1,1245 @@
+/*
+ * test_worker_net.c — `kvgw worker` over TCP: the worker server (gateway/worker_server.c) and
+ * its client library (gateway/worker_client.c) on real loopback sockets, with a real worker on
+ * a small generated model.
+ *
+ * Most tests run the server and the clients on one libuv loop in this thread (so the server's
+ * counters can be read between loop turns); raw sockets play the misbehaving peers (garbage,
+ * silence, not reading). The last tests start the real `kvgw worker` binary and stop it with
+ * SIGTERM. Every test ends with a graceful server shutdown and a loop with no handle left.
+ */
+#include <signal.h>
+#include <spawn.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "common.h"
+#include "gw_testmodel.h"
+#include "pc_test.h"
+#include "wire.h"
+#include "wire_conn.h"
+#include "worker.h"
+#include "worker_client.h"
+#include "worker_server.h"
+
+extern char **environ;
+
+static char g_model[256];
+
+static void model_unlink(void)
+{
+    unlink(g_model);
+}
+
+/* The test model (gw_testmodel.h), written once per process and removed at exit. */
+static const char *model_path(void)
+{
+    if (g_model[0] != '\0')
+        return g_model;
+    snprintf(g_model, sizeof g_model, "/tmp/kvgw-wnet-%d.gguf", (int)getpid());
+    char err[256];
+    if (gw_testmodel_write(g_model, err, sizeof err) != 0) {
+        fprintf(stderr, "mkmodel: %s\n", err);
+        g_model[0] = '\0';
+        return NULL;
+    }
+    atexit(model_unlink);
+    return g_model;
+}
+
+static eng_worker_params_t worker_params(void)
+{
+    eng_worker_params_t wp = eng_worker_params_default();
+    wp.engine.model_path = model_path();
+    wp.engine.n_threads = 1;
+    wp.engine.kv_max_tokens = 4096;
+    wp.load_interval_ms = 200;
+    return wp;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Fixture: a loop, a 5 ms ticker (so UV_RUN_ONCE returns often), the server.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct fx {
+    uv_loop_t loop;
+    uv_timer_t tick;
+    gw_worker_server_t *srv;
+    bool srv_closed;
+    char addr[80];
+} fx_t;
+
+static void on_tick(uv_timer_t *t)
+{
+    (void)t;
+}
+
+static void fx_setup(fx_t *f, const gw_worker_server_params_t *sp_in)
+{
+    memset(f, 0, sizeof *f);
+    ASSERT_TRUE(model_path() != NULL);
+    ASSERT_EQ(uv_loop_init(&f->loop), 0);
+    uv_timer_init(&f->loop, &f->tick);
+    uv_timer_start(&f->tick, on_tick, 5, 5);
+    gw_worker_server_params_t sp = sp_in ? *sp_in : gw_worker_server_params_default();
+    sp.listen = "127.0.0.1:0";
+    eng_worker_params_t wp = worker_params();
+    char err[256] = "";
+    int rc = gw_worker_server_init(&f->loop, &sp, &wp, &f->srv, err, sizeof err);
+    if (rc != 0)
+        fprintf(stderr, "server: %s\n", err);
+    ASSERT_EQ(rc, 0);
+    ASSERT_TRUE(gw_worker_server_port(f->srv) != 0);
+    snprintf(f->addr, sizeof f->addr, "%s", gw_worker_server_address(f->srv));
+}
+
+#define RUN_UNTIL(f, cond, ms)                                                                     \
+    do {                                                                                           \
+        uint64_t pc_dl_ = pc_time_mono_ms() + (ms);                                                \
+        while (!(cond) && pc_time_mono_ms() < pc_dl_)                                              \
+            uv_run(&(f)->loop, UV_RUN_ONCE);                                                       \
+        if (!(cond))                                                                               \
+            PC_TEST__FAIL("timed out after %d ms waiting for %s", (int)(ms), #cond);               \
+    } while (0)
+
+static void on_srv_closed(gw_worker_server_t *s, void *ud)
+{
+    (void)s;
+    ((fx_t *)ud)->srv_closed = true;
+}
+
+/* Shuts the server down gracefully and checks that nothing is left on the loop. */
+static void fx_teardown(fx_t *f)
+{
+    gw_worker_server_shutdown(f->srv, on_srv_closed, f);
+    RUN_UNTIL(f, f->srv_closed, 10000);
+    gw_worker_server_free(f->srv);
+    f->srv = NULL;
+    uv_close((uv_handle_t *)&f->tick, NULL);
+    uv_run(&f->loop, UV_RUN_DEFAULT);
+    ASSERT_EQ(uv_loop_close(&f->loop), 0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * A client that records everything it receives.
+ * ------------------------------------------------------------------------------------------- */
+
+#define MAX_REQ 16
+#define MAX_OUT 512
+
+typedef struct rq {
+    uint32_t tokens[MAX_OUT];
+    uint32_t n_tokens;
+    char text[8192];
+    size_t text_len;
+    bool done, failed;
+    uint8_t stop;
+    int err;
+    eng_wire_usage_t usage;
+    uint32_t n_retained;
+} rq_t;
+
+typedef struct cl {
+    gw_worker_client_t *c;
+    bool ready, closed;
+    int close_err;
+    char close_reason[GW_WCONN_REASON_MAX];
+    char ack_model[ENG_WIRE_NAME_MAX + 1];
+    eng_wire_hello_t ack; /* scalars only */
+    rq_t rq[MAX_REQ + 1]; /* by request id 1..MAX_REQ */
+    eng_wire_load_t load;
+    uint32_t n_loads;
+    /* Actions: cancel request cancel_id after cancel_at tokens; close after close_at tokens
+     * of request 1. */
+    uint64_t cancel_id;
+    uint32_t cancel_at;
+    uint32_t close_at;
+} cl_t;
+
+static void cl_on_ready(gw_worker_client_t *c, const eng_wire_hello_t *ack, void *ud)
+{
+    cl_t *k = ud;
+    k->ready = true;
+    k->ack = *ack;
+    snprintf(k->ack_model, sizeof k->ack_model, "%.*s", (int)ack->model_name.len,
+             ack->model_name.base);
+}
+
+static void cl_on_frame(gw_worker_client_t *c, const eng_wire_frame_t *f, void *ud)
+{
+    cl_t *k = ud;
+    uint64_t id = 0;
+    switch (f->type) {
+    case ENG_WIRE_TOKEN: {
+        id = f->u.token.request_id;
+        if (id == 0 || id > MAX_REQ)
+            break;
+        rq_t *r = &k->rq[id];
+        if (r->n_tokens < MAX_OUT)
+            r->tokens[r->n_tokens++] = f->u.token.token_id;
+        size_t n = PC_MIN(f->u.token.text.len, sizeof r->text - 1 - r->text_len);
+        memcpy(r->text + r->text_len, f->u.token.text.base, n);
+        r->text_len += n;
+        if (k->cancel_id == id && r->n_tokens == k->cancel_at)
+            gw_worker_client_cancel(c, id);
+        if (id == 1 && k->close_at > 0 && r->n_tokens == k->close_at)
+            gw_worker_client_close(c);
+        break;
+    }
+    case ENG_WIRE_DONE: {
+        id = f->u.done.request_id;
+        if (id == 0 || id > MAX_REQ)
+            break;
+        rq_t *r = &k->rq[id];
+        r->done = true;
+        r->stop = f->u.done.stop_reason;
+        r->usage = f->u.done.usage;
+        size_t n = PC_MIN(f->u.done.text.len, sizeof r->text - 1 - r->text_len);
+        memcpy(r->text + r->text_len, f->u.done.text.base, n);
+        r->text_len += n;
+        break;
+    }
+    case ENG_WIRE_ERROR:
+        id = f->u.error.request_id;
+        if (id == 0 || id > MAX_REQ)
+            break;
+        k->rq[id].failed = true;
+        k->rq[id].err = f->u.error.code;
+        break;
+    case ENG_WIRE_KV_EVENT:
+        if (f->u.kv.kind == ENG_WIRE_KV_RETAINED && f->u.kv.request_id >= 1 &&
+            f->u.kv.request_id <= MAX_REQ)
+            k->rq[f->u.kv.request_id].n_retained++;
+        break;
+    case ENG_WIRE_LOAD:
+        k->load = f->u.load;
+        k->n_loads++;
+        break;
+    default:
+        break;
+    }
+}
+
+static void cl_on_close(gw_worker_client_t *c, int err, const char *reason, void *ud)
+{
+    cl_t *k = ud;
+    k->closed = true;
+    k->close_err = err;
+    snprintf(k->close_reason, sizeof k->close_reason, "%s", reason);
+    k->c = NULL;
+}
+
+static const gw_worker_client_cbs_t cl_cbs = {cl_on_ready, cl_on_frame, cl_on_close};
+
+static void cl_connect(fx_t *f, cl_t *k, const gw_worker_client_params_t *pp, const char *addr)
+{
+    memset(k, 0, sizeof *k);
+    gw_worker_client_params_t p = pp ? *pp : gw_worker_client_params_default();
+    p.address = addr ? addr : f->addr;
+    p.node = "test-gateway";
+    char err[256] = "";
+    int rc = gw_worker_client_connect(&f->loop, &p, &cl_cbs, k, &k->c, err, sizeof err);
+    if (rc != 0)
+        fprintf(stderr, "connect: %s\n", err);
+    ASSERT_EQ(rc, 0);
+}
+
+/* Connects and waits for the handshake. */
+static void cl_open(fx_t *f, cl_t *k)
+{
+    PC_TEST_CALL(cl_connect(f, k, NULL, NULL));
+    RUN_UNTIL(f, k->ready || k->closed, 5000);
+    if (k->closed)
+        fprintf(stderr, "closed: %s\n", k->close_reason);
+    ASSERT_TRUE(k->ready);
+}
+
+static void cl_close(fx_t *f, cl_t *k)
+{
+    if (k->c != NULL)
+        gw_worker_client_close(k->c);
+    RUN_UNTIL(f, k->closed, 5000);
+}
+
+/* A greedy request for prompt[0..n). */
+static eng_wire_submit_t greedy(uint64_t id, const uint32_t *prompt, uint32_t n, uint32_t max)
+{
+    eng_wire_submit_t s = {.request_id = id, .ns = 42, .max_tokens = max};
+    s.sampling = eng_sampling_params_default();
+    s.sampling.temperature = 0;
+    s.tokens = prompt;
+    s.n_tokens = n;
+    return s;
+}
+
+static void make_prompt(uint32_t *p, uint32_t n, uint32_t seed)
+{
+    for (uint32_t i = 0; i < n; i++)
+        p[i] = (seed * 131 + i * 17 + i * i) % N_VOCAB;
+}
+
+/* The same requests run one at a time through an in-process worker: the reference. */
+static void inproc_run(const eng_wire_submit_t *s, rq_t *out)
+{
+    memset(out, 0, sizeof *out);
+    eng_worker_params_t wp = worker_params();
+    eng_worker_t *w;
+    char err[256];
+    ASSERT_EQ(eng_worker_init(&wp, &w, err, sizeof err), 0);
+    int rc = eng_worker_submit(w, s, err, sizeof err);
+    ASSERT_EQ(rc, 0);
+    eng_worker_event_t ev[16];
+    uint64_t deadline = pc_time_mono_ms() + 20000;
+    while (!out->done && !out->failed && pc_time_mono_ms() < deadline) {
+        size_t k = eng_worker_poll_wait(w, ev, 16, 100);
+        for (size_t i = 0; i < k; i++) {
+            if (ev[i].type == ENG_WIRE_TOKEN && out->n_tokens < MAX_OUT) {
+                out->tokens[out->n_tokens++] = ev[i].u.token.token_id;
+                memcpy(out->text + out->text_len, ev[i].u.token.text.base,
+                       PC_MIN(ev[i].u.token.text.len, sizeof out->text - 1 - out->text_len));
+                out->text_len +=
+                    PC_MIN(ev[i].u.token.text.len, sizeof out->text - 1 - out->text_len);
+            } else if (ev[i].type == ENG_WIRE_DONE) {
+                size_t n = PC_MIN(ev[i].u.done.text.len, sizeof out->text - 1 - out->text_len);
+                memcpy(out->text + out->text_len, ev[i].u.done.text.base, n);
+                out->text_len += n;
+                out->done = true;
+                out->stop = ev[i].u.done.stop_reason;
+                out->usage = ev[i].u.done.usage;
+            } else if (ev[i].type == ENG_WIRE_ERROR) {
+                out->failed = true;
+            }
+        }
+    }
+    eng_worker_free(w);
+    ASSERT_TRUE(out->done);
+}
+
+/* Pings until a LOAD shows nothing running or queued. */
+static void wait_idle(fx_t *f, cl_t *k)
+{
+    uint64_t deadline = pc_time_mono_ms() + 5000;
+    while (pc_time_mono_ms() < deadline) {
+        uint32_t n0 = k->n_loads;
+        ASSERT_EQ(gw_worker_client_ping(k->c), 0);
+        RUN_UNTIL(f, k->n_loads > n0, 2000);
+        if (k->load.running_seqs == 0 && k->load.queued_requests == 0)
+            return;
+        uint64_t t = pc_time_mono_ms() + 20;
+        while (pc_time_mono_ms() < t)
+            uv_run(&f->loop, UV_RUN_ONCE);
+    }
+    PC_TEST__FAIL("the worker never became idle: %u running, %u queued", k->load.running_seqs,
+                  k->load.queued_requests);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Raw peers: a TCP connection that sends what the test says and collects what comes back.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct raw {
+    uv_tcp_t tcp;
+    uv_connect_t connect;
+    bool connected, eof, closed, read;
+    int status;
+    pc_buf_t in;
+    uint64_t eof_ms;
+    char rbuf[65536];
+} raw_t;
+
+typedef struct raw_wr {
+    uv_write_t req;
+    char data[];
+} raw_wr_t;
+
+static void raw_alloc(uv_handle_t *h, size_t n, uv_buf_t *b)
+{
+    raw_t *r = h->data;
+    b->base = r->rbuf;
+    b->len = sizeof r->rbuf;
+}
+
+static void raw_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
+{
+    raw_t *r = s->data;
+    if (n > 0) {
+        pc_buf_append(&r->in, b->base, (size_t)n);
+    } else if (n < 0) {
+        r->eof = true;
+        r->eof_ms = pc_time_mono_ms();
+        uv_read_stop(s);
+    }
+}
+
+static void raw_on_connect(uv_connect_t *c, int status)
+{
+    raw_t *r = c->data;
+    r->status = status;
+    r->connected = status == 0;
+    if (r->connected && r->read)
+        uv_read_start((uv_stream_t *)&r->tcp, raw_alloc, raw_on_read);
+}
+
+/* Connects to addr; read: collect what arrives (otherwise the socket is never read, and its
+ * receive buffer is made small). */
+static void raw_open(fx_t *f, raw_t *r, const char *addr, bool read)
+{
+    memset(r, 0, offsetof(raw_t, rbuf));
+    r->read = read;
+    struct sockaddr_storage sa;
+    ASSERT_EQ(gw_wconn_parse_addr(addr, &sa), 0);
+    ASSERT_EQ(uv_tcp_init_ex(&f->loop, &r->tcp, AF_INET), 0);
+    r->tcp.data = r;
+    r->connect.data = r;
+    if (!read) {
+        uv_os_fd_t fd;
+        ASSERT_EQ(uv_fileno((uv_handle_t *)&r->tcp, &fd), 0);
+        int small = 4096;
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    }
+    ASSERT_EQ(uv_tcp_connect(&r->connect, &r->tcp, (struct sockaddr *)&sa, raw_on_connect), 0);
+    RUN_UNTIL(f, r->connected || r->status < 0, 5000);
+    ASSERT_TRUE(r->connected);
+}
+
+static void raw_on_write(uv_write_t *w, int status)
+{
+    (void)status;
+    pc_free(PC_CONTAINER_OF(w, raw_wr_t, req));
+}
+
+static void raw_send(raw_t *r, const void *bytes, size_t len)
+{
+    raw_wr_t *w = pc_xmalloc(sizeof *w + len);
+    memcpy(w->data, bytes, len);
+    uv_buf_t b = uv_buf_init(w->data, (unsigned)len);
+    if (uv_write(&w->req, (uv_stream_t *)&r->tcp, &b, 1, raw_on_write) != 0)
+        pc_free(w);
+}
+
+static void raw_send_frame(raw_t *r, const eng_wire_frame_t *fr)
+{
+    pc_buf_t b = PC_BUF_INIT;
+    char err[128];
+    PC_ASSERT(eng_wire_encode(fr, ENG_WIRE_MAX_FRAME_DEFAULT, &b, err, sizeof err) == 0);
+    raw_send(r, b.base, b.len);
+    pc_buf_free(&b);
+}
+
+static eng_wire_frame_t hello_frame(uint32_t heartbeat_ms)
+{
+    eng_wire_frame_t f = {.type = ENG_WIRE_HELLO};
+    f.u.hello.version_min = f.u.hello.version_max = ENG_WIRE_VERSION;
+    f.u.hello.role = ENG_WIRE_ROLE_GATEWAY;
+    f.u.hello.heartbeat_ms = heartbeat_ms;
+    f.u.hello.max_frame = ENG_WIRE_MAX_FRAME_DEFAULT;
+    f.u.hello.node = PC_SLICE_LIT("raw");
+    return f;
+}
+
+static void raw_on_closed(uv_handle_t *h)
+{
+    ((raw_t *)h->data)->closed = true;
+}
+
+static void raw_close(fx_t *f, raw_t *r)
+{
+    uv_close((uv_handle_t *)&r->tcp, raw_on_closed);
+    RUN_UNTIL(f, r->closed, 2000);
+    pc_buf_free(&r->in);
+}
+
+/* The frames in what a raw peer received: the count of frames of a type, and the message of the
+ * last REJECT/ERROR in why. Returns the decoder's state (0 when every byte was a frame). */
+static int raw_frames(const raw_t *r, int type, uint32_t *count, char *why, size_t why_len)
+{
+    eng_wire_decoder_t *d;
+    PC_ASSERT(eng_wire_decoder_init(0, &d) == 0);
+    eng_wire_decoder_feed(d, r->in.base, r->in.len);
+    eng_wire_frame_t f;
+    int rc;
+    *count = 0;
+    while ((rc = eng_wire_decoder_next(d, &f)) == 1) {
+        if (f.type == type)
+            (*count)++;
+        if ((f.type == ENG_WIRE_REJECT || f.type == ENG_WIRE_ERROR) && why != NULL)
+            snprintf(why, why_len, "%.*s", (int)f.u.error.message.len, f.u.error.message.base);
+    }
+    if (rc == 0 && eng_wire_decoder_pending(d) != 0)
+        rc = 1;
+    eng_wire_decoder_free(d);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Handshake
+ * ------------------------------------------------------------------------------------------- */
+
+PC_TEST(handshake_ok)
+{
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    cl_t k;
+    PC_TEST_CALL(cl_open(&f, &k));
+    ASSERT_STR_EQ(k.ack_model, MODEL_NAME);
+    ASSERT_EQ(k.ack.version_min, ENG_WIRE_VERSION);
+    ASSERT_EQ(k.ack.version_max, ENG_WIRE_VERSION);
+    ASSERT_EQ(k.ack.role, ENG_WIRE_ROLE_WORKER);
+    ASSERT_EQ(k.ack.n_vocab, N_VOCAB);
+    ASSERT_EQ(k.ack.n_ctx, 1024);
+    eng_worker_info_t in;
+    eng_worker_info(gw_worker_server_worker(f.srv), &in);
+    ASSERT_EQ_U64(k.ack.model_fp, in.model_fp);
+    ASSERT_EQ(k.ack.block_tokens, in.block_tokens);
+    RUN_UNTIL(&f, k.n_loads >= 1, 2000); /* a LOAD follows the handshake */
+    ASSERT_EQ(k.load.running_seqs, 0);
+
+    /* The same identity asked for explicitly is accepted too. */
+    cl_t k2;
+    gw_worker_client_params_t p = gw_worker_client_params_default();
+    p.model_name = MODEL_NAME;
+    p.model_fp = in.model_fp;
+    p.n_vocab = N_VOCAB;
+    p.version_max = 9; /* a newer client that also speaks 1 */
+    PC_TEST_CALL(cl_connect(&f, &k2, &p, NULL));
+    RUN_UNTIL(&f, k2.ready || k2.closed, 5000);
+    ASSERT_TRUE(k2.ready);
+    PC_TEST_CALL(cl_close(&f, &k));
+    PC_TEST_CALL(cl_close(&f, &k2));
+    ASSERT_EQ(k.close_err, 0);
+    gw_worker_server_stats_t st;
+    gw_worker_server_stats(f.srv, &st);
+    ASSERT_EQ(st.conns_accepted, 2);
+    ASSERT_EQ(st.conns_rejected, 0);
+    RUN_UNTIL(&f, (gw_worker_server_stats(f.srv, &st), st.conns_open == 0), 2000);
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(listen_errors)
+{
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    gw_worker_server_params_t sp = gw_worker_server_params_default();
+    eng_worker_params_t wp = worker_params();
+    gw_worker_server_t *s2 = NULL;
+    char err[256] = "";
+    /* The port is taken: PC_ERR_IO with the reason; the half-built server frees itself. */
+    sp.listen = f.addr;
+    ASSERT_EQ(gw_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err), PC_ERR_IO);
+    ASSERT_TRUE(s2 == NULL);
+    if (strstr(err, "cannot listen on 127.0.0.1:") == NULL)
+        PC_TEST__FAIL("err: %s", err);
+    sp.listen = "127.0.0.1";
+    ASSERT_EQ(gw_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err), PC_ERR_INVAL);
+    sp.listen = "example.com:80";
+    ASSERT_EQ(gw_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err), PC_ERR_INVAL);
+    sp.listen = "127.0.0.1:0";
+    wp.engine.model_path = "/nonexistent.gguf";
+    ASSERT_TRUE(gw_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err) < 0);
+    ASSERT_TRUE(s2 == NULL);
+    /* The client refuses bad addresses before any callback. */
+    gw_worker_client_params_t cp = gw_worker_client_params_default();
+    cp.address = "127.0.0.1:99999";
+    gw_worker_client_t *c = NULL;
+    ASSERT_EQ(gw_worker_client_connect(&f.loop, &cp, &cl_cbs, NULL, &c, err, sizeof err),
+              PC_ERR_INVAL);
+    ASSERT_TRUE(c == NULL);
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+/* Connects with p and expects a REJECT whose reason contains want. */
+static void expect_reject(fx_t *f, const gw_worker_client_params_t *p, int code, const char *want)
+{
+    cl_t k;
+    PC_TEST_CALL(cl_connect(f, &k, p, NULL));
+    RUN_UNTIL(f, k.closed, 5000);
+    ASSERT_FALSE(k.ready);
+    ASSERT_EQ(k.close_err, code);
+    if (strstr(k.close_reason, want) == NULL)
+        PC_TEST__FAIL("reason '%s' lacks '%s'", k.close_reason, want);
+}
+
+PC_TEST(handshake_mismatch_rejected)
+{
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    gw_worker_client_params_t p = gw_worker_client_params_default();
+    p.version_min = 2;
+    p.version_max = 3;
+    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_UNSUPPORTED, "this worker speaks 1"));
+    p = gw_worker_client_params_default();
+    p.model_name = "another-model";
+    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_INVAL, "'another-model' asked"));
+    p = gw_worker_client_params_default();
+    p.model_fp = 0x1234;
+    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_INVAL, "fingerprint"));
+    p = gw_worker_client_params_default();
+    p.n_vocab = N_VOCAB + 1;
+    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_INVAL, "n_vocab"));
+
+    /* A frame with another version in its header: REJECT with the decoder's reason. */
+    raw_t r;
+    PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
+    uint8_t v2[ENG_WIRE_HEADER_BYTES] = {'K', 'W', 2, ENG_WIRE_HELLO};
+    raw_send(&r, v2, sizeof v2);
+    RUN_UNTIL(&f, r.eof, 5000);
+    uint32_t n;
+    char why[256] = "";
+    ASSERT_EQ(raw_frames(&r, ENG_WIRE_REJECT, &n, why, sizeof why), 0);
+    ASSERT_EQ(n, 1);
+    ASSERT_TRUE(strstr(why, "protocol version 2") != NULL);
+    PC_TEST_CALL(raw_close(&f, &r));
+
+    /* A SUBMIT before HELLO. */
+    PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
+    uint32_t prompt[4] = {1, 2, 3, 4};
+    eng_wire_frame_t s = {.type = ENG_WIRE_SUBMIT};
+    s.u.submit = greedy(1, prompt, 4, 4);
+    raw_send_frame(&r, &s);
+    RUN_UNTIL(&f, r.eof, 5000);
+    ASSERT_EQ(raw_frames(&r, ENG_WIRE_REJECT, &n, why, sizeof why), 0);
+    ASSERT_EQ(n, 1);
+    ASSERT_TRUE(strstr(why, "expected HELLO") != NULL);
+    PC_TEST_CALL(raw_close(&f, &r));
+
+    gw_worker_server_stats_t st;
+    RUN_UNTIL(&f, (gw_worker_server_stats(f.srv, &st), st.conns_open == 0), 5000);
+    ASSERT_EQ(st.conns_rejected, 5);  /* REJECT by the handshake's rules */
+    ASSERT_EQ(st.conns_bad_frame, 1); /* REJECT by the decoder (the version-2 header) */
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Requests
+ * ------------------------------------------------------------------------------------------- */
+
+PC_TEST(stream_greedy_equals_inprocess)
+{
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    cl_t k;
+    PC_TEST_CALL(cl_open(&f, &k));
+    enum { N = 3, MAXT = 24 };
+    static uint32_t prompts[N][64];
+    const uint32_t lens[N] = {5, 40, 64};
+    eng_wire_submit_t s[N];
+    for (int i = 0; i < N; i++) {
+        make_prompt(prompts[i], lens[i], (uint32_t)i + 1);
+        s[i] = greedy((uint64_t)i + 1, prompts[i], lens[i], MAXT);
+    }
+    eng_wire_retain_t keep = {.n_tokens = 32, .ttl_ms = 60000};
+    s[1].retain = &keep;
+    s[1].n_retain = 1;
+    for (int i = 0; i < N; i++)
+        ASSERT_EQ(gw_worker_client_submit(k.c, &s[i]), 0);
+    RUN_UNTIL(&f, k.rq[1].done && k.rq[2].done && k.rq[3].done, 30000);
+    for (int i = 0; i < N; i++) {
+        rq_t *got = &k.rq[i + 1], want;
+        PC_TEST_CALL(inproc_run(&s[i], &want));
+        ASSERT_EQ(got->stop, ENG_WIRE_STOP_MAX_TOKENS);
+        ASSERT_EQ(got->n_tokens, MAXT);
+        ASSERT_EQ(got->usage.output_tokens, MAXT);
+        ASSERT_EQ(got->usage.prompt_tokens, lens[i]);
+        ASSERT_EQ(want.n_tokens, got->n_tokens);
+        ASSERT_MEM_EQ(got->tokens, want.tokens, MAXT * sizeof(uint32_t));
+        ASSERT_EQ(got->text_len, want.text_len);
+        ASSERT_MEM_EQ(got->text, want.text, got->text_len);
+        ASSERT_TRUE(got->text_len > 0);
+    }
+    ASSERT_EQ(k.rq[2].n_retained, 1); /* RETAINED came back under the connection's own id */
+
+    /* A request the worker refuses (a token id outside the vocabulary) fails alone. */
+    uint32_t bad[2] = {1, N_VOCAB + 5};
+    eng_wire_submit_t b = greedy(4, bad, 2, 4);
+    ASSERT_EQ(gw_worker_client_submit(k.c, &b), 0);
+    RUN_UNTIL(&f, k.rq[4].failed, 5000);
+    ASSERT_EQ(k.rq[4].err, PC_ERR_INVAL);
+    /* Ids are per connection: 1 is free again and reusable. */
+    memset(&k.rq[1], 0, sizeof k.rq[1]);
+    ASSERT_EQ(gw_worker_client_submit(k.c, &s[0]), 0);
+    RUN_UNTIL(&f, k.rq[1].done, 10000);
+    ASSERT_EQ(k.rq[1].n_tokens, MAXT);
+    ASSERT_FALSE(k.closed);
+
+    gw_worker_server_stats_t st;
+    gw_worker_server_stats(f.srv, &st);
+    ASSERT_EQ(st.requests_submitted, 4);
+    ASSERT_EQ(st.requests_refused, 1);
+    ASSERT_EQ(st.requests_live, 0);
+    PC_TEST_CALL(cl_close(&f, &k));
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(cancel_mid_stream)
+{
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    cl_t k;
+    PC_TEST_CALL(cl_open(&f, &k));
+    uint32_t prompt[16];
+    make_prompt(prompt, 16, 9);
+    eng_wire_submit_t s = greedy(1, prompt, 16, 900);
+    k.cancel_id = 1;
+    k.cancel_at = 3;
+    ASSERT_EQ(gw_worker_client_submit(k.c, &s), 0);
+    RUN_UNTIL(&f, k.rq[1].done, 20000);
+    ASSERT_EQ(k.rq[1].stop, ENG_WIRE_STOP_CANCELED);
+    ASSERT_TRUE(k.rq[1].n_tokens >= 3 && k.rq[1].n_tokens < 900);
+    ASSERT_EQ(k.rq[1].usage.output_tokens, k.rq[1].n_tokens);
+    /* A CANCEL of an id that is not live is ignored; the connection stays. */
+    ASSERT_EQ(gw_worker_client_cancel(k.c, 1), 0);
+    ASSERT_EQ(gw_worker_client_cancel(k.c, 77), 0);
+    k.n_loads = 0;
+    ASSERT_EQ(gw_worker_client_ping(k.c), 0);
+    RUN_UNTIL(&f, k.n_loads >= 1, 2000);
+    ASSERT_EQ(k.load.running_seqs, 0);
+    ASSERT_EQ(k.load.queued_requests, 0);
+    ASSERT_FALSE(k.closed);
+    PC_TEST_CALL(cl_close(&f, &k));
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(client_vanishing_mid_stream_frees_its_requests)
+{
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    cl_t a, b;
+    PC_TEST_CALL(cl_open(&f, &a));
+    PC_TEST_CALL(cl_open(&f, &b));
+    uint32_t prompt[3][24];
+    for (int i = 0; i < 3; i++)
+        make_prompt(prompt[i], 24, 20 + (uint32_t)i);
+    eng_wire_submit_t s1 = greedy(1, prompt[0], 24, 900), s2 = greedy(2, prompt[1], 24, 900);
+    a.close_at = 2; /* a goes away after 2 tokens of request 1, with 2 requests live */
+    ASSERT_EQ(gw_worker_client_submit(a.c, &s1), 0);
+    ASSERT_EQ(gw_worker_client_submit(a.c, &s2), 0);
+    RUN_UNTIL(&f, a.closed, 20000);
+    ASSERT_FALSE(a.rq[1].done);
+
+    gw_worker_server_stats_t st;
+    RUN_UNTIL(&f, (gw_worker_server_stats(f.srv, &st), st.conns_open == 1), 5000);
+    ASSERT_EQ(st.requests_orphaned, 2);
+    ASSERT_EQ(st.requests_live, 0);
+    /* The worker freed them: b's LOAD shows nothing running or queued. */
+    PC_TEST_CALL(wait_idle(&f, &b));
+    eng_worker_stats_t ws;
+    RUN_UNTIL(&f, (eng_worker_stats(gw_worker_server_worker(f.srv), &ws), ws.n_finished == 2),
+              5000);
+    /* b is served as before. */
+    eng_wire_submit_t s3 = greedy(3, prompt[2], 24, 8);
+    ASSERT_EQ(gw_worker_client_submit(b.c, &s3), 0);
+    RUN_UNTIL(&f, b.rq[3].done, 10000);
+    ASSERT_EQ(b.rq[3].n_tokens, 8);
+    PC_TEST_CALL(cl_close(&f, &b));
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Misbehaving peers
+ * ------------------------------------------------------------------------------------------- */
+
+PC_TEST(garbage_frames_close_only_that_connection)
+{
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    cl_t b;
+    PC_TEST_CALL(cl_open(&f, &b));
+    uint32_t prompt[20];
+    make_prompt(prompt, 20, 33);
+    eng_wire_submit_t sb = greedy(1, prompt, 20, 120);
+    ASSERT_EQ(gw_worker_client_submit(b.c, &sb), 0); /* b streams while the others misbehave */
+
+    /* Not the protocol at all (an HTTP client on the worker port): REJECT, closed. */
+    raw_t r;
+    PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
+    const char http[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    raw_send(&r, http, sizeof http - 1);
+    RUN_UNTIL(&f, r.eof, 5000);
+    uint32_t n;
+    char why[256] = "";
+    ASSERT_EQ(raw_frames(&r, ENG_WIRE_REJECT, &n, why, sizeof why), 0);
+    ASSERT_EQ(n, 1);
+    ASSERT_TRUE(strstr(why, "bad magic") != NULL);
+    PC_TEST_CALL(raw_close(&f, &r));
+
+    /* After the handshake: a SUBMIT header over a payload that is cut short, then a valid
+     * frame. The worker answers ERROR (request 0) with the decoder's reason and closes. */
+    cl_t a;
+    PC_TEST_CALL(cl_open(&f, &a));
+    uint8_t bad[ENG_WIRE_HEADER_BYTES + 6] = {
+        'K', 'W', ENG_WIRE_VERSION, ENG_WIRE_SUBMIT, 0, 0, 0, 0, 6, 0, 0, 0, 1, 2, 3, 4, 5, 6};
+    ASSERT_EQ(gw_worker_client_send_raw(a.c, bad, sizeof bad), 0);
+    RUN_UNTIL(&f, a.closed, 5000);
+    ASSERT_EQ(a.close_err, PC_ERR_FORMAT);
+    if (strstr(a.close_reason, "worker: bad frame") == NULL)
+        PC_TEST__FAIL("reason: %s", a.close_reason);
+
+    /* A frame out of place (TOKEN goes worker -> gateway) and an oversized length. */
+    PC_TEST_CALL(cl_open(&f, &a));
+    eng_wire_frame_t tok = {.type = ENG_WIRE_TOKEN};
+    tok.u.token.request_id = 1;
+    pc_buf_t enc = PC_BUF_INIT;
+    ASSERT_EQ(eng_wire_encode(&tok, ENG_WIRE_MAX_FRAME_DEFAULT, &enc, why, sizeof why), 0);
+    ASSERT_EQ(gw_worker_client_send_raw(a.c, enc.base, enc.len), 0);
+    pc_buf_free(&enc);
+    RUN_UNTIL(&f, a.closed, 5000);
+    ASSERT_EQ(a.close_err, PC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(a.close_reason, "TOKEN is not a frame a gateway sends") != NULL);
+    PC_TEST_CALL(cl_open(&f, &a));
+    uint8_t huge[ENG_WIRE_HEADER_BYTES] = {
+        'K', 'W', ENG_WIRE_VERSION, ENG_WIRE_SUBMIT, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0x7f};
+    ASSERT_EQ(gw_worker_client_send_raw(a.c, huge, sizeof huge), 0);
+    RUN_UNTIL(&f, a.closed, 5000);
+    ASSERT_EQ(a.close_err, PC_ERR_RANGE);
+
+    /* A SUBMIT that reuses a live id. */
+    PC_TEST_CALL(cl_open(&f, &a));
+    eng_wire_submit_t sa = greedy(5, prompt, 20, 800);
+    ASSERT_EQ(gw_worker_client_submit(a.c, &sa), 0);
+    ASSERT_EQ(gw_worker_client_submit(a.c, &sa), 0);
+    RUN_UNTIL(&f, a.closed, 5000);
+    ASSERT_EQ(a.close_err, PC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(a.close_reason, "still live") != NULL);
+
+    /* b never noticed. */
+    RUN_UNTIL(&f, b.rq[1].done, 20000);
+    ASSERT_EQ(b.rq[1].n_tokens, 120);
+    ASSERT_EQ(b.rq[1].stop, ENG_WIRE_STOP_MAX_TOKENS);
+    ASSERT_FALSE(b.closed);
+    gw_worker_server_stats_t st;
+    RUN_UNTIL(&f, (gw_worker_server_stats(f.srv, &st), st.conns_open == 1), 5000);
+    ASSERT_EQ(st.conns_rejected, 0);
+    ASSERT_EQ(st.conns_bad_frame, 5);   /* bad magic, truncated, TOKEN, oversized, reused id */
+    ASSERT_EQ(st.requests_orphaned, 1); /* a's first request with id 5 */
+    PC_TEST_CALL(wait_idle(&f, &b));
+    PC_TEST_CALL(cl_close(&f, &b));
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(silent_peer_dropped)
+{
+    gw_worker_server_params_t sp = gw_worker_server_params_default();
+    sp.handshake_timeout_ms = 150;
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, &sp));
+
+    /* No HELLO at all: dropped at the handshake deadline. */
+    raw_t r;
+    PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
+    uint64_t t0 = pc_time_mono_ms();
+    RUN_UNTIL(&f, r.eof, 5000);
+    ASSERT_TRUE(r.eof_ms - t0 >= 100);
+    PC_TEST_CALL(raw_close(&f, &r));
+
+    /* HELLO with a 50 ms heartbeat, then silence (while reading what the worker sends): gone
+     * after 3 missed heartbeats. */
+    PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
+    eng_wire_frame_t h = hello_frame(50);
+    raw_send_frame(&r, &h);
+    t0 = pc_time_mono_ms();
+    RUN_UNTIL(&f, r.eof, 5000);
+    uint64_t dt = r.eof_ms - t0;
+    if (dt < 140 || dt > 1500)
+        PC_TEST__FAIL("dropped after %llu ms, expected about 150", (unsigned long long)dt);
+    uint32_t n;
+    ASSERT_EQ(raw_frames(&r, ENG_WIRE_HELLO_ACK, &n, NULL, 0), 0);
+    ASSERT_EQ(n, 1);
+    PC_TEST_CALL(raw_close(&f, &r));
+
+    /* A client that keeps its heartbeats going stays, well past 3 of its intervals. */
+    cl_t k;
+    gw_worker_client_params_t p = gw_worker_client_params_default();
+    p.heartbeat_ms = 30;
+    PC_TEST_CALL(cl_connect(&f, &k, &p, NULL));
+    RUN_UNTIL(&f, k.ready, 5000);
+    uint64_t until = pc_time_mono_ms() + 400;
+    while (pc_time_mono_ms() < until)
+        uv_run(&f.loop, UV_RUN_ONCE);
+    ASSERT_FALSE(k.closed);
+    PC_TEST_CALL(cl_close(&f, &k));
+
+    gw_worker_server_stats_t st;
+    RUN_UNTIL(&f, (gw_worker_server_stats(f.srv, &st), st.conns_open == 0), 5000);
+    ASSERT_EQ(st.conns_timeout, 2);
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+/* A fake worker for the client's side: answers HELLO with HELLO_ACK (heartbeat 50 ms), then
+ * says nothing more. */
+typedef struct fake {
+    uv_tcp_t l;
+    raw_t peer;
+    bool accepted, acked;
+} fake_t;
+
+static void fake_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
+{
+    fake_t *fk = PC_CONTAINER_OF((raw_t *)s->data, fake_t, peer);
+    if (n <= 0 || fk->acked)
+        return;
+    eng_wire_frame_t a = {.type = ENG_WIRE_HELLO_ACK};
+    a.u.hello.version_min = a.u.hello.version_max = ENG_WIRE_VERSION;
+    a.u.hello.role = ENG_WIRE_ROLE_WORKER;
+    a.u.hello.heartbeat_ms = 50;
+    a.u.hello.max_frame = ENG_WIRE_MAX_FRAME_DEFAULT;
+    a.u.hello.model_name = PC_SLICE_LIT("fake");
+    raw_send_frame(&fk->peer, &a);
+    fk->acked = true;
+}
+
+static void fake_on_conn(uv_stream_t *l, int status)
+{
+    fake_t *fk = l->data;
+    memset(&fk->peer, 0, offsetof(raw_t, rbuf));
+    uv_tcp_init(l->loop, &fk->peer.tcp);
+    fk->peer.tcp.data = &fk->peer;
+    if (status == 0 && uv_accept(l, (uv_stream_t *)&fk->peer.tcp) == 0) {
+        fk->accepted = true;
+        uv_read_start((uv_stream_t *)&fk->peer.tcp, raw_alloc, fake_on_read);
+    }
+}
+
+PC_TEST(client_drops_silent_worker)
+{
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    fake_t fk = {0};
+    struct sockaddr_in sa;
+    uv_ip4_addr("127.0.0.1", 0, &sa);
+    uv_tcp_init(&f.loop, &fk.l);
+    fk.l.data = &fk;
+    ASSERT_EQ(uv_tcp_bind(&fk.l, (struct sockaddr *)&sa, 0), 0);
+    ASSERT_EQ(uv_listen((uv_stream_t *)&fk.l, 4, fake_on_conn), 0);
+    int len = sizeof sa;
+    uv_tcp_getsockname(&fk.l, (struct sockaddr *)&sa, &len);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(sa.sin_port));
+    cl_t k;
+    PC_TEST_CALL(cl_connect(&f, &k, NULL, addr));
+    RUN_UNTIL(&f, k.ready || k.closed, 5000);
+    ASSERT_TRUE(k.ready);
+    ASSERT_STR_EQ(k.ack_model, "fake");
+    uint64_t t0 = pc_time_mono_ms();
+    RUN_UNTIL(&f, k.closed, 5000);
+    uint64_t dt = pc_time_mono_ms() - t0;
+    ASSERT_EQ(k.close_err, PC_ERR_TIMEOUT);
+    if (dt < 100 || dt > 1500)
+        PC_TEST__FAIL("dropped after %llu ms, expected about 150", (unsigned long long)dt);
+
+    /* Connecting where nobody listens: on_close with PC_ERR_IO. */
+    uv_close((uv_handle_t *)&fk.l, NULL);
+    if (fk.accepted)
+        PC_TEST_CALL(raw_close(&f, &fk.peer));
+    PC_TEST_CALL(cl_connect(&f, &k, NULL, addr));
+    RUN_UNTIL(&f, k.closed, 5000);
+    ASSERT_EQ(k.close_err, PC_ERR_IO);
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(slow_reader_dropped)
+{
+    gw_worker_server_params_t sp = gw_worker_server_params_default();
+    sp.max_queue_bytes = 64 << 10;
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, &sp));
+    cl_t b;
+    PC_TEST_CALL(cl_open(&f, &b));
+
+    /* Handshake, then HEARTBEATs (each answered by LOAD) without ever reading. */
+    raw_t r;
+    PC_TEST_CALL(raw_open(&f, &r, f.addr, false));
+    eng_wire_frame_t h = hello_frame(1000);
+    raw_send_frame(&r, &h);
+    eng_wire_frame_t hb = {.type = ENG_WIRE_HEARTBEAT};
+    pc_buf_t burst = PC_BUF_INIT;
+    char why[128];
+    for (int i = 0; i < 4096; i++)
+        ASSERT_EQ(eng_wire_encode(&hb, ENG_WIRE_MAX_FRAME_DEFAULT, &burst, why, sizeof why), 0);
+    gw_worker_server_stats_t st;
+    uint64_t deadline = pc_time_mono_ms() + 20000;
+    for (;;) {
+        gw_worker_server_stats(f.srv, &st);
+        if (st.conns_slow > 0 || pc_time_mono_ms() > deadline)
+            break;
+        if (r.tcp.write_queue_size < (1u << 20))
+            raw_send(&r, burst.base, burst.len);
+        uv_run(&f.loop, UV_RUN_ONCE);
+    }
+    pc_buf_free(&burst);
+    ASSERT_EQ(st.conns_slow, 1);
+    PC_TEST_CALL(raw_close(&f, &r));
+    /* The others are served. */
+    uint32_t prompt[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    eng_wire_submit_t s = greedy(1, prompt, 8, 6);
+    ASSERT_EQ(gw_worker_client_submit(b.c, &s), 0);
+    RUN_UNTIL(&f, b.rq[1].done, 10000);
+    ASSERT_EQ(b.rq[1].n_tokens, 6);
+    PC_TEST_CALL(cl_close(&f, &b));
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Shutdown
+ * ------------------------------------------------------------------------------------------- */
+
+PC_TEST(shutdown_cancels_and_drains)
+{
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    cl_t k;
+    PC_TEST_CALL(cl_open(&f, &k));
+    uint32_t prompt[12];
+    make_prompt(prompt, 12, 5);
+    eng_wire_submit_t s = greedy(1, prompt, 12, 1000);
+    ASSERT_EQ(gw_worker_client_submit(k.c, &s), 0);
+    RUN_UNTIL(&f, k.rq[1].n_tokens >= 2, 10000);
+    gw_worker_server_shutdown(f.srv, on_srv_closed, &f);
+    RUN_UNTIL(&f, f.srv_closed && k.closed, 10000);
+    ASSERT_TRUE(k.rq[1].done); /* the final frame was delivered before the close */
+    ASSERT_EQ(k.rq[1].stop, ENG_WIRE_STOP_CANCELED);
+    ASSERT_EQ(k.close_err, PC_ERR_CLOSED);
+    ASSERT_TRUE(strstr(k.close_reason, "shutting down") != NULL);
+    gw_worker_server_free(f.srv);
+    uv_close((uv_handle_t *)&f.tick, NULL);
+    uv_run(&f.loop, UV_RUN_DEFAULT);
+    ASSERT_EQ(uv_loop_close(&f.loop), 0);
+}
+
+/* Starts `kvgw worker` on an ephemeral loopback port; its stdout's first line gives the port. */
+static void spawn_worker(pid_t *pid, char *addr, size_t addr_len)
+{
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_addclose(&fa, fds[0]);
+    char *argv[] = {KVGW_BIN,      "worker",    "--model", (char *)model_path(), "--listen",
+                    "127.0.0.1:0", "--threads", "1",       "--kv-tokens",        "4096",
+                    "--log-level", "warn",      NULL};
+    int rc = posix_spawn(pid, KVGW_BIN, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    ASSERT_EQ(rc, 0);
+    char line[128] = "";
+    size_t n = 0;
+    while (n + 1 < sizeof line) {
+        ssize_t k = read(fds[0], line + n, 1);
+        if (k <= 0 || line[n] == '\n')
+            break;
+        n++;
+    }
+    line[n] = '\0';
+    close(fds[0]);
+    if (strncmp(line, "listening on ", 13) != 0)
+        PC_TEST__FAIL("kvgw worker printed '%s'", line);
+    snprintf(addr, addr_len, "%.64s", line + 13);
+}
+
+static int wait_exit(pid_t pid, int timeout_ms)
+{
+    uint64_t deadline = pc_time_mono_ms() + (uint64_t)timeout_ms;
+    int status;
+    while (pc_time_mono_ms() < deadline) {
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return -1;
+}
+
+static pid_t g_child = -1;
+
+static void binary_test(void)
+{
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL)); /* the in-process server is unused here, but harmless */
+    pid_t pid;
+    char addr[80];
+    PC_TEST_CALL(spawn_worker(&pid, addr, sizeof addr));
+    g_child = pid;
+    cl_t k;
+    PC_TEST_CALL(cl_connect(&f, &k, NULL, addr));
+    RUN_UNTIL(&f, k.ready || k.closed, 10000);
+    ASSERT_TRUE(k.ready);
+    ASSERT_STR_EQ(k.ack_model, MODEL_NAME);
+    uint32_t prompt[30];
+    make_prompt(prompt, 30, 3);
+    eng_wire_submit_t s = greedy(1, prompt, 30, 16);
+    ASSERT_EQ(gw_worker_client_submit(k.c, &s), 0);
+    RUN_UNTIL(&f, k.rq[1].done, 20000);
+    rq_t want;
+    PC_TEST_CALL(inproc_run(&s, &want));
+    ASSERT_EQ(k.rq[1].n_tokens, 16);
+    ASSERT_MEM_EQ(k.rq[1].tokens, want.tokens, 16 * sizeof(uint32_t));
+
+    /* SIGTERM with a request streaming: DONE canceled, the connection closed, exit 0. */
+    s = greedy(2, prompt, 30, 900);
+    ASSERT_EQ(gw_worker_client_submit(k.c, &s), 0);
+    RUN_UNTIL(&f, k.rq[2].n_tokens >= 2, 10000);
+    kill(pid, SIGTERM);
+    RUN_UNTIL(&f, k.closed, 10000);
+    ASSERT_TRUE(k.rq[2].done);
+    ASSERT_EQ(k.rq[2].stop, ENG_WIRE_STOP_CANCELED);
+    ASSERT_EQ(k.close_err, PC_ERR_CLOSED);
+    g_child = -1;
+    ASSERT_EQ(wait_exit(pid, 10000), 0);
+
+    /* Bad usage: exit 2. */
+    char *bad[] = {KVGW_BIN, "worker", "--model", "x.gguf", "--listen", "nowhere", NULL};
+    ASSERT_EQ(posix_spawn(&pid, KVGW_BIN, NULL, NULL, bad, environ), 0);
+    ASSERT_EQ(wait_exit(pid, 10000), 2);
+    /* A model that does not load: exit 1. */
+    char *fail[] = {KVGW_BIN,   "worker",      "--model",     "/nonexistent.gguf",
+                    "--listen", "127.0.0.1:0", "--log-level", "off",
+                    NULL};
+    ASSERT_EQ(posix_spawn(&pid, KVGW_BIN, NULL, NULL, fail, environ), 0);
+    ASSERT_EQ(wait_exit(pid, 10000), 1);
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(kvgw_worker_binary_serves_and_stops_on_sigterm)
+{
+    binary_test();
+    if (g_child > 0) { /* failed midway: never leave the process behind */
+        kill(g_child, SIGKILL);
+        waitpid(g_child, NULL, 0);
+        g_child = -1;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The seed corpus of tests/fuzz/fuzz_worker_server.c (written only with KVGW_WNET_CORPUS=DIR).
+ * ------------------------------------------------------------------------------------------- */
+
+static void seed_frame(pc_buf_t *b, const eng_wire_frame_t *f)
+{
+    char err[160] = "";
+    int rc = eng_wire_encode(f, 0, b, err, sizeof err);
+    if (rc != 0)
+        fprintf(stderr, "encode: %s\n", err);
+    ASSERT_EQ(rc, 0);
+}
+
+static void seed_write(const char *dir, const char *name, const pc_buf_t *b)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *fp = fopen(path, "wb");
+    ASSERT_TRUE(fp != NULL);
+    ASSERT_EQ(fwrite(b->base, 1, b->len, fp), b->len);
+    fclose(fp);
+}
+
+PC_TEST(corpus_seeds)
+{
+    const char *dir = getenv("KVGW_WNET_CORPUS");
+    if (dir == NULL)
+        PC_SKIP("set KVGW_WNET_CORPUS=DIR to write the fuzz seeds");
+    static uint32_t prompt[40], toolong[1100];
+    make_prompt(prompt, 40, 4);
+    make_prompt(toolong, 1100, 5);
+    eng_wire_frame_t sub = {.type = ENG_WIRE_SUBMIT}, can = {.type = ENG_WIRE_CANCEL};
+    eng_wire_frame_t hb = {.type = ENG_WIRE_HEARTBEAT}, hello = hello_frame(1000);
+    pc_buf_t b = PC_BUF_INIT;
+    const uint8_t with_hello = 1, raw = 0;
+
+    /* A stream, a heartbeat, a cancel of the first. */
+    pc_buf_append(&b, &with_hello, 1);
+    sub.u.submit = greedy(1, prompt, 40, 4);
+    PC_TEST_CALL(seed_frame(&b, &sub));
+    sub.u.submit = greedy(2, prompt, 12, 30);
+    PC_TEST_CALL(seed_frame(&b, &sub));
+    PC_TEST_CALL(seed_frame(&b, &hb));
+    can.u.cancel_id = 2;
+    PC_TEST_CALL(seed_frame(&b, &can));
+    PC_TEST_CALL(seed_write(dir, "submit_cancel", &b));
+
+    /* Every SUBMIT field used: retain, stops, stop ids, sampling, prefill only, bad token. */
+    b.len = 0;
+    pc_buf_append(&b, &with_hello, 1);
+    eng_wire_retain_t keep[2] = {{8, 1000}, {40, 60000}};
+    pc_slice_t stops[2] = {PC_SLICE_LIT("ab"), PC_SLICE_LIT("\n\n")};
+    uint32_t stop_ids[2] = {10, 32};
+    sub.u.submit = greedy(3, prompt, 40, 6);
+    sub.u.submit.retain = keep;
+    sub.u.submit.n_retain = 2;
+    sub.u.submit.stops = stops;
+    sub.u.submit.n_stops = 2;
+    sub.u.submit.stop_ids = stop_ids;
+    sub.u.submit.n_stop_ids = 2;
+    sub.u.submit.sampling.temperature = 0.8f;
+    sub.u.submit.sampling.top_k = 5;
+    sub.u.submit.sampling.top_p = 0.9f;
+    sub.u.submit.sampling.seed = 3;
+    sub.u.submit.priority = 2;
+    PC_TEST_CALL(seed_frame(&b, &sub));
+    sub.u.submit = greedy(4, prompt, 40, 0);
+    PC_TEST_CALL(seed_frame(&b, &sub));
+    sub.u.submit = greedy(5, toolong, 1100, 1);
+    PC_TEST_CALL(seed_frame(&b, &sub));
+    uint32_t bad[2] = {1, 999};
+    sub.u.submit = greedy(6, bad, 2, 1);
+    PC_TEST_CALL(seed_frame(&b, &sub));
+    PC_TEST_CALL(seed_write(dir, "submit_fields", &b));
+
+    /* Protocol errors after the handshake: a reused id, a worker's frame, a second HELLO, a
+     * truncated payload. */
+    b.len = 0;
+    pc_buf_append(&b, &with_hello, 1);
+    sub.u.submit = greedy(7, prompt, 10, 50);
+    PC_TEST_CALL(seed_frame(&b, &sub));
+    PC_TEST_CALL(seed_frame(&b, &sub));
+    PC_TEST_CALL(seed_write(dir, "reused_id", &b));
+    b.len = 1;
+    eng_wire_frame_t tok = {.type = ENG_WIRE_TOKEN};
+    tok.u.token.request_id = 1;
+    PC_TEST_CALL(seed_frame(&b, &tok));
+    PC_TEST_CALL(seed_write(dir, "worker_frame", &b));
+    b.len = 1;
+    PC_TEST_CALL(seed_frame(&b, &hello));
+    PC_TEST_CALL(seed_write(dir, "second_hello", &b));
+    b.len = 1;
+    sub.u.submit = greedy(8, prompt, 10, 5);
+    PC_TEST_CALL(seed_frame(&b, &sub));
+    b.len -= 7;
+    PC_TEST_CALL(seed_write(dir, "truncated_submit", &b));
+
+    /* Handshakes: valid with explicit identity, another version, role worker, SUBMIT first,
+     * not the protocol. */
+    b.len = 0;
+    pc_buf_append(&b, &raw, 1);
+    eng_wire_frame_t h2 = hello;
+    h2.u.hello.model_name = PC_SLICE_LIT(MODEL_NAME);
+    h2.u.hello.n_vocab = N_VOCAB;
+    PC_TEST_CALL(seed_frame(&b, &h2));
+    sub.u.submit = greedy(1, prompt, 20, 3);
+    PC_TEST_CALL(seed_frame(&b, &sub));
+    PC_TEST_CALL(seed_write(dir, "hello_model", &b));
+    b.len = 1;
+    h2 = hello;
+    h2.u.hello.version_min = 2;
+    h2.u.hello.version_max = 3;
+    PC_TEST_CALL(seed_frame(&b, &h2));
+    PC_TEST_CALL(seed_write(dir, "hello_version", &b));
+    b.len = 1;
+    h2 = hello;
+    h2.u.hello.role = ENG_WIRE_ROLE_WORKER;
+    PC_TEST_CALL(seed_frame(&b, &h2));
+    PC_TEST_CALL(seed_write(dir, "hello_role", &b));
+    b.len = 1;
+    PC_TEST_CALL(seed_frame(&b, &sub));
+    PC_TEST_CALL(seed_write(dir, "submit_first", &b));
+    b.len = 1;
+    pc_buf_append_cstr(&b, "GET / HTTP/1.1\r\nHost: worker\r\n\r\n");
+    PC_TEST_CALL(seed_write(dir, "http", &b));
+    pc_buf_free(&b);
+}
+
+PC_TEST_MAIN()
