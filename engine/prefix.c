@@ -31,8 +31,14 @@
 #include "pc_err.h"
 #include "radix.h"
 
+/* The links of the live-payload list; the list's sentinel is a bare link (a payload has a
+ * flexible array, so it cannot be a member of another struct). */
+typedef struct px_link {
+    struct px_link *prev, *next;
+} px_link_t;
+
 typedef struct px_payload {
-    struct px_payload *prev, *next;
+    px_link_t link; /* first member: a link pointer converts to its payload */
     uint32_t pos0, n_tokens;
     uint32_t n_blocks;
     uint32_t blocks[]; /* [n_blocks] */
@@ -46,7 +52,7 @@ typedef struct px_pin {
 struct eng_prefix {
     eng_t *e;
     rdx_tree_t *tree;
-    px_payload_t list; /* sentinel of the live payloads */
+    px_link_t list; /* sentinel of the live payloads */
     px_pin_t *pins;
     uint32_t n_pins, pins_cap;
     uint64_t clock;     /* logical time for the LRU */
@@ -81,10 +87,10 @@ static px_payload_t *payload_new(struct eng_prefix *px, uint32_t pos0, uint32_t 
         p->blocks[i] = table[first + i - table_first];
         eng_kvpool_ref(px->e->kv, p->blocks[i]);
     }
-    p->next = px->list.next;
-    p->prev = &px->list;
-    px->list.next->prev = p;
-    px->list.next = p;
+    p->link.next = px->list.next;
+    p->link.prev = &px->list;
+    px->list.next->prev = &p->link;
+    px->list.next = &p->link;
     return p;
 }
 
@@ -96,8 +102,8 @@ static void payload_free(void *payload, void *ud)
         return;
     for (uint32_t i = 0; i < p->n_blocks; i++)
         eng_kvpool_unref(px->e->kv, p->blocks[i]);
-    p->prev->next = p->next;
-    p->next->prev = p->prev;
+    p->link.prev->next = p->link.next;
+    p->link.next->prev = p->link.prev;
     pc_free(p);
 }
 
@@ -223,9 +229,11 @@ void eng__prefix_free(struct eng_prefix *px)
 
 void eng__prefix_count_refs(const struct eng_prefix *px, uint32_t *refs)
 {
-    for (const px_payload_t *p = px->list.next; p != &px->list; p = p->next)
+    for (const px_link_t *l = px->list.next; l != &px->list; l = l->next) {
+        const px_payload_t *p = (const px_payload_t *)l;
         for (uint32_t i = 0; i < p->n_blocks; i++)
             refs[p->blocks[i]]++;
+    }
 }
 
 int eng__prefix_check(const struct eng_prefix *px, char *err, size_t err_len)
