@@ -42,7 +42,7 @@ int kvgw_cmd_bench(int argc, char **argv)
 }
 
 static const kvgw_cmd_t commands[] = {
-    {"bench", kvgw_cmd_bench, "run a benchmark (radix)"},
+    {"bench", kvgw_cmd_bench, "run a benchmark (radix, tokenizer, engine, worker, kernels)"},
     {"tokenize", kvgw_cmd_tokenize, "text on stdin -> token ids (JSON); --decode the reverse"},
     {"mkmodel", kvgw_cmd_mkmodel, "write a test model (GGUF) with deterministic random weights"},
     {"eval", kvgw_cmd_eval, "forward pass over token ids; writes every position's logits"},
