@@ -228,7 +228,7 @@ static void stage_qkv(const rows_ctx_t *r, uint32_t i0, uint32_t i1)
             if (f16) {
                 uint16_t *kd = dst;
                 for (uint32_t d = 0; d < hd; d++)
-                    kd[(size_t)d * bt + slot] = eng__f32_to_f16(kh[d]);
+                    kd[(size_t)d * bt + slot] = eng_f32_to_f16(kh[d]);
                 eng__f32_to_f16_row(vh, kd + (size_t)hd * bt + (size_t)slot * hd, hd, c->simd);
             } else {
                 float *kd = dst;
@@ -409,7 +409,7 @@ int eng_backend_cpu_init(const eng_model_t *model, const eng_cpu_params_t *p, en
     *out = NULL;
     const eng_hparams_t *hp = &model->hp;
     if (p->n_threads == 0 || p->n_threads > 256 || p->max_tokens == 0 || p->block_tokens == 0 ||
-        hp->n_head / hp->n_head_kv > 64)
+        hp->n_head / hp->n_head_kv > ENG_ATTN_MAX_ROWS)
         return PC_ERR_INVAL;
     cpu_be_t *c = pc_calloc(1, sizeof *c);
     if (c == NULL)
@@ -419,7 +419,7 @@ int eng_backend_cpu_init(const eng_model_t *model, const eng_cpu_params_t *p, en
     c->model = model;
     c->p = *p;
     c->simd = !p->no_simd && eng__cpu_has_avx512();
-    c->max_rows_per_task = PC_MAX(1, 64 / (hp->n_head / hp->n_head_kv));
+    c->max_rows_per_task = PC_MAX(1, ENG_ATTN_MAX_ROWS / (hp->n_head / hp->n_head_kv));
     c->max_rows_per_task = PC_MIN(c->max_rows_per_task, 16);
     /* The backend parallelizes GEMMs itself; OpenBLAS threads would only oversubscribe. */
     openblas_set_num_threads(1);
@@ -458,7 +458,7 @@ int eng_backend_cpu_init(const eng_model_t *model, const eng_cpu_params_t *p, en
         }
     }
     size_t attn_floats =
-        2 * (size_t)p->block_tokens * hp->head_dim + 64 * ((size_t)hp->head_dim + 2);
+        eng__attention_scratch_floats(hp->head_dim, p->block_tokens, ENG_ATTN_MAX_ROWS);
     for (uint32_t t = 0; t < p->n_threads; t++) {
         c->wtmp[t] = pc_malloc(ENG_CPU_WTILE * max_k * sizeof(float));
         c->attn_scratch[t] = pc_malloc(attn_floats * sizeof(float));

@@ -12,9 +12,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* IEEE half <-> float, exact for every half (round-to-nearest-even on the way down). */
-float eng__f16_to_f32(uint16_t h);
-uint16_t eng__f32_to_f16(float f);
+#include "half.h"
+
+/* IEEE half <-> float rows: AVX-512/F16C with simd where the CPU has it, else the scalar
+ * conversions of half.h (the same results: exact up, round-to-nearest-even down). */
 void eng__f16_to_f32_row(const uint16_t *src, float *dst, size_t n, bool simd);
 void eng__f32_to_f16_row(const float *src, uint16_t *dst, size_t n, bool simd);
 

@@ -1,5 +1,5 @@
 /*
- * cpu_kernels.c — half-precision conversion, matrix products and paged attention for the CPU
+ * cpu_kernels.c — half-precision row conversion, matrix products and paged attention for the CPU
  * backend (see cpu.h and cpu_kernels.h).
  *
  * Every kernel has a portable C path; the AVX-512 paths are compiled with target attributes
@@ -58,64 +58,6 @@ bool eng__cpu_has_avx512(void)
  * Half precision
  * ------------------------------------------------------------------------------------------- */
 
-float eng__f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f;
-    uint32_t man = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: normalize */
-            int e = -1;
-            do {
-                man <<= 1;
-                e++;
-            } while ((man & 0x400) == 0);
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-uint16_t eng__f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000;
-    uint32_t exp = (x >> 23) & 0xff;
-    uint32_t man = x & 0x7fffff;
-    if (exp == 0xff) /* inf or NaN (keep a quiet NaN) */
-        return (uint16_t)(sign | 0x7c00 | (man ? 0x200 | (man >> 13) : 0));
-    int e = (int)exp - 127 + 15;
-    if (e >= 31)
-        return (uint16_t)(sign | 0x7c00);
-    if (e <= 0) { /* subnormal or zero in half */
-        if (e < -10)
-            return (uint16_t)sign;
-        man |= 0x800000;
-        uint32_t shift = (uint32_t)(14 - e);
-        uint32_t half = man >> shift;
-        uint32_t rem = man & ((1u << shift) - 1);
-        uint32_t mid = 1u << (shift - 1);
-        if (rem > mid || (rem == mid && (half & 1)))
-            half++;
-        return (uint16_t)(sign | half);
-    }
-    uint32_t half = sign | ((uint32_t)e << 10) | (man >> 13);
-    uint32_t rem = man & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (half & 1)))
-        half++; /* may carry into the exponent, which is the right rounding */
-    return (uint16_t)half;
-}
-
 AVX512 static void f16_to_f32_avx512(const uint16_t *src, float *dst, size_t n)
 {
     size_t i = 0;
@@ -142,7 +84,7 @@ void eng__f16_to_f32_row(const uint16_t *src, float *dst, size_t n, bool simd)
         return;
     }
     for (size_t i = 0; i < n; i++)
-        dst[i] = eng__f16_to_f32(src[i]);
+        dst[i] = eng_f16_to_f32(src[i]);
 }
 
 void eng__f32_to_f16_row(const float *src, uint16_t *dst, size_t n, bool simd)
@@ -152,14 +94,16 @@ void eng__f32_to_f16_row(const float *src, uint16_t *dst, size_t n, bool simd)
         return;
     }
     for (size_t i = 0; i < n; i++)
-        dst[i] = eng__f32_to_f16(src[i]);
+        dst[i] = eng_f32_to_f16(src[i]);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Matrix products
  * ------------------------------------------------------------------------------------------- */
 
-/* Below GEMV_MAX_ROWS rows of x the BF16 GEMM is not used. Below GEMV_F16_MAX_ROWS rows, F16
+/* Below GEMV_F16_MAX_ROWS rows of x the BF16 GEMM is not used (a batch of decode rows keeps
+ * the weights' own precision, and N sequences decoded together match each run alone as they
+ * did before BF16). Below GEMV_F16_MAX_ROWS rows, F16
  * weights are multiplied directly, GEMV-like: one pass over the weights, each weight row
  * converted once (in registers) and applied to the rows of x in groups of GEMV_MAX_ROWS; from
  * it on, they are converted to F32 tiles for sgemm, whose cost the rows then amortize. A batch
@@ -182,16 +126,6 @@ bool eng__cpu_has_bf16(void)
     return cached;
 }
 
-/* Round to nearest even; NaN stays NaN. */
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffff) > 0x7f800000)
-        return (uint16_t)((x >> 16) | 0x40);
-    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
-}
-
 static uint32_t bf16_panels(uint32_t n_out)
 {
     return ((n_out + 31) / 32) * 2;
@@ -212,8 +146,8 @@ void eng__bf16_pack(const eng_weight_t *w, uint16_t *dst)
         row[w->n_in] = 0;
         uint16_t *panel = dst + (size_t)(n / 16) * kp * 32;
         for (uint32_t j = 0; j < kp; j++) {
-            panel[(size_t)j * 32 + (n % 16) * 2] = f32_to_bf16(row[2 * j]);
-            panel[(size_t)j * 32 + (n % 16) * 2 + 1] = f32_to_bf16(row[2 * j + 1]);
+            panel[(size_t)j * 32 + (n % 16) * 2] = eng_f32_to_bf16(row[2 * j]);
+            panel[(size_t)j * 32 + (n % 16) * 2 + 1] = eng_f32_to_bf16(row[2 * j + 1]);
         }
     }
     pc_free(row);
@@ -233,7 +167,7 @@ AVX512BF16 static void to_bf16_rows(const float *x, uint32_t M, uint32_t K, uint
             _mm512_storeu_si512((void *)(d + k), (__m512i)v);
         }
         for (; k < K; k++)
-            d[k] = f32_to_bf16(src[k]);
+            d[k] = eng_f32_to_bf16(src[k]);
         if (K % 2)
             d[K] = 0;
     }
@@ -362,7 +296,10 @@ AVX512 static void gemv_f16_rows8(const uint16_t *wr, const float *xg, uint32_t 
 #undef GEMV_STORE
 
 /* x[M][K] . w[n0..n1)^T into y[:, n0..n1) for small M, F16 weights: memory bound, one pass over
- * the weight rows (four accumulators per row for a single x row). */
+ * the weight rows (four accumulators per row for a single x row). Measured on Zen 4 with two
+ * threads: this one-row-at-a-time loop streams at the machine's bandwidth (about 32 GB/s);
+ * software prefetch (T0/T1/T2, 1-16 KiB ahead) and four interleaved weight rows were both slower
+ * or no faster, since the hardware prefetcher follows a single stream per thread best. */
 AVX512 static void gemv_f16_avx512(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
 {
     const uint16_t *w = c->w->data;
@@ -475,7 +412,8 @@ void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_
                       .tmp = tmp,
                       .simd = simd && eng__cpu_has_avx512()};
     uint32_t nt = eng__pool_n_threads(pool);
-    if (a_bf16 != NULL && w->bf16 != NULL && M >= GEMV_MAX_ROWS && c.simd && eng__cpu_has_bf16()) {
+    if (a_bf16 != NULL && w->bf16 != NULL && M >= GEMV_F16_MAX_ROWS && c.simd &&
+        eng__cpu_has_bf16()) {
         to_bf16_rows(x, M, c.K, a_bf16);
         c.a_bf16 = a_bf16;
         c.tile = 128;
@@ -498,6 +436,10 @@ void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_
  * Attention
  * ------------------------------------------------------------------------------------------- */
 
+/* Keys per attention chunk on the AVX-512 path: four blocks of 16 (the row state and the
+ * softmax reductions are paid once per chunk, the products run on 16 accumulators). */
+#define ATTN_CHUNK 64
+
 /* e^x for x <= 0 .. 88, relative error ~2e-7: x = n ln2 + r, |r| <= ln2/2, e^r by its degree-6
  * Taylor polynomial, scaled by 2^n with scalef. Lanes at -inf give 0 (callers mask anyway). */
 AVX512 static inline __m512 exp512(__m512 x)
@@ -518,59 +460,158 @@ AVX512 static inline __m512 exp512(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
-/* The running state of one query row: max score m, normalizer l, unnormalized output o. */
+/* The running state of one query row: max score m, normalizer l, unnormalized output o; on
+ * the AVX-512 path also the current chunk's weights p[ATTN_CHUNK], the factor corr the
+ * previous output is scaled by, and n_valid, the chunk's keys the row sees. */
 typedef struct attn_row {
     const float *q;
     float *o;
-    float m, l;
-    uint32_t pos;
+    float *p;
+    float m, l, corr;
+    uint32_t pos, n_valid;
 } attn_row_t;
 
-/* One KV block (kt [hd][16], vb [16][hd], F32) against up to 4 rows; block_start is the
- * position of the block's first slot, n_slots its valid slots. */
-AVX512 static void attn_block_avx512(const float *kt, const float *vb, uint32_t hd,
-                                     attn_row_t *rows, uint32_t n_rows, uint32_t block_start,
-                                     uint32_t n_slots)
+/* Scores of up to four rows against a chunk's keys (kt [hd][ATTN_CHUNK], F32, finite in every
+ * lane), then each row's online-softmax step: m, l, corr, n_valid and the weights p (zero past
+ * the row's last visible key, and all zero for a row that sees none of the chunk, with corr 1).
+ * Rows past n_rows repeat row 0 in the products and are not updated. */
+AVX512 static void attn_scores4(const float *kt, uint32_t hd, attn_row_t *rows, uint32_t n_rows,
+                                uint32_t start, uint32_t n_keys)
 {
     const float *q0 = rows[0].q;
-    const float *q1 = n_rows > 1 ? rows[1].q : q0;
-    const float *q2 = n_rows > 2 ? rows[2].q : q0;
-    const float *q3 = n_rows > 3 ? rows[3].q : q0;
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    const float *q1 = rows[PC_MIN(1, n_rows - 1)].q;
+    const float *q2 = rows[PC_MIN(2, n_rows - 1)].q;
+    const float *q3 = rows[PC_MIN(3, n_rows - 1)].q;
+    /* Sixteen named accumulators (row x 16 keys): an array of vectors would live on the
+     * stack. */
+    __m512 s00 = _mm512_setzero_ps(), s01 = s00, s02 = s00, s03 = s00, s10 = s00, s11 = s00;
+    __m512 s12 = s00, s13 = s00, s20 = s00, s21 = s00, s22 = s00, s23 = s00, s30 = s00;
+    __m512 s31 = s00, s32 = s00, s33 = s00;
     for (uint32_t d = 0; d < hd; d++) {
-        __m512 k = _mm512_loadu_ps(kt + (size_t)d * 16);
-        s0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), k, s0);
-        s1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), k, s1);
-        s2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[d]), k, s2);
-        s3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[d]), k, s3);
+        const float *kd = kt + (size_t)d * ATTN_CHUNK;
+        __m512 k0 = _mm512_loadu_ps(kd), k1 = _mm512_loadu_ps(kd + 16);
+        __m512 k2 = _mm512_loadu_ps(kd + 32), k3 = _mm512_loadu_ps(kd + 48);
+#define ATTN_QK(qp, a0, a1, a2, a3)                                                                \
+    do {                                                                                           \
+        __m512 qb = _mm512_set1_ps((qp)[d]);                                                       \
+        a0 = _mm512_fmadd_ps(qb, k0, a0);                                                          \
+        a1 = _mm512_fmadd_ps(qb, k1, a1);                                                          \
+        a2 = _mm512_fmadd_ps(qb, k2, a2);                                                          \
+        a3 = _mm512_fmadd_ps(qb, k3, a3);                                                          \
+    } while (0)
+        ATTN_QK(q0, s00, s01, s02, s03);
+        ATTN_QK(q1, s10, s11, s12, s13);
+        ATTN_QK(q2, s20, s21, s22, s23);
+        ATTN_QK(q3, s30, s31, s32, s33);
+#undef ATTN_QK
     }
-    __m512 s[4] = {s0, s1, s2, s3};
+    __m512 sv[4][4] = {
+        {s00, s01, s02, s03}, {s10, s11, s12, s13}, {s20, s21, s22, s23}, {s30, s31, s32, s33}};
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
     for (uint32_t r = 0; r < n_rows; r++) {
         attn_row_t *row = &rows[r];
-        if (row->pos < block_start)
+        if (row->pos < start) {
+            row->corr = 1.0f;
+            row->n_valid = 0;
+            for (uint32_t c = 0; c < 4; c++)
+                _mm512_storeu_ps(row->p + 16 * c, _mm512_setzero_ps());
             continue;
-        uint32_t n_valid = PC_MIN(n_slots, row->pos - block_start + 1);
-        __mmask16 mk = (__mmask16)(n_valid >= 16 ? 0xffff : (1u << n_valid) - 1);
-        __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), mk, s[r]);
-        float bmax = _mm512_reduce_max_ps(sv);
-        float m_new = row->m > bmax ? row->m : bmax;
-        __m512 p = _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(sv, _mm512_set1_ps(m_new))));
-        float corr = expf(row->m - m_new); /* 0 for the first block (m = -inf) */
-        row->l = row->l * corr + _mm512_reduce_add_ps(p);
-        row->m = m_new;
-        float pj[16];
-        _mm512_storeu_ps(pj, p);
-        __m512 vcorr = _mm512_set1_ps(corr);
-        for (uint32_t c = 0; c < hd; c += 16) {
-            __m512 o = _mm512_mul_ps(_mm512_loadu_ps(row->o + c), vcorr);
-            for (uint32_t j = 0; j < n_valid; j++)
-                o = _mm512_fmadd_ps(_mm512_set1_ps(pj[j]), _mm512_loadu_ps(vb + (size_t)j * hd + c),
-                                    o);
-            _mm512_storeu_ps(row->o + c, o);
         }
+        uint32_t n_valid = PC_MIN(n_keys, row->pos - start + 1);
+        __mmask16 mk[4];
+        __m512 x[4], vmax = ninf;
+        for (uint32_t c = 0; c < 4; c++) {
+            uint32_t nv = n_valid > 16 * c ? PC_MIN(16, n_valid - 16 * c) : 0;
+            mk[c] = (__mmask16)(nv >= 16 ? 0xffff : (1u << nv) - 1);
+            x[c] = _mm512_mask_mov_ps(ninf, mk[c], sv[r][c]);
+            vmax = _mm512_max_ps(vmax, x[c]);
+        }
+        float bmax = _mm512_reduce_max_ps(vmax);
+        float m_new = row->m > bmax ? row->m : bmax;
+        __m512 mn = _mm512_set1_ps(m_new), sum = _mm512_setzero_ps();
+        for (uint32_t c = 0; c < 4; c++) {
+            __m512 pc = _mm512_maskz_mov_ps(mk[c], exp512(_mm512_sub_ps(x[c], mn)));
+            _mm512_storeu_ps(row->p + 16 * c, pc);
+            sum = _mm512_add_ps(sum, pc);
+        }
+        row->corr = expf(row->m - m_new); /* 0 for the first chunk (m = -inf) */
+        row->l = row->l * row->corr + _mm512_reduce_add_ps(sum);
+        row->m = m_new;
+        row->n_valid = n_valid;
     }
 }
 
+/* o = o * corr + p . V for up to four rows (vb [ATTN_CHUNK][hd], F32; only the first
+ * max(n_valid) rows are read, so unwritten slots past them are never touched). Columns go 32
+ * at a time (eight accumulators), then 16. */
+AVX512 static void attn_values4(const float *vb, uint32_t hd, attn_row_t *rows, uint32_t n_rows)
+{
+    uint32_t nj = 0;
+    for (uint32_t r = 0; r < n_rows; r++)
+        nj = PC_MAX(nj, rows[r].n_valid);
+    if (nj == 0)
+        return; /* corr is 1 for every row: nothing changes */
+    attn_row_t *r0 = &rows[0], *r1 = &rows[PC_MIN(1, n_rows - 1)];
+    attn_row_t *r2 = &rows[PC_MIN(2, n_rows - 1)], *r3 = &rows[PC_MIN(3, n_rows - 1)];
+    const float *p0 = r0->p, *p1 = r1->p, *p2 = r2->p, *p3 = r3->p;
+    __m512 f0 = _mm512_set1_ps(r0->corr), f1 = _mm512_set1_ps(r1->corr);
+    __m512 f2 = _mm512_set1_ps(r2->corr), f3 = _mm512_set1_ps(r3->corr);
+    uint32_t c = 0;
+    for (; c + 32 <= hd; c += 32) {
+        __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(r0->o + c), f0);
+        __m512 b0 = _mm512_mul_ps(_mm512_loadu_ps(r0->o + c + 16), f0);
+        __m512 a1 = _mm512_mul_ps(_mm512_loadu_ps(r1->o + c), f1);
+        __m512 b1 = _mm512_mul_ps(_mm512_loadu_ps(r1->o + c + 16), f1);
+        __m512 a2 = _mm512_mul_ps(_mm512_loadu_ps(r2->o + c), f2);
+        __m512 b2 = _mm512_mul_ps(_mm512_loadu_ps(r2->o + c + 16), f2);
+        __m512 a3 = _mm512_mul_ps(_mm512_loadu_ps(r3->o + c), f3);
+        __m512 b3 = _mm512_mul_ps(_mm512_loadu_ps(r3->o + c + 16), f3);
+        for (uint32_t j = 0; j < nj; j++) {
+            const float *vj = vb + (size_t)j * hd + c;
+            __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
+            __m512 w0 = _mm512_set1_ps(p0[j]), w1 = _mm512_set1_ps(p1[j]);
+            __m512 w2 = _mm512_set1_ps(p2[j]), w3 = _mm512_set1_ps(p3[j]);
+            a0 = _mm512_fmadd_ps(w0, v0, a0);
+            b0 = _mm512_fmadd_ps(w0, v1, b0);
+            a1 = _mm512_fmadd_ps(w1, v0, a1);
+            b1 = _mm512_fmadd_ps(w1, v1, b1);
+            a2 = _mm512_fmadd_ps(w2, v0, a2);
+            b2 = _mm512_fmadd_ps(w2, v1, b2);
+            a3 = _mm512_fmadd_ps(w3, v0, a3);
+            b3 = _mm512_fmadd_ps(w3, v1, b3);
+        }
+        /* Stores in reverse: a row repeated past n_rows is row 0, stored last. */
+        _mm512_storeu_ps(r3->o + c, a3);
+        _mm512_storeu_ps(r3->o + c + 16, b3);
+        _mm512_storeu_ps(r2->o + c, a2);
+        _mm512_storeu_ps(r2->o + c + 16, b2);
+        _mm512_storeu_ps(r1->o + c, a1);
+        _mm512_storeu_ps(r1->o + c + 16, b1);
+        _mm512_storeu_ps(r0->o + c, a0);
+        _mm512_storeu_ps(r0->o + c + 16, b0);
+    }
+    for (; c < hd; c += 16) {
+        __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(r0->o + c), f0);
+        __m512 a1 = _mm512_mul_ps(_mm512_loadu_ps(r1->o + c), f1);
+        __m512 a2 = _mm512_mul_ps(_mm512_loadu_ps(r2->o + c), f2);
+        __m512 a3 = _mm512_mul_ps(_mm512_loadu_ps(r3->o + c), f3);
+        for (uint32_t j = 0; j < nj; j++) {
+            __m512 v0 = _mm512_loadu_ps(vb + (size_t)j * hd + c);
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(p0[j]), v0, a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(p1[j]), v0, a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(p2[j]), v0, a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(p3[j]), v0, a3);
+        }
+        _mm512_storeu_ps(r3->o + c, a3);
+        _mm512_storeu_ps(r2->o + c, a2);
+        _mm512_storeu_ps(r1->o + c, a1);
+        _mm512_storeu_ps(r0->o + c, a0);
+    }
+}
+
+/* One KV block (kt [hd][bt], vb [bt][hd], F32) against one row; block_start is the position
+ * of the block's first slot, n_slots its valid slots. The portable path, and the reference
+ * the AVX-512 chunks are tested against. */
 static void attn_block_scalar(const float *kt, const float *vb, uint32_t hd, uint32_t bt,
                               attn_row_t *row, uint32_t block_start, uint32_t n_slots)
 {
@@ -603,18 +644,50 @@ static void attn_block_scalar(const float *kt, const float *vb, uint32_t hd, uin
     }
 }
 
+/* Block bi of the sequence's KV for one KV head, its first n_slots slots, into kt (row stride
+ * ldk floats, columns [col, col + n_slots)) and vb (rows [col, col + n_slots), stride hd), as
+ * F32. Only the valid slots are read: unwritten ones may hold anything (NaN in tests). */
+static void attn_load_block(const eng_attn_args_t *a, const void *kv, uint32_t n_slots, float *kt,
+                            uint32_t ldk, float *vb, uint32_t col)
+{
+    uint32_t hd = a->head_dim, bt = a->block_tokens;
+    if (a->kv_f16) {
+        const uint16_t *k16 = kv;
+        for (uint32_t d = 0; d < hd; d++)
+            eng__f16_to_f32_row(k16 + (size_t)d * bt, kt + (size_t)d * ldk + col, n_slots, a->simd);
+        eng__f16_to_f32_row(k16 + (size_t)hd * bt, vb + (size_t)col * hd, (size_t)n_slots * hd,
+                            a->simd);
+    } else {
+        const float *k32 = kv;
+        for (uint32_t d = 0; d < hd; d++)
+            memcpy(kt + (size_t)d * ldk + col, k32 + (size_t)d * bt, n_slots * sizeof(float));
+        memcpy(vb + (size_t)col * hd, k32 + (size_t)hd * bt, (size_t)n_slots * hd * sizeof(float));
+    }
+}
+
+size_t eng__attention_scratch_floats(uint32_t head_dim, uint32_t block_tokens, uint32_t max_rows)
+{
+    size_t keys = PC_MAX(block_tokens, ATTN_CHUNK);
+    return 2 * keys * head_dim + (size_t)max_rows * (head_dim + ATTN_CHUNK);
+}
+
 void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float *scratch)
 {
     const eng_kvpool_t *pool = a->kvpool;
     uint32_t hd = a->head_dim, bt = a->block_tokens;
     uint32_t group = a->n_head / a->n_head_kv;
     uint32_t q_stride = a->n_head * hd;
-    float *kt = scratch;                /* [hd][bt] */
-    float *vb = kt + (size_t)hd * bt;   /* [bt][hd] */
-    float *obuf = vb + (size_t)hd * bt; /* [n_rows][hd] */
+    /* The AVX-512 path takes the keys ATTN_CHUNK at a time (whole blocks); the portable one
+     * block by block. */
+    bool simd = a->simd && eng__cpu_has_avx512() && ATTN_CHUNK % bt == 0 && hd % 16 == 0;
+    uint32_t keys = simd ? ATTN_CHUNK : bt;                 /* columns of kt, rows of vb */
+    float *kt = scratch;                                    /* [hd][keys] */
+    float *vb = kt + (size_t)hd * PC_MAX(bt, ATTN_CHUNK);   /* [keys][hd] */
+    float *obuf = vb + (size_t)hd * PC_MAX(bt, ATTN_CHUNK); /* [n_rows][hd] */
     uint32_t n_rows = (task->t1 - task->t0) * group;
-    attn_row_t rows_fixed[64];
+    attn_row_t rows_fixed[ENG_ATTN_MAX_ROWS];
     PC_ASSERT(n_rows <= PC_ARRAY_LEN(rows_fixed));
+    float *pbuf = obuf + (size_t)n_rows * hd; /* [n_rows][ATTN_CHUNK] */
     attn_row_t *rows = rows_fixed;
     uint32_t max_pos = 0;
     for (uint32_t t = task->t0, r = 0; t < task->t1; t++) {
@@ -622,6 +695,7 @@ void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float
             uint32_t h = task->kv_head * group + g;
             rows[r].q = a->q + (size_t)t * q_stride + (size_t)h * hd;
             rows[r].o = obuf + (size_t)r * hd;
+            rows[r].p = pbuf + (size_t)r * ATTN_CHUNK;
             rows[r].m = -INFINITY;
             rows[r].l = 0;
             rows[r].pos = a->pos[t];
@@ -629,34 +703,26 @@ void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float
         }
         max_pos = PC_MAX(max_pos, a->pos[t]);
     }
-    bool simd = a->simd && eng__cpu_has_avx512() && bt == 16 && hd % 16 == 0;
     const uint32_t *blocks = a->blocks[task->seq];
-    uint32_t n_blocks = max_pos / bt + 1;
-    for (uint32_t bi = 0; bi < n_blocks; bi++) {
-        uint32_t start = bi * bt;
-        uint32_t n_slots = PC_MIN(bt, max_pos + 1 - start);
-        const void *kv = eng_kvpool_kv(pool, blocks[bi], a->layer, task->kv_head);
-        /* Only the valid slots are converted: unwritten ones may hold anything (NaN in tests). */
-        if (a->kv_f16) {
-            const uint16_t *k16 = kv;
-            for (uint32_t d = 0; d < hd; d++)
-                eng__f16_to_f32_row(k16 + (size_t)d * bt, kt + (size_t)d * bt, n_slots, a->simd);
-            eng__f16_to_f32_row(k16 + (size_t)hd * bt, vb, (size_t)n_slots * hd, a->simd);
-        } else {
-            const float *k32 = kv;
-            for (uint32_t d = 0; d < hd; d++)
-                memcpy(kt + (size_t)d * bt, k32 + (size_t)d * bt, n_slots * sizeof(float));
-            memcpy(vb, k32 + (size_t)hd * bt, (size_t)n_slots * hd * sizeof(float));
+    uint32_t n_keys_total = max_pos + 1;
+    for (uint32_t start = 0; start < n_keys_total; start += keys) {
+        uint32_t n_keys = PC_MIN(keys, n_keys_total - start);
+        for (uint32_t col = 0; col < n_keys; col += bt) {
+            const void *kv =
+                eng_kvpool_kv(pool, blocks[(start + col) / bt], a->layer, task->kv_head);
+            attn_load_block(a, kv, PC_MIN(bt, n_keys - col), kt, keys, vb, col);
         }
-        if (n_slots < bt) /* lanes past the valid slots are masked, but keep them finite */
+        if (n_keys < keys) /* lanes past the valid keys are masked, but keep them finite */
             for (uint32_t d = 0; d < hd; d++)
-                memset(kt + (size_t)d * bt + n_slots, 0, (bt - n_slots) * sizeof(float));
+                memset(kt + (size_t)d * keys + n_keys, 0, (keys - n_keys) * sizeof(float));
         if (simd) {
             for (uint32_t r = 0; r < n_rows; r += 4)
-                attn_block_avx512(kt, vb, hd, rows + r, PC_MIN(4, n_rows - r), start, n_slots);
+                attn_scores4(kt, hd, rows + r, PC_MIN(4, n_rows - r), start, n_keys);
+            for (uint32_t r = 0; r < n_rows; r += 4)
+                attn_values4(vb, hd, rows + r, PC_MIN(4, n_rows - r));
         } else {
             for (uint32_t r = 0; r < n_rows; r++)
-                attn_block_scalar(kt, vb, hd, bt, &rows[r], start, n_slots);
+                attn_block_scalar(kt, vb, hd, bt, &rows[r], start, n_keys);
         }
     }
     for (uint32_t t = task->t0, r = 0; t < task->t1; t++) {

@@ -14,6 +14,7 @@
 #define ENG_CPU_KERNELS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cpu.h"
@@ -24,8 +25,9 @@
 
 /* y[M][N] = x[M][K] . w^T, or y += that with accumulate. tmp[thread] points at
  * ENG_CPU_WTILE * K floats per pool thread. With a_bf16 (room for M * (K + 1) halves) and
- * w->bf16 set, products of at least 8 rows run as BF16 dot products with F32 accumulation
- * (x rounded to BF16): twice the FMA rate of F32 on CPUs with AVX512-BF16. */
+ * w->bf16 set, products of at least 32 rows (prefill) run as BF16 dot products with F32
+ * accumulation (x rounded to BF16): twice the FMA rate of F32 on CPUs with AVX512-BF16. Fewer
+ * rows (decode) take the GEMV on the weights as stored. */
 void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *w, float *y,
                  bool accumulate, float *const *tmp, uint16_t *a_bf16, bool simd);
 
@@ -60,8 +62,16 @@ typedef struct eng_attn_args {
     bool simd;
 } eng_attn_args_t;
 
-/* Per-thread scratch of attention: 2 * block_tokens * head_dim + rows * (head_dim + 2) floats
- * where rows = max tokens per task * heads per KV head. */
+/* The most query rows one attention task may have: tokens of the task x heads per KV head. */
+#define ENG_ATTN_MAX_ROWS 64
+
+/* Floats of per-thread scratch eng__attention needs for tasks of at most max_rows rows
+ * (max_rows <= ENG_ATTN_MAX_ROWS). */
+size_t eng__attention_scratch_floats(uint32_t head_dim, uint32_t block_tokens, uint32_t max_rows);
+
+/* The attention of one task's rows over positions [0, pos] of each row, into a->out. scratch
+ * holds eng__attention_scratch_floats() floats. The AVX-512 path takes four 16-token blocks at a
+ * time; the portable path one block at a time (and any block size). */
 void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float *scratch);
 
 #endif

@@ -30,7 +30,7 @@ eng_params_t eng_params_default(void)
                           .weights_f32 = false,
                           .kv_poison = false,
                           .no_simd = false,
-                          .bf16_gemm = false,
+                          .gemm = ENG_GEMM_AUTO,
                           .backend = "cpu",
                           .cuda_device = 0};
 }
@@ -65,7 +65,7 @@ static int make_backend(eng_t *e, const char *backend, char *err, size_t err_len
                            .max_tokens = p->max_batch_tokens,
                            .block_tokens = p->kv_block_tokens,
                            .no_simd = p->no_simd,
-                           .bf16 = p->bf16_gemm};
+                           .bf16 = e->model->has_bf16};
     rc = eng_backend_cpu_init(e->model, &cp, &e->be);
     if (rc != 0)
         snprintf(err, err_len, "engine: cannot create the CPU backend: %s", pc_strerror(rc));
@@ -80,6 +80,10 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
     if (p->model_path == NULL || p->n_threads == 0 || p->n_threads > 256 ||
         p->max_batch_tokens == 0 || p->max_batch_tokens > (1u << 20)) {
         snprintf(err, err_len, "engine: invalid parameters (model path, threads 1..256, batch)");
+        return PC_ERR_INVAL;
+    }
+    if (p->gemm != ENG_GEMM_AUTO && p->gemm != ENG_GEMM_F32 && p->gemm != ENG_GEMM_BF16) {
+        snprintf(err, err_len, "engine: invalid GEMM mode %d (auto, f32 or bf16)", (int)p->gemm);
         return PC_ERR_INVAL;
     }
     const char *backend = p->backend != NULL ? p->backend : "cpu";
@@ -103,7 +107,10 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
     e->p.backend = NULL;    /* nor this one: the resolved name is eng_backend_name_of */
     eng_model_params_t mp = eng_model_params_default();
     mp.weights_f32 = p->weights_f32;
-    mp.pack_bf16 = p->bf16_gemm && !p->no_simd && eng__cpu_has_bf16();
+    /* The panels are for the CPU backend; an explicit cuda backend never reads them. */
+    mp.pack_bf16 = p->gemm != ENG_GEMM_F32 && !p->no_simd && eng__cpu_has_bf16() &&
+                   strcmp(backend, "cuda") != 0;
+    mp.pack_bf16_skip_f32 = p->gemm == ENG_GEMM_AUTO;
     int rc = eng_model_load(p->model_path, &mp, &e->model, err, err_len);
     if (rc != 0)
         goto fail;
@@ -169,6 +176,26 @@ eng_kvpool_t *eng_kvpool(eng_t *e)
 const char *eng_backend_name_of(const eng_t *e)
 {
     return eng_backend_name(e->be);
+}
+
+int eng_gemm_mode_parse(const char *s, enum eng_gemm_mode *out)
+{
+    static const struct {
+        const char *name;
+        enum eng_gemm_mode mode;
+    } modes[] = {{"auto", ENG_GEMM_AUTO}, {"f32", ENG_GEMM_F32}, {"bf16", ENG_GEMM_BF16}};
+    for (size_t i = 0; i < PC_ARRAY_LEN(modes); i++) {
+        if (strcmp(s, modes[i].name) == 0) {
+            *out = modes[i].mode;
+            return 0;
+        }
+    }
+    return PC_ERR_INVAL;
+}
+
+const char *eng_gemm_name_of(const eng_t *e)
+{
+    return strcmp(eng_backend_name(e->be), "cpu") == 0 && e->model->has_bf16 ? "bf16" : "f32";
 }
 
 int eng_seq_create(eng_t *e, eng_seq_t **out)

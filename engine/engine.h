@@ -28,6 +28,21 @@
 #include "hparams.h"
 #include "kvpool.h"
 
+/* The precision of the CPU backend's matrix products over 32 or more rows (prefill). BF16
+ * GEMMs (VDPBF16PS, F32 accumulation) run at about twice the F32 rate on CPUs with AVX512-BF16;
+ * activations and weights are rounded to 8 significant bits, so logits move by about 1e-2
+ * relative to the F32 path (F16 weights are already rounded to 11 bits; llama.cpp also computes
+ * F16-weight products in reduced precision). Steps of fewer than 32 rows (decode batches)
+ * always take the F16/F32 GEMV, which reads the weights as stored. */
+enum eng_gemm_mode {
+    ENG_GEMM_AUTO = 0, /* BF16 for weight matrices stored with fewer than 32 bits (F16, BF16,
+                          Q8_0) when the CPU has AVX512-BF16 and SIMD is on; F32 otherwise, so
+                          F32 weights always keep the exact F32 path */
+    ENG_GEMM_F32 = 1,  /* always F32 (sgemm, or F16 tiles converted to F32) */
+    ENG_GEMM_BF16 = 2, /* BF16 for every layer matrix, F32 ones included, where the CPU has
+                          AVX512-BF16 (F32 elsewhere) */
+};
+
 typedef struct eng_params {
     const char *model_path;
     uint32_t n_threads;         /* compute threads, default 2 */
@@ -38,10 +53,8 @@ typedef struct eng_params {
     uint32_t max_batch_tokens;  /* tokens per internal forward step (default 512); longer
                                    batches are computed in successive steps */
     bool weights_f32;           /* convert F16 weights to F32 at load */
-    bool bf16_gemm; /* prefill GEMMs in BF16 with F32 accumulation (CPUs with AVX512-BF16):
-                       about twice the F32 rate; activations and weights are rounded to 8
-                       significant bits, so logits move by ~1e-2 relative */
-    bool kv_poison; /* tests: NaN in unwritten KV slots */
+    enum eng_gemm_mode gemm;    /* the GEMM precision of prefill (default ENG_GEMM_AUTO) */
+    bool kv_poison;             /* tests: NaN in unwritten KV slots */
     const char *backend; /* "cpu" (default, also for NULL), "cuda" (an error where the build or
                             the machine has no CUDA), or "auto" (cuda when a GPU is usable,
                             else cpu) */
@@ -68,6 +81,11 @@ uint32_t eng_n_vocab(const eng_t *e);
 /* The KV pool, for statistics and checks; valid until eng_free. */
 eng_kvpool_t *eng_kvpool(eng_t *e);
 const char *eng_backend_name_of(const eng_t *e);
+/* "bf16" when the CPU backend computes prefill GEMMs in BF16 (eng_params.gemm resolved against
+ * the model and the CPU), else "f32". A static string. */
+const char *eng_gemm_name_of(const eng_t *e);
+/* Parses "auto", "f32" or "bf16" into *out. Returns 0 or PC_ERR_INVAL (*out unchanged). */
+int eng_gemm_mode_parse(const char *s, enum eng_gemm_mode *out);
 
 /* A new empty sequence. Returns 0 or PC_ERR_NOMEM. */
 int eng_seq_create(eng_t *e, eng_seq_t **out);

@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "half.h" /* the generator's conversions (eng_f32_to_f16 & co), for its users */
 #include "hparams.h"
 #include "vocab.h"
 
@@ -59,12 +60,5 @@ int eng_mkmodel_check(const eng_mkmodel_params_t *p, char *err, size_t err_len);
  * or PC_ERR_NOMEM, with a one-line reason in err. */
 int eng_mkmodel_write(const eng_mkmodel_params_t *p, const eng_vocab_t *vocab, const char *path,
                       char *err, size_t err_len);
-
-/* Conversions used by the generator, exposed for the engine and tests: IEEE half and bfloat16
- * with round-to-nearest-even (NaN stays NaN, overflow becomes infinity). */
-uint16_t eng_f32_to_f16(float f);
-float eng_f16_to_f32(uint16_t h);
-uint16_t eng_f32_to_bf16(float f);
-float eng_bf16_to_f32(uint16_t b);
 
 #endif

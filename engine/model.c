@@ -20,7 +20,8 @@
 
 eng_model_params_t eng_model_params_default(void)
 {
-    return (eng_model_params_t){.weights_f32 = false, .pack_bf16 = false};
+    return (eng_model_params_t){
+        .weights_f32 = false, .pack_bf16 = false, .pack_bf16_skip_f32 = false};
 }
 
 static void *model_own(eng_model_t *m, size_t n_bytes)
@@ -63,16 +64,14 @@ static void tensor_to_f32(const eng_gguf_tensor_t *t, float *dst)
         break;
     case ENG_GGML_TYPE_BF16: {
         const uint8_t *p = t->data;
-        for (int64_t i = 0; i < n; i++) {
-            uint32_t bits = (uint32_t)(p[2 * i] | (p[2 * i + 1] << 8)) << 16;
-            memcpy(&dst[i], &bits, 4);
-        }
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = eng_bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
         break;
     }
     case ENG_GGML_TYPE_Q8_0: {
         const uint8_t *p = t->data;
         for (int64_t b = 0; b < n / ENG_QK8_0; b++, p += 34) {
-            float d = eng__f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
+            float d = eng_f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
             for (int j = 0; j < ENG_QK8_0; j++)
                 dst[b * ENG_QK8_0 + j] = d * (float)(int8_t)p[2 + j];
         }
@@ -128,6 +127,7 @@ static int load_weight(eng_model_t *m, const eng_model_params_t *p, const char *
     }
     w->n_in = (uint32_t)t->ne[0];
     w->n_out = (uint32_t)t->ne[1];
+    w->file_type = t->type;
     if (t->type == ENG_GGML_TYPE_F32 || (t->type == ENG_GGML_TYPE_F16 && !p->weights_f32)) {
         w->type = t->type;
         w->data = t->data;
@@ -221,9 +221,13 @@ int eng_model_load(const char *path, const eng_model_params_t *p, eng_model_t **
             goto fail;
         if (p->pack_bf16) {
             eng_weight_t *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-            for (size_t i = 0; i < PC_ARRAY_LEN(ws); i++)
+            for (size_t i = 0; i < PC_ARRAY_LEN(ws); i++) {
+                if (p->pack_bf16_skip_f32 && ws[i]->file_type == ENG_GGML_TYPE_F32)
+                    continue;
                 if ((rc = pack_bf16(m, ws[i])) != 0)
                     goto fail;
+                m->has_bf16 = true;
+            }
         }
         if (hp->has_qk_norm &&
             ((rc = load_vec(m, "blk.%d.attn_q_norm.weight", l, &L->q_norm, err, err_len)) ||

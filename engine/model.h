@@ -23,6 +23,7 @@
 /* A weight matrix: n_out rows of n_in elements of `type` (ENG_GGML_TYPE_F32 or _F16). */
 typedef struct eng_weight {
     uint32_t type;
+    uint32_t file_type; /* the tensor's type in the file (enum eng_ggml_type) */
     uint32_t n_in;
     uint32_t n_out;
     const void *data;     /* [n_out][n_in]; into the mapping or a buffer the model owns */
@@ -55,11 +56,13 @@ typedef struct eng_model {
     void **_owned;         /* private: converted buffers */
     size_t _n_owned;
     size_t _weight_bytes;
+    bool has_bf16; /* at least one layer matrix has BF16 panels */
 } eng_model_t;
 
 typedef struct eng_model_params {
-    bool weights_f32; /* convert F16 weights to F32 at load (default: keep F16) */
-    bool pack_bf16;   /* also pack the layers' matrices as BF16 panels for the BF16 GEMM */
+    bool weights_f32;        /* convert F16 weights to F32 at load (default: keep F16) */
+    bool pack_bf16;          /* also pack the layers' matrices as BF16 panels for the BF16 GEMM */
+    bool pack_bf16_skip_f32; /* with pack_bf16: not the matrices stored as F32 in the file */
 } eng_model_params_t;
 
 eng_model_params_t eng_model_params_default(void);

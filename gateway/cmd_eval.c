@@ -27,7 +27,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw eval --model FILE --tokens FILE --logits OUT [--prefix-cached N] "
-               "[--threads N] [--kv-dtype f16|f32]\n");
+               "[--threads N] [--kv-dtype f16|f32] [--gemm auto|f32|bf16]\n");
 }
 
 static void help(void)
@@ -38,7 +38,10 @@ static void help(void)
            "  --prefix-cached N  compute and cache the first N tokens, then compute the rest\n"
            "                     in a new sequence that reuses them (the cache path)\n"
            "  --threads N        compute threads (default 2)\n"
-           "  --kv-dtype T       KV cache element type, f16 (default) or f32\n");
+           "  --kv-dtype T       KV cache element type, f16 (default) or f32\n"
+           "  --gemm M           prefill GEMM precision: auto (default: bf16 for F16/BF16/Q8_0\n"
+           "                     weights on CPUs with AVX512-BF16, logits within ~1e-2 of f32),\n"
+           "                     f32 (exact F32 products), or bf16\n");
 }
 
 static int parse_u32(const char *s, uint32_t max, uint32_t *out)
@@ -116,6 +119,7 @@ int kvgw_cmd_eval(int argc, char **argv)
     uint32_t prefix = 0, threads = 2;
     bool have_prefix = false;
     enum eng_kv_dtype kv = ENG_KV_F16;
+    enum eng_gemm_mode gemm = ENG_GEMM_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -157,6 +161,12 @@ int kvgw_cmd_eval(int argc, char **argv)
                 usage(stderr);
                 return KVGW_EXIT_USAGE;
             }
+        } else if (strcmp(a, "--gemm") == 0) {
+            if (eng_gemm_mode_parse(v, &gemm) != 0) {
+                fprintf(stderr, "kvgw eval: --gemm: '%s' is not auto, f32 or bf16\n", v);
+                usage(stderr);
+                return KVGW_EXIT_USAGE;
+            }
         } else {
             fprintf(stderr, "kvgw eval: unknown option '%s'\n", a);
             usage(stderr);
@@ -181,6 +191,7 @@ int kvgw_cmd_eval(int argc, char **argv)
     p.model_path = model;
     p.n_threads = threads;
     p.kv_dtype = kv;
+    p.gemm = gemm;
     p.kv_max_tokens = 0;
     p.kv_max_bytes = 0;
     /* The KV pool holds the sequence twice (the cache path's two sequences); the ids are

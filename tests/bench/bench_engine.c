@@ -25,8 +25,10 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw bench engine [--model FILE] [--threads N] [--kv-dtype f16|f32] "
-               "[--weights-f32] [--bf16] [--decode N] [--quick]\n");
-    fprintf(f, "  --bf16   prefill GEMMs in BF16 (AVX512-BF16; logits move by ~1e-2)\n");
+               "[--weights-f32] [--gemm auto|f32|bf16] [--bf16] [--decode N] [--quick]\n");
+    fprintf(f,
+            "  --gemm   prefill GEMM precision (default auto: BF16 for F16 weights on CPUs with\n"
+            "           AVX512-BF16; logits move by ~1e-2); --bf16 is --gemm bf16\n");
     fprintf(f, "  --quick  prefill 512 and decode only (no 2048 prefill, no TTFT)\n");
 }
 
@@ -90,7 +92,7 @@ int bench_engine_main(int argc, char **argv)
             continue;
         }
         if (strcmp(a, "--bf16") == 0) {
-            p.bf16_gemm = true;
+            p.gemm = ENG_GEMM_BF16;
             continue;
         }
         if (strcmp(a, "--quick") == 0) {
@@ -108,6 +110,11 @@ int bench_engine_main(int argc, char **argv)
             threads = (uint32_t)atoi(v);
             if (threads == 0 || threads > 256) {
                 fprintf(stderr, "kvgw bench engine: --threads: '%s' is not in 1..256\n", v);
+                return 2;
+            }
+        } else if (strcmp(a, "--gemm") == 0) {
+            if (eng_gemm_mode_parse(v, &p.gemm) != 0) {
+                fprintf(stderr, "kvgw bench engine: --gemm: '%s' is not auto, f32 or bf16\n", v);
                 return 2;
             }
         } else if (strcmp(a, "--decode") == 0) {
@@ -146,7 +153,7 @@ int bench_engine_main(int argc, char **argv)
     printf("engine: %s, %u layers, width %u, %u/%u heads, FFN %u, vocab %u; %u threads, KV %s, "
            "GEMM %s\n",
            model, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_ff, hp->n_vocab,
-           threads, p.kv_dtype == ENG_KV_F16 ? "f16" : "f32", p.bf16_gemm ? "bf16" : "f32");
+           threads, p.kv_dtype == ENG_KV_F16 ? "f16" : "f32", eng_gemm_name_of(e));
 
     enum { N_MAX = 4096, N_CACHED = 4032 };
     int32_t *tok = pc_xmalloc(N_MAX * sizeof *tok);

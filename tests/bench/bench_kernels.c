@@ -34,12 +34,12 @@ static void usage(FILE *f)
     fprintf(f, "usage: kvgw bench kernels [--model FILE] [--iters N] [--no-e2e]\n");
 }
 
+#ifdef KVGW_HAVE_CUDA
+
 static double now_s(void)
 {
     return (double)pc_time_mono_ns() * 1e-9;
 }
-
-#ifdef KVGW_HAVE_CUDA
 
 #define BK_CHECK(x)                                                                                \
     do {                                                                                           \

@@ -27,10 +27,13 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw bench worker [--model FILE] [--threads N] [--concurrency N[,N...]] "
-               "[--prompt N] [--gen N] [--step-tokens N] [--bf16] [--no-mixed]\n");
+               "[--prompt N] [--gen N] [--step-tokens N] [--gemm auto|f32|bf16] [--bf16] "
+               "[--no-mixed]\n");
     fprintf(f, "  --concurrency  request counts to run (default 1,4,16)\n");
     fprintf(f, "  --step-tokens  the scheduler's tokens per step (default: the worker's)\n");
-    fprintf(f, "  --bf16         prefill GEMMs in BF16 (AVX512-BF16; logits move by ~1e-2)\n");
+    fprintf(
+        f, "  --gemm         prefill GEMM precision (default auto: BF16 for F16 weights on\n"
+           "                 CPUs with AVX512-BF16; logits move by ~1e-2); --bf16 = --gemm bf16\n");
     fprintf(f, "  --no-mixed     skip the cached-prefix-beside-a-cold-prefill case\n");
 }
 
@@ -165,7 +168,9 @@ int bench_worker_main(int argc, char **argv)
     uint32_t threads = 2, n_prompt = 256, n_gen = 64, step_tokens = 0;
     uint32_t conc[8] = {1, 4, 16};
     int n_conc = 3;
-    bool mixed = true, bf16 = false;
+    bool mixed = true;
+    enum eng_gemm_mode gemm = ENG_GEMM_AUTO;
+    const char *gemm_name = "auto";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -173,7 +178,8 @@ int bench_worker_main(int argc, char **argv)
             return 0;
         }
         if (strcmp(a, "--bf16") == 0) {
-            bf16 = true;
+            gemm = ENG_GEMM_BF16;
+            gemm_name = "bf16";
             continue;
         }
         if (strcmp(a, "--no-mixed") == 0) {
@@ -195,6 +201,8 @@ int bench_worker_main(int argc, char **argv)
                         v);
                 return 2;
             }
+        } else if (strcmp(a, "--gemm") == 0 && eng_gemm_mode_parse(v, &gemm) == 0) {
+            gemm_name = v;
         } else if (strcmp(a, "--threads") == 0 && n >= 1 && n <= 256) {
             threads = (uint32_t)n;
         } else if (strcmp(a, "--prompt") == 0 && n >= 1 && n <= 8192) {
@@ -213,7 +221,7 @@ int bench_worker_main(int argc, char **argv)
     eng_worker_params_t p = eng_worker_params_default();
     p.engine.model_path = model;
     p.engine.n_threads = threads;
-    p.engine.bf16_gemm = bf16;
+    p.engine.gemm = gemm;
     p.engine.kv_max_tokens = 32768;
     p.load_interval_ms = 0;
     if (step_tokens > 0)
@@ -228,7 +236,7 @@ int bench_worker_main(int argc, char **argv)
     eng_worker_info(w, &info);
     printf("worker: %s (%s), vocab %u, %u threads, step %u tokens, KV %u blocks of %u, GEMM %s\n",
            model, info.model_name, info.n_vocab, threads, p.step_tokens, info.total_blocks,
-           info.block_tokens, bf16 ? "bf16" : "f32");
+           info.block_tokens, gemm_name);
 
     enum { MIX_PREFIX = 4032, MIX_TOTAL = 4096 };
     uint32_t max_n = 0;

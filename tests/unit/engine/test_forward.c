@@ -244,6 +244,7 @@ PC_TEST(f16_weights_and_kv)
         eng_params_t p = eng_params_default();
         p.model_path = p16;
         p.weights_f32 = conv == 1;
+        p.gemm = ENG_GEMM_F32; /* exact products: only the conversion differs */
         p.kv_poison = true;
         eng_t *e = NULL;
         char err[256];
@@ -291,7 +292,7 @@ PC_TEST(bf16_gemm)
     ASSERT_EQ(tm_reference(p32, toks, N, ref), 0);
     eng_params_t p = eng_params_default();
     p.model_path = path;
-    p.bf16_gemm = true;
+    p.gemm = ENG_GEMM_BF16;
     p.kv_poison = true;
     eng_t *e = NULL;
     char err[256];
@@ -314,6 +315,61 @@ PC_TEST(bf16_gemm)
     eng_free(e);
     free(lg), free(ref);
     unlink(path);
+    unlink(p32);
+}
+
+/* The default GEMM mode (auto): BF16 for F16 weights where the CPU has AVX512-BF16, within the
+ * BF16 tolerance of the reference; F32 weights keep the exact F32 path (the reference tests
+ * above run with the default too, at 1e-4); an unknown mode is refused. */
+PC_TEST(gemm_auto)
+{
+    char p16[256], p32[256];
+    make_model(&cases[0], ENG_GGML_TYPE_F16, p16, sizeof p16);
+    make_model(&cases[0], ENG_GGML_TYPE_F32, p32, sizeof p32);
+    enum { N = 40 };
+    int32_t toks[N];
+    for (int i = 0; i < N; i++)
+        toks[i] = rnd_token();
+    float *ref = malloc((size_t)N * N_VOCAB * sizeof *ref);
+    float *lg = malloc((size_t)N * N_VOCAB * sizeof *lg);
+    ASSERT_EQ(tm_reference(p32, toks, N, ref), 0);
+    const char *paths[2] = {p16, p32};
+    for (int f32 = 0; f32 < 2; f32++) {
+        eng_params_t p = eng_params_default();
+        ASSERT_EQ(p.gemm, ENG_GEMM_AUTO);
+        p.model_path = paths[f32];
+        p.kv_dtype = ENG_KV_F32;
+        p.kv_poison = true;
+        eng_t *e = NULL;
+        char err[256];
+        ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
+        const char *want = !f32 && eng__cpu_has_bf16() ? "bf16" : "f32";
+        ASSERT_STR_EQ(eng_gemm_name_of(e), want);
+        eng_seq_t *s;
+        ASSERT_EQ(eng_seq_create(e, &s), 0);
+        eng_batch_item_t it = {.seq = s, .tokens = toks, .n_tokens = N, .logits = ENG_LOGITS_ALL};
+        ASSERT_EQ(eng_forward(e, &it, 1, lg), 0);
+        double rel = tm_rel_err(lg, ref, N, N_VOCAB);
+        fprintf(stderr, "  auto GEMM on %s weights (%s): rel err vs f32 reference %g\n",
+                f32 ? "f32" : "f16", want, rel);
+        ASSERT_LE(rel, f32 ? 1e-4 : 5e-2);
+        eng_seq_free(e, s);
+        eng_free(e);
+    }
+    enum eng_gemm_mode m = ENG_GEMM_F32;
+    ASSERT_EQ(eng_gemm_mode_parse("bf16", &m), 0);
+    ASSERT_EQ(m, ENG_GEMM_BF16);
+    ASSERT_EQ(eng_gemm_mode_parse("fp8", &m), PC_ERR_INVAL);
+    ASSERT_EQ(m, ENG_GEMM_BF16);
+    eng_params_t p = eng_params_default();
+    p.model_path = p16;
+    p.gemm = (enum eng_gemm_mode)7;
+    eng_t *e = NULL;
+    char err[256];
+    ASSERT_EQ(eng_init(&p, &e, err, sizeof err), PC_ERR_INVAL);
+    ASSERT_TRUE(e == NULL && strstr(err, "GEMM mode") != NULL);
+    free(lg), free(ref);
+    unlink(p16);
     unlink(p32);
 }
 

@@ -36,13 +36,13 @@ PC_TEST(half_conversions_match_engine)
 {
     for (uint32_t h = 0; h < 65536; h++) {
         float f = krn_f16_to_f32((uint16_t)h);
-        float e = eng__f16_to_f32((uint16_t)h);
+        float e = eng_f16_to_f32((uint16_t)h);
         if (isnan(e)) {
             ASSERT_TRUE(isnan(f));
             continue;
         }
         ASSERT_MEM_EQ(&f, &e, sizeof f);
-        ASSERT_EQ(krn_f32_to_f16(f), (uint16_t)h == 0x8000 ? 0x8000 : eng__f32_to_f16(f));
+        ASSERT_EQ(krn_f32_to_f16(f), (uint16_t)h == 0x8000 ? 0x8000 : eng_f32_to_f16(f));
     }
     kt_rng_t r = {1};
     for (int i = 0; i < 200000; i++) {
@@ -51,7 +51,7 @@ PC_TEST(half_conversions_match_engine)
         memcpy(&f, &bits, sizeof f);
         if (isnan(f))
             continue;
-        ASSERT_EQ(krn_f32_to_f16(f), eng__f32_to_f16(f));
+        ASSERT_EQ(krn_f32_to_f16(f), eng_f32_to_f16(f));
         ASSERT_EQ(krn_f32_to_bf16(f), eng_f32_to_bf16(f));
         float b = krn_bf16_to_f32(krn_f32_to_bf16(f)), eb = eng_bf16_to_f32(eng_f32_to_bf16(f));
         ASSERT_MEM_EQ(&b, &eb, sizeof b);
@@ -309,65 +309,69 @@ static void check_vs_engine(uint32_t n_head, uint32_t n_head_kv, uint32_t hd, ui
         for (uint32_t h = 0; h < n_head_kv; h++) {
             const void *s = eng_kvpool_kv(pool, b, layer, h);
             for (uint32_t d = 0; d < hd; d++) {
-                float kk = edt == ENG_KV_F16 ? eng__f16_to_f32(((const uint16_t *)s)[d * bt + slot])
+                float kk = edt == ENG_KV_F16 ? eng_f16_to_f32(((const uint16_t *)s)[d * bt + slot])
                                              : ((const float *)s)[d * bt + slot];
                 float vv = edt == ENG_KV_F16
-                               ? eng__f16_to_f32(((const uint16_t *)s)[hd * bt + slot * hd + d])
+                               ? eng_f16_to_f32(((const uint16_t *)s)[hd * bt + slot * hd + d])
                                : ((const float *)s)[hd * bt + slot * hd + d];
                 ASSERT_NEAR(kk, k[(int64_t)i * wk + h * hd + d], 1e-3);
                 ASSERT_NEAR(vv, v[(int64_t)i * wk + h * hd + d], 1e-3);
             }
         }
     }
-    /* The engine's attention, every row. */
-    const uint32_t *eng_tables[2] = {(const uint32_t *)&tables[0], (const uint32_t *)&tables[MAXB]};
-    eng_attn_args_t ea = {.q = q,
-                          .out = o1,
-                          .pos = upos,
-                          .blocks = eng_tables,
-                          .kvpool = pool,
-                          .layer = layer,
-                          .n_head = n_head,
-                          .n_head_kv = n_head_kv,
-                          .head_dim = hd,
-                          .block_tokens = bt,
-                          .kv_f16 = edt == ENG_KV_F16,
-                          .simd = false};
-    uint32_t group = n_head / n_head_kv, per = 64 / group > 16 ? 16 : 64 / group;
-    float *scratch = malloc(sizeof(float) * (2 * bt * hd + 64 * (hd + 2)));
-    for (int32_t s = 0; s < 2; s++) {
-        int32_t r0 = s == 0 ? 0 : len[0];
-        for (uint32_t h = 0; h < n_head_kv; h++)
-            for (int32_t t0 = 0; t0 < len[s]; t0 += (int32_t)per) {
-                eng_attn_task_t task = {
-                    .seq = (uint32_t)s,
-                    .kv_head = h,
-                    .t0 = (uint32_t)(r0 + t0),
-                    .t1 =
-                        (uint32_t)(r0 + (t0 + (int32_t)per < len[s] ? t0 + (int32_t)per : len[s]))};
-                eng__attention(&ea, &task, scratch);
-            }
+    /* The engine's attention, every row: the AVX-512 path (where the CPU has it) and the
+     * portable one, each against the reference. */
+    for (int simd = 1; simd >= 0; simd--) {
+        const uint32_t *eng_tables[2] = {(const uint32_t *)&tables[0],
+                                         (const uint32_t *)&tables[MAXB]};
+        eng_attn_args_t ea = {.q = q,
+                              .out = o1,
+                              .pos = upos,
+                              .blocks = eng_tables,
+                              .kvpool = pool,
+                              .layer = layer,
+                              .n_head = n_head,
+                              .n_head_kv = n_head_kv,
+                              .head_dim = hd,
+                              .block_tokens = bt,
+                              .kv_f16 = edt == ENG_KV_F16,
+                              .simd = simd == 1};
+        uint32_t group = n_head / n_head_kv, per = 64 / group > 16 ? 16 : 64 / group;
+        float *scratch = malloc(sizeof(float) * eng__attention_scratch_floats(hd, bt, 64));
+        for (int32_t s = 0; s < 2; s++) {
+            int32_t r0 = s == 0 ? 0 : len[0];
+            for (uint32_t h = 0; h < n_head_kv; h++)
+                for (int32_t t0 = 0; t0 < len[s]; t0 += (int32_t)per) {
+                    eng_attn_task_t task = {
+                        .seq = (uint32_t)s,
+                        .kv_head = h,
+                        .t0 = (uint32_t)(r0 + t0),
+                        .t1 = (uint32_t)(r0 + (t0 + (int32_t)per < len[s] ? t0 + (int32_t)per
+                                                                          : len[s]))};
+                    eng__attention(&ea, &task, scratch);
+                }
+        }
+        free(scratch);
+        kt_attn_t t = {.kv = kv,
+                       .layer = (int32_t)layer,
+                       .n_head = (int32_t)n_head,
+                       .n_seqs = 2,
+                       .max_blocks = MAXB,
+                       .n_rows = n_rows,
+                       .tables = tables,
+                       .row_pos = pos,
+                       .row_seq = seq,
+                       .q = q,
+                       .out = o2};
+        krn_plan_seq_t ps[2] = {{0, len[0], 0}, {len[0], len[1], 0}};
+        t.seqs = ps;
+        krn_attn_args_t a;
+        ASSERT_EQ(kt_attn_plan(&t, 0, &a), 0);
+        ASSERT_EQ(krn_ref_attention(&a), 0);
+        double err = kt_rel_err_f(o2, o1, (int64_t)n_rows * wq);
+        kt_attn_plan_free(&a);
+        ASSERT_LE(err, 1e-5);
     }
-    free(scratch);
-    kt_attn_t t = {.kv = kv,
-                   .layer = (int32_t)layer,
-                   .n_head = (int32_t)n_head,
-                   .n_seqs = 2,
-                   .max_blocks = MAXB,
-                   .n_rows = n_rows,
-                   .tables = tables,
-                   .row_pos = pos,
-                   .row_seq = seq,
-                   .q = q,
-                   .out = o2};
-    krn_plan_seq_t ps[2] = {{0, len[0], 0}, {len[0], len[1], 0}};
-    t.seqs = ps;
-    krn_attn_args_t a;
-    ASSERT_EQ(kt_attn_plan(&t, 0, &a), 0);
-    ASSERT_EQ(krn_ref_attention(&a), 0);
-    double err = kt_rel_err_f(o2, o1, (int64_t)n_rows * wq);
-    kt_attn_plan_free(&a);
-    ASSERT_LE(err, 1e-5);
 
     /* Block copies: the engine's (poisoned pools copy only the valid slots) vs the reference
      * on a byte copy of the pool. */
