@@ -20,9 +20,18 @@ pc_allocator_t pc_set_allocator(const pc_allocator_t *a)
     return prev;
 }
 
-void *pc_malloc(size_t size) { return pc__alloc.malloc_fn(size); }
-void *pc_calloc(size_t count, size_t size) { return pc__alloc.calloc_fn(count, size); }
-void *pc_realloc(void *ptr, size_t size) { return pc__alloc.realloc_fn(ptr, size); }
+void *pc_malloc(size_t size)
+{
+    return pc__alloc.malloc_fn(size);
+}
+void *pc_calloc(size_t count, size_t size)
+{
+    return pc__alloc.calloc_fn(count, size);
+}
+void *pc_realloc(void *ptr, size_t size)
+{
+    return pc__alloc.realloc_fn(ptr, size);
+}
 void pc_free(void *ptr)
 {
     if (ptr != NULL)
@@ -46,7 +55,10 @@ char *pc_strndup(const char *s, size_t n)
     return d;
 }
 
-char *pc_strdup(const char *s) { return pc_strndup(s, strlen(s)); }
+char *pc_strdup(const char *s)
+{
+    return pc_strndup(s, strlen(s));
+}
 
 void *pc__xmalloc(size_t size, const char *file, int line)
 {

@@ -35,7 +35,10 @@ void pc_arena_clear(pc_arena_t *a)
     a->bytes_used = 0;
 }
 
-void pc_arena_close(pc_arena_t *a) { pc_arena_clear(a); }
+void pc_arena_close(pc_arena_t *a)
+{
+    pc_arena_clear(a);
+}
 
 void *pc_arena_alloc(pc_arena_t *a, size_t size)
 {

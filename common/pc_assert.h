@@ -49,7 +49,7 @@ PC_NORETURN void pc__fatal(const char *file, int line, const char *fmt, ...) PC_
 #endif
 
 #define PC_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
-#define PC_CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+#define PC_CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 #define PC_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define PC_MAX(a, b) ((a) > (b) ? (a) : (b))
 

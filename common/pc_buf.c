@@ -44,7 +44,10 @@ int pc_buf_append(pc_buf_t *b, const void *data, size_t n)
     return PC_OK;
 }
 
-int pc_buf_append_cstr(pc_buf_t *b, const char *s) { return pc_buf_append(b, s, strlen(s)); }
+int pc_buf_append_cstr(pc_buf_t *b, const char *s)
+{
+    return pc_buf_append(b, s, strlen(s));
+}
 
 int pc_buf_printf(pc_buf_t *b, const char *fmt, ...)
 {

@@ -20,8 +20,14 @@ typedef struct pc_slice {
 
 #define PC_SLICE_LIT(s) ((pc_slice_t){(s), sizeof(s) - 1})
 
-static inline pc_slice_t pc_slice(const char *base, size_t len) { return (pc_slice_t){base, len}; }
-static inline pc_slice_t pc_slice_cstr(const char *s) { return (pc_slice_t){s, strlen(s)}; }
+static inline pc_slice_t pc_slice(const char *base, size_t len)
+{
+    return (pc_slice_t){base, len};
+}
+static inline pc_slice_t pc_slice_cstr(const char *s)
+{
+    return (pc_slice_t){s, strlen(s)};
+}
 static inline bool pc_slice_eq(pc_slice_t a, pc_slice_t b)
 {
     return a.len == b.len && (a.len == 0 || memcmp(a.base, b.base, a.len) == 0);
@@ -47,7 +53,10 @@ void pc_buf_free(pc_buf_t *b);
 char *pc_buf_reserve(pc_buf_t *b, size_t n);
 
 /* Marks n reserved bytes as content. n must not exceed what the last reserve granted. */
-static inline void pc_buf_commit(pc_buf_t *b, size_t n) { b->len += n; }
+static inline void pc_buf_commit(pc_buf_t *b, size_t n)
+{
+    b->len += n;
+}
 
 /* Appends bytes; 0 or PC_ERR_NOMEM (buffer unchanged). */
 int pc_buf_append(pc_buf_t *b, const void *data, size_t n);
@@ -61,6 +70,9 @@ int pc_buf_printf(pc_buf_t *b, const char *fmt, ...)
 /* Makes base a NUL-terminated string (the NUL is not counted in len). 0 or PC_ERR_NOMEM. */
 int pc_buf_terminate(pc_buf_t *b);
 
-static inline pc_slice_t pc_buf_slice(const pc_buf_t *b) { return (pc_slice_t){b->base, b->len}; }
+static inline pc_slice_t pc_buf_slice(const pc_buf_t *b)
+{
+    return (pc_slice_t){b->base, b->len};
+}
 
 #endif

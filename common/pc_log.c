@@ -24,7 +24,10 @@ void pc_log_set_sink(pc_log_sink_fn fn, void *ud)
     pc__sink_ud = fn != NULL ? ud : NULL;
 }
 
-void pc_log_set_level(int level) { pc_log_level = level; }
+void pc_log_set_level(int level)
+{
+    pc_log_level = level;
+}
 
 int pc_log_level_parse(const char *s)
 {

@@ -21,5 +21,11 @@ static size_t pc__status_kb(const char *key)
     return kb * 1024;
 }
 
-size_t pc_rss_current_bytes(void) { return pc__status_kb("VmRSS"); }
-size_t pc_rss_peak_bytes(void) { return pc__status_kb("VmHWM"); }
+size_t pc_rss_current_bytes(void)
+{
+    return pc__status_kb("VmRSS");
+}
+size_t pc_rss_peak_bytes(void)
+{
+    return pc__status_kb("VmHWM");
+}

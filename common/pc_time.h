@@ -12,7 +12,10 @@ static inline uint64_t pc_time_mono_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static inline uint64_t pc_time_mono_ms(void) { return pc_time_mono_ns() / 1000000u; }
+static inline uint64_t pc_time_mono_ms(void)
+{
+    return pc_time_mono_ns() / 1000000u;
+}
 
 static inline uint64_t pc_time_wall_ms(void)
 {

@@ -94,8 +94,9 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
     }
 #ifndef KVGW_HAVE_CUDA
     if (strcmp(backend, "cuda") == 0) {
-        snprintf(err, err_len, "engine: backend \"cuda\" requested, but this build has no CUDA "
-                               "support (rebuild with nvcc installed, -DKVGW_CUDA=ON)");
+        snprintf(err, err_len,
+                 "engine: backend \"cuda\" requested, but this build has no CUDA "
+                 "support (rebuild with nvcc installed, -DKVGW_CUDA=ON)");
         return PC_ERR_UNSUPPORTED;
     }
 #endif

@@ -59,7 +59,7 @@ typedef struct eng_params {
                             the machine has no CUDA), or "auto" (cuda when a GPU is usable,
                             else cpu) */
     int cuda_device;     /* the CUDA device of the cuda backend, default 0 */
-    bool no_simd;   /* tests: portable kernels only */
+    bool no_simd;        /* tests: portable kernels only */
 } eng_params_t;
 
 eng_params_t eng_params_default(void);
@@ -67,8 +67,8 @@ eng_params_t eng_params_default(void);
 typedef struct eng eng_t;
 typedef struct eng_seq eng_seq_t;
 
-/* Loads the model and creates the KV pool and the backend p->backend names. Returns 0, PC_ERR_INVAL (bad
- * parameters), PC_ERR_IO / PC_ERR_FORMAT / PC_ERR_UNSUPPORTED (model file) or PC_ERR_NOMEM,
+/* Loads the model and creates the KV pool and the backend p->backend names. Returns 0, PC_ERR_INVAL
+ * (bad parameters), PC_ERR_IO / PC_ERR_FORMAT / PC_ERR_UNSUPPORTED (model file) or PC_ERR_NOMEM,
  * with a one-line reason in err. */
 int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len);
 
@@ -143,10 +143,10 @@ enum eng_evict_reason {
 };
 
 typedef struct eng_evict_event {
-    uint64_t ns;        /* namespace */
-    uint32_t n_tokens;  /* the prefix length that is no longer cached: positions >= this */
-    uint32_t n_dropped; /* positions dropped by this removal ([n_tokens, n_tokens + n)) */
-    int reason;         /* enum eng_evict_reason */
+    uint64_t ns;           /* namespace */
+    uint32_t n_tokens;     /* the prefix length that is no longer cached: positions >= this */
+    uint32_t n_dropped;    /* positions dropped by this removal ([n_tokens, n_tokens + n)) */
+    int reason;            /* enum eng_evict_reason */
     const int32_t *tokens; /* [n_tokens + n_dropped] the removed prefix's token path (for
                               naming it, e.g. eng_wire_prefix_fp); valid during the callback
                               only; NULL if memory for it ran out */

@@ -38,8 +38,8 @@ void eng_tok_free(eng_tok_t *t);
 /* Token ids of ordinary text, appended to *ids (a growable array: *ids may be realloc'ed
  * through the pc_alloc hooks; *n_ids and *cap are updated). len bytes of UTF-8 (invalid bytes
  * are encoded as their byte tokens). Returns 0 or PC_ERR_NOMEM (arrays keep what they had). */
-int eng_tok_encode(const eng_tok_t *t, const char *text, size_t len, uint32_t **ids,
-                   size_t *n_ids, size_t *cap);
+int eng_tok_encode(const eng_tok_t *t, const char *text, size_t len, uint32_t **ids, size_t *n_ids,
+                   size_t *cap);
 
 /* The id of a token spelled exactly `piece` (special or not), or -1. */
 int32_t eng_tok_piece_id(const eng_tok_t *t, const char *piece);

@@ -45,7 +45,7 @@ typedef struct eng_vocab {
     uint32_t n_merges;
     char **merges; /* [n_merges] "left right" */
     int32_t bos_id, eos_id, eot_id, eom_id, pad_id, unk_id;
-    bool add_bos; /* the chat format starts with BOS */
+    bool add_bos;        /* the chat format starts with BOS */
     char *chat_template; /* or NULL */
 } eng_vocab_t;
 
@@ -60,8 +60,8 @@ int eng_vocab_from_gguf(const struct eng_gguf *g, eng_vocab_t **out, char *err, 
  * (<|eot_id|>, <|im_end|>), eos falls back to it. Returns 0, PC_ERR_IO, PC_ERR_FORMAT,
  * PC_ERR_UNSUPPORTED (not BPE, or a pre-tokenizer regex kvgw does not implement) or
  * PC_ERR_NOMEM, with a one-line reason in err. The mapping is described in vocab.c. */
-int eng_vocab_from_tokenizer_json(const char *json_path, const char *config_path,
-                                  eng_vocab_t **out, char *err, size_t err_len);
+int eng_vocab_from_tokenizer_json(const char *json_path, const char *config_path, eng_vocab_t **out,
+                                  char *err, size_t err_len);
 
 /* Writes the vocab as tokenizer.ggml.* metadata (and tokenizer.chat_template) into a GGUF
  * writer that has not begun its file: the keys eng_vocab_from_gguf reads, so a round trip gives

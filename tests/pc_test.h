@@ -123,7 +123,8 @@ static inline double pc_test_scale(void)
 #define ASSERT_MEM_EQ(a, b, n)                                                                     \
     do {                                                                                           \
         size_t pc_n_ = (size_t)(n);                                                                \
-        const unsigned char *pc_a_ = (const unsigned char *)(a), *pc_b_ = (const unsigned char *)(b); \
+        const unsigned char *pc_a_ = (const unsigned char *)(a),                                   \
+                            *pc_b_ = (const unsigned char *)(b);                                   \
         for (size_t pc_i_ = 0; pc_i_ < pc_n_; pc_i_++)                                             \
             if (pc_a_[pc_i_] != pc_b_[pc_i_])                                                      \
                 PC_TEST__FAIL("%s == %s: first difference at byte %zu (0x%02x vs 0x%02x)", #a, #b, \
@@ -182,6 +183,9 @@ static inline int pc_test__main(int argc, char **argv)
 }
 
 #define PC_TEST_MAIN()                                                                             \
-    int main(int argc, char **argv) { return pc_test__main(argc, argv); }
+    int main(int argc, char **argv)                                                                \
+    {                                                                                              \
+        return pc_test__main(argc, argv);                                                          \
+    }
 
 #endif

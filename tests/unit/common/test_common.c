@@ -16,9 +16,18 @@ PC_TEST(err_names_and_messages)
 }
 
 static int fail_after;
-static void *failing_malloc(size_t n) { return fail_after-- > 0 ? malloc(n) : NULL; }
-static void *failing_calloc(size_t c, size_t n) { return fail_after-- > 0 ? calloc(c, n) : NULL; }
-static void *failing_realloc(void *p, size_t n) { return fail_after-- > 0 ? realloc(p, n) : NULL; }
+static void *failing_malloc(size_t n)
+{
+    return fail_after-- > 0 ? malloc(n) : NULL;
+}
+static void *failing_calloc(size_t c, size_t n)
+{
+    return fail_after-- > 0 ? calloc(c, n) : NULL;
+}
+static void *failing_realloc(void *p, size_t n)
+{
+    return fail_after-- > 0 ? realloc(p, n) : NULL;
+}
 
 PC_TEST(allocator_hooks_inject_failure)
 {
