@@ -4,6 +4,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
+
+#include "pc_time.h"
 
 void bench_report_init(bench_report_t *r, const char *name)
 {
@@ -50,4 +53,16 @@ void bench_report_print(const bench_report_t *r)
     }
     printf("}}\n");
     fflush(stdout);
+}
+
+double bench_now_s(void)
+{
+    return (double)pc_time_mono_ns() * 1e-9;
+}
+
+double bench_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }

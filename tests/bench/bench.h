@@ -26,6 +26,12 @@ void bench_report_add(bench_report_t *r, const char *key, double value, const ch
 /* Prints the table and then the JSON line to stdout. */
 void bench_report_print(const bench_report_t *r);
 
+/* Monotonic wall time and the process's CPU time (all threads), in seconds. On a shared machine
+ * wall time alone hides how much of the cores a benchmark actually got: benchmarks report
+ * cpu / (wall x threads) as cpu_share beside their figures. */
+double bench_now_s(void);
+double bench_cpu_s(void);
+
 /* The benchmarks, each a subcommand main: argv[0] is the benchmark's name. */
 int bench_radix_main(int argc, char **argv);
 int bench_tokenizer_main(int argc, char **argv);

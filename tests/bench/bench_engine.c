@@ -32,20 +32,6 @@ static void usage(FILE *f)
     fprintf(f, "  --quick  prefill 512 and decode only (no 2048 prefill, no TTFT)\n");
 }
 
-static double now_s(void)
-{
-    return (double)pc_time_mono_ns() * 1e-9;
-}
-
-/* CPU time of the whole process: on a shared machine, wall time alone hides how much of the
- * cores the benchmark actually got. */
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Computes tokens[0..n) in a new sequence (LAST logits); returns seconds, or -1. With ns != 0,
  * starts from the cache of ns and leaves the first cache_n tokens cached there afterwards. */
 static double prefill(eng_t *e, const int32_t *tokens, uint32_t n, float *logits, uint64_t ns,
@@ -54,7 +40,7 @@ static double prefill(eng_t *e, const int32_t *tokens, uint32_t n, float *logits
     eng_seq_t *s;
     if (eng_seq_create(e, &s) != 0)
         return -1;
-    double t0 = now_s();
+    double t0 = bench_now_s();
     uint32_t r = 0;
     if (ns != 0 && eng_seq_start_cached(e, s, ns, tokens, n, &r) != 0) {
         eng_seq_free(e, s);
@@ -63,7 +49,7 @@ static double prefill(eng_t *e, const int32_t *tokens, uint32_t n, float *logits
     eng_batch_item_t it = {
         .seq = s, .tokens = tokens + r, .n_tokens = n - r, .logits = ENG_LOGITS_LAST};
     int rc = eng_forward(e, &it, 1, logits);
-    double dt = now_s() - t0;
+    double dt = bench_now_s() - t0;
     if (rc == 0 && ns != 0 && cache_n > 0)
         rc = eng_prefix_insert(e, s, ns, cache_n);
     if (reused != NULL)
@@ -143,12 +129,12 @@ int bench_engine_main(int argc, char **argv)
 
     char err[512];
     eng_t *e = NULL;
-    double t0 = now_s();
+    double t0 = bench_now_s();
     if (eng_init(&p, &e, err, sizeof err) != 0) {
         fprintf(stderr, "kvgw bench engine: %s (generate it with scripts/models.sh)\n", err);
         return 1;
     }
-    double load_s = now_s() - t0;
+    double load_s = bench_now_s() - t0;
     const eng_hparams_t *hp = eng_hparams(e);
     printf("engine: %s, %u layers, width %u, %u/%u heads, FFN %u, vocab %u; %u threads, KV %s, "
            "GEMM %s\n",
@@ -171,9 +157,9 @@ int bench_engine_main(int argc, char **argv)
     /* Warm-up: touches the weights once so the first figure does not pay the page faults. */
     if (prefill(e, tok, 64, logits, 0, 0, NULL, NULL) < 0)
         goto fail;
-    double c0 = cpu_s();
+    double c0 = bench_cpu_s();
     double t512 = prefill(e, tok, 512, logits, 0, 0, NULL, NULL);
-    double c512 = cpu_s() - c0;
+    double c512 = bench_cpu_s() - c0;
     if (t512 < 0)
         goto fail;
     bench_report_add(&r, "prefill_tokens_per_s_512", 512 / t512, "llama.cpp ~1350");
@@ -188,7 +174,7 @@ int bench_engine_main(int argc, char **argv)
     eng_seq_t *s = NULL;
     if (prefill(e, tok, 512, logits, 0, 0, NULL, &s) < 0)
         goto fail;
-    double td = now_s();
+    double td = bench_now_s();
     for (uint32_t i = 0; i < n_decode; i++) {
         eng_batch_item_t it = {
             .seq = s, .tokens = tok + 512 + i, .n_tokens = 1, .logits = ENG_LOGITS_LAST};
@@ -197,7 +183,7 @@ int bench_engine_main(int argc, char **argv)
             goto fail;
         }
     }
-    td = now_s() - td;
+    td = bench_now_s() - td;
     eng_seq_free(e, s);
     bench_report_add(&r, "decode_tokens_per_s", n_decode / td, "after 512 tokens; llama.cpp ~90");
 

@@ -36,11 +36,6 @@ static void usage(FILE *f)
 
 #ifdef KVGW_HAVE_CUDA
 
-static double now_s(void)
-{
-    return (double)pc_time_mono_ns() * 1e-9;
-}
-
 #define BK_CHECK(x)                                                                                \
     do {                                                                                           \
         int bk_rc_ = (x);                                                                          \
@@ -152,11 +147,11 @@ static double bench_attention(krn_ctx_t *c, int32_t n_seqs, int32_t ctx, int32_t
                          .part_ml = d_pml};
     BK_CHECK(krn_attention(c, &a)); /* warm-up */
     BK_CHECK(krn_ctx_sync(c));
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (int i = 0; i < iters; i++)
         BK_CHECK(krn_attention(c, &a));
     BK_CHECK(krn_ctx_sync(c));
-    sec = (now_s() - t0) / iters;
+    sec = (bench_now_s() - t0) / iters;
     *bytes = (double)n_seqs * ctx * nkv * hd * 2 * 2;
     double pairs = 0; /* causal (query, key) pairs per head */
     for (int32_t j = 0; j < n_new; j++)
@@ -186,11 +181,11 @@ static double bench_gemm(krn_ctx_t *c, enum krn_dtype dt, int32_t M, int32_t N, 
     krn_gemm_args_t g = {.x = x, .w = w, .y = y, .M = M, .N = N, .K = K, .dtype = dt};
     BK_CHECK(krn_gemm(c, &g));
     BK_CHECK(krn_ctx_sync(c));
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (int i = 0; i < iters; i++)
         BK_CHECK(krn_gemm(c, &g));
     BK_CHECK(krn_ctx_sync(c));
-    tf = 2.0 * M * N * K * iters / (now_s() - t0) * 1e-12;
+    tf = 2.0 * M * N * K * iters / (bench_now_s() - t0) * 1e-12;
 fail:
     krn_dev_free(c, x);
     krn_dev_free(c, w);
@@ -228,22 +223,22 @@ static int bench_e2e(const char *model, bench_report_t *rep)
         if ((rc = eng_seq_create(e, &s)) != 0)
             goto done;
         eng_batch_item_t it = {.seq = s, .tokens = toks, .n_tokens = n, .logits = ENG_LOGITS_LAST};
-        double t0 = now_s();
+        double t0 = bench_now_s();
         if ((rc = eng_forward(e, &it, 1, logits)) < 0)
             goto done;
-        double dt = now_s() - t0;
+        double dt = bench_now_s() - t0;
         if (pass == 1)
             bench_report_add(rep, "e2e_prefill_tokens_per_s", n / dt, "2048-token prompt");
         if (pass == 0) { /* decode after the 512-token prompt */
             int n_dec = 64;
-            t0 = now_s();
+            t0 = bench_now_s();
             for (int i = 0; i < n_dec; i++) {
                 it = (eng_batch_item_t){
                     .seq = s, .tokens = &toks[600 + i], .n_tokens = 1, .logits = ENG_LOGITS_LAST};
                 if ((rc = eng_forward(e, &it, 1, logits)) < 0)
                     goto done;
             }
-            bench_report_add(rep, "e2e_decode_tokens_per_s", n_dec / (now_s() - t0),
+            bench_report_add(rep, "e2e_decode_tokens_per_s", n_dec / (bench_now_s() - t0),
                              "batch 1 after 512");
         }
         eng_seq_free(e, s);
@@ -253,7 +248,7 @@ static int bench_e2e(const char *model, bench_report_t *rep)
     for (int pass = 0; pass < 2; pass++) {
         if ((rc = eng_seq_create(e, &s)) != 0)
             goto done;
-        double t0 = now_s();
+        double t0 = bench_now_s();
         uint32_t reused = 0;
         if (pass == 1 && (rc = eng_seq_start_cached(e, s, 42, toks, 4096, &reused)) != 0)
             goto done;
@@ -263,7 +258,7 @@ static int bench_e2e(const char *model, bench_report_t *rep)
                                .logits = ENG_LOGITS_LAST};
         if ((rc = eng_forward(e, &it, 1, logits)) < 0)
             goto done;
-        double ms = (now_s() - t0) * 1e3;
+        double ms = (bench_now_s() - t0) * 1e3;
         if (pass == 0 && (rc = eng_prefix_insert(e, s, 42, 4032)) != 0)
             goto done;
         bench_report_add(rep, pass == 0 ? "ttft_ms_cold" : "ttft_ms_cached", ms,

@@ -37,20 +37,6 @@ static void usage(FILE *f)
     fprintf(f, "  --no-mixed     skip the cached-prefix-beside-a-cold-prefill case\n");
 }
 
-static double now_s(void)
-{
-    return (double)pc_time_mono_ns() * 1e-9;
-}
-
-/* CPU time of the whole process: on a shared machine, wall time alone hides how much of the
- * cores the benchmark actually got. */
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static void random_tokens(uint32_t *t, uint32_t n, uint32_t n_vocab)
 {
@@ -75,7 +61,7 @@ static int wait_all(eng_worker_t *w, track_t *t, uint32_t n)
     uint32_t left = n;
     while (left > 0) {
         size_t k = eng_worker_poll_wait(w, ev, PC_ARRAY_LEN(ev), 1000);
-        double now = now_s();
+        double now = bench_now_s();
         for (size_t i = 0; i < k; i++) {
             uint64_t id = ev[i].type == ENG_WIRE_TOKEN   ? ev[i].u.token.request_id
                           : ev[i].type == ENG_WIRE_DONE  ? ev[i].u.done.request_id
@@ -123,7 +109,7 @@ static int submit(eng_worker_t *w, track_t *t, uint64_t id, uint64_t ns, const u
                            .n_tokens = n};
     q.sampling = eng_sampling_params_default();
     q.sampling.temperature = 0;
-    *t = (track_t){.id = id, .t_submit = now_s()};
+    *t = (track_t){.id = id, .t_submit = bench_now_s()};
     char err[256];
     int rc = eng_worker_submit(w, &q, err, sizeof err);
     if (rc != 0)
@@ -262,7 +248,7 @@ int bench_worker_main(int argc, char **argv)
     for (int c = 0; c < n_conc; c++) {
         uint32_t n = conc[c];
         random_tokens(tok, n * n_prompt, info.n_vocab);
-        double c0 = cpu_s();
+        double c0 = bench_cpu_s();
         for (uint32_t i = 0; i < n; i++)
             if (submit(w, &t[i], id++, ns++, tok + (size_t)i * n_prompt, n_prompt, n_gen) != 0)
                 goto done;
@@ -276,7 +262,7 @@ int bench_worker_main(int argc, char **argv)
             tpot[i] = n_gen > 1 ? (t[i].t_done - t[i].t_first) / (n_gen - 1) : 0;
         }
         double tps = (double)n * n_gen / (t_end - t0);
-        double busy = (cpu_s() - c0) / ((t_end - t0) * threads);
+        double busy = (bench_cpu_s() - c0) / ((t_end - t0) * threads);
         char key[64], note[96];
         snprintf(note, sizeof note, "%u x (%u prompt + %u gen)%s%s", n, n_prompt, n_gen,
                  n < PC_ARRAY_LEN(anchor_tps) && anchor_tps[n] ? "; " : "",
