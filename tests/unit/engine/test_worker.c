@@ -20,6 +20,7 @@
 #include "pc_assert.h"
 #include "pc_err.h"
 #include "pc_test.h"
+#include "test_bytemodel.h"
 #include "pc_time.h"
 #include "sampling.h"
 #include "vocab.h"
@@ -32,64 +33,16 @@
 
 static char g_model[256];
 
-/* GPT-2's byte-to-unicode mapping, as UTF-8, for the byte tokens. */
-static void byte_token(int b, char out[8])
-{
-    int cp = b;
-    if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255))) {
-        int n = 0;
-        for (int x = 0; x < b; x++)
-            if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255)))
-                n++;
-        cp = 256 + n;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        out[1] = 0;
-    } else {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        out[2] = 0;
-    }
-}
-
 static const char *model_path(void)
 {
     if (g_model[0] != '\0')
         return g_model;
-    eng_vocab_t *v = pc_calloc(1, sizeof *v);
-    v->bos_id = v->eos_id = v->eom_id = v->pad_id = v->unk_id = -1;
-    v->eot_id = EOT_ID;
-    v->model = pc_strdup("gpt2");
-    v->pre = pc_strdup("default");
-    v->n_tokens = N_VOCAB;
-    v->tokens = pc_calloc(N_VOCAB, sizeof *v->tokens);
-    v->token_type = pc_calloc(N_VOCAB, sizeof *v->token_type);
-    for (int i = 0; i < 256; i++) {
-        char t[8];
-        byte_token(i, t);
-        v->tokens[i] = pc_strdup(t);
-        v->token_type[i] = ENG_TOKEN_TYPE_NORMAL;
-    }
-    v->tokens[EOT_ID] = pc_strdup("<|eot|>");
-    v->token_type[EOT_ID] = ENG_TOKEN_TYPE_CONTROL;
-    eng_mkmodel_params_t p = eng_mkmodel_params_default();
-    p.n_layer = 2;
-    p.n_embd = 64;
-    p.n_head = 4;
-    p.n_head_kv = 2;
-    p.n_ff = 128;
-    p.n_ctx = 4096;
-    p.rope_theta = 10000.0f;
-    p.seed = 11;
-    p.name = "kvgw-worker-test";
     char err[256];
     snprintf(g_model, sizeof g_model, "/tmp/kvgw-worker-test-%d.gguf", (int)getpid());
-    if (eng_mkmodel_write(&p, v, g_model, err, sizeof err) != 0) {
+    if (test_bytemodel_write(g_model, "kvgw-worker-test", 4096, 11, EOT_ID, err, sizeof err) != 0) {
         fprintf(stderr, "mkmodel: %s\n", err);
         abort();
     }
-    eng_vocab_free(v);
     return g_model;
 }
 
