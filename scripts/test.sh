@@ -14,7 +14,24 @@ jobs=$(nproc 2>/dev/null || echo 2)
 
 bash scripts/setup.sh
 fail=0
+n_pass=0 n_fail=0 n_skip=0
 step() { printf '\n==== %s ====\n' "$*"; }
+# Runs ctest with the given arguments, shows its output, and adds its counts to the totals.
+run_ctest() {
+    local log rc=0 total failed skipped
+    log=$(mktemp)
+    ctest --output-on-failure -j"$jobs" "$@" 2>&1 | tee "$log" || rc=1
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+    total=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$log" | tail -n 1)
+    failed=$(sed -n 's/.*, \([0-9]*\) tests failed out of.*/\1/p' "$log" | tail -n 1)
+    skipped=$(grep -c '\*\*\*Skipped' "$log" || true)
+    rm -f "$log"
+    total=${total:-0} failed=${failed:-0}
+    n_fail=$((n_fail + failed))
+    n_skip=$((n_skip + skipped))
+    n_pass=$((n_pass + total - failed - skipped))
+    return $rc
+}
 
 step "Release build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVGW_WERROR=ON >/dev/null
@@ -22,29 +39,34 @@ cmake --build build -j"$jobs"
 if [ -x scripts/models.sh ]; then bash scripts/models.sh; fi
 
 step "Tests (Release)"
-ctest --test-dir build --output-on-failure -j"$jobs" -LE '^(fuzz|bench)$' || fail=1
+run_ctest --test-dir build -LE '^(fuzz|bench)$' || fail=1
 
 if [ $quick -eq 0 ]; then
     step "Sanitizer build (ASan + UBSan)"
     cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVGW_SANITIZE=ON -DKVGW_WERROR=ON >/dev/null
     cmake --build build-asan -j"$jobs"
     step "Unit tests (ASan + UBSan)"
-    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-        ctest --test-dir build-asan --output-on-failure -j"$jobs" -L unit -LE gpu || fail=1
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
+    run_ctest --test-dir build-asan -L unit -LE gpu || fail=1
+    unset ASAN_OPTIONS UBSAN_OPTIONS
 
     if command -v clang >/dev/null 2>&1; then
         step "Fuzz targets (libFuzzer, bounded time)"
         CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVGW_SANITIZE=ON \
             -DKVGW_FUZZ=ON >/dev/null
         cmake --build build-fuzz -j"$jobs"
-        ctest --test-dir build-fuzz --output-on-failure -j"$jobs" -L '^fuzz$' || fail=1
+        run_ctest --test-dir build-fuzz -L '^fuzz$' || fail=1
     else
         echo "clang not found: fuzz targets only replay their corpus (in the unit tests)"
     fi
 fi
 
 step "Format check"
-bash scripts/format.sh --check || fail=1
+if bash scripts/format.sh --check; then n_pass=$((n_pass + 1)); else n_fail=$((n_fail + 1)) fail=1; fi
+
+# One closing line over every stage (Release, sanitizers, fuzzers, format).
+echo
+echo "total: $n_pass passed, $n_fail failed, $n_skip skipped"
 
 if [ $fail -ne 0 ]; then
     echo "kvgw tests: FAILED"
