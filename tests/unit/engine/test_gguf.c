@@ -4,6 +4,7 @@
  * exact messages, typed getters, writer misuse, and hyper-parameters of each architecture.
  */
 #include "pc_test.h"
+#include "pc_testutil.h"
 
 #include "common.h"
 #include "gguf.h"
@@ -18,56 +19,6 @@
 #include <unistd.h>
 
 /* ---- helpers -------------------------------------------------------------------------------- */
-
-static char tmp_dir[256];
-
-static const char *tmp_path(const char *name)
-{
-    static char path[512];
-    if (tmp_dir[0] == '\0') {
-        snprintf(tmp_dir, sizeof tmp_dir, "/tmp/kvgw_test_gguf.%d", (int)getpid());
-        mkdir(tmp_dir, 0700);
-    }
-    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
-    return path;
-}
-
-__attribute__((destructor)) static void remove_tmp_dir(void)
-{
-    if (tmp_dir[0] == '\0')
-        return;
-    DIR *d = opendir(tmp_dir);
-    if (d != NULL) {
-        struct dirent *e;
-        char p[800];
-        while ((e = readdir(d)) != NULL) {
-            if (e->d_name[0] == '.')
-                continue;
-            snprintf(p, sizeof p, "%s/%s", tmp_dir, e->d_name);
-            unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(tmp_dir);
-}
-
-static uint8_t *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(n > 0 ? (size_t)n : 1);
-    if (b != NULL && n > 0 && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
 
 /* A byte builder for hand-made (hostile) files. */
 typedef struct bb {
@@ -347,7 +298,7 @@ PC_TEST(roundtrip_every_type)
 {
     const uint32_t aligns[] = {32, 8, 64, 4096};
     for (size_t i = 0; i < PC_ARRAY_LEN(aligns); i++) {
-        const char *path = tmp_path("all.gguf");
+        const char *path = pc_test_tmp_path("all.gguf");
         ASSERT_EQ(write_everything(path, aligns[i]), 0);
         eng_gguf_t *g = NULL;
         char err[256] = "";
@@ -363,7 +314,7 @@ PC_TEST(roundtrip_every_type)
         if (pc_test__state != 0)
             return;
         /* No temporary left behind. */
-        ASSERT_TRUE(access(tmp_path("all.gguf.tmp"), F_OK) != 0);
+        ASSERT_TRUE(access(pc_test_tmp_path("all.gguf.tmp"), F_OK) != 0);
     }
 }
 
@@ -371,10 +322,10 @@ PC_TEST(roundtrip_every_type)
  * after the last tensor. Exact-size heap copies let ASan catch any read past the end. */
 PC_TEST(truncation_at_every_byte)
 {
-    const char *path = tmp_path("trunc.gguf");
+    const char *path = pc_test_tmp_path("trunc.gguf");
     ASSERT_EQ(write_everything(path, 32), 0);
     size_t len;
-    uint8_t *file = slurp(path, &len);
+    uint8_t *file = pc_test_slurp(path, &len);
     ASSERT_TRUE(file != NULL);
     eng_gguf_t *g = NULL;
     ASSERT_EQ(eng_gguf_open_mem(file, len, &g, NULL, 0), 0);
@@ -404,10 +355,10 @@ PC_TEST(truncation_at_every_byte)
 /* Flipping any single header byte never crashes and either opens or reports a format error. */
 PC_TEST(corruption_of_every_header_byte)
 {
-    const char *path = tmp_path("flip.gguf");
+    const char *path = pc_test_tmp_path("flip.gguf");
     ASSERT_EQ(write_everything(path, 32), 0);
     size_t len;
-    uint8_t *file = slurp(path, &len);
+    uint8_t *file = pc_test_slurp(path, &len);
     ASSERT_TRUE(file != NULL);
     eng_gguf_t *g = NULL;
     ASSERT_EQ(eng_gguf_open_mem(file, len, &g, NULL, 0), 0);
@@ -613,7 +564,7 @@ PC_TEST(open_errors)
     ASSERT_TRUE(strstr(err, "cannot open '/nonexistent/x.gguf'") != NULL);
     ASSERT_EQ(eng_gguf_open("/tmp", &g, err, sizeof err), PC_ERR_IO);
     ASSERT_TRUE(strstr(err, "not a regular file") != NULL);
-    const char *empty = tmp_path("empty.gguf");
+    const char *empty = pc_test_tmp_path("empty.gguf");
     FILE *f = fopen(empty, "wb");
     ASSERT_TRUE(f != NULL);
     fclose(f);
@@ -634,7 +585,7 @@ PC_TEST(getter_conversions_and_messages)
     ASSERT_EQ(eng_gguf_writer_set_str(w, "s", "x"), 0);
     const int64_t wide[] = {1, 1ll << 40};
     ASSERT_EQ(eng_gguf_writer_set_arr(w, "wide", ENG_GGUF_I64, wide, 2), 0);
-    const char *path = tmp_path("get.gguf");
+    const char *path = pc_test_tmp_path("get.gguf");
     char err[256];
     ASSERT_EQ(eng_gguf_writer_file_begin(w, path, err, sizeof err), 0);
     ASSERT_EQ(eng_gguf_writer_file_finish(w, err, sizeof err), 0);
@@ -691,7 +642,8 @@ PC_TEST(writer_rejects_misuse_and_keeps_old_file)
     ASSERT_EQ(eng_gguf_writer_push_str(w, "x", 1), PC_ERR_STATE);
     ASSERT_EQ(eng_gguf_writer_arr_begin(w, NULL, ENG_GGUF_U8, 1), PC_ERR_STATE);
     char err[256];
-    ASSERT_EQ(eng_gguf_writer_file_begin(w, tmp_path("never.gguf"), err, sizeof err), PC_ERR_STATE);
+    ASSERT_EQ(eng_gguf_writer_file_begin(w, pc_test_tmp_path("never.gguf"), err, sizeof err),
+              PC_ERR_STATE);
     uint16_t v = 9;
     ASSERT_EQ(eng_gguf_writer_push_scalar(w, &v), 0);
     ASSERT_EQ(eng_gguf_writer_push_scalar(w, &v), 0);
@@ -705,7 +657,7 @@ PC_TEST(writer_rejects_misuse_and_keeps_old_file)
     ASSERT_EQ(eng_gguf_writer_tensor_add(w, "t", ENG_GGML_TYPE_F32, 1, ne), PC_ERR_EXISTS);
 
     /* An existing file survives a write that is abandoned or incomplete. */
-    const char *path = tmp_path("keep.gguf");
+    const char *path = pc_test_tmp_path("keep.gguf");
     FILE *f = fopen(path, "wb");
     ASSERT_TRUE(f != NULL);
     fputs("old", f);
@@ -718,11 +670,11 @@ PC_TEST(writer_rejects_misuse_and_keeps_old_file)
     ASSERT_TRUE(strstr(err, "tensor 't' incomplete (40 of 160 bytes)") != NULL);
     eng_gguf_writer_free(w);
     size_t len;
-    uint8_t *old = slurp(path, &len);
+    uint8_t *old = pc_test_slurp(path, &len);
     ASSERT_TRUE(old != NULL);
     ASSERT_EQ(len, 3);
     free(old);
-    ASSERT_TRUE(access(tmp_path("keep.gguf.tmp"), F_OK) != 0);
+    ASSERT_TRUE(access(pc_test_tmp_path("keep.gguf.tmp"), F_OK) != 0);
     eng_gguf_writer_free(NULL);
 }
 
@@ -780,7 +732,7 @@ static void open_model(const eng_mkmodel_params_t *p, const char *name, eng_gguf
 {
     eng_vocab_t *v = toy_vocab(320);
     char err[512] = "";
-    const char *path = tmp_path(name);
+    const char *path = pc_test_tmp_path(name);
     int rc = eng_mkmodel_write(p, v, path, err, sizeof err);
     eng_vocab_free(v);
     if (rc != 0)
@@ -976,7 +928,7 @@ static int copy_edited(const eng_gguf_t *g, const edit_t *e, const char *path)
 static void expect_hparams_error(const eng_gguf_t *src, const edit_t *e, int want_rc,
                                  const char *want)
 {
-    const char *path = tmp_path("edited.gguf");
+    const char *path = pc_test_tmp_path("edited.gguf");
     ASSERT_EQ(copy_edited(src, e, path), 0);
     eng_gguf_t *g = NULL;
     char err[512] = "";
@@ -1005,7 +957,7 @@ PC_TEST(hparams_errors)
     PC_TEST_CALL(open_model(&p, "base.gguf", &g, &hp));
     /* Unchanged copy passes: the editor itself is faithful. */
     edit_t none = {0};
-    const char *path = tmp_path("edited.gguf");
+    const char *path = pc_test_tmp_path("edited.gguf");
     ASSERT_EQ(copy_edited(g, &none, path), 0);
     eng_gguf_t *g2 = NULL;
     char err[256];

