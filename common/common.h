@@ -8,6 +8,7 @@
 #include "pc_buf.h"
 #include "pc_err.h"
 #include "pc_log.h"
+#include "pc_pages.h"
 #include "pc_rss.h"
 #include "pc_time.h"
 

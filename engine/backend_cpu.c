@@ -356,9 +356,9 @@ static int cpu_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t
         rows_ctx_t r = {
             .src = c->x, .dst = c->h, .weight = L->attn_norm, .layer = l, .seqs = seqs, .kv = kv};
         run_rows(c, stage_rmsnorm, &r, T);
-        eng__matmul(c->pool, c->h, T, &L->wq, c->q, false, tmp, c->abf, c->simd);
-        eng__matmul(c->pool, c->h, T, &L->wk, c->k, false, tmp, c->abf, c->simd);
-        eng__matmul(c->pool, c->h, T, &L->wv, c->v, false, tmp, c->abf, c->simd);
+        const eng_weight_t *wqkv[] = {&L->wq, &L->wk, &L->wv};
+        float *const yqkv[] = {c->q, c->k, c->v};
+        eng__matmul_n(c->pool, c->h, T, wqkv, yqkv, 3, false, tmp, c->abf, c->simd);
         run_rows(c, stage_qkv, &r, T);
         attn_run_t ar = {.c = c,
                          .args = {.q = c->q,
@@ -377,8 +377,9 @@ static int cpu_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t
         eng__matmul(c->pool, c->att, T, &L->wo, c->x, true, tmp, c->abf, c->simd);
         r.weight = L->ffn_norm;
         run_rows(c, stage_rmsnorm, &r, T);
-        eng__matmul(c->pool, c->h, T, &L->w_gate, c->g, false, tmp, c->abf, c->simd);
-        eng__matmul(c->pool, c->h, T, &L->w_up, c->u, false, tmp, c->abf, c->simd);
+        const eng_weight_t *wgu[] = {&L->w_gate, &L->w_up};
+        float *const ygu[] = {c->g, c->u};
+        eng__matmul_n(c->pool, c->h, T, wgu, ygu, 2, false, tmp, c->abf, c->simd);
         run_rows(c, stage_swiglu, &r, T);
         eng__matmul(c->pool, c->g, T, &L->w_down, c->x, true, tmp, c->abf, c->simd);
     }

@@ -297,9 +297,10 @@ AVX512 static void gemv_f16_rows8(const uint16_t *wr, const float *xg, uint32_t 
 
 /* x[M][K] . w[n0..n1)^T into y[:, n0..n1) for small M, F16 weights: memory bound, one pass over
  * the weight rows (four accumulators per row for a single x row). Measured on Zen 4 with two
- * threads: this one-row-at-a-time loop streams at the machine's bandwidth (about 32 GB/s);
- * software prefetch (T0/T1/T2, 1-16 KiB ahead) and four interleaved weight rows were both slower
- * or no faster, since the hardware prefetcher follows a single stream per thread best. */
+ * threads: this one-row-at-a-time loop streams at 85-90% of the machine's read bandwidth
+ * (`kvgw bench engine` prints both); software prefetch (T0/T1/T2, 1-16 KiB ahead, with 4 KiB
+ * and with 2 MiB pages) and four interleaved weight rows were all slower or no faster, since the
+ * hardware prefetcher follows a single stream per thread best. */
 AVX512 static void gemv_f16_avx512(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
 {
     const uint16_t *w = c->w->data;
@@ -399,37 +400,83 @@ static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
                 c->x, (int)c->K, t, (int)c->K, beta, c->y + n0, (int)c->N);
 }
 
-void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *w, float *y,
-                 bool accumulate, float *const *tmp, uint16_t *a_bf16, bool simd)
+/* Sets up c for y = x . w^T: the path, and the output columns per task. */
+static void matmul_setup(matmul_ctx_t *c, uint32_t n_threads, const float *x, uint32_t M,
+                         const eng_weight_t *w, float *y, bool accumulate, float *const *tmp,
+                         const uint16_t *a_bf16, bool simd)
 {
-    matmul_ctx_t c = {.x = x,
-                      .M = M,
-                      .K = w->n_in,
-                      .N = w->n_out,
-                      .w = w,
-                      .y = y,
-                      .accumulate = accumulate,
-                      .tmp = tmp,
-                      .simd = simd && eng__cpu_has_avx512()};
-    uint32_t nt = eng__pool_n_threads(pool);
-    if (a_bf16 != NULL && w->bf16 != NULL && M >= GEMV_F16_MAX_ROWS && c.simd &&
-        eng__cpu_has_bf16()) {
-        to_bf16_rows(x, M, c.K, a_bf16);
-        c.a_bf16 = a_bf16;
-        c.tile = 128;
+    *c = (matmul_ctx_t){.x = x,
+                        .M = M,
+                        .K = w->n_in,
+                        .N = w->n_out,
+                        .w = w,
+                        .y = y,
+                        .accumulate = accumulate,
+                        .tmp = tmp,
+                        .simd = simd};
+    if (a_bf16 != NULL && w->bf16 != NULL) {
+        c->a_bf16 = a_bf16;
+        c->tile = 128;
     } else if (w->type == ENG_GGML_TYPE_F32) {
         /* One contiguous slice per thread (rounded to 16 columns) keeps sgemm's blocks big;
          * small products run on the caller alone. */
-        uint64_t flops = (uint64_t)M * c.N * c.K;
-        uint32_t parts = flops < (1u << 18) ? 1 : nt;
-        c.tile = ((c.N + parts - 1) / parts + 15) & ~15u;
+        uint64_t flops = (uint64_t)M * c->N * c->K;
+        uint32_t parts = flops < (1u << 18) ? 1 : n_threads;
+        c->tile = ((c->N + parts - 1) / parts + 15) & ~15u;
     } else {
-        c.tile = M < GEMV_F16_MAX_ROWS ? GEMV_TILE : ENG_CPU_WTILE;
+        c->tile = M < GEMV_F16_MAX_ROWS ? GEMV_TILE : ENG_CPU_WTILE;
     }
-    if (c.tile == 0)
-        c.tile = 16;
-    uint32_t n_tasks = (c.N + c.tile - 1) / c.tile;
-    eng__pool_run(pool, matmul_task, &c, n_tasks);
+    if (c->tile == 0)
+        c->tile = 16;
+}
+
+/* Several products over one pool run: task t belongs to the first product whose task range
+ * holds it. One run instead of several saves a synchronization per product and lets the
+ * threads that finish one product's last tiles go on with the next product's. */
+typedef struct matmul_multi {
+    matmul_ctx_t c[ENG_MATMUL_MAX];
+    uint32_t task0[ENG_MATMUL_MAX + 1];
+    uint32_t n;
+} matmul_multi_t;
+
+static void matmul_multi_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    const matmul_multi_t *mm = ctx;
+    uint32_t i = 0;
+    while (task >= mm->task0[i + 1])
+        i++;
+    matmul_task((void *)&mm->c[i], task - mm->task0[i], thread);
+}
+
+void eng__matmul_n(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *const *w,
+                   float *const *y, uint32_t n, bool accumulate, float *const *tmp,
+                   uint16_t *a_bf16, bool simd)
+{
+    PC_ASSERT(n >= 1 && n <= ENG_MATMUL_MAX);
+    simd = simd && eng__cpu_has_avx512();
+    bool bf16 = a_bf16 != NULL && M >= GEMV_F16_MAX_ROWS && simd && eng__cpu_has_bf16();
+    bool x_bf16 = false;
+    matmul_multi_t mm = {.n = n};
+    for (uint32_t i = 0; i < n; i++) {
+        bool use_bf16 = bf16 && w[i]->bf16 != NULL;
+        if (use_bf16 && !x_bf16) { /* x is the same for every product: convert it once */
+            to_bf16_rows(x, M, w[i]->n_in, a_bf16);
+            x_bf16 = true;
+        }
+        matmul_setup(&mm.c[i], eng__pool_n_threads(pool), x, M, w[i], y[i], accumulate, tmp,
+                     use_bf16 ? a_bf16 : NULL, simd);
+        mm.task0[i + 1] = mm.task0[i] + (mm.c[i].N + mm.c[i].tile - 1) / mm.c[i].tile;
+    }
+    if (n == 1)
+        eng__pool_run(pool, matmul_task, &mm.c[0], mm.task0[1]);
+    else
+        eng__pool_run(pool, matmul_multi_task, &mm, mm.task0[n]);
+}
+
+void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *w, float *y,
+                 bool accumulate, float *const *tmp, uint16_t *a_bf16, bool simd)
+{
+    eng__matmul_n(pool, x, M, &w, &y, 1, accumulate, tmp, a_bf16, simd);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -31,6 +31,13 @@
 void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *w, float *y,
                  bool accumulate, float *const *tmp, uint16_t *a_bf16, bool simd);
 
+/* y[i] = x . w[i]^T (or +=) for i < n <= ENG_MATMUL_MAX, the same x (all w[i]->n_in equal), in
+ * one pool run: the q/k/v and the gate/up projections of a layer. */
+#define ENG_MATMUL_MAX 4
+void eng__matmul_n(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *const *w,
+                   float *const *y, uint32_t n, bool accumulate, float *const *tmp,
+                   uint16_t *a_bf16, bool simd);
+
 /*
  * BF16 panels. A weight matrix [n_out][n_in] is stored as ceil(n_out / 16) panels of 16 output
  * rows; a panel is ceil(n_in / 2) pairs of input columns, each pair 16 lanes of two BF16 values:

@@ -112,6 +112,7 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
     mp.pack_bf16 = p->gemm != ENG_GEMM_F32 && !p->no_simd && eng__cpu_has_bf16() &&
                    strcmp(backend, "cuda") != 0;
     mp.pack_bf16_skip_f32 = p->gemm == ENG_GEMM_AUTO;
+    mp.copy_weights = strcmp(backend, "cuda") != 0; /* host copies help only the CPU backend */
     int rc = eng_model_load(p->model_path, &mp, &e->model, err, err_len);
     if (rc != 0)
         goto fail;

@@ -712,6 +712,17 @@ int eng_gguf_open(const char *path, eng_gguf_t **out, char *err, size_t err_len)
     return open_common(g, out, err, err_len);
 }
 
+void eng_gguf_drop_resident(eng_gguf_t *g, const void *p, size_t n)
+{
+    uintptr_t map = (uintptr_t)g->map, a = (uintptr_t)p;
+    if (g->map == NULL || a < map || n > g->map_len || a - map > g->map_len - n)
+        return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (a + page - 1) / page * page, hi = (a + n) / page * page;
+    if (hi > lo) /* advice: a refusal changes nothing */
+        (void)madvise((void *)lo, (size_t)(hi - lo), MADV_DONTNEED);
+}
+
 void eng_gguf_free(eng_gguf_t *g)
 {
     if (g == NULL)

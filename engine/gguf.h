@@ -187,6 +187,11 @@ int eng_gguf_open_mem(const void *data, size_t len, eng_gguf_t **out, char *err,
  * no-op. */
 void eng_gguf_free(eng_gguf_t *g);
 
+/* Tells the kernel the mapped pages wholly inside [p, p + n) are not needed now (the caller has
+ * copied what it reads there); they are read back from the file if touched again. A range
+ * outside the mapping, or an in-memory file, is a no-op. */
+void eng_gguf_drop_resident(eng_gguf_t *g, const void *p, size_t n);
+
 uint32_t eng_gguf_version(const eng_gguf_t *g);
 uint32_t eng_gguf_alignment(const eng_gguf_t *g);
 uint64_t eng_gguf_data_offset(const eng_gguf_t *g); /* file offset of the data section */

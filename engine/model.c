@@ -20,8 +20,10 @@
 
 eng_model_params_t eng_model_params_default(void)
 {
-    return (eng_model_params_t){
-        .weights_f32 = false, .pack_bf16 = false, .pack_bf16_skip_f32 = false};
+    return (eng_model_params_t){.weights_f32 = false,
+                                .pack_bf16 = false,
+                                .pack_bf16_skip_f32 = false,
+                                .copy_weights = true};
 }
 
 static void *model_own(eng_model_t *m, size_t n_bytes)
@@ -39,10 +41,19 @@ static void *model_own(eng_model_t *m, size_t n_bytes)
     return buf;
 }
 
+/* A buffer for weight data: on the model's huge pages when it copies weights, else owned heap. */
+static void *model_own_weights(eng_model_t *m, size_t n_bytes)
+{
+    if (m->_pages.huge)
+        return pc_pages_alloc(&m->_pages, n_bytes);
+    return model_own(m, n_bytes);
+}
+
 /* Adds the BF16 panels of w (layer matrices only: the output head runs on few rows). */
 static int pack_bf16(eng_model_t *m, eng_weight_t *w)
 {
-    uint16_t *dst = model_own(m, eng__bf16_packed_elems(w->n_in, w->n_out) * sizeof(uint16_t));
+    uint16_t *dst =
+        model_own_weights(m, eng__bf16_packed_elems(w->n_in, w->n_out) * sizeof(uint16_t));
     if (dst == NULL)
         return PC_ERR_NOMEM;
     eng__bf16_pack(w, dst);
@@ -115,9 +126,13 @@ static int load_vec(eng_model_t *m, const char *fmt, int layer, const float **ou
     return 0;
 }
 
+/* Loads one matrix. Those read whole for every token go to the huge-page copies; the embedding
+ * table of an untied model is only gathered a row at a time and stays in the mapping. */
 static int load_weight(eng_model_t *m, const eng_model_params_t *p, const char *fmt, int layer,
                        eng_weight_t *w, char *err, size_t err_len)
 {
+    bool copy = m->_pages.huge &&
+                (layer >= 0 || strcmp(fmt, "token_embd.weight") != 0 || m->hp.tied_embeddings);
     const eng_gguf_tensor_t *t = find(m, fmt, layer, err, err_len);
     if (t == NULL)
         return PC_ERR_FORMAT;
@@ -131,6 +146,14 @@ static int load_weight(eng_model_t *m, const eng_model_params_t *p, const char *
     if (t->type == ENG_GGML_TYPE_F32 || (t->type == ENG_GGML_TYPE_F16 && !p->weights_f32)) {
         w->type = t->type;
         w->data = t->data;
+        if (copy) {
+            void *dst = pc_pages_alloc(&m->_pages, t->n_bytes);
+            if (dst == NULL)
+                return PC_ERR_NOMEM;
+            memcpy(dst, t->data, t->n_bytes);
+            eng_gguf_drop_resident(m->_gguf, t->data, t->n_bytes);
+            w->data = dst;
+        }
         m->_weight_bytes += t->n_bytes;
         return 0;
     }
@@ -139,10 +162,11 @@ static int load_weight(eng_model_t *m, const eng_model_params_t *p, const char *
                  eng_ggml_type_name(t->type) ? eng_ggml_type_name(t->type) : "?", t->name);
         return PC_ERR_UNSUPPORTED;
     }
-    float *buf = model_own(m, (size_t)t->n_elements * 4);
+    float *buf = model_own_weights(m, (size_t)t->n_elements * 4);
     if (buf == NULL)
         return PC_ERR_NOMEM;
     tensor_to_f32(t, buf);
+    eng_gguf_drop_resident(m->_gguf, t->data, t->n_bytes);
     w->type = ENG_GGML_TYPE_F32;
     w->data = buf;
     m->_weight_bytes += (size_t)t->n_elements * 4;
@@ -166,6 +190,7 @@ int eng_model_load(const char *path, const eng_model_params_t *p, eng_model_t **
     if (rc != 0)
         goto fail;
     const eng_hparams_t *hp = &m->hp;
+    pc_pages_init(&m->_pages, p->copy_weights && pc_pages_huge_available());
 
     rc = load_weight(m, p, "token_embd.weight", -1, &m->tok_embd, err, err_len);
     if (rc != 0)
@@ -251,6 +276,7 @@ void eng_model_free(eng_model_t *m)
     for (size_t i = 0; i < m->_n_owned; i++)
         pc_free(m->_owned[i]);
     pc_free(m->_owned);
+    pc_pages_release(&m->_pages);
     eng_gguf_free(m->_gguf);
     pc_free(m);
 }

@@ -3,8 +3,9 @@
  * public API).
  *
  * Weight matrices are row-major [n_out][n_in] (GGUF's ne[0] = n_in varies fastest), stored as
- * F32 or F16: F32 and F16 tensors are used in place from the file mapping, BF16 and Q8_0 are
- * converted to F32 at load, and with weights_f32 F16 is converted too. Norm weights and biases
+ * F32 or F16: F32 and F16 tensors are used in place from the file mapping (or copied to huge
+ * pages, copy_weights), BF16 and Q8_0 are converted to F32 at load, and with weights_f32 F16 is
+ * converted too. Norm weights and biases
  * are F32 (eng_hparams_check_tensors guarantees it). The token embedding table doubles as the
  * output head when the model ties them.
  *
@@ -18,6 +19,7 @@
 #include <stdint.h>
 
 #include "gguf.h"
+#include "pc_pages.h"
 #include "hparams.h"
 
 /* A weight matrix: n_out rows of n_in elements of `type` (ENG_GGML_TYPE_F32 or _F16). */
@@ -54,6 +56,7 @@ typedef struct eng_model {
     eng_layer_t *layers;   /* [n_layer] */
     eng_gguf_t *_gguf;     /* private: the mapping the weights point into */
     void **_owned;         /* private: converted buffers */
+    pc_pages_t _pages;     /* private: weight copies and panels, on huge pages (copy_weights) */
     size_t _n_owned;
     size_t _weight_bytes;
     bool has_bf16; /* at least one layer matrix has BF16 panels */
@@ -63,6 +66,10 @@ typedef struct eng_model_params {
     bool weights_f32;        /* convert F16 weights to F32 at load (default: keep F16) */
     bool pack_bf16;          /* also pack the layers' matrices as BF16 panels for the BF16 GEMM */
     bool pack_bf16_skip_f32; /* with pack_bf16: not the matrices stored as F32 in the file */
+    bool copy_weights;       /* copy the matrices out of the file mapping into anonymous memory
+                                on transparent huge pages (when the kernel has them): decode
+                                streams every weight once per token, and 2 MiB pages stream
+                                ~25% faster than the mapping's 4 KiB ones */
 } eng_model_params_t;
 
 eng_model_params_t eng_model_params_default(void);

@@ -32,6 +32,12 @@ void bench_report_print(const bench_report_t *r);
 double bench_now_s(void);
 double bench_cpu_s(void);
 
+/* The best of five passes of `threads` threads each summing its share of an n_bytes buffer (on
+ * huge pages where the kernel has them), in GB/s: the most a memory-bound kernel can stream on
+ * this machine right now. Benchmarks of such kernels report their own GB/s beside it. -1 when the
+ * buffer or threads cannot be had. */
+double bench_stream_read_gb_s(unsigned threads, size_t n_bytes);
+
 /* The benchmarks, each a subcommand main: argv[0] is the benchmark's name. */
 int bench_radix_main(int argc, char **argv);
 int bench_tokenizer_main(int argc, char **argv);

@@ -186,6 +186,13 @@ int bench_engine_main(int argc, char **argv)
     td = bench_now_s() - td;
     eng_seq_free(e, s);
     bench_report_add(&r, "decode_tokens_per_s", n_decode / td, "after 512 tokens; llama.cpp ~90");
+    /* Decode is bound by streaming the weights once per token: the roofline beside it. */
+    double q_dim = (double)hp->n_head * hp->head_dim, kv_dim = (double)hp->n_head_kv * hp->head_dim;
+    double decode_bytes =
+        2.0 * ((double)hp->n_layer * hp->n_embd * (2 * q_dim + 2 * kv_dim) +
+               3.0 * hp->n_layer * hp->n_embd * hp->n_ff + (double)hp->n_vocab * hp->n_embd);
+    bench_report_add(&r, "decode_weight_mb_per_token", decode_bytes / 1e6, "F16 matrices");
+    bench_report_add(&r, "decode_gb_s", decode_bytes * n_decode / td / 1e9, "weights streamed");
 
     if (quick)
         goto report;
@@ -211,6 +218,11 @@ report:
                          eng_kvpool_block_tokens(eng_kvpool(e)),
                      NULL);
     bench_report_add(&r, "peak_rss_mib", (double)pc_rss_peak_bytes() / (1 << 20), NULL);
+    /* Last, so that its buffer stays out of the peak RSS above. */
+    double stream = bench_stream_read_gb_s(threads, (size_t)512 << 20);
+    bench_report_add(&r, "stream_read_gb_s", stream, "this machine now, same threads");
+    bench_report_add(&r, "decode_tokens_per_s_roofline", stream * 1e9 / decode_bytes,
+                     "stream_read_gb_s / weight bytes per token");
     bench_report_print(&r);
     ret = 0;
 fail:

@@ -67,6 +67,38 @@ PC_TEST(arena_alignment_and_clear)
     pc_arena_close(&a);
 }
 
+PC_TEST(pages_alignment_chunks_and_release)
+{
+    pc_pages_t p;
+    pc_pages_init(&p, pc_pages_huge_available());
+    uint8_t *small[40];
+    for (int i = 0; i < 40; i++) { /* 40 x 3 MiB: spills over several 64 MiB chunks */
+        small[i] = pc_pages_alloc(&p, ((size_t)3 << 20) + 1);
+        ASSERT_TRUE(small[i] != NULL);
+        ASSERT_EQ((uintptr_t)small[i] % 64, 0);
+        ASSERT_EQ(small[i][0], 0); /* fresh memory reads as zero */
+        memset(small[i], i + 1, ((size_t)3 << 20) + 1);
+    }
+    /* A request larger than a chunk gets its own, 2 MiB aligned, and later small requests go on
+     * filling the open chunk. */
+    uint8_t *big = pc_pages_alloc(&p, PC_PAGES_CHUNK + 100);
+    ASSERT_TRUE(big != NULL);
+    ASSERT_EQ((uintptr_t)big % ((size_t)2 << 20), 0);
+    big[PC_PAGES_CHUNK + 99] = 7;
+    uint8_t *after = pc_pages_alloc(&p, 64);
+    ASSERT_TRUE(after != NULL);
+    ASSERT_EQ(after - small[39], (ptrdiff_t)(((size_t)3 << 20) + 64));
+    for (int i = 0; i < 40; i++) /* nothing overlapped */
+        ASSERT_EQ(small[i][(size_t)3 << 20], i + 1);
+    ASSERT_EQ_U64(p.bytes_used, 40 * (((size_t)3 << 20) + 64) + PC_PAGES_CHUNK + 128 + 64);
+    ASSERT_TRUE(p.bytes_mapped >= p.bytes_used);
+    pc_pages_release(&p);
+    ASSERT_EQ_U64(p.bytes_used, 0);
+    ASSERT_EQ_U64(p.bytes_mapped, 0);
+    ASSERT_TRUE(pc_pages_alloc(&p, 1) != NULL);
+    pc_pages_release(&p);
+}
+
 PC_TEST(buf_reserve_commit_printf)
 {
     pc_buf_t b = PC_BUF_INIT;
