@@ -67,6 +67,22 @@ AVX512 static void f16_to_f32_avx512(const uint16_t *src, float *dst, size_t n)
         dst[i] = _cvtsh_ss(src[i]);
 }
 
+/* rows x n halves (row strides ss and ds) to F32: the K of a KV block, one short row per head
+ * dimension, converted without a call per row. */
+AVX512 static void f16_rows_to_f32_avx512(const uint16_t *src, size_t ss, float *dst, size_t ds,
+                                          uint32_t rows, uint32_t n)
+{
+    for (uint32_t r = 0; r < rows; r++) {
+        const uint16_t *s = src + r * ss;
+        float *d = dst + r * ds;
+        uint32_t i = 0;
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(s + i))));
+        for (; i < n; i++)
+            d[i] = _cvtsh_ss(s[i]);
+    }
+}
+
 AVX512 static void f32_to_f16_avx512(const float *src, uint16_t *dst, size_t n)
 {
     size_t i = 0;
@@ -700,8 +716,12 @@ static void attn_load_block(const eng_attn_args_t *a, const void *kv, uint32_t n
     uint32_t hd = a->head_dim, bt = a->block_tokens;
     if (a->kv_f16) {
         const uint16_t *k16 = kv;
-        for (uint32_t d = 0; d < hd; d++)
-            eng__f16_to_f32_row(k16 + (size_t)d * bt, kt + (size_t)d * ldk + col, n_slots, a->simd);
+        if (a->simd && eng__cpu_has_avx512())
+            f16_rows_to_f32_avx512(k16, bt, kt + col, ldk, hd, n_slots);
+        else
+            for (uint32_t d = 0; d < hd; d++)
+                eng__f16_to_f32_row(k16 + (size_t)d * bt, kt + (size_t)d * ldk + col, n_slots,
+                                    false);
         eng__f16_to_f32_row(k16 + (size_t)hd * bt, vb + (size_t)col * hd, (size_t)n_slots * hd,
                             a->simd);
     } else {
