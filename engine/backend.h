@@ -20,8 +20,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct eng_model;  /* model.h */
-struct eng_kvpool; /* kvpool.h */
+struct eng_model;      /* model.h */
+struct eng_kvpool;     /* kvpool.h */
+struct eng_sample_row; /* sampling.h */
 
 /* What supports() can be asked about. */
 enum eng_backend_op {
@@ -67,6 +68,14 @@ typedef struct eng_backend_i {
      * does not advance the sequences then). */
     int (*forward)(eng_backend_t *be, const struct eng_model *model, struct eng_kvpool *kv,
                    const eng_fwd_seq_t *seqs, uint32_t n_seqs, float *logits);
+    /* (optional) forward, but the logits rows stay in the backend's memory: row r is sampled
+     * there under rows[r] (sampling.h's exact rules with the draw given) and only the token
+     * crosses back, to tokens[r] (-1 when no logit of the row is a candidate). rows and tokens
+     * have one entry per logits row forward would write. Same returns as forward. NULL when
+     * the backend samples nowhere but on the host (the CPU backend). */
+    int (*forward_sample)(eng_backend_t *be, const struct eng_model *model, struct eng_kvpool *kv,
+                          const eng_fwd_seq_t *seqs, uint32_t n_seqs,
+                          const struct eng_sample_row *rows, int32_t *tokens);
     /* (optional) Waits for queued work; the CPU backend is synchronous. */
     void (*synchronize)(eng_backend_t *be);
 } eng_backend_i;
@@ -100,8 +109,9 @@ typedef struct eng_cuda_params {
     bool kv_poison;        /* fill newly allocated device blocks with NaN (tests) */
 } eng_cuda_params_t;
 
-/* Creates the CUDA backend (CUDA builds only): uploads the model's weights (F16 as stored, F32
- * converted to F16, or to BF16 where a value exceeds the F16 range), allocates a device KV pool
+/* Creates the CUDA backend (CUDA builds only): uploads the model's weights (F16 as stored; F32,
+ * and BF16 and Q8_0 widened to F32 at load, converted to F16, or to BF16 where a value exceeds
+ * the F16 range), allocates a device KV pool
  * mirroring `kv` block for block (same ids and layout) and installs kv's hooks so block copies
  * and poisoning reach it. The backend must be freed before kv. Returns 0, PC_ERR_UNSUPPORTED
  * (no CUDA device, or a shape the kernels do not take), PC_ERR_INVAL or PC_ERR_NOMEM (device

@@ -17,6 +17,7 @@
 #include "pc_alloc.h"
 #include "pc_assert.h"
 #include "pc_err.h"
+#include "sampling.h"
 
 eng_params_t eng_params_default(void)
 {
@@ -32,11 +33,38 @@ eng_params_t eng_params_default(void)
                           .no_simd = false,
                           .gemm = ENG_GEMM_AUTO,
                           .backend = "cpu",
-                          .cuda_device = 0};
+                          .cuda_device = 0,
+                          .host_sampling = false};
+}
+
+/* Creates e->kv for the model: with host storage for the blocks, or (storage false) block
+ * accounting only, for a backend that keeps KV in its own memory. Returns 0 or an error with
+ * the reason in err. */
+static int make_kvpool(eng_t *e, bool storage, char *err, size_t err_len)
+{
+    const eng_params_t *p = &e->p;
+    const eng_hparams_t *hp = &e->model->hp;
+    eng_kvpool_params_t kp = eng_kvpool_params_default();
+    kp.block_tokens = p->kv_block_tokens;
+    kp.dtype = p->kv_dtype;
+    kp.max_tokens = p->kv_max_tokens;
+    kp.max_bytes = p->kv_max_bytes;
+    kp.poison = p->kv_poison;
+    kp.no_storage = !storage;
+    int rc = eng_kvpool_init(&kp, hp->n_layer, hp->n_head_kv, hp->head_dim, &e->kv);
+    if (rc != 0)
+        snprintf(err, err_len,
+                 "engine: cannot create the KV pool (%s): block size %u, budget %llu "
+                 "tokens / %llu bytes",
+                 pc_strerror(rc), p->kv_block_tokens, (unsigned long long)p->kv_max_tokens,
+                 (unsigned long long)p->kv_max_bytes);
+    return rc;
 }
 
 /* Creates e->be as `backend` asks ("cpu", "cuda" or "auto": cuda where a device is usable,
- * else cpu). Returns 0 or an error with the reason in err. */
+ * else cpu). e->kv exists; it has no host storage when the backend may be cuda (the cuda
+ * backend keeps KV on its device), and gets it back here when "auto" falls back to the CPU.
+ * Returns 0 or an error with the reason in err. */
 static int make_backend(eng_t *e, const char *backend, char *err, size_t err_len)
 {
     const eng_params_t *p = &e->p;
@@ -56,7 +84,14 @@ static int make_backend(eng_t *e, const char *backend, char *err, size_t err_len
             snprintf(err, err_len, "engine: %s", gerr);
             return rc;
         }
-        /* auto on a machine without a usable GPU: the CPU backend. */
+        /* auto on a machine without a usable GPU: the CPU backend, which computes from the
+         * pool's host memory. Nothing references the storage-less pool yet. */
+        if (!eng_kvpool_has_storage(e->kv)) {
+            eng_kvpool_free(e->kv);
+            e->kv = NULL;
+            if ((rc = make_kvpool(e, true, err, err_len)) != 0)
+                return rc;
+        }
     }
 #else
     PC_ASSERT(strcmp(backend, "cuda") != 0); /* eng_init refused it */
@@ -116,22 +151,14 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
     int rc = eng_model_load(p->model_path, &mp, &e->model, err, err_len);
     if (rc != 0)
         goto fail;
-    const eng_hparams_t *hp = &e->model->hp;
-    eng_kvpool_params_t kp = eng_kvpool_params_default();
-    kp.block_tokens = p->kv_block_tokens;
-    kp.dtype = p->kv_dtype;
-    kp.max_tokens = p->kv_max_tokens;
-    kp.max_bytes = p->kv_max_bytes;
-    kp.poison = p->kv_poison;
-    rc = eng_kvpool_init(&kp, hp->n_layer, hp->n_head_kv, hp->head_dim, &e->kv);
-    if (rc != 0) {
-        snprintf(err, err_len,
-                 "engine: cannot create the KV pool (%s): block size %u, budget %llu "
-                 "tokens / %llu bytes",
-                 pc_strerror(rc), p->kv_block_tokens, (unsigned long long)p->kv_max_tokens,
-                 (unsigned long long)p->kv_max_bytes);
+    /* Host KV memory only for the CPU backend: a cuda backend's pool lives on its device. */
+    bool kv_storage = true;
+#ifdef KVGW_HAVE_CUDA
+    kv_storage = strcmp(backend, "cpu") == 0;
+#endif
+    rc = make_kvpool(e, kv_storage, err, err_len);
+    if (rc != 0)
         goto fail;
-    }
     rc = make_backend(e, backend, err, err_len);
     if (rc != 0)
         goto fail;
@@ -266,7 +293,11 @@ uint32_t eng_batch_n_rows(const eng_batch_item_t *items, uint32_t n_items)
     return n;
 }
 
-int eng_forward(eng_t *e, const eng_batch_item_t *items, uint32_t n_items, float *logits)
+/* eng_forward (logits != NULL or no row asked for) and eng_forward_sample (srows and tokens
+ * != NULL, the backend has forward_sample): the same steps, each writing its rows' logits or
+ * tokens at the rows done so far. */
+static int forward_steps(eng_t *e, const eng_batch_item_t *items, uint32_t n_items, float *logits,
+                         const struct eng_sample_row *srows, int32_t *tokens)
 {
     const eng_hparams_t *hp = &e->model->hp;
     if (n_items == 0)
@@ -285,7 +316,7 @@ int eng_forward(eng_t *e, const eng_batch_item_t *items, uint32_t n_items, float
             if (it->tokens[j] < 0 || (uint32_t)it->tokens[j] >= hp->n_vocab)
                 return PC_ERR_INVAL;
     }
-    if (eng_batch_n_rows(items, n_items) > 0 && logits == NULL)
+    if (eng_batch_n_rows(items, n_items) > 0 && logits == NULL && tokens == NULL)
         return PC_ERR_INVAL;
 
     /* Reserve every item's blocks; on failure release what this call reserved. */
@@ -356,8 +387,12 @@ int eng_forward(eng_t *e, const eng_batch_item_t *items, uint32_t n_items, float
                 break; /* the budget is spent */
             }
         }
-        rc = e->be->iface->forward(e->be, e->model, e->kv, e->fwd, n,
-                                   rows ? logits + row_out * n_vocab : NULL);
+        if (tokens != NULL)
+            rc = e->be->iface->forward_sample(e->be, e->model, e->kv, e->fwd, n, srows + row_out,
+                                              tokens + row_out);
+        else
+            rc = e->be->iface->forward(e->be, e->model, e->kv, e->fwd, n,
+                                       rows ? logits + row_out * n_vocab : NULL);
         if (rc != 0)
             goto fail;
         row_out += rows;
@@ -378,6 +413,26 @@ fail:
         eng_kvseq_trim(&items[i].seq->kv, e->kv);
     }
     return rc;
+}
+
+int eng_forward(eng_t *e, const eng_batch_item_t *items, uint32_t n_items, float *logits)
+{
+    return forward_steps(e, items, n_items, logits, NULL, NULL);
+}
+
+bool eng_samples_on_device(const eng_t *e)
+{
+    return e->be->iface->forward_sample != NULL && !e->p.host_sampling;
+}
+
+int eng_forward_sample(eng_t *e, const eng_batch_item_t *items, uint32_t n_items,
+                       const struct eng_sample_row *rows, int32_t *tokens)
+{
+    if (!eng_samples_on_device(e))
+        return PC_ERR_UNSUPPORTED;
+    if (rows == NULL || tokens == NULL)
+        return PC_ERR_INVAL;
+    return forward_steps(e, items, n_items, NULL, rows, tokens);
 }
 
 int eng_check(eng_t *e, char *err, size_t err_len)

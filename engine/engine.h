@@ -59,6 +59,8 @@ typedef struct eng_params {
                             the machine has no CUDA), or "auto" (cuda when a GPU is usable,
                             else cpu) */
     int cuda_device;     /* the CUDA device of the cuda backend, default 0 */
+    bool host_sampling;  /* never sample on the backend's device (eng_forward_sample refused;
+                            tests compare the two), default false */
     bool no_simd;        /* tests: portable kernels only */
 } eng_params_t;
 
@@ -119,6 +121,21 @@ uint32_t eng_batch_n_rows(const eng_batch_item_t *items, uint32_t n_items);
  * negative error, after which the items' sequences are as before the call.
  */
 int eng_forward(eng_t *e, const eng_batch_item_t *items, uint32_t n_items, float *logits);
+
+/* True when eng_forward_sample runs: the backend samples on its device (cuda) and the engine
+ * was not created with host_sampling. */
+bool eng_samples_on_device(const eng_t *e);
+
+/*
+ * eng_forward, but the logits stay on the backend's device: each row eng_forward would write
+ * (eng_batch_n_rows, in the same order) is sampled there under rows[r] (engine/sampling.h's
+ * exact rules, with the draw from eng_sampler_peek), and only tokens[r] comes back; -1 when no
+ * logit of the row is a candidate. The pick equals eng_sampler_sample's on the same logits.
+ * Returns as eng_forward, or PC_ERR_UNSUPPORTED with nothing changed where
+ * eng_samples_on_device is false (the caller then uses eng_forward and samples on the host).
+ */
+int eng_forward_sample(eng_t *e, const eng_batch_item_t *items, uint32_t n_items,
+                       const struct eng_sample_row *rows, int32_t *tokens);
 
 /* ---------------------------------------------------------------------------------------------
  * Prefix index: token prefixes -> KV blocks, per namespace (a radix tree, radix/).

@@ -2,7 +2,8 @@
  * kvpool.c — the paged KV block pool and per-sequence block tables (see kvpool.h).
  *
  * The free list is a stack of block ids; refcount[b] == 0 exactly for the blocks on it. The
- * whole KV memory is one allocation made at init, so the budget is a hard limit.
+ * whole KV memory is one allocation made at init, so the budget is a hard limit; a no_storage
+ * pool has none (data is NULL) and only counts.
  */
 #include "kvpool.h"
 
@@ -23,7 +24,7 @@ struct eng_kvpool {
     size_t head_elems;  /* 2 * head_dim * block_tokens: one (layer, head) slice of a block */
     size_t block_bytes; /* n_layer * n_head_kv * head_elems * elem_bytes */
     bool poison;
-    uint8_t *data;      /* [n_blocks][block_bytes] */
+    uint8_t *data;      /* [n_blocks][block_bytes], or NULL (no_storage) */
     uint32_t *refcount; /* [n_blocks] */
     uint32_t *free_ids; /* stack [n_blocks] */
     uint32_t n_free;
@@ -38,7 +39,8 @@ eng_kvpool_params_t eng_kvpool_params_default(void)
                                  .dtype = ENG_KV_F16,
                                  .max_tokens = 0,
                                  .max_bytes = 0,
-                                 .poison = false};
+                                 .poison = false,
+                                 .no_storage = false};
 }
 
 int eng_kvpool_init(const eng_kvpool_params_t *p, uint32_t n_layer, uint32_t n_head_kv,
@@ -73,10 +75,16 @@ int eng_kvpool_init(const eng_kvpool_params_t *p, uint32_t n_layer, uint32_t n_h
     pool->head_elems = head_elems;
     pool->block_bytes = block_bytes;
     pool->poison = p->poison;
-    pool->data = pc_malloc((size_t)n_blocks * block_bytes);
+    if (!p->no_storage) {
+        pool->data = pc_malloc((size_t)n_blocks * block_bytes);
+        if (pool->data == NULL) {
+            eng_kvpool_free(pool);
+            return PC_ERR_NOMEM;
+        }
+    }
     pool->refcount = pc_calloc(n_blocks, sizeof *pool->refcount);
     pool->free_ids = pc_malloc(n_blocks * sizeof *pool->free_ids);
-    if (pool->data == NULL || pool->refcount == NULL || pool->free_ids == NULL) {
+    if (pool->refcount == NULL || pool->free_ids == NULL) {
         eng_kvpool_free(pool);
         return PC_ERR_NOMEM;
     }
@@ -112,6 +120,10 @@ void eng_kvpool_set_hooks(eng_kvpool_t *pool, const eng_kvpool_hooks_t *hooks)
         memset(&pool->hooks, 0, sizeof pool->hooks);
 }
 
+bool eng_kvpool_has_storage(const eng_kvpool_t *pool)
+{
+    return pool->data != NULL;
+}
 uint32_t eng_kvpool_block_tokens(const eng_kvpool_t *pool)
 {
     return pool->block_tokens;
@@ -156,7 +168,7 @@ int eng_kvpool_alloc(eng_kvpool_t *pool, uint32_t *block)
     uint32_t b = pool->free_ids[--pool->n_free];
     PC_ASSERT(pool->refcount[b] == 0);
     pool->refcount[b] = 1;
-    if (pool->poison)
+    if (pool->poison && pool->data != NULL)
         poison_block(pool, b);
     if (pool->hooks.on_alloc != NULL)
         pool->hooks.on_alloc(pool->hooks.ud, b);
@@ -185,6 +197,8 @@ uint32_t eng_kvpool_refcount(const eng_kvpool_t *pool, uint32_t block)
 
 void *eng_kvpool_kv(const eng_kvpool_t *pool, uint32_t block, uint32_t layer, uint32_t head)
 {
+    if (pool->data == NULL)
+        return NULL;
     size_t idx = ((size_t)block * pool->n_layer + layer) * pool->n_head_kv + head;
     return pool->data + idx * pool->head_elems * pool->elem_bytes;
 }
@@ -194,6 +208,8 @@ void eng_kvpool_copy(eng_kvpool_t *pool, uint32_t dst, uint32_t src, uint32_t n_
     PC_ASSERT(dst < pool->n_blocks && src < pool->n_blocks && n_tokens <= pool->block_tokens);
     if (pool->hooks.on_copy != NULL)
         pool->hooks.on_copy(pool->hooks.ud, dst, src, n_tokens);
+    if (pool->data == NULL)
+        return; /* no_storage: the mirror holds the contents */
     if (n_tokens == pool->block_tokens || pool->poison == false) {
         /* Copying whole slices is simpler and copies no more than a block. */
         memcpy(pool->data + (size_t)dst * pool->block_bytes,

@@ -3,7 +3,9 @@
  *
  * A block holds the keys and values of block_tokens consecutive positions of one sequence, for
  * every layer and KV head. All blocks are allocated once, at init, from the memory budget (a
- * number of tokens or of bytes): the pool never allocates KV memory afterwards. Block layout,
+ * number of tokens or of bytes): the pool never allocates KV memory afterwards. A no_storage
+ * pool allocates none at all and only does the accounting, for a backend that keeps the
+ * blocks' contents in its own memory (the cuda backend, through the hooks). Block layout,
  * for block b, layer l, KV head h (elements of the pool's dtype, F16 or F32):
  *
  *   base + ((b * n_layer + l) * n_head_kv + h) * 2 * head_dim * block_tokens
@@ -42,6 +44,10 @@ typedef struct eng_kvpool_params {
     uint64_t max_tokens;     /* budget in tokens (rounded down to whole blocks), or 0 */
     uint64_t max_bytes;      /* budget in bytes, or 0; when both are set the smaller wins */
     bool poison;             /* fill allocated blocks with NaN (tests: stray reads fail) */
+    bool no_storage;         /* block accounting only: no host memory for the blocks, whose
+                                contents live in a mirror (the cuda backend's device pool);
+                                eng_kvpool_kv is then NULL and poisoning and copies reach only
+                                the hooks. Default false */
 } eng_kvpool_params_t;
 
 eng_kvpool_params_t eng_kvpool_params_default(void);
@@ -72,6 +78,8 @@ typedef struct eng_kvpool_hooks {
 
 void eng_kvpool_set_hooks(eng_kvpool_t *pool, const eng_kvpool_hooks_t *hooks);
 
+/* False for a no_storage pool (its blocks have no host memory). */
+bool eng_kvpool_has_storage(const eng_kvpool_t *pool);
 uint32_t eng_kvpool_block_tokens(const eng_kvpool_t *pool);
 enum eng_kv_dtype eng_kvpool_dtype(const eng_kvpool_t *pool);
 uint32_t eng_kvpool_n_blocks(const eng_kvpool_t *pool);
@@ -87,11 +95,12 @@ void eng_kvpool_ref(eng_kvpool_t *pool, uint32_t block);
 void eng_kvpool_unref(eng_kvpool_t *pool, uint32_t block);
 uint32_t eng_kvpool_refcount(const eng_kvpool_t *pool, uint32_t block);
 
-/* Copies the first n_tokens positions of src into dst (every layer and head). */
+/* Copies the first n_tokens positions of src into dst (every layer and head): through the
+ * on_copy hook, then in host memory unless the pool is no_storage. */
 void eng_kvpool_copy(eng_kvpool_t *pool, uint32_t dst, uint32_t src, uint32_t n_tokens);
 
 /* The K part of (block, layer, kv head): [head_dim][block_tokens]; V follows it:
- * [block_tokens][head_dim]. Valid until eng_kvpool_free. */
+ * [block_tokens][head_dim]. Valid until eng_kvpool_free. NULL for a no_storage pool. */
 void *eng_kvpool_kv(const eng_kvpool_t *pool, uint32_t block, uint32_t layer, uint32_t head);
 
 /* Accounting check: expected_refs[n_blocks] holds the references the owners know of. Returns 0

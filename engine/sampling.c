@@ -446,6 +446,23 @@ int eng_sampler_sample(eng_sampler_t *s, eng_sample_ws_t *ws, const float *logit
     return 0;
 }
 
+void eng_sampler_peek(const eng_sampler_t *s, eng_sample_row_t *row)
+{
+    const eng_sampling_params_t *p = &s->params;
+    eng_rng_t next = s->rng;
+    *row = (eng_sample_row_t){.temperature = p->temperature,
+                              .top_k = p->top_k,
+                              .top_p = p->top_p,
+                              .min_p = p->min_p,
+                              .u = is_greedy(p) ? 0.0 : eng_rng_uniform(&next)};
+}
+
+void eng_sampler_advance(eng_sampler_t *s)
+{
+    if (!is_greedy(&s->params))
+        (void)eng_rng_next(&s->rng);
+}
+
 int eng_sample_probs(const eng_sampling_params_t *p, eng_sample_ws_t *ws, const float *logits,
                      uint32_t n_vocab, float *probs)
 {

@@ -91,6 +91,27 @@ int eng_sampler_init(eng_sampler_t *s, const eng_sampling_params_t *p, char *err
 int eng_sampler_sample(eng_sampler_t *s, eng_sample_ws_t *ws, const float *logits, uint32_t n_vocab,
                        uint32_t *token);
 
+/* One sampling decision handed to a sampler that runs elsewhere (the cuda backend samples on
+ * its device, kernels/krn_sample.cu): the request's rules and the uniform draw that
+ * eng_sampler_sample would make, so both pick the same token from the same logits. */
+typedef struct eng_sample_row {
+    float temperature;
+    uint32_t top_k;
+    float top_p;
+    float min_p;
+    double u; /* in [0, 1); 0 when greedy (no draw) */
+} eng_sample_row_t;
+
+/* Fills *row with s's rules and its next draw without consuming it: u is the uniform that the
+ * next eng_sampler_sample would draw (one PRNG output unless greedy). A caller that got the
+ * token picked under row then calls eng_sampler_advance, which leaves the PRNG exactly where
+ * eng_sampler_sample would have left it; one that did not (the step failed) calls nothing and
+ * may peek again. (eng_sampler_sample leaves the PRNG unchanged when no logit is a candidate;
+ * a request is failed then, so its PRNG state no longer matters.) */
+void eng_sampler_peek(const eng_sampler_t *s, eng_sample_row_t *row);
+/* Consumes the draw eng_sampler_peek showed (nothing when greedy). */
+void eng_sampler_advance(eng_sampler_t *s);
+
 /* The exact distribution eng_sampler_sample draws from under params p: writes probs[n_vocab]
  * (0 outside the kept set, summing to 1; greedy puts 1 on the argmax). For tests and for
  * log-probabilities. Returns 0 or PC_ERR_INVAL as eng_sampler_sample. */

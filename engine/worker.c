@@ -32,6 +32,12 @@
  * prompts larger than the pool). A step that still finds the pool full (eng_forward returns 1)
  * preempts the youngest running request and is retried; a request alone that cannot grow fails
  * with PC_ERR_NOSPACE.
+ *
+ * Sampling. Where the engine samples on its device (eng_samples_on_device: the cuda backend), a
+ * step hands each logits row's rules and next PRNG draw (eng_sampler_peek) to
+ * eng_forward_sample and only token ids come back; the draws are consumed once the step
+ * succeeded. Otherwise the logits come to the host and eng_sampler_sample picks. Both pick the
+ * same token from the same logits under the same seed.
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -155,6 +161,9 @@ struct eng_worker {
     wk_req_t **order;           /* [max_running] scratch */
     float *logits;              /* [logits_rows][n_vocab] */
     uint32_t logits_rows;
+    bool dev_sample;         /* the engine samples on its device (eng_forward_sample) */
+    eng_sample_row_t *srows; /* [max_running] with dev_sample: each logits row's rules */
+    int32_t *stoks;          /* [max_running] with dev_sample: each row's token */
     wk_pin_t *pins;
     uint32_t n_pins, pins_cap;
     uint64_t next_expiry_ms;
@@ -704,11 +713,20 @@ static bool is_stop_id(const wk_req_t *r, uint32_t tok)
     return false;
 }
 
-/* Samples r's next token from its logits row and emits it; may finish r. */
-static void sample_next(eng_worker_t *w, wk_req_t *r, const float *row)
+/* Samples r's next token from its logits row (host sampling), or takes dev_tok, the token the
+ * device sampled under r's eng_sampler_peek row (row NULL), and emits it; may finish r. */
+static void sample_next(eng_worker_t *w, wk_req_t *r, const float *row, int32_t dev_tok)
 {
     uint32_t tok;
-    if (eng_sampler_sample(&r->sampler, w->ws, row, w->n_vocab, &tok) != 0) {
+    int rc = 0;
+    if (row != NULL) {
+        rc = eng_sampler_sample(&r->sampler, w->ws, row, w->n_vocab, &tok);
+    } else {
+        eng_sampler_advance(&r->sampler);
+        rc = dev_tok >= 0 ? 0 : PC_ERR_INVAL;
+        tok = (uint32_t)dev_tok;
+    }
+    if (rc != 0) {
         finish_error(w, r, PC_ERR_INVAL, "no token to sample: every logit is NaN or -inf");
         return;
     }
@@ -726,7 +744,7 @@ static void sample_next(eng_worker_t *w, wk_req_t *r, const float *row)
     size_t n = eng_tok_stream_feed(&r->detok, tok, piece, sizeof piece);
     w->text.len = 0;
     uint32_t which = 0;
-    int rc = n > 0 ? eng_stop_feed(r->stop, piece, n, &w->text, &which) : 0;
+    rc = n > 0 ? eng_stop_feed(r->stop, piece, n, &w->text, &which) : 0;
     if (rc < 0) {
         finish_error(w, r, rc, "out of memory matching stop sequences");
         return;
@@ -876,9 +894,20 @@ static void step(eng_worker_t *w)
         if (n == 0)
             return;
         uint32_t rows = eng_batch_n_rows(w->items, n);
-        rc = logits_reserve(w, rows);
-        if (rc == 0)
-            rc = eng_forward(w->e, w->items, n, rows > 0 ? w->logits : NULL);
+        if (w->dev_sample) {
+            /* Each row's rules and next draw; the draws are consumed only once the step
+             * succeeded (sample_next), so a retry after preemption peeks the same ones. */
+            uint32_t k = 0;
+            for (uint32_t i = 0; i < n; i++)
+                if (w->items[i].logits != ENG_LOGITS_NONE)
+                    eng_sampler_peek(&w->item_req[i]->sampler, &w->srows[k++]);
+            PC_ASSERT(k == rows); /* the worker asks for one row (LAST) at most per item */
+            rc = eng_forward_sample(w->e, w->items, n, w->srows, w->stoks);
+        } else {
+            rc = logits_reserve(w, rows);
+            if (rc == 0)
+                rc = eng_forward(w->e, w->items, n, rows > 0 ? w->logits : NULL);
+        }
         if (rc != 1)
             break;
         /* The pool is full even after evicting the cache: make room by preemption. */
@@ -901,12 +930,13 @@ static void step(eng_worker_t *w)
         return;
     }
     w->st.n_steps++;
-    const float *row = w->logits;
+    uint32_t k = 0; /* the next logits row */
     for (uint32_t i = 0; i < n; i++) {
         wk_req_t *r = w->item_req[i];
         if (r->state == WK_DECODE) {
-            sample_next(w, r, row);
-            row += w->n_vocab;
+            sample_next(w, r, w->dev_sample ? NULL : w->logits + (size_t)k * w->n_vocab,
+                        w->dev_sample ? w->stoks[k] : -1);
+            k++;
             continue;
         }
         /* A prefill chunk. */
@@ -923,8 +953,9 @@ static void step(eng_worker_t *w)
             r->cached = true;
         }
         if (r->sampled) {
-            sample_next(w, r, row);
-            row += w->n_vocab;
+            sample_next(w, r, w->dev_sample ? NULL : w->logits + (size_t)k * w->n_vocab,
+                        w->dev_sample ? w->stoks[k] : -1);
+            k++;
         } else {
             finish_done(w, r, ENG_WIRE_STOP_MAX_TOKENS, -1, NULL, 0); /* prefill only */
         }
@@ -1078,8 +1109,14 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
     w->item_take = pc_calloc(mr, sizeof *w->item_take);
     w->order = pc_calloc(mr, sizeof *w->order);
     w->blk_mark = pc_calloc(w->total_blocks, 1);
+    w->dev_sample = eng_samples_on_device(w->e);
+    if (w->dev_sample) {
+        w->srows = pc_calloc(mr, sizeof *w->srows);
+        w->stoks = pc_calloc(mr, sizeof *w->stoks);
+    }
     if (rc != 0 || w->model_name == NULL || w->items == NULL || w->item_req == NULL ||
-        w->item_take == NULL || w->order == NULL || w->blk_mark == NULL) {
+        w->item_take == NULL || w->order == NULL || w->blk_mark == NULL ||
+        (w->dev_sample && (w->srows == NULL || w->stoks == NULL))) {
         set_err(err, err_len, "worker: out of memory");
         rc = PC_ERR_NOMEM;
         goto fail;
@@ -1118,6 +1155,8 @@ fail:
     pc_free(w->item_take);
     pc_free(w->order);
     pc_free(w->blk_mark);
+    pc_free(w->srows);
+    pc_free(w->stoks);
     pc_free(w);
     return rc;
 }
@@ -1171,6 +1210,8 @@ void eng_worker_free(eng_worker_t *w)
     pc_free(w->order);
     pc_free(w->logits);
     pc_free(w->blk_mark);
+    pc_free(w->srows);
+    pc_free(w->stoks);
     pc_buf_free(&w->text);
     pthread_cond_destroy(&w->cv_ev);
     pthread_cond_destroy(&w->cv_work);

@@ -13,29 +13,17 @@
  *              loaded to shared memory (only slots < kv1: never an unwritten slot), scores
  *              S [R][C] are computed one (row, slot) per thread, each warp runs the softmax
  *              update of its rows (lanes = slots), then every thread updates its accumulators.
- *              Dynamic shared memory: (R*hd + 2*C*hd + R*C) floats + 4R words, < 80 KiB.
+ *              Dynamic shared memory: krn_attn_smem_bytes (krn_hostdev.h), at most 73 KiB (the
+ *              opt-in attribute is set before every launch; sm_80 allows 163 KiB).
  *   merge      grid n_merges, 128 threads: thread d merges dimension d (strided) of every
  *              row-head of the unit across its splits, in split order.
  */
 #include "krn_cuda.cuh"
+#include "krn_hostdev.h"
 #include "krn_softmax_merge.h"
 
-#define ATT_THREADS 128
+#define ATT_THREADS KRN_ATTN_THREADS
 #define ATT_OREG (KRN_ATTN_MAX_TILE / ATT_THREADS)
-
-static int attn_chunk(int32_t head_dim)
-{
-    int c = 4096 / head_dim;
-    return c > 32 ? 32 : c;
-}
-
-static size_t attn_smem_bytes(int32_t head_dim, int32_t r_max)
-{
-    int c = attn_chunk(head_dim);
-    return sizeof(float) * ((size_t)r_max * head_dim + 2 * (size_t)c * head_dim +
-                            (size_t)r_max * c + 3 * (size_t)r_max) +
-           sizeof(int32_t) * (size_t)r_max;
-}
 
 template <typename KT> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(krn_attn_args_t a)
 {
@@ -43,10 +31,10 @@ template <typename KT> __global__ void __launch_bounds__(ATT_THREADS) attn_kerne
     const krn_attn_task_t t = a.tasks[blockIdx.x];
     const int32_t hd = a.kv.head_dim, bt = a.kv.block_tokens;
     const int32_t group = a.n_head / a.kv.n_head_kv, qw = a.n_head * hd;
-    const int32_t C = hd * 32 <= 4096 ? 32 : 4096 / hd;
+    /* The geometry krn_attention sized the shared memory for (krn_hostdev.h). */
+    const int32_t C = krn_attn_chunk(hd);
     const int32_t R = t.n_rows * group;
-    const int32_t r_max =
-        KRN_ATTN_MAX_TILE / hd < KRN_ATTN_MAX_ROWS ? KRN_ATTN_MAX_TILE / hd : KRN_ATTN_MAX_ROWS;
+    const int32_t r_max = krn_attn_max_rows(hd);
     if (R > r_max || R <= 0)
         return;                              /* not a krn_attn_plan task */
     float *sq = smem;                        /* [r_max][hd] */
@@ -136,8 +124,13 @@ template <typename KT> __global__ void __launch_bounds__(ATT_THREADS) attn_kerne
                 int32_t rr = idx / hd, d = idx % hd;
                 float acc = o[i] * sc[rr];
                 const float *pr = ss + rr * C;
-                for (int32_t j = 0; j < n; j++)
-                    acc = fmaf(pr[j], sv[j * hd + d], acc);
+                /* A masked slot (weight 0) is skipped as the reference skips it: its V may be
+                 * a future position's, and 0 * inf would poison the row. */
+                for (int32_t j = 0; j < n; j++) {
+                    float pj = pr[j];
+                    if (pj != 0.0f)
+                        acc = fmaf(pj, sv[j * hd + d], acc);
+                }
                 o[i] = acc;
             }
         }
@@ -193,9 +186,10 @@ int krn_attention(krn_ctx_t *c, const krn_attn_args_t *a)
         a->n_merges < 0 || (kv->dtype != KRN_F16 && kv->dtype != KRN_F32))
         return PC_ERR_INVAL;
     KRN_ENTER(c);
-    int32_t r_max = KRN_ATTN_MAX_TILE / kv->head_dim;
-    r_max = r_max < KRN_ATTN_MAX_ROWS ? r_max : KRN_ATTN_MAX_ROWS;
-    size_t smem = attn_smem_bytes(kv->head_dim, r_max);
+    /* Above 48 KiB of dynamic shared memory (head_dim 64 and up) a kernel must opt in, for
+     * every instantiation, before its launch; the attribute is per function, so it is set on
+     * each call (cheap) rather than cached in a global. */
+    size_t smem = krn_attn_smem_bytes(kv->head_dim);
     if (a->n_tasks > 0) {
         if (kv->dtype == KRN_F16) {
             KRN_CUDA_CHECK(cudaFuncSetAttribute(

@@ -33,12 +33,27 @@ void krn_device_describe(int dev, char *buf, size_t len)
              (double)p.totalGlobalMem / (1024.0 * 1024 * 1024));
 }
 
+/* cuBLAS workspace per handle: NVIDIA's recommended sizes, 32 MiB on Hopper (sm_90) and newer,
+ * 4 MiB before. */
+static size_t blas_ws_bytes(int major)
+{
+    return major >= 9 ? (size_t)32 << 20 : (size_t)4 << 20;
+}
+
 static int ctx_setup(krn_ctx_t *c)
 {
     KRN_CUDA_CHECK(cudaSetDevice(c->dev));
+    int major = 0;
+    KRN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->dev));
     KRN_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     KRN_CUBLAS_CHECK(cublasCreate(&c->blas));
     KRN_CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
+    /* The context owns the handle's workspace, so GEMMs never allocate behind our back (and a
+     * later CUDA graph capture sees fixed memory). Set after cublasSetStream, which resets the
+     * workspace to the library's default pool. */
+    c->blas_ws_bytes = blas_ws_bytes(major);
+    KRN_CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes));
+    KRN_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes));
     /* F16/BF16 inputs with F32 accumulation and output; tensor cores as the library sees fit. */
     KRN_CUBLAS_CHECK(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
     return 0;
@@ -66,13 +81,15 @@ void krn_ctx_free(krn_ctx_t *c)
 {
     if (c == NULL)
         return;
-    cudaSetDevice(c->dev);
+    KRN_CUDA_WARN(cudaSetDevice(c->dev));
     if (c->stream != NULL)
-        cudaStreamSynchronize(c->stream);
+        KRN_CUDA_WARN(cudaStreamSynchronize(c->stream));
     if (c->blas != NULL)
-        cublasDestroy(c->blas);
+        KRN_CUBLAS_WARN(cublasDestroy(c->blas));
+    if (c->blas_ws != NULL)
+        KRN_CUDA_WARN(cudaFree(c->blas_ws));
     if (c->stream != NULL)
-        cudaStreamDestroy(c->stream);
+        KRN_CUDA_WARN(cudaStreamDestroy(c->stream));
     free(c);
 }
 
@@ -100,8 +117,8 @@ void krn_dev_free(krn_ctx_t *c, void *p)
 {
     if (p == NULL)
         return;
-    cudaSetDevice(c->dev);
-    cudaFree(p);
+    KRN_CUDA_WARN(cudaSetDevice(c->dev));
+    KRN_CUDA_WARN(cudaFree(p));
 }
 
 int krn_copy_h2d(krn_ctx_t *c, void *dst, const void *src, size_t n)
@@ -168,6 +185,21 @@ int krn_blocks_from_host(krn_ctx_t *c, const krn_kv_t *kv, const int32_t *ids, i
     return blocks_xfer(c, kv, ids, n, (void *)host, false);
 }
 
+/*
+ * The GEMM in cuBLAS's column-major terms. A row-major array A[r][c] is, read column-major, the
+ * c x r matrix A^T with leading dimension c. So:
+ *
+ *   w  row-major [N][K] (weights [n_out][n_in])  = column-major K x N  = W^T,  ld K
+ *   x  row-major [M][K] (activations)            = column-major K x M  = X^T,  ld K
+ *   y  row-major [M][N] (output), wanted y = X.W^T, column-major N x M = Y^T = (X.W^T)^T
+ *                                                                       = W.X^T,  ld N
+ *
+ * cublasGemmEx computes C (m x n) = op(A) (m x k) . op(B) (k x n). With A = the w buffer
+ * (K x N), op(A) = A^T = W is N x K; with B = the x buffer (K x M), op(B) = B = X^T is K x M;
+ * so C = W.X^T = Y^T, which is N x M column-major, ld N: exactly y row-major [M][N]. Hence
+ * transa = T, transb = N, m = N, n = M, k = K, lda = K, ldb = K, ldc = N. beta = 1 adds to y
+ * (the residual stream), beta = 0 overwrites it.
+ */
 int krn_gemm(krn_ctx_t *c, const krn_gemm_args_t *a)
 {
     if (a->M < 0 || a->N <= 0 || a->K <= 0 || (a->dtype != KRN_F16 && a->dtype != KRN_BF16))

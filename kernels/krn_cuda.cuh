@@ -7,6 +7,8 @@
  * enclosing function return PC_ERR_INTERNAL. A kernel launch is followed by
  * KRN_CUDA_CHECK(cudaGetLastError()) (launch configuration errors); faults inside a kernel
  * surface at the next synchronizing call (krn_ctx_sync), which is checked the same way.
+ * KRN_CUDA_WARN / KRN_CUBLAS_WARN log the same way for calls on release paths that cannot
+ * return an error.
  */
 #ifndef KRN_CUDA_CUH
 #define KRN_CUDA_CUH
@@ -24,6 +26,8 @@ struct krn_ctx {
     int dev;
     cudaStream_t stream;
     cublasHandle_t blas;
+    void *blas_ws; /* the handle's workspace (cublasSetWorkspace), owned by the context */
+    size_t blas_ws_bytes;
 };
 
 #define KRN_CUDA_CHECK(call)                                                                       \
@@ -44,6 +48,23 @@ struct krn_ctx {
                     cublasGetStatusString(krn_s_));                                                \
             return PC_ERR_INTERNAL;                                                                \
         }                                                                                          \
+    } while (0)
+
+/* For calls whose failure cannot be returned (release paths): logged the same way. */
+#define KRN_CUDA_WARN(call)                                                                        \
+    do {                                                                                           \
+        cudaError_t krn_e_ = (call);                                                               \
+        if (krn_e_ != cudaSuccess)                                                                 \
+            fprintf(stderr, "kernels: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,                 \
+                    cudaGetErrorString(krn_e_));                                                   \
+    } while (0)
+
+#define KRN_CUBLAS_WARN(call)                                                                      \
+    do {                                                                                           \
+        cublasStatus_t krn_s_ = (call);                                                            \
+        if (krn_s_ != CUBLAS_STATUS_SUCCESS)                                                       \
+            fprintf(stderr, "kernels: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,                 \
+                    cublasGetStatusString(krn_s_));                                                \
     } while (0)
 
 /* Makes the context's device current (a no-op when it already is). */

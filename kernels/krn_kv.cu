@@ -5,9 +5,9 @@
  * Launch geometry:
  *   kv_write     grid (n_rows, n_head_kv), head_dim threads (at most 256, one per dimension):
  *                thread d stores K[d][slot] and V[slot][d] of its (row, head)
- *   block_copy   grid (n, n_layer * n_head_kv), 256 threads striding over the (block, layer,
- *                head) slice; element e of the slice is copied only when its slot is below the
- *                pair's n_tokens
+ *   block_copy   grid (n, min(n_layer * n_head_kv, 65535)), 256 threads striding over the
+ *                (block, layer, head) slices (a CTA takes slices y, y + gridDim.y, ...); element
+ *                e of a slice is copied only when its slot is below the pair's n_tokens
  */
 #include "krn_cuda.cuh"
 
@@ -69,22 +69,24 @@ __global__ void block_copy_kernel(E *base,                 // the pool, as eleme
                                   const int32_t *src,      // [n]
                                   const int32_t *dst,      // [n]
                                   const int32_t *n_tokens, // [n] or NULL
-                                  int32_t n_blocks, int32_t head_dim, int32_t bt)
+                                  int32_t n_blocks, int32_t n_lh, int32_t head_dim, int32_t bt)
 {
     int32_t i = blockIdx.x;
-    int32_t lh = blockIdx.y; /* layer * n_head_kv + head */
     int32_t s = src[i], d = dst[i];
     if (s < 0 || s >= n_blocks || d < 0 || d >= n_blocks)
         return;
     int32_t n = n_tokens != NULL ? n_tokens[i] : bt;
-    int64_t slice = (int64_t)2 * head_dim * bt, per_block = (int64_t)gridDim.y * slice;
-    const E *sp = base + (int64_t)s * per_block + (int64_t)lh * slice;
-    E *dp = base + (int64_t)d * per_block + (int64_t)lh * slice;
+    int64_t slice = (int64_t)2 * head_dim * bt, per_block = (int64_t)n_lh * slice;
     int64_t k_elems = (int64_t)head_dim * bt;
-    for (int64_t e = threadIdx.x; e < slice; e += blockDim.x) {
-        int32_t slot = e < k_elems ? (int32_t)(e % bt) : (int32_t)((e - k_elems) / head_dim);
-        if (slot < n)
-            dp[e] = sp[e];
+    /* gridDim.y is capped at 65535: a CTA strides over the (layer, head) slices. */
+    for (int32_t lh = blockIdx.y; lh < n_lh; lh += gridDim.y) { /* layer * n_head_kv + head */
+        const E *sp = base + (int64_t)s * per_block + (int64_t)lh * slice;
+        E *dp = base + (int64_t)d * per_block + (int64_t)lh * slice;
+        for (int64_t e = threadIdx.x; e < slice; e += blockDim.x) {
+            int32_t slot = e < k_elems ? (int32_t)(e % bt) : (int32_t)((e - k_elems) / head_dim);
+            if (slot < n)
+                dp[e] = sp[e];
+        }
     }
 }
 
@@ -92,20 +94,22 @@ int krn_block_copy(krn_ctx_t *c, const krn_block_copy_args_t *a)
 {
     const krn_kv_t *kv = &a->kv;
     if (a->n < 0 || kv->n_layer <= 0 || kv->n_head_kv <= 0 ||
-        (int64_t)kv->n_layer * kv->n_head_kv > 65535 || kv->head_dim <= 0 || kv->block_tokens <= 0)
+        (int64_t)kv->n_layer * kv->n_head_kv > INT32_MAX || kv->head_dim <= 0 ||
+        kv->block_tokens <= 0)
         return PC_ERR_INVAL;
     if (a->n == 0)
         return 0;
     KRN_ENTER(c);
-    dim3 grid((unsigned)a->n, (unsigned)(kv->n_layer * kv->n_head_kv));
+    int32_t n_lh = kv->n_layer * kv->n_head_kv;
+    dim3 grid((unsigned)a->n, (unsigned)(n_lh < 65535 ? n_lh : 65535));
     if (kv->dtype == KRN_F16)
-        block_copy_kernel<uint16_t><<<grid, 256, 0, c->stream>>>((uint16_t *)kv->base, a->src,
-                                                                 a->dst, a->n_tokens, kv->n_blocks,
-                                                                 kv->head_dim, kv->block_tokens);
+        block_copy_kernel<uint16_t>
+            <<<grid, 256, 0, c->stream>>>((uint16_t *)kv->base, a->src, a->dst, a->n_tokens,
+                                          kv->n_blocks, n_lh, kv->head_dim, kv->block_tokens);
     else if (kv->dtype == KRN_F32)
-        block_copy_kernel<uint32_t><<<grid, 256, 0, c->stream>>>((uint32_t *)kv->base, a->src,
-                                                                 a->dst, a->n_tokens, kv->n_blocks,
-                                                                 kv->head_dim, kv->block_tokens);
+        block_copy_kernel<uint32_t>
+            <<<grid, 256, 0, c->stream>>>((uint32_t *)kv->base, a->src, a->dst, a->n_tokens,
+                                          kv->n_blocks, n_lh, kv->head_dim, kv->block_tokens);
     else
         return PC_ERR_INVAL;
     KRN_CUDA_CHECK(cudaGetLastError());

@@ -12,20 +12,9 @@
 #include <float.h>
 
 #include "krn_cuda.cuh"
+#include "krn_hostdev.h"
 
 #define SAMPLE_THREADS 1024
-
-__device__ __forceinline__ uint64_t sample_key(float x, int32_t id)
-{
-    uint32_t u = __float_as_uint(x);
-    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((uint64_t)u << 32) | (uint64_t)(0xffffffffu - (uint32_t)id);
-}
-
-__device__ __forceinline__ float clamp_max(float x)
-{
-    return x > FLT_MAX ? FLT_MAX : x;
-}
 
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_kernel(const float *logits,          // [n_rows][n_vocab]
@@ -50,16 +39,16 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     for (int32_t i = tid; i < n_vocab; i += SAMPLE_THREADS) {
         float v = x[i];
         if (v > -INFINITY) {
-            unsigned long long k = sample_key(v, i);
+            unsigned long long k = krn_sample_key(v, i);
             best = k > best ? k : best;
-            maxv = fmaxf(maxv, clamp_max(v));
+            maxv = fmaxf(maxv, krn_sample_clamp(v));
         }
     }
     best = krn_block_reduce(best, krn_op_max(), sh_u);
     maxv = krn_block_reduce(maxv, krn_op_max(), sh_f);
     if (best == 0 || p.temperature == 0.0f || p.top_k == 1) {
         if (tid == 0)
-            token[r] = best == 0 ? -1 : (int32_t)(0xffffffffu - (uint32_t)(best & 0xffffffffu));
+            token[r] = best == 0 ? -1 : krn_sample_key_id(best);
         return;
     }
 
@@ -68,7 +57,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         p.min_p > 0.0f ? mx + (double)p.temperature * log((double)p.min_p) : -INFINITY;
     long long n_cand = 0;
     for (int32_t i = tid; i < n_vocab; i += SAMPLE_THREADS) {
-        float v = x[i], vc = clamp_max(v);
+        float v = x[i], vc = krn_sample_clamp(v);
         if (v > -INFINITY && (double)vc >= thr) {
             w[i] = exp(((double)vc - mx) * inv_t);
             n_cand++;
@@ -84,7 +73,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
             unsigned long long c = lo | (1ull << b);
             long long cnt = 0;
             for (int32_t i = tid; i < n_vocab; i += SAMPLE_THREADS)
-                cnt += w[i] >= 0.0 && sample_key(clamp_max(x[i]), i) >= c;
+                cnt += w[i] >= 0.0 && krn_sample_key(krn_sample_clamp(x[i]), i) >= c;
             cnt = krn_block_reduce(cnt, krn_op_add(), sh_i);
             if (cnt >= p.top_k)
                 lo = c;
@@ -93,7 +82,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     if (p.top_p < 1.0f) {
         double mass = 0;
         for (int32_t i = tid; i < n_vocab; i += SAMPLE_THREADS)
-            if (w[i] >= 0.0 && sample_key(clamp_max(x[i]), i) >= lo)
+            if (w[i] >= 0.0 && krn_sample_key(krn_sample_clamp(x[i]), i) >= lo)
                 mass += w[i];
         mass = krn_block_reduce(mass, krn_op_add(), sh_d);
         const double want = (double)p.top_p * mass;
@@ -102,7 +91,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
             unsigned long long c = v | (1ull << b), cc = c > lo ? c : lo;
             double ms = 0;
             for (int32_t i = tid; i < n_vocab; i += SAMPLE_THREADS)
-                if (w[i] >= 0.0 && sample_key(clamp_max(x[i]), i) >= cc)
+                if (w[i] >= 0.0 && krn_sample_key(krn_sample_clamp(x[i]), i) >= cc)
                     ms += w[i];
             ms = krn_block_reduce(ms, krn_op_add(), sh_d);
             if (ms >= want)
@@ -118,13 +107,13 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     double local = 0, total_part = 0;
     int32_t last_local = -1;
     for (int32_t i = i0; i < i1; i++) {
-        if (w[i] > 0.0 && sample_key(clamp_max(x[i]), i) >= lo) {
+        if (w[i] > 0.0 && krn_sample_key(krn_sample_clamp(x[i]), i) >= lo) {
             local += w[i];
             last_local = i;
         }
     }
     for (int32_t i = tid; i < n_vocab; i += SAMPLE_THREADS)
-        if (w[i] > 0.0 && sample_key(clamp_max(x[i]), i) >= lo)
+        if (w[i] > 0.0 && krn_sample_key(krn_sample_clamp(x[i]), i) >= lo)
             total_part += w[i];
     const double total = krn_block_reduce(total_part, krn_op_add(), sh_d);
     long long last_all = krn_block_reduce((long long)last_local, krn_op_max(), sh_i);
@@ -143,7 +132,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         double cum = before;
         int32_t pick = last_local;
         for (int32_t i = i0; i < i1; i++) {
-            if (w[i] > 0.0 && sample_key(clamp_max(x[i]), i) >= lo) {
+            if (w[i] > 0.0 && krn_sample_key(krn_sample_clamp(x[i]), i) >= lo) {
                 cum += w[i];
                 if (target < cum) {
                     pick = i;

@@ -14,14 +14,20 @@
  *               h = rmsnorm(x) * ffn_norm; x += (silu(h.Wg^T) * h.Wu^T).Wd^T
  *   logits = (rmsnorm(x) * output_norm).Wout^T for the rows asked for, copied to the host
  *
- * Weights live on the device as F16 (F16 tensors as stored, F32 ones converted), or BF16 for
- * a matrix with a value outside the F16 range; activations are converted to the weight's type
- * before each GEMM, which accumulates in F32. So logits match the CPU backend to about 1e-2
- * relative (F16 rounding of activations), not bit for bit.
+ * Weights live on the device as F16 (F16 tensors as stored; F32, BF16 and Q8_0 ones, which the
+ * model widened to F32, converted), or BF16 for a matrix with a value outside the F16 range;
+ * activations are converted to the weight's type before each GEMM, which accumulates in F32. So
+ * logits match the CPU backend to about 1e-2 relative (F16 rounding of activations), not bit
+ * for bit.
  *
  * KV: a device pool mirrors the engine's host pool block for block (same ids, same layout); the
  * engine keeps doing the accounting on the host pool, and its hooks forward copy-on-write copies
- * and poisoning here. The host pool's memory is not used by this backend.
+ * and poisoning here. The host pool's memory is not used by this backend: the engine creates it
+ * without storage (kvpool.h no_storage), so no host copy of the KV budget exists.
+ *
+ * Sampling: forward_sample keeps the logits on the device and runs krn_sample over them (the
+ * engine's exact rules, the request's PRNG draw passed in), so only token ids cross to the
+ * host; forward copies the logits for host sampling.
  *
  * All device scratch is sized at init for max_tokens rows; per-step lists (block tables,
  * attention tasks) grow on demand. A failed CUDA call makes the step return PC_ERR_INTERNAL.
@@ -37,8 +43,12 @@
 #include "pc_alloc.h"
 #include "pc_assert.h"
 #include "pc_err.h"
+#include "sampling.h"
 
 #define CUDA_SPLIT_KV_DEFAULT 512
+/* Rows sampled per krn_sample launch: its scratch is [rows][n_vocab] doubles, so the chunk
+ * bounds that memory (64 x 152k vocab = 78 MB) whatever the batch. */
+#define CUDA_SAMPLE_CHUNK 64
 
 typedef struct cw {
     void *d; /* [n_out][n_in] of dt */
@@ -82,6 +92,13 @@ typedef struct cuda_be {
     size_t pseqs_cap;
     float *d_part_o, *d_part_ml;
     size_t part_o_cap, part_ml_cap;
+    /* Device sampling (forward_sample), grown on first use. */
+    krn_sample_row_t *srows, *d_srows; /* [rows] */
+    size_t srows_cap, d_srows_cap;
+    int32_t *d_stok; /* [rows] */
+    size_t d_stok_cap;
+    double *d_swork; /* [CUDA_SAMPLE_CHUNK][n_vocab] */
+    size_t d_swork_cap;
 } cuda_be_t;
 
 static const char *cuda_name(const eng_backend_t *be)
@@ -122,6 +139,9 @@ static void cuda_free(eng_backend_t *be)
         krn_dev_free(c->ctx, c->d_merges);
         krn_dev_free(c->ctx, c->d_part_o);
         krn_dev_free(c->ctx, c->d_part_ml);
+        krn_dev_free(c->ctx, c->d_srows);
+        krn_dev_free(c->ctx, c->d_stok);
+        krn_dev_free(c->ctx, c->d_swork);
         krn_ctx_free(c->ctx);
     }
     pc_free(c->allocs);
@@ -134,6 +154,7 @@ static void cuda_free(eng_backend_t *be)
     pc_free(c->tasks);
     pc_free(c->merges);
     pc_free(c->pseqs);
+    pc_free(c->srows);
     pc_free(c);
 }
 
@@ -227,6 +248,9 @@ static int upload_weight(cuda_be_t *c, const eng_weight_t *w, cw_t *out)
     if (w->type != ENG_GGML_TYPE_F32)
         return PC_ERR_UNSUPPORTED;
     const float *f = w->data;
+    /* F16 wherever the values fit, BF16 tensors included: a BF16 value in F16's normal range is
+     * exact in F16, and an F16 GEMM also takes its activations in F16 (11 significant bits
+     * against BF16's 8), so logits stay closer to the CPU backend's. */
     float amax = 0;
     for (size_t i = 0; i < n; i++)
         amax = fabsf(f[i]) > amax ? fabsf(f[i]) : amax;
@@ -339,7 +363,47 @@ static int grow_dev(cuda_be_t *c, void **p, size_t *cap, size_t n, size_t elem)
     return 0;
 }
 
-static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, float *logits)
+/* Samples the n logits rows of the step in c->logits under rows[n] on the device; tokens[n]
+ * (host) receives the picks after the step's final synchronization. */
+static int sample_rows(cuda_be_t *c, const eng_sample_row_t *rows, int32_t n, int32_t *tokens)
+{
+    int32_t V = (int32_t)c->model->hp.n_vocab;
+    int32_t chunk = n < CUDA_SAMPLE_CHUNK ? n : CUDA_SAMPLE_CHUNK;
+    int rc;
+    if ((rc = grow_host((void **)&c->srows, &c->srows_cap, (size_t)n, sizeof *c->srows)) != 0 ||
+        (rc = grow_dev(c, (void **)&c->d_srows, &c->d_srows_cap, (size_t)n,
+                       sizeof(krn_sample_row_t))) != 0 ||
+        (rc = grow_dev(c, (void **)&c->d_stok, &c->d_stok_cap, (size_t)n, sizeof(int32_t))) != 0 ||
+        (rc = grow_dev(c, (void **)&c->d_swork, &c->d_swork_cap, (size_t)chunk * V,
+                       sizeof(double))) != 0)
+        return rc;
+    for (int32_t i = 0; i < n; i++)
+        c->srows[i] = (krn_sample_row_t){
+            .temperature = rows[i].temperature,
+            .top_k = rows[i].top_k > INT32_MAX ? INT32_MAX : (int32_t)rows[i].top_k,
+            .top_p = rows[i].top_p,
+            .min_p = rows[i].min_p,
+            .u = rows[i].u};
+    if ((rc = krn_copy_h2d(c->ctx, c->d_srows, c->srows, (size_t)n * sizeof *c->srows)) != 0)
+        return rc;
+    /* Chunks reuse the scratch: launches on one stream run in order. */
+    for (int32_t r0 = 0; r0 < n; r0 += chunk) {
+        krn_sample_args_t sa = {.logits = c->logits + (size_t)r0 * V,
+                                .row = c->d_srows + r0,
+                                .token = c->d_stok + r0,
+                                .work = c->d_swork,
+                                .n_rows = n - r0 < chunk ? n - r0 : chunk,
+                                .n_vocab = V};
+        if ((rc = krn_sample(c->ctx, &sa)) != 0)
+            return rc;
+    }
+    return krn_copy_d2h(c->ctx, tokens, c->d_stok, (size_t)n * sizeof(int32_t));
+}
+
+/* One forward step. The logits rows go to the host (logits), or are sampled on the device
+ * under srows with only the tokens coming back (tokens; logits NULL). */
+static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, float *logits,
+                     const eng_sample_row_t *srows, int32_t *tokens)
 {
     const eng_model_t *model = c->model;
     const eng_hparams_t *hp = &model->hp;
@@ -513,7 +577,7 @@ static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, f
             return rc;
     }
     if (n_logits > 0) {
-        PC_ASSERT(logits != NULL);
+        PC_ASSERT(logits != NULL || (srows != NULL && tokens != NULL));
         for (int32_t i = 0; i < n_logits; i++)
             if ((rc = krn_copy_d2d(c->ctx, c->q + (size_t)i * D,
                                    c->x + (size_t)c->logit_rows[i] * D, (size_t)D * 4)) != 0)
@@ -525,8 +589,13 @@ static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, f
                                  .width = D,
                                  .eps = hp->rms_eps};
         if ((rc = krn_rmsnorm(c->ctx, &rn)) ||
-            (rc = gemm(c, c->h, n_logits, &c->output, c->logits, false)) ||
-            (rc = krn_copy_d2h(c->ctx, logits, c->logits, (size_t)n_logits * V * 4)))
+            (rc = gemm(c, c->h, n_logits, &c->output, c->logits, false)))
+            return rc;
+        if (logits != NULL)
+            rc = krn_copy_d2h(c->ctx, logits, c->logits, (size_t)n_logits * V * 4);
+        else
+            rc = sample_rows(c, srows, n_logits, tokens);
+        if (rc != 0)
             return rc;
     }
     return krn_ctx_sync(c->ctx);
@@ -541,7 +610,21 @@ static int cuda_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_
         return PC_ERR_INVAL;
     if (c->err != 0)
         return c->err; /* a hook failed: the device pool may not match the host's */
-    int rc = cuda_step(c, seqs, n_seqs, logits);
+    int rc = cuda_step(c, seqs, n_seqs, logits, NULL, NULL);
+    return rc == PC_ERR_UNSUPPORTED ? PC_ERR_INTERNAL : rc;
+}
+
+static int cuda_forward_sample(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t *kv,
+                               const eng_fwd_seq_t *seqs, uint32_t n_seqs,
+                               const eng_sample_row_t *rows, int32_t *tokens)
+{
+    cuda_be_t *c = be->ctx;
+    if (model != c->model || kv != c->pool || n_seqs == 0 || rows == NULL || tokens == NULL ||
+        eng_kvpool_block_tokens(kv) != c->p.block_tokens)
+        return PC_ERR_INVAL;
+    if (c->err != 0)
+        return c->err;
+    int rc = cuda_step(c, seqs, n_seqs, NULL, rows, tokens);
     return rc == PC_ERR_UNSUPPORTED ? PC_ERR_INTERNAL : rc;
 }
 
@@ -552,6 +635,7 @@ static const eng_backend_i cuda_iface = {
     .buf_alloc = cuda_buf_alloc,
     .buf_free = cuda_buf_free,
     .forward = cuda_forward,
+    .forward_sample = cuda_forward_sample,
     .synchronize = cuda_synchronize,
 };
 

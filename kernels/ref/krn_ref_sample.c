@@ -3,7 +3,8 @@
  * computes it: no sort, but thresholds on a 64-bit key that orders candidates exactly as the
  * engine's sampler does (logit descending, then id ascending):
  *
- *   key(x, id) = (order-preserving bits of x) << 32 | (0xffffffff - id)
+ *   key(x, id) = (order-preserving bits of x) << 32 | (0xffffffff - id)   (krn_hostdev.h,
+ *                                                                          shared with the kernel)
  *
  * A filter that keeps a prefix of the order keeps exactly the candidates with key >= K for one
  * K, found bit by bit from the top (64 passes): top_k takes the largest K with at least k
@@ -12,18 +13,10 @@
  */
 #include <float.h>
 #include <math.h>
-#include <string.h>
 
 #include "kernels.h"
+#include "krn_hostdev.h"
 #include "pc_err.h"
-
-static uint64_t sample_key(float x, int32_t id)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((uint64_t)u << 32) | (uint64_t)(0xffffffffu - (uint32_t)id);
-}
 
 static int32_t sample_row(const float *x, int32_t n, const krn_sample_row_t *p, double *w)
 {
@@ -34,12 +27,12 @@ static int32_t sample_row(const float *x, int32_t n, const krn_sample_row_t *p, 
     for (int32_t i = 0; i < n; i++) {
         if (!(x[i] > -INFINITY))
             continue;
-        uint64_t k = sample_key(x[i], i); /* +inf above FLT_MAX: greedy's raw order */
+        uint64_t k = krn_sample_key(x[i], i); /* +inf above FLT_MAX: greedy's raw order */
         if (best_id < 0 || k > best) {
             best = k;
             best_id = i;
         }
-        float xc = x[i] > FLT_MAX ? FLT_MAX : x[i];
+        float xc = krn_sample_clamp(x[i]);
         maxv = xc > maxv ? xc : maxv;
     }
     if (best_id < 0 || greedy)
@@ -49,7 +42,7 @@ static int32_t sample_row(const float *x, int32_t n, const krn_sample_row_t *p, 
     double thr = p->min_p > 0 ? mx + (double)p->temperature * log((double)p->min_p) : -INFINITY;
     int64_t n_cand = 0;
     for (int32_t i = 0; i < n; i++) {
-        float xc = x[i] > FLT_MAX ? FLT_MAX : x[i];
+        float xc = krn_sample_clamp(x[i]);
         if (x[i] > -INFINITY && (double)xc >= thr) {
             w[i] = exp(((double)xc - mx) * inv_t);
             n_cand++;
@@ -64,7 +57,7 @@ static int32_t sample_row(const float *x, int32_t n, const krn_sample_row_t *p, 
             uint64_t c = lo | ((uint64_t)1 << b);
             int64_t cnt = 0;
             for (int32_t i = 0; i < n; i++)
-                cnt += w[i] >= 0 && sample_key(x[i] > FLT_MAX ? FLT_MAX : x[i], i) >= c;
+                cnt += w[i] >= 0 && krn_sample_key(krn_sample_clamp(x[i]), i) >= c;
             if (cnt >= p->top_k)
                 lo = c;
         }
@@ -72,7 +65,7 @@ static int32_t sample_row(const float *x, int32_t n, const krn_sample_row_t *p, 
     if (p->top_p < 1.0f) {
         double mass = 0;
         for (int32_t i = 0; i < n; i++)
-            if (w[i] >= 0 && sample_key(x[i] > FLT_MAX ? FLT_MAX : x[i], i) >= lo)
+            if (w[i] >= 0 && krn_sample_key(krn_sample_clamp(x[i]), i) >= lo)
                 mass += w[i];
         double want = (double)p->top_p * mass;
         /* The largest v with mass(key >= max(v, lo)) >= want; it is >= lo since v = lo
@@ -82,7 +75,7 @@ static int32_t sample_row(const float *x, int32_t n, const krn_sample_row_t *p, 
             uint64_t c = v | ((uint64_t)1 << b), cc = c > lo ? c : lo;
             double ms = 0;
             for (int32_t i = 0; i < n; i++)
-                if (w[i] >= 0 && sample_key(x[i] > FLT_MAX ? FLT_MAX : x[i], i) >= cc)
+                if (w[i] >= 0 && krn_sample_key(krn_sample_clamp(x[i]), i) >= cc)
                     ms += w[i];
             if (ms >= want)
                 v = c;
@@ -91,7 +84,7 @@ static int32_t sample_row(const float *x, int32_t n, const krn_sample_row_t *p, 
     }
     double total = 0;
     for (int32_t i = 0; i < n; i++) {
-        if (w[i] >= 0 && sample_key(x[i] > FLT_MAX ? FLT_MAX : x[i], i) < lo)
+        if (w[i] >= 0 && krn_sample_key(krn_sample_clamp(x[i]), i) < lo)
             w[i] = -1.0; /* filtered out */
         if (w[i] > 0)
             total += w[i];

@@ -7,6 +7,8 @@
  * K and V, so a block shared by mistake, a missed copy-on-write or a copy of the wrong length
  * shows up as a wrong stamp.
  */
+#include <stdlib.h>
+
 #include "kvpool.h"
 #include "pc_alloc.h"
 #include "pc_err.h"
@@ -307,6 +309,101 @@ PC_TEST(budget_in_bytes_and_bad_params)
     p.block_tokens = 0;
     ASSERT_EQ(eng_kvpool_init(&p, 8, 4, 64, &pool), PC_ERR_INVAL);
     eng_kvpool_free(NULL);
+}
+
+/* An allocator that refuses any single allocation above 1 MiB. */
+static void *capped_malloc(size_t n)
+{
+    return n > (1u << 20) ? NULL : malloc(n);
+}
+static void *capped_calloc(size_t c, size_t n)
+{
+    return n != 0 && c > (1u << 20) / n ? NULL : calloc(c, n);
+}
+static void *capped_realloc(void *p, size_t n)
+{
+    return n > (1u << 20) ? NULL : realloc(p, n);
+}
+
+typedef struct hook_log {
+    uint32_t n_alloc, n_copy, last_dst, last_src, last_n;
+} hook_log_t;
+static void log_alloc(void *ud, uint32_t block)
+{
+    ((hook_log_t *)ud)->n_alloc++;
+    (void)block;
+}
+static void log_copy(void *ud, uint32_t dst, uint32_t src, uint32_t n_tokens)
+{
+    hook_log_t *l = ud;
+    l->n_copy++;
+    l->last_dst = dst;
+    l->last_src = src;
+    l->last_n = n_tokens;
+}
+
+/* A no_storage pool (the cuda backend's: KV lives on the device) allocates no host memory for
+ * its blocks, yet does the same accounting and copy-on-write, with copies and allocations
+ * reaching only the hooks. */
+PC_TEST(no_storage_pool_accounts_without_host_memory)
+{
+    eng_kvpool_params_t p = eng_kvpool_params_default();
+    p.dtype = ENG_KV_F32;
+    p.max_tokens = 16 * 4096; /* 4096 blocks of 2 KiB: 8 MiB of storage */
+    p.poison = true;
+    eng_kvpool_t *pool;
+    pc_allocator_t capped = {capped_malloc, capped_calloc, capped_realloc, free};
+    pc_allocator_t prev = pc_set_allocator(&capped);
+    int rc_storage = eng_kvpool_init(&p, N_LAYER, N_HEAD, HEAD_DIM, &pool);
+    p.no_storage = true;
+    int rc = eng_kvpool_init(&p, N_LAYER, N_HEAD, HEAD_DIM, &pool);
+    pc_set_allocator(&prev);
+    ASSERT_EQ(rc_storage, PC_ERR_NOMEM); /* the host copy is what a GPU worker must not hold */
+    ASSERT_EQ(rc, 0);
+    ASSERT_TRUE(!eng_kvpool_has_storage(pool));
+    ASSERT_EQ(eng_kvpool_n_blocks(pool), 4096);
+    ASSERT_EQ(eng_kvpool_block_bytes(pool), 2048);
+    ASSERT_TRUE(eng_kvpool_kv(pool, 0, 0, 0) == NULL);
+    hook_log_t log = {0};
+    eng_kvpool_hooks_t hooks = {.on_alloc = log_alloc, .on_copy = log_copy, .ud = &log};
+    eng_kvpool_set_hooks(pool, &hooks);
+    /* The copy-on-write scenario of copy_on_write_partial_block, accounting only. */
+    eng_kvseq_t a, b;
+    eng_kvseq_init(&a);
+    eng_kvseq_init(&b);
+    ASSERT_EQ(eng_kvseq_reserve(&a, pool, 20), 0);
+    a.n_tokens = 20;
+    ASSERT_EQ(log.n_alloc, 2);
+    ASSERT_EQ(eng_kvseq_share(&b, pool, a.blocks, 20), 0);
+    ASSERT_EQ(eng_kvseq_reserve(&b, pool, 3), 0);
+    ASSERT_NE(b.blocks[1], a.blocks[1]);
+    ASSERT_EQ(log.n_alloc, 3);
+    ASSERT_EQ(log.n_copy, 1);
+    ASSERT_EQ(log.last_dst, b.blocks[1]);
+    ASSERT_EQ(log.last_src, a.blocks[1]);
+    ASSERT_EQ(log.last_n, 4); /* positions 16..19 of the shared block */
+    b.n_tokens = 23;
+    uint32_t refs[4096] = {0};
+    for (uint32_t i = 0; i < a.n_blocks; i++)
+        refs[a.blocks[i]]++;
+    for (uint32_t i = 0; i < b.n_blocks; i++)
+        refs[b.blocks[i]]++;
+    char err[128];
+    ASSERT_EQ(eng_kvpool_check(pool, refs, err, sizeof err), 0);
+    ASSERT_EQ(eng_kvpool_n_free(pool), 4096 - 3);
+    eng_kvpool_copy(pool, b.blocks[1], a.blocks[1], 16); /* a whole-block copy: hook only */
+    ASSERT_EQ(log.n_copy, 2);
+    eng_kvseq_close(&a, pool);
+    eng_kvseq_close(&b, pool);
+    ASSERT_EQ(eng_kvpool_n_free(pool), 4096);
+    eng_kvpool_free(pool);
+    /* The default keeps host storage (the CPU backend's). */
+    p = eng_kvpool_params_default();
+    p.max_tokens = 64;
+    ASSERT_EQ(eng_kvpool_init(&p, N_LAYER, N_HEAD, HEAD_DIM, &pool), 0);
+    ASSERT_TRUE(eng_kvpool_has_storage(pool));
+    ASSERT_TRUE(eng_kvpool_kv(pool, 3, 1, 1) != NULL);
+    eng_kvpool_free(pool);
 }
 
 PC_TEST_MAIN()

@@ -356,12 +356,16 @@ PC_TEST(block_copies_match_reference)
 {
     NEED_GPU();
     kt_rng_t r = {24};
-    for (int dt = 0; dt < 2; dt++) {
+    /* The second shape has more (layer, head) slices than gridDim.y takes (65535). */
+    const int32_t shapes[][4] = {{3, 2, 24, 16}, {300, 256, 2, 2}};
+    for (int si = 0; si < 4; si++) {
+        int dt = si % 2;
+        const int32_t *sh = shapes[si / 2];
         krn_kv_t kv = {.n_blocks = 20,
-                       .n_layer = 3,
-                       .n_head_kv = 2,
-                       .head_dim = 24,
-                       .block_tokens = 16,
+                       .n_layer = sh[0],
+                       .n_head_kv = sh[1],
+                       .head_dim = sh[2],
+                       .block_tokens = sh[3],
                        .dtype = dt ? KRN_F16 : KRN_F32};
         size_t bb = krn_kv_block_bytes(&kv), bytes = bb * 20;
         uint8_t *h = malloc(bytes), *back = malloc(bytes);
@@ -374,7 +378,7 @@ PC_TEST(block_copies_match_reference)
         for (int i = 0; i < 6; i++) {
             src[i] = i;
             dst[i] = 10 + i;
-            nt[i] = (int32_t)kt_below(&r, 17);
+            nt[i] = (int32_t)kt_below(&r, (uint32_t)kv.block_tokens + 1);
         }
         krn_block_copy_args_t c = {.kv = kv, .src = src, .dst = dst, .n_tokens = nt, .n = 6};
         ASSERT_EQ(krn_ref_block_copy(&c), 0);

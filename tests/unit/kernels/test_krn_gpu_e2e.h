@@ -2,10 +2,12 @@
  * test_krn_gpu_e2e.h — the end-to-end part of test_krn_gpu.c: the engine on the cuda backend
  * against the engine on the cpu backend over generated models (llama with Llama 3.1 RoPE
  * factors, qwen2 with q/k/v biases, qwen3 with q/k head norms; F32 and F16 weights; F16 and F32
- * KV), and prefix reuse on the GPU against a cold run.
+ * KV), prefix reuse on the GPU against a cold run, and sampling on the GPU against the host
+ * sampler.
  */
 #include "eng_testmodel.h"
 #include "mkmodel.h"
+#include "sampling.h"
 
 enum { E2E_VOCAB = 300 };
 
@@ -30,9 +32,11 @@ static void e2e_model(enum eng_arch arch, uint32_t dtype, char *path, size_t len
     }
 }
 
-static eng_t *e2e_engine(const char *path, const char *backend, enum eng_kv_dtype kvt)
+static eng_t *e2e_engine_ex(const char *path, const char *backend, enum eng_kv_dtype kvt,
+                            bool host_sampling)
 {
     eng_params_t p = eng_params_default();
+    p.host_sampling = host_sampling;
     p.model_path = path;
     p.backend = backend;
     p.kv_dtype = kvt;
@@ -44,6 +48,11 @@ static eng_t *e2e_engine(const char *path, const char *backend, enum eng_kv_dtyp
     if (eng_init(&p, &e, err, sizeof err) != 0)
         fprintf(stderr, "eng_init(%s): %s\n", backend, err);
     return e;
+}
+
+static eng_t *e2e_engine(const char *path, const char *backend, enum eng_kv_dtype kvt)
+{
+    return e2e_engine_ex(path, backend, kvt, false);
 }
 
 /* Prefill of n tokens (every row's logits), then decode steps; logits into out. */
@@ -154,4 +163,84 @@ PC_TEST(cuda_prefix_reuse_matches_cold_run)
     unlink(path);
     for (int g = 0; g < GEN; g++)
         ASSERT_EQ(warm[g], cold[g]);
+}
+
+/* Sampling on the GPU (eng_forward_sample: krn_sample over the device logits, the request's
+ * PRNG draw passed in) picks exactly what the host sampler picks from the same logits, for a
+ * batch of sequences with different rules, over a prefill and many decode steps. The same
+ * model runs twice on the cuda backend, once sampling on the host (host_sampling): both see
+ * the same logits, so their token streams must stay identical. The device engine keeps no host
+ * copy of the KV pool. */
+PC_TEST(cuda_device_sampling_matches_host_sampling)
+{
+    NEED_GPU();
+    char path[256];
+    e2e_model(ENG_ARCH_LLAMA, ENG_GGML_TYPE_F16, path, sizeof path);
+    eng_t *dev = e2e_engine_ex(path, "cuda", ENG_KV_F16, false),
+          *host = e2e_engine_ex(path, "cuda", ENG_KV_F16, true);
+    ASSERT_TRUE(dev != NULL && host != NULL);
+    ASSERT_TRUE(eng_samples_on_device(dev));
+    ASSERT_TRUE(!eng_samples_on_device(host));
+    ASSERT_TRUE(!eng_kvpool_has_storage(eng_kvpool(dev)));
+    enum { NS = 5, NP = 40, GEN = 48 };
+    const eng_sampling_params_t rules[NS] = {
+        {.temperature = 0, .top_p = 1, .seed = 1},
+        {.temperature = 1, .top_p = 1, .seed = 2},
+        {.temperature = 0.8f, .top_k = 20, .top_p = 1, .seed = 3},
+        {.temperature = 1.2f, .top_p = 0.9f, .seed = 4},
+        {.temperature = 0.7f, .top_k = 50, .top_p = 0.8f, .min_p = 0.05f, .seed = 5},
+    };
+    kt_rng_t r = {33};
+    eng_seq_t *sd[NS], *sh[NS];
+    eng_sampler_t smp_d[NS], smp_h[NS];
+    int32_t prompt[NS][NP], next_d[NS], next_h[NS];
+    eng_sample_row_t rows[NS];
+    eng_batch_item_t it_d[NS], it_h[NS];
+    uint32_t V = eng_n_vocab(dev);
+    float *logits = malloc(sizeof(float) * NS * V);
+    eng_sample_ws_t *ws;
+    ASSERT_EQ(eng_sample_ws_init(V, &ws), 0);
+    for (int s = 0; s < NS; s++) {
+        for (int i = 0; i < NP; i++)
+            prompt[s][i] = (int32_t)kt_below(&r, E2E_VOCAB);
+        ASSERT_EQ(eng_seq_create(dev, &sd[s]), 0);
+        ASSERT_EQ(eng_seq_create(host, &sh[s]), 0);
+        ASSERT_EQ(eng_sampler_init(&smp_d[s], &rules[s], NULL, 0), 0);
+        ASSERT_EQ(eng_sampler_init(&smp_h[s], &rules[s], NULL, 0), 0);
+    }
+    for (int step = 0; step <= GEN; step++) {
+        for (int s = 0; s < NS; s++) {
+            const int32_t *toks = step == 0 ? prompt[s] : &next_d[s];
+            uint32_t n = step == 0 ? NP : 1;
+            it_d[s] = (eng_batch_item_t){
+                .seq = sd[s], .tokens = toks, .n_tokens = n, .logits = ENG_LOGITS_LAST};
+            it_h[s] = (eng_batch_item_t){.seq = sh[s],
+                                         .tokens = step == 0 ? prompt[s] : &next_h[s],
+                                         .n_tokens = n,
+                                         .logits = ENG_LOGITS_LAST};
+            eng_sampler_peek(&smp_d[s], &rows[s]);
+        }
+        int32_t got[NS];
+        ASSERT_EQ(eng_forward_sample(dev, it_d, NS, rows, got), 0);
+        ASSERT_EQ(eng_forward(host, it_h, NS, logits), 0);
+        for (int s = 0; s < NS; s++) {
+            eng_sampler_advance(&smp_d[s]);
+            uint32_t want;
+            ASSERT_EQ(eng_sampler_sample(&smp_h[s], ws, logits + (size_t)s * V, V, &want), 0);
+            ASSERT_EQ(got[s], (int32_t)want);
+            next_d[s] = got[s];
+            next_h[s] = (int32_t)want;
+        }
+    }
+    char msg[256];
+    ASSERT_EQ(eng_check(dev, msg, sizeof msg), 0);
+    for (int s = 0; s < NS; s++) {
+        eng_seq_free(dev, sd[s]);
+        eng_seq_free(host, sh[s]);
+    }
+    eng_sample_ws_free(ws);
+    free(logits);
+    eng_free(dev);
+    eng_free(host);
+    unlink(path);
 }

@@ -23,6 +23,7 @@
 #include "engine.h"
 #include "cpu_kernels.h"
 #include "kernels.h"
+#include "krn_hostdev.h"
 #include "krn_softmax_merge.h"
 #include "krn_testutil.h"
 #include "kvpool.h"
@@ -233,6 +234,222 @@ PC_TEST(plan_covers_every_row_head_once)
     ASSERT_EQ(krn_attn_plan(&p, seqs, 3, NULL, &nt, NULL, &nm, &np), PC_ERR_INVAL);
     p = (krn_plan_params_t){.n_head = 8, .n_head_kv = 3, .head_dim = 64};
     ASSERT_EQ(krn_attn_plan(&p, seqs, 3, NULL, &nt, NULL, &nm, &np), PC_ERR_INVAL);
+}
+
+/* The plan's invariants over random shapes and batches: the counting pass agrees with the
+ * filling pass; every task fits the CTA that runs it (krn_attn_max_rows, the kernel's own
+ * geometry); every (row, KV head) is produced exactly once, by a direct task or a merge; an
+ * unsplit task attends over [0, its last position + 1); the splits of a merge are single-row
+ * tasks that tile [0, kv_len) in order, at most split_kv each, writing consecutive partial
+ * slots that no other unit uses, all below n_parts. */
+static void check_plan(const krn_plan_params_t *p, const krn_plan_seq_t *seqs, int32_t n_seqs,
+                       int32_t n_rows)
+{
+    int32_t nt = -1, nm = -1, np = -1;
+    ASSERT_EQ(krn_attn_plan(p, seqs, n_seqs, NULL, &nt, NULL, &nm, &np), 0);
+    krn_attn_task_t *tasks = malloc(sizeof *tasks * ((size_t)nt + 1));
+    krn_attn_merge_t *merges = malloc(sizeof *merges * ((size_t)nm + 1));
+    int32_t nt2, nm2, np2;
+    ASSERT_EQ(krn_attn_plan(p, seqs, n_seqs, tasks, &nt2, merges, &nm2, &np2), 0);
+    ASSERT_EQ(nt2, nt);
+    ASSERT_EQ(nm2, nm);
+    ASSERT_EQ(np2, np);
+    int32_t group = p->n_head / p->n_head_kv, r_max = krn_attn_max_rows(p->head_dim);
+    int32_t *cover = calloc((size_t)n_rows * p->n_head_kv, sizeof *cover);
+    uint8_t *part_used = calloc((size_t)np + 1, 1);
+    int32_t *row_seq = malloc(sizeof *row_seq * (size_t)n_rows);
+    for (int32_t s = 0; s < n_seqs; s++)
+        for (int32_t j = 0; j < seqs[s].n_tokens; j++)
+            row_seq[seqs[s].row0 + j] = s;
+    int32_t n_split_tasks = 0;
+    int32_t *task_of_part = malloc(sizeof *task_of_part * ((size_t)np + 1));
+    for (int32_t i = 0; i < np; i++)
+        task_of_part[i] = -1;
+    for (int32_t i = 0; i < nt; i++) {
+        const krn_attn_task_t *t = &tasks[i];
+        ASSERT_TRUE(t->n_rows >= 1 && t->n_rows * group <= r_max);
+        ASSERT_TRUE(t->n_rows * group * p->head_dim <= KRN_ATTN_MAX_TILE);
+        ASSERT_TRUE(t->seq >= 0 && t->seq < n_seqs && t->kv_head >= 0 && t->kv_head < p->n_head_kv);
+        const krn_plan_seq_t *sq = &seqs[t->seq];
+        ASSERT_TRUE(t->row0 >= sq->row0 && t->row0 + t->n_rows <= sq->row0 + sq->n_tokens);
+        int32_t last_pos = sq->pos0 + (t->row0 - sq->row0) + t->n_rows - 1;
+        if (t->part < 0) {
+            ASSERT_EQ(t->kv0, 0);
+            ASSERT_EQ(t->kv1, last_pos + 1);
+            for (int32_t j = 0; j < t->n_rows; j++)
+                cover[(int64_t)(t->row0 + j) * p->n_head_kv + t->kv_head]++;
+        } else {
+            n_split_tasks++;
+            ASSERT_EQ(t->n_rows, 1);
+            ASSERT_TRUE(t->kv0 >= 0 && t->kv0 < t->kv1 && t->kv1 <= last_pos + 1);
+            ASSERT_TRUE(t->kv1 - t->kv0 <= p->split_kv);
+            ASSERT_TRUE(t->part >= 0 && t->part + group <= np);
+            ASSERT_EQ(task_of_part[t->part], -1);
+            task_of_part[t->part] = i;
+        }
+    }
+    for (int32_t i = 0; i < nm; i++) {
+        const krn_attn_merge_t *m = &merges[i];
+        ASSERT_EQ(m->n_rows, 1);
+        ASSERT_TRUE(m->n_splits >= 2);
+        int32_t s = row_seq[m->row0];
+        int32_t kv_len = seqs[s].pos0 + (m->row0 - seqs[s].row0) + 1;
+        ASSERT_TRUE(kv_len > p->split_kv);
+        ASSERT_EQ(m->n_splits, (kv_len + p->split_kv - 1) / p->split_kv);
+        cover[(int64_t)m->row0 * p->n_head_kv + m->kv_head]++;
+        /* Its splits, in order: the task writing slot part0 + k * group. */
+        int32_t want_kv0 = 0;
+        for (int32_t k = 0; k < m->n_splits; k++) {
+            int32_t part = m->part0 + k * group;
+            ASSERT_TRUE(part >= 0 && part < np);
+            int32_t found = task_of_part[part];
+            ASSERT_TRUE(found >= 0);
+            const krn_attn_task_t *t = &tasks[found];
+            ASSERT_EQ(t->row0, m->row0);
+            ASSERT_EQ(t->kv_head, m->kv_head);
+            ASSERT_EQ(t->kv0, want_kv0);
+            want_kv0 = t->kv1;
+            for (int32_t g = 0; g < group; g++) {
+                ASSERT_EQ(part_used[part + g], 0);
+                part_used[part + g] = 1;
+            }
+        }
+        ASSERT_EQ(want_kv0, kv_len);
+    }
+    int32_t parts_seen = 0;
+    for (int32_t i = 0; i < np; i++)
+        parts_seen += part_used[i];
+    ASSERT_EQ(parts_seen, np);
+    ASSERT_EQ(n_split_tasks * group, np);
+    for (int64_t i = 0; i < (int64_t)n_rows * p->n_head_kv; i++)
+        ASSERT_EQ(cover[i], 1);
+    free(tasks);
+    free(merges);
+    free(cover);
+    free(part_used);
+    free(row_seq);
+    free(task_of_part);
+}
+
+PC_TEST(plan_invariants_on_random_batches)
+{
+    kt_rng_t r = {13};
+    for (int iter = 0; iter < 400; iter++) {
+        int32_t n_head_kv = 1 + (int32_t)kt_below(&r, 8);
+        int32_t group = 1 + (int32_t)kt_below(&r, iter % 4 == 0 ? 64 : 8);
+        int32_t hd = 2 * (1 + (int32_t)kt_below(&r, KRN_ATTN_MAX_HEAD_DIM / 2));
+        if (krn_attn_max_rows(hd) < group)
+            hd = 2 * (1 + (int32_t)kt_below(&r, KRN_ATTN_MAX_TILE / (2 * group)));
+        krn_plan_params_t p = {.n_head = n_head_kv * group,
+                               .n_head_kv = n_head_kv,
+                               .head_dim = hd,
+                               .split_kv = iter % 3 == 0 ? 0 : 1 + (int32_t)kt_below(&r, 600)};
+        enum { MAX_SEQS = 6 };
+        krn_plan_seq_t seqs[MAX_SEQS];
+        int32_t n_seqs = 1 + (int32_t)kt_below(&r, MAX_SEQS), row = 0;
+        for (int32_t s = 0; s < n_seqs; s++) {
+            int32_t n = kt_below(&r, 2) ? 1 : 1 + (int32_t)kt_below(&r, 300);
+            seqs[s] =
+                (krn_plan_seq_t){.row0 = row, .n_tokens = n, .pos0 = (int32_t)kt_below(&r, 5000)};
+            row += n;
+        }
+        PC_TEST_CALL(check_plan(&p, seqs, n_seqs, row));
+    }
+}
+
+PC_TEST(plan_refuses_what_the_kernel_cannot_take)
+{
+    krn_plan_seq_t one = {0, 1, 0};
+    int32_t nt, nm, np;
+    krn_plan_params_t p = {.n_head = 8, .n_head_kv = 2, .head_dim = 64, .split_kv = 0};
+    ASSERT_EQ(krn_attn_plan(&p, &one, 1, NULL, &nt, NULL, &nm, &np), 0);
+    const krn_plan_params_t bad[] = {
+        {.n_head = 8, .n_head_kv = 3, .head_dim = 64},  /* heads not a multiple of KV heads */
+        {.n_head = 8, .n_head_kv = 2, .head_dim = 63},  /* odd head_dim */
+        {.n_head = 8, .n_head_kv = 2, .head_dim = 258}, /* head_dim > 256 */
+        {.n_head = 8, .n_head_kv = 2, .head_dim = 0},
+        {.n_head = 130, .n_head_kv = 2, .head_dim = 64},      /* group 65 > KRN_ATTN_MAX_ROWS */
+        {.n_head = 64, .n_head_kv = 1, .head_dim = 256},      /* group 64 x 256 > the tile */
+        {.n_head = 1 << 30, .n_head_kv = 1, .head_dim = 256}, /* group * head_dim overflows */
+        {.n_head = 8, .n_head_kv = 2, .head_dim = 64, .split_kv = -1},
+    };
+    for (size_t i = 0; i < PC_ARRAY_LEN(bad); i++) {
+        nt = nm = np = 7;
+        ASSERT_EQ(krn_attn_plan(&bad[i], &one, 1, NULL, &nt, NULL, &nm, &np), PC_ERR_INVAL);
+        ASSERT_EQ(nt + nm + np, 0);
+    }
+    /* group 32 with head_dim 256: exactly the tile (32 x 256 = 8192), one token per task. */
+    p = (krn_plan_params_t){.n_head = 32, .n_head_kv = 1, .head_dim = 256};
+    krn_plan_seq_t three = {0, 3, 0};
+    ASSERT_EQ(krn_attn_plan(&p, &three, 1, NULL, &nt, NULL, &nm, &np), 0);
+    ASSERT_EQ(nt, 3);
+    /* Positions near INT32_MAX: the last position + 1 must fit. */
+    p = (krn_plan_params_t){.n_head = 8, .n_head_kv = 2, .head_dim = 64, .split_kv = 1 << 24};
+    krn_plan_seq_t far = {0, 2, INT32_MAX - 2};
+    ASSERT_EQ(krn_attn_plan(&p, &far, 1, NULL, &nt, NULL, &nm, &np), 0);
+    far.pos0 = INT32_MAX - 1;
+    ASSERT_EQ(krn_attn_plan(&p, &far, 1, NULL, &nt, NULL, &nm, &np), PC_ERR_INVAL);
+    /* A decode token at position INT32_MAX - 1 splits into ceil(2^31 - 1 / split) ranges whose
+     * ends never overflow: the last split ends exactly at kv_len. */
+    far = (krn_plan_seq_t){0, 1, INT32_MAX - 1};
+    ASSERT_EQ(krn_attn_plan(&p, &far, 1, NULL, &nt, NULL, &nm, &np), 0);
+    ASSERT_EQ(nm, 2);
+    ASSERT_EQ(nt, 2 * 128);
+    krn_attn_task_t *tasks = malloc(sizeof *tasks * (size_t)nt);
+    krn_attn_merge_t merges[2];
+    ASSERT_EQ(krn_attn_plan(&p, &far, 1, tasks, &nt, merges, &nm, &np), 0);
+    for (int32_t i = 0; i < nt; i++) {
+        ASSERT_TRUE(tasks[i].kv0 < tasks[i].kv1);
+        ASSERT_EQ(tasks[i].kv0, (i % 128) << 24);
+        if (i % 128 == 127)
+            ASSERT_EQ(tasks[i].kv1, INT32_MAX);
+    }
+    free(tasks);
+}
+
+/* The attention CTA's geometry for every head_dim the kernels take: the chunk is a warp's
+ * lanes at most and its K/V tiles fit 4096 elements, the row tile fits KRN_ATTN_MAX_TILE, and
+ * the dynamic shared memory (which needs the opt-in attribute above 48 KiB) stays within what
+ * sm_80 allows a CTA (163 KiB), at most 73 KiB. */
+PC_TEST(attention_geometry_fits_the_cta)
+{
+    size_t max_smem = 0;
+    for (int32_t hd = 2; hd <= KRN_ATTN_MAX_HEAD_DIM; hd += 2) {
+        int32_t c = krn_attn_chunk(hd), r = krn_attn_max_rows(hd);
+        ASSERT_TRUE(c >= 1 && c <= 32 && c * hd <= 4096);
+        ASSERT_TRUE(r >= 1 && r <= KRN_ATTN_MAX_ROWS && r * hd <= KRN_ATTN_MAX_TILE);
+        /* Every element of the R x hd tile has a register slot in some thread. */
+        ASSERT_TRUE(r * hd <= KRN_ATTN_THREADS * (KRN_ATTN_MAX_TILE / KRN_ATTN_THREADS));
+        size_t smem = krn_attn_smem_bytes(hd);
+        size_t want = 4 * ((size_t)r * hd + 2 * (size_t)c * hd + (size_t)r * c + 3 * (size_t)r) +
+                      4 * (size_t)r;
+        ASSERT_EQ(smem, want);
+        max_smem = smem > max_smem ? smem : max_smem;
+    }
+    ASSERT_EQ(krn_attn_smem_bytes(128), (size_t)74752); /* the common shape: needs the opt-in */
+    ASSERT_TRUE(krn_attn_smem_bytes(128) > 48 * 1024);
+    ASSERT_TRUE(max_smem <= 73 * 1024 && max_smem <= 163 * 1024);
+}
+
+/* The KV index helpers in int64 for pools far past 2^31 elements. */
+PC_TEST(kv_index_math_is_64_bit)
+{
+    krn_kv_t kv = {.n_blocks = INT32_MAX,
+                   .n_layer = 80,
+                   .n_head_kv = 8,
+                   .head_dim = 128,
+                   .block_tokens = 16,
+                   .dtype = KRN_F16};
+    ASSERT_EQ(krn_kv_slice_elems(&kv), (int64_t)4096);
+    ASSERT_EQ(krn_kv_block_bytes(&kv), (size_t)80 * 8 * 4096 * 2);
+    int32_t b = INT32_MAX - 1, l = 79, h = 7;
+    uint64_t want = (((uint64_t)b * 80 + 79) * 8 + 7) * 4096;
+    ASSERT_EQ((uint64_t)krn_kv_slice_offset(&kv, b, l, h), want);
+    ASSERT_TRUE(krn_kv_slice_offset(&kv, b, l, h) > (int64_t)INT32_MAX * 4096);
+    /* Slice offsets step by slices, blocks by a whole block's elements. */
+    ASSERT_EQ(krn_kv_slice_offset(&kv, 5, 0, 1) - krn_kv_slice_offset(&kv, 5, 0, 0), 4096);
+    ASSERT_EQ((size_t)(krn_kv_slice_offset(&kv, 6, 0, 0) - krn_kv_slice_offset(&kv, 5, 0, 0)) * 2,
+              krn_kv_block_bytes(&kv));
 }
 
 /* kv_write into the engine's real pool (its memory as krn_kv_t), then the engine's CPU
@@ -619,6 +836,162 @@ PC_TEST(sampler_ref_matches_engine_sampler)
     ASSERT_TRUE(checked > 3000);
 }
 
+/* The engine's candidate order: a before b when a's logit is higher, or equal (as floats:
+ * -0 == +0) with a lower id. */
+static bool engine_before(float a, int32_t ia, float b, int32_t ib)
+{
+    return a > b || (a == b && ia < ib);
+}
+
+/* The sampler's key (shared by the kernel and the reference) orders candidates exactly as the
+ * engine does, over random floats of every class and the special values. */
+PC_TEST(sample_key_orders_like_the_engine)
+{
+    kt_rng_t r = {17};
+    const float special[] = {0.0f,     -0.0f,    1.0f,   -1.0f,   FLT_MAX, -FLT_MAX,
+                             FLT_MIN,  -FLT_MIN, 1e-45f, -1e-45f, 3.0f,    3.0f,
+                             INFINITY, 0.5f,     -0.5f,  1e30f,   -1e30f,  2.0f};
+    enum { NS = PC_ARRAY_LEN(special) };
+    for (int iter = 0; iter < 200000; iter++) {
+        float a, b;
+        if (iter % 3 == 0) {
+            a = special[kt_below(&r, NS)];
+            b = special[kt_below(&r, NS)];
+        } else {
+            uint32_t ba = (uint32_t)kt_next(&r), bb = (uint32_t)kt_next(&r);
+            if (iter % 3 == 1)
+                bb = ba ^ (uint32_t)kt_below(&r, 4); /* near neighbours, sign flips */
+            memcpy(&a, &ba, sizeof a);
+            memcpy(&b, &bb, sizeof b);
+            if (!(a > -INFINITY) || !(b > -INFINITY))
+                continue; /* NaN and -inf are never candidates */
+            a = krn_sample_clamp(a);
+            b = krn_sample_clamp(b);
+        }
+        int32_t ia = (int32_t)kt_below(&r, 1u << 31), ib = (int32_t)kt_below(&r, 8);
+        if (ia == ib)
+            ib++;
+        uint64_t ka = krn_sample_key(a, ia), kb = krn_sample_key(b, ib);
+        ASSERT_TRUE(ka != 0 && kb != 0);
+        ASSERT_EQ(krn_sample_key_id(ka), ia);
+        ASSERT_EQ(ka > kb, engine_before(a, ia, b, ib));
+        ASSERT_EQ(kb > ka, engine_before(b, ib, a, ia));
+    }
+    ASSERT_TRUE(krn_sample_clamp(INFINITY) == FLT_MAX);
+    ASSERT_TRUE(krn_sample_clamp(-INFINITY) == -INFINITY);
+    ASSERT_TRUE(krn_sample_clamp(FLT_MAX) == FLT_MAX);
+    /* -0 and +0 tie: the lower id first, whichever sign it carries. */
+    ASSERT_TRUE(krn_sample_key(-0.0f, 3) > krn_sample_key(0.0f, 7));
+    ASSERT_TRUE(krn_sample_key(0.0f, 3) > krn_sample_key(-0.0f, 7));
+}
+
+/* One draw through eng_sampler_peek: the reference sampler given the peeked row picks what
+ * eng_sampler_sample picks, and eng_sampler_advance leaves the PRNG where the sample did. */
+static void check_peek_draws(const float *logits, int32_t n, const eng_sampling_params_t *sp,
+                             eng_sample_ws_t *ws, int draws)
+{
+    eng_sampler_t host, dev;
+    ASSERT_EQ(eng_sampler_init(&host, sp, NULL, 0), 0);
+    dev = host;
+    double *work = malloc(sizeof *work * (size_t)n);
+    for (int d = 0; d < draws; d++) {
+        eng_sample_row_t row;
+        eng_sampler_peek(&dev, &row);
+        eng_sample_row_t again;
+        eng_sampler_peek(&dev, &again); /* peeking consumes nothing */
+        ASSERT_MEM_EQ(&row, &again, sizeof row);
+        krn_sample_row_t kr = {.temperature = row.temperature,
+                               .top_k = (int32_t)row.top_k,
+                               .top_p = row.top_p,
+                               .min_p = row.min_p,
+                               .u = row.u};
+        int32_t got = -2;
+        krn_sample_args_t sa = {
+            .logits = logits, .row = &kr, .token = &got, .work = work, .n_rows = 1, .n_vocab = n};
+        ASSERT_EQ(krn_ref_sample(&sa), 0);
+        eng_sampler_advance(&dev);
+        uint32_t want;
+        ASSERT_EQ(eng_sampler_sample(&host, ws, logits, (uint32_t)n, &want), 0);
+        ASSERT_EQ(got, (int32_t)want);
+        ASSERT_MEM_EQ(&dev.rng, &host.rng, sizeof dev.rng);
+    }
+    free(work);
+}
+
+/* The cut logic at its edges, through the peek path a device sampler uses: top_k boundaries
+ * inside runs of tied logits (and of -0/+0 ties), top_p boundaries that fall exactly on a
+ * candidate's cumulative mass, min_p, +inf, and random mixes. */
+PC_TEST(sampler_cuts_at_ties_match_engine_through_peek)
+{
+    enum { V = 64 };
+    eng_sample_ws_t *ws;
+    ASSERT_EQ(eng_sample_ws_init(V, &ws), 0);
+    float logits[V];
+    /* Ties: four logits of 2.0 at ids 40, 9, 33, 2 (unordered), the rest lower. top_k 1..6
+     * cuts inside the run: the lowest ids go first. */
+    for (int i = 0; i < V; i++)
+        logits[i] = -1.0f - (float)(i % 7) * 0.25f;
+    logits[40] = logits[9] = logits[33] = logits[2] = 2.0f;
+    for (uint32_t k = 1; k <= 6; k++) {
+        eng_sampling_params_t sp = eng_sampling_params_default();
+        sp.top_k = k;
+        sp.seed = 100 + k;
+        PC_TEST_CALL(check_peek_draws(logits, V, &sp, ws, 200));
+    }
+    /* Signed zeros: the max is a -0/+0 tie; greedy and top_k 1 and 2 must take ids in order. */
+    for (int i = 0; i < V; i++)
+        logits[i] = -3.0f;
+    logits[5] = -0.0f;
+    logits[11] = 0.0f;
+    logits[20] = -0.0f;
+    for (int t = 0; t < 4; t++) {
+        eng_sampling_params_t sp = eng_sampling_params_default();
+        sp.temperature = t == 0 ? 0.0f : 1.0f;
+        sp.top_k = t == 0 ? 0 : (uint32_t)t;
+        sp.seed = 7 + (uint64_t)t;
+        PC_TEST_CALL(check_peek_draws(logits, V, &sp, ws, 100));
+    }
+    double work[V];
+    krn_sample_row_t greedy = {.temperature = 0, .top_p = 1};
+    int32_t got = -2;
+    krn_sample_args_t sa = {
+        .logits = logits, .row = &greedy, .token = &got, .work = work, .n_rows = 1, .n_vocab = V};
+    ASSERT_EQ(krn_ref_sample(&sa), 0);
+    ASSERT_EQ(got, 5); /* -0 at id 5 ties +0 at id 11: the lower id */
+    /* top_p on equal weights: n equal logits have mass i/n after i candidates, so top_p = i/n
+     * (as a float) sits on a boundary; both sides must keep the same prefix. */
+    for (int i = 0; i < V; i++)
+        logits[i] = i < 10 ? 1.0f : -30.0f;
+    for (int i = 1; i <= 10; i++) {
+        eng_sampling_params_t sp = eng_sampling_params_default();
+        sp.top_p = (float)i / 10.0f;
+        sp.top_k = i % 2 ? 0 : 12; /* the bucket path and the top_k path */
+        sp.seed = 1000 + (uint64_t)i;
+        PC_TEST_CALL(check_peek_draws(logits, V, &sp, ws, 200));
+    }
+    /* min_p, +inf among finite logits, and random mixes of everything. */
+    kt_rng_t r = {19};
+    for (int iter = 0; iter < 300; iter++) {
+        for (int i = 0; i < V; i++) {
+            logits[i] = kt_unif(&r) * 6.0f;
+            if (iter % 3 == 0)
+                logits[i] = (float)(int)logits[i]; /* many ties, and -0 from (int) of -0.x */
+        }
+        if (iter % 5 == 0)
+            logits[kt_below(&r, V)] = INFINITY;
+        if (iter % 7 == 0)
+            logits[kt_below(&r, V)] = NAN;
+        eng_sampling_params_t sp = eng_sampling_params_default();
+        sp.temperature = iter % 10 == 0 ? 0.0f : 0.2f + (float)kt_below(&r, 20) / 10;
+        sp.top_k = iter % 2 ? 0 : kt_below(&r, V + 4);
+        sp.top_p = iter % 3 == 1 ? 1.0f : 0.05f + 0.95f * (float)kt_below(&r, 100) / 100;
+        sp.min_p = iter % 4 == 2 ? 0.1f * (float)kt_below(&r, 10) : 0.0f;
+        sp.seed = (uint64_t)iter * 31;
+        PC_TEST_CALL(check_peek_draws(logits, V, &sp, ws, 20));
+    }
+    eng_sample_ws_free(ws);
+}
+
 /* The engine's backend choice: "cuda" on a build without CUDA, or on a machine without a
  * device, fails with a reason; "auto" picks cuda exactly when a device is usable; an unknown
  * name is refused. */
@@ -647,15 +1020,49 @@ PC_TEST(engine_backend_selection)
 #else
     bool have_gpu = false;
 #endif
+    /* The CPU backend: host KV storage, host sampling only (eng_forward_sample refused,
+     * nothing changed). */
+    p.backend = "cpu";
+    ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
+    ASSERT_TRUE(eng_kvpool_has_storage(eng_kvpool(e)));
+    ASSERT_TRUE(!eng_samples_on_device(e));
+    eng_seq_t *s;
+    ASSERT_EQ(eng_seq_create(e, &s), 0);
+    int32_t toks[5] = {1, 2, 3, 4, 5};
+    eng_batch_item_t it = {.seq = s, .tokens = toks, .n_tokens = 5, .logits = ENG_LOGITS_LAST};
+    eng_sample_row_t srow = {.temperature = 0, .top_p = 1};
+    int32_t tok = -2;
+    ASSERT_EQ(eng_forward_sample(e, &it, 1, &srow, &tok), PC_ERR_UNSUPPORTED);
+    ASSERT_EQ(tok, -2);
+    ASSERT_EQ(eng_seq_n_tokens(s), 0u);
+    float *want = malloc(sizeof(float) * eng_n_vocab(e)), *got = malloc(sizeof(float) * 100);
+    ASSERT_EQ(eng_forward(e, &it, 1, want), 0);
+    eng_seq_free(e, s);
+    eng_free(e);
+    /* auto: cuda with its KV on the device (no host copy of the pool) where a GPU is usable;
+     * else the CPU backend, whose pool got its host storage back, and computes as "cpu". */
     p.backend = "auto";
     ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
     ASSERT_STR_EQ(eng_backend_name_of(e), have_gpu ? "cuda" : "cpu");
+    ASSERT_EQ(eng_kvpool_has_storage(eng_kvpool(e)), !have_gpu);
+    ASSERT_EQ(eng_samples_on_device(e), have_gpu);
+    ASSERT_EQ(eng_seq_create(e, &s), 0);
+    it.seq = s;
+    ASSERT_EQ(eng_forward(e, &it, 1, got), 0);
+    eng_seq_free(e, s);
+    char msg[256];
+    ASSERT_EQ(eng_check(e, msg, sizeof msg), 0);
     eng_free(e);
+    if (!have_gpu)
+        ASSERT_MEM_EQ(got, want, sizeof(float) * 100);
+    free(want);
+    free(got);
     p.backend = "cuda";
     int rc = eng_init(&p, &e, err, sizeof err);
     if (have_gpu) {
         ASSERT_EQ(rc, 0);
         ASSERT_STR_EQ(eng_backend_name_of(e), "cuda");
+        ASSERT_TRUE(!eng_kvpool_has_storage(eng_kvpool(e)));
         eng_free(e);
     } else {
         ASSERT_EQ(rc, PC_ERR_UNSUPPORTED);
