@@ -316,6 +316,10 @@ int bench_worker_main(int argc, char **argv)
     bench_report_add(&r, "scheduler_steps", (double)st.n_steps, NULL);
     bench_report_add(&r, "preemptions", (double)st.n_preempted, NULL);
     bench_report_add(&r, "peak_rss_mib", (double)pc_rss_peak_bytes() / (1 << 20), NULL);
+    /* Decode steps are bound by memory bandwidth, which varies on a shared machine: the
+     * bandwidth of this moment beside the figures (after the peak RSS: its buffer is 512 MiB). */
+    bench_report_add(&r, "stream_read_gb_s", bench_stream_read_gb_s(threads, (size_t)512 << 20),
+                     "this machine now, same threads");
     bench_report_print(&r);
     ret = 0;
 done:
