@@ -10,6 +10,8 @@
  */
 #include "cpu_kernels.h"
 #include "engine.h"
+#include "model.h"
+#include "pc_pages.h"
 #include "eng_testmodel.h"
 #include "pc_err.h"
 #include "pc_test.h"
@@ -274,6 +276,52 @@ PC_TEST(f16_weights_and_kv)
     free(lg[0]), free(lg[1]), free(ref);
     unlink(p32);
     unlink(p16);
+}
+
+/* copy_weights: the matrices read whole per token live in copies equal to the file's bytes (on
+ * huge pages), the untied embedding table stays in the mapping; forward results are the same
+ * (the F16 test above and the reference tests run with copies, the default). */
+PC_TEST(weight_copies_equal_the_file)
+{
+    char path[256];
+    make_model(&cases[0], ENG_GGML_TYPE_F16, path, sizeof path); /* llama: untied head */
+    eng_model_params_t mp[2] = {eng_model_params_default(), eng_model_params_default()};
+    mp[0].copy_weights = false;
+    mp[1].copy_weights = true;
+    eng_model_t *m[2];
+    char err[256];
+    for (int i = 0; i < 2; i++)
+        ASSERT_EQ(eng_model_load(path, &mp[i], &m[i], err, sizeof err), 0);
+    bool copies = pc_pages_huge_available();
+    const eng_gguf_tensor_t *emb = eng_gguf_tensor_find(m[1]->_gguf, "token_embd.weight");
+    const eng_gguf_tensor_t *out = eng_gguf_tensor_find(m[1]->_gguf, "output.weight");
+    ASSERT_TRUE(emb != NULL && out != NULL);
+    ASSERT_TRUE(m[1]->tok_embd.data == emb->data); /* gathered by row: never copied */
+    ASSERT_EQ(m[1]->output.data == out->data, !copies);
+    ASSERT_TRUE(m[0]->output.data == eng_gguf_tensor_find(m[0]->_gguf, "output.weight")->data);
+    for (uint32_t l = 0; l < m[0]->hp.n_layer; l++) {
+        const eng_weight_t *a[] = {&m[0]->layers[l].wq,     &m[0]->layers[l].wk,
+                                   &m[0]->layers[l].wv,     &m[0]->layers[l].wo,
+                                   &m[0]->layers[l].w_gate, &m[0]->layers[l].w_up,
+                                   &m[0]->layers[l].w_down, &m[0]->output};
+        const eng_weight_t *b[] = {&m[1]->layers[l].wq,     &m[1]->layers[l].wk,
+                                   &m[1]->layers[l].wv,     &m[1]->layers[l].wo,
+                                   &m[1]->layers[l].w_gate, &m[1]->layers[l].w_up,
+                                   &m[1]->layers[l].w_down, &m[1]->output};
+        for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) {
+            ASSERT_EQ(a[i]->type, ENG_GGML_TYPE_F16);
+            ASSERT_EQ(b[i]->type, a[i]->type);
+            ASSERT_EQ(b[i]->n_in, a[i]->n_in);
+            ASSERT_EQ(b[i]->n_out, a[i]->n_out);
+            if (copies)
+                ASSERT_EQ((uintptr_t)b[i]->data % 64, 0);
+            ASSERT_MEM_EQ(a[i]->data, b[i]->data, (size_t)a[i]->n_in * a[i]->n_out * 2);
+        }
+    }
+    ASSERT_EQ(eng_model_weight_bytes(m[0]), eng_model_weight_bytes(m[1]));
+    eng_model_free(m[0]);
+    eng_model_free(m[1]);
+    unlink(path);
 }
 
 /* The BF16 GEMM (prefill on CPUs with AVX512-BF16) stays close to the reference, and a step
