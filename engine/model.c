@@ -126,13 +126,13 @@ static int load_vec(eng_model_t *m, const char *fmt, int layer, const float **ou
     return 0;
 }
 
-/* Loads one matrix. Those read whole for every token go to the huge-page copies; the embedding
- * table of an untied model is only gathered a row at a time and stays in the mapping. */
+/* Loads one matrix. A streamed one (read whole for every token) goes to the huge-page copies
+ * when the model makes them; the embedding table of an untied model is only gathered a row at a
+ * time and stays in the mapping. */
 static int load_weight(eng_model_t *m, const eng_model_params_t *p, const char *fmt, int layer,
-                       eng_weight_t *w, char *err, size_t err_len)
+                       bool streamed, eng_weight_t *w, char *err, size_t err_len)
 {
-    bool copy = m->_pages.huge &&
-                (layer >= 0 || strcmp(fmt, "token_embd.weight") != 0 || m->hp.tied_embeddings);
+    bool copy = m->_pages.huge && streamed;
     const eng_gguf_tensor_t *t = find(m, fmt, layer, err, err_len);
     if (t == NULL)
         return PC_ERR_FORMAT;
@@ -192,7 +192,8 @@ int eng_model_load(const char *path, const eng_model_params_t *p, eng_model_t **
     const eng_hparams_t *hp = &m->hp;
     pc_pages_init(&m->_pages, p->copy_weights && pc_pages_huge_available());
 
-    rc = load_weight(m, p, "token_embd.weight", -1, &m->tok_embd, err, err_len);
+    rc =
+        load_weight(m, p, "token_embd.weight", -1, hp->tied_embeddings, &m->tok_embd, err, err_len);
     if (rc != 0)
         goto fail;
     rc = load_vec(m, "output_norm.weight", -1, &m->out_norm, err, err_len);
@@ -200,7 +201,7 @@ int eng_model_load(const char *path, const eng_model_params_t *p, eng_model_t **
         goto fail;
     if (hp->tied_embeddings)
         m->output = m->tok_embd;
-    else if ((rc = load_weight(m, p, "output.weight", -1, &m->output, err, err_len)) != 0)
+    else if ((rc = load_weight(m, p, "output.weight", -1, true, &m->output, err, err_len)) != 0)
         goto fail;
 
     uint32_t n_freq = hp->rope_dim / 2;
@@ -230,14 +231,14 @@ int eng_model_load(const char *path, const eng_model_params_t *p, eng_model_t **
         eng_layer_t *L = &m->layers[il];
         int l = (int)il;
         if ((rc = load_vec(m, "blk.%d.attn_norm.weight", l, &L->attn_norm, err, err_len)) ||
-            (rc = load_weight(m, p, "blk.%d.attn_q.weight", l, &L->wq, err, err_len)) ||
-            (rc = load_weight(m, p, "blk.%d.attn_k.weight", l, &L->wk, err, err_len)) ||
-            (rc = load_weight(m, p, "blk.%d.attn_v.weight", l, &L->wv, err, err_len)) ||
-            (rc = load_weight(m, p, "blk.%d.attn_output.weight", l, &L->wo, err, err_len)) ||
+            (rc = load_weight(m, p, "blk.%d.attn_q.weight", l, true, &L->wq, err, err_len)) ||
+            (rc = load_weight(m, p, "blk.%d.attn_k.weight", l, true, &L->wk, err, err_len)) ||
+            (rc = load_weight(m, p, "blk.%d.attn_v.weight", l, true, &L->wv, err, err_len)) ||
+            (rc = load_weight(m, p, "blk.%d.attn_output.weight", l, true, &L->wo, err, err_len)) ||
             (rc = load_vec(m, "blk.%d.ffn_norm.weight", l, &L->ffn_norm, err, err_len)) ||
-            (rc = load_weight(m, p, "blk.%d.ffn_gate.weight", l, &L->w_gate, err, err_len)) ||
-            (rc = load_weight(m, p, "blk.%d.ffn_up.weight", l, &L->w_up, err, err_len)) ||
-            (rc = load_weight(m, p, "blk.%d.ffn_down.weight", l, &L->w_down, err, err_len)))
+            (rc = load_weight(m, p, "blk.%d.ffn_gate.weight", l, true, &L->w_gate, err, err_len)) ||
+            (rc = load_weight(m, p, "blk.%d.ffn_up.weight", l, true, &L->w_up, err, err_len)) ||
+            (rc = load_weight(m, p, "blk.%d.ffn_down.weight", l, true, &L->w_down, err, err_len)))
             goto fail;
         if (hp->has_qkv_bias &&
             ((rc = load_vec(m, "blk.%d.attn_q.bias", l, &L->bq, err, err_len)) ||
