@@ -39,8 +39,8 @@ static size_t round_up(size_t n, size_t to)
     return (n + to - 1) / to * to;
 }
 
-/* A fresh chunk of at least size bytes whose base is 2 MiB aligned, so huge pages can back it
- * from its first byte. */
+/* A fresh, unlinked chunk of at least size bytes whose base is 2 MiB aligned, so huge pages can
+ * back it from its first byte. */
 static pc_pages_chunk_t *chunk_new(pc_pages_t *p, size_t size)
 {
     if (size > SIZE_MAX - 2 * PC_HUGE_PAGE)
@@ -66,8 +66,7 @@ static pc_pages_chunk_t *chunk_new(pc_pages_t *p, size_t size)
     if (p->huge)
         (void)madvise(base, len, MADV_HUGEPAGE); /* a hint: refusal leaves 4 KiB pages */
 #endif
-    *c = (pc_pages_chunk_t){.next = p->_head, .base = base, .len = len};
-    p->_head = c;
+    *c = (pc_pages_chunk_t){.base = base, .len = len};
     p->bytes_mapped += len;
     return c;
 }
@@ -81,11 +80,9 @@ void *pc_pages_alloc(pc_pages_t *p, size_t size)
         pc_pages_chunk_t *n = chunk_new(p, size);
         if (n == NULL)
             return NULL;
-        if (c != NULL && size >= PC_PAGES_CHUNK && c->len - c->used >= PC_HUGE_PAGE) {
-            p->_head = c;
-            n->next = c->next;
-            c->next = n;
-        }
+        pc_pages_chunk_t **link = c != NULL && size >= PC_PAGES_CHUNK ? &c->next : &p->_head;
+        n->next = *link;
+        *link = n;
         c = n;
     }
     void *r = c->base + c->used;
