@@ -55,7 +55,7 @@ static int parse_u64(const char *s, uint64_t max, uint64_t *out)
 }
 
 typedef struct worker_main {
-    gw_worker_server_t *server;
+    lnk_worker_server_t *server;
     uv_signal_t sigint, sigterm;
 } worker_main_t;
 
@@ -63,7 +63,7 @@ static void on_signal(uv_signal_t *h, int signum)
 {
     worker_main_t *m = h->data;
     PC_LOG(PC_LOG_INFO, "worker", "%s: shutting down", signum == SIGINT ? "SIGINT" : "SIGTERM");
-    gw_worker_server_shutdown(m->server, NULL, NULL);
+    lnk_worker_server_shutdown(m->server, NULL, NULL);
     /* Closing the handles restores the default action: a second signal kills the process. */
     uv_close((uv_handle_t *)&m->sigint, NULL);
     uv_close((uv_handle_t *)&m->sigterm, NULL);
@@ -124,7 +124,7 @@ int kvgw_cmd_worker(int argc, char **argv)
         return KVGW_EXIT_USAGE;
     }
     struct sockaddr_storage sa;
-    if (gw_wconn_parse_addr(listen, &sa) != 0) {
+    if (lnk_wconn_parse_addr(listen, &sa) != 0) {
         fprintf(stderr, "kvgw worker: --listen: '%s' is not HOST:PORT with a numeric host\n",
                 listen);
         usage(stderr);
@@ -138,7 +138,7 @@ int kvgw_cmd_worker(int argc, char **argv)
     wp.engine.n_threads = (uint32_t)threads;
     wp.engine.kv_max_tokens = kv_tokens;
     wp.max_queue = (uint32_t)max_queue;
-    gw_worker_server_params_t sp = gw_worker_server_params_default();
+    lnk_worker_server_params_t sp = lnk_worker_server_params_default();
     sp.listen = listen;
     sp.node = name;
 
@@ -149,7 +149,7 @@ int kvgw_cmd_worker(int argc, char **argv)
     }
     worker_main_t m = {0};
     char err[512] = "";
-    if (gw_worker_server_init(&loop, &sp, &wp, &m.server, err, sizeof err) != 0) {
+    if (lnk_worker_server_init(&loop, &sp, &wp, &m.server, err, sizeof err) != 0) {
         fprintf(stderr, "kvgw worker: %s\n", err);
         uv_run(&loop, UV_RUN_DEFAULT); /* the partly built server closes itself */
         uv_loop_close(&loop);
@@ -160,11 +160,11 @@ int kvgw_cmd_worker(int argc, char **argv)
     m.sigint.data = m.sigterm.data = &m;
     uv_signal_start(&m.sigint, on_signal, SIGINT);
     uv_signal_start(&m.sigterm, on_signal, SIGTERM);
-    printf("listening on %s\n", gw_worker_server_address(m.server));
+    printf("listening on %s\n", lnk_worker_server_address(m.server));
     fflush(stdout);
 
     uv_run(&loop, UV_RUN_DEFAULT);
-    gw_worker_server_free(m.server);
+    lnk_worker_server_free(m.server);
     int rc = uv_loop_close(&loop);
     if (rc != 0) {
         fprintf(stderr, "kvgw worker: event loop still busy at exit: %s\n", uv_strerror(rc));

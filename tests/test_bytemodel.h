@@ -1,6 +1,6 @@
 /*
  * test_bytemodel.h — small real models with a byte-level vocabulary, for the worker tests
- * (tests/unit/engine/test_worker.c, tests/unit/gateway/test_worker_net.c) and the worker-server
+ * (tests/unit/engine/test_worker.c, tests/unit/link/test_worker_net.c) and the worker-server
  * fuzz target; header-only.
  *
  * The GGUF comes from the real generator (engine/mkmodel.c): llama, 2 layers, width 64, 4 heads,

@@ -1,11 +1,11 @@
 /*
  * fuzz_worker_server.c — libFuzzer target for the worker server's connection handling
- * (gateway/worker_server.c over gateway/wire_conn.c): whatever a hostile or buggy gateway
+ * (link/worker_server.c over link/wire_conn.c): whatever a hostile or buggy gateway
  * sends. fuzz_wire covers the codec alone; this target covers what the server does with the
  * frames the codec accepts (the handshake rules, SUBMIT/CANCEL/HEARTBEAT against a real worker,
  * frames out of place, reused ids) and with the ones it rejects.
  *
- * One server with a real worker (the gw_testmodel.h model) lives for the whole process, on a
+ * One server with a real worker (the lnk_testmodel.h model) lives for the whole process, on a
  * loop in this thread. Each input is one loopback TCP connection: byte 0 bit 0 set sends a
  * valid HELLO first (so most inputs get past the handshake), the rest of the input is written
  * as is; the connection then stays open until the server has been quiet for a few
@@ -24,7 +24,7 @@
 #include <uv.h>
 
 #include "common.h"
-#include "unit/gateway/gw_testmodel.h"
+#include "unit/link/lnk_testmodel.h"
 #include "wire.h"
 #include "wire_conn.h"
 #include "worker.h"
@@ -33,7 +33,7 @@
 typedef struct fz {
     uv_loop_t loop;
     uv_timer_t tick;
-    gw_worker_server_t *srv;
+    lnk_worker_server_t *srv;
     char model[128];
 } fz_t;
 
@@ -67,7 +67,7 @@ static void setup(void)
     pc_log_set_level(PC_LOG_OFF);
     snprintf(g->model, sizeof g->model, "/tmp/kvgw-fuzz-ws-%d.gguf", (int)getpid());
     char err[256];
-    if (gw_testmodel_write(g->model, err, sizeof err) != 0) {
+    if (lnk_testmodel_write(g->model, err, sizeof err) != 0) {
         fprintf(stderr, "fuzz_worker_server: %s\n", err);
         abort();
     }
@@ -75,7 +75,7 @@ static void setup(void)
     uv_loop_init(&g->loop);
     uv_timer_init(&g->loop, &g->tick);
     uv_timer_start(&g->tick, on_tick, 1, 1);
-    gw_worker_server_params_t sp = gw_worker_server_params_default();
+    lnk_worker_server_params_t sp = lnk_worker_server_params_default();
     sp.listen = "127.0.0.1:0";
     sp.handshake_timeout_ms = 200;
     eng_worker_params_t wp = eng_worker_params_default();
@@ -83,7 +83,7 @@ static void setup(void)
     wp.engine.n_threads = 1;
     wp.engine.kv_max_tokens = 2048;
     wp.load_interval_ms = 50;
-    if (gw_worker_server_init(&g->loop, &sp, &wp, &g->srv, err, sizeof err) != 0) {
+    if (lnk_worker_server_init(&g->loop, &sp, &wp, &g->srv, err, sizeof err) != 0) {
         fprintf(stderr, "fuzz_worker_server: %s\n", err);
         abort();
     }
@@ -181,7 +181,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         setup();
     peer_t *p = pc_xcalloc(1, sizeof *p);
     struct sockaddr_storage sa;
-    if (gw_wconn_parse_addr(gw_worker_server_address(g->srv), &sa) != 0)
+    if (lnk_wconn_parse_addr(lnk_worker_server_address(g->srv), &sa) != 0)
         abort();
     uv_tcp_init(&g->loop, &p->tcp);
     p->tcp.data = p->connect.data = p;
@@ -217,9 +217,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     check_output(&p->in);
     uv_close((uv_handle_t *)&p->tcp, on_closed);
-    gw_worker_server_stats_t st;
-    RUN(p->closed && (gw_worker_server_stats(g->srv, &st), st.conns_open == 0));
-    gw_worker_server_stats(g->srv, &st);
+    lnk_worker_server_stats_t st;
+    RUN(p->closed && (lnk_worker_server_stats(g->srv, &st), st.conns_open == 0));
+    lnk_worker_server_stats(g->srv, &st);
     if (!p->closed || st.conns_open != 0 || st.requests_live != 0) {
         fprintf(stderr, "after the connection: %u open, %llu live\n", st.conns_open,
                 (unsigned long long)st.requests_live);

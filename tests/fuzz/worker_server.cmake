@@ -1,4 +1,4 @@
-# fuzz_worker_server: bytes from a hostile gateway -> the worker server (gateway/worker_server.c)
+# fuzz_worker_server: bytes from a hostile gateway -> the worker server (link/worker_server.c)
 # over loopback TCP, with a real worker on a small generated model; the server must close the
 # connection cleanly, send only valid frames and be left with no connection and no live
 # request. Seeds in corpus/fuzz_worker_server/ (byte 0 bit 0: a valid HELLO goes first), written
@@ -7,9 +7,9 @@
 # (not linked from the libraries) so that libFuzzer's coverage instrumentation covers them.
 kvgw_add_fuzzer(NAME fuzz_worker_server
     SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_worker_server.c
-            ${PROJECT_SOURCE_DIR}/gateway/worker_server.c ${PROJECT_SOURCE_DIR}/gateway/wire_conn.c
+            ${PROJECT_SOURCE_DIR}/link/worker_server.c ${PROJECT_SOURCE_DIR}/link/wire_conn.c
             ${PROJECT_SOURCE_DIR}/engine/wire.c
     LIBS kvgw_engine kvgw_dep_uv kvgw_dep_xxhash Threads::Threads
     CORPUS ${CMAKE_CURRENT_SOURCE_DIR}/corpus/fuzz_worker_server
     SECONDS 30)
-target_include_directories(fuzz_worker_server PRIVATE ${PROJECT_SOURCE_DIR}/gateway)
+target_include_directories(fuzz_worker_server PRIVATE ${PROJECT_SOURCE_DIR}/link)

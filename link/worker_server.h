@@ -28,18 +28,18 @@
  *               ends a connection, its live requests are canceled in the worker, and events
  *               that arrive for them afterwards are dropped.
  *
- * Shutdown (gw_worker_server_shutdown, e.g. on SIGINT/SIGTERM): stop accepting, cancel every
+ * Shutdown (lnk_worker_server_shutdown, e.g. on SIGINT/SIGTERM): stop accepting, cancel every
  * live request, send the final frames (DONE canceled) for at most drain_timeout_ms, close every
  * connection after its queued bytes are written, stop the worker (eng_worker_free joins the
  * scheduler thread: the loop waits for at most the step in progress), close the server's handles;
  * on_closed runs after the last close callback, and uv_run then returns once nothing else is on
- * the loop. Only then may gw_worker_server_free run.
+ * the loop. Only then may lnk_worker_server_free run.
  *
  * Threads: every function runs on the loop's thread. The worker's thread only calls the wake
  * callback, which takes a mutex and calls uv_async_send while the async handle is open.
  */
-#ifndef GW_WORKER_SERVER_H
-#define GW_WORKER_SERVER_H
+#ifndef LNK_WORKER_SERVER_H
+#define LNK_WORKER_SERVER_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -47,7 +47,7 @@
 
 #include "worker.h"
 
-typedef struct gw_worker_server_params {
+typedef struct lnk_worker_server_params {
     const char *listen;            /* "HOST:PORT" (wire_conn.h's syntax); port 0 picks one */
     const char *node;              /* the name sent in HELLO_ACK; NULL: the host name */
     uint32_t heartbeat_ms;         /* our heartbeat interval; default 1000 */
@@ -56,41 +56,41 @@ typedef struct gw_worker_server_params {
     size_t max_queue_bytes;    /* per-connection output limit; default 64 MiB */
     uint32_t max_conns;        /* more are refused with REJECT; default 64 */
     uint32_t drain_timeout_ms; /* shutdown: wait for final frames; default 5000 */
-} gw_worker_server_params_t;
+} lnk_worker_server_params_t;
 
-gw_worker_server_params_t gw_worker_server_params_default(void);
+lnk_worker_server_params_t lnk_worker_server_params_default(void);
 
-typedef struct gw_worker_server gw_worker_server_t;
+typedef struct lnk_worker_server lnk_worker_server_t;
 
 /* Runs once, on the loop, after shutdown closed every handle of the server. */
-typedef void (*gw_worker_server_closed_fn)(gw_worker_server_t *s, void *ud);
+typedef void (*lnk_worker_server_closed_fn)(lnk_worker_server_t *s, void *ud);
 
 /* Starts the worker (wp; its wake callback is the server's, wp->wake is ignored) and listens on
  * p->listen. Returns 0, PC_ERR_INVAL (bad parameters or address), the worker's errors
  * (eng_worker_init) or PC_ERR_IO (bind/listen failed), with a one-line reason in err; on
  * failure nothing is left on the loop. */
-int gw_worker_server_init(uv_loop_t *loop, const gw_worker_server_params_t *p,
-                          const eng_worker_params_t *wp, gw_worker_server_t **out, char *err,
+int lnk_worker_server_init(uv_loop_t *loop, const lnk_worker_server_params_t *p,
+                          const eng_worker_params_t *wp, lnk_worker_server_t **out, char *err,
                           size_t err_len);
 
 /* The bound address ("127.0.0.1:40123"), the port chosen when p->listen asked for 0. Valid
- * until gw_worker_server_free. */
-const char *gw_worker_server_address(const gw_worker_server_t *s);
-uint16_t gw_worker_server_port(const gw_worker_server_t *s);
+ * until lnk_worker_server_free. */
+const char *lnk_worker_server_address(const lnk_worker_server_t *s);
+uint16_t lnk_worker_server_port(const lnk_worker_server_t *s);
 
 /* The worker, for embedders and tests (eng_worker_info, _load, _stats). Valid until shutdown
  * completes. */
-eng_worker_t *gw_worker_server_worker(gw_worker_server_t *s);
+eng_worker_t *lnk_worker_server_worker(lnk_worker_server_t *s);
 
 /* Begins the graceful shutdown described above; on_closed(s, ud) (may be NULL) runs when it
  * is complete. Calling it again does nothing. */
-void gw_worker_server_shutdown(gw_worker_server_t *s, gw_worker_server_closed_fn on_closed,
+void lnk_worker_server_shutdown(lnk_worker_server_t *s, lnk_worker_server_closed_fn on_closed,
                                void *ud);
 
 /* Releases the server's memory: only after on_closed ran. NULL is a no-op. */
-void gw_worker_server_free(gw_worker_server_t *s);
+void lnk_worker_server_free(lnk_worker_server_t *s);
 
-typedef struct gw_worker_server_stats {
+typedef struct lnk_worker_server_stats {
     uint32_t conns_open; /* connections not closed yet */
     uint64_t conns_accepted;
     uint64_t conns_rejected;     /* REJECT sent (handshake refused, too many connections) */
@@ -102,8 +102,8 @@ typedef struct gw_worker_server_stats {
     uint64_t requests_live;      /* submitted, final event not seen yet */
     uint64_t requests_orphaned;  /* canceled because their connection ended */
     uint64_t events_dropped;     /* events for requests whose connection had ended */
-} gw_worker_server_stats_t;
+} lnk_worker_server_stats_t;
 
-void gw_worker_server_stats(const gw_worker_server_t *s, gw_worker_server_stats_t *out);
+void lnk_worker_server_stats(const lnk_worker_server_t *s, lnk_worker_server_stats_t *out);
 
 #endif

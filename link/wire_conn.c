@@ -22,25 +22,25 @@
 
 typedef struct wreq {
     uv_write_t req;
-    gw_wconn_t *c;
+    lnk_wconn_t *c;
     pc_buf_t buf;
 } wreq_t;
 
-static void hard_close(gw_wconn_t *c);
+static void hard_close(lnk_wconn_t *c);
 
 PC_PRINTF(3, 4)
-static void close_fmt(gw_wconn_t *c, int err, const char *fmt, ...)
+static void close_fmt(lnk_wconn_t *c, int err, const char *fmt, ...)
 {
-    char why[GW_WCONN_REASON_MAX];
+    char why[LNK_WCONN_REASON_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    gw_wconn_close(c, err, why, false);
+    lnk_wconn_close(c, err, why, false);
 }
 
 /* The timer's period: fine enough for the shortest interval it watches. */
-static uint64_t tick_ms(const gw_wconn_t *c)
+static uint64_t tick_ms(const lnk_wconn_t *c)
 {
     uint64_t t = 1000;
     if (c->_heartbeat_ms > 0)
@@ -54,18 +54,18 @@ static uint64_t tick_ms(const gw_wconn_t *c)
 
 static void on_timer(uv_timer_t *t);
 
-static void timer_restart(gw_wconn_t *c)
+static void timer_restart(lnk_wconn_t *c)
 {
-    if (c->state >= GW_WCONN_CLOSING)
+    if (c->state >= LNK_WCONN_CLOSING)
         return;
     uint64_t ms = tick_ms(c);
     uv_timer_start(&c->timer, on_timer, ms, ms);
 }
 
-int gw_wconn_init(uv_loop_t *loop, gw_wconn_t *c, const gw_wconn_ops_t *ops, void *data,
+int lnk_wconn_init(uv_loop_t *loop, lnk_wconn_t *c, const lnk_wconn_ops_t *ops, void *data,
                   uint32_t max_frame, size_t max_queue_bytes)
 {
-    memset(c, 0, offsetof(gw_wconn_t, _rbuf));
+    memset(c, 0, offsetof(lnk_wconn_t, _rbuf));
     c->data = data;
     c->_ops = ops;
     c->_max_queue_bytes = max_queue_bytes > 0 ? max_queue_bytes : DEFAULT_QUEUE_BYTES;
@@ -82,37 +82,37 @@ int gw_wconn_init(uv_loop_t *loop, gw_wconn_t *c, const gw_wconn_ops_t *ops, voi
     c->tcp.data = c;
     c->timer.data = c;
     c->_n_open = 2;
-    c->state = GW_WCONN_IDLE;
+    c->state = LNK_WCONN_IDLE;
     return 0;
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
-    gw_wconn_t *c = h->data;
+    lnk_wconn_t *c = h->data;
     buf->base = c->_rbuf;
     buf->len = sizeof c->_rbuf;
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
-    gw_wconn_t *c = s->data;
+    lnk_wconn_t *c = s->data;
     if (n == 0)
         return;
     if (n < 0) {
         if (n == UV_EOF)
-            gw_wconn_close(c, PC_ERR_CLOSED, "peer closed the connection", false);
+            lnk_wconn_close(c, PC_ERR_CLOSED, "peer closed the connection", false);
         else
             close_fmt(c, PC_ERR_IO, "read: %s", uv_strerror((int)n));
         return;
     }
-    if (c->state != GW_WCONN_OPEN)
+    if (c->state != LNK_WCONN_OPEN)
         return;
     c->_last_rx_ms = uv_now(c->tcp.loop);
     c->bytes_in += (uint64_t)n;
     int rc = eng_wire_decoder_feed(c->_dec, buf->base, (size_t)n);
     eng_wire_frame_t f;
     c->_in_read = true;
-    while (rc == 0 && c->state == GW_WCONN_OPEN) {
+    while (rc == 0 && c->state == LNK_WCONN_OPEN) {
         rc = eng_wire_decoder_next(c->_dec, &f);
         if (rc != 1)
             break;
@@ -121,30 +121,30 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         rc = 0;
     }
     c->_in_read = false;
-    if (c->state != GW_WCONN_OPEN)
+    if (c->state != LNK_WCONN_OPEN)
         return;
     if (rc < 0) {
         const char *why = eng_wire_decoder_error(c->_dec);
         if (why[0] == '\0')
             why = pc_strerror(rc);
-        char reason[GW_WCONN_REASON_MAX];
+        char reason[LNK_WCONN_REASON_MAX];
         snprintf(reason, sizeof reason, "bad frame: %s", why);
         if (c->error_frame != 0) {
             eng_wire_frame_t e = {.type = c->error_frame};
             e.u.error.code = rc;
-            e.u.error.message = pc_slice_cstr(reason); /* < GW_WCONN_REASON_MAX */
-            gw_wconn_send(c, &e);
+            e.u.error.message = pc_slice_cstr(reason); /* < LNK_WCONN_REASON_MAX */
+            lnk_wconn_send(c, &e);
         }
-        gw_wconn_close(c, rc, reason, c->error_frame != 0);
+        lnk_wconn_close(c, rc, reason, c->error_frame != 0);
         return;
     }
-    gw_wconn_flush(c);
+    lnk_wconn_flush(c);
 }
 
-int gw_wconn_start(gw_wconn_t *c)
+int lnk_wconn_start(lnk_wconn_t *c)
 {
-    PC_ASSERT(c->state == GW_WCONN_IDLE);
-    c->state = GW_WCONN_OPEN;
+    PC_ASSERT(c->state == LNK_WCONN_IDLE);
+    c->state = LNK_WCONN_OPEN;
     uint64_t now = uv_now(c->tcp.loop);
     c->_last_rx_ms = c->_last_tx_ms = now;
     uv_tcp_nodelay(&c->tcp, 1); /* tokens are small frames that must leave at once */
@@ -158,9 +158,9 @@ int gw_wconn_start(gw_wconn_t *c)
 }
 
 /* Whether the output may grow by n bytes; otherwise the connection is closed. */
-static int queue_check(gw_wconn_t *c, size_t n)
+static int queue_check(lnk_wconn_t *c, size_t n)
 {
-    size_t queued = gw_wconn_queued_bytes(c);
+    size_t queued = lnk_wconn_queued_bytes(c);
     if (queued + n <= c->_max_queue_bytes)
         return 0;
     close_fmt(c, PC_ERR_OVERLOADED, "peer is not reading: %zu bytes queued (limit %zu)", queued + n,
@@ -168,9 +168,9 @@ static int queue_check(gw_wconn_t *c, size_t n)
     return PC_ERR_OVERLOADED;
 }
 
-int gw_wconn_send(gw_wconn_t *c, const eng_wire_frame_t *f)
+int lnk_wconn_send(lnk_wconn_t *c, const eng_wire_frame_t *f)
 {
-    if (c->state != GW_WCONN_OPEN)
+    if (c->state != LNK_WCONN_OPEN)
         return PC_ERR_CLOSED;
     size_t before = c->_out.len;
     char why[160];
@@ -181,7 +181,7 @@ int gw_wconn_send(gw_wconn_t *c, const eng_wire_frame_t *f)
         return rc;
     }
     if (rc != 0) {
-        gw_wconn_close(c, rc, "out of memory encoding a frame", false);
+        lnk_wconn_close(c, rc, "out of memory encoding a frame", false);
         return rc;
     }
     size_t n = c->_out.len - before;
@@ -193,15 +193,15 @@ int gw_wconn_send(gw_wconn_t *c, const eng_wire_frame_t *f)
     return 0;
 }
 
-int gw_wconn_send_raw(gw_wconn_t *c, const void *bytes, size_t len)
+int lnk_wconn_send_raw(lnk_wconn_t *c, const void *bytes, size_t len)
 {
-    if (c->state != GW_WCONN_OPEN)
+    if (c->state != LNK_WCONN_OPEN)
         return PC_ERR_CLOSED;
     int rc = queue_check(c, len);
     if (rc != 0)
         return rc;
     if (pc_buf_append(&c->_out, bytes, len) != 0) {
-        gw_wconn_close(c, PC_ERR_NOMEM, "out of memory queueing bytes", false);
+        lnk_wconn_close(c, PC_ERR_NOMEM, "out of memory queueing bytes", false);
         return PC_ERR_NOMEM;
     }
     return 0;
@@ -210,7 +210,7 @@ int gw_wconn_send_raw(gw_wconn_t *c, const void *bytes, size_t len)
 static void on_write(uv_write_t *req, int status)
 {
     wreq_t *w = PC_CONTAINER_OF(req, wreq_t, req);
-    gw_wconn_t *c = w->c;
+    lnk_wconn_t *c = w->c;
     c->_bytes_writing -= w->buf.len;
     pc_buf_free(&w->buf);
     pc_free(w);
@@ -218,13 +218,13 @@ static void on_write(uv_write_t *req, int status)
         close_fmt(c, PC_ERR_IO, "write: %s", uv_strerror(status));
 }
 
-int gw_wconn_flush(gw_wconn_t *c)
+int lnk_wconn_flush(lnk_wconn_t *c)
 {
-    if (c->_out.len == 0 || c->state != GW_WCONN_OPEN || c->_in_read)
+    if (c->_out.len == 0 || c->state != LNK_WCONN_OPEN || c->_in_read)
         return 0;
     wreq_t *w = pc_malloc(sizeof *w);
     if (w == NULL) {
-        gw_wconn_close(c, PC_ERR_NOMEM, "out of memory writing", false);
+        lnk_wconn_close(c, PC_ERR_NOMEM, "out of memory writing", false);
         return PC_ERR_NOMEM;
     }
     w->c = c;
@@ -244,7 +244,7 @@ int gw_wconn_flush(gw_wconn_t *c)
     return 0;
 }
 
-void gw_wconn_set_heartbeat(gw_wconn_t *c, uint32_t interval_ms, uint32_t peer_timeout_ms)
+void lnk_wconn_set_heartbeat(lnk_wconn_t *c, uint32_t interval_ms, uint32_t peer_timeout_ms)
 {
     c->_heartbeat_ms = interval_ms;
     c->_peer_timeout_ms = peer_timeout_ms;
@@ -252,7 +252,7 @@ void gw_wconn_set_heartbeat(gw_wconn_t *c, uint32_t interval_ms, uint32_t peer_t
     timer_restart(c);
 }
 
-void gw_wconn_set_deadline(gw_wconn_t *c, uint32_t ms, const char *why)
+void lnk_wconn_set_deadline(lnk_wconn_t *c, uint32_t ms, const char *why)
 {
     c->_deadline_ms = ms > 0 ? uv_now(c->tcp.loop) + ms : 0;
     c->_deadline_why = why;
@@ -261,21 +261,21 @@ void gw_wconn_set_deadline(gw_wconn_t *c, uint32_t ms, const char *why)
 
 static void on_timer(uv_timer_t *t)
 {
-    gw_wconn_t *c = t->data;
+    lnk_wconn_t *c = t->data;
     uint64_t now = uv_now(t->loop);
-    if (c->state == GW_WCONN_DRAINING) {
+    if (c->state == LNK_WCONN_DRAINING) {
         if (now >= c->_deadline_ms)
             hard_close(c);
         return;
     }
-    if (c->state != GW_WCONN_OPEN && c->state != GW_WCONN_IDLE)
+    if (c->state != LNK_WCONN_OPEN && c->state != LNK_WCONN_IDLE)
         return;
     if (c->_deadline_ms > 0 && now >= c->_deadline_ms) {
-        gw_wconn_close(c, PC_ERR_TIMEOUT, c->_deadline_why ? c->_deadline_why : "deadline passed",
+        lnk_wconn_close(c, PC_ERR_TIMEOUT, c->_deadline_why ? c->_deadline_why : "deadline passed",
                        false);
         return;
     }
-    if (c->state != GW_WCONN_OPEN)
+    if (c->state != LNK_WCONN_OPEN)
         return;
     if (c->_peer_timeout_ms > 0 && now - c->_last_rx_ms > c->_peer_timeout_ms) {
         close_fmt(c, PC_ERR_TIMEOUT, "peer silent for %llu ms (timeout %u ms)",
@@ -286,28 +286,28 @@ static void on_timer(uv_timer_t *t)
         c->_bytes_writing == 0) {
         eng_wire_frame_t f = {.type = ENG_WIRE_HEARTBEAT};
         f.u.heartbeat_ms = now;
-        if (gw_wconn_send(c, &f) == 0)
-            gw_wconn_flush(c);
+        if (lnk_wconn_send(c, &f) == 0)
+            lnk_wconn_flush(c);
     }
 }
 
 static void on_handle_closed(uv_handle_t *h)
 {
-    gw_wconn_t *c = h->data;
+    lnk_wconn_t *c = h->data;
     if (--c->_n_open > 0)
         return;
     eng_wire_decoder_free(c->_dec);
     c->_dec = NULL;
     pc_buf_free(&c->_out);
-    c->state = GW_WCONN_CLOSED;
+    c->state = LNK_WCONN_CLOSED;
     c->_ops->on_closed(c);
 }
 
-static void hard_close(gw_wconn_t *c)
+static void hard_close(lnk_wconn_t *c)
 {
-    if (c->state >= GW_WCONN_CLOSING)
+    if (c->state >= LNK_WCONN_CLOSING)
         return;
-    c->state = GW_WCONN_CLOSING;
+    c->state = LNK_WCONN_CLOSING;
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_timer_stop(&c->timer);
     uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
@@ -316,29 +316,29 @@ static void hard_close(gw_wconn_t *c)
 
 static void on_shutdown(uv_shutdown_t *req, int status)
 {
-    gw_wconn_t *c = req->handle->data;
-    if (c->state == GW_WCONN_DRAINING)
+    lnk_wconn_t *c = req->handle->data;
+    if (c->state == LNK_WCONN_DRAINING)
         hard_close(c);
 }
 
-void gw_wconn_close(gw_wconn_t *c, int err, const char *reason, bool drain)
+void lnk_wconn_close(lnk_wconn_t *c, int err, const char *reason, bool drain)
 {
-    if (c->state >= GW_WCONN_CLOSING)
+    if (c->state >= LNK_WCONN_CLOSING)
         return;
-    if (c->state == GW_WCONN_DRAINING) {
+    if (c->state == LNK_WCONN_DRAINING) {
         if (!drain)
             hard_close(c);
         return;
     }
     c->close_err = err;
     snprintf(c->close_reason, sizeof c->close_reason, "%s", reason ? reason : "");
-    if (drain && c->state == GW_WCONN_OPEN) {
+    if (drain && c->state == LNK_WCONN_OPEN) {
         c->_in_read = false; /* the last flush happens now */
-        gw_wconn_flush(c);
-        if (c->state == GW_WCONN_OPEN) {
+        lnk_wconn_flush(c);
+        if (c->state == LNK_WCONN_OPEN) {
             uv_read_stop((uv_stream_t *)&c->tcp);
             if (uv_shutdown(&c->_shutdown, (uv_stream_t *)&c->tcp, on_shutdown) == 0) {
-                c->state = GW_WCONN_DRAINING;
+                c->state = LNK_WCONN_DRAINING;
                 c->_deadline_ms = uv_now(c->tcp.loop) + DRAIN_MS;
                 timer_restart(c);
                 return;
@@ -348,7 +348,7 @@ void gw_wconn_close(gw_wconn_t *c, int err, const char *reason, bool drain)
     hard_close(c);
 }
 
-int gw_wconn_parse_addr(const char *hostport, struct sockaddr_storage *addr)
+int lnk_wconn_parse_addr(const char *hostport, struct sockaddr_storage *addr)
 {
     if (hostport == NULL)
         return PC_ERR_INVAL;
@@ -381,7 +381,7 @@ int gw_wconn_parse_addr(const char *hostport, struct sockaddr_storage *addr)
     return 0;
 }
 
-void gw_wconn_format_addr(const struct sockaddr *addr, char *buf, size_t len)
+void lnk_wconn_format_addr(const struct sockaddr *addr, char *buf, size_t len)
 {
     char ip[64] = "?";
     int port = 0;

@@ -2,12 +2,12 @@
  * worker_client.h — the gateway's side of a TCP link to `kvgw worker` (worker_server.h), on a
  * libuv loop: connect, handshake, submit, cancel, and the worker's frames through callbacks.
  *
- *   gw_worker_client_params_t p = gw_worker_client_params_default();
+ *   lnk_worker_client_params_t p = lnk_worker_client_params_default();
  *   p.address = "127.0.0.1:7070";
- *   gw_worker_client_connect(loop, &p, &cbs, ud, &c, err, sizeof err);
- *   ... cbs.on_ready: gw_worker_client_submit(c, &submit);
+ *   lnk_worker_client_connect(loop, &p, &cbs, ud, &c, err, sizeof err);
+ *   ... cbs.on_ready: lnk_worker_client_submit(c, &submit);
  *   ... cbs.on_frame: TOKEN, DONE, ERROR, KV_EVENT, LOAD, HEARTBEAT with the ids we chose
- *   ... gw_worker_client_close(c)  ->  cbs.on_close(c, 0, "", ud)
+ *   ... lnk_worker_client_close(c)  ->  cbs.on_close(c, 0, "", ud)
  *
  * The client sends HELLO as soon as TCP connects (version range, expected model, heartbeat
  * interval, max_frame) and checks the HELLO_ACK: a version in the range, role worker, the
@@ -21,11 +21,11 @@
  *
  * Lifetime: on_close runs exactly once, after every handle is closed, whatever ended the
  * connection (a failed connect, REJECT, the worker's ERROR about the connection, a bad frame,
- * a timeout, the peer closing, gw_worker_client_close); the client's memory is freed when
+ * a timeout, the peer closing, lnk_worker_client_close); the client's memory is freed when
  * on_close returns. Threads: everything on the loop's thread.
  */
-#ifndef GW_WORKER_CLIENT_H
-#define GW_WORKER_CLIENT_H
+#ifndef LNK_WORKER_CLIENT_H
+#define LNK_WORKER_CLIENT_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -33,7 +33,7 @@
 
 #include "wire.h"
 
-typedef struct gw_worker_client_params {
+typedef struct lnk_worker_client_params {
     const char *address;    /* "HOST:PORT" of the worker (numeric host or localhost) */
     const char *node;       /* our name in HELLO, for the worker's logs; NULL: "gateway" */
     const char *model_name; /* the model expected; NULL or "": any */
@@ -44,54 +44,54 @@ typedef struct gw_worker_client_params {
     uint32_t connect_timeout_ms;       /* connect + handshake; default 5000 */
     uint32_t max_frame;                /* largest payload accepted; default 64 MiB */
     size_t max_queue_bytes;            /* output limit; default 64 MiB */
-} gw_worker_client_params_t;
+} lnk_worker_client_params_t;
 
-gw_worker_client_params_t gw_worker_client_params_default(void);
+lnk_worker_client_params_t lnk_worker_client_params_default(void);
 
-typedef struct gw_worker_client gw_worker_client_t;
+typedef struct lnk_worker_client lnk_worker_client_t;
 
-typedef struct gw_worker_client_cbs {
+typedef struct lnk_worker_client_cbs {
     /* The handshake succeeded; ack (the worker's HELLO_ACK) is valid during the call only. */
-    void (*on_ready)(gw_worker_client_t *c, const eng_wire_hello_t *ack, void *ud);
+    void (*on_ready)(lnk_worker_client_t *c, const eng_wire_hello_t *ack, void *ud);
     /* A frame from the worker after the handshake: TOKEN, DONE, ERROR (request_id nonzero),
      * KV_EVENT, LOAD or HEARTBEAT; valid during the call only. The callback may submit, cancel
      * and close. */
-    void (*on_frame)(gw_worker_client_t *c, const eng_wire_frame_t *f, void *ud);
-    /* The connection ended. err: 0 after gw_worker_client_close; the REJECT's or ERROR's code
+    void (*on_frame)(lnk_worker_client_t *c, const eng_wire_frame_t *f, void *ud);
+    /* The connection ended. err: 0 after lnk_worker_client_close; the REJECT's or ERROR's code
      * (reason: "worker: " + its message); PC_ERR_TIMEOUT (connect, handshake or heartbeats);
      * PC_ERR_CLOSED (the worker closed); PC_ERR_IO (connect or socket error); PC_ERR_FORMAT /
      * PC_ERR_UNSUPPORTED (a bad frame or handshake answer); PC_ERR_OVERLOADED (the worker does
      * not read). reason is valid during the call. */
-    void (*on_close)(gw_worker_client_t *c, int err, const char *reason, void *ud);
-} gw_worker_client_cbs_t;
+    void (*on_close)(lnk_worker_client_t *c, int err, const char *reason, void *ud);
+} lnk_worker_client_cbs_t;
 
 /* Starts connecting. Returns 0 (the outcome comes through on_ready or on_close), or
  * PC_ERR_INVAL (a bad address or parameter, reason in err; no callback will run) or
  * PC_ERR_NOMEM / PC_ERR_IO. */
-int gw_worker_client_connect(uv_loop_t *loop, const gw_worker_client_params_t *p,
-                             const gw_worker_client_cbs_t *cbs, void *ud, gw_worker_client_t **out,
+int lnk_worker_client_connect(uv_loop_t *loop, const lnk_worker_client_params_t *p,
+                             const lnk_worker_client_cbs_t *cbs, void *ud, lnk_worker_client_t **out,
                              char *err, size_t err_len);
 
 /* Sends SUBMIT (everything is copied). Returns 0; PC_ERR_STATE (handshake not done or the
  * connection is closing); PC_ERR_INVAL (the frame breaks a protocol limit: nothing sent); or
  * PC_ERR_OVERLOADED / PC_ERR_IO (the connection is now closing). */
-int gw_worker_client_submit(gw_worker_client_t *c, const eng_wire_submit_t *req);
+int lnk_worker_client_submit(lnk_worker_client_t *c, const eng_wire_submit_t *req);
 
 /* Sends CANCEL; the request still ends with its DONE (stop_reason CANCELED) or, when it had
- * already finished, the final frame already under way. Returns like gw_worker_client_submit. */
-int gw_worker_client_cancel(gw_worker_client_t *c, uint64_t request_id);
+ * already finished, the final frame already under way. Returns like lnk_worker_client_submit. */
+int lnk_worker_client_cancel(lnk_worker_client_t *c, uint64_t request_id);
 
-/* Sends HEARTBEAT now (the worker answers with LOAD). Returns like gw_worker_client_submit. */
-int gw_worker_client_ping(gw_worker_client_t *c);
+/* Sends HEARTBEAT now (the worker answers with LOAD). Returns like lnk_worker_client_submit. */
+int lnk_worker_client_ping(lnk_worker_client_t *c);
 
 /* Sends raw bytes after the handshake, unchecked: for tests of the worker's decoder. */
-int gw_worker_client_send_raw(gw_worker_client_t *c, const void *bytes, size_t len);
+int lnk_worker_client_send_raw(lnk_worker_client_t *c, const void *bytes, size_t len);
 
 /* Closes the connection (queued frames are written first, at most 2 s); on_close follows with
  * err 0 unless something else ended it first. */
-void gw_worker_client_close(gw_worker_client_t *c);
+void lnk_worker_client_close(lnk_worker_client_t *c);
 
-/* The user data given to gw_worker_client_connect. */
-void *gw_worker_client_data(const gw_worker_client_t *c);
+/* The user data given to lnk_worker_client_connect. */
+void *lnk_worker_client_data(const lnk_worker_client_t *c);
 
 #endif

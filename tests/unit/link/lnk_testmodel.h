@@ -1,5 +1,5 @@
 /*
- * gw_testmodel.h — the small model behind the worker-server tests and fuzz target
+ * lnk_testmodel.h — the small model behind the worker-server tests and fuzz target
  * (test_worker_net.c, tests/fuzz/fuzz_worker_server.c); header-only.
  *
  * A real GGUF from the real generator (engine/mkmodel.c): llama, 2 layers, width 64, context
@@ -7,8 +7,8 @@
  * with no end-of-generation token, so greedy runs always reach max_tokens and token text comes
  * from the real incremental detokenizer.
  */
-#ifndef GW_TESTMODEL_H
-#define GW_TESTMODEL_H
+#ifndef LNK_TESTMODEL_H
+#define LNK_TESTMODEL_H
 
 #include <stdio.h>
 
@@ -18,7 +18,7 @@
 #define MODEL_NAME "kvgw-wnet"
 
 /* Writes the model to path. Returns 0 or an error with the reason in err. */
-static inline int gw_testmodel_write(const char *path, char *err, size_t err_len)
+static inline int lnk_testmodel_write(const char *path, char *err, size_t err_len)
 {
     return test_bytemodel_write(path, MODEL_NAME, 1024, 7, -1, err, err_len);
 }

@@ -1,6 +1,6 @@
 /*
- * test_worker_net.c — `kvgw worker` over TCP: the worker server (gateway/worker_server.c) and
- * its client library (gateway/worker_client.c) on real loopback sockets, with a real worker on
+ * test_worker_net.c — `kvgw worker` over TCP: the worker server (link/worker_server.c) and
+ * its client library (link/worker_client.c) on real loopback sockets, with a real worker on
  * a small generated model.
  *
  * Most tests run the server and the clients on one libuv loop in this thread (so the server's
@@ -18,7 +18,7 @@
 #include <uv.h>
 
 #include "common.h"
-#include "gw_testmodel.h"
+#include "lnk_testmodel.h"
 #include "pc_test.h"
 #include "wire.h"
 #include "wire_conn.h"
@@ -35,14 +35,14 @@ static void model_unlink(void)
     unlink(g_model);
 }
 
-/* The test model (gw_testmodel.h), written once per process and removed at exit. */
+/* The test model (lnk_testmodel.h), written once per process and removed at exit. */
 static const char *model_path(void)
 {
     if (g_model[0] != '\0')
         return g_model;
     snprintf(g_model, sizeof g_model, "/tmp/kvgw-wnet-%d.gguf", (int)getpid());
     char err[256];
-    if (gw_testmodel_write(g_model, err, sizeof err) != 0) {
+    if (lnk_testmodel_write(g_model, err, sizeof err) != 0) {
         fprintf(stderr, "mkmodel: %s\n", err);
         g_model[0] = '\0';
         return NULL;
@@ -68,7 +68,7 @@ static eng_worker_params_t worker_params(void)
 typedef struct fx {
     uv_loop_t loop;
     uv_timer_t tick;
-    gw_worker_server_t *srv;
+    lnk_worker_server_t *srv;
     bool srv_closed;
     char addr[80];
 } fx_t;
@@ -78,23 +78,23 @@ static void on_tick(uv_timer_t *t)
     (void)t;
 }
 
-static void fx_setup(fx_t *f, const gw_worker_server_params_t *sp_in)
+static void fx_setup(fx_t *f, const lnk_worker_server_params_t *sp_in)
 {
     memset(f, 0, sizeof *f);
     ASSERT_TRUE(model_path() != NULL);
     ASSERT_EQ(uv_loop_init(&f->loop), 0);
     uv_timer_init(&f->loop, &f->tick);
     uv_timer_start(&f->tick, on_tick, 5, 5);
-    gw_worker_server_params_t sp = sp_in ? *sp_in : gw_worker_server_params_default();
+    lnk_worker_server_params_t sp = sp_in ? *sp_in : lnk_worker_server_params_default();
     sp.listen = "127.0.0.1:0";
     eng_worker_params_t wp = worker_params();
     char err[256] = "";
-    int rc = gw_worker_server_init(&f->loop, &sp, &wp, &f->srv, err, sizeof err);
+    int rc = lnk_worker_server_init(&f->loop, &sp, &wp, &f->srv, err, sizeof err);
     if (rc != 0)
         fprintf(stderr, "server: %s\n", err);
     ASSERT_EQ(rc, 0);
-    ASSERT_TRUE(gw_worker_server_port(f->srv) != 0);
-    snprintf(f->addr, sizeof f->addr, "%s", gw_worker_server_address(f->srv));
+    ASSERT_TRUE(lnk_worker_server_port(f->srv) != 0);
+    snprintf(f->addr, sizeof f->addr, "%s", lnk_worker_server_address(f->srv));
 }
 
 #define RUN_UNTIL(f, cond, ms)                                                                     \
@@ -106,7 +106,7 @@ static void fx_setup(fx_t *f, const gw_worker_server_params_t *sp_in)
             PC_TEST__FAIL("timed out after %d ms waiting for %s", (int)(ms), #cond);               \
     } while (0)
 
-static void on_srv_closed(gw_worker_server_t *s, void *ud)
+static void on_srv_closed(lnk_worker_server_t *s, void *ud)
 {
     (void)s;
     ((fx_t *)ud)->srv_closed = true;
@@ -115,9 +115,9 @@ static void on_srv_closed(gw_worker_server_t *s, void *ud)
 /* Shuts the server down gracefully and checks that nothing is left on the loop. */
 static void fx_teardown(fx_t *f)
 {
-    gw_worker_server_shutdown(f->srv, on_srv_closed, f);
+    lnk_worker_server_shutdown(f->srv, on_srv_closed, f);
     RUN_UNTIL(f, f->srv_closed, 10000);
-    gw_worker_server_free(f->srv);
+    lnk_worker_server_free(f->srv);
     f->srv = NULL;
     uv_close((uv_handle_t *)&f->tick, NULL);
     uv_run(&f->loop, UV_RUN_DEFAULT);
@@ -144,10 +144,10 @@ typedef struct rq {
 } rq_t;
 
 typedef struct cl {
-    gw_worker_client_t *c;
+    lnk_worker_client_t *c;
     bool ready, closed;
     int close_err;
-    char close_reason[GW_WCONN_REASON_MAX];
+    char close_reason[LNK_WCONN_REASON_MAX];
     char ack_model[ENG_WIRE_NAME_MAX + 1];
     eng_wire_hello_t ack; /* scalars only */
     rq_t rq[MAX_REQ + 1]; /* by request id 1..MAX_REQ */
@@ -160,7 +160,7 @@ typedef struct cl {
     uint32_t close_at;
 } cl_t;
 
-static void cl_on_ready(gw_worker_client_t *c, const eng_wire_hello_t *ack, void *ud)
+static void cl_on_ready(lnk_worker_client_t *c, const eng_wire_hello_t *ack, void *ud)
 {
     cl_t *k = ud;
     k->ready = true;
@@ -169,7 +169,7 @@ static void cl_on_ready(gw_worker_client_t *c, const eng_wire_hello_t *ack, void
              ack->model_name.base);
 }
 
-static void cl_on_frame(gw_worker_client_t *c, const eng_wire_frame_t *f, void *ud)
+static void cl_on_frame(lnk_worker_client_t *c, const eng_wire_frame_t *f, void *ud)
 {
     cl_t *k = ud;
     uint64_t id = 0;
@@ -185,9 +185,9 @@ static void cl_on_frame(gw_worker_client_t *c, const eng_wire_frame_t *f, void *
         memcpy(r->text + r->text_len, f->u.token.text.base, n);
         r->text_len += n;
         if (k->cancel_id == id && r->n_tokens == k->cancel_at)
-            gw_worker_client_cancel(c, id);
+            lnk_worker_client_cancel(c, id);
         if (id == 1 && k->close_at > 0 && r->n_tokens == k->close_at)
-            gw_worker_client_close(c);
+            lnk_worker_client_close(c);
         break;
     }
     case ENG_WIRE_DONE: {
@@ -224,7 +224,7 @@ static void cl_on_frame(gw_worker_client_t *c, const eng_wire_frame_t *f, void *
     }
 }
 
-static void cl_on_close(gw_worker_client_t *c, int err, const char *reason, void *ud)
+static void cl_on_close(lnk_worker_client_t *c, int err, const char *reason, void *ud)
 {
     cl_t *k = ud;
     k->closed = true;
@@ -233,16 +233,16 @@ static void cl_on_close(gw_worker_client_t *c, int err, const char *reason, void
     k->c = NULL;
 }
 
-static const gw_worker_client_cbs_t cl_cbs = {cl_on_ready, cl_on_frame, cl_on_close};
+static const lnk_worker_client_cbs_t cl_cbs = {cl_on_ready, cl_on_frame, cl_on_close};
 
-static void cl_connect(fx_t *f, cl_t *k, const gw_worker_client_params_t *pp, const char *addr)
+static void cl_connect(fx_t *f, cl_t *k, const lnk_worker_client_params_t *pp, const char *addr)
 {
     memset(k, 0, sizeof *k);
-    gw_worker_client_params_t p = pp ? *pp : gw_worker_client_params_default();
+    lnk_worker_client_params_t p = pp ? *pp : lnk_worker_client_params_default();
     p.address = addr ? addr : f->addr;
     p.node = "test-gateway";
     char err[256] = "";
-    int rc = gw_worker_client_connect(&f->loop, &p, &cl_cbs, k, &k->c, err, sizeof err);
+    int rc = lnk_worker_client_connect(&f->loop, &p, &cl_cbs, k, &k->c, err, sizeof err);
     if (rc != 0)
         fprintf(stderr, "connect: %s\n", err);
     ASSERT_EQ(rc, 0);
@@ -261,7 +261,7 @@ static void cl_open(fx_t *f, cl_t *k)
 static void cl_close(fx_t *f, cl_t *k)
 {
     if (k->c != NULL)
-        gw_worker_client_close(k->c);
+        lnk_worker_client_close(k->c);
     RUN_UNTIL(f, k->closed, 5000);
 }
 
@@ -325,7 +325,7 @@ static void wait_idle(fx_t *f, cl_t *k)
     uint64_t deadline = pc_time_mono_ms() + 5000;
     while (pc_time_mono_ms() < deadline) {
         uint32_t n0 = k->n_loads;
-        ASSERT_EQ(gw_worker_client_ping(k->c), 0);
+        ASSERT_EQ(lnk_worker_client_ping(k->c), 0);
         RUN_UNTIL(f, k->n_loads > n0, 2000);
         if (k->load.running_seqs == 0 && k->load.queued_requests == 0)
             return;
@@ -391,7 +391,7 @@ static void raw_open(fx_t *f, raw_t *r, const char *addr, bool read)
     memset(r, 0, offsetof(raw_t, rbuf));
     r->read = read;
     struct sockaddr_storage sa;
-    ASSERT_EQ(gw_wconn_parse_addr(addr, &sa), 0);
+    ASSERT_EQ(lnk_wconn_parse_addr(addr, &sa), 0);
     ASSERT_EQ(uv_tcp_init_ex(&f->loop, &r->tcp, AF_INET), 0);
     r->tcp.data = r;
     r->connect.data = r;
@@ -492,7 +492,7 @@ PC_TEST(handshake_ok)
     ASSERT_EQ(k.ack.n_vocab, N_VOCAB);
     ASSERT_EQ(k.ack.n_ctx, 1024);
     eng_worker_info_t in;
-    eng_worker_info(gw_worker_server_worker(f.srv), &in);
+    eng_worker_info(lnk_worker_server_worker(f.srv), &in);
     ASSERT_EQ_U64(k.ack.model_fp, in.model_fp);
     ASSERT_EQ(k.ack.block_tokens, in.block_tokens);
     RUN_UNTIL(&f, k.n_loads >= 1, 2000); /* a LOAD follows the handshake */
@@ -500,7 +500,7 @@ PC_TEST(handshake_ok)
 
     /* The same identity asked for explicitly is accepted too. */
     cl_t k2;
-    gw_worker_client_params_t p = gw_worker_client_params_default();
+    lnk_worker_client_params_t p = lnk_worker_client_params_default();
     p.model_name = MODEL_NAME;
     p.model_fp = in.model_fp;
     p.n_vocab = N_VOCAB;
@@ -511,11 +511,11 @@ PC_TEST(handshake_ok)
     PC_TEST_CALL(cl_close(&f, &k));
     PC_TEST_CALL(cl_close(&f, &k2));
     ASSERT_EQ(k.close_err, 0);
-    gw_worker_server_stats_t st;
-    gw_worker_server_stats(f.srv, &st);
+    lnk_worker_server_stats_t st;
+    lnk_worker_server_stats(f.srv, &st);
     ASSERT_EQ(st.conns_accepted, 2);
     ASSERT_EQ(st.conns_rejected, 0);
-    RUN_UNTIL(&f, (gw_worker_server_stats(f.srv, &st), st.conns_open == 0), 2000);
+    RUN_UNTIL(&f, (lnk_worker_server_stats(f.srv, &st), st.conns_open == 0), 2000);
     PC_TEST_CALL(fx_teardown(&f));
 }
 
@@ -523,36 +523,36 @@ PC_TEST(listen_errors)
 {
     fx_t f;
     PC_TEST_CALL(fx_setup(&f, NULL));
-    gw_worker_server_params_t sp = gw_worker_server_params_default();
+    lnk_worker_server_params_t sp = lnk_worker_server_params_default();
     eng_worker_params_t wp = worker_params();
-    gw_worker_server_t *s2 = NULL;
+    lnk_worker_server_t *s2 = NULL;
     char err[256] = "";
     /* The port is taken: PC_ERR_IO with the reason; the half-built server frees itself. */
     sp.listen = f.addr;
-    ASSERT_EQ(gw_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err), PC_ERR_IO);
+    ASSERT_EQ(lnk_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err), PC_ERR_IO);
     ASSERT_TRUE(s2 == NULL);
     if (strstr(err, "cannot listen on 127.0.0.1:") == NULL)
         PC_TEST__FAIL("err: %s", err);
     sp.listen = "127.0.0.1";
-    ASSERT_EQ(gw_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err), PC_ERR_INVAL);
+    ASSERT_EQ(lnk_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err), PC_ERR_INVAL);
     sp.listen = "example.com:80";
-    ASSERT_EQ(gw_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err), PC_ERR_INVAL);
+    ASSERT_EQ(lnk_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err), PC_ERR_INVAL);
     sp.listen = "127.0.0.1:0";
     wp.engine.model_path = "/nonexistent.gguf";
-    ASSERT_TRUE(gw_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err) < 0);
+    ASSERT_TRUE(lnk_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err) < 0);
     ASSERT_TRUE(s2 == NULL);
     /* The client refuses bad addresses before any callback. */
-    gw_worker_client_params_t cp = gw_worker_client_params_default();
+    lnk_worker_client_params_t cp = lnk_worker_client_params_default();
     cp.address = "127.0.0.1:99999";
-    gw_worker_client_t *c = NULL;
-    ASSERT_EQ(gw_worker_client_connect(&f.loop, &cp, &cl_cbs, NULL, &c, err, sizeof err),
+    lnk_worker_client_t *c = NULL;
+    ASSERT_EQ(lnk_worker_client_connect(&f.loop, &cp, &cl_cbs, NULL, &c, err, sizeof err),
               PC_ERR_INVAL);
     ASSERT_TRUE(c == NULL);
     PC_TEST_CALL(fx_teardown(&f));
 }
 
 /* Connects with p and expects a REJECT whose reason contains want. */
-static void expect_reject(fx_t *f, const gw_worker_client_params_t *p, int code, const char *want)
+static void expect_reject(fx_t *f, const lnk_worker_client_params_t *p, int code, const char *want)
 {
     cl_t k;
     PC_TEST_CALL(cl_connect(f, &k, p, NULL));
@@ -567,17 +567,17 @@ PC_TEST(handshake_mismatch_rejected)
 {
     fx_t f;
     PC_TEST_CALL(fx_setup(&f, NULL));
-    gw_worker_client_params_t p = gw_worker_client_params_default();
+    lnk_worker_client_params_t p = lnk_worker_client_params_default();
     p.version_min = 2;
     p.version_max = 3;
     PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_UNSUPPORTED, "this worker speaks 1"));
-    p = gw_worker_client_params_default();
+    p = lnk_worker_client_params_default();
     p.model_name = "another-model";
     PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_INVAL, "'another-model' asked"));
-    p = gw_worker_client_params_default();
+    p = lnk_worker_client_params_default();
     p.model_fp = 0x1234;
     PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_INVAL, "fingerprint"));
-    p = gw_worker_client_params_default();
+    p = lnk_worker_client_params_default();
     p.n_vocab = N_VOCAB + 1;
     PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_INVAL, "n_vocab"));
 
@@ -606,8 +606,8 @@ PC_TEST(handshake_mismatch_rejected)
     ASSERT_TRUE(strstr(why, "expected HELLO") != NULL);
     PC_TEST_CALL(raw_close(&f, &r));
 
-    gw_worker_server_stats_t st;
-    RUN_UNTIL(&f, (gw_worker_server_stats(f.srv, &st), st.conns_open == 0), 5000);
+    lnk_worker_server_stats_t st;
+    RUN_UNTIL(&f, (lnk_worker_server_stats(f.srv, &st), st.conns_open == 0), 5000);
     ASSERT_EQ(st.conns_rejected, 5);  /* REJECT by the handshake's rules */
     ASSERT_EQ(st.conns_bad_frame, 1); /* REJECT by the decoder (the version-2 header) */
     PC_TEST_CALL(fx_teardown(&f));
@@ -635,7 +635,7 @@ PC_TEST(stream_greedy_equals_inprocess)
     s[1].retain = &keep;
     s[1].n_retain = 1;
     for (int i = 0; i < N; i++)
-        ASSERT_EQ(gw_worker_client_submit(k.c, &s[i]), 0);
+        ASSERT_EQ(lnk_worker_client_submit(k.c, &s[i]), 0);
     RUN_UNTIL(&f, k.rq[1].done && k.rq[2].done && k.rq[3].done, 30000);
     for (int i = 0; i < N; i++) {
         rq_t *got = &k.rq[i + 1], want;
@@ -655,18 +655,18 @@ PC_TEST(stream_greedy_equals_inprocess)
     /* A request the worker refuses (a token id outside the vocabulary) fails alone. */
     uint32_t bad[2] = {1, N_VOCAB + 5};
     eng_wire_submit_t b = greedy(4, bad, 2, 4);
-    ASSERT_EQ(gw_worker_client_submit(k.c, &b), 0);
+    ASSERT_EQ(lnk_worker_client_submit(k.c, &b), 0);
     RUN_UNTIL(&f, k.rq[4].failed, 5000);
     ASSERT_EQ(k.rq[4].err, PC_ERR_INVAL);
     /* Ids are per connection: 1 is free again and reusable. */
     memset(&k.rq[1], 0, sizeof k.rq[1]);
-    ASSERT_EQ(gw_worker_client_submit(k.c, &s[0]), 0);
+    ASSERT_EQ(lnk_worker_client_submit(k.c, &s[0]), 0);
     RUN_UNTIL(&f, k.rq[1].done, 10000);
     ASSERT_EQ(k.rq[1].n_tokens, MAXT);
     ASSERT_FALSE(k.closed);
 
-    gw_worker_server_stats_t st;
-    gw_worker_server_stats(f.srv, &st);
+    lnk_worker_server_stats_t st;
+    lnk_worker_server_stats(f.srv, &st);
     ASSERT_EQ(st.requests_submitted, 4);
     ASSERT_EQ(st.requests_refused, 1);
     ASSERT_EQ(st.requests_live, 0);
@@ -685,16 +685,16 @@ PC_TEST(cancel_mid_stream)
     eng_wire_submit_t s = greedy(1, prompt, 16, 900);
     k.cancel_id = 1;
     k.cancel_at = 3;
-    ASSERT_EQ(gw_worker_client_submit(k.c, &s), 0);
+    ASSERT_EQ(lnk_worker_client_submit(k.c, &s), 0);
     RUN_UNTIL(&f, k.rq[1].done, 20000);
     ASSERT_EQ(k.rq[1].stop, ENG_WIRE_STOP_CANCELED);
     ASSERT_TRUE(k.rq[1].n_tokens >= 3 && k.rq[1].n_tokens < 900);
     ASSERT_EQ(k.rq[1].usage.output_tokens, k.rq[1].n_tokens);
     /* A CANCEL of an id that is not live is ignored; the connection stays. */
-    ASSERT_EQ(gw_worker_client_cancel(k.c, 1), 0);
-    ASSERT_EQ(gw_worker_client_cancel(k.c, 77), 0);
+    ASSERT_EQ(lnk_worker_client_cancel(k.c, 1), 0);
+    ASSERT_EQ(lnk_worker_client_cancel(k.c, 77), 0);
     k.n_loads = 0;
-    ASSERT_EQ(gw_worker_client_ping(k.c), 0);
+    ASSERT_EQ(lnk_worker_client_ping(k.c), 0);
     RUN_UNTIL(&f, k.n_loads >= 1, 2000);
     ASSERT_EQ(k.load.running_seqs, 0);
     ASSERT_EQ(k.load.queued_requests, 0);
@@ -715,23 +715,23 @@ PC_TEST(client_vanishing_mid_stream_frees_its_requests)
         make_prompt(prompt[i], 24, 20 + (uint32_t)i);
     eng_wire_submit_t s1 = greedy(1, prompt[0], 24, 900), s2 = greedy(2, prompt[1], 24, 900);
     a.close_at = 2; /* a goes away after 2 tokens of request 1, with 2 requests live */
-    ASSERT_EQ(gw_worker_client_submit(a.c, &s1), 0);
-    ASSERT_EQ(gw_worker_client_submit(a.c, &s2), 0);
+    ASSERT_EQ(lnk_worker_client_submit(a.c, &s1), 0);
+    ASSERT_EQ(lnk_worker_client_submit(a.c, &s2), 0);
     RUN_UNTIL(&f, a.closed, 20000);
     ASSERT_FALSE(a.rq[1].done);
 
-    gw_worker_server_stats_t st;
-    RUN_UNTIL(&f, (gw_worker_server_stats(f.srv, &st), st.conns_open == 1), 5000);
+    lnk_worker_server_stats_t st;
+    RUN_UNTIL(&f, (lnk_worker_server_stats(f.srv, &st), st.conns_open == 1), 5000);
     ASSERT_EQ(st.requests_orphaned, 2);
     ASSERT_EQ(st.requests_live, 0);
     /* The worker freed them: b's LOAD shows nothing running or queued. */
     PC_TEST_CALL(wait_idle(&f, &b));
     eng_worker_stats_t ws;
-    RUN_UNTIL(&f, (eng_worker_stats(gw_worker_server_worker(f.srv), &ws), ws.n_finished == 2),
+    RUN_UNTIL(&f, (eng_worker_stats(lnk_worker_server_worker(f.srv), &ws), ws.n_finished == 2),
               5000);
     /* b is served as before. */
     eng_wire_submit_t s3 = greedy(3, prompt[2], 24, 8);
-    ASSERT_EQ(gw_worker_client_submit(b.c, &s3), 0);
+    ASSERT_EQ(lnk_worker_client_submit(b.c, &s3), 0);
     RUN_UNTIL(&f, b.rq[3].done, 10000);
     ASSERT_EQ(b.rq[3].n_tokens, 8);
     PC_TEST_CALL(cl_close(&f, &b));
@@ -751,7 +751,7 @@ PC_TEST(garbage_frames_close_only_that_connection)
     uint32_t prompt[20];
     make_prompt(prompt, 20, 33);
     eng_wire_submit_t sb = greedy(1, prompt, 20, 120);
-    ASSERT_EQ(gw_worker_client_submit(b.c, &sb), 0); /* b streams while the others misbehave */
+    ASSERT_EQ(lnk_worker_client_submit(b.c, &sb), 0); /* b streams while the others misbehave */
 
     /* Not the protocol at all (an HTTP client on the worker port): REJECT, closed. */
     raw_t r;
@@ -772,7 +772,7 @@ PC_TEST(garbage_frames_close_only_that_connection)
     PC_TEST_CALL(cl_open(&f, &a));
     uint8_t bad[ENG_WIRE_HEADER_BYTES + 6] = {
         'K', 'W', ENG_WIRE_VERSION, ENG_WIRE_SUBMIT, 0, 0, 0, 0, 6, 0, 0, 0, 1, 2, 3, 4, 5, 6};
-    ASSERT_EQ(gw_worker_client_send_raw(a.c, bad, sizeof bad), 0);
+    ASSERT_EQ(lnk_worker_client_send_raw(a.c, bad, sizeof bad), 0);
     RUN_UNTIL(&f, a.closed, 5000);
     ASSERT_EQ(a.close_err, PC_ERR_FORMAT);
     if (strstr(a.close_reason, "worker: bad frame") == NULL)
@@ -784,7 +784,7 @@ PC_TEST(garbage_frames_close_only_that_connection)
     tok.u.token.request_id = 1;
     pc_buf_t enc = PC_BUF_INIT;
     ASSERT_EQ(eng_wire_encode(&tok, ENG_WIRE_MAX_FRAME_DEFAULT, &enc, why, sizeof why), 0);
-    ASSERT_EQ(gw_worker_client_send_raw(a.c, enc.base, enc.len), 0);
+    ASSERT_EQ(lnk_worker_client_send_raw(a.c, enc.base, enc.len), 0);
     pc_buf_free(&enc);
     RUN_UNTIL(&f, a.closed, 5000);
     ASSERT_EQ(a.close_err, PC_ERR_FORMAT);
@@ -792,15 +792,15 @@ PC_TEST(garbage_frames_close_only_that_connection)
     PC_TEST_CALL(cl_open(&f, &a));
     uint8_t huge[ENG_WIRE_HEADER_BYTES] = {
         'K', 'W', ENG_WIRE_VERSION, ENG_WIRE_SUBMIT, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0x7f};
-    ASSERT_EQ(gw_worker_client_send_raw(a.c, huge, sizeof huge), 0);
+    ASSERT_EQ(lnk_worker_client_send_raw(a.c, huge, sizeof huge), 0);
     RUN_UNTIL(&f, a.closed, 5000);
     ASSERT_EQ(a.close_err, PC_ERR_RANGE);
 
     /* A SUBMIT that reuses a live id. */
     PC_TEST_CALL(cl_open(&f, &a));
     eng_wire_submit_t sa = greedy(5, prompt, 20, 800);
-    ASSERT_EQ(gw_worker_client_submit(a.c, &sa), 0);
-    ASSERT_EQ(gw_worker_client_submit(a.c, &sa), 0);
+    ASSERT_EQ(lnk_worker_client_submit(a.c, &sa), 0);
+    ASSERT_EQ(lnk_worker_client_submit(a.c, &sa), 0);
     RUN_UNTIL(&f, a.closed, 5000);
     ASSERT_EQ(a.close_err, PC_ERR_FORMAT);
     ASSERT_TRUE(strstr(a.close_reason, "still live") != NULL);
@@ -810,8 +810,8 @@ PC_TEST(garbage_frames_close_only_that_connection)
     ASSERT_EQ(b.rq[1].n_tokens, 120);
     ASSERT_EQ(b.rq[1].stop, ENG_WIRE_STOP_MAX_TOKENS);
     ASSERT_FALSE(b.closed);
-    gw_worker_server_stats_t st;
-    RUN_UNTIL(&f, (gw_worker_server_stats(f.srv, &st), st.conns_open == 1), 5000);
+    lnk_worker_server_stats_t st;
+    RUN_UNTIL(&f, (lnk_worker_server_stats(f.srv, &st), st.conns_open == 1), 5000);
     ASSERT_EQ(st.conns_rejected, 0);
     ASSERT_EQ(st.conns_bad_frame, 5);   /* bad magic, truncated, TOKEN, oversized, reused id */
     ASSERT_EQ(st.requests_orphaned, 1); /* a's first request with id 5 */
@@ -822,7 +822,7 @@ PC_TEST(garbage_frames_close_only_that_connection)
 
 PC_TEST(silent_peer_dropped)
 {
-    gw_worker_server_params_t sp = gw_worker_server_params_default();
+    lnk_worker_server_params_t sp = lnk_worker_server_params_default();
     sp.handshake_timeout_ms = 150;
     fx_t f;
     PC_TEST_CALL(fx_setup(&f, &sp));
@@ -852,7 +852,7 @@ PC_TEST(silent_peer_dropped)
 
     /* A client that keeps its heartbeats going stays, well past 3 of its intervals. */
     cl_t k;
-    gw_worker_client_params_t p = gw_worker_client_params_default();
+    lnk_worker_client_params_t p = lnk_worker_client_params_default();
     p.heartbeat_ms = 30;
     PC_TEST_CALL(cl_connect(&f, &k, &p, NULL));
     RUN_UNTIL(&f, k.ready, 5000);
@@ -862,8 +862,8 @@ PC_TEST(silent_peer_dropped)
     ASSERT_FALSE(k.closed);
     PC_TEST_CALL(cl_close(&f, &k));
 
-    gw_worker_server_stats_t st;
-    RUN_UNTIL(&f, (gw_worker_server_stats(f.srv, &st), st.conns_open == 0), 5000);
+    lnk_worker_server_stats_t st;
+    RUN_UNTIL(&f, (lnk_worker_server_stats(f.srv, &st), st.conns_open == 0), 5000);
     ASSERT_EQ(st.conns_timeout, 2);
     PC_TEST_CALL(fx_teardown(&f));
 }
@@ -942,7 +942,7 @@ PC_TEST(client_drops_silent_worker)
 
 PC_TEST(slow_reader_dropped)
 {
-    gw_worker_server_params_t sp = gw_worker_server_params_default();
+    lnk_worker_server_params_t sp = lnk_worker_server_params_default();
     sp.max_queue_bytes = 64 << 10;
     fx_t f;
     PC_TEST_CALL(fx_setup(&f, &sp));
@@ -959,10 +959,10 @@ PC_TEST(slow_reader_dropped)
     char why[128];
     for (int i = 0; i < 4096; i++)
         ASSERT_EQ(eng_wire_encode(&hb, ENG_WIRE_MAX_FRAME_DEFAULT, &burst, why, sizeof why), 0);
-    gw_worker_server_stats_t st;
+    lnk_worker_server_stats_t st;
     uint64_t deadline = pc_time_mono_ms() + 20000;
     for (;;) {
-        gw_worker_server_stats(f.srv, &st);
+        lnk_worker_server_stats(f.srv, &st);
         if (st.conns_slow > 0 || pc_time_mono_ms() > deadline)
             break;
         if (r.tcp.write_queue_size < (1u << 20))
@@ -975,7 +975,7 @@ PC_TEST(slow_reader_dropped)
     /* The others are served. */
     uint32_t prompt[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     eng_wire_submit_t s = greedy(1, prompt, 8, 6);
-    ASSERT_EQ(gw_worker_client_submit(b.c, &s), 0);
+    ASSERT_EQ(lnk_worker_client_submit(b.c, &s), 0);
     RUN_UNTIL(&f, b.rq[1].done, 10000);
     ASSERT_EQ(b.rq[1].n_tokens, 6);
     PC_TEST_CALL(cl_close(&f, &b));
@@ -995,15 +995,15 @@ PC_TEST(shutdown_cancels_and_drains)
     uint32_t prompt[12];
     make_prompt(prompt, 12, 5);
     eng_wire_submit_t s = greedy(1, prompt, 12, 1000);
-    ASSERT_EQ(gw_worker_client_submit(k.c, &s), 0);
+    ASSERT_EQ(lnk_worker_client_submit(k.c, &s), 0);
     RUN_UNTIL(&f, k.rq[1].n_tokens >= 2, 10000);
-    gw_worker_server_shutdown(f.srv, on_srv_closed, &f);
+    lnk_worker_server_shutdown(f.srv, on_srv_closed, &f);
     RUN_UNTIL(&f, f.srv_closed && k.closed, 10000);
     ASSERT_TRUE(k.rq[1].done); /* the final frame was delivered before the close */
     ASSERT_EQ(k.rq[1].stop, ENG_WIRE_STOP_CANCELED);
     ASSERT_EQ(k.close_err, PC_ERR_CLOSED);
     ASSERT_TRUE(strstr(k.close_reason, "shutting down") != NULL);
-    gw_worker_server_free(f.srv);
+    lnk_worker_server_free(f.srv);
     uv_close((uv_handle_t *)&f.tick, NULL);
     uv_run(&f.loop, UV_RUN_DEFAULT);
     ASSERT_EQ(uv_loop_close(&f.loop), 0);
@@ -1072,7 +1072,7 @@ static void binary_test(void)
     uint32_t prompt[30];
     make_prompt(prompt, 30, 3);
     eng_wire_submit_t s = greedy(1, prompt, 30, 16);
-    ASSERT_EQ(gw_worker_client_submit(k.c, &s), 0);
+    ASSERT_EQ(lnk_worker_client_submit(k.c, &s), 0);
     RUN_UNTIL(&f, k.rq[1].done, 20000);
     rq_t want;
     PC_TEST_CALL(inproc_run(&s, &want));
@@ -1081,7 +1081,7 @@ static void binary_test(void)
 
     /* SIGTERM with a request streaming: DONE canceled, the connection closed, exit 0. */
     s = greedy(2, prompt, 30, 900);
-    ASSERT_EQ(gw_worker_client_submit(k.c, &s), 0);
+    ASSERT_EQ(lnk_worker_client_submit(k.c, &s), 0);
     RUN_UNTIL(&f, k.rq[2].n_tokens >= 2, 10000);
     kill(pid, SIGTERM);
     RUN_UNTIL(&f, k.closed, 10000);

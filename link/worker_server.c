@@ -137,19 +137,19 @@ typedef struct srv_req {
 } srv_req_t;
 
 struct srv_conn {
-    gw_worker_server_t *s;
+    lnk_worker_server_t *s;
     srv_conn_t *prev, *next;
     u64map_t reqs; /* live requests by the connection's ids */
     bool ready;    /* HELLO_ACK sent */
     bool rejected; /* REJECT sent */
     char peer[64];
     char node[ENG_WIRE_NAME_MAX + 1];
-    gw_wconn_t w; /* last: it ends with the read buffer */
+    lnk_wconn_t w; /* last: it ends with the read buffer */
 };
 
 enum { SRV_RUNNING, SRV_DRAINING, SRV_CLOSING, SRV_CLOSED };
 
-struct gw_worker_server {
+struct lnk_worker_server {
     uv_loop_t *loop;
     uv_tcp_t listener;
     uv_async_t async;
@@ -157,7 +157,7 @@ struct gw_worker_server {
     int n_open; /* the three handles above that are not closed yet */
     int state;
     bool free_when_closed; /* init failed: free at the last close callback */
-    gw_worker_server_params_t p;
+    lnk_worker_server_params_t p;
     char node[ENG_WIRE_NAME_MAX + 1];
     char addr[80];
     uint16_t port;
@@ -169,15 +169,15 @@ struct gw_worker_server {
     uint64_t next_wid;
     pthread_mutex_t wake_mu;
     bool wake_open; /* the async handle may be signaled */
-    gw_worker_server_stats_t st;
-    gw_worker_server_closed_fn on_closed;
+    lnk_worker_server_stats_t st;
+    lnk_worker_server_closed_fn on_closed;
     void *closed_ud;
     eng_worker_event_t ev[POLL_BATCH];
 };
 
-gw_worker_server_params_t gw_worker_server_params_default(void)
+lnk_worker_server_params_t lnk_worker_server_params_default(void)
 {
-    return (gw_worker_server_params_t){
+    return (lnk_worker_server_params_t){
         .listen = "127.0.0.1:7070",
         .heartbeat_ms = 1000,
         .handshake_timeout_ms = 5000,
@@ -188,8 +188,8 @@ gw_worker_server_params_t gw_worker_server_params_default(void)
     };
 }
 
-static void check_closed(gw_worker_server_t *s);
-static void finish_drain(gw_worker_server_t *s);
+static void check_closed(lnk_worker_server_t *s);
+static void finish_drain(lnk_worker_server_t *s);
 
 /* ---------------------------------------------------------------------------------------------
  * Frames out
@@ -208,14 +208,14 @@ static void send_error(srv_conn_t *c, uint64_t cid, int code, const char *msg)
     f.u.error.request_id = cid;
     f.u.error.code = code;
     f.u.error.message = msg_slice(msg);
-    gw_wconn_send(&c->w, &f);
+    lnk_wconn_send(&c->w, &f);
 }
 
 static void send_load(srv_conn_t *c)
 {
     eng_wire_frame_t f = {.type = ENG_WIRE_LOAD};
     eng_worker_load(c->s->worker, &f.u.load);
-    gw_wconn_send(&c->w, &f);
+    lnk_wconn_send(&c->w, &f);
 }
 
 /* Refuses the handshake: REJECT with the reason, then close after it is written. */
@@ -231,10 +231,10 @@ static void reject(srv_conn_t *c, int code, const char *fmt, ...)
     eng_wire_frame_t f = {.type = ENG_WIRE_REJECT};
     f.u.error.code = code;
     f.u.error.message = msg_slice(msg);
-    gw_wconn_send(&c->w, &f);
+    lnk_wconn_send(&c->w, &f);
     c->rejected = true;
     c->s->st.conns_rejected++;
-    gw_wconn_close(&c->w, code, msg, true);
+    lnk_wconn_close(&c->w, code, msg, true);
 }
 
 /* A frame the protocol does not allow here: ERROR (request 0) with the reason, then close. */
@@ -247,7 +247,7 @@ static void protocol_error(srv_conn_t *c, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     send_error(c, 0, PC_ERR_FORMAT, msg);
-    gw_wconn_close(&c->w, PC_ERR_FORMAT, msg, true);
+    lnk_wconn_close(&c->w, PC_ERR_FORMAT, msg, true);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -256,7 +256,7 @@ static void protocol_error(srv_conn_t *c, const char *fmt, ...)
 
 static void on_hello(srv_conn_t *c, const eng_wire_hello_t *h)
 {
-    gw_worker_server_t *s = c->s;
+    lnk_worker_server_t *s = c->s;
     const eng_worker_info_t *in = &s->info;
     if (h->role != ENG_WIRE_ROLE_GATEWAY) {
         reject(c, PC_ERR_INVAL, "role %u: only a gateway (role 1) connects to a worker", h->role);
@@ -297,8 +297,8 @@ static void on_hello(srv_conn_t *c, const eng_wire_hello_t *h)
     c->ready = true;
     c->w.error_frame = ENG_WIRE_ERROR;
     c->w.max_frame_out = h->max_frame;
-    gw_wconn_set_deadline(&c->w, 0, NULL);
-    gw_wconn_set_heartbeat(&c->w, s->p.heartbeat_ms, 3 * h->heartbeat_ms);
+    lnk_wconn_set_deadline(&c->w, 0, NULL);
+    lnk_wconn_set_heartbeat(&c->w, s->p.heartbeat_ms, 3 * h->heartbeat_ms);
 
     eng_wire_frame_t f = {.type = ENG_WIRE_HELLO_ACK};
     eng_wire_hello_t *a = &f.u.hello;
@@ -312,7 +312,7 @@ static void on_hello(srv_conn_t *c, const eng_wire_hello_t *h)
     a->n_vocab = in->n_vocab;
     a->n_ctx = in->n_ctx;
     a->block_tokens = in->block_tokens;
-    gw_wconn_send(&c->w, &f);
+    lnk_wconn_send(&c->w, &f);
     send_load(c); /* the router's first figures */
     PC_LOG(PC_LOG_INFO, "worker", "conn %s: gateway '%s' connected (heartbeat %u ms)", c->peer,
            c->node, h->heartbeat_ms);
@@ -320,7 +320,7 @@ static void on_hello(srv_conn_t *c, const eng_wire_hello_t *h)
 
 static void on_submit(srv_conn_t *c, const eng_wire_submit_t *sub)
 {
-    gw_worker_server_t *s = c->s;
+    lnk_worker_server_t *s = c->s;
     uint64_t cid = sub->request_id;
     if (cid == 0) {
         protocol_error(c, "SUBMIT with request id 0");
@@ -367,7 +367,7 @@ static void on_cancel(srv_conn_t *c, uint64_t cid)
     eng_worker_cancel(c->s->worker, r->wid);
 }
 
-static void on_frame(gw_wconn_t *w, const eng_wire_frame_t *f)
+static void on_frame(lnk_wconn_t *w, const eng_wire_frame_t *f)
 {
     srv_conn_t *c = w->data;
     if (!c->ready) {
@@ -400,10 +400,10 @@ static void on_frame(gw_wconn_t *w, const eng_wire_frame_t *f)
  * Connections
  * ------------------------------------------------------------------------------------------- */
 
-static void on_conn_closed(gw_wconn_t *w)
+static void on_conn_closed(lnk_wconn_t *w)
 {
     srv_conn_t *c = w->data;
-    gw_worker_server_t *s = c->s;
+    lnk_worker_server_t *s = c->s;
     int err = w->close_err;
     if (!c->rejected) {
         if (err == PC_ERR_FORMAT || err == PC_ERR_UNSUPPORTED || err == PC_ERR_RANGE)
@@ -450,11 +450,11 @@ static void on_conn_closed(gw_wconn_t *w)
     check_closed(s);
 }
 
-static const gw_wconn_ops_t conn_ops = {.on_frame = on_frame, .on_closed = on_conn_closed};
+static const lnk_wconn_ops_t conn_ops = {.on_frame = on_frame, .on_closed = on_conn_closed};
 
 static void on_connection(uv_stream_t *l, int status)
 {
-    gw_worker_server_t *s = l->data;
+    lnk_worker_server_t *s = l->data;
     if (status < 0) {
         PC_LOG(PC_LOG_WARN, "worker", "accept: %s", uv_strerror(status));
         return;
@@ -463,7 +463,7 @@ static void on_connection(uv_stream_t *l, int status)
     memset(c, 0, offsetof(srv_conn_t, w));
     c->s = s;
     snprintf(c->peer, sizeof c->peer, "?");
-    if (gw_wconn_init(s->loop, &c->w, &conn_ops, c, s->p.max_frame, s->p.max_queue_bytes) != 0) {
+    if (lnk_wconn_init(s->loop, &c->w, &conn_ops, c, s->p.max_frame, s->p.max_queue_bytes) != 0) {
         PC_LOG(PC_LOG_ERROR, "worker", "accept: cannot set up a connection");
         pc_free(c);
         return;
@@ -476,23 +476,23 @@ static void on_connection(uv_stream_t *l, int status)
     int rc = uv_accept(l, (uv_stream_t *)&c->w.tcp);
     if (rc != 0) {
         PC_LOG(PC_LOG_WARN, "worker", "accept: %s", uv_strerror(rc));
-        gw_wconn_close(&c->w, PC_ERR_IO, "accept failed", false);
+        lnk_wconn_close(&c->w, PC_ERR_IO, "accept failed", false);
         return;
     }
     s->st.conns_accepted++;
     struct sockaddr_storage sa;
     int len = sizeof sa;
     if (uv_tcp_getpeername(&c->w.tcp, (struct sockaddr *)&sa, &len) == 0)
-        gw_wconn_format_addr((struct sockaddr *)&sa, c->peer, sizeof c->peer);
+        lnk_wconn_format_addr((struct sockaddr *)&sa, c->peer, sizeof c->peer);
     c->w.error_frame = ENG_WIRE_REJECT;
-    if (gw_wconn_start(&c->w) != 0)
+    if (lnk_wconn_start(&c->w) != 0)
         return;
     PC_LOG(PC_LOG_DEBUG, "worker", "conn %s: accepted", c->peer);
     if (s->st.conns_open > s->p.max_conns) {
         reject(c, PC_ERR_OVERLOADED, "too many connections (limit %u)", s->p.max_conns);
         return;
     }
-    gw_wconn_set_deadline(&c->w, s->p.handshake_timeout_ms, "no HELLO before the deadline");
+    lnk_wconn_set_deadline(&c->w, s->p.handshake_timeout_ms, "no HELLO before the deadline");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -501,7 +501,7 @@ static void on_connection(uv_stream_t *l, int status)
 
 /* The connection that owns the event's request, with the frame's id rewritten to the
  * connection's; NULL (the event is dropped) when the connection is gone. */
-static srv_req_t *route(gw_worker_server_t *s, uint64_t wid)
+static srv_req_t *route(lnk_worker_server_t *s, uint64_t wid)
 {
     srv_req_t *r = map_get(&s->reqs, wid);
     if (r == NULL)
@@ -509,7 +509,7 @@ static srv_req_t *route(gw_worker_server_t *s, uint64_t wid)
     return r;
 }
 
-static void forget_if_done(gw_worker_server_t *s, srv_req_t *r)
+static void forget_if_done(lnk_worker_server_t *s, srv_req_t *r)
 {
     if (!r->live && r->pins == 0) {
         map_del(&s->reqs, r->wid);
@@ -517,14 +517,14 @@ static void forget_if_done(gw_worker_server_t *s, srv_req_t *r)
     }
 }
 
-static void broadcast(gw_worker_server_t *s, const eng_wire_frame_t *f)
+static void broadcast(lnk_worker_server_t *s, const eng_wire_frame_t *f)
 {
     for (srv_conn_t *c = s->conns; c != NULL; c = c->next)
-        if (c->ready && gw_wconn_is_open(&c->w))
-            gw_wconn_send(&c->w, f);
+        if (c->ready && lnk_wconn_is_open(&c->w))
+            lnk_wconn_send(&c->w, f);
 }
 
-static void dispatch(gw_worker_server_t *s, const eng_worker_event_t *ev)
+static void dispatch(lnk_worker_server_t *s, const eng_worker_event_t *ev)
 {
     eng_wire_frame_t f = *ev;
     srv_req_t *r;
@@ -533,7 +533,7 @@ static void dispatch(gw_worker_server_t *s, const eng_worker_event_t *ev)
         if ((r = route(s, ev->u.token.request_id)) == NULL)
             return;
         f.u.token.request_id = r->cid;
-        gw_wconn_send(&r->conn->w, &f);
+        lnk_wconn_send(&r->conn->w, &f);
         return;
     case ENG_WIRE_DONE:
     case ENG_WIRE_ERROR: {
@@ -544,7 +544,7 @@ static void dispatch(gw_worker_server_t *s, const eng_worker_event_t *ev)
             f.u.done.request_id = r->cid;
         else
             f.u.error.request_id = r->cid;
-        gw_wconn_send(&r->conn->w, &f);
+        lnk_wconn_send(&r->conn->w, &f);
         if (r->live) {
             r->live = false;
             map_del(&r->conn->reqs, r->cid);
@@ -565,7 +565,7 @@ static void dispatch(gw_worker_server_t *s, const eng_worker_event_t *ev)
             r->pins++;
         else if (r->pins > 0)
             r->pins--;
-        gw_wconn_send(&r->conn->w, &f);
+        lnk_wconn_send(&r->conn->w, &f);
         forget_if_done(s, r);
         return;
     case ENG_WIRE_LOAD:
@@ -578,7 +578,7 @@ static void dispatch(gw_worker_server_t *s, const eng_worker_event_t *ev)
     }
 }
 
-static void drain_events(gw_worker_server_t *s)
+static void drain_events(lnk_worker_server_t *s)
 {
     if (s->worker == NULL)
         return;
@@ -589,7 +589,7 @@ static void drain_events(gw_worker_server_t *s)
             dispatch(s, &s->ev[i]);
     } while (k == POLL_BATCH);
     for (srv_conn_t *c = s->conns; c != NULL; c = c->next)
-        gw_wconn_flush(&c->w);
+        lnk_wconn_flush(&c->w);
     if (s->state == SRV_DRAINING && s->st.requests_live == 0)
         finish_drain(s);
 }
@@ -602,7 +602,7 @@ static void on_async(uv_async_t *a)
 /* The worker's wake callback, on the worker's thread. */
 static void on_wake(void *ud)
 {
-    gw_worker_server_t *s = ud;
+    lnk_worker_server_t *s = ud;
     pthread_mutex_lock(&s->wake_mu);
     if (s->wake_open)
         uv_async_send(&s->async);
@@ -615,18 +615,18 @@ static void on_wake(void *ud)
 
 static void on_server_handle_closed(uv_handle_t *h)
 {
-    gw_worker_server_t *s = h->data;
+    lnk_worker_server_t *s = h->data;
     s->n_open--;
     check_closed(s);
 }
 
-static void check_closed(gw_worker_server_t *s)
+static void check_closed(lnk_worker_server_t *s)
 {
     if (s->state != SRV_CLOSING || s->n_open > 0 || s->conns != NULL)
         return;
     s->state = SRV_CLOSED;
     if (s->free_when_closed) {
-        gw_worker_server_free(s);
+        lnk_worker_server_free(s);
         return;
     }
     PC_LOG(PC_LOG_INFO, "worker", "stopped");
@@ -636,7 +636,7 @@ static void check_closed(gw_worker_server_t *s)
 
 /* Stops the worker and closes the async handle and the drain timer (the listener is closed
  * already); connections close on their own. */
-static void close_core(gw_worker_server_t *s)
+static void close_core(lnk_worker_server_t *s)
 {
     pthread_mutex_lock(&s->wake_mu);
     s->wake_open = false;
@@ -647,16 +647,16 @@ static void close_core(gw_worker_server_t *s)
     uv_close((uv_handle_t *)&s->drain_timer, on_server_handle_closed);
 }
 
-static void finish_drain(gw_worker_server_t *s)
+static void finish_drain(lnk_worker_server_t *s)
 {
     if (s->state != SRV_DRAINING)
         return;
     s->state = SRV_CLOSING;
     uv_timer_stop(&s->drain_timer);
     for (srv_conn_t *c = s->conns; c != NULL; c = c->next) {
-        if (c->ready && gw_wconn_is_open(&c->w))
+        if (c->ready && lnk_wconn_is_open(&c->w))
             send_error(c, 0, PC_ERR_CLOSED, "the worker is shutting down");
-        gw_wconn_close(&c->w, 0, "the worker is shutting down", true);
+        lnk_wconn_close(&c->w, 0, "the worker is shutting down", true);
     }
     close_core(s);
     check_closed(s);
@@ -664,13 +664,13 @@ static void finish_drain(gw_worker_server_t *s)
 
 static void on_drain_timeout(uv_timer_t *t)
 {
-    gw_worker_server_t *s = t->data;
+    lnk_worker_server_t *s = t->data;
     PC_LOG(PC_LOG_WARN, "worker", "shutdown: %llu request(s) still live after %u ms; closing",
            (unsigned long long)s->st.requests_live, s->p.drain_timeout_ms);
     finish_drain(s);
 }
 
-void gw_worker_server_shutdown(gw_worker_server_t *s, gw_worker_server_closed_fn on_closed,
+void lnk_worker_server_shutdown(lnk_worker_server_t *s, lnk_worker_server_closed_fn on_closed,
                                void *ud)
 {
     if (s->state != SRV_RUNNING)
@@ -704,8 +704,8 @@ static size_t utf8_cut(const char *name, size_t n)
     return n;
 }
 
-int gw_worker_server_init(uv_loop_t *loop, const gw_worker_server_params_t *p,
-                          const eng_worker_params_t *wp, gw_worker_server_t **out, char *err,
+int lnk_worker_server_init(uv_loop_t *loop, const lnk_worker_server_params_t *p,
+                          const eng_worker_params_t *wp, lnk_worker_server_t **out, char *err,
                           size_t err_len)
 {
     *out = NULL;
@@ -718,12 +718,12 @@ int gw_worker_server_init(uv_loop_t *loop, const gw_worker_server_params_t *p,
         return PC_ERR_INVAL;
     }
     struct sockaddr_storage sa;
-    if (gw_wconn_parse_addr(p->listen, &sa) != 0) {
+    if (lnk_wconn_parse_addr(p->listen, &sa) != 0) {
         snprintf(err, err_len, "bad listen address '%s' (expected HOST:PORT, numeric host)",
                  p->listen ? p->listen : "(null)");
         return PC_ERR_INVAL;
     }
-    gw_worker_server_t *s = pc_xcalloc(1, sizeof *s);
+    lnk_worker_server_t *s = pc_xcalloc(1, sizeof *s);
     s->loop = loop;
     s->p = *p;
     s->p.listen = NULL; /* not kept: the caller's string */
@@ -758,7 +758,7 @@ int gw_worker_server_init(uv_loop_t *loop, const gw_worker_server_params_t *p,
     pthread_mutex_unlock(&s->wake_mu);
 
     char where[80];
-    gw_wconn_format_addr((struct sockaddr *)&sa, where, sizeof where);
+    lnk_wconn_format_addr((struct sockaddr *)&sa, where, sizeof where);
     if ((rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&sa, 0)) != 0 ||
         (rc = uv_listen((uv_stream_t *)&s->listener, 128, on_connection)) != 0) {
         snprintf(err, err_len, "cannot listen on %s: %s", where, uv_strerror(rc));
@@ -769,7 +769,7 @@ int gw_worker_server_init(uv_loop_t *loop, const gw_worker_server_params_t *p,
         snprintf(err, err_len, "getsockname: %s", uv_strerror(rc));
         goto fail;
     }
-    gw_wconn_format_addr((struct sockaddr *)&sa, s->addr, sizeof s->addr);
+    lnk_wconn_format_addr((struct sockaddr *)&sa, s->addr, sizeof s->addr);
     s->port = sa.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&sa)->sin_port)
                                       : ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
     s->state = SRV_RUNNING;
@@ -787,27 +787,27 @@ fail:
     return PC_ERR_IO;
 }
 
-const char *gw_worker_server_address(const gw_worker_server_t *s)
+const char *lnk_worker_server_address(const lnk_worker_server_t *s)
 {
     return s->addr;
 }
 
-uint16_t gw_worker_server_port(const gw_worker_server_t *s)
+uint16_t lnk_worker_server_port(const lnk_worker_server_t *s)
 {
     return s->port;
 }
 
-eng_worker_t *gw_worker_server_worker(gw_worker_server_t *s)
+eng_worker_t *lnk_worker_server_worker(lnk_worker_server_t *s)
 {
     return s->worker;
 }
 
-void gw_worker_server_stats(const gw_worker_server_t *s, gw_worker_server_stats_t *out)
+void lnk_worker_server_stats(const lnk_worker_server_t *s, lnk_worker_server_stats_t *out)
 {
     *out = s->st;
 }
 
-void gw_worker_server_free(gw_worker_server_t *s)
+void lnk_worker_server_free(lnk_worker_server_t *s)
 {
     if (s == NULL)
         return;

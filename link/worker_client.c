@@ -13,21 +13,21 @@
 #define MIN_PEER_FRAME (16u << 10)
 #define MAX_PEER_HEARTBEAT_MS 600000u
 
-struct gw_worker_client {
-    gw_worker_client_params_t p; /* strings point into the buffers below */
+struct lnk_worker_client {
+    lnk_worker_client_params_t p; /* strings point into the buffers below */
     char node[ENG_WIRE_NAME_MAX + 1];
     char model_name[ENG_WIRE_NAME_MAX + 1];
     char address[128];
-    gw_worker_client_cbs_t cbs;
+    lnk_worker_client_cbs_t cbs;
     void *ud;
     uv_connect_t connect;
     bool ready;
-    gw_wconn_t w; /* last: it ends with the read buffer */
+    lnk_wconn_t w; /* last: it ends with the read buffer */
 };
 
-gw_worker_client_params_t gw_worker_client_params_default(void)
+lnk_worker_client_params_t lnk_worker_client_params_default(void)
 {
-    return (gw_worker_client_params_t){
+    return (lnk_worker_client_params_t){
         .version_min = ENG_WIRE_VERSION,
         .version_max = ENG_WIRE_VERSION,
         .heartbeat_ms = 1000,
@@ -38,14 +38,14 @@ gw_worker_client_params_t gw_worker_client_params_default(void)
 }
 
 PC_PRINTF(3, 4)
-static void fail(gw_worker_client_t *c, int err, const char *fmt, ...)
+static void fail(lnk_worker_client_t *c, int err, const char *fmt, ...)
 {
-    char why[GW_WCONN_REASON_MAX];
+    char why[LNK_WCONN_REASON_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    gw_wconn_close(&c->w, err, why, false);
+    lnk_wconn_close(&c->w, err, why, false);
 }
 
 /* A REJECT's or connection ERROR's code, if it is one of ours. */
@@ -54,9 +54,9 @@ static int peer_code(int32_t code)
     return code < 0 && code >= PC_ERR_INTERNAL ? code : PC_ERR_UPSTREAM;
 }
 
-static void on_ack(gw_worker_client_t *c, const eng_wire_hello_t *a)
+static void on_ack(lnk_worker_client_t *c, const eng_wire_hello_t *a)
 {
-    const gw_worker_client_params_t *p = &c->p;
+    const lnk_worker_client_params_t *p = &c->p;
     if (a->role != ENG_WIRE_ROLE_WORKER) {
         fail(c, PC_ERR_FORMAT, "HELLO_ACK with role %u, not a worker", a->role);
         return;
@@ -91,15 +91,15 @@ static void on_ack(gw_worker_client_t *c, const eng_wire_hello_t *a)
     }
     c->ready = true;
     c->w.max_frame_out = a->max_frame;
-    gw_wconn_set_deadline(&c->w, 0, NULL);
-    gw_wconn_set_heartbeat(&c->w, p->heartbeat_ms, 3 * a->heartbeat_ms);
+    lnk_wconn_set_deadline(&c->w, 0, NULL);
+    lnk_wconn_set_heartbeat(&c->w, p->heartbeat_ms, 3 * a->heartbeat_ms);
     if (c->cbs.on_ready)
         c->cbs.on_ready(c, a, c->ud);
 }
 
-static void on_frame(gw_wconn_t *w, const eng_wire_frame_t *f)
+static void on_frame(lnk_wconn_t *w, const eng_wire_frame_t *f)
 {
-    gw_worker_client_t *c = w->data;
+    lnk_worker_client_t *c = w->data;
     if (f->type == ENG_WIRE_REJECT || (f->type == ENG_WIRE_ERROR && f->u.error.request_id == 0)) {
         fail(c, peer_code(f->u.error.code), "worker: %.*s", (int)f->u.error.message.len,
              f->u.error.message.base);
@@ -128,26 +128,26 @@ static void on_frame(gw_wconn_t *w, const eng_wire_frame_t *f)
     }
 }
 
-static void on_closed(gw_wconn_t *w)
+static void on_closed(lnk_wconn_t *w)
 {
-    gw_worker_client_t *c = w->data;
+    lnk_worker_client_t *c = w->data;
     if (c->cbs.on_close)
         c->cbs.on_close(c, w->close_err, w->close_reason, c->ud);
     pc_free(c);
 }
 
-static const gw_wconn_ops_t client_ops = {.on_frame = on_frame, .on_closed = on_closed};
+static const lnk_wconn_ops_t client_ops = {.on_frame = on_frame, .on_closed = on_closed};
 
 static void on_connect(uv_connect_t *req, int status)
 {
-    gw_worker_client_t *c = req->data;
-    if (status == UV_ECANCELED || c->w.state != GW_WCONN_IDLE)
+    lnk_worker_client_t *c = req->data;
+    if (status == UV_ECANCELED || c->w.state != LNK_WCONN_IDLE)
         return; /* closing already */
     if (status < 0) {
         fail(c, PC_ERR_IO, "connect to %s: %s", c->address, uv_strerror(status));
         return;
     }
-    if (gw_wconn_start(&c->w) != 0)
+    if (lnk_wconn_start(&c->w) != 0)
         return;
     eng_wire_frame_t f = {.type = ENG_WIRE_HELLO};
     eng_wire_hello_t *h = &f.u.hello;
@@ -160,20 +160,20 @@ static void on_connect(uv_connect_t *req, int status)
     h->model_name = pc_slice_cstr(c->model_name);
     h->model_fp = c->p.model_fp;
     h->n_vocab = c->p.n_vocab;
-    if (gw_wconn_send(&c->w, &f) != 0) {
+    if (lnk_wconn_send(&c->w, &f) != 0) {
         fail(c, PC_ERR_INVAL, "cannot encode HELLO");
         return;
     }
-    gw_wconn_flush(&c->w);
+    lnk_wconn_flush(&c->w);
 }
 
-int gw_worker_client_connect(uv_loop_t *loop, const gw_worker_client_params_t *p,
-                             const gw_worker_client_cbs_t *cbs, void *ud, gw_worker_client_t **out,
+int lnk_worker_client_connect(uv_loop_t *loop, const lnk_worker_client_params_t *p,
+                             const lnk_worker_client_cbs_t *cbs, void *ud, lnk_worker_client_t **out,
                              char *err, size_t err_len)
 {
     *out = NULL;
     struct sockaddr_storage sa;
-    if (gw_wconn_parse_addr(p->address, &sa) != 0) {
+    if (lnk_wconn_parse_addr(p->address, &sa) != 0) {
         snprintf(err, err_len, "bad worker address '%s' (expected HOST:PORT, numeric host)",
                  p->address ? p->address : "(null)");
         return PC_ERR_INVAL;
@@ -190,10 +190,10 @@ int gw_worker_client_connect(uv_loop_t *loop, const gw_worker_client_params_t *p
                  ENG_WIRE_NAME_MAX, MAX_PEER_HEARTBEAT_MS, MIN_PEER_FRAME);
         return PC_ERR_INVAL;
     }
-    gw_worker_client_t *c = pc_malloc(sizeof *c);
+    lnk_worker_client_t *c = pc_malloc(sizeof *c);
     if (c == NULL)
         return PC_ERR_NOMEM;
-    memset(c, 0, offsetof(gw_worker_client_t, w));
+    memset(c, 0, offsetof(lnk_worker_client_t, w));
     c->p = *p;
     snprintf(c->node, sizeof c->node, "%s", node);
     snprintf(c->model_name, sizeof c->model_name, "%s", model);
@@ -204,7 +204,7 @@ int gw_worker_client_connect(uv_loop_t *loop, const gw_worker_client_params_t *p
     if (cbs)
         c->cbs = *cbs;
     c->ud = ud;
-    int rc = gw_wconn_init(loop, &c->w, &client_ops, c, p->max_frame, p->max_queue_bytes);
+    int rc = lnk_wconn_init(loop, &c->w, &client_ops, c, p->max_frame, p->max_queue_bytes);
     if (rc != 0) {
         pc_free(c);
         snprintf(err, err_len, "cannot set up a connection: %s", pc_strerror(rc));
@@ -216,60 +216,60 @@ int gw_worker_client_connect(uv_loop_t *loop, const gw_worker_client_params_t *p
         /* The handles are initialized: close them, on_close reports it. */
         fail(c, PC_ERR_IO, "connect to %s: %s", c->address, uv_strerror(rc));
     } else {
-        gw_wconn_set_deadline(&c->w, p->connect_timeout_ms,
+        lnk_wconn_set_deadline(&c->w, p->connect_timeout_ms,
                               "no handshake with the worker before the connect timeout");
     }
     *out = c;
     return 0;
 }
 
-static int send_frame(gw_worker_client_t *c, const eng_wire_frame_t *f)
+static int send_frame(lnk_worker_client_t *c, const eng_wire_frame_t *f)
 {
-    if (!c->ready || !gw_wconn_is_open(&c->w))
+    if (!c->ready || !lnk_wconn_is_open(&c->w))
         return PC_ERR_STATE;
-    int rc = gw_wconn_send(&c->w, f);
+    int rc = lnk_wconn_send(&c->w, f);
     if (rc == 0)
-        rc = gw_wconn_flush(&c->w);
+        rc = lnk_wconn_flush(&c->w);
     return rc;
 }
 
-int gw_worker_client_submit(gw_worker_client_t *c, const eng_wire_submit_t *req)
+int lnk_worker_client_submit(lnk_worker_client_t *c, const eng_wire_submit_t *req)
 {
     eng_wire_frame_t f = {.type = ENG_WIRE_SUBMIT};
     f.u.submit = *req;
     return send_frame(c, &f);
 }
 
-int gw_worker_client_cancel(gw_worker_client_t *c, uint64_t request_id)
+int lnk_worker_client_cancel(lnk_worker_client_t *c, uint64_t request_id)
 {
     eng_wire_frame_t f = {.type = ENG_WIRE_CANCEL};
     f.u.cancel_id = request_id;
     return send_frame(c, &f);
 }
 
-int gw_worker_client_ping(gw_worker_client_t *c)
+int lnk_worker_client_ping(lnk_worker_client_t *c)
 {
     eng_wire_frame_t f = {.type = ENG_WIRE_HEARTBEAT};
     f.u.heartbeat_ms = uv_now(c->w.tcp.loop);
     return send_frame(c, &f);
 }
 
-int gw_worker_client_send_raw(gw_worker_client_t *c, const void *bytes, size_t len)
+int lnk_worker_client_send_raw(lnk_worker_client_t *c, const void *bytes, size_t len)
 {
-    if (!c->ready || !gw_wconn_is_open(&c->w))
+    if (!c->ready || !lnk_wconn_is_open(&c->w))
         return PC_ERR_STATE;
-    int rc = gw_wconn_send_raw(&c->w, bytes, len);
+    int rc = lnk_wconn_send_raw(&c->w, bytes, len);
     if (rc == 0)
-        rc = gw_wconn_flush(&c->w);
+        rc = lnk_wconn_flush(&c->w);
     return rc;
 }
 
-void gw_worker_client_close(gw_worker_client_t *c)
+void lnk_worker_client_close(lnk_worker_client_t *c)
 {
-    gw_wconn_close(&c->w, 0, "", true);
+    lnk_wconn_close(&c->w, 0, "", true);
 }
 
-void *gw_worker_client_data(const gw_worker_client_t *c)
+void *lnk_worker_client_data(const lnk_worker_client_t *c)
 {
     return c->ud;
 }

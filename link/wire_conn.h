@@ -2,12 +2,12 @@
  * wire_conn.h — one TCP connection that speaks the worker protocol (engine/wire.h): the part
  * that the worker server (worker_server.c) and its client library (worker_client.c) share.
  *
- * A gw_wconn_t owns a uv_tcp_t, a uv_timer_t, the incremental frame decoder and the output
+ * A lnk_wconn_t owns a uv_tcp_t, a uv_timer_t, the incremental frame decoder and the output
  * queue. It turns uv_read_cb chunks into decoded frames (ops->on_frame, one call per frame),
- * encodes outgoing frames into a pending buffer that gw_wconn_flush hands to uv_write in one
+ * encodes outgoing frames into a pending buffer that lnk_wconn_flush hands to uv_write in one
  * piece, and runs the liveness rules of the protocol on its timer:
  *
- *   - once the handshake is done (gw_wconn_set_heartbeat), it sends HEARTBEAT whenever it sent
+ *   - once the handshake is done (lnk_wconn_set_heartbeat), it sends HEARTBEAT whenever it sent
  *     nothing for heartbeat_ms, and drops a peer silent for longer than the peer timeout (the
  *     protocol's rule: 3 of the peer's intervals) with PC_ERR_TIMEOUT;
  *   - an optional deadline (the handshake) drops the connection when it passes;
@@ -15,18 +15,18 @@
  *     buffer) never exceed max_queue_bytes: a peer that stops reading is dropped with
  *     PC_ERR_OVERLOADED instead of growing memory without bound.
  *
- * Lifecycle. gw_wconn_init initializes both handles (the owner then accepts or connects on
- * c->tcp) and gw_wconn_start begins reading. Every path out goes through gw_wconn_close, which
+ * Lifecycle. lnk_wconn_init initializes both handles (the owner then accepts or connects on
+ * c->tcp) and lnk_wconn_start begins reading. Every path out goes through lnk_wconn_close, which
  * records the first reason, stops reading and closes both handles; ops->on_closed runs once
  * after both close callbacks, and only then may the owner free the memory that embeds the
  * connection. A connection that was initialized must be closed, even if it never started. A
- * closing connection accepts no more frames (gw_wconn_send returns PC_ERR_CLOSED) and calls no
+ * closing connection accepts no more frames (lnk_wconn_send returns PC_ERR_CLOSED) and calls no
  * more on_frame.
  *
  * Threads: everything runs on the loop's thread.
  */
-#ifndef GW_WIRE_CONN_H
-#define GW_WIRE_CONN_H
+#ifndef LNK_WIRE_CONN_H
+#define LNK_WIRE_CONN_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -35,36 +35,36 @@
 
 #include "wire.h"
 
-#define GW_WCONN_READ_BYTES (64u << 10)
-#define GW_WCONN_REASON_MAX 256
+#define LNK_WCONN_READ_BYTES (64u << 10)
+#define LNK_WCONN_REASON_MAX 256
 
-typedef struct gw_wconn gw_wconn_t;
+typedef struct lnk_wconn lnk_wconn_t;
 
-typedef struct gw_wconn_ops {
+typedef struct lnk_wconn_ops {
     /* A decoded frame; f and what it points to are valid only during the call. The callback
      * may send frames and may close the connection (later frames of the chunk are dropped). */
-    void (*on_frame)(gw_wconn_t *c, const eng_wire_frame_t *f);
+    void (*on_frame)(lnk_wconn_t *c, const eng_wire_frame_t *f);
     /* Both handles are closed: the owner may free the memory now. c->close_err and
      * c->close_reason say why the connection ended (0 and "" for an orderly local close). */
-    void (*on_closed)(gw_wconn_t *c);
-} gw_wconn_ops_t;
+    void (*on_closed)(lnk_wconn_t *c);
+} lnk_wconn_ops_t;
 
-enum gw_wconn_state {
-    GW_WCONN_IDLE = 0, /* initialized, not reading yet */
-    GW_WCONN_OPEN,     /* reading and writing */
-    GW_WCONN_DRAINING, /* closing after the queued bytes are written (uv_shutdown) */
-    GW_WCONN_CLOSING,  /* handles closing */
-    GW_WCONN_CLOSED,   /* both close callbacks ran */
+enum lnk_wconn_state {
+    LNK_WCONN_IDLE = 0, /* initialized, not reading yet */
+    LNK_WCONN_OPEN,     /* reading and writing */
+    LNK_WCONN_DRAINING, /* closing after the queued bytes are written (uv_shutdown) */
+    LNK_WCONN_CLOSING,  /* handles closing */
+    LNK_WCONN_CLOSED,   /* both close callbacks ran */
 };
 
 /* Transparent so that owners embed it; fields with a leading underscore are private. */
-struct gw_wconn {
+struct lnk_wconn {
     uv_tcp_t tcp; /* tcp.data and timer.data are the connection's; use c->data */
     uv_timer_t timer;
     void *data; /* the owner's */
-    int state;  /* enum gw_wconn_state, read-only for the owner */
+    int state;  /* enum lnk_wconn_state, read-only for the owner */
     int close_err;
-    char close_reason[GW_WCONN_REASON_MAX];
+    char close_reason[LNK_WCONN_REASON_MAX];
     uint32_t max_frame_out; /* the largest payload the peer accepts (its HELLO's max_frame) */
     uint64_t frames_in, frames_out, bytes_in, bytes_out;
     /* Set by the owner: on a bad frame, send a frame of this type (ENG_WIRE_REJECT during the
@@ -72,7 +72,7 @@ struct gw_wconn {
      * sends nothing (the gateway side: the protocol has no such frame from the gateway). */
     uint8_t error_frame;
 
-    const gw_wconn_ops_t *_ops;
+    const lnk_wconn_ops_t *_ops;
     eng_wire_decoder_t *_dec;
     pc_buf_t _out;         /* encoded frames not handed to uv_write yet */
     size_t _bytes_writing; /* handed to uv_write, write callback not run yet */
@@ -84,63 +84,63 @@ struct gw_wconn {
     int _n_open;   /* handles not closed yet */
     bool _in_read; /* inside the read callback: flush at its end */
     uv_shutdown_t _shutdown;
-    char _rbuf[GW_WCONN_READ_BYTES];
+    char _rbuf[LNK_WCONN_READ_BYTES];
 };
 
 /* Initializes the handles and the decoder (max_frame: largest payload accepted, 0 = default;
  * max_queue_bytes: the output limit, 0 = 64 MiB). Returns 0, PC_ERR_NOMEM or PC_ERR_IO; on
  * failure nothing needs closing. */
-int gw_wconn_init(uv_loop_t *loop, gw_wconn_t *c, const gw_wconn_ops_t *ops, void *data,
+int lnk_wconn_init(uv_loop_t *loop, lnk_wconn_t *c, const lnk_wconn_ops_t *ops, void *data,
                   uint32_t max_frame, size_t max_queue_bytes);
 
 /* Starts reading and the timer (after uv_accept or a successful connect). Returns 0 or
  * PC_ERR_IO (the connection is then closing with that reason). */
-int gw_wconn_start(gw_wconn_t *c);
+int lnk_wconn_start(lnk_wconn_t *c);
 
-/* Encodes f into the pending output (written by the next gw_wconn_flush; frames sent from
+/* Encodes f into the pending output (written by the next lnk_wconn_flush; frames sent from
  * on_frame are flushed when the read callback ends). Returns 0; PC_ERR_CLOSED (the connection
  * is closing: nothing sent); PC_ERR_INVAL (f breaks a protocol rule: nothing sent, connection
  * unchanged); PC_ERR_OVERLOADED (the output limit was hit: the connection is now closing). */
-int gw_wconn_send(gw_wconn_t *c, const eng_wire_frame_t *f);
+int lnk_wconn_send(lnk_wconn_t *c, const eng_wire_frame_t *f);
 
 /* Appends raw bytes to the pending output, unchecked (tests of the peer's decoder). Returns
- * like gw_wconn_send. */
-int gw_wconn_send_raw(gw_wconn_t *c, const void *bytes, size_t len);
+ * like lnk_wconn_send. */
+int lnk_wconn_send_raw(lnk_wconn_t *c, const void *bytes, size_t len);
 
 /* Hands the pending output to uv_write. Returns 0 or PC_ERR_IO (the connection is closing). */
-int gw_wconn_flush(gw_wconn_t *c);
+int lnk_wconn_flush(lnk_wconn_t *c);
 
 /* Turns the heartbeats on (after the handshake; none may precede it): a HEARTBEAT whenever
  * nothing was sent for interval_ms, and a peer silent for peer_timeout_ms is dropped. Either
  * may be 0 (off). Restarts the silence clock. */
-void gw_wconn_set_heartbeat(gw_wconn_t *c, uint32_t interval_ms, uint32_t peer_timeout_ms);
+void lnk_wconn_set_heartbeat(lnk_wconn_t *c, uint32_t interval_ms, uint32_t peer_timeout_ms);
 
 /* Drops the connection with PC_ERR_TIMEOUT and why (a static string) when it is still open ms
- * from now; 0 clears the deadline. Also works before gw_wconn_start (a connect in progress). */
-void gw_wconn_set_deadline(gw_wconn_t *c, uint32_t ms, const char *why);
+ * from now; 0 clears the deadline. Also works before lnk_wconn_start (a connect in progress). */
+void lnk_wconn_set_deadline(lnk_wconn_t *c, uint32_t ms, const char *why);
 
 /* Ends the connection; the first call's err and reason stick (err 0: an orderly close).
  * drain: write what is queued first (uv_shutdown; at most 2 s, then the handles close anyway).
  * Later calls only turn a drain into an immediate close when drain is false. */
-void gw_wconn_close(gw_wconn_t *c, int err, const char *reason, bool drain);
+void lnk_wconn_close(lnk_wconn_t *c, int err, const char *reason, bool drain);
 
 /* Whether frames can still be sent (OPEN). */
-static inline bool gw_wconn_is_open(const gw_wconn_t *c)
+static inline bool lnk_wconn_is_open(const lnk_wconn_t *c)
 {
-    return c->state == GW_WCONN_OPEN;
+    return c->state == LNK_WCONN_OPEN;
 }
 
 /* Bytes queued for writing (pending plus in uv_write). */
-static inline size_t gw_wconn_queued_bytes(const gw_wconn_t *c)
+static inline size_t lnk_wconn_queued_bytes(const lnk_wconn_t *c)
 {
     return c->_out.len + c->_bytes_writing;
 }
 
 /* Parses "HOST:PORT" ("[v6]:PORT" for IPv6; "localhost" means 127.0.0.1) into *addr. Names
  * other than localhost are not resolved. Returns 0 or PC_ERR_INVAL. */
-int gw_wconn_parse_addr(const char *hostport, struct sockaddr_storage *addr);
+int lnk_wconn_parse_addr(const char *hostport, struct sockaddr_storage *addr);
 
 /* "HOST:PORT" of addr into buf. */
-void gw_wconn_format_addr(const struct sockaddr *addr, char *buf, size_t len);
+void lnk_wconn_format_addr(const struct sockaddr *addr, char *buf, size_t len);
 
 #endif

@@ -151,7 +151,7 @@ int bench_tokenizer_main(int argc, char **argv)
         corpus_walk(&c, "tests/node/node_modules/@huggingface/tokenizers");
         corpus_walk(&c, "tests/node/node_modules/@lenml/tokenizers");
         static const char *const dirs[] = {"common",  "radix",      "engine",     "gateway",
-                                           "billing", "tests/unit", "tests/bench"};
+                                           "billing", "tests/unit", "bench"};
         for (size_t i = 0; i < PC_ARRAY_LEN(dirs); i++)
             corpus_walk(&c, dirs[i]);
     }
