@@ -10,6 +10,8 @@ pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 # ICU (common library only): Unicode NFC for the tokenizer (Qwen's tokenizer.json normalizes).
 pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
+# libsodium: keyed BLAKE2b (cache namespaces), SHA-256 and HMAC (API keys, worker link auth).
+pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium)
 
 add_library(kvgw_dep_uv INTERFACE)
 target_link_libraries(kvgw_dep_uv INTERFACE PkgConfig::UV)
@@ -26,6 +28,8 @@ add_library(kvgw_dep_xxhash INTERFACE)
 target_link_libraries(kvgw_dep_xxhash INTERFACE PkgConfig::XXHASH)
 add_library(kvgw_dep_openblas INTERFACE)
 target_link_libraries(kvgw_dep_openblas INTERFACE PkgConfig::OPENBLAS)
+add_library(kvgw_dep_sodium INTERFACE)
+target_link_libraries(kvgw_dep_sodium INTERFACE PkgConfig::SODIUM)
 add_library(kvgw_dep_icu INTERFACE)
 target_link_libraries(kvgw_dep_icu INTERFACE PkgConfig::ICU)
 

@@ -11,7 +11,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 pkgs=(
     build-essential cmake pkg-config git ca-certificates
     libuv1-dev node-llhttp libhiredis-dev libxxhash-dev libjansson-dev libpcre2-dev
-    libopenblas-dev libyaml-dev libicu-dev redis-server redis-tools
+    libopenblas-dev libyaml-dev libicu-dev libsodium-dev redis-server redis-tools
     clang libclang-rt-14-dev clang-format
     curl jq
 )
