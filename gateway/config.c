@@ -1,0 +1,940 @@
+/*
+ * config.c — YAML configuration (config.h): libyaml's document API gives a node tree with
+ * line numbers; a small schema walker below checks every key and value against what the
+ * gateway knows and fills gw_config_t over the built-in defaults.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <sodium.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "common.h"
+
+/* The namespace secret used when the config gives none: fine for a laptop, never for a
+ * deployment (serve prints a warning). */
+static const char default_ns_secret[] = "kvgw-demo-namespace-secret-change-me";
+
+static void hash_key(const char *key, size_t len, uint8_t out[GW_SHA256_BYTES])
+{
+    crypto_hash_sha256(out, (const unsigned char *)key, len);
+}
+
+static int add_key(gw_config_t *c, const char *key, const char *id, const char *tenant)
+{
+    gw_cfg_key_t *k = pc_reallocarray(c->keys, c->n_keys + 1, sizeof *k);
+    if (k == NULL)
+        return PC_ERR_NOMEM;
+    c->keys = k;
+    k += c->n_keys;
+    memset(k, 0, sizeof *k);
+    hash_key(key, strlen(key), k->sha256);
+    k->id = pc_strdup(id);
+    k->tenant = pc_strdup(tenant);
+    c->n_keys++;
+    return (k->id && k->tenant) ? 0 : PC_ERR_NOMEM;
+}
+
+int gw_config_default(gw_config_t *c)
+{
+    if (sodium_init() < 0)
+        return PC_ERR_INTERNAL;
+    memset(c, 0, sizeof *c);
+    c->source = pc_strdup("(built-in default)");
+    c->listen_host = pc_strdup("127.0.0.1");
+    c->listen_port = 8080;
+    c->models = pc_calloc(1, sizeof *c->models);
+    if (c->models == NULL)
+        goto fail;
+    c->n_models = 1;
+    gw_cfg_model_t *m = &c->models[0];
+    m->name = pc_strdup("kvgw-demo");
+    m->path = pc_strdup("models/kvgw-demo.gguf");
+    m->min_cache_tokens = 64;
+    m->auto_ttl_ms = 5 * 60 * 1000;
+    m->in_process = 2;
+    m->threads = 1;
+    m->backend = pc_strdup("cpu");
+    if (add_key(c, "sk-kvgw-demo", "demo-key", "demo") ||
+        add_key(c, "sk-kvgw-demo2", "demo2-key", "demo2"))
+        goto fail;
+    c->has_admin_key = true;
+    hash_key("sk-kvgw-admin", strlen("sk-kvgw-admin"), c->admin_sha256);
+    crypto_generichash(c->namespace_secret, sizeof c->namespace_secret,
+                       (const unsigned char *)default_ns_secret, strlen(default_ns_secret), NULL,
+                       0);
+    c->namespace_secret_is_default = true;
+    c->worker_heartbeat_ms = 1000;
+    c->worker_connect_timeout_ms = 3000;
+    c->max_body_bytes = 32u << 20;
+    c->max_header_bytes = 64u << 10;
+    c->max_headers = 100;
+    c->header_timeout_ms = 10000;
+    c->body_timeout_ms = 30000;
+    c->idle_timeout_ms = 60000;
+    c->max_connections = 4096;
+    c->stream_high_water = 256u << 10;
+    c->shutdown_grace_ms = 10000;
+    c->accounting = GW_ACCOUNTING_TOKEN;
+    c->cache_max_tokens = 64u << 20;
+    c->ledger_dir = pc_strdup("var/ledger");
+    c->fsync = GW_FSYNC_BATCH;
+    c->fsync_batch_ms = 2;
+    c->segment_bytes = 64u << 20;
+    c->pricing_path = pc_strdup("conf/pricing.yaml");
+    c->storage_interval_ms = 60000;
+    c->instance_id = pc_strdup("gw1");
+    c->redis_port = 6379;
+    c->redis_timeout_ms = 1000;
+    c->access_log = pc_strdup("-");
+    c->log_level = pc_strdup("info");
+    if (!c->source || !c->listen_host || !m->name || !m->path || !m->backend || !c->ledger_dir ||
+        !c->pricing_path || !c->instance_id || !c->access_log || !c->log_level)
+        goto fail;
+    return 0;
+fail:
+    gw_config_free(c);
+    return PC_ERR_NOMEM;
+}
+
+static void free_model(gw_cfg_model_t *m)
+{
+    pc_free(m->name);
+    pc_free(m->path);
+    pc_free(m->backend);
+    for (size_t i = 0; i < m->n_remote; i++)
+        pc_free(m->remote[i]);
+    pc_free(m->remote);
+}
+
+static void free_keys(gw_config_t *c)
+{
+    for (size_t i = 0; i < c->n_keys; i++) {
+        pc_free(c->keys[i].id);
+        pc_free(c->keys[i].tenant);
+    }
+    pc_free(c->keys);
+    c->keys = NULL;
+    c->n_keys = 0;
+}
+
+void gw_config_free(gw_config_t *c)
+{
+    if (c == NULL)
+        return;
+    pc_free(c->source);
+    pc_free(c->listen_host);
+    for (size_t i = 0; i < c->n_models; i++)
+        free_model(&c->models[i]);
+    pc_free(c->models);
+    free_keys(c);
+    if (c->link_secret) {
+        sodium_memzero(c->link_secret, strlen(c->link_secret));
+        pc_free(c->link_secret);
+    }
+    pc_free(c->ledger_dir);
+    pc_free(c->pricing_path);
+    pc_free(c->instance_id);
+    pc_free(c->redis_host);
+    if (c->redis_password) {
+        sodium_memzero(c->redis_password, strlen(c->redis_password));
+        pc_free(c->redis_password);
+    }
+    pc_free(c->access_log);
+    pc_free(c->log_level);
+    sodium_memzero(c->namespace_secret, sizeof c->namespace_secret);
+    memset(c, 0, sizeof *c);
+}
+
+/* ---- units ---------------------------------------------------------------------------- */
+
+static int parse_scaled(const char *s, uint64_t *out, const char *const *units,
+                        const uint64_t *scales, size_t n_units)
+{
+    if (s == NULL || !isdigit((unsigned char)s[0]))
+        return PC_ERR_INVAL;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0)
+        return PC_ERR_INVAL;
+    while (*end == ' ')
+        end++;
+    uint64_t scale = 1;
+    if (*end != '\0') {
+        size_t i = 0;
+        while (i < n_units && strcmp(end, units[i]) != 0)
+            i++;
+        if (i == n_units)
+            return PC_ERR_INVAL;
+        scale = scales[i];
+    }
+    if (v > UINT64_MAX / scale)
+        return PC_ERR_INVAL;
+    *out = (uint64_t)v * scale;
+    return 0;
+}
+
+int gw_config_parse_duration(const char *s, uint64_t *ms)
+{
+    static const char *const units[] = {"ms", "s", "m", "h", "d"};
+    static const uint64_t scales[] = {1, 1000, 60000, 3600000, 86400000};
+    return parse_scaled(s, ms, units, scales, PC_ARRAY_LEN(units));
+}
+
+int gw_config_parse_size(const char *s, uint64_t *bytes)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "KB", "MB", "GB"};
+    static const uint64_t scales[] = {1,    1ull << 10, 1ull << 20, 1ull << 30,
+                                      1000, 1000000,    1000000000};
+    return parse_scaled(s, bytes, units, scales, PC_ARRAY_LEN(units));
+}
+
+/* ---- the schema walker ------------------------------------------------------------------ */
+
+typedef struct walk {
+    yaml_document_t *doc;
+    const char *name;
+    char *err;
+    size_t err_len;
+    char path[256];   /* the key path being read, for messages */
+    yaml_node_t *key; /* its key node (unknown keys are reported at the key's line) */
+} walk_t;
+
+static int fail_at(walk_t *w, yaml_node_t *n, const char *fmt, ...) PC_PRINTF(3, 4);
+static int fail_at(walk_t *w, yaml_node_t *n, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return pc_err_setf(w->err, w->err_len, PC_ERR_INVAL, "%s:%lu: %s: %s", w->name,
+                       n ? (unsigned long)n->start_mark.line + 1 : 0ul, w->path, msg);
+}
+
+static const char *scalar(yaml_node_t *n)
+{
+    return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
+}
+
+static bool is_null(yaml_node_t *n)
+{
+    const char *s = scalar(n);
+    return s && n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+           (s[0] == '\0' || strcmp(s, "~") == 0 || strcmp(s, "null") == 0);
+}
+
+static int get_str(walk_t *w, yaml_node_t *n, char **out)
+{
+    const char *s = scalar(n);
+    if (s == NULL || is_null(n))
+        return fail_at(w, n, "expected a string");
+    char *d = pc_strdup(s);
+    if (d == NULL)
+        return PC_ERR_NOMEM;
+    pc_free(*out);
+    *out = d;
+    return 0;
+}
+
+/* A secret: "env:NAME", "file:PATH" or the literal value. */
+static int get_secret(walk_t *w, yaml_node_t *n, char **out)
+{
+    const char *s = scalar(n);
+    if (s == NULL || is_null(n))
+        return fail_at(w, n, "expected a string (or env:NAME, file:PATH)");
+    char *v = NULL;
+    if (strncmp(s, "env:", 4) == 0) {
+        const char *e = getenv(s + 4);
+        if (e == NULL || e[0] == '\0')
+            return fail_at(w, n, "environment variable %s is not set", s + 4);
+        v = pc_strdup(e);
+    } else if (strncmp(s, "file:", 5) == 0) {
+        FILE *f = fopen(s + 5, "rb");
+        if (f == NULL)
+            return fail_at(w, n, "cannot read %s: %s", s + 5, strerror(errno));
+        char buf[4096];
+        size_t k = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        while (k > 0 && isspace((unsigned char)buf[k - 1]))
+            k--;
+        size_t b = 0;
+        while (b < k && isspace((unsigned char)buf[b]))
+            b++;
+        if (k == b)
+            return fail_at(w, n, "%s is empty", s + 5);
+        v = pc_strndup(buf + b, k - b);
+        sodium_memzero(buf, sizeof buf);
+    } else {
+        v = pc_strdup(s);
+    }
+    if (v == NULL)
+        return PC_ERR_NOMEM;
+    if (v[0] == '\0') {
+        pc_free(v);
+        return fail_at(w, n, "must not be empty");
+    }
+    if (*out)
+        sodium_memzero(*out, strlen(*out));
+    pc_free(*out);
+    *out = v;
+    return 0;
+}
+
+static int get_u64(walk_t *w, yaml_node_t *n, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    const char *s = scalar(n);
+    uint64_t v;
+    if (s == NULL || parse_scaled(s, &v, NULL, NULL, 0) != 0)
+        return fail_at(w, n, "expected an integer");
+    if (v < lo || v > hi)
+        return fail_at(w, n, "%llu is out of range [%llu, %llu]", (unsigned long long)v,
+                       (unsigned long long)lo, (unsigned long long)hi);
+    *out = v;
+    return 0;
+}
+
+static int get_u32(walk_t *w, yaml_node_t *n, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    uint64_t v;
+    int rc = get_u64(w, n, lo, hi, &v);
+    if (rc == 0)
+        *out = (uint32_t)v;
+    return rc;
+}
+
+static int get_ms(walk_t *w, yaml_node_t *n, uint64_t lo, uint64_t hi, uint32_t *out)
+{
+    const char *s = scalar(n);
+    uint64_t v;
+    if (s == NULL || gw_config_parse_duration(s, &v) != 0)
+        return fail_at(w, n, "expected a duration such as 500ms, 30s, 5m or 1h");
+    if (v < lo || v > hi)
+        return fail_at(w, n, "%s is out of range [%llums, %llums]", s, (unsigned long long)lo,
+                       (unsigned long long)hi);
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static int get_size(walk_t *w, yaml_node_t *n, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    const char *s = scalar(n);
+    uint64_t v;
+    if (s == NULL || gw_config_parse_size(s, &v) != 0)
+        return fail_at(w, n, "expected a size such as 64KiB or 32MiB");
+    if (v < lo || v > hi)
+        return fail_at(w, n, "%s is out of range [%llu, %llu] bytes", s, (unsigned long long)lo,
+                       (unsigned long long)hi);
+    *out = v;
+    return 0;
+}
+
+static int get_bool(walk_t *w, yaml_node_t *n, bool *out)
+{
+    const char *s = scalar(n);
+    if (s && strcmp(s, "true") == 0)
+        *out = true;
+    else if (s && strcmp(s, "false") == 0)
+        *out = false;
+    else
+        return fail_at(w, n, "expected true or false");
+    return 0;
+}
+
+/* "host:port" (or "[v6]:port"). */
+static int get_addr(walk_t *w, yaml_node_t *n, char **host, int *port)
+{
+    const char *s = scalar(n);
+    const char *colon = s ? strrchr(s, ':') : NULL;
+    if (colon == NULL || colon == s)
+        return fail_at(w, n, "expected HOST:PORT");
+    char *end;
+    long p = strtol(colon + 1, &end, 10);
+    if (*end != '\0' || p < 0 || p > 65535 || end == colon + 1)
+        return fail_at(w, n, "bad port in '%s'", s);
+    const char *h = s;
+    size_t hl = (size_t)(colon - s);
+    if (h[0] == '[' && hl >= 2 && h[hl - 1] == ']') {
+        h++;
+        hl -= 2;
+    }
+    char *d = pc_strndup(h, hl);
+    if (d == NULL)
+        return PC_ERR_NOMEM;
+    pc_free(*host);
+    *host = d;
+    *port = (int)p;
+    return 0;
+}
+
+/* Iterates a mapping: for each pair, sets w->path to prefix.key and calls fn. */
+typedef int (*pair_fn)(walk_t *w, const char *key, yaml_node_t *v, void *ud);
+
+static int each_pair(walk_t *w, yaml_node_t *map, const char *prefix, pair_fn fn, void *ud)
+{
+    if (map == NULL || map->type != YAML_MAPPING_NODE) {
+        snprintf(w->path, sizeof w->path, "%s", prefix[0] ? prefix : "(top level)");
+        return fail_at(w, map, "expected a mapping");
+    }
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+         p++) {
+        yaml_node_t *k = yaml_document_get_node(w->doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(w->doc, p->value);
+        const char *key = scalar(k);
+        snprintf(w->path, sizeof w->path, "%s%s%s", prefix, prefix[0] ? "." : "", key ? key : "?");
+        if (key == NULL)
+            return fail_at(w, k, "keys must be strings");
+        w->key = k;
+        int rc = fn(w, key, v, ud);
+        if (rc != 0)
+            return rc;
+        snprintf(w->path, sizeof w->path, "%s%s%s", prefix, prefix[0] ? "." : "", key);
+    }
+    return 0;
+}
+
+static int unknown(walk_t *w, yaml_node_t *v)
+{
+    return fail_at(w, w->key ? w->key : v, "unknown key");
+}
+
+/* ---- sections --------------------------------------------------------------------------- */
+
+static int model_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
+{
+    gw_cfg_model_t *m = ud;
+    if (strcmp(k, "name") == 0)
+        return get_str(w, v, &m->name);
+    if (strcmp(k, "path") == 0)
+        return get_str(w, v, &m->path);
+    if (strcmp(k, "min_cache_tokens") == 0)
+        return get_u32(w, v, 1, 1u << 24, &m->min_cache_tokens);
+    if (strcmp(k, "auto_cache_ttl") == 0) {
+        uint32_t ms;
+        int rc = get_ms(w, v, 0, UINT32_MAX, &ms);
+        if (rc == 0 && ms != 5 * 60000 && ms != 60 * 60000)
+            return fail_at(w, v, "must be 5m or 1h");
+        m->auto_ttl_ms = ms;
+        return rc;
+    }
+    if (strcmp(k, "context_tokens") == 0)
+        return get_u32(w, v, 0, 1u << 24, &m->context_tokens);
+    if (strcmp(k, "workers") == 0)
+        return get_u32(w, v, 0, GW_CONFIG_MAX_WORKERS, &m->in_process);
+    if (strcmp(k, "threads") == 0)
+        return get_u32(w, v, 1, 1024, &m->threads);
+    if (strcmp(k, "kv_cache") == 0)
+        return get_size(w, v, 0, UINT64_MAX, &m->kv_bytes);
+    if (strcmp(k, "backend") == 0) {
+        const char *s = scalar(v);
+        if (s == NULL || (strcmp(s, "cpu") && strcmp(s, "cuda") && strcmp(s, "auto")))
+            return fail_at(w, v, "expected cpu, cuda or auto");
+        return get_str(w, v, &m->backend);
+    }
+    if (strcmp(k, "remote") == 0) {
+        if (v->type != YAML_SEQUENCE_NODE)
+            return fail_at(w, v, "expected a list of HOST:PORT");
+        for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
+             it++) {
+            yaml_node_t *e = yaml_document_get_node(w->doc, *it);
+            char *host = NULL;
+            int port = 0;
+            int rc = get_addr(w, e, &host, &port);
+            pc_free(host);
+            if (rc != 0)
+                return rc;
+            if (m->n_remote + 1 > GW_CONFIG_MAX_WORKERS)
+                return fail_at(w, e, "at most %d workers", GW_CONFIG_MAX_WORKERS);
+            char **r = pc_reallocarray(m->remote, m->n_remote + 1, sizeof *r);
+            if (r == NULL)
+                return PC_ERR_NOMEM;
+            m->remote = r;
+            if ((r[m->n_remote] = pc_strdup(scalar(e))) == NULL)
+                return PC_ERR_NOMEM;
+            m->n_remote++;
+        }
+        return 0;
+    }
+    return unknown(w, v);
+}
+
+static int parse_models(walk_t *w, yaml_node_t *v, gw_config_t *c)
+{
+    if (v->type != YAML_SEQUENCE_NODE || v->data.sequence.items.start == v->data.sequence.items.top)
+        return fail_at(w, v, "expected a non-empty list of models");
+    for (size_t i = 0; i < c->n_models; i++)
+        free_model(&c->models[i]);
+    pc_free(c->models);
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    c->models = pc_calloc(n, sizeof *c->models);
+    c->n_models = 0;
+    if (c->models == NULL)
+        return PC_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *e = yaml_document_get_node(w->doc, v->data.sequence.items.start[i]);
+        gw_cfg_model_t *m = &c->models[i];
+        c->n_models = i + 1;
+        m->min_cache_tokens = 1024;
+        m->auto_ttl_ms = 5 * 60000;
+        m->threads = 1;
+        if ((m->backend = pc_strdup("cpu")) == NULL)
+            return PC_ERR_NOMEM;
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "models[%zu]", i);
+        int rc = each_pair(w, e, prefix, model_pair, m);
+        if (rc != 0)
+            return rc;
+        snprintf(w->path, sizeof w->path, "%s", prefix);
+        if (m->name == NULL || m->path == NULL)
+            return fail_at(w, e, "needs name and path");
+        if (m->in_process == 0 && m->n_remote == 0)
+            return fail_at(w, e, "needs workers (in-process count) or remote (HOST:PORT list)");
+        if (m->in_process + m->n_remote > GW_CONFIG_MAX_WORKERS)
+            return fail_at(w, e, "at most %d workers per model", GW_CONFIG_MAX_WORKERS);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(c->models[j].name, m->name) == 0)
+                return fail_at(w, e, "model name '%s' appears twice", m->name);
+    }
+    return 0;
+}
+
+typedef struct key_ctx {
+    char *key, *id, *tenant;
+    bool admin;
+} key_ctx_t;
+
+static int key_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
+{
+    key_ctx_t *kc = ud;
+    if (strcmp(k, "key") == 0)
+        return get_secret(w, v, &kc->key);
+    if (strcmp(k, "id") == 0)
+        return get_str(w, v, &kc->id);
+    if (strcmp(k, "tenant") == 0)
+        return get_str(w, v, &kc->tenant);
+    return unknown(w, v);
+}
+
+/* A key as configured -> its digest: "sha256:<hex>" or the key itself. */
+static int key_digest(walk_t *w, yaml_node_t *n, const char *key, uint8_t out[GW_SHA256_BYTES])
+{
+    if (strncmp(key, "sha256:", 7) == 0) {
+        size_t bin_len = 0;
+        if (strlen(key + 7) != 2 * GW_SHA256_BYTES ||
+            sodium_hex2bin(out, GW_SHA256_BYTES, key + 7, 2 * GW_SHA256_BYTES, NULL, &bin_len,
+                           NULL) != 0 ||
+            bin_len != GW_SHA256_BYTES)
+            return fail_at(w, n, "sha256: needs 64 hex digits");
+        return 0;
+    }
+    hash_key(key, strlen(key), out);
+    return 0;
+}
+
+static int parse_keys(walk_t *w, yaml_node_t *v, gw_config_t *c)
+{
+    if (v->type != YAML_SEQUENCE_NODE)
+        return fail_at(w, v, "expected a list of {key, id, tenant}");
+    free_keys(c);
+    size_t i = 0;
+    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
+         it++, i++) {
+        yaml_node_t *e = yaml_document_get_node(w->doc, *it);
+        key_ctx_t kc = {0};
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "api_keys[%zu]", i);
+        int rc = each_pair(w, e, prefix, key_pair, &kc);
+        snprintf(w->path, sizeof w->path, "%s", prefix);
+        if (rc == 0 && (kc.key == NULL || kc.tenant == NULL))
+            rc = fail_at(w, e, "needs key and tenant");
+        gw_cfg_key_t *nk = NULL;
+        if (rc == 0) {
+            nk = pc_reallocarray(c->keys, c->n_keys + 1, sizeof *nk);
+            rc = nk ? 0 : PC_ERR_NOMEM;
+        }
+        if (rc == 0) {
+            c->keys = nk;
+            nk += c->n_keys;
+            memset(nk, 0, sizeof *nk);
+            rc = key_digest(w, e, kc.key, nk->sha256);
+        }
+        if (rc == 0) {
+            nk->tenant = kc.tenant;
+            kc.tenant = NULL;
+            if (kc.id) {
+                nk->id = kc.id;
+                kc.id = NULL;
+            } else {
+                char hex[17];
+                sodium_bin2hex(hex, sizeof hex, nk->sha256, 8);
+                char id[32];
+                snprintf(id, sizeof id, "key-%s", hex);
+                nk->id = pc_strdup(id);
+                rc = nk->id ? 0 : PC_ERR_NOMEM;
+            }
+            c->n_keys++;
+        }
+        if (kc.key)
+            sodium_memzero(kc.key, strlen(kc.key));
+        pc_free(kc.key);
+        pc_free(kc.id);
+        pc_free(kc.tenant);
+        if (rc != 0)
+            return rc;
+        for (size_t j = 0; j + 1 < c->n_keys; j++)
+            if (sodium_memcmp(c->keys[j].sha256, c->keys[c->n_keys - 1].sha256, GW_SHA256_BYTES) ==
+                0)
+                return fail_at(w, e, "the same key appears twice");
+    }
+    return 0;
+}
+
+static int limits_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
+{
+    gw_config_t *c = ud;
+    uint64_t b;
+    int rc;
+    if (strcmp(k, "max_body_bytes") == 0) {
+        if ((rc = get_size(w, v, 1024, 1ull << 32, &b)) == 0)
+            c->max_body_bytes = (size_t)b;
+        return rc;
+    }
+    if (strcmp(k, "max_header_bytes") == 0) {
+        if ((rc = get_size(w, v, 1024, 16u << 20, &b)) == 0)
+            c->max_header_bytes = (size_t)b;
+        return rc;
+    }
+    if (strcmp(k, "stream_buffer_bytes") == 0) {
+        if ((rc = get_size(w, v, 4096, 1ull << 30, &b)) == 0)
+            c->stream_high_water = (size_t)b;
+        return rc;
+    }
+    if (strcmp(k, "max_headers") == 0)
+        return get_u32(w, v, 8, 10000, &c->max_headers);
+    if (strcmp(k, "max_connections") == 0)
+        return get_u32(w, v, 1, 1000000, &c->max_connections);
+    if (strcmp(k, "header_timeout") == 0)
+        return get_ms(w, v, 10, 3600000, &c->header_timeout_ms);
+    if (strcmp(k, "body_timeout") == 0)
+        return get_ms(w, v, 10, 3600000, &c->body_timeout_ms);
+    if (strcmp(k, "idle_timeout") == 0)
+        return get_ms(w, v, 10, 86400000, &c->idle_timeout_ms);
+    if (strcmp(k, "shutdown_grace") == 0)
+        return get_ms(w, v, 0, 3600000, &c->shutdown_grace_ms);
+    return unknown(w, v);
+}
+
+static int cache_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
+{
+    gw_config_t *c = ud;
+    if (strcmp(k, "accounting") == 0) {
+        const char *s = scalar(v);
+        if (s && strcmp(s, "token") == 0)
+            c->accounting = GW_ACCOUNTING_TOKEN;
+        else if (s && strcmp(s, "anthropic") == 0)
+            c->accounting = GW_ACCOUNTING_ANTHROPIC;
+        else
+            return fail_at(w, v, "expected token or anthropic");
+        return 0;
+    }
+    if (strcmp(k, "max_tokens") == 0)
+        return get_u64(w, v, 1024, UINT64_MAX, &c->cache_max_tokens);
+    if (strcmp(k, "namespace_secret") == 0) {
+        char *s = NULL;
+        int rc = get_secret(w, v, &s);
+        if (rc != 0)
+            return rc;
+        if (strlen(s) < 16) {
+            sodium_memzero(s, strlen(s));
+            pc_free(s);
+            return fail_at(w, v, "must be at least 16 characters");
+        }
+        crypto_generichash(c->namespace_secret, sizeof c->namespace_secret,
+                           (const unsigned char *)s, strlen(s), NULL, 0);
+        c->namespace_secret_is_default = false;
+        sodium_memzero(s, strlen(s));
+        pc_free(s);
+        return 0;
+    }
+    return unknown(w, v);
+}
+
+static int workers_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
+{
+    gw_config_t *c = ud;
+    if (strcmp(k, "link_secret") == 0)
+        return get_secret(w, v, &c->link_secret);
+    if (strcmp(k, "heartbeat") == 0)
+        return get_ms(w, v, 50, 600000, &c->worker_heartbeat_ms);
+    if (strcmp(k, "connect_timeout") == 0)
+        return get_ms(w, v, 50, 600000, &c->worker_connect_timeout_ms);
+    return unknown(w, v);
+}
+
+static int billing_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
+{
+    gw_config_t *c = ud;
+    if (strcmp(k, "ledger_dir") == 0)
+        return get_str(w, v, &c->ledger_dir);
+    if (strcmp(k, "pricing") == 0)
+        return get_str(w, v, &c->pricing_path);
+    if (strcmp(k, "instance_id") == 0)
+        return get_str(w, v, &c->instance_id);
+    if (strcmp(k, "fsync") == 0) {
+        const char *s = scalar(v);
+        if (s && strcmp(s, "always") == 0)
+            c->fsync = GW_FSYNC_ALWAYS;
+        else if (s && strcmp(s, "batch") == 0)
+            c->fsync = GW_FSYNC_BATCH;
+        else if (s && strcmp(s, "off") == 0)
+            c->fsync = GW_FSYNC_OFF;
+        else
+            return fail_at(w, v, "expected always, batch or off");
+        return 0;
+    }
+    if (strcmp(k, "fsync_batch") == 0)
+        return get_ms(w, v, 0, 1000, &c->fsync_batch_ms);
+    if (strcmp(k, "segment_bytes") == 0)
+        return get_size(w, v, 4096, 1ull << 40, &c->segment_bytes);
+    if (strcmp(k, "storage_interval") == 0)
+        return get_ms(w, v, 100, 86400000, &c->storage_interval_ms);
+    return unknown(w, v);
+}
+
+static int redis_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
+{
+    gw_config_t *c = ud;
+    if (strcmp(k, "address") == 0)
+        return get_addr(w, v, &c->redis_host, &c->redis_port);
+    if (strcmp(k, "password") == 0)
+        return get_secret(w, v, &c->redis_password);
+    if (strcmp(k, "timeout") == 0)
+        return get_ms(w, v, 10, 600000, &c->redis_timeout_ms);
+    return unknown(w, v);
+}
+
+static int log_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
+{
+    gw_config_t *c = ud;
+    if (strcmp(k, "access_log") == 0)
+        return get_str(w, v, &c->access_log);
+    if (strcmp(k, "level") == 0) {
+        const char *s = scalar(v);
+        if (s == NULL ||
+            (strcmp(s, "debug") && strcmp(s, "info") && strcmp(s, "warn") && strcmp(s, "error")))
+            return fail_at(w, v, "expected debug, info, warn or error");
+        return get_str(w, v, &c->log_level);
+    }
+    return unknown(w, v);
+}
+
+static int metrics_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
+{
+    gw_config_t *c = ud;
+    if (strcmp(k, "per_tenant") == 0)
+        return get_bool(w, v, &c->per_tenant_metrics);
+    return unknown(w, v);
+}
+
+static int top_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
+{
+    gw_config_t *c = ud;
+    if (strcmp(k, "listen") == 0)
+        return get_addr(w, v, &c->listen_host, &c->listen_port);
+    if (strcmp(k, "models") == 0)
+        return parse_models(w, v, c);
+    if (strcmp(k, "api_keys") == 0)
+        return parse_keys(w, v, c);
+    if (strcmp(k, "admin_key") == 0) {
+        if (is_null(v)) {
+            c->has_admin_key = false;
+            return 0;
+        }
+        char *s = NULL;
+        int rc = get_secret(w, v, &s);
+        if (rc == 0)
+            rc = key_digest(w, v, s, c->admin_sha256);
+        if (s)
+            sodium_memzero(s, strlen(s));
+        pc_free(s);
+        c->has_admin_key = rc == 0;
+        return rc;
+    }
+    if (strcmp(k, "workers") == 0)
+        return each_pair(w, v, "workers", workers_pair, c);
+    if (strcmp(k, "limits") == 0)
+        return each_pair(w, v, "limits", limits_pair, c);
+    if (strcmp(k, "cache") == 0)
+        return each_pair(w, v, "cache", cache_pair, c);
+    if (strcmp(k, "billing") == 0)
+        return each_pair(w, v, "billing", billing_pair, c);
+    if (strcmp(k, "redis") == 0)
+        return is_null(v) ? 0 : each_pair(w, v, "redis", redis_pair, c);
+    if (strcmp(k, "log") == 0)
+        return each_pair(w, v, "log", log_pair, c);
+    if (strcmp(k, "metrics") == 0)
+        return each_pair(w, v, "metrics", metrics_pair, c);
+    return unknown(w, v);
+}
+
+int gw_config_parse(const char *name, const char *yaml, size_t len, gw_config_t *out, char *err,
+                    size_t err_len)
+{
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    gw_config_t c;
+    int rc = gw_config_default(&c);
+    if (rc != 0)
+        return pc_err_setf(err, err_len, rc, "%s: out of memory", name);
+    if (!yaml_parser_initialize(&parser)) {
+        gw_config_free(&c);
+        return pc_err_setf(err, err_len, PC_ERR_NOMEM, "%s: out of memory", name);
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, len);
+    if (!yaml_parser_load(&parser, &doc)) {
+        rc = pc_err_setf(err, err_len, PC_ERR_FORMAT, "%s:%lu: YAML: %s", name,
+                         (unsigned long)parser.problem_mark.line + 1,
+                         parser.problem ? parser.problem : "syntax error");
+        yaml_parser_delete(&parser);
+        gw_config_free(&c);
+        return rc;
+    }
+    walk_t w = {.doc = &doc, .name = name, .err = err, .err_len = err_len};
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (root != NULL && !is_null(root))
+        rc = each_pair(&w, root, "", top_pair, &c);
+    if (rc == 0) {
+        pc_free(c.source);
+        c.source = pc_strdup(name);
+        rc = c.source ? 0 : PC_ERR_NOMEM;
+    }
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    if (rc != 0) {
+        if (rc == PC_ERR_NOMEM)
+            pc_err_setf(err, err_len, rc, "%s: out of memory", name);
+        gw_config_free(&c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+int gw_config_load(const char *path, gw_config_t *out, char *err, size_t err_len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return pc_err_setf(err, err_len, PC_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    pc_buf_t b = {0};
+    char chunk[8192];
+    size_t n;
+    int rc = 0;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+        if ((rc = pc_buf_append(&b, chunk, n)) != 0)
+            break;
+    bool bad = ferror(f);
+    fclose(f);
+    if (rc == 0 && bad)
+        rc = pc_err_setf(err, err_len, PC_ERR_IO, "cannot read %s", path);
+    else if (rc != 0)
+        pc_err_setf(err, err_len, rc, "%s: out of memory", path);
+    if (rc == 0)
+        rc = gw_config_parse(path, b.len ? b.base : "", b.len, out, err, err_len);
+    pc_buf_free(&b);
+    return rc;
+}
+
+/* ---- queries ---------------------------------------------------------------------------- */
+
+const gw_cfg_model_t *gw_config_model(const gw_config_t *c, const char *name, size_t len)
+{
+    for (size_t i = 0; i < c->n_models; i++)
+        if (strlen(c->models[i].name) == len && memcmp(c->models[i].name, name, len) == 0)
+            return &c->models[i];
+    return NULL;
+}
+
+const gw_cfg_key_t *gw_config_key_find(const gw_config_t *c, const char *key, size_t len)
+{
+    uint8_t h[GW_SHA256_BYTES];
+    hash_key(key, len, h);
+    const gw_cfg_key_t *found = NULL;
+    for (size_t i = 0; i < c->n_keys; i++) /* every key is compared: no early exit */
+        if (sodium_memcmp(h, c->keys[i].sha256, GW_SHA256_BYTES) == 0)
+            found = &c->keys[i];
+    return found;
+}
+
+bool gw_config_is_admin(const gw_config_t *c, const char *key, size_t len)
+{
+    uint8_t h[GW_SHA256_BYTES];
+    hash_key(key, len, h);
+    return c->has_admin_key && sodium_memcmp(h, c->admin_sha256, GW_SHA256_BYTES) == 0;
+}
+
+static const char *ttl_name(uint32_t ms)
+{
+    return ms == 60 * 60000 ? "1h" : "5m";
+}
+
+int gw_config_print(const gw_config_t *c, pc_buf_t *o)
+{
+    static const char *const acc[] = {"token", "anthropic"};
+    static const char *const fs[] = {"always", "batch", "off"};
+    int rc = pc_buf_printf(o, "# effective configuration of %s\nlisten: %s:%d\nmodels:\n",
+                           c->source, c->listen_host, c->listen_port);
+    for (size_t i = 0; rc == 0 && i < c->n_models; i++) {
+        const gw_cfg_model_t *m = &c->models[i];
+        rc = pc_buf_printf(o,
+                           "  - name: %s\n    path: %s\n    min_cache_tokens: %u\n"
+                           "    auto_cache_ttl: %s\n    context_tokens: %u\n    workers: %u\n"
+                           "    threads: %u\n    kv_cache: %llu\n    backend: %s\n    remote: [",
+                           m->name, m->path, m->min_cache_tokens, ttl_name(m->auto_ttl_ms),
+                           m->context_tokens, m->in_process, m->threads,
+                           (unsigned long long)m->kv_bytes, m->backend);
+        for (size_t j = 0; rc == 0 && j < m->n_remote; j++)
+            rc = pc_buf_printf(o, "%s%s", j ? ", " : "", m->remote[j]);
+        if (rc == 0)
+            rc = pc_buf_append_cstr(o, "]\n");
+    }
+    if (rc == 0)
+        rc = pc_buf_append_cstr(o, "api_keys:\n");
+    for (size_t i = 0; rc == 0 && i < c->n_keys; i++)
+        rc = pc_buf_printf(o, "  - {id: %s, tenant: %s, key: <set>}\n", c->keys[i].id,
+                           c->keys[i].tenant);
+    if (rc == 0)
+        rc = pc_buf_printf(
+            o,
+            "admin_key: %s\nworkers:\n  link_secret: %s\n  heartbeat: %ums\n"
+            "  connect_timeout: %ums\nlimits:\n  max_body_bytes: %zu\n  max_header_bytes: %zu\n"
+            "  max_headers: %u\n  header_timeout: %ums\n  body_timeout: %ums\n"
+            "  idle_timeout: %ums\n  max_connections: %u\n  stream_buffer_bytes: %zu\n"
+            "  shutdown_grace: %ums\ncache:\n  accounting: %s\n  max_tokens: %llu\n"
+            "  namespace_secret: %s\nbilling:\n  ledger_dir: %s\n  pricing: %s\n"
+            "  instance_id: %s\n  fsync: %s\n  fsync_batch: %ums\n  segment_bytes: %llu\n"
+            "  storage_interval: %ums\n",
+            c->has_admin_key ? "<set>" : "null", c->link_secret ? "<set>" : "<none>",
+            c->worker_heartbeat_ms, c->worker_connect_timeout_ms, c->max_body_bytes,
+            c->max_header_bytes, c->max_headers, c->header_timeout_ms, c->body_timeout_ms,
+            c->idle_timeout_ms, c->max_connections, c->stream_high_water, c->shutdown_grace_ms,
+            acc[c->accounting], (unsigned long long)c->cache_max_tokens,
+            c->namespace_secret_is_default ? "<built-in demo secret>" : "<set>", c->ledger_dir,
+            c->pricing_path, c->instance_id, fs[c->fsync], c->fsync_batch_ms,
+            (unsigned long long)c->segment_bytes, c->storage_interval_ms);
+    if (rc == 0 && c->redis_host)
+        rc = pc_buf_printf(o, "redis:\n  address: %s:%d\n  password: %s\n  timeout: %ums\n",
+                           c->redis_host, c->redis_port, c->redis_password ? "<set>" : "<none>",
+                           c->redis_timeout_ms);
+    else if (rc == 0)
+        rc = pc_buf_append_cstr(o, "redis: null\n");
+    if (rc == 0)
+        rc = pc_buf_printf(o, "log:\n  access_log: %s\n  level: %s\nmetrics:\n  per_tenant: %s\n",
+                           c->access_log, c->log_level, c->per_tenant_metrics ? "true" : "false");
+    return rc;
+}

@@ -1,0 +1,148 @@
+/*
+ * config.h — the gateway's configuration: one YAML file (conf/kvgw.yaml is the embedded
+ * default, conf/kvgw-cluster.yaml the cluster example), validated on load.
+ *
+ * Every key is documented in conf/README.md with its default. Rules:
+ *   - Unknown keys and bad values are errors that name the key path and the file's line
+ *     ("conf/kvgw.yaml:12: limits.max_body_bytes: expected a size such as 32MiB").
+ *   - Durations are strings with a unit ("250ms", "30s", "5m", "1h") or integer milliseconds;
+ *     sizes are "64KiB", "32MiB", "1GiB" or integer bytes.
+ *   - A secret (API keys, the namespace secret, the link secret, the Redis password) may be
+ *     written as "env:NAME" (the environment variable NAME) or "file:PATH" (the file's
+ *     contents, surrounding white space removed); a missing variable or file is an error.
+ *   - API keys are kept only as SHA-256 digests (a key may also be given as its digest,
+ *     "sha256:<64 hex>"), so the process never holds a client's key after loading.
+ *   - Relative paths are taken relative to the directory kvgw was started in.
+ *
+ * Memory: a gw_config_t owns all its strings; gw_config_free releases them.
+ */
+#ifndef GW_CONFIG_H
+#define GW_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pc_buf.h"
+
+#define GW_CONFIG_DEFAULT_PATH "conf/kvgw.yaml"
+#define GW_CONFIG_MAX_WORKERS 64
+#define GW_SHA256_BYTES 32
+
+typedef enum gw_accounting {
+    GW_ACCOUNTING_TOKEN = 0,     /* any prefix covered by a live entry is a read */
+    GW_ACCOUNTING_ANTHROPIC = 1, /* hits only at entry boundaries by the 20-block lookback */
+} gw_accounting_t;
+
+typedef enum gw_fsync_mode {
+    GW_FSYNC_ALWAYS = 0,
+    GW_FSYNC_BATCH = 1,
+    GW_FSYNC_OFF = 2,
+} gw_fsync_mode_t;
+
+/* One served model and the workers that serve it. */
+typedef struct gw_cfg_model {
+    char *name;                /* the API's "model" value */
+    char *path;                /* the GGUF file (tokenizer; in-process workers load it) */
+    uint32_t min_cache_tokens; /* shorter prefixes are not written (no error) */
+    uint32_t auto_ttl_ms;      /* TTL of automatic (OpenAI) cache entries: 5m or 1h */
+    uint32_t context_tokens;   /* 0: the model's own; else a cap */
+    /* in-process workers (embedded mode) */
+    uint32_t in_process; /* worker count */
+    uint32_t threads;    /* CPU threads per worker */
+    uint64_t kv_bytes;   /* KV pool per worker; 0 = the engine's default */
+    char *backend;       /* "cpu", "cuda" or "auto" */
+    char **remote;       /* [n_remote] "host:port" of `kvgw worker` processes */
+    size_t n_remote;
+} gw_cfg_model_t;
+
+typedef struct gw_cfg_key {
+    uint8_t sha256[GW_SHA256_BYTES];
+    char *id;     /* a name for the key (logs, ledger "api key id"); never the key itself */
+    char *tenant; /* organization / workspace id */
+} gw_cfg_key_t;
+
+typedef struct gw_config {
+    char *source; /* the file it came from, or "(built-in default)" */
+    char *listen_host;
+    int listen_port;
+
+    gw_cfg_model_t *models;
+    size_t n_models;
+    gw_cfg_key_t *keys;
+    size_t n_keys;
+    bool has_admin_key;
+    uint8_t admin_sha256[GW_SHA256_BYTES];
+    uint8_t namespace_secret[32]; /* BLAKE2b key of the cache namespaces */
+    bool namespace_secret_is_default;
+    char *link_secret; /* NULL: remote workers without authentication */
+    uint32_t worker_heartbeat_ms;
+    uint32_t worker_connect_timeout_ms;
+
+    /* HTTP limits */
+    size_t max_body_bytes;
+    size_t max_header_bytes;
+    uint32_t max_headers;
+    uint32_t header_timeout_ms, body_timeout_ms, idle_timeout_ms;
+    uint32_t max_connections;
+    size_t stream_high_water;
+    uint32_t shutdown_grace_ms;
+
+    /* cache */
+    gw_accounting_t accounting;
+    uint64_t cache_max_tokens; /* index capacity (tokens); LRU beyond */
+    bool per_tenant_metrics;
+
+    /* billing */
+    char *ledger_dir;
+    gw_fsync_mode_t fsync;
+    uint32_t fsync_batch_ms;
+    uint64_t segment_bytes;
+    char *pricing_path;
+    uint32_t storage_interval_ms;
+    char *instance_id; /* names this gateway's ledger stream in Redis */
+
+    /* Redis (optional) */
+    char *redis_host; /* NULL: no Redis */
+    int redis_port;
+    char *redis_password;
+    uint32_t redis_timeout_ms;
+
+    /* logs */
+    char *access_log; /* "-" stdout, "off", or a file path */
+    char *log_level;
+} gw_config_t;
+
+/* The built-in default (what conf/kvgw.yaml spells out). Returns 0 or PC_ERR_NOMEM. */
+int gw_config_default(gw_config_t *out);
+
+/* Loads and validates a YAML file over the built-in defaults. Returns 0; PC_ERR_IO (cannot
+ * read), PC_ERR_FORMAT (YAML syntax) or PC_ERR_INVAL (unknown key, bad value), each with a
+ * one-line reason naming the file, line and key path in err. *out is untouched on error. */
+int gw_config_load(const char *path, gw_config_t *out, char *err, size_t err_len);
+
+/* Parses the same from a string (tests); name is used in messages. */
+int gw_config_parse(const char *name, const char *yaml, size_t len, gw_config_t *out, char *err,
+                    size_t err_len);
+
+void gw_config_free(gw_config_t *c);
+
+/* Appends the effective configuration as YAML, secrets shown as "<set>" (check-config). */
+int gw_config_print(const gw_config_t *c, pc_buf_t *out);
+
+/* The model with this name, or NULL. */
+const gw_cfg_model_t *gw_config_model(const gw_config_t *c, const char *name, size_t len);
+
+/* The key whose SHA-256 equals that of key[0..len), compared in constant time over every
+ * configured key; NULL if none. */
+const gw_cfg_key_t *gw_config_key_find(const gw_config_t *c, const char *key, size_t len);
+
+/* True when key[0..len) is the admin key (constant time). */
+bool gw_config_is_admin(const gw_config_t *c, const char *key, size_t len);
+
+/* "250ms", "30s", "5m", "1h" or an integer (milliseconds) -> *ms. Returns 0 or PC_ERR_INVAL. */
+int gw_config_parse_duration(const char *s, uint64_t *ms);
+/* "64KiB", "32MiB", "1GiB", "10MB" or an integer (bytes) -> *bytes. Returns 0 or PC_ERR_INVAL. */
+int gw_config_parse_size(const char *s, uint64_t *bytes);
+
+#endif

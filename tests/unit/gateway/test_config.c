@@ -1,0 +1,180 @@
+/*
+ * test_config.c — gateway/config.c: the shipped files load, every bad key or value is an error
+ * naming the file, line and key path, secrets come from the environment or files, and API keys
+ * are kept only as digests.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "config.h"
+#include "pc_test.h"
+#include "pc_testutil.h"
+
+static int parse(const char *yaml, gw_config_t *c, char *err, size_t n)
+{
+    return gw_config_parse("t.yaml", yaml, strlen(yaml), c, err, n);
+}
+
+/* Expects yaml to fail with code and a message containing want. */
+static void expect_error(const char *yaml, int code, const char *want)
+{
+    gw_config_t c;
+    char err[512] = "";
+    int rc = parse(yaml, &c, err, sizeof err);
+    if (rc != code || strstr(err, want) == NULL)
+        fprintf(stderr, "  yaml: %s\n  got %d '%s', want %d '%s'\n", yaml, rc, err, code, want);
+    ASSERT_EQ(rc, code);
+    ASSERT_TRUE(strstr(err, want) != NULL);
+}
+
+PC_TEST(shipped_default_matches_builtin)
+{
+    gw_config_t f, d;
+    char err[512];
+    int rc = gw_config_load("conf/kvgw.yaml", &f, err, sizeof err);
+    if (rc != 0)
+        fprintf(stderr, "  %s\n", err);
+    ASSERT_EQ(rc, 0);
+    ASSERT_EQ(gw_config_default(&d), 0);
+    pc_buf_t a = {0}, b = {0};
+    ASSERT_EQ(gw_config_print(&f, &a), 0);
+    ASSERT_EQ(gw_config_print(&d, &b), 0);
+    ASSERT_EQ(pc_buf_terminate(&a), 0);
+    ASSERT_EQ(pc_buf_terminate(&b), 0);
+    /* Only the first line (the source) differs. */
+    const char *ea = strchr(pc_buf_slice(&a).base, '\n'), *eb = strchr(pc_buf_slice(&b).base, '\n');
+    ASSERT_STR_EQ(ea, eb);
+    ASSERT_TRUE(strstr(ea, "sk-kvgw") == NULL); /* no key is ever printed */
+    ASSERT_TRUE(gw_config_key_find(&f, "sk-kvgw-demo", 12) != NULL);
+    ASSERT_STR_EQ(gw_config_key_find(&f, "sk-kvgw-demo2", 13)->tenant, "demo2");
+    ASSERT_TRUE(gw_config_key_find(&f, "sk-kvgw-demo3", 13) == NULL);
+    ASSERT_TRUE(gw_config_is_admin(&f, "sk-kvgw-admin", 13));
+    ASSERT_FALSE(gw_config_is_admin(&f, "sk-kvgw-demo", 12));
+    ASSERT_EQ(f.listen_port, 8080);
+    ASSERT_STR_EQ(f.models[0].name, "kvgw-demo");
+    pc_buf_free(&a);
+    pc_buf_free(&b);
+    gw_config_free(&f);
+    gw_config_free(&d);
+}
+
+PC_TEST(cluster_example_loads)
+{
+    gw_config_t c;
+    char err[512];
+    setenv("KVGW_LINK_SECRET", "a-link-secret-for-the-test", 1);
+    setenv("KVGW_DEMO_KEY", "sk-cluster-demo", 1);
+    setenv("KVGW_ADMIN_KEY", "sk-cluster-admin", 1);
+    setenv("KVGW_NAMESPACE_SECRET", "a-namespace-secret-for-the-test", 1);
+    int rc = gw_config_load("conf/kvgw-cluster.yaml", &c, err, sizeof err);
+    if (rc != 0)
+        fprintf(stderr, "  %s\n", err);
+    ASSERT_EQ(rc, 0);
+    ASSERT_TRUE(c.models[0].n_remote >= 2);
+    ASSERT_STR_EQ(c.link_secret, "a-link-secret-for-the-test");
+    ASSERT_FALSE(c.namespace_secret_is_default);
+    ASSERT_TRUE(c.redis_host != NULL);
+    ASSERT_TRUE(gw_config_key_find(&c, "sk-cluster-demo", 15) != NULL);
+    ASSERT_TRUE(gw_config_is_admin(&c, "sk-cluster-admin", 16));
+    gw_config_free(&c);
+}
+
+PC_TEST(units_parse)
+{
+    uint64_t v;
+    ASSERT_EQ(gw_config_parse_duration("250ms", &v), 0);
+    ASSERT_EQ_U64(v, 250);
+    ASSERT_EQ(gw_config_parse_duration("5m", &v), 0);
+    ASSERT_EQ_U64(v, 300000);
+    ASSERT_EQ(gw_config_parse_duration("1h", &v), 0);
+    ASSERT_EQ_U64(v, 3600000);
+    ASSERT_EQ(gw_config_parse_duration("42", &v), 0);
+    ASSERT_EQ_U64(v, 42);
+    ASSERT_EQ(gw_config_parse_duration("5 minutes", &v), PC_ERR_INVAL);
+    ASSERT_EQ(gw_config_parse_duration("-5s", &v), PC_ERR_INVAL);
+    ASSERT_EQ(gw_config_parse_duration("", &v), PC_ERR_INVAL);
+    ASSERT_EQ(gw_config_parse_size("32MiB", &v), 0);
+    ASSERT_EQ_U64(v, 32u << 20);
+    ASSERT_EQ(gw_config_parse_size("10MB", &v), 0);
+    ASSERT_EQ_U64(v, 10000000);
+    ASSERT_EQ(gw_config_parse_size("99999999999999999999GiB", &v), PC_ERR_INVAL);
+    ASSERT_EQ(gw_config_parse_size("3 apples", &v), PC_ERR_INVAL);
+}
+
+PC_TEST(errors_name_key_and_line)
+{
+    expect_error("listen: 127.0.0.1:8080\nlimts:\n  max_body_bytes: 1MiB\n", PC_ERR_INVAL,
+                 "t.yaml:2: limts: unknown key");
+    expect_error("limits:\n  max_body_bytes: lots\n", PC_ERR_INVAL,
+                 "t.yaml:2: limits.max_body_bytes: expected a size");
+    expect_error("limits:\n  header_timeout: 5 minutes\n", PC_ERR_INVAL,
+                 "t.yaml:2: limits.header_timeout: expected a duration");
+    expect_error("listen: nowhere\n", PC_ERR_INVAL, "t.yaml:1: listen: expected HOST:PORT");
+    expect_error("listen: h:99999\n", PC_ERR_INVAL, "bad port");
+    expect_error("cache:\n  accounting: approximate\n", PC_ERR_INVAL,
+                 "t.yaml:2: cache.accounting: expected token or anthropic");
+    expect_error("models:\n  - name: m\n    path: m.gguf\n    workers: 1\n    colour: red\n",
+                 PC_ERR_INVAL, "t.yaml:5: models[0].colour: unknown key");
+    expect_error("models:\n  - name: m\n    path: m.gguf\n", PC_ERR_INVAL,
+                 "needs workers (in-process count) or remote");
+    expect_error(
+        "models:\n  - {name: m, path: a, workers: 1}\n  - {name: m, path: b, workers: 1}\n",
+        PC_ERR_INVAL, "appears twice");
+    expect_error("models:\n  - {name: m, path: a, workers: 1, auto_cache_ttl: 10m}\n", PC_ERR_INVAL,
+                 "must be 5m or 1h");
+    expect_error("api_keys:\n  - {key: abc}\n", PC_ERR_INVAL, "needs key and tenant");
+    expect_error("api_keys:\n  - {key: a, tenant: t}\n  - {key: a, tenant: u}\n", PC_ERR_INVAL,
+                 "the same key appears twice");
+    expect_error("api_keys:\n  - {key: 'sha256:abcd', tenant: t}\n", PC_ERR_INVAL, "64 hex digits");
+    expect_error("billing:\n  fsync: sometimes\n", PC_ERR_INVAL, "expected always, batch or off");
+    expect_error("cache:\n  namespace_secret: short\n", PC_ERR_INVAL, "at least 16 characters");
+    expect_error("listen: [unclosed\n", PC_ERR_FORMAT, "t.yaml:");
+    expect_error("- a\n- b\n", PC_ERR_INVAL, "expected a mapping");
+}
+
+PC_TEST(secrets_from_env_and_files)
+{
+    const char *path = pc_test_tmp_path("kvgw-secret");
+    FILE *f = fopen(path, "w");
+    ASSERT_TRUE(f != NULL);
+    fputs("  sk-from-file \n", f);
+    fclose(f);
+    setenv("KVGW_TEST_KEY", "sk-from-env", 1);
+    unsetenv("KVGW_TEST_MISSING");
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml,
+             "api_keys:\n  - {key: 'env:KVGW_TEST_KEY', tenant: a}\n"
+             "  - {key: 'file:%s', tenant: b, id: filekey}\n"
+             "  - {key: 'sha256:%s', tenant: c}\n",
+             path, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855" /* "" */);
+    gw_config_t c;
+    char err[512];
+    int rc = parse(yaml, &c, err, sizeof err);
+    if (rc != 0)
+        fprintf(stderr, "  %s\n", err);
+    ASSERT_EQ(rc, 0);
+    ASSERT_EQ(c.n_keys, 3);
+    ASSERT_STR_EQ(gw_config_key_find(&c, "sk-from-env", 11)->tenant, "a");
+    ASSERT_STR_EQ(gw_config_key_find(&c, "sk-from-file", 12)->id, "filekey");
+    ASSERT_STR_EQ(gw_config_key_find(&c, "", 0)->tenant, "c");
+    ASSERT_TRUE(gw_config_key_find(&c, "sk-kvgw-demo", 12) == NULL); /* replaced, not merged */
+    gw_config_free(&c);
+    remove(path);
+    expect_error("api_keys:\n  - {key: 'env:KVGW_TEST_MISSING', tenant: a}\n", PC_ERR_INVAL,
+                 "t.yaml:2: api_keys[0].key: environment variable KVGW_TEST_MISSING is not set");
+    expect_error("api_keys:\n  - {key: 'file:/nonexistent/kvgw', tenant: a}\n", PC_ERR_INVAL,
+                 "cannot read /nonexistent/kvgw");
+}
+
+PC_TEST(empty_file_is_the_default)
+{
+    gw_config_t c;
+    char err[256];
+    ASSERT_EQ(parse("", &c, err, sizeof err), 0);
+    ASSERT_EQ(c.n_models, 1);
+    ASSERT_EQ(c.n_keys, 2);
+    gw_config_free(&c);
+}
+
+PC_TEST_MAIN()
