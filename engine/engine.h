@@ -62,6 +62,10 @@ typedef struct eng_params {
     bool host_sampling;  /* never sample on the backend's device (eng_forward_sample refused;
                             tests compare the two), default false */
     bool no_simd;        /* tests: portable kernels only */
+    const char *cpu_isa; /* the CPU kernels' path: "avx512", "avx2", "portable" or "auto"; NULL
+                            or "" reads KVGW_CPU_ISA, unset means the best this CPU runs (chosen
+                            by cpuid at run time). A path the CPU cannot run is refused:
+                            eng_init returns PC_ERR_UNSUPPORTED with the reason. Not kept. */
 } eng_params_t;
 
 eng_params_t eng_params_default(void);
@@ -86,6 +90,9 @@ const char *eng_backend_name_of(const eng_t *e);
 /* "bf16" when the CPU backend computes prefill GEMMs in BF16 (eng_params.gemm resolved against
  * the model and the CPU), else "f32". A static string. */
 const char *eng_gemm_name_of(const eng_t *e);
+/* The ISA path the CPU backend's kernels run ("avx512", "avx2" or "portable"; "none" for another
+ * backend). A static string. */
+const char *eng_cpu_isa_name_of(const eng_t *e);
 /* Parses "auto", "f32" or "bf16" into *out. Returns 0 or PC_ERR_INVAL (*out unchanged). */
 int eng_gemm_mode_parse(const char *s, enum eng_gemm_mode *out);
 
@@ -187,12 +194,13 @@ int eng_seq_start_cached(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tok
 int eng_prefix_insert(eng_t *e, eng_seq_t *s, uint64_t ns, uint32_t n);
 
 /* Caches the first n positions of s like eng_prefix_insert and pins them until expiry (any
- * clock the caller uses consistently with eng_prefix_expire). Retaining the same prefix again
- * adds another pin with its own expiry. Returns 0, PC_ERR_INVAL or PC_ERR_NOMEM. */
+ * clock the caller uses consistently with eng_prefix_expire). A prefix has at most one pin:
+ * retaining a pinned prefix again moves its expiry to the later of the two (a TTL refresh).
+ * Returns 0, PC_ERR_INVAL or PC_ERR_NOMEM. */
 int eng_prefix_retain(eng_t *e, eng_seq_t *s, uint64_t ns, uint32_t n, uint64_t expiry);
 
-/* Releases one pin of the retained prefix tokens[0..n) in ns (the one expiring first); the
- * prefix stays cached, unpinned. Returns 0 or PC_ERR_NOTFOUND. */
+/* Releases the pin of the retained prefix tokens[0..n) in ns; the prefix stays cached,
+ * unpinned. Returns 0 or PC_ERR_NOTFOUND. */
 int eng_prefix_release(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n);
 
 /* Releases every pin whose expiry is <= now. Returns how many were released. */

@@ -351,6 +351,14 @@ int eng_prefix_retain(eng_t *e, eng_seq_t *s, uint64_t ns, uint32_t n, uint64_t 
     int rc = prefix_insert(e, s, ns, n, &node);
     if (rc != 0)
         return rc;
+    /* One pin per prefix: retaining it again moves the pin's expiry (a TTL refresh), so pins
+     * do not grow with traffic. */
+    if (rdx_node_pins(node) > 0)
+        for (uint32_t i = 0; i < px->n_pins; i++)
+            if (px->pins[i].node == node) {
+                px->pins[i].expiry = PC_MAX(px->pins[i].expiry, expiry);
+                return 0;
+            }
     rc = rdx_tree_pin(px->tree, node);
     if (rc != 0)
         return rc;

@@ -26,7 +26,9 @@ static const char *const type_names[ENG_WIRE_TYPE_MAX + 1] = {
     [ENG_WIRE_SUBMIT] = "SUBMIT", [ENG_WIRE_CANCEL] = "CANCEL",
     [ENG_WIRE_TOKEN] = "TOKEN",   [ENG_WIRE_DONE] = "DONE",
     [ENG_WIRE_ERROR] = "ERROR",   [ENG_WIRE_KV_EVENT] = "KV_EVENT",
-    [ENG_WIRE_LOAD] = "LOAD",
+    [ENG_WIRE_LOAD] = "LOAD",     [ENG_WIRE_CHALLENGE] = "CHALLENGE",
+    [ENG_WIRE_AUTH] = "AUTH",     [ENG_WIRE_RELEASE] = "RELEASE",
+    [ENG_WIRE_DROP] = "DROP",     [ENG_WIRE_SNAPSHOT] = "SNAPSHOT",
 };
 
 const char *eng_wire_type_name(int type)
@@ -208,6 +210,14 @@ static int rd_str(rd_t *r, const char *field, size_t max, pc_slice_t *s)
     return 0;
 }
 
+static int rd_b32(rd_t *r, const char *field, uint8_t out[ENG_WIRE_AUTH_BYTES])
+{
+    TRY(rd_need(r, ENG_WIRE_AUTH_BYTES, field));
+    memcpy(out, r->p + r->off, ENG_WIRE_AUTH_BYTES);
+    r->off += ENG_WIRE_AUTH_BYTES;
+    return 0;
+}
+
 /* An array count: at most max, and count * min_elem bytes must still be in the payload. */
 static int rd_count(rd_t *r, const char *field, size_t min_elem, uint32_t max, uint32_t *n)
 {
@@ -228,6 +238,24 @@ static int rd_nonzero_id(rd_t *r, uint64_t *id)
     return 0;
 }
 
+static size_t scratch_take(pc_buf_t *s, size_t n);
+
+/* arr<u32>: the ids are copied into scratch (aligned); *off gets their offset there (the caller
+ * turns it into a pointer once scratch stopped growing). */
+static int rd_tokens(rd_t *r, const char *field, pc_buf_t *scratch, uint32_t *n, size_t *off)
+{
+    TRY(rd_count(r, field, 4, UINT32_MAX, n));
+    *off = scratch_take(scratch, (size_t)*n * sizeof(uint32_t));
+    if (*off == SIZE_MAX)
+        return PC_ERR_NOMEM;
+    for (uint32_t i = 0; i < *n; i++) {
+        uint32_t t = le32(r->p + r->off + 4 * (size_t)i);
+        memcpy(scratch->base + *off + 4 * (size_t)i, &t, 4);
+    }
+    r->off += 4 * (size_t)*n;
+    return 0;
+}
+
 /* Room for n bytes at an 8-aligned offset of scratch (the base is malloc-aligned). Returns the
  * offset, or SIZE_MAX on allocation failure. */
 static size_t scratch_take(pc_buf_t *s, size_t n)
@@ -239,7 +267,7 @@ static size_t scratch_take(pc_buf_t *s, size_t n)
     return off;
 }
 
-static int decode_hello(rd_t *r, eng_wire_hello_t *h)
+static int decode_hello(rd_t *r, bool is_hello, eng_wire_hello_t *h)
 {
     TRY(rd_u16(r, "version_min", &h->version_min));
     TRY(rd_u16(r, "version_max", &h->version_max));
@@ -258,7 +286,11 @@ static int decode_hello(rd_t *r, eng_wire_hello_t *h)
     TRY(rd_u32(r, "n_vocab", &h->n_vocab));
     TRY(rd_u32(r, "n_ctx", &h->n_ctx));
     TRY(rd_u32(r, "block_tokens", &h->block_tokens));
-    return 0;
+    TRY(rd_u32(r, "total_blocks", &h->total_blocks));
+    TRY(rd_u32(r, "max_prompt_tokens", &h->max_prompt_tokens));
+    if (is_hello && (h->total_blocks != 0 || h->max_prompt_tokens != 0))
+        return rd_fail(r, "total_blocks and max_prompt_tokens must be 0 in HELLO");
+    return rd_b32(r, "auth", h->auth);
 }
 
 static int decode_submit(rd_t *r, pc_buf_t *scratch, eng_wire_submit_t *s)
@@ -277,17 +309,10 @@ static int decode_submit(rd_t *r, pc_buf_t *scratch, eng_wire_submit_t *s)
     TRY(rd_u64(r, "seed", &s->sampling.seed));
 
     scratch->len = 0;
-    TRY(rd_count(r, "tokens", 4, UINT32_MAX, &s->n_tokens));
+    size_t tok_off;
+    TRY(rd_tokens(r, "tokens", scratch, &s->n_tokens, &tok_off));
     if (s->n_tokens == 0)
         return rd_fail(r, "no prompt tokens");
-    size_t tok_off = scratch_take(scratch, (size_t)s->n_tokens * sizeof(uint32_t));
-    if (tok_off == SIZE_MAX)
-        return PC_ERR_NOMEM;
-    for (uint32_t i = 0; i < s->n_tokens; i++) {
-        uint32_t t = le32(r->p + r->off + 4 * (size_t)i);
-        memcpy(scratch->base + tok_off + 4 * (size_t)i, &t, 4);
-    }
-    r->off += 4 * (size_t)s->n_tokens;
 
     TRY(rd_count(r, "retain", 12, ENG_WIRE_RETAIN_MAX, &s->n_retain));
     size_t ret_off = scratch_take(scratch, s->n_retain * sizeof(eng_wire_retain_t));
@@ -350,10 +375,12 @@ static int decode_done(rd_t *r, eng_wire_done_t *d)
     if (d->usage.tokens_reused > d->usage.prompt_tokens)
         return rd_fail(r, "tokens_reused %u > prompt_tokens %u", d->usage.tokens_reused,
                        d->usage.prompt_tokens);
-    return 0;
+    TRY(rd_u64(r, "queue_us", &d->timing.queue_us));
+    TRY(rd_u64(r, "prefill_us", &d->timing.prefill_us));
+    return rd_u64(r, "decode_us", &d->timing.decode_us);
 }
 
-static int decode_kv(rd_t *r, eng_wire_kv_event_t *k)
+static int decode_kv(rd_t *r, pc_buf_t *scratch, eng_wire_kv_event_t *k)
 {
     TRY(rd_u8(r, "kind", &k->kind));
     if (k->kind < 1 || k->kind > ENG_WIRE_KV_MAX)
@@ -371,15 +398,81 @@ static int decode_kv(rd_t *r, eng_wire_kv_event_t *k)
     TRY(rd_u32(r, "n_kept", &k->n_kept));
     TRY(rd_u64(r, "request_id", &k->request_id));
     TRY(rd_u64(r, "ttl_ms", &k->ttl_ms));
-    if (evicted) {
+    switch (k->kind) {
+    case ENG_WIRE_KV_RETAINED:
+        if (k->n_kept != k->n_tokens)
+            return rd_fail(r, "RETAINED needs n_kept == n_tokens");
+        break;
+    case ENG_WIRE_KV_RELEASED:
+        if (k->n_kept != k->n_tokens || k->request_id != 0 || k->ttl_ms != 0)
+            return rd_fail(r, "RELEASED needs n_kept == n_tokens, request_id 0 and ttl_ms 0");
+        break;
+    case ENG_WIRE_KV_EVICTED:
         if (k->n_kept >= k->n_tokens || k->request_id != 0 || k->ttl_ms != 0)
             return rd_fail(r, "EVICTED needs n_kept < n_tokens, request_id 0 and ttl_ms 0");
-    } else {
-        if (k->n_kept != k->n_tokens || k->request_id == 0)
-            return rd_fail(r, "RETAINED/RELEASED need n_kept == n_tokens and a request_id");
-        if (k->kind == ENG_WIRE_KV_RELEASED && k->ttl_ms != 0)
-            return rd_fail(r, "RELEASED with ttl_ms %llu", (unsigned long long)k->ttl_ms);
+        break;
+    default: /* RETAIN_FAILED */
+        if (k->n_kept != 0)
+            return rd_fail(r, "RETAIN_FAILED needs n_kept 0");
+        break;
     }
+    scratch->len = 0;
+    size_t off;
+    TRY(rd_tokens(r, "tokens", scratch, &k->n_path, &off));
+    k->tokens = (const uint32_t *)(scratch->base + off);
+    if (k->n_path != 0) {
+        if (!evicted || k->n_path != k->n_tokens)
+            return rd_fail(r, "%u path tokens with kind %u and n_tokens %u", k->n_path, k->kind,
+                           k->n_tokens);
+        if (eng_wire_prefix_fp(k->tokens, k->n_path) != k->prefix_fp)
+            return rd_fail(r, "prefix_fp does not match the path's tokens");
+    }
+    return 0;
+}
+
+static int decode_release(rd_t *r, pc_buf_t *scratch, eng_wire_release_t *x)
+{
+    TRY(rd_u64(r, "ns", &x->ns));
+    scratch->len = 0;
+    size_t off;
+    TRY(rd_tokens(r, "tokens", scratch, &x->n_tokens, &off));
+    if (x->n_tokens == 0)
+        return rd_fail(r, "no tokens");
+    x->tokens = (const uint32_t *)(scratch->base + off);
+    return 0;
+}
+
+static int decode_snapshot(rd_t *r, pc_buf_t *scratch, eng_wire_snapshot_t *x)
+{
+    TRY(rd_u64(r, "snapshot_id", &x->snapshot_id));
+    TRY(rd_u8(r, "last", &x->last));
+    if (x->last > 1)
+        return rd_fail(r, "last %u is not 0 or 1", x->last);
+    /* An entry is at least 8 + 8 + 8 + 4 + 4 bytes (one token). */
+    TRY(rd_count(r, "entries", 32, UINT32_MAX, &x->n_entries));
+    scratch->len = 0;
+    size_t ent_off = scratch_take(scratch, (size_t)x->n_entries * sizeof(eng_wire_snap_entry_t));
+    if (ent_off == SIZE_MAX)
+        return PC_ERR_NOMEM;
+    for (uint32_t i = 0; i < x->n_entries; i++) {
+        eng_wire_snap_entry_t e = {0};
+        TRY(rd_u64(r, "entry ns", &e.ns));
+        TRY(rd_u64(r, "entry prefix_fp", &e.prefix_fp));
+        TRY(rd_u64(r, "entry ttl_ms", &e.ttl_ms));
+        size_t off;
+        TRY(rd_tokens(r, "entry tokens", scratch, &e.n_tokens, &off));
+        if (e.n_tokens == 0)
+            return rd_fail(r, "entry %u has no tokens", i);
+        /* The tokens' offset goes in the pointer field until scratch stops growing. */
+        e.tokens = (const uint32_t *)(uintptr_t)off;
+        if (eng_wire_prefix_fp((const uint32_t *)(scratch->base + off), e.n_tokens) != e.prefix_fp)
+            return rd_fail(r, "entry %u: prefix_fp does not match its tokens", i);
+        memcpy(scratch->base + ent_off + i * sizeof e, &e, sizeof e);
+    }
+    eng_wire_snap_entry_t *ents = (eng_wire_snap_entry_t *)(scratch->base + ent_off);
+    for (uint32_t i = 0; i < x->n_entries; i++)
+        ents[i].tokens = (const uint32_t *)(scratch->base + (uintptr_t)ents[i].tokens);
+    x->entries = ents;
     return 0;
 }
 
@@ -394,6 +487,11 @@ static int decode_load(rd_t *r, eng_wire_load_t *l)
     if ((uint64_t)l->free_blocks + l->cached_blocks > l->total_blocks)
         return rd_fail(r, "free %u + cached %u blocks > total %u", l->free_blocks, l->cached_blocks,
                        l->total_blocks);
+    TRY(rd_f32(r, "prefill_tokens_per_s", &l->prefill_tokens_per_s));
+    TRY(rd_f32(r, "decode_ms_per_token", &l->decode_ms_per_token));
+    /* signbit: -0.0 would break the canonical bytes of a "zero" too. */
+    if (signbit(l->prefill_tokens_per_s) || signbit(l->decode_ms_per_token))
+        return rd_fail(r, "negative rate");
     return 0;
 }
 
@@ -402,7 +500,7 @@ static int decode_body(rd_t *r, uint8_t type, pc_buf_t *scratch, eng_wire_frame_
     switch (type) {
     case ENG_WIRE_HELLO:
     case ENG_WIRE_HELLO_ACK:
-        return decode_hello(r, &f->u.hello);
+        return decode_hello(r, type == ENG_WIRE_HELLO, &f->u.hello);
     case ENG_WIRE_REJECT:
     case ENG_WIRE_ERROR:
         f->u.error.request_id = 0;
@@ -425,9 +523,19 @@ static int decode_body(rd_t *r, uint8_t type, pc_buf_t *scratch, eng_wire_frame_
     case ENG_WIRE_DONE:
         return decode_done(r, &f->u.done);
     case ENG_WIRE_KV_EVENT:
-        return decode_kv(r, &f->u.kv);
+        return decode_kv(r, scratch, &f->u.kv);
     case ENG_WIRE_LOAD:
         return decode_load(r, &f->u.load);
+    case ENG_WIRE_CHALLENGE:
+        return rd_b32(r, "nonce", f->u.auth.bytes);
+    case ENG_WIRE_AUTH:
+        return rd_b32(r, "mac", f->u.auth.bytes);
+    case ENG_WIRE_RELEASE:
+        return decode_release(r, scratch, &f->u.release);
+    case ENG_WIRE_DROP:
+        return rd_u64(r, "ns", &f->u.release.ns);
+    case ENG_WIRE_SNAPSHOT:
+        return decode_snapshot(r, scratch, &f->u.snapshot);
     default:
         return rd_fail(r, "unknown frame type");
     }
@@ -508,6 +616,16 @@ static void w_str(wr_t *w, pc_slice_t s)
     w_bytes(w, s.base, s.len);
 }
 
+/* arr<u32>: count, then the ids. */
+static void w_tokens(wr_t *w, const uint32_t *t, uint32_t n)
+{
+    w_u32(w, n);
+    if (!w->oom && pc_buf_reserve(w->b, (size_t)n * 4) == NULL)
+        w->oom = true;
+    for (uint32_t i = 0; i < n && !w->oom; i++)
+        w_u32(w, t[i]);
+}
+
 static void encode_body(wr_t *w, const eng_wire_frame_t *f)
 {
     switch (f->type) {
@@ -525,6 +643,9 @@ static void encode_body(wr_t *w, const eng_wire_frame_t *f)
         w_u32(w, h->n_vocab);
         w_u32(w, h->n_ctx);
         w_u32(w, h->block_tokens);
+        w_u32(w, h->total_blocks);
+        w_u32(w, h->max_prompt_tokens);
+        w_bytes(w, h->auth, ENG_WIRE_AUTH_BYTES);
         break;
     }
     case ENG_WIRE_REJECT:
@@ -549,11 +670,7 @@ static void encode_body(wr_t *w, const eng_wire_frame_t *f)
         w_f32(w, s->sampling.top_p);
         w_f32(w, s->sampling.min_p);
         w_u64(w, s->sampling.seed);
-        w_u32(w, s->n_tokens);
-        if (!w->oom && pc_buf_reserve(w->b, (size_t)s->n_tokens * 4) == NULL)
-            w->oom = true;
-        for (uint32_t i = 0; i < s->n_tokens && !w->oom; i++)
-            w_u32(w, s->tokens[i]);
+        w_tokens(w, s->tokens, s->n_tokens);
         w_u32(w, s->n_retain);
         for (uint32_t i = 0; i < s->n_retain; i++) {
             w_u32(w, s->retain[i].n_tokens);
@@ -585,6 +702,9 @@ static void encode_body(wr_t *w, const eng_wire_frame_t *f)
         w_u32(w, d->usage.tokens_reused);
         w_u32(w, d->usage.tokens_computed);
         w_u32(w, d->usage.output_tokens);
+        w_u64(w, d->timing.queue_us);
+        w_u64(w, d->timing.prefill_us);
+        w_u64(w, d->timing.decode_us);
         break;
     }
     case ENG_WIRE_KV_EVENT: {
@@ -597,6 +717,7 @@ static void encode_body(wr_t *w, const eng_wire_frame_t *f)
         w_u32(w, k->n_kept);
         w_u64(w, k->request_id);
         w_u64(w, k->ttl_ms);
+        w_tokens(w, k->tokens, k->n_path);
         break;
     }
     case ENG_WIRE_LOAD: {
@@ -607,6 +728,33 @@ static void encode_body(wr_t *w, const eng_wire_frame_t *f)
         w_u32(w, l->free_blocks);
         w_u32(w, l->cached_blocks);
         w_u32(w, l->total_blocks);
+        w_f32(w, l->prefill_tokens_per_s);
+        w_f32(w, l->decode_ms_per_token);
+        break;
+    }
+    case ENG_WIRE_CHALLENGE:
+    case ENG_WIRE_AUTH:
+        w_bytes(w, f->u.auth.bytes, ENG_WIRE_AUTH_BYTES);
+        break;
+    case ENG_WIRE_RELEASE:
+        w_u64(w, f->u.release.ns);
+        w_tokens(w, f->u.release.tokens, f->u.release.n_tokens);
+        break;
+    case ENG_WIRE_DROP:
+        w_u64(w, f->u.release.ns);
+        break;
+    case ENG_WIRE_SNAPSHOT: {
+        const eng_wire_snapshot_t *x = &f->u.snapshot;
+        w_u64(w, x->snapshot_id);
+        w_u8(w, x->last);
+        w_u32(w, x->n_entries);
+        for (uint32_t i = 0; i < x->n_entries && !w->oom; i++) {
+            const eng_wire_snap_entry_t *e = &x->entries[i];
+            w_u64(w, e->ns);
+            w_u64(w, e->prefix_fp);
+            w_u64(w, e->ttl_ms);
+            w_tokens(w, e->tokens, e->n_tokens);
+        }
         break;
     }
     default:

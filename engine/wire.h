@@ -10,96 +10,163 @@
  *
  *   offset  size  field
  *   0       2     magic: the bytes 'K' 'W' (0x4B 0x57)
- *   2       1     version: ENG_WIRE_VERSION (1)
+ *   2       1     version: ENG_WIRE_VERSION (2); a frame of any other version is refused
  *   3       1     type: enum eng_wire_type
- *   4       4     flags: u32, none defined in version 1: must be 0
+ *   4       4     flags: u32, none defined in version 2: must be 0
  *   8       4     payload length: u32, at most the receiver's max_frame (default 64 MiB)
  *   12      ...   payload
  *
  * Payload building blocks:
  *   u8 u16 u32 u64 i32   little-endian integers
  *   f32                  IEEE-754 binary32, little-endian bit pattern (must be finite here)
+ *   b32                  32 raw bytes (nonces and HMAC-SHA256 tags)
  *   str                  u32 byte length, then that many bytes of valid UTF-8 (no terminator)
  *   arr<T>               u32 count, then count elements of T back to back
  *
  * Payloads by type (fields in this order, nothing after the last one):
  *
- *   HELLO (1), HELLO_ACK (2): the handshake. The connecting side (the gateway) sends HELLO with
- *     the range of versions it speaks and the model it expects (an empty name, fingerprint 0,
+ *   type  name       direction  fields
+ *   1     HELLO      gw -> wk   u16 version_min, u16 version_max, u8 role (1 gateway),
+ *   2     HELLO_ACK  wk -> gw     u32 heartbeat_ms, u32 max_frame, str node, str model_name,
+ *                                 u64 model_fp, u32 n_vocab, u32 n_ctx, u32 block_tokens,
+ *                                 u32 total_blocks, u32 max_prompt_tokens, b32 auth
+ *   3     REJECT     wk -> gw   i32 code, str message
+ *   4     HEARTBEAT  both       u64 time_ms
+ *   5     SUBMIT     gw -> wk   u64 request_id, u64 ns, i32 priority, u32 max_tokens, u32 flags,
+ *                                 f32 temperature, u32 top_k, f32 top_p, f32 min_p, u64 seed,
+ *                                 arr<u32> tokens, arr<{u32 n_tokens, u64 ttl_ms}> retain,
+ *                                 arr<str> stops, arr<u32> stop_ids
+ *   6     CANCEL     gw -> wk   u64 request_id
+ *   7     TOKEN      wk -> gw   u64 request_id, u32 token_id, str text
+ *   8     DONE       wk -> gw   u64 request_id, u8 stop_reason, i32 stop_index, str text,
+ *                                 u32 prompt_tokens, u32 tokens_reused, u32 tokens_computed,
+ *                                 u32 output_tokens, u64 queue_us, u64 prefill_us, u64 decode_us
+ *   9     ERROR      wk -> gw   u64 request_id, i32 code, str message
+ *   10    KV_EVENT   wk -> gw   u8 kind, u8 reason, u64 ns, u32 n_tokens, u64 prefix_fp,
+ *                                 u32 n_kept, u64 request_id, u64 ttl_ms, arr<u32> tokens
+ *   11    LOAD       wk -> gw   u32 queued_requests, u64 queued_prefill_tokens,
+ *                                 u32 running_seqs, u32 free_blocks, u32 cached_blocks,
+ *                                 u32 total_blocks, f32 prefill_tokens_per_s,
+ *                                 f32 decode_ms_per_token
+ *   12    CHALLENGE  wk -> gw   b32 nonce
+ *   13    AUTH       gw -> wk   b32 mac
+ *   14    RELEASE    gw -> wk   u64 ns, arr<u32> tokens
+ *   15    DROP       gw -> wk   u64 ns
+ *   16    SNAPSHOT   wk -> gw   u64 snapshot_id, u8 last (0 or 1),
+ *                                 arr<{u64 ns, u64 prefix_fp, u64 ttl_ms, arr<u32> tokens}>
+ *
+ * The fields in detail:
+ *
+ *   HELLO, HELLO_ACK: the handshake. The connecting side (the gateway) sends HELLO with the
+ *     range of versions it speaks and the model it expects (an empty name, fingerprint 0,
  *     n_vocab 0 mean "any"); the worker answers HELLO_ACK (version_min = version_max = the
- *     version it picked, and its own model identity) or REJECT. No other frame may precede.
- *       u16 version_min, u16 version_max, u8 role (1 gateway, 2 worker),
- *       u32 heartbeat_ms (the sender's heartbeat interval; the peer is dead after 3 missed),
- *       u32 max_frame (the largest payload the sender accepts),
- *       str node (free-form, for logs: host name, worker id; at most 256 bytes),
- *       str model_name (at most 256 bytes), u64 model_fp (a fingerprint of the model file:
- *       XXH3-64 of its GGUF metadata and tensor table, computed by the worker),
- *       u32 n_vocab, u32 n_ctx, u32 block_tokens (KV block size in tokens)
- *   REJECT (3): the handshake failed; the sender closes the connection after it.
- *       i32 code (a PC_ERR_*), str message (at most 4096 bytes)
- *   HEARTBEAT (4): either direction, every heartbeat_ms when nothing else was sent.
- *       u64 time_ms (the sender's monotonic clock; for round-trip estimates)
- *   SUBMIT (5): gateway -> worker, a new request.
- *       u64 request_id (nonzero, unique per connection), u64 ns (namespace id),
- *       i32 priority (higher runs first; 0 default), u32 max_tokens (0: prefill only),
- *       u32 flags (bit 0: ENG_WIRE_SUBMIT_IGNORE_EOG, generate max_tokens even past
- *       end-of-generation tokens; other bits must be 0),
- *       f32 temperature, u32 top_k, f32 top_p, f32 min_p, u64 seed (see sampling.h),
- *       arr<u32> tokens (the prompt, at least 1),
- *       arr<{u32 n_tokens, u64 ttl_ms}> retain (prefixes tokens[0..n_tokens) to pin in the
- *         worker's cache for ttl_ms from the worker's receipt of the frame; 1 <= n_tokens <=
- *         the prompt's, at most 64 entries),
- *       arr<str> stops (stop sequences, at most ENG_STOP_MAX_SEQS of 1..ENG_STOP_MAX_BYTES),
- *       arr<u32> stop_ids (extra stop token ids besides the model's end-of-generation ones,
- *         at most 64)
+ *     version it picked, and its own model identity and sizes) or REJECT. With a link secret
+ *     configured on the worker, a CHALLENGE / AUTH exchange comes between HELLO and HELLO_ACK
+ *     (below). No other frame may precede the handshake's end.
+ *       role: 1 gateway, 2 worker (HELLO is sent by role 1, HELLO_ACK by role 2);
+ *       heartbeat_ms: the sender's heartbeat interval (the peer is dead after 3 missed);
+ *       max_frame: the largest payload the sender accepts;
+ *       node: free-form, for logs (host name, worker id; at most 256 bytes);
+ *       model_name: at most 256 bytes; model_fp: a fingerprint of the model (worker.h);
+ *       n_vocab, n_ctx (the longest sequence), block_tokens (KV block size in tokens);
+ *       total_blocks (the KV pool's blocks) and max_prompt_tokens (the longest prompt the
+ *         worker can ever run): the router's sizes; 0 in HELLO;
+ *       auth: in HELLO the gateway's nonce (32 random bytes when it has a link secret, else
+ *         anything); in HELLO_ACK the worker's proof HMAC-SHA256(secret, "kvgw-link-v2 worker"
+ *         || gateway nonce || worker nonce) after a CHALLENGE, all zero on a link without a
+ *         secret.
+ *   CHALLENGE: the worker has a link secret; nonce: 32 random bytes of the worker's. The
+ *     gateway answers AUTH with mac = HMAC-SHA256(secret, "kvgw-link-v2 gateway" || worker
+ *     nonce || gateway nonce) (the labels are ASCII without a terminator). The worker compares
+ *     in constant time (lnk_wire_auth_mac in link/wire_conn.h computes both proofs) and answers
+ * HELLO_ACK, or REJECT (PC_ERR_PERM) for a wrong or missing AUTH. The secret itself never crosses
+ * the wire; both nonces make a recorded exchange useless for another connection, in either
+ * direction. REJECT: the handshake failed; the sender closes the connection after it. code: a
+ * PC_ERR_* (negative); message: at most 4096 bytes HEARTBEAT: either direction, every heartbeat_ms
+ * when nothing else was sent. time_ms: the sender's monotonic clock (for round-trip estimates)
+ *   SUBMIT: a new request.
+ *       request_id (nonzero, unique per connection while live), ns (namespace id),
+ *       priority (higher runs first; 0 default), max_tokens (0: prefill only),
+ *       flags (bit 0: ENG_WIRE_SUBMIT_IGNORE_EOG, generate max_tokens even past
+ *       end-of-generation tokens; other bits must be 0), the sampling parameters
+ *       (sampling.h), tokens (the prompt, at least 1),
+ *       retain: prefixes tokens[0..n_tokens) to pin in the worker's cache until ttl_ms after
+ *         the worker's receipt of the frame (1 <= n_tokens <= the prompt's, at most 64
+ *         entries); a prefix pinned already keeps its one pin, whose expiry moves to the later
+ *         of the two (a TTL refresh: pins do not grow with traffic),
+ *       stops (stop sequences, at most ENG_STOP_MAX_SEQS of 1..ENG_STOP_MAX_BYTES),
+ *       stop_ids (extra stop token ids besides the model's end-of-generation ones, at most 64)
  *     The codec checks structure and these limits; the semantic ranges of the sampling
  *     parameters (eng_sampling_params_check) and token ids < n_vocab are the worker's to check,
  *     and a bad value there fails the request with ERROR, not the connection.
- *   CANCEL (6): gateway -> worker.
- *       u64 request_id
- *   TOKEN (7): worker -> gateway, one generated token.
- *       u64 request_id, u32 token_id, str text (the text released with this token after the
- *       incremental decoder and the stop matcher: possibly empty, possibly including text of
- *       earlier tokens that was held back)
- *   DONE (8): worker -> gateway, the request finished (its last frame).
- *       u64 request_id, u8 stop_reason (enum eng_wire_stop), i32 stop_index (the stop
- *       sequence that matched, or -1), str text (held-back text released at the end; empty
- *       after a stop sequence), u32 prompt_tokens, u32 tokens_reused (KV found in the worker's
- *       cache: the physical hit), u32 tokens_computed (prompt tokens prefilled, including any
- *       recomputed after preemption), u32 output_tokens
- *   ERROR (9): worker -> gateway: request_id nonzero fails that request (its last frame);
- *     request_id 0 is about the connection, which the sender closes after it.
- *       u64 request_id, i32 code (a PC_ERR_*), str message (at most 4096 bytes)
- *   KV_EVENT (10): worker -> gateway, a change in what the worker's cache holds.
- *       u8 kind (enum eng_wire_kv), u8 reason (enum eng_evict_reason of engine.h for EVICTED,
- *       else 0), u64 ns, u32 n_tokens, u64 prefix_fp, u32 n_kept, u64 request_id, u64 ttl_ms
- *   LOAD (11): worker -> gateway, after every HEARTBEAT it receives and when its load changes
- *     much; the router's input.
- *       u32 queued_requests, u64 queued_prefill_tokens, u32 running_seqs, u32 free_blocks,
- *       u32 cached_blocks, u32 total_blocks
+ *   CANCEL: request_id (nonzero).
+ *   TOKEN: one generated token: request_id, token_id, text (the text released with this token
+ *     after the incremental decoder and the stop matcher: possibly empty, possibly including
+ *     text of earlier tokens that was held back).
+ *   DONE: the request finished (its last frame). stop_reason (enum eng_wire_stop),
+ *     stop_index (the stop sequence that matched, or -1), text (held-back text released at
+ *     the end; empty after a stop sequence), prompt_tokens, tokens_reused (KV found in the
+ *     worker's cache: the physical hit), tokens_computed (prompt tokens prefilled, including
+ *     any recomputed after preemption), output_tokens; the worker's own timings in
+ *     microseconds: queue_us (receipt to first admission), prefill_us (first admission to the
+ *     end of the prefill), decode_us (end of the prefill to the final event); so the worker's
+ *     time to first token is queue_us + prefill_us.
+ *   ERROR: request_id nonzero fails that request (its last frame); request_id 0 is about the
+ *     connection, which the sender closes after it. code (a PC_ERR_*), message (<= 4096 bytes).
+ *   KV_EVENT: a change in what the worker's cache holds (below).
+ *   LOAD: after every HEARTBEAT the worker receives, after the handshake, and periodically
+ *     while it works; the router's input. Counts as eng_worker_load documents, and two moving
+ *     averages (0 until measured, finite and >= 0): prefill_tokens_per_s (prompt tokens
+ *     computed per second of step time) and decode_ms_per_token (the step time a decoding
+ *     sequence waits for its next token).
+ *   RELEASE: the gateway ends a retained prefix early (its TTL ended at the gateway): the pin
+ *     of tokens[0..n) (at least 1 token) in ns goes, the KV stays cached unpinned; KV_EVENT
+ *     RELEASED follows when it was pinned, nothing when it was not.
+ *   DROP: the gateway drops everything of namespace ns (tenant deleted, salt rotated): every
+ *     pin of ns is released (KV_EVENT RELEASED each) and every cached prefix of ns removed
+ *     (KV_EVENT EVICTED, reason REMOVED). Requests of ns that are running go on and may cache
+ *     their prompts in ns again.
+ *   SNAPSHOT: the worker's pinned prefixes, sent after HELLO_ACK (resync of a new or
+ *     reconnected gateway) in one or more frames with the same snapshot_id, the last with
+ *     last = 1 (an empty snapshot is one frame with no entries). Each entry: ns, prefix_fp
+ *     (eng_wire_prefix_fp of its tokens; the decoder checks it), ttl_ms (milliseconds left
+ *     until its pin expires, at the time the snapshot was taken), tokens (at least 1). Every
+ *     KV_EVENT after the snapshot's last frame applies on top of it.
  *
  * What KV_EVENT tells the gateway. The gateway's index must learn which namespace + prefix a
  * worker holds or dropped. Both sides know prefixes as token arrays, so a prefix is named by
  * (ns, n_tokens, prefix_fp) where prefix_fp = eng_wire_prefix_fp(tokens, n_tokens): XXH3-64
- * (seed 0) of the token ids as little-endian u32s. The gateway keeps (n_tokens, fp) for the
- * prefixes it routes and asks to retain, and finds an event's prefix by that pair.
- *   RETAINED  SUBMIT request_id's prefix tokens[0..n_tokens) is computed and pinned for ttl_ms
- *             (n_kept = n_tokens). Sent once the prefill passed n_tokens: from then on the
- *             gateway may route readers of that entry here.
- *   RELEASED  the pin that SUBMIT request_id put on the prefix expired or was released; the KV
- *             stays cached, unpinned (n_kept = n_tokens, ttl_ms 0).
- *   EVICTED   the cache dropped positions [n_kept, n_tokens) of the prefix named by
- *             (ns, n_tokens, prefix_fp); positions below n_kept remain. The gateway clears
- *             this worker from every known prefix of that path longer than n_kept. request_id
- *             and ttl_ms are 0.
- *
+ * (seed 0) of the token ids as little-endian u32s.
+ *   kind           reason  n_kept     request_id       ttl_ms        tokens
+ *   RETAINED (1)   0       n_tokens   the request *    ms left       none
+ *   RELEASED (2)   0       n_tokens   0                0             none
+ *   EVICTED (3)    1..3    < n_tokens 0                0             the path, or none
+ *   RETAIN_FAILED (4) 0    0          the request *    ttl asked     none
+ *   (*) the worker's request id in-process; on the wire the connection's own id for the
+ *       connection that submitted the request, 0 in the copies other connections get.
+ *   RETAINED       tokens[0..n_tokens) of the request's prompt is computed and pinned (or its
+ *                  pin's expiry moved, a refresh) until ttl_ms from now. Sent once the prefill
+ *                  passed n_tokens: from then on the gateway may route readers here.
+ *   RELEASED       the prefix's pin expired or was released (RELEASE, DROP); the KV stays
+ *                  cached, unpinned. Pins belong to the worker, not to a request or a
+ *                  connection: RELEASED goes to every connected gateway.
+ *   EVICTED        the cache dropped positions [n_kept, n_tokens) of the path named by
+ *                  (ns, n_tokens, prefix_fp); positions below n_kept remain. tokens carries
+ *                  the path's n_tokens ids, so the gateway clears this worker from exactly the
+ *                  known prefixes that go through the dropped part: those longer than n_kept
+ *                  that agree with tokens[0..n_kept]. Without tokens (count 0: the worker had
+ *                  no memory to read the path) the gateway must clear every known prefix of
+ *                  ns longer than n_kept. reason: enum eng_evict_reason (engine.h).
+ *   RETAIN_FAILED  a retain entry of the request could not be pinned (no memory): the prefix
+ *                  may be cached, but is not held; the gateway must not count on it.
  * Frame validity (the decoder rejects everything else, with a reason): magic, version and
  * flags as above; a known type; payload length <= max_frame; every count and length inside the
  * payload (checked before anything is allocated, so a count can never make the decoder
  * allocate more than the payload's size); no bytes left over after the last field; strings
  * valid UTF-8 within their limits; enum fields within range; f32 fields finite; booleans and
- * reserved bits as specified. The encoding is canonical: encoding a decoded frame gives back
- * the exact bytes.
+ * reserved bits as specified; the KV_EVENT rules of the table; fingerprints that match the
+ * tokens they come with. The encoding is canonical: encoding a decoded frame gives back the
+ * exact bytes.
  */
 #ifndef ENG_WIRE_H
 #define ENG_WIRE_H
@@ -111,13 +178,14 @@
 #include "pc_buf.h"
 #include "sampling.h"
 
-#define ENG_WIRE_VERSION 1
+#define ENG_WIRE_VERSION 2
 #define ENG_WIRE_HEADER_BYTES 12
 #define ENG_WIRE_MAX_FRAME_DEFAULT (64u << 20)
 #define ENG_WIRE_NAME_MAX 256
 #define ENG_WIRE_MESSAGE_MAX 4096
 #define ENG_WIRE_RETAIN_MAX 64
 #define ENG_WIRE_STOP_IDS_MAX 64
+#define ENG_WIRE_AUTH_BYTES 32
 
 enum eng_wire_type {
     ENG_WIRE_HELLO = 1,
@@ -131,8 +199,13 @@ enum eng_wire_type {
     ENG_WIRE_ERROR = 9,
     ENG_WIRE_KV_EVENT = 10,
     ENG_WIRE_LOAD = 11,
+    ENG_WIRE_CHALLENGE = 12,
+    ENG_WIRE_AUTH = 13,
+    ENG_WIRE_RELEASE = 14,
+    ENG_WIRE_DROP = 15,
+    ENG_WIRE_SNAPSHOT = 16,
 };
-#define ENG_WIRE_TYPE_MAX 11
+#define ENG_WIRE_TYPE_MAX 16
 
 enum eng_wire_role {
     ENG_WIRE_ROLE_GATEWAY = 1,
@@ -154,8 +227,9 @@ enum eng_wire_kv {
     ENG_WIRE_KV_RETAINED = 1,
     ENG_WIRE_KV_RELEASED = 2,
     ENG_WIRE_KV_EVICTED = 3,
+    ENG_WIRE_KV_RETAIN_FAILED = 4,
 };
-#define ENG_WIRE_KV_MAX 3
+#define ENG_WIRE_KV_MAX 4
 
 /* Strings (pc_slice_t) and arrays in decoded frames point into the decoder and stay valid until
  * its next eng_wire_decoder_next, _feed or _free call. For encoding, they point to the
@@ -170,6 +244,8 @@ typedef struct eng_wire_hello { /* HELLO and HELLO_ACK */
     pc_slice_t model_name;
     uint64_t model_fp;
     uint32_t n_vocab, n_ctx, block_tokens;
+    uint32_t total_blocks, max_prompt_tokens; /* 0 in HELLO */
+    uint8_t auth[ENG_WIRE_AUTH_BYTES];        /* HELLO: nonce; HELLO_ACK: the worker's proof */
 } eng_wire_hello_t;
 
 typedef struct eng_wire_retain {
@@ -207,12 +283,20 @@ typedef struct eng_wire_usage {
     uint32_t output_tokens;
 } eng_wire_usage_t;
 
+/* The worker's own timings of a request, in microseconds (DONE). */
+typedef struct eng_wire_timing {
+    uint64_t queue_us;   /* receipt to first admission */
+    uint64_t prefill_us; /* first admission to the end of the prefill */
+    uint64_t decode_us;  /* end of the prefill to the final event */
+} eng_wire_timing_t;
+
 typedef struct eng_wire_done {
     uint64_t request_id;
     uint8_t stop_reason; /* enum eng_wire_stop */
     int32_t stop_index;  /* -1 or < ENG_STOP_MAX_SEQS */
     pc_slice_t text;
     eng_wire_usage_t usage;
+    eng_wire_timing_t timing;
 } eng_wire_done_t;
 
 typedef struct eng_wire_error { /* ERROR (request_id used) and REJECT (request_id ignored) */
@@ -230,6 +314,8 @@ typedef struct eng_wire_kv_event {
     uint32_t n_kept;
     uint64_t request_id;
     uint64_t ttl_ms;
+    const uint32_t *tokens; /* [n_path]: EVICTED's path (n_path == n_tokens), or none (0) */
+    uint32_t n_path;
 } eng_wire_kv_event_t;
 
 typedef struct eng_wire_load {
@@ -239,7 +325,34 @@ typedef struct eng_wire_load {
     uint32_t free_blocks;
     uint32_t cached_blocks;
     uint32_t total_blocks;
+    float prefill_tokens_per_s; /* moving average; 0 until measured */
+    float decode_ms_per_token;  /* moving average; 0 until measured */
 } eng_wire_load_t;
+
+typedef struct eng_wire_auth { /* CHALLENGE (nonce) and AUTH (mac) */
+    uint8_t bytes[ENG_WIRE_AUTH_BYTES];
+} eng_wire_auth_t;
+
+typedef struct eng_wire_release { /* RELEASE; DROP uses ns only */
+    uint64_t ns;
+    const uint32_t *tokens; /* [n_tokens] */
+    uint32_t n_tokens;
+} eng_wire_release_t;
+
+typedef struct eng_wire_snap_entry {
+    uint64_t ns;
+    uint64_t prefix_fp;     /* eng_wire_prefix_fp(tokens, n_tokens) */
+    uint64_t ttl_ms;        /* left until the pin expires, when the snapshot was taken */
+    const uint32_t *tokens; /* [n_tokens] */
+    uint32_t n_tokens;
+} eng_wire_snap_entry_t;
+
+typedef struct eng_wire_snapshot {
+    uint64_t snapshot_id;
+    uint8_t last;                         /* 1 on the snapshot's last frame */
+    const eng_wire_snap_entry_t *entries; /* [n_entries] */
+    uint32_t n_entries;
+} eng_wire_snapshot_t;
 
 typedef struct eng_wire_frame {
     uint8_t type; /* enum eng_wire_type */
@@ -253,6 +366,9 @@ typedef struct eng_wire_frame {
         eng_wire_done_t done;
         eng_wire_kv_event_t kv;
         eng_wire_load_t load;
+        eng_wire_auth_t auth;       /* CHALLENGE, AUTH */
+        eng_wire_release_t release; /* RELEASE, DROP (ns only) */
+        eng_wire_snapshot_t snapshot;
     } u;
 } eng_wire_frame_t;
 

@@ -78,6 +78,7 @@ typedef struct wk_req {
     int32_t priority;
     uint32_t max_tokens, flags;
     uint64_t t_submit_ms;
+    uint64_t t_submit_ns, t_admit_ns, t_prefill_ns; /* DONE's timings; 0: not yet */
     eng_sampler_t sampler;
     eng_stop_t *stop;
     uint32_t *stop_ids; /* [n_stop_ids] */
@@ -100,18 +101,35 @@ typedef struct wk_req {
     uint32_t n_gen;
 } wk_req_t;
 
+/* A retained prefix: one per (ns, tokens), found through a hash table by (ns, fp) and ordered
+ * by expiry in a binary min-heap (heap_i is its position), so expiry costs O(log n) per pin
+ * that expires and a refresh moves the pin in place. */
 typedef struct wk_pin {
-    uint64_t ns, request_id, expiry_ms;
-    int32_t *tokens; /* [n_tokens] */
-    uint32_t n_tokens;
+    struct wk_pin *hnext; /* hash chain */
+    uint64_t ns, fp, expiry_ms;
+    uint32_t heap_i, n_tokens;
+    int32_t tokens[]; /* [n_tokens] */
 } wk_pin_t;
+
+/* A control operation from another thread (eng_worker_release, _drop_ns, _snapshot). */
+enum { WK_OP_RELEASE = 1, WK_OP_DROP = 2, WK_OP_SNAPSHOT = 3 };
+
+typedef struct wk_op {
+    struct wk_op *next;
+    int kind;
+    uint64_t ns, snapshot_id;
+    uint32_t n_tokens;
+    int32_t tokens[]; /* [n_tokens] (RELEASE) */
+} wk_op_t;
 
 typedef struct wk_ev {
     struct wk_ev *next;
     eng_wire_frame_t f;
     uint64_t final_id; /* nonzero: the final event of this request */
-    char data[];       /* the frame's text */
+    uint64_t data[];   /* the frame's text, path or snapshot entries (8-aligned) */
 } wk_ev_t;
+
+#define EV_DATA(ev) ((char *)(ev)->data)
 
 typedef struct wk_list {
     wk_req_t **v;
@@ -136,6 +154,7 @@ struct eng_worker {
     /* Shared, under mu. */
     bool stopping;
     wk_req_t *in_head, *in_tail;
+    wk_op_t *op_head, *op_tail;
     uint32_t n_counted; /* requests counting against max_queue */
     uint64_t *live;
     uint32_t n_live, live_cap;
@@ -164,9 +183,12 @@ struct eng_worker {
     bool dev_sample;         /* the engine samples on its device (eng_forward_sample) */
     eng_sample_row_t *srows; /* [max_running] with dev_sample: each logits row's rules */
     int32_t *stoks;          /* [max_running] with dev_sample: each row's token */
-    wk_pin_t *pins;
-    uint32_t n_pins, pins_cap;
-    uint64_t next_expiry_ms;
+    wk_pin_t **pin_buckets;  /* [n_buckets], a power of two or 0 */
+    uint32_t n_buckets;
+    wk_pin_t **heap; /* [n_pins] by expiry */
+    uint32_t n_pins, heap_cap;
+    float prefill_tps; /* moving averages for LOAD; 0 until measured */
+    float decode_ms;
     uint64_t admit_counter;
     uint64_t last_load_ms;
     bool was_active;
@@ -271,7 +293,7 @@ static wk_ev_t *ev_add(eng_worker_t *w, uint8_t type, const char *text, size_t t
     ev->f.type = type;
     if (text_len > 0)
         memcpy(ev->data, text, text_len);
-    ev->data[text_len] = '\0';
+    EV_DATA(ev)[text_len] = '\0';
     ev->next = NULL;
     if (w->ev_tail != NULL)
         w->ev_tail->next = ev;
@@ -284,14 +306,18 @@ static wk_ev_t *ev_add(eng_worker_t *w, uint8_t type, const char *text, size_t t
 static void ev_token(eng_worker_t *w, wk_req_t *r, uint32_t token, const char *text, size_t len)
 {
     wk_ev_t *ev = ev_add(w, ENG_WIRE_TOKEN, text, len);
-    ev->f.u.token =
-        (eng_wire_token_t){.request_id = r->id, .token_id = token, .text = pc_slice(ev->data, len)};
+    ev->f.u.token = (eng_wire_token_t){
+        .request_id = r->id, .token_id = token, .text = pc_slice(EV_DATA(ev), len)};
 }
 
+/* A KV_EVENT about tokens[0..n_tokens) (NULL: unknown; then prefix_fp is 0). With_path (an
+ * EVICTED event) the event carries the token ids too. */
 static void ev_kv(eng_worker_t *w, uint8_t kind, uint8_t reason, uint64_t ns, const int32_t *tokens,
-                  uint32_t n_tokens, uint32_t n_kept, uint64_t request_id, uint64_t ttl_ms)
+                  uint32_t n_tokens, uint32_t n_kept, uint64_t request_id, uint64_t ttl_ms,
+                  bool with_path)
 {
-    wk_ev_t *ev = ev_add(w, ENG_WIRE_KV_EVENT, NULL, 0);
+    size_t path = with_path && tokens != NULL ? (size_t)n_tokens * sizeof(uint32_t) : 0;
+    wk_ev_t *ev = ev_add(w, ENG_WIRE_KV_EVENT, (const char *)tokens, path);
     ev->f.u.kv = (eng_wire_kv_event_t){
         .kind = kind,
         .reason = reason,
@@ -300,18 +326,30 @@ static void ev_kv(eng_worker_t *w, uint8_t kind, uint8_t reason, uint64_t ns, co
         .prefix_fp = tokens != NULL ? eng_wire_prefix_fp((const uint32_t *)tokens, n_tokens) : 0,
         .n_kept = n_kept,
         .request_id = request_id,
-        .ttl_ms = ttl_ms};
+        .ttl_ms = ttl_ms,
+        .tokens = path > 0 ? (const uint32_t *)ev->data : NULL,
+        .n_path = path > 0 ? n_tokens : 0};
 }
 
-/* The engine's eviction callback: runs on the scheduler thread inside engine calls. */
+static void pins_remove_where(eng_worker_t *w, uint64_t ns, const int32_t *path, uint32_t path_len,
+                              uint32_t n_kept, bool release);
+
+/* The engine's eviction callback: runs on the scheduler thread inside engine calls. The event
+ * names the path with its tokens, so the gateway clears exactly the prefixes through the
+ * dropped part. A pin the engine gave up under pressure (or a DROP) goes with its node: the
+ * worker forgets it too (the EVICTED event tells the gateway). */
 static void on_evict(const eng_evict_event_t *ev, void *ud)
 {
     eng_worker_t *w = ud;
+    uint32_t len = ev->n_tokens + ev->n_dropped;
     if (ev->tokens == NULL)
         PC_LOG(PC_LOG_WARN, "worker", "evicted prefix ns=%016llx n=%u reported without its path",
-               (unsigned long long)ev->ns, ev->n_tokens + ev->n_dropped);
-    ev_kv(w, ENG_WIRE_KV_EVICTED, (uint8_t)ev->reason, ev->ns, ev->tokens,
-          ev->n_tokens + ev->n_dropped, ev->n_tokens, 0, 0);
+               (unsigned long long)ev->ns, len);
+    ev_kv(w, ENG_WIRE_KV_EVICTED, (uint8_t)ev->reason, ev->ns, ev->tokens, len, ev->n_tokens, 0, 0,
+          true);
+    /* LRU eviction never takes a pinned node or an ancestor of one. */
+    if (ev->reason != ENG_EVICT_LRU && ev->tokens != NULL && w->n_pins > 0)
+        pins_remove_where(w, ev->ns, ev->tokens, len, ev->n_tokens, false);
 }
 
 /* Counts blocks held by the prefix index alone (cached, not used by any live sequence). */
@@ -345,7 +383,9 @@ static void load_compute(eng_worker_t *w, eng_wire_load_t *out)
                              .running_seqs = w->run.n,
                              .free_blocks = eng_kvpool_n_free(w->e->kv),
                              .cached_blocks = cached_blocks(w),
-                             .total_blocks = w->total_blocks};
+                             .total_blocks = w->total_blocks,
+                             .prefill_tokens_per_s = w->prefill_tps,
+                             .decode_ms_per_token = w->decode_ms};
 }
 
 static void ev_load(eng_worker_t *w, const eng_wire_load_t *l)
@@ -442,11 +482,20 @@ static void finish_done(eng_worker_t *w, wk_req_t *r, uint8_t reason, int32_t st
 {
     wk_ev_t *ev = ev_add(w, ENG_WIRE_DONE, text, len);
     r->usage.prompt_tokens = r->n_prompt;
+    uint64_t now = pc_time_mono_ns();
+    uint64_t admit = r->t_admit_ns != 0 ? r->t_admit_ns : now;
+    uint64_t prefilled = r->t_prefill_ns != 0 ? r->t_prefill_ns : now;
+    eng_wire_timing_t t = {.queue_us = (admit - r->t_submit_ns) / 1000};
+    if (r->t_admit_ns != 0)
+        t.prefill_us = (prefilled - r->t_admit_ns) / 1000;
+    if (r->t_prefill_ns != 0)
+        t.decode_us = (now - r->t_prefill_ns) / 1000;
     ev->f.u.done = (eng_wire_done_t){.request_id = r->id,
                                      .stop_reason = reason,
                                      .stop_index = stop_index,
-                                     .text = pc_slice(ev->data, len),
-                                     .usage = r->usage};
+                                     .text = pc_slice(EV_DATA(ev), len),
+                                     .usage = r->usage,
+                                     .timing = t};
     req_retire(w, r, ev);
 }
 
@@ -454,8 +503,8 @@ static void finish_error(eng_worker_t *w, wk_req_t *r, int code, const char *msg
 {
     size_t len = strlen(msg);
     wk_ev_t *ev = ev_add(w, ENG_WIRE_ERROR, msg, len);
-    ev->f.u.error =
-        (eng_wire_error_t){.request_id = r->id, .code = code, .message = pc_slice(ev->data, len)};
+    ev->f.u.error = (eng_wire_error_t){
+        .request_id = r->id, .code = code, .message = pc_slice(EV_DATA(ev), len)};
     PC_LOG(PC_LOG_WARN, "worker", "req=%llu failed: %s", (unsigned long long)r->id, msg);
     req_retire(w, r, ev);
 }
@@ -513,30 +562,189 @@ static void cancel_one(eng_worker_t *w, uint64_t id)
     /* Not found: it finished on its own before the cancel was seen. */
 }
 
-static void pins_expire(eng_worker_t *w, uint64_t now)
+/* ---- pins: a hash table by (ns, fp) and a min-heap by expiry ---- */
+
+static size_t pin_slot(const eng_worker_t *w, uint64_t ns, uint64_t fp)
 {
-    if (now < w->next_expiry_ms)
-        return;
-    uint64_t next = UINT64_MAX;
-    for (uint32_t i = 0; i < w->n_pins;) {
-        wk_pin_t *p = &w->pins[i];
-        if (p->expiry_ms > now) {
-            next = PC_MIN(next, p->expiry_ms);
-            i++;
-            continue;
-        }
-        /* Under hard pressure the engine may have dropped a pin on this node already (the one
-         * expiring first, as here); then this release finds none, or the node's next pin. */
-        if (eng_prefix_release(w->e, p->ns, p->tokens, p->n_tokens) == 0)
-            ev_kv(w, ENG_WIRE_KV_RELEASED, 0, p->ns, p->tokens, p->n_tokens, p->n_tokens,
-                  p->request_id, 0);
-        pc_free(p->tokens);
-        w->pins[i] = w->pins[--w->n_pins];
-    }
-    w->next_expiry_ms = next;
+    uint64_t h = fp ^ (ns * 0x9E3779B97F4A7C15ull);
+    h ^= h >> 31;
+    return (size_t)h & (w->n_buckets - 1);
 }
 
-/* Pins every retain entry of r that its computed positions now cover. */
+static wk_pin_t *pin_find(eng_worker_t *w, uint64_t ns, uint64_t fp, const int32_t *tokens,
+                          uint32_t n)
+{
+    if (w->n_buckets == 0)
+        return NULL;
+    for (wk_pin_t *p = w->pin_buckets[pin_slot(w, ns, fp)]; p != NULL; p = p->hnext)
+        if (p->ns == ns && p->fp == fp && p->n_tokens == n &&
+            memcmp(p->tokens, tokens, (size_t)n * sizeof *tokens) == 0)
+            return p;
+    return NULL;
+}
+
+static void heap_set(eng_worker_t *w, uint32_t i, wk_pin_t *p)
+{
+    w->heap[i] = p;
+    p->heap_i = i;
+}
+
+static void heap_up(eng_worker_t *w, uint32_t i)
+{
+    wk_pin_t *p = w->heap[i];
+    while (i > 0) {
+        uint32_t up = (i - 1) / 2;
+        if (w->heap[up]->expiry_ms <= p->expiry_ms)
+            break;
+        heap_set(w, i, w->heap[up]);
+        i = up;
+    }
+    heap_set(w, i, p);
+}
+
+static void heap_down(eng_worker_t *w, uint32_t i)
+{
+    wk_pin_t *p = w->heap[i];
+    for (;;) {
+        uint32_t c = 2 * i + 1;
+        if (c >= w->n_pins)
+            break;
+        if (c + 1 < w->n_pins && w->heap[c + 1]->expiry_ms < w->heap[c]->expiry_ms)
+            c++;
+        if (w->heap[c]->expiry_ms >= p->expiry_ms)
+            break;
+        heap_set(w, i, w->heap[c]);
+        i = c;
+    }
+    heap_set(w, i, p);
+}
+
+static void hash_unlink(eng_worker_t *w, wk_pin_t *p)
+{
+    wk_pin_t **at = &w->pin_buckets[pin_slot(w, p->ns, p->fp)];
+    while (*at != p)
+        at = &(*at)->hnext;
+    *at = p->hnext;
+}
+
+/* A new pin (not in the table yet). Returns NULL without memory (nothing changed). */
+static wk_pin_t *pin_add(eng_worker_t *w, uint64_t ns, uint64_t fp, const int32_t *tokens,
+                         uint32_t n, uint64_t expiry)
+{
+    if (w->n_pins == w->heap_cap) {
+        uint32_t cap = w->heap_cap ? w->heap_cap * 2 : 16;
+        wk_pin_t **h = pc_reallocarray(w->heap, cap, sizeof *h);
+        if (h == NULL)
+            return NULL;
+        w->heap = h;
+        w->heap_cap = cap;
+    }
+    if (w->n_pins + 1 > w->n_buckets) { /* load factor <= 1 */
+        uint32_t nb = w->n_buckets ? w->n_buckets * 2 : 16;
+        wk_pin_t **b = pc_calloc(nb, sizeof *b);
+        if (b == NULL)
+            return NULL;
+        wk_pin_t **old = w->pin_buckets;
+        uint32_t n_old = w->n_buckets;
+        w->pin_buckets = b;
+        w->n_buckets = nb;
+        for (uint32_t i = 0; i < n_old; i++)
+            for (wk_pin_t *q = old[i], *next; q != NULL; q = next) {
+                next = q->hnext;
+                size_t k = pin_slot(w, q->ns, q->fp);
+                q->hnext = b[k];
+                b[k] = q;
+            }
+        pc_free(old);
+    }
+    wk_pin_t *p = pc_malloc(sizeof *p + (size_t)n * sizeof *tokens);
+    if (p == NULL)
+        return NULL;
+    *p = (wk_pin_t){.ns = ns, .fp = fp, .expiry_ms = expiry, .n_tokens = n};
+    memcpy(p->tokens, tokens, (size_t)n * sizeof *tokens);
+    size_t k = pin_slot(w, ns, fp);
+    p->hnext = w->pin_buckets[k];
+    w->pin_buckets[k] = p;
+    heap_set(w, w->n_pins++, p);
+    heap_up(w, p->heap_i);
+    return p;
+}
+
+/* Forgets p (the engine's pin is the caller's business) and frees it. */
+static void pin_del(eng_worker_t *w, wk_pin_t *p)
+{
+    hash_unlink(w, p);
+    uint32_t i = p->heap_i;
+    wk_pin_t *last = w->heap[--w->n_pins];
+    if (last != p) {
+        heap_set(w, i, last);
+        heap_up(w, i);
+        heap_down(w, last->heap_i);
+    }
+    pc_free(p);
+}
+
+/* Ends a pin: the engine's pin goes (when the engine still has it), KV_EVENT RELEASED tells the
+ * gateway, the KV stays cached. */
+static void pin_release(eng_worker_t *w, wk_pin_t *p)
+{
+    eng_prefix_release(w->e, p->ns, p->tokens, p->n_tokens);
+    ev_kv(w, ENG_WIRE_KV_RELEASED, 0, p->ns, p->tokens, p->n_tokens, p->n_tokens, 0, 0, false);
+}
+
+/* Removes, in one pass, every pin of ns that goes through positions [n_kept, path_len) of path
+ * (path NULL: every pin of ns); release: end the engine's pins too with RELEASED events (a
+ * DROP), else they are gone already (the engine dropped them under pressure). O(pins). */
+static void pins_remove_where(eng_worker_t *w, uint64_t ns, const int32_t *path, uint32_t path_len,
+                              uint32_t n_kept, bool release)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < w->n_pins; i++) {
+        wk_pin_t *p = w->heap[i];
+        bool hit = p->ns == ns;
+        if (hit && path != NULL)
+            hit =
+                p->n_tokens > n_kept &&
+                memcmp(p->tokens, path, (size_t)PC_MIN(p->n_tokens, path_len) * sizeof *path) == 0;
+        if (!hit) {
+            heap_set(w, k++, p);
+            continue;
+        }
+        hash_unlink(w, p);
+        if (release)
+            pin_release(w, p);
+        pc_free(p);
+    }
+    w->n_pins = k;
+    for (uint32_t i = k / 2; i-- > 0;)
+        heap_down(w, i);
+}
+
+static uint64_t next_expiry(const eng_worker_t *w)
+{
+    return w->n_pins > 0 ? w->heap[0]->expiry_ms : UINT64_MAX;
+}
+
+/* Releases the pins that expired: O(log n) each, nothing for those that did not. */
+static void pins_expire(eng_worker_t *w, uint64_t now)
+{
+    while (w->n_pins > 0 && w->heap[0]->expiry_ms <= now) {
+        wk_pin_t *p = w->heap[0];
+        pin_release(w, p);
+        pin_del(w, p);
+    }
+}
+
+static uint64_t ttl_left(uint64_t expiry, uint64_t now)
+{
+    if (expiry == UINT64_MAX)
+        return UINT64_MAX;
+    return expiry > now ? expiry - now : 0;
+}
+
+/* Pins every retain entry of r that its computed positions now cover. A prefix pinned already
+ * keeps its one pin, with the later expiry (a refresh). Each entry is reported: RETAINED, or
+ * RETAIN_FAILED when there was no memory for it. */
 static void apply_retains(eng_worker_t *w, wk_req_t *r)
 {
     uint32_t have = eng_seq_n_tokens(r->seq);
@@ -548,34 +756,101 @@ static void apply_retains(eng_worker_t *w, wk_req_t *r)
         uint64_t expiry = r->t_submit_ms + rt->ttl_ms;
         if (expiry < r->t_submit_ms)
             expiry = UINT64_MAX;
-        if (w->n_pins == w->pins_cap) {
-            uint32_t cap = w->pins_cap ? w->pins_cap * 2 : 16;
-            wk_pin_t *p = pc_reallocarray(w->pins, cap, sizeof *p);
-            if (p == NULL)
-                goto nomem;
-            w->pins = p;
-            w->pins_cap = cap;
+        uint64_t fp = eng_wire_prefix_fp((const uint32_t *)r->tokens, rt->n_tokens);
+        wk_pin_t *p = pin_find(w, r->ns, fp, r->tokens, rt->n_tokens);
+        uint64_t until = p != NULL ? PC_MAX(p->expiry_ms, expiry) : expiry;
+        /* The engine merges a second retain into its pin (and pins anew when it had dropped
+         * the pin under pressure). */
+        if (eng_prefix_retain(w->e, r->seq, r->ns, rt->n_tokens, until) != 0)
+            goto fail;
+        if (p == NULL) {
+            p = pin_add(w, r->ns, fp, r->tokens, rt->n_tokens, until);
+            if (p == NULL) {
+                eng_prefix_release(w->e, r->ns, r->tokens, rt->n_tokens);
+                goto fail;
+            }
+        } else if (until != p->expiry_ms) {
+            p->expiry_ms = until; /* only ever later: the pin moves down the heap */
+            heap_down(w, p->heap_i);
         }
-        int32_t *copy = pc_malloc((size_t)rt->n_tokens * sizeof *copy);
-        if (copy == NULL)
-            goto nomem;
-        memcpy(copy, r->tokens, (size_t)rt->n_tokens * sizeof *copy);
-        if (eng_prefix_retain(w->e, r->seq, r->ns, rt->n_tokens, expiry) != 0) {
-            pc_free(copy);
-            goto nomem;
-        }
-        w->pins[w->n_pins++] = (wk_pin_t){.ns = r->ns,
-                                          .request_id = r->id,
-                                          .expiry_ms = expiry,
-                                          .tokens = copy,
-                                          .n_tokens = rt->n_tokens};
-        w->next_expiry_ms = PC_MIN(w->next_expiry_ms, expiry);
         ev_kv(w, ENG_WIRE_KV_RETAINED, 0, r->ns, r->tokens, rt->n_tokens, rt->n_tokens, r->id,
-              rt->ttl_ms);
+              ttl_left(until, pc_time_mono_ms()), false);
         continue;
-    nomem:
+    fail:
         PC_LOG(PC_LOG_WARN, "worker", "req=%llu: out of memory retaining %u tokens",
                (unsigned long long)r->id, rt->n_tokens);
+        ev_kv(w, ENG_WIRE_KV_RETAIN_FAILED, 0, r->ns, r->tokens, rt->n_tokens, 0, r->id, rt->ttl_ms,
+              false);
+    }
+}
+
+/* Frame payload size aimed at by one SNAPSHOT event (a bigger entry goes alone). */
+#define SNAPSHOT_FRAME_BYTES (64u << 10)
+
+static size_t snap_entry_bytes(const wk_pin_t *p)
+{
+    return 28 + 4 * (size_t)p->n_tokens;
+}
+
+/* Queues the SNAPSHOT events of every pin, in frames of about SNAPSHOT_FRAME_BYTES. */
+static void snapshot(eng_worker_t *w, uint64_t id)
+{
+    uint64_t now = pc_time_mono_ms();
+    uint32_t i = 0;
+    do {
+        uint32_t first = i;
+        size_t bytes = 0, tok_bytes = 0;
+        while (i < w->n_pins &&
+               (i == first || bytes + snap_entry_bytes(w->heap[i]) <= SNAPSHOT_FRAME_BYTES)) {
+            bytes += snap_entry_bytes(w->heap[i]);
+            tok_bytes += 4 * (size_t)w->heap[i]->n_tokens;
+            i++;
+        }
+        uint32_t n = i - first;
+        size_t ent_bytes = (size_t)n * sizeof(eng_wire_snap_entry_t);
+        wk_ev_t *ev = ev_add(w, ENG_WIRE_SNAPSHOT, NULL, ent_bytes + tok_bytes);
+        eng_wire_snap_entry_t *ents = (eng_wire_snap_entry_t *)ev->data;
+        uint32_t *toks = (uint32_t *)(EV_DATA(ev) + ent_bytes);
+        for (uint32_t k = 0; k < n; k++) {
+            const wk_pin_t *p = w->heap[first + k];
+            memcpy(toks, p->tokens, 4 * (size_t)p->n_tokens);
+            ents[k] = (eng_wire_snap_entry_t){.ns = p->ns,
+                                              .prefix_fp = p->fp,
+                                              .ttl_ms = ttl_left(p->expiry_ms, now),
+                                              .tokens = toks,
+                                              .n_tokens = p->n_tokens};
+            toks += p->n_tokens;
+        }
+        ev->f.u.snapshot = (eng_wire_snapshot_t){
+            .snapshot_id = id, .last = i == w->n_pins, .entries = ents, .n_entries = n};
+    } while (i < w->n_pins);
+}
+
+/* Runs a control operation on the scheduler thread. */
+static void run_op(eng_worker_t *w, const wk_op_t *op)
+{
+    switch (op->kind) {
+    case WK_OP_RELEASE: {
+        uint64_t fp = eng_wire_prefix_fp((const uint32_t *)op->tokens, op->n_tokens);
+        wk_pin_t *p = pin_find(w, op->ns, fp, op->tokens, op->n_tokens);
+        if (p != NULL) {
+            pin_release(w, p);
+            pin_del(w, p);
+        }
+        break;
+    }
+    case WK_OP_DROP: {
+        pins_remove_where(w, op->ns, NULL, 0, 0, true);
+        int32_t none = 0;
+        int rc = eng_prefix_drop(w->e, op->ns, &none, 0);
+        if (rc != 0 && rc != PC_ERR_NOTFOUND)
+            PC_LOG(PC_LOG_WARN, "worker", "dropping namespace %016llx: %s",
+                   (unsigned long long)op->ns, pc_strerror(rc));
+        break;
+    }
+    default:
+        snapshot(w, op->snapshot_id);
+        break;
     }
 }
 
@@ -669,6 +944,8 @@ static void admit(eng_worker_t *w)
         r->seq = s;
         r->state = WK_PREFILL;
         r->admit_order = ++w->admit_counter;
+        if (r->t_admit_ns == 0)
+            r->t_admit_ns = pc_time_mono_ns();
         r->usage.tokens_reused += reused;
         w->st.tokens_reused += reused;
         if (r->counted) {
@@ -885,11 +1162,21 @@ static int logits_reserve(eng_worker_t *w, uint32_t rows)
 
 /* One scheduler step: a forward pass over every running request that has work, then the
  * sampling and the events of its results. */
+/* Moving averages of the step times, for the router (LOAD). */
+#define EWMA_WEIGHT 0.2f
+
+static void ewma(float *avg, float sample)
+{
+    *avg = *avg == 0.0f ? sample : *avg + EWMA_WEIGHT * (sample - *avg);
+}
+
 static void step(eng_worker_t *w)
 {
     uint32_t n;
     int rc;
+    uint64_t t0 = 0;
     for (;;) {
+        t0 = pc_time_mono_ns();
         n = build_batch(w);
         if (n == 0)
             return;
@@ -930,6 +1217,22 @@ static void step(eng_worker_t *w)
         return;
     }
     w->st.n_steps++;
+    {
+        /* A step with decodes costs each decoding sequence its duration per token; its prefill
+         * tokens went at tokens / duration (a mixed step counts for both). */
+        float dt_s = (float)(pc_time_mono_ns() - t0) * 1e-9f;
+        uint32_t n_dec = 0, n_pre = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (w->item_req[i]->state == WK_DECODE)
+                n_dec++;
+            else
+                n_pre += w->item_take[i];
+        }
+        if (dt_s > 0.0f && n_dec > 0)
+            ewma(&w->decode_ms, dt_s * 1000.0f);
+        if (dt_s > 0.0f && n_pre > 0)
+            ewma(&w->prefill_tps, (float)n_pre / dt_s);
+    }
     uint32_t k = 0; /* the next logits row */
     for (uint32_t i = 0; i < n; i++) {
         wk_req_t *r = w->item_req[i];
@@ -946,6 +1249,8 @@ static void step(eng_worker_t *w)
         apply_retains(w, r);
         if (eng_seq_n_tokens(r->seq) < r->target)
             continue;
+        if (r->t_prefill_ns == 0)
+            r->t_prefill_ns = pc_time_mono_ns();
         if (!r->cached) {
             if (eng_prefix_insert(w->e, r->seq, r->ns, r->n_prompt) != 0)
                 PC_LOG(PC_LOG_WARN, "worker", "req=%llu: out of memory caching the prompt",
@@ -971,11 +1276,11 @@ static void *sched_main(void *arg)
     eng_worker_t *w = arg;
     for (;;) {
         pthread_mutex_lock(&w->mu);
-        bool idle = w->in_head == NULL && w->n_cancels == 0 && w->queue.n == 0 &&
-                    w->waiting.n == 0 && w->run.n == 0;
+        bool idle = w->in_head == NULL && w->op_head == NULL && w->n_cancels == 0 &&
+                    w->queue.n == 0 && w->waiting.n == 0 && w->run.n == 0;
         if (idle && !w->stopping) {
             uint64_t now = pc_time_mono_ms();
-            uint64_t until = PC_MIN(w->next_expiry_ms, now + 1000);
+            uint64_t until = PC_MIN(next_expiry(w), now + 1000);
             if (until > now) {
                 struct timespec ts;
                 clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -991,6 +1296,8 @@ static void *sched_main(void *arg)
         }
         wk_req_t *in = w->in_head;
         w->in_head = w->in_tail = NULL;
+        wk_op_t *ops = w->op_head;
+        w->op_head = w->op_tail = NULL;
         uint32_t n_cancels = w->n_cancels;
         if (n_cancels > w->cancel_scratch_cap) {
             uint64_t *c = pc_xrealloc(w->cancel_scratch, (size_t)n_cancels * sizeof *c);
@@ -1013,6 +1320,12 @@ static void *sched_main(void *arg)
             cancel_one(w, w->cancel_scratch[i]);
         uint64_t now = pc_time_mono_ms();
         pins_expire(w, now);
+        while (ops != NULL) {
+            wk_op_t *next = ops->next;
+            run_op(w, ops);
+            pc_free(ops);
+            ops = next;
+        }
         admit(w);
         step(w);
         wake_waiters(w);
@@ -1071,7 +1384,6 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
         return PC_ERR_NOMEM;
     }
     w->p = *params;
-    w->next_expiry_ms = UINT64_MAX;
     eng_vocab_t *vocab = NULL;
     int rc = eng_init(&params->engine, &w->e, err, err_len);
     if (rc != 0)
@@ -1192,8 +1504,13 @@ void eng_worker_free(eng_worker_t *w)
         pc_free(lists[l]->v);
     }
     for (uint32_t i = 0; i < w->n_pins; i++)
-        pc_free(w->pins[i].tokens);
-    pc_free(w->pins);
+        pc_free(w->heap[i]);
+    pc_free(w->heap);
+    pc_free(w->pin_buckets);
+    for (wk_op_t *op = w->op_head, *next; op != NULL; op = next) {
+        next = op->next;
+        pc_free(op);
+    }
     ev_list_free(w->ev_head);
     ev_list_free(w->q_head);
     ev_list_free(w->delivered);
@@ -1313,7 +1630,8 @@ int eng_worker_submit(eng_worker_t *w, const eng_wire_submit_t *q, char *err, si
     r->priority = q->priority;
     r->max_tokens = q->max_tokens;
     r->flags = q->flags;
-    r->t_submit_ms = pc_time_mono_ms();
+    r->t_submit_ns = pc_time_mono_ns();
+    r->t_submit_ms = r->t_submit_ns / 1000000u;
     r->n_prompt = r->n_tokens = r->target = q->n_tokens;
     r->counted = true;
     if (eng_sampler_init(&r->sampler, &q->sampling, why, sizeof why) != 0) {
@@ -1432,6 +1750,57 @@ int eng_worker_cancel(eng_worker_t *w, uint64_t request_id)
     }
     pthread_mutex_unlock(&w->mu);
     return rc;
+}
+
+/* Queues a control operation for the scheduler's next loop. */
+static int op_queue(eng_worker_t *w, wk_op_t *op)
+{
+    int rc = 0;
+    pthread_mutex_lock(&w->mu);
+    if (w->stopping) {
+        rc = PC_ERR_STATE;
+    } else {
+        if (w->op_tail != NULL)
+            w->op_tail->next = op;
+        else
+            w->op_head = op;
+        w->op_tail = op;
+        pthread_cond_signal(&w->cv_work);
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (rc != 0)
+        pc_free(op);
+    return rc;
+}
+
+int eng_worker_release(eng_worker_t *w, uint64_t ns, const uint32_t *tokens, uint32_t n)
+{
+    if (n == 0 || tokens == NULL)
+        return PC_ERR_INVAL;
+    wk_op_t *op = pc_malloc(sizeof *op + (size_t)n * sizeof(int32_t));
+    if (op == NULL)
+        return PC_ERR_NOMEM;
+    *op = (wk_op_t){.kind = WK_OP_RELEASE, .ns = ns, .n_tokens = n};
+    memcpy(op->tokens, tokens, (size_t)n * sizeof(int32_t));
+    return op_queue(w, op);
+}
+
+int eng_worker_drop_ns(eng_worker_t *w, uint64_t ns)
+{
+    wk_op_t *op = pc_malloc(sizeof *op);
+    if (op == NULL)
+        return PC_ERR_NOMEM;
+    *op = (wk_op_t){.kind = WK_OP_DROP, .ns = ns};
+    return op_queue(w, op);
+}
+
+int eng_worker_snapshot(eng_worker_t *w, uint64_t snapshot_id)
+{
+    wk_op_t *op = pc_malloc(sizeof *op);
+    if (op == NULL)
+        return PC_ERR_NOMEM;
+    *op = (wk_op_t){.kind = WK_OP_SNAPSHOT, .snapshot_id = snapshot_id};
+    return op_queue(w, op);
 }
 
 /* Moves up to max events to ev; mu held. Returns the nodes, linked. */

@@ -17,17 +17,29 @@
  *   ... eng_worker_free(w);
  *
  * Requests and events are the worker protocol's own structs (engine/wire.h): a request is an
- * eng_wire_submit_t and an event is an eng_wire_frame_t of type TOKEN, DONE, ERROR, KV_EVENT
- * or LOAD, with exactly the field meanings that wire.h documents. The in-process gateway and
- * the TCP worker server (`kvgw worker`) therefore see the same thing, and the server encodes
- * an event with eng_wire_encode as it is.
+ * eng_wire_submit_t and an event is an eng_wire_frame_t of type TOKEN, DONE, ERROR, KV_EVENT,
+ * LOAD or SNAPSHOT, with exactly the field meanings that wire.h documents. The in-process gateway
+ * and the TCP worker server (`kvgw worker`) therefore see the same thing, and the server encodes an
+ * event with eng_wire_encode as it is.
  *
  * Life of a request. eng_worker_submit checks the request and queues it, or refuses it at once
  * with an error (nothing queued, no event ever follows). An accepted request produces zero or
  * more TOKEN events, then exactly one final event: DONE, or ERROR with the request's id. After
- * the final event the id is free for reuse. KV_EVENT RETAINED / RELEASED events name the
- * request that retained the prefix and may arrive after its final event (a pin outlives its
- * request). Events of one request arrive in order; events of different requests interleave.
+ * the final event the id is free for reuse. KV_EVENT RETAINED and RETAIN_FAILED name the
+ * request whose retain entry they answer and come before its final event; DONE carries the
+ * request's queue wait, prefill and decode times. Events of one request arrive in order;
+ * events of different requests interleave.
+ *
+ * Life of a retained prefix. Pins belong to the worker, one per (namespace, token prefix),
+ * not to the request that asked for them or to a connection. A retain entry whose prefix the
+ * prefill passed pins it until ttl_ms after the submit (RETAINED, with the time left); a later
+ * retain of the same prefix moves that one pin's expiry to the later of the two (RETAINED
+ * again: a TTL refresh that adds no pin). The pin ends at its expiry, on eng_worker_release
+ * (the gateway's TTL ended first) or eng_worker_drop_ns (RELEASED each, request_id 0), or
+ * under hard memory pressure with its node (EVICTED, reason PRESSURE). eng_worker_snapshot
+ * lists the pins (SNAPSHOT events) in the event order, so a gateway that (re)connects rebuilds
+ * its view from the snapshot and the events after it. Expiry costs O(log pins) per pin that
+ * expires (a heap by expiry) and nothing for the others.
  *
  * The scheduler (one step at a time, on the worker thread):
  *   - Admission is first come, first served within a priority (higher priority first). At most
@@ -42,10 +54,12 @@
  *     step. New requests join at the next step; finished ones free their blocks at once.
  *   - After a prompt is prefilled, its prefix is cached in the namespace (eng_prefix_insert),
  *     and every retain entry whose length the prefill passed is pinned for ttl_ms counted from
- *     the submit call (eng_prefix_retain), reported by KV_EVENT RETAINED. Expired pins are
- *     released periodically (KV_EVENT RELEASED); the KV stays cached, unpinned.
+ *     the submit call (eng_prefix_retain), reported by KV_EVENT RETAINED (or RETAIN_FAILED
+ *     without memory for it). Expired pins are released (KV_EVENT RELEASED); the KV stays
+ *     cached, unpinned.
  *   - When the pool runs out of blocks, the engine evicts unpinned cached prefixes first
- *     (least recently used), each reported by KV_EVENT EVICTED; then the scheduler preempts
+ *     (least recently used), each reported by KV_EVENT EVICTED with the dropped path's token
+ *     ids; then the scheduler preempts
  *     the youngest running request: its blocks are freed and it goes back to the head of the
  *     queue, to recompute its prompt plus the tokens it already generated (which are kept, not
  *     sent again), so greedy output is the same as without preemption. A request that fits the
@@ -79,10 +93,12 @@
  * logits NaN: PC_ERR_INVAL). The request's resources are freed before the event is queued.
  *
  * LOAD events come every load_interval_ms while anything runs or waits, and once more when
- * the worker becomes idle; eng_worker_load gives the same figures at any time.
+ * the worker becomes idle; eng_worker_load gives the same figures at any time, with moving
+ * averages of the prefill rate and of the decode step time.
  *
- * Threads. eng_worker_submit, eng_worker_cancel, eng_worker_load and eng_worker_info may be
- * called from any thread, concurrently. eng_worker_poll and eng_worker_poll_wait belong to one
+ * Threads. eng_worker_submit, eng_worker_cancel, eng_worker_release, eng_worker_drop_ns,
+ * eng_worker_snapshot, eng_worker_load and eng_worker_info may be called from any thread,
+ * concurrently. eng_worker_poll and eng_worker_poll_wait belong to one
  * consumer thread at a time (the strings of the events they return live until that thread's
  * next poll). eng_worker_free must not race with any other call.
  */
@@ -120,7 +136,8 @@ typedef struct eng_worker_params {
 
 eng_worker_params_t eng_worker_params_default(void);
 
-/* An event: a wire frame of type ENG_WIRE_TOKEN, _DONE, _ERROR, _KV_EVENT or _LOAD. Its
+/* An event: a wire frame of type ENG_WIRE_TOKEN, _DONE, _ERROR, _KV_EVENT, _LOAD or _SNAPSHOT.
+ * Its
  * strings point into the worker and stay valid until the consumer's next eng_worker_poll /
  * eng_worker_poll_wait call or eng_worker_free. */
 typedef eng_wire_frame_t eng_worker_event_t;
@@ -184,6 +201,26 @@ int eng_worker_submit(eng_worker_t *w, const eng_wire_submit_t *req, char *err, 
  * event stands. Either way exactly one final event follows. Returns 0, or PC_ERR_NOTFOUND
  * when no live request has this id (unknown, or its final event is already queued). */
 int eng_worker_cancel(eng_worker_t *w, uint64_t request_id);
+
+/* Ends the pin of the retained prefix tokens[0..n) of namespace ns early (the gateway's TTL for
+ * it ended): at the scheduler's next loop the pin goes and KV_EVENT RELEASED follows; the KV
+ * stays cached, unpinned. A prefix that is not pinned then gets no event. tokens is copied.
+ * Returns 0 (queued), PC_ERR_INVAL (n 0), PC_ERR_STATE (shutting down) or PC_ERR_NOMEM. */
+int eng_worker_release(eng_worker_t *w, uint64_t ns, const uint32_t *tokens, uint32_t n);
+
+/* Drops everything of namespace ns (tenant deleted, salt rotated): at the scheduler's next loop
+ * every pin of ns is released (RELEASED each) and every cached prefix of ns removed (EVICTED,
+ * reason ENG_EVICT_REMOVED, with its path). Requests of ns still running go on and cache their
+ * prompts in ns again when they finish their prefill. Returns 0 (queued), PC_ERR_STATE or
+ * PC_ERR_NOMEM. */
+int eng_worker_drop_ns(eng_worker_t *w, uint64_t ns);
+
+/* Queues a snapshot of the retained prefixes: one or more SNAPSHOT events with this
+ * snapshot_id (the last one with last = 1; none with entries when nothing is pinned), each
+ * entry (ns, prefix_fp, ttl_ms left, tokens). It is taken at the scheduler's next loop, in the
+ * order of the other events: every KV_EVENT after the last SNAPSHOT applies on top of it.
+ * Returns 0 (queued), PC_ERR_STATE or PC_ERR_NOMEM. */
+int eng_worker_snapshot(eng_worker_t *w, uint64_t snapshot_id);
 
 /* Moves up to max queued events into ev[0..max) and returns how many; 0 when none. Never
  * blocks on the scheduler's work (the queue lock is held only to move events). The previous
