@@ -14,7 +14,9 @@
  *   logits = (rmsnorm(x) * output_norm).Wout^T, only for the rows asked for
  *
  * GEMMs run on the pool through eng__matmul; the element-wise stages run on the pool over row
- * ranges. All scratch is allocated at init for max_tokens rows, so a step allocates nothing.
+ * ranges. Every kernel runs on the ISA path chosen at init (eng_cpu_params_t.isa, cpu.h): the
+ * element-wise ones use the AVX2 kernels on both SIMD paths (they are a few percent of a step). All
+ * scratch is allocated at init for max_tokens rows, so a step allocates nothing.
  */
 #include "backend.h"
 
@@ -24,6 +26,7 @@
 
 #include "cpu.h"
 #include "cpu_kernels.h"
+#include "cpu_simd.h"
 #include "kvpool.h"
 #include "model.h"
 #include "pc_alloc.h"
@@ -38,7 +41,7 @@ typedef struct cpu_be {
     const eng_model_t *model;
     eng_cpu_params_t p;
     eng_pool_t *pool;
-    bool simd;
+    eng_cpu_isa_t isa;          /* the kernels' path: resolved, one this CPU runs */
     uint32_t max_rows_per_task; /* query tokens per attention task */
     /* Scratch, [max_tokens] rows each. */
     float *x, *h, *q, *k, *v, *att, *g, *u;
@@ -155,14 +158,16 @@ static void run_rows(cpu_be_t *c, rows_fn fn, rows_ctx_t *r, uint32_t n_rows)
     eng__pool_run(c->pool, rows_task, &run, n_tasks);
 }
 
-static void rmsnorm_row(const float *x, const float *w, float *y, uint32_t n, float eps)
+static void rmsnorm_row(eng_cpu_isa_t isa, const float *x, const float *w, float *y, uint32_t n,
+                        float eps)
 {
-    float ss = 0;
-    for (uint32_t i = 0; i < n; i++)
-        ss += x[i] * x[i];
-    float scale = 1.0f / sqrtf(ss / (float)n + eps);
-    for (uint32_t i = 0; i < n; i++)
-        y[i] = x[i] * scale * w[i];
+#if defined(__x86_64__) || defined(__i386__)
+    if (isa != ENG_CPU_ISA_PORTABLE) {
+        eng__avx2_rmsnorm(x, w, y, n, eps);
+        return;
+    }
+#endif
+    eng__port_rmsnorm(x, w, y, n, eps);
 }
 
 /* dst = rmsnorm(src) * weight over n_embd-wide rows. */
@@ -170,19 +175,20 @@ static void stage_rmsnorm(const rows_ctx_t *r, uint32_t i0, uint32_t i1)
 {
     const eng_hparams_t *hp = &r->c->model->hp;
     for (uint32_t i = i0; i < i1; i++)
-        rmsnorm_row(r->src + (size_t)i * hp->n_embd, r->weight, r->dst + (size_t)i * hp->n_embd,
-                    hp->n_embd, hp->rms_eps);
+        rmsnorm_row(r->c->isa, r->src + (size_t)i * hp->n_embd, r->weight,
+                    r->dst + (size_t)i * hp->n_embd, hp->n_embd, hp->rms_eps);
 }
 
-static void rope_head(float *x, const float *cs, const float *sn, uint32_t rope_dim, bool neox)
+static void rope_head(eng_cpu_isa_t isa, float *x, const float *cs, const float *sn,
+                      uint32_t rope_dim, bool neox)
 {
-    uint32_t half = rope_dim / 2;
-    for (uint32_t i = 0; i < half; i++) {
-        uint32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-        float x0 = x[a], x1 = x[b];
-        x[a] = x0 * cs[i] - x1 * sn[i];
-        x[b] = x0 * sn[i] + x1 * cs[i];
+#if defined(__x86_64__) || defined(__i386__)
+    if (isa != ENG_CPU_ISA_PORTABLE) {
+        eng__avx2_rope(x, cs, sn, rope_dim, neox);
+        return;
     }
+#endif
+    eng__port_rope(x, cs, sn, rope_dim, neox);
 }
 
 /* Biases, per-head q/k norms, RoPE, the 1/sqrt(head_dim) scale of q, and the store of k and v
@@ -211,8 +217,8 @@ static void stage_qkv(const rows_ctx_t *r, uint32_t i0, uint32_t i1)
         for (uint32_t h = 0; h < hp->n_head; h++) {
             float *qh = q + (size_t)h * hd;
             if (L->q_norm != NULL)
-                rmsnorm_row(qh, L->q_norm, qh, hd, hp->rms_eps);
-            rope_head(qh, cs, sn, hp->rope_dim, neox);
+                rmsnorm_row(c->isa, qh, L->q_norm, qh, hd, hp->rms_eps);
+            rope_head(c->isa, qh, cs, sn, hp->rope_dim, neox);
             for (uint32_t d = 0; d < hd; d++)
                 qh[d] *= scale;
         }
@@ -222,14 +228,19 @@ static void stage_qkv(const rows_ctx_t *r, uint32_t i0, uint32_t i1)
         for (uint32_t h = 0; h < hp->n_head_kv; h++) {
             float *kh = k + (size_t)h * hd, *vh = v + (size_t)h * hd;
             if (L->k_norm != NULL)
-                rmsnorm_row(kh, L->k_norm, kh, hd, hp->rms_eps);
-            rope_head(kh, cs, sn, hp->rope_dim, neox);
+                rmsnorm_row(c->isa, kh, L->k_norm, kh, hd, hp->rms_eps);
+            rope_head(c->isa, kh, cs, sn, hp->rope_dim, neox);
             void *dst = eng_kvpool_kv(r->kv, block, r->layer, h);
             if (f16) {
-                uint16_t *kd = dst;
-                for (uint32_t d = 0; d < hd; d++)
-                    kd[(size_t)d * bt + slot] = eng_f32_to_f16(kh[d]);
-                eng__f32_to_f16_row(vh, kd + (size_t)hd * bt + (size_t)slot * hd, hd, c->simd);
+                /* K is stored transposed ([hd][bt]): converted in pieces, then scattered. */
+                uint16_t *kd = dst, kh16[64];
+                for (uint32_t d0 = 0; d0 < hd; d0 += 64) {
+                    uint32_t dn = PC_MIN(64, hd - d0);
+                    eng__f32_to_f16_row_isa(kh + d0, kh16, dn, c->isa);
+                    for (uint32_t d = 0; d < dn; d++)
+                        kd[(size_t)(d0 + d) * bt + slot] = kh16[d];
+                }
+                eng__f32_to_f16_row_isa(vh, kd + (size_t)hd * bt + (size_t)slot * hd, hd, c->isa);
             } else {
                 float *kd = dst;
                 for (uint32_t d = 0; d < hd; d++)
@@ -244,11 +255,14 @@ static void stage_qkv(const rows_ctx_t *r, uint32_t i0, uint32_t i1)
 static void stage_swiglu(const rows_ctx_t *r, uint32_t i0, uint32_t i1)
 {
     cpu_be_t *c = r->c;
-    size_t ff = c->model->hp.n_ff;
-    for (size_t j = (size_t)i0 * ff; j < (size_t)i1 * ff; j++) {
-        float gv = c->g[j];
-        c->g[j] = gv / (1.0f + expf(-gv)) * c->u[j];
+    size_t ff = c->model->hp.n_ff, j0 = (size_t)i0 * ff, n = (size_t)(i1 - i0) * ff;
+#if defined(__x86_64__) || defined(__i386__)
+    if (c->isa != ENG_CPU_ISA_PORTABLE) {
+        eng__avx2_swiglu(c->g + j0, c->u + j0, n);
+        return;
     }
+#endif
+    eng__port_swiglu(c->g + j0, c->u + j0, n);
 }
 
 typedef struct attn_run {
@@ -358,7 +372,7 @@ static int cpu_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t
         run_rows(c, stage_rmsnorm, &r, T);
         const eng_weight_t *wqkv[] = {&L->wq, &L->wk, &L->wv};
         float *const yqkv[] = {c->q, c->k, c->v};
-        eng__matmul_n(c->pool, c->h, T, wqkv, yqkv, 3, false, tmp, c->abf, c->simd);
+        eng__matmul_n(c->pool, c->h, T, wqkv, yqkv, 3, false, tmp, c->abf, c->isa);
         run_rows(c, stage_qkv, &r, T);
         attn_run_t ar = {.c = c,
                          .args = {.q = c->q,
@@ -372,16 +386,17 @@ static int cpu_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t
                                   .head_dim = hd,
                                   .block_tokens = bt,
                                   .kv_f16 = eng_kvpool_dtype(kv) == ENG_KV_F16,
-                                  .simd = c->simd}};
+                                  .simd = true,
+                                  .isa = c->isa}};
         eng__pool_run(c->pool, attn_task, &ar, n_tasks);
-        eng__matmul(c->pool, c->att, T, &L->wo, c->x, true, tmp, c->abf, c->simd);
+        eng__matmul(c->pool, c->att, T, &L->wo, c->x, true, tmp, c->abf, c->isa);
         r.weight = L->ffn_norm;
         run_rows(c, stage_rmsnorm, &r, T);
         const eng_weight_t *wgu[] = {&L->w_gate, &L->w_up};
         float *const ygu[] = {c->g, c->u};
-        eng__matmul_n(c->pool, c->h, T, wgu, ygu, 2, false, tmp, c->abf, c->simd);
+        eng__matmul_n(c->pool, c->h, T, wgu, ygu, 2, false, tmp, c->abf, c->isa);
         run_rows(c, stage_swiglu, &r, T);
-        eng__matmul(c->pool, c->g, T, &L->w_down, c->x, true, tmp, c->abf, c->simd);
+        eng__matmul(c->pool, c->g, T, &L->w_down, c->x, true, tmp, c->abf, c->isa);
     }
 
     if (n_logits > 0) {
@@ -390,7 +405,7 @@ static int cpu_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t
             memmove(c->q + (size_t)i * D, c->x + (size_t)c->logit_rows[i] * D, D * sizeof(float));
         rows_ctx_t r = {.src = c->q, .dst = c->h, .weight = model->out_norm};
         run_rows(c, stage_rmsnorm, &r, n_logits);
-        eng__matmul(c->pool, c->h, n_logits, &model->output, logits, false, tmp, c->abf, c->simd);
+        eng__matmul(c->pool, c->h, n_logits, &model->output, logits, false, tmp, c->abf, c->isa);
     }
     return 0;
 }
@@ -419,7 +434,7 @@ int eng_backend_cpu_init(const eng_model_t *model, const eng_cpu_params_t *p, en
     c->base.ctx = c;
     c->model = model;
     c->p = *p;
-    c->simd = !p->no_simd && eng__cpu_has_avx512();
+    c->isa = p->no_simd ? ENG_CPU_ISA_PORTABLE : eng__cpu_isa_clamp((eng_cpu_isa_t)p->isa);
     c->max_rows_per_task = PC_MAX(1, ENG_ATTN_MAX_ROWS / (hp->n_head / hp->n_head_kv));
     c->max_rows_per_task = PC_MIN(c->max_rows_per_task, 16);
     /* The backend parallelizes GEMMs itself; OpenBLAS threads would only oversubscribe. */
@@ -451,7 +466,7 @@ int eng_backend_cpu_init(const eng_model_t *model, const eng_cpu_params_t *p, en
         goto fail;
     }
     size_t max_k = PC_MAX(PC_MAX(D, nq), ff);
-    if (p->bf16 && c->simd && eng__cpu_has_bf16()) {
+    if (p->bf16 && c->isa == ENG_CPU_ISA_AVX512 && eng__cpu_has_bf16()) {
         c->abf = pc_malloc(T * (max_k + 2) * sizeof *c->abf);
         if (c->abf == NULL) {
             rc = PC_ERR_NOMEM;

@@ -3,8 +3,10 @@
  *
  * Matrix products go through OpenBLAS sgemm, one single-threaded call per slice of output
  * columns on each pool thread (OpenBLAS is set to one thread). F16 weights are converted tile by
- * tile into a per-thread F32 buffer before sgemm, or, for a handful of rows (decode), multiplied
- * directly by an F16C/AVX-512 kernel that reads half the bytes.
+ * tile into a per-thread F32 buffer before sgemm (with the ISA path's F16C conversion), or, for
+ * fewer than ENG_GEMV_MAX_M rows (decode), multiplied directly by the path's GEMV kernel, which
+ * reads each weight once. Every function takes the ISA path (cpu.h) to run; AUTO is the best the
+ * CPU runs, and a path the CPU cannot run is lowered to the best it can.
  *
  * Attention runs over the paged KV cache, one task per (sequence, KV head, run of query
  * tokens), block by block with an online softmax (FlashAttention's recurrence), so no score
@@ -29,14 +31,14 @@
  * accumulation (x rounded to BF16): twice the FMA rate of F32 on CPUs with AVX512-BF16. Fewer
  * rows (decode) take the GEMV on the weights as stored. */
 void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *w, float *y,
-                 bool accumulate, float *const *tmp, uint16_t *a_bf16, bool simd);
+                 bool accumulate, float *const *tmp, uint16_t *a_bf16, eng_cpu_isa_t isa);
 
 /* y[i] = x . w[i]^T (or +=) for i < n <= ENG_MATMUL_MAX, the same x (all w[i]->n_in equal), in
  * one pool run: the q/k/v and the gate/up projections of a layer. */
 #define ENG_MATMUL_MAX 4
 void eng__matmul_n(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *const *w,
                    float *const *y, uint32_t n, bool accumulate, float *const *tmp,
-                   uint16_t *a_bf16, bool simd);
+                   uint16_t *a_bf16, eng_cpu_isa_t isa);
 
 /*
  * BF16 panels. A weight matrix [n_out][n_in] is stored as ceil(n_out / 16) panels of 16 output
@@ -66,7 +68,8 @@ typedef struct eng_attn_args {
     uint32_t layer;
     uint32_t n_head, n_head_kv, head_dim, block_tokens;
     bool kv_f16;
-    bool simd;
+    bool simd;         /* false: the portable path whatever isa says */
+    eng_cpu_isa_t isa; /* with simd: the path (AUTO, the zero value, is the best one) */
 } eng_attn_args_t;
 
 /* The most query rows one attention task may have: tokens of the task x heads per KV head. */
@@ -77,8 +80,8 @@ typedef struct eng_attn_args {
 size_t eng__attention_scratch_floats(uint32_t head_dim, uint32_t block_tokens, uint32_t max_rows);
 
 /* The attention of one task's rows over positions [0, pos] of each row, into a->out. scratch
- * holds eng__attention_scratch_floats() floats. The AVX-512 path takes four 16-token blocks at a
- * time; the portable path one block at a time (and any block size). */
+ * holds eng__attention_scratch_floats() floats. The AVX-512 and AVX2 paths take 64 keys (whole
+ * blocks) at a time; the portable path one block at a time (and any block size). */
 void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float *scratch);
 
 #endif

@@ -1,0 +1,427 @@
+/*
+ * cpu_avx2.c — the AVX2 + FMA + F16C path of the CPU kernels (see cpu_simd.h): every x86-64 CPU
+ * since Haswell and Zen 1. Each function carries the target attribute, so the file builds
+ * without -march and the code runs only where eng__cpu_isa_runs(ENG_CPU_ISA_AVX2) said yes. On
+ * other architectures the file is empty.
+ *
+ * Eight-float vectors and sixteen registers: the kernels keep at most eight accumulators live
+ * (the AVX-512 versions keep sixteen of sixteen floats).
+ */
+#if defined(__x86_64__) || defined(__i386__)
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu_simd.h"
+#include "gguf.h"
+#include "pc_assert.h"
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+/* 8 halves at p as 8 floats. */
+#define HALF8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
+
+AVX2 void eng__avx2_f16_to_f32(const uint16_t *src, float *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        _mm256_storeu_ps(dst + i, HALF8(src + i));
+        _mm256_storeu_ps(dst + i + 8, HALF8(src + i + 8));
+    }
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, HALF8(src + i));
+    for (; i < n; i++)
+        dst[i] = _cvtsh_ss(src[i]);
+}
+
+AVX2 void eng__avx2_f32_to_f16(const float *src, uint16_t *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+AVX2 void eng__avx2_f16_rows_to_f32(const uint16_t *src, size_t ss, float *dst, size_t ds,
+                                    uint32_t rows, uint32_t n)
+{
+    for (uint32_t r = 0; r < rows; r++) {
+        const uint16_t *s = src + r * ss;
+        float *d = dst + r * ds;
+        uint32_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(d + i, HALF8(s + i));
+        for (; i < n; i++)
+            d[i] = _cvtsh_ss(s[i]);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * GEMV
+ * ------------------------------------------------------------------------------------------- */
+
+AVX2 static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Eight weights at k of row w (F16 or F32) as floats. */
+#define WLOAD(f16, w, k)                                                                           \
+    ((f16) ? HALF8((const uint16_t *)(w) + (k)) : _mm256_loadu_ps((const float *)(w) + (k)))
+
+/* One weight row against one x row: two cache lines of weights per iteration (F16: 64 halves,
+ * eight conversions) into eight accumulators, so the loads of the next lines are in flight while
+ * the FMAs of these retire; this streams at the machine's read bandwidth on Zen 4 (bench engine
+ * --isa avx2 prints both). */
+AVX2 static float dot1_f16(const uint16_t *w, const float *x, uint32_t K)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    uint32_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+        a0 = _mm256_fmadd_ps(HALF8(w + k), _mm256_loadu_ps(x + k), a0);
+        a1 = _mm256_fmadd_ps(HALF8(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+        a2 = _mm256_fmadd_ps(HALF8(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+        a3 = _mm256_fmadd_ps(HALF8(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+        a4 = _mm256_fmadd_ps(HALF8(w + k + 32), _mm256_loadu_ps(x + k + 32), a4);
+        a5 = _mm256_fmadd_ps(HALF8(w + k + 40), _mm256_loadu_ps(x + k + 40), a5);
+        a6 = _mm256_fmadd_ps(HALF8(w + k + 48), _mm256_loadu_ps(x + k + 48), a6);
+        a7 = _mm256_fmadd_ps(HALF8(w + k + 56), _mm256_loadu_ps(x + k + 56), a7);
+    }
+    for (; k + 8 <= K; k += 8)
+        a0 = _mm256_fmadd_ps(HALF8(w + k), _mm256_loadu_ps(x + k), a0);
+    a0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a4), _mm256_add_ps(a1, a5)),
+                       _mm256_add_ps(_mm256_add_ps(a2, a6), _mm256_add_ps(a3, a7)));
+    float s = hsum8(a0);
+    for (; k < K; k++)
+        s += _cvtsh_ss(w[k]) * x[k];
+    return s;
+}
+
+AVX2 static float dot1_f32(const float *w, const float *x, uint32_t K)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    uint32_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+        a4 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 32), _mm256_loadu_ps(x + k + 32), a4);
+        a5 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 40), _mm256_loadu_ps(x + k + 40), a5);
+        a6 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 48), _mm256_loadu_ps(x + k + 48), a6);
+        a7 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 56), _mm256_loadu_ps(x + k + 56), a7);
+    }
+    for (; k + 8 <= K; k += 8)
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
+    a0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a4), _mm256_add_ps(a1, a5)),
+                       _mm256_add_ps(_mm256_add_ps(a2, a6), _mm256_add_ps(a3, a7)));
+    float s = hsum8(a0);
+    for (; k < K; k++)
+        s += w[k] * x[k];
+    return s;
+}
+
+/* One weight row against R <= 4 rows of x (xg, stride K): eight weights converted once, applied
+ * to every row; two steps of eight per iteration for eight accumulators. Rows past R repeat row
+ * R - 1 (loads from L1) and are not stored. */
+AVX2 static void dot4(bool f16, const void *w, const float *xg, uint32_t K, uint32_t R, float *s)
+{
+    const float *x0 = xg, *x1 = xg + (size_t)PC_MIN(1, R - 1) * K;
+    const float *x2 = xg + (size_t)PC_MIN(2, R - 1) * K, *x3 = xg + (size_t)PC_MIN(3, R - 1) * K;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    uint32_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m256 w0 = WLOAD(f16, w, k), w1 = WLOAD(f16, w, k + 8);
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + k), a0);
+        a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + k), a1);
+        a2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + k), a2);
+        a3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x3 + k), a3);
+        b0 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + k + 8), b0);
+        b1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + k + 8), b1);
+        b2 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x2 + k + 8), b2);
+        b3 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x3 + k + 8), b3);
+    }
+    for (; k + 8 <= K; k += 8) {
+        __m256 w0 = WLOAD(f16, w, k);
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + k), a0);
+        a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + k), a1);
+        a2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + k), a2);
+        a3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x3 + k), a3);
+    }
+    float v[4] = {hsum8(_mm256_add_ps(a0, b0)), hsum8(_mm256_add_ps(a1, b1)),
+                  hsum8(_mm256_add_ps(a2, b2)), hsum8(_mm256_add_ps(a3, b3))};
+    const float *xr[4] = {x0, x1, x2, x3};
+    for (uint32_t m = 0; m < R; m++) {
+        for (uint32_t kk = k; kk < K; kk++) {
+            float wk = f16 ? _cvtsh_ss(((const uint16_t *)w)[kk]) : ((const float *)w)[kk];
+            v[m] += wk * xr[m][kk];
+        }
+        s[m] = v[m];
+    }
+}
+
+AVX2 void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
+{
+    bool f16 = g->wtype == ENG_GGML_TYPE_F16;
+    size_t es = f16 ? 2 : 4;
+    uint32_t K = g->K, M = g->M;
+    PC_ASSERT(M <= ENG_GEMV_MAX_M);
+    for (uint32_t n = n0; n < n1; n++) {
+        const void *wr = (const char *)g->w + (size_t)n * K * es;
+        if (M == 1) {
+            float s = f16 ? dot1_f16(wr, g->x, K) : dot1_f32(wr, g->x, K);
+            g->y[n] = g->accumulate ? g->y[n] + s : s;
+            continue;
+        }
+        /* The weight row stays in L1 across the groups of x rows. */
+        for (uint32_t m0 = 0; m0 < M; m0 += 4) {
+            uint32_t mg = PC_MIN(4, M - m0);
+            float s[4];
+            dot4(f16, wr, g->x + (size_t)m0 * K, K, mg, s);
+            for (uint32_t m = 0; m < mg; m++) {
+                float *yp = &g->y[(size_t)(m0 + m) * g->ldy + n];
+                *yp = g->accumulate ? *yp + s[m] : s[m];
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention
+ * ------------------------------------------------------------------------------------------- */
+
+/* e^x for x in [-87, 88] (lanes below are clamped: callers mask them), relative error ~2e-7:
+ * x = n ln2 + r, e^r by its degree-6 Taylor polynomial, 2^n built in the exponent bits. */
+AVX2 static inline __m256 exp256(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    /* 2^n in two factors, so that n = 128 (x near 88.7) does not overflow the exponent. */
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i h = _mm256_srai_epi32(ni, 1);
+    __m256 f1 =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
+    __m256 f2 = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
+}
+
+AVX2 static inline float hmax8(__m256 v)
+{
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 void eng__avx2_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_t *rows,
+                                 uint32_t n_rows, uint32_t start, uint32_t n_keys)
+{
+    const float *q0 = rows[0].q, *q1 = rows[PC_MIN(1, n_rows - 1)].q;
+    const float *q2 = rows[PC_MIN(2, n_rows - 1)].q, *q3 = rows[PC_MIN(3, n_rows - 1)].q;
+    /* Raw scores into each row's p, sixteen keys at a time (eight accumulators). Rows past n_rows
+     * repeat row 0's products but store into row 0 first: their stores come before row 0's. */
+    for (uint32_t kb = 0; kb < ENG_ATTN_CHUNK; kb += 16) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (uint32_t d = 0; d < hd; d++) {
+            const float *kd = kt + (size_t)d * ENG_ATTN_CHUNK + kb;
+            __m256 k0 = _mm256_loadu_ps(kd), k1 = _mm256_loadu_ps(kd + 8);
+            __m256 x = _mm256_broadcast_ss(q0 + d);
+            a0 = _mm256_fmadd_ps(x, k0, a0);
+            b0 = _mm256_fmadd_ps(x, k1, b0);
+            x = _mm256_broadcast_ss(q1 + d);
+            a1 = _mm256_fmadd_ps(x, k0, a1);
+            b1 = _mm256_fmadd_ps(x, k1, b1);
+            x = _mm256_broadcast_ss(q2 + d);
+            a2 = _mm256_fmadd_ps(x, k0, a2);
+            b2 = _mm256_fmadd_ps(x, k1, b2);
+            x = _mm256_broadcast_ss(q3 + d);
+            a3 = _mm256_fmadd_ps(x, k0, a3);
+            b3 = _mm256_fmadd_ps(x, k1, b3);
+        }
+        __m256 av[4] = {a0, a1, a2, a3}, bv[4] = {b0, b1, b2, b3};
+        for (uint32_t r = n_rows; r-- > 0;) {
+            _mm256_storeu_ps(rows[r].p + kb, av[r]);
+            _mm256_storeu_ps(rows[r].p + kb + 8, bv[r]);
+        }
+    }
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (uint32_t r = 0; r < n_rows; r++) {
+        eng_attn_row_t *row = &rows[r];
+        if (row->pos < start) {
+            row->corr = 1.0f;
+            row->n_valid = 0;
+            memset(row->p, 0, ENG_ATTN_CHUNK * sizeof(float));
+            continue;
+        }
+        uint32_t n_valid = PC_MIN(n_keys, row->pos - start + 1);
+        __m256 x[8], mk[8], vmax = ninf;
+        for (uint32_t c = 0; c < 8; c++) {
+            __m256i lane = _mm256_add_epi32(iota, _mm256_set1_epi32((int)(8 * c)));
+            mk[c] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)n_valid), lane));
+            x[c] = _mm256_blendv_ps(ninf, _mm256_loadu_ps(row->p + 8 * c), mk[c]);
+            vmax = _mm256_max_ps(vmax, x[c]);
+        }
+        float bmax = hmax8(vmax);
+        float m_new = row->m > bmax ? row->m : bmax;
+        __m256 mn = _mm256_set1_ps(m_new), sum = _mm256_setzero_ps();
+        for (uint32_t c = 0; c < 8; c++) {
+            __m256 pc = _mm256_and_ps(mk[c], exp256(_mm256_sub_ps(x[c], mn)));
+            _mm256_storeu_ps(row->p + 8 * c, pc);
+            sum = _mm256_add_ps(sum, pc);
+        }
+        row->corr = expf(row->m - m_new); /* 0 for the first chunk (m = -inf) */
+        row->l = row->l * row->corr + hsum8(sum);
+        row->m = m_new;
+        row->n_valid = n_valid;
+    }
+}
+
+AVX2 void eng__avx2_attn_values4(const float *vb, uint32_t hd, eng_attn_row_t *rows,
+                                 uint32_t n_rows)
+{
+    uint32_t nj = 0;
+    for (uint32_t r = 0; r < n_rows; r++)
+        nj = PC_MAX(nj, rows[r].n_valid);
+    if (nj == 0)
+        return; /* corr is 1 for every row: nothing changes */
+    eng_attn_row_t *r0 = &rows[0], *r1 = &rows[PC_MIN(1, n_rows - 1)];
+    eng_attn_row_t *r2 = &rows[PC_MIN(2, n_rows - 1)], *r3 = &rows[PC_MIN(3, n_rows - 1)];
+    const float *p0 = r0->p, *p1 = r1->p, *p2 = r2->p, *p3 = r3->p;
+    __m256 f0 = _mm256_set1_ps(r0->corr), f1 = _mm256_set1_ps(r1->corr);
+    __m256 f2 = _mm256_set1_ps(r2->corr), f3 = _mm256_set1_ps(r3->corr);
+    for (uint32_t c = 0; c < hd; c += 16) {
+        __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(r0->o + c), f0);
+        __m256 b0 = _mm256_mul_ps(_mm256_loadu_ps(r0->o + c + 8), f0);
+        __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(r1->o + c), f1);
+        __m256 b1 = _mm256_mul_ps(_mm256_loadu_ps(r1->o + c + 8), f1);
+        __m256 a2 = _mm256_mul_ps(_mm256_loadu_ps(r2->o + c), f2);
+        __m256 b2 = _mm256_mul_ps(_mm256_loadu_ps(r2->o + c + 8), f2);
+        __m256 a3 = _mm256_mul_ps(_mm256_loadu_ps(r3->o + c), f3);
+        __m256 b3 = _mm256_mul_ps(_mm256_loadu_ps(r3->o + c + 8), f3);
+        for (uint32_t j = 0; j < nj; j++) {
+            const float *vj = vb + (size_t)j * hd + c;
+            __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
+            __m256 w = _mm256_broadcast_ss(p0 + j);
+            a0 = _mm256_fmadd_ps(w, v0, a0);
+            b0 = _mm256_fmadd_ps(w, v1, b0);
+            w = _mm256_broadcast_ss(p1 + j);
+            a1 = _mm256_fmadd_ps(w, v0, a1);
+            b1 = _mm256_fmadd_ps(w, v1, b1);
+            w = _mm256_broadcast_ss(p2 + j);
+            a2 = _mm256_fmadd_ps(w, v0, a2);
+            b2 = _mm256_fmadd_ps(w, v1, b2);
+            w = _mm256_broadcast_ss(p3 + j);
+            a3 = _mm256_fmadd_ps(w, v0, a3);
+            b3 = _mm256_fmadd_ps(w, v1, b3);
+        }
+        /* Stores in reverse: a row repeated past n_rows is row 0, stored last. */
+        _mm256_storeu_ps(r3->o + c, a3);
+        _mm256_storeu_ps(r3->o + c + 8, b3);
+        _mm256_storeu_ps(r2->o + c, a2);
+        _mm256_storeu_ps(r2->o + c + 8, b2);
+        _mm256_storeu_ps(r1->o + c, a1);
+        _mm256_storeu_ps(r1->o + c + 8, b1);
+        _mm256_storeu_ps(r0->o + c, a0);
+        _mm256_storeu_ps(r0->o + c + 8, b0);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Element-wise
+ * ------------------------------------------------------------------------------------------- */
+
+AVX2 void eng__avx2_rmsnorm(const float *x, const float *w, float *y, uint32_t n, float eps)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        a0 = _mm256_fmadd_ps(v0, v0, a0);
+        a1 = _mm256_fmadd_ps(v1, v1, a1);
+    }
+    float ss = hsum8(_mm256_add_ps(a0, a1));
+    for (; i < n; i++)
+        ss += x[i] * x[i];
+    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    __m256 sv = _mm256_set1_ps(scale);
+    i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sv),
+                                              _mm256_loadu_ps(w + i)));
+    for (; i < n; i++)
+        y[i] = x[i] * scale * w[i];
+}
+
+AVX2 void eng__avx2_swiglu(float *g, const float *u, size_t n)
+{
+    size_t j = 0;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; j + 8 <= n; j += 8) {
+        __m256 gv = _mm256_loadu_ps(g + j);
+        /* silu(g) = g / (1 + e^-g); e^-g saturates at e^87 for g < -87 (silu -> -0). */
+        __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(g + j, _mm256_mul_ps(s, _mm256_loadu_ps(u + j)));
+    }
+    for (; j < n; j++) {
+        float gv = g[j];
+        g[j] = gv / (1.0f + expf(-gv)) * u[j];
+    }
+}
+
+AVX2 void eng__avx2_rope(float *x, const float *cs, const float *sn, uint32_t rope_dim, bool neox)
+{
+    uint32_t half = rope_dim / 2, i = 0;
+    if (neox) {
+        float *xa = x, *xb = x + half;
+        for (; i + 8 <= half; i += 8) {
+            __m256 x0 = _mm256_loadu_ps(xa + i), x1 = _mm256_loadu_ps(xb + i);
+            __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(sn + i);
+            _mm256_storeu_ps(xa + i, _mm256_fmsub_ps(x0, c, _mm256_mul_ps(x1, s)));
+            _mm256_storeu_ps(xb + i, _mm256_fmadd_ps(x0, s, _mm256_mul_ps(x1, c)));
+        }
+        for (; i < half; i++) {
+            float x0 = xa[i], x1 = xb[i];
+            xa[i] = x0 * cs[i] - x1 * sn[i];
+            xb[i] = x0 * sn[i] + x1 * cs[i];
+        }
+        return;
+    }
+    /* Interleaved pairs: four pairs per vector, (c, c) and (-s, s) per pair, x swapped in pairs. */
+    const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    const __m256 sign = _mm256_setr_ps(-1, 1, -1, 1, -1, 1, -1, 1);
+    for (; i + 4 <= half; i += 4) {
+        __m256 v = _mm256_loadu_ps(x + 2 * i);
+        __m256 c = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(cs + i)), dup);
+        __m256 s = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sn + i)), dup);
+        __m256 sw = _mm256_permute_ps(v, 0xb1); /* (x1, x0) per pair */
+        _mm256_storeu_ps(x + 2 * i,
+                         _mm256_fmadd_ps(v, c, _mm256_mul_ps(sw, _mm256_mul_ps(s, sign))));
+    }
+    for (; i < half; i++) {
+        float x0 = x[2 * i], x1 = x[2 * i + 1];
+        x[2 * i] = x0 * cs[i] - x1 * sn[i];
+        x[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+    }
+}
+
+#endif

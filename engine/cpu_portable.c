@@ -1,0 +1,171 @@
+/*
+ * cpu_portable.c — the portable path of the CPU kernels (see cpu_simd.h): plain C that any
+ * C11 compiler builds for any architecture. Inner loops run in fixed blocks of 8 independent
+ * lanes (acc[8], never one running sum), so the compiler's SLP vectorizer turns them into
+ * vectors of the build's baseline ISA (SSE2 on x86-64, NEON on aarch64) without reassociating
+ * any sum: the results do not depend on the compiler's choices. On aarch64 half rows convert
+ * with NEON (vcvt_f32_f16); elsewhere with the scalar conversions of half.h.
+ *
+ * This path is also what every other path is tested against (together with the tests' naive
+ * double-precision references).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_simd.h"
+#include "gguf.h"
+#include "half.h"
+#include "pc_assert.h"
+
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+void eng__port_f16_to_f32(const uint16_t *src, float *dst, size_t n)
+{
+    size_t i = 0;
+#if defined(__aarch64__)
+    for (; i + 4 <= n; i += 4)
+        vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(src + i))));
+#endif
+    for (; i < n; i++)
+        dst[i] = eng_f16_to_f32(src[i]);
+}
+
+void eng__port_f32_to_f16(const float *src, uint16_t *dst, size_t n)
+{
+    size_t i = 0;
+#if defined(__aarch64__)
+    /* FCVTN rounds to nearest even (the default FPCR mode), as eng_f32_to_f16. */
+    for (; i + 4 <= n; i += 4)
+        vst1_u16(dst + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(src + i))));
+#endif
+    for (; i < n; i++)
+        dst[i] = eng_f32_to_f16(src[i]);
+}
+
+/* Weights converted per piece of a row: small enough for the stack and L1. */
+#define PORT_KCHUNK 256
+
+void eng__port_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
+{
+    uint32_t K = g->K, M = g->M;
+    PC_ASSERT(M <= ENG_GEMV_MAX_M);
+    float wbuf[PORT_KCHUNK];
+    float acc[ENG_GEMV_MAX_M][8];
+    for (uint32_t n = n0; n < n1; n++) {
+        memset(acc, 0, sizeof acc);
+        float tail[ENG_GEMV_MAX_M] = {0};
+        for (uint32_t k0 = 0; k0 < K; k0 += PORT_KCHUNK) {
+            uint32_t kn = K - k0 < PORT_KCHUNK ? K - k0 : PORT_KCHUNK;
+            const float *w;
+            if (g->wtype == ENG_GGML_TYPE_F16) {
+                eng__port_f16_to_f32((const uint16_t *)g->w + (size_t)n * K + k0, wbuf, kn);
+                w = wbuf;
+            } else {
+                w = (const float *)g->w + (size_t)n * K + k0;
+            }
+            uint32_t k8 = kn & ~7u;
+            for (uint32_t m = 0; m < M; m++) {
+                const float *x = g->x + (size_t)m * K + k0;
+                float a[8];
+                memcpy(a, acc[m], sizeof a);
+                for (uint32_t k = 0; k < k8; k += 8)
+                    for (uint32_t j = 0; j < 8; j++)
+                        a[j] += w[k + j] * x[k + j];
+                memcpy(acc[m], a, sizeof a);
+                for (uint32_t k = k8; k < kn; k++)
+                    tail[m] += w[k] * x[k];
+            }
+        }
+        for (uint32_t m = 0; m < M; m++) {
+            float s = ((acc[m][0] + acc[m][4]) + (acc[m][1] + acc[m][5])) +
+                      ((acc[m][2] + acc[m][6]) + (acc[m][3] + acc[m][7])) + tail[m];
+            float *yp = &g->y[(size_t)m * g->ldy + n];
+            *yp = g->accumulate ? *yp + s : s;
+        }
+    }
+}
+
+void eng__port_attn_block(const float *kt, const float *vb, uint32_t hd, uint32_t bt,
+                          eng_attn_row_t *row, uint32_t block_start, uint32_t n_slots)
+{
+    if (row->pos < block_start)
+        return;
+    uint32_t n_valid = n_slots < row->pos - block_start + 1 ? n_slots : row->pos - block_start + 1;
+    /* Scores: dimension-major, so the inner loop runs over independent keys. */
+    float s[4096];
+    PC_ASSERT(n_valid <= 4096);
+    for (uint32_t j = 0; j < n_valid; j++)
+        s[j] = 0;
+    for (uint32_t d = 0; d < hd; d++) {
+        float qd = row->q[d];
+        const float *kd = kt + (size_t)d * bt;
+        for (uint32_t j = 0; j < n_valid; j++)
+            s[j] += qd * kd[j];
+    }
+    float bmax = -INFINITY;
+    for (uint32_t j = 0; j < n_valid; j++)
+        bmax = s[j] > bmax ? s[j] : bmax;
+    float m_new = row->m > bmax ? row->m : bmax;
+    float corr = expf(row->m - m_new);
+    float sum = 0;
+    for (uint32_t j = 0; j < n_valid; j++) {
+        s[j] = expf(s[j] - m_new);
+        sum += s[j];
+    }
+    row->l = row->l * corr + sum;
+    row->m = m_new;
+    /* Values: key-major, the inner loop over independent output dimensions. */
+    float *o = row->o;
+    for (uint32_t d = 0; d < hd; d++)
+        o[d] *= corr;
+    for (uint32_t j = 0; j < n_valid; j++) {
+        float pj = s[j];
+        const float *vj = vb + (size_t)j * hd;
+        for (uint32_t d = 0; d < hd; d++)
+            o[d] += pj * vj[d];
+    }
+}
+
+void eng__port_rmsnorm(const float *x, const float *w, float *y, uint32_t n, float eps)
+{
+    float a[8] = {0}, tail = 0;
+    uint32_t n8 = n & ~7u;
+    for (uint32_t i = 0; i < n8; i += 8)
+        for (uint32_t j = 0; j < 8; j++)
+            a[j] += x[i + j] * x[i + j];
+    for (uint32_t i = n8; i < n; i++)
+        tail += x[i] * x[i];
+    float ss = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])) + tail;
+    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    for (uint32_t i = 0; i < n; i++)
+        y[i] = x[i] * scale * w[i];
+}
+
+void eng__port_swiglu(float *g, const float *u, size_t n)
+{
+    for (size_t j = 0; j < n; j++) {
+        float gv = g[j];
+        g[j] = gv / (1.0f + expf(-gv)) * u[j];
+    }
+}
+
+void eng__port_rope(float *x, const float *cs, const float *sn, uint32_t rope_dim, bool neox)
+{
+    uint32_t half = rope_dim / 2;
+    if (neox) {
+        float *xa = x, *xb = x + half;
+        for (uint32_t i = 0; i < half; i++) {
+            float x0 = xa[i], x1 = xb[i];
+            xa[i] = x0 * cs[i] - x1 * sn[i];
+            xb[i] = x0 * sn[i] + x1 * cs[i];
+        }
+        return;
+    }
+    for (uint32_t i = 0; i < half; i++) {
+        float x0 = x[2 * i], x1 = x[2 * i + 1];
+        x[2 * i] = x0 * cs[i] - x1 * sn[i];
+        x[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+    }
+}

@@ -1,0 +1,101 @@
+/*
+ * cpu_simd.h — the per-ISA kernels behind the CPU backend's dispatch (engine-internal; see the
+ * ISA paths in cpu.h). Each function exists once per path: eng__avx512_* (cpu_kernels.c),
+ * eng__avx2_* (cpu_avx2.c, x86 only) and eng__port_* (cpu_portable.c, every architecture).
+ * Callers pick one through eng__cpu_isa_clamp(); an eng__avx* function must never be called on
+ * a CPU that eng__cpu_isa_runs() says cannot run its path.
+ */
+#ifndef ENG_CPU_SIMD_H
+#define ENG_CPU_SIMD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Half rows: src[n] -> dst[n]. */
+void eng__avx512_f16_to_f32(const uint16_t *src, float *dst, size_t n);
+void eng__avx512_f32_to_f16(const float *src, uint16_t *dst, size_t n);
+void eng__avx2_f16_to_f32(const uint16_t *src, float *dst, size_t n);
+void eng__avx2_f32_to_f16(const float *src, uint16_t *dst, size_t n);
+void eng__port_f16_to_f32(const uint16_t *src, float *dst, size_t n);
+void eng__port_f32_to_f16(const float *src, uint16_t *dst, size_t n);
+
+/* rows x n halves (row strides ss and ds elements) to F32: the keys of a KV block, one short
+ * row per head dimension, converted without a call per row. */
+void eng__avx512_f16_rows_to_f32(const uint16_t *src, size_t ss, float *dst, size_t ds,
+                                 uint32_t rows, uint32_t n);
+void eng__avx2_f16_rows_to_f32(const uint16_t *src, size_t ss, float *dst, size_t ds, uint32_t rows,
+                               uint32_t n);
+
+/* The most rows of x the GEMV takes (ENG_GEMV_MAX_M); more go to a GEMM. */
+#define ENG_GEMV_MAX_M 32
+
+/* A small product y[m][n] (+)= x[m] . w[n] for the rows n in [n0, n1) of w and every m < M:
+ * memory bound, one pass over those weight rows, each converted once in registers and applied to
+ * the rows of x in groups. w is F16 (wtype ENG_GGML_TYPE_F16) or F32 (ENG_GGML_TYPE_F32). */
+typedef struct eng_gemv {
+    const void *w;  /* [N][K] */
+    uint32_t wtype; /* ENG_GGML_TYPE_F16 or _F32 */
+    const float *x; /* [M][K] */
+    uint32_t M, K;  /* M <= ENG_GEMV_MAX_M */
+    float *y;       /* [M][ldy] */
+    uint32_t ldy;
+    bool accumulate;
+} eng_gemv_t;
+
+void eng__avx512_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
+void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
+void eng__port_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
+
+/* The BF16 GEMM (AVX512-BF16 only; the panel layout is in cpu_kernels.h): x[M][K] as BF16 rows
+ * of ceil(K / 2) pairs (zero padded), and C[M][32 columns of a panel pair] (+)= A . B for the
+ * 8-row block at m0 (rows past M repeat the last one and are not stored; n_valid <= 32 columns
+ * from n0 are stored). */
+void eng__avx512_to_bf16_rows(const float *x, uint32_t M, uint32_t K, uint16_t *dst);
+void eng__avx512_gemm_bf16_block(const uint32_t *a /* [M][kp] pairs */, uint32_t M, uint32_t m0,
+                                 uint32_t kp, const uint16_t *b0, const uint16_t *b1, float *y,
+                                 uint32_t ldy, uint32_t n0, uint32_t n_valid, bool accumulate);
+
+/* Attention: keys per chunk on the SIMD paths (four 16-slot blocks). */
+#define ENG_ATTN_CHUNK 64
+
+/* The running state of one query row: max score m, normalizer l, unnormalized output o, the
+ * current chunk's weights p[ENG_ATTN_CHUNK], the factor corr the previous output is scaled by,
+ * and n_valid, the chunk's keys the row sees. */
+typedef struct eng_attn_row {
+    const float *q;
+    float *o;
+    float *p;
+    float m, l, corr;
+    uint32_t pos, n_valid;
+} eng_attn_row_t;
+
+/* Scores of up to four rows against a chunk's keys (kt [hd][ENG_ATTN_CHUNK], F32, finite in
+ * every lane; the chunk's first key is at position start, n_keys valid), then each row's
+ * online-softmax step: m, l, corr, n_valid and the weights p (zero past the row's last visible
+ * key; all zero with corr 1 for a row that sees none of the chunk). hd is a multiple of 16. */
+void eng__avx512_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_t *rows, uint32_t n_rows,
+                              uint32_t start, uint32_t n_keys);
+void eng__avx2_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_t *rows, uint32_t n_rows,
+                            uint32_t start, uint32_t n_keys);
+/* o = o * corr + p . V for up to four rows (vb [ENG_ATTN_CHUNK][hd], F32; only the first
+ * max(n_valid) rows of vb are read). hd is a multiple of 16. */
+void eng__avx512_attn_values4(const float *vb, uint32_t hd, eng_attn_row_t *rows, uint32_t n_rows);
+void eng__avx2_attn_values4(const float *vb, uint32_t hd, eng_attn_row_t *rows, uint32_t n_rows);
+/* One KV block (kt [hd][bt], vb [bt][hd], F32, block_start the position of its first slot,
+ * n_slots valid) against one row: the portable path, for any block size. */
+void eng__port_attn_block(const float *kt, const float *vb, uint32_t hd, uint32_t bt,
+                          eng_attn_row_t *row, uint32_t block_start, uint32_t n_slots);
+
+/* Element-wise rows: y = x / rms(x) * w (y may be x), and g = silu(g) * u. */
+void eng__avx2_rmsnorm(const float *x, const float *w, float *y, uint32_t n, float eps);
+void eng__port_rmsnorm(const float *x, const float *w, float *y, uint32_t n, float eps);
+void eng__avx2_swiglu(float *g, const float *u, size_t n);
+void eng__port_swiglu(float *g, const float *u, size_t n);
+
+/* RoPE on one head: the pairs (x[a], x[b]) with a = i, b = i + rope_dim / 2 (neox) or a = 2i,
+ * b = 2i + 1, rotated by (cs[i], sn[i]), for i < rope_dim / 2. */
+void eng__avx2_rope(float *x, const float *cs, const float *sn, uint32_t rope_dim, bool neox);
+void eng__port_rope(float *x, const float *cs, const float *sn, uint32_t rope_dim, bool neox);
+
+#endif
