@@ -92,6 +92,8 @@ typedef struct eng_cpu_params {
     uint32_t block_tokens; /* the KV pool's block size */
     bool no_simd;          /* force the portable C kernels (tests compare both paths) */
     bool bf16;             /* BF16 GEMMs for weights packed as BF16 (model pack_bf16) */
+    uint32_t isa;          /* enum eng_cpu_isa (cpu.h), the kernels' path; 0 (AUTO) is the best
+                              this CPU runs, and one it cannot run is lowered to that */
 } eng_cpu_params_t;
 
 /* Creates the CPU backend for `model` (scratch sized for p->max_tokens). Sets OpenBLAS to one

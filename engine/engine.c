@@ -100,7 +100,8 @@ static int make_backend(eng_t *e, const char *backend, char *err, size_t err_len
                            .max_tokens = p->max_batch_tokens,
                            .block_tokens = p->kv_block_tokens,
                            .no_simd = p->no_simd,
-                           .bf16 = e->model->has_bf16};
+                           .bf16 = e->model->has_bf16,
+                           .isa = e->cpu_isa};
     rc = eng_backend_cpu_init(e->model, &cp, &e->be);
     if (rc != 0)
         snprintf(err, err_len, "engine: cannot create the CPU backend: %s", pc_strerror(rc));
@@ -141,10 +142,22 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
     e->p = *p;
     e->p.model_path = NULL; /* not kept: the caller's string */
     e->p.backend = NULL;    /* nor this one: the resolved name is eng_backend_name_of */
+    e->p.cpu_isa = NULL;    /* nor this one: the resolved path is eng_cpu_isa_name_of */
+    eng_cpu_isa_t isa = ENG_CPU_ISA_PORTABLE;
+    if (!p->no_simd) {
+        char ierr[160];
+        int irc = eng__cpu_isa_resolve(p->cpu_isa, &isa, ierr, sizeof ierr);
+        if (irc != 0) {
+            snprintf(err, err_len, "engine: %s", ierr);
+            pc_free(e);
+            return irc;
+        }
+    }
+    e->cpu_isa = isa;
     eng_model_params_t mp = eng_model_params_default();
     mp.weights_f32 = p->weights_f32;
     /* The panels are for the CPU backend; an explicit cuda backend never reads them. */
-    mp.pack_bf16 = p->gemm != ENG_GEMM_F32 && !p->no_simd && eng__cpu_has_bf16() &&
+    mp.pack_bf16 = p->gemm != ENG_GEMM_F32 && isa == ENG_CPU_ISA_AVX512 && eng__cpu_has_bf16() &&
                    strcmp(backend, "cuda") != 0;
     mp.pack_bf16_skip_f32 = p->gemm == ENG_GEMM_AUTO;
     mp.copy_weights = strcmp(backend, "cuda") != 0; /* host copies help only the CPU backend */
@@ -220,6 +233,13 @@ int eng_gemm_mode_parse(const char *s, enum eng_gemm_mode *out)
         }
     }
     return PC_ERR_INVAL;
+}
+
+const char *eng_cpu_isa_name_of(const eng_t *e)
+{
+    if (strcmp(eng_backend_name(e->be), "cpu") != 0)
+        return "none";
+    return eng__cpu_isa_name((eng_cpu_isa_t)e->cpu_isa);
 }
 
 const char *eng_gemm_name_of(const eng_t *e)

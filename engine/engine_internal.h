@@ -30,6 +30,7 @@ struct eng {
     uint32_t *fwd_item;    /* [fwd_cap] the item of each fwd entry */
     uint32_t *orig_tokens; /* [fwd_cap] each item's n_tokens before the call */
     uint32_t fwd_cap;
+    uint32_t cpu_isa; /* enum eng_cpu_isa: the CPU backend's path, resolved at init */
 };
 
 /* Makes room for n tokens in s->tokens. Returns 0 or PC_ERR_NOMEM. */
