@@ -7,9 +7,13 @@
  * Tests register themselves at load time and run in file order. A failed assertion prints
  * both sides with file:line and ends the current test; PC_SKIP("why") ends it as skipped.
  * The binary prints one line per test and closes with "N passed, N failed, N skipped".
- * Exit status: 1 if any test failed, 77 (CTest's SKIP_RETURN_CODE) if every test skipped,
- * else 0. Arguments filter tests by substring; PC_TEST_SCALE (environment, default 1) lets a
- * long fuzz loop be scaled up or down with pc_test_scale().
+ * Exit status: 1 if any test failed (or the binary registers more than PC_TEST_MAX tests: a
+ * hard error, never a silent cut), else 77 (CTest's SKIP_RETURN_CODE, so CTest reports the
+ * binary as skipped and scripts/test.sh counts it) if any test skipped, even beside tests that
+ * passed, else 0. A skip therefore always shows: a binary that lost part of its coverage (no
+ * GPU, node_modules missing) never reads as passed. Arguments filter tests by substring;
+ * PC_TEST_SCALE (environment, default 1) lets a long fuzz loop be scaled up or down with
+ * pc_test_scale().
  */
 #ifndef PC_TEST_H
 #define PC_TEST_H
@@ -30,13 +34,16 @@ typedef struct pc_test_case {
 #define PC_TEST_MAX 512
 static pc_test_case_t pc_test__cases[PC_TEST_MAX];
 static int pc_test__n;
-static int pc_test__state; /* 0 running/passed, 1 failed, 2 skipped */
+static int pc_test__overflow; /* tests that did not fit in pc_test__cases */
+static int pc_test__state;    /* 0 running/passed, 1 failed, 2 skipped */
 static const char *pc_test__skip_reason;
 
 static inline void pc_test__register(const char *name, pc_test_fn fn)
 {
     if (pc_test__n < PC_TEST_MAX)
         pc_test__cases[pc_test__n++] = (pc_test_case_t){name, fn};
+    else
+        pc_test__overflow++;
 }
 
 #define PC_TEST(name)                                                                              \
@@ -151,6 +158,12 @@ static inline int pc_test__main(int argc, char **argv)
 {
     int passed = 0, failed = 0, skipped = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (pc_test__overflow > 0) {
+        fprintf(stderr, "%d tests registered, PC_TEST_MAX is %d: raise it in pc_test.h\n",
+                pc_test__n + pc_test__overflow, PC_TEST_MAX);
+        printf("FAIL (too many tests)\n");
+        return 1;
+    }
     for (int i = 0; i < pc_test__n; i++) {
         const pc_test_case_t *tc = &pc_test__cases[i];
         int selected = argc <= 1;
@@ -177,7 +190,7 @@ static inline int pc_test__main(int argc, char **argv)
     printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
     if (failed > 0)
         return 1;
-    if (passed == 0 && skipped > 0)
+    if (skipped > 0)
         return 77;
     return 0;
 }
