@@ -3,7 +3,12 @@
  * a model and serves the worker API over TCP with the worker protocol (worker_server.h).
  *
  *   kvgw worker --model FILE --listen HOST:PORT [--threads N] [--kv-tokens N] [--name NAME]
- *               [--max-queue N] [--log-level L]
+ *               [--max-queue N] [--secret-file F] [--log-level L]
+ *
+ * Link authentication: the shared secret comes from --secret-file F (the file's bytes, one
+ * trailing newline removed) or else the environment variable KVGW_LINK_SECRET; gateways must
+ * then prove it in the handshake (worker_server.h). Without either, every gateway that can
+ * reach the port is served and the worker prints a warning.
  *
  * Once listening it prints one line on stdout, "listening on HOST:PORT" (the port chosen when
  * --listen asked for 0), so scripts and tests can connect. SIGINT or SIGTERM shut it down
@@ -24,7 +29,8 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw worker --model FILE --listen HOST:PORT [--threads N] "
-               "[--kv-tokens N] [--name NAME] [--max-queue N] [--log-level L]\n");
+               "[--kv-tokens N] [--name NAME] [--max-queue N] [--secret-file F] "
+               "[--log-level L]\n");
 }
 
 static void help(void)
@@ -40,6 +46,9 @@ static void help(void)
            "  --kv-tokens N    KV cache budget in tokens (default 65536)\n"
            "  --name NAME      this worker's name in the handshake and logs (default: host name)\n"
            "  --max-queue N    requests waiting for admission before \"overloaded\" (default 256)\n"
+           "  --secret-file F  the link secret gateways must prove (16..1024 bytes; a trailing\n"
+           "                   newline is removed); default: $KVGW_LINK_SECRET; neither = no\n"
+           "                   authentication (a warning is printed)\n"
            "  --log-level L    debug, info (default), warn, error or off\n");
 }
 
@@ -52,6 +61,35 @@ static int parse_u64(const char *s, uint64_t max, uint64_t *out)
         return -1;
     *out = v;
     return 0;
+}
+
+/* Reads the link secret from path (one trailing "\n" or "\r\n" removed) into buf. Returns its
+ * length, or -1 with the reason on stderr. */
+static long read_secret_file(const char *path, uint8_t *buf, size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        fprintf(stderr, "kvgw worker: --secret-file: cannot open '%s': %s\n", path,
+                strerror(errno));
+        return -1;
+    }
+    size_t n = fread(buf, 1, cap, f);
+    bool more = fgetc(f) != EOF, bad = ferror(f) != 0;
+    fclose(f);
+    if (bad) {
+        fprintf(stderr, "kvgw worker: --secret-file: cannot read '%s'\n", path);
+        return -1;
+    }
+    if (n > 0 && buf[n - 1] == '\n')
+        n--;
+    if (n > 0 && buf[n - 1] == '\r')
+        n--;
+    if (more || n < LNK_SECRET_MIN) {
+        fprintf(stderr, "kvgw worker: --secret-file: the secret in '%s' must have %d..%d bytes\n",
+                path, LNK_SECRET_MIN, LNK_SECRET_MAX);
+        return -1;
+    }
+    return (long)n;
 }
 
 typedef struct worker_main {
@@ -71,7 +109,7 @@ static void on_signal(uv_signal_t *h, int signum)
 
 int kvgw_cmd_worker(int argc, char **argv)
 {
-    const char *model = NULL, *listen = NULL, *name = NULL;
+    const char *model = NULL, *listen = NULL, *name = NULL, *secret_file = NULL;
     uint64_t threads = 2, kv_tokens = 65536, max_queue = 256;
     int level = PC_LOG_INFO;
     for (int i = 1; i < argc; i++) {
@@ -91,6 +129,8 @@ int kvgw_cmd_worker(int argc, char **argv)
             model = v;
         } else if (strcmp(a, "--listen") == 0) {
             listen = v;
+        } else if (strcmp(a, "--secret-file") == 0) {
+            secret_file = v;
         } else if (strcmp(a, "--name") == 0) {
             name = v;
             if (strlen(v) == 0 || strlen(v) > ENG_WIRE_NAME_MAX)
@@ -141,6 +181,30 @@ int kvgw_cmd_worker(int argc, char **argv)
     lnk_worker_server_params_t sp = lnk_worker_server_params_default();
     sp.listen = listen;
     sp.node = name;
+    static uint8_t secret[LNK_SECRET_MAX + 1];
+    const char *env_secret = getenv("KVGW_LINK_SECRET");
+    if (secret_file != NULL) {
+        long n = read_secret_file(secret_file, secret, LNK_SECRET_MAX);
+        if (n < 0)
+            return KVGW_EXIT_FAIL;
+        sp.secret = secret;
+        sp.secret_len = (size_t)n;
+    } else if (env_secret != NULL && env_secret[0] != '\0') {
+        size_t n = strlen(env_secret);
+        if (n < LNK_SECRET_MIN || n > LNK_SECRET_MAX) {
+            fprintf(stderr, "kvgw worker: KVGW_LINK_SECRET must have %d..%d bytes\n",
+                    LNK_SECRET_MIN, LNK_SECRET_MAX);
+            return KVGW_EXIT_FAIL;
+        }
+        memcpy(secret, env_secret, n);
+        sp.secret = secret;
+        sp.secret_len = n;
+    } else {
+        fprintf(stderr,
+                "kvgw worker: warning: no link secret (--secret-file or "
+                "KVGW_LINK_SECRET): any gateway that reaches %s is served\n",
+                listen);
+    }
 
     uv_loop_t loop;
     if (uv_loop_init(&loop) != 0) {

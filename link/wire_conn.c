@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sodium.h>
 #include <string.h>
 
 #include "common.h"
@@ -63,7 +64,7 @@ static void timer_restart(lnk_wconn_t *c)
 }
 
 int lnk_wconn_init(uv_loop_t *loop, lnk_wconn_t *c, const lnk_wconn_ops_t *ops, void *data,
-                  uint32_t max_frame, size_t max_queue_bytes)
+                   uint32_t max_frame, size_t max_queue_bytes)
 {
     memset(c, 0, offsetof(lnk_wconn_t, _rbuf));
     c->data = data;
@@ -272,7 +273,7 @@ static void on_timer(uv_timer_t *t)
         return;
     if (c->_deadline_ms > 0 && now >= c->_deadline_ms) {
         lnk_wconn_close(c, PC_ERR_TIMEOUT, c->_deadline_why ? c->_deadline_why : "deadline passed",
-                       false);
+                        false);
         return;
     }
     if (c->state != LNK_WCONN_OPEN)
@@ -398,4 +399,43 @@ void lnk_wconn_format_addr(const struct sockaddr *addr, char *buf, size_t len)
     } else {
         snprintf(buf, len, "?");
     }
+}
+
+/* ---- link authentication ------------------------------------------------------------------- */
+
+#define AUTH_LABEL_GATEWAY "kvgw-link-v2 gateway"
+#define AUTH_LABEL_WORKER "kvgw-link-v2 worker"
+
+void lnk_wire_auth_mac(const uint8_t *secret, size_t secret_len, uint8_t role,
+                       const uint8_t gateway_nonce[ENG_WIRE_AUTH_BYTES],
+                       const uint8_t worker_nonce[ENG_WIRE_AUTH_BYTES],
+                       uint8_t mac[ENG_WIRE_AUTH_BYTES])
+{
+    crypto_auth_hmacsha256_state st;
+    crypto_auth_hmacsha256_init(&st, secret, secret_len);
+    if (role == ENG_WIRE_ROLE_GATEWAY) {
+        crypto_auth_hmacsha256_update(&st, (const uint8_t *)AUTH_LABEL_GATEWAY,
+                                      strlen(AUTH_LABEL_GATEWAY));
+        crypto_auth_hmacsha256_update(&st, worker_nonce, ENG_WIRE_AUTH_BYTES);
+        crypto_auth_hmacsha256_update(&st, gateway_nonce, ENG_WIRE_AUTH_BYTES);
+    } else {
+        crypto_auth_hmacsha256_update(&st, (const uint8_t *)AUTH_LABEL_WORKER,
+                                      strlen(AUTH_LABEL_WORKER));
+        crypto_auth_hmacsha256_update(&st, gateway_nonce, ENG_WIRE_AUTH_BYTES);
+        crypto_auth_hmacsha256_update(&st, worker_nonce, ENG_WIRE_AUTH_BYTES);
+    }
+    crypto_auth_hmacsha256_final(&st, mac);
+    sodium_memzero(&st, sizeof st);
+}
+
+bool lnk_wire_auth_equal(const uint8_t a[ENG_WIRE_AUTH_BYTES], const uint8_t b[ENG_WIRE_AUTH_BYTES])
+{
+    return crypto_verify_32(a, b) == 0;
+}
+
+void lnk_wire_nonce(uint8_t out[ENG_WIRE_AUTH_BYTES])
+{
+    if (sodium_init() < 0)
+        PC_ABORT("libsodium cannot initialize (no system randomness)");
+    randombytes_buf(out, ENG_WIRE_AUTH_BYTES);
 }

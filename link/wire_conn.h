@@ -91,7 +91,7 @@ struct lnk_wconn {
  * max_queue_bytes: the output limit, 0 = 64 MiB). Returns 0, PC_ERR_NOMEM or PC_ERR_IO; on
  * failure nothing needs closing. */
 int lnk_wconn_init(uv_loop_t *loop, lnk_wconn_t *c, const lnk_wconn_ops_t *ops, void *data,
-                  uint32_t max_frame, size_t max_queue_bytes);
+                   uint32_t max_frame, size_t max_queue_bytes);
 
 /* Starts reading and the timer (after uv_accept or a successful connect). Returns 0 or
  * PC_ERR_IO (the connection is then closing with that reason). */
@@ -135,6 +135,27 @@ static inline size_t lnk_wconn_queued_bytes(const lnk_wconn_t *c)
 {
     return c->_out.len + c->_bytes_writing;
 }
+
+/* The link handshake's proofs (engine/wire.h, CHALLENGE): HMAC-SHA256 keyed with the link
+ * secret over the role's label ("kvgw-link-v2 gateway" for AUTH's mac, "kvgw-link-v2 worker"
+ * for HELLO_ACK's proof) and then the two nonces: the peer's first (the worker nonce first for
+ * the gateway's mac, the gateway nonce first for the worker's proof). Pure; any thread. */
+void lnk_wire_auth_mac(const uint8_t *secret, size_t secret_len, uint8_t role,
+                       const uint8_t gateway_nonce[ENG_WIRE_AUTH_BYTES],
+                       const uint8_t worker_nonce[ENG_WIRE_AUTH_BYTES],
+                       uint8_t mac[ENG_WIRE_AUTH_BYTES]);
+
+/* Constant-time equality of two 32-byte tags (libsodium's crypto_verify_32). */
+bool lnk_wire_auth_equal(const uint8_t a[ENG_WIRE_AUTH_BYTES],
+                         const uint8_t b[ENG_WIRE_AUTH_BYTES]);
+
+/* 32 bytes from the system's CSPRNG (a handshake nonce). */
+void lnk_wire_nonce(uint8_t out[ENG_WIRE_AUTH_BYTES]);
+
+/* The longest link secret accepted (bytes). */
+#define LNK_SECRET_MAX 1024
+/* The shortest: a shorter secret is refused by the server and client parameters checks. */
+#define LNK_SECRET_MIN 16
 
 /* Parses "HOST:PORT" ("[v6]:PORT" for IPv6; "localhost" means 127.0.0.1) into *addr. Names
  * other than localhost are not resolved. Returns 0 or PC_ERR_INVAL. */

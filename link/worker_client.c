@@ -3,6 +3,7 @@
  */
 #include "worker_client.h"
 
+#include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -22,6 +23,9 @@ struct lnk_worker_client {
     void *ud;
     uv_connect_t connect;
     bool ready;
+    bool challenged; /* CHALLENGE answered with AUTH */
+    uint8_t gw_nonce[ENG_WIRE_AUTH_BYTES], wk_nonce[ENG_WIRE_AUTH_BYTES];
+    uint8_t secret[LNK_SECRET_MAX];
     lnk_wconn_t w; /* last: it ends with the read buffer */
 };
 
@@ -83,6 +87,19 @@ static void on_ack(lnk_worker_client_t *c, const eng_wire_hello_t *a)
              (unsigned long long)a->model_fp, a->n_vocab);
         return;
     }
+    if (p->secret_len > 0) {
+        uint8_t want[ENG_WIRE_AUTH_BYTES];
+        if (!c->challenged) {
+            fail(c, PC_ERR_PERM, "the worker did not ask for the link secret (it has none)");
+            return;
+        }
+        lnk_wire_auth_mac(c->secret, p->secret_len, ENG_WIRE_ROLE_WORKER, c->gw_nonce, c->wk_nonce,
+                          want);
+        if (!lnk_wire_auth_equal(want, a->auth)) {
+            fail(c, PC_ERR_PERM, "the worker's proof of the link secret is wrong");
+            return;
+        }
+    }
     if (a->heartbeat_ms == 0 || a->heartbeat_ms > MAX_PEER_HEARTBEAT_MS ||
         a->max_frame < MIN_PEER_FRAME) {
         fail(c, PC_ERR_FORMAT, "HELLO_ACK with heartbeat_ms %u, max_frame %u", a->heartbeat_ms,
@@ -97,6 +114,22 @@ static void on_ack(lnk_worker_client_t *c, const eng_wire_hello_t *a)
         c->cbs.on_ready(c, a, c->ud);
 }
 
+/* The worker has a link secret: prove ours (AUTH), keep its nonce for its proof. */
+static void on_challenge(lnk_worker_client_t *c, const uint8_t nonce[ENG_WIRE_AUTH_BYTES])
+{
+    if (c->p.secret_len == 0) {
+        fail(c, PC_ERR_PERM, "the worker requires a link secret and none is configured");
+        return;
+    }
+    c->challenged = true;
+    memcpy(c->wk_nonce, nonce, ENG_WIRE_AUTH_BYTES);
+    eng_wire_frame_t f = {.type = ENG_WIRE_AUTH};
+    lnk_wire_auth_mac(c->secret, c->p.secret_len, ENG_WIRE_ROLE_GATEWAY, c->gw_nonce, c->wk_nonce,
+                      f.u.auth.bytes);
+    if (lnk_wconn_send(&c->w, &f) == 0)
+        lnk_wconn_flush(&c->w);
+}
+
 static void on_frame(lnk_wconn_t *w, const eng_wire_frame_t *f)
 {
     lnk_worker_client_t *c = w->data;
@@ -108,6 +141,8 @@ static void on_frame(lnk_wconn_t *w, const eng_wire_frame_t *f)
     if (!c->ready) {
         if (f->type == ENG_WIRE_HELLO_ACK)
             on_ack(c, &f->u.hello);
+        else if (f->type == ENG_WIRE_CHALLENGE && !c->challenged)
+            on_challenge(c, f->u.auth.bytes);
         else
             fail(c, PC_ERR_FORMAT, "expected HELLO_ACK, got %s", eng_wire_type_name(f->type));
         return;
@@ -119,6 +154,7 @@ static void on_frame(lnk_wconn_t *w, const eng_wire_frame_t *f)
     case ENG_WIRE_KV_EVENT:
     case ENG_WIRE_LOAD:
     case ENG_WIRE_HEARTBEAT:
+    case ENG_WIRE_SNAPSHOT:
         if (c->cbs.on_frame)
             c->cbs.on_frame(c, f, c->ud);
         return;
@@ -133,6 +169,7 @@ static void on_closed(lnk_wconn_t *w)
     lnk_worker_client_t *c = w->data;
     if (c->cbs.on_close)
         c->cbs.on_close(c, w->close_err, w->close_reason, c->ud);
+    sodium_memzero(c->secret, sizeof c->secret);
     pc_free(c);
 }
 
@@ -160,6 +197,7 @@ static void on_connect(uv_connect_t *req, int status)
     h->model_name = pc_slice_cstr(c->model_name);
     h->model_fp = c->p.model_fp;
     h->n_vocab = c->p.n_vocab;
+    memcpy(h->auth, c->gw_nonce, ENG_WIRE_AUTH_BYTES);
     if (lnk_wconn_send(&c->w, &f) != 0) {
         fail(c, PC_ERR_INVAL, "cannot encode HELLO");
         return;
@@ -168,8 +206,8 @@ static void on_connect(uv_connect_t *req, int status)
 }
 
 int lnk_worker_client_connect(uv_loop_t *loop, const lnk_worker_client_params_t *p,
-                             const lnk_worker_client_cbs_t *cbs, void *ud, lnk_worker_client_t **out,
-                             char *err, size_t err_len)
+                              const lnk_worker_client_cbs_t *cbs, void *ud,
+                              lnk_worker_client_t **out, char *err, size_t err_len)
 {
     *out = NULL;
     struct sockaddr_storage sa;
@@ -183,11 +221,15 @@ int lnk_worker_client_connect(uv_loop_t *loop, const lnk_worker_client_params_t 
     if (strlen(node) > ENG_WIRE_NAME_MAX || strlen(model) > ENG_WIRE_NAME_MAX ||
         p->version_min == 0 || p->version_min > p->version_max || p->heartbeat_ms == 0 ||
         p->heartbeat_ms > MAX_PEER_HEARTBEAT_MS || p->max_frame < MIN_PEER_FRAME ||
-        p->connect_timeout_ms == 0) {
+        p->connect_timeout_ms == 0 ||
+        (p->secret_len > 0 &&
+         (p->secret == NULL || p->secret_len < LNK_SECRET_MIN || p->secret_len > LNK_SECRET_MAX))) {
         snprintf(err, err_len,
                  "bad worker client parameters (names of at most %d bytes, "
-                 "version range, heartbeat_ms 1..%u, max_frame >= %u)",
-                 ENG_WIRE_NAME_MAX, MAX_PEER_HEARTBEAT_MS, MIN_PEER_FRAME);
+                 "version range, heartbeat_ms 1..%u, max_frame >= %u, a secret of %d..%d "
+                 "bytes)",
+                 ENG_WIRE_NAME_MAX, MAX_PEER_HEARTBEAT_MS, MIN_PEER_FRAME, LNK_SECRET_MIN,
+                 LNK_SECRET_MAX);
         return PC_ERR_INVAL;
     }
     lnk_worker_client_t *c = pc_malloc(sizeof *c);
@@ -201,6 +243,10 @@ int lnk_worker_client_connect(uv_loop_t *loop, const lnk_worker_client_params_t 
     c->p.node = c->node;
     c->p.model_name = c->model_name;
     c->p.address = c->address;
+    c->p.secret = NULL; /* copied: */
+    if (p->secret_len > 0)
+        memcpy(c->secret, p->secret, p->secret_len);
+    lnk_wire_nonce(c->gw_nonce);
     if (cbs)
         c->cbs = *cbs;
     c->ud = ud;
@@ -217,7 +263,7 @@ int lnk_worker_client_connect(uv_loop_t *loop, const lnk_worker_client_params_t 
         fail(c, PC_ERR_IO, "connect to %s: %s", c->address, uv_strerror(rc));
     } else {
         lnk_wconn_set_deadline(&c->w, p->connect_timeout_ms,
-                              "no handshake with the worker before the connect timeout");
+                               "no handshake with the worker before the connect timeout");
     }
     *out = c;
     return 0;
@@ -244,6 +290,21 @@ int lnk_worker_client_cancel(lnk_worker_client_t *c, uint64_t request_id)
 {
     eng_wire_frame_t f = {.type = ENG_WIRE_CANCEL};
     f.u.cancel_id = request_id;
+    return send_frame(c, &f);
+}
+
+int lnk_worker_client_release(lnk_worker_client_t *c, uint64_t ns, const uint32_t *tokens,
+                              uint32_t n_tokens)
+{
+    eng_wire_frame_t f = {.type = ENG_WIRE_RELEASE};
+    f.u.release = (eng_wire_release_t){.ns = ns, .tokens = tokens, .n_tokens = n_tokens};
+    return send_frame(c, &f);
+}
+
+int lnk_worker_client_drop(lnk_worker_client_t *c, uint64_t ns)
+{
+    eng_wire_frame_t f = {.type = ENG_WIRE_DROP};
+    f.u.release.ns = ns;
     return send_frame(c, &f);
 }
 

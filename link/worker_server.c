@@ -5,8 +5,9 @@
  * worker, so the server submits every request under an id of its own (a counter, never reused)
  * and keeps one record per request:
  *
- *   s->reqs     worker id -> record, while the request is live or holds pins (KV_EVENT
- *               RETAINED / RELEASED name the request and may come after its final event);
+ *   s->reqs     worker id -> record, while the request is live (every event that names a
+ *               request, KV_EVENT RETAINED and RETAIN_FAILED included, comes before its final
+ *               event; pins belong to the worker, not to a request or a connection);
  *   conn->reqs  the connection's request id -> record, while the request is live (CANCEL and
  *               the duplicate-id check), so an id is free for reuse once its final frame left.
  *
@@ -17,6 +18,7 @@
 #include "worker_server.h"
 
 #include <pthread.h>
+#include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -133,7 +135,6 @@ typedef struct srv_req {
     uint64_t cid;     /* the connection's id */
     srv_conn_t *conn; /* never NULL while in a map */
     bool live;        /* final event not seen yet */
-    uint32_t pins;    /* RETAINED seen minus RELEASED seen */
 } srv_req_t;
 
 struct srv_conn {
@@ -142,6 +143,10 @@ struct srv_conn {
     u64map_t reqs; /* live requests by the connection's ids */
     bool ready;    /* HELLO_ACK sent */
     bool rejected; /* REJECT sent */
+    bool authing;  /* CHALLENGE sent, AUTH awaited */
+    uint8_t gw_nonce[ENG_WIRE_AUTH_BYTES], wk_nonce[ENG_WIRE_AUTH_BYTES];
+    uint32_t peer_heartbeat_ms, peer_max_frame; /* from HELLO, applied at HELLO_ACK */
+    uint64_t snap_id; /* the snapshot under way to this connection, 0 when none */
     char peer[64];
     char node[ENG_WIRE_NAME_MAX + 1];
     lnk_wconn_t w; /* last: it ends with the read buffer */
@@ -167,6 +172,9 @@ struct lnk_worker_server {
     srv_conn_t *conns;
     u64map_t reqs; /* by worker id */
     uint64_t next_wid;
+    uint64_t next_snap_id;
+    uint8_t secret[LNK_SECRET_MAX]; /* the link secret; secret_len 0: no authentication */
+    size_t secret_len;
     pthread_mutex_t wake_mu;
     bool wake_open; /* the async handle may be signaled */
     lnk_worker_server_stats_t st;
@@ -185,6 +193,8 @@ lnk_worker_server_params_t lnk_worker_server_params_default(void)
         .max_queue_bytes = (size_t)64 << 20,
         .max_conns = 64,
         .drain_timeout_ms = 5000,
+        .secret = NULL,
+        .secret_len = 0,
     };
 }
 
@@ -254,6 +264,8 @@ static void protocol_error(srv_conn_t *c, const char *fmt, ...)
  * Frames in
  * ------------------------------------------------------------------------------------------- */
 
+static void finish_handshake(srv_conn_t *c);
+
 static void on_hello(srv_conn_t *c, const eng_wire_hello_t *h)
 {
     lnk_worker_server_t *s = c->s;
@@ -294,11 +306,51 @@ static void on_hello(srv_conn_t *c, const eng_wire_hello_t *h)
         return;
     }
     snprintf(c->node, sizeof c->node, "%.*s", (int)h->node.len, h->node.base);
+    c->peer_heartbeat_ms = h->heartbeat_ms;
+    c->peer_max_frame = h->max_frame;
+    memcpy(c->gw_nonce, h->auth, ENG_WIRE_AUTH_BYTES);
+    if (s->secret_len == 0) {
+        finish_handshake(c);
+        return;
+    }
+    /* Prove the peer knows the secret before anything else: CHALLENGE, then AUTH. */
+    lnk_wire_nonce(c->wk_nonce);
+    c->authing = true;
+    eng_wire_frame_t f = {.type = ENG_WIRE_CHALLENGE};
+    memcpy(f.u.auth.bytes, c->wk_nonce, ENG_WIRE_AUTH_BYTES);
+    lnk_wconn_send(&c->w, &f);
+}
+
+static void on_auth(srv_conn_t *c, const eng_wire_frame_t *f)
+{
+    lnk_worker_server_t *s = c->s;
+    uint8_t want[ENG_WIRE_AUTH_BYTES];
+    if (f->type != ENG_WIRE_AUTH) {
+        reject(c, PC_ERR_PERM, "link authentication: expected AUTH, got %s",
+               eng_wire_type_name(f->type));
+        return;
+    }
+    lnk_wire_auth_mac(s->secret, s->secret_len, ENG_WIRE_ROLE_GATEWAY, c->gw_nonce, c->wk_nonce,
+                      want);
+    if (!lnk_wire_auth_equal(want, f->u.auth.bytes)) {
+        reject(c, PC_ERR_PERM, "link authentication failed (wrong secret)");
+        return;
+    }
+    c->authing = false;
+    finish_handshake(c);
+}
+
+/* HELLO_ACK (with the worker's proof on an authenticated link), the first LOAD and the
+ * snapshot of the pins: the connection is ready. */
+static void finish_handshake(srv_conn_t *c)
+{
+    lnk_worker_server_t *s = c->s;
+    const eng_worker_info_t *in = &s->info;
     c->ready = true;
     c->w.error_frame = ENG_WIRE_ERROR;
-    c->w.max_frame_out = h->max_frame;
+    c->w.max_frame_out = c->peer_max_frame;
     lnk_wconn_set_deadline(&c->w, 0, NULL);
-    lnk_wconn_set_heartbeat(&c->w, s->p.heartbeat_ms, 3 * h->heartbeat_ms);
+    lnk_wconn_set_heartbeat(&c->w, s->p.heartbeat_ms, 3 * c->peer_heartbeat_ms);
 
     eng_wire_frame_t f = {.type = ENG_WIRE_HELLO_ACK};
     eng_wire_hello_t *a = &f.u.hello;
@@ -312,10 +364,19 @@ static void on_hello(srv_conn_t *c, const eng_wire_hello_t *h)
     a->n_vocab = in->n_vocab;
     a->n_ctx = in->n_ctx;
     a->block_tokens = in->block_tokens;
+    a->total_blocks = in->total_blocks;
+    a->max_prompt_tokens = in->max_prompt_tokens;
+    if (s->secret_len > 0)
+        lnk_wire_auth_mac(s->secret, s->secret_len, ENG_WIRE_ROLE_WORKER, c->gw_nonce, c->wk_nonce,
+                          a->auth);
     lnk_wconn_send(&c->w, &f);
     send_load(c); /* the router's first figures */
-    PC_LOG(PC_LOG_INFO, "worker", "conn %s: gateway '%s' connected (heartbeat %u ms)", c->peer,
-           c->node, h->heartbeat_ms);
+    /* The pins, in the worker's event order: KV events after it apply on top. */
+    c->snap_id = ++s->next_snap_id;
+    if (eng_worker_snapshot(s->worker, c->snap_id) != 0)
+        c->snap_id = 0;
+    PC_LOG(PC_LOG_INFO, "worker", "conn %s: gateway '%s' connected (heartbeat %u ms%s)", c->peer,
+           c->node, c->peer_heartbeat_ms, s->secret_len > 0 ? ", authenticated" : "");
 }
 
 static void on_submit(srv_conn_t *c, const eng_wire_submit_t *sub)
@@ -370,6 +431,10 @@ static void on_cancel(srv_conn_t *c, uint64_t cid)
 static void on_frame(lnk_wconn_t *w, const eng_wire_frame_t *f)
 {
     srv_conn_t *c = w->data;
+    if (c->authing) {
+        on_auth(c, f);
+        return;
+    }
     if (!c->ready) {
         if (f->type != ENG_WIRE_HELLO)
             reject(c, PC_ERR_FORMAT, "expected HELLO, got %s", eng_wire_type_name(f->type));
@@ -387,6 +452,20 @@ static void on_frame(lnk_wconn_t *w, const eng_wire_frame_t *f)
     case ENG_WIRE_HEARTBEAT:
         send_load(c);
         break;
+    case ENG_WIRE_RELEASE: {
+        const eng_wire_release_t *x = &f->u.release;
+        int rc = eng_worker_release(c->s->worker, x->ns, x->tokens, x->n_tokens);
+        if (rc != 0 && rc != PC_ERR_STATE)
+            PC_LOG(PC_LOG_WARN, "worker", "conn %s: RELEASE: %s", c->peer, pc_strerror(rc));
+        break;
+    }
+    case ENG_WIRE_DROP: {
+        int rc = eng_worker_drop_ns(c->s->worker, f->u.release.ns);
+        PC_LOG(rc == 0 ? PC_LOG_INFO : PC_LOG_WARN, "worker",
+               "conn %s: DROP of namespace %016llx: %s", c->peer,
+               (unsigned long long)f->u.release.ns, rc == 0 ? "queued" : pc_strerror(rc));
+        break;
+    }
     case ENG_WIRE_HELLO:
         protocol_error(c, "HELLO after the handshake");
         break;
@@ -509,19 +588,27 @@ static srv_req_t *route(lnk_worker_server_t *s, uint64_t wid)
     return r;
 }
 
-static void forget_if_done(lnk_worker_server_t *s, srv_req_t *r)
+/* Sends f to c; a frame the peer cannot take (over its max_frame: a long EVICTED path or
+ * snapshot entry) closes the connection with the reason, as the gateway's view would be
+ * wrong without it. */
+static void send_or_close(srv_conn_t *c, const eng_wire_frame_t *f)
 {
-    if (!r->live && r->pins == 0) {
-        map_del(&s->reqs, r->wid);
-        pc_free(r);
+    if (lnk_wconn_send(&c->w, f) == PC_ERR_INVAL) {
+        char why[160];
+        snprintf(why, sizeof why, "%s frame over the gateway's max_frame (%u bytes)",
+                 eng_wire_type_name(f->type), c->w.max_frame_out);
+        PC_LOG(PC_LOG_WARN, "worker", "conn %s: %s", c->peer, why);
+        lnk_wconn_close(&c->w, PC_ERR_RANGE, why, true);
     }
 }
 
-static void broadcast(lnk_worker_server_t *s, const eng_wire_frame_t *f)
+/* f to every connection past its handshake, with request_id set to 0 in the KV events of
+ * connections other than skip (which got its own copy). */
+static void broadcast(lnk_worker_server_t *s, const eng_wire_frame_t *f, const srv_conn_t *skip)
 {
     for (srv_conn_t *c = s->conns; c != NULL; c = c->next)
-        if (c->ready && lnk_wconn_is_open(&c->w))
-            lnk_wconn_send(&c->w, f);
+        if (c != skip && c->ready && lnk_wconn_is_open(&c->w))
+            send_or_close(c, f);
 }
 
 static void dispatch(lnk_worker_server_t *s, const eng_worker_event_t *ev)
@@ -550,26 +637,45 @@ static void dispatch(lnk_worker_server_t *s, const eng_worker_event_t *ev)
             map_del(&r->conn->reqs, r->cid);
             s->st.requests_live--;
         }
-        forget_if_done(s, r);
+        map_del(&s->reqs, r->wid);
+        pc_free(r);
         return;
     }
-    case ENG_WIRE_KV_EVENT:
-        if (ev->u.kv.kind == ENG_WIRE_KV_EVICTED) {
-            broadcast(s, &f);
-            return;
+    case ENG_WIRE_KV_EVENT: {
+        /* RETAINED: the submitter gets its request id, every other gateway the news with id
+         * 0 (its index learns the prefix too); RETAIN_FAILED only concerns the submitter;
+         * RELEASED and EVICTED go to everyone. */
+        uint8_t kind = ev->u.kv.kind;
+        srv_conn_t *owner = NULL;
+        if (kind == ENG_WIRE_KV_RETAINED || kind == ENG_WIRE_KV_RETAIN_FAILED) {
+            r = map_get(&s->reqs, ev->u.kv.request_id);
+            if (r != NULL) {
+                owner = r->conn;
+                f.u.kv.request_id = r->cid;
+                send_or_close(owner, &f);
+            } else if (kind == ENG_WIRE_KV_RETAIN_FAILED) {
+                s->st.events_dropped++;
+            }
+            if (kind == ENG_WIRE_KV_RETAIN_FAILED)
+                return;
+            f.u.kv.request_id = 0;
         }
-        if ((r = route(s, ev->u.kv.request_id)) == NULL)
-            return;
-        f.u.kv.request_id = r->cid;
-        if (ev->u.kv.kind == ENG_WIRE_KV_RETAINED)
-            r->pins++;
-        else if (r->pins > 0)
-            r->pins--;
-        lnk_wconn_send(&r->conn->w, &f);
-        forget_if_done(s, r);
+        broadcast(s, &f, owner);
+        return;
+    }
+    case ENG_WIRE_SNAPSHOT:
+        for (srv_conn_t *c = s->conns; c != NULL; c = c->next)
+            if (c->snap_id != 0 && c->snap_id == ev->u.snapshot.snapshot_id) {
+                if (ev->u.snapshot.last)
+                    c->snap_id = 0;
+                if (lnk_wconn_is_open(&c->w))
+                    send_or_close(c, &f);
+                return;
+            }
+        s->st.events_dropped++; /* its connection is gone */
         return;
     case ENG_WIRE_LOAD:
-        broadcast(s, &f);
+        broadcast(s, &f, NULL);
         return;
     default:
         PC_LOG(PC_LOG_ERROR, "worker", "unexpected event %s from the worker",
@@ -671,7 +777,7 @@ static void on_drain_timeout(uv_timer_t *t)
 }
 
 void lnk_worker_server_shutdown(lnk_worker_server_t *s, lnk_worker_server_closed_fn on_closed,
-                               void *ud)
+                                void *ud)
 {
     if (s->state != SRV_RUNNING)
         return;
@@ -705,10 +811,16 @@ static size_t utf8_cut(const char *name, size_t n)
 }
 
 int lnk_worker_server_init(uv_loop_t *loop, const lnk_worker_server_params_t *p,
-                          const eng_worker_params_t *wp, lnk_worker_server_t **out, char *err,
-                          size_t err_len)
+                           const eng_worker_params_t *wp, lnk_worker_server_t **out, char *err,
+                           size_t err_len)
 {
     *out = NULL;
+    if (p->secret_len > 0 &&
+        (p->secret == NULL || p->secret_len < LNK_SECRET_MIN || p->secret_len > LNK_SECRET_MAX)) {
+        snprintf(err, err_len, "the link secret must have %d..%d bytes", LNK_SECRET_MIN,
+                 LNK_SECRET_MAX);
+        return PC_ERR_INVAL;
+    }
     if (p->heartbeat_ms == 0 || p->heartbeat_ms > MAX_PEER_HEARTBEAT_MS ||
         p->max_frame < MIN_PEER_FRAME || p->max_conns == 0 || p->handshake_timeout_ms == 0) {
         snprintf(err, err_len,
@@ -728,6 +840,16 @@ int lnk_worker_server_init(uv_loop_t *loop, const lnk_worker_server_params_t *p,
     s->p = *p;
     s->p.listen = NULL; /* not kept: the caller's string */
     s->p.node = NULL;
+    s->p.secret = NULL; /* copied below */
+    if (p->secret_len > 0) {
+        memcpy(s->secret, p->secret, p->secret_len);
+        s->secret_len = p->secret_len;
+        if (sodium_init() < 0) {
+            snprintf(err, err_len, "libsodium cannot initialize");
+            pc_free(s);
+            return PC_ERR_INTERNAL;
+        }
+    }
     if (p->node != NULL)
         snprintf(s->node, sizeof s->node, "%s", p->node);
     else if (gethostname(s->node, sizeof s->node - 1) != 0)
@@ -817,5 +939,6 @@ void lnk_worker_server_free(lnk_worker_server_t *s)
             pc_free(s->reqs.vals[i]);
     map_free(&s->reqs);
     pthread_mutex_destroy(&s->wake_mu);
+    sodium_memzero(s->secret, sizeof s->secret);
     pc_free(s);
 }

@@ -6,19 +6,34 @@
  * through:
  *
  *   handshake   the peer's first frame must be HELLO (role gateway) within handshake_timeout_ms.
- *               The server answers HELLO_ACK (the version it picked, the model's identity from
- *               eng_worker_info, its heartbeat interval and max_frame), or REJECT with a reason
- *               and closes: no common protocol version, a model name / fingerprint / n_vocab
- *               that the HELLO asks for and this worker does not have (empty / 0 mean any),
- *               role worker, heartbeat_ms outside 1..600000, max_frame below 16 KiB.
+ *               The server answers HELLO_ACK (the version it picked, the model's identity and
+ *               sizes from eng_worker_info: total_blocks, max_prompt_tokens; its heartbeat
+ *               interval and max_frame), or REJECT with a reason and closes: no common protocol
+ *               version, a model name / fingerprint / n_vocab that the HELLO asks for and this
+ *               worker does not have (empty / 0 mean any), role worker, heartbeat_ms outside
+ *               1..600000, max_frame below 16 KiB.
+ *   auth        with a link secret (params.secret), HELLO is answered with CHALLENGE (a fresh
+ *               random nonce) and the gateway must answer AUTH with HMAC-SHA256 of both nonces
+ *               under the secret (engine/wire.h); a wrong or missing AUTH gets REJECT
+ *               (PC_ERR_PERM), compared in constant time. HELLO_ACK then carries the worker's
+ *               own proof, so the gateway knows it reached a worker with the secret too. The
+ *               secret never crosses the wire. Without a secret every gateway that can reach
+ *               the port is served (`kvgw worker` warns about it): bind to a private address.
+ *   resync      right after HELLO_ACK and the first LOAD, the connection gets a SNAPSHOT of the
+ *               worker's pinned prefixes (eng_worker_snapshot), in the worker's event order.
+ *               Pins belong to the worker and outlive connections: RELEASED and EVICTED go to
+ *               every connection past its handshake, RETAINED to the submitter (its request
+ *               id) and to every other connection (request id 0).
  *   requests    SUBMIT goes to eng_worker_submit under a worker-wide id of the server's own
  *               (request ids are only unique per connection); a refusal is answered at once
  *               with ERROR for that request id. CANCEL maps to eng_worker_cancel (an id that
  *               is not live is ignored: its final frame is on the way). HEARTBEAT is answered
- *               with LOAD. The worker's events come back through its wake callback
- *               (uv_async_send) and go out with the connection's own request ids: TOKEN, DONE,
- *               ERROR and KV_EVENT RETAINED / RELEASED to the connection that submitted the
- *               request, KV_EVENT EVICTED and LOAD to every connection past its handshake.
+ *               with LOAD. RELEASE and DROP go to eng_worker_release / eng_worker_drop_ns.
+ *               The worker's events come back through its wake callback (uv_async_send) and go
+ *               out with the connection's own request ids: TOKEN, DONE, ERROR and KV_EVENT
+ *               RETAIN_FAILED to the connection that submitted the request, the other KV events
+ *               as under resync, LOAD to every connection past its handshake. A KV_EVENT or
+ *               SNAPSHOT frame larger than a gateway's max_frame closes its connection.
  *   liveness    heartbeats both ways (wire_conn.h): the server sends one every heartbeat_ms of
  *               silence and drops a peer silent for 3 of the peer's intervals.
  *   failure     a bad frame (the decoder's reason), a frame out of place (a second HELLO, a
@@ -56,6 +71,9 @@ typedef struct lnk_worker_server_params {
     size_t max_queue_bytes;    /* per-connection output limit; default 64 MiB */
     uint32_t max_conns;        /* more are refused with REJECT; default 64 */
     uint32_t drain_timeout_ms; /* shutdown: wait for final frames; default 5000 */
+    const uint8_t *secret;     /* the link secret (LNK_SECRET_MIN..LNK_SECRET_MAX bytes),
+                                  copied at init; NULL / secret_len 0: no authentication */
+    size_t secret_len;
 } lnk_worker_server_params_t;
 
 lnk_worker_server_params_t lnk_worker_server_params_default(void);
@@ -70,8 +88,8 @@ typedef void (*lnk_worker_server_closed_fn)(lnk_worker_server_t *s, void *ud);
  * (eng_worker_init) or PC_ERR_IO (bind/listen failed), with a one-line reason in err; on
  * failure nothing is left on the loop. */
 int lnk_worker_server_init(uv_loop_t *loop, const lnk_worker_server_params_t *p,
-                          const eng_worker_params_t *wp, lnk_worker_server_t **out, char *err,
-                          size_t err_len);
+                           const eng_worker_params_t *wp, lnk_worker_server_t **out, char *err,
+                           size_t err_len);
 
 /* The bound address ("127.0.0.1:40123"), the port chosen when p->listen asked for 0. Valid
  * until lnk_worker_server_free. */
@@ -85,7 +103,7 @@ eng_worker_t *lnk_worker_server_worker(lnk_worker_server_t *s);
 /* Begins the graceful shutdown described above; on_closed(s, ud) (may be NULL) runs when it
  * is complete. Calling it again does nothing. */
 void lnk_worker_server_shutdown(lnk_worker_server_t *s, lnk_worker_server_closed_fn on_closed,
-                               void *ud);
+                                void *ud);
 
 /* Releases the server's memory: only after on_closed ran. NULL is a no-op. */
 void lnk_worker_server_free(lnk_worker_server_t *s);
