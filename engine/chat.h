@@ -1,6 +1,7 @@
 /*
  * chat.h — the neutral chat request: what the prompt renderer consumes, filled from an Anthropic
- * Messages body or an OpenAI chat-completions body by the two JSON adapters below.
+ * Messages body or an OpenAI chat-completions body by the gateway's JSON adapters
+ * (gateway/api.h, gw_api_parse). The engine knows no API field names and no API error texts.
  *
  * Order is the caching order: tools, then system blocks, then messages, each message a list of
  * content blocks. Every tool, system block and content block may carry a cache breakpoint (its
@@ -8,10 +9,11 @@
  * breakpoints, 1h before 5m, minimum lengths) is the gateway's job; this model only records
  * where breakpoints are and with which TTL.
  *
- * Memory: an eng_chat_t and everything it points to live in the pc_arena_t given to the
- * adapter; all of it stays valid until that arena is cleared. Strings are pc_slice_t views into
- * the arena, NUL-terminated (the NUL is not counted), and may contain NUL bytes (JSON "\u0000").
- * Nothing points into the jansson body: it may be released as soon as the adapter returns.
+ * Memory: an eng_chat_t and everything it points to live in the pc_arena_t its producer
+ * (the gateway's adapter) allocated it in; all of it stays valid until that arena is cleared.
+ * Strings are pc_slice_t views into the arena, NUL-terminated (the NUL is not counted), and may
+ * contain NUL bytes (JSON "\u0000"). Nothing points into the jansson body: it may be released as
+ * soon as the adapter returns.
  *
  * Invariants after a successful adapter call:
  *   - n_messages >= 1 and every message but a prefill has n_blocks >= 1;
@@ -19,8 +21,8 @@
  *   - JSON fields (input_schema, tool_use input) hold compact JSON text (no spaces between
  *     tokens, object keys in the client's order) unless input_raw says the client's text is
  *     kept verbatim (OpenAI's arguments string).
- * Images are not part of the model: the text models kvgw serves cannot read them, so both
- * adapters reject image content with "...: image content is not supported by model M".
+ * Images are not part of the model: the text models kvgw serves cannot read them (the
+ * gateway's adapters reject image content as unsupported).
  */
 #ifndef ENG_CHAT_H
 #define ENG_CHAT_H
@@ -102,27 +104,12 @@ typedef struct eng_chat {
     eng_chat_ttl_t auto_cache_ttl; /* top-level cache_control (automatic caching) */
 } eng_chat_t;
 
-/* Converts an Anthropic Messages request body (a JSON object) into *out, allocated in arena.
- * Follows the API: system is a string or an array of text blocks; content is a string or an
- * array of text / tool_use / tool_result blocks (image blocks are rejected as unsupported);
- * consecutive messages with the same role are merged into one turn; a final assistant
- * message is a prefill (it may not end in whitespace; an empty one is dropped).
- * Returns 0; PC_ERR_INVAL with a message naming the JSON path and the problem in err (e.g.
- * "messages.1.content.0.type: Input tag 'foo' found using 'type' does not match any of the
- * expected tags: 'text', 'image', 'tool_use', 'tool_result'"); PC_ERR_UNSUPPORTED for valid
- * but unsupported input (images, server tools); or PC_ERR_NOMEM. On error *out is untouched
- * and whatever was allocated stays in the arena until it is cleared. */
-int eng_chat_from_anthropic_json(const struct json_t *body, pc_arena_t *arena, eng_chat_t **out,
-                                 char *err, size_t err_len);
-
-/* Converts an OpenAI chat-completions body: messages with roles system / developer / user /
- * assistant / tool; content a string, null or an array of {"type":"text"} parts; assistant
- * tool_calls (arguments must be a JSON-encoded object, kept verbatim); tools of type
- * "function". A first system/developer message becomes the system blocks; later ones stay in
- * place as SYSTEM messages. Nothing is merged and there is no prefill. Errors and ownership
- * as eng_chat_from_anthropic_json. */
-int eng_chat_from_openai_json(const struct json_t *body, pc_arena_t *arena, eng_chat_t **out,
-                              char *err, size_t err_len);
+/* Appends the canonical compact JSON text of v to b: no spaces, object keys in their order,
+ * strings escaped as Python's json.dumps(ensure_ascii=False) does, reals in Python's shortest
+ * round-trip repr. This is the form the adapters store in input_schema and tool_use input.
+ * Returns 0, PC_ERR_RANGE (nested deeper than 512 levels) or PC_ERR_NOMEM (b may then hold a
+ * partial write). */
+int eng_chat_json_compact(pc_buf_t *b, const struct json_t *v);
 
 /* The number of content blocks in all messages (for sizing per-block tables). */
 size_t eng_chat_n_blocks(const eng_chat_t *c);

@@ -1,8 +1,8 @@
 /*
- * fuzz_render.c — request bodies through the chat adapters and the prompt renderer.
+ * fuzz_render.c — request bodies through the gateway's API parser and the prompt renderer.
  *
- * Each input is parsed as JSON and given to both adapters (Anthropic and OpenAI). Every request
- * an adapter accepts is rendered in both formats, without a tokenizer and, when the real
+ * Each input is given to gw_api_parse as an Anthropic count_tokens body and an OpenAI body. Every
+ * request an adapter accepts is rendered in both formats, without a tokenizer and, when the real
  * tokenizer files are present (the fuzzer runs from the repository root), with the Llama 3 and
  * Qwen 3 tokenizers. Checked on every input, trapping on violation:
  *   - a rejected request has a non-empty error message and the out pointer is untouched;
@@ -11,12 +11,12 @@
  *     request cut right after the element gives the same segment text and the same tokens up
  *     to the mark.
  */
-#include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "api.h"
 #include "chat.h"
 #include "common.h"
 #include "render.h"
@@ -149,27 +149,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         setup();
         initialized = 1;
     }
-    json_t *body = json_loadb((const char *)data, size, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
-    if (body == NULL)
-        return 0;
     for (int api = 0; api < 2; api++) {
         pc_arena_t arena;
-        eng_chat_t *c = (eng_chat_t *)&arena;
-        char err[256] = "";
+        gw_api_req_t *r = (gw_api_req_t *)&arena;
+        gw_api_error_t e;
         pc_arena_init(&arena, 0);
-        int rc = api == 0 ? eng_chat_from_anthropic_json(body, &arena, &c, err, sizeof err)
-                          : eng_chat_from_openai_json(body, &arena, &c, err, sizeof err);
+        int rc = gw_api_parse(api == 0 ? GW_API_ANTHROPIC_COUNT_TOKENS : GW_API_OPENAI_CHAT, data,
+                              size, &arena, &r, &e);
         if (rc != 0) {
             CHECK(rc < 0);
-            CHECK(c == (eng_chat_t *)&arena);
-            CHECK(rc == PC_ERR_NOMEM || err[0] != '\0');
+            CHECK(r == (gw_api_req_t *)&arena);
+            CHECK(e.message[0] != '\0' && e.status >= 400);
         } else {
+            const eng_chat_t *c = r->chat;
             CHECK(c->n_messages >= 1);
             for (size_t i = 0; i < g_n_renderers; i++)
                 check_render(g_renderers[i], g_with_tok[i], c, &arena);
         }
         pc_arena_close(&arena);
     }
-    json_decref(body);
     return 0;
 }

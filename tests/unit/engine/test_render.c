@@ -1,6 +1,7 @@
 /*
- * test_render.c — tests engine/chat.c (the Anthropic and OpenAI adapters, the Python-style JSON
- * writer) and engine/render.c (Llama 3 and ChatML rendering).
+ * test_render.c — tests engine/chat.c (the Python-style JSON writer) and engine/render.c (Llama 3
+ * and ChatML rendering). Requests are written as API JSON and turned into chats by the gateway's
+ * parser (gw_api_parse; its own tests are tests/unit/gateway/test_api.c).
  *
  * Goldens: fixed requests rendered to text and compared with what the models' real Jinja
  * chat templates print (the expected strings were worked out by hand from the templates in
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api.h"
 #include "chat.h"
 #include "chat_internal.h"
 #include "common.h"
@@ -29,25 +31,19 @@
 
 static char g_err[512];
 
-static json_t *parse(const char *text)
-{
-    json_error_t je;
-    json_t *v = json_loads(text, 0, &je);
-    if (v == NULL)
-        fprintf(stderr, "bad test JSON: %s (line %d)\n", je.text, je.line);
-    return v;
-}
-
-/* Parses body with the given adapter; returns the adapter's code, *out on success. */
+/* Parses body as an OpenAI chat request or an Anthropic count_tokens request (no max_tokens
+ * needed); returns gw_api_parse's code, the chat in *out on success. */
 static int adapt(bool openai, const char *body, pc_arena_t *arena, eng_chat_t **out)
 {
-    json_t *j = parse(body);
-    if (j == NULL)
-        return -1000;
+    gw_api_req_t *r = NULL;
+    gw_api_error_t e;
     g_err[0] = '\0';
-    int rc = openai ? eng_chat_from_openai_json(j, arena, out, g_err, sizeof g_err)
-                    : eng_chat_from_anthropic_json(j, arena, out, g_err, sizeof g_err);
-    json_decref(j);
+    int rc = gw_api_parse(openai ? GW_API_OPENAI_CHAT : GW_API_ANTHROPIC_COUNT_TOKENS, body,
+                          strlen(body), arena, &r, &e);
+    if (rc == 0)
+        *out = r->chat;
+    else
+        snprintf(g_err, sizeof g_err, "%s", e.message);
     return rc;
 }
 
@@ -132,234 +128,8 @@ PC_TEST(json_writer_matches_python)
                   "        \"c\": {}\n    },\n    \"d\": []\n}");
 }
 
-/* ---- Anthropic adapter ---------------------------------------------------------------- */
-
-PC_TEST(anthropic_basic_merge_prefill)
-{
-    pc_arena_t arena;
-    eng_chat_t *c = NULL;
-    pc_arena_init(&arena, 0);
-    int rc = adapt(false,
-                   "{\"model\":\"m\",\"system\":[{\"type\":\"text\",\"text\":\"S1\"},"
-                   "{\"type\":\"text\",\"text\":\"S2\",\"cache_control\":{\"type\":\"ephemeral\","
-                   "\"ttl\":\"1h\"}}],"
-                   "\"tools\":[{\"name\":\"get_w\",\"description\":\"d\",\"input_schema\":"
-                   "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"number\"}}},"
-                   "\"cache_control\":{\"type\":\"ephemeral\"}}],"
-                   "\"cache_control\":{\"type\":\"ephemeral\"},"
-                   "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
-                   "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"again\"}]},"
-                   "{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t1\","
-                   "\"name\":\"get_w\",\"input\":{\"x\": 1.5}}]},"
-                   "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":"
-                   "\"t1\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\","
-                   "\"text\":\"b\"}],\"is_error\":true}]},"
-                   "{\"role\":\"assistant\",\"content\":\"The answer\"}]}",
-                   &arena, &c);
-    if (rc != 0)
-        fprintf(stderr, "%s\n", g_err);
-    ASSERT_EQ(rc, 0);
-    ASSERT_EQ(c->api, ENG_CHAT_API_ANTHROPIC);
-    ASSERT_TRUE(pc_slice_eq_cstr(c->model, "m"));
-    ASSERT_EQ(c->n_tools, 1);
-    ASSERT_TRUE(
-        pc_slice_eq_cstr(c->tools[0].input_schema,
-                         "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"number\"}}}"));
-    ASSERT_EQ(c->tools[0].cache_ttl, ENG_CHAT_TTL_5M);
-    ASSERT_EQ(c->n_system, 2);
-    ASSERT_EQ(c->system[0].cache_ttl, ENG_CHAT_TTL_NONE);
-    ASSERT_EQ(c->system[1].cache_ttl, ENG_CHAT_TTL_1H);
-    ASSERT_EQ(c->auto_cache_ttl, ENG_CHAT_TTL_5M);
-    ASSERT_EQ(c->n_messages, 4); /* the two user messages merge */
-    ASSERT_EQ(c->messages[0].n_blocks, 2);
-    ASSERT_EQ(c->messages[0].blocks[1].src_msg, 1);
-    ASSERT_TRUE(pc_slice_eq_cstr(c->messages[0].blocks[1].text, "again"));
-    ASSERT_EQ(c->messages[1].blocks[0].kind, ENG_CHAT_BLOCK_TOOL_USE);
-    ASSERT_TRUE(pc_slice_eq_cstr(c->messages[1].blocks[0].input, "{\"x\":1.5}"));
-    ASSERT_FALSE(c->messages[1].blocks[0].input_raw);
-    ASSERT_EQ(c->messages[2].blocks[0].kind, ENG_CHAT_BLOCK_TOOL_RESULT);
-    ASSERT_TRUE(pc_slice_eq_cstr(c->messages[2].blocks[0].text, "a\nb"));
-    ASSERT_TRUE(c->messages[2].blocks[0].is_error);
-    ASSERT_TRUE(c->prefill);
-    ASSERT_EQ(eng_chat_n_blocks(c), 5);
-    pc_arena_close(&arena);
-}
-
-typedef struct bad_case {
-    const char *body;
-    int code;
-    const char *err;
-} bad_case_t;
-
-static void check_bad(bool openai, const bad_case_t *cases, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        pc_arena_t arena;
-        eng_chat_t *c = (eng_chat_t *)&arena; /* must stay untouched */
-        pc_arena_init(&arena, 0);
-        int rc = adapt(openai, cases[i].body, &arena, &c);
-        pc_arena_close(&arena);
-        if (rc != cases[i].code || strcmp(g_err, cases[i].err) != 0)
-            fprintf(stderr, "  case %zu: %s\n", i, cases[i].body);
-        ASSERT_EQ(rc, cases[i].code);
-        ASSERT_STR_EQ(g_err, cases[i].err);
-        ASSERT_TRUE(c == (eng_chat_t *)&arena);
-    }
-}
-
 #define M "\"model\":\"kvgw-demo\","
 #define U(content) "{\"role\":\"user\",\"content\":" content "}"
-
-PC_TEST(anthropic_errors)
-{
-    static const bad_case_t cases[] = {
-        {"[]", PC_ERR_INVAL, "request body: Input should be an object"},
-        {"{\"messages\":[]}", PC_ERR_INVAL, "body.model: Field required"},
-        {"{" M "\"messages\":[]}", PC_ERR_INVAL, "messages: at least one message is required"},
-        {"{" M "\"messages\":{}}", PC_ERR_INVAL, "messages: Input should be a valid list"},
-        {"{" M "\"messages\":[{\"role\":\"bot\",\"content\":\"x\"}]}", PC_ERR_INVAL,
-         "messages.0.role: Input should be 'user' or 'assistant'"},
-        {"{" M "\"messages\":[" U("[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"foo\"}]") "]}",
-         PC_ERR_INVAL,
-         "messages.0.content.1.type: Input tag 'foo' found using 'type' does not match any of "
-         "the expected tags: 'text', 'image', 'tool_use', 'tool_result'"},
-        {"{" M "\"messages\":[" U("[{\"type\":\"image\",\"source\":{}}]") "]}", PC_ERR_UNSUPPORTED,
-         "messages.0.content.0: image content is not supported by model "
-         "kvgw-demo"},
-        {"{" M "\"messages\":[" U("[{\"type\":\"text\",\"text\":\"a\",\"cache_control\":{\"type"
-                                  "\":\"ephemeral\",\"ttl\":\"2h\"}}]") "]}",
-         PC_ERR_INVAL, "messages.0.content.0.cache_control.ttl: Input should be '5m' or '1h'"},
-        {"{" M "\"messages\":[" U("[{\"type\":\"text\",\"text\":\"a\",\"cache_control\":{\"type"
-                                  "\":\"persistent\"}}]") "]}",
-         PC_ERR_INVAL, "messages.0.content.0.cache_control.type: Input should be 'ephemeral'"},
-        {"{" M "\"messages\":[" U("[{\"type\":\"text\",\"text\":\"\"}]") "]}", PC_ERR_INVAL,
-         "messages.0.content.0: text content blocks must be non-empty"},
-        {"{" M "\"messages\":[" U("[{\"type\":\"text\",\"text\":\" \\n\"}]") "]}", PC_ERR_INVAL,
-         "messages.0.content.0: text content blocks must contain non-whitespace text"},
-        {"{" M "\"messages\":[" U("[{\"type\":\"tool_use\",\"id\":\"a\",\"name\":\"f\","
-                                  "\"input\":{}}]") "]}",
-         PC_ERR_INVAL,
-         "messages.0.content.0: tool_use blocks are only allowed in assistant "
-         "messages"},
-        {"{" M
-         "\"messages\":[" U("\"q\"") ",{\"role\":\"assistant\",\"content\":[{\"type\":"
-                                     "\"tool_use\",\"id\":\"a\",\"name\":\"f\",\"input\":[]}]}]}",
-         PC_ERR_INVAL, "messages.1.content.0.input: Input should be a valid dictionary"},
-        {"{" M "\"messages\":[" U("\"q\"") ",{\"role\":\"assistant\",\"content\":\"a \"}]}",
-         PC_ERR_INVAL, "messages: final assistant content cannot end with trailing whitespace"},
-        {"{" M "\"messages\":[" U("\"\"") "," U("\"x\"") "]}", PC_ERR_INVAL,
-         "messages.0: all messages must have non-empty content except for the optional final "
-         "assistant message"},
-        {"{" M
-         "\"tools\":[{\"name\":\"bad name\",\"input_schema\":{}}],\"messages\":[" U("\"q\"") "]}",
-         PC_ERR_INVAL, "tools.0.name: String should match pattern '^[a-zA-Z0-9_-]{1,64}$'"},
-        {"{" M "\"tools\":[{\"name\":\"f\"}],\"messages\":[" U("\"q\"") "]}", PC_ERR_INVAL,
-         "tools.0.input_schema: Field required"},
-        {"{" M "\"tools\":[{\"type\":\"web_search_20250305\",\"name\":\"web_search\"}],"
-         "\"messages\":[" U("\"q\"") "]}",
-         PC_ERR_UNSUPPORTED,
-         "tools.0.type: tool type 'web_search_20250305' is not supported by "
-         "model kvgw-demo (only custom tools are)"},
-        {"{" M "\"system\":7,\"messages\":[" U("\"q\"") "]}", PC_ERR_INVAL,
-         "system: Input should be a valid string or a list of text blocks"},
-        {"{" M "\"system\":[{\"type\":\"image\"}],\"messages\":[" U("\"q\"") "]}", PC_ERR_INVAL,
-         "system.0.type: Input should be 'text'"},
-        {"{" M "\"messages\":[" U("[{\"type\":\"tool_result\",\"tool_use_id\":\"t\",\"content\":"
-                                  "[{\"type\":\"image\"}]}]") "]}",
-         PC_ERR_UNSUPPORTED,
-         "messages.0.content.0.content.0: image content is not supported by "
-         "model kvgw-demo"},
-        {"{" M
-         "\"cache_control\":{\"type\":\"ephemeral\",\"ttl\":5},\"messages\":[" U("\"q\"") "]}",
-         PC_ERR_INVAL, "body.cache_control.ttl: Input should be '5m' or '1h'"},
-    };
-    PC_TEST_CALL(check_bad(false, cases, PC_ARRAY_LEN(cases)));
-}
-
-PC_TEST(anthropic_empty_prefill_dropped)
-{
-    pc_arena_t arena;
-    eng_chat_t *c = NULL;
-    pc_arena_init(&arena, 0);
-    ASSERT_EQ(adapt(false,
-                    "{" M "\"messages\":[" U("\"q\"") ",{\"role\":\"assistant\",\"content\":[]}]}",
-                    &arena, &c),
-              0);
-    ASSERT_EQ(c->n_messages, 1);
-    ASSERT_FALSE(c->prefill);
-    pc_arena_close(&arena);
-}
-
-/* ---- OpenAI adapter ------------------------------------------------------------------- */
-
-PC_TEST(openai_basic)
-{
-    pc_arena_t arena;
-    eng_chat_t *c = NULL;
-    pc_arena_init(&arena, 0);
-    int rc = adapt(true,
-                   "{\"model\":\"m\",\"messages\":["
-                   "{\"role\":\"developer\",\"content\":[{\"type\":\"text\",\"text\":\"D\"}]},"
-                   "{\"role\":\"user\",\"content\":\"u\"},"
-                   "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\","
-                   "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":"
-                   "\"{\\\"a\\\":1}\"}}]},"
-                   "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"42\"},"
-                   "{\"role\":\"system\",\"content\":\"late\"},"
-                   "{\"role\":\"assistant\",\"content\":\"done\"}],"
-                   "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
-                   "\"parameters\":{\"type\":\"object\"}}}]}",
-                   &arena, &c);
-    if (rc != 0)
-        fprintf(stderr, "%s\n", g_err);
-    ASSERT_EQ(rc, 0);
-    ASSERT_EQ(c->api, ENG_CHAT_API_OPENAI);
-    ASSERT_EQ(c->n_system, 1);
-    ASSERT_TRUE(pc_slice_eq_cstr(c->system[0].text, "D"));
-    ASSERT_EQ(c->n_messages, 5);
-    ASSERT_EQ(c->messages[1].role, ENG_CHAT_ROLE_ASSISTANT);
-    ASSERT_EQ(c->messages[1].n_blocks, 1);
-    ASSERT_TRUE(c->messages[1].blocks[0].input_raw);
-    ASSERT_TRUE(pc_slice_eq_cstr(c->messages[1].blocks[0].input, "{\"a\":1}"));
-    ASSERT_EQ(c->messages[2].role, ENG_CHAT_ROLE_TOOL);
-    ASSERT_TRUE(pc_slice_eq_cstr(c->messages[2].blocks[0].id, "c1"));
-    ASSERT_EQ(c->messages[3].role, ENG_CHAT_ROLE_SYSTEM);
-    ASSERT_FALSE(c->prefill);
-    ASSERT_EQ(c->n_tools, 1);
-    ASSERT_FALSE(c->tools[0].has_description);
-    pc_arena_close(&arena);
-}
-
-PC_TEST(openai_errors)
-{
-    static const bad_case_t cases[] = {
-        {"{" M "\"messages\":[{\"role\":\"function\",\"content\":\"x\"}]}", PC_ERR_INVAL,
-         "messages.0.role: Invalid value 'function'; supported: 'system', 'developer', 'user', "
-         "'assistant', 'tool'"},
-        {"{" M "\"messages\":[" U("[{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]") "]}",
-         PC_ERR_UNSUPPORTED,
-         "messages.0.content.0: image_url content is not supported by model "
-         "kvgw-demo"},
-        {"{" M "\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\",\"function\":"
-         "{\"name\":\"f\",\"arguments\":\"{oops\"}}]}]}",
-         PC_ERR_INVAL,
-         "messages.0.tool_calls.0.function.arguments: must be a JSON-encoded "
-         "object"},
-        {"{" M "\"messages\":[{\"role\":\"tool\",\"content\":\"r\"}]}", PC_ERR_INVAL,
-         "messages.0.tool_call_id: Field required"},
-        {"{" M "\"messages\":[{\"role\":\"assistant\"}]}", PC_ERR_INVAL,
-         "messages.0: assistant messages need content or tool_calls"},
-        {"{" M "\"messages\":[{\"role\":\"system\",\"content\":\"s\"}]}", PC_ERR_INVAL,
-         "messages: at least one message besides the system message is required"},
-        {"{" M "\"tools\":[{\"type\":\"code_interpreter\"}],\"messages\":[" U("\"q\"") "]}",
-         PC_ERR_UNSUPPORTED,
-         "tools.0.type: tool type 'code_interpreter' is not supported by "
-         "model kvgw-demo"},
-        {"{" M "\"messages\":[" U("7") "]}", PC_ERR_INVAL,
-         "messages.0.content: Input should be a string or an array of content parts"},
-    };
-    PC_TEST_CALL(check_bad(true, cases, PC_ARRAY_LEN(cases)));
-}
 
 /* ---- goldens: segment text vs the real templates -------------------------------------- */
 
@@ -901,20 +671,20 @@ PC_TEST(allocation_failures_are_clean)
     /* Fails the 1st, 2nd, ... allocation of adapter + render until one run succeeds: every
      * failure must be PC_ERR_NOMEM, and (under ASan) nothing may leak. */
     static const pc_allocator_t failing = {fail_malloc, fail_calloc, fail_realloc, free};
-    json_t *body = parse(
-        "{" M "\"system\":\"S\",\"tools\":[{\"name\":\"f\",\"input_schema\":"
-        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\"}}}}],"
-        "\"messages\":[" U(
-            "[{\"type\":\"text\",\"text\":\"hi\"}]") ","
-                                                     "{\"role\":\"assistant\",\"content\":[{"
-                                                     "\"type\":\"tool_use\",\"id\":"
-                                                     "\"1\",\"name\":\"f\",\"input\":{\"a\":1.5}}]}"
-                                                     "," U("[{\"type\":\"tool_result\",\"tool_use_"
-                                                           "id\":\"1\",\"content\":"
-                                                           "[{\"type\":\"text\",\"text\":\"x\"},{"
-                                                           "\"type\":\"text\",\"text\":"
-                                                           "\"y\"}]}]") "]}");
-    ASSERT_TRUE(body != NULL);
+    const char *body =
+        ("{" M "\"system\":\"S\",\"tools\":[{\"name\":\"f\",\"input_schema\":"
+         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\"}}}}],"
+         "\"messages\":[" U(
+             "[{\"type\":\"text\",\"text\":\"hi\"}]") ","
+                                                      "{\"role\":\"assistant\",\"content\":[{"
+                                                      "\"type\":\"tool_use\",\"id\":"
+                                                      "\"1\",\"name\":\"f\",\"input\":{\"a\":1.5}}]"
+                                                      "}"
+                                                      "," U("[{\"type\":\"tool_result\",\"tool_use_"
+                                                            "id\":\"1\",\"content\":"
+                                                            "[{\"type\":\"text\",\"text\":\"x\"},{"
+                                                            "\"type\":\"text\",\"text\":"
+                                                            "\"y\"}]}]") "]}");
     for (int fam = ENG_RENDER_FAMILY_LLAMA3; fam <= ENG_RENDER_FAMILY_CHATML; fam++) {
         int rc = -1;
         for (g_fail_at = 1; rc != 0 && g_fail_at < 10000; g_fail_at++) {
@@ -925,7 +695,7 @@ PC_TEST(allocation_failures_are_clean)
             g_n_allocs = 0;
             pc_arena_init(&arena, 64); /* small chunks: many allocation points */
             pc_allocator_t prev = pc_set_allocator(&failing);
-            rc = eng_chat_from_anthropic_json(body, &arena, &c, g_err, sizeof g_err);
+            rc = adapt(false, body, &arena, &c);
             if (rc == 0)
                 rc = eng_render_init(NULL, (eng_render_family_t)fam, &r, g_err, sizeof g_err);
             if (rc == 0)
@@ -941,7 +711,6 @@ PC_TEST(allocation_failures_are_clean)
         ASSERT_EQ(rc, 0);
         ASSERT_TRUE(g_fail_at > 5);
     }
-    json_decref(body);
 }
 
 PC_TEST_MAIN()

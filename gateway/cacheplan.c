@@ -1,0 +1,179 @@
+/*
+ * cacheplan.c — breakpoints, lookback positions, Anthropic's A/B/C usage split and the
+ * 20-block lookback walk (see cacheplan.h).
+ */
+#include "cacheplan.h"
+
+#include <string.h>
+
+#include "pc_err.h"
+
+long gw_cacheplan_auto_mark(const eng_chat_t *chat)
+{
+    size_t n = chat->n_tools + chat->n_system + eng_chat_n_blocks(chat);
+    return n > 0 ? (long)n - 1 : -1;
+}
+
+/* The kind of element k for position grouping: 0 = other, 1 = tool_use, 2 = tool_result. */
+static int elem_run_kind(const eng_chat_t *c, size_t k)
+{
+    if (k < c->n_tools + c->n_system)
+        return 0;
+    k -= c->n_tools + c->n_system;
+    for (size_t m = 0; m < c->n_messages; m++) {
+        if (k < c->messages[m].n_blocks) {
+            eng_chat_block_kind_t kind = c->messages[m].blocks[k].kind;
+            return kind == ENG_CHAT_BLOCK_TOOL_USE ? 1 : kind == ENG_CHAT_BLOCK_TOOL_RESULT ? 2 : 0;
+        }
+        k -= c->messages[m].n_blocks;
+    }
+    return 0;
+}
+
+/* Adds (or merges) a breakpoint candidate; cands are kept in mark order. */
+static void add_bp(gw_cache_bp_t *cands, size_t *n, uint32_t mark, uint32_t n_tokens,
+                   eng_chat_ttl_t ttl, bool automatic)
+{
+    if (*n > 0 && cands[*n - 1].n_tokens == n_tokens) {
+        gw_cache_bp_t *last = &cands[*n - 1];
+        if (ttl > last->ttl)
+            last->ttl = ttl; /* ENG_CHAT_TTL_1H > ENG_CHAT_TTL_5M */
+        last->automatic = last->automatic && automatic;
+        last->mark = mark;
+        return;
+    }
+    cands[(*n)++] = (gw_cache_bp_t){n_tokens, ttl, mark, automatic};
+}
+
+int gw_cacheplan_build(const eng_chat_t *chat, const eng_render_out_t *r, uint32_t min_tokens,
+                       eng_chat_ttl_t openai_auto_ttl, pc_arena_t *a, gw_cacheplan_t *out)
+{
+    size_t n_marks = r->n_marks;
+    memset(out, 0, sizeof *out);
+    if (n_marks != chat->n_tools + chat->n_system + eng_chat_n_blocks(chat) ||
+        (r->tokens == NULL && r->n_tokens > 0) || r->n_tokens > UINT32_MAX)
+        return PC_ERR_INVAL;
+    out->n_prompt = (uint32_t)r->n_tokens;
+    out->n_marks = n_marks;
+    if (n_marks == 0)
+        return 0;
+
+    uint32_t *ends = pc_arena_new(a, uint32_t, n_marks);
+    out->mark_pos = pc_arena_new(a, uint32_t, n_marks);
+    out->pos_first = pc_arena_new(a, uint32_t, n_marks);
+    out->pos_last = pc_arena_new(a, uint32_t, n_marks);
+    gw_cache_bp_t *cands = pc_arena_new(a, gw_cache_bp_t, n_marks);
+    if (ends == NULL || out->mark_pos == NULL || out->pos_first == NULL || out->pos_last == NULL ||
+        cands == NULL)
+        return PC_ERR_NOMEM;
+    for (size_t k = 0; k < n_marks; k++) {
+        ends[k] = r->marks[k].token_end;
+        if (ends[k] > r->n_tokens || (k > 0 && ends[k] < ends[k - 1]))
+            return PC_ERR_INVAL;
+    }
+    out->mark_end = ends;
+
+    /* Positions: runs of tool_use (or tool_result) elements are one position each. */
+    int prev_kind = -1;
+    for (size_t k = 0; k < n_marks; k++) {
+        int kind = elem_run_kind(chat, k);
+        if (kind != 0 && kind == prev_kind) {
+            out->pos_last[out->n_pos - 1] = (uint32_t)k;
+        } else {
+            out->pos_first[out->n_pos] = out->pos_last[out->n_pos] = (uint32_t)k;
+            out->n_pos++;
+        }
+        out->mark_pos[k] = (uint32_t)(out->n_pos - 1);
+        prev_kind = kind;
+    }
+
+    /* Breakpoint candidates in mark order. */
+    size_t n_cands = 0;
+    if (chat->api == ENG_CHAT_API_OPENAI) {
+        if (openai_auto_ttl != ENG_CHAT_TTL_NONE) {
+            size_t k = chat->n_tools;
+            if (chat->n_system > 0) {
+                k += chat->n_system;
+                add_bp(cands, &n_cands, (uint32_t)(k - 1), ends[k - 1], openai_auto_ttl, true);
+            }
+            for (size_t m = 0; m < chat->n_messages; m++) {
+                k += chat->messages[m].n_blocks;
+                if (chat->messages[m].n_blocks > 0)
+                    add_bp(cands, &n_cands, (uint32_t)(k - 1), ends[k - 1], openai_auto_ttl, true);
+            }
+        }
+    } else {
+        long auto_k = gw_cacheplan_auto_mark(chat);
+        for (size_t k = 0; k < n_marks; k++) {
+            eng_chat_ttl_t ttl = r->marks[k].ttl;
+            bool automatic = false;
+            if ((long)k == auto_k && chat->auto_cache_ttl != ENG_CHAT_TTL_NONE &&
+                ttl == ENG_CHAT_TTL_NONE) {
+                ttl = chat->auto_cache_ttl;
+                automatic = true;
+            }
+            if (ttl != ENG_CHAT_TTL_NONE)
+                add_bp(cands, &n_cands, (uint32_t)k, ends[k], ttl, automatic);
+        }
+    }
+
+    /* Only prefixes of at least min_tokens are written. */
+    out->bps = cands;
+    for (size_t i = 0; i < n_cands; i++) {
+        if (cands[i].n_tokens < min_tokens || cands[i].n_tokens == 0)
+            out->n_below_min++;
+        else
+            out->bps[out->n_bps++] = cands[i];
+    }
+    return 0;
+}
+
+void gw_usage_compute(const gw_cacheplan_t *p, uint32_t n_prompt, uint32_t read_tokens,
+                      gw_usage_t *u)
+{
+    uint32_t A = read_tokens < n_prompt ? read_tokens : n_prompt, B = A, C = A;
+    for (size_t i = 0; i < p->n_bps; i++) {
+        uint32_t t = p->bps[i].n_tokens < n_prompt ? p->bps[i].n_tokens : n_prompt;
+        if (t > A && p->bps[i].ttl == ENG_CHAT_TTL_1H && t > B)
+            B = t;
+        if (t > C)
+            C = t;
+    }
+    u->cache_read = A;
+    u->cache_write_1h = B - A;
+    u->cache_write_5m = C - B;
+    u->input_tokens = n_prompt - C;
+    u->output_tokens = 0;
+}
+
+uint32_t gw_cacheplan_anthropic_hit(const gw_cacheplan_t *p,
+                                    bool (*entry_live)(uint32_t n_tokens, void *ud), void *ud)
+{
+    uint32_t best = 0;
+    for (size_t i = 0; i < p->n_bps; i++) {
+        const gw_cache_bp_t *bp = &p->bps[i];
+        size_t pos = p->mark_pos[bp->mark];
+        bool hit = false;
+        for (size_t step = 0; step < GW_CACHEPLAN_LOOKBACK && !hit; step++, pos--) {
+            /* Every mark end of the position, from its last mark down (the breakpoint's own
+             * position starts at the breakpoint). */
+            long k = step == 0 ? (long)bp->mark : (long)p->pos_last[pos];
+            for (; k >= (long)p->pos_first[pos]; k--) {
+                uint32_t n = p->mark_end[k];
+                if (n > 0 && n <= best) {
+                    hit = true; /* further back is shorter still: no improvement */
+                    break;
+                }
+                if (n > 0 && (k == (long)bp->mark || n != p->mark_end[k + 1]) &&
+                    entry_live(n, ud)) {
+                    best = n;
+                    hit = true;
+                    break;
+                }
+            }
+            if (pos == 0)
+                break;
+        }
+    }
+    return best;
+}
