@@ -8,6 +8,17 @@
  * of a 4096-token prompt cold and with its first 4032 tokens cached (the cached run reuses the
  * cold run's KV through the prefix index and computes the last 64 tokens).
  *
+ * --isa picks the CPU kernels' path (avx512, avx2, portable; default: KVGW_CPU_ISA, else the best
+ * this CPU runs); --isa all measures every path the CPU runs in the same process, alternating
+ * the paths round by round (--rounds N), and prints each figure per path (suffix _avx2, ...) as
+ * the best round, with the range over the rounds beside it: on a shared machine the rounds see
+ * different loads, and alternating puts every path under the same ones. The roofline
+ * (stream_read_gb_s, decode_tokens_per_s_roofline) is measured in the same run.
+ *
+ * OpenBLAS picks its own kernels by cpuid when it loads: the F32 sgemm of the prefill path runs
+ * its AVX-512 kernels on an AVX-512 machine whatever --isa says. To measure an AVX2-only
+ * machine's prefill on an AVX-512 one, run with OPENBLAS_CORETYPE=Haswell as well.
+ *
  * For comparison, llama.cpp measured on the same shape and machine: prefill ~1,350 tokens/s
  * (512) and ~930 (2048), decode ~90 tokens/s; its server with the prompt cache: cold 4096-token
  * TTFT ~5.5-6.0 s, cached-4032 TTFT ~140-160 ms.
@@ -25,7 +36,11 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw bench engine [--model FILE] [--threads N] [--kv-dtype f16|f32] "
-               "[--weights-f32] [--gemm auto|f32|bf16] [--bf16] [--decode N] [--quick]\n");
+               "[--weights-f32] [--gemm auto|f32|bf16] [--bf16] [--decode N] [--quick]\n"
+               "                         [--isa avx512|avx2|portable|auto|all] [--rounds N]\n");
+    fprintf(f, "  --isa    the CPU kernels' path (default: KVGW_CPU_ISA, else the best this CPU\n"
+               "           runs); all: every path this CPU runs, side by side, alternating\n"
+               "  --rounds rounds per path (default 1, 2 with --isa all)\n");
     fprintf(f,
             "  --gemm   prefill GEMM precision (default auto: BF16 for F16 weights on CPUs with\n"
             "           AVX512-BF16; logits move by ~1e-2); --bf16 is --gemm bf16\n");
@@ -61,10 +76,101 @@ static double prefill(eng_t *e, const int32_t *tokens, uint32_t n, float *logits
     return rc == 0 ? dt : -1;
 }
 
+/* Figures of one path over the rounds: the best and the worst. */
+enum { F_P512, F_CPU512, F_P2048, F_DEC, F_DEC_GB, F_COLD, F_WARM, F_N };
+
+typedef struct isa_run {
+    const char *isa; /* its name */
+    eng_t *e;
+    double lo[F_N], hi[F_N];
+    bool have[F_N];
+} isa_run_t;
+
+static void fig_add(isa_run_t *r, int f, double v)
+{
+    if (!r->have[f] || v < r->lo[f])
+        r->lo[f] = v;
+    if (!r->have[f] || v > r->hi[f])
+        r->hi[f] = v;
+    r->have[f] = true;
+}
+
+/* One round of one path: every figure once. Returns 0 or -1. */
+static int measure(isa_run_t *run, const int32_t *tok, float *logits, uint32_t n_decode, bool quick,
+                   double decode_bytes, uint64_t ns)
+{
+    eng_t *e = run->e;
+    enum { N_MAX = 4096, N_CACHED = 4032 };
+    double c0 = bench_cpu_s();
+    double t512 = prefill(e, tok, 512, logits, 0, 0, NULL, NULL);
+    double c512 = bench_cpu_s() - c0;
+    if (t512 < 0)
+        return -1;
+    fig_add(run, F_P512, 512 / t512);
+    fig_add(run, F_CPU512, c512);
+    if (!quick) {
+        double t2048 = prefill(e, tok, 2048, logits, 0, 0, NULL, NULL);
+        if (t2048 < 0)
+            return -1;
+        fig_add(run, F_P2048, 2048 / t2048);
+    }
+    eng_seq_t *s = NULL;
+    if (prefill(e, tok, 512, logits, 0, 0, NULL, &s) < 0)
+        return -1;
+    double td = bench_now_s();
+    for (uint32_t i = 0; i < n_decode; i++) {
+        eng_batch_item_t it = {
+            .seq = s, .tokens = tok + 512 + i, .n_tokens = 1, .logits = ENG_LOGITS_LAST};
+        if (eng_forward(e, &it, 1, logits) != 0) {
+            eng_seq_free(e, s);
+            return -1;
+        }
+    }
+    td = bench_now_s() - td;
+    eng_seq_free(e, s);
+    fig_add(run, F_DEC, n_decode / td);
+    fig_add(run, F_DEC_GB, decode_bytes * n_decode / td / 1e9);
+    if (quick)
+        return 0;
+    /* TTFT: cold (nothing cached; the run caches its first 4032 tokens), then the same prompt
+     * again through the cache. A namespace per round and path, so every cold run is cold. */
+    uint32_t reused = 0;
+    double cold = prefill(e, tok, N_MAX, logits, ns, N_CACHED, &reused, NULL);
+    if (cold < 0 || reused != 0)
+        return -1;
+    double warm = prefill(e, tok, N_MAX, logits, ns, 0, &reused, NULL);
+    if (warm < 0 || reused != N_CACHED) {
+        fprintf(stderr, "kvgw bench engine: the cached run reused %u tokens, not %u\n", reused,
+                N_CACHED);
+        return -1;
+    }
+    fig_add(run, F_COLD, cold * 1e3);
+    fig_add(run, F_WARM, warm * 1e3);
+    return 0;
+}
+
+static void report_fig(bench_report_t *r, const isa_run_t *run, bool suffix, int f,
+                       const char *name, const char *note, bool lower_is_better, int rounds)
+{
+    if (!run->have[f])
+        return;
+    char key[64], text[96];
+    snprintf(key, sizeof key, "%s%s%s", name, suffix ? "_" : "", suffix ? run->isa : "");
+    double best = lower_is_better ? run->lo[f] : run->hi[f];
+    if (rounds > 1)
+        snprintf(text, sizeof text, "%.4g..%.4g over %d rounds; %s", run->lo[f], run->hi[f], rounds,
+                 note);
+    else
+        snprintf(text, sizeof text, "%s", note);
+    bench_report_add(r, key, best, text);
+}
+
 int bench_engine_main(int argc, char **argv)
 {
     const char *model = "models/kvgw-bench.gguf";
+    const char *isa_arg = NULL;
     uint32_t threads = 2, n_decode = 64;
+    int rounds = 0;
     bool quick = false;
     eng_params_t p = eng_params_default();
     for (int i = 1; i < argc; i++) {
@@ -109,6 +215,22 @@ int bench_engine_main(int argc, char **argv)
                 fprintf(stderr, "kvgw bench engine: --decode: '%s' is not in 1..1024\n", v);
                 return 2;
             }
+        } else if (strcmp(a, "--rounds") == 0) {
+            rounds = atoi(v);
+            if (rounds < 1 || rounds > 100) {
+                fprintf(stderr, "kvgw bench engine: --rounds: '%s' is not in 1..100\n", v);
+                return 2;
+            }
+        } else if (strcmp(a, "--isa") == 0) {
+            if (strcmp(v, "avx512") != 0 && strcmp(v, "avx2") != 0 && strcmp(v, "portable") != 0 &&
+                strcmp(v, "auto") != 0 && strcmp(v, "all") != 0) {
+                fprintf(stderr,
+                        "kvgw bench engine: --isa: '%s' is not avx512, avx2, portable, auto or "
+                        "all\n",
+                        v);
+                return 2;
+            }
+            isa_arg = v;
         } else if (strcmp(a, "--kv-dtype") == 0) {
             if (strcmp(v, "f16") == 0 || strcmp(v, "f32") == 0) {
                 p.kv_dtype = v[1] == '1' ? ENG_KV_F16 : ENG_KV_F32;
@@ -126,22 +248,48 @@ int bench_engine_main(int argc, char **argv)
     p.n_threads = threads;
     p.kv_max_tokens = 16384;
     p.max_batch_tokens = 512;
+    bool all = isa_arg != NULL && strcmp(isa_arg, "all") == 0;
+    if (rounds == 0)
+        rounds = all ? 2 : 1;
 
+    /* The paths to run: one engine each, all loaded before the first round. */
+    static const char *const ladder[] = {"avx512", "avx2", "portable"};
+    isa_run_t runs[3];
+    uint32_t n_runs = 0;
+    memset(runs, 0, sizeof runs);
     char err[512];
-    eng_t *e = NULL;
-    double t0 = bench_now_s();
-    if (eng_init(&p, &e, err, sizeof err) != 0) {
-        fprintf(stderr, "kvgw bench engine: %s (generate it with scripts/models.sh)\n", err);
-        return 1;
+    int ret = 1;
+    double load_s = 0;
+    for (uint32_t i = 0; i < (all ? 3u : 1u); i++) {
+        p.cpu_isa = all ? ladder[i] : isa_arg;
+        eng_t *e = NULL;
+        double t0 = bench_now_s();
+        int rc = eng_init(&p, &e, err, sizeof err);
+        if (rc == PC_ERR_UNSUPPORTED && all) {
+            printf("isa %s: not run (%s)\n", ladder[i], err);
+            continue;
+        }
+        if (rc != 0) {
+            fprintf(stderr, "kvgw bench engine: %s%s\n", err,
+                    rc == PC_ERR_UNSUPPORTED ? "" : " (generate the model with scripts/models.sh)");
+            goto fail;
+        }
+        if (n_runs == 0)
+            load_s = bench_now_s() - t0;
+        runs[n_runs].e = e;
+        runs[n_runs].isa = eng_cpu_isa_name_of(e);
+        n_runs++;
     }
-    double load_s = bench_now_s() - t0;
-    const eng_hparams_t *hp = eng_hparams(e);
-    printf("engine: %s, %u layers, width %u, %u/%u heads, FFN %u, vocab %u; %u threads, KV %s, "
-           "GEMM %s\n",
+    if (n_runs == 0)
+        goto fail;
+    const eng_hparams_t *hp = eng_hparams(runs[0].e);
+    printf("engine: %s, %u layers, width %u, %u/%u heads, FFN %u, vocab %u; %u threads, KV %s\n",
            model, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_ff, hp->n_vocab,
-           threads, p.kv_dtype == ENG_KV_F16 ? "f16" : "f32", eng_gemm_name_of(e));
+           threads, p.kv_dtype == ENG_KV_F16 ? "f16" : "f32");
+    for (uint32_t i = 0; i < n_runs; i++)
+        printf("isa %s: GEMM %s\n", runs[i].isa, eng_gemm_name_of(runs[i].e));
 
-    enum { N_MAX = 4096, N_CACHED = 4032 };
+    enum { N_MAX = 4096 };
     int32_t *tok = pc_xmalloc(N_MAX * sizeof *tok);
     uint64_t x = 0x2545F4914F6CDD1Dull;
     for (uint32_t i = 0; i < N_MAX; i++) {
@@ -152,70 +300,49 @@ int bench_engine_main(int argc, char **argv)
     bench_report_t r;
     bench_report_init(&r, "engine");
     bench_report_add(&r, "model_load_s", load_s, "mmap + checks (+ conversions)");
-    int ret = 1;
-
-    /* Warm-up: touches the weights once so the first figure does not pay the page faults. */
-    if (prefill(e, tok, 64, logits, 0, 0, NULL, NULL) < 0)
-        goto fail;
-    double c0 = bench_cpu_s();
-    double t512 = prefill(e, tok, 512, logits, 0, 0, NULL, NULL);
-    double c512 = bench_cpu_s() - c0;
-    if (t512 < 0)
-        goto fail;
-    bench_report_add(&r, "prefill_tokens_per_s_512", 512 / t512, "llama.cpp ~1350");
-    bench_report_add(&r, "prefill_cpu_s_512", c512, "CPU seconds used (all threads)");
-    if (!quick) {
-        double t2048 = prefill(e, tok, 2048, logits, 0, 0, NULL, NULL);
-        if (t2048 < 0)
-            goto fail;
-        bench_report_add(&r, "prefill_tokens_per_s_2048", 2048 / t2048, "llama.cpp ~930");
-    }
-
-    eng_seq_t *s = NULL;
-    if (prefill(e, tok, 512, logits, 0, 0, NULL, &s) < 0)
-        goto fail;
-    double td = bench_now_s();
-    for (uint32_t i = 0; i < n_decode; i++) {
-        eng_batch_item_t it = {
-            .seq = s, .tokens = tok + 512 + i, .n_tokens = 1, .logits = ENG_LOGITS_LAST};
-        if (eng_forward(e, &it, 1, logits) != 0) {
-            eng_seq_free(e, s);
-            goto fail;
-        }
-    }
-    td = bench_now_s() - td;
-    eng_seq_free(e, s);
-    bench_report_add(&r, "decode_tokens_per_s", n_decode / td, "after 512 tokens; llama.cpp ~90");
     /* Decode is bound by streaming the weights once per token: the roofline beside it. */
     double q_dim = (double)hp->n_head * hp->head_dim, kv_dim = (double)hp->n_head_kv * hp->head_dim;
     double decode_bytes =
         2.0 * ((double)hp->n_layer * hp->n_embd * (2 * q_dim + 2 * kv_dim) +
                3.0 * hp->n_layer * hp->n_embd * hp->n_ff + (double)hp->n_vocab * hp->n_embd);
-    bench_report_add(&r, "decode_weight_mb_per_token", decode_bytes / 1e6, "F16 matrices");
-    bench_report_add(&r, "decode_gb_s", decode_bytes * n_decode / td / 1e9, "weights streamed");
 
-    if (quick)
-        goto report;
-    /* TTFT: cold (nothing cached; the run caches its first 4032 tokens), then the same prompt
-     * again through the cache. */
-    const uint64_t ns = 42;
-    uint32_t reused = 0;
-    double cold = prefill(e, tok, N_MAX, logits, ns, N_CACHED, &reused, NULL);
-    if (cold < 0 || reused != 0)
-        goto fail;
-    double warm = prefill(e, tok, N_MAX, logits, ns, 0, &reused, NULL);
-    if (warm < 0 || reused != N_CACHED) {
-        fprintf(stderr, "kvgw bench engine: the cached run reused %u tokens, not %u\n", reused,
-                N_CACHED);
-        goto fail;
+    /* Warm-up: touches the weights once so the first figure does not pay the page faults. */
+    for (uint32_t i = 0; i < n_runs; i++)
+        if (prefill(runs[i].e, tok, 64, logits, 0, 0, NULL, NULL) < 0)
+            goto fail_run;
+    for (int round = 0; round < rounds; round++)
+        for (uint32_t i = 0; i < n_runs; i++)
+            if (measure(&runs[i], tok, logits, n_decode, quick, decode_bytes,
+                        42 + (uint64_t)round * 8 + i) != 0)
+                goto fail_run;
+
+    bool sfx = n_runs > 1;
+    if (!sfx)
+        printf("isa: %s\n", runs[0].isa);
+    for (uint32_t i = 0; i < n_runs; i++) {
+        const isa_run_t *u = &runs[i];
+        report_fig(&r, u, sfx, F_P512, "prefill_tokens_per_s_512", "llama.cpp ~1350", false,
+                   rounds);
+        report_fig(&r, u, sfx, F_CPU512, "prefill_cpu_s_512", "CPU seconds used (all threads)",
+                   true, rounds);
+        report_fig(&r, u, sfx, F_P2048, "prefill_tokens_per_s_2048", "llama.cpp ~930", false,
+                   rounds);
+        report_fig(&r, u, sfx, F_DEC, "decode_tokens_per_s", "after 512 tokens; llama.cpp ~90",
+                   false, rounds);
+        report_fig(&r, u, sfx, F_DEC_GB, "decode_gb_s", "weights streamed", false, rounds);
+        report_fig(&r, u, sfx, F_COLD, "ttft_ms_cold_4096", "llama.cpp ~5500-6000", true, rounds);
+        report_fig(&r, u, sfx, F_WARM, "ttft_ms_cached_4032_of_4096", "llama.cpp ~140-160", true,
+                   rounds);
+        if (u->have[F_COLD] && u->have[F_WARM]) {
+            char key[64];
+            snprintf(key, sizeof key, "ttft_speedup_cached%s%s", sfx ? "_" : "", sfx ? u->isa : "");
+            bench_report_add(&r, key, u->lo[F_COLD] / u->lo[F_WARM], "llama.cpp 36-39x");
+        }
     }
-    bench_report_add(&r, "ttft_ms_cold_4096", cold * 1e3, "llama.cpp ~5500-6000");
-    bench_report_add(&r, "ttft_ms_cached_4032_of_4096", warm * 1e3, "llama.cpp ~140-160");
-    bench_report_add(&r, "ttft_speedup_cached", cold / warm, "llama.cpp 36-39x");
-report:
+    bench_report_add(&r, "decode_weight_mb_per_token", decode_bytes / 1e6, "F16 matrices");
     bench_report_add(&r, "kv_bytes_per_token",
-                     (double)eng_kvpool_block_bytes(eng_kvpool(e)) /
-                         eng_kvpool_block_tokens(eng_kvpool(e)),
+                     (double)eng_kvpool_block_bytes(eng_kvpool(runs[0].e)) /
+                         eng_kvpool_block_tokens(eng_kvpool(runs[0].e)),
                      NULL);
     bench_report_add(&r, "peak_rss_mib", (double)pc_rss_peak_bytes() / (1 << 20), NULL);
     /* Last, so that its buffer stays out of the peak RSS above. */
@@ -223,13 +350,22 @@ report:
     bench_report_add(&r, "stream_read_gb_s", stream, "this machine now, same threads");
     bench_report_add(&r, "decode_tokens_per_s_roofline", stream * 1e9 / decode_bytes,
                      "stream_read_gb_s / weight bytes per token");
+    for (uint32_t i = 0; i < n_runs; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "decode_roofline_fraction%s%s", sfx ? "_" : "",
+                 sfx ? runs[i].isa : "");
+        bench_report_add(&r, key, runs[i].hi[F_DEC_GB] / stream,
+                         "decode_gb_s (best round) / stream_read_gb_s");
+    }
     bench_report_print(&r);
     ret = 0;
-fail:
+fail_run:
     if (ret != 0)
         fprintf(stderr, "kvgw bench engine: a forward step failed\n");
     pc_free(tok);
     pc_free(logits);
-    eng_free(e);
+fail:
+    for (uint32_t i = 0; i < n_runs; i++)
+        eng_free(runs[i].e);
     return ret;
 }

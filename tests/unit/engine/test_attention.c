@@ -1,10 +1,10 @@
 /*
- * test_attention.c — the CPU backend's paged attention (eng__attention): the AVX-512 path
- * (64-key chunks) and the portable path (block by block) against a naive double-precision
- * softmax over the same keys, on sequences long enough for many chunks, with query runs that
- * start mid-block and mid-chunk, several group sizes and head sizes (32 and 48 exercise the
- * 16-column tail, 128 two passes of 32), block sizes 8, 16 and 32, F16 and F32 KV, and NaN in
- * every unwritten KV slot so a stray read fails.
+ * test_attention.c — the CPU backend's paged attention (eng__attention): the AVX-512 and AVX2
+ * paths (64-key chunks; each one the CPU runs) and the portable path (block by block) against a
+ * naive double-precision softmax over the same keys, on sequences long enough for many chunks, with
+ * query runs that start mid-block and mid-chunk, several group sizes and head sizes (32 and 48
+ * exercise the 16-column tail, 128 two passes of 32), block sizes 8, 16 and 32, F16 and F32 KV, and
+ * NaN in every unwritten KV slot so a stray read fails.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -115,7 +115,10 @@ static void run_case(const attn_case_t *c)
     const uint32_t *tables[1] = {table};
     uint32_t per = ENG_ATTN_MAX_ROWS / group;
     float *scratch = malloc(eng__attention_scratch_floats(hd, bt, per * group) * sizeof(float));
-    for (int simd = 1; simd >= 0; simd--) {
+    /* Every path this CPU runs: avx512, avx2 (64-key chunks), portable (block by block). */
+    for (int isa = ENG_CPU_ISA_AVX512; isa >= ENG_CPU_ISA_PORTABLE; isa--) {
+        if (!eng__cpu_isa_runs((eng_cpu_isa_t)isa))
+            continue;
         eng_attn_args_t a = {.q = q,
                              .out = out,
                              .pos = pos,
@@ -127,7 +130,8 @@ static void run_case(const attn_case_t *c)
                              .head_dim = hd,
                              .block_tokens = bt,
                              .kv_f16 = c->dtype == ENG_KV_F16,
-                             .simd = simd == 1};
+                             .simd = true,
+                             .isa = (eng_cpu_isa_t)isa};
         for (size_t i = 0; i < q_n; i++)
             out[i] = NAN;
         for (uint32_t h = 0; h < nkv; h++) {
@@ -144,9 +148,9 @@ static void run_case(const attn_case_t *c)
         }
         double rel = sqrt(num / (den > 0 ? den : 1));
         if (!(rel <= 1e-5))
-            fprintf(stderr, "  heads %u/%u hd %u bt %u %s ctx %u rows %u+%u simd %d: rel err %g\n",
+            fprintf(stderr, "  heads %u/%u hd %u bt %u %s ctx %u rows %u+%u isa %s: rel err %g\n",
                     nh, nkv, hd, bt, c->dtype == ENG_KV_F16 ? "f16" : "f32", c->n_ctx, c->q0, c->nq,
-                    simd, rel);
+                    eng__cpu_isa_name((eng_cpu_isa_t)isa), rel);
         ASSERT_LE(rel, 1e-5);
     }
     free(scratch);

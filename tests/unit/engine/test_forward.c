@@ -8,6 +8,9 @@
  * chunks and single decode tokens, and for a batch of sequences mixed in one step (each equal to
  * the same sequence run alone). Unwritten KV slots are NaN (kv_poison), so a stray read fails.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "cpu_kernels.h"
 #include "engine.h"
 #include "model.h"
@@ -61,8 +64,18 @@ static void make_model(const arch_case_t *c, uint32_t dtype, char *path, size_t 
     }
 }
 
+/* The CPU kernel paths, highest first; tests run each one this CPU runs. */
+static const char *const isas[] = {"avx512", "avx2", "portable"};
+#define N_ISAS 3
+
+static bool isa_runs(const char *isa)
+{
+    eng_cpu_isa_t v;
+    return eng__cpu_isa_parse(isa, &v) == 0 && eng__cpu_isa_runs(v);
+}
+
 static eng_t *open_engine(const char *path, enum eng_kv_dtype kv, uint32_t bt, uint32_t batch,
-                          bool simd)
+                          const char *isa)
 {
     eng_params_t p = eng_params_default();
     p.model_path = path;
@@ -71,20 +84,22 @@ static eng_t *open_engine(const char *path, enum eng_kv_dtype kv, uint32_t bt, u
     p.kv_max_tokens = 4096;
     p.max_batch_tokens = batch;
     p.kv_poison = true;
-    p.no_simd = !simd;
+    p.cpu_isa = isa;
     eng_t *e = NULL;
     char err[256];
     int rc = eng_init(&p, &e, err, sizeof err);
     if (rc != 0)
         fprintf(stderr, "eng_init: %s\n", err);
-    return e;
+    else if (strcmp(eng_cpu_isa_name_of(e), isa) != 0)
+        fprintf(stderr, "eng_init: path %s, not %s\n", eng_cpu_isa_name_of(e), isa);
+    return e != NULL && strcmp(eng_cpu_isa_name_of(e), isa) == 0 ? e : NULL;
 }
 
 /* One prefill of n tokens with every position's logits, against the reference. */
 static void check_prefill(const char *path, const float *ref, const int32_t *toks, uint32_t n,
-                          uint32_t bt, uint32_t batch, bool simd)
+                          uint32_t bt, uint32_t batch, const char *isa)
 {
-    eng_t *e = open_engine(path, ENG_KV_F32, bt, batch, simd);
+    eng_t *e = open_engine(path, ENG_KV_F32, bt, batch, isa);
     ASSERT_TRUE(e != NULL);
     uint32_t V = eng_n_vocab(e);
     float *lg = malloc((size_t)n * V * sizeof *lg);
@@ -95,7 +110,7 @@ static void check_prefill(const char *path, const float *ref, const int32_t *tok
     ASSERT_EQ(eng_seq_n_tokens(s), n);
     double err = tm_rel_err(lg, ref, n, V);
     if (!(err <= 1e-4))
-        fprintf(stderr, "  bt=%u batch=%u simd=%d: rel err %g\n", bt, batch, simd, err);
+        fprintf(stderr, "  bt=%u batch=%u isa=%s: rel err %g\n", bt, batch, isa, err);
     ASSERT_LE(err, 1e-4);
     char msg[256];
     ASSERT_EQ(eng_check(e, msg, sizeof msg), 0);
@@ -107,9 +122,10 @@ static void check_prefill(const char *path, const float *ref, const int32_t *tok
 }
 
 /* Prefill in two chunks (LAST logits only), then one decode token at a time. */
-static void check_decode(const char *path, const float *ref, const int32_t *toks, uint32_t n)
+static void check_decode(const char *path, const float *ref, const int32_t *toks, uint32_t n,
+                         const char *isa)
 {
-    eng_t *e = open_engine(path, ENG_KV_F32, 16, 512, true);
+    eng_t *e = open_engine(path, ENG_KV_F32, 16, 512, isa);
     ASSERT_TRUE(e != NULL);
     uint32_t V = eng_n_vocab(e);
     float *lg = malloc((size_t)V * sizeof *lg);
@@ -144,11 +160,16 @@ static void run_arch(const arch_case_t *c)
         toks[i] = rnd_token();
     float *ref = malloc((size_t)N * N_VOCAB * sizeof *ref);
     ASSERT_EQ(tm_reference(path, toks, N, ref), 0);
-    PC_TEST_CALL(check_prefill(path, ref, toks, N, 16, 512, true));
-    PC_TEST_CALL(check_prefill(path, ref, toks, N, 16, 512, false));
-    PC_TEST_CALL(check_prefill(path, ref, toks, N, 8, 512, true));
-    PC_TEST_CALL(check_prefill(path, ref, toks, N, 16, 7, true)); /* 7 steps of <= 7 tokens */
-    PC_TEST_CALL(check_decode(path, ref, toks, N));
+    for (int i = 0; i < N_ISAS; i++) {
+        if (!isa_runs(isas[i])) {
+            fprintf(stderr, "  isa %s: not run (this CPU cannot)\n", isas[i]);
+            continue;
+        }
+        PC_TEST_CALL(check_prefill(path, ref, toks, N, 16, 512, isas[i]));
+        PC_TEST_CALL(check_prefill(path, ref, toks, N, 8, 512, isas[i]));
+        PC_TEST_CALL(check_prefill(path, ref, toks, N, 16, 7, isas[i])); /* steps of <= 7 */
+        PC_TEST_CALL(check_decode(path, ref, toks, N, isas[i]));
+    }
     free(ref);
     unlink(path);
 }
@@ -180,7 +201,7 @@ PC_TEST(batch_equals_alone)
         ref[s] = malloc((size_t)LEN * N_VOCAB * sizeof(float));
         ASSERT_EQ(tm_reference(path, toks[s], LEN, ref[s]), 0);
     }
-    eng_t *e = open_engine(path, ENG_KV_F32, 16, 64, true);
+    eng_t *e = open_engine(path, ENG_KV_F32, 16, 64, eng__cpu_isa_name(eng__cpu_isa_best()));
     ASSERT_TRUE(e != NULL);
     eng_seq_t *seq[NS];
     for (int s = 0; s < NS; s++)
@@ -241,39 +262,47 @@ PC_TEST(f16_weights_and_kv)
         toks[i] = rnd_token();
     float *ref = malloc((size_t)N * N_VOCAB * sizeof *ref);
     ASSERT_EQ(tm_reference(p32, toks, N, ref), 0);
-    float *lg[2];
-    for (int conv = 0; conv < 2; conv++) {
-        eng_params_t p = eng_params_default();
-        p.model_path = p16;
-        p.weights_f32 = conv == 1;
-        p.gemm = ENG_GEMM_F32; /* exact products: only the conversion differs */
-        p.kv_poison = true;
-        eng_t *e = NULL;
-        char err[256];
-        ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
-        eng_seq_t *s;
-        ASSERT_EQ(eng_seq_create(e, &s), 0);
-        lg[conv] = malloc((size_t)N * N_VOCAB * sizeof(float));
-        /* Prefill 33 (through the converted-tile sgemm), a chunk of 17 (the F16 GEMV on row
-         * groups of 8, 8 and 1), then decode (the F16 GEMV on one row). */
-        eng_batch_item_t it = {.seq = s, .tokens = toks, .n_tokens = 33, .logits = ENG_LOGITS_ALL};
-        ASSERT_EQ(eng_forward(e, &it, 1, lg[conv]), 0);
-        it = (eng_batch_item_t){
-            .seq = s, .tokens = toks + 33, .n_tokens = 17, .logits = ENG_LOGITS_ALL};
-        ASSERT_EQ(eng_forward(e, &it, 1, lg[conv] + (size_t)33 * N_VOCAB), 0);
-        for (int i = 50; i < N; i++) {
+    for (int ii = 0; ii < N_ISAS; ii++) {
+        if (!isa_runs(isas[ii]))
+            continue;
+        float *lg[2];
+        for (int conv = 0; conv < 2; conv++) {
+            eng_params_t p = eng_params_default();
+            p.model_path = p16;
+            p.cpu_isa = isas[ii];
+            p.weights_f32 = conv == 1;
+            p.gemm = ENG_GEMM_F32; /* exact products: only the conversion differs */
+            p.kv_poison = true;
+            eng_t *e = NULL;
+            char err[256];
+            ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
+            eng_seq_t *s;
+            ASSERT_EQ(eng_seq_create(e, &s), 0);
+            lg[conv] = malloc((size_t)N * N_VOCAB * sizeof(float));
+            /* Prefill 33 (through the converted-tile sgemm), a chunk of 17 (the F16 GEMV on row
+             * groups of 8, 8 and 1), then decode (the F16 GEMV on one row). */
+            eng_batch_item_t it = {
+                .seq = s, .tokens = toks, .n_tokens = 33, .logits = ENG_LOGITS_ALL};
+            ASSERT_EQ(eng_forward(e, &it, 1, lg[conv]), 0);
             it = (eng_batch_item_t){
-                .seq = s, .tokens = toks + i, .n_tokens = 1, .logits = ENG_LOGITS_ALL};
-            ASSERT_EQ(eng_forward(e, &it, 1, lg[conv] + (size_t)i * N_VOCAB), 0);
+                .seq = s, .tokens = toks + 33, .n_tokens = 17, .logits = ENG_LOGITS_ALL};
+            ASSERT_EQ(eng_forward(e, &it, 1, lg[conv] + (size_t)33 * N_VOCAB), 0);
+            for (int i = 50; i < N; i++) {
+                it = (eng_batch_item_t){
+                    .seq = s, .tokens = toks + i, .n_tokens = 1, .logits = ENG_LOGITS_ALL};
+                ASSERT_EQ(eng_forward(e, &it, 1, lg[conv] + (size_t)i * N_VOCAB), 0);
+            }
+            double rel = tm_rel_err(lg[conv], ref, N, N_VOCAB);
+            fprintf(stderr, "  f16 %s (weights_f32=%d): rel err vs f32 reference %g\n", isas[ii],
+                    conv, rel);
+            ASSERT_LE(rel, 2e-2);
+            eng_seq_free(e, s);
+            eng_free(e);
         }
-        double rel = tm_rel_err(lg[conv], ref, N, N_VOCAB);
-        fprintf(stderr, "  f16 (weights_f32=%d): rel err vs f32 reference %g\n", conv, rel);
-        ASSERT_LE(rel, 2e-2);
-        eng_seq_free(e, s);
-        eng_free(e);
+        ASSERT_LE(tm_rel_err(lg[0], lg[1], N, N_VOCAB), 1e-4);
+        free(lg[0]), free(lg[1]);
     }
-    ASSERT_LE(tm_rel_err(lg[0], lg[1], N, N_VOCAB), 1e-4);
-    free(lg[0]), free(lg[1]), free(ref);
+    free(ref);
     unlink(p32);
     unlink(p16);
 }
@@ -391,7 +420,9 @@ PC_TEST(gemm_auto)
         eng_t *e = NULL;
         char err[256];
         ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
-        const char *want = !f32 && eng__cpu_has_bf16() ? "bf16" : "f32";
+        const char *want =
+            !f32 && eng__cpu_has_bf16() && strcmp(eng_cpu_isa_name_of(e), "avx512") == 0 ? "bf16"
+                                                                                         : "f32";
         ASSERT_STR_EQ(eng_gemm_name_of(e), want);
         eng_seq_t *s;
         ASSERT_EQ(eng_seq_create(e, &s), 0);
@@ -419,6 +450,48 @@ PC_TEST(gemm_auto)
     free(lg), free(ref);
     unlink(p16);
     unlink(p32);
+}
+
+/* The CPU path: KVGW_CPU_ISA and eng_params.cpu_isa pick it, an unknown name is refused with a
+ * clear error, a path the CPU cannot run is refused (where this CPU lacks one), and the parameter
+ * wins over the environment. */
+PC_TEST(cpu_isa_override)
+{
+    char path[256];
+    make_model(&cases[1], ENG_GGML_TYPE_F16, path, sizeof path);
+    eng_params_t p = eng_params_default();
+    p.model_path = path;
+    eng_t *e = NULL;
+    char err[256];
+    p.cpu_isa = "sse9";
+    ASSERT_EQ(eng_init(&p, &e, err, sizeof err), PC_ERR_INVAL);
+    ASSERT_TRUE(e == NULL && strstr(err, "sse9") != NULL && strstr(err, "avx2") != NULL);
+    p.cpu_isa = NULL;
+    setenv("KVGW_CPU_ISA", "neon9", 1);
+    ASSERT_EQ(eng_init(&p, &e, err, sizeof err), PC_ERR_INVAL);
+    ASSERT_TRUE(e == NULL && strstr(err, "KVGW_CPU_ISA") != NULL);
+    setenv("KVGW_CPU_ISA", "portable", 1);
+    ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
+    ASSERT_STR_EQ(eng_cpu_isa_name_of(e), "portable");
+    eng_free(e);
+    p.cpu_isa = "auto"; /* the parameter wins over the environment */
+    ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
+    ASSERT_STR_EQ(eng_cpu_isa_name_of(e), eng__cpu_isa_name(eng__cpu_isa_best()));
+    eng_free(e);
+    unsetenv("KVGW_CPU_ISA");
+    for (int i = 0; i < N_ISAS; i++) {
+        p.cpu_isa = isas[i];
+        int rc = eng_init(&p, &e, err, sizeof err);
+        if (isa_runs(isas[i])) {
+            ASSERT_EQ(rc, 0);
+            ASSERT_STR_EQ(eng_cpu_isa_name_of(e), isas[i]);
+            eng_free(e);
+        } else {
+            ASSERT_EQ(rc, PC_ERR_UNSUPPORTED);
+            ASSERT_TRUE(e == NULL && strstr(err, "cannot run on this CPU") != NULL);
+        }
+    }
+    unlink(path);
 }
 
 /* Bad input is rejected and changes nothing; a full KV pool gives 1 and changes nothing. */
