@@ -5,7 +5,7 @@
  *   even: a byte stream for the incremental decoder, fed in chunks of (byte0 / 2 + 1) bytes
  *         (max_frame 1 MiB). Every frame it returns must re-encode to exactly the bytes it was
  *         decoded from (the encoding is canonical), and an error must come with a reason.
- *   odd:  a payload of type (byte0 / 2) % 16 (unknown types included) for
+ *   odd:  a payload of type (byte0 / 2) % 32 (unknown types included) for
  *         eng_wire_decode_payload, from an exact-size copy so that ASan flags any read past
  *         it; a decoded payload must re-encode to the same bytes.
  * Anything else (a crash, a sanitizer report, a broken property) aborts.
@@ -85,7 +85,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     uint8_t mode = data[0];
     if (mode & 1)
-        fuzz_payload((uint8_t)((mode >> 1) & 15), data + 1, size - 1);
+        fuzz_payload((uint8_t)((mode >> 1) & 31), data + 1, size - 1);
     else
         fuzz_stream((size_t)(mode >> 1) + 1, data + 1, size - 1);
     return 0;

@@ -18,8 +18,10 @@
 #include "common.h"
 #include "test_wire.h"
 
-static const char *const names[] = {"",       "hello", "hello_ack", "reject", "heartbeat", "submit",
-                                    "cancel", "token", "done",      "error",  "kv_event",  "load"};
+static const char *const names[] = {"",         "hello",   "hello_ack", "reject", "heartbeat",
+                                    "submit",   "cancel",  "token",     "done",   "error",
+                                    "kv_event", "load",    "challenge", "auth",   "release",
+                                    "drop",     "snapshot"};
 
 /* Encodes f and checks the header against the documented layout. */
 static void encode_ok(const eng_wire_frame_t *f, pc_buf_t *out)
@@ -69,7 +71,7 @@ PC_TEST(roundtrip_every_type)
         }
     }
     ASSERT_STR_EQ(eng_wire_type_name(0), "UNKNOWN");
-    ASSERT_STR_EQ(eng_wire_type_name(12), "UNKNOWN");
+    ASSERT_STR_EQ(eng_wire_type_name(ENG_WIRE_TYPE_MAX + 1), "UNKNOWN");
     ASSERT_STR_EQ(eng_wire_decoder_error(d), "");
     eng_wire_decoder_free(d);
 }
@@ -244,7 +246,7 @@ static void expect_header_error(const uint8_t *h, size_t n, uint32_t max_frame, 
 
 PC_TEST(bad_headers)
 {
-    uint8_t h[ENG_WIRE_HEADER_BYTES] = {'K', 'W', 1, ENG_WIRE_HEARTBEAT, 0, 0, 0, 0, 8, 0, 0, 0};
+    uint8_t h[ENG_WIRE_HEADER_BYTES] = {'K', 'W', 2, ENG_WIRE_HEARTBEAT, 0, 0, 0, 0, 8, 0, 0, 0};
     uint8_t x[ENG_WIRE_HEADER_BYTES];
     /* An HTTP client on the worker port is rejected from its first byte. */
     PC_TEST_CALL(expect_header_error((const uint8_t *)"G", 1, 0, PC_ERR_FORMAT, "bad magic"));
@@ -252,8 +254,8 @@ PC_TEST(bad_headers)
     x[1] = 'X';
     PC_TEST_CALL(expect_header_error(x, 2, 0, PC_ERR_FORMAT, "bad magic"));
     memcpy(x, h, sizeof x);
-    x[2] = 2;
-    PC_TEST_CALL(expect_header_error(x, 3, 0, PC_ERR_UNSUPPORTED, "protocol version 2"));
+    x[2] = 1; /* version 1 frames are refused, not misread */
+    PC_TEST_CALL(expect_header_error(x, 3, 0, PC_ERR_UNSUPPORTED, "protocol version 1"));
     for (int t = 0; t < 256; t += 1) {
         if (t >= 1 && t <= ENG_WIRE_TYPE_MAX)
             continue;
@@ -274,7 +276,7 @@ PC_TEST(bad_headers)
     /* The error names the stream offset of the bad frame. */
     uint8_t two[2 * ENG_WIRE_HEADER_BYTES + 8] = {0};
     memcpy(two, h, sizeof h);
-    memcpy(two + 20, "KW\x01\x63", 4);
+    memcpy(two + 20, "KW\x02\x63", 4);
     PC_TEST_CALL(expect_header_error(two, sizeof two, 0, PC_ERR_FORMAT, "offset 20"));
 }
 
@@ -401,14 +403,14 @@ PC_TEST(hostile_payloads)
     /* KV_EVENT: an eviction that keeps everything. */
     a.len = 0;
     f = (eng_wire_frame_t){.type = ENG_WIRE_KV_EVENT};
-    f.u.kv = (eng_wire_kv_event_t){ENG_WIRE_KV_EVICTED, 1, 7, 100, 0x1234, 50, 0, 0};
+    f.u.kv = (eng_wire_kv_event_t){ENG_WIRE_KV_EVICTED, 1, 7, 100, 0x1234, 50, 0, 0, NULL, 0};
     PC_TEST_CALL(encode_ok(&f, &a));
     put32(&a, 2 + 8 + 4 + 8, 100);
     PC_TEST_CALL(expect_payload_error(ENG_WIRE_KV_EVENT, &a, "n_kept < n_tokens"));
     /* LOAD: more free and cached blocks than blocks. */
     a.len = 0;
     f = (eng_wire_frame_t){.type = ENG_WIRE_LOAD};
-    f.u.load = (eng_wire_load_t){1, 2, 3, 10, 10, 20};
+    f.u.load = (eng_wire_load_t){1, 2, 3, 10, 10, 20, 0.0f, 0.0f};
     PC_TEST_CALL(encode_ok(&f, &a));
     put32(&a, 4 + 8 + 4 + 4, 11);
     PC_TEST_CALL(expect_payload_error(ENG_WIRE_LOAD, &a, "free 10 + cached 11 blocks > total 20"));
@@ -467,35 +469,301 @@ PC_TEST(encoder_refuses_invalid_frames)
     pc_buf_free(&out);
 }
 
+/* Golden frames, one per type, written from wire.h's table by an independent encoder (a
+ * Python script over struct.pack, not this codec); 0xEE x 8 marks a fingerprint that the test
+ * fills in with eng_wire_prefix_fp (pinned by prefix_fingerprint). */
+static const uint8_t g_hello[] = {
+    0x4b, 0x57, 0x02, 0x01, 0x00, 0x00, 0x00, 0x00, 0x54, 0x00, 0x00, 0x00, 0x02, 0x00, 0x02, 0x00,
+    0x01, 0xe8, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x02, 0x00, 0x00, 0x00, 0x67, 0x77, 0x01,
+    0x00, 0x00, 0x00, 0x6d, 0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, 0x00, 0x01, 0x00, 0x00,
+    0x00, 0x02, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+    0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f,
+    0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f};
+static const uint8_t g_hello_ack[] = {
+    0x4b, 0x57, 0x02, 0x02, 0x00, 0x00, 0x00, 0x00, 0x54, 0x00, 0x00, 0x00, 0x02, 0x00, 0x02, 0x00,
+    0x02, 0xe8, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x02, 0x00, 0x00, 0x00, 0x67, 0x77, 0x01,
+    0x00, 0x00, 0x00, 0x6d, 0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, 0x00, 0x01, 0x00, 0x00,
+    0x00, 0x02, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x40, 0x00, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00,
+    0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa,
+    0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa};
+static const uint8_t g_reject[] = {0x4b, 0x57, 0x02, 0x03, 0x00, 0x00, 0x00, 0x00, 0x09, 0x00, 0x00,
+                                   0x00, 0xf8, 0xff, 0xff, 0xff, 0x01, 0x00, 0x00, 0x00, 0x76};
+static const uint8_t g_heartbeat[] = {0x4b, 0x57, 0x02, 0x04, 0x00, 0x00, 0x00, 0x00, 0x08, 0x00,
+                                      0x00, 0x00, 0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01};
+static const uint8_t g_submit[] = {
+    0x4b, 0x57, 0x02, 0x05, 0x00, 0x00, 0x00, 0x00, 0x65, 0x00, 0x00, 0x00, 0x05, 0x00, 0x00,
+    0x00, 0x00, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff,
+    0xff, 0xff, 0x03, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x3f, 0x28,
+    0x00, 0x00, 0x00, 0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x00, 0x00, 0x09, 0x00, 0x00, 0x00,
+    0x00, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00,
+    0x00, 0x03, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0xe0, 0x93,
+    0x04, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x0a,
+    0x01, 0x00, 0x00, 0x00, 0x07, 0x00, 0x00, 0x00};
+static const uint8_t g_cancel[] = {0x4b, 0x57, 0x02, 0x06, 0x00, 0x00, 0x00, 0x00, 0x08, 0x00,
+                                   0x00, 0x00, 0x99, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
+static const uint8_t g_token[] = {0x4b, 0x57, 0x02, 0x07, 0x00, 0x00, 0x00, 0x00, 0x12, 0x00,
+                                  0x00, 0x00, 0x11, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+                                  0x55, 0x44, 0x33, 0x22, 0x02, 0x00, 0x00, 0x00, 0xc3, 0xa9};
+static const uint8_t g_done[] = {
+    0x4b, 0x57, 0x02, 0x08, 0x00, 0x00, 0x00, 0x00, 0x39, 0x00, 0x00, 0x00, 0x01, 0x00,
+    0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+    0x00, 0x0a, 0x00, 0x00, 0x00, 0x04, 0x00, 0x00, 0x00, 0x06, 0x00, 0x00, 0x00, 0x02,
+    0x00, 0x00, 0x00, 0x64, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xd0, 0x07, 0x00,
+    0x00, 0x00, 0x00, 0x00, 0x00, 0x30, 0x75, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
+static const uint8_t g_error[] = {0x4b, 0x57, 0x02, 0x09, 0x00, 0x00, 0x00, 0x00, 0x13, 0x00, 0x00,
+                                  0x00, 0x03, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xfe, 0xff,
+                                  0xff, 0xff, 0x03, 0x00, 0x00, 0x00, 0x62, 0x61, 0x64};
+static const uint8_t g_kv_event[] = {
+    0x4b, 0x57, 0x02, 0x0a, 0x00, 0x00, 0x00, 0x00, 0x3a, 0x00, 0x00, 0x00, 0x03, 0x01,
+    0x07, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00, 0xee, 0xee,
+    0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+    0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0x00,
+    0x00, 0x00, 0x05, 0x00, 0x00, 0x00, 0x06, 0x00, 0x00, 0x00, 0x07, 0x00, 0x00, 0x00};
+static const uint8_t g_load[] = {
+    0x4b, 0x57, 0x02, 0x0b, 0x00, 0x00, 0x00, 0x00, 0x24, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00,
+    0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00, 0x04, 0x00, 0x00, 0x00,
+    0x05, 0x00, 0x00, 0x00, 0x14, 0x00, 0x00, 0x00, 0x00, 0x00, 0x7a, 0x44, 0x00, 0x00, 0x48, 0x41};
+static const uint8_t g_challenge[] = {
+    0x4b, 0x57, 0x02, 0x0c, 0x00, 0x00, 0x00, 0x00, 0x20, 0x00, 0x00, 0x00, 0x00, 0x01, 0x02,
+    0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10, 0x11,
+    0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f};
+static const uint8_t g_auth[] = {0x4b, 0x57, 0x02, 0x0d, 0x00, 0x00, 0x00, 0x00, 0x20, 0x00, 0x00,
+                                 0x00, 0xff, 0xfe, 0xfd, 0xfc, 0xfb, 0xfa, 0xf9, 0xf8, 0xf7, 0xf6,
+                                 0xf5, 0xf4, 0xf3, 0xf2, 0xf1, 0xf0, 0xef, 0xee, 0xed, 0xec, 0xeb,
+                                 0xea, 0xe9, 0xe8, 0xe7, 0xe6, 0xe5, 0xe4, 0xe3, 0xe2, 0xe1, 0xe0};
+static const uint8_t g_release[] = {
+    0x4b, 0x57, 0x02, 0x0e, 0x00, 0x00, 0x00, 0x00, 0x14, 0x00, 0x00, 0x00, 0x42, 0x00, 0x00, 0x00,
+    0x00, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x09, 0x00, 0x00, 0x00, 0x0a, 0x00, 0x00, 0x00};
+static const uint8_t g_drop[] = {0x4b, 0x57, 0x02, 0x0f, 0x00, 0x00, 0x00, 0x00, 0x08, 0x00,
+                                 0x00, 0x00, 0x42, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
+static const uint8_t g_snapshot[] = {
+    0x4b, 0x57, 0x02, 0x10, 0x00, 0x00, 0x00, 0x00, 0x31, 0x00, 0x00, 0x00, 0x07, 0x00, 0x00, 0x00,
+    0x00, 0x00, 0x00, 0x00, 0x01, 0x01, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+    0x00, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0x88, 0x13, 0x00, 0x00, 0x00, 0x00, 0x00,
+    0x00, 0x02, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00};
+
+/* Encodes f, compares with want (fingerprint fp little-endian at fp_at when fp_at > 0), and
+ * decodes want back into a frame equal to f. */
+static void golden(const eng_wire_frame_t *f, const uint8_t *want_in, size_t n, size_t fp_at,
+                   uint64_t fp)
+{
+    uint8_t want[256];
+    ASSERT_TRUE(n <= sizeof want);
+    memcpy(want, want_in, n);
+    if (fp_at > 0)
+        for (int b = 0; b < 8; b++)
+            want[fp_at + (size_t)b] = (uint8_t)(fp >> (8 * b));
+    pc_buf_t out = PC_BUF_INIT;
+    char err[160] = "";
+    int rc = eng_wire_encode(f, 0, &out, err, sizeof err);
+    if (rc != 0)
+        fprintf(stderr, "  %s: %s\n", eng_wire_type_name(f->type), err);
+    ASSERT_EQ(rc, 0);
+    if (out.len != n || memcmp(out.base, want, n) != 0)
+        fprintf(stderr, "  %s: encoding differs from the golden bytes\n",
+                eng_wire_type_name(f->type));
+    ASSERT_EQ(out.len, n);
+    ASSERT_MEM_EQ(out.base, want, n);
+    eng_wire_decoder_t *d;
+    ASSERT_EQ(eng_wire_decoder_init(0, &d), 0);
+    ASSERT_EQ(eng_wire_decoder_feed(d, want, n), 0);
+    eng_wire_frame_t got;
+    ASSERT_EQ(eng_wire_decoder_next(d, &got), 1);
+    ASSERT_TRUE(wire_frame_eq(f, &got));
+    eng_wire_decoder_free(d);
+    pc_buf_free(&out);
+}
+
+#define GOLDEN(f, g, at, fp) PC_TEST_CALL(golden(&(f), g, sizeof g, at, fp))
+
 PC_TEST(golden_bytes)
 {
-    /* Pins the layout of wire.h byte by byte. */
-    pc_buf_t out = PC_BUF_INIT;
-    eng_wire_frame_t f = {.type = ENG_WIRE_HEARTBEAT};
+    /* Pins the layout of wire.h byte by byte, for every frame type. */
+    eng_wire_frame_t f = {.type = ENG_WIRE_HELLO};
+    f.u.hello = (eng_wire_hello_t){.version_min = 2,
+                                   .version_max = 2,
+                                   .role = ENG_WIRE_ROLE_GATEWAY,
+                                   .heartbeat_ms = 1000,
+                                   .max_frame = 65536,
+                                   .node = PC_SLICE_LIT("gw"),
+                                   .model_name = PC_SLICE_LIT("m"),
+                                   .model_fp = 0x0102030405060708ull,
+                                   .n_vocab = 256,
+                                   .n_ctx = 512,
+                                   .block_tokens = 16};
+    for (int i = 0; i < ENG_WIRE_AUTH_BYTES; i++)
+        f.u.hello.auth[i] = (uint8_t)i;
+    GOLDEN(f, g_hello, 0, 0);
+    f.type = ENG_WIRE_HELLO_ACK;
+    f.u.hello.role = ENG_WIRE_ROLE_WORKER;
+    f.u.hello.total_blocks = 64;
+    f.u.hello.max_prompt_tokens = 512;
+    memset(f.u.hello.auth, 0xAA, ENG_WIRE_AUTH_BYTES);
+    GOLDEN(f, g_hello_ack, 0, 0);
+
+    f = (eng_wire_frame_t){.type = ENG_WIRE_REJECT};
+    f.u.error = (eng_wire_error_t){.code = PC_ERR_UNSUPPORTED, .message = PC_SLICE_LIT("v")};
+    GOLDEN(f, g_reject, 0, 0); /* REJECT carries no request id */
+    f = (eng_wire_frame_t){.type = ENG_WIRE_HEARTBEAT};
     f.u.heartbeat_ms = 0x0102030405060708ull;
-    ASSERT_EQ(eng_wire_encode(&f, 0, &out, NULL, 0), 0);
-    static const uint8_t hb[] = {'K', 'W', 1, 4, 0, 0, 0, 0, 8, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1};
-    ASSERT_EQ(out.len, sizeof hb);
-    ASSERT_MEM_EQ(out.base, hb, sizeof hb);
-    out.len = 0;
+    GOLDEN(f, g_heartbeat, 0, 0);
+
+    static const uint32_t toks[3] = {1, 2, 3}, stop_ids[1] = {7};
+    static const eng_wire_retain_t ret[1] = {{2, 300000}};
+    static const pc_slice_t stops[1] = {PC_SLICE_LIT("\n")};
+    f = (eng_wire_frame_t){.type = ENG_WIRE_SUBMIT};
+    f.u.submit = (eng_wire_submit_t){
+        .request_id = 5,
+        .ns = 0x10,
+        .priority = -1,
+        .max_tokens = 3,
+        .flags = ENG_WIRE_SUBMIT_IGNORE_EOG,
+        .sampling = {.temperature = 0.5f, .top_k = 40, .top_p = 1.0f, .min_p = 0.0f, .seed = 9},
+        .tokens = toks,
+        .n_tokens = 3,
+        .retain = ret,
+        .n_retain = 1,
+        .stops = stops,
+        .n_stops = 1,
+        .stop_ids = stop_ids,
+        .n_stop_ids = 1};
+    GOLDEN(f, g_submit, 0, 0);
+    f = (eng_wire_frame_t){.type = ENG_WIRE_CANCEL};
+    f.u.cancel_id = 0x99;
+    GOLDEN(f, g_cancel, 0, 0);
     f = (eng_wire_frame_t){.type = ENG_WIRE_TOKEN};
     f.u.token =
         (eng_wire_token_t){.request_id = 0x11, .token_id = 0x22334455, .text = PC_SLICE_LIT("é")};
-    ASSERT_EQ(eng_wire_encode(&f, 0, &out, NULL, 0), 0);
-    static const uint8_t tok[] = {'K',  'W',  1,    7,    0, 0, 0, 0, 18,   0,
-                                  0,    0,    0x11, 0,    0, 0, 0, 0, 0,    0,
-                                  0x55, 0x44, 0x33, 0x22, 2, 0, 0, 0, 0xC3, 0xA9};
-    ASSERT_EQ(out.len, sizeof tok);
-    ASSERT_MEM_EQ(out.base, tok, sizeof tok);
-    out.len = 0;
-    f = (eng_wire_frame_t){.type = ENG_WIRE_REJECT};
-    f.u.error = (eng_wire_error_t){
-        .request_id = 77, .code = PC_ERR_UNSUPPORTED, .message = PC_SLICE_LIT("v")};
-    ASSERT_EQ(eng_wire_encode(&f, 0, &out, NULL, 0), 0);
-    static const uint8_t rej[] = {'K', 'W',  1,    3,    0,    0, 0, 0, 9, 0,  0,
-                                  0,   0xF8, 0xFF, 0xFF, 0xFF, 1, 0, 0, 0, 'v'};
-    ASSERT_EQ(out.len, sizeof rej); /* REJECT carries no request id */
-    ASSERT_MEM_EQ(out.base, rej, sizeof rej);
+    GOLDEN(f, g_token, 0, 0);
+    f = (eng_wire_frame_t){.type = ENG_WIRE_DONE};
+    f.u.done = (eng_wire_done_t){.request_id = 1,
+                                 .stop_reason = ENG_WIRE_STOP_SEQUENCE,
+                                 .stop_index = 0,
+                                 .usage = {10, 4, 6, 2},
+                                 .timing = {100, 2000, 30000}};
+    GOLDEN(f, g_done, 0, 0);
+    f = (eng_wire_frame_t){.type = ENG_WIRE_ERROR};
+    f.u.error =
+        (eng_wire_error_t){.request_id = 3, .code = PC_ERR_INVAL, .message = PC_SLICE_LIT("bad")};
+    GOLDEN(f, g_error, 0, 0);
+
+    static const uint32_t path[3] = {5, 6, 7};
+    uint64_t fp_path = eng_wire_prefix_fp(path, 3);
+    f = (eng_wire_frame_t){.type = ENG_WIRE_KV_EVENT};
+    f.u.kv = (eng_wire_kv_event_t){.kind = ENG_WIRE_KV_EVICTED,
+                                   .reason = 1,
+                                   .ns = 7,
+                                   .n_tokens = 3,
+                                   .prefix_fp = fp_path,
+                                   .n_kept = 1,
+                                   .tokens = path,
+                                   .n_path = 3};
+    GOLDEN(f, g_kv_event, 26, fp_path);
+    f = (eng_wire_frame_t){.type = ENG_WIRE_LOAD};
+    f.u.load = (eng_wire_load_t){1, 2, 3, 4, 5, 20, 1000.0f, 12.5f};
+    GOLDEN(f, g_load, 0, 0);
+    f = (eng_wire_frame_t){.type = ENG_WIRE_CHALLENGE};
+    for (int i = 0; i < ENG_WIRE_AUTH_BYTES; i++)
+        f.u.auth.bytes[i] = (uint8_t)i;
+    GOLDEN(f, g_challenge, 0, 0);
+    f = (eng_wire_frame_t){.type = ENG_WIRE_AUTH};
+    for (int i = 0; i < ENG_WIRE_AUTH_BYTES; i++)
+        f.u.auth.bytes[i] = (uint8_t)(255 - i);
+    GOLDEN(f, g_auth, 0, 0);
+    static const uint32_t rel[2] = {9, 10};
+    f = (eng_wire_frame_t){.type = ENG_WIRE_RELEASE};
+    f.u.release = (eng_wire_release_t){.ns = 0x42, .tokens = rel, .n_tokens = 2};
+    GOLDEN(f, g_release, 0, 0);
+    f = (eng_wire_frame_t){.type = ENG_WIRE_DROP};
+    f.u.release.ns = 0x42;
+    GOLDEN(f, g_drop, 0, 0);
+    static const uint32_t snap_toks[2] = {1, 2};
+    uint64_t fp_snap = eng_wire_prefix_fp(snap_toks, 2);
+    eng_wire_snap_entry_t ent = {
+        .ns = 3, .prefix_fp = fp_snap, .ttl_ms = 5000, .tokens = snap_toks, .n_tokens = 2};
+    f = (eng_wire_frame_t){.type = ENG_WIRE_SNAPSHOT};
+    f.u.snapshot =
+        (eng_wire_snapshot_t){.snapshot_id = 7, .last = 1, .entries = &ent, .n_entries = 1};
+    GOLDEN(f, g_snapshot, 33, fp_snap);
+}
+
+PC_TEST(kv_event_and_snapshot_rules)
+{
+    /* The KV_EVENT table of wire.h and the fingerprints that come with tokens. */
+    static const uint32_t path[3] = {5, 6, 7};
+    eng_wire_frame_t f = {.type = ENG_WIRE_KV_EVENT};
+    pc_buf_t out = PC_BUF_INIT;
+    char err[160];
+    f.u.kv = (eng_wire_kv_event_t){.kind = ENG_WIRE_KV_EVICTED,
+                                   .reason = 1,
+                                   .ns = 7,
+                                   .n_tokens = 3,
+                                   .prefix_fp = 1234, /* not the path's */
+                                   .n_kept = 1,
+                                   .tokens = path,
+                                   .n_path = 3};
+    ASSERT_EQ(eng_wire_encode(&f, 0, &out, err, sizeof err), PC_ERR_INVAL);
+    ASSERT_TRUE(strstr(err, "prefix_fp does not match") != NULL);
+    f.u.kv.prefix_fp = eng_wire_prefix_fp(path, 3);
+    f.u.kv.n_path = 2; /* a path shorter than n_tokens */
+    ASSERT_EQ(eng_wire_encode(&f, 0, &out, err, sizeof err), PC_ERR_INVAL);
+    f.u.kv.n_path = 3;
+    f.u.kv.kind = ENG_WIRE_KV_RELEASED; /* only EVICTED carries a path */
+    f.u.kv.reason = 0;
+    f.u.kv.n_kept = 3;
+    ASSERT_EQ(eng_wire_encode(&f, 0, &out, err, sizeof err), PC_ERR_INVAL);
+    f.u.kv.n_path = 0;
+    ASSERT_EQ(eng_wire_encode(&f, 0, &out, err, sizeof err), 0);
+    f.u.kv.request_id = 9; /* RELEASED belongs to no request */
+    ASSERT_EQ(eng_wire_encode(&f, 0, &out, err, sizeof err), PC_ERR_INVAL);
+    f.u.kv.kind = ENG_WIRE_KV_RETAINED; /* RETAINED: 0 for other gateways' requests */
+    f.u.kv.request_id = 0;
+    f.u.kv.ttl_ms = 5;
+    ASSERT_EQ(eng_wire_encode(&f, 0, &out, err, sizeof err), 0);
+    f.u.kv.kind = ENG_WIRE_KV_RETAIN_FAILED;
+    f.u.kv.request_id = 9;
+    ASSERT_EQ(eng_wire_encode(&f, 0, &out, err, sizeof err), PC_ERR_INVAL); /* n_kept 3 */
+    f.u.kv.n_kept = 0;
+    ASSERT_EQ(eng_wire_encode(&f, 0, &out, err, sizeof err), 0);
+    /* HELLO carries no sizes; LOAD rates are not negative; RELEASE needs tokens. */
+    eng_wire_frame_t h = {.type = ENG_WIRE_HELLO};
+    h.u.hello = (eng_wire_hello_t){.version_min = 2, .version_max = 2, .role = 1, .max_frame = 1};
+    h.u.hello.total_blocks = 1;
+    ASSERT_EQ(eng_wire_encode(&h, 0, &out, err, sizeof err), PC_ERR_INVAL);
+    eng_wire_frame_t l = {.type = ENG_WIRE_LOAD};
+    l.u.load.decode_ms_per_token = -1.0f;
+    ASSERT_EQ(eng_wire_encode(&l, 0, &out, err, sizeof err), PC_ERR_INVAL);
+    l.u.load.decode_ms_per_token = -0.0f;
+    ASSERT_EQ(eng_wire_encode(&l, 0, &out, err, sizeof err), PC_ERR_INVAL);
+    eng_wire_frame_t r = {.type = ENG_WIRE_RELEASE};
+    ASSERT_EQ(eng_wire_encode(&r, 0, &out, err, sizeof err), PC_ERR_INVAL);
+    /* SNAPSHOT: last is a boolean, entries need tokens and their own fingerprint. */
+    eng_wire_snap_entry_t e = {.ns = 1, .prefix_fp = 5, .ttl_ms = 1, .tokens = path, .n_tokens = 3};
+    eng_wire_frame_t sn = {.type = ENG_WIRE_SNAPSHOT};
+    sn.u.snapshot =
+        (eng_wire_snapshot_t){.snapshot_id = 1, .last = 1, .entries = &e, .n_entries = 1};
+    ASSERT_EQ(eng_wire_encode(&sn, 0, &out, err, sizeof err), PC_ERR_INVAL);
+    ASSERT_TRUE(strstr(err, "entry 0: prefix_fp") != NULL);
+    e.prefix_fp = eng_wire_prefix_fp(path, 3);
+    sn.u.snapshot.last = 2;
+    ASSERT_EQ(eng_wire_encode(&sn, 0, &out, err, sizeof err), PC_ERR_INVAL);
+    sn.u.snapshot.last = 0;
+    size_t before = out.len;
+    ASSERT_EQ(eng_wire_encode(&sn, 0, &out, err, sizeof err), 0);
+    /* A count that claims more entries than the payload can hold is refused before sizing. */
+    uint8_t *cnt = (uint8_t *)out.base + before + ENG_WIRE_HEADER_BYTES + 9;
+    cnt[0] = 0xFF;
+    cnt[1] = 0xFF;
+    cnt[2] = 0xFF;
+    cnt[3] = 0x0F;
+    eng_wire_frame_t got;
+    pc_buf_t scratch = PC_BUF_INIT;
+    ASSERT_EQ(eng_wire_decode_payload(
+                  ENG_WIRE_SNAPSHOT, (const uint8_t *)out.base + before + ENG_WIRE_HEADER_BYTES,
+                  out.len - before - ENG_WIRE_HEADER_BYTES, &scratch, &got, err, sizeof err),
+              PC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(err, "exceeds the payload") != NULL);
+    pc_buf_free(&scratch);
     pc_buf_free(&out);
 }
 
@@ -629,9 +897,9 @@ PC_TEST(corpus_seeds)
     pc_buf_free(&b);
     pc_buf_free(&s.bytes);
     write_file(dir, "http_get", "\x00GET / HTTP/1.1\r\n\r\n", 19);
-    write_file(dir, "version_2", "\x00KW\x02\x04\0\0\0\0\x08\0\0\0\0\0\0\0\0\0\0\0", 21);
-    write_file(dir, "huge_length", "\x00KW\x01\x05\0\0\0\0\xff\xff\xff\xff", 13);
-    write_file(dir, "flags_set", "\x00KW\x01\x06\x01\0\0\0\x08\0\0\0\1\0\0\0\0\0\0\0", 21);
+    write_file(dir, "version_1", "\x00KW\x01\x04\0\0\0\0\x08\0\0\0\0\0\0\0\0\0\0\0", 21);
+    write_file(dir, "huge_length", "\x00KW\x02\x05\0\0\0\0\xff\xff\xff\xff", 13);
+    write_file(dir, "flags_set", "\x00KW\x02\x06\x01\0\0\0\x08\0\0\0\1\0\0\0\0\0\0\0", 21);
 }
 
 PC_TEST_MAIN()

@@ -21,6 +21,7 @@ typedef struct wire_gen {
     char stop_text[5][24];
     uint32_t stop_ids[5];
     char s1[128], s2[128];
+    eng_wire_snap_entry_t snap[4];
 } wire_gen_t;
 
 static inline uint64_t wg_u64(eng_rng_t *r)
@@ -79,6 +80,12 @@ static inline void wire_gen_frame(eng_rng_t *r, int type, wire_gen_t *g, eng_wir
         h->n_vocab = (uint32_t)wg_u64(r);
         h->n_ctx = (uint32_t)wg_u64(r);
         h->block_tokens = (uint32_t)wg_u64(r);
+        if (type == ENG_WIRE_HELLO_ACK) {
+            h->total_blocks = (uint32_t)wg_u64(r);
+            h->max_prompt_tokens = (uint32_t)wg_u64(r);
+        }
+        for (int i = 0; i < ENG_WIRE_AUTH_BYTES; i++)
+            h->auth[i] = (uint8_t)wg_u64(r);
         break;
     }
     case ENG_WIRE_REJECT:
@@ -140,6 +147,9 @@ static inline void wire_gen_frame(eng_rng_t *r, int type, wire_gen_t *g, eng_wir
         d->usage.tokens_reused = (uint32_t)(wg_u64(r) % ((uint64_t)d->usage.prompt_tokens + 1));
         d->usage.tokens_computed = (uint32_t)wg_u64(r);
         d->usage.output_tokens = (uint32_t)wg_u64(r);
+        d->timing.queue_us = wg_u64(r);
+        d->timing.prefill_us = wg_u64(r);
+        d->timing.decode_us = wg_u64(r);
         break;
     }
     case ENG_WIRE_KV_EVENT: {
@@ -148,13 +158,31 @@ static inline void wire_gen_frame(eng_rng_t *r, int type, wire_gen_t *g, eng_wir
         k->ns = wg_u64(r);
         k->n_tokens = 1 + wg_below(r, 1u << 20);
         k->prefix_fp = wg_u64(r);
-        if (k->kind == ENG_WIRE_KV_EVICTED) {
+        switch (k->kind) {
+        case ENG_WIRE_KV_EVICTED:
             k->reason = (uint8_t)(1 + wg_below(r, 3));
+            if (wg_below(r, 3) != 0) { /* with its path */
+                k->n_tokens = 1 + wg_below(r, 300);
+                for (uint32_t i = 0; i < k->n_tokens; i++)
+                    g->tokens[i] = (uint32_t)wg_u64(r);
+                k->tokens = g->tokens;
+                k->n_path = k->n_tokens;
+                k->prefix_fp = eng_wire_prefix_fp(g->tokens, k->n_tokens);
+            }
             k->n_kept = wg_below(r, k->n_tokens);
-        } else {
+            break;
+        case ENG_WIRE_KV_RETAINED:
             k->n_kept = k->n_tokens;
+            k->request_id = wg_below(r, 4) ? wg_u64(r) : 0;
+            k->ttl_ms = wg_u64(r);
+            break;
+        case ENG_WIRE_KV_RELEASED:
+            k->n_kept = k->n_tokens;
+            break;
+        default: /* RETAIN_FAILED */
             k->request_id = wg_u64(r) | 1;
-            k->ttl_ms = k->kind == ENG_WIRE_KV_RETAINED ? wg_u64(r) : 0;
+            k->ttl_ms = wg_u64(r);
+            break;
         }
         break;
     }
@@ -166,9 +194,52 @@ static inline void wire_gen_frame(eng_rng_t *r, int type, wire_gen_t *g, eng_wir
         l->total_blocks = (uint32_t)wg_u64(r);
         l->free_blocks = wg_below(r, l->total_blocks / 2 + 1);
         l->cached_blocks = wg_below(r, l->total_blocks - l->free_blocks + 1);
+        l->prefill_tokens_per_s = fabsf(wg_f32(r));
+        l->decode_ms_per_token = wg_below(r, 3) ? fabsf(wg_f32(r)) : 0.0f;
+        break;
+    }
+    case ENG_WIRE_CHALLENGE:
+    case ENG_WIRE_AUTH:
+        for (int i = 0; i < ENG_WIRE_AUTH_BYTES; i++)
+            f->u.auth.bytes[i] = (uint8_t)wg_u64(r);
+        break;
+    case ENG_WIRE_RELEASE:
+    case ENG_WIRE_DROP:
+        f->u.release.ns = wg_u64(r);
+        if (type == ENG_WIRE_RELEASE) {
+            f->u.release.n_tokens = 1 + wg_below(r, 300);
+            for (uint32_t i = 0; i < f->u.release.n_tokens; i++)
+                g->tokens[i] = (uint32_t)wg_u64(r);
+            f->u.release.tokens = g->tokens;
+        }
+        break;
+    case ENG_WIRE_SNAPSHOT: {
+        eng_wire_snapshot_t *x = &f->u.snapshot;
+        x->snapshot_id = wg_u64(r);
+        x->last = (uint8_t)wg_below(r, 2);
+        x->n_entries = wg_below(r, 5);
+        uint32_t used = 0;
+        for (uint32_t i = 0; i < x->n_entries; i++) {
+            uint32_t n = 1 + wg_below(r, 75);
+            for (uint32_t k = 0; k < n; k++)
+                g->tokens[used + k] = (uint32_t)wg_u64(r);
+            g->snap[i] =
+                (eng_wire_snap_entry_t){.ns = wg_u64(r),
+                                        .prefix_fp = eng_wire_prefix_fp(g->tokens + used, n),
+                                        .ttl_ms = wg_u64(r),
+                                        .tokens = g->tokens + used,
+                                        .n_tokens = n};
+            used += n;
+        }
+        x->entries = g->snap;
         break;
     }
     }
+}
+
+static inline bool wg_u32s_eq(const uint32_t *a, const uint32_t *b, uint32_t n)
+{
+    return n == 0 || memcmp(a, b, (size_t)n * sizeof *a) == 0;
 }
 
 static inline bool wg_slice_eq(pc_slice_t a, pc_slice_t b)
@@ -195,7 +266,9 @@ static inline bool wire_frame_eq(const eng_wire_frame_t *a, const eng_wire_frame
                x->max_frame == y->max_frame && wg_slice_eq(x->node, y->node) &&
                wg_slice_eq(x->model_name, y->model_name) && x->model_fp == y->model_fp &&
                x->n_vocab == y->n_vocab && x->n_ctx == y->n_ctx &&
-               x->block_tokens == y->block_tokens;
+               x->block_tokens == y->block_tokens && x->total_blocks == y->total_blocks &&
+               x->max_prompt_tokens == y->max_prompt_tokens &&
+               memcmp(x->auth, y->auth, sizeof x->auth) == 0;
     }
     case ENG_WIRE_REJECT:
     case ENG_WIRE_ERROR:
@@ -241,20 +314,45 @@ static inline bool wire_frame_eq(const eng_wire_frame_t *a, const eng_wire_frame
         const eng_wire_done_t *x = &a->u.done, *y = &b->u.done;
         return x->request_id == y->request_id && x->stop_reason == y->stop_reason &&
                x->stop_index == y->stop_index && wg_slice_eq(x->text, y->text) &&
-               memcmp(&x->usage, &y->usage, sizeof x->usage) == 0;
+               memcmp(&x->usage, &y->usage, sizeof x->usage) == 0 &&
+               memcmp(&x->timing, &y->timing, sizeof x->timing) == 0;
     }
     case ENG_WIRE_KV_EVENT: {
         const eng_wire_kv_event_t *x = &a->u.kv, *y = &b->u.kv;
         return x->kind == y->kind && x->reason == y->reason && x->ns == y->ns &&
                x->n_tokens == y->n_tokens && x->prefix_fp == y->prefix_fp &&
-               x->n_kept == y->n_kept && x->request_id == y->request_id && x->ttl_ms == y->ttl_ms;
+               x->n_kept == y->n_kept && x->request_id == y->request_id && x->ttl_ms == y->ttl_ms &&
+               x->n_path == y->n_path && wg_u32s_eq(x->tokens, y->tokens, x->n_path);
     }
     case ENG_WIRE_LOAD: {
         const eng_wire_load_t *x = &a->u.load, *y = &b->u.load;
         return x->queued_requests == y->queued_requests &&
                x->queued_prefill_tokens == y->queued_prefill_tokens &&
                x->running_seqs == y->running_seqs && x->free_blocks == y->free_blocks &&
-               x->cached_blocks == y->cached_blocks && x->total_blocks == y->total_blocks;
+               x->cached_blocks == y->cached_blocks && x->total_blocks == y->total_blocks &&
+               wg_f32_same(x->prefill_tokens_per_s, y->prefill_tokens_per_s) &&
+               wg_f32_same(x->decode_ms_per_token, y->decode_ms_per_token);
+    }
+    case ENG_WIRE_CHALLENGE:
+    case ENG_WIRE_AUTH:
+        return memcmp(a->u.auth.bytes, b->u.auth.bytes, ENG_WIRE_AUTH_BYTES) == 0;
+    case ENG_WIRE_RELEASE:
+        return a->u.release.ns == b->u.release.ns &&
+               a->u.release.n_tokens == b->u.release.n_tokens &&
+               wg_u32s_eq(a->u.release.tokens, b->u.release.tokens, a->u.release.n_tokens);
+    case ENG_WIRE_DROP:
+        return a->u.release.ns == b->u.release.ns;
+    case ENG_WIRE_SNAPSHOT: {
+        const eng_wire_snapshot_t *x = &a->u.snapshot, *y = &b->u.snapshot;
+        if (x->snapshot_id != y->snapshot_id || x->last != y->last || x->n_entries != y->n_entries)
+            return false;
+        for (uint32_t i = 0; i < x->n_entries; i++) {
+            const eng_wire_snap_entry_t *p = &x->entries[i], *q = &y->entries[i];
+            if (p->ns != q->ns || p->prefix_fp != q->prefix_fp || p->ttl_ms != q->ttl_ms ||
+                p->n_tokens != q->n_tokens || !wg_u32s_eq(p->tokens, q->tokens, p->n_tokens))
+                return false;
+        }
+        return true;
     }
     }
     return false;
