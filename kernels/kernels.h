@@ -300,6 +300,83 @@ typedef struct krn_gemm_args {
 } krn_gemm_args_t;
 
 /* ---------------------------------------------------------------------------------------------
+ * Host-side planning (krn_plan.c, every build): what the cuda backend decides before it
+ * launches anything, kept in plain C so CPU-only machines test it.
+ * ------------------------------------------------------------------------------------------- */
+
+/* The one-line reason no CUDA device is usable, into buf: err_code is cudaGetDeviceCount's
+ * cudaError_t (0 when it succeeded with 0 devices), err_name / err_string its
+ * cudaGetErrorName / cudaGetErrorString, driver_version cudaDriverGetVersion's (0: no driver)
+ * and runtime_version the runtime's, both as 1000 * major + 10 * minor. A driver older than
+ * the runtime is named as such, with both versions, since that is the failure a machine with
+ * a working GPU most often shows. */
+void krn_describe_cuda_failure(int err_code, const char *err_name, const char *err_string,
+                               int driver_version, int runtime_version, char *buf, size_t len);
+
+/* Largest finite F16 value. */
+#define KRN_F16_MAX 65504.0
+/* A measured activation maximum lets F16 carry the activation only with this much room: the
+ * inputs measured are a sample, not a proof. */
+#define KRN_F16_MEASURED_HEADROOM 4.0
+
+/* The input type of one GEMM (cublasGemmEx takes the same type for x and w): F16 carries 11
+ * significant bits but overflows past 65504, BF16 carries 8 and the F32 range. */
+typedef struct krn_gemm_dtype_params {
+    enum krn_dtype file_dtype; /* the weight's type in the model file (F32 for F32 and for
+                                  quantized types the model widens to F32) */
+    float weight_amax;         /* max |w| over the matrix */
+    double act_bound;          /* a proven bound on |x| of the GEMM's input (krn_act_bound_*),
+                                  INFINITY when none is known */
+    double act_amax_measured;  /* max |x| measured on real inputs (calibration), < 0 if none */
+} krn_gemm_dtype_params_t;
+
+/* KRN_BF16 when the weights are BF16 in the file (exact there, and their activations are
+ * trained in BF16's range), when a weight exceeds F16's range, or when the activations may:
+ * F16 only where act_bound <= KRN_F16_MAX, or a measured amax times
+ * KRN_F16_MEASURED_HEADROOM is <= KRN_F16_MAX. Else KRN_F16. */
+enum krn_dtype krn_gemm_dtype(const krn_gemm_dtype_params_t *p);
+
+/* Proven bounds on |x| for the inputs of a layer's GEMMs, from the weights alone.
+ *   normed: y = rmsnorm(x) * w over `width` elements: |y_i| <= sqrt(width) * max|w|, since
+ *           x_i^2 <= sum_j x_j^2 (eps only shrinks it). The q/k/v, gate/up and output GEMMs.
+ *   proj:   z = y . W^T + b for such a y: |z_j| <= ||y||_2 * ||W_j||_2 + |b_j| with
+ *           ||y||_2 <= sqrt(width) * max|w|; w_row_norm_max is max_j ||W_j||_2, b_amax max|b|
+ *           (0 without bias). The attention output, a convex combination of V rows, is
+ *           bounded by proj over Wv and bv: the Wo GEMM's input.
+ *   swiglu: silu(g) * u with g, u bounded by g_bound, u_bound: |silu(g)| <= |g|, so
+ *           g_bound * u_bound. The down projection's input; usually far above F16's range. */
+double krn_act_bound_normed(int32_t width, float norm_amax);
+double krn_act_bound_proj(int32_t width, float norm_amax, double w_row_norm_max, float b_amax);
+double krn_act_bound_swiglu(double g_bound, double u_bound);
+
+/* Device memory for the KV pool: what is free once everything else is allocated, less a
+ * headroom for what the CUDA context, cuBLAS and other processes take later. */
+typedef struct krn_mem_plan_params {
+    size_t free_bytes, total_bytes; /* cudaMemGetInfo before the backend allocates */
+    size_t other_bytes;             /* everything the backend allocates besides the pool */
+    size_t block_bytes;             /* one KV block */
+    int64_t want_blocks;            /* the blocks the engine's pool has */
+    double headroom_frac;           /* of total_bytes, default 0.05 */
+    size_t headroom_min_bytes;      /* at least this, default 512 MiB */
+} krn_mem_plan_params_t;
+
+typedef struct krn_mem_plan {
+    size_t headroom_bytes; /* kept free */
+    int64_t max_blocks;    /* the most blocks that fit (0 when nothing does) */
+    size_t kv_bytes;       /* want_blocks * block_bytes */
+} krn_mem_plan_t;
+
+krn_mem_plan_params_t krn_mem_plan_params_default(void);
+/* Fills *out. Returns 0 when want_blocks fit, PC_ERR_NOMEM when they do not (*out says how
+ * many would), PC_ERR_INVAL for a zero block size or a negative want_blocks. */
+int krn_mem_plan(const krn_mem_plan_params_t *p, krn_mem_plan_t *out);
+
+/* Logits rows the cuda backend computes per output GEMM: its logits buffer holds this many
+ * rows of n_vocab floats whatever the batch, and a step that wants more logits rows (prefill
+ * with every row's logits) computes them in successive chunks. */
+#define KRN_LOGITS_CHUNK_ROWS 64
+
+/* ---------------------------------------------------------------------------------------------
  * CPU references (kernels/ref/, always built). Same contracts as the CUDA kernels, on host
  * memory; they return 0 or PC_ERR_INVAL.
  * ------------------------------------------------------------------------------------------- */
@@ -324,9 +401,28 @@ int krn_ref_gemm(const krn_gemm_args_t *a);
  * ------------------------------------------------------------------------------------------- */
 typedef struct krn_ctx krn_ctx_t;
 
-/* The number of CUDA devices (0 when there is no driver or no device; never an error). */
+/* The number of usable CUDA devices. When it is 0, `why` (when not NULL) receives a one-line
+ * reason to print: cudaGetDeviceCount's error with the driver's and the runtime's CUDA versions
+ * (a driver older than the toolkit, no driver at all), or "no CUDA device". Never an error: a
+ * machine without a GPU has 0 devices, and the caller decides whether that is acceptable
+ * (tests under KVGW_REQUIRE_GPU=1 fail, backend "auto" reports why it used the CPU). */
+int krn_device_probe(char *why, size_t why_len);
+/* krn_device_probe without the reason. */
 int krn_device_count(void);
-/* A one-line description of device `dev` ("NVIDIA H100 80GB HBM3, sm_90, 79.1 GiB"). */
+
+/* What the benchmarks and the planners need to know about a device. */
+typedef struct krn_device_info {
+    char name[128];
+    int sm_major, sm_minor;
+    int n_sm;             /* streaming multiprocessors */
+    size_t total_bytes;   /* device memory */
+    double peak_gb_per_s; /* DRAM bandwidth from the memory clock and bus width, 0 if unknown */
+} krn_device_info_t;
+
+/* Fills *out for device `dev`. Returns 0 or PC_ERR_UNSUPPORTED (no such device). */
+int krn_device_info(int dev, krn_device_info_t *out);
+/* A one-line description of device `dev` ("NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.1 GiB,
+ * 3352 GB/s peak"). */
 void krn_device_describe(int dev, char *buf, size_t len);
 
 /* Creates a context on device `dev`: a stream and a cuBLAS handle bound to it. Returns 0,
@@ -336,6 +432,10 @@ int krn_ctx_init(int dev, krn_ctx_t **out);
 void krn_ctx_free(krn_ctx_t *ctx);
 /* Waits for every queued kernel and copy. Returns 0 or PC_ERR_INTERNAL (a kernel failed). */
 int krn_ctx_sync(krn_ctx_t *ctx);
+
+/* cudaMemGetInfo on the context's device: bytes free now and in all. Returns 0 or
+ * PC_ERR_INTERNAL. */
+int krn_mem_info(krn_ctx_t *ctx, size_t *free_bytes, size_t *total_bytes);
 
 /* Device memory. krn_dev_alloc returns 0 or PC_ERR_NOMEM; krn_dev_free(NULL) is a no-op. */
 int krn_dev_alloc(krn_ctx_t *ctx, size_t n_bytes, void **out);

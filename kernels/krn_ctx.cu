@@ -12,25 +12,77 @@
 
 #include "krn_cuda.cuh"
 
+int krn_device_probe(char *why, size_t why_len)
+{
+    if (why != NULL && why_len > 0)
+        why[0] = '\0';
+    int n = 0, drv = 0, rt = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaSuccess && n > 0)
+        return n;
+    /* Both version queries work without a device; the driver's reports 0 without a driver. */
+    if (cudaDriverGetVersion(&drv) != cudaSuccess)
+        drv = 0;
+    if (cudaRuntimeGetVersion(&rt) != cudaSuccess)
+        rt = CUDART_VERSION;
+    cudaGetLastError(); /* clear the sticky "no driver" error */
+    if (why != NULL && why_len > 0)
+        krn_describe_cuda_failure(
+            e == cudaSuccess ? 0 : (int)e, e == cudaSuccess ? "cudaSuccess" : cudaGetErrorName(e),
+            e == cudaSuccess ? "no error" : cudaGetErrorString(e), drv, rt, why, why_len);
+    return 0;
+}
+
 int krn_device_count(void)
 {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError(); /* clear the sticky "no driver" error */
-        return 0;
-    }
-    return n;
+    return krn_device_probe(NULL, 0);
 }
 
 void krn_device_describe(int dev, char *buf, size_t len)
 {
-    cudaDeviceProp p;
-    if (cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
+    krn_device_info_t d;
+    if (krn_device_info(dev, &d) != 0) {
         snprintf(buf, len, "CUDA device %d: unavailable", dev);
         return;
     }
-    snprintf(buf, len, "%s, sm_%d%d, %.1f GiB", p.name, p.major, p.minor,
-             (double)p.totalGlobalMem / (1024.0 * 1024 * 1024));
+    snprintf(buf, len, "%s, sm_%d%d, %d SMs, %.1f GiB, %.0f GB/s peak", d.name, d.sm_major,
+             d.sm_minor, d.n_sm, (double)d.total_bytes / (1024.0 * 1024 * 1024), d.peak_gb_per_s);
+}
+
+int krn_device_info(int dev, krn_device_info_t *out)
+{
+    memset(out, 0, sizeof *out);
+    cudaDeviceProp p;
+    if (dev < 0 || cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return PC_ERR_UNSUPPORTED;
+    }
+    size_t nl = strnlen(p.name, sizeof p.name);
+    nl = nl < sizeof out->name - 1 ? nl : sizeof out->name - 1;
+    memcpy(out->name, p.name, nl);
+    out->name[nl] = '\0';
+    out->sm_major = p.major;
+    out->sm_minor = p.minor;
+    out->n_sm = p.multiProcessorCount;
+    out->total_bytes = p.totalGlobalMem;
+    /* Peak DRAM bandwidth: two transfers per memory clock over the bus (the figure NVIDIA's
+     * data sheets quote: 3.35 TB/s for an H100 SXM). */
+    int clock_khz = 0, bus_bits = 0;
+    if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev) != cudaSuccess) {
+        cudaGetLastError();
+        clock_khz = bus_bits = 0;
+    }
+    out->peak_gb_per_s = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) * 1e-9;
+    return 0;
+}
+
+int krn_mem_info(krn_ctx_t *c, size_t *free_bytes, size_t *total_bytes)
+{
+    *free_bytes = *total_bytes = 0;
+    KRN_ENTER(c);
+    KRN_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+    return 0;
 }
 
 /* cuBLAS workspace per handle: NVIDIA's recommended sizes, 32 MiB on Hopper (sm_90) and newer,

@@ -7,7 +7,8 @@
  *     dynamic shared memory size, which krn_attn_plan sizes its tasks by: a task the plan makes
  *     always fits the CTA that runs it;
  *   - the sampler's candidate key, whose order is the engine's candidate order (logit
- *     descending, then id ascending; engine/sampling.h), and the +inf clamp.
+ *     descending, then id ascending; engine/sampling.h), the +inf clamp, and its final pick
+ *     (which thread owns the target, and that thread's walk).
  *
  * The online-softmax merge has its own header (krn_softmax_merge.h).
  */
@@ -15,6 +16,7 @@
 #define KRN_HOSTDEV_H
 
 #include <float.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -87,6 +89,42 @@ KRN_HD uint64_t krn_sample_key(float x, int32_t id)
 KRN_HD int32_t krn_sample_key_id(uint64_t key)
 {
     return (int32_t)(0xffffffffu - (uint32_t)(key & 0xffffffffu));
+}
+
+/*
+ * The sampler's final pick over the kept candidates (weight w[i] > 0 and key >= lo), cut into
+ * contiguous id ranges ("chunks", one per CUDA thread): chunk t holds the sum `local` of its
+ * weights and `before`, the sum of the chunks before it as a parallel scan computed it. The
+ * target is u times the scan's total. A scan in floating point need not be monotone across
+ * chunks, so "the chunk whose [before, before + local) holds the target" may be no chunk or
+ * two. Instead the owner is the LAST chunk with positive mass whose start is <= target: a
+ * unique chunk (a maximum over chunk indices), and one always exists when any chunk has
+ * positive mass, since the first such chunk starts at exactly 0 (a sum of zeros) and the
+ * target is >= 0.
+ */
+KRN_HD bool krn_sample_may_own(double before, double local, double target)
+{
+    return local > 0.0 && before <= target;
+}
+
+/* The owner's walk over its chunk [i0, i1): the first kept id whose running sum from `before`
+ * exceeds the target, else the chunk's last kept id (the sums rounded below the target).
+ * Never -1 when the chunk has a kept positive weight; -1 only for a chunk without one. x and
+ * w are the row's logits and weights (host or device memory, as the caller runs). */
+KRN_HD int32_t krn_sample_walk(const float *x, const double *w, int32_t i0, int32_t i1, uint64_t lo,
+                               double before, double target)
+{
+    double cum = before;
+    int32_t last = -1;
+    for (int32_t i = i0; i < i1; i++) {
+        if (w[i] > 0.0 && krn_sample_key(krn_sample_clamp(x[i]), i) >= lo) {
+            cum += w[i];
+            last = i;
+            if (target < cum)
+                return i;
+        }
+    }
+    return last;
 }
 
 #endif

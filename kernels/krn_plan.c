@@ -7,7 +7,13 @@
  * query elements), the rows one attention CTA holds (krn_hostdev.h). A single-token task
  * (decode) over more than split_kv positions is split over the KV length into tasks of split_kv
  * positions writing partial states, plus one merge.
+ *
+ * Also the backend's other host-side decisions (kernels.h, "Host-side planning"): the reason a
+ * CUDA device is not usable, each GEMM's input type, and the device memory for the KV pool.
  */
+#include <math.h>
+#include <stdio.h>
+
 #include "kernels.h"
 #include "krn_hostdev.h"
 #include "pc_err.h"
@@ -77,4 +83,85 @@ int krn_attn_plan(const krn_plan_params_t *p, const krn_plan_seq_t *seqs, int32_
     *n_merges = (int32_t)nm;
     *n_parts = (int32_t)np;
     return 0;
+}
+
+void krn_describe_cuda_failure(int err_code, const char *err_name, const char *err_string,
+                               int driver_version, int runtime_version, char *buf, size_t len)
+{
+    if (buf == NULL || len == 0)
+        return;
+    int dmaj = driver_version / 1000, dmin = driver_version % 1000 / 10;
+    int rmaj = runtime_version / 1000, rmin = runtime_version % 1000 / 10;
+    if (err_code == 0)
+        snprintf(buf, len, "no CUDA device (driver CUDA %d.%d, runtime CUDA %d.%d)", dmaj, dmin,
+                 rmaj, rmin);
+    else if (driver_version == 0)
+        snprintf(buf, len, "no NVIDIA driver: cudaGetDeviceCount: %s (%s)", err_string, err_name);
+    else if (driver_version < runtime_version)
+        snprintf(
+            buf, len,
+            "the NVIDIA driver supports CUDA %d.%d but this build needs CUDA %d.%d: update the "
+            "driver (cudaGetDeviceCount: %s (%s))",
+            dmaj, dmin, rmaj, rmin, err_string, err_name);
+    else
+        snprintf(buf, len, "cudaGetDeviceCount: %s (%s); driver CUDA %d.%d, runtime CUDA %d.%d",
+                 err_string, err_name, dmaj, dmin, rmaj, rmin);
+}
+
+enum krn_dtype krn_gemm_dtype(const krn_gemm_dtype_params_t *p)
+{
+    if (p->file_dtype == KRN_BF16 || !(p->weight_amax <= (float)KRN_F16_MAX))
+        return KRN_BF16;
+    if (p->act_bound <= KRN_F16_MAX)
+        return KRN_F16;
+    if (p->act_amax_measured >= 0 &&
+        p->act_amax_measured * KRN_F16_MEASURED_HEADROOM <= KRN_F16_MAX)
+        return KRN_F16;
+    return KRN_BF16;
+}
+
+double krn_act_bound_normed(int32_t width, float norm_amax)
+{
+    if (width <= 0 || !(norm_amax >= 0))
+        return INFINITY;
+    return sqrt((double)width) * (double)norm_amax;
+}
+
+double krn_act_bound_proj(int32_t width, float norm_amax, double w_row_norm_max, float b_amax)
+{
+    if (!(w_row_norm_max >= 0) || !(b_amax >= 0))
+        return INFINITY;
+    return krn_act_bound_normed(width, norm_amax) * w_row_norm_max + (double)b_amax;
+}
+
+double krn_act_bound_swiglu(double g_bound, double u_bound)
+{
+    if (!(g_bound >= 0) || !(u_bound >= 0))
+        return INFINITY;
+    return g_bound * u_bound;
+}
+
+krn_mem_plan_params_t krn_mem_plan_params_default(void)
+{
+    return (krn_mem_plan_params_t){.headroom_frac = 0.05, .headroom_min_bytes = (size_t)512 << 20};
+}
+
+int krn_mem_plan(const krn_mem_plan_params_t *p, krn_mem_plan_t *out)
+{
+    *out = (krn_mem_plan_t){0};
+    if (p->block_bytes == 0 || p->want_blocks < 0 || !(p->headroom_frac >= 0) ||
+        p->headroom_frac > 1)
+        return PC_ERR_INVAL;
+    double frac = p->headroom_frac * (double)p->total_bytes;
+    size_t head = frac > (double)p->headroom_min_bytes ? (size_t)frac : p->headroom_min_bytes;
+    out->headroom_bytes = head;
+    size_t used = p->other_bytes + head;
+    size_t avail = p->free_bytes > used ? p->free_bytes - used : 0;
+    out->max_blocks = (int64_t)(avail / p->block_bytes);
+    if ((uint64_t)p->want_blocks > SIZE_MAX / p->block_bytes) {
+        out->kv_bytes = SIZE_MAX;
+        return PC_ERR_NOMEM;
+    }
+    out->kv_bytes = (size_t)p->want_blocks * p->block_bytes;
+    return p->want_blocks <= out->max_blocks ? 0 : PC_ERR_NOMEM;
 }

@@ -6,8 +6,9 @@
  *
  * Launch geometry: grid n_rows, 1024 threads; one CTA samples one row. Thread t strides over
  * the vocabulary for counts and sums; for the final pick it owns the contiguous id range
- * [t * chunk, (t + 1) * chunk), and a block scan of the range sums (double) tells which thread
- * holds the target. Weights are kept in the caller's `work` array (double, one per logit).
+ * [t * chunk, (t + 1) * chunk), and a block scan of the range sums (double) decides which one
+ * thread writes the token (krn_sample_may_own, krn_sample_walk: shared with the host tests).
+ * Weights are kept in the caller's `work` array (double, one per logit).
  */
 #include <float.h>
 
@@ -100,23 +101,15 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         lo = v > lo ? v : lo;
     }
 
-    /* The kept set's weights in id order: this thread's contiguous range. */
+    /* The kept set's weights in id order: this thread's contiguous range, a block scan of
+     * the range sums, and the pick by the unique owner of the target (krn_hostdev.h). */
     const int32_t chunk = (n_vocab + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
     const int32_t i0 = tid * chunk < n_vocab ? tid * chunk : n_vocab;
     const int32_t i1 = i0 + chunk < n_vocab ? i0 + chunk : n_vocab;
-    double local = 0, total_part = 0;
-    int32_t last_local = -1;
-    for (int32_t i = i0; i < i1; i++) {
-        if (w[i] > 0.0 && krn_sample_key(krn_sample_clamp(x[i]), i) >= lo) {
-            local += w[i];
-            last_local = i;
-        }
-    }
-    for (int32_t i = tid; i < n_vocab; i += SAMPLE_THREADS)
+    double local = 0;
+    for (int32_t i = i0; i < i1; i++)
         if (w[i] > 0.0 && krn_sample_key(krn_sample_clamp(x[i]), i) >= lo)
-            total_part += w[i];
-    const double total = krn_block_reduce(total_part, krn_op_add(), sh_d);
-    long long last_all = krn_block_reduce((long long)last_local, krn_op_max(), sh_i);
+            local += w[i];
     /* Inclusive scan of the range sums (Hillis-Steele). */
     scan[tid] = local;
     __syncthreads();
@@ -126,23 +119,17 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         scan[tid] += add;
         __syncthreads();
     }
-    const double target = p.u * total;
+    const double target = p.u * scan[SAMPLE_THREADS - 1];
     const double before = tid > 0 ? scan[tid - 1] : 0.0;
-    if (target >= before && target < scan[tid]) {
-        double cum = before;
-        int32_t pick = last_local;
-        for (int32_t i = i0; i < i1; i++) {
-            if (w[i] > 0.0 && krn_sample_key(krn_sample_clamp(x[i]), i) >= lo) {
-                cum += w[i];
-                if (target < cum) {
-                    pick = i;
-                    break;
-                }
-            }
-        }
-        token[r] = pick;
-    } else if (tid == SAMPLE_THREADS - 1 && target >= scan[tid]) {
-        token[r] = (int32_t)last_all; /* the running sum rounded below the target */
+    long long owner = krn_sample_may_own(before, local, target) ? (long long)tid : -1;
+    owner = krn_block_reduce(owner, krn_op_max(), sh_i);
+    if (owner < 0) {
+        /* No kept weight is positive (it cannot happen: the largest candidate weighs
+         * exp(0) = 1 and every filter keeps it), so the argmax rather than -1. */
+        if (tid == 0)
+            token[r] = krn_sample_key_id(best);
+    } else if (tid == owner) {
+        token[r] = krn_sample_walk(x, w, i0, i1, lo, before, target);
     }
 }
 

@@ -1,0 +1,409 @@
+/*
+ * test_krn_plan.c — the cuda backend's host-side decisions, on any machine (label unit): the
+ * reason a CUDA device is unusable, each GEMM's input type and the activation bounds behind it,
+ * the device memory plan of the KV pool, and the sampler's final pick as the CUDA kernel splits
+ * it over threads (krn_hostdev.h: the very code the kernel runs), including scans that are
+ * not monotone and targets on a boundary.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "krn_hostdev.h"
+#include "krn_testutil.h"
+#include "pc_err.h"
+#include "pc_test.h"
+
+PC_TEST(cuda_failure_reasons_name_the_cause)
+{
+    char b[256];
+    /* cudaErrorInsufficientDriver (35) with a driver older than the runtime. */
+    krn_describe_cuda_failure(35, "cudaErrorInsufficientDriver",
+                              "CUDA driver version is insufficient for CUDA runtime version", 12040,
+                              13000, b, sizeof b);
+    ASSERT_TRUE(strstr(b, "supports CUDA 12.4 but this build needs CUDA 13.0") != NULL);
+    ASSERT_TRUE(strstr(b, "update the driver") != NULL);
+    ASSERT_TRUE(strstr(b, "cudaErrorInsufficientDriver") != NULL);
+    /* No driver at all. */
+    krn_describe_cuda_failure(35, "cudaErrorInsufficientDriver", "insufficient", 0, 13000, b,
+                              sizeof b);
+    ASSERT_TRUE(strncmp(b, "no NVIDIA driver", 16) == 0);
+    /* Success with zero devices, and any other error with both versions. */
+    krn_describe_cuda_failure(0, "cudaSuccess", "no error", 13000, 13000, b, sizeof b);
+    ASSERT_TRUE(strstr(b, "no CUDA device") != NULL);
+    krn_describe_cuda_failure(100, "cudaErrorNoDevice", "no CUDA-capable device is detected", 13000,
+                              13000, b, sizeof b);
+    ASSERT_TRUE(strstr(b, "cudaErrorNoDevice") != NULL);
+    ASSERT_TRUE(strstr(b, "driver CUDA 13.0, runtime CUDA 13.0") != NULL);
+    /* A short buffer is truncated, never overrun. */
+    char small[8];
+    memset(small, 'x', sizeof small);
+    krn_describe_cuda_failure(0, "cudaSuccess", "no error", 13000, 13000, small, sizeof small);
+    ASSERT_EQ(strlen(small), 7u);
+}
+
+PC_TEST(gemm_dtype_keeps_activations_in_range)
+{
+    krn_gemm_dtype_params_t p = {
+        .file_dtype = KRN_F16, .weight_amax = 3.0f, .act_bound = 100.0, .act_amax_measured = -1};
+    ASSERT_EQ(krn_gemm_dtype(&p), KRN_F16);
+    /* BF16 in the file: BF16 whatever the ranges. */
+    p.file_dtype = KRN_BF16;
+    ASSERT_EQ(krn_gemm_dtype(&p), KRN_BF16);
+    /* F32 weights, small activations: F16 (more significant bits). */
+    p.file_dtype = KRN_F32;
+    ASSERT_EQ(krn_gemm_dtype(&p), KRN_F16);
+    /* A weight past F16's range, or a NaN amax. */
+    p.weight_amax = 70000.0f;
+    ASSERT_EQ(krn_gemm_dtype(&p), KRN_BF16);
+    p.weight_amax = NAN;
+    ASSERT_EQ(krn_gemm_dtype(&p), KRN_BF16);
+    p.weight_amax = 3.0f;
+    /* The bound exactly at the limit is fine; above it, and unbounded, is not. */
+    p.act_bound = KRN_F16_MAX;
+    ASSERT_EQ(krn_gemm_dtype(&p), KRN_F16);
+    p.act_bound = nextafter(KRN_F16_MAX, INFINITY);
+    ASSERT_EQ(krn_gemm_dtype(&p), KRN_BF16);
+    p.act_bound = INFINITY;
+    ASSERT_EQ(krn_gemm_dtype(&p), KRN_BF16);
+    p.act_bound = NAN;
+    ASSERT_EQ(krn_gemm_dtype(&p), KRN_BF16);
+    /* A measured amax allows F16 only with its headroom. */
+    p.act_bound = INFINITY;
+    p.act_amax_measured = KRN_F16_MAX / KRN_F16_MEASURED_HEADROOM;
+    ASSERT_EQ(krn_gemm_dtype(&p), KRN_F16);
+    p.act_amax_measured = KRN_F16_MAX / KRN_F16_MEASURED_HEADROOM * 1.01;
+    ASSERT_EQ(krn_gemm_dtype(&p), KRN_BF16);
+    p.act_amax_measured = 0.0;
+    ASSERT_EQ(krn_gemm_dtype(&p), KRN_F16);
+}
+
+/* y = rmsnorm(x) * w, as the backend computes it (F32 in, double here). */
+static void normed(const float *x, const float *w, int32_t n, double *y)
+{
+    double ss = 0;
+    for (int32_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    double sc = 1.0 / sqrt(ss / n + 1e-6);
+    for (int32_t i = 0; i < n; i++)
+        y[i] = x[i] * sc * w[i];
+}
+
+PC_TEST(activation_bounds_hold_and_are_tight)
+{
+    enum { D = 256, NO = 64 };
+    kt_rng_t r = {41};
+    float x[D], w[D], W[NO * D], Wu[NO * D], b[NO];
+    double y[D];
+    float wmax = 0, bmax = 0;
+    for (int i = 0; i < D; i++) {
+        w[i] = kt_unif(&r) * 3;
+        wmax = fabsf(w[i]) > wmax ? fabsf(w[i]) : wmax;
+    }
+    double rn = 0, rnu = 0;
+    for (int j = 0; j < NO; j++) {
+        double s = 0, su = 0;
+        for (int i = 0; i < D; i++) {
+            W[j * D + i] = kt_unif(&r);
+            Wu[j * D + i] = kt_unif(&r) * 0.5f;
+            s += (double)W[j * D + i] * W[j * D + i];
+            su += (double)Wu[j * D + i] * Wu[j * D + i];
+        }
+        rn = sqrt(s) > rn ? sqrt(s) : rn;
+        rnu = sqrt(su) > rnu ? sqrt(su) : rnu;
+        b[j] = kt_unif(&r);
+        bmax = fabsf(b[j]) > bmax ? fabsf(b[j]) : bmax;
+    }
+    double bn = krn_act_bound_normed(D, wmax), bp = krn_act_bound_proj(D, wmax, rn, bmax);
+    double bg = krn_act_bound_proj(D, wmax, rn, 0), bu = krn_act_bound_proj(D, wmax, rnu, 0);
+    double bs = krn_act_bound_swiglu(bg, bu);
+    ASSERT_NEAR(bn, 16.0 * wmax, 1e-4);
+    double seen_n = 0;
+    for (int trial = 0; trial < 200; trial++) {
+        /* Random rows, rows with one huge outlier ("massive activations"), and one-hot rows,
+         * which reach the normed bound. */
+        for (int i = 0; i < D; i++)
+            x[i] = trial % 3 == 0 ? kt_unif(&r) : trial % 3 == 1 ? kt_unif(&r) * 1e-3f : 0.0f;
+        x[kt_below(&r, D)] = trial % 3 == 0 ? 1.0f : 3e4f;
+        normed(x, w, D, y);
+        for (int i = 0; i < D; i++) {
+            ASSERT_LE(fabs(y[i]), bn);
+            seen_n = fabs(y[i]) > seen_n ? fabs(y[i]) : seen_n;
+        }
+        for (int j = 0; j < NO; j++) {
+            double z = b[j], g = 0, u = 0;
+            for (int i = 0; i < D; i++) {
+                z += y[i] * W[j * D + i];
+                g += y[i] * W[j * D + i];
+                u += y[i] * Wu[j * D + i];
+            }
+            ASSERT_LE(fabs(z), bp);
+            double sw = g / (1 + exp(-g)) * u;
+            ASSERT_LE(fabs(sw), bs);
+        }
+    }
+    ASSERT_LE(bn * 0.999, seen_n); /* reached by a one-hot row at the largest norm weight */
+    /* Unknown inputs give no bound. */
+    ASSERT_TRUE(isinf(krn_act_bound_normed(0, 1.0f)));
+    ASSERT_TRUE(isinf(krn_act_bound_proj(D, NAN, 1.0, 0)));
+    ASSERT_TRUE(isinf(krn_act_bound_swiglu(NAN, 1.0)));
+    /* Llama-like scales: the normed inputs fit F16 by proof, the down projection's input does
+     * not (so it runs in BF16 unless a measured amax allows F16). */
+    double llama_g = krn_act_bound_proj(4096, 2.0f, 4.0, 0);
+    krn_gemm_dtype_params_t dp = {.file_dtype = KRN_F16,
+                                  .weight_amax = 1.0f,
+                                  .act_bound = krn_act_bound_normed(4096, 2.0f),
+                                  .act_amax_measured = -1};
+    ASSERT_EQ(krn_gemm_dtype(&dp), KRN_F16);
+    dp.act_bound = krn_act_bound_swiglu(llama_g, llama_g);
+    ASSERT_EQ(krn_gemm_dtype(&dp), KRN_BF16);
+}
+
+PC_TEST(kv_memory_plan_keeps_headroom)
+{
+    const size_t GiB = (size_t)1 << 30, MiB = (size_t)1 << 20;
+    krn_mem_plan_params_t p = krn_mem_plan_params_default();
+    ASSERT_NEAR(p.headroom_frac, 0.05, 1e-12);
+    ASSERT_EQ(p.headroom_min_bytes, 512 * MiB);
+    p.total_bytes = 80 * GiB;
+    p.free_bytes = 79 * GiB;
+    p.other_bytes = 20 * GiB;
+    p.block_bytes = MiB;
+    p.want_blocks = 1000;
+    krn_mem_plan_t m;
+    ASSERT_EQ(krn_mem_plan(&p, &m), 0);
+    ASSERT_EQ(m.headroom_bytes, 4 * GiB); /* 5% of 80 GiB */
+    ASSERT_EQ(m.max_blocks, (int64_t)((79 - 20 - 4) * 1024));
+    ASSERT_EQ(m.kv_bytes, 1000 * MiB);
+    p.want_blocks = m.max_blocks;
+    ASSERT_EQ(krn_mem_plan(&p, &m), 0);
+    p.want_blocks = m.max_blocks + 1;
+    ASSERT_EQ(krn_mem_plan(&p, &m), PC_ERR_NOMEM);
+    ASSERT_EQ(m.max_blocks, (int64_t)((79 - 20 - 4) * 1024)); /* still says what would fit */
+    /* A small card: the minimum headroom wins. */
+    p.total_bytes = 8 * GiB;
+    p.free_bytes = 7 * GiB;
+    p.other_bytes = GiB;
+    p.want_blocks = 1;
+    ASSERT_EQ(krn_mem_plan(&p, &m), 0);
+    ASSERT_EQ(m.headroom_bytes, 512 * MiB);
+    ASSERT_EQ(m.max_blocks, (int64_t)(5 * 1024 + 512));
+    /* Nothing left: 0 blocks, never a wrapped-around count. */
+    p.other_bytes = 7 * GiB;
+    ASSERT_EQ(krn_mem_plan(&p, &m), PC_ERR_NOMEM);
+    ASSERT_EQ(m.max_blocks, 0);
+    p.want_blocks = 0;
+    ASSERT_EQ(krn_mem_plan(&p, &m), 0);
+    /* A pool whose byte size overflows, bad parameters. */
+    p.want_blocks = INT64_MAX;
+    ASSERT_EQ(krn_mem_plan(&p, &m), PC_ERR_NOMEM);
+    p.want_blocks = -1;
+    ASSERT_EQ(krn_mem_plan(&p, &m), PC_ERR_INVAL);
+    p.want_blocks = 1;
+    p.block_bytes = 0;
+    ASSERT_EQ(krn_mem_plan(&p, &m), PC_ERR_INVAL);
+    p.block_bytes = MiB;
+    p.headroom_frac = -0.1;
+    ASSERT_EQ(krn_mem_plan(&p, &m), PC_ERR_INVAL);
+}
+
+/* The kernel's final pick simulated on the host with its own code (krn_sample_may_own,
+ * krn_sample_walk) over n_chunks thread ranges, with the chunk starts `before` perturbed by
+ * up to `jitter` ulps each (a scan's rounding; jitter 0: exact serial prefix sums). u < 0
+ * puts the target adversarially within `jitter` ulps of a random chunk's start instead of at
+ * u times the total. Returns the pick and the number of chunks that may own the target. */
+static int32_t sim_pick(const float *x, const double *w, int32_t V, uint64_t lo, double u,
+                        int32_t n_chunks, int jitter, kt_rng_t *r, int *n_owners)
+{
+    if (u < 0 && jitter == 0)
+        return -2;
+    int32_t chunk = (V + n_chunks - 1) / n_chunks;
+    double *local = calloc((size_t)n_chunks, sizeof *local);
+    double *before = calloc((size_t)n_chunks, sizeof *before);
+    double run = 0;
+    for (int32_t t = 0; t < n_chunks; t++) {
+        int32_t i0 = t * chunk < V ? t * chunk : V, i1 = i0 + chunk < V ? i0 + chunk : V;
+        for (int32_t i = i0; i < i1; i++)
+            if (w[i] > 0 && krn_sample_key(krn_sample_clamp(x[i]), i) >= lo)
+                local[t] += w[i];
+        before[t] = run;
+        if (t > 0 && run > 0)
+            for (int k = (int)kt_below(r, (uint32_t)(2 * jitter + 1)) - jitter; k != 0;
+                 k += k > 0 ? -1 : 1)
+                before[t] = nextafter(before[t], k > 0 ? INFINITY : 0.0);
+        run += local[t];
+    }
+    double target = u * run;
+    if (u < 0) {
+        int32_t tc = (int32_t)kt_below(r, (uint32_t)n_chunks);
+        target = before[tc];
+        for (int k = (int)kt_below(r, (uint32_t)(2 * jitter + 1)) - jitter; k != 0;
+             k += k > 0 ? -1 : 1)
+            target = nextafter(target, k > 0 ? INFINITY : 0.0);
+    }
+    int owner = -1;
+    *n_owners = 0;
+    for (int32_t t = 0; t < n_chunks; t++)
+        if (krn_sample_may_own(before[t], local[t], target)) {
+            owner = t; /* the kernel takes the maximum index */
+            (*n_owners)++;
+        }
+    int32_t pick = -1;
+    if (owner >= 0) {
+        int32_t i0 = owner * chunk < V ? owner * chunk : V;
+        int32_t i1 = i0 + chunk < V ? i0 + chunk : V;
+        pick = krn_sample_walk(x, w, i0, i1, lo, before[owner], target);
+    }
+    free(local);
+    free(before);
+    return pick;
+}
+
+PC_TEST(sampler_pick_has_one_owner_and_never_misses)
+{
+    enum { V = 5000, NC = 1024 };
+    kt_rng_t r = {42};
+    float *x = malloc(sizeof(float) * V);
+    double *w = malloc(sizeof(double) * V), *work = malloc(sizeof(double) * V);
+    for (int iter = 0; iter < 60; iter++) {
+        /* Quantized logits (many ties), some far below the max (weights that underflow to 0),
+         * NaN and -inf (never candidates). */
+        float mx = -INFINITY;
+        for (int i = 0; i < V; i++) {
+            x[i] = (float)(int)(kt_unif(&r) * 8) * 0.5f;
+            if (i % 97 == 5)
+                x[i] = -2000.0f;
+            if (i % 211 == 7)
+                x[i] = NAN;
+            if (i % 307 == 9)
+                x[i] = -INFINITY;
+            if (x[i] > mx)
+                mx = x[i];
+        }
+        double total = 0;
+        for (int i = 0; i < V; i++) {
+            w[i] = x[i] > -INFINITY ? exp((double)x[i] - mx) : -1.0;
+            total += w[i] > 0 ? w[i] : 0;
+        }
+        (void)total;
+        /* Targets: random, and exactly on the serial prefix sums (and one ulp to each side). */
+        for (int k = 0; k < 40; k++) {
+            double u;
+            if (k < 20) {
+                u = (double)(kt_next(&r) >> 11) * 0x1.0p-53;
+            } else {
+                int32_t cut = (int32_t)kt_below(&r, V);
+                double c = 0, t = 0;
+                for (int i = 0; i < V; i++)
+                    if (w[i] > 0) {
+                        t += w[i];
+                        if (i < cut)
+                            c += w[i];
+                    }
+                u = c / t;
+                u = k % 3 == 0 ? u : k % 3 == 1 ? nextafter(u, 0.0) : nextafter(u, 1.0);
+                if (u >= 1.0)
+                    u = nextafter(1.0, 0.0);
+            }
+            for (int jitter = 0; jitter <= 4; jitter += 4) {
+                int owners;
+                int32_t pick = sim_pick(x, w, V, 0, u, NC, jitter, &r, &owners);
+                ASSERT_TRUE(owners >= 1);
+                ASSERT_TRUE(pick >= 0 && pick < V);
+                ASSERT_TRUE(w[pick] > 0);
+                /* Away from a boundary the pick is the reference's (engine/sampling.c's rules,
+                 * summed in id order). */
+                if (k < 20) {
+                    krn_sample_row_t row = {.temperature = 1, .top_p = 1, .u = u};
+                    int32_t want = -2;
+                    krn_sample_args_t a = {.logits = x,
+                                           .row = &row,
+                                           .token = &want,
+                                           .work = work,
+                                           .n_rows = 1,
+                                           .n_vocab = V};
+                    ASSERT_EQ(krn_ref_sample(&a), 0);
+                    ASSERT_EQ(pick, want);
+                }
+            }
+        }
+    }
+    /* Targets within a few ulps of a chunk's start while the starts themselves are off by a
+     * few ulps (non-monotone): the old "the chunk whose interval holds the target" rule finds
+     * no chunk or two there; the maximum index over may-own finds one, with a kept pick. */
+    for (int k = 0; k < 2000; k++) {
+        int owners;
+        int32_t pick = sim_pick(x, w, V, 0, -1.0, NC, 8, &r, &owners);
+        ASSERT_TRUE(owners >= 1);
+        ASSERT_TRUE(pick >= 0 && pick < V);
+        ASSERT_TRUE(w[pick] > 0);
+    }
+    /* u just below 1: the last positive weight, never -1. */
+    int owners;
+    int32_t pick = sim_pick(x, w, V, 0, nextafter(1.0, 0.0), NC, 4, &r, &owners);
+    int32_t last = V - 1;
+    while (!(w[last] > 0))
+        last--;
+    ASSERT_EQ(pick, last);
+    /* Only chunk 700 has mass, and the perturbed starts of the chunks after it lie below the
+     * target: the maximum index still lands on the one chunk with mass. */
+    for (int i = 0; i < V; i++)
+        w[i] = -1.0;
+    w[700 * 5 + 2] = 1.0;
+    pick = sim_pick(x, w, V, 0, 0.5, NC, 0, &r, &owners);
+    ASSERT_EQ(owners, 1);
+    ASSERT_EQ(pick, 700 * 5 + 2);
+    /* No positive mass: no owner (the kernel then writes the argmax, not -1). */
+    w[700 * 5 + 2] = 0.0;
+    pick = sim_pick(x, w, V, 0, 0.5, NC, 0, &r, &owners);
+    ASSERT_EQ(owners, 0);
+    ASSERT_EQ(pick, -1);
+    free(x);
+    free(w);
+    free(work);
+}
+
+/* The reference on targets that land exactly on a prefix sum: equal logits give weights of
+ * exactly 1, so u = k / n puts the target on the boundary after id k - 1, and the pick is id k
+ * (the first whose running sum exceeds the target); never -1, whatever u in [0, 1). */
+PC_TEST(reference_sampler_on_exact_boundaries)
+{
+    enum { V = 64 };
+    float x[V];
+    double work[V];
+    for (int i = 0; i < V; i++)
+        x[i] = 1.5f;
+    for (int k = 0; k <= V; k++) {
+        double u = k < V ? (double)k / V : nextafter(1.0, 0.0);
+        krn_sample_row_t row = {.temperature = 0.7f, .top_p = 1, .u = u};
+        int32_t tok = -2;
+        krn_sample_args_t a = {
+            .logits = x, .row = &row, .token = &tok, .work = work, .n_rows = 1, .n_vocab = V};
+        ASSERT_EQ(krn_ref_sample(&a), 0);
+        ASSERT_EQ(tok, k < V ? k : V - 1);
+        /* The kernel's split gives the same on these exact sums. */
+        for (int i = 0; i < V; i++)
+            work[i] = 1.0;
+        int owners;
+        kt_rng_t r = {43};
+        ASSERT_EQ(sim_pick(x, work, V, 0, u, 16, 0, &r, &owners), k < V ? k : V - 1);
+        ASSERT_EQ(owners >= 1, true);
+    }
+    /* A tiny temperature: every weight but the maximum's underflows to 0; the pick is the
+     * maximum (positive mass), for any draw. */
+    x[37] = 2.0f;
+    for (int k = 0; k < 8; k++) {
+        krn_sample_row_t row = {.temperature = 1e-30f, .top_p = 1, .u = k / 8.0};
+        int32_t tok = -2;
+        krn_sample_args_t a = {
+            .logits = x, .row = &row, .token = &tok, .work = work, .n_rows = 1, .n_vocab = V};
+        ASSERT_EQ(krn_ref_sample(&a), 0);
+        ASSERT_EQ(tok, 37);
+    }
+}
+
+PC_TEST_MAIN()
