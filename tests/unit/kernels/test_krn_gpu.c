@@ -1,13 +1,15 @@
 /*
  * test_krn_gpu.c — every CUDA kernel against its CPU reference on random inputs (never zeros),
  * and the cuda engine against the cpu engine end to end. Label gpu: without a CUDA device
- * every test ends SKIPPED (exit code 77), never passed.
+ * every test ends SKIPPED (exit code 77) with the reason (krn_device_probe: a driver older
+ * than the toolkit is named), never passed; with KVGW_REQUIRE_GPU=1 they fail instead.
  *
  * Tolerances: F32 paths 1e-5 relative norm, F16/BF16 paths 1e-2 (attention over F16 KV reads
  * the same halves as the reference, so it is held to 1e-5 as well).
  */
 #include <float.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,22 +22,46 @@
 #include "pc_test.h"
 
 static krn_ctx_t *g_ctx;
+static char g_no_gpu[256];
+
+/* KVGW_REQUIRE_GPU=1 (every session on a GPU machine sets it): a missing or unusable device
+ * fails the tests instead of skipping them, so a broken driver cannot pass as "no GPU". */
+static bool require_gpu(void)
+{
+    const char *v = getenv("KVGW_REQUIRE_GPU");
+    return v != NULL && strcmp(v, "1") == 0;
+}
 
 #define NEED_GPU()                                                                                 \
     do {                                                                                           \
-        if (krn_device_count() == 0)                                                               \
-            PC_SKIP("no CUDA device");                                                             \
+        if (g_ctx == NULL && krn_device_probe(g_no_gpu, sizeof g_no_gpu) == 0) {                   \
+            if (require_gpu())                                                                     \
+                PC_TEST__FAIL("KVGW_REQUIRE_GPU=1 but no usable CUDA device: %s", g_no_gpu);       \
+            PC_SKIP(g_no_gpu);                                                                     \
+        }                                                                                          \
         if (g_ctx == NULL)                                                                         \
             ASSERT_EQ(krn_ctx_init(0, &g_ctx), 0);                                                 \
     } while (0)
 
-/* A device copy of n bytes of host memory (NULL for n 0). */
+/* A device copy of n bytes of host memory h (never NULL: buffers with nothing to copy come
+ * from dev_filled). */
 static void *up(const void *h, size_t n)
 {
+    PC_ASSERT(h != NULL);
     void *d = NULL;
     PC_ASSERT(krn_dev_alloc(g_ctx, n ? n : 1, &d) == 0);
     if (n > 0)
         PC_ASSERT(krn_copy_h2d(g_ctx, d, h, n) == 0);
+    return d;
+}
+/* n bytes of device memory with every byte `fill`: 0xff makes every F16 and F32 element a NaN
+ * (scratch a kernel must write before it reads: a stray read poisons the result), 0x7f makes
+ * every int32 0x7f7f7f7f (an output no kernel produces: a missing write fails the comparison). */
+static void *dev_filled(size_t n, int fill)
+{
+    void *d = NULL;
+    PC_ASSERT(krn_dev_alloc(g_ctx, n ? n : 1, &d) == 0);
+    PC_ASSERT(krn_memset(g_ctx, d, fill, n ? n : 1) == 0);
     return d;
 }
 static void down(void *h, const void *d, size_t n)
@@ -295,8 +321,8 @@ static void attn_case(kt_rng_t *r, int32_t n_head, int32_t n_head_kv, int32_t hd
     int32_t n_parts = 0;
     for (int32_t i = 0; i < a.n_merges; i++)
         n_parts += a.merges[i].n_splits * a.merges[i].n_rows * (n_head / n_head_kv);
-    da.part_o = up(NULL, sizeof(float) * ((size_t)n_parts * hd + 1));
-    da.part_ml = up(NULL, sizeof(float) * ((size_t)n_parts * 2 + 1));
+    da.part_o = dev_filled(sizeof(float) * ((size_t)n_parts * hd + 1), 0xff);
+    da.part_ml = dev_filled(sizeof(float) * ((size_t)n_parts * 2 + 1), 0xff);
     ASSERT_EQ(krn_attention(g_ctx, &da), 0);
     float *got = malloc(sizeof(float) * (size_t)n_out);
     down(got, da.out, sizeof(float) * (size_t)n_out);
@@ -448,8 +474,8 @@ PC_TEST(sampler_matches_reference)
         ASSERT_EQ(krn_ref_sample(&a), 0);
         a.logits = up(logits, sizeof(float) * ROWS * V);
         a.row = up(rows, sizeof rows);
-        a.token = up(NULL, sizeof got);
-        a.work = up(NULL, sizeof(double) * ROWS * V);
+        a.token = dev_filled(sizeof got, 0x7f);
+        a.work = dev_filled(sizeof(double) * ROWS * V, 0xff);
         ASSERT_EQ(krn_sample(g_ctx, &a), 0);
         down(got, a.token, sizeof got);
         krn_dev_free(g_ctx, (void *)a.logits);

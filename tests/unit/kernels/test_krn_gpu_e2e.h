@@ -2,8 +2,8 @@
  * test_krn_gpu_e2e.h — the end-to-end part of test_krn_gpu.c: the engine on the cuda backend
  * against the engine on the cpu backend over generated models (llama with Llama 3.1 RoPE
  * factors, qwen2 with q/k/v biases, qwen3 with q/k head norms; F32 and F16 weights; F16 and F32
- * KV), prefix reuse on the GPU against a cold run, and sampling on the GPU against the host
- * sampler.
+ * KV), prefix reuse on the GPU against a cold run (logits within 1e-3), and sampling on the
+ * GPU against the host sampler.
  */
 #include "eng_testmodel.h"
 #include "mkmodel.h"
@@ -113,6 +113,12 @@ PC_TEST(cuda_engine_logits_match_cpu_engine)
     }
 }
 
+/* A prompt computed cold and the same prompt with its first 101 positions taken from the
+ * prefix cache (a boundary inside a block: the warm sequence copies that block before writing)
+ * give the same logits, for the prompt and for GEN decode steps after it. The warm pass is fed
+ * the tokens the cold pass picked (greedy), so a near tie that rounding flips cannot make the
+ * two diverge: what is compared is the logits, within 1e-3 (the same weights, the same cached
+ * K/V; only the batch shapes, hence the GEMMs' summation order, differ). */
 PC_TEST(cuda_prefix_reuse_matches_cold_run)
 {
     NEED_GPU();
@@ -126,11 +132,11 @@ PC_TEST(cuda_prefix_reuse_matches_cold_run)
     for (int i = 0; i < N; i++)
         toks[i] = (int32_t)kt_below(&r, E2E_VOCAB);
     uint32_t V = eng_n_vocab(e);
-    float *logits = malloc(sizeof(float) * V);
-    int32_t cold[GEN], warm[GEN];
-    /* Cold: the whole prompt, then greedy decoding; its first 101 positions are cached (a
-     * boundary inside a block: the warm sequence copies that block before writing). */
+    float *cold = malloc(sizeof(float) * V * (GEN + 1)),
+          *warm = malloc(sizeof(float) * V * (GEN + 1));
+    int32_t picks[GEN];
     for (int pass = 0; pass < 2; pass++) {
+        float *logits = pass ? warm : cold;
         eng_seq_t *s;
         ASSERT_EQ(eng_seq_create(e, &s), 0);
         uint32_t reused = 0;
@@ -144,25 +150,34 @@ PC_TEST(cuda_prefix_reuse_matches_cold_run)
         if (pass == 0)
             ASSERT_EQ(eng_prefix_insert(e, s, 7, 101), 0);
         for (int g = 0; g < GEN; g++) {
-            uint32_t best = 0;
-            for (uint32_t i = 1; i < V; i++)
-                if (logits[i] > logits[best])
-                    best = i;
-            (pass ? warm : cold)[g] = (int32_t)best;
-            int32_t t = (int32_t)best;
+            const float *lg = logits + (size_t)g * V;
+            if (pass == 0) {
+                uint32_t best = 0;
+                for (uint32_t i = 1; i < V; i++)
+                    if (lg[i] > lg[best])
+                        best = i;
+                picks[g] = (int32_t)best;
+            }
             it = (eng_batch_item_t){
-                .seq = s, .tokens = &t, .n_tokens = 1, .logits = ENG_LOGITS_LAST};
-            ASSERT_EQ(eng_forward(e, &it, 1, logits), 0);
+                .seq = s, .tokens = &picks[g], .n_tokens = 1, .logits = ENG_LOGITS_LAST};
+            ASSERT_EQ(eng_forward(e, &it, 1, logits + (size_t)(g + 1) * V), 0);
         }
         eng_seq_free(e, s);
     }
     char msg[256];
     ASSERT_EQ(eng_check(e, msg, sizeof msg), 0);
-    free(logits);
     eng_free(e);
     unlink(path);
-    for (int g = 0; g < GEN; g++)
-        ASSERT_EQ(warm[g], cold[g]);
+    for (int g = 0; g <= GEN; g++) {
+        double err = kt_rel_err_f(warm + (size_t)g * V, cold + (size_t)g * V, V);
+        if (!(err <= 1e-3)) {
+            free(cold);
+            free(warm);
+            PC_TEST__FAIL("step %d: warm logits differ from cold ones by %g (> 1e-3)", g, err);
+        }
+    }
+    free(cold);
+    free(warm);
 }
 
 /* Sampling on the GPU (eng_forward_sample: krn_sample over the device logits, the request's
