@@ -17,6 +17,7 @@
 #include "pc_alloc.h"
 #include "pc_assert.h"
 #include "pc_err.h"
+#include "pc_log.h"
 #include "sampling.h"
 
 eng_params_t eng_params_default(void)
@@ -85,7 +86,11 @@ static int make_backend(eng_t *e, const char *backend, char *err, size_t err_len
             return rc;
         }
         /* auto on a machine without a usable GPU: the CPU backend, which computes from the
-         * pool's host memory. Nothing references the storage-less pool yet. */
+         * pool's host memory, and the reason kept for the caller to print. Nothing references
+         * the storage-less pool yet. */
+        const char *why = strncmp(gerr, "cuda backend: ", 14) == 0 ? gerr + 14 : gerr;
+        snprintf(e->backend_note, sizeof e->backend_note, "cuda unavailable: %.230s", why);
+        PC_LOG(PC_LOG_WARN, "engine", "backend auto: using the CPU (%s)", e->backend_note);
         if (!eng_kvpool_has_storage(e->kv)) {
             eng_kvpool_free(e->kv);
             e->kv = NULL;
@@ -95,6 +100,9 @@ static int make_backend(eng_t *e, const char *backend, char *err, size_t err_len
     }
 #else
     PC_ASSERT(strcmp(backend, "cuda") != 0); /* eng_init refused it */
+    if (strcmp(backend, "auto") == 0)
+        snprintf(e->backend_note, sizeof e->backend_note,
+                 "cuda unavailable: this build has no CUDA support");
 #endif
     eng_cpu_params_t cp = {.n_threads = p->n_threads,
                            .max_tokens = p->max_batch_tokens,
@@ -218,6 +226,11 @@ eng_kvpool_t *eng_kvpool(eng_t *e)
 const char *eng_backend_name_of(const eng_t *e)
 {
     return eng_backend_name(e->be);
+}
+
+const char *eng_backend_note_of(const eng_t *e)
+{
+    return e->backend_note;
 }
 
 int eng_gemm_mode_parse(const char *s, enum eng_gemm_mode *out)

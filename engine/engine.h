@@ -87,6 +87,10 @@ uint32_t eng_n_vocab(const eng_t *e);
 /* The KV pool, for statistics and checks; valid until eng_free. */
 eng_kvpool_t *eng_kvpool(eng_t *e);
 const char *eng_backend_name_of(const eng_t *e);
+/* Why backend "auto" runs on the CPU ("cuda unavailable: <reason>", for example a driver older
+ * than the toolkit, also logged as a warning at eng_init), or "" when it did not fall back.
+ * Valid until eng_free. */
+const char *eng_backend_note_of(const eng_t *e);
 /* "bf16" when the CPU backend computes prefill GEMMs in BF16 (eng_params.gemm resolved against
  * the model and the CPU), else "f32". A static string. */
 const char *eng_gemm_name_of(const eng_t *e);

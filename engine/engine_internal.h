@@ -22,6 +22,7 @@ struct eng {
     eng_model_t *model;
     eng_kvpool_t *kv;
     eng_backend_t *be;
+    char backend_note[256]; /* why backend "auto" fell back to the CPU, or "" */
     struct eng_prefix *prefix;
     eng_seq_t *seqs; /* live sequences */
     uint32_t n_seqs;

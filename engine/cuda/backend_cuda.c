@@ -14,11 +14,14 @@
  *               h = rmsnorm(x) * ffn_norm; x += (silu(h.Wg^T) * h.Wu^T).Wd^T
  *   logits = (rmsnorm(x) * output_norm).Wout^T for the rows asked for, copied to the host
  *
- * Weights live on the device as F16 (F16 tensors as stored; F32, BF16 and Q8_0 ones, which the
- * model widened to F32, converted), or BF16 for a matrix with a value outside the F16 range;
- * activations are converted to the weight's type before each GEMM, which accumulates in F32. So
- * logits match the CPU backend to about 1e-2 relative (F16 rounding of activations), not bit
- * for bit.
+ * Weights live on the device as F16 or BF16, one type per matrix (krn_gemm_dtype, kernels.h),
+ * and each GEMM converts its activations to that type and accumulates in F32. BF16 when the
+ * file stores the matrix as BF16, when a weight exceeds F16's range, or when the GEMM's input
+ * may: F16 only where a bound proven from the weights (krn_act_bound_*: normed rows for q/k/v,
+ * gate/up and the output head, the V rows' range for Wo, silu(g) * u for down) stays within
+ * 65504, since real models' down-projection inputs exceed it (inf, then NaN logits). F16
+ * elsewhere, for its 11 significant bits. So logits match the CPU backend to about 1e-2
+ * relative (F16/BF16 rounding of activations), not bit for bit.
  *
  * KV: a device pool mirrors the engine's host pool block for block (same ids, same layout); the
  * engine keeps doing the accounting on the host pool, and its hooks forward copy-on-write copies
@@ -29,8 +32,13 @@
  * engine's exact rules, the request's PRNG draw passed in), so only token ids cross to the
  * host; forward copies the logits for host sampling.
  *
- * All device scratch is sized at init for max_tokens rows; per-step lists (block tables,
- * attention tasks) grow on demand. A failed CUDA call makes the step return PC_ERR_INTERNAL.
+ * Device memory: scratch is sized at init for max_tokens rows, except the logits, which the
+ * output head computes in chunks of KRN_LOGITS_CHUNK_ROWS rows (a prefill asking for every
+ * row's logits no longer needs max_tokens x n_vocab floats); per-step lists (block tables,
+ * attention tasks) grow on demand. The KV pool is allocated last, after krn_mem_plan checked
+ * against cudaMemGetInfo that it fits with a headroom (logged at info level; an error naming
+ * how many tokens would fit otherwise). A failed CUDA call makes the step return
+ * PC_ERR_INTERNAL.
  */
 #include <math.h>
 #include <stdio.h>
@@ -43,12 +51,14 @@
 #include "pc_alloc.h"
 #include "pc_assert.h"
 #include "pc_err.h"
+#include "pc_log.h"
 #include "sampling.h"
 
 #define CUDA_SPLIT_KV_DEFAULT 512
 /* Rows sampled per krn_sample launch: its scratch is [rows][n_vocab] doubles, so the chunk
- * bounds that memory (64 x 152k vocab = 78 MB) whatever the batch. */
-#define CUDA_SAMPLE_CHUNK 64
+ * bounds that memory (64 x 152k vocab = 78 MB) whatever the batch. It is the logits chunk:
+ * each chunk of logits rows is sampled by one launch. */
+#define CUDA_SAMPLE_CHUNK KRN_LOGITS_CHUNK_ROWS
 
 typedef struct cw {
     void *d; /* [n_out][n_in] of dt */
@@ -67,8 +77,9 @@ typedef struct cuda_be {
     eng_kvpool_t *pool;
     eng_cuda_params_t p;
     krn_ctx_t *ctx;
-    int err;       /* a hook's failure, reported by the next step */
-    void **allocs; /* every device allocation made at init */
+    int err;           /* a hook's failure, reported by the next step */
+    int n_f16, n_bf16; /* matrices uploaded as each GEMM type (krn_gemm_dtype) */
+    void **allocs;     /* every device allocation made at init */
     size_t n_allocs, cap_allocs;
     /* Model. */
     cw_t tok_embd, output;
@@ -77,8 +88,10 @@ typedef struct cuda_be {
     /* KV pool mirror. */
     krn_kv_t kv;
     /* Scratch [max_tokens] rows. */
-    float *x, *h, *q, *k, *v, *att, *g, *u, *logits;
-    void *xa; /* activations converted for a GEMM: [max_tokens][max K] halves */
+    float *x, *h, *q, *k, *v, *att, *g, *u;
+    float *logits;       /* [logits_rows][n_vocab]: one chunk of the output head's rows */
+    int32_t logits_rows; /* min(max_tokens, KRN_LOGITS_CHUNK_ROWS) */
+    void *xa;            /* activations converted for a GEMM: [max_tokens][max K] halves */
     int32_t *d_tokens, *d_pos, *d_row_seq, *d_copy;
     /* Per-step lists, grown on demand (host and device). */
     int32_t *tokens, *pos, *row_seq, *logit_rows;
@@ -230,36 +243,60 @@ static int upload_f32(cuda_be_t *c, const float *src, size_t n, float **out)
     return rc;
 }
 
-static int upload_weight(cuda_be_t *c, const eng_weight_t *w, cw_t *out)
+/* max |w| over a weight matrix and max_j ||W_j||_2 over its rows (F16 or F32 storage). */
+static void weight_stats(const eng_weight_t *w, float *amax, double *row_norm_max)
+{
+    float am = 0;
+    double rn = 0;
+    for (uint32_t j = 0; j < w->n_out; j++) {
+        double ss = 0;
+        for (uint32_t i = 0; i < w->n_in; i++) {
+            size_t k = (size_t)j * w->n_in + i;
+            float v = w->type == ENG_GGML_TYPE_F16 ? krn_f16_to_f32(((const uint16_t *)w->data)[k])
+                                                   : ((const float *)w->data)[k];
+            float a = fabsf(v);
+            am = a > am || isnan(a) ? a : am;
+            ss += (double)v * v;
+        }
+        rn = sqrt(ss) > rn || isnan(ss) ? sqrt(ss) : rn;
+    }
+    *amax = am;
+    *row_norm_max = rn;
+}
+
+/* max |v| over n floats (0 for NULL: a missing bias adds nothing). */
+static float vec_amax(const float *v, size_t n)
+{
+    float am = 0;
+    for (size_t i = 0; v != NULL && i < n; i++)
+        am = fabsf(v[i]) > am || isnan(v[i]) ? fabsf(v[i]) : am;
+    return am;
+}
+
+/* Uploads a weight matrix as `dt` (F16 or BF16), converting from its host type. */
+static int upload_weight_as(cuda_be_t *c, const eng_weight_t *w, enum krn_dtype dt, cw_t *out)
 {
     size_t n = (size_t)w->n_out * w->n_in;
     out->n_in = (int32_t)w->n_in;
     out->n_out = (int32_t)w->n_out;
+    out->dt = dt;
+    if (w->type != ENG_GGML_TYPE_F16 && w->type != ENG_GGML_TYPE_F32)
+        return PC_ERR_UNSUPPORTED;
     int rc = dalloc(c, n * 2, &out->d);
     if (rc != 0)
         return rc;
-    if (w->type == ENG_GGML_TYPE_F16) {
-        out->dt = KRN_F16;
+    if (w->type == ENG_GGML_TYPE_F16 && dt == KRN_F16) {
         rc = krn_copy_h2d(c->ctx, out->d, w->data, n * 2);
-        if (rc == 0)
-            rc = krn_ctx_sync(c->ctx);
-        return rc;
+        return rc == 0 ? krn_ctx_sync(c->ctx) : rc;
     }
-    if (w->type != ENG_GGML_TYPE_F32)
-        return PC_ERR_UNSUPPORTED;
-    const float *f = w->data;
-    /* F16 wherever the values fit, BF16 tensors included: a BF16 value in F16's normal range is
-     * exact in F16, and an F16 GEMM also takes its activations in F16 (11 significant bits
-     * against BF16's 8), so logits stay closer to the CPU backend's. */
-    float amax = 0;
-    for (size_t i = 0; i < n; i++)
-        amax = fabsf(f[i]) > amax ? fabsf(f[i]) : amax;
-    out->dt = amax <= 65000.0f ? KRN_F16 : KRN_BF16;
     uint16_t *tmp = pc_malloc(n * 2);
     if (tmp == NULL)
         return PC_ERR_NOMEM;
-    for (size_t i = 0; i < n; i++)
-        tmp[i] = out->dt == KRN_F16 ? krn_f32_to_f16(f[i]) : krn_f32_to_bf16(f[i]);
+    for (size_t i = 0; i < n; i++) {
+        float f = w->type == ENG_GGML_TYPE_F16 ? krn_f16_to_f32(((const uint16_t *)w->data)[i])
+                                               : ((const float *)w->data)[i];
+        tmp[i] = dt == KRN_F16 ? krn_f32_to_f16(f) : krn_f32_to_bf16(f);
+    }
     rc = krn_copy_h2d(c->ctx, out->d, tmp, n * 2);
     if (rc == 0)
         rc = krn_ctx_sync(c->ctx); /* tmp is freed below */
@@ -267,24 +304,47 @@ static int upload_weight(cuda_be_t *c, const eng_weight_t *w, cw_t *out)
     return rc;
 }
 
+/* The GEMM input type of a matrix whose activations are bounded by act_bound (krn_gemm_dtype:
+ * BF16 for BF16 files, F16 only where the activations provably fit), then the upload. */
+static int upload_weight(cuda_be_t *c, const eng_weight_t *w, double act_bound, cw_t *out)
+{
+    float amax;
+    double rn;
+    weight_stats(w, &amax, &rn);
+    krn_gemm_dtype_params_t dp = {.file_dtype = w->file_type == ENG_GGML_TYPE_BF16  ? KRN_BF16
+                                                : w->file_type == ENG_GGML_TYPE_F16 ? KRN_F16
+                                                                                    : KRN_F32,
+                                  .weight_amax = amax,
+                                  .act_bound = act_bound,
+                                  .act_amax_measured = -1.0}; /* no calibration pass yet */
+    enum krn_dtype dt = krn_gemm_dtype(&dp);
+    c->n_bf16 += dt == KRN_BF16;
+    c->n_f16 += dt == KRN_F16;
+    return upload_weight_as(c, w, dt, out);
+}
+
 static int upload_model(cuda_be_t *c)
 {
     const eng_model_t *m = c->model;
     const eng_hparams_t *hp = &m->hp;
-    int rc = upload_weight(c, &m->tok_embd, &c->tok_embd);
+    int32_t D = (int32_t)hp->n_embd;
+    size_t nq = (size_t)hp->n_head * hp->head_dim, nk = (size_t)hp->n_head_kv * hp->head_dim;
+    /* The output head's input is rmsnorm(x) * out_norm; a tied embedding table takes the
+     * head's type (the gather reads either). */
+    int rc =
+        upload_weight(c, &m->output, krn_act_bound_normed(D, vec_amax(m->out_norm, D)), &c->output);
     if (rc != 0)
         return rc;
     if (m->output.data == m->tok_embd.data)
-        c->output = c->tok_embd;
-    else if ((rc = upload_weight(c, &m->output, &c->output)) != 0)
-        return rc;
+        c->tok_embd = c->output;
+    else if ((rc = upload_weight(c, &m->tok_embd, 0.0, &c->tok_embd)) != 0)
+        return rc; /* never a GEMM input: the range of its weights alone decides */
     if ((rc = upload_f32(c, m->out_norm, hp->n_embd, &c->out_norm)) != 0 ||
         (rc = upload_f32(c, m->rope_inv_freq, hp->rope_dim / 2, &c->inv_freq)) != 0)
         return rc;
     c->layers = pc_calloc(hp->n_layer, sizeof *c->layers);
     if (c->layers == NULL)
         return PC_ERR_NOMEM;
-    size_t nq = (size_t)hp->n_head * hp->head_dim, nk = (size_t)hp->n_head_kv * hp->head_dim;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const eng_layer_t *L = &m->layers[l];
         cl_t *d = &c->layers[l];
@@ -294,14 +354,27 @@ static int upload_model(cuda_be_t *c)
             (rc = upload_f32(c, L->bk, nk, &d->bk)) != 0 ||
             (rc = upload_f32(c, L->bv, nk, &d->bv)) != 0 ||
             (rc = upload_f32(c, L->q_norm, hp->head_dim, &d->q_norm)) != 0 ||
-            (rc = upload_f32(c, L->k_norm, hp->head_dim, &d->k_norm)) != 0 ||
-            (rc = upload_weight(c, &L->wq, &d->wq)) != 0 ||
-            (rc = upload_weight(c, &L->wk, &d->wk)) != 0 ||
-            (rc = upload_weight(c, &L->wv, &d->wv)) != 0 ||
-            (rc = upload_weight(c, &L->wo, &d->wo)) != 0 ||
-            (rc = upload_weight(c, &L->w_gate, &d->gate)) != 0 ||
-            (rc = upload_weight(c, &L->w_up, &d->up)) != 0 ||
-            (rc = upload_weight(c, &L->w_down, &d->down)) != 0)
+            (rc = upload_f32(c, L->k_norm, hp->head_dim, &d->k_norm)) != 0)
+            return rc;
+        /* Activation bounds (kernels.h): q/k/v and gate/up take normed rows; Wo takes the
+         * attention output, a convex combination of V rows (h . Wv^T + bv); down takes
+         * silu(h . Wg^T) * (h . Wu^T). */
+        float an = vec_amax(L->attn_norm, D), fn = vec_amax(L->ffn_norm, D), wam;
+        double wv_rn, wg_rn, wu_rn;
+        weight_stats(&L->wv, &wam, &wv_rn);
+        weight_stats(&L->w_gate, &wam, &wg_rn);
+        weight_stats(&L->w_up, &wam, &wu_rn);
+        double b_attn = krn_act_bound_normed(D, an), b_ffn = krn_act_bound_normed(D, fn);
+        double b_o = krn_act_bound_proj(D, an, wv_rn, vec_amax(L->bv, nk));
+        double b_down = krn_act_bound_swiglu(krn_act_bound_proj(D, fn, wg_rn, 0),
+                                             krn_act_bound_proj(D, fn, wu_rn, 0));
+        if ((rc = upload_weight(c, &L->wq, b_attn, &d->wq)) != 0 ||
+            (rc = upload_weight(c, &L->wk, b_attn, &d->wk)) != 0 ||
+            (rc = upload_weight(c, &L->wv, b_attn, &d->wv)) != 0 ||
+            (rc = upload_weight(c, &L->wo, b_o, &d->wo)) != 0 ||
+            (rc = upload_weight(c, &L->w_gate, b_ffn, &d->gate)) != 0 ||
+            (rc = upload_weight(c, &L->w_up, b_ffn, &d->up)) != 0 ||
+            (rc = upload_weight(c, &L->w_down, b_down, &d->down)) != 0)
             return rc;
     }
     return krn_ctx_sync(c->ctx);
@@ -363,9 +436,9 @@ static int grow_dev(cuda_be_t *c, void **p, size_t *cap, size_t n, size_t elem)
     return 0;
 }
 
-/* Samples the n logits rows of the step in c->logits under rows[n] on the device; tokens[n]
- * (host) receives the picks after the step's final synchronization. */
-static int sample_rows(cuda_be_t *c, const eng_sample_row_t *rows, int32_t n, int32_t *tokens)
+/* Stages the sampling rules of the step's n logits rows on the device (rows[n] host) and
+ * grows the sampler's output and scratch; sample_chunk then samples each chunk of logits. */
+static int sample_prepare(cuda_be_t *c, const eng_sample_row_t *rows, int32_t n)
 {
     int32_t V = (int32_t)c->model->hp.n_vocab;
     int32_t chunk = n < CUDA_SAMPLE_CHUNK ? n : CUDA_SAMPLE_CHUNK;
@@ -384,20 +457,21 @@ static int sample_rows(cuda_be_t *c, const eng_sample_row_t *rows, int32_t n, in
             .top_p = rows[i].top_p,
             .min_p = rows[i].min_p,
             .u = rows[i].u};
-    if ((rc = krn_copy_h2d(c->ctx, c->d_srows, c->srows, (size_t)n * sizeof *c->srows)) != 0)
-        return rc;
-    /* Chunks reuse the scratch: launches on one stream run in order. */
-    for (int32_t r0 = 0; r0 < n; r0 += chunk) {
-        krn_sample_args_t sa = {.logits = c->logits + (size_t)r0 * V,
-                                .row = c->d_srows + r0,
-                                .token = c->d_stok + r0,
-                                .work = c->d_swork,
-                                .n_rows = n - r0 < chunk ? n - r0 : chunk,
-                                .n_vocab = V};
-        if ((rc = krn_sample(c->ctx, &sa)) != 0)
-            return rc;
-    }
-    return krn_copy_d2h(c->ctx, tokens, c->d_stok, (size_t)n * sizeof(int32_t));
+    return krn_copy_h2d(c->ctx, c->d_srows, c->srows, (size_t)n * sizeof *c->srows);
+}
+
+/* Samples logits rows r0 .. r0 + n - 1 of the step, which c->logits holds from its row 0
+ * (n <= CUDA_SAMPLE_CHUNK: the scratch's rows; launches on one stream run in order, so the
+ * next chunk reuses it). */
+static int sample_chunk(cuda_be_t *c, int32_t r0, int32_t n)
+{
+    krn_sample_args_t sa = {.logits = c->logits,
+                            .row = c->d_srows + r0,
+                            .token = c->d_stok + r0,
+                            .work = c->d_swork,
+                            .n_rows = n,
+                            .n_vocab = (int32_t)c->model->hp.n_vocab};
+    return krn_sample(c->ctx, &sa);
 }
 
 /* One forward step. The logits rows go to the host (logits), or are sampled on the device
@@ -588,14 +662,26 @@ static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, f
                                  .n_rows = n_logits,
                                  .width = D,
                                  .eps = hp->rms_eps};
-        if ((rc = krn_rmsnorm(c->ctx, &rn)) ||
-            (rc = gemm(c, c->h, n_logits, &c->output, c->logits, false)))
+        if ((rc = krn_rmsnorm(c->ctx, &rn)) != 0)
             return rc;
-        if (logits != NULL)
-            rc = krn_copy_d2h(c->ctx, logits, c->logits, (size_t)n_logits * V * 4);
-        else
-            rc = sample_rows(c, srows, n_logits, tokens);
-        if (rc != 0)
+        if (logits == NULL && (rc = sample_prepare(c, srows, n_logits)) != 0)
+            return rc;
+        /* The output head in chunks of logits_rows rows through the [logits_rows][V] buffer:
+         * each chunk is copied out (or sampled) before the next GEMM overwrites it, in stream
+         * order. */
+        for (int32_t r0 = 0; r0 < n_logits; r0 += c->logits_rows) {
+            int32_t nr = PC_MIN(c->logits_rows, n_logits - r0);
+            if ((rc = gemm(c, c->h + (size_t)r0 * D, nr, &c->output, c->logits, false)) != 0)
+                return rc;
+            if (logits != NULL)
+                rc = krn_copy_d2h(c->ctx, logits + (size_t)r0 * V, c->logits, (size_t)nr * V * 4);
+            else
+                rc = sample_chunk(c, r0, nr);
+            if (rc != 0)
+                return rc;
+        }
+        if (logits == NULL &&
+            (rc = krn_copy_d2h(c->ctx, tokens, c->d_stok, (size_t)n_logits * sizeof(int32_t))) != 0)
             return rc;
     }
     return krn_ctx_sync(c->ctx);
@@ -661,7 +747,12 @@ int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_
                  hp->n_head, hp->n_head_kv, hp->head_dim);
         return PC_ERR_UNSUPPORTED;
     }
-    int n_dev = krn_device_count();
+    char why[200];
+    int n_dev = krn_device_probe(why, sizeof why);
+    if (n_dev == 0) {
+        snprintf(err, err_len, "cuda backend: no CUDA device %d: %s", p->device, why);
+        return PC_ERR_UNSUPPORTED;
+    }
     if (p->device < 0 || p->device >= n_dev) {
         snprintf(err, err_len, "cuda backend: no CUDA device %d (%d found)", p->device, n_dev);
         return PC_ERR_UNSUPPORTED;
@@ -694,12 +785,13 @@ int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_
                        .block_tokens = (int32_t)p->block_tokens,
                        .dtype = eng_kvpool_dtype(kv) == ENG_KV_F16 ? KRN_F16 : KRN_F32};
     PC_ASSERT(krn_kv_block_bytes(&c->kv) == eng_kvpool_block_bytes(kv));
-    size_t pool_bytes = krn_kv_block_bytes(&c->kv) * (size_t)c->kv.n_blocks;
+    size_t block_bytes = krn_kv_block_bytes(&c->kv);
+    size_t pool_bytes = block_bytes * (size_t)c->kv.n_blocks;
     size_t T = p->max_tokens, D = hp->n_embd, nq = (size_t)hp->n_head * hp->head_dim;
     size_t nk = (size_t)hp->n_head_kv * hp->head_dim, ff = hp->n_ff;
     size_t wide = PC_MAX(D, nq), max_k = PC_MAX(PC_MAX(D, nq), ff);
-    if ((rc = dalloc(c, pool_bytes, &c->kv.base)) != 0 ||
-        (rc = dalloc(c, T * D * 4, (void **)&c->x)) != 0 ||
+    c->logits_rows = (int32_t)PC_MIN(T, (size_t)KRN_LOGITS_CHUNK_ROWS);
+    if ((rc = dalloc(c, T * D * 4, (void **)&c->x)) != 0 ||
         (rc = dalloc(c, T * wide * 4, (void **)&c->h)) != 0 ||
         (rc = dalloc(c, T * wide * 4, (void **)&c->q)) != 0 ||
         (rc = dalloc(c, T * nk * 4, (void **)&c->k)) != 0 ||
@@ -707,16 +799,55 @@ int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_
         (rc = dalloc(c, T * nq * 4, (void **)&c->att)) != 0 ||
         (rc = dalloc(c, T * ff * 4, (void **)&c->g)) != 0 ||
         (rc = dalloc(c, T * ff * 4, (void **)&c->u)) != 0 ||
-        (rc = dalloc(c, T * hp->n_vocab * 4, (void **)&c->logits)) != 0 ||
+        (rc = dalloc(c, (size_t)c->logits_rows * hp->n_vocab * 4, (void **)&c->logits)) != 0 ||
         (rc = dalloc(c, T * max_k * 2, &c->xa)) != 0 ||
         (rc = dalloc(c, T * 4, (void **)&c->d_tokens)) != 0 ||
         (rc = dalloc(c, T * 4, (void **)&c->d_pos)) != 0 ||
         (rc = dalloc(c, T * 4, (void **)&c->d_row_seq)) != 0 ||
         (rc = dalloc(c, 3 * 4, (void **)&c->d_copy)) != 0) {
-        snprintf(err, err_len, "cuda backend: cannot allocate %zu MiB of KV and scratch: %s",
-                 pool_bytes >> 20, pc_strerror(rc));
+        snprintf(err, err_len, "cuda backend: cannot allocate the step's scratch: %s",
+                 pc_strerror(rc));
         goto fail;
     }
+    /* The pool, last, where it fits: what is free now, less what steps grow later (the
+     * sampler's scratch; attention partials for max_tokens decode rows of 16 splits each,
+     * 8K positions at the default split: longer contexts take from the headroom) and a
+     * headroom. */
+    size_t free_b, total_b;
+    if ((rc = krn_mem_info(c->ctx, &free_b, &total_b)) != 0) {
+        snprintf(err, err_len, "cuda backend: cudaMemGetInfo failed");
+        goto fail;
+    }
+    krn_mem_plan_params_t mp = krn_mem_plan_params_default();
+    mp.free_bytes = free_b;
+    mp.total_bytes = total_b;
+    mp.other_bytes = (size_t)CUDA_SAMPLE_CHUNK * hp->n_vocab * 8 +
+                     T * hp->n_head * ((size_t)hp->head_dim + 2) * 4 * 16;
+    mp.block_bytes = block_bytes;
+    mp.want_blocks = c->kv.n_blocks;
+    krn_mem_plan_t plan;
+    rc = krn_mem_plan(&mp, &plan);
+    if (rc != 0) {
+        snprintf(err, err_len,
+                 "cuda backend: a KV pool of %d blocks (%zu MiB) does not fit on device %d: "
+                 "%zu MiB free after weights and scratch, %zu MiB kept for steps and %zu MiB "
+                 "headroom; at most %lld blocks (%lld tokens) fit",
+                 c->kv.n_blocks, pool_bytes >> 20, p->device, free_b >> 20, mp.other_bytes >> 20,
+                 plan.headroom_bytes >> 20, (long long)plan.max_blocks,
+                 (long long)plan.max_blocks * (long long)p->block_tokens);
+        rc = PC_ERR_NOMEM;
+        goto fail;
+    }
+    if ((rc = dalloc(c, pool_bytes, &c->kv.base)) != 0) {
+        snprintf(err, err_len, "cuda backend: cannot allocate %zu MiB of KV: %s", pool_bytes >> 20,
+                 pc_strerror(rc));
+        goto fail;
+    }
+    PC_LOG(PC_LOG_INFO, "cuda",
+           "device %d: %d F16 and %d BF16 weight matrices; KV pool %d blocks (%zu MiB) of %zu "
+           "MiB free, headroom %zu MiB, room for %lld blocks",
+           p->device, c->n_f16, c->n_bf16, c->kv.n_blocks, pool_bytes >> 20, free_b >> 20,
+           plan.headroom_bytes >> 20, (long long)plan.max_blocks);
     /* Unwritten slots are NaN in tests (kv_poison), zeros otherwise. */
     if ((rc = krn_memset(c->ctx, c->kv.base, p->kv_poison ? 0xff : 0, pool_bytes)) != 0 ||
         (rc = krn_ctx_sync(c->ctx)) != 0) {

@@ -1026,6 +1026,7 @@ PC_TEST(engine_backend_selection)
     ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
     ASSERT_TRUE(eng_kvpool_has_storage(eng_kvpool(e)));
     ASSERT_TRUE(!eng_samples_on_device(e));
+    ASSERT_STR_EQ(eng_backend_note_of(e), ""); /* asked for, not a fallback */
     eng_seq_t *s;
     ASSERT_EQ(eng_seq_create(e, &s), 0);
     int32_t toks[5] = {1, 2, 3, 4, 5};
@@ -1044,6 +1045,17 @@ PC_TEST(engine_backend_selection)
     p.backend = "auto";
     ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
     ASSERT_STR_EQ(eng_backend_name_of(e), have_gpu ? "cuda" : "cpu");
+    /* Why it fell back, for the worker and the CLI to print: the CUDA reason itself. */
+    if (have_gpu) {
+        ASSERT_STR_EQ(eng_backend_note_of(e), "");
+    } else {
+        ASSERT_TRUE(strncmp(eng_backend_note_of(e), "cuda unavailable: ", 18) == 0);
+#ifdef KVGW_HAVE_CUDA
+        ASSERT_TRUE(strstr(eng_backend_note_of(e), "no CUDA device 0: ") != NULL);
+#else
+        ASSERT_TRUE(strstr(eng_backend_note_of(e), "no CUDA support") != NULL);
+#endif
+    }
     ASSERT_EQ(eng_kvpool_has_storage(eng_kvpool(e)), !have_gpu);
     ASSERT_EQ(eng_samples_on_device(e), have_gpu);
     ASSERT_EQ(eng_seq_create(e, &s), 0);
