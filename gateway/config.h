@@ -91,6 +91,8 @@ typedef struct gw_config {
     /* cache */
     gw_accounting_t accounting;
     uint64_t cache_max_tokens; /* index capacity (tokens); LRU beyond */
+    uint32_t ttl_5m_ms;        /* the real length of a "5m" entry (default 5 minutes) */
+    uint32_t ttl_1h_ms;        /* the real length of a "1h" entry (default 1 hour) */
     bool per_tenant_metrics;
 
     /* billing */

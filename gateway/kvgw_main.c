@@ -13,6 +13,7 @@ static const kvgw_cmd_t bench_cmds[] = {
     {"engine", bench_engine_main, "engine core: prefill, decode, TTFT cold vs cached prefix"},
     {"kernels", bench_kernels_main, "CUDA kernels, cuBLAS GEMMs, engine on the cuda backend"},
     {"worker", bench_worker_main, "worker: concurrent requests, TTFT beside a cold prefill"},
+    {"gateway", bench_gateway_main, "gateway over HTTP: cached vs cold TTFT, overhead, wrk"},
 };
 
 static void bench_usage(FILE *f)
@@ -42,7 +43,10 @@ int kvgw_cmd_bench(int argc, char **argv)
 }
 
 static const kvgw_cmd_t commands[] = {
-    {"bench", kvgw_cmd_bench, "run a benchmark (radix, tokenizer, engine, worker, kernels)"},
+    {"serve", kvgw_cmd_serve, "run the gateway (HTTP API; embedded default: conf/kvgw.yaml)"},
+    {"check-config", kvgw_cmd_check_config, "validate a config file, print the effective values"},
+    {"bench", kvgw_cmd_bench,
+     "run a benchmark (radix, tokenizer, engine, worker, kernels, gateway, ...)"},
     {"tokenize", kvgw_cmd_tokenize, "text on stdin -> token ids (JSON); --decode the reverse"},
     {"mkmodel", kvgw_cmd_mkmodel, "write a test model (GGUF) with deterministic random weights"},
     {"eval", kvgw_cmd_eval, "forward pass over token ids; writes every position's logits"},

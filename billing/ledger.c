@@ -1,0 +1,985 @@
+/*
+ * ledger.c — the append-only usage ledger (format, durability and recovery in ledger.h).
+ *
+ * Threads: appenders (the gateway's loop) encode and frame a record, then under the mutex check
+ * the duplicate set, take the next seq and add the record to the pending buffer. The one writer
+ * thread swaps the pending buffer for an empty one, writes it with one write(2), syncs, publishes
+ * durable_seq and calls wake. Only the writer touches the segment file descriptor.
+ */
+#include "ledger.h"
+#include "common.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define SEG_MAGIC "KVGWLEDG"
+#define SEG_VERSION 1
+#define REC_VERSION 1
+
+int bill_fsync_parse(const char *s)
+{
+    if (s == NULL)
+        return -1;
+    if (strcmp(s, "always") == 0)
+        return BILL_FSYNC_ALWAYS;
+    if (strcmp(s, "batch") == 0)
+        return BILL_FSYNC_BATCH;
+    if (strcmp(s, "off") == 0)
+        return BILL_FSYNC_OFF;
+    return -1;
+}
+
+const char *bill_fsync_name(int mode)
+{
+    switch (mode) {
+    case BILL_FSYNC_ALWAYS:
+        return "always";
+    case BILL_FSYNC_BATCH:
+        return "batch";
+    case BILL_FSYNC_OFF:
+        return "off";
+    default:
+        return "?";
+    }
+}
+
+bill_ledger_params_t bill_ledger_params_default(void)
+{
+    return (bill_ledger_params_t){
+        .dir = "var/ledger",
+        .fsync = BILL_FSYNC_BATCH,
+        .batch_window_us = 1000,
+        .segment_bytes = 64u << 20,
+        .dedup_window = 1u << 20,
+        .max_pending_bytes = 64u << 20,
+    };
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The duplicate set: 128-bit hashes of event ids -> seq, in two generations. Inserts go to the
+ * current generation; when it holds dedup_window / 2 ids it becomes the old one and the previous
+ * old one is dropped. So at least the last dedup_window / 2 ... dedup_window ids are remembered.
+ * (A 128-bit hash collision among a million ids has probability about 2^-88.)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct idset {
+    uint64_t *slots; /* [cap][3]: hash low, hash high, seq; an all-zero hash is an empty slot */
+    size_t cap;
+    size_t n;
+} idset_t;
+
+typedef struct idkey {
+    uint64_t lo, hi;
+} idkey_t;
+
+static idkey_t id_hash(const char *id)
+{
+    XXH128_hash_t h = XXH3_128bits(id, strlen(id));
+    idkey_t k = {h.low64, h.high64};
+    if (k.lo == 0 && k.hi == 0)
+        k.lo = 1;
+    return k;
+}
+
+static uint64_t idset_find(const idset_t *s, idkey_t k)
+{
+    if (s->cap == 0)
+        return 0;
+    size_t mask = s->cap - 1;
+    for (size_t i = (size_t)k.lo & mask;; i = (i + 1) & mask) {
+        const uint64_t *e = &s->slots[i * 3];
+        if (e[0] == 0 && e[1] == 0)
+            return 0;
+        if (e[0] == k.lo && e[1] == k.hi)
+            return e[2];
+    }
+}
+
+static void idset_put(idset_t *s, idkey_t k, uint64_t seq)
+{
+    size_t mask = s->cap - 1;
+    size_t i = (size_t)k.lo & mask;
+    while (s->slots[i * 3] != 0 || s->slots[i * 3 + 1] != 0)
+        i = (i + 1) & mask;
+    s->slots[i * 3] = k.lo;
+    s->slots[i * 3 + 1] = k.hi;
+    s->slots[i * 3 + 2] = seq;
+    s->n++;
+}
+
+/* Makes room for one more id (load factor <= 1/2). 0 or PC_ERR_NOMEM (s unchanged). */
+static int idset_reserve(idset_t *s)
+{
+    if ((s->n + 1) * 2 <= s->cap)
+        return 0;
+    size_t nc = s->cap ? s->cap * 2 : 1024;
+    uint64_t *ns = pc_calloc(nc * 3, sizeof *ns);
+    if (ns == NULL)
+        return PC_ERR_NOMEM;
+    idset_t t = {ns, nc, 0};
+    for (size_t i = 0; i < s->cap; i++) {
+        const uint64_t *e = &s->slots[i * 3];
+        if (e[0] != 0 || e[1] != 0)
+            idset_put(&t, (idkey_t){e[0], e[1]}, e[2]);
+    }
+    pc_free(s->slots);
+    *s = t;
+    return 0;
+}
+
+static void idset_free(idset_t *s)
+{
+    pc_free(s->slots);
+    *s = (idset_t){0};
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The ledger
+ * ------------------------------------------------------------------------------------------- */
+
+struct bill_ledger {
+    bill_ledger_params_t p;
+    bill_ledger_io_t io;
+    char *dir;
+    char instance[17];
+    int dir_fd;
+    int lock_fd;
+    int seg_fd;
+    uint64_t seg_bytes; /* current segment's size (written and good) */
+
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* writer: records pending or stop */
+    pthread_cond_t done_cv; /* waiters: durable_seq moved or failure */
+
+    /* Under mu. */
+    pc_buf_t pending;
+    uint64_t pending_last_seq;
+    uint64_t pending_since_ns;
+    uint64_t next_seq;
+    bool stop;
+    idset_t ids_cur, ids_old;
+    bill_ledger_stats_t st;
+
+    _Atomic uint64_t durable_seq;
+    _Atomic int status;
+};
+
+static ssize_t io_write(void *ud, int fd, const void *buf, size_t len)
+{
+    return write(fd, buf, len);
+}
+
+static int io_fsync(void *ud, int fd)
+{
+    return fdatasync(fd);
+}
+
+static int err_from_errno(int e)
+{
+    return e == ENOSPC || e == EDQUOT ? PC_ERR_NOSPACE : PC_ERR_IO;
+}
+
+static void seg_name(char *buf, size_t n, uint64_t first_seq)
+{
+    snprintf(buf, n, "ledger-%020" PRIu64 ".seg", first_seq);
+}
+
+static bool parse_seg_name(const char *name, uint64_t *seq)
+{
+    if (strlen(name) != 7 + 20 + 4 || strncmp(name, "ledger-", 7) != 0 ||
+        strcmp(name + 27, ".seg") != 0)
+        return false;
+    uint64_t v = 0;
+    for (int i = 7; i < 27; i++) {
+        if (name[i] < '0' || name[i] > '9')
+            return false;
+        v = v * 10 + (uint64_t)(name[i] - '0');
+    }
+    *seq = v;
+    return v > 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The first seqs of every segment in dir, ascending. */
+static int list_segments(const char *dir, uint64_t **out, size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return pc_err_from_errno(errno);
+    uint64_t *v = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d)) != NULL) {
+        uint64_t s;
+        if (!parse_seg_name(e->d_name, &s))
+            continue;
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 16;
+            uint64_t *nv = pc_reallocarray(v, nc, sizeof *nv);
+            if (nv == NULL) {
+                rc = PC_ERR_NOMEM;
+                break;
+            }
+            v = nv;
+            cap = nc;
+        }
+        v[n++] = s;
+    }
+    closedir(d);
+    if (rc != 0) {
+        pc_free(v);
+        return rc;
+    }
+    if (n > 1)
+        qsort(v, n, sizeof *v, cmp_u64);
+    *out = v;
+    *n_out = n;
+    return 0;
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void put_u64le(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_u64le(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static void seg_header(uint8_t h[BILL_LEDGER_SEGMENT_HEADER])
+{
+    memcpy(h, SEG_MAGIC, 8);
+    put_u32(h + 8, SEG_VERSION);
+    put_u32(h + 12, bill_crc32c(0, h, 12));
+}
+
+static bool seg_header_ok(const uint8_t h[BILL_LEDGER_SEGMENT_HEADER])
+{
+    return memcmp(h, SEG_MAGIC, 8) == 0 && get_u32(h + 8) == SEG_VERSION &&
+           get_u32(h + 12) == bill_crc32c(0, h, 12);
+}
+
+/* Result of reading one record from a stream. */
+enum rec_result {
+    REC_OK = 0,
+    REC_END = 1,  /* clean end of data: no byte of a next record */
+    REC_TORN = 2, /* a partial or bad record: a torn tail, or damage */
+};
+
+/* Reads one record at the stream's position; on REC_OK fills ev and seq and *rec_len. A record
+ * whose CRC matches but whose payload does not decode counts as TORN too (with *bad_payload set):
+ * the caller decides whether that is a tail or damage. */
+static int read_record(FILE *f, bill_event_t *ev, uint64_t *seq, size_t *rec_len,
+                       bool *bad_payload)
+{
+    static _Thread_local uint8_t buf[BILL_LEDGER_RECORD_HEADER + BILL_LEDGER_MAX_PAYLOAD];
+    *bad_payload = false;
+    size_t got = fread(buf, 1, BILL_LEDGER_RECORD_HEADER, f);
+    if (got == 0)
+        return REC_END;
+    if (got < BILL_LEDGER_RECORD_HEADER)
+        return REC_TORN;
+    uint32_t len = get_u32(buf);
+    if (len == 0 || len > BILL_LEDGER_MAX_PAYLOAD || buf[8] != REC_VERSION)
+        return REC_TORN;
+    if (fread(buf + BILL_LEDGER_RECORD_HEADER, 1, len, f) != len)
+        return REC_TORN;
+    if (get_u32(buf + 4) != bill_crc32c(0, buf + 8, 12 + (size_t)len))
+        return REC_TORN;
+    if (bill_event_decode(buf + BILL_LEDGER_RECORD_HEADER, len, ev) != 0 || buf[9] != ev->kind) {
+        *bad_payload = true;
+        return REC_TORN;
+    }
+    *seq = get_u64le(buf + 12);
+    *rec_len = BILL_LEDGER_RECORD_HEADER + len;
+    return REC_OK;
+}
+
+static int fsync_dir(bill_ledger_t *l)
+{
+    return fsync(l->dir_fd) == 0 ? 0 : err_from_errno(errno);
+}
+
+/* Creates the segment whose first record will be first_seq, header synced, and makes it the
+ * current one. Called at open and by the writer thread. */
+static int create_segment(bill_ledger_t *l, uint64_t first_seq)
+{
+    char name[64];
+    seg_name(name, sizeof name, first_seq);
+    int fd = openat(l->dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return err_from_errno(errno);
+    uint8_t h[BILL_LEDGER_SEGMENT_HEADER];
+    seg_header(h);
+    size_t off = 0;
+    while (off < sizeof h) {
+        ssize_t w = l->io.write(l->io.ud, fd, h + off, sizeof h - off);
+        if (w <= 0) {
+            int e = w < 0 ? err_from_errno(errno) : PC_ERR_NOSPACE;
+            close(fd);
+            return e;
+        }
+        off += (size_t)w;
+    }
+    if (l->p.fsync != BILL_FSYNC_OFF && l->io.fsync(l->io.ud, fd) != 0) {
+        int e = err_from_errno(errno);
+        close(fd);
+        return e;
+    }
+    if (l->p.fsync != BILL_FSYNC_OFF) {
+        int rc = fsync_dir(l);
+        if (rc != 0) {
+            close(fd);
+            return rc;
+        }
+    }
+    if (l->seg_fd >= 0)
+        close(l->seg_fd);
+    l->seg_fd = fd;
+    l->seg_bytes = BILL_LEDGER_SEGMENT_HEADER;
+    l->st.n_segments++;
+    return 0;
+}
+
+/* Remembers id -> seq; mu held (or single-threaded at open). */
+static int remember_id(bill_ledger_t *l, idkey_t k, uint64_t seq)
+{
+    if (l->ids_cur.n >= (l->p.dedup_window + 1) / 2) {
+        idset_free(&l->ids_old);
+        l->ids_old = l->ids_cur;
+        l->ids_cur = (idset_t){0};
+    }
+    int rc = idset_reserve(&l->ids_cur);
+    if (rc != 0)
+        return rc;
+    idset_put(&l->ids_cur, k, seq);
+    return 0;
+}
+
+static uint64_t lookup_id(const bill_ledger_t *l, idkey_t k)
+{
+    uint64_t s = idset_find(&l->ids_cur, k);
+    return s != 0 ? s : idset_find(&l->ids_old, k);
+}
+
+/* Scans one segment at open: checks it and rebuilds the duplicate set. *next_seq is the seq the
+ * segment's first record must have, and becomes the one after its last. For the last segment a
+ * torn tail is truncated; elsewhere it is an error. */
+static int recover_segment(bill_ledger_t *l, uint64_t first, bool last, uint64_t *next_seq,
+                           char *err, size_t err_len)
+{
+    char name[64];
+    seg_name(name, sizeof name, first);
+    int fd = openat(l->dir_fd, name, (last ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0)
+        return pc_err_setf(err, err_len, pc_err_from_errno(errno), "ledger: cannot open %s/%s: %s",
+                           l->dir, name, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        close(fd);
+        return pc_err_setf(err, err_len, PC_ERR_IO, "ledger: cannot stat %s/%s", l->dir, name);
+    }
+    if (first != *next_seq) {
+        close(fd);
+        return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                           "ledger: segment %s/%s should start at seq %" PRIu64, l->dir, name,
+                           *next_seq);
+    }
+    int dfd = dup(fd);
+    FILE *f = dfd >= 0 ? fdopen(dfd, "rb") : NULL;
+    if (f == NULL) {
+        if (dfd >= 0)
+            close(dfd);
+        close(fd);
+        return PC_ERR_NOMEM;
+    }
+    int rc = 0;
+    uint8_t h[BILL_LEDGER_SEGMENT_HEADER];
+    uint64_t good = 0; /* bytes of the file known good */
+    size_t got = fread(h, 1, sizeof h, f);
+    if (got < sizeof h || !seg_header_ok(h)) {
+        /* A header is synced before any record is written, so a bad header with nothing after it
+         * is a crash during creation: rewrite it. With data after it, it is damage. */
+        if (!last || sb.st_size > BILL_LEDGER_SEGMENT_HEADER) {
+            rc = pc_err_setf(err, err_len, PC_ERR_FORMAT, "ledger: %s/%s: bad segment header",
+                             l->dir, name);
+            goto done;
+        }
+        seg_header(h);
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h ||
+            fdatasync(fd) != 0) {
+            rc = pc_err_setf(err, err_len, err_from_errno(errno),
+                             "ledger: cannot rewrite the header of %s/%s: %s", l->dir, name,
+                             strerror(errno));
+            goto done;
+        }
+        l->st.torn_bytes_truncated += (uint64_t)sb.st_size;
+        good = sizeof h;
+        goto done;
+    }
+    good = sizeof h;
+    bill_event_t ev;
+    for (;;) {
+        uint64_t seq;
+        size_t len;
+        bool bad_payload;
+        int r = read_record(f, &ev, &seq, &len, &bad_payload);
+        if (r == REC_END)
+            break;
+        if (r == REC_TORN || seq != *next_seq) {
+            if (!last || bad_payload || r == REC_OK) {
+                rc = pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                                 "ledger: %s/%s is damaged at byte %" PRIu64
+                                 " (seq %" PRIu64 "); not a torn tail, refusing to guess",
+                                 l->dir, name, good, *next_seq);
+                goto done;
+            }
+            /* The torn tail of a crash: cut it off. */
+            if (ftruncate(fd, (off_t)good) != 0 || fdatasync(fd) != 0) {
+                rc = pc_err_setf(err, err_len, err_from_errno(errno),
+                                 "ledger: cannot truncate the torn tail of %s/%s: %s", l->dir,
+                                 name, strerror(errno));
+                goto done;
+            }
+            l->st.torn_bytes_truncated += (uint64_t)sb.st_size - good;
+            PC_LOG(PC_LOG_WARN, "ledger",
+                   "%s/%s: truncated a torn tail of %" PRIu64 " bytes after seq %" PRIu64,
+                   l->dir, name, (uint64_t)sb.st_size - good, *next_seq - 1);
+            break;
+        }
+        rc = remember_id(l, id_hash(ev.event_id), seq);
+        if (rc != 0)
+            goto done;
+        good += len;
+        (*next_seq)++;
+    }
+done:
+    fclose(f);
+    if (rc == 0 && last) {
+        if (lseek(fd, (off_t)good, SEEK_SET) < 0) {
+            rc = PC_ERR_IO;
+        } else {
+            l->seg_fd = fd;
+            l->seg_bytes = good;
+            fd = -1;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+static int write_instance(bill_ledger_t *l)
+{
+    uint64_t r;
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+        return PC_ERR_IO;
+    char txt[18];
+    snprintf(txt, sizeof txt, "%016" PRIx64 "\n", r);
+    int fd = openat(l->dir_fd, "INSTANCE.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return err_from_errno(errno);
+    bool ok = write(fd, txt, 17) == 17 && fsync(fd) == 0;
+    close(fd);
+    if (!ok || renameat(l->dir_fd, "INSTANCE.tmp", l->dir_fd, "INSTANCE") != 0)
+        return err_from_errno(errno);
+    memcpy(l->instance, txt, 16);
+    l->instance[16] = '\0';
+    return fsync_dir(l);
+}
+
+int bill_ledger_read_instance(const char *dir, char out[17])
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/INSTANCE", dir);
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return PC_ERR_NOTFOUND;
+    char buf[32] = "";
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    if (n < 16)
+        return PC_ERR_FORMAT;
+    for (int i = 0; i < 16; i++)
+        if (!((buf[i] >= '0' && buf[i] <= '9') || (buf[i] >= 'a' && buf[i] <= 'f')))
+            return PC_ERR_FORMAT;
+    memcpy(out, buf, 16);
+    out[16] = '\0';
+    return 0;
+}
+
+static void *writer_main(void *arg);
+
+int bill_ledger_open(const bill_ledger_params_t *p, bill_ledger_t **out, char *err,
+                     size_t err_len)
+{
+    *out = NULL;
+    if (p == NULL || p->dir == NULL || p->dir[0] == '\0' || p->fsync > BILL_FSYNC_OFF ||
+        p->segment_bytes < 4096 || p->dedup_window == 0 || p->max_pending_bytes < 65536)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "ledger: bad parameters (dir required, segment_bytes >= 4096, "
+                           "max_pending_bytes >= 65536)");
+    bill_ledger_t *l = pc_calloc(1, sizeof *l);
+    if (l == NULL)
+        return PC_ERR_NOMEM;
+    uint64_t *segs = NULL;
+    size_t n_segs = 0;
+    int rc = 0;
+    l->p = *p;
+    l->io = p->io != NULL ? *p->io : (bill_ledger_io_t){io_write, io_fsync, NULL};
+    l->dir_fd = l->lock_fd = l->seg_fd = -1;
+    l->dir = pc_strdup(p->dir);
+    l->p.dir = l->dir;
+    l->p.io = NULL;
+    if (l->dir == NULL) {
+        rc = PC_ERR_NOMEM;
+        goto fail;
+    }
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&l->cv, &ca);
+    pthread_cond_init(&l->done_cv, &ca);
+    pthread_condattr_destroy(&ca);
+
+    if (mkdir(l->dir, 0755) != 0 && errno != EEXIST) {
+        rc = pc_err_setf(err, err_len, pc_err_from_errno(errno), "ledger: cannot create %s: %s",
+                         l->dir, strerror(errno));
+        goto fail;
+    }
+    l->dir_fd = open(l->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (l->dir_fd < 0) {
+        rc = pc_err_setf(err, err_len, pc_err_from_errno(errno), "ledger: cannot open %s: %s",
+                         l->dir, strerror(errno));
+        goto fail;
+    }
+    l->lock_fd = openat(l->dir_fd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (l->lock_fd < 0 || flock(l->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        rc = pc_err_setf(err, err_len, e == EWOULDBLOCK ? PC_ERR_BUSY : pc_err_from_errno(e),
+                         "ledger: %s is in use by another process (%s)", l->dir, strerror(e));
+        goto fail;
+    }
+    rc = bill_ledger_read_instance(l->dir, l->instance);
+    if (rc == PC_ERR_NOTFOUND)
+        rc = write_instance(l);
+    if (rc != 0) {
+        rc = pc_err_setf(err, err_len, rc, "ledger: bad or unwritable %s/INSTANCE", l->dir);
+        goto fail;
+    }
+    rc = list_segments(l->dir, &segs, &n_segs);
+    if (rc != 0) {
+        rc = pc_err_setf(err, err_len, rc, "ledger: cannot list %s", l->dir);
+        goto fail;
+    }
+    uint64_t next = n_segs > 0 ? segs[0] : 1;
+    for (size_t i = 0; i < n_segs; i++) {
+        rc = recover_segment(l, segs[i], i + 1 == n_segs, &next, err, err_len);
+        if (rc != 0)
+            goto fail;
+    }
+    l->st.n_segments = n_segs;
+    if (n_segs == 0) {
+        rc = create_segment(l, 1);
+        if (rc != 0) {
+            rc = pc_err_setf(err, err_len, rc, "ledger: cannot create the first segment in %s",
+                             l->dir);
+            goto fail;
+        }
+    }
+    l->next_seq = next;
+    atomic_store(&l->durable_seq, next - 1);
+    if (pthread_create(&l->thread, NULL, writer_main, l) != 0) {
+        rc = pc_err_setf(err, err_len, PC_ERR_NOMEM, "ledger: cannot start the writer thread");
+        goto fail;
+    }
+    l->thread_started = true;
+    pc_free(segs);
+    *out = l;
+    return 0;
+fail:
+    pc_free(segs);
+    bill_ledger_close(l);
+    return rc;
+}
+
+int bill_ledger_append(bill_ledger_t *l, const bill_event_t *ev, uint64_t *seq_out)
+{
+    uint8_t rec[BILL_LEDGER_RECORD_HEADER + BILL_EVENT_MAX_ENCODED];
+    if (bill_event_validate(ev, NULL, 0) != 0)
+        return PC_ERR_INVAL;
+    size_t n = bill_event_encode(ev, rec + BILL_LEDGER_RECORD_HEADER);
+    size_t rec_len = BILL_LEDGER_RECORD_HEADER + n;
+    put_u32(rec, (uint32_t)n);
+    rec[8] = REC_VERSION;
+    rec[9] = ev->kind;
+    rec[10] = rec[11] = 0;
+    idkey_t k = id_hash(ev->event_id);
+    bool zero_cost = ev->kind == BILL_EVENT_USAGE && bill_event_quantity(ev) > 0 &&
+                     bill_event_total_nusd(ev) == 0;
+
+    pthread_mutex_lock(&l->mu);
+    int rc = atomic_load(&l->status);
+    if (rc != 0)
+        goto out;
+    if (l->stop) {
+        rc = PC_ERR_STATE;
+        goto out;
+    }
+    uint64_t prev = lookup_id(l, k);
+    if (prev != 0) {
+        l->st.n_duplicates++;
+        *seq_out = prev;
+        rc = 1;
+        goto out;
+    }
+    if (l->pending.len + rec_len > l->p.max_pending_bytes) {
+        rc = PC_ERR_OVERLOADED;
+        goto out;
+    }
+    uint64_t seq = l->next_seq;
+    put_u64le(rec + 12, seq);
+    put_u32(rec + 4, bill_crc32c(0, rec + 8, 12 + n));
+    bool was_empty = l->pending.len == 0;
+    rc = pc_buf_append(&l->pending, rec, rec_len);
+    if (rc != 0)
+        goto out;
+    rc = remember_id(l, k, seq);
+    if (rc != 0) {
+        l->pending.len -= rec_len; /* roll back: nothing appended */
+        goto out;
+    }
+    l->next_seq++;
+    l->pending_last_seq = seq;
+    l->st.n_appended++;
+    if (zero_cost)
+        l->st.n_zero_cost++;
+    if (was_empty) {
+        l->pending_since_ns = pc_time_mono_ns();
+        pthread_cond_signal(&l->cv);
+    }
+    *seq_out = seq;
+out:
+    pthread_mutex_unlock(&l->mu);
+    if (zero_cost && rc == 0)
+        PC_LOG(PC_LOG_WARN, "ledger",
+               "event %s (tenant %s, model %s) has tokens but costs 0: check the price table",
+               ev->event_id, ev->tenant, ev->model);
+    return rc;
+}
+
+/* Writes buf to the current segment. 0 or the error (the segment is cut back to its last good
+ * size, best effort, so a later reopen finds no partial batch either way). */
+static int write_batch(bill_ledger_t *l, const char *buf, size_t len)
+{
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = l->io.write(l->io.ud, l->seg_fd, buf + off, len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            int e = w < 0 ? errno : ENOSPC;
+            PC_LOG(PC_LOG_ERROR, "ledger", "write to %s failed: %s; the ledger stops accepting",
+                   l->dir, strerror(e));
+            if (ftruncate(l->seg_fd, (off_t)l->seg_bytes) == 0)
+                (void)lseek(l->seg_fd, (off_t)l->seg_bytes, SEEK_SET);
+            return err_from_errno(e);
+        }
+        off += (size_t)w;
+    }
+    if (l->p.fsync != BILL_FSYNC_OFF && l->io.fsync(l->io.ud, l->seg_fd) != 0) {
+        /* After a failed fsync the page cache may have dropped the dirty pages: never retry and
+         * pretend (PostgreSQL's fsyncgate); the ledger is failed until reopened. */
+        int e = errno;
+        PC_LOG(PC_LOG_ERROR, "ledger", "fsync of %s failed: %s; the ledger stops accepting",
+               l->dir, strerror(e));
+        return err_from_errno(e);
+    }
+    l->seg_bytes += len;
+    return 0;
+}
+
+static void *writer_main(void *arg)
+{
+    bill_ledger_t *l = arg;
+    pc_buf_t batch = PC_BUF_INIT;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        while (l->pending.len == 0 && !l->stop)
+            pthread_cond_wait(&l->cv, &l->mu);
+        if (l->pending.len == 0)
+            break; /* stopping, nothing left */
+        if (l->p.fsync == BILL_FSYNC_BATCH && !l->stop) {
+            uint64_t deadline = l->pending_since_ns + (uint64_t)l->p.batch_window_us * 1000u;
+            struct timespec ts = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
+            while (!l->stop && pc_time_mono_ns() < deadline)
+                if (pthread_cond_timedwait(&l->cv, &l->mu, &ts) == ETIMEDOUT)
+                    break;
+        }
+        pc_buf_t t = l->pending;
+        l->pending = batch;
+        l->pending.len = 0;
+        batch = t;
+        uint64_t last = l->pending_last_seq;
+        pthread_mutex_unlock(&l->mu);
+
+        size_t n_bytes = batch.len;
+        int rc = write_batch(l, batch.base, n_bytes);
+        batch.len = 0;
+        if (rc == 0) {
+            atomic_store(&l->durable_seq, last);
+            if (l->seg_bytes >= l->p.segment_bytes)
+                rc = create_segment(l, last + 1);
+        }
+        pthread_mutex_lock(&l->mu);
+        if (rc == 0) {
+            l->st.bytes_written += n_bytes;
+            if (l->p.fsync != BILL_FSYNC_OFF)
+                l->st.n_syncs++;
+        } else {
+            atomic_store(&l->status, rc);
+        }
+        pthread_cond_broadcast(&l->done_cv);
+        pthread_mutex_unlock(&l->mu);
+        if (l->p.wake != NULL)
+            l->p.wake(l->p.wake_ud);
+        pthread_mutex_lock(&l->mu);
+        if (rc != 0)
+            break;
+    }
+    pthread_mutex_unlock(&l->mu);
+    pc_buf_free(&batch);
+    return NULL;
+}
+
+uint64_t bill_ledger_durable_seq(bill_ledger_t *l)
+{
+    return atomic_load(&l->durable_seq);
+}
+
+int bill_ledger_status(bill_ledger_t *l)
+{
+    return atomic_load(&l->status);
+}
+
+int bill_ledger_wait_durable(bill_ledger_t *l, uint64_t seq)
+{
+    pthread_mutex_lock(&l->mu);
+    while (atomic_load(&l->durable_seq) < seq && atomic_load(&l->status) == 0)
+        pthread_cond_wait(&l->done_cv, &l->mu);
+    int rc = atomic_load(&l->durable_seq) >= seq ? 0 : atomic_load(&l->status);
+    pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
+const char *bill_ledger_instance(const bill_ledger_t *l)
+{
+    return l->instance;
+}
+
+void bill_ledger_stats(bill_ledger_t *l, bill_ledger_stats_t *out)
+{
+    pthread_mutex_lock(&l->mu);
+    *out = l->st;
+    out->next_seq = l->next_seq;
+    out->durable_seq = atomic_load(&l->durable_seq);
+    out->status = atomic_load(&l->status);
+    pthread_mutex_unlock(&l->mu);
+}
+
+int bill_ledger_close(bill_ledger_t *l)
+{
+    if (l == NULL)
+        return 0;
+    int rc = 0;
+    if (l->thread_started) {
+        pthread_mutex_lock(&l->mu);
+        l->stop = true;
+        pthread_cond_signal(&l->cv);
+        pthread_mutex_unlock(&l->mu);
+        pthread_join(l->thread, NULL);
+        rc = atomic_load(&l->status);
+        if (rc == 0 && atomic_load(&l->durable_seq) + 1 < l->next_seq)
+            rc = PC_ERR_IO;
+    }
+    if (l->seg_fd >= 0)
+        close(l->seg_fd);
+    if (l->lock_fd >= 0)
+        close(l->lock_fd); /* releases the flock */
+    if (l->dir_fd >= 0)
+        close(l->dir_fd);
+    if (l->dir != NULL) {
+        pthread_mutex_destroy(&l->mu);
+        pthread_cond_destroy(&l->cv);
+        pthread_cond_destroy(&l->done_cv);
+    }
+    idset_free(&l->ids_cur);
+    idset_free(&l->ids_old);
+    pc_buf_free(&l->pending);
+    pc_free(l->dir);
+    pc_free(l);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Reader
+ * ------------------------------------------------------------------------------------------- */
+
+struct bill_ledger_reader {
+    char *dir;
+    FILE *f;
+    uint64_t next_seq; /* seq of the next record in f */
+    uint64_t from_seq;
+};
+
+static FILE *open_segment(const char *dir, uint64_t first, bool *bad_header)
+{
+    char path[4096], name[64];
+    seg_name(name, sizeof name, first);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    *bad_header = false;
+    FILE *f = fopen(path, "rbe");
+    if (f == NULL)
+        return NULL;
+    uint8_t h[BILL_LEDGER_SEGMENT_HEADER];
+    if (fread(h, 1, sizeof h, f) != sizeof h || !seg_header_ok(h)) {
+        *bad_header = true;
+        fclose(f);
+        return NULL;
+    }
+    return f;
+}
+
+int bill_ledger_reader_open(const char *dir, uint64_t from_seq, bill_ledger_reader_t **out,
+                            char *err, size_t err_len)
+{
+    *out = NULL;
+    uint64_t *segs;
+    size_t n;
+    int rc = list_segments(dir, &segs, &n);
+    if (rc != 0)
+        return pc_err_setf(err, err_len, rc, "ledger: cannot read %s: %s", dir, pc_strerror(rc));
+    bill_ledger_reader_t *r = pc_calloc(1, sizeof *r);
+    if (r == NULL || (r->dir = pc_strdup(dir)) == NULL) {
+        pc_free(r);
+        pc_free(segs);
+        return PC_ERR_NOMEM;
+    }
+    r->from_seq = from_seq;
+    /* Start in the last segment that begins at or before from_seq (or the oldest one). */
+    r->next_seq = n > 0 ? segs[0] : 1;
+    for (size_t i = 0; i < n; i++)
+        if (segs[i] <= from_seq)
+            r->next_seq = segs[i];
+    pc_free(segs);
+    *out = r;
+    return 0;
+}
+
+/* True when a segment starting at seq exists (the current one then ended for good). */
+static bool segment_exists(const char *dir, uint64_t seq)
+{
+    char path[4096], name[64];
+    seg_name(name, sizeof name, seq);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t *seq, char *err,
+                            size_t err_len)
+{
+    for (;;) {
+        if (r->f == NULL) {
+            bool bad;
+            r->f = open_segment(r->dir, r->next_seq, &bad);
+            if (r->f == NULL) {
+                /* A half-created segment (header not yet written) is the end for now, unless a
+                 * later one exists. */
+                if (bad && segment_exists(r->dir, r->next_seq + 1))
+                    return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                                       "ledger: %s: bad header in the segment of seq %" PRIu64,
+                                       r->dir, r->next_seq);
+                return 1;
+            }
+        }
+        long pos = ftell(r->f);
+        uint64_t s;
+        size_t len;
+        bool bad_payload;
+        int rr = read_record(r->f, ev, &s, &len, &bad_payload);
+        if (rr == REC_OK && s == r->next_seq) {
+            r->next_seq++;
+            if (s < r->from_seq)
+                continue;
+            *seq = s;
+            return 0;
+        }
+        if (rr == REC_OK || bad_payload)
+            return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                               "ledger: %s: damaged record at seq %" PRIu64, r->dir, r->next_seq);
+        /* The end of the data written so far, or of this segment. */
+        clearerr(r->f);
+        fseek(r->f, pos, SEEK_SET);
+        if (segment_exists(r->dir, r->next_seq)) {
+            if (rr == REC_TORN)
+                return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                                   "ledger: %s: damaged record at seq %" PRIu64
+                                   " before a later segment",
+                                   r->dir, r->next_seq);
+            fclose(r->f);
+            r->f = NULL;
+            continue;
+        }
+        return 1;
+    }
+}
+
+void bill_ledger_reader_free(bill_ledger_reader_t *r)
+{
+    if (r == NULL)
+        return;
+    if (r->f != NULL)
+        fclose(r->f);
+    pc_free(r->dir);
+    pc_free(r);
+}

@@ -1,0 +1,76 @@
+/*
+ * pool.h — the gateway's workers, in-process and remote, behind one interface on the loop.
+ *
+ * A worker is either an in-process eng_worker (embedded mode: its events come back through
+ * uv_async and eng_worker_poll) or a TCP link to a `kvgw worker` process (lnk_worker_client,
+ * reconnected with backoff while the pool lives). Both produce the same events (engine/wire.h
+ * frames TOKEN, DONE, ERROR, KV_EVENT, LOAD), delivered to on_event on the loop thread with the
+ * worker's index. The pool does not track requests: when a remote worker goes down, on_state
+ * says so and the caller fails the requests it had routed there.
+ *
+ * Worker indexes are stable for the pool's life: the workers of model 0 first (in-process,
+ * then remote, in config order), then model 1's, and so on; at most 64 in all.
+ */
+#ifndef GW_POOL_H
+#define GW_POOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "config.h"
+#include "wire.h"
+
+#define GW_POOL_MAX_WORKERS 64
+
+typedef struct gw_pool gw_pool_t;
+
+typedef struct gw_pool_worker {
+    uint32_t index;
+    uint32_t model; /* index into the config's models */
+    char name[96];  /* "local-0" or the remote address */
+    bool remote;
+    bool up;
+    eng_wire_load_t load; /* the latest LOAD (or a fresh eng_worker_load) */
+    uint32_t block_tokens, total_blocks, max_prompt_tokens, n_ctx;
+    uint64_t model_fp;
+    /* moving averages measured by the worker (0 until known) */
+    double prefill_tok_s, decode_ms_per_token;
+    uint64_t down_since_ms;
+    char last_error[256];
+} gw_pool_worker_t;
+
+typedef struct gw_pool_cbs {
+    void (*on_event)(void *ud, uint32_t worker, const eng_wire_frame_t *ev);
+    /* up: the worker became usable (remote handshake done); !up: it went away (reason). */
+    void (*on_state)(void *ud, uint32_t worker, bool up, const char *reason);
+} gw_pool_cbs_t;
+
+/* Starts every worker of every model in cfg: loads the in-process ones (blocking, at startup;
+ * progress on stderr) and starts connecting to the remote ones. Returns 0, or the first
+ * in-process worker's load error with a reason in err. cfg must outlive the pool. */
+int gw_pool_init(uv_loop_t *loop, const gw_config_t *cfg, const gw_pool_cbs_t *cbs, void *ud,
+                 gw_pool_t **out, char *err, size_t err_len);
+
+size_t gw_pool_n_workers(const gw_pool_t *p);
+const gw_pool_worker_t *gw_pool_worker(const gw_pool_t *p, uint32_t i);
+/* Whether any worker of the model is up. */
+bool gw_pool_model_up(const gw_pool_t *p, uint32_t model);
+
+/* Queues a request on worker i. Returns 0, or an error with a reason in err (nothing queued,
+ * no event will follow): the worker's refusals (eng_worker_submit), PC_ERR_UPSTREAM (down). */
+int gw_pool_submit(gw_pool_t *p, uint32_t i, const eng_wire_submit_t *rq, char *err,
+                   size_t err_len);
+/* Cancels a request on worker i (its final event still follows). */
+int gw_pool_cancel(gw_pool_t *p, uint32_t i, uint64_t request_id);
+/* Asks worker i to unpin a retained prefix (the gateway's entry expired) or to drop a whole
+ * namespace. Best effort: a down worker has nothing to release. */
+int gw_pool_release(gw_pool_t *p, uint32_t i, uint64_t ns, const uint32_t *tokens, uint32_t n);
+int gw_pool_drop_ns(gw_pool_t *p, uint32_t i, uint64_t ns);
+
+/* Closes the links and stops the in-process workers; done(ud) runs on the loop once every
+ * handle is closed. In-process workers are freed off the loop thread. */
+void gw_pool_shutdown(gw_pool_t *p, void (*done)(void *ud), void *ud);
+void gw_pool_free(gw_pool_t *p);
+
+#endif

@@ -1,0 +1,298 @@
+// gateway.test.mjs — the real `kvgw serve` binary on loopback, spoken to with curl-like fetch
+// calls and the official SDKs (@anthropic-ai/sdk, openai): prompt caching usage with exact
+// token arithmetic, streaming, errors in each API's shape, TTL expiry, tenant isolation,
+// metrics, graceful shutdown and the ledger it leaves behind.
+//
+// Run by CTest (tests/integration/CMakeLists.txt) as: node --test tests/integration/gateway.test.mjs
+// with KVGW_BIN (the kvgw binary) and the repository root as the working directory.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createRequire } from 'node:module';
+
+const require = createRequire(join(process.cwd(), 'tests/node/package.json'));
+const Anthropic = require('@anthropic-ai/sdk').default ?? require('@anthropic-ai/sdk');
+const OpenAIMod = require('openai');
+const OpenAI = OpenAIMod.default ?? OpenAIMod.OpenAI ?? OpenAIMod;
+
+const BIN = process.env.KVGW_BIN ?? 'build/bin/kvgw';
+const MODEL = 'kvgw-demo';
+const TTL_5M_MS = 2500; // the "5m" class, shortened for the expiry test
+
+let dir, gw, base, stderrText = '';
+
+function config(extra = '') {
+  return `listen: 127.0.0.1:0
+models:
+  - name: ${MODEL}
+    path: models/kvgw-demo.gguf
+    min_cache_tokens: 16
+    workers: 2
+    threads: 1
+api_keys:
+  - {key: sk-test-a, id: key-a, tenant: tenant-a}
+  - {key: sk-test-b, id: key-b, tenant: tenant-b}
+admin_key: sk-test-admin
+cache:
+  ttl_5m: ${TTL_5M_MS}ms
+  namespace_secret: integration-test-namespace-secret
+billing:
+  ledger_dir: ${dir}/ledger
+  pricing: conf/pricing.yaml
+  fsync: batch
+log:
+  access_log: ${dir}/access.log
+${extra}`;
+}
+
+async function startGateway() {
+  const cfg = join(dir, 'kvgw.yaml');
+  writeFileSync(cfg, config());
+  gw = spawn(BIN, ['serve', '--config', cfg], { stdio: ['ignore', 'pipe', 'pipe'] });
+  gw.stderr.on('data', (d) => { stderrText += d; });
+  base = await new Promise((resolve, reject) => {
+    let out = '';
+    const t = setTimeout(() => reject(new Error('gateway did not start:\n' + stderrText)), 60000);
+    gw.stdout.on('data', (d) => {
+      out += d;
+      const m = out.match(/listening on (http:\/\/[0-9.]+:\d+)/);
+      if (m) { clearTimeout(t); resolve(m[1]); }
+    });
+    gw.on('exit', (code) => { clearTimeout(t); reject(new Error(`gateway exited ${code}:\n${stderrText}`)); });
+  });
+}
+
+before(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'kvgw-it-'));
+  await startGateway();
+});
+
+after(async () => {
+  if (gw && gw.exitCode === null) gw.kill('SIGKILL');
+  rmSync(dir, { recursive: true, force: true });
+});
+
+// A long shared system prompt (well over min_cache_tokens) that differs per test.
+function longSystem(tag) {
+  let s = `You are assistant ${tag}. `;
+  for (let i = 0; i < 40; i++) s += `Rule ${i}: answer briefly and cite section ${i}. `;
+  return s;
+}
+
+const anthropic = (key = 'sk-test-a') => new Anthropic({ apiKey: key, baseURL: base, maxRetries: 0 });
+const openai = (key = 'sk-test-a') => new OpenAI({ apiKey: key, baseURL: base + '/v1', maxRetries: 0 });
+
+async function post(path, body, headers = {}) {
+  const r = await fetch(base + path, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-api-key': 'sk-test-a', 'anthropic-version': '2023-06-01', ...headers },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
+  return { status: r.status, headers: r.headers, json: await r.json().catch(() => null) };
+}
+
+function bucketsSum(u) {
+  return u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens;
+}
+
+test('anthropic SDK: write then read with exact token arithmetic', async () => {
+  const client = anthropic();
+  const system = [{ type: 'text', text: longSystem('write-read'), cache_control: { type: 'ephemeral' } }];
+  const messages = [{ role: 'user', content: 'What is rule 3?' }];
+  const count = await client.messages.countTokens({ model: MODEL, system, messages });
+  assert.ok(count.input_tokens > 100);
+
+  const first = await client.messages.create({ model: MODEL, max_tokens: 8, system, messages, temperature: 0 });
+  assert.equal(first.type, 'message');
+  assert.equal(first.role, 'assistant');
+  assert.ok(['end_turn', 'max_tokens'].includes(first.stop_reason));
+  const u1 = first.usage;
+  assert.equal(bucketsSum(u1), count.input_tokens, 'the buckets sum to the prompt');
+  assert.equal(u1.cache_read_input_tokens, 0);
+  assert.ok(u1.cache_creation_input_tokens > 100);
+  assert.equal(u1.cache_creation.ephemeral_5m_input_tokens, u1.cache_creation_input_tokens);
+  assert.equal(u1.cache_creation.ephemeral_1h_input_tokens, 0);
+  assert.ok(u1.output_tokens >= 1 && u1.output_tokens <= 8);
+
+  const second = await client.messages.create({ model: MODEL, max_tokens: 8, system, messages, temperature: 0 });
+  const u2 = second.usage;
+  assert.equal(u2.cache_read_input_tokens, u1.cache_creation_input_tokens, 'the whole entry is read');
+  assert.equal(u2.cache_creation_input_tokens, 0);
+  assert.equal(u2.input_tokens, u1.input_tokens);
+  assert.equal(bucketsSum(u2), count.input_tokens);
+  // Greedy decoding over the cached prefix gives the same text as the cold run.
+  assert.deepEqual(second.content, first.content);
+});
+
+test('anthropic streaming: exact event sequence and usage', async () => {
+  const client = anthropic();
+  const system = [{ type: 'text', text: longSystem('stream'), cache_control: { type: 'ephemeral', ttl: '1h' } }];
+  const stream = await client.messages.create({
+    model: MODEL, max_tokens: 6, stream: true, system, messages: [{ role: 'user', content: 'hi' }],
+  });
+  const types = [];
+  let text = '', start, delta;
+  for await (const ev of stream) {
+    types.push(ev.type);
+    if (ev.type === 'message_start') start = ev.message;
+    if (ev.type === 'content_block_delta') text += ev.delta.text;
+    if (ev.type === 'message_delta') delta = ev;
+  }
+  assert.equal(types[0], 'message_start');
+  assert.equal(types[1], 'content_block_start');
+  assert.ok(types.includes('ping'));
+  assert.deepEqual(types.slice(-3), ['content_block_stop', 'message_delta', 'message_stop']);
+  assert.ok(start.usage.cache_creation_input_tokens > 100);
+  assert.equal(start.usage.cache_creation.ephemeral_1h_input_tokens, start.usage.cache_creation_input_tokens);
+  assert.ok(['end_turn', 'max_tokens'].includes(delta.delta.stop_reason));
+  assert.ok(delta.usage.output_tokens >= 1);
+  assert.equal(typeof text, 'string');
+});
+
+test('openai SDK: automatic caching, inclusive prompt_tokens, streaming with usage', async () => {
+  const client = openai();
+  const messages = [
+    { role: 'system', content: longSystem('openai') },
+    { role: 'user', content: 'Summarize rule 7.' },
+  ];
+  const a = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 5, temperature: 0 });
+  assert.equal(a.object, 'chat.completion');
+  assert.equal(a.choices[0].message.role, 'assistant');
+  assert.equal(a.usage.prompt_tokens_details.cached_tokens, 0);
+  const b = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 5, temperature: 0 });
+  assert.equal(b.usage.prompt_tokens, a.usage.prompt_tokens, 'prompt_tokens includes cached tokens');
+  assert.ok(b.usage.prompt_tokens_details.cached_tokens > 100);
+  assert.ok(b.usage.prompt_tokens_details.cached_tokens < b.usage.prompt_tokens);
+  assert.equal(b.choices[0].message.content, a.choices[0].message.content);
+
+  const stream = await client.chat.completions.create({
+    model: MODEL, messages, max_tokens: 5, temperature: 0, stream: true, stream_options: { include_usage: true },
+  });
+  let text = '', usage = null, finish = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      if (c.delta?.content) text += c.delta.content;
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  assert.ok(['stop', 'length'].includes(finish));
+  assert.equal(usage.prompt_tokens, a.usage.prompt_tokens);
+  assert.ok(usage.prompt_tokens_details.cached_tokens > 100);
+  assert.equal(text, a.choices[0].message.content);
+});
+
+test('errors: exact status and shape for each API', async () => {
+  // Five breakpoints.
+  const blocks = [];
+  for (let i = 0; i < 5; i++) blocks.push({ type: 'text', text: `part ${i}`, cache_control: { type: 'ephemeral' } });
+  let r = await post('/v1/messages', { model: MODEL, max_tokens: 4, messages: [{ role: 'user', content: blocks }] });
+  assert.equal(r.status, 400);
+  assert.equal(r.json.type, 'error');
+  assert.equal(r.json.error.type, 'invalid_request_error');
+  assert.equal(r.json.error.message, 'A maximum of 4 blocks with cache_control may be provided. Found 5.');
+  assert.ok(r.headers.get('request-id'));
+
+  r = await post('/v1/messages', '{"model": "x", ');
+  assert.equal(r.status, 400);
+  assert.equal(r.json.error.type, 'invalid_request_error');
+
+  r = await post('/v1/messages', { model: MODEL, max_tokens: 4, messages: [{ role: 'user', content: 'x' }] }, { 'x-api-key': 'sk-wrong' });
+  assert.equal(r.status, 401);
+  assert.equal(r.json.error.type, 'authentication_error');
+
+  r = await post('/v1/messages', { model: 'no-such-model', max_tokens: 4, messages: [{ role: 'user', content: 'x' }] });
+  assert.equal(r.status, 404);
+  assert.equal(r.json.error.type, 'not_found_error');
+
+  r = await post('/v1/chat/completions', { model: MODEL, messages: [{ role: 'user', content: 'x' }], temperature: 7 }, { authorization: 'Bearer sk-test-a' });
+  assert.equal(r.status, 400);
+  assert.equal(r.json.error.type, 'invalid_request_error');
+  assert.ok('param' in r.json.error);
+
+  await assert.rejects(
+    anthropic('sk-nope').messages.create({ model: MODEL, max_tokens: 4, messages: [{ role: 'user', content: 'x' }] }),
+    (e) => e.status === 401);
+});
+
+test('tenants never share cache entries; kvgw-cache explains hits and misses', async () => {
+  const body = {
+    model: MODEL, max_tokens: 2,
+    system: [{ type: 'text', text: longSystem('tenants'), cache_control: { type: 'ephemeral' } }],
+    messages: [{ role: 'user', content: 'hello' }],
+  };
+  const a1 = await post('/v1/messages', body);
+  assert.equal(a1.status, 200);
+  assert.match(a1.headers.get('kvgw-cache'), /outcome=miss/);
+  const b1 = await post('/v1/messages', body, { 'x-api-key': 'sk-test-b' });
+  assert.equal(b1.json.usage.cache_read_input_tokens, 0, 'tenant b does not read tenant a\'s entry');
+  assert.ok(b1.json.usage.cache_creation_input_tokens > 0);
+  const a2 = await post('/v1/messages', body);
+  assert.match(a2.headers.get('kvgw-cache'), /outcome=(hit|partial)/);
+  assert.ok(a2.json.usage.cache_read_input_tokens > 0);
+  // A different last message diverges after the system prompt.
+  const a3 = await post('/v1/messages', { ...body, messages: [{ role: 'user', content: 'goodbye now' }] });
+  assert.match(a3.headers.get('kvgw-cache'), /diverged=messages\.0\.content\.0\+/);
+  // A salt separates a tenant's own requests.
+  const s1 = await post('/v1/messages', { ...body, cache_salt: 'user-42' });
+  assert.equal(s1.json.usage.cache_read_input_tokens, 0);
+});
+
+test('entries expire after their TTL', async () => {
+  const body = {
+    model: MODEL, max_tokens: 1,
+    system: [{ type: 'text', text: longSystem('ttl'), cache_control: { type: 'ephemeral' } }],
+    messages: [{ role: 'user', content: 'x' }],
+  };
+  const w = await post('/v1/messages', body);
+  const r = await post('/v1/messages', body);
+  assert.ok(r.json.usage.cache_read_input_tokens > 0);
+  await new Promise((res) => setTimeout(res, TTL_5M_MS + 1500));
+  const e = await post('/v1/messages', body);
+  assert.equal(e.json.usage.cache_read_input_tokens, 0, 'expired: written again');
+  assert.equal(e.json.usage.cache_creation_input_tokens, w.json.usage.cache_creation_input_tokens);
+});
+
+test('pre-warm with max_tokens 0, count_tokens, models, health and metrics', async () => {
+  const body = {
+    model: MODEL, max_tokens: 0,
+    system: [{ type: 'text', text: longSystem('prewarm'), cache_control: { type: 'ephemeral' } }],
+    messages: [{ role: 'user', content: 'x' }],
+  };
+  const p = await post('/v1/messages', body);
+  assert.equal(p.status, 200);
+  assert.deepEqual(p.json.content, []);
+  assert.equal(p.json.stop_reason, 'max_tokens');
+  assert.equal(p.json.usage.output_tokens, 0);
+  const r = await post('/v1/messages', { ...body, max_tokens: 1 });
+  assert.equal(r.json.usage.cache_read_input_tokens, p.json.usage.cache_creation_input_tokens);
+
+  const models = await (await fetch(base + '/v1/models', { headers: { authorization: 'Bearer sk-test-a' } })).json();
+  assert.equal(models.object, 'list');
+  assert.equal(models.data[0].id, MODEL);
+  assert.equal((await fetch(base + '/healthz')).status, 200);
+  assert.equal((await fetch(base + '/readyz')).status, 200);
+  const m = await (await fetch(base + '/metrics')).text();
+  assert.match(m, /^kvgw_requests_total\{endpoint="messages",code="200"\} \d+/m);
+  assert.match(m, /^kvgw_tokens_total\{type="cache_read"\} [1-9]/m);
+  assert.match(m, /^# TYPE kvgw_time_to_first_token_seconds histogram/m);
+});
+
+test('SIGTERM: graceful exit 0, and the ledger holds one event per request', async () => {
+  const exited = new Promise((res) => gw.on('exit', (code, sig) => res({ code, sig })));
+  gw.kill('SIGTERM');
+  const { code } = await exited;
+  assert.equal(code, 0, stderrText);
+  const out = spawnSync(BIN, ['billing', 'export', '--ledger', join(dir, 'ledger'), '--format', 'jsonl'], { encoding: 'utf8' });
+  assert.equal(out.status, 0, out.stderr);
+  const rows = out.stdout.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l));
+  const usage = rows.filter((r) => r.kind === undefined || r.kind === 'usage');
+  const ids = new Set(usage.map((r) => r.request_id));
+  assert.equal(ids.size, usage.length, 'no request billed twice');
+  const log = readFileSync(join(dir, 'access.log'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  const ran = log.filter((l) => l.worker >= 0);
+  assert.equal(usage.length, ran.length, 'one usage event per request that reached a worker');
+});
