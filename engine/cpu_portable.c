@@ -21,6 +21,29 @@
 #include <arm_neon.h>
 #endif
 
+/* One half as a float without branches (Maratos' FP16 method), so that blocks of 8 vectorize
+ * on the baseline ISA: a normal half's exponent and mantissa shifted into place and rebased by a
+ * multiply by 2^-112 (which also carries infinities and NaN, quieting a signalling NaN); a
+ * subnormal one as (0.5 + m 2^-24) - 0.5 in float, which is exact. The same value as
+ * eng_f16_to_f32 for every input (NaN payloads aside). */
+static inline float f16_to_f32_nobranch(uint16_t h)
+{
+    uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
+    uint32_t nb = (two_w >> 4) + (0xe0u << 23), db = (two_w >> 17) | (126u << 23), bits;
+    float norm, den;
+    memcpy(&norm, &nb, 4);
+    memcpy(&den, &db, 4);
+    norm *= 0x1.0p-112f;
+    den -= 0.5f;
+    uint32_t nbits, dbits;
+    memcpy(&nbits, &norm, 4);
+    memcpy(&dbits, &den, 4);
+    bits = sign | (two_w < (1u << 27) ? dbits : nbits);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 void eng__port_f16_to_f32(const uint16_t *src, float *dst, size_t n)
 {
     size_t i = 0;
@@ -28,6 +51,9 @@ void eng__port_f16_to_f32(const uint16_t *src, float *dst, size_t n)
     for (; i + 4 <= n; i += 4)
         vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(src + i))));
 #endif
+    for (; i + 8 <= n; i += 8)
+        for (size_t j = 0; j < 8; j++)
+            dst[i + j] = f16_to_f32_nobranch(src[i + j]);
     for (; i < n; i++)
         dst[i] = eng_f16_to_f32(src[i]);
 }
