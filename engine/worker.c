@@ -291,7 +291,7 @@ static wk_ev_t *ev_add(eng_worker_t *w, uint8_t type, const char *text, size_t t
     wk_ev_t *ev = pc_xmalloc(sizeof *ev + text_len + 1);
     memset(ev, 0, sizeof *ev);
     ev->f.type = type;
-    if (text_len > 0)
+    if (text != NULL && text_len > 0) /* NULL: room only, the caller fills it */
         memcpy(ev->data, text, text_len);
     EV_DATA(ev)[text_len] = '\0';
     ev->next = NULL;
@@ -347,8 +347,9 @@ static void on_evict(const eng_evict_event_t *ev, void *ud)
                (unsigned long long)ev->ns, len);
     ev_kv(w, ENG_WIRE_KV_EVICTED, (uint8_t)ev->reason, ev->ns, ev->tokens, len, ev->n_tokens, 0, 0,
           true);
-    /* LRU eviction never takes a pinned node or an ancestor of one. */
-    if (ev->reason != ENG_EVICT_LRU && ev->tokens != NULL && w->n_pins > 0)
+    /* Even an LRU eviction may take a node whose pin the engine gave up under pressure in an
+     * earlier allocation, so every eviction is checked against the pins (O(pins) per event). */
+    if (ev->tokens != NULL && w->n_pins > 0)
         pins_remove_where(w, ev->ns, ev->tokens, len, ev->n_tokens, false);
 }
 
@@ -405,6 +406,13 @@ static void flush(eng_worker_t *w, const eng_wire_load_t *load)
         for (uint32_t i = 0; i < w->n_live; i++)
             if (w->live[i] == ev->final_id) {
                 w->live[i] = w->live[--w->n_live];
+                break;
+            }
+        /* A cancel that came during the step that finished the request is moot; left in the
+         * list, it would cancel the next request that reuses the id. */
+        for (uint32_t i = 0; i < w->n_cancels; i++)
+            if (w->cancels[i] == ev->final_id) {
+                w->cancels[i] = w->cancels[--w->n_cancels];
                 break;
             }
         w->st.n_finished++;
