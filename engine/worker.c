@@ -7,7 +7,8 @@
  * list of the step being built. They meet under one mutex, held only to move lists and copy
  * counters, never across a forward step:
  *   intake   requests accepted by eng_worker_submit, not yet seen by the scheduler;
- *   cancels  request ids eng_worker_cancel asked for;
+ *   cancels  request ids eng_worker_cancel asked for; an id leaves it with its final event
+ *            (a cancel that came too late never reaches a later request reusing the id);
  *   live     ids of accepted requests whose final event is not yet queued (duplicate check,
  *            cancel's NOTFOUND); an id leaves it in the same critical section that queues its
  *            final event, so a caller never sees an id that is neither live nor finished;

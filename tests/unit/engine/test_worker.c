@@ -8,6 +8,7 @@
  * requests run together in chunked steps, when they are preempted and recomputed, and when
  * they start from another request's cached prefix.
  */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -914,6 +915,157 @@ PC_TEST(load_events_and_wake)
     ASSERT_EQ(c.last_load.total_blocks, 1024);
     ASSERT_TRUE(c.last_load.cached_blocks >= 200 / 16);
     eng_worker_free(w);
+}
+
+/* A wake callback that can hold the scheduler thread between a step's flush and its next loop
+ * (where it takes new requests and cancels), so that a test decides what the next loop sees.
+ * The worker calls wake without its lock held, so the test can submit, cancel and poll while
+ * the scheduler waits here. */
+static pthread_mutex_t g_gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_gate_cv = PTHREAD_COND_INITIALIZER;
+static int g_gate_hold;    /* wake calls still to hold */
+static int g_gate_entered; /* wake calls held so far */
+static bool g_gate_go;
+
+static void gate_wake(void *ud)
+{
+    (void)ud;
+    pthread_mutex_lock(&g_gate_mu);
+    if (g_gate_hold > 0) {
+        g_gate_hold--;
+        g_gate_entered++;
+        pthread_cond_broadcast(&g_gate_cv);
+        while (!g_gate_go)
+            pthread_cond_wait(&g_gate_cv, &g_gate_mu);
+        g_gate_go = false;
+    }
+    pthread_mutex_unlock(&g_gate_mu);
+}
+
+/* Waits (up to 30 s) until the scheduler is held for the n-th time. */
+static bool gate_wait(int n)
+{
+    uint64_t until = pc_time_mono_ms() + 30000;
+    pthread_mutex_lock(&g_gate_mu);
+    while (g_gate_entered < n && pc_time_mono_ms() < until) {
+        pthread_mutex_unlock(&g_gate_mu);
+        usleep(200);
+        pthread_mutex_lock(&g_gate_mu);
+    }
+    bool ok = g_gate_entered >= n;
+    pthread_mutex_unlock(&g_gate_mu);
+    return ok;
+}
+
+static void gate_release(void)
+{
+    pthread_mutex_lock(&g_gate_mu);
+    g_gate_go = true;
+    pthread_cond_broadcast(&g_gate_cv);
+    pthread_mutex_unlock(&g_gate_mu);
+}
+
+/* Polls without waiting until id's final event arrived (everything is collected). */
+static void poll_until_final(eng_worker_t *w, collector_t *c, result_t *r)
+{
+    eng_worker_event_t ev[32];
+    uint64_t until = pc_time_mono_ms() + 30000;
+    while (!r->done && !r->failed && pc_time_mono_ms() < until) {
+        size_t n = eng_worker_poll_wait(w, ev, PC_ARRAY_LEN(ev), 20);
+        for (size_t i = 0; i < n; i++)
+            take(c, &ev[i]);
+    }
+}
+
+PC_TEST(cancel_in_finishing_step_does_not_cancel_reused_id)
+{
+    /* A cancel that arrives while the step that finishes its request runs comes too late: the
+     * request ends on its own. The stale cancel must not survive to cancel the next request
+     * that reuses the id (the id is free once the final event is queued). The wake gate holds
+     * the scheduler after step 1 (the first token of request 1) to queue long prefills that
+     * make step 2 (request 1's last token) long, and after step 2 to resubmit id 1 before the
+     * scheduler's next loop. */
+    enum { N_LONG = 4, LONG_LEN = 4000, MAX_TRIES = 5 };
+    static uint32_t long_prompt[N_LONG][LONG_LEN], prompt[10];
+    for (int i = 0; i < N_LONG; i++)
+        random_prompt(long_prompt[i], LONG_LEN);
+    random_prompt(prompt, 10);
+    eng_worker_params_t p = wparams();
+    p.engine.kv_max_tokens = 65536;
+    p.engine.max_batch_tokens = N_LONG * LONG_LEN + 64;
+    p.step_tokens = N_LONG * LONG_LEN + 64; /* every long prefill in one step */
+    p.max_running = 16;
+    p.wake = gate_wake;
+    bool seen_race = false;
+    for (int attempt = 0; attempt < MAX_TRIES && !seen_race; attempt++) {
+        eng_worker_t *w = start(&p);
+        ASSERT_TRUE(w != NULL);
+        static result_t res[1 + N_LONG];
+        memset(res, 0, sizeof res);
+        collector_t c = {.res = res};
+        res[0].id = 1; /* the request that finishes in step 2, and later its id's reuse */
+        for (int i = 0; i < N_LONG; i++)
+            res[1 + i].id = 100 + (uint64_t)i;
+        c.n_res = 1 + N_LONG;
+        pthread_mutex_lock(&g_gate_mu);
+        g_gate_hold = 2;
+        g_gate_entered = 0;
+        g_gate_go = false;
+        pthread_mutex_unlock(&g_gate_mu);
+
+        eng_wire_submit_t q = greedy_req(1, 1, prompt, 10, 2);
+        ASSERT_EQ(submit(w, &q), 0);
+        ASSERT_TRUE(gate_wait(1)); /* step 1 done: request 1 decodes its last token next */
+        eng_worker_event_t ev[8];
+        size_t n_ev;
+        while ((n_ev = eng_worker_poll(w, ev, PC_ARRAY_LEN(ev))) > 0) /* emptied: wake again */
+            for (size_t i = 0; i < n_ev; i++)
+                take(&c, &ev[i]);
+        ASSERT_EQ(res[0].n_tokens, 1);
+        for (int i = 0; i < N_LONG; i++) {
+            q = greedy_req(100 + (uint64_t)i, 2 + (uint64_t)i, long_prompt[i], LONG_LEN, 0);
+            ASSERT_EQ(submit(w, &q), 0);
+        }
+        gate_release();
+        usleep(10000); /* step 2 runs: the cancel lands inside it */
+        int crc = eng_worker_cancel(w, 1);
+        ASSERT_TRUE(gate_wait(2)); /* step 2 flushed; the next loop has not run */
+        poll_until_final(w, &c, &res[0]);
+        ASSERT_TRUE(res[0].done);
+        bool race = crc == 0 && res[0].d.stop_reason == ENG_WIRE_STOP_MAX_TOKENS;
+        if (race) {
+            /* The id is free: reuse it while the scheduler is still held. */
+            memset(&res[0], 0, sizeof res[0]);
+            res[0].id = 1;
+            q = greedy_req(1, 1, prompt, 10, 3);
+            ASSERT_EQ(submit(w, &q), 0);
+        }
+        pthread_mutex_lock(&g_gate_mu);
+        g_gate_hold = 0;
+        pthread_mutex_unlock(&g_gate_mu);
+        gate_release();
+        bool drained = drain(w, &c, 60000);
+        for (uint32_t i = 0; !drained && i < c.n_res; i++)
+            fprintf(stderr, "  req %llu: done %d failed %d stop %u tokens %u (%s)\n",
+                    (unsigned long long)res[i].id, res[i].done, res[i].failed, res[i].d.stop_reason,
+                    res[i].n_tokens, res[i].err_msg);
+        ASSERT_TRUE(drained);
+        if (race) {
+            seen_race = true;
+            ASSERT_TRUE(res[0].done);
+            ASSERT_EQ(res[0].d.stop_reason, ENG_WIRE_STOP_MAX_TOKENS);
+            ASSERT_EQ(res[0].n_tokens, 3);
+            ASSERT_EQ(eng_worker_cancel(w, 1), PC_ERR_NOTFOUND);
+        } else {
+            fprintf(stderr, "  attempt %d: the cancel missed step 2 (rc %d, stop %u); again\n",
+                    attempt, crc, res[0].d.stop_reason);
+        }
+        for (int i = 0; i < N_LONG; i++)
+            ASSERT_TRUE(res[1 + i].done);
+        PC_TEST_CALL(check_idle(w));
+        eng_worker_free(w);
+    }
+    ASSERT_TRUE(seen_race);
 }
 
 PC_TEST_MAIN()
