@@ -823,6 +823,11 @@ static void route_and_submit(req_t *q)
     q->read_tokens = s->cfg.accounting == GW_ACCOUNTING_ANTHROPIC
                          ? gw_cacheplan_anthropic_hit(&q->plan, entry_live_cb, q)
                          : m.n_hit;
+    /* A hit shorter than the model's minimum cacheable length (typically the chat template's
+     * opening tokens, shared by every prompt of the namespace) is no read: nothing that short
+     * is ever written, so it is billed as uncached input. */
+    if (q->read_tokens < q->model->cfg->min_cache_tokens)
+        q->read_tokens = 0;
     if (q->read_tokens > 0) /* reads refresh the entries they cover, for free */
         gw_cindex_read(s->ix, q->ns, q->r.tokens, q->read_tokens, now, NULL);
     size_t n = 0;

@@ -143,13 +143,26 @@ test('anthropic streaming: exact event sequence and usage', async () => {
   }
   assert.equal(types[0], 'message_start');
   assert.equal(types[1], 'content_block_start');
-  assert.ok(types.includes('ping'));
   assert.deepEqual(types.slice(-3), ['content_block_stop', 'message_delta', 'message_stop']);
   assert.ok(start.usage.cache_creation_input_tokens > 100);
   assert.equal(start.usage.cache_creation.ephemeral_1h_input_tokens, start.usage.cache_creation_input_tokens);
   assert.ok(['end_turn', 'max_tokens'].includes(delta.delta.stop_reason));
   assert.ok(delta.usage.output_tokens >= 1);
   assert.equal(typeof text, 'string');
+});
+
+test('raw SSE bytes: ping after content_block_start, blank-line framing', async () => {
+  const r = await fetch(base + '/v1/messages', {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-api-key': 'sk-test-a', 'anthropic-version': '2023-06-01' },
+    body: JSON.stringify({ model: MODEL, max_tokens: 2, stream: true, messages: [{ role: 'user', content: 'hi' }] }),
+  });
+  assert.equal(r.status, 200);
+  assert.match(r.headers.get('content-type'), /^text\/event-stream/);
+  const text = await r.text();
+  const events = [...text.matchAll(/^event: (\w+)\ndata: (.*)\n\n/gm)].map((m) => m[1]);
+  assert.deepEqual(events.slice(0, 3), ['message_start', 'content_block_start', 'ping']);
+  assert.equal(events.at(-1), 'message_stop');
 });
 
 test('openai SDK: automatic caching, inclusive prompt_tokens, streaming with usage', async () => {
