@@ -1,0 +1,193 @@
+/*
+ * test_router.c — gateway/router.c: routing decisions on crafted loads, skips, ties and
+ * round-robin, unknown rates, and the estimate formula worked out by hand.
+ */
+#include <math.h>
+
+#include "common.h"
+#include "pc_test.h"
+#include "router.h"
+
+static gw_router_worker_t idle(void)
+{
+    gw_router_worker_t w = {0};
+    w.up = true;
+    w.free_blocks = 100;
+    w.total_blocks = 100;
+    w.prefill_tok_s = 1000.0;
+    w.decode_ms_per_token = 10.0;
+    return w;
+}
+
+static gw_router_t router(void)
+{
+    gw_router_t r;
+    gw_router_params_t p = gw_router_params_default();
+    p.default_prefill_tok_s = 500.0;
+    p.default_decode_ms_per_token = 40.0;
+    p.chunk_tokens = 256;
+    if (gw_router_init(&r, &p) != 0)
+        abort();
+    return r;
+}
+
+PC_TEST(estimate_by_hand)
+{
+    gw_router_t r = router();
+    gw_router_worker_t w = idle();
+    /* 1000 tok/s, nothing queued, 3000 uncached tokens: 3 s. */
+    ASSERT_EQ_U64(gw_router_estimate_us(&r, &w, 4000, 1000), 3000000);
+    /* Queued 500 more: 3.5 s. */
+    w.queued_prefill_tokens = 500;
+    ASSERT_EQ_U64(gw_router_estimate_us(&r, &w, 4000, 1000), 3500000);
+    /* Running sequences: ceil(3500 / 256) = 14 steps of 10 ms each on top. */
+    w.running_seqs = 3;
+    ASSERT_EQ_U64(gw_router_estimate_us(&r, &w, 4000, 1000), 3500000 + 140000);
+    /* Unknown rates use the defaults: 3500 / 500 = 7 s, 14 steps x 40 ms. */
+    w.prefill_tok_s = 0;
+    w.decode_ms_per_token = 0;
+    ASSERT_EQ_U64(gw_router_estimate_us(&r, &w, 4000, 1000), 7000000 + 560000);
+    /* A NaN measurement is treated as unknown; cached above the prompt counts as all. */
+    w.prefill_tok_s = NAN;
+    w.running_seqs = 0;
+    w.queued_prefill_tokens = 0;
+    ASSERT_EQ_U64(gw_router_estimate_us(&r, &w, 4000, 9000), 0);
+}
+
+PC_TEST(cache_beats_idle_worker)
+{
+    gw_router_t r = router();
+    gw_router_worker_t w[3] = {idle(), idle(), idle()};
+    /* Worker 1 holds 7,000 of an 8,000-token prompt but has 2,000 tokens queued: 3 s vs 8 s. */
+    w[1].queued_prefill_tokens = 2000;
+    uint32_t cached[3] = {0, 7000, 0};
+    gw_router_choice_t c;
+    ASSERT_EQ(gw_router_pick(&r, w, 3, 8000, cached, &c), 0);
+    ASSERT_EQ(c.worker, 1);
+    ASSERT_STR_EQ(c.reason, "cache_hit");
+    ASSERT_EQ_U64(c.est_us, 3000000);
+    ASSERT_EQ_U64(c.est[0], 8000000);
+    ASSERT_EQ_U64(c.est[2], 8000000);
+    ASSERT_EQ_U64(c.cached, 7000);
+    ASSERT_EQ(c.n_candidates, 3);
+    /* The same worker with 6,000 queued loses to an idle one: 7 s vs 8 s... */
+    w[1].queued_prefill_tokens = 6000;
+    ASSERT_EQ(gw_router_pick(&r, w, 3, 8000, cached, &c), 0);
+    ASSERT_EQ(c.worker, 1);
+    /* ...and with 8,000 queued it is slower (9 s): an idle worker wins, by load. */
+    w[1].queued_prefill_tokens = 8000;
+    ASSERT_EQ(gw_router_pick(&r, w, 3, 8000, cached, &c), 0);
+    ASSERT_TRUE(c.worker == 0 || c.worker == 2);
+    ASSERT_STR_EQ(c.reason, "load");
+    ASSERT_EQ_U64(c.est_us, 8000000);
+}
+
+PC_TEST(faster_worker_wins_cold)
+{
+    gw_router_t r = router();
+    gw_router_worker_t w[2] = {idle(), idle()};
+    w[0].queued_prefill_tokens = 100;
+    w[1].queued_prefill_tokens = 50;
+    gw_router_choice_t c;
+    /* Cold prompt: by load (fewest queued tokens). */
+    ASSERT_EQ(gw_router_pick(&r, w, 2, 1000, NULL, &c), 0);
+    ASSERT_EQ(c.worker, 1);
+    ASSERT_STR_EQ(c.reason, "load");
+    /* Equal queues: fewer running sequences, then more free blocks. */
+    w[1].queued_prefill_tokens = 100;
+    w[1].running_seqs = 2;
+    ASSERT_EQ(gw_router_pick(&r, w, 2, 1000, NULL, &c), 0);
+    ASSERT_EQ(c.worker, 0);
+    w[1].running_seqs = 0;
+    w[1].free_blocks = 150;
+    ASSERT_EQ(gw_router_pick(&r, w, 2, 1000, NULL, &c), 0);
+    ASSERT_EQ(c.worker, 1);
+}
+
+PC_TEST(ties_round_robin)
+{
+    gw_router_t r = router();
+    gw_router_worker_t w[3] = {idle(), idle(), idle()};
+    gw_router_choice_t c;
+    int seen[3] = {0, 0, 0};
+    for (int i = 0; i < 6; i++) {
+        ASSERT_EQ(gw_router_pick(&r, w, 3, 100, NULL, &c), 0);
+        ASSERT_EQ(c.worker, i % 3);
+        seen[c.worker]++;
+    }
+    ASSERT_EQ(seen[0], 2);
+    ASSERT_EQ(seen[1], 2);
+    ASSERT_EQ(seen[2], 2);
+    /* Equal estimates with a cache hit on two workers also rotate. */
+    uint32_t cached[3] = {50, 50, 0};
+    ASSERT_EQ(gw_router_pick(&r, w, 3, 100, cached, &c), 0);
+    int first = c.worker;
+    ASSERT_TRUE(first == 0 || first == 1);
+    ASSERT_EQ(gw_router_pick(&r, w, 3, 100, cached, &c), 0);
+    ASSERT_TRUE(c.worker != first && c.worker != 2);
+    ASSERT_STR_EQ(c.reason, "cache_hit");
+}
+
+PC_TEST(skips_down_and_too_big)
+{
+    gw_router_t r = router();
+    gw_router_worker_t w[3] = {idle(), idle(), idle()};
+    uint32_t cached[3] = {900, 900, 0};
+    w[0].up = false;
+    w[1].max_prompt_tokens = 500;
+    gw_router_choice_t c;
+    ASSERT_EQ(gw_router_pick(&r, w, 3, 1000, cached, &c), 0);
+    ASSERT_EQ(c.worker, 2);
+    ASSERT_STR_EQ(c.reason, "only_up");
+    ASSERT_EQ(c.status[0], GW_ROUTER_SKIP_DOWN);
+    ASSERT_EQ(c.status[1], GW_ROUTER_SKIP_TOO_BIG);
+    ASSERT_EQ(c.status[2], GW_ROUTER_CANDIDATE);
+    ASSERT_EQ_U64(c.est[0], UINT64_MAX);
+    ASSERT_EQ_U64(c.est[1], UINT64_MAX);
+    /* None fits: RANGE; none up: UPSTREAM; nothing at all: UPSTREAM. */
+    w[2].max_prompt_tokens = 999;
+    ASSERT_EQ(gw_router_pick(&r, w, 3, 1000, cached, &c), PC_ERR_RANGE);
+    ASSERT_EQ(c.worker, -1);
+    for (int i = 0; i < 3; i++)
+        w[i].up = false;
+    ASSERT_EQ(gw_router_pick(&r, w, 3, 10, cached, &c), PC_ERR_UPSTREAM);
+    ASSERT_EQ(gw_router_pick(&r, w, 0, 10, NULL, &c), PC_ERR_UPSTREAM);
+    ASSERT_EQ(gw_router_pick(&r, NULL, 1, 10, NULL, &c), PC_ERR_INVAL);
+    ASSERT_EQ(gw_router_pick(&r, w, 65, 10, NULL, &c), PC_ERR_INVAL);
+    ASSERT_EQ(gw_router_pick(&r, w, 3, 10, NULL, NULL), PC_ERR_INVAL);
+}
+
+PC_TEST(interference_prefers_quiet_worker)
+{
+    gw_router_t r = router();
+    gw_router_worker_t w[2] = {idle(), idle()};
+    /* Both hold the same 1,000 cached tokens of a 5,000-token prompt; worker 0 decodes 40
+     * sequences at 30 ms a step: 4 s + 16 steps x 30 ms vs. 4 s flat. */
+    w[0].running_seqs = 40;
+    w[0].decode_ms_per_token = 30.0;
+    uint32_t cached[2] = {1000, 1000};
+    gw_router_choice_t c;
+    ASSERT_EQ(gw_router_pick(&r, w, 2, 5000, cached, &c), 0);
+    ASSERT_EQ(c.worker, 1);
+    ASSERT_EQ_U64(c.est[0], 4000000 + 16 * 30000);
+    ASSERT_EQ_U64(c.est[1], 4000000);
+}
+
+PC_TEST(params_validated)
+{
+    gw_router_t r;
+    gw_router_params_t p = gw_router_params_default();
+    ASSERT_EQ(gw_router_init(&r, &p), 0);
+    ASSERT_EQ(gw_router_init(&r, NULL), 0);
+    p.default_prefill_tok_s = 0;
+    ASSERT_EQ(gw_router_init(&r, &p), PC_ERR_INVAL);
+    p = gw_router_params_default();
+    p.default_decode_ms_per_token = NAN;
+    ASSERT_EQ(gw_router_init(&r, &p), PC_ERR_INVAL);
+    p = gw_router_params_default();
+    p.chunk_tokens = 0;
+    ASSERT_EQ(gw_router_init(&r, &p), PC_ERR_INVAL);
+    ASSERT_EQ(gw_router_init(NULL, NULL), PC_ERR_INVAL);
+}
+
+PC_TEST_MAIN()
