@@ -3,10 +3,17 @@
  * engine end to end on the cuda backend (models/kvgw-bench.gguf).
  *
  * Figures (GPU builds on a machine with a CUDA device):
+ *   device_peak_gb_per_s        the card's DRAM bandwidth (memory clock x bus width)
  *   decode_attn_gb_per_s        paged decode attention, batch 32 x 8192 context, 32 query / 8 KV
  *                               heads, head_dim 128, F16 KV in 16-token blocks (split-K + merge):
  *                               KV bytes read per second
  *                               (compare with the card's ~3.3 TB/s H100, ~4.8 TB/s H200)
+ *   decode_attn_b{1,64}_ctx{4k,32k}_gb_per_s and _pct_peak
+ *                               the issue's decode grid: batch 1 and 64, context 4096 and 32768,
+ *                               64 query / 8 KV heads (GQA 8:1), head_dim 128; the target is
+ *                               >= 70% of the card's peak
+ *   sample_b{1,64}_us           krn_sample over a 152064-token vocabulary (Qwen's), top_k 50,
+ *                               top_p 0.9, temperature 0.8: microseconds per step
  *   prefill_attn_tflop_per_s    causal prefill attention, 4 x 2048 tokens, same heads: 4 * heads
  *                               * head_dim * causal pairs per second
  *   gemm_{f16,bf16}_tflop_per_s cuBLAS at a prefill shape, M 4096 x N 4096 x K 4096 (and N 14336)
@@ -73,10 +80,10 @@ static int dev_random_f16(krn_ctx_t *c, size_t n, void **out)
 
 /* Attention over n_seqs sequences of ctx positions each with n_new new rows per sequence;
  * returns seconds per call (mean of iters), or -1. *bytes and *flops describe one call. */
-static double bench_attention(krn_ctx_t *c, int32_t n_seqs, int32_t ctx, int32_t n_new, int iters,
-                              double *bytes, double *flops)
+static double bench_attention(krn_ctx_t *c, int32_t nh, int32_t nkv, int32_t n_seqs, int32_t ctx,
+                              int32_t n_new, int iters, double *bytes, double *flops)
 {
-    const int32_t nh = 32, nkv = 8, hd = 128, bt = 16;
+    const int32_t hd = 128, bt = 16;
     int32_t max_blocks = (ctx + bt - 1) / bt;
     krn_kv_t kv = {.n_blocks = n_seqs * max_blocks,
                    .n_layer = 1,
@@ -116,7 +123,15 @@ static double bench_attention(krn_ctx_t *c, int32_t n_seqs, int32_t ctx, int32_t
     if (!tasks || !merges)
         goto fail;
     BK_CHECK(krn_attn_plan(&pp, seqs, n_seqs, tasks, &nt, merges, &nm, &np));
-    BK_CHECK(dev_random_f16(c, pool_elems, &d_pool));
+    /* Random KV up to 256 MiB; larger pools (batch 64 x 32K is 8 GiB) are filled on the
+     * device with one finite F16 value (0x2e2e, about 0.1): attention's speed does not depend
+     * on the values, and the host would take minutes to draw them. */
+    if (pool_elems * 2 <= ((size_t)256 << 20)) {
+        BK_CHECK(dev_random_f16(c, pool_elems, &d_pool));
+    } else {
+        BK_CHECK(krn_dev_alloc(c, pool_elems * 2, &d_pool));
+        BK_CHECK(krn_memset(c, d_pool, 0x2e, pool_elems * 2));
+    }
     kv.base = d_pool;
     BK_CHECK(krn_dev_alloc(c, sizeof *tables * (size_t)n_seqs * max_blocks, &d_tables));
     BK_CHECK(krn_dev_alloc(c, sizeof *pos * (size_t)T, &d_pos));
@@ -167,6 +182,50 @@ fail:
     void *ds[] = {d_pool, d_tables, d_pos, d_q, d_out, d_tasks, d_merges, d_po, d_pml};
     for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
         krn_dev_free(c, ds[i]);
+    return sec;
+}
+
+/* krn_sample over n_rows rows of V random logits; seconds per call, or -1. */
+static double bench_sample(krn_ctx_t *c, int32_t n_rows, int32_t V, int iters)
+{
+    size_t n = (size_t)n_rows * V;
+    float *h = malloc(n * sizeof *h);
+    krn_sample_row_t *rows = malloc(sizeof *rows * (size_t)n_rows);
+    void *d_logits = NULL, *d_rows = NULL, *d_tok = NULL, *d_work = NULL;
+    double sec = -1;
+    if (h == NULL || rows == NULL)
+        goto fail;
+    for (size_t i = 0; i < n; i++)
+        h[i] = bk_unif() * 8.0f;
+    for (int32_t r = 0; r < n_rows; r++)
+        rows[r] = (krn_sample_row_t){
+            .temperature = 0.8f, .top_k = 50, .top_p = 0.9f, .min_p = 0.0f, .u = 0.37};
+    BK_CHECK(krn_dev_alloc(c, n * sizeof *h, &d_logits));
+    BK_CHECK(krn_dev_alloc(c, sizeof *rows * (size_t)n_rows, &d_rows));
+    BK_CHECK(krn_dev_alloc(c, sizeof(int32_t) * (size_t)n_rows, &d_tok));
+    BK_CHECK(krn_dev_alloc(c, sizeof(double) * n, &d_work));
+    BK_CHECK(krn_copy_h2d(c, d_logits, h, n * sizeof *h));
+    BK_CHECK(krn_copy_h2d(c, d_rows, rows, sizeof *rows * (size_t)n_rows));
+    krn_sample_args_t a = {.logits = d_logits,
+                           .row = d_rows,
+                           .token = d_tok,
+                           .work = d_work,
+                           .n_rows = n_rows,
+                           .n_vocab = V};
+    BK_CHECK(krn_sample(c, &a)); /* warm-up */
+    BK_CHECK(krn_ctx_sync(c));
+    double t0 = bench_now_s();
+    for (int i = 0; i < iters; i++)
+        BK_CHECK(krn_sample(c, &a));
+    BK_CHECK(krn_ctx_sync(c));
+    sec = (bench_now_s() - t0) / iters;
+fail:
+    free(h);
+    free(rows);
+    krn_dev_free(c, d_logits);
+    krn_dev_free(c, d_rows);
+    krn_dev_free(c, d_tok);
+    krn_dev_free(c, d_work);
     return sec;
 }
 
@@ -306,27 +365,60 @@ int bench_kernels_main(int argc, char **argv)
     bench_report_t rep;
     bench_report_init(&rep, "kernels");
 #ifdef KVGW_HAVE_CUDA
-    if (krn_device_count() == 0) {
-        fprintf(stderr, "kvgw bench kernels: no CUDA device present; nothing measured\n");
+    char why[256];
+    if (krn_device_probe(why, sizeof why) == 0) {
+        fprintf(stderr, "kvgw bench kernels: no usable CUDA device (%s); nothing measured\n", why);
         bench_report_print(&rep);
         return 0;
     }
     char desc[256];
     krn_device_describe(0, desc, sizeof desc);
     printf("device: %s\n", desc);
+    krn_device_info_t info;
+    double peak = krn_device_info(0, &info) == 0 ? info.peak_gb_per_s : 0;
+    if (peak > 0)
+        bench_report_add(&rep, "device_peak_gb_per_s", peak, info.name);
     krn_ctx_t *c = NULL;
     if (krn_ctx_init(0, &c) != 0) {
         fprintf(stderr, "kvgw bench kernels: cannot create a CUDA context\n");
         return 1;
     }
     double bytes = 0, flops = 0;
-    double s = bench_attention(c, 32, 8192, 1, iters, &bytes, &flops);
+    double s = bench_attention(c, 32, 8, 32, 8192, 1, iters, &bytes, &flops);
     if (s > 0) {
         double gbs = bytes / s * 1e-9;
         bench_report_add(&rep, "decode_attn_gb_per_s", gbs, "batch 32 x 8K, F16 KV");
         bench_report_add(&rep, "decode_attn_us", s * 1e6, NULL);
     }
-    s = bench_attention(c, 4, 2048, 2048, iters / 4 + 1, &bytes, &flops);
+    /* The decode grid of the bandwidth target: GQA 8:1, batch 1 and 64, 4K and 32K. */
+    const int32_t grid_b[2] = {1, 64}, grid_ctx[2] = {4096, 32768};
+    for (int bi = 0; bi < 2; bi++)
+        for (int ci = 0; ci < 2; ci++) {
+            s = bench_attention(c, 64, 8, grid_b[bi], grid_ctx[ci], 1, iters, &bytes, &flops);
+            if (s <= 0)
+                continue;
+            char key[64], note[96];
+            double gbs = bytes / s * 1e-9;
+            snprintf(note, sizeof note, "batch %d x %dK, 64/8 heads, %.1f us", grid_b[bi],
+                     grid_ctx[ci] / 1024, s * 1e6);
+            snprintf(key, sizeof key, "decode_attn_b%d_ctx%dk_gb_per_s", grid_b[bi],
+                     grid_ctx[ci] / 1024);
+            bench_report_add(&rep, key, gbs, note);
+            if (peak > 0) {
+                snprintf(key, sizeof key, "decode_attn_b%d_ctx%dk_pct_peak", grid_b[bi],
+                         grid_ctx[ci] / 1024);
+                bench_report_add(&rep, key, 100.0 * gbs / peak, "target >= 70");
+            }
+        }
+    for (int bi = 0; bi < 2; bi++) {
+        s = bench_sample(c, grid_b[bi], 152064, iters);
+        if (s > 0) {
+            char key[64];
+            snprintf(key, sizeof key, "sample_b%d_us", grid_b[bi]);
+            bench_report_add(&rep, key, s * 1e6, "V 152064, top_k 50, top_p 0.9");
+        }
+    }
+    s = bench_attention(c, 32, 8, 4, 2048, 2048, iters / 4 + 1, &bytes, &flops);
     if (s > 0)
         bench_report_add(&rep, "prefill_attn_tflop_per_s", flops / s * 1e-12, "4 x 2048 causal");
     double tf = bench_gemm(c, KRN_F16, 4096, 4096, 4096, iters);

@@ -248,6 +248,11 @@ static void weight_stats(const eng_weight_t *w, float *amax, double *row_norm_ma
 {
     float am = 0;
     double rn = 0;
+    if (w->type != ENG_GGML_TYPE_F16 && w->type != ENG_GGML_TYPE_F32) {
+        *amax = INFINITY; /* not read: upload_weight_as refuses the type */
+        *row_norm_max = INFINITY;
+        return;
+    }
     for (uint32_t j = 0; j < w->n_out; j++) {
         double ss = 0;
         for (uint32_t i = 0; i < w->n_in; i++) {
