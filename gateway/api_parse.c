@@ -776,6 +776,7 @@ int gw_api_parse(gw_api_kind_t kind, const void *body, size_t len, pc_arena_t *a
     if ((r = pc_arena_new(arena, gw_api_req_t, 1)) == NULL)
         goto done;
     r->kind = kind;
+    r->sampling = eng_sampling_params_default(); /* count_tokens has no sampling fields */
     rc = p.oai ? gw__chat_from_openai(j, arena, &r->chat, err->message, sizeof err->message)
                : gw__chat_from_anthropic(j, arena, &r->chat, err->message, sizeof err->message);
     if (rc == PC_ERR_INVAL || rc == PC_ERR_UNSUPPORTED) {

@@ -499,6 +499,8 @@ PC_TEST(anthropic_request_fields)
     body = "{" M Q ",\"max_tokens\":\"ignored\",\"stream\":7}";
     ASSERT_EQ(gw_api_parse(AC, body, strlen(body), &arena, &r, &g_e), 0);
     ASSERT_FALSE(r->has_max_tokens);
+    ASSERT_NEAR(r->sampling.temperature, 1.0, 0); /* defaults even without sampling fields */
+    ASSERT_NEAR(r->sampling.top_p, 1.0, 0);
     /* top_p 0 keeps only the most likely token. */
     body = "{" M Q ",\"max_tokens\":3,\"top_p\":0}";
     ASSERT_EQ(gw_api_parse(AM, body, strlen(body), &arena, &r, &g_e), 0);
@@ -548,77 +550,73 @@ PC_TEST(openai_request_fields)
 
 PC_TEST(cache_control_rules)
 {
-    static const req_case_t cases[] =
-        {
-            /* Five explicit breakpoints. */
-            {AM,
-             "{" M "\"max_tokens\":5,\"system\":[" TXT("a", CC5) "," TXT(
-                 "b", CC5) "],\"messages\":["
-                           "{\"role\":\"user\",\"content\":[" TXT("c", CC5) "," TXT(
-                               "d", CC5) "," TXT("e", CC5) "]}]}",
-             PC_ERR_INVAL, 400, INV,
-             "A maximum of 4 blocks with cache_control may be provided. Found 5.", NULL, NULL},
-            /* Four explicit + the automatic one on a block without a marker. */
-            {
-                AM,
-                "{" M
-                "\"max_tokens\":5,\"cache_control\":{\"type\":\"ephemeral\"},\"system\":[" TXT(
-                    "a", CC5) "," TXT("b", CC5) "],\"messages\":[{\"role\":\"user\",\"content\":"
-                                                "[" TXT("c", CC5) "," TXT("d",
-                                                                          CC5) "," TXT("e",
-                                                                                       "") "]}]}",
-                PC_ERR_INVAL, 400, INV,
-                "A maximum of 4 blocks with cache_control may be provided. Found 5.", NULL, NULL},
-            /* Empty text block with cache_control: Anthropic's exact text, in system and messages.
-             */
-            {AM,
-             "{" M "\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},"
-             "{\"role\":\"assistant\",\"content\":\"y\"},{\"role\":\"user\",\"content\":[" TXT(
-                 "z", "") "," TXT("", CC5) "]}]}",
-             PC_ERR_INVAL, 400, INV,
-             "messages.2.content.1.text: cache_control cannot be set for empty text blocks", NULL,
-             NULL},
-            {AM, "{" M "\"max_tokens\":5,\"system\":[" TXT("", CC1H) "]," Q "}", PC_ERR_INVAL, 400,
-             INV, "system.0.text: cache_control cannot be set for empty text blocks", NULL, NULL},
-            /* 1h after 5m (tools -> system -> messages order). */
-            {AM,
-             "{" M "\"max_tokens\":5,\"tools\":[{\"name\":\"f\",\"input_schema\":{}" CC5 "}],"
-             "\"system\":[" TXT("s", CC1H) "]," Q "}",
-             PC_ERR_INVAL, 400, INV,
-             "system.0.cache_control: a cache_control with ttl '1h' cannot come after one with ttl "
-             "'5m' (tools.0.cache_control); longer TTLs must come first in the order tools, "
-             "system, "
-             "messages",
-             NULL, NULL},
-            /* The automatic one counts in the order too. */
-            {AM,
-             "{" M "\"max_tokens\":5,\"cache_control\":{\"type\":\"ephemeral\",\"ttl\":\"1h\"},"
-             "\"system\":[" TXT("s", CC5) "]," Q "}",
-             PC_ERR_INVAL, 400, INV,
-             "cache_control (automatic, on messages.0.content.0): a cache_control with ttl '1h' "
-             "cannot "
-             "come after one with ttl '5m' (system.0.cache_control); longer TTLs must come first "
-             "in "
-             "the order tools, system, messages",
-             NULL, NULL},
-            /* Automatic vs explicit TTL on the last block. */
-            {AM,
-             "{" M "\"max_tokens\":5,\"cache_control\":{\"type\":\"ephemeral\"},\"messages\":["
-             "{\"role\":\"user\",\"content\":[" TXT("a", "") "," TXT("b", CC1H) "]}]}",
-             PC_ERR_INVAL, 400, INV,
-             "cache_control: the top-level (automatic) cache_control has ttl '5m' but the last "
-             "block, "
-             "messages.0.content.1, where it applies, has cache_control with ttl '1h'; use the "
-             "same "
-             "ttl or remove one of them",
-             NULL, NULL},
-            {AM, "{" M "\"max_tokens\":5," Q ",\"cache_control\":{\"type\":\"persistent\"}}",
-             PC_ERR_INVAL, 400, INV, "cache_control.type: Input should be 'ephemeral'", NULL, NULL},
-            {AM, "{" M "\"max_tokens\":5," Q ",\"cache_control\":{}}", PC_ERR_INVAL, 400, INV,
-             "cache_control.type: Field required", NULL, NULL},
-            {AM, "{" M "\"max_tokens\":5," Q ",\"cache_control\":\"on\"}", PC_ERR_INVAL, 400, INV,
-             "cache_control: Input should be an object, not a string", NULL, NULL},
-        };
+    static const req_case_t cases[] = {
+        /* Five explicit breakpoints. */
+        {AM,
+         "{" M "\"max_tokens\":5,\"system\":[" TXT("a", CC5) "," TXT(
+             "b", CC5) "],\"messages\":["
+                       "{\"role\":\"user\",\"content\":[" TXT("c", CC5) "," TXT("d", CC5) "," TXT(
+                           "e", CC5) "]}]}",
+         PC_ERR_INVAL, 400, INV,
+         "A maximum of 4 blocks with cache_control may be provided. Found 5.", NULL, NULL},
+        /* Four explicit + the automatic one on a block without a marker. */
+        {AM,
+         "{" M "\"max_tokens\":5,\"cache_control\":{\"type\":\"ephemeral\"},\"system\":[" TXT(
+             "a", CC5) "," TXT("b", CC5) "],\"messages\":[{\"role\":\"user\",\"content\":"
+                                         "[" TXT("c", CC5) "," TXT("d", CC5) "," TXT("e",
+                                                                                     "") "]}]}",
+         PC_ERR_INVAL, 400, INV,
+         "A maximum of 4 blocks with cache_control may be provided. Found 5.", NULL, NULL},
+        /* Empty text block with cache_control: Anthropic's exact text, in system and messages.
+         */
+        {AM,
+         "{" M "\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},"
+         "{\"role\":\"assistant\",\"content\":\"y\"},{\"role\":\"user\",\"content\":[" TXT(
+             "z", "") "," TXT("", CC5) "]}]}",
+         PC_ERR_INVAL, 400, INV,
+         "messages.2.content.1.text: cache_control cannot be set for empty text blocks", NULL,
+         NULL},
+        {AM, "{" M "\"max_tokens\":5,\"system\":[" TXT("", CC1H) "]," Q "}", PC_ERR_INVAL, 400, INV,
+         "system.0.text: cache_control cannot be set for empty text blocks", NULL, NULL},
+        /* 1h after 5m (tools -> system -> messages order). */
+        {AM,
+         "{" M "\"max_tokens\":5,\"tools\":[{\"name\":\"f\",\"input_schema\":{}" CC5 "}],"
+         "\"system\":[" TXT("s", CC1H) "]," Q "}",
+         PC_ERR_INVAL, 400, INV,
+         "system.0.cache_control: a cache_control with ttl '1h' cannot come after one with ttl "
+         "'5m' (tools.0.cache_control); longer TTLs must come first in the order tools, "
+         "system, "
+         "messages",
+         NULL, NULL},
+        /* The automatic one counts in the order too. */
+        {AM,
+         "{" M "\"max_tokens\":5,\"cache_control\":{\"type\":\"ephemeral\",\"ttl\":\"1h\"},"
+         "\"system\":[" TXT("s", CC5) "]," Q "}",
+         PC_ERR_INVAL, 400, INV,
+         "cache_control (automatic, on messages.0.content.0): a cache_control with ttl '1h' "
+         "cannot "
+         "come after one with ttl '5m' (system.0.cache_control); longer TTLs must come first "
+         "in "
+         "the order tools, system, messages",
+         NULL, NULL},
+        /* Automatic vs explicit TTL on the last block. */
+        {AM,
+         "{" M "\"max_tokens\":5,\"cache_control\":{\"type\":\"ephemeral\"},\"messages\":["
+         "{\"role\":\"user\",\"content\":[" TXT("a", "") "," TXT("b", CC1H) "]}]}",
+         PC_ERR_INVAL, 400, INV,
+         "cache_control: the top-level (automatic) cache_control has ttl '5m' but the last "
+         "block, "
+         "messages.0.content.1, where it applies, has cache_control with ttl '1h'; use the "
+         "same "
+         "ttl or remove one of them",
+         NULL, NULL},
+        {AM, "{" M "\"max_tokens\":5," Q ",\"cache_control\":{\"type\":\"persistent\"}}",
+         PC_ERR_INVAL, 400, INV, "cache_control.type: Input should be 'ephemeral'", NULL, NULL},
+        {AM, "{" M "\"max_tokens\":5," Q ",\"cache_control\":{}}", PC_ERR_INVAL, 400, INV,
+         "cache_control.type: Field required", NULL, NULL},
+        {AM, "{" M "\"max_tokens\":5," Q ",\"cache_control\":\"on\"}", PC_ERR_INVAL, 400, INV,
+         "cache_control: Input should be an object, not a string", NULL, NULL},
+    };
     PC_TEST_CALL(check_req_cases(cases, PC_ARRAY_LEN(cases)));
 }
 

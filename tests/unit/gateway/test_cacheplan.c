@@ -246,7 +246,8 @@ static uint32_t hit(fixture_t *f, uint32_t min_tokens, const uint32_t *live, siz
 {
     gw_cacheplan_t p;
     live_t l = {{0}, n_live, 0};
-    memcpy(l.n, live, n_live * sizeof *live);
+    if (n_live > 0)
+        memcpy(l.n, live, n_live * sizeof *live);
     if (gw_cacheplan_build(&f->chat, &f->r, min_tokens, ENG_CHAT_TTL_NONE, &f->arena, &p) != 0)
         return UINT32_MAX;
     return gw_cacheplan_anthropic_hit(&p, is_live, &l);
