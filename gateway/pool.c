@@ -156,6 +156,10 @@ static void connect_remote(slot_t *s)
     cp.model_name = p->cfg->models[s->info.model].name;
     cp.heartbeat_ms = p->cfg->worker_heartbeat_ms;
     cp.connect_timeout_ms = p->cfg->worker_connect_timeout_ms;
+    if (p->cfg->link_secret != NULL) {
+        cp.secret = (const uint8_t *)p->cfg->link_secret;
+        cp.secret_len = strlen(p->cfg->link_secret);
+    }
     char err[256];
     int rc = lnk_worker_client_connect(p->loop, &cp, &client_cbs, s, &s->client, err, sizeof err);
     if (rc != 0) {

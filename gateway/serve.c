@@ -289,6 +289,8 @@ static size_t std_headers(req_t *q, gw_http_header_t *h, const char *ctype)
         h[n++] = (gw_http_header_t){"x-request-id", q->id};
     if (q->cache_hdr[0])
         h[n++] = (gw_http_header_t){"kvgw-cache", q->cache_hdr};
+    if (q->phase >= PH_RUNNING)
+        h[n++] = (gw_http_header_t){"kvgw-worker", gw_pool_worker(q->s->pool, q->worker)->name};
     return n;
 }
 
@@ -330,7 +332,7 @@ static void respond(req_t *q, int status, const char *ctype, const void *body, s
 {
     if (q->http == NULL)
         return;
-    gw_http_header_t h[8];
+    gw_http_header_t h[10];
     size_t n = std_headers(q, h, ctype);
     gw_http_req_on_abort(q->http, NULL);
     gw_http_req_on_drain(q->http, NULL);
@@ -653,7 +655,7 @@ static void start_stream(req_t *q)
 {
     if (q->streaming_started || q->http == NULL || !q->api->stream)
         return;
-    gw_http_header_t h[8];
+    gw_http_header_t h[10];
     size_t n = std_headers(q, h, "text/event-stream");
     h[n++] = (gw_http_header_t){"cache-control", "no-cache"};
     if (gw_http_stream_begin(q->http, 200, h, n) != 0)
@@ -755,6 +757,14 @@ static void pool_event(void *ud, uint32_t worker, const eng_wire_frame_t *ev)
         gw_api_error_set(&e, q->kind, status, "worker: %.*s", (int)ev->u.error.message.len,
                          ev->u.error.message.base);
         request_done(q, BILL_STATUS_FAILED, &e);
+        return;
+    }
+    case ENG_WIRE_SNAPSHOT: {
+        /* After a (re)connect the worker lists what it holds pinned: it owns those again. */
+        const eng_wire_snapshot_t *sn = &ev->u.snapshot;
+        for (uint32_t i = 0; i < sn->n_entries; i++)
+            gw_cindex_owner_add(s->ix, sn->entries[i].ns, sn->entries[i].tokens,
+                                sn->entries[i].n_tokens, worker, NULL);
         return;
     }
     case ENG_WIRE_KV_EVENT: {
