@@ -141,6 +141,7 @@ typedef struct rq {
     uint8_t stop;
     int err;
     eng_wire_usage_t usage;
+    eng_wire_timing_t timing;
     uint32_t n_retained;
 } rq_t;
 
@@ -159,6 +160,13 @@ typedef struct cl {
     uint64_t cancel_id;
     uint32_t cancel_at;
     uint32_t close_at;
+    /* The pins and cache events the link reports. */
+    uint32_t n_snap_frames, n_snap_entries;
+    bool snap_last;
+    uint64_t snap_fp, snap_ns, snap_ttl_ms;
+    uint32_t snap_n_tokens;
+    uint32_t n_retained_other; /* RETAINED with request id 0: another gateway's request */
+    uint32_t n_released, n_removed, n_paths_ok;
 } cl_t;
 
 static void cl_on_ready(lnk_worker_client_t *c, const eng_wire_hello_t *ack, void *ud)
@@ -199,6 +207,7 @@ static void cl_on_frame(lnk_worker_client_t *c, const eng_wire_frame_t *f, void 
         r->done = true;
         r->stop = f->u.done.stop_reason;
         r->usage = f->u.done.usage;
+        r->timing = f->u.done.timing;
         size_t n = PC_MIN(f->u.done.text.len, sizeof r->text - 1 - r->text_len);
         memcpy(r->text + r->text_len, f->u.done.text.base, n);
         r->text_len += n;
@@ -215,6 +224,25 @@ static void cl_on_frame(lnk_worker_client_t *c, const eng_wire_frame_t *f, void 
         if (f->u.kv.kind == ENG_WIRE_KV_RETAINED && f->u.kv.request_id >= 1 &&
             f->u.kv.request_id <= MAX_REQ)
             k->rq[f->u.kv.request_id].n_retained++;
+        k->n_retained_other += f->u.kv.kind == ENG_WIRE_KV_RETAINED && f->u.kv.request_id == 0;
+        k->n_released += f->u.kv.kind == ENG_WIRE_KV_RELEASED;
+        if (f->u.kv.kind == ENG_WIRE_KV_EVICTED && f->u.kv.reason == ENG_EVICT_REMOVED) {
+            k->n_removed++;
+            k->n_paths_ok +=
+                f->u.kv.n_path == f->u.kv.n_tokens &&
+                eng_wire_prefix_fp(f->u.kv.tokens, f->u.kv.n_path) == f->u.kv.prefix_fp;
+        }
+        break;
+    case ENG_WIRE_SNAPSHOT:
+        k->n_snap_frames++;
+        k->n_snap_entries += f->u.snapshot.n_entries;
+        k->snap_last = f->u.snapshot.last != 0;
+        if (f->u.snapshot.n_entries > 0) {
+            k->snap_fp = f->u.snapshot.entries[0].prefix_fp;
+            k->snap_ns = f->u.snapshot.entries[0].ns;
+            k->snap_ttl_ms = f->u.snapshot.entries[0].ttl_ms;
+            k->snap_n_tokens = f->u.snapshot.entries[0].n_tokens;
+        }
         break;
     case ENG_WIRE_LOAD:
         k->load = f->u.load;
@@ -505,7 +533,7 @@ PC_TEST(handshake_ok)
     p.model_name = MODEL_NAME;
     p.model_fp = in.model_fp;
     p.n_vocab = N_VOCAB;
-    p.version_max = 9; /* a newer client that also speaks 1 */
+    p.version_max = 9; /* a newer client that also speaks 2 */
     PC_TEST_CALL(cl_connect(&f, &k2, &p, NULL));
     RUN_UNTIL(&f, k2.ready || k2.closed, 5000);
     ASSERT_TRUE(k2.ready);
@@ -569,9 +597,9 @@ PC_TEST(handshake_mismatch_rejected)
     fx_t f;
     PC_TEST_CALL(fx_setup(&f, NULL));
     lnk_worker_client_params_t p = lnk_worker_client_params_default();
-    p.version_min = 2;
-    p.version_max = 3;
-    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_UNSUPPORTED, "this worker speaks 1"));
+    p.version_min = 3;
+    p.version_max = 4;
+    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_UNSUPPORTED, "this worker speaks 2"));
     p = lnk_worker_client_params_default();
     p.model_name = "another-model";
     PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_INVAL, "'another-model' asked"));
@@ -585,14 +613,14 @@ PC_TEST(handshake_mismatch_rejected)
     /* A frame with another version in its header: REJECT with the decoder's reason. */
     raw_t r;
     PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
-    uint8_t v2[ENG_WIRE_HEADER_BYTES] = {'K', 'W', 2, ENG_WIRE_HELLO};
+    uint8_t v2[ENG_WIRE_HEADER_BYTES] = {'K', 'W', 3, ENG_WIRE_HELLO};
     raw_send(&r, v2, sizeof v2);
     RUN_UNTIL(&f, r.eof, 5000);
     uint32_t n;
     char why[256] = "";
     ASSERT_EQ(raw_frames(&r, ENG_WIRE_REJECT, &n, why, sizeof why), 0);
     ASSERT_EQ(n, 1);
-    ASSERT_TRUE(strstr(why, "protocol version 2") != NULL);
+    ASSERT_TRUE(strstr(why, "protocol version 3") != NULL);
     PC_TEST_CALL(raw_close(&f, &r));
 
     /* A SUBMIT before HELLO. */
@@ -610,7 +638,169 @@ PC_TEST(handshake_mismatch_rejected)
     lnk_worker_server_stats_t st;
     RUN_UNTIL(&f, (lnk_worker_server_stats(f.srv, &st), st.conns_open == 0), 5000);
     ASSERT_EQ(st.conns_rejected, 5);  /* REJECT by the handshake's rules */
-    ASSERT_EQ(st.conns_bad_frame, 1); /* REJECT by the decoder (the version-2 header) */
+    ASSERT_EQ(st.conns_bad_frame, 1); /* REJECT by the decoder (the version-3 header) */
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Link authentication and resync
+ * ------------------------------------------------------------------------------------------- */
+
+#define SECRET "0123456789abcdef"
+
+PC_TEST(auth_mac_golden)
+{
+    /* HMAC-SHA256 as documented in engine/wire.h, computed independently (Python's hmac). */
+    static const uint8_t gw_mac[32] = {0x38, 0x6f, 0x66, 0xe1, 0x56, 0x2b, 0xab, 0x00,
+                                       0xd2, 0x0a, 0x88, 0x36, 0xac, 0xe1, 0xbb, 0x1c,
+                                       0xa3, 0x88, 0xb6, 0xfc, 0x16, 0x92, 0x8a, 0x6e,
+                                       0x9a, 0x5b, 0xb0, 0xba, 0xa9, 0x27, 0x76, 0x94};
+    static const uint8_t wk_mac[32] = {0xdc, 0x26, 0x3f, 0xfe, 0x60, 0x17, 0x88, 0xcd,
+                                       0xd1, 0x87, 0xbc, 0xbc, 0xf1, 0xbf, 0x72, 0xd1,
+                                       0x9c, 0x8b, 0xeb, 0x19, 0xc2, 0x04, 0x96, 0xb4,
+                                       0x62, 0x34, 0xc9, 0xfd, 0x4c, 0xaf, 0x28, 0x5b};
+    uint8_t gw[32], wk[32], mac[32];
+    for (int i = 0; i < 32; i++) {
+        gw[i] = (uint8_t)i;
+        wk[i] = (uint8_t)(32 + i);
+    }
+    lnk_wire_auth_mac((const uint8_t *)SECRET, 16, ENG_WIRE_ROLE_GATEWAY, gw, wk, mac);
+    ASSERT_MEM_EQ(mac, gw_mac, 32);
+    ASSERT_TRUE(lnk_wire_auth_equal(mac, gw_mac));
+    lnk_wire_auth_mac((const uint8_t *)SECRET, 16, ENG_WIRE_ROLE_WORKER, gw, wk, mac);
+    ASSERT_MEM_EQ(mac, wk_mac, 32);
+    mac[31] ^= 1;
+    ASSERT_FALSE(lnk_wire_auth_equal(mac, wk_mac));
+    /* Nonces are fresh. */
+    uint8_t n1[32], n2[32];
+    lnk_wire_nonce(n1);
+    lnk_wire_nonce(n2);
+    ASSERT_TRUE(memcmp(n1, n2, 32) != 0);
+}
+
+static lnk_worker_client_params_t secret_params(const char *secret)
+{
+    lnk_worker_client_params_t p = lnk_worker_client_params_default();
+    p.secret = (const uint8_t *)secret;
+    p.secret_len = secret ? strlen(secret) : 0;
+    return p;
+}
+
+PC_TEST(link_auth)
+{
+    fx_t f;
+    lnk_worker_server_params_t sp = lnk_worker_server_params_default();
+    sp.secret = (const uint8_t *)SECRET;
+    sp.secret_len = 16;
+    PC_TEST_CALL(fx_setup(&f, &sp));
+    /* No secret, a wrong one: refused, on either side. */
+    lnk_worker_client_params_t p = secret_params(NULL);
+    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_PERM, "requires a link secret"));
+    p = secret_params("0123456789abcdeX");
+    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_PERM, "link authentication failed"));
+    /* A raw peer that skips AUTH after the CHALLENGE gets REJECT. */
+    raw_t r;
+    PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
+    eng_wire_frame_t h = hello_frame(1000), hb = {.type = ENG_WIRE_HEARTBEAT};
+    raw_send_frame(&r, &h);
+    raw_send_frame(&r, &hb);
+    RUN_UNTIL(&f, r.eof, 5000);
+    uint32_t n;
+    char why[256] = "";
+    ASSERT_EQ(raw_frames(&r, ENG_WIRE_CHALLENGE, &n, why, sizeof why), 0);
+    ASSERT_EQ(n, 1);
+    ASSERT_EQ(raw_frames(&r, ENG_WIRE_REJECT, &n, why, sizeof why), 0);
+    ASSERT_EQ(n, 1);
+    ASSERT_TRUE(strstr(why, "expected AUTH") != NULL);
+    PC_TEST_CALL(raw_close(&f, &r));
+    /* The right secret: served, and the worker proved it too. */
+    cl_t k;
+    p = secret_params(SECRET);
+    PC_TEST_CALL(cl_connect(&f, &k, &p, NULL));
+    RUN_UNTIL(&f, k.ready || k.closed, 5000);
+    ASSERT_TRUE(k.ready);
+    PC_TEST_CALL(cl_close(&f, &k));
+    lnk_worker_server_stats_t st;
+    RUN_UNTIL(&f, (lnk_worker_server_stats(f.srv, &st), st.conns_open == 0), 5000);
+    ASSERT_EQ(st.conns_rejected, 2); /* the wrong secret and the raw peer */
+    PC_TEST_CALL(fx_teardown(&f));
+
+    /* A gateway with a secret refuses a worker without one. */
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    p = secret_params(SECRET);
+    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_PERM, "did not ask for the link secret"));
+    /* Short secrets are refused by the parameter checks. */
+    p = secret_params("short");
+    p.address = f.addr;
+    lnk_worker_client_t *c = NULL;
+    char err[256];
+    ASSERT_EQ(lnk_worker_client_connect(&f.loop, &p, &cl_cbs, NULL, &c, err, sizeof err),
+              PC_ERR_INVAL);
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(pins_resync_release_drop)
+{
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    cl_t a, b;
+    PC_TEST_CALL(cl_open(&f, &a));
+    PC_TEST_CALL(cl_open(&f, &b));
+    eng_worker_info_t in;
+    eng_worker_info(lnk_worker_server_worker(f.srv), &in);
+    ASSERT_EQ(a.ack.total_blocks, in.total_blocks);
+    ASSERT_EQ(a.ack.max_prompt_tokens, in.max_prompt_tokens);
+    ASSERT_TRUE(a.ack.total_blocks > 0);
+    RUN_UNTIL(&f, a.snap_last && b.snap_last, 5000); /* empty snapshots */
+    ASSERT_EQ(a.n_snap_entries, 0);
+
+    /* a retains a prefix; b learns it too (request id 0). */
+    static uint32_t prompt[64];
+    make_prompt(prompt, 64, 9);
+    eng_wire_retain_t keep = {32, 600000};
+    eng_wire_submit_t q = greedy(1, prompt, 64, 3);
+    q.ns = 77;
+    q.retain = &keep;
+    q.n_retain = 1;
+    ASSERT_EQ(lnk_worker_client_submit(a.c, &q), 0);
+    RUN_UNTIL(&f, a.rq[1].done && b.n_retained_other == 1, 10000);
+    ASSERT_EQ(a.rq[1].n_retained, 1);
+    ASSERT_TRUE(a.rq[1].timing.queue_us + a.rq[1].timing.prefill_us > 0);
+    ASSERT_TRUE(a.rq[1].timing.decode_us > 0);
+
+    /* a goes away; the pin stays, and a new gateway gets it in its snapshot. */
+    PC_TEST_CALL(cl_close(&f, &a));
+    cl_t c;
+    PC_TEST_CALL(cl_open(&f, &c));
+    RUN_UNTIL(&f, c.snap_last, 5000);
+    ASSERT_EQ(c.n_snap_entries, 1);
+    ASSERT_EQ_U64(c.snap_ns, 77);
+    ASSERT_EQ(c.snap_n_tokens, 32);
+    ASSERT_EQ_U64(c.snap_fp, eng_wire_prefix_fp(prompt, 32));
+    ASSERT_TRUE(c.snap_ttl_ms > 500000 && c.snap_ttl_ms <= 600000);
+
+    /* c ends the pin early: every gateway hears RELEASED. */
+    ASSERT_EQ(lnk_worker_client_release(c.c, 77, prompt, 32), 0);
+    RUN_UNTIL(&f, b.n_released == 1 && c.n_released == 1, 5000);
+    ASSERT_EQ(lnk_worker_client_release(c.c, 77, prompt, 0), PC_ERR_INVAL);
+    /* c drops the namespace: the cached prompt goes, named by its path. */
+    ASSERT_EQ(lnk_worker_client_drop(c.c, 77), 0);
+    RUN_UNTIL(&f, b.n_removed > 0 && c.n_removed == b.n_removed, 5000);
+    ASSERT_EQ(c.n_paths_ok, c.n_removed);
+    /* Nothing of ns 77 is left to reuse. */
+    q = greedy(2, prompt, 64, 1);
+    q.ns = 77;
+    ASSERT_EQ(lnk_worker_client_submit(c.c, &q), 0);
+    RUN_UNTIL(&f, c.rq[2].done, 10000);
+    ASSERT_EQ(c.rq[2].usage.tokens_reused, 0);
+    /* The router's moving averages are measured by now. */
+    ASSERT_EQ(lnk_worker_client_ping(c.c), 0);
+    uint32_t loads = c.n_loads;
+    RUN_UNTIL(&f, c.n_loads > loads, 5000);
+    ASSERT_TRUE(c.load.prefill_tokens_per_s > 0.0f);
+    ASSERT_TRUE(c.load.decode_ms_per_token > 0.0f);
+    PC_TEST_CALL(cl_close(&f, &b));
+    PC_TEST_CALL(cl_close(&f, &c));
     PC_TEST_CALL(fx_teardown(&f));
 }
 
@@ -1196,6 +1386,27 @@ PC_TEST(corpus_seeds)
     PC_TEST_CALL(seed_frame(&b, &sub));
     PC_TEST_CALL(seed_write(dir, "submit_fields", &b));
 
+    /* The gateway's index at work: a retained prefix, its early RELEASE, a DROP of the
+     * namespace, a RELEASE of something never pinned, and an AUTH nobody asked for. */
+    b.len = 0;
+    pc_buf_append(&b, &with_hello, 1);
+    eng_wire_retain_t keep1 = {16, 60000};
+    sub.u.submit = greedy(9, prompt, 40, 2);
+    sub.u.submit.ns = 3;
+    sub.u.submit.retain = &keep1;
+    sub.u.submit.n_retain = 1;
+    PC_TEST_CALL(seed_frame(&b, &sub));
+    eng_wire_frame_t rel = {.type = ENG_WIRE_RELEASE}, drop = {.type = ENG_WIRE_DROP};
+    rel.u.release = (eng_wire_release_t){.ns = 3, .tokens = prompt, .n_tokens = 16};
+    PC_TEST_CALL(seed_frame(&b, &rel));
+    rel.u.release.n_tokens = 5;
+    PC_TEST_CALL(seed_frame(&b, &rel));
+    drop.u.release.ns = 3;
+    PC_TEST_CALL(seed_frame(&b, &drop));
+    eng_wire_frame_t auth = {.type = ENG_WIRE_AUTH};
+    PC_TEST_CALL(seed_frame(&b, &auth));
+    PC_TEST_CALL(seed_write(dir, "release_drop", &b));
+
     /* Protocol errors after the handshake: a reused id, a worker's frame, a second HELLO, a
      * truncated payload. */
     b.len = 0;
@@ -1231,8 +1442,8 @@ PC_TEST(corpus_seeds)
     PC_TEST_CALL(seed_write(dir, "hello_model", &b));
     b.len = 1;
     h2 = hello;
-    h2.u.hello.version_min = 2;
-    h2.u.hello.version_max = 3;
+    h2.u.hello.version_min = 3;
+    h2.u.hello.version_max = 4;
     PC_TEST_CALL(seed_frame(&b, &h2));
     PC_TEST_CALL(seed_write(dir, "hello_version", &b));
     b.len = 1;
