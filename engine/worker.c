@@ -154,6 +154,8 @@ struct eng_worker {
 
     /* Shared, under mu. */
     bool stopping;
+    eng_worker_wake_fn on_stopped; /* eng_worker_stop's notification */
+    void *stopped_ud;
     wk_req_t *in_head, *in_tail;
     wk_op_t *op_head, *op_tail;
     uint32_t n_counted; /* requests counting against max_queue */
@@ -1300,7 +1302,13 @@ static void *sched_main(void *arg)
             }
         }
         if (w->stopping) {
+            /* The notification is the thread's last act: once it ran, the owner may free the
+             * worker (eng_worker_free then only joins a thread that is returning). */
+            eng_worker_wake_fn done = w->on_stopped;
+            void *done_ud = w->stopped_ud;
             pthread_mutex_unlock(&w->mu);
+            if (done != NULL)
+                done(done_ud);
             break;
         }
         wk_req_t *in = w->in_head;
@@ -1489,6 +1497,18 @@ static void ev_list_free(wk_ev_t *ev)
         pc_free(ev);
         ev = next;
     }
+}
+
+void eng_worker_stop(eng_worker_t *w, eng_worker_wake_fn on_stopped, void *ud)
+{
+    pthread_mutex_lock(&w->mu);
+    if (!w->stopping) {
+        w->stopping = true;
+        w->on_stopped = on_stopped;
+        w->stopped_ud = ud;
+        pthread_cond_broadcast(&w->cv_work);
+    }
+    pthread_mutex_unlock(&w->mu);
 }
 
 void eng_worker_free(eng_worker_t *w)

@@ -163,8 +163,21 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
                     size_t err_len);
 
 /* Stops the scheduler thread and releases everything. Requests still queued or running are
- * dropped without further events; events not yet polled are discarded. NULL is a no-op. */
+ * dropped without further events; events not yet polled are discarded. NULL is a no-op.
+ * Without eng_worker_stop first, this waits for the step in progress (up to a whole step of
+ * model math): an event loop calls eng_worker_stop and frees the worker once notified. */
 void eng_worker_free(eng_worker_t *w);
+
+/* Asks the scheduler thread to stop after the step in progress and returns at once, without
+ * waiting for it. From this call on, eng_worker_submit answers PC_ERR_STATE (as do the control
+ * operations), and no step starts. on_stopped(ud) (may be NULL) runs once, on the scheduler
+ * thread, as the last thing it does: after its last step and its last wake call, with no
+ * worker lock held; like wake, it must be cheap and must not block (e.g. uv_async_send). After
+ * it ran, eng_worker_free returns without waiting for model math. Events of the last step are
+ * still queued and may be polled until eng_worker_free. A second call does nothing (the first
+ * call's on_stopped stands); eng_worker_free without this call stops the thread itself. Any
+ * thread may call it, but not concurrently with eng_worker_free. */
+void eng_worker_stop(eng_worker_t *w, eng_worker_wake_fn on_stopped, void *ud);
 
 void eng_worker_info(const eng_worker_t *w, eng_worker_info_t *out);
 

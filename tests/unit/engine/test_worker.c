@@ -1068,4 +1068,52 @@ PC_TEST(cancel_in_finishing_step_does_not_cancel_reused_id)
     ASSERT_TRUE(seen_race);
 }
 
+static atomic_int g_stopped;
+static void on_stopped(void *ud)
+{
+    atomic_fetch_add((atomic_int *)ud, 1);
+}
+
+PC_TEST(stop_returns_without_waiting_for_the_step)
+{
+    /* eng_worker_stop asks and returns: the scheduler thread is held (in the wake gate, as if
+     * inside a long step) and the call still returns, on_stopped not yet run. Once released,
+     * the thread stops on its own and says so; only then is the worker freed. */
+    static uint32_t prompt[40];
+    random_prompt(prompt, 40);
+    eng_worker_params_t p = wparams();
+    p.wake = gate_wake;
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    pthread_mutex_lock(&g_gate_mu);
+    g_gate_hold = 1;
+    g_gate_entered = 0;
+    g_gate_go = false;
+    pthread_mutex_unlock(&g_gate_mu);
+    atomic_store(&g_stopped, 0);
+    eng_wire_submit_t q = greedy_req(1, 1, prompt, 40, 500);
+    ASSERT_EQ(submit(w, &q), 0);
+    ASSERT_TRUE(gate_wait(1)); /* the scheduler thread is busy (held) */
+    eng_worker_stop(w, on_stopped, &g_stopped);
+    eng_worker_stop(w, NULL, NULL); /* a second call does nothing */
+    ASSERT_EQ(atomic_load(&g_stopped), 0);
+    char err[128] = "";
+    ASSERT_EQ(eng_worker_submit(w, &q, err, sizeof err), PC_ERR_STATE);
+    q.request_id = 2;
+    ASSERT_EQ(eng_worker_submit(w, &q, err, sizeof err), PC_ERR_STATE);
+    gate_release();
+    uint64_t until = pc_time_mono_ms() + 10000;
+    while (atomic_load(&g_stopped) == 0 && pc_time_mono_ms() < until)
+        usleep(200);
+    ASSERT_EQ(atomic_load(&g_stopped), 1);
+    /* The first step's events are still there to poll: request 1's first token. */
+    eng_worker_event_t ev[8];
+    size_t n = eng_worker_poll(w, ev, PC_ARRAY_LEN(ev));
+    ASSERT_TRUE(n >= 1);
+    ASSERT_EQ(ev[0].type, ENG_WIRE_TOKEN);
+    ASSERT_EQ(ev[0].u.token.request_id, 1);
+    eng_worker_free(w);
+    ASSERT_EQ(atomic_load(&g_stopped), 1); /* once */
+}
+
 PC_TEST_MAIN()
