@@ -176,7 +176,8 @@ struct lnk_worker_server {
     uint8_t secret[LNK_SECRET_MAX]; /* the link secret; secret_len 0: no authentication */
     size_t secret_len;
     pthread_mutex_t wake_mu;
-    bool wake_open; /* the async handle may be signaled */
+    bool wake_open;      /* the async handle may be signaled */
+    bool worker_stopped; /* under wake_mu: the worker's thread ran its last step */
     lnk_worker_server_stats_t st;
     lnk_worker_server_closed_fn on_closed;
     void *closed_ud;
@@ -505,7 +506,10 @@ static void on_conn_closed(lnk_wconn_t *w)
             continue;
         }
         if (r->live) {
-            eng_worker_cancel(s->worker, r->wid);
+            /* Once the shutdown is closing, the worker is stopping (or freed) and drops what
+             * it still holds: nothing to cancel. */
+            if (s->state == SRV_RUNNING || s->state == SRV_DRAINING)
+                eng_worker_cancel(s->worker, r->wid);
             s->st.requests_live--;
             s->st.requests_orphaned++;
             n_canceled++;
@@ -700,9 +704,22 @@ static void drain_events(lnk_worker_server_t *s)
         finish_drain(s);
 }
 
+static void free_worker(lnk_worker_server_t *s);
+
 static void on_async(uv_async_t *a)
 {
-    drain_events(a->data);
+    lnk_worker_server_t *s = a->data;
+    pthread_mutex_lock(&s->wake_mu);
+    bool stopped = s->worker_stopped;
+    pthread_mutex_unlock(&s->wake_mu);
+    if (!stopped) {
+        drain_events(s);
+        return;
+    }
+    if (s->worker != NULL) {
+        free_worker(s); /* its thread is returning: the join does not wait */
+        check_closed(s);
+    }
 }
 
 /* The worker's wake callback, on the worker's thread. */
@@ -710,6 +727,17 @@ static void on_wake(void *ud)
 {
     lnk_worker_server_t *s = ud;
     pthread_mutex_lock(&s->wake_mu);
+    if (s->wake_open)
+        uv_async_send(&s->async);
+    pthread_mutex_unlock(&s->wake_mu);
+}
+
+/* eng_worker_stop's notification, the worker thread's last act: on_async frees the worker. */
+static void on_worker_stopped(void *ud)
+{
+    lnk_worker_server_t *s = ud;
+    pthread_mutex_lock(&s->wake_mu);
+    s->worker_stopped = true;
     if (s->wake_open)
         uv_async_send(&s->async);
     pthread_mutex_unlock(&s->wake_mu);
@@ -740,9 +768,9 @@ static void check_closed(lnk_worker_server_t *s)
         s->on_closed(s, s->closed_ud);
 }
 
-/* Stops the worker and closes the async handle and the drain timer (the listener is closed
- * already); connections close on their own. */
-static void close_core(lnk_worker_server_t *s)
+/* Frees the worker and closes the async handle. The worker's thread must be stopped or idle:
+ * eng_worker_free joins it. */
+static void free_worker(lnk_worker_server_t *s)
 {
     pthread_mutex_lock(&s->wake_mu);
     s->wake_open = false;
@@ -750,7 +778,16 @@ static void close_core(lnk_worker_server_t *s)
     eng_worker_free(s->worker); /* joins the scheduler thread: no wake after this */
     s->worker = NULL;
     uv_close((uv_handle_t *)&s->async, on_server_handle_closed);
+}
+
+/* Closes the drain timer and asks the worker to stop without waiting for its step in progress
+ * (the loop never blocks on model math): on_worker_stopped wakes on_async, which frees the
+ * worker and closes the async handle. The listener is closed already; connections close on
+ * their own. */
+static void close_core(lnk_worker_server_t *s)
+{
     uv_close((uv_handle_t *)&s->drain_timer, on_server_handle_closed);
+    eng_worker_stop(s->worker, on_worker_stopped, s);
 }
 
 static void finish_drain(lnk_worker_server_t *s)
@@ -905,7 +942,8 @@ fail:
     s->state = SRV_CLOSING;
     s->free_when_closed = true;
     uv_close((uv_handle_t *)&s->listener, on_server_handle_closed);
-    close_core(s);
+    uv_close((uv_handle_t *)&s->drain_timer, on_server_handle_closed);
+    free_worker(s); /* idle: nothing was submitted */
     return PC_ERR_IO;
 }
 

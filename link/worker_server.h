@@ -45,8 +45,9 @@
  *
  * Shutdown (lnk_worker_server_shutdown, e.g. on SIGINT/SIGTERM): stop accepting, cancel every
  * live request, send the final frames (DONE canceled) for at most drain_timeout_ms, close every
- * connection after its queued bytes are written, stop the worker (eng_worker_free joins the
- * scheduler thread: the loop waits for at most the step in progress), close the server's handles;
+ * connection after its queued bytes are written, stop the worker without waiting on the loop
+ * (eng_worker_stop: its thread finishes the step in progress and says so; only then is the
+ * worker freed, so the loop never blocks on model math), close the server's handles;
  * on_closed runs after the last close callback, and uv_run then returns once nothing else is on
  * the loop. Only then may lnk_worker_server_free run.
  *

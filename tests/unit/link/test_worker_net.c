@@ -1200,6 +1200,40 @@ PC_TEST(shutdown_cancels_and_drains)
     ASSERT_EQ(uv_loop_close(&f.loop), 0);
 }
 
+PC_TEST(shutdown_drain_timeout_with_live_request)
+{
+    /* drain_timeout_ms 0: the drain ends before the canceled request's final event can come
+     * back, so the connections close with the request still live. Closing them must not touch
+     * the worker, which is being stopped (this crashed in eng_worker_cancel on a freed worker),
+     * and the shutdown completes with the client told why. */
+    lnk_worker_server_params_t sp = lnk_worker_server_params_default();
+    sp.drain_timeout_ms = 0;
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, &sp));
+    cl_t k;
+    PC_TEST_CALL(cl_open(&f, &k));
+    uint32_t prompt[12];
+    make_prompt(prompt, 12, 6);
+    eng_wire_submit_t s = greedy(1, prompt, 12, 1000);
+    ASSERT_EQ(lnk_worker_client_submit(k.c, &s), 0);
+    RUN_UNTIL(&f, k.rq[1].n_tokens >= 2, 10000);
+    lnk_worker_server_stats_t st;
+    lnk_worker_server_stats(f.srv, &st);
+    ASSERT_EQ(st.requests_live, 1);
+    lnk_worker_server_shutdown(f.srv, on_srv_closed, &f);
+    RUN_UNTIL(&f, f.srv_closed && k.closed, 10000);
+    ASSERT_EQ(k.close_err, PC_ERR_CLOSED);
+    ASSERT_TRUE(strstr(k.close_reason, "shutting down") != NULL);
+    ASSERT_TRUE(lnk_worker_server_worker(f.srv) == NULL); /* stopped and freed */
+    lnk_worker_server_stats(f.srv, &st);
+    ASSERT_EQ(st.requests_live, 0);
+    ASSERT_EQ(st.conns_open, 0);
+    lnk_worker_server_free(f.srv);
+    uv_close((uv_handle_t *)&f.tick, NULL);
+    uv_run(&f.loop, UV_RUN_DEFAULT);
+    ASSERT_EQ(uv_loop_close(&f.loop), 0);
+}
+
 /* Starts `kvgw worker` on an ephemeral loopback port; its stdout's first line gives the port. */
 static void spawn_worker(pid_t *pid, char *addr, size_t addr_len)
 {
