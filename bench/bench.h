@@ -40,6 +40,7 @@ double bench_stream_read_gb_s(unsigned threads, size_t n_bytes);
 
 /* The benchmarks, each a subcommand main: argv[0] is the benchmark's name. */
 int bench_radix_main(int argc, char **argv);
+int bench_cindex_main(int argc, char **argv);
 int bench_tokenizer_main(int argc, char **argv);
 int bench_engine_main(int argc, char **argv);
 int bench_kernels_main(int argc, char **argv);

@@ -9,6 +9,7 @@
 
 static const kvgw_cmd_t bench_cmds[] = {
     {"radix", bench_radix_main, "token radix tree: inserts, lookups, memory, expiry"},
+    {"cindex", bench_cindex_main, "gateway cache index: match, refresh, probes, expiry, memory"},
     {"tokenizer", bench_tokenizer_main, "tokenizer encode throughput on an English/code corpus"},
     {"engine", bench_engine_main, "engine core: prefill, decode, TTFT cold vs cached prefix"},
     {"kernels", bench_kernels_main, "CUDA kernels, cuBLAS GEMMs, engine on the cuda backend"},

@@ -1044,9 +1044,9 @@ static void diff_run(uint64_t seed, long n_ops, uint64_t max_tokens, model_t *m)
 static long diff_ops(void)
 {
 #if defined(__SANITIZE_ADDRESS__) || !defined(NDEBUG)
-    return (long)(4000 * pc_test_scale());
+    return (long)(10000 * pc_test_scale());
 #else
-    return (long)(20000 * pc_test_scale());
+    return (long)(100000 * pc_test_scale());
 #endif
 }
 
