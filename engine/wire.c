@@ -827,6 +827,13 @@ struct eng_wire_decoder {
     char reason[192];
 };
 
+void eng_wire_decoder_set_max_frame(eng_wire_decoder_t *d, uint32_t max_frame)
+{
+    /* Headers are checked when their frame is taken (eng_wire_decoder_next), so the new limit
+     * applies to everything not yet returned. */
+    d->max_frame = max_frame != 0 ? max_frame : ENG_WIRE_MAX_FRAME_DEFAULT;
+}
+
 int eng_wire_decoder_init(uint32_t max_frame, eng_wire_decoder_t **out)
 {
     eng_wire_decoder_t *d = pc_calloc(1, sizeof *d);

@@ -398,6 +398,11 @@ typedef struct eng_wire_decoder eng_wire_decoder_t;
 int eng_wire_decoder_init(uint32_t max_frame, eng_wire_decoder_t **out);
 void eng_wire_decoder_free(eng_wire_decoder_t *d);
 
+/* Changes the largest payload accepted (0: ENG_WIRE_MAX_FRAME_DEFAULT) for every frame that
+ * eng_wire_decoder_next has not returned yet (bytes already fed included): a worker takes only
+ * small frames from a peer before its handshake, then its full max_frame. */
+void eng_wire_decoder_set_max_frame(eng_wire_decoder_t *d, uint32_t max_frame);
+
 /* Appends received bytes (copied). Call eng_wire_decoder_next until it returns 0 after every
  * feed: the decoder then buffers at most one partial frame plus the last chunk. Returns 0,
  * PC_ERR_NOMEM (nothing appended), or the sticky error of a failed decoder. */

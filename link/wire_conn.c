@@ -142,6 +142,11 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     lnk_wconn_flush(c);
 }
 
+void lnk_wconn_set_max_frame_in(lnk_wconn_t *c, uint32_t max_frame)
+{
+    eng_wire_decoder_set_max_frame(c->_dec, max_frame);
+}
+
 int lnk_wconn_start(lnk_wconn_t *c)
 {
     PC_ASSERT(c->state == LNK_WCONN_IDLE);

@@ -124,6 +124,10 @@ void lnk_wconn_set_deadline(lnk_wconn_t *c, uint32_t ms, const char *why);
  * Later calls only turn a drain into an immediate close when drain is false. */
 void lnk_wconn_close(lnk_wconn_t *c, int err, const char *reason, bool drain);
 
+/* Changes the largest payload accepted from the peer (0: ENG_WIRE_MAX_FRAME_DEFAULT) for every
+ * frame not decoded yet, e.g. a small limit until the peer's handshake is done. */
+void lnk_wconn_set_max_frame_in(lnk_wconn_t *c, uint32_t max_frame);
+
 /* Whether frames can still be sent (OPEN). */
 static inline bool lnk_wconn_is_open(const lnk_wconn_t *c)
 {

@@ -350,6 +350,7 @@ static void finish_handshake(srv_conn_t *c)
     c->ready = true;
     c->w.error_frame = ENG_WIRE_ERROR;
     c->w.max_frame_out = c->peer_max_frame;
+    lnk_wconn_set_max_frame_in(&c->w, s->p.max_frame);
     lnk_wconn_set_deadline(&c->w, 0, NULL);
     lnk_wconn_set_heartbeat(&c->w, s->p.heartbeat_ms, 3 * c->peer_heartbeat_ms);
 
@@ -546,7 +547,9 @@ static void on_connection(uv_stream_t *l, int status)
     memset(c, 0, offsetof(srv_conn_t, w));
     c->s = s;
     snprintf(c->peer, sizeof c->peer, "?");
-    if (lnk_wconn_init(s->loop, &c->w, &conn_ops, c, s->p.max_frame, s->p.max_queue_bytes) != 0) {
+    /* Small frames only until the handshake is done (finish_handshake raises the limit). */
+    if (lnk_wconn_init(s->loop, &c->w, &conn_ops, c, LNK_HANDSHAKE_MAX_FRAME,
+                       s->p.max_queue_bytes) != 0) {
         PC_LOG(PC_LOG_ERROR, "worker", "accept: cannot set up a connection");
         pc_free(c);
         return;

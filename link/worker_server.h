@@ -11,7 +11,8 @@
  *               interval and max_frame), or REJECT with a reason and closes: no common protocol
  *               version, a model name / fingerprint / n_vocab that the HELLO asks for and this
  *               worker does not have (empty / 0 mean any), role worker, heartbeat_ms outside
- *               1..600000, max_frame below 16 KiB.
+ *               1..600000, max_frame below 16 KiB. Until the handshake is done (HELLO_ACK
+ *               sent) a frame may carry at most LNK_HANDSHAKE_MAX_FRAME bytes, then max_frame.
  *   auth        with a link secret (params.secret), HELLO is answered with CHALLENGE (a fresh
  *               random nonce) and the gateway must answer AUTH with HMAC-SHA256 of both nonces
  *               under the secret (engine/wire.h); a wrong or missing AUTH gets REJECT
@@ -62,6 +63,11 @@
 #include <uv.h>
 
 #include "worker.h"
+
+/* The largest payload taken from a peer before its handshake is done (HELLO, AUTH): an
+ * unauthenticated peer cannot make the server buffer max_frame bytes. A frame announcing more
+ * is refused from its header (REJECT, connection closed). */
+#define LNK_HANDSHAKE_MAX_FRAME (8u << 10)
 
 typedef struct lnk_worker_server_params {
     const char *listen;            /* "HOST:PORT" (wire_conn.h's syntax); port 0 picks one */

@@ -1011,6 +1011,62 @@ PC_TEST(garbage_frames_close_only_that_connection)
     PC_TEST_CALL(fx_teardown(&f));
 }
 
+PC_TEST(pre_handshake_frames_are_small)
+{
+    /* Before its handshake a peer is unauthenticated: a frame announcing more than
+     * LNK_HANDSHAKE_MAX_FRAME is refused from its header alone (REJECT, closed at once), not
+     * buffered up to max_frame while the handshake deadline runs. After the handshake the full
+     * max_frame applies. */
+    lnk_worker_server_params_t sp = lnk_worker_server_params_default();
+    sp.handshake_timeout_ms = 60000; /* the deadline is not what closes it */
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, &sp));
+    raw_t r;
+    PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
+    uint32_t len = LNK_HANDSHAKE_MAX_FRAME + 1;
+    uint8_t big[ENG_WIRE_HEADER_BYTES] = {'K',
+                                          'W',
+                                          ENG_WIRE_VERSION,
+                                          ENG_WIRE_HELLO,
+                                          0,
+                                          0,
+                                          0,
+                                          0,
+                                          (uint8_t)len,
+                                          (uint8_t)(len >> 8),
+                                          (uint8_t)(len >> 16),
+                                          (uint8_t)(len >> 24)};
+    raw_send(&r, big, sizeof big);
+    RUN_UNTIL(&f, r.eof, 2000);
+    uint32_t n;
+    char why[256] = "";
+    ASSERT_EQ(raw_frames(&r, ENG_WIRE_REJECT, &n, why, sizeof why), 0);
+    ASSERT_EQ(n, 1);
+    char want[64];
+    snprintf(want, sizeof want, "over the limit of %u", LNK_HANDSHAKE_MAX_FRAME);
+    if (strstr(why, want) == NULL)
+        PC_TEST__FAIL("reason: %s", why);
+    PC_TEST_CALL(raw_close(&f, &r));
+    lnk_worker_server_stats_t st;
+    RUN_UNTIL(&f, (lnk_worker_server_stats(f.srv, &st), st.conns_open == 0), 2000);
+    ASSERT_EQ(st.conns_bad_frame, 1);
+    ASSERT_EQ(st.conns_timeout, 0);
+
+    /* A HELLO fits; after it, a SUBMIT of 3000 tokens (12 KB, over the handshake limit) is
+     * decoded and answered (the prompt is longer than the model's context: ERROR for it). */
+    cl_t k;
+    PC_TEST_CALL(cl_open(&f, &k));
+    static uint32_t prompt[3000];
+    make_prompt(prompt, 3000, 9);
+    eng_wire_submit_t sb = greedy(1, prompt, 3000, 1);
+    ASSERT_EQ(lnk_worker_client_submit(k.c, &sb), 0);
+    RUN_UNTIL(&f, k.rq[1].failed || k.closed, 5000);
+    ASSERT_FALSE(k.closed);
+    ASSERT_EQ(k.rq[1].err, PC_ERR_RANGE);
+    PC_TEST_CALL(cl_close(&f, &k));
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
 PC_TEST(silent_peer_dropped)
 {
     lnk_worker_server_params_t sp = lnk_worker_server_params_default();
