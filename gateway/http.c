@@ -793,6 +793,7 @@ static void conn_check_finish(conn_t *c)
         return;
     }
     conn_set_reading(c, true); /* discard until EOF */
+    c->timer_kind = TK_NONE;   /* the linger gets its full time from now */
     conn_update_timer(c, ACT_NONE);
 }
 
