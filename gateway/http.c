@@ -620,7 +620,7 @@ int gw_http_stream_write(gw_http_req_t *r, const void *bytes, size_t len)
     conn_t *c = r->c;
     size_t hw = c->s->p.stream_high_water;
     size_t queued = gw_http_stream_queued(r);
-    if (queued > 0 && queued + len > 4 * hw) {
+    if (queued >= 4 * hw) {
         PC_LOG(PC_LOG_INFO, "http", "%s: client not reading, %zu bytes queued: closing", c->peer,
                queued);
         conn_close(c);

@@ -37,10 +37,11 @@
  * Backpressure. A stream's bytes are queued in memory until the socket takes them:
  * gw_http_stream_queued says how many. The handler should stop producing (stop pulling tokens)
  * while the queued bytes are at or above stream_high_water and resume when on_drain fires (the
- * queue fell below stream_high_water / 2 after having reached stream_high_water). A write that
- * would take the queue past 4 × stream_high_water is refused with PC_ERR_OVERLOADED and the
- * connection is closed (on_abort follows): memory per connection is bounded even when the
- * handler ignores the high water mark.
+ * queue fell below stream_high_water / 2 after having reached stream_high_water). Bytes the
+ * handler held back meanwhile may go out in one write from on_drain, whatever their size. A
+ * write while 4 × stream_high_water or more are already queued is refused with
+ * PC_ERR_OVERLOADED and the connection is closed (on_abort follows): memory per connection
+ * stays below 4 × stream_high_water plus one write even when the handler ignores the mark.
  *
  * Timeouts. header_timeout_ms runs from a request's first byte to the end of its headers;
  * body_timeout_ms is the longest silence while a body is being read; idle_timeout_ms closes a
@@ -170,7 +171,7 @@ int gw_http_respond(gw_http_req_t *r, int status, const gw_http_header_t *h, siz
 /* Streaming with chunked transfer encoding (close-delimited for HTTP/1.0 clients). begin
  * sends the status and headers; write sends one chunk (len 0 is a no-op); end sends the last
  * chunk and ends the response (do not touch r after it returned 0). Errors as gw_http_respond,
- * plus PC_ERR_OVERLOADED from write when the queue would pass 4 × stream_high_water (the
+ * plus PC_ERR_OVERLOADED from write when 4 × stream_high_water or more are already queued (the
  * connection is then closing and on_abort follows). */
 int gw_http_stream_begin(gw_http_req_t *r, int status, const gw_http_header_t *h, size_t n_h);
 int gw_http_stream_write(gw_http_req_t *r, const void *bytes, size_t len);

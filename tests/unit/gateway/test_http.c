@@ -861,6 +861,13 @@ PC_TEST(backpressure_queued_and_drain)
     PUMP_UNTIL(F.n_drains > 0, 5000);
     ASSERT_EQ(F.n_drains, 1);
     ASSERT_LE(gw_http_stream_queued(q), p.stream_high_water / 2);
+    /* What the handler held back goes out in one write, even past 4 × the high water. */
+    size_t big_len = 5 * p.stream_high_water;
+    char *big = pc_xmalloc(big_len);
+    memset(big, 'w', big_len);
+    ASSERT_EQ(gw_http_stream_write(q, big, big_len), 0);
+    written += big_len;
+    pc_free(big);
     ASSERT_EQ(gw_http_stream_end(q), 0);
     response_t r;
     ASSERT_TRUE(read_response(&c, &r, false));
