@@ -78,12 +78,14 @@
  *   CHALLENGE: the worker has a link secret; nonce: 32 random bytes of the worker's. The
  *     gateway answers AUTH with mac = HMAC-SHA256(secret, "kvgw-link-v2 gateway" || worker
  *     nonce || gateway nonce) (the labels are ASCII without a terminator). The worker compares
- *     in constant time (lnk_wire_auth_mac in link/wire_conn.h computes both proofs) and answers
- * HELLO_ACK, or REJECT (PC_ERR_PERM) for a wrong or missing AUTH. The secret itself never crosses
- * the wire; both nonces make a recorded exchange useless for another connection, in either
- * direction. REJECT: the handshake failed; the sender closes the connection after it. code: a
- * PC_ERR_* (negative); message: at most 4096 bytes HEARTBEAT: either direction, every heartbeat_ms
- * when nothing else was sent. time_ms: the sender's monotonic clock (for round-trip estimates)
+ *     in constant time (link/wire_conn.h: lnk_wire_auth_mac computes both proofs) and
+ *     answers HELLO_ACK, or REJECT (PC_ERR_PERM) for a wrong or missing AUTH. The secret
+ *     itself never crosses the wire; both nonces make a recorded exchange useless for another
+ *     connection, in either direction.
+ *   REJECT: the handshake failed; the sender closes the connection after it.
+ *       code: a PC_ERR_* (negative); message: at most 4096 bytes
+ *   HEARTBEAT: either direction, every heartbeat_ms when nothing else was sent.
+ *       time_ms: the sender's monotonic clock (for round-trip estimates)
  *   SUBMIT: a new request.
  *       request_id (nonzero, unique per connection while live), ns (namespace id),
  *       priority (higher runs first; 0 default), max_tokens (0: prefill only),
@@ -154,11 +156,13 @@
  *                  (ns, n_tokens, prefix_fp); positions below n_kept remain. tokens carries
  *                  the path's n_tokens ids, so the gateway clears this worker from exactly the
  *                  known prefixes that go through the dropped part: those longer than n_kept
- *                  that agree with tokens[0..n_kept]. Without tokens (count 0: the worker had
+ *                  that agree with the path on its first n_kept + 1 tokens (at most their
+ *                  length). Without tokens (count 0: the worker had
  *                  no memory to read the path) the gateway must clear every known prefix of
  *                  ns longer than n_kept. reason: enum eng_evict_reason (engine.h).
  *   RETAIN_FAILED  a retain entry of the request could not be pinned (no memory): the prefix
  *                  may be cached, but is not held; the gateway must not count on it.
+ *
  * Frame validity (the decoder rejects everything else, with a reason): magic, version and
  * flags as above; a known type; payload length <= max_frame; every count and length inside the
  * payload (checked before anything is allocated, so a count can never make the decoder
