@@ -163,14 +163,26 @@ int lnk_wconn_start(lnk_wconn_t *c)
     return 0;
 }
 
-/* Whether the output may grow by n bytes; otherwise the connection is closed. */
+/* Whether the output may grow by n bytes; otherwise the connection is closed. With an
+ * error_frame, the peer is told why in one small frame past the limit and the close drains what
+ * is queued (at most DRAIN_MS), so a peer that reads slowly learns why its requests end; one
+ * that does not read at all is dropped when the drain times out. */
 static int queue_check(lnk_wconn_t *c, size_t n)
 {
     size_t queued = lnk_wconn_queued_bytes(c);
     if (queued + n <= c->_max_queue_bytes)
         return 0;
-    close_fmt(c, PC_ERR_OVERLOADED, "peer is not reading: %zu bytes queued (limit %zu)", queued + n,
-              c->_max_queue_bytes);
+    char why[LNK_WCONN_REASON_MAX];
+    snprintf(why, sizeof why, "peer is not reading: %zu bytes queued (limit %zu)", queued + n,
+             c->_max_queue_bytes);
+    bool tell = c->error_frame != 0;
+    if (tell) {
+        eng_wire_frame_t e = {.type = c->error_frame};
+        e.u.error.code = PC_ERR_OVERLOADED;
+        e.u.error.message = pc_slice_cstr(why); /* ASCII, < ENG_WIRE_MESSAGE_MAX */
+        tell = eng_wire_encode(&e, c->max_frame_out, &c->_out, NULL, 0) == 0;
+    }
+    lnk_wconn_close(c, PC_ERR_OVERLOADED, why, tell);
     return PC_ERR_OVERLOADED;
 }
 

@@ -13,7 +13,9 @@
  *   - an optional deadline (the handshake) drops the connection when it passes;
  *   - bytes queued for writing (handed to uv_write and not yet written, plus the pending
  *     buffer) never exceed max_queue_bytes: a peer that stops reading is dropped with
- *     PC_ERR_OVERLOADED instead of growing memory without bound.
+ *     PC_ERR_OVERLOADED instead of growing memory without bound (with an error_frame set, the
+ *     peer gets that frame with the reason, one small frame past the limit, and the close
+ *     drains for at most 2 s).
  *
  * Lifecycle. lnk_wconn_init initializes both handles (the owner then accepts or connects on
  * c->tcp) and lnk_wconn_start begins reading. Every path out goes through lnk_wconn_close, which

@@ -207,10 +207,51 @@ static void finish_drain(lnk_worker_server_t *s);
  * ------------------------------------------------------------------------------------------- */
 
 /* Our messages are short ASCII or UTF-8 reasons; the limit is a guard. */
+/* Our messages are short ASCII or UTF-8 reasons, possibly cut by a formatting buffer or the
+ * limit: the slice ends before a character that is not whole, so the codec never refuses it. */
 static pc_slice_t msg_slice(const char *msg)
 {
-    size_t n = strlen(msg);
-    return pc_slice(msg, PC_MIN(n, ENG_WIRE_MESSAGE_MAX));
+    size_t n = PC_MIN(strlen(msg), (size_t)ENG_WIRE_MESSAGE_MAX);
+    const unsigned char *u = (const unsigned char *)msg;
+    size_t start = n, back = 0;
+    while (start > 0 && back < 4 && (u[start - 1] & 0xC0) == 0x80) {
+        start--;
+        back++;
+    }
+    if (start > 0 && u[start - 1] >= 0xC0) { /* the lead byte of the last character */
+        size_t want = u[start - 1] >= 0xF0 ? 4 : u[start - 1] >= 0xE0 ? 3 : 2;
+        if (n - (start - 1) < want)
+            n = start - 1;
+    }
+    return pc_slice(msg, n);
+}
+
+/* Sends f to c. lnk_wconn_send's PC_ERR_INVAL (a frame this gateway cannot take: over its
+ * max_frame, like a long EVICTED path or snapshot entry, or one the codec refuses) sends
+ * nothing and leaves the connection open: the gateway would wait forever for a DONE that never
+ * comes, or keep a wrong view of the cache. So the connection is closed with the reason (ERROR,
+ * request 0, then the close): the gateway's client ends every request of the connection with
+ * it. Every other failure means the connection is closing already, with its reason
+ * (PC_ERR_OVERLOADED: the gateway is told; PC_ERR_CLOSED: it is ending anyway, and its live
+ * requests are canceled when it has closed). Returns whether f was queued. */
+static bool send_or_close(srv_conn_t *c, const eng_wire_frame_t *f)
+{
+    int rc = lnk_wconn_send(&c->w, f);
+    if (rc != PC_ERR_INVAL)
+        return rc == 0;
+    char why[160] = "", reason[256];
+    pc_buf_t tmp = PC_BUF_INIT;
+    eng_wire_encode(f, c->w.max_frame_out, &tmp, why, sizeof why); /* the codec's reason */
+    pc_buf_free(&tmp);
+    snprintf(reason, sizeof reason, "cannot send %s: %s", eng_wire_type_name(f->type),
+             why[0] != '\0' ? why : "refused by the codec");
+    PC_LOG(PC_LOG_WARN, "worker", "conn %s: %s", c->peer, reason);
+    eng_wire_frame_t e = {.type = c->ready ? ENG_WIRE_ERROR : ENG_WIRE_REJECT};
+    e.u.error.code = PC_ERR_RANGE;
+    e.u.error.message = msg_slice(reason);
+    lnk_wconn_send(&c->w, &e);
+    lnk_wconn_close(&c->w, PC_ERR_RANGE, reason, true);
+    return false;
 }
 
 static void send_error(srv_conn_t *c, uint64_t cid, int code, const char *msg)
@@ -219,14 +260,14 @@ static void send_error(srv_conn_t *c, uint64_t cid, int code, const char *msg)
     f.u.error.request_id = cid;
     f.u.error.code = code;
     f.u.error.message = msg_slice(msg);
-    lnk_wconn_send(&c->w, &f);
+    send_or_close(c, &f);
 }
 
 static void send_load(srv_conn_t *c)
 {
     eng_wire_frame_t f = {.type = ENG_WIRE_LOAD};
     eng_worker_load(c->s->worker, &f.u.load);
-    lnk_wconn_send(&c->w, &f);
+    send_or_close(c, &f);
 }
 
 /* Refuses the handshake: REJECT with the reason, then close after it is written. */
@@ -319,7 +360,7 @@ static void on_hello(srv_conn_t *c, const eng_wire_hello_t *h)
     c->authing = true;
     eng_wire_frame_t f = {.type = ENG_WIRE_CHALLENGE};
     memcpy(f.u.auth.bytes, c->wk_nonce, ENG_WIRE_AUTH_BYTES);
-    lnk_wconn_send(&c->w, &f);
+    send_or_close(c, &f);
 }
 
 static void on_auth(srv_conn_t *c, const eng_wire_frame_t *f)
@@ -371,7 +412,8 @@ static void finish_handshake(srv_conn_t *c)
     if (s->secret_len > 0)
         lnk_wire_auth_mac(s->secret, s->secret_len, ENG_WIRE_ROLE_WORKER, c->gw_nonce, c->wk_nonce,
                           a->auth);
-    lnk_wconn_send(&c->w, &f);
+    if (!send_or_close(c, &f))
+        return;
     send_load(c); /* the router's first figures */
     /* The pins, in the worker's event order: KV events after it apply on top. */
     c->snap_id = ++s->next_snap_id;
@@ -595,20 +637,6 @@ static srv_req_t *route(lnk_worker_server_t *s, uint64_t wid)
     return r;
 }
 
-/* Sends f to c; a frame the peer cannot take (over its max_frame: a long EVICTED path or
- * snapshot entry) closes the connection with the reason, as the gateway's view would be
- * wrong without it. */
-static void send_or_close(srv_conn_t *c, const eng_wire_frame_t *f)
-{
-    if (lnk_wconn_send(&c->w, f) == PC_ERR_INVAL) {
-        char why[160];
-        snprintf(why, sizeof why, "%s frame over the gateway's max_frame (%u bytes)",
-                 eng_wire_type_name(f->type), c->w.max_frame_out);
-        PC_LOG(PC_LOG_WARN, "worker", "conn %s: %s", c->peer, why);
-        lnk_wconn_close(&c->w, PC_ERR_RANGE, why, true);
-    }
-}
-
 /* f to every connection past its handshake, with request_id set to 0 in the KV events of
  * connections other than skip (which got its own copy). */
 static void broadcast(lnk_worker_server_t *s, const eng_wire_frame_t *f, const srv_conn_t *skip)
@@ -627,7 +655,7 @@ static void dispatch(lnk_worker_server_t *s, const eng_worker_event_t *ev)
         if ((r = route(s, ev->u.token.request_id)) == NULL)
             return;
         f.u.token.request_id = r->cid;
-        lnk_wconn_send(&r->conn->w, &f);
+        send_or_close(r->conn, &f);
         return;
     case ENG_WIRE_DONE:
     case ENG_WIRE_ERROR: {
@@ -638,7 +666,7 @@ static void dispatch(lnk_worker_server_t *s, const eng_worker_event_t *ev)
             f.u.done.request_id = r->cid;
         else
             f.u.error.request_id = r->cid;
-        lnk_wconn_send(&r->conn->w, &f);
+        send_or_close(r->conn, &f); /* or the connection ends, with the reason */
         if (r->live) {
             r->live = false;
             map_del(&r->conn->reqs, r->cid);

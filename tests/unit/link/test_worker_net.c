@@ -1229,6 +1229,39 @@ PC_TEST(slow_reader_dropped)
     PC_TEST_CALL(fx_teardown(&f));
 }
 
+PC_TEST(unsendable_frames_close_with_a_reason)
+{
+    /* Frames the server cannot queue for a gateway (here: over the connection's output limit
+     * while a burst of requests finishes) end the connection, and the gateway learns why:
+     * ERROR (request 0) with the reason, then the close. Its requests are never left waiting
+     * for a DONE that was dropped. */
+    lnk_worker_server_params_t sp = lnk_worker_server_params_default();
+    sp.max_queue_bytes = 512; /* the handshake fits, 16 TOKEN + DONE pairs do not */
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, &sp));
+    cl_t k;
+    PC_TEST_CALL(cl_open(&f, &k));
+    uint32_t prompt[8];
+    make_prompt(prompt, 8, 12);
+    for (uint64_t id = 1; id <= MAX_REQ; id++) {
+        eng_wire_submit_t s = greedy(id, prompt, 8, 1);
+        ASSERT_EQ(lnk_worker_client_submit(k.c, &s), 0);
+    }
+    RUN_UNTIL(&f, k.closed, 10000);
+    ASSERT_EQ(k.close_err, PC_ERR_OVERLOADED);
+    if (strstr(k.close_reason, "not reading") == NULL)
+        PC_TEST__FAIL("reason: %s", k.close_reason);
+    uint32_t n_final = 0;
+    for (int id = 1; id <= MAX_REQ; id++)
+        n_final += k.rq[id].done || k.rq[id].failed;
+    ASSERT_TRUE(n_final < MAX_REQ); /* some final frames were dropped: the close covers them */
+    lnk_worker_server_stats_t st;
+    RUN_UNTIL(&f, (lnk_worker_server_stats(f.srv, &st), st.conns_open == 0), 5000);
+    ASSERT_EQ(st.conns_slow, 1);
+    ASSERT_EQ(st.requests_live, 0);
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Shutdown
  * ------------------------------------------------------------------------------------------- */
