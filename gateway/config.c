@@ -292,7 +292,7 @@ static int get_secret(walk_t *w, yaml_node_t *n, char **out)
 static int get_u64(walk_t *w, yaml_node_t *n, uint64_t lo, uint64_t hi, uint64_t *out)
 {
     const char *s = scalar(n);
-    uint64_t v;
+    uint64_t v = 0;
     if (s == NULL || parse_scaled(s, &v, NULL, NULL, 0) != 0)
         return fail_at(w, n, "expected an integer");
     if (v < lo || v > hi)
@@ -304,7 +304,7 @@ static int get_u64(walk_t *w, yaml_node_t *n, uint64_t lo, uint64_t hi, uint64_t
 
 static int get_u32(walk_t *w, yaml_node_t *n, uint32_t lo, uint32_t hi, uint32_t *out)
 {
-    uint64_t v;
+    uint64_t v = 0;
     int rc = get_u64(w, n, lo, hi, &v);
     if (rc == 0)
         *out = (uint32_t)v;
@@ -314,7 +314,7 @@ static int get_u32(walk_t *w, yaml_node_t *n, uint32_t lo, uint32_t hi, uint32_t
 static int get_ms(walk_t *w, yaml_node_t *n, uint64_t lo, uint64_t hi, uint32_t *out)
 {
     const char *s = scalar(n);
-    uint64_t v;
+    uint64_t v = 0;
     if (s == NULL || gw_config_parse_duration(s, &v) != 0)
         return fail_at(w, n, "expected a duration such as 500ms, 30s, 5m or 1h");
     if (v < lo || v > hi)
@@ -327,7 +327,7 @@ static int get_ms(walk_t *w, yaml_node_t *n, uint64_t lo, uint64_t hi, uint32_t 
 static int get_size(walk_t *w, yaml_node_t *n, uint64_t lo, uint64_t hi, uint64_t *out)
 {
     const char *s = scalar(n);
-    uint64_t v;
+    uint64_t v = 0;
     if (s == NULL || gw_config_parse_size(s, &v) != 0)
         return fail_at(w, n, "expected a size such as 64KiB or 32MiB");
     if (v < lo || v > hi)

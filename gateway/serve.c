@@ -305,14 +305,15 @@ static void access_log(req_t *q, int status)
             "\"tenant\":\"%s\",\"model\":\"%.*s\",\"input_tokens\":%u,\"cache_read\":%u,"
             "\"cache_write_5m\":%u,\"cache_write_1h\":%u,\"output_tokens\":%u,"
             "\"cache\":\"%s\",\"worker\":%d,\"ttft_ms\":%" PRId64 ",\"duration_ms\":%" PRIu64
-            ",\"worker_ttft_us\":%" PRIu64 ",\"worker_total_us\":%" PRIu64 "}\n",
+            ",\"worker_ttft_us\":%" PRIu64 ",\"worker_total_us\":%" PRIu64
+            ",\"physical_hit\":%u}\n",
             pc_time_wall_ms(), q->id, kind_endpoint(q->kind), status, q->key ? q->key->tenant : "",
             q->api ? (int)q->api->model.len : 0, q->api ? q->api->model.base : "",
             q->usage.input_tokens, q->usage.cache_read, q->usage.cache_write_5m,
             q->usage.cache_write_1h, q->usage.output_tokens, q->cache_hdr,
             q->phase >= PH_RUNNING ? (int)q->worker : -1,
             q->t_first_ms ? (int64_t)(q->t_first_ms - q->t0_ms) : (int64_t)-1, now - q->t0_ms,
-            q->worker_ttft_us, q->worker_total_us);
+            q->worker_ttft_us, q->worker_total_us, q->tokens_reused);
     fflush(s->access_log);
 }
 
@@ -336,9 +337,9 @@ static void respond(req_t *q, int status, const char *ctype, const void *body, s
     size_t n = std_headers(q, h, ctype);
     gw_http_req_on_abort(q->http, NULL);
     gw_http_req_on_drain(q->http, NULL);
+    count_request(q, status); /* logged before the client can see the end of the response */
     gw_http_respond(q->http, status, h, n, body, len);
     q->http = NULL;
-    count_request(q, status);
 }
 
 static void respond_error(req_t *q, const gw_api_error_t *e)
@@ -490,9 +491,9 @@ static void finish_response(req_t *q)
                 gw_http_stream_write(q->http, q->final.base, q->final.len);
             gw_http_req_on_abort(q->http, NULL);
             gw_http_req_on_drain(q->http, NULL);
+            count_request(q, 200);
             gw_http_stream_end(q->http);
             q->http = NULL;
-            count_request(q, 200);
         } else {
             respond(q, q->final_status, "application/json", q->final.base ? q->final.base : "",
                     q->final.len);
@@ -1584,9 +1585,11 @@ int kvgw_cmd_serve(int argc, char **argv)
             code = KVGW_EXIT_FAIL;
         }
     }
-    uv_walk(&loop, on_walk_close, NULL);
-    uv_run(&loop, UV_RUN_DEFAULT);
+    /* The server first (after its shutdown it frees at once; otherwise it closes its own
+     * handles), then every handle left (timers, signals, asyncs). */
     gw_http_server_free(s->http);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_walk(&loop, on_walk_close, NULL);
     uv_run(&loop, UV_RUN_DEFAULT);
     gw_pool_free(s->pool);
     gw_cindex_free(s->ix);

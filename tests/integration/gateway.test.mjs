@@ -254,6 +254,43 @@ test('tenants never share cache entries; kvgw-cache explains hits and misses', a
   assert.equal(s1.json.usage.cache_read_input_tokens, 0);
 });
 
+// The access log's line of a request, by its request-id.
+function logLine(rid) {
+  for (const l of readFileSync(join(dir, 'access.log'), 'utf8').trim().split('\n')) {
+    const j = JSON.parse(l);
+    if (j.request_id === rid) return j;
+  }
+  return null;
+}
+
+test('another tenant\'s cache is invisible, in KV reuse and in time', async () => {
+  const big = (tag) => { let s = `Tenant timing ${tag}. `; for (let i = 0; i < 200; i++) s += `Clause ${i} of contract ${tag}. `; return s; };
+  const req = (tag, key) => post('/v1/messages', {
+    model: MODEL, max_tokens: 1, temperature: 0,
+    system: [{ type: 'text', text: big(tag), cache_control: { type: 'ephemeral', ttl: '1h' } }],
+    messages: [{ role: 'user', content: 'x' }],
+  }, { 'x-api-key': key });
+  const other = [], nobody = [], same = [];
+  for (let i = 0; i < 5; i++) {
+    await req(`shared-${i}`, 'sk-test-a');                // tenant a caches it
+    const b = await req(`shared-${i}`, 'sk-test-b');      // tenant b: "another tenant cached it"
+    const n = await req(`fresh-${i}`, 'sk-test-b');       // tenant b: nobody cached it
+    const a = await req(`shared-${i}`, 'sk-test-a');      // control: tenant a reads its own
+    const lb = logLine(b.headers.get('request-id')), ln = logLine(n.headers.get('request-id')),
+      la = logLine(a.headers.get('request-id'));
+    assert.equal(b.json.usage.cache_read_input_tokens, 0);
+    // Tenant b reuses only its own chat-template opening (a few tokens), never tenant a's prompt.
+    assert.ok(lb.physical_hit < 32, 'no KV of tenant a is reused for tenant b: ' + lb.physical_hit);
+    assert.ok(la.physical_hit > 1000, 'the control reuses its own KV: ' + JSON.stringify(la) + ' ' + a.headers.get('kvgw-cache'));
+    other.push(lb.worker_ttft_us); nobody.push(ln.worker_ttft_us); same.push(la.worker_ttft_us);
+  }
+  const med = (v) => [...v].sort((x, y) => x - y)[Math.floor(v.length / 2)];
+  // Same work, same time: "another tenant cached it" looks like "nobody cached it", while a
+  // real hit is far faster (the signal an attacker would look for).
+  assert.ok(med(other) > 0.5 * med(nobody), `other ${med(other)}us vs nobody ${med(nobody)}us`);
+  assert.ok(med(same) < 0.5 * med(nobody), `own hit ${med(same)}us vs nobody ${med(nobody)}us`);
+});
+
 test('entries expire after their TTL', async () => {
   const body = {
     model: MODEL, max_tokens: 1,
