@@ -239,4 +239,79 @@ void bill_day_str(uint64_t ms, char *buf);
 uint64_t bill_day_start_ms(uint64_t ms);
 void bill_time_str(uint64_t ms, char *buf);
 
+/* ---------------------------------------------------------------------------------------------
+ * Exports: the ledger (never Redis) as CSV, JSON lines or FOCUS 1.0 CSV, per event or grouped per
+ * tenant x model x UTC day x bucket. Amounts are exact decimal USD strings with 9 decimals. The
+ * writer is streaming: output goes to a chunk callback a chunk at a time (at most chunk_bytes
+ * plus one row), memory stays bounded by the number of groups, never by the number of events.
+ *
+ *   bill_export_params_t xp = bill_export_params_default();
+ *   xp.format = BILL_EXPORT_FOCUS; xp.chunk = send_chunk; xp.ud = conn;
+ *   bill_export_t *x;  bill_export_open("var/ledger", &xp, &x, err, sizeof err);
+ *   while ((rc = bill_export_step(x, 1000, err, sizeof err)) == 0) { ... yield ... }
+ *   bill_export_free(x);                 // rc == 1: done, every chunk delivered
+ *
+ * Reading the ledger is file I/O: the gateway runs steps on a worker thread, not on its loop.
+ * An event belongs to the time range [from_ms, to_ms) by its start_ms (storage: window start).
+ * ------------------------------------------------------------------------------------------- */
+
+enum bill_export_format {
+    BILL_EXPORT_CSV = 0,
+    BILL_EXPORT_JSONL = 1,
+    BILL_EXPORT_FOCUS = 2,
+};
+
+enum bill_export_group {
+    BILL_GROUP_NONE = 0, /* one row per event (FOCUS: per event and bucket) */
+    BILL_GROUP_DAY = 1,  /* one row per tenant x model x UTC day x bucket */
+};
+
+/* "csv" | "jsonl" | "focus" and "none" | "day"; -1 when unknown. */
+int bill_export_format_parse(const char *s);
+int bill_export_group_parse(const char *s);
+
+/* Receives the next piece of output; a non-zero return stops the export with PC_ERR_CANCELED. */
+typedef int (*bill_export_chunk_fn)(void *ud, const char *data, size_t len);
+
+typedef struct bill_export_params {
+    uint64_t from_ms;              /* inclusive, default 0 */
+    uint64_t to_ms;                /* exclusive, default UINT64_MAX */
+    const char *tenant;            /* only this tenant; NULL: all */
+    int format;                    /* enum bill_export_format, default CSV */
+    int group;                     /* enum bill_export_group, default NONE */
+    bool header;                   /* CSV/FOCUS header line, default true */
+    size_t chunk_bytes;            /* default 64 KiB */
+    const bill_pricing_t *pricing; /* optional: FOCUS ListUnitPrice/SkuPriceId per event */
+    const char *provider;          /* FOCUS ProviderName etc., default "kvgw" */
+    bill_export_chunk_fn chunk;
+    void *ud;
+} bill_export_params_t;
+
+bill_export_params_t bill_export_params_default(void);
+
+typedef struct bill_export bill_export_t;
+
+/* Opens an export over the ledger in dir. Strings in p are copied. PC_ERR_INVAL for bad params. */
+int bill_export_open(const char *dir, const bill_export_params_t *p, bill_export_t **out, char *err,
+                     size_t err_len);
+
+/* Processes up to max_records ledger records. 0: more to do; 1: done, all output delivered;
+ * negative: failed (PC_ERR_FORMAT for a damaged ledger, PC_ERR_CANCELED, PC_ERR_NOMEM, ...). */
+int bill_export_step(bill_export_t *x, size_t max_records, char *err, size_t err_len);
+
+void bill_export_free(bill_export_t *x);
+
+/* Runs an export to the end. */
+int bill_export_run(const char *dir, const bill_export_params_t *p, char *err, size_t err_len);
+
+/* Totals over an export's selection (for verify and tests): events, and cost per bucket. */
+typedef struct bill_totals {
+    uint64_t n_events;
+    uint64_t quantity[BILL_BUCKET_COUNT]; /* tokens; storage: token_ms */
+    uint64_t cost_nusd[BILL_BUCKET_COUNT];
+} bill_totals_t;
+
+/* Adds one event into t; PC_ERR_RANGE on overflow (t unchanged). */
+int bill_totals_add(bill_totals_t *t, const bill_event_t *ev);
+
 #endif

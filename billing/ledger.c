@@ -307,8 +307,7 @@ enum rec_result {
 /* Reads one record at the stream's position; on REC_OK fills ev and seq and *rec_len. A record
  * whose CRC matches but whose payload does not decode counts as TORN too (with *bad_payload set):
  * the caller decides whether that is a tail or damage. */
-static int read_record(FILE *f, bill_event_t *ev, uint64_t *seq, size_t *rec_len,
-                       bool *bad_payload)
+static int read_record(FILE *f, bill_event_t *ev, uint64_t *seq, size_t *rec_len, bool *bad_payload)
 {
     static _Thread_local uint8_t buf[BILL_LEDGER_RECORD_HEADER + BILL_LEDGER_MAX_PAYLOAD];
     *bad_payload = false;
@@ -467,22 +466,22 @@ static int recover_segment(bill_ledger_t *l, uint64_t first, bool last, uint64_t
         if (r == REC_TORN || seq != *next_seq) {
             if (!last || bad_payload || r == REC_OK) {
                 rc = pc_err_setf(err, err_len, PC_ERR_FORMAT,
-                                 "ledger: %s/%s is damaged at byte %" PRIu64
-                                 " (seq %" PRIu64 "); not a torn tail, refusing to guess",
+                                 "ledger: %s/%s is damaged at byte %" PRIu64 " (seq %" PRIu64
+                                 "); not a torn tail, refusing to guess",
                                  l->dir, name, good, *next_seq);
                 goto done;
             }
             /* The torn tail of a crash: cut it off. */
             if (ftruncate(fd, (off_t)good) != 0 || fdatasync(fd) != 0) {
                 rc = pc_err_setf(err, err_len, err_from_errno(errno),
-                                 "ledger: cannot truncate the torn tail of %s/%s: %s", l->dir,
-                                 name, strerror(errno));
+                                 "ledger: cannot truncate the torn tail of %s/%s: %s", l->dir, name,
+                                 strerror(errno));
                 goto done;
             }
             l->st.torn_bytes_truncated += (uint64_t)sb.st_size - good;
             PC_LOG(PC_LOG_WARN, "ledger",
-                   "%s/%s: truncated a torn tail of %" PRIu64 " bytes after seq %" PRIu64,
-                   l->dir, name, (uint64_t)sb.st_size - good, *next_seq - 1);
+                   "%s/%s: truncated a torn tail of %" PRIu64 " bytes after seq %" PRIu64, l->dir,
+                   name, (uint64_t)sb.st_size - good, *next_seq - 1);
             break;
         }
         rc = remember_id(l, id_hash(ev.event_id), seq);
@@ -548,8 +547,7 @@ int bill_ledger_read_instance(const char *dir, char out[17])
 
 static void *writer_main(void *arg);
 
-int bill_ledger_open(const bill_ledger_params_t *p, bill_ledger_t **out, char *err,
-                     size_t err_len)
+int bill_ledger_open(const bill_ledger_params_t *p, bill_ledger_t **out, char *err, size_t err_len)
 {
     *out = NULL;
     if (p == NULL || p->dir == NULL || p->dir[0] == '\0' || p->fsync > BILL_FSYNC_OFF ||
@@ -730,8 +728,8 @@ static int write_batch(bill_ledger_t *l, const char *buf, size_t len)
         /* After a failed fsync the page cache may have dropped the dirty pages: never retry and
          * pretend (PostgreSQL's fsyncgate); the ledger is failed until reopened. */
         int e = errno;
-        PC_LOG(PC_LOG_ERROR, "ledger", "fsync of %s failed: %s; the ledger stops accepting",
-               l->dir, strerror(e));
+        PC_LOG(PC_LOG_ERROR, "ledger", "fsync of %s failed: %s; the ledger stops accepting", l->dir,
+               strerror(e));
         return err_from_errno(e);
     }
     l->seg_bytes += len;
@@ -867,7 +865,8 @@ int bill_ledger_close(bill_ledger_t *l)
 struct bill_ledger_reader {
     char *dir;
     FILE *f;
-    uint64_t next_seq; /* seq of the next record in f */
+    uint64_t next_seq;  /* seq of the next record in f */
+    uint64_t cur_first; /* first seq of the segment f reads */
     uint64_t from_seq;
 };
 
@@ -932,6 +931,7 @@ int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t 
         if (r->f == NULL) {
             bool bad;
             r->f = open_segment(r->dir, r->next_seq, &bad);
+            r->cur_first = r->next_seq;
             if (r->f == NULL) {
                 /* A half-created segment (header not yet written) is the end for now, unless a
                  * later one exists. */
@@ -960,7 +960,7 @@ int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t 
         /* The end of the data written so far, or of this segment. */
         clearerr(r->f);
         fseek(r->f, pos, SEEK_SET);
-        if (segment_exists(r->dir, r->next_seq)) {
+        if (r->next_seq != r->cur_first && segment_exists(r->dir, r->next_seq)) {
             if (rr == REC_TORN)
                 return pc_err_setf(err, err_len, PC_ERR_FORMAT,
                                    "ledger: %s: damaged record at seq %" PRIu64

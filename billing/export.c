@@ -1,0 +1,567 @@
+/*
+ * export.c — streaming exports of the ledger: CSV, JSON lines and FOCUS 1.0 (FinOps Open Cost
+ * and Usage Specification) CSV, per event or grouped per tenant x model x UTC day x bucket.
+ *
+ * Amounts are the ledger's per-bucket nano-USD values (rounded once, at pricing time) printed as
+ * exact decimal USD; grouped amounts are sums of those, so a per-event export and a grouped one
+ * of the same range add up to the same total to the nano-dollar. Quantities are exact integers
+ * (tokens; storage in token-milliseconds), except FOCUS PricingQuantity for storage (million
+ * token-hours), which is a quotient printed to 12 decimals.
+ */
+#include "billing.h"
+#include "common.h"
+#include "ledger.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+int bill_export_format_parse(const char *s)
+{
+    if (s == NULL)
+        return -1;
+    if (strcmp(s, "csv") == 0)
+        return BILL_EXPORT_CSV;
+    if (strcmp(s, "jsonl") == 0)
+        return BILL_EXPORT_JSONL;
+    if (strcmp(s, "focus") == 0)
+        return BILL_EXPORT_FOCUS;
+    return -1;
+}
+
+int bill_export_group_parse(const char *s)
+{
+    if (s == NULL)
+        return -1;
+    if (strcmp(s, "none") == 0)
+        return BILL_GROUP_NONE;
+    if (strcmp(s, "day") == 0)
+        return BILL_GROUP_DAY;
+    return -1;
+}
+
+bill_export_params_t bill_export_params_default(void)
+{
+    return (bill_export_params_t){
+        .from_ms = 0,
+        .to_ms = UINT64_MAX,
+        .format = BILL_EXPORT_CSV,
+        .group = BILL_GROUP_NONE,
+        .header = true,
+        .chunk_bytes = 64u << 10,
+        .provider = "kvgw",
+    };
+}
+
+int bill_totals_add(bill_totals_t *t, const bill_event_t *ev)
+{
+    bill_totals_t n = *t;
+    const uint64_t q[BILL_BUCKET_COUNT] = {ev->usage.n_uncached, ev->usage.n_write_5m,
+                                           ev->usage.n_write_1h, ev->usage.n_read,
+                                           ev->usage.n_output,   ev->token_ms};
+    for (int b = 0; b < BILL_BUCKET_COUNT; b++) {
+        if (__builtin_add_overflow(n.quantity[b], q[b], &n.quantity[b]) ||
+            __builtin_add_overflow(n.cost_nusd[b], ev->cost_nusd[b], &n.cost_nusd[b]))
+            return PC_ERR_RANGE;
+    }
+    n.n_events++;
+    *t = n;
+    return 0;
+}
+
+/* One group of the day aggregation. */
+typedef struct group {
+    char tenant[BILL_STR_MAX];
+    char model[BILL_STR_MAX];
+    uint64_t day_ms;
+    bill_totals_t t;
+    bool used;
+} group_t;
+
+struct bill_export {
+    bill_export_params_t p;
+    char tenant[BILL_STR_MAX];
+    char provider[BILL_STR_MAX];
+    bill_ledger_reader_t *r;
+    pc_buf_t out;
+    group_t *groups; /* open addressing on (tenant, model, day) */
+    size_t cap, n_groups;
+    bool header_done;
+    bool done;
+};
+
+static int flush(bill_export_t *x, bool force)
+{
+    if (x->out.len == 0 || (!force && x->out.len < x->p.chunk_bytes))
+        return 0;
+    int rc = x->p.chunk(x->p.ud, x->out.base, x->out.len) != 0 ? PC_ERR_CANCELED : 0;
+    x->out.len = 0;
+    return rc;
+}
+
+/* A CSV field: quoted when it holds a comma, quote or newline (RFC 4180). */
+static int csv_str(pc_buf_t *b, const char *s)
+{
+    if (strpbrk(s, ",\"\r\n") == NULL)
+        return pc_buf_append_cstr(b, s);
+    int rc = pc_buf_append(b, "\"", 1);
+    for (const char *c = s; rc == 0 && *c; c++)
+        rc = *c == '"' ? pc_buf_append(b, "\"\"", 2) : pc_buf_append(b, c, 1);
+    return rc != 0 ? rc : pc_buf_append(b, "\"", 1);
+}
+
+/* A JSON string; event strings hold no control characters (validated), so only " and \. */
+static int json_str(pc_buf_t *b, const char *s)
+{
+    int rc = pc_buf_append(b, "\"", 1);
+    for (const char *c = s; rc == 0 && *c; c++)
+        rc = (*c == '"' || *c == '\\') ? pc_buf_printf(b, "\\%c", *c) : pc_buf_append(b, c, 1);
+    return rc != 0 ? rc : pc_buf_append(b, "\"", 1);
+}
+
+static const char *kind_name(int kind)
+{
+    return kind == BILL_EVENT_STORAGE ? "storage" : "usage";
+}
+
+static const char *csv_header =
+    "event_id,seq,kind,request_id,tenant,api_key_id,model,namespace,start,end,status,"
+    "uncached_input_tokens,cache_write_5m_tokens,cache_write_1h_tokens,cache_read_tokens,"
+    "output_tokens,logical_hit_tokens,physical_hit_tokens,storage_token_ms,"
+    "cost_uncached_input_usd,cost_cache_write_5m_usd,cost_cache_write_1h_usd,cost_cache_read_usd,"
+    "cost_output_usd,cost_cache_storage_usd,cost_total_usd\n";
+
+static const char *csv_group_header = "day,tenant,model,bucket,quantity,unit,events,cost_usd\n";
+
+static const char *focus_header =
+    "BilledCost,BillingAccountId,BillingAccountName,BillingCurrency,BillingPeriodEnd,"
+    "BillingPeriodStart,ChargeCategory,ChargeClass,ChargeDescription,ChargeFrequency,"
+    "ChargePeriodEnd,ChargePeriodStart,CommitmentDiscountCategory,CommitmentDiscountId,"
+    "CommitmentDiscountName,CommitmentDiscountStatus,CommitmentDiscountType,ConsumedQuantity,"
+    "ConsumedUnit,ContractedCost,ContractedUnitPrice,EffectiveCost,InvoiceIssuerName,ListCost,"
+    "ListUnitPrice,PricingCategory,PricingQuantity,PricingUnit,ProviderName,PublisherName,"
+    "RegionId,RegionName,ResourceId,ResourceName,ResourceType,ServiceCategory,ServiceName,SkuId,"
+    "SkuPriceId,SubAccountId,SubAccountName,Tags\n";
+
+static uint64_t event_quantity(const bill_event_t *ev, int b)
+{
+    switch (b) {
+    case BILL_BUCKET_UNCACHED:
+        return ev->usage.n_uncached;
+    case BILL_BUCKET_WRITE_5M:
+        return ev->usage.n_write_5m;
+    case BILL_BUCKET_WRITE_1H:
+        return ev->usage.n_write_1h;
+    case BILL_BUCKET_READ:
+        return ev->usage.n_read;
+    case BILL_BUCKET_OUTPUT:
+        return ev->usage.n_output;
+    default:
+        return ev->token_ms;
+    }
+}
+
+static int csv_row(bill_export_t *x, const bill_event_t *ev, uint64_t seq)
+{
+    pc_buf_t *b = &x->out;
+    char t0[32], t1[32], m[BILL_BUCKET_COUNT + 1][32];
+    bill_time_str(ev->start_ms, t0);
+    bill_time_str(ev->end_ms, t1);
+    for (int i = 0; i < BILL_BUCKET_COUNT; i++)
+        bill_nusd_str(ev->cost_nusd[i], m[i]);
+    bill_nusd_str(bill_event_total_nusd(ev), m[BILL_BUCKET_COUNT]);
+    int rc = csv_str(b, ev->event_id);
+    rc = rc ? rc : pc_buf_printf(b, ",%" PRIu64 ",%s,", seq, kind_name(ev->kind));
+    rc = rc ? rc : csv_str(b, ev->request_id);
+    rc = rc ? rc : pc_buf_append(b, ",", 1);
+    rc = rc ? rc : csv_str(b, ev->tenant);
+    rc = rc ? rc : pc_buf_append(b, ",", 1);
+    rc = rc ? rc : csv_str(b, ev->api_key_id);
+    rc = rc ? rc : pc_buf_append(b, ",", 1);
+    rc = rc ? rc : csv_str(b, ev->model);
+    rc = rc ? rc : pc_buf_append(b, ",", 1);
+    rc = rc ? rc : csv_str(b, ev->ns);
+    rc = rc ? rc
+            : pc_buf_printf(
+                  b,
+                  ",%s,%s,%s,%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64
+                  ",%" PRIu64 ",%" PRIu64 ",%s,%s,%s,%s,%s,%s,%s\n",
+                  t0, t1, ev->kind == BILL_EVENT_USAGE ? bill_status_name(ev->status) : "",
+                  ev->usage.n_uncached, ev->usage.n_write_5m, ev->usage.n_write_1h,
+                  ev->usage.n_read, ev->usage.n_output, ev->n_hit_logical, ev->n_hit_physical,
+                  ev->token_ms, m[0], m[1], m[2], m[3], m[4], m[5], m[6]);
+    return rc;
+}
+
+static int jsonl_row(bill_export_t *x, const bill_event_t *ev, uint64_t seq)
+{
+    pc_buf_t *b = &x->out;
+    char t0[32], t1[32], m[32];
+    bill_time_str(ev->start_ms, t0);
+    bill_time_str(ev->end_ms, t1);
+    int rc = pc_buf_append_cstr(b, "{\"event_id\":");
+    rc = rc ? rc : json_str(b, ev->event_id);
+    rc = rc ? rc
+            : pc_buf_printf(b, ",\"seq\":%" PRIu64 ",\"kind\":\"%s\",\"request_id\":", seq,
+                            kind_name(ev->kind));
+    rc = rc ? rc : json_str(b, ev->request_id);
+    rc = rc ? rc : pc_buf_append_cstr(b, ",\"tenant\":");
+    rc = rc ? rc : json_str(b, ev->tenant);
+    rc = rc ? rc : pc_buf_append_cstr(b, ",\"api_key_id\":");
+    rc = rc ? rc : json_str(b, ev->api_key_id);
+    rc = rc ? rc : pc_buf_append_cstr(b, ",\"model\":");
+    rc = rc ? rc : json_str(b, ev->model);
+    rc = rc ? rc : pc_buf_append_cstr(b, ",\"namespace\":");
+    rc = rc ? rc : json_str(b, ev->ns);
+    rc =
+        rc ? rc
+           : pc_buf_printf(
+                 b,
+                 ",\"start\":\"%s\",\"end\":\"%s\",\"status\":\"%s\",\"usage\":{"
+                 "\"uncached_input_tokens\":%" PRIu64 ",\"cache_write_5m_tokens\":%" PRIu64
+                 ",\"cache_write_1h_tokens\":%" PRIu64 ",\"cache_read_tokens\":%" PRIu64
+                 ",\"output_tokens\":%" PRIu64 ",\"logical_hit_tokens\":%" PRIu64
+                 ",\"physical_hit_tokens\":%" PRIu64 ",\"storage_token_ms\":%" PRIu64
+                 "},\"cost_usd\":{",
+                 t0, t1, ev->kind == BILL_EVENT_USAGE ? bill_status_name(ev->status) : "",
+                 ev->usage.n_uncached, ev->usage.n_write_5m, ev->usage.n_write_1h, ev->usage.n_read,
+                 ev->usage.n_output, ev->n_hit_logical, ev->n_hit_physical, ev->token_ms);
+    for (int i = 0; rc == 0 && i < BILL_BUCKET_COUNT; i++)
+        rc = pc_buf_printf(b, "\"%s\":\"%s\",", bill_bucket_name(i),
+                           bill_nusd_str(ev->cost_nusd[i], m));
+    rc = rc ? rc
+            : pc_buf_printf(b, "\"total\":\"%s\"}}\n", bill_nusd_str(bill_event_total_nusd(ev), m));
+    return rc;
+}
+
+/* The first day of the month of ms and of the next month, for FOCUS billing periods. */
+static void month_bounds(uint64_t ms, char *start, char *end)
+{
+    char day[16];
+    bill_day_str(ms, day);
+    int y = atoi(day), mo = atoi(day + 5);
+    snprintf(start, 32, "%04d-%02d-01T00:00:00Z", y, mo);
+    snprintf(end, 32, "%04d-%02d-01T00:00:00Z", mo == 12 ? y + 1 : y, mo == 12 ? 1 : mo + 1);
+}
+
+/* Exact decimal of q / 10^6 (tokens in millions). */
+static void millions_str(uint64_t q, char *buf)
+{
+    snprintf(buf, 40, "%" PRIu64 ".%06" PRIu64, q / 1000000u, q % 1000000u);
+}
+
+/* token_ms in million token-hours: token_ms / 3.6e12, 12 decimals, rounded half-even. */
+static void mtokh_str(uint64_t token_ms, char *buf)
+{
+    uint64_t scaled; /* token_ms x 10^12 / 3.6e12 = token_ms / 3.6 */
+    bill_muldiv_round(token_ms, 10, 1, 36, &scaled);
+    snprintf(buf, 40, "%" PRIu64 ".%012" PRIu64, scaled / (uint64_t)1000000000000ull,
+             scaled % (uint64_t)1000000000000ull);
+}
+
+/* One FOCUS row: a bucket of one event (group NULL) or of one group (ev NULL). */
+static int focus_row(bill_export_t *x, const char *tenant, const char *model, int bucket,
+                     uint64_t start_ms, uint64_t end_ms, uint64_t qty, uint64_t cost,
+                     const bill_event_t *ev)
+{
+    pc_buf_t *b = &x->out;
+    char cs[32], ps[32], pe[32], c0[32], c1[32], pq[40], unit_price[40] = "", sku_price[160];
+    bill_nusd_str(cost, cs);
+    month_bounds(start_ms, ps, pe);
+    bill_time_str(start_ms, c0);
+    bill_time_str(end_ms, c1);
+    bool storage = bucket == BILL_BUCKET_STORAGE;
+    if (storage)
+        mtokh_str(qty, pq);
+    else
+        millions_str(qty, pq);
+    snprintf(sku_price, sizeof sku_price, "%s:%s", model, bill_bucket_name(bucket));
+    const bill_price_t *pr;
+    if (ev != NULL && x->p.pricing != NULL &&
+        bill_pricing_lookup(x->p.pricing, model, start_ms, &pr) == 0) {
+        /* The list price per pricing unit (USD per million tokens or token-hours). */
+        uint64_t base = bucket == BILL_BUCKET_OUTPUT    ? pr->output_nusd_per_mtok
+                        : bucket == BILL_BUCKET_STORAGE ? pr->storage_nusd_per_mtok_hour
+                                                        : pr->input_nusd_per_mtok;
+        bill_ratio_t r = bucket == BILL_BUCKET_WRITE_5M   ? pr->write_5m
+                         : bucket == BILL_BUCKET_WRITE_1H ? pr->write_1h
+                         : bucket == BILL_BUCKET_READ     ? pr->read
+                                                          : (bill_ratio_t){1, 1};
+        uint64_t up;
+        if (bill_muldiv_round(base, r.num, 1, r.den, &up) == 0)
+            bill_nusd_str(up, unit_price);
+        snprintf(sku_price, sizeof sku_price, "%s:%s:%" PRIu64, model, bill_bucket_name(bucket),
+                 pr->effective_ms);
+    }
+    int rc = pc_buf_printf(b, "%s,", cs);
+    rc = rc ? rc : csv_str(b, x->provider);
+    rc = rc ? rc : pc_buf_append(b, ",", 1);
+    rc = rc ? rc : csv_str(b, x->provider);
+    rc = rc ? rc : pc_buf_printf(b, ",USD,%s,%s,Usage,,", pe, ps);
+    char desc[200];
+    snprintf(desc, sizeof desc, "%s %s", model, bill_bucket_name(bucket));
+    rc = rc ? rc : csv_str(b, desc);
+    rc = rc ? rc
+            : pc_buf_printf(b, ",Usage-Based,%s,%s,,,,,,%" PRIu64 ",%s,%s,%s,%s,", c1, c0, qty,
+                            storage ? "Token-Milliseconds" : "Tokens", cs, unit_price, cs);
+    rc = rc ? rc : csv_str(b, x->provider);
+    rc = rc ? rc
+            : pc_buf_printf(b, ",%s,%s,Standard,%s,%s,", cs, unit_price, pq,
+                            storage ? "1M Token-Hours" : "1M Tokens");
+    rc = rc ? rc : csv_str(b, x->provider);
+    rc = rc ? rc : pc_buf_append(b, ",", 1);
+    rc = rc ? rc : csv_str(b, x->provider);
+    rc = rc ? rc : pc_buf_append(b, ",,,", 3);
+    rc = rc ? rc : csv_str(b, storage && ev != NULL ? ev->ns : model);
+    rc = rc ? rc : pc_buf_append(b, ",", 1);
+    rc = rc ? rc : csv_str(b, model);
+    rc = rc ? rc
+            : pc_buf_printf(b, ",%s,AI and Machine Learning,kvgw LLM API,",
+                            storage ? "Prompt Cache" : "LLM Model");
+    char sku[160];
+    snprintf(sku, sizeof sku, "%s:%s", model, bill_bucket_name(bucket));
+    rc = rc ? rc : csv_str(b, sku);
+    rc = rc ? rc : pc_buf_append(b, ",", 1);
+    rc = rc ? rc : csv_str(b, sku_price);
+    rc = rc ? rc : pc_buf_append(b, ",", 1);
+    rc = rc ? rc : csv_str(b, tenant);
+    rc = rc ? rc : pc_buf_append(b, ",", 1);
+    rc = rc ? rc : csv_str(b, tenant);
+    rc = rc ? rc : pc_buf_append(b, ",", 1);
+    if (rc == 0 && ev != NULL) {
+        pc_buf_t tags = PC_BUF_INIT;
+        rc = pc_buf_append_cstr(&tags, "{\"event_id\":");
+        rc = rc ? rc : json_str(&tags, ev->event_id);
+        rc = rc ? rc : pc_buf_append_cstr(&tags, ",\"request_id\":");
+        rc = rc ? rc : json_str(&tags, ev->request_id);
+        rc = rc ? rc : pc_buf_append_cstr(&tags, ",\"api_key_id\":");
+        rc = rc ? rc : json_str(&tags, ev->api_key_id);
+        rc = rc ? rc
+                : pc_buf_printf(&tags, ",\"status\":\"%s\"}",
+                                ev->kind == BILL_EVENT_USAGE ? bill_status_name(ev->status) : "");
+        rc = rc ? rc : pc_buf_terminate(&tags);
+        rc = rc ? rc : csv_str(b, tags.base);
+        pc_buf_free(&tags);
+    }
+    return rc ? rc : pc_buf_append(b, "\n", 1);
+}
+
+static int event_row(bill_export_t *x, const bill_event_t *ev, uint64_t seq)
+{
+    switch (x->p.format) {
+    case BILL_EXPORT_CSV:
+        return csv_row(x, ev, seq);
+    case BILL_EXPORT_JSONL:
+        return jsonl_row(x, ev, seq);
+    default:
+        for (int bkt = 0; bkt < BILL_BUCKET_COUNT; bkt++) {
+            uint64_t q = event_quantity(ev, bkt);
+            if (q == 0 && ev->cost_nusd[bkt] == 0)
+                continue;
+            int rc = focus_row(x, ev->tenant, ev->model, bkt, ev->start_ms, ev->end_ms, q,
+                               ev->cost_nusd[bkt], ev);
+            if (rc != 0)
+                return rc;
+        }
+        return 0;
+    }
+}
+
+static uint64_t group_hash(const char *tenant, const char *model, uint64_t day)
+{
+    XXH64_hash_t h = XXH64(tenant, strlen(tenant), day);
+    return XXH64(model, strlen(model), h);
+}
+
+static int group_add(bill_export_t *x, const bill_event_t *ev)
+{
+    if ((x->n_groups + 1) * 2 > x->cap) {
+        size_t nc = x->cap ? x->cap * 2 : 64;
+        group_t *ng = pc_calloc(nc, sizeof *ng);
+        if (ng == NULL)
+            return PC_ERR_NOMEM;
+        for (size_t i = 0; i < x->cap; i++) {
+            if (!x->groups[i].used)
+                continue;
+            group_t *g = &x->groups[i];
+            size_t j = group_hash(g->tenant, g->model, g->day_ms) & (nc - 1);
+            while (ng[j].used)
+                j = (j + 1) & (nc - 1);
+            ng[j] = *g;
+        }
+        pc_free(x->groups);
+        x->groups = ng;
+        x->cap = nc;
+    }
+    uint64_t day = bill_day_start_ms(ev->start_ms);
+    size_t j = group_hash(ev->tenant, ev->model, day) & (x->cap - 1);
+    while (x->groups[j].used &&
+           !(x->groups[j].day_ms == day && strcmp(x->groups[j].tenant, ev->tenant) == 0 &&
+             strcmp(x->groups[j].model, ev->model) == 0))
+        j = (j + 1) & (x->cap - 1);
+    group_t *g = &x->groups[j];
+    if (!g->used) {
+        memset(g, 0, sizeof *g);
+        g->used = true;
+        memcpy(g->tenant, ev->tenant, BILL_STR_MAX);
+        memcpy(g->model, ev->model, BILL_STR_MAX);
+        g->day_ms = day;
+        x->n_groups++;
+    }
+    return bill_totals_add(&g->t, ev);
+}
+
+static int cmp_group(const void *a, const void *b)
+{
+    const group_t *x = a, *y = b;
+    if (x->used != y->used)
+        return x->used ? -1 : 1;
+    if (x->day_ms != y->day_ms)
+        return x->day_ms < y->day_ms ? -1 : 1;
+    int c = strcmp(x->tenant, y->tenant);
+    return c != 0 ? c : strcmp(x->model, y->model);
+}
+
+static int group_rows(bill_export_t *x)
+{
+    qsort(x->groups, x->cap, sizeof *x->groups, cmp_group);
+    for (size_t i = 0; i < x->n_groups; i++) {
+        const group_t *g = &x->groups[i];
+        char day[16], cost[32];
+        bill_day_str(g->day_ms, day);
+        for (int bkt = 0; bkt < BILL_BUCKET_COUNT; bkt++) {
+            uint64_t q = g->t.quantity[bkt], c = g->t.cost_nusd[bkt];
+            if (q == 0 && c == 0)
+                continue;
+            const char *unit = bkt == BILL_BUCKET_STORAGE ? "token_ms" : "tokens";
+            int rc = 0;
+            pc_buf_t *b = &x->out;
+            bill_nusd_str(c, cost);
+            if (x->p.format == BILL_EXPORT_CSV) {
+                rc = pc_buf_printf(b, "%s,", day);
+                rc = rc ? rc : csv_str(b, g->tenant);
+                rc = rc ? rc : pc_buf_append(b, ",", 1);
+                rc = rc ? rc : csv_str(b, g->model);
+                rc = rc ? rc
+                        : pc_buf_printf(b, ",%s,%" PRIu64 ",%s,%" PRIu64 ",%s\n",
+                                        bill_bucket_name(bkt), q, unit, g->t.n_events, cost);
+            } else if (x->p.format == BILL_EXPORT_JSONL) {
+                rc = pc_buf_printf(b, "{\"day\":\"%s\",\"tenant\":", day);
+                rc = rc ? rc : json_str(b, g->tenant);
+                rc = rc ? rc : pc_buf_append_cstr(b, ",\"model\":");
+                rc = rc ? rc : json_str(b, g->model);
+                rc = rc ? rc
+                        : pc_buf_printf(b,
+                                        ",\"bucket\":\"%s\",\"quantity\":%" PRIu64
+                                        ",\"unit\":\"%s\",\"events\":%" PRIu64
+                                        ",\"cost_usd\":\"%s\"}\n",
+                                        bill_bucket_name(bkt), q, unit, g->t.n_events, cost);
+            } else {
+                rc = focus_row(x, g->tenant, g->model, bkt, g->day_ms, g->day_ms + 86400000u, q, c,
+                               NULL);
+            }
+            if (rc == 0)
+                rc = flush(x, false);
+            if (rc != 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+int bill_export_open(const char *dir, const bill_export_params_t *p, bill_export_t **out, char *err,
+                     size_t err_len)
+{
+    *out = NULL;
+    if (dir == NULL || p == NULL || p->chunk == NULL || p->format < 0 ||
+        p->format > BILL_EXPORT_FOCUS || p->group < 0 || p->group > BILL_GROUP_DAY ||
+        p->from_ms > p->to_ms || p->chunk_bytes == 0)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "export: bad parameters (format, group, chunk callback, from <= to)");
+    bill_export_t *x = pc_calloc(1, sizeof *x);
+    if (x == NULL)
+        return PC_ERR_NOMEM;
+    x->p = *p;
+    if ((p->tenant != NULL && bill_event_set_str(x->tenant, p->tenant) != 0) ||
+        bill_event_set_str(x->provider, p->provider != NULL ? p->provider : "kvgw") != 0) {
+        pc_free(x);
+        return pc_err_setf(err, err_len, PC_ERR_INVAL, "export: bad tenant or provider name");
+    }
+    x->p.tenant = p->tenant != NULL ? x->tenant : NULL;
+    int rc = bill_ledger_reader_open(dir, 1, &x->r, err, err_len);
+    if (rc != 0) {
+        pc_free(x);
+        return rc;
+    }
+    *out = x;
+    return 0;
+}
+
+int bill_export_step(bill_export_t *x, size_t max_records, char *err, size_t err_len)
+{
+    if (x->done)
+        return 1;
+    int rc = 0;
+    if (!x->header_done) {
+        x->header_done = true;
+        if (x->p.header && x->p.format != BILL_EXPORT_JSONL)
+            rc = pc_buf_append_cstr(&x->out, x->p.format == BILL_EXPORT_FOCUS ? focus_header
+                                             : x->p.group == BILL_GROUP_DAY   ? csv_group_header
+                                                                              : csv_header);
+        if (rc != 0)
+            return rc;
+    }
+    bill_event_t ev;
+    uint64_t seq;
+    for (size_t i = 0; i < max_records; i++) {
+        rc = bill_ledger_reader_next(x->r, &ev, &seq, err, err_len);
+        if (rc < 0)
+            return rc;
+        if (rc == 1)
+            break;
+        if (ev.start_ms < x->p.from_ms || ev.start_ms >= x->p.to_ms ||
+            (x->p.tenant != NULL && strcmp(ev.tenant, x->p.tenant) != 0))
+            continue;
+        rc = x->p.group == BILL_GROUP_DAY ? group_add(x, &ev) : event_row(x, &ev, seq);
+        if (rc == 0)
+            rc = flush(x, false);
+        if (rc != 0)
+            return pc_err_setf(err, err_len, rc, "export: %s", pc_strerror(rc));
+    }
+    if (rc != 1)
+        return 0;
+    if (x->p.group == BILL_GROUP_DAY)
+        rc = group_rows(x);
+    else
+        rc = 0;
+    if (rc == 0)
+        rc = flush(x, true);
+    if (rc != 0)
+        return pc_err_setf(err, err_len, rc, "export: %s", pc_strerror(rc));
+    x->done = true;
+    return 1;
+}
+
+void bill_export_free(bill_export_t *x)
+{
+    if (x == NULL)
+        return;
+    bill_ledger_reader_free(x->r);
+    pc_buf_free(&x->out);
+    pc_free(x->groups);
+    pc_free(x);
+}
+
+int bill_export_run(const char *dir, const bill_export_params_t *p, char *err, size_t err_len)
+{
+    bill_export_t *x;
+    int rc = bill_export_open(dir, p, &x, err, err_len);
+    if (rc != 0)
+        return rc;
+    while ((rc = bill_export_step(x, 4096, err, err_len)) == 0)
+        ;
+    bill_export_free(x);
+    return rc == 1 ? 0 : rc;
+}

@@ -1,0 +1,228 @@
+/*
+ * ledger.h — the usage ledger: an append-only, crash-safe log of billing events (a WAL).
+ *
+ * The ledger is the source of truth for money: Redis and every export are views of it. The
+ * gateway's event loop appends (a copy, never a wait on disk); one writer thread per ledger does
+ * all I/O with group commit; the loop learns what is durable through a wake callback and
+ * bill_ledger_durable_seq, and sends a response's final bytes only after its event is durable.
+ *
+ *   bill_ledger_params_t lp = bill_ledger_params_default();
+ *   lp.dir = "var/ledger"; lp.fsync = BILL_FSYNC_BATCH; lp.wake = on_wake; lp.wake_ud = async;
+ *   bill_ledger_t *l;  bill_ledger_open(&lp, &l, err, sizeof err);   // recovers, then starts
+ *   uint64_t seq;      rc = bill_ledger_append(l, &ev, &seq);         // loop thread
+ *   ... on wake: if (bill_ledger_durable_seq(l) >= seq) send the final bytes;
+ *                if (bill_ledger_status(l) != 0) stop accepting billable work.
+ *   bill_ledger_close(l);                                             // flushes, joins
+ *
+ * Directory layout: <dir>/ledger-<first seq, 20 decimal digits>.seg segment files, <dir>/LOCK
+ * (flock'ed by the one process that has the ledger open) and <dir>/INSTANCE (16 hex digits,
+ * random, written once: names this ledger's Redis stream and cursor).
+ *
+ * Sequence numbers. Every record has a seq: 1 for the first record ever, then +1 per record,
+ * across segments, never reused. It is the record's ledger position (Redis stream ids and the
+ * shipper's cursor are derived from it). A segment's name is the seq of its first record.
+ *
+ * Segment file format (all integers little-endian):
+ *
+ *   segment header, 16 bytes:
+ *     0   8  magic "KVGWLEDG"
+ *     8   4  segment format version, 1
+ *     12  4  CRC32C of bytes 0..12
+ *   then records, back to back until the end of the file:
+ *     0   4  payload length N (1 .. BILL_LEDGER_MAX_PAYLOAD)
+ *     4   4  CRC32C of bytes 8 .. 20+N (version, kind, reserved, seq and payload)
+ *     8   1  record format version, 1
+ *     9   1  record kind: 1 usage event, 2 storage event (the same as payload byte 0)
+ *     10  2  reserved, 0
+ *     12  8  seq
+ *     20  N  payload: the event (bill_event_encode):
+ *              0  1  kind (enum bill_event_kind)
+ *              1  1  status (enum bill_status; 0 for storage)
+ *              2  .  six strings, each a 1-byte length L (0..63) then L bytes, no NUL:
+ *                    event_id, request_id, tenant, api_key_id, model, ns
+ *              .  8  start_ms (UTC ms; storage: window start)
+ *              .  8  end_ms (UTC ms; storage: window end)
+ *              .  8  tokens uncached input
+ *              .  8  tokens cache write 5m
+ *              .  8  tokens cache write 1h
+ *              .  8  tokens cache read
+ *              .  8  tokens output
+ *              .  8  logical hit tokens
+ *              .  8  physical hit tokens
+ *              .  8  token_ms (storage)
+ *              .  48 cost in nano-USD of each bucket: uncached, write 5m, write 1h, read,
+ *                    output, storage (6 x 8)
+ *
+ * Durability. Under BILL_FSYNC_ALWAYS the writer fdatasyncs every batch it writes, at once (the
+ * records that arrived while the previous sync ran form the next batch: group commit without a
+ * wait). Under BILL_FSYNC_BATCH it first waits up to batch_window_us after the oldest pending
+ * record for more to arrive, then writes and syncs them together. Under both, durable_seq moves
+ * only after the sync returned: a power loss keeps every event at or below it. Under
+ * BILL_FSYNC_OFF durable_seq moves when write() returned: a process kill (kill -9) loses
+ * nothing, a power loss may lose what the kernel had not flushed yet.
+ *
+ * Recovery on open: every segment is read and each record's CRC, version and seq order are
+ * checked. In the last segment, the first bad or incomplete record and everything after it is a
+ * torn tail of a crash: it is truncated away (and counted) and appending continues after the last
+ * good record. Damage anywhere else is not a crash artifact and fails the open (PC_ERR_FORMAT),
+ * as does a gap or reorder in seq. A segment is rotated when it passes segment_bytes; the old one
+ * is synced first, so only the last segment can have a torn tail.
+ *
+ * Duplicates. The event ids of the last dedup_window records at least (at most twice that) are
+ * kept in memory (rebuilt on open from the ledger); appending an id that is there writes nothing,
+ * counts a duplicate and returns 1 with the first record's seq. A retried request that reuses its
+ * event id is therefore billed once.
+ *
+ * Failure. A write or sync error (disk full, EIO) puts the ledger in a failed state for good:
+ * durable_seq stops, the wake callback fires, and every later append returns the error
+ * (PC_ERR_NOSPACE or PC_ERR_IO), so the gateway stops accepting billable work instead of serving
+ * unbilled. Events appended but not durable at that moment were never acknowledged. After the
+ * operator fixes the disk, reopening the ledger recovers it as after a crash.
+ */
+#ifndef BILL_LEDGER_H
+#define BILL_LEDGER_H
+
+#include "billing.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define BILL_LEDGER_MAX_PAYLOAD 65536
+#define BILL_LEDGER_RECORD_HEADER 20
+#define BILL_LEDGER_SEGMENT_HEADER 16
+
+typedef enum bill_fsync {
+    BILL_FSYNC_ALWAYS = 0,
+    BILL_FSYNC_BATCH = 1,
+    BILL_FSYNC_OFF = 2,
+} bill_fsync_t;
+
+/* "always" | "batch" | "off" -> mode; -1 when unknown. */
+int bill_fsync_parse(const char *s);
+const char *bill_fsync_name(int mode);
+
+/* The writer's I/O, replaceable so tests can inject disk-full and fsync failures. Each returns
+ * what the libc call returns (-1 with errno set on failure); write may write less than asked. */
+typedef struct bill_ledger_io {
+    ssize_t (*write)(void *ud, int fd, const void *buf, size_t len);
+    int (*fsync)(void *ud, int fd);
+    void *ud;
+} bill_ledger_io_t;
+
+/* Called on the writer thread after durable_seq advanced or the ledger failed. It must be cheap
+ * and thread-safe (uv_async_send is). Calls may be coalesced; spurious calls can happen. */
+typedef void (*bill_ledger_wake_fn)(void *ud);
+
+typedef struct bill_ledger_params {
+    const char *dir;          /* created if missing (one level) */
+    bill_fsync_t fsync;       /* default BILL_FSYNC_BATCH */
+    uint32_t batch_window_us; /* BILL_FSYNC_BATCH: wait for more records, default 1000 */
+    uint64_t segment_bytes;   /* rotate after this many bytes, default 64 MiB */
+    uint64_t dedup_window;    /* event ids remembered, default 1 << 20 */
+    size_t max_pending_bytes; /* appended but not written yet; beyond: PC_ERR_OVERLOADED,
+                                 default 64 MiB */
+    bill_ledger_wake_fn wake; /* may be NULL */
+    void *wake_ud;
+    const bill_ledger_io_t *io; /* NULL: write(2) and fdatasync(2) */
+} bill_ledger_params_t;
+
+bill_ledger_params_t bill_ledger_params_default(void);
+
+typedef struct bill_ledger bill_ledger_t;
+
+/* Opens (creating when empty) the ledger in p->dir, recovers it as described above and starts its
+ * writer thread. PC_ERR_BUSY when another process holds it, PC_ERR_FORMAT on damage that is not a
+ * torn tail, PC_ERR_IO and others with a one-line reason in err. */
+int bill_ledger_open(const bill_ledger_params_t *p, bill_ledger_t **out, char *err, size_t err_len);
+
+/* Appends a copy of ev (validated first) and returns at once; *seq_out is its seq, durable when
+ * bill_ledger_durable_seq reaches it. Thread-safe, never waits on disk. Returns 0; 1 when ev's
+ * event id is already in the ledger's window (nothing written; *seq_out is the first record's
+ * seq); PC_ERR_INVAL for a bad event; PC_ERR_NOSPACE / PC_ERR_IO when the ledger has failed;
+ * PC_ERR_OVERLOADED when max_pending_bytes are waiting for the disk; PC_ERR_NOMEM. On any error
+ * nothing was appended. */
+int bill_ledger_append(bill_ledger_t *l, const bill_event_t *ev, uint64_t *seq_out);
+
+/* The highest seq such that every record at or below it is durable (see Durability). Any thread. */
+uint64_t bill_ledger_durable_seq(bill_ledger_t *l);
+
+/* Blocks the calling thread (never the loop) until seq is durable or the ledger failed; 0 or the
+ * failure. For CLIs, tests and shutdown. */
+int bill_ledger_wait_durable(bill_ledger_t *l, uint64_t seq);
+
+/* 0 while healthy; the error that failed the ledger (PC_ERR_NOSPACE, PC_ERR_IO) after. */
+int bill_ledger_status(bill_ledger_t *l);
+
+/* The INSTANCE id (16 hex digits); valid while l is open. */
+const char *bill_ledger_instance(const bill_ledger_t *l);
+
+typedef struct bill_ledger_stats {
+    uint64_t next_seq; /* seq the next new record will get */
+    uint64_t durable_seq;
+    uint64_t n_appended;   /* records appended since open */
+    uint64_t n_duplicates; /* appends refused as duplicate event ids since open */
+    uint64_t n_zero_cost;  /* usage events with tokens > 0 and cost 0 (an alert, LiteLLM
+                              #37923); they are still written */
+    uint64_t n_syncs;
+    uint64_t bytes_written;
+    uint64_t n_segments;
+    uint64_t torn_bytes_truncated; /* by the recovery at open */
+    int status;
+} bill_ledger_stats_t;
+
+void bill_ledger_stats(bill_ledger_t *l, bill_ledger_stats_t *out);
+
+/* Writes and syncs everything appended, stops the writer and frees l. Returns 0, or the error
+ * that kept some appended records from becoming durable. NULL is a no-op. */
+int bill_ledger_close(bill_ledger_t *l);
+
+/* ---------------------------------------------------------------------------------------------
+ * Reader: the ledger's records in seq order, for exports, verify and the Redis shipper. A reader
+ * reads the files on its own (any process, any thread, while a writer appends); it never sees a
+ * record that fails its CRC. At the end of the data written so far, next returns 1; a later call
+ * continues from there (new records and new segments included).
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct bill_ledger_reader bill_ledger_reader_t;
+
+/* Opens a reader positioned at the first record with seq >= from_seq (1 = the beginning). */
+int bill_ledger_reader_open(const char *dir, uint64_t from_seq, bill_ledger_reader_t **out,
+                            char *err, size_t err_len);
+
+/* The next record: 0 with *ev and *seq filled, 1 at the end of the data for now, PC_ERR_FORMAT
+ * on damage before the end (with the reason in err). */
+int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t *seq, char *err,
+                            size_t err_len);
+
+void bill_ledger_reader_free(bill_ledger_reader_t *r);
+
+/* Reads the INSTANCE id of a ledger directory into out (17 bytes). PC_ERR_NOTFOUND if absent. */
+int bill_ledger_read_instance(const char *dir, char out[17]);
+
+/* ---------------------------------------------------------------------------------------------
+ * Storage metering. The gateway's cache index integrates, per namespace, cached tokens x time
+ * (token-milliseconds, on the monotonic clock) and calls this every storage interval (e.g. a
+ * minute) and at shutdown with the window's samples. Each sample with token_ms > 0 becomes one
+ * storage event, priced at the model's storage price in effect at window_start_ms, with an id from
+ * ids, appended to l.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct bill_storage_sample {
+    const char *ns;     /* namespace id (hex) */
+    const char *tenant; /* the namespace's tenant */
+    const char *model;
+    uint64_t token_ms; /* cached tokens x milliseconds over the window */
+} bill_storage_sample_t;
+
+/* Checks and prices every sample first; on any bad sample (unknown model, bad string, window
+ * end before start) returns PC_ERR_NOTFOUND / PC_ERR_INVAL with the reason and appends nothing.
+ * Then appends them in order; *last_seq (may be NULL) gets the last seq appended (0 if none).
+ * A ledger failure midway returns that error (the samples before it were appended). Loop thread
+ * safe like bill_ledger_append: it never waits on disk. */
+int bill_storage_emit(bill_ledger_t *l, const bill_pricing_t *p, bill_idgen_t *ids,
+                      const bill_storage_sample_t *s, size_t n, uint64_t window_start_ms,
+                      uint64_t window_end_ms, uint64_t *last_seq, char *err, size_t err_len);
+
+#endif
