@@ -924,6 +924,19 @@ static bool segment_exists(const char *dir, uint64_t seq)
     return stat(path, &sb) == 0;
 }
 
+/* True when a segment after the one starting at first exists: a bad record in it is damage,
+ * not the tail being written. */
+static bool later_segment_exists(const char *dir, uint64_t first)
+{
+    uint64_t *segs;
+    size_t n;
+    if (list_segments(dir, &segs, &n) != 0)
+        return false;
+    bool later = n > 0 && segs[n - 1] > first;
+    pc_free(segs);
+    return later;
+}
+
 int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t *seq, char *err,
                             size_t err_len)
 {
@@ -960,6 +973,11 @@ int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t 
         /* The end of the data written so far, or of this segment. */
         clearerr(r->f);
         fseek(r->f, pos, SEEK_SET);
+        if (rr == REC_TORN && later_segment_exists(r->dir, r->cur_first))
+            return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                               "ledger: %s: damaged record at seq %" PRIu64
+                               " before a later segment",
+                               r->dir, r->next_seq);
         if (r->next_seq != r->cur_first && segment_exists(r->dir, r->next_seq)) {
             if (rr == REC_TORN)
                 return pc_err_setf(err, err_len, PC_ERR_FORMAT,
