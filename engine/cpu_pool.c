@@ -21,6 +21,16 @@
 #define POOL_SPIN 4096
 #define POOL_YIELD 64
 
+/* A spin-wait hint to the core (x86 PAUSE, aarch64 YIELD), nothing elsewhere. */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+    __asm__ volatile("yield" ::: "memory");
+#endif
+}
+
 struct eng_pool {
     uint32_t n_threads;
     pthread_t *threads;
@@ -65,7 +75,7 @@ static void *worker_main(void *arg)
             if (++spins % POOL_YIELD == 0)
                 sched_yield();
             else
-                __builtin_ia32_pause();
+                cpu_relax();
         }
         if (gen == seen && !atomic_load(&p->stop)) {
             pthread_mutex_lock(&p->mu);
@@ -161,6 +171,6 @@ void eng__pool_run(eng_pool_t *p, eng_pool_fn fn, void *ctx, uint32_t n_tasks)
         if (spins % POOL_YIELD == 0)
             sched_yield();
         else
-            __builtin_ia32_pause();
+            cpu_relax();
     }
 }
