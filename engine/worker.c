@@ -1430,7 +1430,14 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
         base = base != NULL ? base + 1 : params->engine.model_path;
         w->model_name = pc_strndup(base, PC_MIN(strlen(base), ENG_WIRE_NAME_MAX));
     }
-    w->model_fp = XXH3_64bits(eng_gguf_file_base(g), (size_t)eng_gguf_data_offset(g));
+    /* The whole file, tensor data included, so that two models with the same shapes and
+     * other weights never pass for one another; one streaming pass (the loader has copied the
+     * weights and may have dropped the mapped pages: they come back from the page cache). */
+    uint64_t t_fp = pc_time_mono_ns();
+    w->model_fp = XXH3_64bits(eng_gguf_file_base(g), (size_t)eng_gguf_file_size(g));
+    PC_LOG(PC_LOG_INFO, "worker", "model fingerprint %016llx: XXH3 of %.1f MiB in %.0f ms",
+           (unsigned long long)w->model_fp, (double)eng_gguf_file_size(g) / (1 << 20),
+           (double)(pc_time_mono_ns() - t_fp) / 1e6);
     rc = eng_sample_ws_init(w->n_vocab, &w->ws);
     uint32_t mr = params->max_running;
     w->items = pc_calloc(mr, sizeof *w->items);

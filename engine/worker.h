@@ -146,8 +146,9 @@ typedef eng_wire_frame_t eng_worker_event_t;
  * stay valid until eng_worker_free. */
 typedef struct eng_worker_info {
     const char *model_name; /* the GGUF general.name, or the file's base name */
-    uint64_t model_fp;      /* XXH3-64 of the GGUF file up to its data section (header,
-                               metadata and tensor table) */
+    uint64_t model_fp;      /* XXH3-64 of the whole GGUF file: header, metadata, tensor
+                               table and every tensor's data, so other weights of the same
+                               shapes give another fingerprint (computed once at init) */
     uint32_t n_vocab;
     uint32_t n_ctx;             /* the longest sequence: prompt + generated tokens */
     uint32_t block_tokens;      /* KV block size */

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "gguf.h"
 #include "mkmodel.h"
 #include "pc_alloc.h"
 #include "pc_assert.h"
@@ -1119,6 +1120,58 @@ PC_TEST(stop_returns_without_waiting_for_the_step)
     ASSERT_EQ(ev[0].u.token.request_id, 1);
     eng_worker_free(w);
     ASSERT_EQ(atomic_load(&g_stopped), 1); /* once */
+}
+
+/* The fingerprint eng_worker_info reports for the model at path (0 when it does not load). */
+static uint64_t model_fp_of(const char *path)
+{
+    eng_worker_params_t p = wparams();
+    p.engine.model_path = path;
+    eng_worker_t *w = start(&p);
+    if (w == NULL)
+        return 0;
+    eng_worker_info_t in;
+    eng_worker_info(w, &in);
+    eng_worker_free(w);
+    return in.model_fp;
+}
+
+PC_TEST(model_fp_covers_the_weights)
+{
+    /* Two models that differ only in their weights (the generator's seed) must not pass for
+     * one another at the handshake: the fingerprint covers the tensor data, not only the
+     * header. The same bytes give the same fingerprint, and one changed byte in the last
+     * tensor changes it. */
+    char a[128], b[128], c[128], err[256];
+    snprintf(a, sizeof a, "/tmp/kvgw-fp-a-%d.gguf", (int)getpid());
+    snprintf(b, sizeof b, "/tmp/kvgw-fp-b-%d.gguf", (int)getpid());
+    snprintf(c, sizeof c, "/tmp/kvgw-fp-c-%d.gguf", (int)getpid());
+    ASSERT_EQ(test_bytemodel_write(a, "kvgw-fp", 4096, 21, EOT_ID, err, sizeof err), 0);
+    ASSERT_EQ(test_bytemodel_write(b, "kvgw-fp", 4096, 22, EOT_ID, err, sizeof err), 0);
+    /* c: a's bytes with the last byte of the last tensor's data changed. */
+    eng_gguf_t *g = NULL;
+    ASSERT_EQ(eng_gguf_open(a, &g, err, sizeof err), 0);
+    const eng_gguf_tensor_t *t = eng_gguf_tensor_at(g, eng_gguf_n_tensors(g) - 1);
+    uint64_t at = eng_gguf_data_offset(g) + t->offset + t->n_bytes - 1;
+    size_t size = (size_t)eng_gguf_file_size(g);
+    uint8_t *bytes = malloc(size);
+    ASSERT_TRUE(bytes != NULL);
+    memcpy(bytes, eng_gguf_file_base(g), size);
+    eng_gguf_free(g);
+    bytes[at] ^= 0x01;
+    FILE *out = fopen(c, "wb");
+    ASSERT_TRUE(out != NULL);
+    ASSERT_EQ(fwrite(bytes, 1, size, out), size);
+    fclose(out);
+    free(bytes);
+    uint64_t fa = model_fp_of(a), fa2 = model_fp_of(a), fb = model_fp_of(b), fc = model_fp_of(c);
+    unlink(a);
+    unlink(b);
+    unlink(c);
+    ASSERT_TRUE(fa != 0 && fb != 0 && fc != 0);
+    ASSERT_EQ_U64(fa, fa2);
+    ASSERT_NE(fa, fb);
+    ASSERT_NE(fa, fc);
 }
 
 PC_TEST_MAIN()
