@@ -12,6 +12,9 @@
  *                               the issue's decode grid: batch 1 and 64, context 4096 and 32768,
  *                               64 query / 8 KV heads (GQA 8:1), head_dim 128; the target is
  *                               >= 70% of the card's peak
+ *   decode_splitkv_b{1,64}_ctx{4k,32k}_gb_per_s and _pct_peak
+ *                               the same grid on the split-KV decode kernel (krn_decode.cu,
+ *                               splits planned for twice the SM count)
  *   sample_b{1,64}_us           krn_sample over a 152064-token vocabulary (Qwen's), top_k 50,
  *                               top_p 0.9, temperature 0.8: microseconds per step
  *   prefill_attn_tflop_per_s    causal prefill attention, 4 x 2048 tokens, same heads: 4 * heads
@@ -180,6 +183,88 @@ fail:
     free(tasks);
     free(merges);
     void *ds[] = {d_pool, d_tables, d_pos, d_q, d_out, d_tasks, d_merges, d_po, d_pml};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
+        krn_dev_free(c, ds[i]);
+    return sec;
+}
+
+/* The split-KV decode kernel (krn_decode_attention) over n_seqs single-token rows at
+ * context ctx, splits planned for n_sm SMs; seconds per call (kernel and merge), or -1.
+ * *bytes is the KV it must read. */
+static double bench_decode(krn_ctx_t *c, int32_t nh, int32_t nkv, int32_t n_seqs, int32_t ctx,
+                           int32_t n_sm, int iters, double *bytes)
+{
+    const int32_t hd = 128, bt = 16;
+    int32_t max_blocks = (ctx + bt - 1) / bt, width = nh * hd;
+    krn_kv_t kv = {.n_blocks = n_seqs * max_blocks,
+                   .n_layer = 1,
+                   .n_head_kv = nkv,
+                   .head_dim = hd,
+                   .block_tokens = bt,
+                   .dtype = KRN_F16};
+    size_t pool_bytes = krn_kv_block_bytes(&kv) * (size_t)kv.n_blocks;
+    int32_t split = krn_decode_split_tokens(n_sm, n_seqs, nkv, bt, ctx, 0);
+    int32_t max_splits = split > 0 ? (ctx - 1) / split + 1 : 0;
+    size_t slots = (size_t)n_seqs * nh * (size_t)max_splits;
+    int32_t *tables = malloc(sizeof *tables * (size_t)n_seqs * max_blocks);
+    int32_t *pos = malloc(sizeof *pos * (size_t)n_seqs),
+            *seq = malloc(sizeof *seq * (size_t)n_seqs);
+    float *q = malloc(sizeof *q * (size_t)n_seqs * width);
+    void *d_pool = NULL, *d_tables = NULL, *d_pos = NULL, *d_seq = NULL, *d_q = NULL;
+    void *d_out = NULL, *d_po = NULL, *d_pml = NULL;
+    double sec = -1;
+    if (!tables || !pos || !seq || !q || split <= 0)
+        goto fail;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        for (int32_t b = 0; b < max_blocks; b++)
+            tables[(size_t)s * max_blocks + b] = b * n_seqs + s;
+        pos[s] = ctx - 1;
+        seq[s] = s;
+    }
+    for (size_t i = 0; i < (size_t)n_seqs * width; i++)
+        q[i] = bk_unif() * 0.1f;
+    BK_CHECK(krn_dev_alloc(c, pool_bytes, &d_pool));
+    BK_CHECK(krn_memset(c, d_pool, 0x2e, pool_bytes)); /* finite F16 0x2e2e */
+    BK_CHECK(krn_dev_alloc(c, sizeof *tables * (size_t)n_seqs * max_blocks, &d_tables));
+    BK_CHECK(krn_dev_alloc(c, sizeof *pos * (size_t)n_seqs, &d_pos));
+    BK_CHECK(krn_dev_alloc(c, sizeof *seq * (size_t)n_seqs, &d_seq));
+    BK_CHECK(krn_dev_alloc(c, sizeof *q * (size_t)n_seqs * width, &d_q));
+    BK_CHECK(krn_dev_alloc(c, sizeof *q * (size_t)n_seqs * width, &d_out));
+    BK_CHECK(krn_dev_alloc(c, sizeof(float) * (slots * hd + 1), &d_po));
+    BK_CHECK(krn_dev_alloc(c, sizeof(float) * (slots * 2 + 1), &d_pml));
+    BK_CHECK(krn_copy_h2d(c, d_tables, tables, sizeof *tables * (size_t)n_seqs * max_blocks));
+    BK_CHECK(krn_copy_h2d(c, d_pos, pos, sizeof *pos * (size_t)n_seqs));
+    BK_CHECK(krn_copy_h2d(c, d_seq, seq, sizeof *seq * (size_t)n_seqs));
+    BK_CHECK(krn_copy_h2d(c, d_q, q, sizeof *q * (size_t)n_seqs * width));
+    kv.base = d_pool;
+    krn_decode_args_t a = {.kv = kv,
+                           .layer = 0,
+                           .n_head = nh,
+                           .q = d_q,
+                           .out = d_out,
+                           .row_seq = d_seq,
+                           .row_pos = d_pos,
+                           .block_tables = d_tables,
+                           .max_blocks = max_blocks,
+                           .n_rows = n_seqs,
+                           .split_tokens = split,
+                           .max_splits = max_splits,
+                           .part_o = d_po,
+                           .part_ml = d_pml};
+    BK_CHECK(krn_decode_attention(c, &a)); /* warm-up */
+    BK_CHECK(krn_ctx_sync(c));
+    double t0 = bench_now_s();
+    for (int i = 0; i < iters; i++)
+        BK_CHECK(krn_decode_attention(c, &a));
+    BK_CHECK(krn_ctx_sync(c));
+    sec = (bench_now_s() - t0) / iters;
+    *bytes = (double)n_seqs * ctx * nkv * hd * 2 * 2;
+fail:
+    free(tables);
+    free(pos);
+    free(seq);
+    free(q);
+    void *ds[] = {d_pool, d_tables, d_pos, d_seq, d_q, d_out, d_po, d_pml};
     for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
         krn_dev_free(c, ds[i]);
     return sec;
@@ -406,6 +491,26 @@ int bench_kernels_main(int argc, char **argv)
             bench_report_add(&rep, key, gbs, note);
             if (peak > 0) {
                 snprintf(key, sizeof key, "decode_attn_b%d_ctx%dk_pct_peak", grid_b[bi],
+                         grid_ctx[ci] / 1024);
+                bench_report_add(&rep, key, 100.0 * gbs / peak, "target >= 70");
+            }
+        }
+    /* The same grid on the split-KV decode kernel (krn_decode.cu). */
+    for (int bi = 0; bi < 2; bi++)
+        for (int ci = 0; ci < 2; ci++) {
+            s = bench_decode(c, 64, 8, grid_b[bi], grid_ctx[ci], info.n_sm > 0 ? info.n_sm : 1,
+                             iters, &bytes);
+            if (s <= 0)
+                continue;
+            char key[64], note[96];
+            double gbs = bytes / s * 1e-9;
+            snprintf(note, sizeof note, "split-KV kernel, batch %d x %dK, %.1f us", grid_b[bi],
+                     grid_ctx[ci] / 1024, s * 1e6);
+            snprintf(key, sizeof key, "decode_splitkv_b%d_ctx%dk_gb_per_s", grid_b[bi],
+                     grid_ctx[ci] / 1024);
+            bench_report_add(&rep, key, gbs, note);
+            if (peak > 0) {
+                snprintf(key, sizeof key, "decode_splitkv_b%d_ctx%dk_pct_peak", grid_b[bi],
                          grid_ctx[ci] / 1024);
                 bench_report_add(&rep, key, 100.0 * gbs / peak, "target >= 70");
             }

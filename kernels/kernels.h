@@ -262,6 +262,46 @@ int krn_attn_plan(const krn_plan_params_t *p, const krn_plan_seq_t *seqs, int32_
                   int32_t *n_merges, int32_t *n_parts);
 
 /* ---------------------------------------------------------------------------------------------
+ * Split-KV decode attention (FlashDecoding-style), for rows of one token each: row r, at
+ * position row_pos[r] of sequence row_seq[r], attends to positions [0, row_pos[r]] with every
+ * query head. Its KV range is cut into splits of split_tokens positions (a multiple of the block
+ * size, from krn_decode_split_tokens so the grid is about twice the SM count); one CTA per
+ * (split, KV head, row) reads each KV block of its split once for all the query heads of the
+ * group (GQA), with 16-byte loads of whole block slices, and keeps the online-softmax state per
+ * warp; a merge combines the splits. With max_splits 1 the CTA writes the output itself.
+ *
+ * Shapes it takes (krn_decode_check): head_dim a multiple of 32 up to 256, group <= 16 and
+ * group * head_dim <= 2048, a block's K+V slice of at most 64 KiB in a multiple of 16 bytes.
+ * Other shapes use krn_attention. Untested on a GPU as of this writing (issue 14): the GPU
+ * tests compare it with krn_ref_decode_attention.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct krn_decode_args {
+    krn_kv_t kv;
+    int32_t layer;
+    int32_t n_head;              /* query heads; group = n_head / kv.n_head_kv */
+    const float *q;              /* [n_rows][n_head * head_dim], roped, times 1/sqrt(head_dim) */
+    float *out;                  /* [n_rows][n_head * head_dim] */
+    const int32_t *row_seq;      /* [n_rows] the row of block_tables */
+    const int32_t *row_pos;      /* [n_rows] the row's position (it sees [0, pos]) */
+    const int32_t *block_tables; /* [n_seqs][max_blocks] */
+    int32_t max_blocks, n_rows;
+    int32_t split_tokens; /* positions per split, a multiple of kv.block_tokens */
+    int32_t max_splits;   /* ceil((max pos + 1) / split_tokens) over the rows */
+    float *part_o;        /* [n_rows][n_head][max_splits][head_dim] (max_splits > 1) */
+    float *part_ml;       /* [n_rows][n_head][max_splits][2] (max_splits > 1) */
+} krn_decode_args_t;
+
+/* Returns 0 when the decode kernel takes this pool and head count, else PC_ERR_INVAL. */
+int krn_decode_check(const krn_kv_t *kv, int32_t n_head);
+
+/* Positions per split for n_rows decode rows of at most max_kv_len positions: splits of whole
+ * blocks, as few as give about 2 * n_sm CTAs (n_rows * n_head_kv * splits), and at least
+ * min_blocks blocks each (0: 4) so short contexts are not cut into slivers. Never more than
+ * max_kv_len rounded up to a block. Returns the split, or 0 for bad arguments. */
+int32_t krn_decode_split_tokens(int32_t n_sm, int32_t n_rows, int32_t n_head_kv,
+                                int32_t block_tokens, int32_t max_kv_len, int32_t min_blocks);
+
+/* ---------------------------------------------------------------------------------------------
  * Sampling: one token per row of logits, with the engine's exact rules (engine/sampling.h):
  * candidates are logits that are not NaN or -inf (+inf counts as FLT_MAX), ordered by logit
  * then lowest id; min_p, top_k and top_p keep a prefix of that order; the pick is the first
@@ -393,6 +433,9 @@ int krn_ref_block_copy(const krn_block_copy_args_t *a);
 int krn_ref_attention(const krn_attn_args_t *a);
 int krn_ref_sample(const krn_sample_args_t *a);
 int krn_ref_gemm(const krn_gemm_args_t *a);
+/* The decode kernel's reference: per (row, head, split) the online softmax block by block, then
+ * the splits merged in order (part_o / part_ml are not used). */
+int krn_ref_decode_attention(const krn_decode_args_t *a);
 
 /* ---------------------------------------------------------------------------------------------
  * CUDA entry points (only with KVGW_HAVE_CUDA). A krn_ctx owns one CUDA stream and one cuBLAS
@@ -469,6 +512,8 @@ int krn_block_copy(krn_ctx_t *ctx, const krn_block_copy_args_t *a);
 int krn_attention(krn_ctx_t *ctx, const krn_attn_args_t *a);
 int krn_sample(krn_ctx_t *ctx, const krn_sample_args_t *a);
 int krn_gemm(krn_ctx_t *ctx, const krn_gemm_args_t *a);
+/* row_seq, row_pos, block_tables and the part buffers are device arrays. */
+int krn_decode_attention(krn_ctx_t *ctx, const krn_decode_args_t *a);
 
 #ifdef __cplusplus
 }

@@ -61,6 +61,33 @@ KRN_HD size_t krn_attn_smem_bytes(int32_t head_dim)
     return sizeof(float) * (r * hd + 2 * c * hd + r * c + 3 * r) + sizeof(int32_t) * r;
 }
 
+/* The split-KV decode kernel (krn_decode.cu): 16-byte words of one block's K+V slice, which a
+ * warp stages in shared memory. */
+KRN_HD int32_t krn_decode_slice_words(int32_t head_dim, int32_t block_tokens, int32_t elem_bytes)
+{
+    return (int32_t)((int64_t)2 * head_dim * block_tokens * elem_bytes / 16);
+}
+/* Warps of a decode CTA: 4, fewer when 4 block slices would not fit 64 KiB of staging. */
+KRN_HD int32_t krn_decode_warps(int32_t head_dim, int32_t block_tokens, int32_t elem_bytes)
+{
+    int64_t slice = (int64_t)2 * head_dim * block_tokens * elem_bytes;
+    int64_t w = slice > 0 ? ((int64_t)64 << 10) / slice : 0;
+    return w >= 4 ? 4 : (int32_t)w;
+}
+/* Dynamic shared memory of a decode CTA, laid out as the kernel carves it:
+ *   q [group][hd] | stage: max(warps slices, warps * group * hd floats) | per warp:
+ *   scores [group][bt], m, l, corr [group]                                     (floats) */
+KRN_HD size_t krn_decode_smem_bytes(int32_t head_dim, int32_t block_tokens, int32_t elem_bytes,
+                                    int32_t group)
+{
+    size_t w = (size_t)krn_decode_warps(head_dim, block_tokens, elem_bytes);
+    size_t slice = (size_t)2 * head_dim * block_tokens * elem_bytes;
+    size_t comb = w * (size_t)group * head_dim * sizeof(float);
+    size_t stage = w * slice > comb ? w * slice : comb;
+    return sizeof(float) * (size_t)group * head_dim + stage +
+           sizeof(float) * w * ((size_t)group * block_tokens + 3 * (size_t)group);
+}
+
 /* A logit as a candidate's weight sees it: +inf counts as the largest finite float. */
 KRN_HD float krn_sample_clamp(float x)
 {

@@ -165,3 +165,38 @@ int krn_mem_plan(const krn_mem_plan_params_t *p, krn_mem_plan_t *out)
     out->kv_bytes = (size_t)p->want_blocks * p->block_bytes;
     return p->want_blocks <= out->max_blocks ? 0 : PC_ERR_NOMEM;
 }
+
+int krn_decode_check(const krn_kv_t *kv, int32_t n_head)
+{
+    if (kv->n_head_kv <= 0 || n_head <= 0 || n_head % kv->n_head_kv != 0 || kv->head_dim <= 0 ||
+        kv->head_dim % 32 != 0 || kv->head_dim > KRN_ATTN_MAX_HEAD_DIM || kv->block_tokens <= 0 ||
+        (kv->dtype != KRN_F16 && kv->dtype != KRN_F32))
+        return PC_ERR_INVAL;
+    int32_t group = n_head / kv->n_head_kv, eb = (int32_t)krn_dtype_size(kv->dtype);
+    int64_t slice = (int64_t)2 * kv->head_dim * kv->block_tokens * eb;
+    if (group > 16 || group * kv->head_dim > 2048 || slice % 16 != 0 || slice > (64 << 10) ||
+        krn_decode_warps(kv->head_dim, kv->block_tokens, eb) < 1)
+        return PC_ERR_INVAL;
+    return 0;
+}
+
+int32_t krn_decode_split_tokens(int32_t n_sm, int32_t n_rows, int32_t n_head_kv,
+                                int32_t block_tokens, int32_t max_kv_len, int32_t min_blocks)
+{
+    if (n_sm <= 0 || n_rows <= 0 || n_head_kv <= 0 || block_tokens <= 0 || max_kv_len <= 0 ||
+        min_blocks < 0)
+        return 0;
+    if (min_blocks == 0)
+        min_blocks = 4;
+    int64_t blocks = ((int64_t)max_kv_len + block_tokens - 1) / block_tokens;
+    int64_t units = (int64_t)n_rows * n_head_kv;
+    int64_t want = ((int64_t)2 * n_sm + units - 1) / units; /* splits per unit */
+    int64_t per = (blocks + want - 1) / want;               /* blocks per split */
+    if (per < min_blocks)
+        per = min_blocks;
+    if (per > blocks)
+        per = blocks;
+    if (per * block_tokens > INT32_MAX)
+        return 0;
+    return (int32_t)(per * block_tokens);
+}

@@ -248,6 +248,37 @@ static inline int kt_attn_plan(const kt_attn_t *t, int32_t split_kv, krn_attn_ar
                            .part_ml = malloc(sizeof(float) * ((size_t)np * 2 + 1))};
     return rc;
 }
+/* The decode-kernel arguments of a scenario whose rows are all single tokens (decode), with
+ * splits of split_tokens positions (host pointers; part buffers malloc'ed, the caller frees
+ * them with kt_decode_free). */
+static inline void kt_decode_args(const kt_attn_t *t, int32_t split_tokens, krn_decode_args_t *a)
+{
+    int32_t max_pos = 0;
+    for (int32_t i = 0; i < t->n_rows; i++)
+        max_pos = t->row_pos[i] > max_pos ? t->row_pos[i] : max_pos;
+    int32_t max_splits = max_pos / split_tokens + 1;
+    size_t slots = (size_t)t->n_rows * t->n_head * max_splits;
+    *a = (krn_decode_args_t){.kv = t->kv,
+                             .layer = t->layer,
+                             .n_head = t->n_head,
+                             .q = t->q,
+                             .out = t->out,
+                             .row_seq = t->row_seq,
+                             .row_pos = t->row_pos,
+                             .block_tables = t->tables,
+                             .max_blocks = t->max_blocks,
+                             .n_rows = t->n_rows,
+                             .split_tokens = split_tokens,
+                             .max_splits = max_splits,
+                             .part_o = malloc(sizeof(float) * (slots * t->kv.head_dim + 1)),
+                             .part_ml = malloc(sizeof(float) * (slots * 2 + 1))};
+}
+static inline void kt_decode_free(krn_decode_args_t *a)
+{
+    free(a->part_o);
+    free(a->part_ml);
+}
+
 static inline void kt_attn_plan_free(krn_attn_args_t *a)
 {
     free((void *)a->tasks);

@@ -378,6 +378,78 @@ PC_TEST(attention_and_kv_write_match_reference)
     }
 }
 
+/* The split-KV decode kernel (krn_decode.cu) against its reference: decode rows over
+ * NaN-poisoned pools, one split, splits of one block, and the plan's splits for this GPU. */
+PC_TEST(decode_attention_matches_reference)
+{
+    NEED_GPU();
+    krn_device_info_t info;
+    ASSERT_EQ(krn_device_info(0, &info), 0);
+    kt_rng_t r = {26};
+    const struct {
+        int32_t nh, nkv, hd, bt;
+        enum krn_dtype dt;
+        int32_t n_seqs, max_blocks;
+    } cases[] = {{64, 8, 128, 16, KRN_F16, 1, 130}, {64, 8, 128, 16, KRN_F16, 9, 40},
+                 {32, 8, 128, 16, KRN_F32, 4, 30},  {8, 1, 32, 16, KRN_F16, 3, 20},
+                 {16, 16, 64, 8, KRN_F32, 5, 25},   {32, 2, 256, 16, KRN_F16, 2, 20},
+                 {4, 4, 32, 5, KRN_F32, 3, 11},     {8, 2, 256, 32, KRN_F32, 2, 6}};
+    for (size_t ci = 0; ci < PC_ARRAY_LEN(cases); ci++) {
+        int32_t ctx[16], nt[16], bt = cases[ci].bt, mb = cases[ci].max_blocks;
+        for (int32_t s = 0; s < cases[ci].n_seqs; s++) {
+            nt[s] = 1;
+            ctx[s] = s == 0 ? mb * bt - 1 : (int32_t)kt_below(&r, (uint32_t)(mb * bt));
+        }
+        kt_attn_t t;
+        ASSERT_EQ(kt_attn_make(&t, &r, cases[ci].nh, cases[ci].nkv, cases[ci].hd, bt, cases[ci].dt,
+                               cases[ci].n_seqs, ctx, nt, mb),
+                  0);
+        ASSERT_EQ(krn_decode_check(&t.kv, t.n_head), 0);
+        int64_t n_out = (int64_t)t.n_rows * t.n_head * cases[ci].hd;
+        size_t pool_bytes = krn_kv_block_bytes(&t.kv) * (size_t)t.kv.n_blocks;
+        krn_kv_t dkv = t.kv;
+        dkv.base = up(t.kv.base, pool_bytes);
+        float *dq = up(t.q, sizeof(float) * (size_t)n_out);
+        int32_t *dseq = up(t.row_seq, sizeof(int32_t) * (size_t)t.n_rows);
+        int32_t *dpos = up(t.row_pos, sizeof(int32_t) * (size_t)t.n_rows);
+        int32_t *dtab = up(t.tables, sizeof(int32_t) * (size_t)t.n_seqs * mb);
+        float *got = malloc(sizeof(float) * (size_t)n_out);
+        int32_t plan = krn_decode_split_tokens(info.n_sm, t.n_rows, t.kv.n_head_kv, bt, mb * bt, 0);
+        const int32_t splits[3] = {mb * bt, bt, plan};
+        for (int k = 0; k < 3; k++) {
+            krn_decode_args_t a;
+            kt_decode_args(&t, splits[k], &a);
+            ASSERT_EQ(krn_ref_decode_attention(&a), 0);
+            size_t slots = (size_t)t.n_rows * t.n_head * a.max_splits;
+            krn_decode_args_t da = a;
+            da.kv = dkv;
+            da.q = dq;
+            da.out = dev_filled(sizeof(float) * (size_t)n_out, 0xff);
+            da.row_seq = dseq;
+            da.row_pos = dpos;
+            da.block_tables = dtab;
+            da.part_o = dev_filled(sizeof(float) * (slots * cases[ci].hd + 1), 0xff);
+            da.part_ml = dev_filled(sizeof(float) * (slots * 2 + 1), 0xff);
+            ASSERT_EQ(krn_decode_attention(g_ctx, &da), 0);
+            down(got, da.out, sizeof(float) * (size_t)n_out);
+            double err = kt_rel_err_f(got, t.out, n_out);
+            krn_dev_free(g_ctx, da.out);
+            krn_dev_free(g_ctx, da.part_o);
+            krn_dev_free(g_ctx, da.part_ml);
+            kt_decode_free(&a);
+            if (!(err <= 1e-5))
+                PC_TEST__FAIL("case %zu, split %d: relative error %g (> 1e-5)", ci, splits[k], err);
+        }
+        krn_dev_free(g_ctx, dkv.base);
+        krn_dev_free(g_ctx, dq);
+        krn_dev_free(g_ctx, dseq);
+        krn_dev_free(g_ctx, dpos);
+        krn_dev_free(g_ctx, dtab);
+        free(got);
+        kt_attn_free(&t);
+    }
+}
+
 PC_TEST(block_copies_match_reference)
 {
     NEED_GPU();

@@ -15,6 +15,7 @@
 #include "kernels.h"
 #include "krn_hostdev.h"
 #include "krn_testutil.h"
+#include "pc_assert.h"
 #include "pc_err.h"
 #include "pc_test.h"
 
@@ -404,6 +405,67 @@ PC_TEST(reference_sampler_on_exact_boundaries)
         ASSERT_EQ(krn_ref_sample(&a), 0);
         ASSERT_EQ(tok, 37);
     }
+}
+
+PC_TEST(decode_kernel_shapes_and_split_plan)
+{
+    krn_kv_t kv = {.n_blocks = 1,
+                   .n_layer = 1,
+                   .n_head_kv = 8,
+                   .head_dim = 128,
+                   .block_tokens = 16,
+                   .dtype = KRN_F16};
+    ASSERT_EQ(krn_decode_check(&kv, 64), 0); /* GQA 8:1, head_dim 128: the target shape */
+    ASSERT_EQ(krn_decode_warps(128, 16, 2), 4);
+    ASSERT_EQ(krn_decode_slice_words(128, 16, 2), 512); /* 8 KiB of K+V per block */
+    /* Shared memory: q (4 KiB) + 4 slices (32 KiB) + 4 x (8 x 16 + 24) floats. */
+    ASSERT_EQ(krn_decode_smem_bytes(128, 16, 2, 8), 4096u + 32768u + 4u * 4u * (128u + 24u));
+    ASSERT_EQ(krn_decode_check(&kv, 63), PC_ERR_INVAL);  /* not a multiple of the KV heads */
+    ASSERT_EQ(krn_decode_check(&kv, 256), PC_ERR_INVAL); /* group 32 > 16 */
+    kv.head_dim = 80;
+    ASSERT_EQ(krn_decode_check(&kv, 64), PC_ERR_INVAL); /* not a multiple of 32 */
+    kv.head_dim = 96;
+    ASSERT_EQ(krn_decode_check(&kv, 64), 0);
+    kv.head_dim = 256;
+    ASSERT_EQ(krn_decode_check(&kv, 64), 0); /* group 8 x 256 = 2048 */
+    ASSERT_EQ(krn_decode_check(&kv, 128), PC_ERR_INVAL);
+    kv.dtype = KRN_F32;
+    kv.block_tokens = 64;
+    ASSERT_EQ(krn_decode_check(&kv, 8), PC_ERR_INVAL); /* a 128 KiB slice */
+    kv.block_tokens = 32;
+    ASSERT_EQ(krn_decode_check(&kv, 8), 0); /* 64 KiB: one warp */
+    ASSERT_EQ(krn_decode_warps(256, 32, 4), 1);
+    kv.block_tokens = 5;
+    kv.head_dim = 32;
+    kv.dtype = KRN_F16;
+    ASSERT_EQ(krn_decode_check(&kv, 8), 0); /* any block size: head_dim % 32 makes 16-byte words */
+    kv.dtype = KRN_BF16;
+    kv.block_tokens = 16;
+    ASSERT_EQ(krn_decode_check(&kv, 8), PC_ERR_INVAL); /* KV pools are F16 or F32 */
+
+    /* Splits: whole blocks, about 2 x SMs CTAs, never slivers, never past the context. */
+    const int32_t sms[] = {108, 132}, rows[] = {1, 8, 64, 256}, ctxs[] = {100, 4096, 32768};
+    for (size_t a = 0; a < PC_ARRAY_LEN(sms); a++)
+        for (size_t b = 0; b < PC_ARRAY_LEN(rows); b++)
+            for (size_t c = 0; c < PC_ARRAY_LEN(ctxs); c++) {
+                int32_t sp = krn_decode_split_tokens(sms[a], rows[b], 8, 16, ctxs[c], 0);
+                ASSERT_TRUE(sp > 0 && sp % 16 == 0);
+                int32_t blocks = (ctxs[c] + 15) / 16;
+                ASSERT_LE(sp, blocks * 16);
+                ASSERT_TRUE(sp >= 64 || sp == blocks * 16); /* at least 4 blocks */
+                int64_t ctas = (int64_t)rows[b] * 8 * ((ctxs[c] + sp - 1) / sp);
+                /* Enough CTAs wherever the context allows, and not many more than needed. */
+                if (sp > 64) /* (whole blocks per split round the count a little down) */
+                    ASSERT_TRUE(ctas * 10 >= 2 * sms[a] * 9 || sp == blocks * 16);
+                if (rows[b] * 8 < 2 * sms[a] && sp > 64)
+                    ASSERT_LE(ctas, 2 * sms[a] + rows[b] * 8);
+            }
+    /* Batch 1 at 32K on 132 SMs: 264 CTAs over 8 KV heads = 33 splits of 63 blocks. */
+    ASSERT_EQ(krn_decode_split_tokens(132, 1, 8, 16, 32768, 0), 63 * 16);
+    /* Batch 64: already 512 CTAs, so one split per row (the 4-block floor is moot). */
+    ASSERT_EQ(krn_decode_split_tokens(132, 64, 8, 16, 4096, 0), 4096);
+    ASSERT_EQ(krn_decode_split_tokens(0, 1, 8, 16, 4096, 0), 0);
+    ASSERT_EQ(krn_decode_split_tokens(132, 1, 8, 16, 0, 0), 0);
 }
 
 PC_TEST_MAIN()

@@ -200,6 +200,71 @@ PC_TEST(attention_ref_matches_dense_softmax)
     }
 }
 
+/* The decode kernel's reference against the dense softmax: decode rows (one token each) of
+ * random lengths over NaN-poisoned pools, splits from one block to the whole context. */
+PC_TEST(decode_ref_matches_dense_softmax)
+{
+    const attn_case_t cases[] = {
+        {8, 1, 32, 16, KRN_F16},   {64, 8, 128, 16, KRN_F16}, {16, 16, 64, 8, KRN_F32},
+        {32, 2, 256, 16, KRN_F16}, {4, 4, 32, 5, KRN_F32},    {24, 8, 96, 16, KRN_F16},
+        {16, 4, 80, 16, KRN_F16}, /* head_dim not a multiple of 32: krn_attention's */
+    };
+    kt_rng_t r = {12};
+    for (size_t i = 0; i < PC_ARRAY_LEN(cases); i++) {
+        const attn_case_t *c = &cases[i];
+        krn_kv_t probe = {.n_head_kv = c->n_head_kv,
+                          .head_dim = c->head_dim,
+                          .block_tokens = c->bt,
+                          .dtype = c->dt};
+        bool takes = krn_decode_check(&probe, c->n_head) == 0;
+        for (int rep = 0; rep < 3; rep++) {
+            int32_t n_seqs = 1 + (int32_t)kt_below(&r, 5),
+                    max_blocks = 1 + (int32_t)kt_below(&r, 9);
+            int32_t ctx[5], nt[5];
+            for (int32_t s = 0; s < n_seqs; s++) {
+                nt[s] = 1;
+                ctx[s] = s == 0 ? max_blocks * c->bt - 1
+                                : (int32_t)kt_below(&r, (uint32_t)(max_blocks * c->bt));
+            }
+            kt_attn_t t;
+            ASSERT_EQ(kt_attn_make(&t, &r, c->n_head, c->n_head_kv, c->head_dim, c->bt, c->dt,
+                                   n_seqs, ctx, nt, max_blocks),
+                      0);
+            int64_t n = (int64_t)t.n_rows * t.n_head * c->head_dim;
+            double *want = malloc(sizeof *want * (size_t)n);
+            kt_attn_dense(&t, want);
+            int32_t splits[3] = {c->bt, c->bt * (1 + rep), max_blocks * c->bt};
+            for (int k = 0; k < 3; k++) {
+                krn_decode_args_t a;
+                kt_decode_args(&t, splits[k], &a);
+                for (int64_t j = 0; j < n; j++)
+                    t.out[j] = NAN;
+                int rc = krn_ref_decode_attention(&a);
+                double err = kt_rel_err_d(t.out, want, n);
+                kt_decode_free(&a);
+                if (!takes) {
+                    ASSERT_EQ(rc, PC_ERR_INVAL); /* a shape for krn_attention */
+                    continue;
+                }
+                ASSERT_EQ(rc, 0);
+                ASSERT_LE(err, 1e-5);
+            }
+            /* A split that is not a whole number of blocks, and a position past the table. */
+            krn_decode_args_t a;
+            kt_decode_args(&t, c->bt + 1, &a);
+            ASSERT_EQ(krn_ref_decode_attention(&a), PC_ERR_INVAL);
+            kt_decode_free(&a);
+            kt_decode_args(&t, c->bt, &a);
+            a.max_blocks = max_blocks - 1;
+            if (max_blocks > 1)
+                ASSERT_EQ(krn_ref_decode_attention(&a), PC_ERR_INVAL);
+            kt_decode_free(&a);
+            free(want);
+            kt_attn_free(&t);
+        }
+    }
+}
+
 PC_TEST(plan_covers_every_row_head_once)
 {
     krn_plan_seq_t seqs[3] = {{0, 1, 1000}, {1, 70, 5}, {71, 1, 3}};
