@@ -1580,7 +1580,9 @@ void eng_worker_info(const eng_worker_t *w, eng_worker_info_t *out)
                                .n_ctx = w->n_ctx,
                                .block_tokens = w->bt,
                                .total_blocks = w->total_blocks,
-                               .max_prompt_tokens = PC_MIN(w->n_ctx, w->total_blocks * w->bt)};
+                               .max_prompt_tokens = PC_MIN(w->n_ctx, w->total_blocks * w->bt),
+                               .backend = eng_backend_name_of(w->e),
+                               .backend_note = eng_backend_note_of(w->e)};
 }
 
 const eng_tok_t *eng_worker_tok(const eng_worker_t *w)

@@ -154,6 +154,9 @@ typedef struct eng_worker_info {
     uint32_t block_tokens;      /* KV block size */
     uint32_t total_blocks;      /* KV pool size */
     uint32_t max_prompt_tokens; /* the longest prompt that fits the pool and the context */
+    const char *backend;        /* the engine backend that runs: "cpu" or "cuda" */
+    const char *backend_note;   /* why backend "auto" runs on the CPU ("cuda unavailable:
+                                   <reason>"), or "" (eng_backend_note_of) */
 } eng_worker_info_t;
 
 /* Loads the model (params->engine) and its tokenizer from the same GGUF, and starts the

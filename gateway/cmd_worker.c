@@ -2,8 +2,14 @@
  * cmd_worker.c — `kvgw worker`: a remote worker process for cluster mode (DESIGN.md §6). Loads
  * a model and serves the worker API over TCP with the worker protocol (worker_server.h).
  *
- *   kvgw worker --model FILE --listen HOST:PORT [--threads N] [--kv-tokens N] [--name NAME]
- *               [--max-queue N] [--secret-file F] [--log-level L]
+ *   kvgw worker --model FILE --listen HOST:PORT [--backend cpu|cuda|auto] [--cuda-device N]
+ *               [--threads N] [--kv-tokens N] [--name NAME] [--max-queue N] [--secret-file F]
+ *               [--log-level L]
+ *
+ * Backend: cpu, cuda (an error where the build or the machine has none usable, with the CUDA
+ * error) or auto (the default: cuda where a device is usable, else cpu). Once the model is
+ * loaded, one line on stderr says which backend runs and why, e.g. "kvgw worker: backend cpu
+ * (auto: cuda unavailable: this build has no CUDA support)".
  *
  * Link authentication: the shared secret comes from --secret-file F (the file's bytes, one
  * trailing newline removed) or else the environment variable KVGW_LINK_SECRET; gateways must
@@ -28,9 +34,9 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvgw worker --model FILE --listen HOST:PORT [--threads N] "
-               "[--kv-tokens N] [--name NAME] [--max-queue N] [--secret-file F] "
-               "[--log-level L]\n");
+    fprintf(f, "usage: kvgw worker --model FILE --listen HOST:PORT [--backend cpu|cuda|auto] "
+               "[--cuda-device N] [--threads N] [--kv-tokens N] [--name NAME] [--max-queue N] "
+               "[--secret-file F] [--log-level L]\n");
 }
 
 static void help(void)
@@ -42,6 +48,9 @@ static void help(void)
            "  --model FILE     the GGUF model\n"
            "  --listen H:P     address to listen on (numeric IPv4, [IPv6] or localhost; port 0\n"
            "                   picks a free one)\n"
+           "  --backend B      cpu, cuda, or auto (default): cuda where a GPU is usable, else\n"
+           "                   cpu; the choice and its reason are printed on stderr\n"
+           "  --cuda-device N  the GPU of the cuda backend (default 0)\n"
            "  --threads N      compute threads (default 2)\n"
            "  --kv-tokens N    KV cache budget in tokens (default 65536)\n"
            "  --name NAME      this worker's name in the handshake and logs (default: host name)\n"
@@ -110,7 +119,8 @@ static void on_signal(uv_signal_t *h, int signum)
 int kvgw_cmd_worker(int argc, char **argv)
 {
     const char *model = NULL, *listen = NULL, *name = NULL, *secret_file = NULL;
-    uint64_t threads = 2, kv_tokens = 65536, max_queue = 256;
+    const char *backend = "auto";
+    uint64_t threads = 2, kv_tokens = 65536, max_queue = 256, cuda_device = 0;
     int level = PC_LOG_INFO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -129,6 +139,13 @@ int kvgw_cmd_worker(int argc, char **argv)
             model = v;
         } else if (strcmp(a, "--listen") == 0) {
             listen = v;
+        } else if (strcmp(a, "--backend") == 0) {
+            backend = v;
+            if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0 && strcmp(v, "auto") != 0)
+                bad = "is not cpu, cuda or auto";
+        } else if (strcmp(a, "--cuda-device") == 0) {
+            if (parse_u64(v, 1024, &cuda_device) != 0)
+                bad = "is not a device number";
         } else if (strcmp(a, "--secret-file") == 0) {
             secret_file = v;
         } else if (strcmp(a, "--name") == 0) {
@@ -175,6 +192,8 @@ int kvgw_cmd_worker(int argc, char **argv)
 
     eng_worker_params_t wp = eng_worker_params_default();
     wp.engine.model_path = model;
+    wp.engine.backend = backend;
+    wp.engine.cuda_device = (int)cuda_device;
     wp.engine.n_threads = (uint32_t)threads;
     wp.engine.kv_max_tokens = kv_tokens;
     wp.max_queue = (uint32_t)max_queue;
@@ -219,6 +238,16 @@ int kvgw_cmd_worker(int argc, char **argv)
         uv_loop_close(&loop);
         return KVGW_EXIT_FAIL;
     }
+    /* Which backend runs and why: asked for, or auto's choice with the reason it fell back. */
+    eng_worker_info_t in;
+    eng_worker_info(lnk_worker_server_worker(m.server), &in);
+    if (strcmp(backend, "auto") != 0)
+        fprintf(stderr, "kvgw worker: backend %s (asked)\n", in.backend);
+    else if (in.backend_note[0] != '\0')
+        fprintf(stderr, "kvgw worker: backend %s (auto: %s)\n", in.backend, in.backend_note);
+    else
+        fprintf(stderr, "kvgw worker: backend %s (auto: CUDA device %d is usable)\n", in.backend,
+                (int)cuda_device);
     uv_signal_init(&loop, &m.sigint);
     uv_signal_init(&loop, &m.sigterm);
     m.sigint.data = m.sigterm.data = &m;

@@ -1418,6 +1418,77 @@ static void binary_test(void)
     PC_TEST_CALL(fx_teardown(&f));
 }
 
+/* Runs `kvgw worker --backend B` (stdout and stderr into one pipe) until it prints its
+ * "listening on" line (then SIGTERM) or exits; out gets what it printed. Returns its exit
+ * status, or -1. */
+static int run_backend(const char *backend, char *out, size_t out_len)
+{
+    int fds[2];
+    if (pipe(fds) != 0)
+        return -1;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+    posix_spawn_file_actions_addclose(&fa, fds[0]);
+    char *argv[] = {KVGW_BIN,    "worker",      "--model",     (char *)model_path(),
+                    "--listen",  "127.0.0.1:0", "--backend",   (char *)backend,
+                    "--threads", "1",           "--log-level", "warn",
+                    NULL};
+    pid_t pid;
+    int rc = posix_spawn(&pid, KVGW_BIN, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    if (rc != 0) {
+        close(fds[0]);
+        return -1;
+    }
+    size_t n = 0;
+    bool listening = false;
+    while (n + 1 < out_len && !listening) {
+        ssize_t k = read(fds[0], out + n, out_len - 1 - n);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+        out[n] = '\0';
+        listening = strstr(out, "listening on ") != NULL;
+    }
+    out[n] = '\0';
+    if (listening)
+        kill(pid, SIGTERM);
+    int status = wait_exit(pid, 10000);
+    close(fds[0]);
+    return status;
+}
+
+PC_TEST(kvgw_worker_backend_choice)
+{
+    /* auto says which backend it chose and why; cuda either serves (where auto chose it) or
+     * fails with the reason; an unknown name is a usage error. */
+    static char out[8192];
+    ASSERT_EQ(run_backend("auto", out, sizeof out), 0);
+    bool on_cpu = strstr(out, "kvgw worker: backend cpu (auto: cuda unavailable: ") != NULL;
+    bool on_gpu = strstr(out, "kvgw worker: backend cuda (auto: ") != NULL;
+    if (!on_cpu && !on_gpu)
+        PC_TEST__FAIL("auto printed: %s", out);
+    ASSERT_EQ(run_backend("cpu", out, sizeof out), 0);
+    if (strstr(out, "kvgw worker: backend cpu (asked)") == NULL)
+        PC_TEST__FAIL("cpu printed: %s", out);
+    int rc = run_backend("cuda", out, sizeof out);
+    if (on_cpu) { /* no usable GPU: the engine's (CUDA's) reason, exit 1 */
+        ASSERT_EQ(rc, 1);
+        if (strstr(out, "cuda") == NULL && strstr(out, "CUDA") == NULL)
+            PC_TEST__FAIL("cuda printed: %s", out);
+    } else {
+        ASSERT_EQ(rc, 0);
+        if (strstr(out, "kvgw worker: backend cuda (asked)") == NULL)
+            PC_TEST__FAIL("cuda printed: %s", out);
+    }
+    ASSERT_EQ(run_backend("tpu", out, sizeof out), 2);
+    if (strstr(out, "is not cpu, cuda or auto") == NULL)
+        PC_TEST__FAIL("tpu printed: %s", out);
+}
+
 PC_TEST(kvgw_worker_binary_serves_and_stops_on_sigterm)
 {
     binary_test();
