@@ -105,6 +105,11 @@ if [ $do_bench -eq 1 ]; then
     fi
     step bench "$kvgw" bench kernels "${e2e[@]}"
     grep '^{' "$out/bench.log" | tail -n 1 >"$out/bench_kernels.json" || true
+    # The benchmark exits 0 with no figures where it finds no device: here that is a failure.
+    if ! grep -q '"figures": {"' "$out/bench_kernels.json"; then
+        echo "bench          no figures measured (see bench.log)" | tee -a "$summary"
+        failed=1
+    fi
 fi
 
 echo "gpu-check: summary ($summary)"
