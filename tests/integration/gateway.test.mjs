@@ -264,7 +264,7 @@ function logLine(rid) {
 }
 
 test('another tenant\'s cache is invisible, in KV reuse and in time', async () => {
-  const big = (tag) => { let s = `Tenant timing ${tag}. `; for (let i = 0; i < 200; i++) s += `Clause ${i} of contract ${tag}. `; return s; };
+  const big = (tag) => { let s = `Tenant timing ${tag}. `; for (let i = 0; i < 120; i++) s += `Clause ${i} of contract ${tag}. `; return s; };
   const req = (tag, key) => post('/v1/messages', {
     model: MODEL, max_tokens: 1, temperature: 0,
     system: [{ type: 'text', text: big(tag), cache_control: { type: 'ephemeral', ttl: '1h' } }],
@@ -281,7 +281,7 @@ test('another tenant\'s cache is invisible, in KV reuse and in time', async () =
     assert.equal(b.json.usage.cache_read_input_tokens, 0);
     // Tenant b reuses only its own chat-template opening (a few tokens), never tenant a's prompt.
     assert.ok(lb.physical_hit < 32, 'no KV of tenant a is reused for tenant b: ' + lb.physical_hit);
-    assert.ok(la.physical_hit > 1000, 'the control reuses its own KV: ' + JSON.stringify(la) + ' ' + a.headers.get('kvgw-cache'));
+    assert.ok(la.physical_hit > 500, 'the control reuses its own KV: ' + JSON.stringify(la) + ' ' + a.headers.get('kvgw-cache'));
     other.push(lb.worker_ttft_us); nobody.push(ln.worker_ttft_us); same.push(la.worker_ttft_us);
   }
   const med = (v) => [...v].sort((x, y) => x - y)[Math.floor(v.length / 2)];
