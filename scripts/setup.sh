@@ -13,7 +13,7 @@ pkgs=(
     libuv1-dev node-llhttp libhiredis-dev libxxhash-dev libjansson-dev libpcre2-dev
     libopenblas-dev libyaml-dev libicu-dev libsodium-dev redis-server redis-tools
     clang libclang-rt-14-dev clang-format
-    curl jq
+    curl jq wrk
     # chromium: the /dashboard test (headless); docker-compose: CI validates docker-compose.yml.
     chromium docker-compose
 )
