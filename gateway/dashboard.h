@@ -12,8 +12,8 @@
  *
  * The page itself holds no secret and no per-request data, so serving it needs no key; the
  * figures come from /metrics. The metric names the page parses are listed by
- * gw_dashboard_metric_names (the unit test checks that each appears in the page and that each
- * is one the gateway registers).
+ * gw_dashboard_metric_names: the unit test checks that the page names each of them and no
+ * other, and tests/integration/dashboard.test.mjs that a running gateway exposes each.
  */
 #ifndef GW_DASHBOARD_H
 #define GW_DASHBOARD_H
