@@ -192,6 +192,112 @@ AVX2 void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * GEMM (prefill): register tiles of dot products, llamafile's tinyBLAS layout. Both operands stay
+ * row-major as stored ([M][K] activations, [N][K] weights), so nothing is packed or transposed:
+ * a tile of RM rows of x by RN rows of w keeps RM x RN eight-lane accumulators over K, loads RM
+ * vectors of x and converts RN vectors of weights per step of eight (F16 in registers, F16C), and
+ * reduces each accumulator once at the end. With RM = 4, RN = 3 that is twelve FMAs for seven
+ * loads in sixteen registers: the FMA units, not the loads, bound it.
+ * ------------------------------------------------------------------------------------------- */
+
+#define GEMM_RM 4
+#define GEMM_RN 3
+
+/* One tile: y[i][j] (+)= x[i] . w[j] for i < rm, j < rn. Inlined with constant rm, rn and f16,
+ * so that the loops unroll and acc[][] lives in registers. */
+AVX2 static inline __attribute__((always_inline)) void
+gemm_tile(const int rm, const int rn, const bool f16, const void *w, size_t ldw, const float *x,
+          size_t ldx, uint32_t K, float *y, size_t ldy, bool accumulate)
+{
+    const size_t es = f16 ? 2 : 4;
+    __m256 acc[GEMM_RM][GEMM_RN];
+#pragma GCC unroll 4
+    for (int i = 0; i < rm; i++)
+#pragma GCC unroll 3
+        for (int j = 0; j < rn; j++)
+            acc[i][j] = _mm256_setzero_ps();
+    uint32_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 b[GEMM_RN];
+#pragma GCC unroll 3
+        for (int j = 0; j < rn; j++)
+            b[j] = WLOAD(f16, (const char *)w + (size_t)j * ldw * es, k);
+#pragma GCC unroll 4
+        for (int i = 0; i < rm; i++) {
+            __m256 a = _mm256_loadu_ps(x + (size_t)i * ldx + k);
+#pragma GCC unroll 3
+            for (int j = 0; j < rn; j++)
+                acc[i][j] = _mm256_fmadd_ps(a, b[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < rm; i++) {
+        const float *xi = x + (size_t)i * ldx;
+        for (int j = 0; j < rn; j++) {
+            float s = hsum8(acc[i][j]);
+            for (uint32_t kk = k; kk < K; kk++) {
+                size_t e = (size_t)j * ldw + kk;
+                s += (f16 ? _cvtsh_ss(((const uint16_t *)w)[e]) : ((const float *)w)[e]) * xi[kk];
+            }
+            float *yp = y + (size_t)i * ldy + j;
+            *yp = accumulate ? *yp + s : s;
+        }
+    }
+}
+
+/* The tile for any rm <= 4, rn <= 3: a switch to the constant instances. */
+AVX2 static void gemm_tile_any(int rm, int rn, bool f16, const void *w, size_t ldw, const float *x,
+                               size_t ldx, uint32_t K, float *y, size_t ldy, bool accumulate)
+{
+#define GEMM_CASE(RM, RN)                                                                          \
+    case (RM)*4 + (RN):                                                                            \
+        if (f16)                                                                                   \
+            gemm_tile(RM, RN, true, w, ldw, x, ldx, K, y, ldy, accumulate);                        \
+        else                                                                                       \
+            gemm_tile(RM, RN, false, w, ldw, x, ldx, K, y, ldy, accumulate);                       \
+        return;
+    switch (rm * 4 + rn) {
+        GEMM_CASE(4, 3)
+        GEMM_CASE(4, 2)
+        GEMM_CASE(4, 1)
+        GEMM_CASE(3, 3)
+        GEMM_CASE(3, 2)
+        GEMM_CASE(3, 1)
+        GEMM_CASE(2, 3)
+        GEMM_CASE(2, 2)
+        GEMM_CASE(2, 1)
+        GEMM_CASE(1, 3)
+        GEMM_CASE(1, 2)
+        GEMM_CASE(1, 1)
+    default:
+        PC_ASSERT(0);
+    }
+#undef GEMM_CASE
+}
+
+AVX2 void eng__avx2_gemm(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
+{
+    bool f16 = g->wtype == ENG_GGML_TYPE_F16;
+    size_t es = f16 ? 2 : 4;
+    uint32_t K = g->K, M = g->M;
+    /* Rows of x in the outer loop: a group of four (16 KiB at K = 1024) stays in L1 while the
+     * weight rows of [n0, n1) (sized by the caller to stay in L2) pass under it. */
+    for (uint32_t m = 0; m < M; m += GEMM_RM) {
+        int rm = (int)PC_MIN(GEMM_RM, M - m);
+        const float *x = g->x + (size_t)m * K;
+        float *y = g->y + (size_t)m * g->ldy;
+        uint32_t n = n0;
+        if (rm == GEMM_RM && f16)
+            for (; n + GEMM_RN <= n1; n += GEMM_RN)
+                gemm_tile(GEMM_RM, GEMM_RN, true, (const char *)g->w + (size_t)n * K * es, K, x, K,
+                          K, y + n, g->ldy, g->accumulate);
+        for (; n < n1; n += GEMM_RN)
+            gemm_tile_any(rm, (int)PC_MIN(GEMM_RN, n1 - n), f16,
+                          (const char *)g->w + (size_t)n * K * es, K, x, K, K, y + n, g->ldy,
+                          g->accumulate);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Attention
  * ------------------------------------------------------------------------------------------- */
 

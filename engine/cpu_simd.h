@@ -47,6 +47,11 @@ void eng__avx512_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
 void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
 void eng__port_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
 
+/* The same product for any M (prefill) on the AVX2 path: register tiles of four rows of x by
+ * three weight rows, F16 converted in registers, no packing. The caller keeps [n0, n1) small
+ * enough for those weight rows to stay in L2. */
+void eng__avx2_gemm(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
+
 /* The BF16 GEMM (AVX512-BF16 only; the panel layout is in cpu_kernels.h): x[M][K] as BF16 rows
  * of ceil(K / 2) pairs (zero padded), and C[M][32 columns of a panel pair] (+)= A . B for the
  * 8-row block at m0 (rows past M repeat the last one and are not stored; n_valid <= 32 columns

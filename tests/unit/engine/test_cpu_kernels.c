@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "cpu_kernels.h"
 #include "cpu_simd.h"
 #include "gguf.h"
 #include "half.h"
@@ -201,6 +202,76 @@ PC_TEST(gemv_matches_double_reference)
         }
         free(w16), free(w32), free(x);
     }
+}
+
+/* eng__matmul end to end (the pool, the tiles, the GEMV below ENG_GEMV_MAX_M rows, the AVX2
+ * register-tile GEMM or the converted tiles and sgemm from it on) on every path, against double
+ * precision: row counts around the 4-row tiles, output counts around the 3-row tiles and the
+ * task tiles, lengths with every tail. */
+PC_TEST(matmul_matches_double_reference)
+{
+    uint32_t Ks[] = {8, 37, 256, 1030};
+    uint32_t Ms[] = {1, 5, 32, 33, 34, 35, 64};
+    enum { N = 200, MMAX = 64 };
+    eng_pool_t *pool;
+    ASSERT_EQ(eng__pool_init(2, &pool), 0);
+    for (size_t ki = 0; ki < PC_ARRAY_LEN(Ks); ki++) {
+        uint32_t K = Ks[ki];
+        uint16_t *w16 = malloc((size_t)N * K * 2);
+        float *w32 = malloc((size_t)N * K * 4), *x = malloc((size_t)MMAX * K * 4);
+        float *y = malloc((size_t)MMAX * N * 4), *y0 = malloc((size_t)MMAX * N * 4);
+        float *t0 = malloc((size_t)ENG_CPU_WTILE * K * 4),
+              *t1 = malloc((size_t)ENG_CPU_WTILE * K * 4);
+        float *const tmp[2] = {t0, t1};
+        for (size_t i = 0; i < (size_t)N * K; i++) {
+            w16[i] = eng_f32_to_f16(unif());
+            w32[i] = eng_f16_to_f32(w16[i]);
+        }
+        for (size_t i = 0; i < (size_t)MMAX * K; i++)
+            x[i] = unif();
+        for (size_t i = 0; i < (size_t)MMAX * N; i++)
+            y0[i] = unif();
+        for (size_t mi = 0; mi < PC_ARRAY_LEN(Ms); mi++) {
+            uint32_t M = Ms[mi];
+            for (int f16 = 0; f16 < 2; f16++) {
+                eng_weight_t w = {.type = f16 ? ENG_GGML_TYPE_F16 : ENG_GGML_TYPE_F32,
+                                  .file_type = f16 ? ENG_GGML_TYPE_F16 : ENG_GGML_TYPE_F32,
+                                  .n_in = K,
+                                  .n_out = N,
+                                  .data = f16 ? (const void *)w16 : (const void *)w32};
+                for (int acc = 0; acc < 2; acc++) {
+                    for (size_t pi = 0; pi < PC_ARRAY_LEN(paths); pi++) {
+                        if (!eng__cpu_isa_runs(paths[pi]))
+                            continue;
+                        memcpy(y, y0, (size_t)MMAX * N * 4);
+                        eng__matmul(pool, x, M, &w, y, acc == 1, tmp, NULL, paths[pi]);
+                        for (uint32_t m = 0; m < M; m++) {
+                            for (uint32_t n = 0; n < N; n++) {
+                                size_t i = (size_t)m * N + n;
+                                double r = acc ? y0[i] : 0, mag = acc ? fabs(y0[i]) : 0;
+                                for (uint32_t k = 0; k < K; k++) {
+                                    double p =
+                                        (double)w32[(size_t)n * K + k] * x[(size_t)m * K + k];
+                                    r += p;
+                                    mag += fabs(p);
+                                }
+                                double tol = 2e-6 * (mag + 1);
+                                if (!(fabs(y[i] - r) <= tol))
+                                    fprintf(stderr, "  %s %s K=%u M=%u m=%u n=%u: %g vs %g\n",
+                                            eng__cpu_isa_name(paths[pi]), f16 ? "f16" : "f32", K, M,
+                                            m, n, y[i], r);
+                                ASSERT_LE(fabs(y[i] - r), tol);
+                            }
+                        }
+                        for (size_t i = (size_t)M * N; i < (size_t)MMAX * N; i++)
+                            ASSERT_EQ(y[i], y0[i]); /* rows past M untouched */
+                    }
+                }
+            }
+        }
+        free(w16), free(w32), free(x), free(y), free(y0), free(t0), free(t1);
+    }
+    eng__pool_free(pool);
 }
 
 /* RMS norm, SwiGLU and RoPE (both layouts) on the SIMD path against the portable one. */
