@@ -45,6 +45,7 @@ int bench_tokenizer_main(int argc, char **argv);
 int bench_engine_main(int argc, char **argv);
 int bench_kernels_main(int argc, char **argv);
 int bench_worker_main(int argc, char **argv);
+int bench_ledger_main(int argc, char **argv);
 int bench_gateway_main(int argc, char **argv);
 
 #endif

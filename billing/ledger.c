@@ -60,7 +60,7 @@ bill_ledger_params_t bill_ledger_params_default(void)
     return (bill_ledger_params_t){
         .dir = "var/ledger",
         .fsync = BILL_FSYNC_BATCH,
-        .batch_window_us = 1000,
+        .batch_window_us = 500,
         .segment_bytes = 64u << 20,
         .dedup_window = 1u << 20,
         .max_pending_bytes = 64u << 20,

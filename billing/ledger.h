@@ -118,7 +118,7 @@ typedef void (*bill_ledger_wake_fn)(void *ud);
 typedef struct bill_ledger_params {
     const char *dir;          /* created if missing (one level) */
     bill_fsync_t fsync;       /* default BILL_FSYNC_BATCH */
-    uint32_t batch_window_us; /* BILL_FSYNC_BATCH: wait for more records, default 1000 */
+    uint32_t batch_window_us; /* BILL_FSYNC_BATCH: wait for more records, default 500 */
     uint64_t segment_bytes;   /* rotate after this many bytes, default 64 MiB */
     uint64_t dedup_window;    /* event ids remembered, default 1 << 20 */
     size_t max_pending_bytes; /* appended but not written yet; beyond: PC_ERR_OVERLOADED,

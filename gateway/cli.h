@@ -24,6 +24,7 @@ int kvgw_cmd_tokenize(int argc, char **argv);
 int kvgw_cmd_mkmodel(int argc, char **argv);
 int kvgw_cmd_eval(int argc, char **argv);
 int kvgw_cmd_worker(int argc, char **argv);
+int kvgw_cmd_billing(int argc, char **argv);
 int kvgw_cmd_serve(int argc, char **argv);
 int kvgw_cmd_check_config(int argc, char **argv);
 

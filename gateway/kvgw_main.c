@@ -14,6 +14,7 @@ static const kvgw_cmd_t bench_cmds[] = {
     {"engine", bench_engine_main, "engine core: prefill, decode, TTFT cold vs cached prefix"},
     {"kernels", bench_kernels_main, "CUDA kernels, cuBLAS GEMMs, engine on the cuda backend"},
     {"worker", bench_worker_main, "worker: concurrent requests, TTFT beside a cold prefill"},
+    {"ledger", bench_ledger_main, "usage ledger: durable events/s (fsync=batch), added latency"},
     {"gateway", bench_gateway_main, "gateway over HTTP: cached vs cold TTFT, overhead, wrk"},
 };
 
@@ -52,6 +53,7 @@ static const kvgw_cmd_t commands[] = {
     {"mkmodel", kvgw_cmd_mkmodel, "write a test model (GGUF) with deterministic random weights"},
     {"eval", kvgw_cmd_eval, "forward pass over token ids; writes every position's logits"},
     {"worker", kvgw_cmd_worker, "serve a model to gateways over TCP (cluster mode)"},
+    {"billing", kvgw_cmd_billing, "usage ledger exports (csv, jsonl, focus) and Redis verify"},
 };
 
 static void usage(FILE *f)

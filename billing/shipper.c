@@ -1,0 +1,560 @@
+/*
+ * shipper.c — the ledger -> Redis shipper (contract and key layout in shipper.h).
+ *
+ * One connection, one batch in flight: a batch of up to `batch` records is read on the thread
+ * pool, then sent as pipelined EVALSHA calls of the shipping script, under one deadline timer.
+ * Replies arrive in order; each confirms its record's seq as the cursor. Any error, lost
+ * connection or missed deadline drops the connection (never from inside a hiredis callback:
+ * the drop runs from a timer) and reconnects with backoff; a reconnect re-reads the cursor from
+ * Redis and restarts the reader there, so the script's seq check makes every replay a no-op.
+ */
+#include "shipper.h"
+#include "common.h"
+#include "ledger.h"
+
+#include <hiredis/adapters/libuv.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* KEYS: stream, cursor, usage hash, usage key set. ARGV: seq, number of stream field pairs, the
+ * pairs, then counter field/increment pairs. Returns 1 when applied, 0 when already shipped. */
+static const char ship_script[] =
+    "local cur = tonumber(redis.call('GET', KEYS[2]) or '0')\n"
+    "local seq = tonumber(ARGV[1])\n"
+    "if seq <= cur then return 0 end\n"
+    "if seq ~= cur + 1 then\n"
+    "  return redis.error_reply('KVGWGAP cursor ' .. cur .. ' but record ' .. seq)\n"
+    "end\n"
+    "local n = tonumber(ARGV[2])\n"
+    "local xa = {'XADD', KEYS[1], ARGV[1] .. '-0'}\n"
+    "for i = 3, 2 + 2 * n do xa[#xa + 1] = ARGV[i] end\n"
+    "redis.call(unpack(xa))\n"
+    "for j = 3 + 2 * n, #ARGV, 2 do redis.call('HINCRBY', KEYS[3], ARGV[j], ARGV[j + 1]) end\n"
+    "redis.call('SADD', KEYS[4], KEYS[3])\n"
+    "redis.call('SET', KEYS[2], ARGV[1])\n"
+    "return 1\n";
+
+bill_shipper_params_t bill_shipper_params_default(void)
+{
+    return (bill_shipper_params_t){
+        .host = "127.0.0.1",
+        .port = 6379,
+        .prefix = "kvgw",
+        .timeout_ms = 2000,
+        .batch = 256,
+        .poll_ms = 100,
+        .retry_min_ms = 100,
+        .retry_max_ms = 5000,
+    };
+}
+
+struct bill_shipper {
+    uv_loop_t *loop;
+    bill_shipper_params_t p;
+    char *dir, *host, *password;
+    char instance[BILL_STR_MAX];
+    char stream_key[256], cursor_key[256], keys_key[256], usage_prefix[256];
+
+    redisAsyncContext *ac;
+    bool ready;  /* connected, script loaded, cursor known */
+    bool failed; /* drop the connection at the next deadline tick */
+    char sha[48];
+    uint64_t cursor; /* confirmed by Redis */
+
+    uv_timer_t timer;    /* reconnect or poll */
+    uv_timer_t deadline; /* connect / batch deadline; 0-timeout to drop from outside callbacks */
+    uint32_t retry_ms;
+
+    /* The batch: read on the thread pool, then in flight. */
+    uv_work_t work;
+    bool working;
+    bool reader_reset;
+    uint64_t work_from, work_limit;
+    int work_rc;
+    char work_err[256];
+    bill_ledger_reader_t *reader;
+    uint64_t reader_next; /* seq the reader returns next */
+    bill_event_t *evs;
+    uint64_t *seqs;
+    size_t n_batch, n_acked;
+
+    bill_shipper_stats_t st;
+    bool stopping;
+    int handles_open;
+    void (*on_closed)(void *ud);
+    void *closed_ud;
+};
+
+static void pump(bill_shipper_t *s);
+static void connect_now(bill_shipper_t *s);
+
+static void on_timer(uv_timer_t *t);
+static void on_deadline(uv_timer_t *t);
+
+static void schedule(bill_shipper_t *s, uint32_t ms)
+{
+    if (!s->stopping)
+        uv_timer_start(&s->timer, on_timer, ms, 0);
+}
+
+/* Marks the connection bad; the deadline timer drops it on the next loop turn. */
+static void fail_soon(bill_shipper_t *s)
+{
+    s->failed = true;
+    if (!s->stopping)
+        uv_timer_start(&s->deadline, on_deadline, 0, 0);
+}
+
+static void drop_conn(bill_shipper_t *s)
+{
+    redisAsyncContext *ac = s->ac;
+    s->ac = NULL;
+    s->ready = false;
+    s->failed = false;
+    if (!s->working) /* else the worker thread owns the batch until after_read */
+        s->n_batch = s->n_acked = 0;
+    s->reader_reset = true;
+    s->st.connected = false;
+    if (ac != NULL)
+        redisAsyncFree(ac); /* pending callbacks get NULL replies for a context no longer ours */
+    uv_timer_stop(&s->deadline);
+    if (!s->stopping) {
+        schedule(s, s->retry_ms);
+        s->retry_ms = s->retry_ms * 2 > s->p.retry_max_ms ? s->p.retry_max_ms : s->retry_ms * 2;
+    }
+}
+
+static void on_deadline(uv_timer_t *t)
+{
+    bill_shipper_t *s = t->data;
+    if (!s->failed) {
+        s->st.n_timeouts++;
+        PC_LOG(PC_LOG_WARN, "shipper", "Redis %s:%d did not answer within %u ms; reconnecting",
+               s->host, s->p.port, s->p.timeout_ms);
+    }
+    drop_conn(s);
+}
+
+static void on_timer(uv_timer_t *t)
+{
+    bill_shipper_t *s = t->data;
+    if (s->ac == NULL)
+        connect_now(s);
+    else
+        pump(s);
+}
+
+static void on_connect(const redisAsyncContext *c, int status)
+{
+    bill_shipper_t *s = c->data;
+    if (c != s->ac)
+        return;
+    if (status != REDIS_OK) {
+        /* hiredis frees the context after this callback. */
+        s->st.n_errors++;
+        PC_LOG(PC_LOG_WARN, "shipper", "cannot connect to Redis %s:%d: %s", s->host, s->p.port,
+               c->errstr);
+        s->ac = NULL;
+        drop_conn(s);
+    }
+}
+
+static void on_disconnect(const redisAsyncContext *c, int status)
+{
+    bill_shipper_t *s = c->data;
+    if (c != s->ac)
+        return;
+    s->st.n_errors++;
+    PC_LOG(PC_LOG_WARN, "shipper", "Redis %s:%d connection lost: %s", s->host, s->p.port,
+           c->errstr[0] ? c->errstr : "closed");
+    s->ac = NULL; /* freed by hiredis after this callback */
+    drop_conn(s);
+}
+
+/* A reply to one of the setup commands or a shipping call; NULL replies come for a context being
+ * freed and are ignored (the drop already handled it). */
+static bool reply_ok(bill_shipper_t *s, redisAsyncContext *c, redisReply *r, const char *what)
+{
+    if (c != s->ac || r == NULL || s->failed)
+        return false;
+    if (r->type == REDIS_REPLY_ERROR) {
+        s->st.n_errors++;
+        PC_LOG(PC_LOG_WARN, "shipper", "Redis %s failed: %s", what, r->str);
+        fail_soon(s);
+        return false;
+    }
+    return true;
+}
+
+static void on_auth(redisAsyncContext *c, void *reply, void *priv)
+{
+    reply_ok(priv, c, reply, "AUTH");
+}
+
+static void on_script(redisAsyncContext *c, void *reply, void *priv)
+{
+    bill_shipper_t *s = priv;
+    redisReply *r = reply;
+    if (reply_ok(s, c, r, "SCRIPT LOAD") && r->type == REDIS_REPLY_STRING && r->len < 48) {
+        memcpy(s->sha, r->str, r->len);
+        s->sha[r->len] = '\0';
+    }
+}
+
+static void on_cursor(redisAsyncContext *c, void *reply, void *priv)
+{
+    bill_shipper_t *s = priv;
+    redisReply *r = reply;
+    if (!reply_ok(s, c, r, "GET cursor"))
+        return;
+    uint64_t v = 0;
+    if (r->type == REDIS_REPLY_STRING) {
+        char *end;
+        v = strtoull(r->str, &end, 10);
+        if (*end != '\0') {
+            PC_LOG(PC_LOG_ERROR, "shipper", "bad cursor '%s' in %s", r->str, s->cursor_key);
+            fail_soon(s);
+            return;
+        }
+    }
+    if (s->sha[0] == '\0') {
+        fail_soon(s);
+        return;
+    }
+    s->cursor = v;
+    s->st.shipped_seq = v;
+    s->ready = true;
+    s->st.connected = true;
+    s->st.n_connects++;
+    s->retry_ms = s->p.retry_min_ms;
+    s->reader_reset = true;
+    uv_timer_stop(&s->deadline);
+    PC_LOG(PC_LOG_INFO, "shipper", "connected to Redis %s:%d, shipping %s from seq %" PRIu64,
+           s->host, s->p.port, s->instance, v + 1);
+    pump(s);
+}
+
+static void connect_now(bill_shipper_t *s)
+{
+    if (s->stopping || s->ac != NULL)
+        return;
+    redisAsyncContext *ac = redisAsyncConnect(s->host, s->p.port);
+    if (ac == NULL || ac->err) {
+        s->st.n_errors++;
+        PC_LOG(PC_LOG_WARN, "shipper", "cannot connect to Redis %s:%d: %s", s->host, s->p.port,
+               ac != NULL ? ac->errstr : "out of memory");
+        if (ac != NULL)
+            redisAsyncFree(ac);
+        drop_conn(s);
+        return;
+    }
+    ac->data = s;
+    s->ac = ac;
+    s->sha[0] = '\0';
+    if (redisLibuvAttach(ac, s->loop) != REDIS_OK) {
+        s->st.n_errors++;
+        drop_conn(s);
+        return;
+    }
+    redisAsyncSetConnectCallback(ac, on_connect);
+    redisAsyncSetDisconnectCallback(ac, on_disconnect);
+    uv_timer_start(&s->deadline, on_deadline, s->p.timeout_ms, 0);
+    if (s->password != NULL)
+        redisAsyncCommand(ac, on_auth, s, "AUTH %s", s->password);
+    redisAsyncCommand(ac, on_script, s, "SCRIPT LOAD %s", ship_script);
+    redisAsyncCommand(ac, on_cursor, s, "GET %s", s->cursor_key);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Reading the ledger (thread pool) and shipping a batch
+ * ------------------------------------------------------------------------------------------- */
+
+static void work_read(uv_work_t *w)
+{
+    bill_shipper_t *s = w->data;
+    s->work_rc = 0;
+    s->n_batch = 0;
+    if (s->reader_reset || s->reader == NULL) {
+        bill_ledger_reader_free(s->reader);
+        s->reader = NULL;
+        s->work_rc = bill_ledger_reader_open(s->dir, s->work_from, &s->reader, s->work_err,
+                                             sizeof s->work_err);
+        if (s->work_rc != 0)
+            return;
+        s->reader_next = s->work_from;
+    }
+    while (s->n_batch < s->p.batch && s->reader_next <= s->work_limit) {
+        uint64_t seq;
+        int rc = bill_ledger_reader_next(s->reader, &s->evs[s->n_batch], &seq, s->work_err,
+                                         sizeof s->work_err);
+        if (rc != 0) {
+            s->work_rc = rc < 0 ? rc : 0;
+            break;
+        }
+        s->seqs[s->n_batch++] = seq;
+        s->reader_next = seq + 1;
+    }
+}
+
+static void finish_close(bill_shipper_t *s);
+
+static void on_reply(redisAsyncContext *c, void *reply, void *priv)
+{
+    bill_shipper_t *s = priv;
+    redisReply *r = reply;
+    if (!reply_ok(s, c, r, "shipping script"))
+        return;
+    if (s->n_acked >= s->n_batch)
+        return;
+    if (r->type == REDIS_REPLY_INTEGER && r->integer == 1)
+        s->st.n_shipped++;
+    else
+        s->st.n_replayed++;
+    s->cursor = s->seqs[s->n_acked++];
+    s->st.shipped_seq = s->cursor;
+    if (s->n_acked == s->n_batch) {
+        s->n_batch = s->n_acked = 0;
+        uv_timer_stop(&s->deadline);
+        pump(s);
+    }
+}
+
+static void send_event(bill_shipper_t *s, const bill_event_t *ev, uint64_t seq)
+{
+    char day[16], usage_key[512], nums[40][24];
+    const char *argv[80];
+    size_t argl[80];
+    int n = 0, k = 0;
+#define ARG(str) (argv[n] = (str), argl[n] = strlen(argv[n]), n++)
+#define NUM(v) (snprintf(nums[k], sizeof nums[k], "%" PRIu64, (uint64_t)(v)), ARG(nums[k++]))
+    bill_day_str(ev->start_ms, day);
+    snprintf(usage_key, sizeof usage_key, "%s%s:%s", s->usage_prefix, ev->tenant, day);
+    const uint64_t q[BILL_BUCKET_COUNT] = {ev->usage.n_uncached, ev->usage.n_write_5m,
+                                           ev->usage.n_write_1h, ev->usage.n_read,
+                                           ev->usage.n_output,   ev->token_ms};
+    ARG("EVALSHA");
+    ARG(s->sha);
+    ARG("4");
+    ARG(s->stream_key);
+    ARG(s->cursor_key);
+    ARG(usage_key);
+    ARG(s->keys_key);
+    NUM(seq);
+    NUM(10 + BILL_BUCKET_COUNT + 1);
+    ARG("event_id");
+    ARG(ev->event_id);
+    ARG("kind");
+    ARG(ev->kind == BILL_EVENT_STORAGE ? "storage" : "usage");
+    ARG("status");
+    ARG(ev->kind == BILL_EVENT_USAGE ? bill_status_name(ev->status) : "");
+    ARG("tenant");
+    ARG(ev->tenant);
+    ARG("model");
+    ARG(ev->model);
+    ARG("day");
+    ARG(day);
+    ARG("request_id");
+    ARG(ev->request_id);
+    ARG("api_key_id");
+    ARG(ev->api_key_id);
+    ARG("start_ms");
+    NUM(ev->start_ms);
+    ARG("end_ms");
+    NUM(ev->end_ms);
+    for (int b = 0; b < BILL_BUCKET_COUNT; b++) {
+        ARG(bill_bucket_name(b));
+        NUM(q[b]);
+    }
+    ARG("cost_nusd");
+    NUM(bill_event_total_nusd(ev));
+    /* Counter increments. */
+    char cost_names[BILL_BUCKET_COUNT][40];
+    ARG("events");
+    ARG("1");
+    ARG("cost_nusd");
+    NUM(bill_event_total_nusd(ev));
+    for (int b = 0; b < BILL_BUCKET_COUNT; b++) {
+        ARG(bill_bucket_name(b));
+        NUM(q[b]);
+        snprintf(cost_names[b], sizeof cost_names[b], "cost_%s_nusd", bill_bucket_name(b));
+        ARG(cost_names[b]);
+        NUM(ev->cost_nusd[b]);
+    }
+#undef ARG
+#undef NUM
+    redisAsyncCommandArgv(s->ac, on_reply, s, n, argv, argl);
+}
+
+static void after_read(uv_work_t *w, int status)
+{
+    bill_shipper_t *s = w->data;
+    s->working = false;
+    if (s->stopping) {
+        finish_close(s);
+        return;
+    }
+    if (s->work_rc < 0) {
+        s->st.n_errors++;
+        PC_LOG(PC_LOG_ERROR, "shipper", "cannot read the ledger: %s", s->work_err);
+        s->reader_reset = true;
+        schedule(s, s->p.retry_max_ms);
+        return;
+    }
+    if (!s->ready) { /* the connection went away meanwhile: the reconnect restarts the reader */
+        s->n_batch = 0;
+        s->reader_reset = true;
+        return;
+    }
+    s->reader_reset = false;
+    if (s->n_batch == 0) {
+        schedule(s, s->p.poll_ms);
+        return;
+    }
+    s->n_acked = 0;
+    for (size_t i = 0; i < s->n_batch; i++)
+        send_event(s, &s->evs[i], s->seqs[i]);
+    uv_timer_start(&s->deadline, on_deadline, s->p.timeout_ms, 0);
+}
+
+static void pump(bill_shipper_t *s)
+{
+    if (!s->ready || s->working || s->n_batch > 0 || s->stopping || s->failed)
+        return;
+    uint64_t limit = s->p.durable_seq != NULL ? s->p.durable_seq(s->p.durable_ud) : UINT64_MAX;
+    uint64_t from = s->cursor + 1;
+    if (!s->reader_reset && s->reader != NULL)
+        from = s->reader_next;
+    if (from > limit) {
+        schedule(s, s->p.poll_ms);
+        return;
+    }
+    s->work_from = s->cursor + 1;
+    s->work_limit = limit;
+    s->working = true;
+    s->work.data = s;
+    if (uv_queue_work(s->loop, &s->work, work_read, after_read) != 0) {
+        s->working = false;
+        schedule(s, s->p.poll_ms);
+    }
+}
+
+void bill_shipper_kick(bill_shipper_t *s)
+{
+    if (s != NULL && s->ready && !s->working && s->n_batch == 0)
+        pump(s);
+}
+
+void bill_shipper_stats(const bill_shipper_t *s, bill_shipper_stats_t *out)
+{
+    *out = s->st;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Lifecycle
+ * ------------------------------------------------------------------------------------------- */
+
+static void shipper_free(bill_shipper_t *s)
+{
+    bill_ledger_reader_free(s->reader);
+    pc_free(s->evs);
+    pc_free(s->seqs);
+    pc_free(s->dir);
+    pc_free(s->host);
+    pc_free(s->password);
+    pc_free(s);
+}
+
+int bill_shipper_start(uv_loop_t *loop, const bill_shipper_params_t *p, bill_shipper_t **out,
+                       char *err, size_t err_len)
+{
+    *out = NULL;
+    if (loop == NULL || p == NULL || p->ledger_dir == NULL || p->port <= 0 || p->port > 65535 ||
+        p->batch == 0 || p->timeout_ms == 0)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "shipper: ledger_dir, a port, batch > 0 and timeout_ms > 0 are needed");
+    bill_shipper_t *s = pc_calloc(1, sizeof *s);
+    if (s == NULL)
+        return PC_ERR_NOMEM;
+    s->loop = loop;
+    s->p = *p;
+    s->dir = pc_strdup(p->ledger_dir);
+    s->host = pc_strdup(p->host != NULL ? p->host : "127.0.0.1");
+    s->password = p->password != NULL ? pc_strdup(p->password) : NULL;
+    s->evs = pc_calloc(p->batch, sizeof *s->evs);
+    s->seqs = pc_calloc(p->batch, sizeof *s->seqs);
+    if (s->dir == NULL || s->host == NULL || (p->password != NULL && s->password == NULL) ||
+        s->evs == NULL || s->seqs == NULL) {
+        shipper_free(s);
+        return PC_ERR_NOMEM;
+    }
+    if (p->instance != NULL) {
+        if (bill_event_set_str(s->instance, p->instance) != 0 || s->instance[0] == '\0') {
+            shipper_free(s);
+            return pc_err_setf(err, err_len, PC_ERR_INVAL, "shipper: bad instance id");
+        }
+    } else {
+        char inst[17];
+        if (bill_ledger_read_instance(p->ledger_dir, inst) != 0) {
+            shipper_free(s);
+            return pc_err_setf(err, err_len, PC_ERR_NOTFOUND,
+                               "shipper: no INSTANCE in %s (open the ledger first)", p->ledger_dir);
+        }
+        memcpy(s->instance, inst, sizeof inst);
+    }
+    const char *prefix = p->prefix != NULL ? p->prefix : "kvgw";
+    snprintf(s->stream_key, sizeof s->stream_key, "%s:ledger:%s", prefix, s->instance);
+    snprintf(s->cursor_key, sizeof s->cursor_key, "%s:cursor:%s", prefix, s->instance);
+    snprintf(s->keys_key, sizeof s->keys_key, "%s:usage_keys", prefix);
+    snprintf(s->usage_prefix, sizeof s->usage_prefix, "%s:usage:", prefix);
+    s->retry_ms = p->retry_min_ms ? p->retry_min_ms : 100;
+    if (s->p.retry_max_ms < s->retry_ms)
+        s->p.retry_max_ms = s->retry_ms;
+    uv_timer_init(loop, &s->timer);
+    uv_timer_init(loop, &s->deadline);
+    s->timer.data = s->deadline.data = s;
+    s->handles_open = 2;
+    s->reader_reset = true;
+    schedule(s, 0);
+    *out = s;
+    return 0;
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    bill_shipper_t *s = h->data;
+    if (--s->handles_open == 0)
+        finish_close(s);
+}
+
+static void finish_close(bill_shipper_t *s)
+{
+    if (s->handles_open > 0 || s->working)
+        return;
+    void (*cb)(void *) = s->on_closed;
+    void *ud = s->closed_ud;
+    shipper_free(s);
+    if (cb != NULL)
+        cb(ud);
+}
+
+void bill_shipper_stop(bill_shipper_t *s, void (*on_closed)(void *ud), void *ud)
+{
+    if (s == NULL || s->stopping)
+        return;
+    s->stopping = true;
+    s->on_closed = on_closed;
+    s->closed_ud = ud;
+    redisAsyncContext *ac = s->ac;
+    s->ac = NULL;
+    s->ready = false;
+    if (ac != NULL)
+        redisAsyncFree(ac);
+    uv_timer_stop(&s->timer);
+    uv_timer_stop(&s->deadline);
+    uv_close((uv_handle_t *)&s->timer, on_handle_closed);
+    uv_close((uv_handle_t *)&s->deadline, on_handle_closed);
+}

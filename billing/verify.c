@@ -1,0 +1,377 @@
+/*
+ * verify.c — `kvgw billing verify`: reconciles ledgers with what the shipper wrote to Redis
+ * (key layout in shipper.h). Synchronous hiredis with a timeout on every command: this is a CLI,
+ * not the gateway's loop.
+ */
+#include "common.h"
+#include "ledger.h"
+#include "shipper.h"
+
+#include <hiredis/hiredis.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <xxhash.h>
+
+bill_verify_params_t bill_verify_params_default(void)
+{
+    bill_verify_params_t p = {.port = 0, .prefix = "kvgw", .timeout_ms = 5000};
+    snprintf(p.host, sizeof p.host, "127.0.0.1");
+    return p;
+}
+
+typedef struct counter {
+    char tenant[BILL_STR_MAX];
+    char day[16];
+    bill_totals_t t;
+    bool used;
+} counter_t;
+
+typedef struct counters {
+    counter_t *v;
+    size_t cap, n;
+} counters_t;
+
+static uint64_t counter_hash(const char *tenant, const char *day)
+{
+    return XXH64(tenant, strlen(tenant), XXH64(day, strlen(day), 0));
+}
+
+static counter_t *counter_get(counters_t *m, const char *tenant, const char *day, bool create)
+{
+    if (create && (m->n + 1) * 2 > m->cap) {
+        size_t nc = m->cap ? m->cap * 2 : 64;
+        counter_t *nv = pc_calloc(nc, sizeof *nv);
+        if (nv == NULL)
+            return NULL;
+        for (size_t i = 0; i < m->cap; i++) {
+            if (!m->v[i].used)
+                continue;
+            size_t j = counter_hash(m->v[i].tenant, m->v[i].day) & (nc - 1);
+            while (nv[j].used)
+                j = (j + 1) & (nc - 1);
+            nv[j] = m->v[i];
+        }
+        pc_free(m->v);
+        m->v = nv;
+        m->cap = nc;
+    }
+    if (m->cap == 0)
+        return NULL;
+    size_t j = counter_hash(tenant, day) & (m->cap - 1);
+    while (m->v[j].used) {
+        if (strcmp(m->v[j].tenant, tenant) == 0 && strcmp(m->v[j].day, day) == 0)
+            return &m->v[j];
+        j = (j + 1) & (m->cap - 1);
+    }
+    if (!create)
+        return NULL;
+    counter_t *c = &m->v[j];
+    memset(c, 0, sizeof *c);
+    c->used = true;
+    snprintf(c->tenant, sizeof c->tenant, "%s", tenant);
+    snprintf(c->day, sizeof c->day, "%s", day);
+    m->n++;
+    return c;
+}
+
+/* Walks a stream page by page (XRANGE with exclusive starts). */
+typedef struct stream_iter {
+    redisContext *c;
+    const char *key;
+    redisReply *page;
+    size_t idx;
+    char last_id[64];
+    bool end;
+} stream_iter_t;
+
+typedef struct entry {
+    uint64_t seq;
+    bool id_ok; /* "<seq>-0" */
+    char id[64];
+    const char *event_id;
+    uint64_t cost;
+} entry_t;
+
+/* 1 with *e filled, 0 at the end, negative on a Redis error. */
+static int stream_next(stream_iter_t *it, entry_t *e, char *err, size_t err_len)
+{
+    for (;;) {
+        if (it->end)
+            return 0;
+        if (it->page != NULL && it->idx < it->page->elements) {
+            redisReply *ent = it->page->element[it->idx++];
+            if (ent->type != REDIS_REPLY_ARRAY || ent->elements != 2 ||
+                ent->element[0]->type != REDIS_REPLY_STRING ||
+                ent->element[1]->type != REDIS_REPLY_ARRAY)
+                return pc_err_setf(err, err_len, PC_ERR_FORMAT, "verify: odd XRANGE reply");
+            memset(e, 0, sizeof *e);
+            snprintf(e->id, sizeof e->id, "%s", ent->element[0]->str);
+            snprintf(it->last_id, sizeof it->last_id, "%s", e->id);
+            char *end;
+            e->seq = strtoull(e->id, &end, 10);
+            e->id_ok = strcmp(end, "-0") == 0;
+            redisReply *f = ent->element[1];
+            for (size_t i = 0; i + 1 < f->elements; i += 2) {
+                const char *k = f->element[i]->str, *v = f->element[i + 1]->str;
+                if (k == NULL || v == NULL)
+                    continue;
+                if (strcmp(k, "event_id") == 0)
+                    e->event_id = v;
+                else if (strcmp(k, "cost_nusd") == 0)
+                    e->cost = strtoull(v, NULL, 10);
+            }
+            return 1;
+        }
+        if (it->page != NULL)
+            freeReplyObject(it->page);
+        char start[80];
+        if (it->last_id[0] == '\0')
+            snprintf(start, sizeof start, "-");
+        else
+            snprintf(start, sizeof start, "(%s", it->last_id);
+        it->page = redisCommand(it->c, "XRANGE %s %s + COUNT 1000", it->key, start);
+        it->idx = 0;
+        if (it->page == NULL)
+            return pc_err_setf(err, err_len, PC_ERR_UPSTREAM, "verify: Redis: %s", it->c->errstr);
+        if (it->page->type == REDIS_REPLY_ERROR)
+            return pc_err_setf(err, err_len, PC_ERR_UPSTREAM, "verify: XRANGE %s: %s", it->key,
+                               it->page->str);
+        if (it->page->elements == 0)
+            it->end = true;
+    }
+}
+
+#define DIFF(...)                                                                                  \
+    do {                                                                                           \
+        rep->n_differences++;                                                                      \
+        fprintf(out, "DIFF ");                                                                     \
+        fprintf(out, __VA_ARGS__);                                                                 \
+        fprintf(out, "\n");                                                                        \
+    } while (0)
+
+static int verify_ledger(redisContext *c, const char *dir, const char *prefix, counters_t *exp,
+                         FILE *out, bill_verify_report_t *rep, char *err, size_t err_len)
+{
+    char inst[17], stream[256], cursor_key[256];
+    if (bill_ledger_read_instance(dir, inst) != 0)
+        return pc_err_setf(err, err_len, PC_ERR_NOTFOUND, "verify: %s has no INSTANCE id", dir);
+    snprintf(stream, sizeof stream, "%s:ledger:%s", prefix, inst);
+    snprintf(cursor_key, sizeof cursor_key, "%s:cursor:%s", prefix, inst);
+    redisReply *r = redisCommand(c, "GET %s", cursor_key);
+    if (r == NULL || r->type == REDIS_REPLY_ERROR) {
+        int rc = pc_err_setf(err, err_len, PC_ERR_UPSTREAM, "verify: GET %s: %s", cursor_key,
+                             r != NULL ? r->str : c->errstr);
+        if (r != NULL)
+            freeReplyObject(r);
+        return rc;
+    }
+    uint64_t cursor = r->type == REDIS_REPLY_STRING ? strtoull(r->str, NULL, 10) : 0;
+    freeReplyObject(r);
+
+    bill_ledger_reader_t *rd;
+    int rc = bill_ledger_reader_open(dir, 1, &rd, err, err_len);
+    if (rc != 0)
+        return rc;
+    stream_iter_t it = {.c = c, .key = stream};
+    entry_t e;
+    bool have = false;
+    bill_event_t ev;
+    uint64_t seq, last_seq = 0;
+    while ((rc = bill_ledger_reader_next(rd, &ev, &seq, err, err_len)) == 0) {
+        rep->n_events++;
+        last_seq = seq;
+        if (seq > cursor) {
+            rep->n_pending++;
+            continue;
+        }
+        rep->n_shipped++;
+        char day[16];
+        bill_day_str(ev.start_ms, day);
+        counter_t *ct = counter_get(exp, ev.tenant, day, true);
+        if (ct == NULL || bill_totals_add(&ct->t, &ev) != 0) {
+            rc = PC_ERR_NOMEM;
+            break;
+        }
+        /* The stream entry for this seq. */
+        for (;;) {
+            if (!have) {
+                int sr = stream_next(&it, &e, err, err_len);
+                if (sr < 0) {
+                    rc = sr;
+                    goto done;
+                }
+                have = sr == 1;
+            }
+            if (!have || e.seq > seq) {
+                DIFF("%s: stream %s lacks seq %" PRIu64 " (event %s)", dir, stream, seq,
+                     ev.event_id);
+                break;
+            }
+            if (e.seq < seq || !e.id_ok) {
+                DIFF("%s: stream %s has entry %s that no ledger record explains", dir, stream,
+                     e.id);
+                have = false;
+                if (e.seq < seq)
+                    continue;
+                break;
+            }
+            if (e.event_id == NULL || strcmp(e.event_id, ev.event_id) != 0)
+                DIFF("%s: stream entry %s is event %s, the ledger's seq %" PRIu64 " is %s", dir,
+                     e.id, e.event_id ? e.event_id : "(none)", seq, ev.event_id);
+            else if (e.cost != bill_event_total_nusd(&ev))
+                DIFF("%s: stream entry %s costs %" PRIu64 " nano-USD, the ledger says %" PRIu64,
+                     dir, e.id, e.cost, bill_event_total_nusd(&ev));
+            have = false;
+            break;
+        }
+    }
+    if (rc < 0)
+        goto done;
+    rc = 0;
+    if (cursor > last_seq)
+        DIFF("%s: cursor %s is %" PRIu64 " but the ledger ends at seq %" PRIu64, dir, cursor_key,
+             cursor, last_seq);
+    for (;;) {
+        if (!have) {
+            int sr = stream_next(&it, &e, err, err_len);
+            if (sr < 0) {
+                rc = sr;
+                goto done;
+            }
+            if (sr == 0)
+                break;
+        }
+        have = false;
+        DIFF("%s: stream %s has entry %s beyond the cursor %" PRIu64, dir, stream, e.id, cursor);
+    }
+done:
+    if (it.page != NULL)
+        freeReplyObject(it.page);
+    bill_ledger_reader_free(rd);
+    return rc;
+}
+
+static uint64_t hash_field(redisReply *h, const char *name)
+{
+    for (size_t i = 0; h != NULL && i + 1 < h->elements; i += 2)
+        if (h->element[i]->str != NULL && strcmp(h->element[i]->str, name) == 0)
+            return strtoull(h->element[i + 1]->str, NULL, 10);
+    return 0;
+}
+
+static void compare_counter(redisContext *c, const char *key, const bill_totals_t *t, redisReply *h,
+                            FILE *out, bill_verify_report_t *rep)
+{
+    uint64_t cost = 0;
+    for (int b = 0; b < BILL_BUCKET_COUNT; b++)
+        cost += t->cost_nusd[b];
+    if (hash_field(h, "events") != t->n_events)
+        DIFF("counter %s events: Redis %" PRIu64 ", ledger %" PRIu64, key, hash_field(h, "events"),
+             t->n_events);
+    if (hash_field(h, "cost_nusd") != cost)
+        DIFF("counter %s cost_nusd: Redis %" PRIu64 ", ledger %" PRIu64, key,
+             hash_field(h, "cost_nusd"), cost);
+    for (int b = 0; b < BILL_BUCKET_COUNT; b++) {
+        char f[48];
+        snprintf(f, sizeof f, "cost_%s_nusd", bill_bucket_name(b));
+        if (hash_field(h, bill_bucket_name(b)) != t->quantity[b])
+            DIFF("counter %s %s: Redis %" PRIu64 ", ledger %" PRIu64, key, bill_bucket_name(b),
+                 hash_field(h, bill_bucket_name(b)), t->quantity[b]);
+        if (hash_field(h, f) != t->cost_nusd[b])
+            DIFF("counter %s %s: Redis %" PRIu64 ", ledger %" PRIu64, key, f, hash_field(h, f),
+                 t->cost_nusd[b]);
+    }
+}
+
+int bill_verify(const char *const *ledger_dirs, size_t n, const bill_verify_params_t *p, FILE *out,
+                bill_verify_report_t *rep, char *err, size_t err_len)
+{
+    memset(rep, 0, sizeof *rep);
+    struct timeval tv = {(time_t)(p->timeout_ms / 1000),
+                         (suseconds_t)(p->timeout_ms % 1000) * 1000};
+    redisContext *c = redisConnectWithTimeout(p->host, p->port, tv);
+    if (c == NULL || c->err) {
+        int rc = pc_err_setf(err, err_len, PC_ERR_UPSTREAM, "verify: cannot connect to %s:%d: %s",
+                             p->host, p->port, c != NULL ? c->errstr : "out of memory");
+        redisFree(c);
+        return rc;
+    }
+    redisSetTimeout(c, tv);
+    int rc = 0;
+    counters_t exp = {0};
+    redisReply *keys = NULL;
+    const char *prefix = p->prefix != NULL ? p->prefix : "kvgw";
+    if (p->password != NULL) {
+        redisReply *r = redisCommand(c, "AUTH %s", p->password);
+        bool ok = r != NULL && r->type != REDIS_REPLY_ERROR;
+        if (r != NULL)
+            freeReplyObject(r);
+        if (!ok) {
+            rc = pc_err_setf(err, err_len, PC_ERR_PERM, "verify: Redis AUTH failed");
+            goto done;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        rc = verify_ledger(c, ledger_dirs[i], prefix, &exp, out, rep, err, err_len);
+        if (rc != 0)
+            goto done;
+    }
+    /* Every counter the ledgers explain. */
+    for (size_t i = 0; i < exp.cap; i++) {
+        if (!exp.v[i].used)
+            continue;
+        char key[512];
+        snprintf(key, sizeof key, "%s:usage:%s:%s", prefix, exp.v[i].tenant, exp.v[i].day);
+        redisReply *h = redisCommand(c, "HGETALL %s", key);
+        if (h == NULL || h->type == REDIS_REPLY_ERROR) {
+            rc = pc_err_setf(err, err_len, PC_ERR_UPSTREAM, "verify: HGETALL %s: %s", key,
+                             h != NULL ? h->str : c->errstr);
+            if (h != NULL)
+                freeReplyObject(h);
+            goto done;
+        }
+        if (h->elements == 0)
+            DIFF("counter %s is missing in Redis (ledger: %" PRIu64 " events)", key,
+                 exp.v[i].t.n_events);
+        else
+            compare_counter(c, key, &exp.v[i].t, h, out, rep);
+        freeReplyObject(h);
+    }
+    /* Counters no ledger explains. */
+    char set_key[300], usage_prefix[300];
+    snprintf(set_key, sizeof set_key, "%s:usage_keys", prefix);
+    snprintf(usage_prefix, sizeof usage_prefix, "%s:usage:", prefix);
+    keys = redisCommand(c, "SMEMBERS %s", set_key);
+    if (keys == NULL || keys->type == REDIS_REPLY_ERROR) {
+        rc = pc_err_setf(err, err_len, PC_ERR_UPSTREAM, "verify: SMEMBERS %s failed", set_key);
+        goto done;
+    }
+    size_t plen = strlen(usage_prefix);
+    for (size_t i = 0; i < keys->elements; i++) {
+        const char *k = keys->element[i]->str;
+        size_t kl = k != NULL ? strlen(k) : 0;
+        if (kl < plen + 12 || strncmp(k, usage_prefix, plen) != 0) {
+            DIFF("usage key set holds an odd key '%s'", k != NULL ? k : "");
+            continue;
+        }
+        char tenant[BILL_STR_MAX + 16], day[16];
+        snprintf(day, sizeof day, "%s", k + kl - 10);
+        snprintf(tenant, sizeof tenant, "%.*s", (int)(kl - 11 - plen), k + plen);
+        if (counter_get(&exp, tenant, day, false) == NULL) {
+            redisReply *h = redisCommand(c, "HGET %s events", k);
+            if (h != NULL && h->type == REDIS_REPLY_STRING)
+                DIFF("counter %s has %s events that no ledger holds", k, h->str);
+            if (h != NULL)
+                freeReplyObject(h);
+        }
+    }
+done:
+    if (keys != NULL)
+        freeReplyObject(keys);
+    pc_free(exp.v);
+    redisFree(c);
+    return rc;
+}

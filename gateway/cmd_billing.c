@@ -1,0 +1,220 @@
+/*
+ * cmd_billing.c — `kvgw billing export|verify` (DESIGN.md §6): the ledger as CSV, JSON lines or
+ * FOCUS for finance, and the reconciliation of the ledger against Redis.
+ *
+ *   kvgw billing export [--ledger DIR] [--from T] [--to T] [--tenant ID] [--format csv|jsonl|focus]
+ *                       [--group none|day] [--pricing FILE] [--out FILE]
+ *   kvgw billing verify [--ledger DIR]... --redis HOST:PORT [--password-env VAR] [--prefix P]
+ *
+ * Times are RFC 3339 UTC ("2025-06-01", "2025-06-01T12:00:00Z") or epoch milliseconds; --from is
+ * inclusive, --to exclusive. Exports read the ledger only, never Redis.
+ */
+#include "billing.h"
+#include "cli.h"
+#include "common.h"
+#include "ledger.h"
+#include "shipper.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvgw billing export [--ledger DIR] [--from TIME] [--to TIME] [--tenant ID]\n"
+               "                           [--format csv|jsonl|focus] [--group none|day]\n"
+               "                           [--pricing FILE] [--out FILE]\n"
+               "       kvgw billing verify [--ledger DIR]... --redis HOST:PORT "
+               "[--password-env VAR] [--prefix P]\n");
+}
+
+static void help(void)
+{
+    usage(stdout);
+    printf("\nexport: writes the usage ledger (default var/ledger) as per-event rows, or with\n"
+           "--group day one row per tenant x model x UTC day x bucket. Formats: csv, jsonl and\n"
+           "focus (FinOps FOCUS 1.0 columns). Amounts are exact decimal USD. TIME is RFC 3339\n"
+           "UTC (2025-06-01, 2025-06-01T12:00:00Z) or epoch milliseconds; --from inclusive, --to\n"
+           "exclusive, by each event's start. --pricing fills FOCUS list unit prices.\n"
+           "\nverify: reconciles each ledger (one --ledger per gateway instance) with what the\n"
+           "shipper wrote to Redis: the instance's stream against the ledger up to its cursor,\n"
+           "and the shared per-tenant per-day counters against the sum of every ledger. Prints\n"
+           "each difference; exit status 1 when there is one.\n");
+}
+
+static int write_chunk(void *ud, const char *data, size_t len)
+{
+    return fwrite(data, 1, len, ud) == len ? 0 : -1;
+}
+
+static int cmd_export(int argc, char **argv)
+{
+    bill_export_params_t xp = bill_export_params_default();
+    const char *dir = "var/ledger", *out = NULL, *pricing = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            help();
+            return KVGW_EXIT_OK;
+        }
+        if (v == NULL) {
+            fprintf(stderr, "kvgw billing export: %s needs a value\n", a);
+            usage(stderr);
+            return KVGW_EXIT_USAGE;
+        }
+        i++;
+        if (strcmp(a, "--ledger") == 0) {
+            dir = v;
+        } else if (strcmp(a, "--out") == 0) {
+            out = v;
+        } else if (strcmp(a, "--pricing") == 0) {
+            pricing = v;
+        } else if (strcmp(a, "--tenant") == 0) {
+            xp.tenant = v;
+        } else if (strcmp(a, "--from") == 0 || strcmp(a, "--to") == 0) {
+            uint64_t ms;
+            if (bill_parse_time_ms(v, &ms) != 0) {
+                fprintf(stderr, "kvgw billing export: bad time '%s' (RFC 3339 UTC or epoch ms)\n",
+                        v);
+                return KVGW_EXIT_USAGE;
+            }
+            *(a[2] == 'f' ? &xp.from_ms : &xp.to_ms) = ms;
+        } else if (strcmp(a, "--format") == 0) {
+            if ((xp.format = bill_export_format_parse(v)) < 0) {
+                fprintf(stderr, "kvgw billing export: unknown format '%s' (csv, jsonl, focus)\n",
+                        v);
+                return KVGW_EXIT_USAGE;
+            }
+        } else if (strcmp(a, "--group") == 0) {
+            if ((xp.group = bill_export_group_parse(v)) < 0) {
+                fprintf(stderr, "kvgw billing export: unknown grouping '%s' (none, day)\n", v);
+                return KVGW_EXIT_USAGE;
+            }
+        } else {
+            fprintf(stderr, "kvgw billing export: unknown option '%s'\n", a);
+            usage(stderr);
+            return KVGW_EXIT_USAGE;
+        }
+    }
+    if (xp.from_ms > xp.to_ms) {
+        fprintf(stderr, "kvgw billing export: --from is after --to\n");
+        return KVGW_EXIT_USAGE;
+    }
+    char err[512] = "";
+    bill_pricing_t *pr = NULL;
+    if (pricing != NULL && bill_pricing_load(pricing, &pr, err, sizeof err) != 0) {
+        fprintf(stderr, "kvgw billing export: %s\n", err);
+        return KVGW_EXIT_FAIL;
+    }
+    xp.pricing = pr;
+    FILE *f = out != NULL ? fopen(out, "wb") : stdout;
+    if (f == NULL) {
+        fprintf(stderr, "kvgw billing export: cannot write %s: %s\n", out, strerror(errno));
+        bill_pricing_free(pr);
+        return KVGW_EXIT_FAIL;
+    }
+    xp.chunk = write_chunk;
+    xp.ud = f;
+    int rc = bill_export_run(dir, &xp, err, sizeof err);
+    if (fflush(f) != 0 && rc == 0)
+        rc = PC_ERR_IO;
+    if (out != NULL && fclose(f) != 0 && rc == 0)
+        rc = PC_ERR_IO;
+    bill_pricing_free(pr);
+    if (rc != 0) {
+        fprintf(stderr, "kvgw billing export: %s\n", err[0] ? err : pc_strerror(rc));
+        return KVGW_EXIT_FAIL;
+    }
+    return KVGW_EXIT_OK;
+}
+
+static int cmd_verify(int argc, char **argv)
+{
+    const char *dirs[64];
+    size_t n_dirs = 0;
+    bill_verify_params_t vp = bill_verify_params_default();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            help();
+            return KVGW_EXIT_OK;
+        }
+        if (v == NULL) {
+            fprintf(stderr, "kvgw billing verify: %s needs a value\n", a);
+            usage(stderr);
+            return KVGW_EXIT_USAGE;
+        }
+        i++;
+        if (strcmp(a, "--ledger") == 0) {
+            if (n_dirs == sizeof dirs / sizeof dirs[0]) {
+                fprintf(stderr, "kvgw billing verify: too many --ledger\n");
+                return KVGW_EXIT_USAGE;
+            }
+            dirs[n_dirs++] = v;
+        } else if (strcmp(a, "--redis") == 0) {
+            const char *colon = strrchr(v, ':');
+            char *end;
+            long port = colon != NULL ? strtol(colon + 1, &end, 10) : 0;
+            if (colon == NULL || colon == v || *end != '\0' || port <= 0 || port > 65535 ||
+                (size_t)(colon - v) >= sizeof vp.host) {
+                fprintf(stderr, "kvgw billing verify: --redis wants HOST:PORT, not '%s'\n", v);
+                return KVGW_EXIT_USAGE;
+            }
+            memcpy(vp.host, v, (size_t)(colon - v));
+            vp.host[colon - v] = '\0';
+            vp.port = (int)port;
+        } else if (strcmp(a, "--password-env") == 0) {
+            vp.password = getenv(v);
+            if (vp.password == NULL) {
+                fprintf(stderr, "kvgw billing verify: environment variable %s is not set\n", v);
+                return KVGW_EXIT_USAGE;
+            }
+        } else if (strcmp(a, "--prefix") == 0) {
+            vp.prefix = v;
+        } else {
+            fprintf(stderr, "kvgw billing verify: unknown option '%s'\n", a);
+            usage(stderr);
+            return KVGW_EXIT_USAGE;
+        }
+    }
+    if (vp.port == 0) {
+        fprintf(stderr, "kvgw billing verify: --redis HOST:PORT is required\n");
+        usage(stderr);
+        return KVGW_EXIT_USAGE;
+    }
+    if (n_dirs == 0)
+        dirs[n_dirs++] = "var/ledger";
+    bill_verify_report_t rep;
+    char err[512] = "";
+    int rc = bill_verify(dirs, n_dirs, &vp, stdout, &rep, err, sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "kvgw billing verify: %s\n", err[0] ? err : pc_strerror(rc));
+        return KVGW_EXIT_FAIL;
+    }
+    printf("verify: %llu ledger events, %llu shipped, %llu not yet shipped, %llu differences\n",
+           (unsigned long long)rep.n_events, (unsigned long long)rep.n_shipped,
+           (unsigned long long)rep.n_pending, (unsigned long long)rep.n_differences);
+    return rep.n_differences == 0 ? KVGW_EXIT_OK : KVGW_EXIT_FAIL;
+}
+
+int kvgw_cmd_billing(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return KVGW_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        help();
+        return KVGW_EXIT_OK;
+    }
+    if (strcmp(argv[1], "export") == 0)
+        return cmd_export(argc - 1, argv + 1);
+    if (strcmp(argv[1], "verify") == 0)
+        return cmd_verify(argc - 1, argv + 1);
+    fprintf(stderr, "kvgw billing: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return KVGW_EXIT_USAGE;
+}
