@@ -15,6 +15,7 @@
 
 #include "cpu_simd.h"
 #include "gguf.h"
+#include "half.h"
 #include "pc_assert.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -74,69 +75,121 @@ AVX2 static inline float hsum8(__m256 v)
 #define WLOAD(f16, w, k)                                                                           \
     ((f16) ? HALF8((const uint16_t *)(w) + (k)) : _mm256_loadu_ps((const float *)(w) + (k)))
 
-/* One weight row against one x row: two cache lines of weights per iteration (F16: 64 halves,
- * eight conversions) into eight accumulators, so the loads of the next lines are in flight while
- * the FMAs of these retire; this streams at the machine's read bandwidth on Zen 4 (bench engine
- * --isa avx2 prints both). */
-AVX2 static float dot1_f16(const uint16_t *w, const float *x, uint32_t K)
+/* Eight weights at k (a multiple of 8) of a row of type t as floats: F32, F16 (F16C), BF16 (the
+ * 16 bits shifted into the high half of each lane: exact) or Q8_0 (eight int8 quants of the
+ * k / 32-th block, times its F16 scale). t is a constant wherever this is inlined. */
+AVX2 static inline __attribute__((always_inline)) __m256 wload8(const uint32_t t, const void *w,
+                                                                uint32_t k)
+{
+    switch (t) {
+    case ENG_GGML_TYPE_F16:
+        return HALF8((const uint16_t *)w + k);
+    case ENG_GGML_TYPE_BF16:
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                                  (const __m128i *)(const void *)((const uint16_t *)w + k))),
+                              16));
+    case ENG_GGML_TYPE_Q8_0: {
+        const uint8_t *blk = (const uint8_t *)w + (size_t)(k / ENG_QK8_0) * ENG_Q8_0_BYTES;
+        uint16_t d;
+        memcpy(&d, blk, 2);
+        __m256i q = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64((const __m128i *)(const void *)(blk + 2 + k % ENG_QK8_0)));
+        return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d)), _mm256_cvtepi32_ps(q));
+    }
+    default:
+        return _mm256_loadu_ps((const float *)w + k);
+    }
+}
+
+/* Weight k of a row of type t (the scalar tails; Q8_0 rows have none). */
+AVX2 static inline float wload1(uint32_t t, const void *w, uint32_t k)
+{
+    switch (t) {
+    case ENG_GGML_TYPE_F16:
+        return _cvtsh_ss(((const uint16_t *)w)[k]);
+    case ENG_GGML_TYPE_BF16:
+        return eng_bf16_to_f32(((const uint16_t *)w)[k]);
+    default:
+        return ((const float *)w)[k];
+    }
+}
+
+/* One weight row (F32, F16 or BF16) against one x row: two cache lines of weights per iteration
+ * for 16-bit types (64 elements, eight conversions) into eight accumulators, so the loads of the
+ * next lines are in flight while the FMAs of these retire; this streams at the machine's read
+ * bandwidth on Zen 4 (bench engine --isa avx2 prints both). */
+AVX2 static inline __attribute__((always_inline)) float dot1(const uint32_t t, const void *w,
+                                                             const float *x, uint32_t K)
 {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     uint32_t k = 0;
     for (; k + 64 <= K; k += 64) {
-        a0 = _mm256_fmadd_ps(HALF8(w + k), _mm256_loadu_ps(x + k), a0);
-        a1 = _mm256_fmadd_ps(HALF8(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
-        a2 = _mm256_fmadd_ps(HALF8(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
-        a3 = _mm256_fmadd_ps(HALF8(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
-        a4 = _mm256_fmadd_ps(HALF8(w + k + 32), _mm256_loadu_ps(x + k + 32), a4);
-        a5 = _mm256_fmadd_ps(HALF8(w + k + 40), _mm256_loadu_ps(x + k + 40), a5);
-        a6 = _mm256_fmadd_ps(HALF8(w + k + 48), _mm256_loadu_ps(x + k + 48), a6);
-        a7 = _mm256_fmadd_ps(HALF8(w + k + 56), _mm256_loadu_ps(x + k + 56), a7);
+        a0 = _mm256_fmadd_ps(wload8(t, w, k), _mm256_loadu_ps(x + k), a0);
+        a1 = _mm256_fmadd_ps(wload8(t, w, k + 8), _mm256_loadu_ps(x + k + 8), a1);
+        a2 = _mm256_fmadd_ps(wload8(t, w, k + 16), _mm256_loadu_ps(x + k + 16), a2);
+        a3 = _mm256_fmadd_ps(wload8(t, w, k + 24), _mm256_loadu_ps(x + k + 24), a3);
+        a4 = _mm256_fmadd_ps(wload8(t, w, k + 32), _mm256_loadu_ps(x + k + 32), a4);
+        a5 = _mm256_fmadd_ps(wload8(t, w, k + 40), _mm256_loadu_ps(x + k + 40), a5);
+        a6 = _mm256_fmadd_ps(wload8(t, w, k + 48), _mm256_loadu_ps(x + k + 48), a6);
+        a7 = _mm256_fmadd_ps(wload8(t, w, k + 56), _mm256_loadu_ps(x + k + 56), a7);
     }
     for (; k + 8 <= K; k += 8)
-        a0 = _mm256_fmadd_ps(HALF8(w + k), _mm256_loadu_ps(x + k), a0);
+        a0 = _mm256_fmadd_ps(wload8(t, w, k), _mm256_loadu_ps(x + k), a0);
     a0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a4), _mm256_add_ps(a1, a5)),
                        _mm256_add_ps(_mm256_add_ps(a2, a6), _mm256_add_ps(a3, a7)));
     float s = hsum8(a0);
     for (; k < K; k++)
-        s += _cvtsh_ss(w[k]) * x[k];
+        s += wload1(t, w, k) * x[k];
     return s;
 }
 
-AVX2 static float dot1_f32(const float *w, const float *x, uint32_t K)
+/* One Q8_0 row against one x row, two blocks (68 bytes) per iteration: each block's 32 quants
+ * times x summed in F32 (exact small integers times floats), then scaled once by the block's
+ * F16 scale into one of two accumulators. K is a multiple of 32. */
+AVX2 static float dot1_q8_0(const uint8_t *w, const float *x, uint32_t K)
 {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    uint32_t k = 0;
-    for (; k + 64 <= K; k += 64) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
-        a4 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 32), _mm256_loadu_ps(x + k + 32), a4);
-        a5 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 40), _mm256_loadu_ps(x + k + 40), a5);
-        a6 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 48), _mm256_loadu_ps(x + k + 48), a6);
-        a7 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 56), _mm256_loadu_ps(x + k + 56), a7);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    uint32_t nb = K / ENG_QK8_0, b = 0;
+#define Q8_BLOCK(blk, xb, acc)                                                                     \
+    do {                                                                                           \
+        uint16_t d_;                                                                               \
+        memcpy(&d_, (blk), 2);                                                                     \
+        __m256i q_ = _mm256_loadu_si256((const __m256i *)(const void *)((blk) + 2));               \
+        __m128i lo_ = _mm256_castsi256_si128(q_), hi_ = _mm256_extracti128_si256(q_, 1);           \
+        __m256 p_ =                                                                                \
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo_)), _mm256_loadu_ps((xb)));   \
+        p_ = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo_, 8))),     \
+                             _mm256_loadu_ps((xb) + 8), p_);                                       \
+        p_ = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi_)),                        \
+                             _mm256_loadu_ps((xb) + 16), p_);                                      \
+        p_ = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi_, 8))),     \
+                             _mm256_loadu_ps((xb) + 24), p_);                                      \
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(d_)), p_, acc);                             \
+    } while (0)
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *blk = w + (size_t)b * ENG_Q8_0_BYTES;
+        Q8_BLOCK(blk, x + (size_t)b * ENG_QK8_0, acc0);
+        Q8_BLOCK(blk + ENG_Q8_0_BYTES, x + (size_t)(b + 1) * ENG_QK8_0, acc1);
     }
-    for (; k + 8 <= K; k += 8)
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
-    a0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a4), _mm256_add_ps(a1, a5)),
-                       _mm256_add_ps(_mm256_add_ps(a2, a6), _mm256_add_ps(a3, a7)));
-    float s = hsum8(a0);
-    for (; k < K; k++)
-        s += w[k] * x[k];
-    return s;
+    if (b < nb)
+        Q8_BLOCK(w + (size_t)b * ENG_Q8_0_BYTES, x + (size_t)b * ENG_QK8_0, acc0);
+#undef Q8_BLOCK
+    return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
-/* One weight row against R <= 4 rows of x (xg, stride K): eight weights converted once, applied
- * to every row; two steps of eight per iteration for eight accumulators. Rows past R repeat row
- * R - 1 (loads from L1) and are not stored. */
-AVX2 static void dot4(bool f16, const void *w, const float *xg, uint32_t K, uint32_t R, float *s)
+/* One weight row of type t against R <= 4 rows of x (xg, stride K): eight weights converted
+ * once, applied to every row; two steps of eight per iteration for eight accumulators. Rows past
+ * R repeat row R - 1 (loads from L1) and are not stored. */
+AVX2 static inline __attribute__((always_inline)) void
+dot4(const uint32_t t, const void *w, const float *xg, uint32_t K, uint32_t R, float *s)
 {
     const float *x0 = xg, *x1 = xg + (size_t)PC_MIN(1, R - 1) * K;
     const float *x2 = xg + (size_t)PC_MIN(2, R - 1) * K, *x3 = xg + (size_t)PC_MIN(3, R - 1) * K;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     uint32_t k = 0;
     for (; k + 16 <= K; k += 16) {
-        __m256 w0 = WLOAD(f16, w, k), w1 = WLOAD(f16, w, k + 8);
+        __m256 w0 = wload8(t, w, k), w1 = wload8(t, w, k + 8);
         a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + k), a0);
         a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + k), a1);
         a2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + k), a2);
@@ -147,7 +200,7 @@ AVX2 static void dot4(bool f16, const void *w, const float *xg, uint32_t K, uint
         b3 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x3 + k + 8), b3);
     }
     for (; k + 8 <= K; k += 8) {
-        __m256 w0 = WLOAD(f16, w, k);
+        __m256 w0 = wload8(t, w, k);
         a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + k), a0);
         a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + k), a1);
         a2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + k), a2);
@@ -157,24 +210,22 @@ AVX2 static void dot4(bool f16, const void *w, const float *xg, uint32_t K, uint
                   hsum8(_mm256_add_ps(a2, b2)), hsum8(_mm256_add_ps(a3, b3))};
     const float *xr[4] = {x0, x1, x2, x3};
     for (uint32_t m = 0; m < R; m++) {
-        for (uint32_t kk = k; kk < K; kk++) {
-            float wk = f16 ? _cvtsh_ss(((const uint16_t *)w)[kk]) : ((const float *)w)[kk];
-            v[m] += wk * xr[m][kk];
-        }
+        for (uint32_t kk = k; kk < K; kk++)
+            v[m] += wload1(t, w, kk) * xr[m][kk];
         s[m] = v[m];
     }
 }
 
-AVX2 void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
+/* The GEMV over rows [n0, n1) for one weight type t (a constant after inlining). */
+AVX2 static inline __attribute__((always_inline)) void gemv_t(const uint32_t t, const eng_gemv_t *g,
+                                                              uint32_t n0, uint32_t n1)
 {
-    bool f16 = g->wtype == ENG_GGML_TYPE_F16;
-    size_t es = f16 ? 2 : 4;
     uint32_t K = g->K, M = g->M;
-    PC_ASSERT(M <= ENG_GEMV_MAX_M);
+    size_t rb = eng__gemv_row_bytes(t, K);
     for (uint32_t n = n0; n < n1; n++) {
-        const void *wr = (const char *)g->w + (size_t)n * K * es;
+        const void *wr = (const char *)g->w + (size_t)n * rb;
         if (M == 1) {
-            float s = f16 ? dot1_f16(wr, g->x, K) : dot1_f32(wr, g->x, K);
+            float s = t == ENG_GGML_TYPE_Q8_0 ? dot1_q8_0(wr, g->x, K) : dot1(t, wr, g->x, K);
             g->y[n] = g->accumulate ? g->y[n] + s : s;
             continue;
         }
@@ -182,12 +233,33 @@ AVX2 void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
         for (uint32_t m0 = 0; m0 < M; m0 += 4) {
             uint32_t mg = PC_MIN(4, M - m0);
             float s[4];
-            dot4(f16, wr, g->x + (size_t)m0 * K, K, mg, s);
+            dot4(t, wr, g->x + (size_t)m0 * K, K, mg, s);
             for (uint32_t m = 0; m < mg; m++) {
                 float *yp = &g->y[(size_t)(m0 + m) * g->ldy + n];
                 *yp = g->accumulate ? *yp + s[m] : s[m];
             }
         }
+    }
+}
+
+AVX2 void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
+{
+    PC_ASSERT(g->M <= ENG_GEMV_MAX_M);
+    switch (g->wtype) {
+    case ENG_GGML_TYPE_F16:
+        gemv_t(ENG_GGML_TYPE_F16, g, n0, n1);
+        return;
+    case ENG_GGML_TYPE_BF16:
+        gemv_t(ENG_GGML_TYPE_BF16, g, n0, n1);
+        return;
+    case ENG_GGML_TYPE_Q8_0:
+        PC_ASSERT(g->K % ENG_QK8_0 == 0);
+        gemv_t(ENG_GGML_TYPE_Q8_0, g, n0, n1);
+        return;
+    default:
+        PC_ASSERT(g->wtype == ENG_GGML_TYPE_F32);
+        gemv_t(ENG_GGML_TYPE_F32, g, n0, n1);
+        return;
     }
 }
 

@@ -207,8 +207,9 @@ AVX512 static void gemv_f16_rows8(const uint16_t *wr, const float *xg, uint32_t 
  * hardware prefetcher follows a single stream per thread best. */
 AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
 {
-    if (c->wtype != ENG_GGML_TYPE_F16) { /* F32 weights: the AVX2 kernel (every AVX-512 CPU
-                                            runs it) already streams at the read bandwidth */
+    if (c->wtype != ENG_GGML_TYPE_F16) { /* F32, BF16 and Q8_0 weights: the AVX2 kernels
+                                            (every AVX-512 CPU runs them) already stream at the
+                                            read bandwidth */
         eng__avx2_gemv(c, n0, n1);
         return;
     }

@@ -101,6 +101,27 @@ static void gemv_run(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
     }
 }
 
+/* Rows [n0, n1) of w (F16, BF16 or Q8_0) as F32 rows into dst. */
+static void weight_rows_to_f32(const eng_weight_t *w, uint32_t n0, uint32_t n1, float *dst,
+                               eng_cpu_isa_t isa)
+{
+    size_t K = w->n_in, n = (size_t)(n1 - n0) * K;
+    const char *src = (const char *)w->data + n0 * eng__gemv_row_bytes(w->type, w->n_in);
+    switch (w->type) {
+    case ENG_GGML_TYPE_F16:
+        eng__f16_to_f32_row_isa((const uint16_t *)src, dst, n, isa);
+        return;
+    case ENG_GGML_TYPE_BF16:
+        eng__port_bf16_to_f32((const uint16_t *)src, dst, n);
+        return;
+    case ENG_GGML_TYPE_Q8_0:
+        eng__port_q8_0_to_f32((const uint8_t *)src, dst, n);
+        return;
+    default:
+        PC_ABORT("weight type %u has no F32 tiles", w->type);
+    }
+}
+
 static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
 {
     const matmul_ctx_t *c = ctx;
@@ -147,9 +168,24 @@ static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
                     1.0f, c->x, (int)c->K, wp, (int)c->K, beta, c->y + n0, (int)c->N);
         return;
     }
+    /* F16 on the other paths, BF16 and Q8_0 on every path: the tile's rows converted to F32,
+     * then the AVX2 GEMM or sgemm over them. */
     float *t = c->tmp[thread];
-    const uint16_t *wp = (const uint16_t *)c->w->data + (size_t)n0 * c->K;
-    eng__f16_to_f32_row_isa(wp, t, (size_t)(n1 - n0) * c->K, c->isa);
+    weight_rows_to_f32(c->w, n0, n1, t, c->isa);
+#if defined(__x86_64__) || defined(__i386__)
+    if (c->isa == ENG_CPU_ISA_AVX2) {
+        eng_gemv_t g = {.w = t,
+                        .wtype = ENG_GGML_TYPE_F32,
+                        .x = c->x,
+                        .M = c->M,
+                        .K = c->K,
+                        .y = c->y + n0,
+                        .ldy = c->N,
+                        .accumulate = c->accumulate};
+        eng__avx2_gemm(&g, 0, n1 - n0);
+        return;
+    }
+#endif
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c->M, (int)(n1 - n0), (int)c->K, 1.0f,
                 c->x, (int)c->K, t, (int)c->K, beta, c->y + n0, (int)c->N);
 }

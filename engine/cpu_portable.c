@@ -70,13 +70,36 @@ void eng__port_f32_to_f16(const float *src, uint16_t *dst, size_t n)
         dst[i] = eng_f32_to_f16(src[i]);
 }
 
-/* Weights converted per piece of a row: small enough for the stack and L1. */
+void eng__port_bf16_to_f32(const uint16_t *src, float *dst, size_t n)
+{
+    for (size_t i = 0; i < n; i++) { /* a shift per lane: vectorized on every target */
+        uint32_t b = (uint32_t)src[i] << 16;
+        memcpy(&dst[i], &b, 4);
+    }
+}
+
+void eng__port_q8_0_to_f32(const uint8_t *src, float *dst, size_t n)
+{
+    for (size_t b = 0; b < n / ENG_QK8_0; b++, src += ENG_Q8_0_BYTES, dst += ENG_QK8_0) {
+        uint16_t dh;
+        memcpy(&dh, src, 2);
+        float d = eng_f16_to_f32(dh);
+        const int8_t *q = (const int8_t *)(src + 2);
+        for (uint32_t j = 0; j < ENG_QK8_0; j++)
+            dst[j] = d * (float)q[j];
+    }
+}
+
+/* Weights converted per piece of a row: small enough for the stack and L1, a whole number of
+ * Q8_0 blocks. */
 #define PORT_KCHUNK 256
 
 void eng__port_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
 {
     uint32_t K = g->K, M = g->M;
     PC_ASSERT(M <= ENG_GEMV_MAX_M);
+    PC_ASSERT(g->wtype != ENG_GGML_TYPE_Q8_0 || K % ENG_QK8_0 == 0);
+    size_t rb = eng__gemv_row_bytes(g->wtype, K);
     float wbuf[PORT_KCHUNK];
     float acc[ENG_GEMV_MAX_M][8];
     for (uint32_t n = n0; n < n1; n++) {
@@ -84,12 +107,22 @@ void eng__port_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
         float tail[ENG_GEMV_MAX_M] = {0};
         for (uint32_t k0 = 0; k0 < K; k0 += PORT_KCHUNK) {
             uint32_t kn = K - k0 < PORT_KCHUNK ? K - k0 : PORT_KCHUNK;
-            const float *w;
-            if (g->wtype == ENG_GGML_TYPE_F16) {
-                eng__port_f16_to_f32((const uint16_t *)g->w + (size_t)n * K + k0, wbuf, kn);
-                w = wbuf;
-            } else {
-                w = (const float *)g->w + (size_t)n * K + k0;
+            const float *w = wbuf;
+            const char *wr = (const char *)g->w + (size_t)n * rb;
+            switch (g->wtype) {
+            case ENG_GGML_TYPE_F16:
+                eng__port_f16_to_f32((const uint16_t *)wr + k0, wbuf, kn);
+                break;
+            case ENG_GGML_TYPE_BF16:
+                eng__port_bf16_to_f32((const uint16_t *)wr + k0, wbuf, kn);
+                break;
+            case ENG_GGML_TYPE_Q8_0:
+                eng__port_q8_0_to_f32(
+                    (const uint8_t *)wr + (size_t)(k0 / ENG_QK8_0) * ENG_Q8_0_BYTES, wbuf, kn);
+                break;
+            default:
+                w = (const float *)wr + k0;
+                break;
             }
             uint32_t k8 = kn & ~7u;
             for (uint32_t m = 0; m < M; m++) {

@@ -14,6 +14,7 @@
 
 #include "cpu.h"
 #include "cpu_kernels.h"
+#include "cpu_simd.h"
 #include "pc_alloc.h"
 #include "pc_assert.h"
 #include "pc_err.h"
@@ -21,6 +22,7 @@
 eng_model_params_t eng_model_params_default(void)
 {
     return (eng_model_params_t){.weights_f32 = false,
+                                .quant_f32 = false,
                                 .pack_bf16 = false,
                                 .pack_bf16_skip_f32 = false,
                                 .copy_weights = true};
@@ -73,21 +75,12 @@ static void tensor_to_f32(const eng_gguf_tensor_t *t, float *dst)
     case ENG_GGML_TYPE_F16:
         eng__f16_to_f32_row(t->data, dst, (size_t)n, eng__cpu_has_avx512());
         break;
-    case ENG_GGML_TYPE_BF16: {
-        const uint8_t *p = t->data;
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = eng_bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
+    case ENG_GGML_TYPE_BF16:
+        eng__port_bf16_to_f32(t->data, dst, (size_t)n);
         break;
-    }
-    case ENG_GGML_TYPE_Q8_0: {
-        const uint8_t *p = t->data;
-        for (int64_t b = 0; b < n / ENG_QK8_0; b++, p += 34) {
-            float d = eng_f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
-            for (int j = 0; j < ENG_QK8_0; j++)
-                dst[b * ENG_QK8_0 + j] = d * (float)(int8_t)p[2 + j];
-        }
+    case ENG_GGML_TYPE_Q8_0:
+        eng__port_q8_0_to_f32(t->data, dst, (size_t)n);
         break;
-    }
     default:
         PC_ABORT("tensor %s: type %u not convertible", t->name, t->type);
     }
@@ -143,7 +136,17 @@ static int load_weight(eng_model_t *m, const eng_model_params_t *p, const char *
     w->n_in = (uint32_t)t->ne[0];
     w->n_out = (uint32_t)t->ne[1];
     w->file_type = t->type;
-    if (t->type == ENG_GGML_TYPE_F32 || (t->type == ENG_GGML_TYPE_F16 && !p->weights_f32)) {
+    if (t->type == ENG_GGML_TYPE_Q8_0 && w->n_in % ENG_QK8_0 != 0) {
+        snprintf(err, err_len, "model: Q8_0 tensor %s has rows of %u elements, not whole blocks",
+                 t->name, w->n_in);
+        return PC_ERR_FORMAT;
+    }
+    /* Kept as stored (the kernels read every type the CPU backend computes with), unless the
+     * parameters ask for F32. */
+    bool keep = t->type == ENG_GGML_TYPE_F32 || (t->type == ENG_GGML_TYPE_F16 && !p->weights_f32) ||
+                ((t->type == ENG_GGML_TYPE_BF16 || t->type == ENG_GGML_TYPE_Q8_0) &&
+                 !p->weights_f32 && !p->quant_f32);
+    if (keep) {
         w->type = t->type;
         w->data = t->data;
         if (copy) {
@@ -290,9 +293,21 @@ size_t eng_model_weight_bytes(const eng_model_t *m)
 void eng_weight_row_f32(const eng_weight_t *w, uint32_t row, float *dst)
 {
     PC_ASSERT(row < w->n_out);
-    if (w->type == ENG_GGML_TYPE_F32)
-        memcpy(dst, (const float *)w->data + (size_t)row * w->n_in, (size_t)w->n_in * 4);
-    else
-        eng__f16_to_f32_row((const uint16_t *)w->data + (size_t)row * w->n_in, dst, w->n_in,
-                            eng__cpu_has_avx512());
+    const char *src = (const char *)w->data + (size_t)row * eng__gemv_row_bytes(w->type, w->n_in);
+    switch (w->type) {
+    case ENG_GGML_TYPE_F32:
+        memcpy(dst, src, (size_t)w->n_in * 4);
+        return;
+    case ENG_GGML_TYPE_F16:
+        eng__f16_to_f32_row((const uint16_t *)src, dst, w->n_in, eng__cpu_has_avx512());
+        return;
+    case ENG_GGML_TYPE_BF16:
+        eng__port_bf16_to_f32((const uint16_t *)src, dst, w->n_in);
+        return;
+    case ENG_GGML_TYPE_Q8_0:
+        eng__port_q8_0_to_f32((const uint8_t *)src, dst, w->n_in);
+        return;
+    default:
+        PC_ABORT("weight type %u", w->type);
+    }
 }

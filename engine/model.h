@@ -3,9 +3,11 @@
  * public API).
  *
  * Weight matrices are row-major [n_out][n_in] (GGUF's ne[0] = n_in varies fastest), stored as
- * F32 or F16: F32 and F16 tensors are used in place from the file mapping (or copied to huge
- * pages, copy_weights), BF16 and Q8_0 are converted to F32 at load, and with weights_f32 F16 is
- * converted too. Norm weights and biases
+ * F32, F16, BF16 or Q8_0 (rows of n_in / 32 blocks of 34 bytes), each kept as the file has it
+ * and used in place from the file mapping (or copied to huge pages, copy_weights), so decode
+ * reads each weight's own bytes; with weights_f32 every matrix is converted to F32 at load, and
+ * with quant_f32 the BF16 and Q8_0 ones (for a backend that takes F16 and F32 only). Norm
+ * weights and biases
  * are F32 (eng_hparams_check_tensors guarantees it). The token embedding table doubles as the
  * output head when the model ties them.
  *
@@ -22,7 +24,8 @@
 #include "pc_pages.h"
 #include "hparams.h"
 
-/* A weight matrix: n_out rows of n_in elements of `type` (ENG_GGML_TYPE_F32 or _F16). */
+/* A weight matrix: n_out rows of n_in elements of `type` (ENG_GGML_TYPE_F32, _F16, _BF16 or
+ * _Q8_0; eng__gemv_row_bytes() gives a row's bytes). */
 typedef struct eng_weight {
     uint32_t type;
     uint32_t file_type; /* the tensor's type in the file (enum eng_ggml_type) */
@@ -63,7 +66,10 @@ typedef struct eng_model {
 } eng_model_t;
 
 typedef struct eng_model_params {
-    bool weights_f32;        /* convert F16 weights to F32 at load (default: keep F16) */
+    bool weights_f32;        /* convert F16, BF16 and Q8_0 weights to F32 at load (default: keep
+                                every matrix as stored) */
+    bool quant_f32;          /* convert BF16 and Q8_0 weights to F32 at load (the cuda backend
+                                uploads F16 and F32 host matrices only) */
     bool pack_bf16;          /* also pack the layers' matrices as BF16 panels for the BF16 GEMM */
     bool pack_bf16_skip_f32; /* with pack_bf16: not the matrices stored as F32 in the file */
     bool copy_weights;       /* copy the matrices out of the file mapping into anonymous memory
@@ -86,7 +92,7 @@ void eng_model_free(eng_model_t *m);
 /* Bytes of weights the model computes with (converted buffers and mapped tensors). */
 size_t eng_model_weight_bytes(const eng_model_t *m);
 
-/* Row `row` of w as F32 into dst[n_in]. */
+/* Row `row` of w (any of its types) as F32 into dst[n_in]. */
 void eng_weight_row_f32(const eng_weight_t *w, uint32_t row, float *dst);
 
 #endif

@@ -1,10 +1,11 @@
 /*
  * test_cpu_kernels.c — the CPU kernels of every ISA path this CPU runs (avx512, avx2, portable;
  * cpu.h) against naive references: half-precision rows bit for bit against the scalar
- * conversions of half.h (rounding ties, subnormals, infinities, NaN), the decode GEMV on F16 and
- * F32 weights against a double-precision product (every row count up to ENG_GEMV_MAX_M, lengths
- * with every tail), and the element-wise kernels (RMS norm, SwiGLU, both RoPE layouts). Also the
- * path selection: names, parsing, KVGW_CPU_ISA and refusals.
+ * conversions of half.h (rounding ties, subnormals, infinities, NaN), the decode GEMV and the
+ * whole matrix product (eng__matmul: GEMV, AVX2 GEMM, converted tiles and sgemm) on F32, F16,
+ * BF16 and Q8_0 weights against a double-precision product (row counts around every tile,
+ * lengths with every tail), and the element-wise kernels (RMS norm, SwiGLU, both RoPE layouts).
+ * Also the path selection: names, parsing, KVGW_CPU_ISA and refusals.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -42,6 +43,51 @@ static void gemv_isa(eng_cpu_isa_t isa, const eng_gemv_t *g, uint32_t n0, uint32
     }
 #endif
     eng__port_gemv(g, n0, n1);
+}
+
+/* The weight types the kernels read, and their names. */
+static const uint32_t wtypes[] = {ENG_GGML_TYPE_F32, ENG_GGML_TYPE_F16, ENG_GGML_TYPE_BF16,
+                                  ENG_GGML_TYPE_Q8_0};
+
+static const char *wtype_name(uint32_t t)
+{
+    return eng_ggml_type_name(t);
+}
+
+/* N rows of K random weights of type t (malloc'ed, K a multiple of 32 for Q8_0), and the same
+ * values exactly as F32 in w32[N][K]: each type's rounding is applied before the reference sees
+ * them. Q8_0 blocks get scales of different magnitudes and quants over the whole int8 range. */
+static void *make_weights(uint32_t t, uint32_t N, uint32_t K, float *w32)
+{
+    size_t n = (size_t)N * K;
+    void *w = malloc(eng__gemv_row_bytes(t, K) * N + 1);
+    switch (t) {
+    case ENG_GGML_TYPE_F16:
+    case ENG_GGML_TYPE_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = t == ENG_GGML_TYPE_F16 ? eng_f32_to_f16(unif()) : eng_f32_to_bf16(unif());
+            ((uint16_t *)w)[i] = h;
+            w32[i] = t == ENG_GGML_TYPE_F16 ? eng_f16_to_f32(h) : eng_bf16_to_f32(h);
+        }
+        break;
+    case ENG_GGML_TYPE_Q8_0:
+        for (size_t b = 0; b < n / ENG_QK8_0; b++) {
+            uint8_t *blk = (uint8_t *)w + b * ENG_Q8_0_BYTES;
+            uint16_t d = eng_f32_to_f16((unif() + 1.5f) * (b % 3 == 0 ? 1e-3f : 1e-2f));
+            memcpy(blk, &d, 2);
+            for (uint32_t j = 0; j < ENG_QK8_0; j++) {
+                int8_t q = (int8_t)(int)(unif() * 127.5f);
+                blk[2 + j] = (uint8_t)q;
+                w32[b * ENG_QK8_0 + j] = eng_f16_to_f32(d) * (float)q;
+            }
+        }
+        break;
+    default:
+        for (size_t i = 0; i < n; i++)
+            ((float *)w)[i] = w32[i] = unif();
+        break;
+    }
+    return w;
 }
 
 PC_TEST(isa_selection)
@@ -138,36 +184,35 @@ PC_TEST(half_rows_bit_exact)
     free(h), free(h2), free(f), free(f2);
 }
 
-/* y = x . w^T on a slice of output rows, (+)=, against double precision, for F16 and F32
- * weights; the rows outside the slice are never written. */
+/* y = x . w^T on a slice of output rows, (+)=, against double precision, for F32, F16, BF16 and
+ * Q8_0 weights; the rows outside the slice are never written. */
 PC_TEST(gemv_matches_double_reference)
 {
-    uint32_t Ks[] = {1, 7, 8, 37, 64, 129, 200, 1030};
+    uint32_t Ks[] = {1, 7, 8, 32, 37, 64, 96, 129, 200, 1024, 1030};
     uint32_t Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 31};
     enum { N = 23, N0 = 3, N1 = 21 };
     for (size_t ki = 0; ki < PC_ARRAY_LEN(Ks); ki++) {
         uint32_t K = Ks[ki];
-        uint16_t *w16 = malloc((size_t)N * K * 2);
         float *w32 = malloc((size_t)N * K * 4), *x = malloc((size_t)31 * K * 4);
-        for (size_t i = 0; i < (size_t)N * K; i++) {
-            w16[i] = eng_f32_to_f16(unif());
-            w32[i] = eng_f16_to_f32(w16[i]); /* the same values in both types */
-        }
         for (size_t i = 0; i < (size_t)31 * K; i++)
             x[i] = unif();
-        for (size_t mi = 0; mi < PC_ARRAY_LEN(Ms); mi++) {
-            uint32_t M = Ms[mi];
-            float y[31 * N], y0[31 * N];
-            for (size_t i = 0; i < PC_ARRAY_LEN(y0); i++)
-                y0[i] = unif();
-            for (int f16 = 0; f16 < 2; f16++) {
+        for (size_t ti = 0; ti < PC_ARRAY_LEN(wtypes); ti++) {
+            uint32_t t = wtypes[ti];
+            if (t == ENG_GGML_TYPE_Q8_0 && K % ENG_QK8_0 != 0)
+                continue;
+            void *w = make_weights(t, N, K, w32);
+            for (size_t mi = 0; mi < PC_ARRAY_LEN(Ms); mi++) {
+                uint32_t M = Ms[mi];
+                float y[31 * N], y0[31 * N];
+                for (size_t i = 0; i < PC_ARRAY_LEN(y0); i++)
+                    y0[i] = unif();
                 for (int acc = 0; acc < 2; acc++) {
                     for (size_t pi = 0; pi < PC_ARRAY_LEN(paths); pi++) {
                         if (!eng__cpu_isa_runs(paths[pi]))
                             continue;
                         memcpy(y, y0, sizeof y);
-                        eng_gemv_t g = {.w = f16 ? (const void *)w16 : (const void *)w32,
-                                        .wtype = f16 ? ENG_GGML_TYPE_F16 : ENG_GGML_TYPE_F32,
+                        eng_gemv_t g = {.w = w,
+                                        .wtype = t,
                                         .x = x,
                                         .M = M,
                                         .K = K,
@@ -182,63 +227,60 @@ PC_TEST(gemv_matches_double_reference)
                                     ASSERT_EQ(y[i], y0[i]);
                                     continue;
                                 }
-                                double r = acc ? y0[i] : 0, mag = 0;
+                                double r = acc ? y0[i] : 0, mag = acc ? fabs(y0[i]) : 0;
                                 for (uint32_t k = 0; k < K; k++) {
-                                    r += (double)w32[(size_t)n * K + k] * x[(size_t)m * K + k];
-                                    mag +=
-                                        fabs((double)w32[(size_t)n * K + k] * x[(size_t)m * K + k]);
+                                    double pr =
+                                        (double)w32[(size_t)n * K + k] * x[(size_t)m * K + k];
+                                    r += pr;
+                                    mag += fabs(pr);
                                 }
                                 double tol = 1e-6 * (mag + 1) + 1e-6;
                                 if (!(fabs(y[i] - r) <= tol))
                                     fprintf(stderr, "  %s %s K=%u M=%u m=%u n=%u: %g vs %g\n",
-                                            eng__cpu_isa_name(paths[pi]), f16 ? "f16" : "f32", K, M,
-                                            m, n, y[i], r);
+                                            eng__cpu_isa_name(paths[pi]), wtype_name(t), K, M, m, n,
+                                            y[i], r);
                                 ASSERT_LE(fabs(y[i] - r), tol);
                             }
                         }
                     }
                 }
             }
+            free(w);
         }
-        free(w16), free(w32), free(x);
+        free(w32), free(x);
     }
 }
 
 /* eng__matmul end to end (the pool, the tiles, the GEMV below ENG_GEMV_MAX_M rows, the AVX2
- * register-tile GEMM or the converted tiles and sgemm from it on) on every path, against double
- * precision: row counts around the 4-row tiles, output counts around the 3-row tiles and the
- * task tiles, lengths with every tail. */
+ * register-tile GEMM, or the tiles converted to F32 and sgemm from it on) on every path and
+ * weight type, against double precision: row counts around the 4-row tiles, output counts
+ * around the 3-row tiles and the task tiles, lengths with every tail. */
 PC_TEST(matmul_matches_double_reference)
 {
-    uint32_t Ks[] = {8, 37, 256, 1030};
+    uint32_t Ks[] = {8, 37, 256, 1030, 1056};
     uint32_t Ms[] = {1, 5, 32, 33, 34, 35, 64};
     enum { N = 200, MMAX = 64 };
     eng_pool_t *pool;
     ASSERT_EQ(eng__pool_init(2, &pool), 0);
     for (size_t ki = 0; ki < PC_ARRAY_LEN(Ks); ki++) {
         uint32_t K = Ks[ki];
-        uint16_t *w16 = malloc((size_t)N * K * 2);
         float *w32 = malloc((size_t)N * K * 4), *x = malloc((size_t)MMAX * K * 4);
         float *y = malloc((size_t)MMAX * N * 4), *y0 = malloc((size_t)MMAX * N * 4);
-        float *t0 = malloc((size_t)ENG_CPU_WTILE * K * 4),
-              *t1 = malloc((size_t)ENG_CPU_WTILE * K * 4);
+        float *t0 = malloc((size_t)ENG_CPU_WTILE * K * 4);
+        float *t1 = malloc((size_t)ENG_CPU_WTILE * K * 4);
         float *const tmp[2] = {t0, t1};
-        for (size_t i = 0; i < (size_t)N * K; i++) {
-            w16[i] = eng_f32_to_f16(unif());
-            w32[i] = eng_f16_to_f32(w16[i]);
-        }
         for (size_t i = 0; i < (size_t)MMAX * K; i++)
             x[i] = unif();
         for (size_t i = 0; i < (size_t)MMAX * N; i++)
             y0[i] = unif();
-        for (size_t mi = 0; mi < PC_ARRAY_LEN(Ms); mi++) {
-            uint32_t M = Ms[mi];
-            for (int f16 = 0; f16 < 2; f16++) {
-                eng_weight_t w = {.type = f16 ? ENG_GGML_TYPE_F16 : ENG_GGML_TYPE_F32,
-                                  .file_type = f16 ? ENG_GGML_TYPE_F16 : ENG_GGML_TYPE_F32,
-                                  .n_in = K,
-                                  .n_out = N,
-                                  .data = f16 ? (const void *)w16 : (const void *)w32};
+        for (size_t ti = 0; ti < PC_ARRAY_LEN(wtypes); ti++) {
+            uint32_t t = wtypes[ti];
+            if (t == ENG_GGML_TYPE_Q8_0 && K % ENG_QK8_0 != 0)
+                continue;
+            void *wd = make_weights(t, N, K, w32);
+            eng_weight_t w = {.type = t, .file_type = t, .n_in = K, .n_out = N, .data = wd};
+            for (size_t mi = 0; mi < PC_ARRAY_LEN(Ms); mi++) {
+                uint32_t M = Ms[mi];
                 for (int acc = 0; acc < 2; acc++) {
                     for (size_t pi = 0; pi < PC_ARRAY_LEN(paths); pi++) {
                         if (!eng__cpu_isa_runs(paths[pi]))
@@ -250,16 +292,16 @@ PC_TEST(matmul_matches_double_reference)
                                 size_t i = (size_t)m * N + n;
                                 double r = acc ? y0[i] : 0, mag = acc ? fabs(y0[i]) : 0;
                                 for (uint32_t k = 0; k < K; k++) {
-                                    double p =
+                                    double pr =
                                         (double)w32[(size_t)n * K + k] * x[(size_t)m * K + k];
-                                    r += p;
-                                    mag += fabs(p);
+                                    r += pr;
+                                    mag += fabs(pr);
                                 }
                                 double tol = 2e-6 * (mag + 1);
                                 if (!(fabs(y[i] - r) <= tol))
                                     fprintf(stderr, "  %s %s K=%u M=%u m=%u n=%u: %g vs %g\n",
-                                            eng__cpu_isa_name(paths[pi]), f16 ? "f16" : "f32", K, M,
-                                            m, n, y[i], r);
+                                            eng__cpu_isa_name(paths[pi]), wtype_name(t), K, M, m, n,
+                                            y[i], r);
                                 ASSERT_LE(fabs(y[i] - r), tol);
                             }
                         }
@@ -268,8 +310,9 @@ PC_TEST(matmul_matches_double_reference)
                     }
                 }
             }
+            free(wd);
         }
-        free(w16), free(w32), free(x), free(y), free(y0), free(t0), free(t1);
+        free(w32), free(x), free(y), free(y0), free(t0), free(t1);
     }
     eng__pool_free(pool);
 }

@@ -307,6 +307,72 @@ PC_TEST(f16_weights_and_kv)
     unlink(p16);
 }
 
+/* BF16 and Q8_0 weights are kept as stored (decode reads 2 and 1.06 bytes per weight) and give
+ * the logits of the same model converted to F32 at load (weights_f32) on every path: prefill 33
+ * (tiles converted to F32), a chunk of 17 (the GEMV on row groups), then decode (the GEMV on one
+ * row), within the products' rounding. */
+PC_TEST(bf16_and_q8_0_weights_native)
+{
+    const uint32_t types[] = {ENG_GGML_TYPE_BF16, ENG_GGML_TYPE_Q8_0};
+    enum { N = 60 };
+    int32_t toks[N];
+    for (int i = 0; i < N; i++)
+        toks[i] = rnd_token();
+    for (size_t ti = 0; ti < 2; ti++) {
+        char path[256];
+        make_model(&cases[2], types[ti], path, sizeof path);
+        eng_model_params_t mp = eng_model_params_default();
+        eng_model_t *m;
+        char err[256];
+        for (int conv = 0; conv < 3; conv++) {
+            mp.weights_f32 = conv == 1;
+            mp.quant_f32 = conv == 2;
+            ASSERT_EQ(eng_model_load(path, &mp, &m, err, sizeof err), 0);
+            ASSERT_EQ(m->layers[1].w_down.type, conv ? ENG_GGML_TYPE_F32 : types[ti]);
+            ASSERT_EQ(m->layers[1].w_down.file_type, types[ti]);
+            eng_model_free(m);
+        }
+        for (int ii = 0; ii < N_ISAS; ii++) {
+            if (!isa_runs(isas[ii]))
+                continue;
+            float *lg[2];
+            for (int conv = 0; conv < 2; conv++) {
+                eng_params_t p = eng_params_default();
+                p.model_path = path;
+                p.cpu_isa = isas[ii];
+                p.weights_f32 = conv == 1;
+                p.gemm = ENG_GEMM_F32;
+                p.kv_dtype = ENG_KV_F32;
+                p.kv_poison = true;
+                eng_t *e = NULL;
+                ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
+                eng_seq_t *s;
+                ASSERT_EQ(eng_seq_create(e, &s), 0);
+                lg[conv] = malloc((size_t)N * N_VOCAB * sizeof(float));
+                eng_batch_item_t it = {
+                    .seq = s, .tokens = toks, .n_tokens = 33, .logits = ENG_LOGITS_ALL};
+                ASSERT_EQ(eng_forward(e, &it, 1, lg[conv]), 0);
+                it = (eng_batch_item_t){
+                    .seq = s, .tokens = toks + 33, .n_tokens = 17, .logits = ENG_LOGITS_ALL};
+                ASSERT_EQ(eng_forward(e, &it, 1, lg[conv] + (size_t)33 * N_VOCAB), 0);
+                for (int i = 50; i < N; i++) {
+                    it = (eng_batch_item_t){
+                        .seq = s, .tokens = toks + i, .n_tokens = 1, .logits = ENG_LOGITS_ALL};
+                    ASSERT_EQ(eng_forward(e, &it, 1, lg[conv] + (size_t)i * N_VOCAB), 0);
+                }
+                eng_seq_free(e, s);
+                eng_free(e);
+            }
+            double rel = tm_rel_err(lg[0], lg[1], N, N_VOCAB);
+            fprintf(stderr, "  %s %s: native vs converted rel err %g\n",
+                    eng_ggml_type_name(types[ti]), isas[ii], rel);
+            ASSERT_LE(rel, 1e-4);
+            free(lg[0]), free(lg[1]);
+        }
+        unlink(path);
+    }
+}
+
 /* copy_weights: the matrices read whole per token live in copies equal to the file's bytes (on
  * huge pages), the untied embedding table stays in the mapping; forward results are the same
  * (the F16 test above and the reference tests run with copies, the default). */
