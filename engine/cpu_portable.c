@@ -38,7 +38,9 @@ static inline float f16_to_f32_nobranch(uint16_t h)
     uint32_t nbits, dbits;
     memcpy(&nbits, &norm, 4);
     memcpy(&dbits, &den, 4);
-    bits = sign | (two_w < (1u << 27) ? dbits : nbits);
+    uint32_t sub = 0u - (uint32_t)(two_w < (1u << 27)); /* all ones for a subnormal: a mask, not
+                                                           a branch, so the loop vectorizes */
+    bits = sign | (dbits & sub) | (nbits & ~sub);
     float f;
     memcpy(&f, &bits, 4);
     return f;
