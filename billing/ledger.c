@@ -153,7 +153,7 @@ struct bill_ledger {
     bill_ledger_params_t p;
     bill_ledger_io_t io;
     char *dir;
-    char instance[17];
+    char instance[BILL_STR_MAX];
     int dir_fd;
     int lock_fd;
     int seg_fd;
@@ -506,42 +506,60 @@ done:
     return rc;
 }
 
-static int write_instance(bill_ledger_t *l)
+/* An instance id: 1..63 characters of [A-Za-z0-9_.-] (it becomes part of Redis key names). */
+static bool instance_ok(const char *s)
 {
-    uint64_t r;
-    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
-        return PC_ERR_IO;
-    char txt[18];
-    snprintf(txt, sizeof txt, "%016" PRIx64 "\n", r);
+    size_t n = strlen(s);
+    if (n == 0 || n >= BILL_STR_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+              (s[i] >= '0' && s[i] <= '9') || s[i] == '_' || s[i] == '.' || s[i] == '-'))
+            return false;
+    return true;
+}
+
+/* Writes INSTANCE (the given id, or 16 random hex digits) atomically: temp file, sync, rename. */
+static int write_instance(bill_ledger_t *l, const char *want)
+{
+    char txt[BILL_STR_MAX + 1];
+    if (want != NULL) {
+        snprintf(txt, sizeof txt, "%s\n", want);
+    } else {
+        uint64_t r;
+        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+            return PC_ERR_IO;
+        snprintf(txt, sizeof txt, "%016" PRIx64 "\n", r);
+    }
+    size_t n = strlen(txt);
     int fd = openat(l->dir_fd, "INSTANCE.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return err_from_errno(errno);
-    bool ok = write(fd, txt, 17) == 17 && fsync(fd) == 0;
+    bool ok = write(fd, txt, n) == (ssize_t)n && fsync(fd) == 0;
     close(fd);
     if (!ok || renameat(l->dir_fd, "INSTANCE.tmp", l->dir_fd, "INSTANCE") != 0)
         return err_from_errno(errno);
-    memcpy(l->instance, txt, 16);
-    l->instance[16] = '\0';
+    memcpy(l->instance, txt, n - 1);
+    l->instance[n - 1] = '\0';
     return fsync_dir(l);
 }
 
-int bill_ledger_read_instance(const char *dir, char out[17])
+int bill_ledger_read_instance(const char *dir, char out[BILL_STR_MAX])
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/INSTANCE", dir);
     FILE *f = fopen(path, "rb");
     if (f == NULL)
         return PC_ERR_NOTFOUND;
-    char buf[32] = "";
+    char buf[BILL_STR_MAX + 2] = "";
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
-    if (n < 16)
+    buf[n] = '\0';
+    if (n > 0 && buf[n - 1] == '\n')
+        buf[--n] = '\0';
+    if (!instance_ok(buf))
         return PC_ERR_FORMAT;
-    for (int i = 0; i < 16; i++)
-        if (!((buf[i] >= '0' && buf[i] <= '9') || (buf[i] >= 'a' && buf[i] <= 'f')))
-            return PC_ERR_FORMAT;
-    memcpy(out, buf, 16);
-    out[16] = '\0';
+    memcpy(out, buf, n + 1);
     return 0;
 }
 
@@ -597,11 +615,24 @@ int bill_ledger_open(const bill_ledger_params_t *p, bill_ledger_t **out, char *e
                          "ledger: %s is in use by another process (%s)", l->dir, strerror(e));
         goto fail;
     }
+    if (p->instance != NULL && !instance_ok(p->instance)) {
+        rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
+                         "ledger: instance id '%s' must be 1-63 characters of A-Z a-z 0-9 _ . -",
+                         p->instance);
+        goto fail;
+    }
     rc = bill_ledger_read_instance(l->dir, l->instance);
     if (rc == PC_ERR_NOTFOUND)
-        rc = write_instance(l);
+        rc = write_instance(l, p->instance);
     if (rc != 0) {
         rc = pc_err_setf(err, err_len, rc, "ledger: bad or unwritable %s/INSTANCE", l->dir);
+        goto fail;
+    }
+    if (p->instance != NULL && strcmp(p->instance, l->instance) != 0) {
+        rc = pc_err_setf(err, err_len, PC_ERR_STATE,
+                         "ledger: %s belongs to instance '%s', not '%s' (each gateway instance "
+                         "needs its own ledger directory)",
+                         l->dir, l->instance, p->instance);
         goto fail;
     }
     rc = list_segments(l->dir, &segs, &n_segs);

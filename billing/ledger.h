@@ -15,8 +15,8 @@
  *   bill_ledger_close(l);                                             // flushes, joins
  *
  * Directory layout: <dir>/ledger-<first seq, 20 decimal digits>.seg segment files, <dir>/LOCK
- * (flock'ed by the one process that has the ledger open) and <dir>/INSTANCE (16 hex digits,
- * random, written once: names this ledger's Redis stream and cursor).
+ * (flock'ed by the one process that has the ledger open) and <dir>/INSTANCE (the instance id,
+ * written once: names this ledger's Redis stream and cursor).
  *
  * Sequence numbers. Every record has a seq: 1 for the first record ever, then +1 per record,
  * across segments, never reused. It is the record's ledger position (Redis stream ids and the
@@ -117,6 +117,9 @@ typedef void (*bill_ledger_wake_fn)(void *ud);
 
 typedef struct bill_ledger_params {
     const char *dir;          /* created if missing (one level) */
+    const char *instance;     /* this gateway's instance id (1-63 of [A-Za-z0-9_.-]), stored in
+                                 INSTANCE at creation and checked on every open; NULL: keep the
+                                 stored one, or 16 random hex digits for a new ledger */
     bill_fsync_t fsync;       /* default BILL_FSYNC_BATCH */
     uint32_t batch_window_us; /* BILL_FSYNC_BATCH: wait for more records, default 500 */
     uint64_t segment_bytes;   /* rotate after this many bytes, default 64 MiB */
@@ -155,7 +158,7 @@ int bill_ledger_wait_durable(bill_ledger_t *l, uint64_t seq);
 /* 0 while healthy; the error that failed the ledger (PC_ERR_NOSPACE, PC_ERR_IO) after. */
 int bill_ledger_status(bill_ledger_t *l);
 
-/* The INSTANCE id (16 hex digits); valid while l is open. */
+/* The INSTANCE id; valid while l is open. */
 const char *bill_ledger_instance(const bill_ledger_t *l);
 
 typedef struct bill_ledger_stats {
@@ -198,8 +201,8 @@ int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t 
 
 void bill_ledger_reader_free(bill_ledger_reader_t *r);
 
-/* Reads the INSTANCE id of a ledger directory into out (17 bytes). PC_ERR_NOTFOUND if absent. */
-int bill_ledger_read_instance(const char *dir, char out[17]);
+/* Reads the INSTANCE id of a ledger directory. PC_ERR_NOTFOUND if absent, PC_ERR_FORMAT if bad. */
+int bill_ledger_read_instance(const char *dir, char out[BILL_STR_MAX]);
 
 /* ---------------------------------------------------------------------------------------------
  * Storage metering. The gateway's cache index integrates, per namespace, cached tokens x time

@@ -497,13 +497,13 @@ int bill_shipper_start(uv_loop_t *loop, const bill_shipper_params_t *p, bill_shi
             return pc_err_setf(err, err_len, PC_ERR_INVAL, "shipper: bad instance id");
         }
     } else {
-        char inst[17];
+        char inst[BILL_STR_MAX];
         if (bill_ledger_read_instance(p->ledger_dir, inst) != 0) {
             shipper_free(s);
             return pc_err_setf(err, err_len, PC_ERR_NOTFOUND,
                                "shipper: no INSTANCE in %s (open the ledger first)", p->ledger_dir);
         }
-        memcpy(s->instance, inst, sizeof inst);
+        memcpy(s->instance, inst, sizeof s->instance);
     }
     const char *prefix = p->prefix != NULL ? p->prefix : "kvgw";
     snprintf(s->stream_key, sizeof s->stream_key, "%s:ledger:%s", prefix, s->instance);

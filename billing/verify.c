@@ -155,7 +155,7 @@ static int stream_next(stream_iter_t *it, entry_t *e, char *err, size_t err_len)
 static int verify_ledger(redisContext *c, const char *dir, const char *prefix, counters_t *exp,
                          FILE *out, bill_verify_report_t *rep, char *err, size_t err_len)
 {
-    char inst[17], stream[256], cursor_key[256];
+    char inst[BILL_STR_MAX], stream[256], cursor_key[256];
     if (bill_ledger_read_instance(dir, inst) != 0)
         return pc_err_setf(err, err_len, PC_ERR_NOTFOUND, "verify: %s has no INSTANCE id", dir);
     snprintf(stream, sizeof stream, "%s:ledger:%s", prefix, inst);

@@ -114,7 +114,7 @@ PC_TEST(append_durable_reopen)
     bill_ledger_t *l;
     char err[256];
     ASSERT_EQ(bill_ledger_open(&p, &l, err, sizeof err), 0);
-    char inst[17];
+    char inst[BILL_STR_MAX];
     ASSERT_EQ(bill_ledger_read_instance(dir, inst), 0);
     ASSERT_STR_EQ(inst, bill_ledger_instance(l));
     /* A second process (here: a second open) cannot take the same ledger. */
@@ -147,6 +147,26 @@ PC_TEST(append_durable_reopen)
     l = open_ledger(dir, BILL_FSYNC_ALWAYS, 0);
     ASSERT_TRUE(l != NULL);
     ASSERT_STR_EQ(inst, bill_ledger_instance(l)); /* the instance id is kept */
+    ASSERT_EQ(bill_ledger_close(l), 0);
+    /* A configured instance id must match the stored one. */
+    p.instance = "gw-other";
+    ASSERT_EQ(bill_ledger_open(&p, &l, err, sizeof err), PC_ERR_STATE);
+    ASSERT_TRUE(strstr(err, "gw-other") != NULL);
+    p.instance = "bad id!";
+    ASSERT_EQ(bill_ledger_open(&p, &l, err, sizeof err), PC_ERR_INVAL);
+    p.instance = inst;
+    p.fsync = BILL_FSYNC_ALWAYS;
+    ASSERT_EQ(bill_ledger_open(&p, &l, err, sizeof err), 0);
+    /* A new ledger takes the configured id. */
+    bill_ledger_params_t p2 = bill_ledger_params_default();
+    p2.dir = fresh_dir("l1b");
+    p2.instance = "gw1";
+    bill_ledger_t *l4;
+    ASSERT_EQ(bill_ledger_open(&p2, &l4, err, sizeof err), 0);
+    ASSERT_STR_EQ(bill_ledger_instance(l4), "gw1");
+    ASSERT_EQ(bill_ledger_close(l4), 0);
+    ASSERT_EQ(bill_ledger_read_instance(p2.dir, inst), 0);
+    ASSERT_STR_EQ(inst, "gw1");
     make_event(&ev, 100);
     ASSERT_EQ(bill_ledger_append(l, &ev, &seq), 0);
     ASSERT_EQ_U64(seq, 101);
