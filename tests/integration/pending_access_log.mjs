@@ -1,0 +1,56 @@
+// pending_access_log.mjs — failing checks of the lead's gateway code, kept out of CTest until
+// fixed (run: KVGW_BIN=build/bin/kvgw node --test tests/integration/pending_access_log.mjs).
+//
+// 1. A client that disconnects mid-stream is billed in the ledger for the tokens produced, but
+//    its access log line (status 499) is written at abort time, before the worker's usage is
+//    known: it shows output_tokens 0 while the ledger bills N > 0. The access log is documented
+//    to carry each request's usage (issue 11, "Metrics and logs").
+// 2. Duplicate object keys in a request body are accepted (last one wins): json_loadb runs
+//    without JSON_REJECT_DUPLICATES, so {"model":"a","model":"b"} is served as model b.
+//    reliability-ecosystem.md B11 asks for duplicate keys to be rejected with a 400.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { MODEL, gatewayConfig, startGateway, stopGateway, writeConfig, RawConn, postBytes, metric, readLedger, sleep } from './harness.mjs';
+
+let dir, gw;
+before(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'kvgw-pending-'));
+  gw = await startGateway(writeConfig(dir, gatewayConfig(dir)));
+});
+after(async () => {
+  if (gw) await stopGateway(gw, 'SIGKILL');
+  rmSync(dir, { recursive: true, force: true });
+});
+
+test('the access log line of a 499 carries the usage the ledger billed', async () => {
+  const c = new RawConn(gw.port);
+  await c.ready;
+  c.write(postBytes('/v1/messages', { model: MODEL, max_tokens: 4000, stream: true, messages: [{ role: 'user', content: 'a long story' }] }));
+  await c.until(() => (c.buf.toString('latin1').match(/event: content_block_delta/g) ?? []).length >= 3, 30000);
+  const rid = c.buf.toString('latin1').match(/\r\nrequest-id: (\S+)\r\n/)[1];
+  c.destroy();
+  const t0 = Date.now();
+  while (Date.now() - t0 < 10000 && (await metric(gw.base, 'kvgw_requests_in_flight')) !== 0) await sleep(50);
+  let ev;
+  while (Date.now() - t0 < 10000 && !(ev = readLedger(join(dir, 'ledger'), { allowTornTail: true }).events.find((e) => e.request_id === rid))) await sleep(50);
+  assert.ok(ev && ev.output >= 3);
+  const line = readFileSync(join(dir, 'access.log'), 'utf8').trim().split('\n').map((l) => JSON.parse(l)).find((l) => l.request_id === rid);
+  assert.equal(line.status, 499);
+  assert.equal(line.output_tokens, ev.output, 'output tokens: access log vs ledger');
+  assert.equal(line.input_tokens + line.cache_read + line.cache_write_5m + line.cache_write_1h,
+    ev.uncached + ev.read + ev.write_5m + ev.write_1h, 'prompt tokens: access log vs ledger');
+});
+
+test('duplicate keys in a request body -> 400', async () => {
+  const r = await fetch(gw.base + '/v1/messages', {
+    method: 'POST',
+    headers: { 'x-api-key': 'sk-test-a', 'content-type': 'application/json' },
+    body: `{"model":"no-such-model","model":"${MODEL}","max_tokens":1,"messages":[{"role":"user","content":"x"}]}`,
+  });
+  const j = await r.json();
+  assert.equal(r.status, 400, JSON.stringify(j));
+  assert.equal(j.error.type, 'invalid_request_error');
+});
