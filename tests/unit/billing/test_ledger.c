@@ -580,4 +580,63 @@ PC_TEST(crash_loop_sigkill)
     printf("  %" PRIu64 " events after %d kills\n", total, rounds);
 }
 
+/* Writes the fuzz_ledger seed corpus when KVGW_LEDGER_CORPUS names a directory (see
+ * tests/fuzz/ledger.cmake); skipped otherwise. */
+PC_TEST(corpus_seeds)
+{
+    const char *out = getenv("KVGW_LEDGER_CORPUS");
+    if (out == NULL)
+        PC_SKIP("KVGW_LEDGER_CORPUS not set");
+    const char *dir = fresh_dir("seeds");
+    bill_ledger_t *l = open_ledger(dir, BILL_FSYNC_OFF, 0);
+    bill_event_t ev;
+    uint64_t seq;
+    for (uint64_t i = 0; i < 3; i++) {
+        make_event(&ev, i);
+        if (i == 2) {
+            bill_event_init(&ev, BILL_EVENT_STORAGE);
+            bill_event_set_str(ev.event_id, "st-1");
+            bill_event_set_str(ev.tenant, "acme");
+            bill_event_set_str(ev.model, "kvgw-demo");
+            bill_event_set_str(ev.ns, "00ff");
+            ev.end_ms = 60000;
+            ev.token_ms = 123456;
+            ev.cost_nusd[BILL_BUCKET_STORAGE] = 17;
+        }
+        ASSERT_EQ(bill_ledger_append(l, &ev, &seq), 0);
+    }
+    ASSERT_EQ(bill_ledger_close(l), 0);
+    char path[600];
+    snprintf(path, sizeof path, "%s/ledger-00000000000000000001.seg", dir);
+    size_t len;
+    uint8_t *seg = pc_test_slurp(path, &len);
+    ASSERT_TRUE(seg != NULL && len > 100);
+    struct {
+        const char *name;
+        uint8_t mode;
+        size_t off, n;
+        long flip; /* byte of the written input to flip, -1 none */
+    } seeds[] = {
+        {"records", 0, 16, len - 16, -1},  {"torn_tail", 0, 16, len - 16 - 9, -1},
+        {"flipped", 0, 16, len - 16, 200}, {"whole_file", 1, 0, len, -1},
+        {"bad_magic", 1, 0, len, 2},       {"empty", 0, 16, 0, -1},
+        {"header_only", 1, 0, 16, -1},     {"short_header", 1, 0, 9, -1},
+    };
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
+        char sp[700];
+        snprintf(sp, sizeof sp, "%s/%s", out, seeds[i].name);
+        FILE *f = fopen(sp, "wb");
+        ASSERT_TRUE(f != NULL);
+        uint8_t *b = malloc(seeds[i].n + 1);
+        b[0] = seeds[i].mode;
+        memcpy(b + 1, seg + seeds[i].off, seeds[i].n);
+        if (seeds[i].flip >= 0 && (size_t)seeds[i].flip < seeds[i].n)
+            b[1 + seeds[i].flip] ^= 0x20;
+        fwrite(b, 1, seeds[i].n + 1, f);
+        fclose(f);
+        free(b);
+    }
+    free(seg);
+}
+
 PC_TEST_MAIN()
