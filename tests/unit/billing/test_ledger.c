@@ -190,9 +190,15 @@ PC_TEST(duplicate_event_ids_written_once)
     ev.usage.n_output = 999; /* a retry with different numbers is still the same event */
     ASSERT_EQ(bill_ledger_append(l, &ev, &seq2), 1);
     ASSERT_EQ_U64(seq2, seq);
+    /* Tokens but no cost (LiteLLM #37923's streamed spend = 0): written, and counted as an alert.
+     */
+    make_event(&ev, 7);
+    memset(ev.cost_nusd, 0, sizeof ev.cost_nusd);
+    ASSERT_EQ(bill_ledger_append(l, &ev, &seq2), 0);
     bill_ledger_stats_t st;
     bill_ledger_stats(l, &st);
     ASSERT_EQ_U64(st.n_duplicates, 2);
+    ASSERT_EQ_U64(st.n_zero_cost, 1);
     ASSERT_EQ(bill_ledger_close(l), 0);
     /* And after a restart: the set is rebuilt from the ledger. */
     l = open_ledger(dir, BILL_FSYNC_OFF, 0);
@@ -202,7 +208,7 @@ PC_TEST(duplicate_event_ids_written_once)
     make_event(&ev, 2);
     ASSERT_EQ(bill_ledger_append(l, &ev, &seq2), 0);
     ASSERT_EQ(bill_ledger_close(l), 0);
-    ASSERT_EQ(read_all(dir, NULL, 0), 2);
+    ASSERT_EQ(read_all(dir, NULL, 0), 3);
 }
 
 PC_TEST(dedup_window_generations)
