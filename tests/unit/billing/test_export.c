@@ -20,6 +20,16 @@ static const char *prices = "models:\n"
 
 #define DAY0 1735689600000ull /* 2025-01-01T00:00:00Z */
 
+__attribute__((destructor)) static void remove_ledgers(void)
+{
+    char cmd[600];
+    if (pc_test__tmp_dir[0] != '\0') {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", pc_test__tmp_dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "cannot remove %s\n", pc_test__tmp_dir);
+    }
+}
+
 static uint64_t g_total;        /* nano-USD of every event written */
 static uint64_t g_total_acme;   /* of tenant acme */
 static uint64_t g_total_day0;   /* of events starting on DAY0 */

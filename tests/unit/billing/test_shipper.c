@@ -107,6 +107,12 @@ __attribute__((destructor)) static void redis_cleanup(void)
         kill(g_redis, SIGCONT);
         redis_kill(SIGKILL);
     }
+    char cmd[600];
+    if (pc_test__tmp_dir[0] != '\0') { /* the ledgers and Redis's files, in subdirectories */
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", pc_test__tmp_dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "cannot remove %s\n", pc_test__tmp_dir);
+    }
 }
 
 static void fill(const char *dir, uint64_t first, uint64_t n, const char *tag)
