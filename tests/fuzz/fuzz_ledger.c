@@ -21,6 +21,16 @@
 
 static char dir[256];
 
+__attribute__((destructor)) static void remove_dir(void)
+{
+    char cmd[600];
+    if (dir[0] != '\0') {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "fuzz_ledger: cannot remove %s\n", dir);
+    }
+}
+
 static void write_segment(const uint8_t *data, size_t size, int with_header)
 {
     char path[400];
