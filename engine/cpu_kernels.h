@@ -1,12 +1,14 @@
 /*
  * cpu_kernels.h — the CPU backend's compute kernels (engine-internal).
  *
- * Matrix products go through OpenBLAS sgemm, one single-threaded call per slice of output
- * columns on each pool thread (OpenBLAS is set to one thread). F16 weights are converted tile by
- * tile into a per-thread F32 buffer before sgemm (with the ISA path's F16C conversion), or, for
- * fewer than ENG_GEMV_MAX_M rows (decode), multiplied directly by the path's GEMV kernel, which
- * reads each weight once. Every function takes the ISA path (cpu.h) to run; AUTO is the best the
- * CPU runs, and a path the CPU cannot run is lowered to the best it can.
+ * Weights are F32, F16, BF16 or Q8_0, as the model stores them. Below ENG_GEMV_MAX_M rows of x
+ * (decode) every type is multiplied directly by the path's GEMV kernel, which reads each weight
+ * once in its own format. From it on (prefill), on the AVX2 path F16 weights go to the AVX2
+ * register-tile GEMM as stored; otherwise non-F32 weights are converted tile by tile into a
+ * per-thread F32 buffer, multiplied by that GEMM (AVX2) or by OpenBLAS sgemm (one
+ * single-threaded call per slice of output columns on each pool thread; OpenBLAS is set to one
+ * thread). Every function takes the ISA path (cpu.h) to run; AUTO is the best the CPU runs, and
+ * a path the CPU cannot run is lowered to the best it can.
  *
  * Attention runs over the paged KV cache, one task per (sequence, KV head, run of query
  * tokens), block by block with an online softmax (FlashAttention's recurrence), so no score
