@@ -169,6 +169,8 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
                    strcmp(backend, "cuda") != 0;
     mp.pack_bf16_skip_f32 = p->gemm == ENG_GEMM_AUTO;
     mp.copy_weights = strcmp(backend, "cuda") != 0; /* host copies help only the CPU backend */
+    mp.progress = p->load_progress;
+    mp.progress_ud = p->load_progress_ud;
 #ifdef KVGW_HAVE_CUDA
     /* The cuda backend uploads F16 and F32 host matrices: BF16 and Q8_0 ones become F32 unless
      * the backend is the CPU for sure (which reads them as stored). */

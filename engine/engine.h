@@ -27,6 +27,7 @@
 #include "backend.h"
 #include "hparams.h"
 #include "kvpool.h"
+#include "model.h" /* eng_load_progress_fn */
 
 /* The precision of the CPU backend's matrix products over 32 or more rows (prefill). BF16
  * GEMMs (VDPBF16PS, F32 accumulation) run at about twice the F32 rate on CPUs with AVX512-BF16;
@@ -66,6 +67,8 @@ typedef struct eng_params {
                             or "" reads KVGW_CPU_ISA, unset means the best this CPU runs (chosen
                             by cpuid at run time). A path the CPU cannot run is refused:
                             eng_init returns PC_ERR_UNSUPPORTED with the reason. Not kept. */
+    eng_load_progress_fn load_progress; /* model loading progress (model.h); NULL: none */
+    void *load_progress_ud;
 } eng_params_t;
 
 eng_params_t eng_params_default(void);

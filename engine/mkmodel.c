@@ -42,6 +42,8 @@ eng_mkmodel_params_t eng_mkmodel_params_default(void)
         .seed = 1,
         .name = NULL,
         .alignment = 0,
+        .progress = NULL,
+        .progress_ud = NULL,
     };
 }
 
@@ -395,9 +397,16 @@ int eng_mkmodel_write(const eng_mkmodel_params_t *p, const eng_vocab_t *vocab, c
     }
     if ((rc = eng_gguf_writer_file_begin(w, path, err, err_len)) != 0)
         goto fail;
+    uint64_t total = 0, done = 0;
     for (size_t i = 0; i < pl.n; i++)
+        total += (uint64_t)(pl.t[i].ne[0] * pl.t[i].ne[1]);
+    for (size_t i = 0; i < pl.n; i++) {
         if ((rc = write_tensor(w, p, &pl.t[i], fbuf, obuf, err, err_len)) != 0)
             goto fail;
+        done += (uint64_t)(pl.t[i].ne[0] * pl.t[i].ne[1]);
+        if (p->progress != NULL)
+            p->progress(done, total, p->progress_ud);
+    }
     rc = eng_gguf_writer_file_finish(w, err, err_len);
 fail:
     pc_free(fbuf);

@@ -43,6 +43,10 @@ typedef struct eng_mkmodel_params {
     uint64_t seed;
     const char *name;   /* general.name; NULL: "kvgw-test" */
     uint32_t alignment; /* 0: 32 */
+    /* Called after each tensor is written with the weights (elements) written so far and in
+     * all, for a progress display; NULL (default): none. Runs on the writing thread. */
+    void (*progress)(uint64_t done, uint64_t total, void *ud);
+    void *progress_ud;
 } eng_mkmodel_params_t;
 
 /* llama, 2 layers, width 256, 8 heads, 2 KV heads, FFN 704, context 8192, F32, theta 500000,

@@ -25,7 +25,9 @@ eng_model_params_t eng_model_params_default(void)
                                 .quant_f32 = false,
                                 .pack_bf16 = false,
                                 .pack_bf16_skip_f32 = false,
-                                .copy_weights = true};
+                                .copy_weights = true,
+                                .progress = NULL,
+                                .progress_ud = NULL};
 }
 
 static void *model_own(eng_model_t *m, size_t n_bytes)
@@ -262,6 +264,8 @@ int eng_model_load(const char *path, const eng_model_params_t *p, eng_model_t **
             ((rc = load_vec(m, "blk.%d.attn_q_norm.weight", l, &L->q_norm, err, err_len)) ||
              (rc = load_vec(m, "blk.%d.attn_k_norm.weight", l, &L->k_norm, err, err_len))))
             goto fail;
+        if (p->progress != NULL)
+            p->progress(il + 1, hp->n_layer, p->progress_ud);
     }
     *out = m;
     return 0;

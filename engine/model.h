@@ -65,6 +65,10 @@ typedef struct eng_model {
     bool has_bf16; /* at least one layer matrix has BF16 panels */
 } eng_model_t;
 
+/* Load progress: called on the loading thread after each layer, with the layers loaded so far
+ * and in all (for a progress display; it must not call back into the model). */
+typedef void (*eng_load_progress_fn)(uint32_t done, uint32_t total, void *ud);
+
 typedef struct eng_model_params {
     bool weights_f32;        /* convert F16, BF16 and Q8_0 weights to F32 at load (default: keep
                                 every matrix as stored) */
@@ -76,6 +80,8 @@ typedef struct eng_model_params {
                                 on transparent huge pages (when the kernel has them): decode
                                 streams every weight once per token, and 2 MiB pages stream
                                 ~25% faster than the mapping's 4 KiB ones */
+    eng_load_progress_fn progress; /* NULL (default): none */
+    void *progress_ud;
 } eng_model_params_t;
 
 eng_model_params_t eng_model_params_default(void);

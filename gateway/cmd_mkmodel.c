@@ -11,6 +11,7 @@
 #include "gguf.h"
 #include "hparams.h"
 #include "mkmodel.h"
+#include "progress.h"
 #include "vocab.h"
 
 #include <errno.h>
@@ -212,7 +213,14 @@ int kvgw_cmd_mkmodel(int argc, char **argv)
         fprintf(stderr, "kvgw mkmodel: %s\n", err);
         return KVGW_EXIT_FAIL;
     }
+    char what[320];
+    snprintf(what, sizeof what, "kvgw mkmodel: writing %s", out);
+    kvgw_progress_t pr;
+    kvgw_progress_begin(&pr, what, NULL);
+    p.progress = kvgw_progress_cb_u64;
+    p.progress_ud = &pr;
     rc = eng_mkmodel_write(&p, v, out, err, sizeof err);
+    kvgw_progress_end(&pr);
     uint32_t n_vocab = v->n_tokens;
     eng_vocab_free(v);
     if (rc != 0) {

@@ -23,6 +23,7 @@
  */
 #include "cli.h"
 #include "common.h"
+#include "progress.h"
 #include "wire_conn.h"
 #include "worker_server.h"
 
@@ -232,7 +233,16 @@ int kvgw_cmd_worker(int argc, char **argv)
     }
     worker_main_t m = {0};
     char err[512] = "";
-    if (lnk_worker_server_init(&loop, &sp, &wp, &m.server, err, sizeof err) != 0) {
+    /* Loading a large model takes a while: a progress line on a terminal (layers loaded). */
+    char what[320];
+    snprintf(what, sizeof what, "kvgw worker: loading %s", model);
+    kvgw_progress_t pr;
+    kvgw_progress_begin(&pr, what, "layers");
+    wp.engine.load_progress = kvgw_progress_cb_u32;
+    wp.engine.load_progress_ud = &pr;
+    int init_rc = lnk_worker_server_init(&loop, &sp, &wp, &m.server, err, sizeof err);
+    kvgw_progress_end(&pr);
+    if (init_rc != 0) {
         fprintf(stderr, "kvgw worker: %s\n", err);
         uv_run(&loop, UV_RUN_DEFAULT); /* the partly built server closes itself */
         uv_loop_close(&loop);
