@@ -86,7 +86,7 @@ int gw_config_default(gw_config_t *c)
     c->ttl_1h_ms = 60 * 60000;
     c->ledger_dir = pc_strdup("var/ledger");
     c->fsync = GW_FSYNC_BATCH;
-    c->fsync_batch_ms = 2;
+    c->fsync_batch_us = 500;
     c->segment_bytes = 64u << 20;
     c->pricing_path = pc_strdup("conf/pricing.yaml");
     c->storage_interval_ms = 60000;
@@ -706,8 +706,31 @@ static int billing_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
             return fail_at(w, v, "expected always, batch or off");
         return 0;
     }
-    if (strcmp(k, "fsync_batch") == 0)
-        return get_ms(w, v, 0, 1000, &c->fsync_batch_ms);
+    if (strcmp(k, "fsync_batch") == 0) {
+        /* "500us", or a duration in ms ("2ms"); at most 1 s */
+        const char *sv = scalar(v);
+        size_t sl = sv ? strlen(sv) : 0;
+        uint64_t us = 0;
+        if (sl > 2 && strcmp(sv + sl - 2, "us") == 0) {
+            char num[32];
+            if (sl - 2 >= sizeof num)
+                return fail_at(w, v, "expected a duration such as 500us or 2ms");
+            memcpy(num, sv, sl - 2);
+            num[sl - 2] = '\0';
+            if (parse_scaled(num, &us, NULL, NULL, 0) != 0)
+                return fail_at(w, v, "expected a duration such as 500us or 2ms");
+        } else {
+            uint32_t ms;
+            int rc = get_ms(w, v, 0, 1000, &ms);
+            if (rc != 0)
+                return rc;
+            us = (uint64_t)ms * 1000;
+        }
+        if (us > 1000000)
+            return fail_at(w, v, "at most 1s");
+        c->fsync_batch_us = (uint32_t)us;
+        return 0;
+    }
     if (strcmp(k, "segment_bytes") == 0)
         return get_size(w, v, 4096, 1ull << 40, &c->segment_bytes);
     if (strcmp(k, "storage_interval") == 0)
@@ -926,7 +949,7 @@ int gw_config_print(const gw_config_t *c, pc_buf_t *o)
             "  shutdown_grace: %ums\ncache:\n  accounting: %s\n  max_tokens: %llu\n"
             "  ttl_5m: %ums\n  ttl_1h: %ums\n"
             "  namespace_secret: %s\nbilling:\n  ledger_dir: %s\n  pricing: %s\n"
-            "  instance_id: %s\n  fsync: %s\n  fsync_batch: %ums\n  segment_bytes: %llu\n"
+            "  instance_id: %s\n  fsync: %s\n  fsync_batch: %uus\n  segment_bytes: %llu\n"
             "  storage_interval: %ums\n",
             c->has_admin_key ? "<set>" : "null", c->link_secret ? "<set>" : "<none>",
             c->worker_heartbeat_ms, c->worker_connect_timeout_ms, c->max_body_bytes,
@@ -934,7 +957,7 @@ int gw_config_print(const gw_config_t *c, pc_buf_t *o)
             c->idle_timeout_ms, c->max_connections, c->stream_high_water, c->shutdown_grace_ms,
             acc[c->accounting], (unsigned long long)c->cache_max_tokens, c->ttl_5m_ms, c->ttl_1h_ms,
             c->namespace_secret_is_default ? "<built-in demo secret>" : "<set>", c->ledger_dir,
-            c->pricing_path, c->instance_id, fs[c->fsync], c->fsync_batch_ms,
+            c->pricing_path, c->instance_id, fs[c->fsync], c->fsync_batch_us,
             (unsigned long long)c->segment_bytes, c->storage_interval_ms);
     if (rc == 0 && c->redis_host)
         rc = pc_buf_printf(o, "redis:\n  address: %s:%d\n  password: %s\n  timeout: %ums\n",

@@ -98,7 +98,7 @@ typedef struct gw_config {
     /* billing */
     char *ledger_dir;
     gw_fsync_mode_t fsync;
-    uint32_t fsync_batch_ms;
+    uint32_t fsync_batch_us; /* group-commit window (fsync: batch) */
     uint64_t segment_bytes;
     char *pricing_path;
     uint32_t storage_interval_ms;

@@ -26,6 +26,7 @@
 #include "hparams.h"
 #include "http.h"
 #include "ledger.h"
+#include "shipper.h"
 #include "metrics.h"
 #include "pool.h"
 #include "render.h"
@@ -126,6 +127,7 @@ struct serve {
     gw_router_t router;
     bill_pricing_t *pricing;
     bill_ledger_t *ledger;
+    bill_shipper_t *shipper; /* NULL without Redis */
     bill_idgen_t idgen;
     uv_async_t ledger_wake;
     uv_timer_t tick;
@@ -525,6 +527,8 @@ static void on_ledger_wake(uv_async_t *a)
 {
     serve_t *s = a->data;
     uint64_t durable = bill_ledger_durable_seq(s->ledger);
+    if (s->shipper)
+        bill_shipper_kick(s->shipper);
     while (s->durable_head && s->durable_head->ledger_seq <= durable) {
         req_t *q = s->durable_head;
         s->durable_head = q->next_durable;
@@ -532,6 +536,12 @@ static void on_ledger_wake(uv_async_t *a)
             s->durable_tail = NULL;
         finish_response(q);
     }
+}
+
+static uint64_t shipper_durable(void *ud)
+{
+    serve_t *s = ud;
+    return bill_ledger_durable_seq(s->ledger);
 }
 
 static void ledger_wake_fn(void *ud)
@@ -1636,13 +1646,29 @@ static int serve_run(serve_t *s, const char *listen)
     lp.fsync = s->cfg.fsync == GW_FSYNC_ALWAYS  ? BILL_FSYNC_ALWAYS
                : s->cfg.fsync == GW_FSYNC_BATCH ? BILL_FSYNC_BATCH
                                                 : BILL_FSYNC_OFF;
-    lp.batch_window_us = s->cfg.fsync_batch_ms * 1000;
+    lp.batch_window_us = s->cfg.fsync_batch_us;
     lp.segment_bytes = s->cfg.segment_bytes;
+    lp.instance = s->cfg.instance_id;
     lp.wake = ledger_wake_fn;
     lp.wake_ud = &s->ledger_wake;
     if ((rc = bill_ledger_open(&lp, &s->ledger, err, sizeof err)) != 0) {
         fprintf(stderr, "kvgw serve: ledger: %s\n", err);
         return KVGW_EXIT_FAIL;
+    }
+    if (s->cfg.redis_host != NULL) {
+        bill_shipper_params_t sp = bill_shipper_params_default();
+        sp.ledger_dir = s->cfg.ledger_dir;
+        sp.instance = s->cfg.instance_id;
+        sp.host = s->cfg.redis_host;
+        sp.port = s->cfg.redis_port;
+        sp.password = s->cfg.redis_password;
+        sp.timeout_ms = s->cfg.redis_timeout_ms;
+        sp.durable_seq = shipper_durable;
+        sp.durable_ud = s;
+        if ((rc = bill_shipper_start(s->loop, &sp, &s->shipper, err, sizeof err)) != 0) {
+            fprintf(stderr, "kvgw serve: redis shipper: %s\n", err);
+            return KVGW_EXIT_FAIL;
+        }
     }
     gw_cindex_params_t ip = gw_cindex_params_default();
     ip.max_tokens = s->cfg.cache_max_tokens;
@@ -1771,6 +1797,10 @@ int kvgw_cmd_serve(int argc, char **argv)
         meter_storage(s);
     if (s->pool)
         gw_pool_shutdown(s->pool, NULL, NULL);
+    if (s->shipper) { /* it resumes from its cursor in Redis at the next start */
+        bill_shipper_stop(s->shipper, NULL, NULL);
+        s->shipper = NULL;
+    }
     if (s->ledger) {
         int lrc = bill_ledger_close(s->ledger);
         s->ledger = NULL;
