@@ -996,6 +996,7 @@ static void prepare_done(uv_work_t *w, int status)
         return;
     }
     if (q->kind == GW_API_ANTHROPIC_COUNT_TOKENS) {
+        q->usage.input_tokens = (uint32_t)q->r.n_tokens; /* for the access log */
         pc_buf_t b = {0};
         gw_anthropic_count_tokens_render((uint32_t)q->r.n_tokens, &b);
         respond(q, 200, "application/json", b.base, b.len);
