@@ -22,6 +22,7 @@
 #include "cli.h"
 #include "common.h"
 #include "config.h"
+#include "dashboard.h"
 #include "gguf.h"
 #include "hparams.h"
 #include "http.h"
@@ -111,7 +112,9 @@ typedef struct req {
     bool final_is_stream;
     int final_status;
     char cache_hdr[256];
-    void *job;                         /* GET /admin/v1/usage: its export job */
+    const char *endpoint; /* the metrics/log label: messages, count_tokens, chat_completions,
+                             models, health, metrics, dashboard, admin_usage, other */
+    void *job;            /* GET /admin/v1/usage: its export job */
     struct req *next_live, *prev_live; /* the live list (events are dispatched by wire_id) */
     struct req *next_durable;          /* FIFO of requests waiting for the ledger */
 } req_t;
@@ -146,7 +149,7 @@ struct serve {
     gw_metrics_t *m;
     gw_metric_t *m_requests, *m_duration, *m_ttft, *m_tokens, *m_hit_tokens, *m_lookups;
     gw_metric_t *m_entries, *m_entry_tokens, *m_expired, *m_worker_up, *m_worker_queue,
-        *m_worker_free, *m_routes, *m_billing, *m_inflight, *m_build;
+        *m_worker_free, *m_routes, *m_billing, *m_inflight, *m_build, *m_ship_lag;
 };
 
 /* ---- namespaces ------------------------------------------------------------------------- */
@@ -310,7 +313,7 @@ static void access_log(req_t *q, int status)
             "\"cache\":\"%s\",\"worker\":%d,\"ttft_ms\":%" PRId64 ",\"duration_ms\":%" PRIu64
             ",\"worker_ttft_us\":%" PRIu64 ",\"worker_total_us\":%" PRIu64
             ",\"physical_hit\":%u}\n",
-            pc_time_wall_ms(), q->id, kind_endpoint(q->kind), status, q->key ? q->key->tenant : "",
+            pc_time_wall_ms(), q->id, q->endpoint, status, q->key ? q->key->tenant : "",
             q->api ? (int)q->api->model.len : 0, q->api ? q->api->model.base : "",
             q->usage.input_tokens, q->usage.cache_read, q->usage.cache_write_5m,
             q->usage.cache_write_1h, q->usage.output_tokens, q->cache_hdr,
@@ -324,9 +327,9 @@ static void count_request(req_t *q, int status)
 {
     char code[8];
     snprintf(code, sizeof code, "%d", status);
-    const char *lv[] = {kind_endpoint(q->kind), code};
+    const char *lv[] = {q->endpoint, code};
     gw_metric_add(q->s->m_requests, lv, 1);
-    const char *lv2[] = {kind_endpoint(q->kind)};
+    const char *lv2[] = {q->endpoint};
     gw_metric_observe(q->s->m_duration, lv2, (double)(pc_time_mono_ms() - q->t0_ms) / 1000.0);
     access_log(q, status);
 }
@@ -526,6 +529,8 @@ static void wait_durable(req_t *q)
 static void on_ledger_wake(uv_async_t *a)
 {
     serve_t *s = a->data;
+    if (s->ledger == NULL) /* a wake left over from the ledger's close at teardown */
+        return;
     uint64_t durable = bill_ledger_durable_seq(s->ledger);
     if (s->shipper)
         bill_shipper_kick(s->shipper);
@@ -1306,13 +1311,26 @@ static void on_request(gw_http_req_t *r, void *ud)
     hex_id(q->id, sizeof q->id, "req_");
     const char *method = gw_http_req_method(r), *path = gw_http_req_path(r);
     q->kind = kind_for_path(path);
+    q->endpoint = "other";
     gw_http_req_set_data(r, q);
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     bool post = strcmp(method, "POST") == 0;
 
     if (get && strcmp(path, "/healthz") == 0) {
+        q->endpoint = "health";
         respond(q, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    } else if (get && strcmp(path, "/dashboard") == 0) {
+        /* The page itself holds no data: it reads /metrics (the admin key is kept in the URL
+         * fragment, which never reaches the server). */
+        q->endpoint = "dashboard";
+        pc_buf_t b = {0};
+        if (gw_dashboard_page(&b) == 0)
+            respond(q, 200, "text/html; charset=utf-8", b.base, b.len);
+        else
+            respond_errorf(q, 500, "%s", "out of memory");
+        pc_buf_free(&b);
     } else if (get && strcmp(path, "/readyz") == 0) {
+        q->endpoint = "health";
         bool ready = !s->stopping;
         for (size_t i = 0; i < s->n_models; i++)
             ready = ready && gw_pool_model_up(s->pool, (uint32_t)i);
@@ -1321,8 +1339,10 @@ static void on_request(gw_http_req_t *r, void *ud)
         else
             respond(q, 503, "application/json", "{\"status\":\"not ready\"}", 22);
     } else if (get && strcmp(path, "/metrics") == 0) {
+        q->endpoint = "metrics";
         metrics_endpoint(q);
     } else if (get && strcmp(path, "/v1/models") == 0) {
+        q->endpoint = "models";
         const char *key = client_key(r);
         if (key == NULL || gw_config_key_find(&s->cfg, key, strlen(key)) == NULL)
             respond_errorf(q, 401, "%s",
@@ -1334,6 +1354,7 @@ static void on_request(gw_http_req_t *r, void *ud)
                         strcmp(path, "/v1/chat/completions") == 0)) {
         if (strcmp(path, "/v1/messages/count_tokens") == 0)
             q->kind = GW_API_ANTHROPIC_COUNT_TOKENS;
+        q->endpoint = kind_endpoint(q->kind);
         const char *key = client_key(r);
         q->key = key ? gw_config_key_find(&s->cfg, key, strlen(key)) : NULL;
         if (q->key == NULL) {
@@ -1361,6 +1382,7 @@ static void on_request(gw_http_req_t *r, void *ud)
                            key ? "this endpoint needs the admin key"
                                : "x-api-key header is required");
         else if (strcmp(path, "/admin/v1/usage") == 0) {
+            q->endpoint = "admin_usage";
             if (admin_usage(q, gw_http_req_query(r)))
                 return; /* streaming: the export job owns q now */
         } else
@@ -1445,6 +1467,13 @@ static void update_gauges(serve_t *s)
     for (req_t *q = s->live; q; q = q->next_live)
         inflight++;
     gw_metric_set(s->m_inflight, NULL, (double)inflight);
+    if (s->shipper != NULL) {
+        bill_shipper_stats_t ss;
+        bill_shipper_stats(s->shipper, &ss);
+        uint64_t durable = bill_ledger_durable_seq(s->ledger);
+        gw_metric_set(s->m_ship_lag, NULL,
+                      durable > ss.shipped_seq ? (double)(durable - ss.shipped_seq) : 0);
+    }
 }
 
 static void on_tick(uv_timer_t *t)
@@ -1536,6 +1565,8 @@ static void setup_metrics(serve_t *s)
                                       "Usage events by ledger outcome.", 1, state);
     s->m_inflight =
         gw_metrics_gauge(s->m, "kvgw_requests_in_flight", "Requests running on a worker.", 0, NULL);
+    s->m_ship_lag = gw_metrics_gauge(s->m, "kvgw_billing_shipper_lag_events",
+                                     "Durable ledger records not yet shipped to Redis.", 0, NULL);
     const char *v[] = {KVGW_VERSION};
     gw_metric_set(s->m_build, v, 1);
 }
