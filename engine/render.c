@@ -607,12 +607,21 @@ static int32_t piece_id(const eng_render_t *r, const char *text)
 int eng_render_tokenize(const eng_render_t *r, eng_render_out_t *out, pc_arena_t *arena, char *err,
                         size_t err_len)
 {
+    return eng_render_tokenize_cached(r, NULL, 0, out, arena, err, err_len);
+}
+
+int eng_render_tokenize_cached(const eng_render_t *r, eng_tokcache_t *cache, uint64_t scope,
+                               eng_render_out_t *out, pc_arena_t *arena, char *err, size_t err_len)
+{
     uint32_t *ids = NULL;
     size_t n = 0, cap = 0, mi = 0;
     int rc;
 
     if (r->tok == NULL)
         return pc_err_setf(err, err_len, PC_ERR_STATE, "renderer has no tokenizer");
+    if (cache != NULL && eng_tokcache_tok(cache) != r->tok)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "the token cache belongs to another tokenizer");
     for (size_t s = 0; s <= out->n_segs; s++) {
         /* Marks whose element ends before segment s. */
         while (mi < out->n_marks && out->marks[mi].seg_end == s) {
@@ -640,6 +649,10 @@ int eng_render_tokenize(const eng_render_t *r, eng_render_out_t *out, pc_arena_t
                 cap = nc;
             }
             ids[n++] = (uint32_t)id;
+        } else if (cache != NULL) {
+            if ((rc = eng_tokcache_encode(cache, scope, g->text.base, g->text.len, &ids, &n,
+                                          &cap)) != 0)
+                goto fail;
         } else if ((rc = eng_tok_encode(r->tok, g->text.base, g->text.len, &ids, &n, &cap)) != 0) {
             goto fail;
         }
@@ -667,6 +680,17 @@ int eng_render_chat(const eng_render_t *r, const eng_chat_t *chat, pc_arena_t *a
 {
     int rc = eng_render_segments(r, chat, arena, out, err, err_len);
     if (rc == 0 && (rc = eng_render_tokenize(r, out, arena, err, err_len)) != 0)
+        memset(out, 0, sizeof *out);
+    return rc;
+}
+
+int eng_render_chat_cached(const eng_render_t *r, eng_tokcache_t *cache, uint64_t scope,
+                           const eng_chat_t *chat, pc_arena_t *arena, eng_render_out_t *out,
+                           char *err, size_t err_len)
+{
+    int rc = eng_render_segments(r, chat, arena, out, err, err_len);
+    if (rc == 0 &&
+        (rc = eng_render_tokenize_cached(r, cache, scope, out, arena, err, err_len)) != 0)
         memset(out, 0, sizeof *out);
     return rc;
 }

@@ -59,6 +59,7 @@
 #include "chat.h"
 #include "pc_arena.h"
 #include "pc_buf.h"
+#include "tokcache.h"
 #include "tokenizer.h"
 
 typedef enum eng_render_family {
@@ -145,6 +146,19 @@ int eng_render_tokenize(const eng_render_t *r, eng_render_out_t *out, pc_arena_t
 /* eng_render_segments then eng_render_tokenize. */
 int eng_render_chat(const eng_render_t *r, const eng_chat_t *chat, pc_arena_t *arena,
                     eng_render_out_t *out, char *err, size_t err_len);
+
+/* eng_render_tokenize with a segment token cache (tokcache.h): TEXT segments (and ADDED ones
+ * the vocab lacks) are encoded through eng_tokcache_encode(cache, scope, ...), so the result is
+ * identical to eng_render_tokenize's, only faster when segments repeat. cache NULL means no
+ * cache. The cache must have been made for the renderer's tokenizer (PC_ERR_INVAL otherwise).
+ * scope partitions the cache (the gateway passes the request's namespace). */
+int eng_render_tokenize_cached(const eng_render_t *r, eng_tokcache_t *cache, uint64_t scope,
+                               eng_render_out_t *out, pc_arena_t *arena, char *err, size_t err_len);
+
+/* eng_render_segments then eng_render_tokenize_cached. */
+int eng_render_chat_cached(const eng_render_t *r, eng_tokcache_t *cache, uint64_t scope,
+                           const eng_chat_t *chat, pc_arena_t *arena, eng_render_out_t *out,
+                           char *err, size_t err_len);
 
 /* Appends the text of segments [seg_begin, seg_end) to b: the prompt exactly as a chat
  * template would print it. Returns 0 or PC_ERR_NOMEM. */
