@@ -53,7 +53,8 @@
  * the loop. Only then may lnk_worker_server_free run.
  *
  * Threads: every function runs on the loop's thread. The worker's thread only calls the wake
- * callback, which takes a mutex and calls uv_async_send while the async handle is open.
+ * callback and, once, the stop notification; both take a mutex and call uv_async_send while
+ * the async handle is open.
  */
 #ifndef LNK_WORKER_SERVER_H
 #define LNK_WORKER_SERVER_H
