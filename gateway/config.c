@@ -82,6 +82,7 @@ int gw_config_default(gw_config_t *c)
     c->shutdown_grace_ms = 10000;
     c->accounting = GW_ACCOUNTING_TOKEN;
     c->cache_max_tokens = 64u << 20;
+    c->tokenizer_cache_bytes = 64u << 20;
     c->ttl_5m_ms = 5 * 60000;
     c->ttl_1h_ms = 60 * 60000;
     c->ledger_dir = pc_strdup("var/ledger");
@@ -647,6 +648,8 @@ static int cache_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
     }
     if (strcmp(k, "max_tokens") == 0)
         return get_u64(w, v, 1024, UINT64_MAX, &c->cache_max_tokens);
+    if (strcmp(k, "tokenizer_cache") == 0)
+        return get_size(w, v, 0, (uint64_t)1 << 40, &c->tokenizer_cache_bytes);
     /* The wall-clock length of the two TTL classes. Billing still names them 5m and 1h; tests
      * (and operators who want a longer minimum lifetime) change the clock here. */
     if (strcmp(k, "ttl_5m") == 0)
@@ -947,7 +950,7 @@ int gw_config_print(const gw_config_t *c, pc_buf_t *o)
             "  max_headers: %u\n  header_timeout: %ums\n  body_timeout: %ums\n"
             "  idle_timeout: %ums\n  max_connections: %u\n  stream_buffer_bytes: %zu\n"
             "  shutdown_grace: %ums\ncache:\n  accounting: %s\n  max_tokens: %llu\n"
-            "  ttl_5m: %ums\n  ttl_1h: %ums\n"
+            "  ttl_5m: %ums\n  ttl_1h: %ums\n  tokenizer_cache: %llu\n"
             "  namespace_secret: %s\nbilling:\n  ledger_dir: %s\n  pricing: %s\n"
             "  instance_id: %s\n  fsync: %s\n  fsync_batch: %uus\n  segment_bytes: %llu\n"
             "  storage_interval: %ums\n",
@@ -956,6 +959,7 @@ int gw_config_print(const gw_config_t *c, pc_buf_t *o)
             c->max_header_bytes, c->max_headers, c->header_timeout_ms, c->body_timeout_ms,
             c->idle_timeout_ms, c->max_connections, c->stream_high_water, c->shutdown_grace_ms,
             acc[c->accounting], (unsigned long long)c->cache_max_tokens, c->ttl_5m_ms, c->ttl_1h_ms,
+            (unsigned long long)c->tokenizer_cache_bytes,
             c->namespace_secret_is_default ? "<built-in demo secret>" : "<set>", c->ledger_dir,
             c->pricing_path, c->instance_id, fs[c->fsync], c->fsync_batch_us,
             (unsigned long long)c->segment_bytes, c->storage_interval_ms);

@@ -93,6 +93,11 @@ typedef struct gw_config {
     uint64_t cache_max_tokens; /* index capacity (tokens); LRU beyond */
     uint32_t ttl_5m_ms;        /* the real length of a "5m" entry (default 5 minutes) */
     uint32_t ttl_1h_ms;        /* the real length of a "1h" entry (default 1 hour) */
+    /* cache.tokenizer_cache: the byte budget of each model's segment token cache
+     * (engine/tokcache.h: long prompt segments -> token ids, per namespace, LRU beyond the
+     * budget), which spares re-tokenizing a cached system prompt on every request. Default
+     * 64MiB; 0 turns it off. */
+    uint64_t tokenizer_cache_bytes;
     bool per_tenant_metrics;
 
     /* billing */

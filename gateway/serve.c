@@ -45,6 +45,7 @@ typedef struct model_rt {
     uint32_t index;
     eng_tok_t *tok;
     eng_render_t *render;
+    eng_tokcache_t *tokcache; /* segment -> ids, per namespace; NULL when the config says 0 */
     uint32_t n_ctx;
 } model_rt_t;
 
@@ -966,8 +967,13 @@ static void prepare_work(uv_work_t *w)
         q->prep_rc = PC_ERR_NOTFOUND;
         return;
     }
+    /* The namespace first: it scopes the token cache, so one tenant's prompts never make
+     * another's requests faster. */
+    q->ns =
+        namespace_of(s, q->key->tenant, q->api->model, q->api->has_cache_salt, q->api->cache_salt);
     char err[256];
-    rc = eng_render_chat(q->model->render, q->api->chat, &q->arena, &q->r, err, sizeof err);
+    rc = eng_render_chat_cached(q->model->render, q->model->tokcache, q->ns, q->api->chat,
+                                &q->arena, &q->r, err, sizeof err);
     if (rc != 0) {
         gw_api_error_set(&q->err, q->kind, rc == PC_ERR_NOMEM ? 500 : 400, "%s", err);
         q->prep_rc = rc;
@@ -982,8 +988,6 @@ static void prepare_work(uv_work_t *w)
         q->prep_rc = rc;
         return;
     }
-    q->ns =
-        namespace_of(s, q->key->tenant, q->api->model, q->api->has_cache_salt, q->api->cache_salt);
 }
 
 static void prepare_done(uv_work_t *w, int status)
@@ -1589,6 +1593,12 @@ static int load_models(serve_t *s, char *err, size_t err_len)
             rc = eng_tok_init(v, &m->tok, err, err_len);
         if (rc == 0)
             rc = eng_render_init(m->tok, ENG_RENDER_FAMILY_UNKNOWN, &m->render, err, err_len);
+        if (rc == 0 && s->cfg.tokenizer_cache_bytes > 0) {
+            eng_tokcache_params_t tp = eng_tokcache_params_default();
+            tp.max_bytes = (size_t)s->cfg.tokenizer_cache_bytes;
+            if ((rc = eng_tokcache_init(m->tok, &tp, &m->tokcache)) != 0)
+                pc_err_setf(err, err_len, rc, "tokenizer cache: %s", pc_strerror(rc));
+        }
         if (rc == 0) {
             eng_hparams_t hp;
             if (eng_hparams_from_gguf(g, &hp, NULL, 0) == 0)
@@ -1852,6 +1862,7 @@ int kvgw_cmd_serve(int argc, char **argv)
     bill_pricing_free(s->pricing);
     gw_metrics_free(s->m);
     for (size_t i = 0; i < s->n_models; i++) {
+        eng_tokcache_free(s->models[i].tokcache);
         eng_render_free(s->models[i].render);
         eng_tok_free(s->models[i].tok);
     }
