@@ -758,7 +758,9 @@ int gw_api_parse(gw_api_kind_t kind, const void *body, size_t len, pc_arena_t *a
     int rc;
 
     memset(err, 0, sizeof *err);
-    j = json_loadb(body != NULL ? body : "", len, JSON_ALLOW_NUL, &je);
+    /* Duplicate keys are refused: a body must mean one thing ("model" twice is not "the last
+     * one wins"). */
+    j = json_loadb(body != NULL ? body : "", len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
     if (j == NULL) {
         rc = json_error(&p, &je);
         goto done;

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #include "common.h"
@@ -414,8 +415,10 @@ static int model_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
     gw_cfg_model_t *m = ud;
     if (strcmp(k, "name") == 0)
         return get_str(w, v, &m->name);
-    if (strcmp(k, "path") == 0)
+    if (strcmp(k, "path") == 0) {
+        m->path_line = (unsigned long)v->start_mark.line + 1;
         return get_str(w, v, &m->path);
+    }
     if (strcmp(k, "min_cache_tokens") == 0)
         return get_u32(w, v, 1, 1u << 24, &m->min_cache_tokens);
     if (strcmp(k, "auto_cache_ttl") == 0) {
@@ -693,8 +696,10 @@ static int billing_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
     gw_config_t *c = ud;
     if (strcmp(k, "ledger_dir") == 0)
         return get_str(w, v, &c->ledger_dir);
-    if (strcmp(k, "pricing") == 0)
+    if (strcmp(k, "pricing") == 0) {
+        c->pricing_line = (unsigned long)v->start_mark.line + 1;
         return get_str(w, v, &c->pricing_path);
+    }
     if (strcmp(k, "instance_id") == 0)
         return get_str(w, v, &c->instance_id);
     if (strcmp(k, "fsync") == 0) {
@@ -860,6 +865,21 @@ int gw_config_parse(const char *name, const char *yaml, size_t len, gw_config_t 
     return 0;
 }
 
+/* The files a config names must be readable: found by check-config, not at the first request. */
+static int check_files(const char *name, const gw_config_t *c, char *err, size_t err_len)
+{
+    for (size_t i = 0; i < c->n_models; i++)
+        if (access(c->models[i].path, R_OK) != 0)
+            return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                               "%s:%lu: models[%zu].path: cannot read %s: %s", name,
+                               c->models[i].path_line, i, c->models[i].path, strerror(errno));
+    if (access(c->pricing_path, R_OK) != 0)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "%s:%lu: billing.pricing: cannot read %s: %s", name, c->pricing_line,
+                           c->pricing_path, strerror(errno));
+    return 0;
+}
+
 int gw_config_load(const char *path, gw_config_t *out, char *err, size_t err_len)
 {
     FILE *f = fopen(path, "rb");
@@ -881,6 +901,8 @@ int gw_config_load(const char *path, gw_config_t *out, char *err, size_t err_len
     if (rc == 0)
         rc = gw_config_parse(path, b.len ? b.base : "", b.len, out, err, err_len);
     pc_buf_free(&b);
+    if (rc == 0 && (rc = check_files(path, out, err, err_len)) != 0)
+        gw_config_free(out);
     return rc;
 }
 

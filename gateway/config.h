@@ -48,11 +48,12 @@ typedef struct gw_cfg_model {
     uint32_t auto_ttl_ms;      /* TTL of automatic (OpenAI) cache entries: 5m or 1h */
     uint32_t context_tokens;   /* 0: the model's own; else a cap */
     /* in-process workers (embedded mode) */
-    uint32_t in_process; /* worker count */
-    uint32_t threads;    /* CPU threads per worker */
-    uint64_t kv_bytes;   /* KV pool per worker; 0 = the engine's default */
-    char *backend;       /* "cpu", "cuda" or "auto" */
-    char **remote;       /* [n_remote] "host:port" of `kvgw worker` processes */
+    uint32_t in_process;     /* worker count */
+    uint32_t threads;        /* CPU threads per worker */
+    uint64_t kv_bytes;       /* KV pool per worker; 0 = the engine's default */
+    char *backend;           /* "cpu", "cuda" or "auto" */
+    char **remote;           /* [n_remote] "host:port" of `kvgw worker` processes */
+    unsigned long path_line; /* where path was given (0: built-in), for file errors */
     size_t n_remote;
 } gw_cfg_model_t;
 
@@ -106,6 +107,7 @@ typedef struct gw_config {
     uint32_t fsync_batch_us; /* group-commit window (fsync: batch) */
     uint64_t segment_bytes;
     char *pricing_path;
+    unsigned long pricing_line; /* 0: built-in */
     uint32_t storage_interval_ms;
     char *instance_id; /* names this gateway's ledger stream in Redis */
 
@@ -123,9 +125,11 @@ typedef struct gw_config {
 /* The built-in default (what conf/kvgw.yaml spells out). Returns 0 or PC_ERR_NOMEM. */
 int gw_config_default(gw_config_t *out);
 
-/* Loads and validates a YAML file over the built-in defaults. Returns 0; PC_ERR_IO (cannot
- * read), PC_ERR_FORMAT (YAML syntax) or PC_ERR_INVAL (unknown key, bad value), each with a
- * one-line reason naming the file, line and key path in err. *out is untouched on error. */
+/* Loads and validates a YAML file over the built-in defaults, including that the files it
+ * names (models[].path, billing.pricing) can be read. Returns 0; PC_ERR_IO (cannot read the
+ * file itself), PC_ERR_FORMAT (YAML syntax) or PC_ERR_INVAL (unknown key, bad value, a named
+ * file that cannot be read), each with a one-line reason naming the file, line and key path in
+ * err. *out is untouched on error. */
 int gw_config_load(const char *path, gw_config_t *out, char *err, size_t err_len);
 
 /* Parses the same from a string (tests); name is used in messages. */

@@ -103,8 +103,10 @@ typedef struct req {
     bool streaming_started;
     gw_anthropic_sse_t asse;
     gw_openai_sse_t osse;
-    pc_buf_t text;    /* whole output (non-streaming) */
-    pc_buf_t pending; /* SSE bytes held back while the client does not read */
+    gw_anthropic_sse_t asse_pre; /* the streams' states before their finish events, so an */
+    gw_openai_sse_t osse_pre;    /* error can still replace them (fail_undurable) */
+    pc_buf_t text;               /* whole output (non-streaming) */
+    pc_buf_t pending;            /* SSE bytes held back while the client does not read */
     gw_stop_reason_t stop;
     pc_slice_t stop_seq;
     int bill_status;
@@ -113,6 +115,8 @@ typedef struct req {
     bool final_is_stream;
     int final_status;
     char cache_hdr[256];
+    bool counted;         /* its metrics and access log line are written */
+    bool client_gone;     /* the client left before the response ended (499) */
     const char *endpoint; /* the metrics/log label: messages, count_tokens, chat_completions,
                              models, health, metrics, dashboard, admin_usage, other */
     void *job;            /* GET /admin/v1/usage: its export job */
@@ -271,9 +275,13 @@ static void req_unlink_live(req_t *q)
     q->next_live = q->prev_live = NULL;
 }
 
+static void count_request(req_t *q, int status);
+
 static void req_free(req_t *q)
 {
     serve_t *s = q->s;
+    if (q->client_gone) /* logged now, with the usage the worker reported */
+        count_request(q, 499);
     req_unlink_live(q);
     pc_buf_free(&q->text);
     pc_buf_free(&q->pending);
@@ -326,6 +334,9 @@ static void access_log(req_t *q, int status)
 
 static void count_request(req_t *q, int status)
 {
+    if (q->counted)
+        return;
+    q->counted = true;
     char code[8];
     snprintf(code, sizeof code, "%d", status);
     const char *lv[] = {q->endpoint, code};
@@ -527,6 +538,29 @@ static void wait_durable(req_t *q)
     s->durable_tail = q;
 }
 
+/* q's usage event cannot become durable: replace the held final bytes with an error. */
+static void fail_undurable(req_t *q)
+{
+    gw_api_error_t e;
+    gw_api_error_set(&e, q->kind, 503,
+                     "the usage of this request could not be recorded (billing ledger: %s); "
+                     "the response is withheld",
+                     pc_strerror(bill_ledger_status(q->s->ledger)));
+    q->final.len = 0;
+    if (q->final_is_stream) {
+        if (q->kind == GW_API_OPENAI_CHAT)
+            gw_openai_sse_error(&q->osse_pre, &e, &q->final);
+        else
+            gw_anthropic_sse_error(&q->asse_pre, &e, &q->final);
+    } else {
+        gw_api_error_render(q->kind, &e, q->id, &q->final);
+        q->final_status = e.status;
+    }
+    PC_LOG(PC_LOG_ERROR, "billing", "request %s: usage event not durable: %s", q->id,
+           pc_strerror(bill_ledger_status(q->s->ledger)));
+    finish_response(q);
+}
+
 static void on_ledger_wake(uv_async_t *a)
 {
     serve_t *s = a->data;
@@ -535,6 +569,17 @@ static void on_ledger_wake(uv_async_t *a)
     uint64_t durable = bill_ledger_durable_seq(s->ledger);
     if (s->shipper)
         bill_shipper_kick(s->shipper);
+    if (bill_ledger_status(s->ledger) != 0) {
+        /* The ledger failed (disk full, fsync error): what waits for durability will never get
+         * there. Those requests end with an error, never a 200 whose usage may be lost. */
+        while (s->durable_head && s->durable_head->ledger_seq > durable) {
+            req_t *q = s->durable_head;
+            s->durable_head = q->next_durable;
+            if (s->durable_head == NULL)
+                s->durable_tail = NULL;
+            fail_undurable(q);
+        }
+    }
     while (s->durable_head && s->durable_head->ledger_seq <= durable) {
         req_t *q = s->durable_head;
         s->durable_head = q->next_durable;
@@ -639,6 +684,8 @@ static void request_done(req_t *q, int bill_status, const gw_api_error_t *fail)
             q->final_status = fail->status;
         }
     } else if (q->api->stream) {
+        q->asse_pre = q->asse;
+        q->osse_pre = q->osse;
         if (q->kind == GW_API_OPENAI_CHAT)
             gw_openai_sse_finish(&q->osse, &r, &q->final);
         else
@@ -1047,7 +1094,7 @@ static void on_abort(gw_http_req_t *r, void *data)
     req_t *q = data;
     (void)r;
     q->http = NULL;
-    count_request(q, 499);
+    q->client_gone = true;
     if (q->phase == PH_RUNNING)
         gw_pool_cancel(q->s->pool, q->worker, q->wire_id);
     /* PH_PREPARE: prepare_done frees it; PH_DURABLE: finish_response sees http == NULL. */
@@ -1158,7 +1205,7 @@ static void export_abort(gw_http_req_t *r, void *data)
     (void)r;
     req_t *q = data;
     q->http = NULL;
-    count_request(q, 499);
+    q->client_gone = true;
     export_job_t *j = q->job;
     if (j->waiting_drain) /* no step in flight: free now; else export_step_done frees it */
         export_job_free(j);
@@ -1335,7 +1382,7 @@ static void on_request(gw_http_req_t *r, void *ud)
         pc_buf_free(&b);
     } else if (get && strcmp(path, "/readyz") == 0) {
         q->endpoint = "health";
-        bool ready = !s->stopping;
+        bool ready = !s->stopping && bill_ledger_status(s->ledger) == 0;
         for (size_t i = 0; i < s->n_models; i++)
             ready = ready && gw_pool_model_up(s->pool, (uint32_t)i);
         if (ready)
@@ -1666,7 +1713,7 @@ static int serve_run(serve_t *s, const char *listen)
         return KVGW_EXIT_FAIL;
     }
     if ((rc = bill_pricing_load(s->cfg.pricing_path, &s->pricing, err, sizeof err)) != 0) {
-        fprintf(stderr, "kvgw serve: pricing: %s\n", err);
+        fprintf(stderr, "kvgw serve: %s\n", err);
         return KVGW_EXIT_FAIL;
     }
     for (size_t i = 0; i < s->n_models; i++) {
