@@ -137,6 +137,9 @@ PC_TEST(append_durable_reopen)
     }
     ASSERT_EQ(bill_ledger_wait_durable(l, seq), 0);
     ASSERT_TRUE(bill_ledger_durable_seq(l) >= 100);
+    /* The writer wakes the consumer right after it advanced durable_seq: allow it that moment. */
+    for (int i = 0; i < 1000 && atomic_load(&wakes) == 0; i++)
+        usleep(1000);
     ASSERT_TRUE(atomic_load(&wakes) > 0);
     /* A bad event is refused and changes nothing. */
     make_event(&ev, 1000);
