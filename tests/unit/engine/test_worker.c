@@ -1003,6 +1003,7 @@ PC_TEST(cancel_in_finishing_step_does_not_cancel_reused_id)
     p.max_running = 16;
     p.wake = gate_wake;
     bool seen_race = false;
+    useconds_t delay = 10000; /* from the release to the cancel; adapted when it misses */
     for (int attempt = 0; attempt < MAX_TRIES && !seen_race; attempt++) {
         eng_worker_t *w = start(&p);
         ASSERT_TRUE(w != NULL);
@@ -1033,7 +1034,7 @@ PC_TEST(cancel_in_finishing_step_does_not_cancel_reused_id)
             ASSERT_EQ(submit(w, &q), 0);
         }
         gate_release();
-        usleep(10000); /* step 2 runs: the cancel lands inside it */
+        usleep(delay); /* step 2 runs: the cancel lands inside it */
         int crc = eng_worker_cancel(w, 1);
         ASSERT_TRUE(gate_wait(2)); /* step 2 flushed; the next loop has not run */
         poll_until_final(w, &c, &res[0]);
@@ -1065,6 +1066,7 @@ PC_TEST(cancel_in_finishing_step_does_not_cancel_reused_id)
         } else {
             fprintf(stderr, "  attempt %d: the cancel missed step 2 (rc %d, stop %u); again\n",
                     attempt, crc, res[0].d.stop_reason);
+            delay = crc != 0 ? delay / 4 : delay * 4; /* too late: sooner; too early: later */
         }
         for (int i = 0; i < N_LONG; i++)
             ASSERT_TRUE(res[1 + i].done);
