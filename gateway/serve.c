@@ -155,6 +155,7 @@ struct serve {
     gw_metric_t *m_requests, *m_duration, *m_ttft, *m_tokens, *m_hit_tokens, *m_lookups;
     gw_metric_t *m_entries, *m_entry_tokens, *m_expired, *m_worker_up, *m_worker_queue,
         *m_worker_free, *m_routes, *m_billing, *m_inflight, *m_build, *m_ship_lag;
+    gw_metric_t *m_tenant_tokens; /* metrics.per_tenant only: bounded by the configured tenants */
 };
 
 /* ---- namespaces ------------------------------------------------------------------------- */
@@ -489,6 +490,16 @@ static int bill_request(req_t *q, int status)
     gw_metric_add(s->m_tokens, t5, q->usage.cache_write_5m);
     gw_metric_add(s->m_tokens, t1, q->usage.cache_write_1h);
     gw_metric_add(s->m_tokens, to, q->usage.output_tokens);
+    if (s->m_tenant_tokens != NULL) {
+        const char *t = q->key->tenant;
+        const char *a[] = {t, "uncached"}, *b[] = {t, "cache_read"}, *c5[] = {t, "cache_write_5m"},
+                   *c1[] = {t, "cache_write_1h"}, *o[] = {t, "output"};
+        gw_metric_add(s->m_tenant_tokens, a, q->usage.input_tokens);
+        gw_metric_add(s->m_tenant_tokens, b, q->usage.cache_read);
+        gw_metric_add(s->m_tenant_tokens, c5, q->usage.cache_write_5m);
+        gw_metric_add(s->m_tenant_tokens, c1, q->usage.cache_write_1h);
+        gw_metric_add(s->m_tenant_tokens, o, q->usage.output_tokens);
+    }
     const char *hl[] = {"logical"}, *hp[] = {"physical"};
     gw_metric_add(s->m_hit_tokens, hl, (double)ev.n_hit_logical);
     gw_metric_add(s->m_hit_tokens, hp, (double)ev.n_hit_physical);
@@ -1616,6 +1627,11 @@ static void setup_metrics(serve_t *s)
                                       "Usage events by ledger outcome.", 1, state);
     s->m_inflight =
         gw_metrics_gauge(s->m, "kvgw_requests_in_flight", "Requests running on a worker.", 0, NULL);
+    if (s->cfg.per_tenant_metrics) {
+        const char *tt[] = {"tenant", "type"};
+        s->m_tenant_tokens = gw_metrics_counter(s->m, "kvgw_tenant_tokens_total",
+                                                "Billed tokens by tenant and bucket.", 2, tt);
+    }
     s->m_ship_lag = gw_metrics_gauge(s->m, "kvgw_billing_shipper_lag_events",
                                      "Durable ledger records not yet shipped to Redis.", 0, NULL);
     const char *v[] = {KVGW_VERSION};

@@ -23,6 +23,7 @@ const MODEL = 'kvgw-demo';
 const TTL_5M_MS = 2500; // the "5m" class, shortened for the expiry test
 
 let dir, gw, base, stderrText = '';
+const pairs = []; // [non-streamed request id, streamed request id] that must bill the same
 
 function config(extra = '') {
   return `listen: 127.0.0.1:0
@@ -45,6 +46,8 @@ billing:
   fsync: batch
 log:
   access_log: ${dir}/access.log
+metrics:
+  per_tenant: true
 ${extra}`;
 }
 
@@ -331,6 +334,29 @@ test('pre-warm with max_tokens 0, count_tokens, models, health and metrics', asy
   assert.match(m, /^# TYPE kvgw_time_to_first_token_seconds histogram/m);
 });
 
+test('streamed and non-streamed versions of a request bill the same', async () => {
+  const body = {
+    model: MODEL, max_tokens: 6, temperature: 0,
+    system: [{ type: 'text', text: longSystem('stream-vs-json'), cache_control: { type: 'ephemeral' } }],
+    messages: [{ role: 'user', content: 'same request twice' }],
+  };
+  await post('/v1/messages', { ...body, max_tokens: 0 }); // pre-warm: both below read the entry
+  const a = await post('/v1/messages', body);
+  const r = await fetch(base + '/v1/messages', {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-api-key': 'sk-test-a', 'anthropic-version': '2023-06-01' },
+    body: JSON.stringify({ ...body, stream: true }),
+  });
+  await r.text();
+  pairs.push([a.headers.get('request-id'), r.headers.get('request-id')]);
+});
+
+test('per-tenant series when metrics.per_tenant is on', async () => {
+  const m = await (await fetch(base + '/metrics')).text();
+  assert.match(m, /^kvgw_tenant_tokens_total\{tenant="tenant-a",type="cache_read"\} [1-9]/m);
+  assert.match(m, /^kvgw_tenant_tokens_total\{tenant="tenant-b",type="cache_write_5m"\} [1-9]/m);
+});
+
 test('SIGTERM: graceful exit 0, and the ledger holds one event per request', async () => {
   const exited = new Promise((res) => gw.on('exit', (code, sig) => res({ code, sig })));
   gw.kill('SIGTERM');
@@ -345,4 +371,7 @@ test('SIGTERM: graceful exit 0, and the ledger holds one event per request', asy
   const log = readFileSync(join(dir, 'access.log'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
   const ran = log.filter((l) => l.worker >= 0);
   assert.equal(usage.length, ran.length, 'one usage event per request that reached a worker');
+  const byId = new Map(usage.map((r) => [r.request_id, r]));
+  const strip = (r) => { const { event_id, seq, request_id, start, end, ...rest } = r; return rest; };
+  for (const [a, b] of pairs) assert.deepEqual(strip(byId.get(b)), strip(byId.get(a)), 'same ledger row');
 });
