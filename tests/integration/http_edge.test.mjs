@@ -37,7 +37,13 @@ body_timeout: 1s`,
 });
 
 after(async () => {
-  if (gw) await stopGateway(gw, 'SIGKILL');
+  // A graceful stop after all of the above: exit 0, and under a sanitizer build (KVGW_BIN from
+  // a -DKVGW_SANITIZE=ON build) no report of a memory error or a leak.
+  if (gw) {
+    const { code } = await stopGateway(gw, 'SIGTERM');
+    assert.equal(code, 0, gw.stderr());
+    assert.doesNotMatch(gw.stderr(), /(Address|Leak|UndefinedBehavior)Sanitizer|runtime error:/);
+  }
   rmSync(dir, { recursive: true, force: true });
 });
 
@@ -363,7 +369,9 @@ test('limits.max_connections: the excess is refused fast, freed slots are reused
     assert.ok(ok, 'a freed slot serves a new client');
   } finally {
     for (const c of held) c.destroy();
-    await stopGateway(g2, 'SIGKILL');
+    const { code } = await stopGateway(g2, 'SIGTERM');
+    assert.equal(code, 0, g2.stderr());
+    assert.doesNotMatch(g2.stderr(), /(Address|Leak|UndefinedBehavior)Sanitizer|runtime error:/);
     rmSync(d2, { recursive: true, force: true });
   }
 });
