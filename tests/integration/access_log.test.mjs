@@ -1,5 +1,5 @@
-// pending_access_log.mjs — failing checks of the lead's gateway code, kept out of CTest until
-// fixed (run: KVGW_BIN=build/bin/kvgw node --test tests/integration/pending_access_log.mjs).
+// access_log.test.mjs — regression tests, run by CTest as gateway_regress_access_log. Each check below was a bug
+// (found by the hardening tests, since fixed); the text says what it was.
 //
 // 1. A client that disconnects mid-stream is billed in the ledger for the tokens produced, but
 //    its access log line (status 499) is written at abort time, before the worker's usage is
@@ -17,7 +17,7 @@ import { MODEL, gatewayConfig, startGateway, stopGateway, writeConfig, RawConn, 
 
 let dir, gw;
 before(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'kvgw-pending-'));
+  dir = mkdtempSync(join(tmpdir(), 'kvgw-regress-'));
   gw = await startGateway(writeConfig(dir, gatewayConfig(dir)));
 });
 after(async () => {

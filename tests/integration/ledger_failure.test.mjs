@@ -1,6 +1,5 @@
-// pending_ledger_failure.mjs — failing checks of the lead's gateway code (gateway/serve.c), kept
-// out of CTest until fixed. Run: KVGW_BIN=build/bin/kvgw node --test
-// tests/integration/pending_ledger_failure.mjs (repository root; compiles fail_fsync.c with cc).
+// ledger_failure.test.mjs — regression tests, run by CTest as gateway_regress_ledger_failure. Each check below was a bug
+// (found by the hardening tests, since fixed); the text says what it was.
 //
 // After the ledger fails (fsync EIO or disk full, injected with the fail_fsync.c LD_PRELOAD
 // shim), later billable requests are refused with 503 as they should be, but:
@@ -20,7 +19,7 @@ import { join } from 'node:path';
 import { MODEL, KEY, gatewayConfig, startGateway, stopGateway, writeConfig } from './harness.mjs';
 
 test('after an fsync failure: the in-flight request gets an error, readyz goes 503', async () => {
-  const d = mkdtempSync(join(tmpdir(), 'kvgw-pending-ledger-'));
+  const d = mkdtempSync(join(tmpdir(), 'kvgw-regress-ledger-'));
   const so = join(d, 'fail_fsync.so');
   const cc = spawnSync('cc', ['-shared', '-fPIC', '-o', so, 'tests/integration/fail_fsync.c', '-ldl'], { encoding: 'utf8' });
   assert.equal(cc.status, 0, cc.stderr);

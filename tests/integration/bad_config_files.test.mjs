@@ -1,5 +1,5 @@
-// pending_bad_config.mjs — failing checks of the lead's config/serve code, kept out of CTest
-// until fixed. Run: KVGW_BIN=build/bin/kvgw node --test tests/integration/pending_bad_config.mjs
+// bad_config_files.test.mjs — regression tests, run by CTest as gateway_regress_bad_config_files. Each check below was a bug
+// (found by the hardening tests, since fixed); the text says what it was.
 //
 // A config whose models[0].path names a file that does not exist:
 // 1. `kvgw check-config FILE` prints the config and exits 0 ("is valid"), although `kvgw serve`
@@ -21,7 +21,7 @@ for (const [what, from, to, key] of [
   ['pricing file', 'pricing: conf/pricing.yaml', 'pricing: /nonexistent/pricing.yaml', 'billing.pricing'],
 ]) {
   test(`a missing ${what}: check-config and serve exit 1 with file:line: key`, () => {
-    const d = mkdtempSync(join(tmpdir(), 'kvgw-pending-cfg-'));
+    const d = mkdtempSync(join(tmpdir(), 'kvgw-regress-cfg-'));
     try {
       const text = gatewayConfig(d);
       const line = text.split('\n').findIndex((l) => l.includes(from)) + 1;

@@ -1,5 +1,5 @@
-// pending_shutdown_crash.mjs — a failing check of the lead's gateway/serve.c, kept out of CTest
-// until fixed. Run: KVGW_BIN=build/bin/kvgw node --test tests/integration/pending_shutdown_crash.mjs
+// shutdown.test.mjs — regression tests, run by CTest as gateway_regress_shutdown. Each check below was a bug
+// (found by the hardening tests, since fixed); the text says what it was.
 //
 // `kvgw serve` dies with SIGSEGV on SIGTERM when a storage event is written at shutdown (any
 // live cache entry): the teardown calls meter_storage, then bill_ledger_close (whose writer
@@ -16,7 +16,7 @@ import { join } from 'node:path';
 import { MODEL, KEY, gatewayConfig, startGateway, stopGateway, writeConfig } from './harness.mjs';
 
 test('SIGTERM with a live cache entry exits 0 (10 tries)', async () => {
-  const d = mkdtempSync(join(tmpdir(), 'kvgw-pending-stop-'));
+  const d = mkdtempSync(join(tmpdir(), 'kvgw-regress-stop-'));
   try {
     const cfg = writeConfig(d, gatewayConfig(d));
     for (let i = 0; i < 10; i++) {
