@@ -8,6 +8,7 @@
  */
 #include "api_internal.h"
 #include "cacheplan.h"
+#include "json_fast.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -760,7 +761,7 @@ int gw_api_parse(gw_api_kind_t kind, const void *body, size_t len, pc_arena_t *a
     memset(err, 0, sizeof *err);
     /* Duplicate keys are refused: a body must mean one thing ("model" twice is not "the last
      * one wins"). */
-    j = json_loadb(body != NULL ? body : "", len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
+    j = gw_json_loadb(body != NULL ? body : "", len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
     if (j == NULL) {
         rc = json_error(&p, &je);
         goto done;

@@ -1,0 +1,430 @@
+/*
+ * json_fast.c — gw_json_loadb (see json_fast.h): a recursive-descent parser for the JSON that
+ * jansson accepts, building jansson values, falling back to json_loadb on anything else.
+ *
+ * The grammar is jansson 2.14's exactly (RFC 8259 with its choices): whitespace is space, tab,
+ * LF and CR; the top level is an object or an array (no JSON_DECODE_ANY); strings are strict
+ * UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF) with raw bytes below 0x20
+ * refused; escapes are \" \\ \/ \b \f \n \r \t and \uXXXX, a high surrogate must be followed by
+ * an escaped low one, \u0000 only with JSON_ALLOW_NUL; numbers are -?(0|[1-9][0-9]*) with
+ * optional fraction and exponent, integers (no '.', 'e', 'E') through strtoll and reals through
+ * strtod (the C locale: kvgw never calls setlocale), exactly as jansson converts them. Where
+ * jansson would report an error or where this code prefers not to decide (a number out of
+ * range, nesting deeper than FAST_MAX_DEPTH, a duplicate key, a NUL in a key), the fast path
+ * gives up and json_loadb parses the body from the start.
+ */
+#include "json_fast.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pc_alloc.h"
+
+#define FAST_MAX_DEPTH 256 /* deeper documents go to jansson (its own limit is 2048) */
+#define FAST_MAX_NUMBER 64 /* longer number lexemes go to jansson */
+
+typedef struct fast {
+    const unsigned char *p, *end;
+    size_t flags;
+    int depth;
+    char *scratch; /* decoded strings with escapes */
+    size_t scratch_len, scratch_cap;
+} fast_t;
+
+static void skip_ws(fast_t *f)
+{
+    while (f->p < f->end && (*f->p == ' ' || *f->p == '\t' || *f->p == '\n' || *f->p == '\r'))
+        f->p++;
+}
+
+/* The length of the valid UTF-8 sequence of 2-4 bytes at s, or 0. */
+static size_t utf8_seq(const unsigned char *s, const unsigned char *end)
+{
+    unsigned c = s[0];
+    size_t n = c >= 0xC2 && c <= 0xDF   ? 2
+               : c >= 0xE0 && c <= 0xEF ? 3
+               : c >= 0xF0 && c <= 0xF4 ? 4
+                                        : 0;
+    if (n == 0 || (size_t)(end - s) < n)
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+    if ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] >= 0xA0) || (c == 0xF0 && s[1] < 0x90) ||
+        (c == 0xF4 && s[1] >= 0x90))
+        return 0; /* overlong, surrogate, above U+10FFFF */
+    return n;
+}
+
+static int scratch_put(fast_t *f, const void *b, size_t n)
+{
+    if (f->scratch_len + n > f->scratch_cap) {
+        size_t cap = f->scratch_cap != 0 ? f->scratch_cap : 256;
+        while (cap < f->scratch_len + n)
+            cap *= 2;
+        char *p = pc_realloc(f->scratch, cap);
+        if (p == NULL)
+            return -1;
+        f->scratch = p;
+        f->scratch_cap = cap;
+    }
+    memcpy(f->scratch + f->scratch_len, b, n);
+    f->scratch_len += n;
+    return 0;
+}
+
+static int hex4(const unsigned char *s, const unsigned char *end, uint32_t *out)
+{
+    uint32_t v = 0;
+    if (end - s < 4)
+        return -1;
+    for (int i = 0; i < 4; i++) {
+        unsigned c = s[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9')
+            v |= c - '0';
+        else if (c >= 'a' && c <= 'f')
+            v |= c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F')
+            v |= c - 'A' + 10;
+        else
+            return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int put_utf8(fast_t *f, uint32_t cp)
+{
+    unsigned char b[4];
+    size_t n;
+    if (cp < 0x80) {
+        b[0] = (unsigned char)cp;
+        n = 1;
+    } else if (cp < 0x800) {
+        b[0] = (unsigned char)(0xC0 | cp >> 6);
+        b[1] = (unsigned char)(0x80 | (cp & 0x3F));
+        n = 2;
+    } else if (cp < 0x10000) {
+        b[0] = (unsigned char)(0xE0 | cp >> 12);
+        b[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+        b[2] = (unsigned char)(0x80 | (cp & 0x3F));
+        n = 3;
+    } else {
+        b[0] = (unsigned char)(0xF0 | cp >> 18);
+        b[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F));
+        b[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+        b[3] = (unsigned char)(0x80 | (cp & 0x3F));
+        n = 4;
+    }
+    return scratch_put(f, b, n);
+}
+
+/* One escape after the backslash at f->p[-1], decoded into the scratch. */
+static int escape(fast_t *f)
+{
+    if (f->p >= f->end)
+        return -1;
+    unsigned c = *f->p++;
+    char e;
+    switch (c) {
+    case '"':
+    case '\\':
+    case '/':
+        e = (char)c;
+        return scratch_put(f, &e, 1);
+    case 'b':
+        return scratch_put(f, "\b", 1);
+    case 'f':
+        return scratch_put(f, "\f", 1);
+    case 'n':
+        return scratch_put(f, "\n", 1);
+    case 'r':
+        return scratch_put(f, "\r", 1);
+    case 't':
+        return scratch_put(f, "\t", 1);
+    case 'u':
+        break;
+    default:
+        return -1;
+    }
+    uint32_t cp, lo;
+    if (hex4(f->p, f->end, &cp) != 0)
+        return -1;
+    f->p += 4;
+    if (cp >= 0xD800 && cp <= 0xDBFF) {
+        if (f->end - f->p < 6 || f->p[0] != '\\' || f->p[1] != 'u' ||
+            hex4(f->p + 2, f->end, &lo) != 0 || lo < 0xDC00 || lo > 0xDFFF)
+            return -1;
+        f->p += 6;
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+    } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+        return -1;
+    } else if (cp == 0 && !(f->flags & JSON_ALLOW_NUL)) {
+        return -1;
+    }
+    return put_utf8(f, cp);
+}
+
+/* A string after its opening quote. On success *s, *n is its decoded text: a span of the input
+ * when it has no escapes, else the scratch (valid until the next string). */
+static int string(fast_t *f, const char **s, size_t *n)
+{
+    const unsigned char *start = f->p;
+    bool escaped = false;
+    for (;;) {
+        while (f->p < f->end && *f->p >= 0x20 && *f->p < 0x80 && *f->p != '"' && *f->p != '\\')
+            f->p++;
+        if (f->p >= f->end)
+            return -1;
+        unsigned c = *f->p;
+        if (c == '"') {
+            if (!escaped) {
+                *s = (const char *)start;
+                *n = (size_t)(f->p - start);
+            } else {
+                if (scratch_put(f, start, (size_t)(f->p - start)) != 0)
+                    return -1;
+                *s = f->scratch;
+                *n = f->scratch_len;
+            }
+            f->p++;
+            return 0;
+        }
+        if (c < 0x20)
+            return -1;
+        if (c >= 0x80) {
+            size_t k = utf8_seq(f->p, f->end);
+            if (k == 0)
+                return -1;
+            f->p += k;
+            continue;
+        }
+        /* A backslash: from here on the string is built in the scratch. */
+        if (!escaped) {
+            escaped = true;
+            f->scratch_len = 0;
+        }
+        if (scratch_put(f, start, (size_t)(f->p - start)) != 0)
+            return -1;
+        f->p++;
+        if (escape(f) != 0)
+            return -1;
+        start = f->p;
+    }
+}
+
+static json_t *number(fast_t *f)
+{
+    const unsigned char *s = f->p;
+    bool real = false;
+    if (f->p < f->end && *f->p == '-')
+        f->p++;
+    if (f->p < f->end && *f->p == '0') {
+        f->p++;
+        if (f->p < f->end && *f->p >= '0' && *f->p <= '9')
+            return NULL;
+    } else if (f->p < f->end && *f->p >= '1' && *f->p <= '9') {
+        while (f->p < f->end && *f->p >= '0' && *f->p <= '9')
+            f->p++;
+    } else {
+        return NULL;
+    }
+    if (f->p < f->end && *f->p == '.') {
+        real = true;
+        f->p++;
+        if (f->p >= f->end || *f->p < '0' || *f->p > '9')
+            return NULL;
+        while (f->p < f->end && *f->p >= '0' && *f->p <= '9')
+            f->p++;
+    }
+    if (f->p < f->end && (*f->p == 'e' || *f->p == 'E')) {
+        real = true;
+        f->p++;
+        if (f->p < f->end && (*f->p == '+' || *f->p == '-'))
+            f->p++;
+        if (f->p >= f->end || *f->p < '0' || *f->p > '9')
+            return NULL;
+        while (f->p < f->end && *f->p >= '0' && *f->p <= '9')
+            f->p++;
+    }
+    size_t n = (size_t)(f->p - s);
+    char buf[FAST_MAX_NUMBER];
+    if (n >= sizeof buf)
+        return NULL;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    errno = 0;
+    if (!real) {
+        long long v = strtoll(buf, NULL, 10);
+        return errno == ERANGE ? NULL : json_integer(v);
+    }
+    double v = strtod(buf, NULL);
+    return errno == ERANGE ? NULL : json_real(v);
+}
+
+static json_t *value(fast_t *f);
+
+static json_t *object(fast_t *f)
+{
+    json_t *o = json_object();
+    if (o == NULL)
+        return NULL;
+    skip_ws(f);
+    if (f->p < f->end && *f->p == '}') {
+        f->p++;
+        return o;
+    }
+    for (;;) {
+        const char *k;
+        size_t kn;
+        char *kcopy = NULL;
+        if (f->p >= f->end || *f->p != '"')
+            goto fail;
+        f->p++;
+        if (string(f, &k, &kn) != 0 || memchr(k, '\0', kn) != NULL)
+            goto fail;
+        if (k == f->scratch) { /* the value's strings reuse the scratch */
+            if ((kcopy = pc_malloc(kn + 1)) == NULL)
+                goto fail;
+            memcpy(kcopy, k, kn);
+            k = kcopy;
+        }
+        skip_ws(f);
+        json_t *v = NULL;
+        if (f->p < f->end && *f->p == ':') {
+            f->p++;
+            v = value(f);
+        }
+        /* A duplicate key: jansson refuses it or keeps the last; let it decide. */
+        if (v == NULL || json_object_getn(o, k, kn) != NULL ||
+            json_object_setn_new_nocheck(o, k, kn, v) != 0) {
+            json_decref(v);
+            pc_free(kcopy);
+            goto fail;
+        }
+        pc_free(kcopy);
+        skip_ws(f);
+        if (f->p >= f->end)
+            goto fail;
+        if (*f->p == '}') {
+            f->p++;
+            return o;
+        }
+        if (*f->p != ',')
+            goto fail;
+        f->p++;
+        skip_ws(f);
+    }
+fail:
+    json_decref(o);
+    return NULL;
+}
+
+static json_t *array(fast_t *f)
+{
+    json_t *a = json_array();
+    if (a == NULL)
+        return NULL;
+    skip_ws(f);
+    if (f->p < f->end && *f->p == ']') {
+        f->p++;
+        return a;
+    }
+    for (;;) {
+        if (json_array_append_new(a, value(f)) != 0)
+            goto fail;
+        skip_ws(f);
+        if (f->p >= f->end)
+            goto fail;
+        if (*f->p == ']') {
+            f->p++;
+            return a;
+        }
+        if (*f->p != ',')
+            goto fail;
+        f->p++;
+    }
+fail:
+    json_decref(a);
+    return NULL;
+}
+
+static bool word(fast_t *f, const char *w, size_t n)
+{
+    if ((size_t)(f->end - f->p) < n || memcmp(f->p, w, n) != 0)
+        return false;
+    f->p += n;
+    /* jansson reads a whole run of letters as one word. */
+    return f->p >= f->end || !((*f->p >= 'a' && *f->p <= 'z') || (*f->p >= 'A' && *f->p <= 'Z'));
+}
+
+/* Any value, after leading whitespace. NULL: give up. */
+static json_t *value(fast_t *f)
+{
+    skip_ws(f);
+    if (f->p >= f->end)
+        return NULL;
+    json_t *v = NULL;
+    switch (*f->p) {
+    case '{':
+    case '[':
+        if (++f->depth > FAST_MAX_DEPTH)
+            return NULL;
+        f->p++;
+        v = f->p[-1] == '{' ? object(f) : array(f);
+        f->depth--;
+        return v;
+    case '"': {
+        const char *s;
+        size_t n;
+        f->p++;
+        return string(f, &s, &n) == 0 ? json_stringn_nocheck(s, n) : NULL;
+    }
+    case 't':
+        return word(f, "true", 4) ? json_true() : NULL;
+    case 'f':
+        return word(f, "false", 5) ? json_false() : NULL;
+    case 'n':
+        return word(f, "null", 4) ? json_null() : NULL;
+    default:
+        return number(f);
+    }
+}
+
+json_t *gw__json_fast_only(const char *buf, size_t len, size_t flags)
+{
+    if (buf == NULL || (flags & ~(size_t)(JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES)) != 0)
+        return NULL;
+    fast_t f = {(const unsigned char *)buf, (const unsigned char *)buf + len, flags, 0, NULL, 0, 0};
+    json_t *j = NULL;
+    skip_ws(&f);
+    if (f.p < f.end && (*f.p == '{' || *f.p == '[')) {
+        j = value(&f);
+        skip_ws(&f);
+        if (j != NULL && f.p != f.end) {
+            json_decref(j);
+            j = NULL;
+        }
+    }
+    pc_free(f.scratch);
+    return j;
+}
+
+json_t *gw_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *err)
+{
+    json_t *j = gw__json_fast_only(buf, len, flags);
+    if (j == NULL)
+        return json_loadb(buf, len, flags, err);
+    if (err != NULL) { /* what json_loadb leaves in it on success */
+        memset(err, 0, sizeof *err);
+        err->line = -1;
+        err->column = -1;
+        snprintf(err->source, sizeof err->source, "%s", "<buffer>");
+    }
+    return j;
+}
