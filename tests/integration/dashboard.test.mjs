@@ -217,7 +217,7 @@ test('the dashboard shows the figures of /metrics and draws its charts', { timeo
   const fig = pageFigures(dom);
 
   // Request counters. Every response of the gateway is counted, /metrics scrapes too (as
-  // endpoint "messages", code 200), and a scrape is counted after its text was rendered: the
+  // endpoint "metrics", code 200), and a scrape is counted after its text was rendered: the
   // series that holds the scrapes may be ahead by exactly the page's last scrape.
   const reqKeys = [...after.keys()].filter((k) => k.startsWith('kvgw_requests_total{'));
   assert.ok(reqKeys.length >= 3);
@@ -227,7 +227,7 @@ test('the dashboard shows the figures of /metrics and draws its charts', { timeo
     const shown = fig.get(`requests.${ep}.${code}`);
     assert.ok(Number.isFinite(shown), `the page shows no figure for ${k}`);
     const lag = after.get(k) - shown;
-    if (ep === 'messages' && code === '200') assert.ok(lag === 0 || lag === 1, `${k}: page ${shown}, /metrics ${after.get(k)}`);
+    if (ep === 'metrics' && code === '200') assert.ok(lag === 0 || lag === 1, `${k}: page ${shown}, /metrics ${after.get(k)}`);
     else near(shown, after.get(k), k);
     total += shown;
   }
