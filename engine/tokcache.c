@@ -210,7 +210,8 @@ static int lookup_locked(eng_tokcache_t *c, XXH128_hash_t h, uint64_t scope, con
         *need = n_ids + e->n_ids;
         return 2;
     }
-    memcpy(ids + n_ids, entry_ids(e), e->n_ids * sizeof *ids);
+    if (e->n_ids > 0)
+        memcpy(ids + n_ids, entry_ids(e), e->n_ids * sizeof *ids);
     *need = e->n_ids;
     if (c->lru_head != e) {
         lru_unlink(c, e);
@@ -302,7 +303,7 @@ int eng_tokcache_encode(eng_tokcache_t *c, uint64_t scope, const char *text, siz
     int rc = eng_tok_encode(c->tok, text, len, ids, n_ids, cap);
     if (rc != 0)
         return rc;
-    insert(c, h, scope, text, len, *ids + before, *n_ids - before);
+    insert(c, h, scope, text, len, *n_ids > before ? *ids + before : NULL, *n_ids - before);
     return 0;
 }
 

@@ -62,6 +62,8 @@ static size_t utf8_seq(const unsigned char *s, const unsigned char *end)
 
 static int scratch_put(fast_t *f, const void *b, size_t n)
 {
+    if (n == 0)
+        return 0;
     if (f->scratch_len + n > f->scratch_cap) {
         size_t cap = f->scratch_cap != 0 ? f->scratch_cap : 256;
         while (cap < f->scratch_len + n)
