@@ -167,6 +167,32 @@ PC_TEST(secrets_from_env_and_files)
                  "cannot read /nonexistent/kvgw");
 }
 
+PC_TEST(tokenizer_cache_size)
+{
+    gw_config_t c;
+    char err[512] = "";
+    ASSERT_EQ(gw_config_default(&c), 0);
+    ASSERT_EQ_U64(c.tokenizer_cache_bytes, 64u << 20);
+    gw_config_free(&c);
+    ASSERT_EQ(parse("cache:\n  tokenizer_cache: 0\n", &c, err, sizeof err), 0);
+    ASSERT_EQ_U64(c.tokenizer_cache_bytes, 0);
+    gw_config_free(&c);
+    ASSERT_EQ(parse("cache:\n  tokenizer_cache: 256MiB\n", &c, err, sizeof err), 0);
+    ASSERT_EQ_U64(c.tokenizer_cache_bytes, 256u << 20);
+    pc_buf_t b = {0};
+    ASSERT_EQ(gw_config_print(&c, &b), 0);
+    ASSERT_EQ(pc_buf_terminate(&b), 0);
+    ASSERT_TRUE(strstr(b.base, "  tokenizer_cache: 268435456\n") != NULL);
+    pc_buf_free(&b);
+    gw_config_free(&c);
+    PC_TEST_CALL(expect_error("cache:\n  tokenizer_cache: lots\n", PC_ERR_INVAL,
+                              "t.yaml:2: cache.tokenizer_cache: expected a size"));
+    PC_TEST_CALL(expect_error("cache:\n  tokenizer_cache: 2TiB\n", PC_ERR_INVAL,
+                              "t.yaml:2: cache.tokenizer_cache: expected a size"));
+    PC_TEST_CALL(expect_error("cache:\n  tokenizer_cache: 2048GiB\n", PC_ERR_INVAL,
+                              "cache.tokenizer_cache: 2048GiB is out of range"));
+}
+
 PC_TEST(empty_file_is_the_default)
 {
     gw_config_t c;
