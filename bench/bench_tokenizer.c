@@ -150,7 +150,7 @@ int bench_tokenizer_main(int argc, char **argv)
     } else {
         corpus_walk(&c, "tests/node/node_modules/@huggingface/tokenizers");
         corpus_walk(&c, "tests/node/node_modules/@lenml/tokenizers");
-        static const char *const dirs[] = {"common",  "radix",      "engine",     "gateway",
+        static const char *const dirs[] = {"common",  "radix",      "engine", "gateway",
                                            "billing", "tests/unit", "bench"};
         for (size_t i = 0; i < PC_ARRAY_LEN(dirs); i++)
             corpus_walk(&c, dirs[i]);
