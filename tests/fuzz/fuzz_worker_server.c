@@ -29,6 +29,7 @@
 #include "wire_conn.h"
 #include "worker.h"
 #include "worker_server.h"
+#include "fuzz_peer.h"
 
 typedef struct fz {
     uv_loop_t loop;
@@ -36,17 +37,6 @@ typedef struct fz {
     lnk_worker_server_t *srv;
     char model[128];
 } fz_t;
-
-typedef struct peer {
-    uv_tcp_t tcp;
-    uv_connect_t connect;
-    uv_shutdown_t shutdown;
-    int connected; /* 0 pending, 1 ok, -1 failed */
-    bool eof, closed;
-    uint64_t last_rx_ms;
-    pc_buf_t in;
-    char rbuf[65536];
-} peer_t;
 
 static fz_t *g;
 
@@ -87,60 +77,6 @@ static void setup(void)
         fprintf(stderr, "fuzz_worker_server: %s\n", err);
         abort();
     }
-}
-
-static void on_alloc(uv_handle_t *h, size_t n, uv_buf_t *b)
-{
-    peer_t *p = h->data;
-    b->base = p->rbuf;
-    b->len = sizeof p->rbuf;
-}
-
-static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
-{
-    peer_t *p = s->data;
-    if (n > 0) {
-        pc_buf_append(&p->in, b->base, (size_t)n);
-        p->last_rx_ms = uv_now(s->loop);
-    } else if (n < 0) {
-        p->eof = true;
-        uv_read_stop(s);
-    }
-}
-
-static void on_connect(uv_connect_t *c, int status)
-{
-    peer_t *p = c->data;
-    p->connected = status == 0 ? 1 : -1;
-    if (status == 0)
-        uv_read_start((uv_stream_t *)&p->tcp, on_alloc, on_read);
-}
-
-static void on_write(uv_write_t *w, int status)
-{
-    (void)status;
-    pc_free(w);
-}
-
-static void on_shutdown(uv_shutdown_t *r, int status)
-{
-    (void)r, (void)status;
-}
-
-static void on_closed(uv_handle_t *h)
-{
-    ((peer_t *)h->data)->closed = true;
-}
-
-static void write_bytes(peer_t *p, const void *data, size_t len)
-{
-    if (len == 0)
-        return;
-    uv_write_t *w = pc_xmalloc(sizeof *w + len);
-    memcpy(w + 1, data, len);
-    uv_buf_t b = uv_buf_init((char *)(w + 1), (unsigned)len);
-    if (uv_write(w, (uv_stream_t *)&p->tcp, &b, 1, on_write) != 0)
-        pc_free(w);
 }
 
 /* Runs the loop until done() or about 2 s; false on the timeout. */
