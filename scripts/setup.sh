@@ -12,7 +12,7 @@ pkgs=(
     build-essential cmake pkg-config git ca-certificates
     libuv1-dev node-llhttp libhiredis-dev libxxhash-dev libjansson-dev libpcre2-dev
     libopenblas-dev libyaml-dev libicu-dev libsodium-dev redis-server redis-tools
-    clang libclang-rt-14-dev clang-format
+    clang libclang-rt-14-dev clang-format gcc-aarch64-linux-gnu
     curl jq wrk
 )
 # Tools only the tests and CI use: chromium (the /dashboard test, headless) and docker-compose
