@@ -13,6 +13,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <uv.h>
 
 #include "api.h"
@@ -1689,6 +1691,27 @@ static void on_walk_close(uv_handle_t *h, void *arg)
         uv_close(h, NULL);
 }
 
+/* Creates the parent directories of path (var/ for var/ledger on a fresh checkout); the ledger
+ * creates its own last level. */
+static int mkdir_parents(const char *path, char *err, size_t err_len)
+{
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n >= sizeof buf)
+        return pc_err_setf(err, err_len, PC_ERR_RANGE, "path too long: %s", path);
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i < n; i++) {
+        if (buf[i] != '/')
+            continue;
+        buf[i] = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return pc_err_setf(err, err_len, PC_ERR_IO, "cannot create %s: %s", buf,
+                               strerror(errno));
+        buf[i] = '/';
+    }
+    return 0;
+}
+
 static int serve_run(serve_t *s, const char *listen)
 {
     char err[512];
@@ -1742,6 +1765,10 @@ static int serve_run(serve_t *s, const char *listen)
     }
     if (bill_idgen_init(&s->idgen) != 0) {
         fprintf(stderr, "kvgw serve: no random source for event ids\n");
+        return KVGW_EXIT_FAIL;
+    }
+    if (mkdir_parents(s->cfg.ledger_dir, err, sizeof err) != 0) {
+        fprintf(stderr, "kvgw serve: billing.ledger_dir: %s\n", err);
         return KVGW_EXIT_FAIL;
     }
     uv_async_init(s->loop, &s->ledger_wake, on_ledger_wake);

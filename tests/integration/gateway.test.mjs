@@ -41,7 +41,7 @@ cache:
   ttl_5m: ${TTL_5M_MS}ms
   namespace_secret: integration-test-namespace-secret
 billing:
-  ledger_dir: ${dir}/ledger
+  ledger_dir: ${dir}/var/ledger   # var/ does not exist yet, as on a fresh checkout
   pricing: conf/pricing.yaml
   fsync: batch
 log:
@@ -362,7 +362,7 @@ test('SIGTERM: graceful exit 0, and the ledger holds one event per request', asy
   gw.kill('SIGTERM');
   const { code } = await exited;
   assert.equal(code, 0, stderrText);
-  const out = spawnSync(BIN, ['billing', 'export', '--ledger', join(dir, 'ledger'), '--format', 'jsonl'], { encoding: 'utf8' });
+  const out = spawnSync(BIN, ['billing', 'export', '--ledger', join(dir, 'var', 'ledger'), '--format', 'jsonl'], { encoding: 'utf8' });
   assert.equal(out.status, 0, out.stderr);
   const rows = out.stdout.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l));
   const usage = rows.filter((r) => r.kind === undefined || r.kind === 'usage');
