@@ -362,19 +362,27 @@ int gw_anthropic_sse_finish(gw_anthropic_sse_t *s, const gw_api_resp_t *r, pc_bu
     return 0;
 }
 
-int gw_anthropic_sse_error(gw_anthropic_sse_t *s, const gw_api_error_t *e, pc_buf_t *b)
+/* The error event that ends a stream of either API: head, the error object, "}\n\n". */
+static int sse_error_event(int *state, const char *head, gw_api_kind_t kind,
+                           const gw_api_error_t *e, pc_buf_t *b)
 {
     wr_t w = {b, 0};
     size_t mark = b->len;
-    if (s->state != SSE_OPEN)
+    if (*state != SSE_OPEN)
         return PC_ERR_STATE;
-    w_raw(&w, "event: error\ndata: {\"type\":\"error\",\"error\":");
-    w_error_object(&w, GW_API_ANTHROPIC_MESSAGES, e);
+    w_raw(&w, head);
+    w_error_object(&w, kind, e);
     w_raw(&w, "}\n\n");
     if (w_end(&w, mark) != 0)
         return PC_ERR_NOMEM;
-    s->state = SSE_DONE;
+    *state = SSE_DONE;
     return 0;
+}
+
+int gw_anthropic_sse_error(gw_anthropic_sse_t *s, const gw_api_error_t *e, pc_buf_t *b)
+{
+    return sse_error_event(&s->state, "event: error\ndata: {\"type\":\"error\",\"error\":",
+                           GW_API_ANTHROPIC_MESSAGES, e, b);
 }
 
 /* ---- OpenAI ------------------------------------------------------------------------------------
@@ -511,15 +519,5 @@ int gw_openai_sse_finish(gw_openai_sse_t *s, const gw_api_resp_t *r, pc_buf_t *b
 
 int gw_openai_sse_error(gw_openai_sse_t *s, const gw_api_error_t *e, pc_buf_t *b)
 {
-    wr_t w = {b, 0};
-    size_t mark = b->len;
-    if (s->state != SSE_OPEN)
-        return PC_ERR_STATE;
-    w_raw(&w, "data: {\"error\":");
-    w_error_object(&w, GW_API_OPENAI_CHAT, e);
-    w_raw(&w, "}\n\n");
-    if (w_end(&w, mark) != 0)
-        return PC_ERR_NOMEM;
-    s->state = SSE_DONE;
-    return 0;
+    return sse_error_event(&s->state, "data: {\"error\":", GW_API_OPENAI_CHAT, e, b);
 }

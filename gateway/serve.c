@@ -93,7 +93,6 @@ typedef struct req {
     uint32_t read_tokens; /* logical hit (A) */
     uint32_t path_tokens; /* longest prefix found in the index (live or not) */
     uint32_t phys_tokens; /* what the chosen worker was believed to hold */
-    const char *route_reason;
     gw_usage_t usage;
     bool entries_inserted;
     uint32_t n_tokens_out;
@@ -949,7 +948,6 @@ static void route_and_submit(req_t *q)
     }
     q->worker = map[ch.worker];
     q->phys_tokens = cached[ch.worker];
-    q->route_reason = ch.reason;
     const char *rl[] = {ch.reason};
     gw_metric_add(s->m_routes, rl, 1);
     const char *lk[] = {q->read_tokens == 0                  ? "miss"
