@@ -182,7 +182,7 @@ static int http_post(int port, const char *path, const char *body, bool stream, 
 }
 
 /* The worker's own times of a request (from the access log), in seconds. */
-static int worker_times(const char *log, const char *rid, double *ttft, double *total)
+static int worker_times_once(const char *log, const char *rid, double *ttft, double *total)
 {
     FILE *f = fopen(log, "r");
     if (f == NULL)
@@ -202,6 +202,17 @@ static int worker_times(const char *log, const char *rid, double *ttft, double *
     }
     fclose(f);
     return rc;
+}
+
+/* The gateway flushes its access log every quarter second: waits up to 2 s for the line. */
+static int worker_times(const char *log, const char *rid, double *ttft, double *total)
+{
+    for (int i = 0; i < 200; i++) {
+        if (worker_times_once(log, rid, ttft, total) == 0)
+            return 0;
+        usleep(10000);
+    }
+    return -1;
 }
 
 static int cmp_d(const void *a, const void *b)

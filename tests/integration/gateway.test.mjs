@@ -21,6 +21,7 @@ const OpenAI = OpenAIMod.default ?? OpenAIMod.OpenAI ?? OpenAIMod;
 const BIN = process.env.KVGW_BIN ?? 'build/bin/kvgw';
 const MODEL = 'kvgw-demo';
 const TTL_5M_MS = 2500; // the "5m" class, shortened for the expiry test
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 let dir, gw, base, stderrText = '';
 const pairs = []; // [non-streamed request id, streamed request id] that must bill the same
@@ -257,11 +258,14 @@ test('tenants never share cache entries; kvgw-cache explains hits and misses', a
   assert.equal(s1.json.usage.cache_read_input_tokens, 0);
 });
 
-// The access log's line of a request, by its request-id.
-function logLine(rid) {
-  for (const l of readFileSync(join(dir, 'access.log'), 'utf8').trim().split('\n')) {
-    const j = JSON.parse(l);
-    if (j.request_id === rid) return j;
+// The access log's line of a request, by its request-id. The gateway flushes the log every
+// quarter second, so the line may take that long to appear.
+async function logLine(rid) {
+  for (const t0 = Date.now(); Date.now() - t0 < 5000; await sleep(50)) {
+    for (const l of readFileSync(join(dir, 'access.log'), 'utf8').trim().split('\n').filter(Boolean)) {
+      const j = JSON.parse(l);
+      if (j.request_id === rid) return j;
+    }
   }
   return null;
 }
@@ -279,8 +283,8 @@ test('another tenant\'s cache is invisible, in KV reuse and in time', async () =
     const b = await req(`shared-${i}`, 'sk-test-b');      // tenant b: "another tenant cached it"
     const n = await req(`fresh-${i}`, 'sk-test-b');       // tenant b: nobody cached it
     const a = await req(`shared-${i}`, 'sk-test-a');      // control: tenant a reads its own
-    const lb = logLine(b.headers.get('request-id')), ln = logLine(n.headers.get('request-id')),
-      la = logLine(a.headers.get('request-id'));
+    const lb = await logLine(b.headers.get('request-id')), ln = await logLine(n.headers.get('request-id')),
+      la = await logLine(a.headers.get('request-id'));
     assert.equal(b.json.usage.cache_read_input_tokens, 0);
     // Tenant b reuses only its own chat-template opening (a few tokens), never tenant a's prompt.
     assert.ok(lb.physical_hit < 32, 'no KV of tenant a is reused for tenant b: ' + lb.physical_hit);
