@@ -140,7 +140,7 @@ struct serve {
     bill_idgen_t idgen;
     uv_async_t ledger_wake;
     uv_timer_t tick;
-    uv_signal_t sig_int, sig_term;
+    uv_signal_t sig_int, sig_term, sig_hup;
     uint64_t next_wire_id;
     req_t *live;
     req_t *durable_head, *durable_tail;
@@ -1567,6 +1567,7 @@ static void all_closed(void *ud)
     uv_close((uv_handle_t *)&s->tick, NULL);
     uv_close((uv_handle_t *)&s->sig_int, NULL);
     uv_close((uv_handle_t *)&s->sig_term, NULL);
+    uv_close((uv_handle_t *)&s->sig_hup, NULL);
     if (s->live == NULL && s->durable_head == NULL)
         uv_stop(s->loop);
 }
@@ -1590,6 +1591,30 @@ static void on_signal(uv_signal_t *h, int sig)
         return;
     }
     begin_shutdown(s);
+}
+
+/* SIGHUP reopens the access log file (log rotation: move the file away, then send SIGHUP).
+ * The old file gets every line written before the signal; when the path cannot be opened the
+ * old file is kept and the error is logged. stdout and "off" are left as they are. */
+static void on_sighup(uv_signal_t *h, int sig)
+{
+    (void)sig;
+    serve_t *s = h->data;
+    if (s->access_log == NULL || s->access_log == stdout)
+        return;
+    FILE *f = fopen(s->cfg.access_log, "a");
+    if (f == NULL) {
+        PC_LOG(PC_LOG_ERROR, "serve",
+               "SIGHUP: cannot reopen the access log %s: %s; still writing "
+               "to the old file",
+               s->cfg.access_log, strerror(errno));
+        return;
+    }
+    setvbuf(f, NULL, _IOFBF, 64 << 10);
+    fclose(s->access_log); /* flushes the lines written so far into the old file */
+    s->access_log = f;
+    s->access_log_dirty = false;
+    PC_LOG(PC_LOG_INFO, "serve", "SIGHUP: reopened the access log %s", s->cfg.access_log);
 }
 
 static void setup_metrics(serve_t *s)
@@ -1852,6 +1877,9 @@ static int serve_run(serve_t *s, const char *listen)
     s->sig_int.data = s->sig_term.data = s;
     uv_signal_start(&s->sig_int, on_signal, SIGINT);
     uv_signal_start(&s->sig_term, on_signal, SIGTERM);
+    uv_signal_init(s->loop, &s->sig_hup);
+    s->sig_hup.data = s;
+    uv_signal_start(&s->sig_hup, on_sighup, SIGHUP);
     s->last_storage_ms = pc_time_wall_ms();
 
     int port = gw_http_server_port(s->http);
@@ -1900,7 +1928,8 @@ int kvgw_cmd_serve(int argc, char **argv)
             printf("\nRuns the gateway. Without --config it reads %s when that file exists, else "
                    "the built-in\ndefault (the same settings). SIGINT/SIGTERM stop it gracefully: "
                    "no new requests,\nin-flight ones finish (limits.shutdown_grace), the ledger "
-                   "is flushed, exit 0.\n",
+                   "is flushed, exit 0.\nSIGHUP reopens the access log file (for log "
+                   "rotation).\n",
                    GW_CONFIG_DEFAULT_PATH);
             return KVGW_EXIT_OK;
         default:
