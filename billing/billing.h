@@ -253,6 +253,8 @@ void bill_time_str(uint64_t ms, char *buf);
  *
  * Reading the ledger is file I/O: the gateway runs steps on a worker thread, not on its loop.
  * An event belongs to the time range [from_ms, to_ms) by its start_ms (storage: window start).
+ * An export reads only the ledger segments whose time index says they can hold such an event
+ * (and the open segment), so a day's export costs about a day of ledger, not the whole ledger.
  * ------------------------------------------------------------------------------------------- */
 
 enum bill_export_format {
@@ -283,6 +285,9 @@ typedef struct bill_export_params {
     size_t chunk_bytes;            /* default 64 KiB */
     const bill_pricing_t *pricing; /* optional: FOCUS ListUnitPrice/SkuPriceId per event */
     const char *provider;          /* FOCUS ProviderName etc., default "kvgw" */
+    bool scan_all;                 /* read every segment, ignoring the ledger's time index
+                                      (ledger.h); the output is the same either way. For
+                                      benchmarks, tests and doubt. Default false */
     bill_export_chunk_fn chunk;
     void *ud;
 } bill_export_params_t;
@@ -300,6 +305,10 @@ int bill_export_open(const char *dir, const bill_export_params_t *p, bill_export
 int bill_export_step(bill_export_t *x, size_t max_records, char *err, size_t err_len);
 
 void bill_export_free(bill_export_t *x);
+
+/* How much of the ledger an export read so far: segment files read and sealed segments skipped
+ * because their time index proves they hold no event of the range. Either pointer may be NULL. */
+void bill_export_segments(const bill_export_t *x, uint64_t *n_read, uint64_t *n_skipped);
 
 /* Runs an export to the end. */
 int bill_export_run(const char *dir, const bill_export_params_t *p, char *err, size_t err_len);

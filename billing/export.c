@@ -495,6 +495,8 @@ int bill_export_open(const char *dir, const bill_export_params_t *p, bill_export
         pc_free(x);
         return rc;
     }
+    if (!p->scan_all)
+        (void)bill_ledger_reader_set_time_range(x->r, p->from_ms, p->to_ms); /* from <= to */
     *out = x;
     return 0;
 }
@@ -552,6 +554,16 @@ void bill_export_free(bill_export_t *x)
     pc_buf_free(&x->out);
     pc_free(x->groups);
     pc_free(x);
+}
+
+void bill_export_segments(const bill_export_t *x, uint64_t *n_read, uint64_t *n_skipped)
+{
+    bill_ledger_reader_stats_t st;
+    bill_ledger_reader_stats(x->r, &st);
+    if (n_read != NULL)
+        *n_read = st.n_segments_read;
+    if (n_skipped != NULL)
+        *n_skipped = st.n_segments_skipped;
 }
 
 int bill_export_run(const char *dir, const bill_export_params_t *p, char *err, size_t err_len)

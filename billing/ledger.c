@@ -157,7 +157,9 @@ struct bill_ledger {
     int dir_fd;
     int lock_fd;
     int seg_fd;
-    uint64_t seg_bytes; /* current segment's size (written and good) */
+    uint64_t seg_bytes;         /* current segment's size (written and good) */
+    bill_ledger_index_t cur_ix; /* the current segment's time index so far (writer thread) */
+    bool cur_ix_ok;             /* false if a record could not be indexed: write no sidecar */
 
     pthread_t thread;
     bool thread_started;
@@ -297,6 +299,202 @@ static bool seg_header_ok(const uint8_t h[BILL_LEDGER_SEGMENT_HEADER])
            get_u32(h + 12) == bill_crc32c(0, h, 12);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The time index: one sidecar per sealed segment (format in ledger.h). idx_add folds one record
+ * frame into a segment's running index; the writer, the recovery at open and every reader that
+ * reads a whole segment build the same one from the same bytes.
+ * ------------------------------------------------------------------------------------------- */
+
+#define IDX_MAGIC "KVGWLIDX"
+#define IDX_VERSION 1
+
+static const bill_ledger_io_t default_io = {io_write, io_fsync, NULL};
+
+static void idx_init(bill_ledger_index_t *ix, uint64_t first_seq)
+{
+    uint8_t h[BILL_LEDGER_SEGMENT_HEADER];
+    seg_header(h);
+    *ix = (bill_ledger_index_t){
+        .seg_bytes = BILL_LEDGER_SEGMENT_HEADER,
+        .first_seq = first_seq,
+        .min_start_ms = UINT64_MAX,
+        .seg_crc = bill_crc32c(0, h, sizeof h),
+    };
+}
+
+static void idx_add(bill_ledger_index_t *ix, const uint8_t *frame, size_t len, uint64_t start_ms)
+{
+    ix->seg_crc = bill_crc32c(ix->seg_crc, frame, len);
+    ix->last_off = ix->seg_bytes;
+    ix->last_crc = get_u32(frame + 4);
+    ix->seg_bytes += len;
+    ix->n_records++;
+    if (start_ms < ix->min_start_ms)
+        ix->min_start_ms = start_ms;
+    if (start_ms > ix->max_start_ms)
+        ix->max_start_ms = start_ms;
+}
+
+static bool idx_equal(const bill_ledger_index_t *a, const bill_ledger_index_t *b)
+{
+    return a->seg_bytes == b->seg_bytes && a->first_seq == b->first_seq &&
+           a->n_records == b->n_records && a->min_start_ms == b->min_start_ms &&
+           a->max_start_ms == b->max_start_ms && a->last_off == b->last_off &&
+           a->last_crc == b->last_crc && a->seg_crc == b->seg_crc;
+}
+
+static void idx_encode(const bill_ledger_index_t *ix, uint8_t b[BILL_LEDGER_INDEX_BYTES])
+{
+    memset(b, 0, BILL_LEDGER_INDEX_BYTES);
+    memcpy(b, IDX_MAGIC, 8);
+    put_u32(b + 8, IDX_VERSION);
+    put_u64le(b + 16, ix->seg_bytes);
+    put_u64le(b + 24, ix->first_seq);
+    put_u64le(b + 32, ix->n_records);
+    put_u64le(b + 40, ix->min_start_ms);
+    put_u64le(b + 48, ix->max_start_ms);
+    put_u64le(b + 56, ix->last_off);
+    put_u32(b + 64, ix->last_crc);
+    put_u32(b + 68, ix->seg_crc);
+    put_u32(b + 72, bill_crc32c(0, b, 72));
+}
+
+static bool idx_decode(const uint8_t b[BILL_LEDGER_INDEX_BYTES], bill_ledger_index_t *ix)
+{
+    if (memcmp(b, IDX_MAGIC, 8) != 0 || get_u32(b + 8) != IDX_VERSION || get_u32(b + 12) != 0 ||
+        get_u32(b + 72) != bill_crc32c(0, b, 72))
+        return false;
+    *ix = (bill_ledger_index_t){
+        .seg_bytes = get_u64le(b + 16),
+        .first_seq = get_u64le(b + 24),
+        .n_records = get_u64le(b + 32),
+        .min_start_ms = get_u64le(b + 40),
+        .max_start_ms = get_u64le(b + 48),
+        .last_off = get_u64le(b + 56),
+        .last_crc = get_u32(b + 64),
+        .seg_crc = get_u32(b + 68),
+    };
+    return true;
+}
+
+static void idx_name(char *buf, size_t n, uint64_t first_seq)
+{
+    snprintf(buf, n, "ledger-%020" PRIu64 ".idx", first_seq);
+}
+
+/* A temporary sidecar left by a crash: "ledger-<20 digits>.idx.tmp-...". */
+static bool idx_is_temp(const char *name)
+{
+    return strncmp(name, "ledger-", 7) == 0 && strlen(name) > 27 + 8 &&
+           strncmp(name + 27, ".idx.tmp", 8) == 0;
+}
+
+/* Writes the sidecar of segment ix->first_seq into the directory dir_fd, crash-safely: a temporary
+ * file with a name of its own (so concurrent writers of the same sidecar never share one) is
+ * written and synced, renamed over the sidecar's name, then the directory is synced. A crash at
+ * any point leaves the previous sidecar (or none) or the new one, never a partial one: the rename
+ * is atomic and only renames synced bytes. On failure the temporary file is removed. io: the
+ * ledger's hooks (tests inject failures and crashes there). */
+static int idx_write(int dir_fd, const bill_ledger_io_t *io, const bill_ledger_index_t *ix)
+{
+    static _Atomic unsigned counter;
+    char name[64], tmp[128];
+    idx_name(name, sizeof name, ix->first_seq);
+    snprintf(tmp, sizeof tmp, "%s.tmp-%ld-%u", name, (long)getpid(), atomic_fetch_add(&counter, 1));
+    uint8_t b[BILL_LEDGER_INDEX_BYTES];
+    idx_encode(ix, b);
+    int fd = openat(dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return err_from_errno(errno);
+    int rc = 0;
+    size_t off = 0;
+    while (off < sizeof b) {
+        ssize_t w = io->write(io->ud, fd, b + off, sizeof b - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            rc = w < 0 ? err_from_errno(errno) : PC_ERR_NOSPACE;
+            break;
+        }
+        off += (size_t)w;
+    }
+    if (rc == 0 && io->fsync(io->ud, fd) != 0)
+        rc = err_from_errno(errno);
+    if (close(fd) != 0 && rc == 0)
+        rc = err_from_errno(errno);
+    if (rc == 0 && renameat(dir_fd, tmp, dir_fd, name) != 0)
+        rc = err_from_errno(errno);
+    if (rc != 0) {
+        (void)unlinkat(dir_fd, tmp, 0);
+        return rc;
+    }
+    return io->fsync(io->ud, dir_fd) == 0 ? 0 : err_from_errno(errno);
+}
+
+int bill_ledger_index_load(const char *dir, uint64_t first_seq, bill_ledger_index_t *out)
+{
+    char path[4096], name[64];
+    idx_name(name, sizeof name, first_seq);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? PC_ERR_NOTFOUND : pc_err_from_errno(errno);
+    uint8_t b[BILL_LEDGER_INDEX_BYTES + 1];
+    ssize_t n = read(fd, b, sizeof b);
+    close(fd);
+    if (n != BILL_LEDGER_INDEX_BYTES || !idx_decode(b, out) || out->first_seq != first_seq)
+        return PC_ERR_FORMAT;
+    return 0;
+}
+
+/* True when ix describes the segment first_seq as it is on disk now, checked without reading the
+ * segment: the file's length is ix's, the record count is what the next segment's name says
+ * (next_first - first_seq), and the last record's frame header at last_off holds the CRC, the
+ * length that ends it exactly at the end of the file and the seq that ix says. A sidecar of an
+ * older state of the segment, of another segment, or with a flipped bit fails one of these. */
+static bool idx_matches(const char *dir, uint64_t first_seq, uint64_t next_first,
+                        const bill_ledger_index_t *ix)
+{
+    if (ix->first_seq != first_seq || next_first < first_seq ||
+        ix->n_records != next_first - first_seq)
+        return false;
+    char path[4096], name[64];
+    seg_name(name, sizeof name, first_seq);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    struct stat sb;
+    bool ok = fstat(fd, &sb) == 0 && (uint64_t)sb.st_size == ix->seg_bytes;
+    if (ok && ix->n_records == 0) {
+        ok = ix->seg_bytes == BILL_LEDGER_SEGMENT_HEADER;
+    } else if (ok) {
+        uint8_t h[BILL_LEDGER_RECORD_HEADER];
+        ok = ix->last_off >= BILL_LEDGER_SEGMENT_HEADER &&
+             pread(fd, h, sizeof h, (off_t)ix->last_off) == (ssize_t)sizeof h &&
+             ix->last_off + BILL_LEDGER_RECORD_HEADER + get_u32(h) == ix->seg_bytes &&
+             get_u32(h + 4) == ix->last_crc && get_u64le(h + 12) == next_first - 1;
+    }
+    close(fd);
+    return ok;
+}
+
+/* The start_ms of an encoded event (payload layout in ledger.h): after kind, status and the six
+ * length-prefixed strings. False when the payload is too short. */
+static bool payload_start_ms(const uint8_t *p, size_t len, uint64_t *out)
+{
+    size_t off = 2;
+    for (int i = 0; i < 6; i++) {
+        if (off >= len)
+            return false;
+        off += 1 + (size_t)p[off];
+    }
+    if (off + 8 > len)
+        return false;
+    *out = get_u64le(p + off);
+    return true;
+}
+
 /* Result of reading one record from a stream. */
 enum rec_result {
     REC_OK = 0,
@@ -307,7 +505,8 @@ enum rec_result {
 /* Reads one record at the stream's position; on REC_OK fills ev and seq and *rec_len. A record
  * whose CRC matches but whose payload does not decode counts as TORN too (with *bad_payload set):
  * the caller decides whether that is a tail or damage. */
-static int read_record(FILE *f, bill_event_t *ev, uint64_t *seq, size_t *rec_len, bool *bad_payload)
+static int read_record(FILE *f, bill_event_t *ev, uint64_t *seq, size_t *rec_len, bool *bad_payload,
+                       const uint8_t **frame)
 {
     static _Thread_local uint8_t buf[BILL_LEDGER_RECORD_HEADER + BILL_LEDGER_MAX_PAYLOAD];
     *bad_payload = false;
@@ -329,6 +528,8 @@ static int read_record(FILE *f, bill_event_t *ev, uint64_t *seq, size_t *rec_len
     }
     *seq = get_u64le(buf + 12);
     *rec_len = BILL_LEDGER_RECORD_HEADER + len;
+    if (frame != NULL)
+        *frame = buf;
     return REC_OK;
 }
 
@@ -374,6 +575,8 @@ static int create_segment(bill_ledger_t *l, uint64_t first_seq)
         close(l->seg_fd);
     l->seg_fd = fd;
     l->seg_bytes = BILL_LEDGER_SEGMENT_HEADER;
+    idx_init(&l->cur_ix, first_seq);
+    l->cur_ix_ok = true;
     l->st.n_segments++;
     return 0;
 }
@@ -399,12 +602,14 @@ static uint64_t lookup_id(const bill_ledger_t *l, idkey_t k)
     return s != 0 ? s : idset_find(&l->ids_old, k);
 }
 
-/* Scans one segment at open: checks it and rebuilds the duplicate set. *next_seq is the seq the
- * segment's first record must have, and becomes the one after its last. For the last segment a
- * torn tail is truncated; elsewhere it is an error. */
+/* Scans one segment at open: checks it, rebuilds the duplicate set and the segment's time index
+ * (*ix, from its good records). *next_seq is the seq the segment's first record must have, and
+ * becomes the one after its last. For the last segment a torn tail is truncated; elsewhere it is
+ * an error. */
 static int recover_segment(bill_ledger_t *l, uint64_t first, bool last, uint64_t *next_seq,
-                           char *err, size_t err_len)
+                           bill_ledger_index_t *ix, char *err, size_t err_len)
 {
+    idx_init(ix, first);
     char name[64];
     seg_name(name, sizeof name, first);
     int fd = openat(l->dir_fd, name, (last ? O_RDWR : O_RDONLY) | O_CLOEXEC);
@@ -460,7 +665,8 @@ static int recover_segment(bill_ledger_t *l, uint64_t first, bool last, uint64_t
         uint64_t seq;
         size_t len;
         bool bad_payload;
-        int r = read_record(f, &ev, &seq, &len, &bad_payload);
+        const uint8_t *frame;
+        int r = read_record(f, &ev, &seq, &len, &bad_payload, &frame);
         if (r == REC_END)
             break;
         if (r == REC_TORN || seq != *next_seq) {
@@ -484,6 +690,7 @@ static int recover_segment(bill_ledger_t *l, uint64_t first, bool last, uint64_t
                    name, (uint64_t)sb.st_size - good, *next_seq - 1);
             break;
         }
+        idx_add(ix, frame, len, ev.start_ms);
         rc = remember_id(l, id_hash(ev.event_id), seq);
         if (rc != 0)
             goto done;
@@ -561,6 +768,47 @@ int bill_ledger_read_instance(const char *dir, char out[BILL_STR_MAX])
         return PC_ERR_FORMAT;
     memcpy(out, buf, n + 1);
     return 0;
+}
+
+/* After the recovery read segment ix->first_seq: a sealed segment gets its sidecar written when
+ * it is missing or says anything else than the data (the data wins); the last segment, which
+ * appends continue, must have none (one left there would go stale at the next append). Failures
+ * only log: exports then scan that segment, and the next open tries again. */
+static void reconcile_index(bill_ledger_t *l, const bill_ledger_index_t *ix, bool last)
+{
+    char name[64];
+    idx_name(name, sizeof name, ix->first_seq);
+    if (last) {
+        if (unlinkat(l->dir_fd, name, 0) == 0)
+            PC_LOG(PC_LOG_INFO, "ledger", "%s/%s: removed the sidecar of the open segment", l->dir,
+                   name);
+        return;
+    }
+    bill_ledger_index_t disk;
+    int rc = bill_ledger_index_load(l->dir, ix->first_seq, &disk);
+    if (rc == 0 && idx_equal(&disk, ix))
+        return;
+    if (rc != PC_ERR_NOTFOUND)
+        PC_LOG(PC_LOG_WARN, "ledger", "%s/%s is %s; rewriting it from the segment's data", l->dir,
+               name, rc == 0 ? "wrong" : "corrupt");
+    rc = idx_write(l->dir_fd, &l->io, ix);
+    if (rc != 0)
+        PC_LOG(PC_LOG_WARN, "ledger",
+               "cannot write %s/%s (%s); exports will read that whole segment", l->dir, name,
+               pc_strerror(rc));
+}
+
+/* Removes the temporary sidecars a crash left behind (never renamed: nothing refers to them). */
+static void remove_index_temps(bill_ledger_t *l)
+{
+    DIR *d = opendir(l->dir);
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (idx_is_temp(e->d_name))
+            (void)unlinkat(l->dir_fd, e->d_name, 0);
+    closedir(d);
 }
 
 static void *writer_main(void *arg);
@@ -641,10 +889,18 @@ int bill_ledger_open(const bill_ledger_params_t *p, bill_ledger_t **out, char *e
         goto fail;
     }
     uint64_t next = n_segs > 0 ? segs[0] : 1;
+    remove_index_temps(l);
     for (size_t i = 0; i < n_segs; i++) {
-        rc = recover_segment(l, segs[i], i + 1 == n_segs, &next, err, err_len);
+        bool last = i + 1 == n_segs;
+        bill_ledger_index_t ix;
+        rc = recover_segment(l, segs[i], last, &next, &ix, err, err_len);
         if (rc != 0)
             goto fail;
+        reconcile_index(l, &ix, last);
+        if (last) {
+            l->cur_ix = ix;
+            l->cur_ix_ok = true;
+        }
     }
     l->st.n_segments = n_segs;
     if (n_segs == 0) {
@@ -767,6 +1023,37 @@ static int write_batch(bill_ledger_t *l, const char *buf, size_t len)
     return 0;
 }
 
+/* Folds the records of a batch just written into the current segment's index (writer thread). */
+static void index_batch(bill_ledger_t *l, const uint8_t *p, size_t len)
+{
+    size_t off = 0;
+    while (l->cur_ix_ok && off + BILL_LEDGER_RECORD_HEADER <= len) {
+        size_t n = get_u32(p + off);
+        uint64_t start_ms;
+        if (off + BILL_LEDGER_RECORD_HEADER + n > len ||
+            !payload_start_ms(p + off + BILL_LEDGER_RECORD_HEADER, n, &start_ms)) {
+            l->cur_ix_ok = false; /* cannot happen: the appenders framed it */
+            break;
+        }
+        idx_add(&l->cur_ix, p + off, BILL_LEDGER_RECORD_HEADER + n, start_ms);
+        off += BILL_LEDGER_RECORD_HEADER + n;
+    }
+}
+
+/* Writes the sidecar of a segment just sealed by rotation. The ledger does not depend on it: a
+ * failure (disk full) only logs, exports then read that segment whole, and the next open or an
+ * export that reads it writes it again. */
+static void seal_index(bill_ledger_t *l, const bill_ledger_index_t *ix)
+{
+    int rc = idx_write(l->dir_fd, &l->io, ix);
+    if (rc != 0) {
+        char name[64];
+        idx_name(name, sizeof name, ix->first_seq);
+        PC_LOG(PC_LOG_WARN, "ledger", "cannot write %s/%s (%s); exports will read that segment",
+               l->dir, name, pc_strerror(rc));
+    }
+}
+
 static void *writer_main(void *arg)
 {
     bill_ledger_t *l = arg;
@@ -793,11 +1080,18 @@ static void *writer_main(void *arg)
 
         size_t n_bytes = batch.len;
         int rc = write_batch(l, batch.base, n_bytes);
+        if (rc == 0)
+            index_batch(l, (const uint8_t *)batch.base, n_bytes);
         batch.len = 0;
         if (rc == 0) {
             atomic_store(&l->durable_seq, last);
-            if (l->seg_bytes >= l->p.segment_bytes)
+            if (l->seg_bytes >= l->p.segment_bytes) {
+                bill_ledger_index_t sealed = l->cur_ix;
+                bool sealed_ok = l->cur_ix_ok && sealed.seg_bytes == l->seg_bytes;
                 rc = create_segment(l, last + 1);
+                if (rc == 0 && sealed_ok)
+                    seal_index(l, &sealed);
+            }
         }
         pthread_mutex_lock(&l->mu);
         if (rc == 0) {
@@ -899,6 +1193,10 @@ struct bill_ledger_reader {
     uint64_t next_seq;  /* seq of the next record in f */
     uint64_t cur_first; /* first seq of the segment f reads */
     uint64_t from_seq;
+    bool ranged; /* set_time_range: skip sealed segments outside [from_ms, to_ms) */
+    uint64_t from_ms, to_ms;
+    bill_ledger_index_t acc; /* the index of f's segment, from its records read so far */
+    bill_ledger_reader_stats_t st;
 };
 
 static FILE *open_segment(const char *dir, uint64_t first, bool *bad_header)
@@ -945,6 +1243,73 @@ int bill_ledger_reader_open(const char *dir, uint64_t from_seq, bill_ledger_read
     return 0;
 }
 
+int bill_ledger_reader_set_time_range(bill_ledger_reader_t *r, uint64_t from_ms, uint64_t to_ms)
+{
+    if (from_ms > to_ms || r->f != NULL)
+        return PC_ERR_INVAL;
+    r->ranged = true;
+    r->from_ms = from_ms;
+    r->to_ms = to_ms;
+    return 0;
+}
+
+void bill_ledger_reader_stats(const bill_ledger_reader_t *r, bill_ledger_reader_stats_t *out)
+{
+    *out = r->st;
+}
+
+/* Before the reader opens segment next_seq: skips it, and the sealed ones after it, while each
+ * one's sidecar is valid for the segment as it is on disk (idx_matches) and proves that no event
+ * in it starts in [from_ms, to_ms). Stops at the first segment that may hold such an event, whose
+ * sidecar is missing or invalid, or that is the last one (the open segment: always read). Any
+ * doubt means reading the segment, which is always correct. */
+static void reader_skip(bill_ledger_reader_t *r)
+{
+    uint64_t *segs;
+    size_t n;
+    if (list_segments(r->dir, &segs, &n) != 0)
+        return;
+    size_t i = 0;
+    while (i < n && segs[i] < r->next_seq)
+        i++;
+    for (; i + 1 < n && segs[i] == r->next_seq; i++) {
+        bill_ledger_index_t ix;
+        if (bill_ledger_index_load(r->dir, segs[i], &ix) != 0 ||
+            !idx_matches(r->dir, segs[i], segs[i + 1], &ix)) {
+            r->st.n_index_bad++;
+            break;
+        }
+        if (ix.n_records > 0 && ix.max_start_ms >= r->from_ms && ix.min_start_ms < r->to_ms)
+            break;
+        r->st.n_segments_skipped++;
+        r->next_seq = segs[i + 1];
+    }
+    pc_free(segs);
+}
+
+/* After a ranged reader read a sealed segment whole: the index built from its records is the
+ * truth. A missing sidecar is written, and one that says anything else is rewritten (with a
+ * warning: the cheap checks of idx_matches did not catch it). Best effort: a reader without
+ * write access to the directory just reads the segment again next time. */
+static void reader_check_index(bill_ledger_reader_t *r)
+{
+    bill_ledger_index_t disk;
+    int rc = bill_ledger_index_load(r->dir, r->cur_first, &disk);
+    if (rc == 0 && idx_equal(&disk, &r->acc))
+        return;
+    char name[64];
+    idx_name(name, sizeof name, r->cur_first);
+    if (rc == 0)
+        PC_LOG(PC_LOG_WARN, "ledger", "%s/%s disagrees with its segment's data; rewriting it",
+               r->dir, name);
+    int dfd = open(r->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return;
+    if (idx_write(dfd, &default_io, &r->acc) == 0)
+        r->st.n_index_written++;
+    close(dfd);
+}
+
 /* True when a segment starting at seq exists (the current one then ended for good). */
 static bool segment_exists(const char *dir, uint64_t seq)
 {
@@ -973,9 +1338,14 @@ int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t 
 {
     for (;;) {
         if (r->f == NULL) {
+            if (r->ranged)
+                reader_skip(r);
             bool bad;
             r->f = open_segment(r->dir, r->next_seq, &bad);
             r->cur_first = r->next_seq;
+            idx_init(&r->acc, r->cur_first);
+            if (r->f != NULL)
+                r->st.n_segments_read++;
             if (r->f == NULL) {
                 /* A half-created segment (header not yet written) is the end for now, unless a
                  * later one exists. */
@@ -990,8 +1360,10 @@ int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t 
         uint64_t s;
         size_t len;
         bool bad_payload;
-        int rr = read_record(r->f, ev, &s, &len, &bad_payload);
+        const uint8_t *frame;
+        int rr = read_record(r->f, ev, &s, &len, &bad_payload, &frame);
         if (rr == REC_OK && s == r->next_seq) {
+            idx_add(&r->acc, frame, len, ev->start_ms);
             r->next_seq++;
             if (s < r->from_seq)
                 continue;
@@ -1015,12 +1387,47 @@ int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t 
                                    "ledger: %s: damaged record at seq %" PRIu64
                                    " before a later segment",
                                    r->dir, r->next_seq);
+            if (r->ranged)
+                reader_check_index(r);
             fclose(r->f);
             r->f = NULL;
             continue;
         }
         return 1;
     }
+}
+
+int bill_ledger_index_scan(const char *dir, uint64_t first_seq, bill_ledger_index_t *out, char *err,
+                           size_t err_len)
+{
+    bool bad;
+    FILE *f = open_segment(dir, first_seq, &bad);
+    if (f == NULL)
+        return pc_err_setf(err, err_len, bad ? PC_ERR_FORMAT : PC_ERR_NOTFOUND,
+                           "ledger: %s: %s the segment of seq %" PRIu64, dir,
+                           bad ? "bad header in" : "no", first_seq);
+    idx_init(out, first_seq);
+    int rc = 0;
+    for (;;) {
+        bill_event_t ev;
+        uint64_t seq;
+        size_t len;
+        bool bad_payload;
+        const uint8_t *frame;
+        int rr = read_record(f, &ev, &seq, &len, &bad_payload, &frame);
+        if (rr == REC_END)
+            break;
+        if (rr != REC_OK || seq != first_seq + out->n_records) {
+            rc = pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                             "ledger: %s: the segment of seq %" PRIu64
+                             " is damaged at byte %" PRIu64,
+                             dir, first_seq, out->seg_bytes);
+            break;
+        }
+        idx_add(out, frame, len, ev.start_ms);
+    }
+    fclose(f);
+    return rc;
 }
 
 void bill_ledger_reader_free(bill_ledger_reader_t *r)

@@ -53,6 +53,36 @@
  *              .  48 cost in nano-USD of each bucket: uncached, write 5m, write 1h, read,
  *                    output, storage (6 x 8)
  *
+ * Time index: one sidecar file <dir>/ledger-<first seq, 20 digits>.idx per sealed segment (one
+ * that a later segment follows), so an export over [from, to) reads only the segments that can
+ * hold an event whose start_ms is in the range. 76 bytes, little-endian:
+ *     0   8  magic "KVGWLIDX"
+ *     8   4  index format version, 1
+ *     12  4  reserved, 0
+ *     16  8  the segment's length in bytes when indexed (header included)
+ *     24  8  the segment's first seq (its name)
+ *     32  8  record count
+ *     40  8  smallest start_ms of its events (UINT64_MAX when it has none)
+ *     48  8  largest start_ms of its events (0 when none)
+ *     56  8  offset of its last record (0 when none)
+ *     64  4  that record's CRC32C (its frame bytes 4..8)
+ *     68  4  CRC32C of the whole segment file (bytes 0 .. length)
+ *     72  4  CRC32C of bytes 0..72
+ * Events are not ordered by time across threads and instances, so these are the minimum and
+ * maximum, never the first and last. The writer writes the sidecar when it seals a segment by
+ * rotation: a temporary file ledger-<seq>.idx.tmp-<pid>-<n>, synced, renamed over the sidecar's
+ * name, then the directory synced; a crash at any step leaves no sidecar or a correct one. The
+ * open segment has none and is always read (its appends would make one stale at once; for the
+ * same reason none is written at shutdown: the segment stays open after a restart).
+ *
+ * A sidecar is a hint, never trusted over the data. A reader skips a sealed segment only when its
+ * sidecar passes its own CRC and matches the segment on disk: the file's length, the record
+ * count implied by the next segment's name, and the last record's frame (length, CRC, seq) read
+ * at the stored offset. Otherwise (missing, stale, corrupt) the segment is read whole. A segment
+ * read whole, by the recovery at every open or by a ranged reader (an export), has its index
+ * rebuilt from its records; when the sidecar is missing or says anything else, it is (re)written.
+ * Temporary files left by a crash are removed at open.
+ *
  * Durability. Under BILL_FSYNC_ALWAYS the writer fdatasyncs every batch it writes, at once (the
  * records that arrived while the previous sync ran form the next batch: group commit without a
  * wait). Under BILL_FSYNC_BATCH it first waits up to batch_window_us after the oldest pending
@@ -92,6 +122,7 @@
 #define BILL_LEDGER_MAX_PAYLOAD 65536
 #define BILL_LEDGER_RECORD_HEADER 20
 #define BILL_LEDGER_SEGMENT_HEADER 16
+#define BILL_LEDGER_INDEX_BYTES 76
 
 typedef enum bill_fsync {
     BILL_FSYNC_ALWAYS = 0,
@@ -200,6 +231,44 @@ int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t 
                             size_t err_len);
 
 void bill_ledger_reader_free(bill_ledger_reader_t *r);
+
+/* Restricts what a reader must read to the records whose event starts in [from_ms, to_ms): it
+ * then skips every sealed segment whose time index (see Time index) proves it holds none. It
+ * still returns the other records of the segments it reads (the caller filters). Call before the
+ * first next; 0, or PC_ERR_INVAL when from_ms > to_ms or after next. A ranged reader also writes
+ * the sidecar of each sealed segment it read whole when it was missing or wrong (best effort). */
+int bill_ledger_reader_set_time_range(bill_ledger_reader_t *r, uint64_t from_ms, uint64_t to_ms);
+
+typedef struct bill_ledger_reader_stats {
+    uint64_t n_segments_read;    /* segment files opened and read */
+    uint64_t n_segments_skipped; /* sealed segments skipped by their time index */
+    uint64_t n_index_bad;        /* sidecars found missing, stale or corrupt (segment read) */
+    uint64_t n_index_written;    /* sidecars this reader (re)wrote */
+} bill_ledger_reader_stats_t;
+
+void bill_ledger_reader_stats(const bill_ledger_reader_t *r, bill_ledger_reader_stats_t *out);
+
+/* One segment's time index: the decoded sidecar (format under Time index above). */
+typedef struct bill_ledger_index {
+    uint64_t seg_bytes;
+    uint64_t first_seq;
+    uint64_t n_records;
+    uint64_t min_start_ms; /* UINT64_MAX when n_records is 0 */
+    uint64_t max_start_ms; /* 0 when n_records is 0 */
+    uint64_t last_off;
+    uint32_t last_crc;
+    uint32_t seg_crc;
+} bill_ledger_index_t;
+
+/* Reads the sidecar of segment first_seq in dir: 0 with *out filled, PC_ERR_NOTFOUND when there is
+ * none, PC_ERR_FORMAT when it is corrupt (size, magic, version, CRC or a different first seq).
+ * It does not check the sidecar against the segment. */
+int bill_ledger_index_load(const char *dir, uint64_t first_seq, bill_ledger_index_t *out);
+
+/* Computes the index of segment first_seq by reading it whole, to its end: 0, PC_ERR_NOTFOUND, or
+ * PC_ERR_FORMAT at a bad or torn record (the open segment's torn tail included). */
+int bill_ledger_index_scan(const char *dir, uint64_t first_seq, bill_ledger_index_t *out, char *err,
+                           size_t err_len);
 
 /* Reads the INSTANCE id of a ledger directory. PC_ERR_NOTFOUND if absent, PC_ERR_FORMAT if bad. */
 int bill_ledger_read_instance(const char *dir, char out[BILL_STR_MAX]);
