@@ -24,6 +24,7 @@
 #include "cli.h"
 #include "common.h"
 #include "progress.h"
+#include "lnk_addr.h"
 #include "wire_conn.h"
 #include "worker_server.h"
 
@@ -47,8 +48,10 @@ static void help(void)
            "engine/wire.h). Prints \"listening on HOST:PORT\" once ready; SIGINT/SIGTERM stop\n"
            "it gracefully.\n\n"
            "  --model FILE     the GGUF model\n"
-           "  --listen H:P     address to listen on (numeric IPv4, [IPv6] or localhost; port 0\n"
-           "                   picks a free one)\n"
+           "  --listen H:P     address to listen on: IPv4 (0.0.0.0: every address), [IPv6]\n"
+           "                   ([::]: every address) or a host name such as localhost,\n"
+           "                   resolved once at start to its first IPv4 address (else IPv6);\n"
+           "                   port 0 picks a free one\n"
            "  --backend B      cpu, cuda, or auto (default): cuda where a GPU is usable, else\n"
            "                   cpu; the choice and its reason are printed on stderr\n"
            "  --cuda-device N  the GPU of the cuda backend (default 0)\n"
@@ -181,10 +184,10 @@ int kvgw_cmd_worker(int argc, char **argv)
         usage(stderr);
         return KVGW_EXIT_USAGE;
     }
-    struct sockaddr_storage sa;
-    if (lnk_wconn_parse_addr(listen, &sa) != 0) {
-        fprintf(stderr, "kvgw worker: --listen: '%s' is not HOST:PORT with a numeric host\n",
-                listen);
+    lnk_addr_t la;
+    char why[200];
+    if (lnk_addr_parse(listen, LNK_ADDR_PORT_ZERO, &la, why, sizeof why) != 0) {
+        fprintf(stderr, "kvgw worker: --listen: %s\n", why);
         usage(stderr);
         return KVGW_EXIT_USAGE;
     }

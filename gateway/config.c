@@ -16,6 +16,7 @@
 #include <yaml.h>
 
 #include "common.h"
+#include "lnk_addr.h"
 
 /* The namespace secret used when the config gives none: fine for a laptop, never for a
  * deployment (serve prints a warning). */
@@ -449,12 +450,14 @@ static int model_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
         for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
              it++) {
             yaml_node_t *e = yaml_document_get_node(w->doc, *it);
-            char *host = NULL;
-            int port = 0;
-            int rc = get_addr(w, e, &host, &port);
-            pc_free(host);
-            if (rc != 0)
-                return rc;
+            /* The link's own syntax (link/lnk_addr.h): IPv4, [IPv6] or an RFC 1123 host
+             * name, port 1..65535. Names are resolved by the link at every connect. */
+            lnk_addr_t a;
+            char why[200];
+            if (scalar(e) == NULL)
+                return fail_at(w, e, "expected HOST:PORT");
+            if (lnk_addr_parse(scalar(e), 0, &a, why, sizeof why) != 0)
+                return fail_at(w, e, "%s", why);
             if (m->n_remote + 1 > GW_CONFIG_MAX_WORKERS)
                 return fail_at(w, e, "at most %d workers", GW_CONFIG_MAX_WORKERS);
             char **r = pc_reallocarray(m->remote, m->n_remote + 1, sizeof *r);

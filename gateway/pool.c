@@ -4,6 +4,9 @@
  * In-process: each eng_worker wakes the loop through its own uv_async_t; the callback drains
  * eng_worker_poll and hands every event to on_event. Remote: an lnk_worker_client per worker,
  * reconnected with exponential backoff (250 ms .. 5 s) after any close while the pool lives.
+ * A host name is resolved again at every attempt (link/worker_client.h). A worker that cannot
+ * be reached is logged at its first failed attempt, then at most once per FAIL_LOG_MS with the
+ * count of failures in between, so a name that never resolves does not flood the log.
  */
 #include "pool.h"
 
@@ -19,6 +22,7 @@
 #define POLL_BATCH 64
 #define BACKOFF_MIN_MS 250
 #define BACKOFF_MAX_MS 5000
+#define FAIL_LOG_MS 60000
 
 typedef struct slot {
     gw_pool_worker_t info;
@@ -34,6 +38,8 @@ typedef struct slot {
     kvgw_progress_t progress;
     bool retry_live;
     uint32_t backoff_ms;
+    uint64_t fail_logged_ms; /* when a failed attempt was last logged; 0: never since up */
+    uint32_t fails_unlogged; /* failed attempts since then */
 } slot_t;
 
 struct gw_pool {
@@ -105,8 +111,11 @@ static void cl_ready(lnk_worker_client_t *c, const eng_wire_hello_t *ack, void *
     s->info.total_blocks = ack->total_blocks;
     s->info.max_prompt_tokens = ack->max_prompt_tokens ? ack->max_prompt_tokens : ack->n_ctx;
     s->info.last_error[0] = '\0';
-    PC_LOG(PC_LOG_INFO, "pool", "worker %s up (%.*s, %u-token blocks)", s->info.name,
-           (int)ack->model_name.len, ack->model_name.base, ack->block_tokens);
+    snprintf(s->info.address, sizeof s->info.address, "%s", lnk_worker_client_peer(c));
+    s->fail_logged_ms = 0;
+    s->fails_unlogged = 0;
+    PC_LOG(PC_LOG_INFO, "pool", "worker %s up at %s (%.*s, %u-token blocks)", s->info.name,
+           s->info.address, (int)ack->model_name.len, ack->model_name.base, ack->block_tokens);
     s->pool->cbs.on_state(s->pool->ud, s->info.index, true, "connected");
     (void)c;
 }
@@ -130,6 +139,7 @@ static void cl_close(lnk_worker_client_t *c, int err, const char *reason, void *
     s->client = NULL;
     bool was_up = s->info.up;
     s->info.up = false;
+    s->info.address[0] = '\0';
     s->info.down_since_ms = pc_time_mono_ms();
     snprintf(s->info.last_error, sizeof s->info.last_error, "%s",
              reason && reason[0] ? reason : pc_strerror(err));
@@ -139,8 +149,21 @@ static void cl_close(lnk_worker_client_t *c, int err, const char *reason, void *
             p->done(p->done_ud);
         return;
     }
-    if (was_up)
+    uint64_t now = pc_time_mono_ms();
+    if (was_up) {
         PC_LOG(PC_LOG_WARN, "pool", "worker %s down: %s", s->info.name, s->info.last_error);
+    } else if (s->fail_logged_ms == 0 || now - s->fail_logged_ms >= FAIL_LOG_MS) {
+        if (s->fails_unlogged > 0)
+            PC_LOG(PC_LOG_WARN, "pool", "worker %s unreachable: %s (%u more failed attempts)",
+                   s->info.name, s->info.last_error, s->fails_unlogged);
+        else
+            PC_LOG(PC_LOG_WARN, "pool", "worker %s unreachable: %s (retrying)", s->info.name,
+                   s->info.last_error);
+        s->fail_logged_ms = now;
+        s->fails_unlogged = 0;
+    } else {
+        s->fails_unlogged++;
+    }
     p->cbs.on_state(p->ud, s->info.index, false, s->info.last_error);
     p->handles_open--;
     uv_timer_start(&s->retry, retry_fire, s->backoff_ms, 0);

@@ -27,8 +27,9 @@ typedef struct gw_pool gw_pool_t;
 
 typedef struct gw_pool_worker {
     uint32_t index;
-    uint32_t model; /* index into the config's models */
-    char name[96];  /* "local-0" or the remote address */
+    uint32_t model;   /* index into the config's models */
+    char name[272];   /* "local-0" or the remote address as configured (a host name or IP) */
+    char address[80]; /* remote: the IP:PORT connected to (a name resolved); "" while down */
     bool remote;
     bool up;
     eng_wire_load_t load; /* the latest LOAD (or a fresh eng_worker_load) */

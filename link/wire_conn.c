@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "lnk_addr.h"
 
 #define DEFAULT_QUEUE_BYTES ((size_t)64 << 20)
 #define DRAIN_MS 2000
@@ -368,34 +369,15 @@ void lnk_wconn_close(lnk_wconn_t *c, int err, const char *reason, bool drain)
 
 int lnk_wconn_parse_addr(const char *hostport, struct sockaddr_storage *addr)
 {
-    if (hostport == NULL)
+    lnk_addr_t a;
+    if (lnk_addr_parse(hostport, LNK_ADDR_PORT_ZERO, &a, NULL, 0) != 0)
         return PC_ERR_INVAL;
-    const char *colon = strrchr(hostport, ':');
-    if (colon == NULL || colon == hostport || colon[1] == '\0')
-        return PC_ERR_INVAL;
-    char *end;
-    unsigned long port = strtoul(colon + 1, &end, 10);
-    if (*end != '\0' || port > 65535 || colon[1] == '-' || colon[1] == '+')
-        return PC_ERR_INVAL;
-    char host[128];
-    size_t hl = (size_t)(colon - hostport);
-    if (hl >= sizeof host)
-        return PC_ERR_INVAL;
-    memcpy(host, hostport, hl);
-    host[hl] = '\0';
-    memset(addr, 0, sizeof *addr);
-    if (host[0] == '[') {
-        if (hl < 3 || host[hl - 1] != ']')
+    if (a.kind == LNK_ADDR_NAME) {
+        if (strcmp(a.host, "localhost") != 0)
             return PC_ERR_INVAL;
-        host[hl - 1] = '\0';
-        if (uv_ip6_addr(host + 1, (int)port, (struct sockaddr_in6 *)addr) != 0)
-            return PC_ERR_INVAL;
-        return 0;
+        return uv_ip4_addr("127.0.0.1", a.port, (struct sockaddr_in *)addr) == 0 ? 0 : PC_ERR_INVAL;
     }
-    if (strcmp(host, "localhost") == 0)
-        strcpy(host, "127.0.0.1");
-    if (uv_ip4_addr(host, (int)port, (struct sockaddr_in *)addr) != 0)
-        return PC_ERR_INVAL;
+    *addr = a.sa;
     return 0;
 }
 

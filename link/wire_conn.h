@@ -163,8 +163,10 @@ void lnk_wire_nonce(uint8_t out[ENG_WIRE_AUTH_BYTES]);
 /* The shortest: a shorter secret is refused by the server and client parameters checks. */
 #define LNK_SECRET_MIN 16
 
-/* Parses "HOST:PORT" ("[v6]:PORT" for IPv6; "localhost" means 127.0.0.1) into *addr. Names
- * other than localhost are not resolved. Returns 0 or PC_ERR_INVAL. */
+/* Parses a numeric "HOST:PORT" ("[v6]:PORT" for IPv6; "localhost" means 127.0.0.1; port 0
+ * allowed) into *addr, by lnk_addr_parse's rules. Other host names are PC_ERR_INVAL here: the
+ * worker client resolves them (worker_client.h), the worker server at bind. Returns 0 or
+ * PC_ERR_INVAL. */
 int lnk_wconn_parse_addr(const char *hostport, struct sockaddr_storage *addr);
 
 /* "HOST:PORT" of addr into buf. */

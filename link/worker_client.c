@@ -1,5 +1,23 @@
 /*
  * worker_client.c — the gateway's TCP link to a worker (contract in worker_client.h).
+ *
+ * Connecting. A numeric address goes straight to uv_tcp_connect. A host name is resolved first
+ * (uv_getaddrinfo on libuv's thread pool, never on the loop), afresh at every connect, and the
+ * addresses come back in the resolver's order (RFC 6724: IPv6 and IPv4 as the host prefers);
+ * each is tried in turn until one accepts TCP. A failed TCP connect leaves its socket unusable,
+ * so trying the next address closes the connection's handles and, in on_closed, initializes
+ * them again on the same memory (c->w is embedded, both handles are closed at that point).
+ * Only TCP-level failures move on to the next address: a worker that answers and then refuses
+ * the handshake ends the attempt.
+ *
+ * The whole attempt (resolve, every TCP connect, the handshake) is bounded by
+ * connect_timeout_ms, the contract of the parameters. So that a first address that drops SYNs
+ * does not eat the whole budget, each TCP connect gets an equal share of what is left for the
+ * addresses still untried.
+ *
+ * A resolution in flight holds the client: when the connection's handles close first (a
+ * timeout, lnk_worker_client_close), the request is canceled and on_close waits for its
+ * callback, which runs in every case (UV_EAI_CANCELED when the cancel won).
  */
 #include "worker_client.h"
 
@@ -9,19 +27,36 @@
 #include <string.h>
 
 #include "common.h"
+#include "lnk_addr.h"
 #include "wire_conn.h"
+#include "worker_client_internal.h"
 
 #define MIN_PEER_FRAME (16u << 10)
 #define MAX_PEER_HEARTBEAT_MS 600000u
+/* The most resolved addresses tried per attempt (a DNS round-robin name rarely has more). */
+#define MAX_ADDRS 16
 
 struct lnk_worker_client {
     lnk_worker_client_params_t p; /* strings point into the buffers below */
     char node[ENG_WIRE_NAME_MAX + 1];
     char model_name[ENG_WIRE_NAME_MAX + 1];
-    char address[128];
+    char address[LNK_ADDR_MAX];
+    lnk_addr_t addr; /* address, parsed */
     lnk_worker_client_cbs_t cbs;
     void *ud;
+    uv_loop_t *loop;
     uv_connect_t connect;
+    uv_getaddrinfo_t gai;
+    bool resolving;     /* gai in flight: the client lives until its callback */
+    bool handles_gone;  /* on_closed ran while resolving: finish in the resolver's callback */
+    bool user_closed;   /* lnk_worker_client_close was called */
+    bool tcp_connected; /* the current address accepted TCP */
+    struct sockaddr_storage addrs[MAX_ADDRS];
+    size_t n_addrs, next_addr;
+    uint64_t deadline_ms;                 /* uv_now() at which the attempt ends */
+    char peer[80];                        /* the address being tried or connected to */
+    char tried[LNK_WCONN_REASON_MAX];     /* "ADDR: error; ADDR: error" of failed TCP connects */
+    char deadline_why[LNK_ADDR_MAX + 64]; /* lnk_wconn_set_deadline keeps the pointer */
     bool ready;
     bool challenged; /* CHALLENGE answered with AUTH */
     uint8_t gw_nonce[ENG_WIRE_AUTH_BYTES], wk_nonce[ENG_WIRE_AUTH_BYTES];
@@ -164,16 +199,79 @@ static void on_frame(lnk_wconn_t *w, const eng_wire_frame_t *f)
     }
 }
 
-static void on_closed(lnk_wconn_t *w)
+/* Reports the end to the owner and frees the client. */
+static void finish(lnk_worker_client_t *c, int err, const char *reason)
 {
-    lnk_worker_client_t *c = w->data;
     if (c->cbs.on_close)
-        c->cbs.on_close(c, w->close_err, w->close_reason, c->ud);
+        c->cbs.on_close(c, err, reason, c->ud);
     sodium_memzero(c->secret, sizeof c->secret);
     pc_free(c);
 }
 
+/* Appends "what" to c->tried ("; " between entries, truncated at the buffer's end). */
+static void note_tried(lnk_worker_client_t *c, const char *what)
+{
+    size_t n = strlen(c->tried);
+    snprintf(c->tried + n, sizeof c->tried - n, "%s%s", n ? "; " : "", what);
+}
+
+static void try_next(lnk_worker_client_t *c);
+static const lnk_wconn_ops_t client_ops;
+
+static void on_closed(lnk_wconn_t *w)
+{
+    lnk_worker_client_t *c = w->data;
+    uint64_t now = uv_now(c->loop);
+    bool connect_phase = !c->user_closed && !c->tcp_connected && !c->resolving;
+    if (connect_phase && c->n_addrs > 0 && w->close_err == PC_ERR_TIMEOUT) {
+        char what[160];
+        snprintf(what, sizeof what, "%s: timed out", c->peer);
+        note_tried(c, what);
+    }
+    if (connect_phase && c->next_addr < c->n_addrs && now < c->deadline_ms &&
+        (w->close_err == PC_ERR_IO || w->close_err == PC_ERR_TIMEOUT)) {
+        /* The next address, on fresh handles in the same memory (both closed now). */
+        int rc =
+            lnk_wconn_init(c->loop, &c->w, &client_ops, c, c->p.max_frame, c->p.max_queue_bytes);
+        if (rc == 0) {
+            try_next(c);
+            return;
+        }
+        char why[LNK_WCONN_REASON_MAX];
+        snprintf(why, sizeof why, "cannot set up a connection: %s", pc_strerror(rc));
+        finish(c, rc, why);
+        return;
+    }
+    if (c->resolving) {
+        c->handles_gone = true;
+        uv_cancel((uv_req_t *)&c->gai);
+        return;
+    }
+    if (connect_phase && c->addr.kind == LNK_ADDR_NAME && c->tried[0] != '\0') {
+        char why[LNK_ADDR_MAX + LNK_WCONN_REASON_MAX + 16];
+        snprintf(why, sizeof why, "connect to %s: %s", c->address, c->tried);
+        finish(c, w->close_err, why);
+        return;
+    }
+    finish(c, w->close_err, w->close_reason);
+}
+
 static const lnk_wconn_ops_t client_ops = {.on_frame = on_frame, .on_closed = on_closed};
+
+/* TCP to c->peer failed with a libuv status: note it, close; on_closed tries the next one. */
+static void connect_failed(lnk_worker_client_t *c, int status)
+{
+    if (c->addr.kind != LNK_ADDR_NAME) {
+        fail(c, PC_ERR_IO, "connect to %s: %s", c->address, uv_strerror(status));
+        return;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "%s: %s", c->peer, uv_strerror(status));
+    note_tried(c, what);
+    PC_LOG(PC_LOG_DEBUG, "link", "worker %s: connect to %s: %s", c->address, c->peer,
+           uv_strerror(status));
+    fail(c, PC_ERR_IO, "connect to %s: %s", c->address, what);
+}
 
 static void on_connect(uv_connect_t *req, int status)
 {
@@ -181,9 +279,13 @@ static void on_connect(uv_connect_t *req, int status)
     if (status == UV_ECANCELED || c->w.state != LNK_WCONN_IDLE)
         return; /* closing already */
     if (status < 0) {
-        fail(c, PC_ERR_IO, "connect to %s: %s", c->address, uv_strerror(status));
+        connect_failed(c, status);
         return;
     }
+    c->tcp_connected = true;
+    uint64_t now = uv_now(c->loop);
+    lnk_wconn_set_deadline(&c->w, c->deadline_ms > now ? (uint32_t)(c->deadline_ms - now) : 1,
+                           "no handshake with the worker before the connect timeout");
     if (lnk_wconn_start(&c->w) != 0)
         return;
     eng_wire_frame_t f = {.type = ENG_WIRE_HELLO};
@@ -205,17 +307,137 @@ static void on_connect(uv_connect_t *req, int status)
     lnk_wconn_flush(&c->w);
 }
 
+/* Connects to the next untried address, with its share of the time left. */
+static void try_next(lnk_worker_client_t *c)
+{
+    uint64_t now = uv_now(c->loop);
+    if (now >= c->deadline_ms) {
+        lnk_wconn_close(&c->w, PC_ERR_TIMEOUT,
+                        "no handshake with the worker before the connect timeout", false);
+        return;
+    }
+    uint64_t left_ms = c->deadline_ms - now;
+    uint64_t share_ms = left_ms / (c->n_addrs - c->next_addr);
+    const struct sockaddr *sa = (const struct sockaddr *)&c->addrs[c->next_addr++];
+    lnk_wconn_format_addr(sa, c->peer, sizeof c->peer);
+    c->tcp_connected = false;
+    int rc = uv_tcp_connect(&c->connect, &c->w.tcp, sa, on_connect);
+    if (rc != 0) {
+        connect_failed(c, rc);
+        return;
+    }
+    if (share_ms < left_ms) {
+        snprintf(c->deadline_why, sizeof c->deadline_why, "connect to %s timed out", c->peer);
+        lnk_wconn_set_deadline(&c->w, (uint32_t)PC_MAX(share_ms, 1), c->deadline_why);
+    } else {
+        lnk_wconn_set_deadline(&c->w, (uint32_t)left_ms,
+                               "no handshake with the worker before the connect timeout");
+    }
+}
+
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    lnk_worker_client_t *c = req->data;
+    c->resolving = false;
+    if (c->handles_gone) { /* closed while resolving: report why now */
+        if (res != NULL)
+            uv_freeaddrinfo(res);
+        finish(c, c->w.close_err, c->w.close_reason);
+        return;
+    }
+    if (c->w.state != LNK_WCONN_IDLE) { /* closing: on_closed finishes */
+        if (res != NULL)
+            uv_freeaddrinfo(res);
+        return;
+    }
+    if (status < 0) {
+        fail(c, PC_ERR_NOTFOUND, "cannot resolve worker host '%s': %s", c->addr.host,
+             uv_strerror(status));
+        return;
+    }
+    for (const struct addrinfo *ai = res; ai != NULL && c->n_addrs < MAX_ADDRS; ai = ai->ai_next) {
+        size_t len = ai->ai_family == AF_INET    ? sizeof(struct sockaddr_in)
+                     : ai->ai_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                 : 0;
+        if (len == 0 || ai->ai_addrlen < len)
+            continue;
+        struct sockaddr_storage sa = {0};
+        memcpy(&sa, ai->ai_addr, len);
+        bool dup = false;
+        for (size_t i = 0; i < c->n_addrs && !dup; i++)
+            dup = memcmp(&c->addrs[i], &sa, sizeof sa) == 0;
+        if (!dup)
+            c->addrs[c->n_addrs++] = sa;
+    }
+    uv_freeaddrinfo(res);
+    if (c->n_addrs == 0) {
+        fail(c, PC_ERR_NOTFOUND, "worker host '%s' has no IPv4 or IPv6 address", c->addr.host);
+        return;
+    }
+    try_next(c);
+}
+
+/* Resolves c->addr.host; on_resolved continues. Fresh at every connect: nothing is cached, so
+ * a worker that came back with another address is found at the next attempt. */
+static void start_resolve(lnk_worker_client_t *c)
+{
+    struct addrinfo hints = {0};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_protocol = IPPROTO_TCP;
+    hints.ai_flags = AI_NUMERICSERV;
+    char port[8];
+    snprintf(port, sizeof port, "%u", (unsigned)c->addr.port);
+    snprintf(c->peer, sizeof c->peer, "%s", "");
+    int rc = uv_getaddrinfo(c->loop, &c->gai, on_resolved, c->addr.host, port, &hints);
+    if (rc != 0) {
+        fail(c, PC_ERR_NOTFOUND, "cannot resolve worker host '%s': %s", c->addr.host,
+             uv_strerror(rc));
+        return;
+    }
+    c->resolving = true;
+    snprintf(c->deadline_why, sizeof c->deadline_why,
+             "resolving worker host '%s' took longer than the connect timeout", c->addr.host);
+    lnk_wconn_set_deadline(&c->w, c->p.connect_timeout_ms, c->deadline_why);
+}
+
+static int connect_common(uv_loop_t *loop, const lnk_worker_client_params_t *p,
+                          const struct sockaddr_storage *given, size_t n_given,
+                          const lnk_worker_client_cbs_t *cbs, void *ud, lnk_worker_client_t **out,
+                          char *err, size_t err_len);
+
 int lnk_worker_client_connect(uv_loop_t *loop, const lnk_worker_client_params_t *p,
                               const lnk_worker_client_cbs_t *cbs, void *ud,
                               lnk_worker_client_t **out, char *err, size_t err_len)
 {
+    return connect_common(loop, p, NULL, 0, cbs, ud, out, err, err_len);
+}
+
+int lnk__worker_client_connect_addrs(uv_loop_t *loop, const lnk_worker_client_params_t *p,
+                                     const struct sockaddr_storage *addrs, size_t n_addrs,
+                                     const lnk_worker_client_cbs_t *cbs, void *ud,
+                                     lnk_worker_client_t **out, char *err, size_t err_len)
+{
     *out = NULL;
-    struct sockaddr_storage sa;
-    if (lnk_wconn_parse_addr(p->address, &sa) != 0) {
-        snprintf(err, err_len, "bad worker address '%s' (expected HOST:PORT, numeric host)",
-                 p->address ? p->address : "(null)");
+    if (addrs == NULL || n_addrs == 0 || n_addrs > MAX_ADDRS)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL, "1..%d addresses", MAX_ADDRS);
+    return connect_common(loop, p, addrs, n_addrs, cbs, ud, out, err, err_len);
+}
+
+static int connect_common(uv_loop_t *loop, const lnk_worker_client_params_t *p,
+                          const struct sockaddr_storage *given, size_t n_given,
+                          const lnk_worker_client_cbs_t *cbs, void *ud, lnk_worker_client_t **out,
+                          char *err, size_t err_len)
+{
+    *out = NULL;
+    lnk_addr_t addr;
+    char why[200];
+    if (lnk_addr_parse(p->address, 0, &addr, why, sizeof why) != 0) {
+        snprintf(err, err_len, "bad worker address: %s", why);
         return PC_ERR_INVAL;
     }
+    if (given != NULL)
+        addr.kind = LNK_ADDR_NAME; /* as if p->address had resolved to given */
     const char *node = p->node ? p->node : "gateway";
     const char *model = p->model_name ? p->model_name : "";
     if (strlen(node) > ENG_WIRE_NAME_MAX || strlen(model) > ENG_WIRE_NAME_MAX ||
@@ -237,6 +459,8 @@ int lnk_worker_client_connect(uv_loop_t *loop, const lnk_worker_client_params_t 
         return PC_ERR_NOMEM;
     memset(c, 0, offsetof(lnk_worker_client_t, w));
     c->p = *p;
+    c->addr = addr;
+    c->loop = loop;
     snprintf(c->node, sizeof c->node, "%s", node);
     snprintf(c->model_name, sizeof c->model_name, "%s", model);
     snprintf(c->address, sizeof c->address, "%s", p->address);
@@ -257,15 +481,23 @@ int lnk_worker_client_connect(uv_loop_t *loop, const lnk_worker_client_params_t 
         return rc;
     }
     c->connect.data = c;
-    rc = uv_tcp_connect(&c->connect, &c->w.tcp, (struct sockaddr *)&sa, on_connect);
-    if (rc != 0) {
-        /* The handles are initialized: close them, on_close reports it. */
-        fail(c, PC_ERR_IO, "connect to %s: %s", c->address, uv_strerror(rc));
-    } else {
-        lnk_wconn_set_deadline(&c->w, p->connect_timeout_ms,
-                               "no handshake with the worker before the connect timeout");
-    }
+    c->gai.data = c;
+    c->deadline_ms = uv_now(loop) + p->connect_timeout_ms;
     *out = c;
+    /* From here on every failure closes the handles and on_close reports it. */
+    if (given != NULL) {
+        memcpy(c->addrs, given, n_given * sizeof *given);
+        c->n_addrs = n_given;
+        try_next(c);
+        return 0;
+    }
+    if (addr.kind != LNK_ADDR_NAME) {
+        c->addrs[0] = addr.sa;
+        c->n_addrs = 1;
+        try_next(c);
+        return 0;
+    }
+    start_resolve(c);
     return 0;
 }
 
@@ -327,7 +559,13 @@ int lnk_worker_client_send_raw(lnk_worker_client_t *c, const void *bytes, size_t
 
 void lnk_worker_client_close(lnk_worker_client_t *c)
 {
+    c->user_closed = true;
     lnk_wconn_close(&c->w, 0, "", true);
+}
+
+const char *lnk_worker_client_peer(const lnk_worker_client_t *c)
+{
+    return c->peer;
 }
 
 void *lnk_worker_client_data(const lnk_worker_client_t *c)

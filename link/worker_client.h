@@ -11,6 +11,14 @@
  *   ... lnk_worker_client_release / _drop: the gateway's index ends a pin / a namespace
  *   ... lnk_worker_client_close(c)  ->  cbs.on_close(c, 0, "", ud)
  *
+ * Addresses: a numeric host is connected to directly. A host name is resolved on libuv's
+ * thread pool (uv_getaddrinfo: the loop never blocks) at every lnk_worker_client_connect,
+ * nothing cached, and each address it returns (IPv6 and IPv4, in the resolver's order) is tried
+ * in turn until one accepts TCP; each TCP connect gets an equal share of the connect timeout
+ * left for the untried addresses. lnk_worker_client_peer names the address in use. A name
+ * that does not resolve ends the connection with PC_ERR_NOTFOUND and the resolver's error; a
+ * name whose every address refuses, with PC_ERR_IO and each address's error in the reason.
+ *
  * The client sends HELLO as soon as TCP connects (version range, expected model, heartbeat
  * interval, max_frame, a fresh nonce) and checks the HELLO_ACK: a version in the range, role
  * worker, the model asked for, sane heartbeat and max_frame. With a link secret
@@ -49,7 +57,8 @@
 #include "wire.h"
 
 typedef struct lnk_worker_client_params {
-    const char *address;    /* "HOST:PORT" of the worker (numeric host or localhost) */
+    const char *address;    /* "HOST:PORT" of the worker (lnk_addr.h): IPv4, [IPv6] or a
+                               host name, resolved afresh at every connect */
     const char *node;       /* our name in HELLO, for the worker's logs; NULL: "gateway" */
     const char *model_name; /* the model expected; NULL or "": any */
     uint64_t model_fp;      /* 0: any */
@@ -79,15 +88,17 @@ typedef struct lnk_worker_client_cbs {
     void (*on_frame)(lnk_worker_client_t *c, const eng_wire_frame_t *f, void *ud);
     /* The connection ended. err: 0 after lnk_worker_client_close; the REJECT's or ERROR's code
      * (reason: "worker: " + its message; PC_ERR_PERM for a wrong or missing secret);
-     * PC_ERR_PERM (the link secret check failed on our side); PC_ERR_TIMEOUT (connect, handshake or
-     * heartbeats); PC_ERR_CLOSED (the worker closed); PC_ERR_IO (connect or socket error);
+     * PC_ERR_PERM (the link secret check failed on our side); PC_ERR_TIMEOUT (resolve, connect,
+     * handshake or heartbeats); PC_ERR_CLOSED (the worker closed); PC_ERR_IO (connect or socket
+     * error); PC_ERR_NOTFOUND (the host name did not resolve: the resolver's error);
      * PC_ERR_FORMAT / PC_ERR_UNSUPPORTED (a bad frame or handshake answer); PC_ERR_OVERLOADED (the
      * worker does not read). reason is valid during the call. */
     void (*on_close)(lnk_worker_client_t *c, int err, const char *reason, void *ud);
 } lnk_worker_client_cbs_t;
 
 /* Starts connecting. Returns 0 (the outcome comes through on_ready or on_close), or
- * PC_ERR_INVAL (a bad address or parameter, reason in err; no callback will run) or
+ * PC_ERR_INVAL (a bad address (lnk_addr_parse's rules: port 1..65535) or parameter, reason in
+ * err; no callback will run) or
  * PC_ERR_NOMEM / PC_ERR_IO. */
 int lnk_worker_client_connect(uv_loop_t *loop, const lnk_worker_client_params_t *p,
                               const lnk_worker_client_cbs_t *cbs, void *ud,
@@ -122,6 +133,11 @@ int lnk_worker_client_send_raw(lnk_worker_client_t *c, const void *bytes, size_t
 /* Closes the connection (queued frames are written first, at most 2 s); on_close follows with
  * err 0 unless something else ended it first. */
 void lnk_worker_client_close(lnk_worker_client_t *c);
+
+/* The address being connected to or connected to, "IP:PORT" or "[IPv6]:PORT": for a host
+ * name, the resolved address; "" while the name is being resolved. Valid until on_close
+ * returns (read it in on_ready to log where the worker was found). */
+const char *lnk_worker_client_peer(const lnk_worker_client_t *c);
 
 /* The user data given to lnk_worker_client_connect. */
 void *lnk_worker_client_data(const lnk_worker_client_t *c);

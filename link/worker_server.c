@@ -17,6 +17,7 @@
  */
 #include "worker_server.h"
 
+#include <netdb.h>
 #include <pthread.h>
 #include <sodium.h>
 #include <stdarg.h>
@@ -25,6 +26,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "lnk_addr.h"
 #include "wire_conn.h"
 
 #define MIN_PEER_FRAME (16u << 10)
@@ -878,6 +880,53 @@ static size_t utf8_cut(const char *name, size_t n)
     return n;
 }
 
+/* The address to bind p->listen to: numeric as written; a host name resolved once, here,
+ * blocking (startup, before the loop runs), to its first IPv4 address, else its first IPv6
+ * one ("localhost" stays 127.0.0.1 where it also resolves to ::1). Returns 0, PC_ERR_INVAL
+ * (syntax) or PC_ERR_NOTFOUND (the name does not resolve), with the reason in err. */
+static int listen_addr(const char *listen, struct sockaddr_storage *sa, char *err, size_t err_len)
+{
+    lnk_addr_t a;
+    char why[200];
+    if (lnk_addr_parse(listen, LNK_ADDR_PORT_ZERO, &a, why, sizeof why) != 0)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL, "bad listen address: %s", why);
+    if (a.kind != LNK_ADDR_NAME) {
+        *sa = a.sa;
+        return 0;
+    }
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_protocol = IPPROTO_TCP;
+    hints.ai_flags = AI_NUMERICSERV | AI_PASSIVE;
+    char port[8];
+    snprintf(port, sizeof port, "%u", (unsigned)a.port);
+    int rc = getaddrinfo(a.host, port, &hints, &res);
+    if (rc != 0)
+        return pc_err_setf(err, err_len, PC_ERR_NOTFOUND, "cannot resolve listen host '%s': %s",
+                           a.host, gai_strerror(rc));
+    const struct addrinfo *pick = NULL;
+    for (const struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
+        if (ai->ai_family == AF_INET && ai->ai_addrlen >= sizeof(struct sockaddr_in)) {
+            pick = ai;
+            break;
+        }
+        if (pick == NULL && ai->ai_family == AF_INET6 &&
+            ai->ai_addrlen >= sizeof(struct sockaddr_in6))
+            pick = ai;
+    }
+    if (pick == NULL) {
+        freeaddrinfo(res);
+        return pc_err_setf(err, err_len, PC_ERR_NOTFOUND,
+                           "listen host '%s' has no IPv4 or IPv6 address", a.host);
+    }
+    memset(sa, 0, sizeof *sa);
+    memcpy(sa, pick->ai_addr,
+           pick->ai_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6));
+    freeaddrinfo(res);
+    return 0;
+}
+
 int lnk_worker_server_init(uv_loop_t *loop, const lnk_worker_server_params_t *p,
                            const eng_worker_params_t *wp, lnk_worker_server_t **out, char *err,
                            size_t err_len)
@@ -898,11 +947,9 @@ int lnk_worker_server_init(uv_loop_t *loop, const lnk_worker_server_params_t *p,
         return PC_ERR_INVAL;
     }
     struct sockaddr_storage sa;
-    if (lnk_wconn_parse_addr(p->listen, &sa) != 0) {
-        snprintf(err, err_len, "bad listen address '%s' (expected HOST:PORT, numeric host)",
-                 p->listen ? p->listen : "(null)");
-        return PC_ERR_INVAL;
-    }
+    int rc = listen_addr(p->listen, &sa, err, err_len);
+    if (rc != 0)
+        return rc;
     lnk_worker_server_t *s = pc_xcalloc(1, sizeof *s);
     s->loop = loop;
     s->p = *p;
@@ -928,7 +975,7 @@ int lnk_worker_server_init(uv_loop_t *loop, const lnk_worker_server_params_t *p,
     eng_worker_params_t w = *wp;
     w.wake = on_wake;
     w.wake_ud = s;
-    int rc = eng_worker_init(&w, &s->worker, err, err_len);
+    rc = eng_worker_init(&w, &s->worker, err, err_len);
     if (rc != 0) {
         pthread_mutex_destroy(&s->wake_mu);
         pc_free(s);

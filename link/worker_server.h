@@ -71,7 +71,9 @@
 #define LNK_HANDSHAKE_MAX_FRAME (8u << 10)
 
 typedef struct lnk_worker_server_params {
-    const char *listen;            /* "HOST:PORT" (wire_conn.h's syntax); port 0 picks one */
+    const char *listen;            /* "HOST:PORT" (lnk_addr.h): IPv4, [IPv6] ("[::]": every
+                                      address) or a host name, resolved once at init (its
+                                      first IPv4 address, else IPv6); port 0 picks one */
     const char *node;              /* the name sent in HELLO_ACK; NULL: the host name */
     uint32_t heartbeat_ms;         /* our heartbeat interval; default 1000 */
     uint32_t handshake_timeout_ms; /* from accept to HELLO; default 5000 */
@@ -92,7 +94,8 @@ typedef struct lnk_worker_server lnk_worker_server_t;
 typedef void (*lnk_worker_server_closed_fn)(lnk_worker_server_t *s, void *ud);
 
 /* Starts the worker (wp; its wake callback is the server's, wp->wake is ignored) and listens on
- * p->listen. Returns 0, PC_ERR_INVAL (bad parameters or address), the worker's errors
+ * p->listen. Returns 0, PC_ERR_INVAL (bad parameters or address), PC_ERR_NOTFOUND (the listen
+ * host name does not resolve; blocking: call before the loop serves anything), the worker's errors
  * (eng_worker_init) or PC_ERR_IO (bind/listen failed), with a one-line reason in err; on
  * failure nothing is left on the loop. */
 int lnk_worker_server_init(uv_loop_t *loop, const lnk_worker_server_params_t *p,

@@ -564,8 +564,16 @@ PC_TEST(listen_errors)
         PC_TEST__FAIL("err: %s", err);
     sp.listen = "127.0.0.1";
     ASSERT_EQ(lnk_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err), PC_ERR_INVAL);
-    sp.listen = "example.com:80";
+    sp.listen = "bad_name:80"; /* not a host name (RFC 1123): refused before resolving */
     ASSERT_EQ(lnk_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err), PC_ERR_INVAL);
+    if (strstr(err, "bad_name") == NULL)
+        PC_TEST__FAIL("err: %s", err);
+    /* A valid name that does not resolve (.invalid never does, RFC 6761). */
+    sp.listen = "no-such-host.invalid:80";
+    ASSERT_EQ(lnk_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err), PC_ERR_NOTFOUND);
+    ASSERT_TRUE(s2 == NULL);
+    if (strstr(err, "cannot resolve listen host 'no-such-host.invalid'") == NULL)
+        PC_TEST__FAIL("err: %s", err);
     sp.listen = "127.0.0.1:0";
     wp.engine.model_path = "/nonexistent.gguf";
     ASSERT_TRUE(lnk_worker_server_init(&f.loop, &sp, &wp, &s2, err, sizeof err) < 0);
