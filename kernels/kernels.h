@@ -261,6 +261,22 @@ int krn_attn_plan(const krn_plan_params_t *p, const krn_plan_seq_t *seqs, int32_
                   krn_attn_task_t *tasks, int32_t *n_tasks, krn_attn_merge_t *merges,
                   int32_t *n_merges, int32_t *n_parts);
 
+/* Tensor-core prefill attention (krn_attn_tc.cu, krn_hostdev.h): krn_attention runs the tasks
+ * of more than one token on tensor cores (mma.sync m16n8k16, F16 Q and P, F32 accumulation)
+ * when the shape allows, and the single-token tasks (decode, splits) and the merges with the
+ * SIMT kernel. F32 pools keep the SIMT kernel (their precision is the point of an F32 pool).
+ * Untested on a GPU as of this writing (issue 14): the GPU tests compare it with
+ * krn_ref_attention within 2e-3 relative L2 error. */
+
+/* Returns 0 when the tensor-core kernel takes this pool and head count: an F16 pool, head_dim
+ * a multiple of 16 up to KRN_ATTN_MAX_HEAD_DIM, block_tokens a multiple of 8 (16-byte copies of
+ * whole 8-position chunks), n_head a multiple of n_head_kv. Else PC_ERR_INVAL. */
+int krn_attn_tc_check(const krn_kv_t *kv, int32_t n_head);
+/* Whether krn_attention runs its multi-token tasks on tensor cores: krn_attn_tc_check passes
+ * and `env` (the value of KVGW_CUDA_ATTN, or NULL) is not "simt". KVGW_CUDA_ATTN=simt forces
+ * the SIMT kernel for every task (the fallback to bisect with). */
+bool krn_attn_use_tc(const krn_kv_t *kv, int32_t n_head, const char *env);
+
 /* ---------------------------------------------------------------------------------------------
  * Split-KV decode attention (FlashDecoding-style), for rows of one token each: row r, at
  * position row_pos[r] of sequence row_seq[r], attends to positions [0, row_pos[r]] with every
@@ -510,6 +526,10 @@ int krn_kv_write(krn_ctx_t *ctx, const krn_kv_write_args_t *a);
 int krn_block_copy(krn_ctx_t *ctx, const krn_block_copy_args_t *a);
 /* tasks and merges are device arrays (from krn_attn_plan, copied up). */
 int krn_attention(krn_ctx_t *ctx, const krn_attn_args_t *a);
+/* The tensor-core kernel alone over the tasks of more than one token (the others are left
+ * untouched; no merge runs): PC_ERR_INVAL when krn_attn_tc_check fails. For benchmarks and
+ * tests; krn_attention calls it. */
+int krn_attention_tc(krn_ctx_t *ctx, const krn_attn_args_t *a);
 int krn_sample(krn_ctx_t *ctx, const krn_sample_args_t *a);
 int krn_gemm(krn_ctx_t *ctx, const krn_gemm_args_t *a);
 /* row_seq, row_pos, block_tables and the part buffers are device arrays. */

@@ -15,9 +15,14 @@
  *              update of its rows (lanes = slots), then every thread updates its accumulators.
  *              Dynamic shared memory: krn_attn_smem_bytes (krn_hostdev.h), at most 73 KiB (the
  *              opt-in attribute is set before every launch; sm_80 allows 163 KiB).
+ *              When krn_attn_use_tc holds (F16 pool, head_dim a multiple of 16, ...), this
+ *              kernel skips the tasks of more than one token and krn_attention_tc
+ *              (krn_attn_tc.cu) runs them on tensor cores; KVGW_CUDA_ATTN=simt keeps them here.
  *   merge      grid n_merges, 128 threads: thread d merges dimension d (strided) of every
  *              row-head of the unit across its splits, in split order.
  */
+#include <stdlib.h>
+
 #include "krn_cuda.cuh"
 #include "krn_hostdev.h"
 #include "krn_softmax_merge.h"
@@ -25,10 +30,14 @@
 #define ATT_THREADS KRN_ATTN_THREADS
 #define ATT_OREG (KRN_ATTN_MAX_TILE / ATT_THREADS)
 
-template <typename KT> __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(krn_attn_args_t a)
+/* skip_multi: leave the tasks of more than one token to the tensor-core kernel. */
+template <typename KT>
+__global__ void __launch_bounds__(ATT_THREADS) attn_kernel(krn_attn_args_t a, int skip_multi)
 {
     extern __shared__ float smem[];
     const krn_attn_task_t t = a.tasks[blockIdx.x];
+    if (skip_multi && t.n_rows > 1)
+        return;
     const int32_t hd = a.kv.head_dim, bt = a.kv.block_tokens;
     const int32_t group = a.n_head / a.kv.n_head_kv, qw = a.n_head * hd;
     /* The geometry krn_attention sized the shared memory for (krn_hostdev.h). */
@@ -186,6 +195,9 @@ int krn_attention(krn_ctx_t *c, const krn_attn_args_t *a)
         a->n_merges < 0 || (kv->dtype != KRN_F16 && kv->dtype != KRN_F32))
         return PC_ERR_INVAL;
     KRN_ENTER(c);
+    /* The multi-token tasks go to the tensor-core kernel when it takes the shape (and
+     * KVGW_CUDA_ATTN is not "simt"); this kernel skips them then. */
+    const bool tc = krn_attn_use_tc(kv, a->n_head, getenv("KVGW_CUDA_ATTN"));
     /* Above 48 KiB of dynamic shared memory (head_dim 64 and up) a kernel must opt in, for
      * every instantiation, before its launch; the attribute is per function, so it is set on
      * each call (cheap) rather than cached in a global. */
@@ -194,13 +206,20 @@ int krn_attention(krn_ctx_t *c, const krn_attn_args_t *a)
         if (kv->dtype == KRN_F16) {
             KRN_CUDA_CHECK(cudaFuncSetAttribute(
                 attn_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            attn_kernel<__half><<<(unsigned)a->n_tasks, ATT_THREADS, smem, c->stream>>>(*a);
+            attn_kernel<__half>
+                <<<(unsigned)a->n_tasks, ATT_THREADS, smem, c->stream>>>(*a, tc ? 1 : 0);
         } else {
             KRN_CUDA_CHECK(cudaFuncSetAttribute(
                 attn_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            attn_kernel<float><<<(unsigned)a->n_tasks, ATT_THREADS, smem, c->stream>>>(*a);
+            attn_kernel<float>
+                <<<(unsigned)a->n_tasks, ATT_THREADS, smem, c->stream>>>(*a, tc ? 1 : 0);
         }
         KRN_CUDA_CHECK(cudaGetLastError());
+        if (tc) {
+            int rc = krn_attention_tc(c, a);
+            if (rc != 0)
+                return rc;
+        }
     }
     if (a->n_merges > 0) {
         attn_merge_kernel<<<(unsigned)a->n_merges, ATT_THREADS, 0, c->stream>>>(*a);

@@ -16,6 +16,7 @@
 #define KRN_HOSTDEV_H
 
 #include <float.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -59,6 +60,149 @@ KRN_HD size_t krn_attn_smem_bytes(int32_t head_dim)
     size_t r = (size_t)krn_attn_max_rows(head_dim), c = (size_t)krn_attn_chunk(head_dim);
     size_t hd = (size_t)head_dim;
     return sizeof(float) * (r * hd + 2 * c * hd + r * c + 3 * r) + sizeof(int32_t) * r;
+}
+
+/*
+ * The tensor-core prefill attention kernel (krn_attn_tc.cu): FlashAttention-2's loop on
+ * mma.sync.m16n8k16 (F16 inputs, F32 accumulation). A CTA of KRN_TC_WARPS warps takes one
+ * krn_attn_plan task of at most KRN_TC_ROWS row-heads (tokens x the query heads of the group:
+ * warp w owns rows 16w .. 16w + 15) and walks its KV positions in tiles of krn_tc_tile_kv
+ * positions, double buffered in shared memory:
+ *
+ *   Q [KRN_TC_ROWS][hd_max + KRN_TC_PAD]          halves, row r = row-head r, col = dimension
+ *   K [2][hd_max][tile + KRN_TC_PAD]              halves, row = dimension, col = position
+ *   V [2][tile][hd_max + KRN_TC_PAD]              halves, row = position, col = dimension
+ *
+ * K keeps the pool's transposed layout, so both products read their B operand from a [k][n]
+ * array whose n is contiguous (ldmatrix .trans); the pad of 8 halves makes the 8 row
+ * addresses of every ldmatrix fall on distinct banks. hd_max is the compiled head-dim class
+ * (krn_tc_hd_class): 64, 128 or 256; a head_dim below it runs with its k-steps and output
+ * tiles cut at head_dim.
+ *
+ * The fragment maps below are the PTX ISA's ("Matrix Fragments for mma.m16n8k16 with floating
+ * point type", "Warp-level matrix load instruction: ldmatrix"); the kernel derives every lane's
+ * row, column and address from them, and the host tests emulate one warp with them.
+ */
+#define KRN_TC_WARPS 4
+#define KRN_TC_THREADS (KRN_TC_WARPS * 32)
+#define KRN_TC_ROWS (KRN_TC_WARPS * 16)
+#define KRN_TC_PAD 8
+/* KV positions per tile for a head-dim class (a constant expression for the kernel). */
+#define KRN_TC_TILE_KV(hd_max) ((hd_max) > 128 ? 32 : 64)
+
+KRN_HD int32_t krn_tc_tile_kv(int32_t hd_max)
+{
+    return KRN_TC_TILE_KV(hd_max);
+}
+/* The compiled head-dim class a head_dim (a multiple of 16 up to 256) runs with. */
+KRN_HD int32_t krn_tc_hd_class(int32_t head_dim)
+{
+    return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
+/* Dynamic shared memory of a CTA of class hd_max (layout above), in bytes. */
+KRN_HD size_t krn_tc_smem_bytes(int32_t hd_max)
+{
+    size_t bc = (size_t)krn_tc_tile_kv(hd_max), h = (size_t)hd_max;
+    return 2 * ((size_t)KRN_TC_ROWS * (h + KRN_TC_PAD) +
+                2 * (h * (bc + KRN_TC_PAD) + bc * (h + KRN_TC_PAD)));
+}
+
+/* m16n8k16 fragments: lane l holds, with g = l / 4 and t = l % 4,
+ *   A (16 x 16, row major; 8 halves a0..a7 in 4 registers, low half first):
+ *     row g for a0, a1, a4, a5, g + 8 for the others; col 2t + (i & 1), + 8 for a4..a7
+ *   B (16 x 8, k x n; 4 halves b0..b3 in 2 registers): row (k) 2t + (i & 1), + 8 for b2, b3;
+ *     col (n) g
+ *   C, D (16 x 8, F32 c0..c3): row g for c0, c1, g + 8 for c2, c3; col 2t + (i & 1). */
+KRN_HD int32_t krn_mma_a_row(int32_t lane, int32_t i)
+{
+    return (lane >> 2) + ((i & 2) ? 8 : 0);
+}
+KRN_HD int32_t krn_mma_a_col(int32_t lane, int32_t i)
+{
+    return (lane & 3) * 2 + (i & 1) + ((i & 4) ? 8 : 0);
+}
+KRN_HD int32_t krn_mma_b_row(int32_t lane, int32_t i)
+{
+    return (lane & 3) * 2 + (i & 1) + ((i & 2) ? 8 : 0);
+}
+KRN_HD int32_t krn_mma_b_col(int32_t lane, int32_t i)
+{
+    (void)i;
+    return lane >> 2;
+}
+KRN_HD int32_t krn_mma_c_row(int32_t lane, int32_t i)
+{
+    return (lane >> 2) + ((i & 2) ? 8 : 0);
+}
+KRN_HD int32_t krn_mma_c_col(int32_t lane, int32_t i)
+{
+    return (lane & 3) * 2 + (i & 1);
+}
+/* ldmatrix .x4 over a 16 x 16 tile of halves: lane l gives the address of row l % 8 of matrix
+ * l / 8, the matrices being (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15)
+ * and (rows 8-15, cols 8-15); these are that row's coordinates in the tile. Register j of
+ * lane l then receives from matrix j the halves (row l / 4, cols 2(l % 4) and + 1), or with
+ * .trans (rows 2(l % 4) and + 1, col l / 4). Without .trans on a row-major A tile the four
+ * registers are the A fragment; with .trans on a [k][n] tile, registers 0-1 are the B
+ * fragment of columns 0-7 and registers 2-3 that of columns 8-15. */
+KRN_HD int32_t krn_ldm_x4_row(int32_t lane)
+{
+    return (lane & 7) + ((lane & 8) ? 8 : 0);
+}
+KRN_HD int32_t krn_ldm_x4_col(int32_t lane)
+{
+    return (lane & 16) ? 8 : 0;
+}
+
+/* The first KV tile of a task's range [kv0, ...): tiles start at multiples of the tile size,
+ * so every 8-position chunk of a tile lies in one KV block (block_tokens % 8 == 0). */
+KRN_HD int32_t krn_tc_first_tile(int32_t kv0, int32_t tile)
+{
+    return kv0 / tile * tile;
+}
+/* The end of the positions a task reads: its KV range cut at its last row's position + 1. */
+KRN_HD int32_t krn_tc_kv_end(int32_t kv1, int32_t last_pos)
+{
+    return kv1 < last_pos + 1 ? kv1 : last_pos + 1;
+}
+/* Whether a row at position row_pos sees position p of a task reading [kv0, kv_end). A row
+ * past the task's rows has row_pos -1 and sees nothing. */
+KRN_HD bool krn_tc_visible(int32_t p, int32_t kv0, int32_t kv_end, int32_t row_pos)
+{
+    return p >= kv0 && p < kv_end && p <= row_pos;
+}
+/* Whether the 8-position K chunk at p (a multiple of 8) is copied from the pool: it holds a
+ * position of [kv0, kv_end). Its other positions (in the same block, maybe unwritten) only
+ * reach scores that are masked. Otherwise the chunk is zero-filled. */
+KRN_HD bool krn_tc_k_chunk_live(int32_t p, int32_t kv0, int32_t kv_end)
+{
+    return p < kv_end && p + 8 > kv0;
+}
+/* Whether the V row of position p is copied: p in [kv0, kv_end). Others are zero-filled, so
+ * that a zero weight never meets an unwritten (NaN) slot. */
+KRN_HD bool krn_tc_v_row_live(int32_t p, int32_t kv0, int32_t kv_end)
+{
+    return p >= kv0 && p < kv_end;
+}
+/* Element offset in the pool of the K chunk (dimension d, positions p .. p + 7) and of the V
+ * row piece (position p, dimensions d .. d + 7), in the slice starting at slice_base. */
+KRN_HD int64_t krn_tc_k_off(int64_t slice_base, int32_t d, int32_t p, int32_t block_tokens)
+{
+    return slice_base + (int64_t)d * block_tokens + p % block_tokens;
+}
+KRN_HD int64_t krn_tc_v_off(int64_t slice_base, int32_t d, int32_t p, int32_t head_dim,
+                            int32_t block_tokens)
+{
+    return slice_base + (int64_t)head_dim * block_tokens + (int64_t)(p % block_tokens) * head_dim +
+           d;
+}
+/* A softmax weight exp(s - m) as exp2 of a scaled difference (one FFMA-friendly exp2 on the
+ * device); 0 for a masked score, or when the row has seen nothing (m = -inf). */
+KRN_HD float krn_tc_prob(float s, float m)
+{
+    if (s == -INFINITY || m == -INFINITY)
+        return 0.0f;
+    return exp2f((s - m) * 1.4426950408889634f);
 }
 
 /* The split-KV decode kernel (krn_decode.cu): 16-byte words of one block's K+V slice, which a

@@ -8,11 +8,15 @@
  * (decode) over more than split_kv positions is split over the KV length into tasks of split_kv
  * positions writing partial states, plus one merge.
  *
+ * krn_attn_tc_check / krn_attn_use_tc decide which kernel runs the multi-token tasks (the
+ * tensor-core kernel or the SIMT one); the plan is the same for both.
+ *
  * Also the backend's other host-side decisions (kernels.h, "Host-side planning"): the reason a
  * CUDA device is not usable, each GEMM's input type, and the device memory for the KV pool.
  */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "kernels.h"
 #include "krn_hostdev.h"
@@ -83,6 +87,25 @@ int krn_attn_plan(const krn_plan_params_t *p, const krn_plan_seq_t *seqs, int32_
     *n_merges = (int32_t)nm;
     *n_parts = (int32_t)np;
     return 0;
+}
+
+int krn_attn_tc_check(const krn_kv_t *kv, int32_t n_head)
+{
+    if (kv->n_head_kv <= 0 || n_head <= 0 || n_head % kv->n_head_kv != 0 || kv->head_dim <= 0 ||
+        kv->head_dim % 16 != 0 || kv->head_dim > KRN_ATTN_MAX_HEAD_DIM || kv->block_tokens <= 0 ||
+        kv->block_tokens % 8 != 0 || kv->dtype != KRN_F16)
+        return PC_ERR_INVAL;
+    /* Every task krn_attn_plan makes fits one CTA: at most KRN_TC_ROWS row-heads. */
+    if (krn_attn_max_rows(kv->head_dim) > KRN_TC_ROWS)
+        return PC_ERR_INVAL;
+    return 0;
+}
+
+bool krn_attn_use_tc(const krn_kv_t *kv, int32_t n_head, const char *env)
+{
+    if (env != NULL && strcmp(env, "simt") == 0)
+        return false;
+    return krn_attn_tc_check(kv, n_head) == 0;
 }
 
 void krn_describe_cuda_failure(int err_code, const char *err_name, const char *err_string,
