@@ -482,6 +482,7 @@ static int connect_common(uv_loop_t *loop, const lnk_worker_client_params_t *p,
     }
     c->connect.data = c;
     c->gai.data = c;
+    uv_update_time(loop); /* the loop's clock may be stale here: the timeout starts now */
     c->deadline_ms = uv_now(loop) + p->connect_timeout_ms;
     *out = c;
     /* From here on every failure closes the handles and on_close reports it. */

@@ -8,11 +8,15 @@
  * silence, not reading). The last tests start the real `kvgw worker` binary and stop it with
  * SIGTERM. Every test ends with a graceful server shutdown and a loop with no handle left.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/select.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
@@ -25,6 +29,7 @@
 #include "wire_conn.h"
 #include "worker.h"
 #include "worker_client.h"
+#include "worker_client_internal.h"
 #include "worker_server.h"
 
 extern char **environ;
@@ -585,6 +590,251 @@ PC_TEST(listen_errors)
     ASSERT_EQ(lnk_worker_client_connect(&f.loop, &cp, &cl_cbs, NULL, &c, err, sizeof err),
               PC_ERR_INVAL);
     ASSERT_TRUE(c == NULL);
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Host names: resolved at every connect, each address tried in order (worker_client.h).
+ * ------------------------------------------------------------------------------------------- */
+
+/* A TCP socket bound to 127.0.0.1 and not listening: a connect to its port is refused, and the
+ * port is not reused while the socket is open (*fd, to close). *port gets the port. */
+static void refusing_port(int *fdp, uint16_t *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_TRUE(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    ASSERT_EQ(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t len = sizeof a;
+    ASSERT_EQ(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    *port = ntohs(a.sin_port);
+    *fdp = fd;
+}
+
+PC_TEST(host_name_resolved_at_connect)
+{
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    uint16_t port = lnk_worker_server_port(f.srv);
+    char name[64];
+    snprintf(name, sizeof name, "localhost:%u", (unsigned)port);
+    /* localhost goes through the system's resolver and reaches the server on 127.0.0.1 (after
+     * [::1] refused, where the resolver lists it first). */
+    cl_t k;
+    PC_TEST_CALL(cl_connect(&f, &k, NULL, name));
+    ASSERT_STR_EQ(lnk_worker_client_peer(k.c), ""); /* resolving */
+    RUN_UNTIL(&f, k.ready || k.closed, 5000);
+    if (!k.ready)
+        PC_TEST__FAIL("closed: %s", k.close_reason);
+    char want[64];
+    snprintf(want, sizeof want, "127.0.0.1:%u", (unsigned)port);
+    ASSERT_STR_EQ(lnk_worker_client_peer(k.c), want);
+    ASSERT_STR_EQ(k.ack_model, MODEL_NAME);
+    /* It serves like any other link. */
+    uint32_t prompt[8] = {5, 6, 7, 8, 9, 10, 11, 12};
+    eng_wire_submit_t rq = greedy(1, prompt, 8, 3);
+    ASSERT_EQ(lnk_worker_client_submit(k.c, &rq), 0);
+    RUN_UNTIL(&f, k.rq[1].done || k.rq[1].failed, 10000);
+    ASSERT_TRUE(k.rq[1].done);
+    PC_TEST_CALL(cl_close(&f, &k));
+    ASSERT_EQ(k.close_err, 0);
+
+    /* Closed while resolving: on_close once, with err 0 (the resolver's callback still runs
+     * and frees nothing twice: ASan watches). */
+    PC_TEST_CALL(cl_connect(&f, &k, NULL, name));
+    lnk_worker_client_close(k.c);
+    RUN_UNTIL(&f, k.closed, 5000);
+    ASSERT_FALSE(k.ready);
+    ASSERT_EQ(k.close_err, 0);
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(host_name_that_does_not_resolve)
+{
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    /* .invalid never resolves (RFC 6761): PC_ERR_NOTFOUND with the resolver's error, at every
+     * attempt (nothing is cached, nothing crashes). */
+    for (int i = 0; i < 3; i++) {
+        cl_t k;
+        PC_TEST_CALL(cl_connect(&f, &k, NULL, "no-such-host.invalid:7001"));
+        RUN_UNTIL(&f, k.closed, 10000);
+        ASSERT_FALSE(k.ready);
+        ASSERT_EQ(k.close_err, PC_ERR_NOTFOUND);
+        if (strstr(k.close_reason, "cannot resolve worker host 'no-such-host.invalid': ") == NULL)
+            PC_TEST__FAIL("reason: %s", k.close_reason);
+    }
+    /* Bad names are refused before any callback, with the reason. */
+    lnk_worker_client_params_t cp = lnk_worker_client_params_default();
+    lnk_worker_client_t *c = NULL;
+    char err[256];
+    const char *bad[] = {"bad_name:7001", "-worker:7001", "worker:0", "worker",
+                         "::1:7001",      "a..b:7001",    ":7001"};
+    for (size_t i = 0; i < PC_ARRAY_LEN(bad); i++) {
+        cp.address = bad[i];
+        ASSERT_EQ(lnk_worker_client_connect(&f.loop, &cp, &cl_cbs, NULL, &c, err, sizeof err),
+                  PC_ERR_INVAL);
+        ASSERT_TRUE(c == NULL);
+        if (strstr(err, "bad worker address: ") == NULL)
+            PC_TEST__FAIL("%s: %s", bad[i], err);
+    }
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(resolved_addresses_tried_in_order)
+{
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    uint16_t dead1, dead2;
+    int fd1, fd2;
+    PC_TEST_CALL(refusing_port(&fd1, &dead1));
+    PC_TEST_CALL(refusing_port(&fd2, &dead2));
+    struct sockaddr_storage addrs[3];
+    ASSERT_EQ(uv_ip4_addr("127.0.0.1", dead1, (struct sockaddr_in *)&addrs[0]), 0);
+    ASSERT_EQ(uv_ip4_addr("127.0.0.1", dead2, (struct sockaddr_in *)&addrs[1]), 0);
+    ASSERT_EQ(lnk_wconn_parse_addr(f.addr, &addrs[2]), 0);
+    lnk_worker_client_params_t p = lnk_worker_client_params_default();
+    p.address = "multi.example:7001"; /* the name the logs and reasons give */
+    p.node = "test-gateway";
+
+    /* Two refusing addresses, then the worker: the third one serves. */
+    cl_t k;
+    memset(&k, 0, sizeof k);
+    char err[256] = "";
+    ASSERT_EQ(
+        lnk__worker_client_connect_addrs(&f.loop, &p, addrs, 3, &cl_cbs, &k, &k.c, err, sizeof err),
+        0);
+    RUN_UNTIL(&f, k.ready || k.closed, 5000);
+    if (!k.ready)
+        PC_TEST__FAIL("closed: %s", k.close_reason);
+    ASSERT_STR_EQ(lnk_worker_client_peer(k.c), f.addr);
+    PC_TEST_CALL(cl_close(&f, &k));
+
+    /* Every address refuses: PC_ERR_IO, one reason naming the name and each address. */
+    memset(&k, 0, sizeof k);
+    ASSERT_EQ(
+        lnk__worker_client_connect_addrs(&f.loop, &p, addrs, 2, &cl_cbs, &k, &k.c, err, sizeof err),
+        0);
+    RUN_UNTIL(&f, k.closed, 5000);
+    ASSERT_FALSE(k.ready);
+    ASSERT_EQ(k.close_err, PC_ERR_IO);
+    char want[160];
+    snprintf(want, sizeof want, "connect to multi.example:7001: 127.0.0.1:%u: ", (unsigned)dead1);
+    if (strstr(k.close_reason, want) == NULL)
+        PC_TEST__FAIL("reason '%s' lacks '%s'", k.close_reason, want);
+    snprintf(want, sizeof want, "; 127.0.0.1:%u: ", (unsigned)dead2);
+    if (strstr(k.close_reason, want) == NULL)
+        PC_TEST__FAIL("reason '%s' lacks '%s'", k.close_reason, want);
+
+    /* The worker first: the later addresses are never tried. */
+    struct sockaddr_storage first[2] = {addrs[2], addrs[0]};
+    memset(&k, 0, sizeof k);
+    ASSERT_EQ(
+        lnk__worker_client_connect_addrs(&f.loop, &p, first, 2, &cl_cbs, &k, &k.c, err, sizeof err),
+        0);
+    RUN_UNTIL(&f, k.ready || k.closed, 5000);
+    ASSERT_TRUE(k.ready);
+    ASSERT_STR_EQ(lnk_worker_client_peer(k.c), f.addr);
+    PC_TEST_CALL(cl_close(&f, &k));
+
+    /* Closed while the first address is being tried: on_close once, err 0. */
+    memset(&k, 0, sizeof k);
+    ASSERT_EQ(
+        lnk__worker_client_connect_addrs(&f.loop, &p, addrs, 3, &cl_cbs, &k, &k.c, err, sizeof err),
+        0);
+    lnk_worker_client_close(k.c);
+    RUN_UNTIL(&f, k.closed, 5000);
+    ASSERT_FALSE(k.ready);
+    ASSERT_EQ(k.close_err, 0);
+    close(fd1);
+    close(fd2);
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+/* A listening socket on 127.0.0.1 whose accept queue (backlog 0) is full: further SYNs are
+ * dropped, so a connect to it neither succeeds nor fails (a host that black-holes). *lfd and
+ * *cfd (the connection that fills the queue) are to close. Returns whether a probe connect
+ * really hangs for 300 ms here. */
+static bool black_hole(int *lfd, int *cfd, struct sockaddr_storage *sa)
+{
+    *lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (*lfd < 0 || bind(*lfd, (struct sockaddr *)&a, sizeof a) != 0 || listen(*lfd, 0) != 0 ||
+        getsockname(*lfd, (struct sockaddr *)&a, &len) != 0)
+        return false;
+    memcpy(sa, &a, sizeof a);
+    *cfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    connect(*cfd, (struct sockaddr *)&a, sizeof a); /* completes into the accept queue */
+    usleep(50 * 1000);
+    int probe = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    connect(probe, (struct sockaddr *)&a, sizeof a);
+    fd_set w;
+    FD_ZERO(&w);
+    FD_SET(probe, &w);
+    struct timeval tv = {0, 300 * 1000};
+    bool hangs = select(probe + 1, NULL, &w, NULL, &tv) == 0;
+    close(probe);
+    return hangs;
+}
+
+PC_TEST(connect_timeout_shared_between_addresses)
+{
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    int lfd = -1, cfd = -1;
+    struct sockaddr_storage addrs[2];
+    if (!black_hole(&lfd, &cfd, &addrs[0])) {
+        /* Loopback here accepts past a full queue: nothing black-holes, nothing to share. */
+        fprintf(stderr, "note: no SYN black hole on this host; the timeout share is untested\n");
+        close(lfd);
+        close(cfd);
+        PC_TEST_CALL(fx_teardown(&f));
+        return;
+    }
+    ASSERT_EQ(lnk_wconn_parse_addr(f.addr, &addrs[1]), 0);
+    lnk_worker_client_params_t p = lnk_worker_client_params_default();
+    p.address = "slow-first.example:7001";
+    p.node = "test-gateway";
+    p.connect_timeout_ms = 1000;
+    /* The first address hangs: it gets half of the timeout, the worker the rest. */
+    cl_t k;
+    memset(&k, 0, sizeof k);
+    char err[256] = "";
+    uint64_t t0 = pc_time_mono_ms();
+    ASSERT_EQ(
+        lnk__worker_client_connect_addrs(&f.loop, &p, addrs, 2, &cl_cbs, &k, &k.c, err, sizeof err),
+        0);
+    RUN_UNTIL(&f, k.ready || k.closed, 5000);
+    uint64_t took = pc_time_mono_ms() - t0;
+    if (!k.ready)
+        PC_TEST__FAIL("closed after %llu ms: %s", (unsigned long long)took, k.close_reason);
+    ASSERT_STR_EQ(lnk_worker_client_peer(k.c), f.addr);
+    /* Ready at all proves the share: the whole 1000 ms on the black hole would have ended the
+     * attempt. Not before the share ran out either. */
+    if (took < 400)
+        PC_TEST__FAIL("ready after %llu ms (the first address's share is 500)",
+                      (unsigned long long)took);
+    PC_TEST_CALL(cl_close(&f, &k));
+    /* Only black holes: PC_ERR_TIMEOUT within the timeout, each address named. */
+    struct sockaddr_storage holes[2] = {addrs[0], addrs[0]};
+    memset(&k, 0, sizeof k);
+    t0 = pc_time_mono_ms();
+    ASSERT_EQ(
+        lnk__worker_client_connect_addrs(&f.loop, &p, holes, 2, &cl_cbs, &k, &k.c, err, sizeof err),
+        0);
+    RUN_UNTIL(&f, k.closed, 5000);
+    took = pc_time_mono_ms() - t0;
+    ASSERT_FALSE(k.ready);
+    ASSERT_EQ(k.close_err, PC_ERR_TIMEOUT);
+    ASSERT_TRUE(took >= 900 && took <= 3000);
+    char hole[80], want[300];
+    lnk_wconn_format_addr((struct sockaddr *)&addrs[0], hole, sizeof hole);
+    snprintf(want, sizeof want, "connect to slow-first.example:7001: %s: timed out; %s: timed out",
+             hole, hole);
+    ASSERT_STR_EQ(k.close_reason, want);
+    close(cfd);
+    close(lfd);
     PC_TEST_CALL(fx_teardown(&f));
 }
 
