@@ -4,12 +4,16 @@
  * to durable, the wait before a response's final bytes).
  *
  *   kvgw bench ledger [--dir DIR] [--events N] [--rate R] [--fsync always|batch|off]
- *                     [--window-us U]
+ *                     [--window-us U] [--export-days D] [--events-per-day E] [--segment-mib S]
  *
- * Two phases: (1) throughput: one appender thread (the gateway's loop) appends N events as fast
+ * Three phases: (1) throughput: one appender thread (the gateway's loop) appends N events as fast
  * as the ledger takes them while a waiter follows durable_seq; (2) latency: events at a steady
  * rate R per second (like requests finishing), each one's append-to-durable time recorded
- * (p50/p99/max). The ledger directory is created fresh and removed afterwards.
+ * (p50/p99/max); (3) export: a second ledger of D days x E events a day (segments of S MiB, one
+ * event in ten arriving up to an hour late, so times are out of order), then the CSV export of
+ * one day in the middle, timed with the time index and reading every segment (best of 3 each,
+ * warm page cache). D = 0 skips it. The ledger directories are created fresh and removed
+ * afterwards.
  */
 #include "bench.h"
 #include "billing.h"
@@ -28,7 +32,9 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw bench ledger [--dir DIR] [--events N] [--rate R] "
-               "[--fsync always|batch|off] [--window-us U]\n");
+               "[--fsync always|batch|off] [--window-us U]\n"
+               "                         [--export-days D] [--events-per-day E] "
+               "[--segment-mib S]\n");
 }
 
 static void make_event(bill_event_t *ev, bill_idgen_t *ids, uint64_t i)
@@ -92,11 +98,147 @@ static void *waiter_main(void *arg)
     return NULL;
 }
 
+/* Export phase. */
+#define DAY_MS 86400000ull
+
+static int count_chunk(void *ud, const char *data, size_t len)
+{
+    (void)data;
+    *(uint64_t *)ud += len;
+    return 0;
+}
+
+/* Best-of-3 wall time of the CSV export of [from, to), and what it read. */
+static int time_export(const char *dir, uint64_t from, uint64_t to, bool scan_all, double *best_s,
+                       uint64_t *bytes, uint64_t *n_read, uint64_t *n_skipped)
+{
+    *best_s = 1e30;
+    for (int k = 0; k < 3; k++) {
+        bill_export_params_t xp = bill_export_params_default();
+        xp.from_ms = from;
+        xp.to_ms = to;
+        xp.scan_all = scan_all;
+        xp.chunk = count_chunk;
+        xp.ud = bytes;
+        *bytes = 0;
+        char err[256] = "";
+        bill_export_t *x;
+        double t0 = bench_now_s();
+        int rc = bill_export_open(dir, &xp, &x, err, sizeof err);
+        if (rc != 0) {
+            fprintf(stderr, "kvgw bench ledger: export: %s\n", err);
+            return rc;
+        }
+        while ((rc = bill_export_step(x, 4096, err, sizeof err)) == 0)
+            ;
+        double t = bench_now_s() - t0;
+        bill_export_segments(x, n_read, n_skipped);
+        bill_export_free(x);
+        if (rc != 1) {
+            fprintf(stderr, "kvgw bench ledger: export: %s\n", err);
+            return rc;
+        }
+        if (t < *best_s)
+            *best_s = t;
+    }
+    return 0;
+}
+
+static int export_phase(const char *base, uint64_t days, uint64_t per_day, uint64_t seg_mib,
+                        bench_report_t *r)
+{
+    char dir[600], cmd[700];
+    snprintf(dir, sizeof dir, "%s.export", base);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        return 1;
+    bill_ledger_params_t lp = bill_ledger_params_default();
+    lp.dir = dir;
+    lp.fsync = BILL_FSYNC_OFF; /* building the data set, not measuring the disk */
+    lp.segment_bytes = seg_mib << 20;
+    bill_ledger_t *l;
+    char err[256];
+    if (bill_ledger_open(&lp, &l, err, sizeof err) != 0) {
+        fprintf(stderr, "kvgw bench ledger: %s\n", err);
+        return 1;
+    }
+    bill_idgen_t ids;
+    bill_idgen_init(&ids);
+    uint64_t t0 = 1735689600000ull; /* 2025-01-01 */
+    uint64_t rng = 0x9e3779b97f4a7c15ull, seq = 0;
+    bill_event_t ev;
+    double b0 = bench_now_s();
+    for (uint64_t d = 0; d < days; d++) {
+        for (uint64_t j = 0; j < per_day; j++) {
+            make_event(&ev, &ids, d * per_day + j);
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            uint64_t t = t0 + d * DAY_MS + j * (DAY_MS / per_day);
+            if (rng % 10 == 0) /* late: from another instance or a long request */
+                t = t > (rng >> 8) % 3600000 ? t - (rng >> 8) % 3600000 : t;
+            ev.start_ms = t;
+            ev.end_ms = t + 120;
+            int rc;
+            while ((rc = bill_ledger_append(l, &ev, &seq)) == PC_ERR_OVERLOADED)
+                usleep(100);
+            if (rc != 0) {
+                fprintf(stderr, "kvgw bench ledger: append failed: %s\n", pc_strerror(rc));
+                bill_ledger_close(l);
+                return 1;
+            }
+        }
+        /* Let the writer keep up so that segments rotate near their size. */
+        if (bill_ledger_wait_durable(l, seq) != 0)
+            break;
+    }
+    bill_ledger_stats_t st;
+    bill_ledger_stats(l, &st);
+    int rc = bill_ledger_close(l);
+    double build_s = bench_now_s() - b0;
+    if (rc != 0) {
+        fprintf(stderr, "kvgw bench ledger: ledger failed: %s\n", pc_strerror(rc));
+        return 1;
+    }
+    uint64_t from = t0 + (days / 2) * DAY_MS, to = from + DAY_MS;
+    double t_idx, t_all;
+    uint64_t bytes_idx, bytes_all, read_idx, skip_idx, read_all, skip_all;
+    rc = time_export(dir, from, to, false, &t_idx, &bytes_idx, &read_idx, &skip_idx);
+    if (rc == 0)
+        rc = time_export(dir, from, to, true, &t_all, &bytes_all, &read_all, &skip_all);
+    if (system(cmd) != 0)
+        fprintf(stderr, "kvgw bench ledger: could not remove %s\n", dir);
+    if (rc != 0)
+        return 1;
+    if (bytes_idx != bytes_all) {
+        fprintf(stderr,
+                "kvgw bench ledger: the indexed export wrote %" PRIu64
+                " bytes, the full scan %" PRIu64 "\n",
+                bytes_idx, bytes_all);
+        return 1;
+    }
+    char note[96];
+    snprintf(note, sizeof note,
+             "%" PRIu64 " days x %" PRIu64 " events, %" PRIu64 " segments of %" PRIu64 " MiB", days,
+             per_day, st.n_segments, seg_mib);
+    bench_report_add(r, "export_ledger_mib", (double)st.bytes_written / 1048576.0, note);
+    bench_report_add(r, "export_ledger_build_s", build_s, "fsync=off, sidecars at each rotation");
+    snprintf(note, sizeof note, "one-day CSV, %" PRIu64 " of %" PRIu64 " segments read", read_idx,
+             read_idx + skip_idx);
+    bench_report_add(r, "export_day_ms_indexed", t_idx * 1e3, note);
+    snprintf(note, sizeof note, "same export, all %" PRIu64 " segments read", read_all);
+    bench_report_add(r, "export_day_ms_full_scan", t_all * 1e3, note);
+    bench_report_add(r, "export_day_speedup", t_all / t_idx, "full scan / indexed, warm cache");
+    bench_report_add(r, "export_day_output_kib", (double)bytes_idx / 1024.0,
+                     "identical with and without the index");
+    return 0;
+}
+
 int bench_ledger_main(int argc, char **argv)
 {
     char dir[512];
     snprintf(dir, sizeof dir, "/tmp/kvgw_bench_ledger.%d", (int)getpid());
-    uint64_t n_events = 200000, rate = 5000;
+    uint64_t n_events = 200000, rate = 5000, x_days = 60, x_per_day = 10000, x_seg_mib = 4;
     int mode = BILL_FSYNC_BATCH;
     uint32_t window_us = 500;
     for (int i = 1; i < argc; i++) {
@@ -117,6 +259,12 @@ int bench_ledger_main(int argc, char **argv)
             rate = strtoull(v, NULL, 10);
         else if (strcmp(argv[i], "--window-us") == 0)
             window_us = (uint32_t)strtoul(v, NULL, 10);
+        else if (strcmp(argv[i], "--export-days") == 0)
+            x_days = strtoull(v, NULL, 10);
+        else if (strcmp(argv[i], "--events-per-day") == 0)
+            x_per_day = strtoull(v, NULL, 10);
+        else if (strcmp(argv[i], "--segment-mib") == 0)
+            x_seg_mib = strtoull(v, NULL, 10);
         else if (strcmp(argv[i], "--fsync") == 0 && (mode = bill_fsync_parse(v)) >= 0)
             ;
         else {
@@ -125,7 +273,8 @@ int bench_ledger_main(int argc, char **argv)
         }
         i++;
     }
-    if (n_events == 0 || rate == 0) {
+    if (n_events == 0 || rate == 0 || x_per_day == 0 || x_per_day > DAY_MS || x_seg_mib == 0 ||
+        x_seg_mib > 4096) {
         usage(stderr);
         return 2;
     }
@@ -235,9 +384,10 @@ int bench_ledger_main(int argc, char **argv)
     bench_report_add(&r, "added_latency_ms_p99", p99, "target < 2 ms");
     bench_report_add(&r, "added_latency_ms_max", pmax, NULL);
     bench_report_add(&r, "overloaded_retries", (double)retries, "appends refused: pending full");
+    int xrc = x_days > 0 ? export_phase(dir, x_days, x_per_day, x_seg_mib, &r) : 0;
     bench_report_print(&r);
     free(lat_ns);
     free(w.t_append);
     free(w.t_durable);
-    return 0;
+    return xrc != 0 ? 1 : 0;
 }
