@@ -5,7 +5,8 @@
  * than the toolkit is named), never passed; with KVGW_REQUIRE_GPU=1 they fail instead.
  *
  * Tolerances: F32 paths 1e-5 relative norm, F16/BF16 paths 1e-2 (attention over F16 KV reads
- * the same halves as the reference, so it is held to 1e-5 as well).
+ * the same halves as the reference, so it is held to 1e-5 as well, except the tensor-core
+ * prefill kernel, which rounds Q and P to F16: 2e-3).
  */
 #include <float.h>
 #include <math.h>
@@ -349,10 +350,16 @@ static void attn_case(kt_rng_t *r, int32_t n_head, int32_t n_head_kv, int32_t hd
     free(out_nan);
     free(got);
     free(pool_back);
+    /* Multi-token tasks of an F16 pool run on tensor cores (F16 Q and P): 2e-3, see
+     * prefill_attention_on_tensor_cores. */
+    bool multi = false;
+    for (int32_t i = 0; i < a.n_tasks; i++)
+        multi = multi || a.tasks[i].n_rows > 1;
+    double tol = multi && krn_attn_use_tc(&t.kv, n_head, getenv("KVGW_CUDA_ATTN")) ? 2e-3 : 1e-5;
     kt_attn_plan_free(&a);
     kt_attn_free(&t);
     ASSERT_TRUE(pool_same);
-    ASSERT_LE(err, 1e-5);
+    ASSERT_LE(err, tol);
 }
 
 PC_TEST(attention_and_kv_write_match_reference)
@@ -374,6 +381,126 @@ PC_TEST(attention_and_kv_write_match_reference)
                                    1 + 600 / bt, 0, true));
             PC_TEST_CALL(attn_case(&r, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, kd, 5,
                                    1 + 600 / bt, 4 * bt, true));
+        }
+    }
+}
+
+/* One prefill scenario on an F16 pool (every K/V already written, unwritten slots NaN):
+ * krn_attention against krn_ref_attention. With simt, KVGW_CUDA_ATTN=simt forces the SIMT
+ * kernel (held to 1e-5); else the multi-token tasks run on tensor cores, held to 2e-3 relative
+ * L2 error: Q and P are rounded to F16 (11 significant bits, ~5e-4 relative each; the CPU
+ * emulation of the kernel in test_krn_tc measures about 4e-4). Also runs krn_attention_tc
+ * alone and checks that it writes exactly the multi-token rows. Returns the error through
+ * *err_out. */
+static void tc_gpu_case(kt_rng_t *r, int32_t nh, int32_t nkv, int32_t hd, int32_t bt,
+                        int32_t n_seqs, const int32_t *ctx, const int32_t *nt, int32_t max_blocks,
+                        bool simt, double *err_out)
+{
+    kt_attn_t t;
+    ASSERT_EQ(kt_attn_make(&t, r, nh, nkv, hd, bt, KRN_F16, n_seqs, ctx, nt, max_blocks), 0);
+    ASSERT_EQ(krn_attn_tc_check(&t.kv, nh), 0);
+    krn_attn_args_t a;
+    ASSERT_EQ(kt_attn_plan(&t, 4 * bt, &a), 0);
+    ASSERT_EQ(krn_ref_attention(&a), 0);
+    int64_t n_out = (int64_t)t.n_rows * nh * hd;
+    size_t pool_bytes = krn_kv_block_bytes(&t.kv) * (size_t)t.kv.n_blocks;
+    krn_attn_args_t da = a;
+    da.kv.base = up(t.kv.base, pool_bytes);
+    da.q = up(t.q, sizeof(float) * (size_t)n_out);
+    da.out = dev_filled(sizeof(float) * (size_t)n_out, 0xff);
+    da.row_pos = up(t.row_pos, sizeof(int32_t) * (size_t)t.n_rows);
+    da.block_tables = up(t.tables, sizeof(int32_t) * (size_t)n_seqs * max_blocks);
+    da.tasks = up(a.tasks, sizeof(krn_attn_task_t) * (size_t)a.n_tasks);
+    da.merges = up(a.merges, sizeof(krn_attn_merge_t) * (size_t)a.n_merges);
+    int32_t n_parts = 0;
+    for (int32_t i = 0; i < a.n_merges; i++)
+        n_parts += a.merges[i].n_splits * a.merges[i].n_rows * (nh / nkv);
+    da.part_o = dev_filled(sizeof(float) * ((size_t)n_parts * hd + 1), 0xff);
+    da.part_ml = dev_filled(sizeof(float) * ((size_t)n_parts * 2 + 1), 0xff);
+    const char *old = getenv("KVGW_CUDA_ATTN");
+    char saved[32] = "";
+    if (old != NULL)
+        snprintf(saved, sizeof saved, "%s", old);
+    if (simt)
+        setenv("KVGW_CUDA_ATTN", "simt", 1);
+    else
+        unsetenv("KVGW_CUDA_ATTN");
+    int rc = krn_attention(g_ctx, &da);
+    if (old != NULL)
+        setenv("KVGW_CUDA_ATTN", saved, 1);
+    else
+        unsetenv("KVGW_CUDA_ATTN");
+    ASSERT_EQ(rc, 0);
+    float *got = malloc(sizeof(float) * (size_t)n_out);
+    down(got, da.out, sizeof(float) * (size_t)n_out);
+    double err = kt_rel_err_f(got, t.out, n_out);
+    /* krn_attention_tc alone: the rows of multi-token tasks written, the others left NaN. */
+    bool tc_only_ok = true;
+    if (!simt) {
+        ASSERT_EQ(krn_memset(g_ctx, da.out, 0xff, sizeof(float) * (size_t)n_out), 0);
+        ASSERT_EQ(krn_attention_tc(g_ctx, &da), 0);
+        down(got, da.out, sizeof(float) * (size_t)n_out);
+        int32_t group = nh / nkv;
+        for (int32_t i = 0; i < a.n_tasks && tc_only_ok; i++) {
+            const krn_attn_task_t *tk = &a.tasks[i];
+            for (int32_t tr = 0; tr < tk->n_rows; tr++)
+                for (int32_t g = 0; g < group; g++)
+                    for (int32_t d = 0; d < hd; d++) {
+                        float v = got[(int64_t)(tk->row0 + tr) * nh * hd +
+                                      ((int64_t)tk->kv_head * group + g) * hd + d];
+                        if ((tk->n_rows > 1) == isnan(v))
+                            tc_only_ok = false;
+                    }
+        }
+    }
+    krn_dev_free(g_ctx, da.kv.base);
+    krn_dev_free(g_ctx, (void *)da.q);
+    krn_dev_free(g_ctx, da.out);
+    krn_dev_free(g_ctx, (void *)da.row_pos);
+    krn_dev_free(g_ctx, (void *)da.block_tables);
+    krn_dev_free(g_ctx, (void *)da.tasks);
+    krn_dev_free(g_ctx, (void *)da.merges);
+    krn_dev_free(g_ctx, da.part_o);
+    krn_dev_free(g_ctx, da.part_ml);
+    free(got);
+    kt_attn_plan_free(&a);
+    kt_attn_free(&t);
+    *err_out = err;
+    ASSERT_TRUE(tc_only_ok);
+}
+
+/* The tensor-core prefill kernel (krn_attn_tc.cu) through krn_attention: cached prefix 0 and
+ * > 0, GQA 8:1 and 1:1, head_dim 64 and 128 (and 80, 256), several sequences in one batch
+ * (with decode rows beside them: those stay on the SIMT kernel), lengths that are no multiple
+ * of the 64-position tile or of the 8-token task, block sizes 16 to 128. The same scenarios
+ * under KVGW_CUDA_ATTN=simt hold the SIMT kernel to 1e-5. */
+PC_TEST(prefill_attention_on_tensor_cores)
+{
+    NEED_GPU();
+    kt_rng_t r = {27};
+    const struct {
+        int32_t nh, nkv, hd, bt;
+    } shapes[] = {{32, 4, 128, 16}, {8, 8, 128, 16}, {32, 4, 64, 32},  {8, 8, 64, 16},
+                  {16, 2, 80, 8},   {8, 2, 256, 64}, {28, 4, 128, 128}};
+    for (size_t i = 0; i < PC_ARRAY_LEN(shapes); i++) {
+        int32_t bt = shapes[i].bt, mb = 1 + 500 / bt;
+        /* Prompts from position 0 (one ragged, one single token = decode), then after cached
+         * prefixes (one ending at the table's last position). */
+        const int32_t ctx0[3] = {0, 0, 0}, nt0[3] = {200, 77, 1};
+        const int32_t ctx1[4] = {mb * bt - 130, 64, 333, 5}, nt1[4] = {130, 91, 1, 9};
+        for (int k = 0; k < (i < 2 ? 2 : 1); k++) { /* the SIMT fallback on two shapes */
+            double e0, e1;
+            PC_TEST_CALL(tc_gpu_case(&r, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, 3, ctx0,
+                                     nt0, mb, k == 1, &e0));
+            PC_TEST_CALL(tc_gpu_case(&r, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, 4, ctx1,
+                                     nt1, mb, k == 1, &e1));
+            double tol = k == 1 ? 1e-5 : 2e-3;
+            printf("  %s %d/%d heads, head_dim %d, block %d: rel err %.2e (no prefix), %.2e "
+                   "(cached prefix)\n",
+                   k == 1 ? "simt" : "tc  ", shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, e0, e1);
+            if (!(e0 <= tol && e1 <= tol))
+                PC_TEST__FAIL("shape %zu (%s): relative error %g / %g (> %g)", i,
+                              k == 1 ? "simt" : "tc", e0, e1, tol);
         }
     }
 }
