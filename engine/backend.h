@@ -122,6 +122,27 @@ int eng_backend_cuda_init(const struct eng_model *model, struct eng_kvpool *kv,
                           const eng_cuda_params_t *p, eng_backend_t **out, char *err,
                           size_t err_len);
 
+/* What the CUDA backends of this process did, summed over every backend object since the
+ * process started (CUDA builds only; counters only grow, so a benchmark reads them before and
+ * after a phase). The step's path is chosen at backend creation from the environment, so a
+ * GPU session can bisect: KVGW_CUDA_FUSED=0 runs the unfused kernels and separate GEMMs,
+ * KVGW_CUDA_PACKED=0 uploads each per-step list with its own copy, KVGW_CUDA_GRAPHS=0 never
+ * captures or replays a CUDA graph (graphs need the packed upload). */
+typedef struct eng_cuda_stats {
+    uint64_t steps;            /* forward steps */
+    uint64_t launches;         /* kernel, cuBLAS and graph launches the host made */
+    uint64_t device_ops;       /* kernels (and graph copy/memset nodes) the device ran; a
+                                  cuBLAS call counts 1 when not in a graph */
+    uint64_t uploads;          /* host-to-device copies of per-step lists */
+    uint64_t graph_replays;    /* steps run by replaying a captured graph */
+    uint64_t graph_captures;   /* steps captured (then replayed) */
+    uint64_t graph_updates;    /* of those, captures that updated an existing graph in place */
+    uint64_t graph_failures;   /* captures that failed (the backend then stops capturing) */
+    uint64_t host_ns;          /* host time from a step's start to its last enqueue (before
+                                  waiting for the device) */
+} eng_cuda_stats_t;
+void eng_cuda_stats_get(eng_cuda_stats_t *out);
+
 /* Convenience wrappers over the table. eng_backend_free(NULL) is a no-op. */
 static inline const char *eng_backend_name(const eng_backend_t *be)
 {

@@ -535,6 +535,114 @@ int krn_gemm(krn_ctx_t *ctx, const krn_gemm_args_t *a);
 /* row_seq, row_pos, block_tables and the part buffers are device arrays. */
 int krn_decode_attention(krn_ctx_t *ctx, const krn_decode_args_t *a);
 
+/* ---------------------------------------------------------------------------------------------
+ * Fused kernels of the cuda backend's step (issue 14, host overhead): fewer launches per layer
+ * with the numerics of the unfused kernels they replace (same F32 formulas, same roundings),
+ * each with a CPU reference of the same contract (kernels/ref/krn_ref_fused.c).
+ * ------------------------------------------------------------------------------------------- */
+
+/* y[r][:] = convert(rmsnorm(x[src]) * w) with src = rows[r] (or r when rows is NULL): krn_rmsnorm
+ * then krn_convert in one pass, straight into a GEMM's input buffer; with rows, also the
+ * gather of the logits rows before the output head. dtype KRN_F32 writes floats. */
+typedef struct krn_rmsnorm_convert_args {
+    const float *x;      /* [n_src][width] */
+    const int32_t *rows; /* [n_rows] rows of x, each in [0, n_src), or NULL (rows 0 ..) */
+    const float *w;      /* [width] */
+    void *y;             /* [n_rows][width] of dtype */
+    int32_t n_rows, n_src, width;
+    float eps;
+    enum krn_dtype dtype; /* KRN_F32, KRN_F16 or KRN_BF16 */
+} krn_rmsnorm_convert_args_t;
+
+/* The QKV GEMM's epilogue for one layer, per row r (position pos[r] of sequence row_seq[r]):
+ *   each query head:  q = q_in[r] head (+ bq), rmsnorm by q_norm (when not NULL), RoPE, times
+ *                     q_scale, into q_out[r] (krn_bias_add, krn_qk_norm, krn_rope);
+ *   each KV head:     k the same with bk, k_norm and scale 1; v = v_in[r] head (+ bv); both
+ *                     stored at the row's slot of the pool (krn_kv_write).
+ * The inputs are strided views: row r of q_in starts at q_in + r * ld_q, of k_in and v_in at
+ * + r * ld_kv, so the three can be column ranges of one fused GEMM's [n_rows][nq + 2 nk]
+ * output. q_out may be q_in when ld_q is n_head * head_dim (in place). head_dim is even and at
+ * most KRN_ATTN_MAX_HEAD_DIM. A row whose position has no block (negative, past max_blocks,
+ * or a table entry outside the pool) stores nothing on the device, as krn_kv_write; the
+ * reference refuses such a call (PC_ERR_INVAL, nothing written). */
+typedef struct krn_qkv_rope_kv_args {
+    krn_kv_t kv;
+    int32_t layer;
+    int32_t n_head;               /* query heads; kv.n_head_kv KV heads */
+    const float *q_in;            /* row r: [n_head * head_dim] at q_in + r * ld_q */
+    const float *k_in, *v_in;     /* row r: [n_head_kv * head_dim] at + r * ld_kv */
+    int64_t ld_q, ld_kv;          /* row strides, in floats */
+    float *q_out;                 /* [n_rows][n_head * head_dim] */
+    const float *bq, *bk, *bv;    /* [n_head * head_dim], [n_head_kv * head_dim] x2, or NULL */
+    const float *q_norm, *k_norm; /* [head_dim] each, or NULL (no per-head norm) */
+    float eps;
+    const float *inv_freq; /* [rope_dim / 2] */
+    int32_t rope_dim;
+    enum krn_rope_style style;
+    float q_scale;               /* 1/sqrt(head_dim) */
+    const int32_t *row_pos;      /* [n_rows] */
+    const int32_t *row_seq;      /* [n_rows] the row of block_tables */
+    const int32_t *block_tables; /* [n_seqs][max_blocks] */
+    int32_t n_rows, max_blocks;
+} krn_qkv_rope_kv_args_t;
+
+/* y[r][:] = convert(silu(g[r][:]) * u[r][:]) (krn_swiglu then krn_convert): the down
+ * projection's input. g and u are strided views (row r at g + r * ld, u + r * ld), so they can
+ * be the two halves of one fused gate/up GEMM's [n_rows][2 width] output. */
+typedef struct krn_swiglu_convert_args {
+    const float *g, *u; /* row r: [width] at + r * ld */
+    int64_t ld;         /* row stride in floats, >= width */
+    void *y;            /* [n_rows][width] of dtype */
+    int32_t n_rows, width;
+    enum krn_dtype dtype; /* KRN_F32, KRN_F16 or KRN_BF16 */
+} krn_swiglu_convert_args_t;
+
+int krn_ref_rmsnorm_convert(const krn_rmsnorm_convert_args_t *a);
+int krn_ref_qkv_rope_kv(const krn_qkv_rope_kv_args_t *a);
+int krn_ref_swiglu_convert(const krn_swiglu_convert_args_t *a);
+
+/* Packing a step's host-to-device lists into one staging buffer (one copy per step): each
+ * section starts at a multiple of KRN_PACK_ALIGN bytes. krn_pack_take returns the offset of a
+ * section of n_bytes at *cursor and advances *cursor past it. */
+#define KRN_PACK_ALIGN 16
+static inline size_t krn_pack_take(size_t *cursor, size_t n_bytes)
+{
+    size_t off = (*cursor + (KRN_PACK_ALIGN - 1)) & ~(size_t)(KRN_PACK_ALIGN - 1);
+    *cursor = off + n_bytes;
+    return off;
+}
+
+/* Decode batches the cuda backend replays as CUDA graphs: a step whose rows are one token per
+ * sequence and at most this many rows. */
+#define KRN_GRAPH_MAX_ROWS 256
+
+/* CUDA entry points of this section (CUDA builds). */
+int krn_rmsnorm_convert(krn_ctx_t *ctx, const krn_rmsnorm_convert_args_t *a);
+int krn_qkv_rope_kv(krn_ctx_t *ctx, const krn_qkv_rope_kv_args_t *a);
+int krn_swiglu_convert(krn_ctx_t *ctx, const krn_swiglu_convert_args_t *a);
+
+/* Pinned host memory (cudaMallocHost), for staging copies that run asynchronously and can be
+ * part of a captured graph. krn_host_alloc returns 0 or PC_ERR_NOMEM; krn_host_free(NULL) is a
+ * no-op. */
+int krn_host_alloc(krn_ctx_t *ctx, size_t n_bytes, void **out);
+void krn_host_free(krn_ctx_t *ctx, void *p);
+
+/* CUDA graphs of the context's stream. krn_graph_begin starts capturing (thread-local mode):
+ * work enqueued on the context until krn_graph_end is recorded, not run. krn_graph_end ends the
+ * capture and makes *g executable: a new graph when *g is NULL, else *g updated in place
+ * (cudaGraphExecUpdate: same topology, new arguments; *updated set) or, when the update is
+ * refused, rebuilt. *n_nodes receives the captured node count (the kernels, copies and memsets
+ * one replay runs). Returns 0, or PC_ERR_UNSUPPORTED when the capture failed (something
+ * enqueued could not be captured): the stream is out of capture mode then and *g unchanged.
+ * krn_graph_abort ends a capture whose recording failed midway. krn_graph_launch enqueues one
+ * replay. krn_graph_free(ctx, NULL) is a no-op. */
+typedef struct krn_graph krn_graph_t;
+int krn_graph_begin(krn_ctx_t *ctx);
+int krn_graph_end(krn_ctx_t *ctx, krn_graph_t **g, int32_t *n_nodes, bool *updated);
+void krn_graph_abort(krn_ctx_t *ctx);
+int krn_graph_launch(krn_ctx_t *ctx, krn_graph_t *g);
+void krn_graph_free(krn_ctx_t *ctx, krn_graph_t *g);
+
 #ifdef __cplusplus
 }
 #endif

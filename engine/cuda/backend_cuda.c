@@ -6,13 +6,35 @@
  * backend object):
  *
  *   x = embed(tokens)                                        krn_embed
- *   per layer:  h = rmsnorm(x) * attn_norm                   krn_rmsnorm
- *               q, k, v = h.Wq^T, h.Wk^T, h.Wv^T (+ biases)  krn_convert + krn_gemm, krn_bias_add
- *               q/k head norms (qwen3); rope; q *= 1/sqrt(d) krn_qk_norm, krn_rope
- *               k, v -> KV blocks; att = paged attention     krn_kv_write, krn_attention
- *               x += att.Wo^T                                krn_gemm (beta = 1)
- *               h = rmsnorm(x) * ffn_norm; x += (silu(h.Wg^T) * h.Wu^T).Wd^T
- *   logits = (rmsnorm(x) * output_norm).Wout^T for the rows asked for, copied to the host
+ *   per layer:  xa = rmsnorm(x) * attn_norm, in the GEMM type krn_rmsnorm_convert
+ *               qkv = xa.[Wq|Wk|Wv]^T  (one GEMM)             krn_gemm
+ *               q, k, v (+ biases); q/k head norms (qwen3);  krn_qkv_rope_kv (one kernel,
+ *               rope; q *= 1/sqrt(d); k, v -> KV blocks       strided views of qkv)
+ *               att = paged attention                        krn_attention
+ *               x += att.Wo^T                                krn_convert + krn_gemm (beta = 1)
+ *               xa = rmsnorm(x) * ffn_norm; gu = xa.[Wg|Wu]^T krn_rmsnorm_convert, krn_gemm
+ *               xa = silu(g) * u; x += xa.Wd^T               krn_swiglu_convert, krn_gemm
+ *   logits = (rmsnorm(x[rows]) * output_norm).Wout^T for the rows asked for (one gather +
+ *            norm + convert kernel, then the GEMM per chunk), copied to the host or sampled
+ *
+ * That is 10 launches per layer where the unfused path takes 21 to 26. The fused GEMMs need
+ * their members to share a GEMM input type (krn_gemm_dtype); where they do not, the members
+ * run as separate GEMMs and the fused kernels read their outputs as they are.
+ *
+ * Host overhead. A step's lists (token ids, positions, row -> sequence, logits rows, block
+ * tables, attention tasks and merges, sampling rules) are packed into one pinned staging
+ * buffer and uploaded with one copy. Decode steps (one token per sequence, at most
+ * KRN_GRAPH_MAX_ROWS rows) run as CUDA graphs, one per row count: captured on first use,
+ * replayed while the step's shape (graph_key_t) is unchanged, updated in place
+ * (cudaGraphExecUpdate) when it changes; every device buffer a graph reads is allocated
+ * before capture and dropping a buffer drops the graphs. A failed capture turns graphs off
+ * for the backend (logged) and the step runs call by call. eng_cuda_stats_get (backend.h)
+ * counts launches, device operations and host time per step.
+ *
+ * Bisecting on a GPU: KVGW_CUDA_FUSED=0 runs the unfused kernels and separate GEMMs (the
+ * weights stay concatenated; the GEMMs read views), KVGW_CUDA_PACKED=0 uploads each list with
+ * its own copy (and so turns graphs off), KVGW_CUDA_GRAPHS=0 runs every step call by call.
+ * Read when the backend is created.
  *
  * Weights live on the device as F16 or BF16, one type per matrix (krn_gemm_dtype, kernels.h),
  * and each GEMM converts its activations to that type and accumulates in F32. BF16 when the
@@ -42,6 +64,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
@@ -52,6 +75,7 @@
 #include "pc_assert.h"
 #include "pc_err.h"
 #include "pc_log.h"
+#include "pc_time.h"
 #include "sampling.h"
 
 #define CUDA_SPLIT_KV_DEFAULT 512
@@ -69,7 +93,32 @@ typedef struct cw {
 typedef struct cl {
     float *attn_norm, *ffn_norm, *bq, *bk, *bv, *q_norm, *k_norm;
     cw_t wq, wk, wv, wo, gate, up, down;
+    /* Wq|Wk|Wv as one [nq + 2 nk][D] matrix and Wg|Wu as one [2 ff][D] when the members share
+     * a GEMM input type (d NULL otherwise); wq .. up are views into them then. */
+    cw_t wqkv, wgu;
 } cl_t;
+
+/* What a captured decode graph baked in: a step replays it only when every field matches
+ * (the device addresses it used are fixed until graphs_reset). Everything a launch's
+ * arguments depend on besides device memory contents must be here. */
+typedef struct graph_key {
+    int32_t n_seqs, max_blocks, n_tasks, n_merges, n_parts, n_logits;
+    bool sample;
+} graph_key_t;
+
+typedef struct graph_slot {
+    graph_key_t key;
+    krn_graph_t *g;
+    int32_t n_nodes;
+} graph_slot_t;
+
+/* The device lists of one step: sections of the packed staging buffer, or separate arrays. */
+typedef struct step_dev {
+    int32_t *tokens, *pos, *row_seq, *logit_rows, *tables;
+    krn_attn_task_t *tasks;
+    krn_attn_merge_t *merges;
+    krn_sample_row_t *srows;
+} step_dev_t;
 
 typedef struct cuda_be {
     eng_backend_t base;
@@ -78,6 +127,10 @@ typedef struct cuda_be {
     eng_cuda_params_t p;
     krn_ctx_t *ctx;
     int err;           /* a hook's failure, reported by the next step */
+    bool fuse;         /* fused kernels and GEMMs (KVGW_CUDA_FUSED != 0) */
+    bool packed;       /* one staging copy per step (KVGW_CUDA_PACKED != 0) */
+    bool graphs;       /* CUDA graphs for decode steps (KVGW_CUDA_GRAPHS != 0, packed) */
+    uint64_t n_calls;  /* launches enqueued (or recorded) by this step so far */
     int n_f16, n_bf16; /* matrices uploaded as each GEMM type (krn_gemm_dtype) */
     void **allocs;     /* every device allocation made at init */
     size_t n_allocs, cap_allocs;
@@ -92,7 +145,7 @@ typedef struct cuda_be {
     float *logits;       /* [logits_rows][n_vocab]: one chunk of the output head's rows */
     int32_t logits_rows; /* min(max_tokens, KRN_LOGITS_CHUNK_ROWS) */
     void *xa;            /* activations converted for a GEMM: [max_tokens][max K] halves */
-    int32_t *d_tokens, *d_pos, *d_row_seq, *d_copy;
+    int32_t *d_tokens, *d_pos, *d_row_seq, *d_logit_rows, *d_copy;
     /* Per-step lists, grown on demand (host and device). */
     int32_t *tokens, *pos, *row_seq, *logit_rows;
     int32_t *tables, *d_tables;
@@ -112,7 +165,49 @@ typedef struct cuda_be {
     size_t d_stok_cap;
     double *d_swork; /* [CUDA_SAMPLE_CHUNK][n_vocab] */
     size_t d_swork_cap;
+    /* The packed upload: pinned host staging and its device twin, grown on demand. */
+    uint8_t *stage;
+    size_t stage_cap;
+    void *d_stage;
+    size_t d_stage_cap;
+    step_dev_t dev; /* this step's device lists */
+    /* Decode graphs by row count (1 .. KRN_GRAPH_MAX_ROWS). */
+    graph_slot_t *graph_slots;
 } cuda_be_t;
+
+/* The process-wide counters (eng_cuda_stats_get), added to with atomic adds. */
+static eng_cuda_stats_t g_stats;
+
+static void stat_add(uint64_t *counter, uint64_t n)
+{
+    __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
+}
+
+void eng_cuda_stats_get(eng_cuda_stats_t *out)
+{
+    uint64_t *src = (uint64_t *)&g_stats, *dst = (uint64_t *)out;
+    for (size_t i = 0; i < sizeof g_stats / sizeof(uint64_t); i++)
+        dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+}
+
+/* Counts one launch of the step, then evaluates the launching call. */
+#define LAUNCH(c, call) ((c)->n_calls++, (call))
+
+/* An environment switch: on unless set to "0". */
+static bool env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v == NULL || strcmp(v, "0") != 0;
+}
+
+/* Destroys every captured graph: device addresses they baked in are about to change. */
+static void graphs_reset(cuda_be_t *c)
+{
+    for (int32_t i = 0; c->graph_slots != NULL && i <= KRN_GRAPH_MAX_ROWS; i++) {
+        krn_graph_free(c->ctx, c->graph_slots[i].g);
+        c->graph_slots[i].g = NULL;
+    }
+}
 
 static const char *cuda_name(const eng_backend_t *be)
 {
@@ -145,6 +240,9 @@ static void cuda_free(eng_backend_t *be)
         eng_kvpool_set_hooks(c->pool, NULL);
     if (c->ctx != NULL) {
         krn_ctx_sync(c->ctx);
+        graphs_reset(c);
+        krn_host_free(c->ctx, c->stage);
+        krn_dev_free(c->ctx, c->d_stage);
         for (size_t i = 0; i < c->n_allocs; i++)
             krn_dev_free(c->ctx, c->allocs[i]);
         krn_dev_free(c->ctx, c->d_tables);
@@ -168,6 +266,7 @@ static void cuda_free(eng_backend_t *be)
     pc_free(c->merges);
     pc_free(c->pseqs);
     pc_free(c->srows);
+    pc_free(c->graph_slots);
     pc_free(c);
 }
 
@@ -249,7 +348,7 @@ static void weight_stats(const eng_weight_t *w, float *amax, double *row_norm_ma
     float am = 0;
     double rn = 0;
     if (w->type != ENG_GGML_TYPE_F16 && w->type != ENG_GGML_TYPE_F32) {
-        *amax = INFINITY; /* not read: upload_weight_as refuses the type */
+        *amax = INFINITY; /* not read: upload_weight_to refuses the type */
         *row_norm_max = INFINITY;
         return;
     }
@@ -278,20 +377,20 @@ static float vec_amax(const float *v, size_t n)
     return am;
 }
 
-/* Uploads a weight matrix as `dt` (F16 or BF16), converting from its host type. */
-static int upload_weight_as(cuda_be_t *c, const eng_weight_t *w, enum krn_dtype dt, cw_t *out)
+/* Uploads a weight matrix as `dt` (F16 or BF16) to dst (device memory of n_out * n_in halves),
+ * converting from its host type; *out describes it. */
+static int upload_weight_to(cuda_be_t *c, const eng_weight_t *w, enum krn_dtype dt, void *dst,
+                            cw_t *out)
 {
     size_t n = (size_t)w->n_out * w->n_in;
+    out->d = dst;
     out->n_in = (int32_t)w->n_in;
     out->n_out = (int32_t)w->n_out;
     out->dt = dt;
     if (w->type != ENG_GGML_TYPE_F16 && w->type != ENG_GGML_TYPE_F32)
         return PC_ERR_UNSUPPORTED;
-    int rc = dalloc(c, n * 2, &out->d);
-    if (rc != 0)
-        return rc;
     if (w->type == ENG_GGML_TYPE_F16 && dt == KRN_F16) {
-        rc = krn_copy_h2d(c->ctx, out->d, w->data, n * 2);
+        int rc = krn_copy_h2d(c->ctx, dst, w->data, n * 2);
         return rc == 0 ? krn_ctx_sync(c->ctx) : rc;
     }
     uint16_t *tmp = pc_malloc(n * 2);
@@ -302,7 +401,7 @@ static int upload_weight_as(cuda_be_t *c, const eng_weight_t *w, enum krn_dtype 
                                                : ((const float *)w->data)[i];
         tmp[i] = dt == KRN_F16 ? krn_f32_to_f16(f) : krn_f32_to_bf16(f);
     }
-    rc = krn_copy_h2d(c->ctx, out->d, tmp, n * 2);
+    int rc = krn_copy_h2d(c->ctx, dst, tmp, n * 2);
     if (rc == 0)
         rc = krn_ctx_sync(c->ctx); /* tmp is freed below */
     pc_free(tmp);
@@ -310,8 +409,8 @@ static int upload_weight_as(cuda_be_t *c, const eng_weight_t *w, enum krn_dtype 
 }
 
 /* The GEMM input type of a matrix whose activations are bounded by act_bound (krn_gemm_dtype:
- * BF16 for BF16 files, F16 only where the activations provably fit), then the upload. */
-static int upload_weight(cuda_be_t *c, const eng_weight_t *w, double act_bound, cw_t *out)
+ * BF16 for BF16 files, F16 only where the activations provably fit). */
+static enum krn_dtype weight_dtype(cuda_be_t *c, const eng_weight_t *w, double act_bound)
 {
     float amax;
     double rn;
@@ -325,7 +424,56 @@ static int upload_weight(cuda_be_t *c, const eng_weight_t *w, double act_bound, 
     enum krn_dtype dt = krn_gemm_dtype(&dp);
     c->n_bf16 += dt == KRN_BF16;
     c->n_f16 += dt == KRN_F16;
-    return upload_weight_as(c, w, dt, out);
+    return dt;
+}
+
+/* weight_dtype, then the upload into a device allocation of its own. */
+static int upload_weight(cuda_be_t *c, const eng_weight_t *w, double act_bound, cw_t *out)
+{
+    enum krn_dtype dt = weight_dtype(c, w, act_bound);
+    void *d;
+    int rc = dalloc(c, (size_t)w->n_out * w->n_in * 2, &d);
+    return rc != 0 ? rc : upload_weight_to(c, w, dt, d, out);
+}
+
+/* Matrices that share their input (Wq, Wk, Wv; Wg, Wu): when their GEMM input types agree they
+ * are uploaded back to back as one [sum n_out][n_in] matrix, *fused describes it and outs[i]
+ * are views into it, so one GEMM computes them all; otherwise each gets its own allocation
+ * and fused->d is NULL (the step runs one GEMM per matrix). */
+static int upload_group(cuda_be_t *c, const eng_weight_t *const *ws, const double *bounds, int n,
+                        cw_t *const *outs, cw_t *fused)
+{
+    enum krn_dtype dt[3];
+    bool same = true;
+    size_t rows = 0;
+    PC_ASSERT(n <= 3);
+    for (int i = 0; i < n; i++) {
+        dt[i] = weight_dtype(c, ws[i], bounds[i]);
+        same = same && dt[i] == dt[0] && ws[i]->n_in == ws[0]->n_in;
+        rows += ws[i]->n_out;
+    }
+    memset(fused, 0, sizeof *fused);
+    int rc;
+    if (!same) {
+        for (int i = 0; i < n; i++) {
+            void *d;
+            if ((rc = dalloc(c, (size_t)ws[i]->n_out * ws[i]->n_in * 2, &d)) != 0 ||
+                (rc = upload_weight_to(c, ws[i], dt[i], d, outs[i])) != 0)
+                return rc;
+        }
+        return 0;
+    }
+    uint8_t *base;
+    if ((rc = dalloc(c, rows * ws[0]->n_in * 2, (void **)&base)) != 0)
+        return rc;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        if ((rc = upload_weight_to(c, ws[i], dt[0], base + off, outs[i])) != 0)
+            return rc;
+        off += (size_t)ws[i]->n_out * ws[i]->n_in * 2;
+    }
+    *fused = (cw_t){.d = base, .dt = dt[0], .n_in = (int32_t)ws[0]->n_in, .n_out = (int32_t)rows};
+    return 0;
 }
 
 static int upload_model(cuda_be_t *c)
@@ -373,12 +521,12 @@ static int upload_model(cuda_be_t *c)
         double b_o = krn_act_bound_proj(D, an, wv_rn, vec_amax(L->bv, nk));
         double b_down = krn_act_bound_swiglu(krn_act_bound_proj(D, fn, wg_rn, 0),
                                              krn_act_bound_proj(D, fn, wu_rn, 0));
-        if ((rc = upload_weight(c, &L->wq, b_attn, &d->wq)) != 0 ||
-            (rc = upload_weight(c, &L->wk, b_attn, &d->wk)) != 0 ||
-            (rc = upload_weight(c, &L->wv, b_attn, &d->wv)) != 0 ||
+        const eng_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv}, *gu[2] = {&L->w_gate, &L->w_up};
+        cw_t *qkv_out[3] = {&d->wq, &d->wk, &d->wv}, *gu_out[2] = {&d->gate, &d->up};
+        const double qkv_b[3] = {b_attn, b_attn, b_attn}, gu_b[2] = {b_ffn, b_ffn};
+        if ((rc = upload_group(c, qkv, qkv_b, 3, qkv_out, &d->wqkv)) != 0 ||
             (rc = upload_weight(c, &L->wo, b_o, &d->wo)) != 0 ||
-            (rc = upload_weight(c, &L->w_gate, b_ffn, &d->gate)) != 0 ||
-            (rc = upload_weight(c, &L->w_up, b_ffn, &d->up)) != 0 ||
+            (rc = upload_group(c, gu, gu_b, 2, gu_out, &d->wgu)) != 0 ||
             (rc = upload_weight(c, &L->w_down, b_down, &d->down)) != 0)
             return rc;
     }
@@ -389,14 +537,10 @@ static int upload_model(cuda_be_t *c)
  * The step
  * ------------------------------------------------------------------------------------------- */
 
-/* y[M][n_out] (+)= x[M][n_in] . W^T: x converted to W's type, then cuBLAS. */
-static int gemm(cuda_be_t *c, const float *x, int32_t M, const cw_t *w, float *y, bool acc)
+/* y[M][n_out] (+)= xa[M][n_in] . W^T with xa already of W's type (cuBLAS). */
+static int gemm_raw(cuda_be_t *c, const void *xa, int32_t M, const cw_t *w, float *y, bool acc)
 {
-    krn_convert_args_t cv = {.x = x, .y = c->xa, .n = (int64_t)M * w->n_in, .dtype = w->dt};
-    int rc = krn_convert(c->ctx, &cv);
-    if (rc != 0)
-        return rc;
-    krn_gemm_args_t g = {.x = c->xa,
+    krn_gemm_args_t g = {.x = xa,
                          .w = w->d,
                          .y = y,
                          .M = M,
@@ -404,7 +548,15 @@ static int gemm(cuda_be_t *c, const float *x, int32_t M, const cw_t *w, float *y
                          .K = w->n_in,
                          .dtype = w->dt,
                          .accumulate = acc};
-    return krn_gemm(c->ctx, &g);
+    return LAUNCH(c, krn_gemm(c->ctx, &g));
+}
+
+/* y[M][n_out] (+)= x[M][n_in] . W^T: x converted to W's type, then cuBLAS. */
+static int gemm(cuda_be_t *c, const float *x, int32_t M, const cw_t *w, float *y, bool acc)
+{
+    krn_convert_args_t cv = {.x = x, .y = c->xa, .n = (int64_t)M * w->n_in, .dtype = w->dt};
+    int rc = LAUNCH(c, krn_convert(c->ctx, &cv));
+    return rc != 0 ? rc : gemm_raw(c, c->xa, M, w, y, acc);
 }
 
 /* Grows a host array to n elements. */
@@ -423,7 +575,8 @@ static int grow_host(void **p, size_t *cap, size_t n, size_t elem)
     return 0;
 }
 
-/* Grows a device array to n elements (contents are not kept). */
+/* Grows a device array to n elements (contents are not kept). A new address invalidates every
+ * captured graph, which are dropped. */
 static int grow_dev(cuda_be_t *c, void **p, size_t *cap, size_t n, size_t elem)
 {
     if (n <= *cap)
@@ -431,6 +584,7 @@ static int grow_dev(cuda_be_t *c, void **p, size_t *cap, size_t n, size_t elem)
     size_t nc = *cap ? *cap : 64;
     while (nc < n)
         nc *= 2;
+    graphs_reset(c);
     krn_dev_free(c->ctx, *p);
     *p = NULL;
     *cap = 0;
@@ -441,28 +595,27 @@ static int grow_dev(cuda_be_t *c, void **p, size_t *cap, size_t n, size_t elem)
     return 0;
 }
 
-/* Stages the sampling rules of the step's n logits rows on the device (rows[n] host) and
- * grows the sampler's output and scratch; sample_chunk then samples each chunk of logits. */
-static int sample_prepare(cuda_be_t *c, const eng_sample_row_t *rows, int32_t n)
+/* Grows the sampler's output and scratch for n logits rows, and writes the sampling rules of
+ * the rows (rows[n] host) to dst (host: the staging buffer or c->srows). Nothing is enqueued:
+ * this runs before a step's first launch, so a captured step allocates nothing. */
+static int sample_prepare(cuda_be_t *c, const eng_sample_row_t *rows, int32_t n,
+                          krn_sample_row_t *dst)
 {
     int32_t V = (int32_t)c->model->hp.n_vocab;
     int32_t chunk = n < CUDA_SAMPLE_CHUNK ? n : CUDA_SAMPLE_CHUNK;
     int rc;
-    if ((rc = grow_host((void **)&c->srows, &c->srows_cap, (size_t)n, sizeof *c->srows)) != 0 ||
-        (rc = grow_dev(c, (void **)&c->d_srows, &c->d_srows_cap, (size_t)n,
-                       sizeof(krn_sample_row_t))) != 0 ||
-        (rc = grow_dev(c, (void **)&c->d_stok, &c->d_stok_cap, (size_t)n, sizeof(int32_t))) != 0 ||
+    if ((rc = grow_dev(c, (void **)&c->d_stok, &c->d_stok_cap, (size_t)n, sizeof(int32_t))) != 0 ||
         (rc = grow_dev(c, (void **)&c->d_swork, &c->d_swork_cap, (size_t)chunk * V,
                        sizeof(double))) != 0)
         return rc;
     for (int32_t i = 0; i < n; i++)
-        c->srows[i] = (krn_sample_row_t){
-            .temperature = rows[i].temperature,
-            .top_k = rows[i].top_k > INT32_MAX ? INT32_MAX : (int32_t)rows[i].top_k,
-            .top_p = rows[i].top_p,
-            .min_p = rows[i].min_p,
-            .u = rows[i].u};
-    return krn_copy_h2d(c->ctx, c->d_srows, c->srows, (size_t)n * sizeof *c->srows);
+        dst[i] = (krn_sample_row_t){.temperature = rows[i].temperature,
+                                    .top_k = rows[i].top_k > INT32_MAX ? INT32_MAX
+                                                                       : (int32_t)rows[i].top_k,
+                                    .top_p = rows[i].top_p,
+                                    .min_p = rows[i].min_p,
+                                    .u = rows[i].u};
+    return 0;
 }
 
 /* Samples logits rows r0 .. r0 + n - 1 of the step, which c->logits holds from its row 0
@@ -471,12 +624,434 @@ static int sample_prepare(cuda_be_t *c, const eng_sample_row_t *rows, int32_t n)
 static int sample_chunk(cuda_be_t *c, int32_t r0, int32_t n)
 {
     krn_sample_args_t sa = {.logits = c->logits,
-                            .row = c->d_srows + r0,
+                            .row = c->dev.srows + r0,
                             .token = c->d_stok + r0,
                             .work = c->d_swork,
                             .n_rows = n,
                             .n_vocab = (int32_t)c->model->hp.n_vocab};
-    return krn_sample(c->ctx, &sa);
+    return LAUNCH(c, krn_sample(c->ctx, &sa));
+}
+
+/* The shapes of one step, from the host lists. */
+typedef struct step_shape {
+    int32_t T, n_seqs, max_blocks, n_tasks, n_merges, n_parts, n_logits;
+    bool decode; /* every sequence brings one token */
+} step_shape_t;
+
+/* One layer's attention half: x -> q (roped, scaled), K/V stored, att, x += att . Wo^T. */
+static int layer_attention(cuda_be_t *c, const cl_t *L, int32_t l, const step_shape_t *sh)
+{
+    const eng_hparams_t *hp = &c->model->hp;
+    int32_t D = (int32_t)hp->n_embd, hd = (int32_t)hp->head_dim, T = sh->T;
+    int32_t nq = (int32_t)(hp->n_head * hp->head_dim), nk = (int32_t)(hp->n_head_kv * hp->head_dim);
+    const step_dev_t *dv = &c->dev;
+    int rc;
+    krn_qkv_rope_kv_args_t qa = {.kv = c->kv,
+                                 .layer = l,
+                                 .n_head = (int32_t)hp->n_head,
+                                 .q_out = c->q,
+                                 .bq = L->bq,
+                                 .bk = L->bk,
+                                 .bv = L->bv,
+                                 .q_norm = L->q_norm,
+                                 .k_norm = L->k_norm,
+                                 .eps = hp->rms_eps,
+                                 .inv_freq = c->inv_freq,
+                                 .rope_dim = (int32_t)hp->rope_dim,
+                                 .style = hp->rope_style == ENG_ROPE_NEOX ? KRN_ROPE_NEOX
+                                                                          : KRN_ROPE_NORM,
+                                 .q_scale = 1.0f / sqrtf((float)hd),
+                                 .row_pos = dv->pos,
+                                 .row_seq = dv->row_seq,
+                                 .block_tables = dv->tables,
+                                 .n_rows = T,
+                                 .max_blocks = sh->max_blocks};
+    if (c->fuse && L->wqkv.d != NULL) {
+        /* rmsnorm straight to the GEMM's type, one GEMM into [T][nq + 2 nk] (c->h), then the
+         * epilogue reads its three column ranges. */
+        krn_rmsnorm_convert_args_t rn = {.x = c->x,
+                                         .w = L->attn_norm,
+                                         .y = c->xa,
+                                         .n_rows = T,
+                                         .n_src = T,
+                                         .width = D,
+                                         .eps = hp->rms_eps,
+                                         .dtype = L->wqkv.dt};
+        qa.q_in = c->h;
+        qa.k_in = c->h + nq;
+        qa.v_in = c->h + nq + nk;
+        qa.ld_q = qa.ld_kv = nq + 2 * nk;
+        if ((rc = LAUNCH(c, krn_rmsnorm_convert(c->ctx, &rn))) != 0 ||
+            (rc = gemm_raw(c, c->xa, T, &L->wqkv, c->h, false)) != 0 ||
+            (rc = LAUNCH(c, krn_qkv_rope_kv(c->ctx, &qa))) != 0)
+            return rc;
+    } else {
+        krn_rmsnorm_args_t rn = {
+            .x = c->x, .w = L->attn_norm, .y = c->h, .n_rows = T, .width = D, .eps = hp->rms_eps};
+        if ((rc = LAUNCH(c, krn_rmsnorm(c->ctx, &rn))) != 0 ||
+            (rc = gemm(c, c->h, T, &L->wq, c->q, false)) ||
+            (rc = gemm(c, c->h, T, &L->wk, c->k, false)) ||
+            (rc = gemm(c, c->h, T, &L->wv, c->v, false)))
+            return rc;
+        if (c->fuse) {
+            qa.q_in = c->q;
+            qa.k_in = c->k;
+            qa.v_in = c->v;
+            qa.ld_q = nq;
+            qa.ld_kv = nk;
+            if ((rc = LAUNCH(c, krn_qkv_rope_kv(c->ctx, &qa))) != 0)
+                return rc;
+        } else {
+            if (L->bq != NULL) {
+                krn_bias_add_args_t b1 = {.x = c->q, .b = L->bq, .n_rows = T, .width = nq};
+                krn_bias_add_args_t b2 = {.x = c->k, .b = L->bk, .n_rows = T, .width = nk};
+                krn_bias_add_args_t b3 = {.x = c->v, .b = L->bv, .n_rows = T, .width = nk};
+                if ((rc = LAUNCH(c, krn_bias_add(c->ctx, &b1))) ||
+                    (rc = LAUNCH(c, krn_bias_add(c->ctx, &b2))) ||
+                    (rc = LAUNCH(c, krn_bias_add(c->ctx, &b3))))
+                    return rc;
+            }
+            if (L->q_norm != NULL) {
+                krn_rmsnorm_args_t n1 = {.x = c->q,
+                                         .w = L->q_norm,
+                                         .y = c->q,
+                                         .n_rows = T * (int32_t)hp->n_head,
+                                         .width = hd,
+                                         .eps = hp->rms_eps};
+                krn_rmsnorm_args_t n2 = {.x = c->k,
+                                         .w = L->k_norm,
+                                         .y = c->k,
+                                         .n_rows = T * (int32_t)hp->n_head_kv,
+                                         .width = hd,
+                                         .eps = hp->rms_eps};
+                if ((rc = LAUNCH(c, krn_qk_norm(c->ctx, &n1))) ||
+                    (rc = LAUNCH(c, krn_qk_norm(c->ctx, &n2))))
+                    return rc;
+            }
+            krn_rope_args_t r1 = {.x = c->q,
+                                  .pos = dv->pos,
+                                  .inv_freq = c->inv_freq,
+                                  .n_rows = T,
+                                  .n_heads = (int32_t)hp->n_head,
+                                  .head_dim = hd,
+                                  .rope_dim = (int32_t)hp->rope_dim,
+                                  .style = qa.style,
+                                  .post_scale = qa.q_scale};
+            krn_rope_args_t r2 = r1;
+            r2.x = c->k;
+            r2.n_heads = (int32_t)hp->n_head_kv;
+            r2.post_scale = 1.0f;
+            krn_kv_write_args_t kw = {.kv = c->kv,
+                                      .layer = l,
+                                      .k = c->k,
+                                      .v = c->v,
+                                      .row_seq = dv->row_seq,
+                                      .row_pos = dv->pos,
+                                      .block_tables = dv->tables,
+                                      .n_rows = T,
+                                      .max_blocks = sh->max_blocks};
+            if ((rc = LAUNCH(c, krn_rope(c->ctx, &r1))) ||
+                (rc = LAUNCH(c, krn_rope(c->ctx, &r2))) ||
+                (rc = LAUNCH(c, krn_kv_write(c->ctx, &kw))))
+                return rc;
+        }
+    }
+    krn_attn_args_t at = {.kv = c->kv,
+                          .layer = l,
+                          .n_head = (int32_t)hp->n_head,
+                          .q = c->q,
+                          .out = c->att,
+                          .row_pos = dv->pos,
+                          .block_tables = dv->tables,
+                          .max_blocks = sh->max_blocks,
+                          .tasks = dv->tasks,
+                          .n_tasks = sh->n_tasks,
+                          .merges = dv->merges,
+                          .n_merges = sh->n_merges,
+                          .part_o = c->d_part_o,
+                          .part_ml = c->d_part_ml};
+    if ((rc = LAUNCH(c, krn_attention(c->ctx, &at))) != 0)
+        return rc;
+    return gemm(c, c->att, T, &L->wo, c->x, true);
+}
+
+/* One layer's feed-forward half: x += (silu(h . Wg^T) * (h . Wu^T)) . Wd^T, h = rmsnorm(x). */
+static int layer_ffn(cuda_be_t *c, const cl_t *L, const step_shape_t *sh)
+{
+    const eng_hparams_t *hp = &c->model->hp;
+    int32_t D = (int32_t)hp->n_embd, ff = (int32_t)hp->n_ff, T = sh->T;
+    int rc;
+    if (c->fuse && L->wgu.d != NULL) {
+        /* One GEMM into [T][2 ff] (c->g's allocation), SwiGLU over its halves straight into
+         * the down projection's type. */
+        krn_rmsnorm_convert_args_t rn = {.x = c->x,
+                                         .w = L->ffn_norm,
+                                         .y = c->xa,
+                                         .n_rows = T,
+                                         .n_src = T,
+                                         .width = D,
+                                         .eps = hp->rms_eps,
+                                         .dtype = L->wgu.dt};
+        krn_swiglu_convert_args_t sg = {.g = c->g,
+                                        .u = c->g + ff,
+                                        .ld = 2 * ff,
+                                        .y = c->xa,
+                                        .n_rows = T,
+                                        .width = ff,
+                                        .dtype = L->down.dt};
+        if ((rc = LAUNCH(c, krn_rmsnorm_convert(c->ctx, &rn))) != 0 ||
+            (rc = gemm_raw(c, c->xa, T, &L->wgu, c->g, false)) != 0 ||
+            (rc = LAUNCH(c, krn_swiglu_convert(c->ctx, &sg))) != 0)
+            return rc;
+        return gemm_raw(c, c->xa, T, &L->down, c->x, true);
+    }
+    krn_rmsnorm_args_t rn = {
+        .x = c->x, .w = L->ffn_norm, .y = c->h, .n_rows = T, .width = D, .eps = hp->rms_eps};
+    if ((rc = LAUNCH(c, krn_rmsnorm(c->ctx, &rn))) ||
+        (rc = gemm(c, c->h, T, &L->gate, c->g, false)) ||
+        (rc = gemm(c, c->h, T, &L->up, c->u, false)))
+        return rc;
+    if (c->fuse) {
+        krn_swiglu_convert_args_t sg = {.g = c->g,
+                                        .u = c->u,
+                                        .ld = ff,
+                                        .y = c->xa,
+                                        .n_rows = T,
+                                        .width = ff,
+                                        .dtype = L->down.dt};
+        if ((rc = LAUNCH(c, krn_swiglu_convert(c->ctx, &sg))) != 0)
+            return rc;
+        return gemm_raw(c, c->xa, T, &L->down, c->x, true);
+    }
+    krn_swiglu_args_t sg = {.g = c->g, .u = c->u, .n = (int64_t)T * ff};
+    if ((rc = LAUNCH(c, krn_swiglu(c->ctx, &sg))) != 0)
+        return rc;
+    return gemm(c, c->g, T, &L->down, c->x, true);
+}
+
+/* Everything a step runs on the device after its lists are uploaded: the embedding, the
+ * layers, the output head over the logits rows. The head's chunks are copied to `logits` (host)
+ * as they come when logits is not NULL, sampled when sample is set, or left in c->logits for
+ * the caller (a captured step, whose n_logits fits one chunk). */
+static int step_enqueue(cuda_be_t *c, const step_shape_t *sh, float *logits, bool sample)
+{
+    const eng_hparams_t *hp = &c->model->hp;
+    int32_t D = (int32_t)hp->n_embd, V = (int32_t)hp->n_vocab, T = sh->T;
+    int32_t n_logits = sh->n_logits;
+    int rc;
+    krn_embed_args_t ea = {.table = c->tok_embd.d,
+                           .ids = c->dev.tokens,
+                           .out = c->x,
+                           .n_rows = T,
+                           .width = D,
+                           .n_vocab = V,
+                           .table_dtype = c->tok_embd.dt};
+    if ((rc = LAUNCH(c, krn_embed(c->ctx, &ea))) != 0)
+        return rc;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const cl_t *L = &c->layers[l];
+        if ((rc = layer_attention(c, L, (int32_t)l, sh)) != 0 || (rc = layer_ffn(c, L, sh)) != 0)
+            return rc;
+    }
+    if (n_logits == 0)
+        return 0;
+    /* The logits rows, normalized, in the output GEMM's type in c->xa: gathered by the fused
+     * kernel, or copied row by row into c->q, normalized into c->h, converted per chunk. */
+    size_t esz = krn_dtype_size(c->output.dt);
+    if (c->fuse) {
+        krn_rmsnorm_convert_args_t rn = {.x = c->x,
+                                         .rows = c->dev.logit_rows,
+                                         .w = c->out_norm,
+                                         .y = c->xa,
+                                         .n_rows = n_logits,
+                                         .n_src = T,
+                                         .width = D,
+                                         .eps = hp->rms_eps,
+                                         .dtype = c->output.dt};
+        if ((rc = LAUNCH(c, krn_rmsnorm_convert(c->ctx, &rn))) != 0)
+            return rc;
+    } else {
+        for (int32_t i = 0; i < n_logits; i++)
+            if ((rc = LAUNCH(c, krn_copy_d2d(c->ctx, c->q + (size_t)i * D,
+                                             c->x + (size_t)c->logit_rows[i] * D,
+                                             (size_t)D * 4))) != 0)
+                return rc;
+        krn_rmsnorm_args_t rn = {.x = c->q,
+                                 .w = c->out_norm,
+                                 .y = c->h,
+                                 .n_rows = n_logits,
+                                 .width = D,
+                                 .eps = hp->rms_eps};
+        if ((rc = LAUNCH(c, krn_rmsnorm(c->ctx, &rn))) != 0)
+            return rc;
+    }
+    /* The output head in chunks of logits_rows rows through the [logits_rows][V] buffer: each
+     * chunk is copied out (or sampled) before the next GEMM overwrites it, in stream order. */
+    for (int32_t r0 = 0; r0 < n_logits; r0 += c->logits_rows) {
+        int32_t nr = PC_MIN(c->logits_rows, n_logits - r0);
+        if (c->fuse)
+            rc = gemm_raw(c, (const uint8_t *)c->xa + (size_t)r0 * D * esz, nr, &c->output,
+                          c->logits, false);
+        else
+            rc = gemm(c, c->h + (size_t)r0 * D, nr, &c->output, c->logits, false);
+        if (rc != 0)
+            return rc;
+        if (sample)
+            rc = sample_chunk(c, r0, nr);
+        else if (logits != NULL)
+            rc = krn_copy_d2h(c->ctx, logits + (size_t)r0 * V, c->logits, (size_t)nr * V * 4);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Uploads the step's lists (host arrays of c) and points c->dev at their device copies: one
+ * copy of the pinned staging buffer (packed), or one copy per list. */
+static int step_upload(cuda_be_t *c, const step_shape_t *sh, const eng_sample_row_t *srows)
+{
+    int32_t T = sh->T, nl = sh->n_logits;
+    size_t n_tab = (size_t)sh->n_seqs * sh->max_blocks;
+    bool sample = srows != NULL;
+    int rc;
+    if (!c->packed) {
+        if ((rc = grow_dev(c, (void **)&c->d_tables, &c->d_tables_cap, n_tab, sizeof(int32_t))) !=
+                0 ||
+            (rc = grow_dev(c, (void **)&c->d_tasks, &c->d_tasks_cap, (size_t)sh->n_tasks + 1,
+                           sizeof(krn_attn_task_t))) != 0 ||
+            (rc = grow_dev(c, (void **)&c->d_merges, &c->d_merges_cap, (size_t)sh->n_merges + 1,
+                           sizeof(krn_attn_merge_t))) != 0)
+            return rc;
+        if (sample && ((rc = grow_host((void **)&c->srows, &c->srows_cap, (size_t)nl,
+                                       sizeof *c->srows)) != 0 ||
+                       (rc = grow_dev(c, (void **)&c->d_srows, &c->d_srows_cap, (size_t)nl,
+                                      sizeof(krn_sample_row_t))) != 0 ||
+                       (rc = sample_prepare(c, srows, nl, c->srows)) != 0))
+            return rc;
+        c->dev = (step_dev_t){.tokens = c->d_tokens,
+                              .pos = c->d_pos,
+                              .row_seq = c->d_row_seq,
+                              .logit_rows = c->d_logit_rows,
+                              .tables = c->d_tables,
+                              .tasks = c->d_tasks,
+                              .merges = c->d_merges,
+                              .srows = c->d_srows};
+        const struct {
+            void *dst;
+            const void *src;
+            size_t n;
+        } cp[] = {{c->d_tokens, c->tokens, (size_t)T * 4},
+                  {c->d_pos, c->pos, (size_t)T * 4},
+                  {c->d_row_seq, c->row_seq, (size_t)T * 4},
+                  {c->d_logit_rows, c->logit_rows, (size_t)nl * 4},
+                  {c->d_tables, c->tables, n_tab * 4},
+                  {c->d_tasks, c->tasks, (size_t)sh->n_tasks * sizeof *c->tasks},
+                  {c->d_merges, c->merges, (size_t)sh->n_merges * sizeof *c->merges},
+                  {c->d_srows, c->srows, sample ? (size_t)nl * sizeof *c->srows : 0}};
+        for (size_t i = 0; i < PC_ARRAY_LEN(cp); i++) {
+            if (cp[i].n == 0)
+                continue;
+            if ((rc = krn_copy_h2d(c->ctx, cp[i].dst, cp[i].src, cp[i].n)) != 0)
+                return rc;
+            stat_add(&g_stats.uploads, 1);
+        }
+        return 0;
+    }
+    /* The layout is a function of the shape alone, so a graph captured for a shape reads its
+     * lists at the same device addresses on every replay. */
+    size_t cur = 0;
+    size_t o_tok = krn_pack_take(&cur, (size_t)T * 4), o_pos = krn_pack_take(&cur, (size_t)T * 4);
+    size_t o_seq = krn_pack_take(&cur, (size_t)T * 4), o_lr = krn_pack_take(&cur, (size_t)nl * 4);
+    size_t o_tab = krn_pack_take(&cur, n_tab * 4);
+    size_t o_task = krn_pack_take(&cur, (size_t)sh->n_tasks * sizeof(krn_attn_task_t));
+    size_t o_mrg = krn_pack_take(&cur, (size_t)sh->n_merges * sizeof(krn_attn_merge_t));
+    size_t o_srow = krn_pack_take(&cur, sample ? (size_t)nl * sizeof(krn_sample_row_t) : 0);
+    size_t bytes = cur;
+    if (bytes > c->stage_cap) {
+        size_t nc = c->stage_cap ? c->stage_cap : 4096;
+        while (nc < bytes)
+            nc *= 2;
+        krn_host_free(c->ctx, c->stage);
+        c->stage = NULL;
+        c->stage_cap = 0;
+        if ((rc = krn_host_alloc(c->ctx, nc, (void **)&c->stage)) != 0)
+            return rc;
+        c->stage_cap = nc;
+    }
+    if ((rc = grow_dev(c, &c->d_stage, &c->d_stage_cap, bytes, 1)) != 0)
+        return rc;
+    uint8_t *h = c->stage, *d = c->d_stage;
+    memcpy(h + o_tok, c->tokens, (size_t)T * 4);
+    memcpy(h + o_pos, c->pos, (size_t)T * 4);
+    memcpy(h + o_seq, c->row_seq, (size_t)T * 4);
+    memcpy(h + o_lr, c->logit_rows, (size_t)nl * 4);
+    memcpy(h + o_tab, c->tables, n_tab * 4);
+    memcpy(h + o_task, c->tasks, (size_t)sh->n_tasks * sizeof(krn_attn_task_t));
+    memcpy(h + o_mrg, c->merges, (size_t)sh->n_merges * sizeof(krn_attn_merge_t));
+    if (sample && (rc = sample_prepare(c, srows, nl, (krn_sample_row_t *)(h + o_srow))) != 0)
+        return rc;
+    c->dev = (step_dev_t){.tokens = (int32_t *)(d + o_tok),
+                          .pos = (int32_t *)(d + o_pos),
+                          .row_seq = (int32_t *)(d + o_seq),
+                          .logit_rows = (int32_t *)(d + o_lr),
+                          .tables = (int32_t *)(d + o_tab),
+                          .tasks = (krn_attn_task_t *)(d + o_task),
+                          .merges = (krn_attn_merge_t *)(d + o_mrg),
+                          .srows = (krn_sample_row_t *)(d + o_srow)};
+    stat_add(&g_stats.uploads, 1);
+    return krn_copy_h2d(c->ctx, c->d_stage, c->stage, bytes);
+}
+
+static bool key_eq(const graph_key_t *a, const graph_key_t *b)
+{
+    return a->n_seqs == b->n_seqs && a->max_blocks == b->max_blocks && a->n_tasks == b->n_tasks &&
+           a->n_merges == b->n_merges && a->n_parts == b->n_parts && a->n_logits == b->n_logits &&
+           a->sample == b->sample;
+}
+
+/* Runs the step's device work as a graph: replays the one captured for this row count when the
+ * shape matches, else captures it (updating the slot's graph in place when it can) and
+ * launches it. Returns 0, 1 when the capture failed (graphs are then off for this backend and
+ * nothing was enqueued: the caller runs the step eagerly), or an error. */
+static int step_graph(cuda_be_t *c, const step_shape_t *sh, bool sample)
+{
+    graph_slot_t *slot = &c->graph_slots[sh->T];
+    graph_key_t key = {.n_seqs = sh->n_seqs,
+                       .max_blocks = sh->max_blocks,
+                       .n_tasks = sh->n_tasks,
+                       .n_merges = sh->n_merges,
+                       .n_parts = sh->n_parts,
+                       .n_logits = sh->n_logits,
+                       .sample = sample};
+    int rc;
+    if (slot->g == NULL || !key_eq(&slot->key, &key)) {
+        if ((rc = krn_graph_begin(c->ctx)) != 0)
+            goto off;
+        if ((rc = step_enqueue(c, sh, NULL, sample)) != 0) {
+            krn_graph_abort(c->ctx);
+            goto off;
+        }
+        bool updated;
+        if ((rc = krn_graph_end(c->ctx, &slot->g, &slot->n_nodes, &updated)) != 0)
+            goto off;
+        slot->key = key;
+        stat_add(&g_stats.graph_captures, 1);
+        stat_add(&g_stats.graph_updates, updated);
+    } else {
+        stat_add(&g_stats.graph_replays, 1);
+    }
+    c->n_calls = 1; /* the graph launch; what was recorded ran nowhere */
+    stat_add(&g_stats.device_ops, (uint64_t)slot->n_nodes);
+    return krn_graph_launch(c->ctx, slot->g);
+off:
+    PC_LOG(PC_LOG_WARN, "cuda",
+           "CUDA graph capture failed (%s); decode steps run without graphs from now on",
+           pc_strerror(rc));
+    stat_add(&g_stats.graph_failures, 1);
+    c->graphs = false;
+    graphs_reset(c);
+    c->n_calls = 0;
+    return 1;
 }
 
 /* One forward step. The logits rows go to the host (logits), or are sampled on the device
@@ -484,36 +1059,37 @@ static int sample_chunk(cuda_be_t *c, int32_t r0, int32_t n)
 static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, float *logits,
                      const eng_sample_row_t *srows, int32_t *tokens)
 {
-    const eng_model_t *model = c->model;
-    const eng_hparams_t *hp = &model->hp;
-    int32_t bt = (int32_t)c->p.block_tokens, D = (int32_t)hp->n_embd, hd = (int32_t)hp->head_dim;
-    int32_t nq = (int32_t)(hp->n_head * hp->head_dim), nk = (int32_t)(hp->n_head_kv * hp->head_dim);
-    int32_t ff = (int32_t)hp->n_ff, V = (int32_t)hp->n_vocab;
+    uint64_t t0 = pc_time_mono_ns();
+    const eng_hparams_t *hp = &c->model->hp;
+    int32_t bt = (int32_t)c->p.block_tokens, hd = (int32_t)hp->head_dim;
+    int32_t V = (int32_t)hp->n_vocab;
+    c->n_calls = 0;
 
     /* Rows, positions, tables, the logit rows and the attention plan. */
-    int32_t T = 0, n_logits = 0, max_blocks = 1;
+    step_shape_t sh = {.n_seqs = (int32_t)n_seqs, .max_blocks = 1, .decode = true};
     for (uint32_t s = 0; s < n_seqs; s++) {
         const eng_fwd_seq_t *sq = &seqs[s];
-        if (sq->n_tokens == 0 || (uint64_t)T + sq->n_tokens > c->p.max_tokens ||
+        if (sq->n_tokens == 0 || (uint64_t)sh.T + sq->n_tokens > c->p.max_tokens ||
             (uint64_t)sq->pos0 + sq->n_tokens > (uint64_t)sq->n_blocks * (uint32_t)bt ||
             sq->pos0 + sq->n_tokens > INT32_MAX / 2)
             return PC_ERR_INVAL;
         for (uint32_t i = 0; i < sq->n_blocks; i++)
             if (sq->blocks[i] >= (uint32_t)c->kv.n_blocks)
                 return PC_ERR_INVAL;
-        T += (int32_t)sq->n_tokens;
-        max_blocks = PC_MAX(max_blocks, (int32_t)sq->n_blocks);
+        sh.T += (int32_t)sq->n_tokens;
+        sh.max_blocks = PC_MAX(sh.max_blocks, (int32_t)sq->n_blocks);
+        sh.decode = sh.decode && sq->n_tokens == 1;
     }
     int rc;
-    if ((rc = grow_host((void **)&c->tables, &c->tables_cap, (size_t)n_seqs * max_blocks,
+    if ((rc = grow_host((void **)&c->tables, &c->tables_cap, (size_t)n_seqs * sh.max_blocks,
                         sizeof *c->tables)) != 0 ||
         (rc = grow_host((void **)&c->pseqs, &c->pseqs_cap, n_seqs, sizeof *c->pseqs)) != 0)
         return rc;
     int32_t row = 0;
     for (uint32_t s = 0; s < n_seqs; s++) {
         const eng_fwd_seq_t *sq = &seqs[s];
-        for (int32_t i = 0; i < max_blocks; i++)
-            c->tables[(size_t)s * max_blocks + i] =
+        for (int32_t i = 0; i < sh.max_blocks; i++)
+            c->tables[(size_t)s * sh.max_blocks + i] =
                 i < (int32_t)sq->n_blocks ? (int32_t)sq->blocks[i] : -1;
         c->pseqs[s] = (krn_plan_seq_t){
             .row0 = row, .n_tokens = (int32_t)sq->n_tokens, .pos0 = (int32_t)sq->pos0};
@@ -525,170 +1101,57 @@ static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, f
             c->row_seq[row] = (int32_t)s;
             if (sq->logits == ENG_LOGITS_ALL ||
                 (sq->logits == ENG_LOGITS_LAST && j + 1 == sq->n_tokens))
-                c->logit_rows[n_logits++] = row;
+                c->logit_rows[sh.n_logits++] = row;
         }
     }
     krn_plan_params_t pp = {.n_head = (int32_t)hp->n_head,
                             .n_head_kv = (int32_t)hp->n_head_kv,
                             .head_dim = hd,
                             .split_kv = (int32_t)c->p.split_kv};
-    int32_t n_tasks, n_merges, n_parts;
-    if ((rc = krn_attn_plan(&pp, c->pseqs, (int32_t)n_seqs, NULL, &n_tasks, NULL, &n_merges,
-                            &n_parts)) != 0)
+    if ((rc = krn_attn_plan(&pp, c->pseqs, (int32_t)n_seqs, NULL, &sh.n_tasks, NULL, &sh.n_merges,
+                            &sh.n_parts)) != 0)
         return rc;
-    if ((rc = grow_host((void **)&c->tasks, &c->tasks_cap, (size_t)n_tasks + 1,
+    if ((rc = grow_host((void **)&c->tasks, &c->tasks_cap, (size_t)sh.n_tasks + 1,
                         sizeof *c->tasks)) != 0 ||
-        (rc = grow_host((void **)&c->merges, &c->merges_cap, (size_t)n_merges + 1,
+        (rc = grow_host((void **)&c->merges, &c->merges_cap, (size_t)sh.n_merges + 1,
                         sizeof *c->merges)) != 0)
         return rc;
-    if ((rc = krn_attn_plan(&pp, c->pseqs, (int32_t)n_seqs, c->tasks, &n_tasks, c->merges,
-                            &n_merges, &n_parts)) != 0)
+    if ((rc = krn_attn_plan(&pp, c->pseqs, (int32_t)n_seqs, c->tasks, &sh.n_tasks, c->merges,
+                            &sh.n_merges, &sh.n_parts)) != 0)
         return rc;
-    if ((rc = grow_dev(c, (void **)&c->d_tables, &c->d_tables_cap, (size_t)n_seqs * max_blocks,
-                       sizeof(int32_t))) != 0 ||
-        (rc = grow_dev(c, (void **)&c->d_tasks, &c->d_tasks_cap, (size_t)n_tasks + 1,
-                       sizeof(krn_attn_task_t))) != 0 ||
-        (rc = grow_dev(c, (void **)&c->d_merges, &c->d_merges_cap, (size_t)n_merges + 1,
-                       sizeof(krn_attn_merge_t))) != 0 ||
-        (rc = grow_dev(c, (void **)&c->d_part_o, &c->part_o_cap, (size_t)n_parts * hd + 1,
+    /* Every allocation before the first enqueue: a captured step allocates nothing. */
+    if ((rc = grow_dev(c, (void **)&c->d_part_o, &c->part_o_cap, (size_t)sh.n_parts * hd + 1,
                        sizeof(float))) != 0 ||
-        (rc = grow_dev(c, (void **)&c->d_part_ml, &c->part_ml_cap, (size_t)n_parts * 2 + 1,
+        (rc = grow_dev(c, (void **)&c->d_part_ml, &c->part_ml_cap, (size_t)sh.n_parts * 2 + 1,
                        sizeof(float))) != 0)
         return rc;
-    if ((rc = krn_copy_h2d(c->ctx, c->d_tokens, c->tokens, (size_t)T * 4)) != 0 ||
-        (rc = krn_copy_h2d(c->ctx, c->d_pos, c->pos, (size_t)T * 4)) != 0 ||
-        (rc = krn_copy_h2d(c->ctx, c->d_row_seq, c->row_seq, (size_t)T * 4)) != 0 ||
-        (rc = krn_copy_h2d(c->ctx, c->d_tables, c->tables, (size_t)n_seqs * max_blocks * 4)) != 0 ||
-        (rc = krn_copy_h2d(c->ctx, c->d_tasks, c->tasks, (size_t)n_tasks * sizeof *c->tasks)) !=
-            0 ||
-        (rc = krn_copy_h2d(c->ctx, c->d_merges, c->merges, (size_t)n_merges * sizeof *c->merges)) !=
-            0)
+    bool sample = logits == NULL && sh.n_logits > 0;
+    PC_ASSERT(sh.n_logits == 0 || logits != NULL || (srows != NULL && tokens != NULL));
+    if ((rc = step_upload(c, &sh, sample ? srows : NULL)) != 0)
         return rc;
 
-    krn_embed_args_t ea = {.table = c->tok_embd.d,
-                           .ids = c->d_tokens,
-                           .out = c->x,
-                           .n_rows = T,
-                           .width = D,
-                           .n_vocab = V,
-                           .table_dtype = c->tok_embd.dt};
-    if ((rc = krn_embed(c->ctx, &ea)) != 0)
+    /* Decode steps whose logits fit one chunk run as a graph (the chunk is copied out after
+     * it); everything else, and every step once a capture failed, is enqueued call by call. */
+    bool graph = c->graphs && sh.decode && sh.T <= KRN_GRAPH_MAX_ROWS &&
+                 (sample || sh.n_logits <= c->logits_rows);
+    rc = graph ? step_graph(c, &sh, sample) : 1;
+    if (rc == 1) {
+        graph = false;
+        uint64_t calls0 = c->n_calls;
+        rc = step_enqueue(c, &sh, logits, sample);
+        stat_add(&g_stats.device_ops, c->n_calls - calls0);
+    }
+    if (rc != 0)
         return rc;
-    krn_kv_t kv = c->kv;
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-        const cl_t *L = &c->layers[l];
-        krn_rmsnorm_args_t rn = {
-            .x = c->x, .w = L->attn_norm, .y = c->h, .n_rows = T, .width = D, .eps = hp->rms_eps};
-        if ((rc = krn_rmsnorm(c->ctx, &rn)) != 0 || (rc = gemm(c, c->h, T, &L->wq, c->q, false)) ||
-            (rc = gemm(c, c->h, T, &L->wk, c->k, false)) ||
-            (rc = gemm(c, c->h, T, &L->wv, c->v, false)))
-            return rc;
-        if (L->bq != NULL) {
-            krn_bias_add_args_t b1 = {.x = c->q, .b = L->bq, .n_rows = T, .width = nq};
-            krn_bias_add_args_t b2 = {.x = c->k, .b = L->bk, .n_rows = T, .width = nk};
-            krn_bias_add_args_t b3 = {.x = c->v, .b = L->bv, .n_rows = T, .width = nk};
-            if ((rc = krn_bias_add(c->ctx, &b1)) || (rc = krn_bias_add(c->ctx, &b2)) ||
-                (rc = krn_bias_add(c->ctx, &b3)))
-                return rc;
-        }
-        if (L->q_norm != NULL) {
-            krn_rmsnorm_args_t n1 = {.x = c->q,
-                                     .w = L->q_norm,
-                                     .y = c->q,
-                                     .n_rows = T * (int32_t)hp->n_head,
-                                     .width = hd,
-                                     .eps = hp->rms_eps};
-            krn_rmsnorm_args_t n2 = {.x = c->k,
-                                     .w = L->k_norm,
-                                     .y = c->k,
-                                     .n_rows = T * (int32_t)hp->n_head_kv,
-                                     .width = hd,
-                                     .eps = hp->rms_eps};
-            if ((rc = krn_qk_norm(c->ctx, &n1)) || (rc = krn_qk_norm(c->ctx, &n2)))
-                return rc;
-        }
-        krn_rope_args_t r1 = {.x = c->q,
-                              .pos = c->d_pos,
-                              .inv_freq = c->inv_freq,
-                              .n_rows = T,
-                              .n_heads = (int32_t)hp->n_head,
-                              .head_dim = hd,
-                              .rope_dim = (int32_t)hp->rope_dim,
-                              .style =
-                                  hp->rope_style == ENG_ROPE_NEOX ? KRN_ROPE_NEOX : KRN_ROPE_NORM,
-                              .post_scale = 1.0f / sqrtf((float)hd)};
-        krn_rope_args_t r2 = r1;
-        r2.x = c->k;
-        r2.n_heads = (int32_t)hp->n_head_kv;
-        r2.post_scale = 1.0f;
-        krn_kv_write_args_t kw = {.kv = kv,
-                                  .layer = (int32_t)l,
-                                  .k = c->k,
-                                  .v = c->v,
-                                  .row_seq = c->d_row_seq,
-                                  .row_pos = c->d_pos,
-                                  .block_tables = c->d_tables,
-                                  .n_rows = T,
-                                  .max_blocks = max_blocks};
-        krn_attn_args_t at = {.kv = kv,
-                              .layer = (int32_t)l,
-                              .n_head = (int32_t)hp->n_head,
-                              .q = c->q,
-                              .out = c->att,
-                              .row_pos = c->d_pos,
-                              .block_tables = c->d_tables,
-                              .max_blocks = max_blocks,
-                              .tasks = c->d_tasks,
-                              .n_tasks = n_tasks,
-                              .merges = c->d_merges,
-                              .n_merges = n_merges,
-                              .part_o = c->d_part_o,
-                              .part_ml = c->d_part_ml};
-        if ((rc = krn_rope(c->ctx, &r1)) || (rc = krn_rope(c->ctx, &r2)) ||
-            (rc = krn_kv_write(c->ctx, &kw)) || (rc = krn_attention(c->ctx, &at)) ||
-            (rc = gemm(c, c->att, T, &L->wo, c->x, true)))
-            return rc;
-        rn.w = L->ffn_norm;
-        krn_swiglu_args_t sg = {.g = c->g, .u = c->u, .n = (int64_t)T * ff};
-        if ((rc = krn_rmsnorm(c->ctx, &rn)) || (rc = gemm(c, c->h, T, &L->gate, c->g, false)) ||
-            (rc = gemm(c, c->h, T, &L->up, c->u, false)) || (rc = krn_swiglu(c->ctx, &sg)) ||
-            (rc = gemm(c, c->g, T, &L->down, c->x, true)))
-            return rc;
-    }
-    if (n_logits > 0) {
-        PC_ASSERT(logits != NULL || (srows != NULL && tokens != NULL));
-        for (int32_t i = 0; i < n_logits; i++)
-            if ((rc = krn_copy_d2d(c->ctx, c->q + (size_t)i * D,
-                                   c->x + (size_t)c->logit_rows[i] * D, (size_t)D * 4)) != 0)
-                return rc;
-        krn_rmsnorm_args_t rn = {.x = c->q,
-                                 .w = c->out_norm,
-                                 .y = c->h,
-                                 .n_rows = n_logits,
-                                 .width = D,
-                                 .eps = hp->rms_eps};
-        if ((rc = krn_rmsnorm(c->ctx, &rn)) != 0)
-            return rc;
-        if (logits == NULL && (rc = sample_prepare(c, srows, n_logits)) != 0)
-            return rc;
-        /* The output head in chunks of logits_rows rows through the [logits_rows][V] buffer:
-         * each chunk is copied out (or sampled) before the next GEMM overwrites it, in stream
-         * order. */
-        for (int32_t r0 = 0; r0 < n_logits; r0 += c->logits_rows) {
-            int32_t nr = PC_MIN(c->logits_rows, n_logits - r0);
-            if ((rc = gemm(c, c->h + (size_t)r0 * D, nr, &c->output, c->logits, false)) != 0)
-                return rc;
-            if (logits != NULL)
-                rc = krn_copy_d2h(c->ctx, logits + (size_t)r0 * V, c->logits, (size_t)nr * V * 4);
-            else
-                rc = sample_chunk(c, r0, nr);
-            if (rc != 0)
-                return rc;
-        }
-        if (logits == NULL &&
-            (rc = krn_copy_d2h(c->ctx, tokens, c->d_stok, (size_t)n_logits * sizeof(int32_t))) != 0)
-            return rc;
-    }
+    if (graph && !sample && sh.n_logits > 0 &&
+        (rc = krn_copy_d2h(c->ctx, logits, c->logits, (size_t)sh.n_logits * V * 4)) != 0)
+        return rc;
+    if (sample &&
+        (rc = krn_copy_d2h(c->ctx, tokens, c->d_stok, (size_t)sh.n_logits * sizeof(int32_t))) != 0)
+        return rc;
+    stat_add(&g_stats.steps, 1);
+    stat_add(&g_stats.launches, c->n_calls);
+    stat_add(&g_stats.host_ns, pc_time_mono_ns() - t0);
     return krn_ctx_sync(c->ctx);
 }
 
@@ -771,7 +1234,16 @@ int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_
     c->p = *p;
     if (c->p.split_kv == 0)
         c->p.split_kv = CUDA_SPLIT_KV_DEFAULT;
-    int rc = krn_ctx_init(p->device, &c->ctx);
+    c->fuse = env_on("KVGW_CUDA_FUSED");
+    c->packed = env_on("KVGW_CUDA_PACKED");
+    c->graphs = c->packed && env_on("KVGW_CUDA_GRAPHS");
+    int rc = PC_ERR_NOMEM;
+    c->graph_slots = pc_calloc(KRN_GRAPH_MAX_ROWS + 1, sizeof *c->graph_slots);
+    if (c->graph_slots == NULL) {
+        snprintf(err, err_len, "cuda backend: out of memory");
+        goto fail;
+    }
+    rc = krn_ctx_init(p->device, &c->ctx);
     if (rc != 0) {
         snprintf(err, err_len, "cuda backend: cannot create a CUDA context on device %d",
                  p->device);
@@ -794,26 +1266,30 @@ int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_
     size_t pool_bytes = block_bytes * (size_t)c->kv.n_blocks;
     size_t T = p->max_tokens, D = hp->n_embd, nq = (size_t)hp->n_head * hp->head_dim;
     size_t nk = (size_t)hp->n_head_kv * hp->head_dim, ff = hp->n_ff;
+    /* h is also the fused QKV GEMM's [T][nq + 2 nk] output; g holds [T][2 ff] (the fused
+     * gate/up output) and u is its second half when the GEMMs run apart. */
     size_t wide = PC_MAX(D, nq), max_k = PC_MAX(PC_MAX(D, nq), ff);
+    size_t h_width = PC_MAX(wide, nq + 2 * nk);
     c->logits_rows = (int32_t)PC_MIN(T, (size_t)KRN_LOGITS_CHUNK_ROWS);
     if ((rc = dalloc(c, T * D * 4, (void **)&c->x)) != 0 ||
-        (rc = dalloc(c, T * wide * 4, (void **)&c->h)) != 0 ||
+        (rc = dalloc(c, T * h_width * 4, (void **)&c->h)) != 0 ||
         (rc = dalloc(c, T * wide * 4, (void **)&c->q)) != 0 ||
         (rc = dalloc(c, T * nk * 4, (void **)&c->k)) != 0 ||
         (rc = dalloc(c, T * nk * 4, (void **)&c->v)) != 0 ||
         (rc = dalloc(c, T * nq * 4, (void **)&c->att)) != 0 ||
-        (rc = dalloc(c, T * ff * 4, (void **)&c->g)) != 0 ||
-        (rc = dalloc(c, T * ff * 4, (void **)&c->u)) != 0 ||
+        (rc = dalloc(c, T * ff * 2 * 4, (void **)&c->g)) != 0 ||
         (rc = dalloc(c, (size_t)c->logits_rows * hp->n_vocab * 4, (void **)&c->logits)) != 0 ||
         (rc = dalloc(c, T * max_k * 2, &c->xa)) != 0 ||
         (rc = dalloc(c, T * 4, (void **)&c->d_tokens)) != 0 ||
         (rc = dalloc(c, T * 4, (void **)&c->d_pos)) != 0 ||
         (rc = dalloc(c, T * 4, (void **)&c->d_row_seq)) != 0 ||
+        (rc = dalloc(c, T * 4, (void **)&c->d_logit_rows)) != 0 ||
         (rc = dalloc(c, 3 * 4, (void **)&c->d_copy)) != 0) {
         snprintf(err, err_len, "cuda backend: cannot allocate the step's scratch: %s",
                  pc_strerror(rc));
         goto fail;
     }
+    c->u = c->g + T * ff;
     /* The pool, last, where it fits: what is free now, less what steps grow later (the
      * sampler's scratch; attention partials for max_tokens decode rows of 16 splits each,
      * 8K positions at the default split: longer contexts take from the headroom) and a
@@ -850,9 +1326,12 @@ int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_
     }
     PC_LOG(PC_LOG_INFO, "cuda",
            "device %d: %d F16 and %d BF16 weight matrices; KV pool %d blocks (%zu MiB) of %zu "
-           "MiB free, headroom %zu MiB, room for %lld blocks",
+           "MiB free, headroom %zu MiB, room for %lld blocks; step: %s kernels, %s upload, "
+           "graphs %s",
            p->device, c->n_f16, c->n_bf16, c->kv.n_blocks, pool_bytes >> 20, free_b >> 20,
-           plan.headroom_bytes >> 20, (long long)plan.max_blocks);
+           plan.headroom_bytes >> 20, (long long)plan.max_blocks,
+           c->fuse ? "fused" : "unfused (KVGW_CUDA_FUSED=0)",
+           c->packed ? "packed" : "per-list (KVGW_CUDA_PACKED=0)", c->graphs ? "on" : "off");
     /* Unwritten slots are NaN in tests (kv_poison), zeros otherwise. */
     if ((rc = krn_memset(c->ctx, c->kv.base, p->kv_poison ? 0xff : 0, pool_bytes)) != 0 ||
         (rc = krn_ctx_sync(c->ctx)) != 0) {

@@ -10,7 +10,8 @@
  *   - kv_write and block_copy against the engine's pool layout and eng_kvpool_copy;
  *   - RMSNorm, RoPE (NORM/NEOX, frequency factors), SwiGLU, adds, embedding, GEMM against
  *     textbook double formulas;
- *   - the sampler against engine/sampling.c: same token for the same uniform draw.
+ *   - the sampler against engine/sampling.c: same token for the same uniform draw;
+ *   - the fused references against the unfused ones they replace, bit for bit.
  */
 #include <float.h>
 #include <math.h>
@@ -23,6 +24,7 @@
 #include "engine.h"
 #include "cpu_kernels.h"
 #include "kernels.h"
+#include "krn_fused_case.h"
 #include "krn_hostdev.h"
 #include "krn_softmax_merge.h"
 #include "krn_testutil.h"
@@ -1151,6 +1153,228 @@ PC_TEST(engine_backend_selection)
 #endif
     }
     unlink(path);
+}
+
+/* The fused references (kernels.h, "Fused kernels") against the unfused references applied in
+ * turn to whole arrays: the QKV epilogue against column copies, bias adds, q/k norms, RoPE and
+ * kv_write; rmsnorm_convert against a row gather, rmsnorm and convert; swiglu_convert against a
+ * strided copy, swiglu and convert. Bit for bit: the same F32 operations in the same order. */
+PC_TEST(fused_refs_match_unfused_references)
+{
+    kt_rng_t r = {41};
+    const struct {
+        int32_t nh, nkv, hd, bt, rope_dim;
+        enum krn_dtype kv;
+        bool bias, norm;
+        enum krn_rope_style style;
+    } cases[] = {{8, 2, 64, 16, 64, KRN_F16, false, false, KRN_ROPE_NORM},
+                 {8, 2, 64, 16, 64, KRN_F32, true, false, KRN_ROPE_NEOX},
+                 {16, 4, 128, 16, 128, KRN_F16, false, true, KRN_ROPE_NEOX},
+                 {6, 6, 32, 5, 24, KRN_F32, true, true, KRN_ROPE_NORM},
+                 {4, 1, 256, 32, 256, KRN_F16, true, true, KRN_ROPE_NEOX}};
+    for (size_t ci = 0; ci < PC_ARRAY_LEN(cases); ci++) {
+        kf_case_t c;
+        int32_t R = 37, hd = cases[ci].hd, nh = cases[ci].nh, nkv = cases[ci].nkv;
+        kf_make(&c, &r, R, nh, nkv, hd, cases[ci].bt, cases[ci].kv, cases[ci].bias,
+                cases[ci].norm, cases[ci].style, cases[ci].rope_dim);
+        int32_t nq = nh * hd, nk = nkv * hd;
+        size_t pool_bytes = kf_pool_bytes(&c);
+        float *q_f = malloc(sizeof(float) * (size_t)R * nq);
+        krn_qkv_rope_kv_args_t a = kf_args(&c, q_f);
+        ASSERT_EQ(krn_ref_qkv_rope_kv(&a), 0);
+        /* The unfused chain over copies of the three column ranges and a second pool. */
+        float *q = malloc(sizeof(float) * (size_t)R * nq), *k = malloc(sizeof(float) * (size_t)R * nk),
+              *v = malloc(sizeof(float) * (size_t)R * nk);
+        for (int32_t i = 0; i < R; i++) {
+            memcpy(q + (size_t)i * nq, c.qkv + i * c.ld, sizeof(float) * (size_t)nq);
+            memcpy(k + (size_t)i * nk, c.qkv + i * c.ld + nq, sizeof(float) * (size_t)nk);
+            memcpy(v + (size_t)i * nk, c.qkv + i * c.ld + nq + nk, sizeof(float) * (size_t)nk);
+        }
+        krn_kv_t kv2 = c.kv;
+        kv2.base = malloc(pool_bytes);
+        memset(kv2.base, 0xff, pool_bytes);
+        if (c.bq != NULL) {
+            krn_bias_add_args_t b1 = {.x = q, .b = c.bq, .n_rows = R, .width = nq};
+            krn_bias_add_args_t b2 = {.x = k, .b = c.bk, .n_rows = R, .width = nk};
+            krn_bias_add_args_t b3 = {.x = v, .b = c.bv, .n_rows = R, .width = nk};
+            ASSERT_EQ(krn_ref_bias_add(&b1), 0);
+            ASSERT_EQ(krn_ref_bias_add(&b2), 0);
+            ASSERT_EQ(krn_ref_bias_add(&b3), 0);
+        }
+        if (c.q_norm != NULL) {
+            krn_rmsnorm_args_t n1 = {
+                .x = q, .w = c.q_norm, .y = q, .n_rows = R * nh, .width = hd, .eps = 1e-6f};
+            krn_rmsnorm_args_t n2 = {
+                .x = k, .w = c.k_norm, .y = k, .n_rows = R * nkv, .width = hd, .eps = 1e-6f};
+            ASSERT_EQ(krn_ref_qk_norm(&n1), 0);
+            ASSERT_EQ(krn_ref_qk_norm(&n2), 0);
+        }
+        krn_rope_args_t r1 = {.x = q,
+                              .pos = c.pos,
+                              .inv_freq = c.inv_freq,
+                              .n_rows = R,
+                              .n_heads = nh,
+                              .head_dim = hd,
+                              .rope_dim = c.rope_dim,
+                              .style = c.style,
+                              .post_scale = a.q_scale};
+        krn_rope_args_t r2 = r1;
+        r2.x = k;
+        r2.n_heads = nkv;
+        r2.post_scale = 1.0f;
+        ASSERT_EQ(krn_ref_rope(&r1), 0);
+        ASSERT_EQ(krn_ref_rope(&r2), 0);
+        krn_kv_write_args_t kw = {.kv = kv2,
+                                  .layer = 1,
+                                  .k = k,
+                                  .v = v,
+                                  .row_seq = c.seq,
+                                  .row_pos = c.pos,
+                                  .block_tables = c.tables,
+                                  .n_rows = R,
+                                  .max_blocks = c.max_blocks};
+        ASSERT_EQ(krn_ref_kv_write(&kw), 0);
+        ASSERT_MEM_EQ(q_f, q, sizeof(float) * (size_t)R * nq);
+        ASSERT_MEM_EQ(c.kv.base, kv2.base, pool_bytes);
+        /* In place over separate q/k/v arrays (the unfused GEMMs' outputs): the same q. */
+        krn_qkv_rope_kv_args_t b = a;
+        float *q2 = malloc(sizeof(float) * (size_t)R * nq);
+        for (int32_t i = 0; i < R; i++)
+            memcpy(q2 + (size_t)i * nq, c.qkv + i * c.ld, sizeof(float) * (size_t)nq);
+        b.q_in = b.q_out = q2;
+        b.ld_q = nq;
+        ASSERT_EQ(krn_ref_qkv_rope_kv(&b), 0);
+        ASSERT_MEM_EQ(q2, q, sizeof(float) * (size_t)R * nq);
+        /* Bad calls write nothing: a row without a block, odd or too wide heads, short
+         * strides. */
+        memcpy(q2, q_f, sizeof(float) * (size_t)R * nq);
+        memset(kv2.base, 0x5a, pool_bytes);
+        b = a;
+        b.kv = kv2;
+        b.q_out = q2;
+        int32_t saved = c.tables[c.seq[R - 1] * c.max_blocks + c.pos[R - 1] / cases[ci].bt];
+        c.tables[c.seq[R - 1] * c.max_blocks + c.pos[R - 1] / cases[ci].bt] = -1;
+        ASSERT_EQ(krn_ref_qkv_rope_kv(&b), PC_ERR_INVAL);
+        c.tables[c.seq[R - 1] * c.max_blocks + c.pos[R - 1] / cases[ci].bt] = saved;
+        b.ld_kv = nk - 1;
+        ASSERT_EQ(krn_ref_qkv_rope_kv(&b), PC_ERR_INVAL);
+        b = a;
+        b.kv = kv2;
+        b.q_out = q2;
+        b.rope_dim = hd + 2;
+        ASSERT_EQ(krn_ref_qkv_rope_kv(&b), PC_ERR_INVAL);
+        ASSERT_MEM_EQ(q2, q_f, sizeof(float) * (size_t)R * nq);
+        for (size_t i = 0; i < pool_bytes; i++)
+            ASSERT_EQ(((uint8_t *)kv2.base)[i], 0x5a);
+        free(q_f);
+        free(q);
+        free(q2);
+        free(k);
+        free(v);
+        free(kv2.base);
+        kf_free(&c);
+    }
+
+    /* rmsnorm_convert with and without a row gather, swiglu_convert over strided halves, in
+     * each output type. */
+    enum { R = 23, W = 300, N_SRC = 40 };
+    float *x = kf_rand(&r, (size_t)N_SRC * W, 4.0f), *w = kf_rand(&r, W, 1.0f);
+    float *gu = kf_rand(&r, (size_t)R * 2 * W, 6.0f);
+    float *tmp = malloc(sizeof(float) * R * 2 * W);
+    uint8_t *want = malloc(sizeof(float) * R * W), *got = malloc(sizeof(float) * R * W);
+    int32_t rows[R];
+    for (int i = 0; i < R; i++)
+        rows[i] = (int32_t)kt_below(&r, N_SRC);
+    for (int dt = 0; dt < 3; dt++) {
+        enum krn_dtype t = (enum krn_dtype)dt;
+        size_t out_bytes = krn_dtype_size(t) * R * W;
+        for (int gather = 0; gather < 2; gather++) {
+            for (int i = 0; i < R; i++)
+                memcpy(tmp + (size_t)i * W, x + (size_t)(gather ? rows[i] : i) * W,
+                       sizeof(float) * W);
+            krn_rmsnorm_args_t rn = {.x = tmp, .w = w, .y = tmp, .n_rows = R, .width = W,
+                                     .eps = 1e-5f};
+            ASSERT_EQ(krn_ref_rmsnorm(&rn), 0);
+            if (t == KRN_F32) {
+                memcpy(want, tmp, out_bytes);
+            } else {
+                krn_convert_args_t cv = {.x = tmp, .y = want, .n = R * W, .dtype = t};
+                ASSERT_EQ(krn_ref_convert(&cv), 0);
+            }
+            krn_rmsnorm_convert_args_t a = {.x = x,
+                                            .rows = gather ? rows : NULL,
+                                            .w = w,
+                                            .y = got,
+                                            .n_rows = R,
+                                            .n_src = N_SRC,
+                                            .width = W,
+                                            .eps = 1e-5f,
+                                            .dtype = t};
+            ASSERT_EQ(krn_ref_rmsnorm_convert(&a), 0);
+            ASSERT_MEM_EQ(got, want, out_bytes);
+        }
+        for (int i = 0; i < R; i++) {
+            memcpy(tmp + (size_t)i * W, gu + (size_t)i * 2 * W, sizeof(float) * W);
+            memcpy(tmp + (size_t)(R + i) * W, gu + (size_t)i * 2 * W + W, sizeof(float) * W);
+        }
+        krn_swiglu_args_t sg = {.g = tmp, .u = tmp + (size_t)R * W, .n = R * W};
+        ASSERT_EQ(krn_ref_swiglu(&sg), 0);
+        if (t == KRN_F32) {
+            memcpy(want, tmp, out_bytes);
+        } else {
+            krn_convert_args_t cv = {.x = tmp, .y = want, .n = R * W, .dtype = t};
+            ASSERT_EQ(krn_ref_convert(&cv), 0);
+        }
+        krn_swiglu_convert_args_t s = {
+            .g = gu, .u = gu + W, .ld = 2 * W, .y = got, .n_rows = R, .width = W, .dtype = t};
+        ASSERT_EQ(krn_ref_swiglu_convert(&s), 0);
+        ASSERT_MEM_EQ(got, want, out_bytes);
+    }
+    /* Bad calls: a gathered row out of range, a stride below the width, an unknown type. */
+    rows[3] = N_SRC;
+    krn_rmsnorm_convert_args_t bad = {.x = x,
+                                      .rows = rows,
+                                      .w = w,
+                                      .y = got,
+                                      .n_rows = R,
+                                      .n_src = N_SRC,
+                                      .width = W,
+                                      .eps = 1e-5f,
+                                      .dtype = KRN_F16};
+    ASSERT_EQ(krn_ref_rmsnorm_convert(&bad), PC_ERR_INVAL);
+    bad.rows = NULL;
+    bad.n_src = R - 1;
+    ASSERT_EQ(krn_ref_rmsnorm_convert(&bad), PC_ERR_INVAL);
+    krn_swiglu_convert_args_t bs = {
+        .g = gu, .u = gu + W, .ld = W - 1, .y = got, .n_rows = R, .width = W, .dtype = KRN_F16};
+    ASSERT_EQ(krn_ref_swiglu_convert(&bs), PC_ERR_INVAL);
+    bs.ld = 2 * W;
+    bs.dtype = (enum krn_dtype)7;
+    ASSERT_EQ(krn_ref_swiglu_convert(&bs), PC_ERR_INVAL);
+    free(x);
+    free(w);
+    free(gu);
+    free(tmp);
+    free(want);
+    free(got);
+}
+
+/* The packed upload's sections: aligned, in order, never overlapping, empty ones allowed. */
+PC_TEST(pack_sections_are_aligned_and_disjoint)
+{
+    size_t cur = 0, prev_end = 0;
+    const size_t sizes[] = {4, 0, 12, 28, 1, 16, 0, 33, 4096, 3};
+    for (size_t i = 0; i < PC_ARRAY_LEN(sizes); i++) {
+        size_t off = krn_pack_take(&cur, sizes[i]);
+        ASSERT_EQ(off % KRN_PACK_ALIGN, 0);
+        ASSERT_TRUE(off >= prev_end);
+        ASSERT_TRUE(off - prev_end < KRN_PACK_ALIGN);
+        ASSERT_EQ(cur, off + sizes[i]);
+        prev_end = cur;
+    }
+    /* Section alignment serves the widest member of the structs packed. */
+    ASSERT_EQ(KRN_PACK_ALIGN % _Alignof(krn_sample_row_t), 0);
+    ASSERT_EQ(KRN_PACK_ALIGN % _Alignof(krn_attn_task_t), 0);
 }
 
 PC_TEST_MAIN()
