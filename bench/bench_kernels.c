@@ -19,6 +19,10 @@
  *                               top_p 0.9, temperature 0.8: microseconds per step
  *   prefill_attn_tflop_per_s    causal prefill attention, 4 x 2048 tokens, same heads: 4 * heads
  *                               * head_dim * causal pairs per second
+ *   prefill_attn_{tc,simt}_{4k,4k_cached4k}_tflop_per_s
+ *                               causal prefill attention of one 4096-token prompt (and of 4096
+ *                               tokens after 4096 cached), 32 query / 4 KV heads (GQA 8:1),
+ *                               head_dim 128: the tensor-core kernel and the SIMT one
  *   gemm_{f16,bf16}_tflop_per_s cuBLAS at a prefill shape, M 4096 x N 4096 x K 4096 (and N 14336)
  *   e2e_prefill_tokens_per_s    the engine, 2048-token prompt
  *   e2e_decode_tokens_per_s     the engine, single tokens after a 512-token prompt
@@ -526,6 +530,38 @@ int bench_kernels_main(int argc, char **argv)
     s = bench_attention(c, 32, 8, 4, 2048, 2048, iters / 4 + 1, &bytes, &flops);
     if (s > 0)
         bench_report_add(&rep, "prefill_attn_tflop_per_s", flops / s * 1e-12, "4 x 2048 causal");
+    /* Prefill attention on tensor cores (krn_attn_tc.cu) and on the SIMT kernel
+     * (KVGW_CUDA_ATTN=simt): a 4K prompt, and 4K new tokens after 4K cached, 32 query / 4 KV
+     * heads (GQA 8:1), head_dim 128, F16 KV; causal FLOPs only (4 * heads * head_dim per
+     * (query, key) pair a row sees). */
+    {
+        const char *old = getenv("KVGW_CUDA_ATTN");
+        char saved[32] = "";
+        if (old != NULL)
+            snprintf(saved, sizeof saved, "%s", old);
+        const char *kname[2] = {"tc", "simt"};
+        const int32_t pctx[2] = {4096, 8192};
+        for (int k = 0; k < 2; k++)
+            for (int ci = 0; ci < 2; ci++) {
+                if (k == 1)
+                    setenv("KVGW_CUDA_ATTN", "simt", 1);
+                else
+                    unsetenv("KVGW_CUDA_ATTN");
+                s = bench_attention(c, 32, 4, 1, pctx[ci], 4096, iters / 4 + 1, &bytes, &flops);
+                if (s <= 0)
+                    continue;
+                char key[64], note[96];
+                snprintf(key, sizeof key, "prefill_attn_%s_%s_tflop_per_s", kname[k],
+                         ci ? "4k_cached4k" : "4k");
+                snprintf(note, sizeof note, "%s, 4096 new after %d cached, 32/4 heads, %.2f ms",
+                         k ? "SIMT" : "tensor cores", pctx[ci] - 4096, s * 1e3);
+                bench_report_add(&rep, key, flops / s * 1e-12, note);
+            }
+        if (old != NULL)
+            setenv("KVGW_CUDA_ATTN", saved, 1);
+        else
+            unsetenv("KVGW_CUDA_ATTN");
+    }
     double tf = bench_gemm(c, KRN_F16, 4096, 4096, 4096, iters);
     if (tf > 0)
         bench_report_add(&rep, "gemm_f16_tflop_per_s", tf, "4096^3");
