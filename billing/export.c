@@ -426,7 +426,8 @@ static int cmp_group(const void *a, const void *b)
 
 static int group_rows(bill_export_t *x)
 {
-    qsort(x->groups, x->cap, sizeof *x->groups, cmp_group);
+    if (x->cap > 0) /* no groups: groups is NULL, which qsort must not get even with 0 */
+        qsort(x->groups, x->cap, sizeof *x->groups, cmp_group);
     for (size_t i = 0; i < x->n_groups; i++) {
         const group_t *g = &x->groups[i];
         char day[16], cost[32];
