@@ -688,6 +688,7 @@ PC_TEST(sampler_matches_reference)
     free(work);
 }
 
+#include "test_krn_gpu_fused.h"
 #include "test_krn_gpu_e2e.h"
 
 PC_TEST_MAIN()

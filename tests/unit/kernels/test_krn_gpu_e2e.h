@@ -3,7 +3,8 @@
  * against the engine on the cpu backend over generated models (llama with Llama 3.1 RoPE
  * factors, qwen2 with q/k/v biases, qwen3 with q/k head norms; F32 and F16 weights; F16 and F32
  * KV), prefix reuse on the GPU against a cold run (logits within 1e-3), and sampling on the
- * GPU against the host sampler.
+ * GPU against the host sampler, and the step's paths (fused kernels and GEMMs, packed upload,
+ * CUDA graph replays) against the unfused step and the cpu engine.
  */
 #include "eng_testmodel.h"
 #include "mkmodel.h"
@@ -258,4 +259,139 @@ PC_TEST(cuda_device_sampling_matches_host_sampling)
     eng_free(dev);
     eng_free(host);
     unlink(path);
+}
+
+/* The cuda engine with the step path KVGW_CUDA_FUSED / _PACKED / _GRAPHS select (each "0" or
+ * "1"; read when the backend is created). */
+static eng_t *e2e_engine_path(const char *path, enum eng_kv_dtype kvt, const char *fused,
+                              const char *packed, const char *graphs)
+{
+    setenv("KVGW_CUDA_FUSED", fused, 1);
+    setenv("KVGW_CUDA_PACKED", packed, 1);
+    setenv("KVGW_CUDA_GRAPHS", graphs, 1);
+    eng_t *e = e2e_engine(path, "cuda", kvt);
+    unsetenv("KVGW_CUDA_FUSED");
+    unsetenv("KVGW_CUDA_PACKED");
+    unsetenv("KVGW_CUDA_GRAPHS");
+    return e;
+}
+
+/* NS sequences of different prompt lengths (one step of prefills, last rows' logits), then GEN
+ * batched decode steps of the given tokens, logits of every step into out[(1 + GEN) * NS][V];
+ * with picked, one more step samples on the device (fixed rules and draws, tokens into
+ * picked[NS]). */
+enum { PATH_NS = 5, PATH_GEN = 40 };
+static int e2e_batch_run(eng_t *e, const int32_t *prompt, const int32_t *gen, float *out,
+                         int32_t *picked)
+{
+    static const uint32_t lens[PATH_NS] = {7, 70, 16, 33, 129};
+    uint32_t V = eng_n_vocab(e);
+    eng_seq_t *s[PATH_NS] = {0};
+    eng_batch_item_t it[PATH_NS];
+    int rc = 0;
+    for (int i = 0; i < PATH_NS && rc == 0; i++) {
+        rc = eng_seq_create(e, &s[i]);
+        it[i] = (eng_batch_item_t){
+            .seq = s[i], .tokens = prompt, .n_tokens = lens[i], .logits = ENG_LOGITS_LAST};
+    }
+    if (rc == 0)
+        rc = eng_forward(e, it, PATH_NS, out);
+    for (int g = 0; g < PATH_GEN && rc == 0; g++) {
+        for (int i = 0; i < PATH_NS; i++)
+            it[i] = (eng_batch_item_t){.seq = s[i],
+                                       .tokens = &gen[g * PATH_NS + i],
+                                       .n_tokens = 1,
+                                       .logits = ENG_LOGITS_LAST};
+        rc = eng_forward(e, it, PATH_NS, out + (size_t)(g + 1) * PATH_NS * V);
+    }
+    if (rc == 0 && picked != NULL) {
+        eng_sample_row_t rows[PATH_NS];
+        for (int i = 0; i < PATH_NS; i++) {
+            rows[i] = (eng_sample_row_t){
+                .temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .u = 0.1 + 0.15 * i};
+            it[i].tokens = &gen[i];
+        }
+        rc = eng_forward_sample(e, it, PATH_NS, rows, picked);
+    }
+    for (int i = 0; i < PATH_NS; i++)
+        if (s[i] != NULL)
+            eng_seq_free(e, s[i]);
+    return rc;
+}
+
+/* The fused kernels and GEMMs, the packed upload and the graph replays compute what the
+ * unfused step computes: the same batch (prefills of several lengths, then batched decode steps
+ * that cross block boundaries, then a device-sampled step) on the cpu engine, the unfused cuda
+ * step (KVGW_CUDA_FUSED=0 PACKED=0 GRAPHS=0), the fused one without graphs and the default
+ * (fused, packed, graphs). Each against the cpu within 1e-2, fused against unfused within 1e-3
+ * (only the GEMMs' summation order differs), graphs against no graphs within 1e-4 (the same
+ * kernels: a stale argument in a replayed graph is off by far more), and the sampled step's
+ * picks equal with and without graphs. The default path must really have replayed graphs and
+ * no capture may have failed. Over llama (F16: fused GEMMs in F16), qwen2 (F32 weights, q/k/v
+ * biases) and qwen3 (BF16, head norms). */
+PC_TEST(cuda_fused_and_graph_paths_match_unfused)
+{
+    NEED_GPU();
+    const struct {
+        enum eng_arch arch;
+        uint32_t dtype;
+        enum eng_kv_dtype kv;
+    } cases[] = {{ENG_ARCH_LLAMA, ENG_GGML_TYPE_F16, ENG_KV_F16},
+                 {ENG_ARCH_QWEN2, ENG_GGML_TYPE_F32, ENG_KV_F32},
+                 {ENG_ARCH_QWEN3, ENG_GGML_TYPE_BF16, ENG_KV_F16}};
+    kt_rng_t r = {34};
+    int32_t prompt[129], gen[PATH_GEN * PATH_NS];
+    for (size_t i = 0; i < PC_ARRAY_LEN(prompt); i++)
+        prompt[i] = (int32_t)kt_below(&r, E2E_VOCAB);
+    for (size_t i = 0; i < PC_ARRAY_LEN(gen); i++)
+        gen[i] = (int32_t)kt_below(&r, E2E_VOCAB);
+    for (size_t ci = 0; ci < PC_ARRAY_LEN(cases); ci++) {
+        char path[256];
+        e2e_model(cases[ci].arch, cases[ci].dtype, path, sizeof path);
+        size_t n = (size_t)(1 + PATH_GEN) * PATH_NS * E2E_VOCAB;
+        float *out[4];
+        int32_t picked[4][PATH_NS];
+        for (int k = 0; k < 4; k++) {
+            out[k] = malloc(n * sizeof(float));
+            eng_t *e = k == 0   ? e2e_engine(path, "cpu", cases[ci].kv)
+                       : k == 1 ? e2e_engine_path(path, cases[ci].kv, "0", "0", "0")
+                       : k == 2 ? e2e_engine_path(path, cases[ci].kv, "1", "1", "0")
+                                : e2e_engine(path, "cuda", cases[ci].kv); /* the default */
+            ASSERT_TRUE(e != NULL);
+            eng_cuda_stats_t st0, st1;
+            eng_cuda_stats_get(&st0);
+            /* The cpu engine samples on the host only: logits steps there. */
+            ASSERT_EQ(e2e_batch_run(e, prompt, gen, out[k], k == 0 ? NULL : picked[k]), 0);
+            eng_cuda_stats_get(&st1);
+            char msg[256];
+            ASSERT_EQ(eng_check(e, msg, sizeof msg), 0);
+            eng_free(e);
+            uint64_t replays = st1.graph_replays - st0.graph_replays;
+            uint64_t captures = st1.graph_captures - st0.graph_captures;
+            uint64_t failures = st1.graph_failures - st0.graph_failures;
+            if (k == 3 && (failures != 0 || replays < PATH_GEN / 2))
+                PC_TEST__FAIL("case %zu: %llu graph replays, %llu captures, %llu failed captures "
+                              "over %d decode steps (the log says why a capture failed)",
+                              ci, (unsigned long long)replays, (unsigned long long)captures,
+                              (unsigned long long)failures, PATH_GEN + 1);
+            if ((k == 1 || k == 2) && replays + captures != 0)
+                PC_TEST__FAIL("case %zu: KVGW_CUDA_GRAPHS=0 still ran graphs", ci);
+        }
+        double e_cpu[4] = {0}, e_unf = kt_rel_err_f(out[2], out[1], (int64_t)n),
+               e_graph = kt_rel_err_f(out[3], out[2], (int64_t)n);
+        for (int k = 1; k < 4; k++)
+            e_cpu[k] = kt_rel_err_f(out[k], out[0], (int64_t)n);
+        for (int k = 0; k < 4; k++)
+            free(out[k]);
+        unlink(path);
+        if (!(e_cpu[1] <= 1e-2 && e_cpu[2] <= 1e-2 && e_cpu[3] <= 1e-2 && e_unf <= 1e-3 &&
+              e_graph <= 1e-4))
+            PC_TEST__FAIL("case %zu: against the cpu: unfused %g, fused %g, fused+graphs %g "
+                          "(<= 1e-2); fused vs unfused %g (<= 1e-3); graphs vs none %g (<= 1e-4)",
+                          ci, e_cpu[1], e_cpu[2], e_cpu[3], e_unf, e_graph);
+        for (int i = 0; i < PATH_NS; i++)
+            if (picked[2][i] != picked[3][i])
+                PC_TEST__FAIL("case %zu: sampled row %d picks %d with graphs, %d without", ci, i,
+                              picked[3][i], picked[2][i]);
+    }
 }
