@@ -530,7 +530,21 @@ int krn_attention(krn_ctx_t *ctx, const krn_attn_args_t *a);
  * untouched; no merge runs): PC_ERR_INVAL when krn_attn_tc_check fails. For benchmarks and
  * tests; krn_attention calls it. */
 int krn_attention_tc(krn_ctx_t *ctx, const krn_attn_args_t *a);
+/* The multi-pass sampler (krn_sample_radix.cu: radix select over histograms, several CTAs
+ * per row, about 2 x (3 + bits(n_vocab - 1) / 11) launches, 11 at V = 152064), or with
+ * KVGW_CUDA_SAMPLER=bitwise in the environment the one-CTA-per-row kernel of 128 bit-by-bit
+ * passes (krn_sample.cu). Both leave `work` as scratch; the multi-pass one also uses per-row
+ * scratch the context owns (krn_sample_reserve), grown on a call with more rows than ever
+ * before, which fails with PC_ERR_INVAL while the stream is being captured. n_rows <= 65535. */
 int krn_sample(krn_ctx_t *ctx, const krn_sample_args_t *a);
+/* Each implementation directly, whatever the environment says (benchmarks, bisecting). */
+int krn_sample_radix(krn_ctx_t *ctx, const krn_sample_args_t *a);
+int krn_sample_bitwise(krn_ctx_t *ctx, const krn_sample_args_t *a);
+/* Allocates the multi-pass sampler's scratch for up to max_rows rows (about 25 KB each) now,
+ * so that later calls, a captured CUDA graph's included, allocate nothing. Returns 0,
+ * PC_ERR_NOMEM, PC_ERR_INVAL (max_rows < 0, or the stream is being captured and the scratch
+ * must grow) or PC_ERR_INTERNAL. */
+int krn_sample_reserve(krn_ctx_t *ctx, int32_t max_rows);
 int krn_gemm(krn_ctx_t *ctx, const krn_gemm_args_t *a);
 /* row_seq, row_pos, block_tables and the part buffers are device arrays. */
 int krn_decode_attention(krn_ctx_t *ctx, const krn_decode_args_t *a);

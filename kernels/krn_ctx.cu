@@ -140,6 +140,8 @@ void krn_ctx_free(krn_ctx_t *c)
         KRN_CUBLAS_WARN(cublasDestroy(c->blas));
     if (c->blas_ws != NULL)
         KRN_CUDA_WARN(cudaFree(c->blas_ws));
+    if (c->smp_scratch != NULL)
+        KRN_CUDA_WARN(cudaFree(c->smp_scratch));
     if (c->stream != NULL)
         KRN_CUDA_WARN(cudaStreamDestroy(c->stream));
     free(c);

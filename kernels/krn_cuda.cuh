@@ -28,6 +28,9 @@ struct krn_ctx {
     cublasHandle_t blas;
     void *blas_ws; /* the handle's workspace (cublasSetWorkspace), owned by the context */
     size_t blas_ws_bytes;
+    void *smp_scratch; /* krn_sample's per-row state and histograms (krn_sample_radix.cu) */
+    size_t smp_rows;   /* rows smp_scratch holds */
+    int smp_impl;      /* 0 not read yet, 1 multi-pass, 2 bitwise (KVGW_CUDA_SAMPLER) */
 };
 
 #define KRN_CUDA_CHECK(call)                                                                       \

@@ -9,6 +9,9 @@
  * [t * chunk, (t + 1) * chunk), and a block scan of the range sums (double) decides which one
  * thread writes the token (krn_sample_may_own, krn_sample_walk: shared with the host tests).
  * Weights are kept in the caller's `work` array (double, one per logit).
+ *
+ * This is krn_sample_bitwise: 128 passes over the vocabulary for top_k plus top_p, kept as the
+ * fallback (KVGW_CUDA_SAMPLER=bitwise) of the multi-pass sampler, krn_sample_radix.cu.
  */
 #include <float.h>
 
@@ -133,7 +136,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
 }
 
-int krn_sample(krn_ctx_t *c, const krn_sample_args_t *a)
+int krn_sample_bitwise(krn_ctx_t *c, const krn_sample_args_t *a)
 {
     if (a->n_rows < 0 || a->n_vocab <= 0)
         return PC_ERR_INVAL;

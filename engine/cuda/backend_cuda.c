@@ -604,9 +604,11 @@ static int sample_prepare(cuda_be_t *c, const eng_sample_row_t *rows, int32_t n,
     int32_t V = (int32_t)c->model->hp.n_vocab;
     int32_t chunk = n < CUDA_SAMPLE_CHUNK ? n : CUDA_SAMPLE_CHUNK;
     int rc;
+    /* krn_sample's own scratch at its largest (a chunk) once, so it never moves under a graph. */
     if ((rc = grow_dev(c, (void **)&c->d_stok, &c->d_stok_cap, (size_t)n, sizeof(int32_t))) != 0 ||
         (rc = grow_dev(c, (void **)&c->d_swork, &c->d_swork_cap, (size_t)chunk * V,
-                       sizeof(double))) != 0)
+                       sizeof(double))) != 0 ||
+        (rc = krn_sample_reserve(c->ctx, CUDA_SAMPLE_CHUNK)) != 0)
         return rc;
     for (int32_t i = 0; i < n; i++)
         dst[i] = (krn_sample_row_t){.temperature = rows[i].temperature,
