@@ -25,8 +25,18 @@
  *                               head_dim 128: the tensor-core kernel and the SIMT one
  *   gemm_{f16,bf16}_tflop_per_s cuBLAS at a prefill shape, M 4096 x N 4096 x K 4096 (and N 14336)
  *   e2e_prefill_tokens_per_s    the engine, 2048-token prompt
- *   e2e_decode_tokens_per_s     the engine, single tokens after a 512-token prompt
+ *   e2e_decode_b{1,16,64}_tokens_per_s
+ *                               the engine, decode steps of 1, 16 and 64 sequences after
+ *                               512-token prompts, sampled on the device (e2e_decode_tokens_per_s:
+ *                               batch 1, the earlier name)
+ *   e2e_{prefill,decode_b*}_{launches,device_ops,host_us}_per_step, _graph_replay_pct
+ *                               the cuda backend's counters (eng_cuda_stats_get): launches the
+ *                               host made, kernels / graph nodes the device ran, host time from
+ *                               a step's start to its last enqueue, steps replayed as graphs
  *   ttft_ms_cold / ttft_ms_cached   4096-token prompt, cold and with 4032 tokens cached
+ *   e2e_load_s                  eng_init with the weights' upload
+ *   --model FILE picks the model (default models/kvgw-bench.gguf); --tag T names its figures
+ *   e2e_T_... and ttft_T_...; --e2e-only skips the kernel benchmarks.
  * Without CUDA in the build, or without a device, it says so on stderr and prints the JSON line
  * with no figures, exit status 0 (nothing to measure is not a failure of the benchmark).
  */
@@ -41,11 +51,13 @@
 
 #ifdef KVGW_HAVE_CUDA
 #include "kernels.h"
+#include "sampling.h"
 #endif
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvgw bench kernels [--model FILE] [--iters N] [--no-e2e]\n");
+    fprintf(f, "usage: kvgw bench kernels [--model FILE] [--iters N] [--no-e2e | --e2e-only] "
+               "[--tag NAME]\n");
 }
 
 #ifdef KVGW_HAVE_CUDA
@@ -341,29 +353,131 @@ fail:
     return tf;
 }
 
-/* The engine on the cuda backend: prefill, decode and TTFT cold vs cached. */
-static int bench_e2e(const char *model, bench_report_t *rep)
+/* Figure names of the end-to-end part: "e2e_" (or "ttft_") then the tag, if any, then rest. */
+static void e2e_key(char *buf, size_t len, const char *head, const char *tag, const char *rest)
+{
+    snprintf(buf, len, "%s%s%s%s", head, tag[0] ? tag : "", tag[0] ? "_" : "", rest);
+}
+
+static void e2e_add(bench_report_t *rep, const char *head, const char *tag, const char *rest,
+                    double v, const char *note)
+{
+    char key[96];
+    e2e_key(key, sizeof key, head, tag, rest);
+    bench_report_add(rep, key, v, note);
+}
+
+/* The cuda backend's counters over a phase of `steps` steps: launches the host made, device
+ * operations, host microseconds per step and the share of steps replayed as graphs. */
+static void e2e_add_stats(bench_report_t *rep, const char *tag, const char *phase,
+                          const eng_cuda_stats_t *a, const eng_cuda_stats_t *b)
+{
+    uint64_t steps = b->steps - a->steps;
+    if (steps == 0)
+        return;
+    char rest[64], note[128];
+    double launches = (double)(b->launches - a->launches) / steps;
+    double ops = (double)(b->device_ops - a->device_ops) / steps;
+    double host_us = (double)(b->host_ns - a->host_ns) / steps * 1e-3;
+    double replay = 100.0 * (double)(b->graph_replays - a->graph_replays) / steps;
+    snprintf(note, sizeof note, "%llu steps, %.0f%% graph replays, %.1f uploads/step",
+             (unsigned long long)steps, replay, (double)(b->uploads - a->uploads) / steps);
+    snprintf(rest, sizeof rest, "%s_launches_per_step", phase);
+    e2e_add(rep, "e2e_", tag, rest, launches, note);
+    snprintf(rest, sizeof rest, "%s_device_ops_per_step", phase);
+    e2e_add(rep, "e2e_", tag, rest, ops, "kernels, cuBLAS calls and graph nodes run");
+    snprintf(rest, sizeof rest, "%s_host_us_per_step", phase);
+    e2e_add(rep, "e2e_", tag, rest, host_us, "step start to last enqueue");
+    snprintf(rest, sizeof rest, "%s_graph_replay_pct", phase);
+    e2e_add(rep, "e2e_", tag, rest, replay, NULL);
+}
+
+/* n sequences of `prompt` tokens each (prefilled in steps of the engine's batch), then `steps`
+ * decode steps of all n together, sampled on the device (as the worker does); decode tokens per
+ * second into *tok_s, the backend's counters over the decode steps into *a, *b. */
+static int e2e_decode(eng_t *e, const int32_t *toks, int n, uint32_t prompt, int steps,
+                      double *tok_s, eng_cuda_stats_t *a, eng_cuda_stats_t *b)
+{
+    eng_seq_t **s = calloc((size_t)n, sizeof *s);
+    eng_batch_item_t *it = calloc((size_t)n, sizeof *it);
+    eng_sample_row_t *rows = calloc((size_t)n, sizeof *rows);
+    int32_t *next = calloc((size_t)n, sizeof *next);
+    int rc = PC_ERR_NOMEM;
+    if (!s || !it || !rows || !next)
+        goto done;
+    rc = 0;
+    for (int i = 0; i < n && rc == 0; i++)
+        rc = eng_seq_create(e, &s[i]);
+    for (int i = 0; i < n && rc == 0; i++) { /* distinct prompts: no shared prefix blocks */
+        it[i] = (eng_batch_item_t){
+            .seq = s[i], .tokens = toks + i, .n_tokens = prompt, .logits = ENG_LOGITS_LAST};
+        rows[i] = (eng_sample_row_t){.temperature = 0.8f, .top_k = 50, .top_p = 0.9f, .u = 0.5};
+        rc = eng_forward_sample(e, &it[i], 1, &rows[i], &next[i]);
+    }
+    for (int k = 0; k < 4 + steps && rc == 0; k++) { /* 4 warm-up steps (graph captures) */
+        if (k == 4) {
+            eng_cuda_stats_get(a);
+            *tok_s = bench_now_s();
+        }
+        for (int i = 0; i < n; i++) {
+            next[i] = next[i] < 0 ? 0 : next[i];
+            it[i] = (eng_batch_item_t){
+                .seq = s[i], .tokens = &next[i], .n_tokens = 1, .logits = ENG_LOGITS_LAST};
+            rows[i].u = (double)((k * 7919 + i * 104729) % 1000) / 1000.0;
+        }
+        rc = eng_forward_sample(e, it, (uint32_t)n, rows, next);
+    }
+    if (rc == 0) {
+        eng_cuda_stats_get(b);
+        *tok_s = (double)n * steps / (bench_now_s() - *tok_s);
+    }
+done:
+    for (int i = 0; s != NULL && i < n; i++)
+        if (s[i] != NULL)
+            eng_seq_free(e, s[i]);
+    free(s);
+    free(it);
+    free(rows);
+    free(next);
+    return rc;
+}
+
+/* The engine on the cuda backend: prefill, decode at batch 1, 16 and 64, TTFT cold vs
+ * cached, with the backend's launches and host time per step. Figures are named e2e_<tag>_...
+ * and ttft_<tag>_... (no tag: e2e_..., ttft_ms_...). */
+static int bench_e2e(const char *model, const char *tag, bench_report_t *rep)
 {
     eng_params_t p = eng_params_default();
     p.model_path = model;
     p.backend = "cuda";
-    p.kv_max_tokens = 16384;
+    p.kv_max_tokens = 65536; /* 64 sequences of 512 + decode, and the 4096-token TTFT prompt */
     p.max_batch_tokens = 2048;
     eng_t *e = NULL;
     char err[256];
+    double t_load = bench_now_s();
     int rc = eng_init(&p, &e, err, sizeof err);
     if (rc != 0) {
-        fprintf(stderr, "kvgw bench kernels: %s\n", err);
+        fprintf(stderr, "kvgw bench kernels: %s: %s\n", model, err);
         return rc;
     }
+    t_load = bench_now_s() - t_load;
+    printf("end to end: %s (%s), loaded in %.1f s; step path: KVGW_CUDA_FUSED=%s "
+           "KVGW_CUDA_PACKED=%s KVGW_CUDA_GRAPHS=%s\n",
+           model, tag[0] ? tag : "default tag", t_load,
+           getenv("KVGW_CUDA_FUSED") ? getenv("KVGW_CUDA_FUSED") : "1",
+           getenv("KVGW_CUDA_PACKED") ? getenv("KVGW_CUDA_PACKED") : "1",
+           getenv("KVGW_CUDA_GRAPHS") ? getenv("KVGW_CUDA_GRAPHS") : "1");
+    e2e_add(rep, "e2e_", tag, "load_s", t_load, model);
     uint32_t V = eng_n_vocab(e);
-    int32_t *toks = malloc(sizeof *toks * 4096);
+    enum { N_TOK = 8192 };
+    int32_t *toks = malloc(sizeof *toks * N_TOK);
     float *logits = malloc(sizeof *logits * V);
     eng_seq_t *s = NULL;
+    eng_cuda_stats_t a, b;
     rc = PC_ERR_NOMEM;
     if (!toks || !logits)
         goto done;
-    for (int i = 0; i < 4096; i++)
+    for (int i = 0; i < N_TOK; i++)
         toks[i] = (int32_t)(((uint64_t)i * 2654435761u) % V);
     /* Prefill 2048 (after a warm-up of 512). */
     for (int pass = 0; pass < 2; pass++) {
@@ -371,26 +485,35 @@ static int bench_e2e(const char *model, bench_report_t *rep)
         if ((rc = eng_seq_create(e, &s)) != 0)
             goto done;
         eng_batch_item_t it = {.seq = s, .tokens = toks, .n_tokens = n, .logits = ENG_LOGITS_LAST};
+        eng_cuda_stats_get(&a);
         double t0 = bench_now_s();
         if ((rc = eng_forward(e, &it, 1, logits)) < 0)
             goto done;
         double dt = bench_now_s() - t0;
-        if (pass == 1)
-            bench_report_add(rep, "e2e_prefill_tokens_per_s", n / dt, "2048-token prompt");
-        if (pass == 0) { /* decode after the 512-token prompt */
-            int n_dec = 64;
-            t0 = bench_now_s();
-            for (int i = 0; i < n_dec; i++) {
-                it = (eng_batch_item_t){
-                    .seq = s, .tokens = &toks[600 + i], .n_tokens = 1, .logits = ENG_LOGITS_LAST};
-                if ((rc = eng_forward(e, &it, 1, logits)) < 0)
-                    goto done;
-            }
-            bench_report_add(rep, "e2e_decode_tokens_per_s", n_dec / (bench_now_s() - t0),
-                             "batch 1 after 512");
+        eng_cuda_stats_get(&b);
+        if (pass == 1) {
+            e2e_add(rep, "e2e_", tag, "prefill_tokens_per_s", n / dt, "2048-token prompt");
+            e2e_add_stats(rep, tag, "prefill", &a, &b);
         }
         eng_seq_free(e, s);
         s = NULL;
+    }
+    /* Decode at batch 1, 16 and 64 after 512-token prompts, sampled on the device. */
+    static const int batches[3] = {1, 16, 64};
+    for (int bi = 0; bi < 3; bi++) {
+        double tok_s = 0;
+        int steps = batches[bi] == 1 ? 128 : 64;
+        if ((rc = e2e_decode(e, toks, batches[bi], 512, steps, &tok_s, &a, &b)) != 0)
+            goto done;
+        char rest[64], note[96];
+        snprintf(rest, sizeof rest, "decode_b%d_tokens_per_s", batches[bi]);
+        snprintf(note, sizeof note, "batch %d after 512-token prompts, %d steps", batches[bi],
+                 steps);
+        e2e_add(rep, "e2e_", tag, rest, tok_s, note);
+        if (batches[bi] == 1) /* the name earlier sessions reported */
+            e2e_add(rep, "e2e_", tag, "decode_tokens_per_s", tok_s, "batch 1 after 512");
+        snprintf(rest, sizeof rest, "decode_b%d", batches[bi]);
+        e2e_add_stats(rep, tag, rest, &a, &b);
     }
     /* TTFT: 4096 tokens cold (caching 4032), then the same prompt from the cache. */
     for (int pass = 0; pass < 2; pass++) {
@@ -409,8 +532,8 @@ static int bench_e2e(const char *model, bench_report_t *rep)
         double ms = (bench_now_s() - t0) * 1e3;
         if (pass == 0 && (rc = eng_prefix_insert(e, s, 42, 4032)) != 0)
             goto done;
-        bench_report_add(rep, pass == 0 ? "ttft_ms_cold" : "ttft_ms_cached", ms,
-                         pass == 0 ? "4096 tokens" : "4032 of 4096 cached");
+        e2e_add(rep, "ttft_", tag, pass == 0 ? "ms_cold" : "ms_cached", ms,
+                pass == 0 ? "4096 tokens" : "4032 of 4096 cached");
         eng_seq_free(e, s);
         s = NULL;
     }
@@ -429,7 +552,8 @@ int bench_kernels_main(int argc, char **argv)
 {
     const char *model = "models/kvgw-bench.gguf";
     int iters = 20;
-    bool e2e = true;
+    bool e2e = true, e2e_only = false;
+    const char *tag = "";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
@@ -443,6 +567,16 @@ int bench_kernels_main(int argc, char **argv)
                 usage(stderr);
                 return 2;
             }
+        } else if (strcmp(argv[i], "--e2e-only") == 0) {
+            e2e_only = true;
+        } else if (strcmp(argv[i], "--tag") == 0 && i + 1 < argc) {
+            tag = argv[++i];
+            for (const char *t = tag; *t; t++)
+                if (!((*t >= 'a' && *t <= 'z') || (*t >= '0' && *t <= '9') || *t == '_')) {
+                    fprintf(stderr, "kvgw bench kernels: --tag takes [a-z0-9_]\n");
+                    usage(stderr);
+                    return 2;
+                }
         } else if (strcmp(argv[i], "--no-e2e") == 0) {
             e2e = false;
         } else {
@@ -467,6 +601,12 @@ int bench_kernels_main(int argc, char **argv)
     double peak = krn_device_info(0, &info) == 0 ? info.peak_gb_per_s : 0;
     if (peak > 0)
         bench_report_add(&rep, "device_peak_gb_per_s", peak, info.name);
+    if (e2e_only) {
+        if (!e2e || bench_e2e(model, tag, &rep) != 0)
+            fprintf(stderr, "kvgw bench kernels: end-to-end part skipped\n");
+        bench_report_print(&rep);
+        return 0;
+    }
     krn_ctx_t *c = NULL;
     if (krn_ctx_init(0, &c) != 0) {
         fprintf(stderr, "kvgw bench kernels: cannot create a CUDA context\n");
@@ -572,12 +712,14 @@ int bench_kernels_main(int argc, char **argv)
     if (tf > 0)
         bench_report_add(&rep, "gemm_bf16_ffn_tflop_per_s", tf, "4096 x 14336 x 4096");
     krn_ctx_free(c);
-    if (e2e && bench_e2e(model, &rep) != 0)
+    if (e2e && bench_e2e(model, tag, &rep) != 0)
         fprintf(stderr, "kvgw bench kernels: end-to-end part skipped\n");
 #else
     (void)model;
     (void)iters;
     (void)e2e;
+    (void)e2e_only;
+    (void)tag;
     fprintf(stderr, "kvgw bench kernels: built without CUDA; no GPU to measure\n");
 #endif
     bench_report_print(&rep);
