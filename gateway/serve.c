@@ -1906,8 +1906,25 @@ static int serve_run(serve_t *s, const char *listen)
     return s->exit_code;
 }
 
+/* libuv's thread pool parses and tokenizes requests, streams usage exports and resolves worker
+ * host names. Its default of 4 threads would cap a large machine at 4 cores of request work,
+ * and a DNS server that does not answer holds a thread for the resolver's whole timeout: unless
+ * the operator set UV_THREADPOOL_SIZE, use one thread per online CPU plus 4. It must be set
+ * before the pool's first use, which is why this runs first. */
+static void size_threadpool(void)
+{
+    if (getenv("UV_THREADPOOL_SIZE") != NULL)
+        return;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    n = (n < 1 ? 1 : n) + 4;
+    char v[16];
+    snprintf(v, sizeof v, "%ld", n > 1024 ? 1024 : n);
+    setenv("UV_THREADPOOL_SIZE", v, 0);
+}
+
 int kvgw_cmd_serve(int argc, char **argv)
 {
+    size_threadpool();
     const char *config_path = NULL, *listen = NULL;
     static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
                                          {"listen", required_argument, NULL, 'l'},
