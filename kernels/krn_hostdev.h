@@ -6,6 +6,9 @@
  *   - the paged attention kernel's tile geometry (rows per CTA, KV slots per chunk) and its
  *     dynamic shared memory size, which krn_attn_plan sizes its tasks by: a task the plan makes
  *     always fits the CTA that runs it;
+ *   - the tensor-core prefill kernel's fragment maps (mma.sync m16n8k16, ldmatrix), tile
+ *     geometry, shared memory layout, load rules and causal mask (krn_attn_tc.cu), which
+ *     test_krn_tc runs in a warp-by-warp emulation of the kernel;
  *   - the sampler's candidate key, whose order is the engine's candidate order (logit
  *     descending, then id ascending; engine/sampling.h), the +inf clamp, and its final pick
  *     (which thread owns the target, and that thread's walk).
