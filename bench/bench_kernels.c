@@ -16,7 +16,13 @@
  *                               the same grid on the split-KV decode kernel (krn_decode.cu,
  *                               splits planned for twice the SM count)
  *   sample_b{1,64}_us           krn_sample over a 152064-token vocabulary (Qwen's), top_k 50,
- *                               top_p 0.9, temperature 0.8: microseconds per step
+ *                               top_p 0.9, temperature 0.8: microseconds per step (the
+ *                               multi-pass kernel, krn_sample_radix)
+ *   sample_topp_b{1,64}_us      the same with top_k off (top_p 0.9 over the whole vocabulary)
+ *   sample_greedy_b{1,64}_us    the same rows greedy (temperature 0)
+ *   sample_bitwise_{b1,b64,greedy_b1,greedy_b64}_us
+ *                               the previous one-CTA-per-row kernel (krn_sample_bitwise), for
+ *                               comparison
  *   prefill_attn_tflop_per_s    causal prefill attention, 4 x 2048 tokens, same heads: 4 * heads
  *                               * head_dim * causal pairs per second
  *   prefill_attn_{tc,simt}_{4k,4k_cached4k}_tflop_per_s
@@ -286,8 +292,13 @@ fail:
     return sec;
 }
 
-/* krn_sample over n_rows rows of V random logits; seconds per call, or -1. */
-static double bench_sample(krn_ctx_t *c, int32_t n_rows, int32_t V, int iters)
+/* A sampler entry point (krn_sample_radix, krn_sample_bitwise). */
+typedef int (*bench_sampler_fn)(krn_ctx_t *, const krn_sample_args_t *);
+
+/* fn over n_rows rows of V random logits under mode 0 (temperature 0.8, top_k 50, top_p 0.9),
+ * 1 (greedy) or 2 (temperature 0.8, top_p 0.9, top_k off); seconds per call, or -1. */
+static double bench_sample(krn_ctx_t *c, bench_sampler_fn fn, int mode, int32_t n_rows, int32_t V,
+                           int iters)
 {
     size_t n = (size_t)n_rows * V;
     float *h = malloc(n * sizeof *h);
@@ -299,8 +310,11 @@ static double bench_sample(krn_ctx_t *c, int32_t n_rows, int32_t V, int iters)
     for (size_t i = 0; i < n; i++)
         h[i] = bk_unif() * 8.0f;
     for (int32_t r = 0; r < n_rows; r++)
-        rows[r] = (krn_sample_row_t){
-            .temperature = 0.8f, .top_k = 50, .top_p = 0.9f, .min_p = 0.0f, .u = 0.37};
+        rows[r] = (krn_sample_row_t){.temperature = mode == 1 ? 0.0f : 0.8f,
+                                     .top_k = mode == 0 ? 50 : 0,
+                                     .top_p = 0.9f,
+                                     .min_p = 0.0f,
+                                     .u = 0.37};
     BK_CHECK(krn_dev_alloc(c, n * sizeof *h, &d_logits));
     BK_CHECK(krn_dev_alloc(c, sizeof *rows * (size_t)n_rows, &d_rows));
     BK_CHECK(krn_dev_alloc(c, sizeof(int32_t) * (size_t)n_rows, &d_tok));
@@ -313,11 +327,11 @@ static double bench_sample(krn_ctx_t *c, int32_t n_rows, int32_t V, int iters)
                            .work = d_work,
                            .n_rows = n_rows,
                            .n_vocab = V};
-    BK_CHECK(krn_sample(c, &a)); /* warm-up */
+    BK_CHECK(fn(c, &a)); /* warm-up */
     BK_CHECK(krn_ctx_sync(c));
     double t0 = bench_now_s();
     for (int i = 0; i < iters; i++)
-        BK_CHECK(krn_sample(c, &a));
+        BK_CHECK(fn(c, &a));
     BK_CHECK(krn_ctx_sync(c));
     sec = (bench_now_s() - t0) / iters;
 fail:
@@ -660,12 +674,24 @@ int bench_kernels_main(int argc, char **argv)
             }
         }
     for (int bi = 0; bi < 2; bi++) {
-        s = bench_sample(c, grid_b[bi], 152064, iters);
-        if (s > 0) {
-            char key[64];
-            snprintf(key, sizeof key, "sample_b%d_us", grid_b[bi]);
-            bench_report_add(&rep, key, s * 1e6, "V 152064, top_k 50, top_p 0.9");
-        }
+        static const char *const names[3] = {"", "greedy_", "topp_"};
+        static const char *const notes[3] = {"V 152064, top_k 50, top_p 0.9", "V 152064, greedy",
+                                             "V 152064, top_p 0.9, top_k off"};
+        for (int impl = 0; impl < 2; impl++)
+            for (int mode = 0; mode < 3; mode++) {
+                if (impl == 1 && mode == 2)
+                    continue;
+                s = bench_sample(c, impl ? krn_sample_bitwise : krn_sample_radix, mode, grid_b[bi],
+                                 152064, impl ? iters / 4 + 1 : iters);
+                if (s <= 0)
+                    continue;
+                char key[64], note[96];
+                snprintf(key, sizeof key, "sample_%s%sb%d_us", impl ? "bitwise_" : "", names[mode],
+                         grid_b[bi]);
+                snprintf(note, sizeof note, "%s%s", notes[mode],
+                         impl ? ", one-CTA-per-row kernel" : ", multi-pass kernel");
+                bench_report_add(&rep, key, s * 1e6, note);
+            }
     }
     s = bench_attention(c, 32, 8, 4, 2048, 2048, iters / 4 + 1, &bytes, &flops);
     if (s > 0)

@@ -17,6 +17,7 @@
 
 #include "engine.h"
 #include "kernels.h"
+#include "krn_sample_testrows.h"
 #include "krn_testutil.h"
 #include "pc_assert.h"
 #include "pc_err.h"
@@ -689,6 +690,123 @@ PC_TEST(sampler_matches_reference)
 }
 
 #include "test_krn_gpu_fused.h"
+/* The multi-pass sampler (krn_sample_radix) and the bitwise one (krn_sample_bitwise) against
+ * the reference on edge rows (krn_sample_testrows.h: ties, all-equal rows, NaN / +-inf,
+ * top_k 1..V and beyond, top_p near 0 and 1, min_p, temperature extremes, u 0 and near 1) at
+ * vocab sizes from 1 to Qwen's 152064, batches of 1 to 70 rows (past the scratch of a first,
+ * smaller call). A mismatch prints the row's rules and both kernels' picks. */
+static void sampler_case(int32_t V, int32_t rows_n, kt_rng_t *r, bool bitwise_too)
+{
+    size_t n = (size_t)rows_n * V;
+    float *logits = malloc(sizeof(float) * n);
+    double *work = malloc(sizeof(double) * n);
+    krn_sample_row_t *rows = malloc(sizeof *rows * (size_t)rows_n);
+    int32_t *want = malloc(sizeof(int32_t) * (size_t)rows_n);
+    int32_t *got = malloc(sizeof(int32_t) * (size_t)rows_n);
+    int32_t *got_bw = malloc(sizeof(int32_t) * (size_t)rows_n);
+    PC_ASSERT(logits && work && rows && want && got && got_bw);
+    for (int32_t i = 0; i < rows_n; i++) {
+        int k = (int)kt_below(r, 1000);
+        ks_fill_row(logits + (size_t)i * V, V, k, r);
+        ks_rand_params(&rows[i], V, k, r);
+    }
+    krn_sample_args_t a = {
+        .logits = logits, .row = rows, .token = want, .work = work, .n_rows = rows_n, .n_vocab = V};
+    ASSERT_EQ(krn_ref_sample(&a), 0);
+    a.logits = up(logits, sizeof(float) * n);
+    a.row = up(rows, sizeof *rows * (size_t)rows_n);
+    a.token = dev_filled(sizeof(int32_t) * (size_t)rows_n, 0x7f);
+    a.work = dev_filled(sizeof(double) * n, 0xff);
+    ASSERT_EQ(krn_sample_radix(g_ctx, &a), 0);
+    down(got, a.token, sizeof(int32_t) * (size_t)rows_n);
+    for (int32_t i = 0; i < rows_n; i++)
+        got_bw[i] = -3;
+    if (bitwise_too) {
+        ASSERT_EQ(krn_memset(g_ctx, a.token, 0x7f, sizeof(int32_t) * (size_t)rows_n), 0);
+        ASSERT_EQ(krn_sample_bitwise(g_ctx, &a), 0);
+        down(got_bw, a.token, sizeof(int32_t) * (size_t)rows_n);
+    }
+    int bad = 0;
+    for (int32_t i = 0; i < rows_n; i++) {
+        bool ok = got[i] == want[i] && (!bitwise_too || got_bw[i] == want[i]);
+        if (!ok && bad++ < 10)
+            fprintf(stderr,
+                    "sampler V %d row %d/%d: T %g top_k %d top_p %.9g min_p %g u %.17g: "
+                    "radix %d bitwise %d reference %d\n",
+                    V, i, rows_n, rows[i].temperature, rows[i].top_k, rows[i].top_p, rows[i].min_p,
+                    rows[i].u, got[i], got_bw[i], want[i]);
+    }
+    krn_dev_free(g_ctx, (void *)a.logits);
+    krn_dev_free(g_ctx, (void *)a.row);
+    krn_dev_free(g_ctx, a.token);
+    krn_dev_free(g_ctx, a.work);
+    free(logits);
+    free(work);
+    free(rows);
+    free(want);
+    free(got);
+    free(got_bw);
+    ASSERT_EQ(bad, 0);
+}
+
+PC_TEST(sampler_radix_matches_reference_on_edge_rows)
+{
+    NEED_GPU();
+    kt_rng_t r = {26};
+    const int32_t vs[] = {1, 2, 3, 100, 2047, 2049, 5000, 32773};
+    for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++)
+        for (int rep = 0; rep < 3; rep++)
+            sampler_case(vs[k], rep == 0 ? 1 : rep == 1 ? 7 : 70, &r, vs[k] <= 5000);
+    /* Qwen's vocab: batch 1 and a chunk of 64 rows (the bitwise kernel only on the small one:
+     * it takes ~1 ms per row). */
+    sampler_case(152064, 1, &r, true);
+    sampler_case(152064, 64, &r, false);
+}
+
+/* Greedy and sampled rows in one batch, twice in a row on the same scratch (the first call must
+ * leave nothing behind that the second reads), and through krn_sample (the default). */
+PC_TEST(sampler_radix_repeats_and_mixes_rows)
+{
+    NEED_GPU();
+    enum { ROWS = 9, V = 152064 };
+    kt_rng_t r = {27};
+    size_t n = (size_t)ROWS * V;
+    float *logits = malloc(sizeof(float) * n);
+    double *work = malloc(sizeof(double) * n);
+    krn_sample_row_t rows[ROWS];
+    int32_t want[ROWS], got[ROWS];
+    for (size_t i = 0; i < n; i++)
+        logits[i] = kt_unif(&r) * 6;
+    for (int i = 0; i < ROWS; i++)
+        rows[i] = (krn_sample_row_t){.temperature = i % 3 == 0 ? 0.0f : 0.9f,
+                                     .top_k = i % 2 ? 40 : 0,
+                                     .top_p = i % 4 == 1 ? 0.8f : 1.0f,
+                                     .min_p = i == 5 ? 0.1f : 0.0f,
+                                     .u = (double)(kt_next(&r) >> 11) * 0x1.0p-53};
+    krn_sample_args_t a = {
+        .logits = logits, .row = rows, .token = want, .work = work, .n_rows = ROWS, .n_vocab = V};
+    ASSERT_EQ(krn_ref_sample(&a), 0);
+    a.logits = up(logits, sizeof(float) * n);
+    a.row = up(rows, sizeof rows);
+    a.token = dev_filled(sizeof got, 0x7f);
+    a.work = dev_filled(sizeof(double) * n, 0xff);
+    ASSERT_EQ(krn_sample_reserve(g_ctx, ROWS), 0);
+    for (int rep = 0; rep < 3; rep++) {
+        ASSERT_EQ(krn_memset(g_ctx, a.token, 0x7f, sizeof got), 0);
+        ASSERT_EQ(rep == 2 ? krn_sample(g_ctx, &a) : krn_sample_radix(g_ctx, &a), 0);
+        down(got, a.token, sizeof got);
+        for (int i = 0; i < ROWS; i++)
+            ASSERT_EQ(got[i], want[i]);
+    }
+    krn_dev_free(g_ctx, (void *)a.logits);
+    krn_dev_free(g_ctx, (void *)a.row);
+    krn_dev_free(g_ctx, a.token);
+    krn_dev_free(g_ctx, a.work);
+    free(logits);
+    free(work);
+    ASSERT_EQ(krn_sample_reserve(g_ctx, -1), PC_ERR_INVAL);
+}
+
 #include "test_krn_gpu_e2e.h"
 
 PC_TEST_MAIN()
