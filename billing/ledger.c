@@ -1256,6 +1256,7 @@ int bill_ledger_reader_set_time_range(bill_ledger_reader_t *r, uint64_t from_ms,
 void bill_ledger_reader_stats(const bill_ledger_reader_t *r, bill_ledger_reader_stats_t *out)
 {
     *out = r->st;
+    out->next_seq = r->next_seq;
 }
 
 /* Before the reader opens segment next_seq: skips it, and the sealed ones after it, while each

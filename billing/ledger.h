@@ -244,6 +244,8 @@ typedef struct bill_ledger_reader_stats {
     uint64_t n_segments_skipped; /* sealed segments skipped by their time index */
     uint64_t n_index_bad;        /* sidecars found missing, stale or corrupt (segment read) */
     uint64_t n_index_written;    /* sidecars this reader (re)wrote */
+    uint64_t next_seq;           /* the seq the next record will have: at the end of the data,
+                                    one past the last record, even if skipped segments hold it */
 } bill_ledger_reader_stats_t;
 
 void bill_ledger_reader_stats(const bill_ledger_reader_t *r, bill_ledger_reader_stats_t *out);

@@ -94,6 +94,8 @@ typedef struct bill_verify_params {
     const char *password;
     const char *prefix;
     uint32_t timeout_ms;
+    uint64_t from_ms; /* reconcile only the UTC days in [from_ms, to_ms): whole days (multiples */
+    uint64_t to_ms;   /* of 86400000, to_ms may be UINT64_MAX); default 0 .. UINT64_MAX: all */
 } bill_verify_params_t;
 
 bill_verify_params_t bill_verify_params_default(void);
@@ -103,14 +105,19 @@ typedef struct bill_verify_report {
     uint64_t n_shipped;     /* of those, at or below their instance's cursor */
     uint64_t n_pending;     /* above the cursor: not shipped yet (not a difference) */
     uint64_t n_differences; /* each printed to out */
+    uint64_t n_segments_read;
+    uint64_t n_segments_skipped; /* by the ledgers' time index (a day range only) */
 } bill_verify_report_t;
 
 /* Reconciles n ledgers (one per gateway instance sharing the Redis) with Redis: each stream
  * against its ledger up to the cursor (every entry, id and event id and cost), and every
  * per-tenant per-day counter against the sum over all ledgers of the shipped events, plus counter
- * keys that no ledger explains. Differences are printed one per line to out. Returns 0 when the
- * comparison ran (differences or not), an error when it could not (Redis unreachable, damaged
- * ledger) with the reason in err. */
+ * keys that no ledger explains. With a day range (from_ms/to_ms), only the counters of those days
+ * are compared (and only their unexplained keys reported), and each stream only against the
+ * ledger segments read: those that the time index says can hold events of those days (ledger.h),
+ * so verifying a day costs about a day of ledger. PC_ERR_INVAL for a range that is not whole days.
+ * Differences are printed one per line to out. Returns 0 when the comparison ran (differences or
+ * not), an error when it could not (Redis unreachable, damaged ledger) with the reason in err. */
 int bill_verify(const char *const *ledger_dirs, size_t n, const bill_verify_params_t *p, FILE *out,
                 bill_verify_report_t *rep, char *err, size_t err_len);
 

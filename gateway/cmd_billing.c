@@ -5,6 +5,7 @@
  *   kvgw billing export [--ledger DIR] [--from T] [--to T] [--tenant ID] [--format csv|jsonl|focus]
  *                       [--group none|day] [--pricing FILE] [--out FILE] [--no-index] [--stats]
  *   kvgw billing verify [--ledger DIR]... --redis HOST:PORT [--password-env VAR] [--prefix P]
+ *                       [--from DAY] [--to DAY]
  *
  * Times are RFC 3339 UTC ("2025-06-01", "2025-06-01T12:00:00Z") or epoch milliseconds; --from is
  * inclusive, --to exclusive. Exports read the ledger only, never Redis, and only the segments that
@@ -28,7 +29,8 @@ static void usage(FILE *f)
                "                           [--format csv|jsonl|focus] [--group none|day]\n"
                "                           [--pricing FILE] [--out FILE] [--no-index] [--stats]\n"
                "       kvgw billing verify [--ledger DIR]... --redis HOST:PORT "
-               "[--password-env VAR] [--prefix P]\n");
+               "[--password-env VAR] [--prefix P]\n"
+               "                           [--from DAY] [--to DAY]\n");
 }
 
 static void help(void)
@@ -46,7 +48,9 @@ static void help(void)
            "\nverify: reconciles each ledger (one --ledger per gateway instance) with what the\n"
            "shipper wrote to Redis: the instance's stream against the ledger up to its cursor,\n"
            "and the shared per-tenant per-day counters against the sum of every ledger. Prints\n"
-           "each difference; exit status 1 when there is one.\n");
+           "each difference; exit status 1 when there is one. --from/--to (UTC dates, --to\n"
+           "exclusive) limit it to the counters of those days and to the ledger segments that\n"
+           "can hold their events.\n");
 }
 
 static int write_chunk(void *ud, const char *data, size_t len)
@@ -203,6 +207,16 @@ static int cmd_verify(int argc, char **argv)
             }
         } else if (strcmp(a, "--prefix") == 0) {
             vp.prefix = v;
+        } else if (strcmp(a, "--from") == 0 || strcmp(a, "--to") == 0) {
+            uint64_t ms;
+            if (bill_parse_time_ms(v, &ms) != 0 || ms % 86400000u != 0) {
+                fprintf(stderr,
+                        "kvgw billing verify: %s wants a UTC date like 2025-06-01 (counters are "
+                        "per day), not '%s'\n",
+                        a, v);
+                return KVGW_EXIT_USAGE;
+            }
+            *(a[2] == 'f' ? &vp.from_ms : &vp.to_ms) = ms;
         } else {
             fprintf(stderr, "kvgw billing verify: unknown option '%s'\n", a);
             usage(stderr);
@@ -212,6 +226,10 @@ static int cmd_verify(int argc, char **argv)
     if (vp.port == 0) {
         fprintf(stderr, "kvgw billing verify: --redis HOST:PORT is required\n");
         usage(stderr);
+        return KVGW_EXIT_USAGE;
+    }
+    if (vp.from_ms > vp.to_ms) {
+        fprintf(stderr, "kvgw billing verify: --from is after --to\n");
         return KVGW_EXIT_USAGE;
     }
     if (n_dirs == 0)
@@ -226,6 +244,9 @@ static int cmd_verify(int argc, char **argv)
     printf("verify: %llu ledger events, %llu shipped, %llu not yet shipped, %llu differences\n",
            (unsigned long long)rep.n_events, (unsigned long long)rep.n_shipped,
            (unsigned long long)rep.n_pending, (unsigned long long)rep.n_differences);
+    if (vp.from_ms != 0 || vp.to_ms != UINT64_MAX)
+        printf("verify: day range: %llu ledger segments read, %llu skipped by the time index\n",
+               (unsigned long long)rep.n_segments_read, (unsigned long long)rep.n_segments_skipped);
     return rep.n_differences == 0 ? KVGW_EXIT_OK : KVGW_EXIT_FAIL;
 }
 
