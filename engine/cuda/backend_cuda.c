@@ -1133,9 +1133,14 @@ static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, f
         return rc;
 
     /* Decode steps whose logits fit one chunk run as a graph (the chunk is copied out after
-     * it); everything else, and every step once a capture failed, is enqueued call by call. */
+     * it); everything else, and every step once a capture failed, is enqueued call by call.
+     * The unfused head gathers the logits rows with one copy per row, whose addresses a graph
+     * would bake in: there, only steps whose logits rows are rows 0, 1, .. replay. */
+    bool rows_ident = true;
+    for (int32_t i = 0; i < sh.n_logits; i++)
+        rows_ident = rows_ident && c->logit_rows[i] == i;
     bool graph = c->graphs && sh.decode && sh.T <= KRN_GRAPH_MAX_ROWS &&
-                 (sample || sh.n_logits <= c->logits_rows);
+                 (sample || sh.n_logits <= c->logits_rows) && (c->fuse || rows_ident);
     rc = graph ? step_graph(c, &sh, sample) : 1;
     if (rc == 1) {
         graph = false;
@@ -1292,6 +1297,13 @@ int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_
         goto fail;
     }
     c->u = c->g + T * ff;
+    /* The multi-pass sampler's scratch for the most rows one krn_sample call takes, now: a
+     * captured step must not allocate. */
+    if ((rc = krn_sample_reserve(c->ctx, CUDA_SAMPLE_CHUNK)) != 0) {
+        snprintf(err, err_len, "cuda backend: cannot allocate the sampler's scratch: %s",
+                 pc_strerror(rc));
+        goto fail;
+    }
     /* The pool, last, where it fits: what is free now, less what steps grow later (the
      * sampler's scratch; attention partials for max_tokens decode rows of 16 splits each,
      * 8K positions at the default split: longer contexts take from the headroom) and a
