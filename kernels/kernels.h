@@ -274,8 +274,13 @@ int krn_attn_plan(const krn_plan_params_t *p, const krn_plan_seq_t *seqs, int32_
 int krn_attn_tc_check(const krn_kv_t *kv, int32_t n_head);
 /* Whether krn_attention runs its multi-token tasks on tensor cores: krn_attn_tc_check passes
  * and `env` (the value of KVGW_CUDA_ATTN, or NULL) is not "simt". KVGW_CUDA_ATTN=simt forces
- * the SIMT kernel for every task (the fallback to bisect with). */
+ * the SIMT kernel for every task (the fallback to bisect with; "tc64" keeps the tensor-core
+ * kernel at one task per CTA, krn_attn_tc_warps). */
 bool krn_attn_use_tc(const krn_kv_t *kv, int32_t n_head, const char *env);
+/* Warps per tensor-core CTA for `env` (KVGW_CUDA_ATTN's value, or NULL): 8 (two plan tasks
+ * of one sequence and KV head joined into up to 128 rows, so each K/V tile serves twice the
+ * rows), or 4 (one task of at most 64 rows per CTA) when env is "tc64", to bisect with. */
+int32_t krn_attn_tc_warps(const char *env);
 
 /* ---------------------------------------------------------------------------------------------
  * Split-KV decode attention (FlashDecoding-style), for rows of one token each: row r, at

@@ -4,11 +4,15 @@
  * that hold more than one token. Runs on sm_80 and later (sm_90 included: mma.sync, ldmatrix
  * and cp.async are all sm_80 instructions).
  *
- * Launch geometry: one CTA of KRN_TC_THREADS (4 warps) per task, in reverse task order (a
- * sequence's later rows see more positions, so the longest tasks start first). Row-head r of
- * the task (token r / group, query head kv_head * group + r % group: the GQA group's heads
- * packed with the tokens, so every K/V tile is read once for the whole group) is row r of the
- * CTA's query tile; warp w owns rows 16w .. 16w + 15. Shared memory (krn_hostdev.h):
+ * Launch geometry: CTAs of WARPS warps (krn_attn_tc_warps: 8 by default, 4 under
+ * KVGW_CUDA_ATTN=tc64) in reverse task order (a sequence's later rows see more positions, so
+ * the longest tasks start first). A 4-warp CTA runs one task; an 8-warp CTA runs two
+ * consecutive tasks, joined into one of up to 128 rows when krn_tc_pair allows (the plan's
+ * tasks of one sequence and KV head: each K/V tile is then read once for twice the rows),
+ * else one after the other. Row-head r of the (joined) task (token r / group, query head
+ * kv_head * group + r % group: the GQA group's heads packed with the tokens, so every K/V tile
+ * is read once for the whole group) is row r of the CTA's query tile; warp w owns rows 16w ..
+ * 16w + 15. Shared memory (krn_hostdev.h):
  *
  *   1. Q is converted to F16 into shared memory (zeros past the task's rows and head_dim) and,
  *      for head dims up to 128, kept in registers as A fragments.
@@ -28,6 +32,8 @@
  * The numerics differ from the F32 SIMT kernel by the F16 rounding of Q and of P (11
  * significant bits each): the GPU tests hold it to 2e-3 relative L2 error.
  */
+#include <stdlib.h>
+
 #include "krn_cuda.cuh"
 #include "krn_hostdev.h"
 #include "krn_softmax_merge.h"
@@ -84,30 +90,31 @@ __device__ __forceinline__ uint32_t tc_pack(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&h);
 }
 
-template <int HD>
-__global__ void __launch_bounds__(KRN_TC_THREADS) attn_tc_kernel(krn_attn_args_t a)
+/* Runs task t (at most WARPS * 16 row-heads) with the whole CTA; every thread calls it. */
+template <int HD, int WARPS>
+__device__ __forceinline__ void tc_run(const krn_attn_args_t &a, const krn_attn_task_t t,
+                                       unsigned char *tc_smem)
 {
+    constexpr int THREADS = WARPS * 32, ROWS = WARPS * 16;
     constexpr int BC = KRN_TC_TILE_KV(HD);
     constexpr int QS = HD + KRN_TC_PAD, KS = BC + KRN_TC_PAD, VS = HD + KRN_TC_PAD;
     constexpr int NT = BC / 8; /* n-tiles of S */
     constexpr int ND = HD / 8; /* n-tiles of O */
     constexpr bool QREG = HD <= 128;
-    extern __shared__ __align__(16) unsigned char tc_smem[];
-    __half *sq = reinterpret_cast<__half *>(tc_smem); /* [KRN_TC_ROWS][QS] */
-    __half *sk = sq + KRN_TC_ROWS * QS;               /* [2][HD][KS] */
+    __half *sq = reinterpret_cast<__half *>(tc_smem); /* [ROWS][QS] */
+    __half *sk = sq + ROWS * QS;                      /* [2][HD][KS] */
     __half *sv = sk + 2 * HD * KS;                    /* [2][BC][VS] */
 
-    const krn_attn_task_t t = a.tasks[a.n_tasks - 1 - (int32_t)blockIdx.x];
     const int32_t hd = a.kv.head_dim, bt = a.kv.block_tokens;
     const int32_t group = a.n_head / a.kv.n_head_kv, qw = a.n_head * hd;
     const int32_t R = t.n_rows * group;
-    if (t.n_rows <= 1 || R > KRN_TC_ROWS || hd > HD || t.kv1 <= t.kv0)
+    if (t.n_rows <= 1 || R > ROWS || hd > HD || t.kv1 <= t.kv0)
         return; /* a single-token task (the SIMT kernel's), or not a krn_attn_plan task */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int32_t nk = hd / 16; /* k-steps of S, n-tile pairs of O */
 
     /* 1. Q to F16. Rows past R and dimensions past hd are zeros. */
-    for (int32_t i = tid; i < KRN_TC_ROWS * (HD / 2); i += KRN_TC_THREADS) {
+    for (int32_t i = tid; i < ROWS * (HD / 2); i += THREADS) {
         int32_t r = i / (HD / 2), d = 2 * (i % (HD / 2));
         float x = 0.0f, y = 0.0f;
         if (r < R && d < hd) {
@@ -130,7 +137,7 @@ __global__ void __launch_bounds__(KRN_TC_THREADS) attn_tc_kernel(krn_attn_args_t
     /* Issues the copies of the tile at position p0 into buffer buf. */
     auto load_tile = [&](int32_t p0, int buf) {
         __half *dk = sk + buf * HD * KS, *dv = sv + buf * BC * VS;
-        for (int32_t c = tid; c < HD * (BC / 8); c += KRN_TC_THREADS) {
+        for (int32_t c = tid; c < HD * (BC / 8); c += THREADS) {
             int32_t d = c / (BC / 8), j8 = c % (BC / 8), p = p0 + 8 * j8;
             __half *dst = dk + d * KS + 8 * j8;
             if (d < hd && krn_tc_k_chunk_live(p, t.kv0, kv_end)) {
@@ -142,7 +149,7 @@ __global__ void __launch_bounds__(KRN_TC_THREADS) attn_tc_kernel(krn_attn_args_t
                 *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
             }
         }
-        for (int32_t c = tid; c < BC * (HD / 8); c += KRN_TC_THREADS) {
+        for (int32_t c = tid; c < BC * (HD / 8); c += THREADS) {
             int32_t j = c / (HD / 8), d = 8 * (c % (HD / 8)), p = p0 + j;
             __half *dst = dv + j * VS + d;
             if (d < hd && krn_tc_v_row_live(p, t.kv0, kv_end)) {
@@ -288,7 +295,7 @@ __global__ void __launch_bounds__(KRN_TC_THREADS) attn_tc_kernel(krn_attn_args_t
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     }
     if (!warp_active)
-        return;
+        return; /* (a CTA's second task starts after a barrier every thread reaches) */
     const float inv[2] = {krn_sm_inv(l[0]), krn_sm_inv(l[1])};
 #pragma unroll
     for (int n = 0; n < ND; n++)
@@ -320,14 +327,53 @@ __global__ void __launch_bounds__(KRN_TC_THREADS) attn_tc_kernel(krn_attn_args_t
     }
 }
 
-template <int HD> int tc_launch(krn_ctx_t *c, const krn_attn_args_t *a)
+/* CTA c runs task hi = n_tasks - 1 - c * (WARPS / 4) and, with 8 warps, task hi - 1: joined
+ * with hi when krn_tc_pair allows, else after it. */
+template <int HD, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) attn_tc_kernel(krn_attn_args_t a)
 {
-    size_t smem = krn_tc_smem_bytes(HD);
-    KRN_CUDA_CHECK(cudaFuncSetAttribute(attn_tc_kernel<HD>,
+    extern __shared__ __align__(16) unsigned char tc_smem[];
+    const int32_t hi = a.n_tasks - 1 - (int32_t)blockIdx.x * (WARPS / 4);
+    const krn_attn_task_t th = a.tasks[hi];
+    if (WARPS == 4 || hi == 0) {
+        tc_run<HD, WARPS>(a, th, tc_smem);
+        return;
+    }
+    const krn_attn_task_t tl = a.tasks[hi - 1];
+    const int32_t group = a.n_head / a.kv.n_head_kv;
+    krn_attn_task_t joined;
+    if (tl.n_rows > 1 && th.n_rows > 1 &&
+        krn_tc_pair(&tl, &th, group, a.row_pos[tl.row0 + tl.n_rows - 1],
+                    a.row_pos[th.row0 + th.n_rows - 1], WARPS * 16, &joined)) {
+        tc_run<HD, WARPS>(a, joined, tc_smem);
+    } else {
+        tc_run<HD, WARPS>(a, th, tc_smem);
+        __syncthreads(); /* every warp is done with the first task's shared memory */
+        tc_run<HD, WARPS>(a, tl, tc_smem);
+    }
+}
+
+template <int HD, int WARPS> int tc_launch(krn_ctx_t *c, const krn_attn_args_t *a)
+{
+    size_t smem = krn_tc_smem_bytes(HD, WARPS);
+    KRN_CUDA_CHECK(cudaFuncSetAttribute(attn_tc_kernel<HD, WARPS>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attn_tc_kernel<HD><<<(unsigned)a->n_tasks, KRN_TC_THREADS, smem, c->stream>>>(*a);
+    attn_tc_kernel<HD, WARPS>
+        <<<(unsigned)krn_tc_ctas(a->n_tasks, WARPS), WARPS * 32, smem, c->stream>>>(*a);
     KRN_CUDA_CHECK(cudaGetLastError());
     return 0;
+}
+
+template <int WARPS> int tc_dispatch(krn_ctx_t *c, const krn_attn_args_t *a)
+{
+    switch (krn_tc_hd_class(a->kv.head_dim)) {
+    case 64:
+        return tc_launch<64, WARPS>(c, a);
+    case 128:
+        return tc_launch<128, WARPS>(c, a);
+    default:
+        return tc_launch<256, WARPS>(c, a);
+    }
 }
 
 } // namespace
@@ -341,12 +387,7 @@ int krn_attention_tc(krn_ctx_t *c, const krn_attn_args_t *a)
     if (a->n_tasks == 0)
         return 0;
     KRN_ENTER(c);
-    switch (krn_tc_hd_class(kv->head_dim)) {
-    case 64:
-        return tc_launch<64>(c, a);
-    case 128:
-        return tc_launch<128>(c, a);
-    default:
-        return tc_launch<256>(c, a);
-    }
+    if (krn_attn_tc_warps(getenv("KVGW_CUDA_ATTN")) == 4)
+        return tc_dispatch<4>(c, a);
+    return tc_dispatch<KRN_TC_MAX_WARPS>(c, a);
 }

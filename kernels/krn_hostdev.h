@@ -67,12 +67,15 @@ KRN_HD size_t krn_attn_smem_bytes(int32_t head_dim)
 
 /*
  * The tensor-core prefill attention kernel (krn_attn_tc.cu): FlashAttention-2's loop on
- * mma.sync.m16n8k16 (F16 inputs, F32 accumulation). A CTA of KRN_TC_WARPS warps takes one
- * krn_attn_plan task of at most KRN_TC_ROWS row-heads (tokens x the query heads of the group:
- * warp w owns rows 16w .. 16w + 15) and walks its KV positions in tiles of krn_tc_tile_kv
- * positions, double buffered in shared memory:
+ * mma.sync.m16n8k16 (F16 inputs, F32 accumulation). A krn_attn_plan task holds at most
+ * KRN_TC_ROWS row-heads (tokens x the query heads of the group). A CTA of `warps` warps (4 or
+ * 8: krn_attn_tc_warps) runs rows of warps * 16 row-heads (warp w owns rows 16w .. 16w + 15):
+ * with 4 warps one task; with 8 warps two consecutive tasks, joined into one of up to 128 rows
+ * when krn_tc_pair allows (each K/V tile then serves twice the rows), else one after the
+ * other. It walks the KV positions in tiles of krn_tc_tile_kv positions, double buffered in
+ * shared memory:
  *
- *   Q [KRN_TC_ROWS][hd_max + KRN_TC_PAD]          halves, row r = row-head r, col = dimension
+ *   Q [warps * 16][hd_max + KRN_TC_PAD]           halves, row r = row-head r, col = dimension
  *   K [2][hd_max][tile + KRN_TC_PAD]              halves, row = dimension, col = position
  *   V [2][tile][hd_max + KRN_TC_PAD]              halves, row = position, col = dimension
  *
@@ -86,9 +89,9 @@ KRN_HD size_t krn_attn_smem_bytes(int32_t head_dim)
  * point type", "Warp-level matrix load instruction: ldmatrix"); the kernel derives every lane's
  * row, column and address from them, and the host tests emulate one warp with them.
  */
-#define KRN_TC_WARPS 4
-#define KRN_TC_THREADS (KRN_TC_WARPS * 32)
-#define KRN_TC_ROWS (KRN_TC_WARPS * 16)
+/* Row-heads of one plan task at most (krn_attn_tc_check), and the most warps of a CTA. */
+#define KRN_TC_ROWS 64
+#define KRN_TC_MAX_WARPS 8
 #define KRN_TC_PAD 8
 /* KV positions per tile for a head-dim class (a constant expression for the kernel). */
 #define KRN_TC_TILE_KV(hd_max) ((hd_max) > 128 ? 32 : 64)
@@ -102,11 +105,11 @@ KRN_HD int32_t krn_tc_hd_class(int32_t head_dim)
 {
     return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
 }
-/* Dynamic shared memory of a CTA of class hd_max (layout above), in bytes. */
-KRN_HD size_t krn_tc_smem_bytes(int32_t hd_max)
+/* Dynamic shared memory of a CTA of class hd_max and `warps` warps (layout above), in bytes. */
+KRN_HD size_t krn_tc_smem_bytes(int32_t hd_max, int32_t warps)
 {
     size_t bc = (size_t)krn_tc_tile_kv(hd_max), h = (size_t)hd_max;
-    return 2 * ((size_t)KRN_TC_ROWS * (h + KRN_TC_PAD) +
+    return 2 * ((size_t)warps * 16 * (h + KRN_TC_PAD) +
                 2 * (h * (bc + KRN_TC_PAD) + bc * (h + KRN_TC_PAD)));
 }
 
@@ -155,6 +158,34 @@ KRN_HD int32_t krn_ldm_x4_row(int32_t lane)
 KRN_HD int32_t krn_ldm_x4_col(int32_t lane)
 {
     return (lane & 16) ? 8 : 0;
+}
+
+/* CTAs of a launch over n_tasks tasks: one per task with 4 warps, one per two with 8. CTA c
+ * takes the task(s) counted from the end (the longest first): hi = n_tasks - 1 - c * per and,
+ * with 8 warps, lo = hi - 1 when >= 0. */
+KRN_HD int32_t krn_tc_ctas(int32_t n_tasks, int32_t warps)
+{
+    int32_t per = warps / 4;
+    return (n_tasks + per - 1) / per;
+}
+/* Whether an 8-warp CTA runs plan tasks lo and hi as one task of their joined rows: lo's
+ * rows come right before hi's in one sequence and KV head, both hold more than one token and
+ * write the output directly, both start at the same kv0 and read every position their rows
+ * see (kv1 >= last position + 1, given as lo_last_pos / hi_last_pos), and the joined
+ * row-heads fit rows_max. Then *out is the joined task (its rows see what they saw). */
+KRN_HD bool krn_tc_pair(const krn_attn_task_t *lo, const krn_attn_task_t *hi, int32_t group,
+                        int32_t lo_last_pos, int32_t hi_last_pos, int32_t rows_max,
+                        krn_attn_task_t *out)
+{
+    if (lo->seq != hi->seq || lo->kv_head != hi->kv_head || lo->row0 + lo->n_rows != hi->row0 ||
+        lo->n_rows <= 1 || hi->n_rows <= 1 || lo->part >= 0 || hi->part >= 0 ||
+        lo->kv0 != hi->kv0 || lo->kv1 < lo_last_pos + 1 || hi->kv1 < hi_last_pos + 1 ||
+        (int64_t)(lo->n_rows + hi->n_rows) * group > rows_max)
+        return false;
+    *out = *lo;
+    out->n_rows = lo->n_rows + hi->n_rows;
+    out->kv1 = lo->kv1 > hi->kv1 ? lo->kv1 : hi->kv1;
+    return true;
 }
 
 /* The first KV tile of a task's range [kv0, ...): tiles start at multiples of the tile size,

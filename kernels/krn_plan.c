@@ -108,6 +108,11 @@ bool krn_attn_use_tc(const krn_kv_t *kv, int32_t n_head, const char *env)
     return krn_attn_tc_check(kv, n_head) == 0;
 }
 
+int32_t krn_attn_tc_warps(const char *env)
+{
+    return env != NULL && strcmp(env, "tc64") == 0 ? 4 : KRN_TC_MAX_WARPS;
+}
+
 void krn_describe_cuda_failure(int err_code, const char *err_name, const char *err_string,
                                int driver_version, int runtime_version, char *buf, size_t len)
 {

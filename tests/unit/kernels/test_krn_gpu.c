@@ -387,15 +387,16 @@ PC_TEST(attention_and_kv_write_match_reference)
 }
 
 /* One prefill scenario on an F16 pool (every K/V already written, unwritten slots NaN):
- * krn_attention against krn_ref_attention. With simt, KVGW_CUDA_ATTN=simt forces the SIMT
- * kernel (held to 1e-5); else the multi-token tasks run on tensor cores, held to 2e-3 relative
+ * krn_attention against krn_ref_attention with KVGW_CUDA_ATTN set to `mode` (NULL: unset).
+ * Under "simt" the SIMT kernel runs every task (held to 1e-5); else the multi-token tasks run
+ * on tensor cores ("tc64": 4-warp CTAs of one task; default: 8-warp CTAs), held to 2e-3 relative
  * L2 error: Q and P are rounded to F16 (11 significant bits, ~5e-4 relative each; the CPU
  * emulation of the kernel in test_krn_tc measures about 4e-4). Also runs krn_attention_tc
  * alone and checks that it writes exactly the multi-token rows. Returns the error through
  * *err_out. */
 static void tc_gpu_case(kt_rng_t *r, int32_t nh, int32_t nkv, int32_t hd, int32_t bt,
                         int32_t n_seqs, const int32_t *ctx, const int32_t *nt, int32_t max_blocks,
-                        bool simt, double *err_out)
+                        const char *mode, double *err_out)
 {
     kt_attn_t t;
     ASSERT_EQ(kt_attn_make(&t, r, nh, nkv, hd, bt, KRN_F16, n_seqs, ctx, nt, max_blocks), 0);
@@ -422,16 +423,12 @@ static void tc_gpu_case(kt_rng_t *r, int32_t nh, int32_t nkv, int32_t hd, int32_
     char saved[32] = "";
     if (old != NULL)
         snprintf(saved, sizeof saved, "%s", old);
-    if (simt)
-        setenv("KVGW_CUDA_ATTN", "simt", 1);
+    bool simt = mode != NULL && strcmp(mode, "simt") == 0;
+    if (mode != NULL)
+        setenv("KVGW_CUDA_ATTN", mode, 1);
     else
         unsetenv("KVGW_CUDA_ATTN");
     int rc = krn_attention(g_ctx, &da);
-    if (old != NULL)
-        setenv("KVGW_CUDA_ATTN", saved, 1);
-    else
-        unsetenv("KVGW_CUDA_ATTN");
-    ASSERT_EQ(rc, 0);
     float *got = malloc(sizeof(float) * (size_t)n_out);
     down(got, da.out, sizeof(float) * (size_t)n_out);
     double err = kt_rel_err_f(got, t.out, n_out);
@@ -439,7 +436,8 @@ static void tc_gpu_case(kt_rng_t *r, int32_t nh, int32_t nkv, int32_t hd, int32_
     bool tc_only_ok = true;
     if (!simt) {
         ASSERT_EQ(krn_memset(g_ctx, da.out, 0xff, sizeof(float) * (size_t)n_out), 0);
-        ASSERT_EQ(krn_attention_tc(g_ctx, &da), 0);
+        if (rc == 0)
+            rc = krn_attention_tc(g_ctx, &da);
         down(got, da.out, sizeof(float) * (size_t)n_out);
         int32_t group = nh / nkv;
         for (int32_t i = 0; i < a.n_tasks && tc_only_ok; i++) {
@@ -466,15 +464,21 @@ static void tc_gpu_case(kt_rng_t *r, int32_t nh, int32_t nkv, int32_t hd, int32_
     free(got);
     kt_attn_plan_free(&a);
     kt_attn_free(&t);
+    if (old != NULL)
+        setenv("KVGW_CUDA_ATTN", saved, 1);
+    else
+        unsetenv("KVGW_CUDA_ATTN");
     *err_out = err;
+    ASSERT_EQ(rc, 0);
     ASSERT_TRUE(tc_only_ok);
 }
 
 /* The tensor-core prefill kernel (krn_attn_tc.cu) through krn_attention: cached prefix 0 and
  * > 0, GQA 8:1 and 1:1, head_dim 64 and 128 (and 80, 256), several sequences in one batch
  * (with decode rows beside them: those stay on the SIMT kernel), lengths that are no multiple
- * of the 64-position tile or of the 8-token task, block sizes 16 to 128. The same scenarios
- * under KVGW_CUDA_ATTN=simt hold the SIMT kernel to 1e-5. */
+ * of the 64-position tile or of the 8-token task, block sizes 8 to 128; 8-warp CTAs (the
+ * default) and 4-warp ones (KVGW_CUDA_ATTN=tc64). The same scenarios under
+ * KVGW_CUDA_ATTN=simt hold the SIMT kernel to 1e-5. */
 PC_TEST(prefill_attention_on_tensor_cores)
 {
     NEED_GPU();
@@ -489,19 +493,22 @@ PC_TEST(prefill_attention_on_tensor_cores)
          * prefixes (one ending at the table's last position). */
         const int32_t ctx0[3] = {0, 0, 0}, nt0[3] = {200, 77, 1};
         const int32_t ctx1[4] = {mb * bt - 130, 64, 333, 5}, nt1[4] = {130, 91, 1, 9};
-        for (int k = 0; k < (i < 2 ? 2 : 1); k++) { /* the SIMT fallback on two shapes */
+        /* The default (8-warp CTAs), then on some shapes 4-warp CTAs and the SIMT fallback. */
+        const char *modes[3] = {NULL, "tc64", "simt"};
+        for (int k = 0; k < (i < 3 ? 3 : 1); k++) {
             double e0, e1;
             PC_TEST_CALL(tc_gpu_case(&r, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, 3, ctx0,
-                                     nt0, mb, k == 1, &e0));
+                                     nt0, mb, modes[k], &e0));
             PC_TEST_CALL(tc_gpu_case(&r, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, 4, ctx1,
-                                     nt1, mb, k == 1, &e1));
-            double tol = k == 1 ? 1e-5 : 2e-3;
-            printf("  %s %d/%d heads, head_dim %d, block %d: rel err %.2e (no prefix), %.2e "
+                                     nt1, mb, modes[k], &e1));
+            double tol = k == 2 ? 1e-5 : 2e-3;
+            const char *name = modes[k] != NULL ? modes[k] : "tc";
+            printf("  %-4s %d/%d heads, head_dim %d, block %d: rel err %.2e (no prefix), %.2e "
                    "(cached prefix)\n",
-                   k == 1 ? "simt" : "tc  ", shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, e0, e1);
+                   name, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, e0, e1);
             if (!(e0 <= tol && e1 <= tol))
-                PC_TEST__FAIL("shape %zu (%s): relative error %g / %g (> %g)", i,
-                              k == 1 ? "simt" : "tc", e0, e1, tol);
+                PC_TEST__FAIL("shape %zu (%s): relative error %g / %g (> %g)", i, name, e0, e1,
+                              tol);
         }
     }
 }

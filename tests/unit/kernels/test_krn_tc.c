@@ -293,21 +293,24 @@ PC_TEST(row_reduction_over_four_lanes)
 
 /* ---- the whole CTA ------------------------------------------------------------------------ */
 
-/* Runs one task as attn_tc_kernel<hd_max> does, warp by warp, lane by lane. */
-static void emu_tc_task(const krn_attn_args_t *a, const krn_attn_task_t *t, int32_t HD)
+/* Runs one task as tc_run<hd_max, warps> (krn_attn_tc.cu) does, warp by warp, lane by
+ * lane. */
+static void emu_tc_task(const krn_attn_args_t *a, const krn_attn_task_t *t, int32_t HD,
+                        int32_t warps)
 {
     const int32_t BC = krn_tc_tile_kv(HD), QS = HD + KRN_TC_PAD, KS = BC + KRN_TC_PAD,
                   VS = HD + KRN_TC_PAD, NT = BC / 8, ND = HD / 8;
-    size_t smem = krn_tc_smem_bytes(HD);
+    size_t smem = krn_tc_smem_bytes(HD, warps);
+    const int32_t ROWS = warps * 16;
     uint16_t *sq = malloc(smem);
     memset(sq, 0xff, smem); /* garbage: every element must be written before it is read */
-    uint16_t *sk = sq + KRN_TC_ROWS * QS, *sv = sk + 2 * HD * KS;
+    uint16_t *sk = sq + ROWS * QS, *sv = sk + 2 * HD * KS;
     PC_ASSERT((size_t)(sv + 2 * BC * VS - sq) * 2 == smem);
     const int32_t hd = a->kv.head_dim, bt = a->kv.block_tokens;
     const int32_t group = a->n_head / a->kv.n_head_kv, qw = a->n_head * hd, R = t->n_rows * group;
-    PC_ASSERT(t->n_rows > 1 && R <= KRN_TC_ROWS && hd <= HD);
+    PC_ASSERT(t->n_rows > 1 && R <= ROWS && hd <= HD);
     const int32_t nk = hd / 16;
-    for (int32_t r = 0; r < KRN_TC_ROWS; r++)
+    for (int32_t r = 0; r < ROWS; r++)
         for (int32_t d = 0; d < HD; d++) {
             float x = 0;
             if (r < R && d < hd)
@@ -323,9 +326,9 @@ static void emu_tc_task(const krn_attn_args_t *a, const krn_attn_task_t *t, int3
     const uint16_t *kvb = a->kv.base;
     const int64_t slice = (int64_t)2 * hd * bt;
     /* The warps' state. */
-    float(*o)[32][4] = calloc((size_t)KRN_TC_WARPS * ND, sizeof *o); /* [warp * ND + n] */
-    float m[KRN_TC_WARPS][32][2], l[KRN_TC_WARPS][32][2];
-    for (int w = 0; w < KRN_TC_WARPS; w++)
+    float(*o)[32][4] = calloc((size_t)warps * ND, sizeof *o); /* [warp * ND + n] */
+    float m[KRN_TC_MAX_WARPS][32][2], l[KRN_TC_MAX_WARPS][32][2];
+    for (int w = 0; w < warps; w++)
         for (int ln = 0; ln < 32; ln++)
             m[w][ln][0] = m[w][ln][1] = -INFINITY, l[w][ln][0] = l[w][ln][1] = 0;
     float(*s)[32][4] = malloc(sizeof *s * (size_t)NT);
@@ -364,7 +367,7 @@ static void emu_tc_task(const krn_attn_args_t *a, const krn_attn_task_t *t, int3
                 memset(dst, 0, 16);
             }
         }
-        for (int w = 0; w < KRN_TC_WARPS; w++) {
+        for (int w = 0; w < warps; w++) {
             const int32_t r0w = w * 16;
             if (r0w >= R)
                 continue;
@@ -456,7 +459,7 @@ static void emu_tc_task(const krn_attn_args_t *a, const krn_attn_task_t *t, int3
             }
         }
     }
-    for (int w = 0; w < KRN_TC_WARPS; w++) {
+    for (int w = 0; w < warps; w++) {
         const int32_t r0w = w * 16;
         for (int h = 0; h < 2; h++) {
             float v[32];
@@ -496,9 +499,38 @@ static void emu_tc_task(const krn_attn_args_t *a, const krn_attn_task_t *t, int3
     free(sq);
 }
 
+/* The tensor-core launch: CTA c of krn_tc_ctas as attn_tc_kernel<hd_max, warps> runs it
+ * (tasks joined by krn_tc_pair, or one after the other). Counts the joined pairs. */
+static void emu_tc_launch(const krn_attn_args_t *a, int32_t warps, int32_t *n_joined)
+{
+    int32_t HD = krn_tc_hd_class(a->kv.head_dim), group = a->n_head / a->kv.n_head_kv;
+    for (int32_t c = 0; c < krn_tc_ctas(a->n_tasks, warps); c++) {
+        int32_t hi = a->n_tasks - 1 - c * (warps / 4);
+        const krn_attn_task_t *th = &a->tasks[hi];
+        if (warps == 4 || hi == 0) {
+            if (th->n_rows > 1)
+                emu_tc_task(a, th, HD, warps);
+            continue;
+        }
+        const krn_attn_task_t *tl = &a->tasks[hi - 1];
+        krn_attn_task_t joined;
+        if (tl->n_rows > 1 && th->n_rows > 1 &&
+            krn_tc_pair(tl, th, group, a->row_pos[tl->row0 + tl->n_rows - 1],
+                        a->row_pos[th->row0 + th->n_rows - 1], warps * 16, &joined)) {
+            emu_tc_task(a, &joined, HD, warps);
+            ++*n_joined;
+        } else {
+            if (th->n_rows > 1)
+                emu_tc_task(a, th, HD, warps);
+            if (tl->n_rows > 1)
+                emu_tc_task(a, tl, HD, warps);
+        }
+    }
+}
+
 /* krn_attention's split: the SIMT path (the reference) for single-token tasks and the merges,
- * the emulated tensor-core kernel for the others. */
-static void emu_attention(const krn_attn_args_t *a)
+ * the emulated tensor-core launch for the others. */
+static void emu_attention(const krn_attn_args_t *a, int32_t warps, int32_t *n_joined)
 {
     krn_attn_args_t simt = *a;
     krn_attn_task_t *one = malloc(sizeof *one * (size_t)(a->n_tasks + 1));
@@ -508,17 +540,16 @@ static void emu_attention(const krn_attn_args_t *a)
             one[n1++] = a->tasks[i];
     simt.tasks = one;
     simt.n_tasks = n1;
-    /* Reverse order, as the kernel's grid runs them (no task depends on another). */
-    for (int32_t i = a->n_tasks - 1; i >= 0; i--)
-        if (a->tasks[i].n_rows > 1)
-            emu_tc_task(a, &a->tasks[i], krn_tc_hd_class(a->kv.head_dim));
+    emu_tc_launch(a, warps, n_joined);
     PC_ASSERT(krn_ref_attention(&simt) == 0);
     free(one);
 }
 
-/* One scenario: emulated kernel vs krn_ref_attention; returns the relative L2 error. */
+/* One scenario: emulated kernel (CTAs of `warps` warps) vs krn_ref_attention; returns the
+ * relative L2 error. */
 static double tc_case(kt_rng_t *r, int32_t nh, int32_t nkv, int32_t hd, int32_t bt, int32_t n_seqs,
-                      int32_t max_blocks, int32_t max_new, bool no_prefix, int32_t split_kv)
+                      int32_t max_blocks, int32_t max_new, bool no_prefix, int32_t split_kv,
+                      int32_t warps, int32_t *n_joined)
 {
     int32_t ctx[8], nt[8];
     for (int32_t s = 0; s < n_seqs; s++) {
@@ -542,7 +573,7 @@ static double tc_case(kt_rng_t *r, int32_t nh, int32_t nkv, int32_t hd, int32_t 
     memcpy(want, t.out, sizeof(float) * (size_t)n_out);
     for (int64_t i = 0; i < n_out; i++)
         t.out[i] = NAN;
-    emu_attention(&a);
+    emu_attention(&a, warps, n_joined);
     double err = kt_rel_err_f(t.out, want, n_out);
     free(want);
     kt_attn_plan_free(&a);
@@ -559,13 +590,16 @@ PC_TEST(emulated_kernel_matches_reference)
                   {16, 2, 80, 8},   {6, 3, 16, 16},  {8, 2, 256, 16},  {12, 4, 96, 128},
                   {16, 16, 48, 32}, {7, 7, 128, 32}, {14, 2, 64, 64},  {4, 1, 256, 32}};
     double worst = 0;
+    int32_t joined = 0;
     for (size_t i = 0; i < PC_ARRAY_LEN(shapes); i++) {
         int32_t bt = shapes[i].bt;
-        /* Cached prefixes, then prompts from position 0; several sequences in one batch. */
+        /* Cached prefixes, then prompts from position 0; several sequences in one batch; CTAs
+         * of 8 warps (the default: pairs of tasks) and of 4 (KVGW_CUDA_ATTN=tc64). */
+        int32_t warps = i % 3 == 2 ? 4 : 8;
         double e1 = tc_case(&r, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, 3, 1 + 200 / bt, 150,
-                            false, 0);
+                            false, 0, warps, &joined);
         double e2 = tc_case(&r, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, 2, 1 + 160 / bt, 160,
-                            true, 4 * bt);
+                            true, 4 * bt, 12 - warps, &joined);
         if (e1 > 2e-3 || e2 > 2e-3)
             printf("  shape %zu (%d/%d heads, hd %d, bt %d): rel err %.2e, %.2e\n", i, shapes[i].nh,
                    shapes[i].nkv, shapes[i].hd, bt, e1, e2);
@@ -574,7 +608,9 @@ PC_TEST(emulated_kernel_matches_reference)
         worst = e1 > worst ? e1 : worst;
         worst = e2 > worst ? e2 : worst;
     }
-    printf("  worst relative L2 error %.2e (tolerance 2e-3)\n", worst);
+    printf("  worst relative L2 error %.2e (tolerance 2e-3), %d joined task pairs\n", worst,
+           joined);
+    ASSERT_TRUE(joined > 20); /* the 8-warp path joined tasks, not only ran them one by one */
 }
 
 /* A split task of several tokens (the plan makes none, the kernel takes them): partial states
@@ -621,7 +657,7 @@ PC_TEST(emulated_kernel_split_tasks_merge)
     for (int64_t i = 0; i < n_out; i++)
         t.out[i] = NAN;
     for (int32_t i = 0; i < 6; i++)
-        emu_tc_task(&b, &tasks[i], krn_tc_hd_class(hd));
+        emu_tc_task(&b, &tasks[i], krn_tc_hd_class(hd), 4 + 4 * (i % 2));
     krn_attn_args_t mg = b; /* the merges alone */
     mg.n_tasks = 0;
     ASSERT_EQ(krn_ref_attention(&mg), 0);
@@ -642,10 +678,12 @@ PC_TEST(tile_geometry_on_many_shapes)
     for (int32_t hd = 16; hd <= 256; hd += 16) {
         int32_t c = krn_tc_hd_class(hd);
         ASSERT_TRUE(c >= hd && (c == 64 || c == 128 || c == 256));
-        ASSERT_LE(krn_tc_smem_bytes(c), (size_t)163 << 10);
+        ASSERT_LE(krn_tc_smem_bytes(c, 4), (size_t)163 << 10);
+        ASSERT_LE(krn_tc_smem_bytes(c, 8), (size_t)163 << 10);
         ASSERT_EQ(krn_tc_tile_kv(c) % 16, 0);
     }
-    ASSERT_EQ(krn_tc_smem_bytes(128), (size_t)89088);
+    ASSERT_EQ(krn_tc_smem_bytes(128, 4), (size_t)89088);
+    ASSERT_EQ(krn_tc_smem_bytes(128, 8), (size_t)106496);
     kt_rng_t r = {3};
     const int32_t bts[] = {8, 16, 32, 64, 128};
     for (int rep = 0; rep < 400; rep++) {
@@ -702,9 +740,56 @@ PC_TEST(tile_geometry_on_many_shapes)
                         ASSERT_EQ(krn_tc_v_row_live(p + j, t->kv0, kv_end), p + j < kv_end);
                 }
         }
+        /* The 8-warp CTAs' pairs: joined only within one sequence and KV head, rows
+         * contiguous, at most 128 row-heads, and every row's range unchanged (full causal). */
+        int32_t n_joined = 0, n_pairs = 0;
+        for (int32_t c = 0; c < krn_tc_ctas(nt, 8); c++) {
+            int32_t hi = nt - 1 - 2 * c;
+            ASSERT_TRUE(hi >= 0);
+            if (hi == 0)
+                continue;
+            const krn_attn_task_t *lo = &tasks[hi - 1], *th = &tasks[hi];
+            const krn_plan_seq_t *sl = &seqs[lo->seq], *sh = &seqs[th->seq];
+            int32_t lo_last = sl->pos0 + (lo->row0 - sl->row0) + lo->n_rows - 1;
+            int32_t hi_last = sh->pos0 + (th->row0 - sh->row0) + th->n_rows - 1;
+            krn_attn_task_t j;
+            bool same = lo->seq == th->seq && lo->kv_head == th->kv_head && lo->n_rows > 1 &&
+                        th->n_rows > 1;
+            n_pairs += same && (lo->n_rows + th->n_rows) * group <= 128;
+            if (!krn_tc_pair(lo, th, group, lo_last, hi_last, 128, &j))
+                continue;
+            n_joined++;
+            ASSERT_TRUE(same);
+            ASSERT_EQ(j.row0, lo->row0);
+            ASSERT_EQ(j.n_rows, lo->n_rows + th->n_rows);
+            ASSERT_LE(j.n_rows * group, 128);
+            ASSERT_EQ(j.kv0, 0);
+            ASSERT_EQ(krn_tc_kv_end(j.kv1, hi_last), hi_last + 1);
+            ASSERT_EQ(j.part, -1);
+        }
+        ASSERT_EQ(n_joined, n_pairs); /* every joinable pair is joined */
         free(tasks);
         free(merges);
     }
+    /* Pairs that must not join: another KV head, a gap in the rows, a split, a range that
+     * stops short of a row, too many rows. */
+    krn_attn_task_t
+        lo = {.seq = 0, .kv_head = 1, .row0 = 0, .n_rows = 8, .kv0 = 0, .kv1 = 108, .part = -1},
+        hi = {.seq = 0, .kv_head = 1, .row0 = 8, .n_rows = 8, .kv0 = 0, .kv1 = 116, .part = -1}, j,
+        x;
+    ASSERT_TRUE(krn_tc_pair(&lo, &hi, 8, 107, 115, 128, &j));
+    ASSERT_EQ(j.n_rows, 16);
+    ASSERT_EQ(j.kv1, 116);
+    x = hi, x.kv_head = 2;
+    ASSERT_FALSE(krn_tc_pair(&lo, &x, 8, 107, 115, 128, &j));
+    x = hi, x.row0 = 9;
+    ASSERT_FALSE(krn_tc_pair(&lo, &x, 8, 107, 116, 128, &j));
+    x = hi, x.part = 0;
+    ASSERT_FALSE(krn_tc_pair(&lo, &x, 8, 107, 115, 128, &j));
+    x = lo, x.kv1 = 100;
+    ASSERT_FALSE(krn_tc_pair(&x, &hi, 8, 107, 115, 128, &j));
+    ASSERT_FALSE(krn_tc_pair(&lo, &hi, 8, 107, 115, 64, &j));
+    ASSERT_FALSE(krn_tc_pair(&lo, &hi, 9, 107, 115, 128, &j));
 }
 
 PC_TEST(dispatch_takes_f16_shapes_and_the_env_override)
@@ -719,6 +804,10 @@ PC_TEST(dispatch_takes_f16_shapes_and_the_env_override)
     ASSERT_TRUE(krn_attn_use_tc(&kv, 32, NULL));
     ASSERT_TRUE(krn_attn_use_tc(&kv, 32, "tc"));
     ASSERT_FALSE(krn_attn_use_tc(&kv, 32, "simt"));
+    ASSERT_EQ(krn_attn_tc_warps(NULL), 8);
+    ASSERT_EQ(krn_attn_tc_warps("tc"), 8);
+    ASSERT_EQ(krn_attn_tc_warps("tc64"), 4);
+    ASSERT_TRUE(krn_attn_use_tc(&kv, 32, "tc64"));
     kv.dtype = KRN_F32; /* F32 pools stay on the SIMT kernel */
     ASSERT_EQ(krn_attn_tc_check(&kv, 32), PC_ERR_INVAL);
     ASSERT_FALSE(krn_attn_use_tc(&kv, 32, NULL));
