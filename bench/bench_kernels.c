@@ -23,6 +23,9 @@
  *   sample_bitwise_{b1,b64,greedy_b1,greedy_b64}_us
  *                               the previous one-CTA-per-row kernel (krn_sample_bitwise), for
  *                               comparison
+ *   sample_{greedy,topp}_noplan_b{1,64}_us
+ *                               the multi-pass kernel given no plan (every launch: 11 at this
+ *                               vocab), as a caller that does not pass krn_sample_plan_of gets
  *   prefill_attn_tflop_per_s    causal prefill attention, 4 x 2048 tokens, same heads: 4 * heads
  *                               * head_dim * causal pairs per second
  *   prefill_attn_{tc,simt}_{4k,4k_cached4k}_tflop_per_s
@@ -296,9 +299,10 @@ fail:
 typedef int (*bench_sampler_fn)(krn_ctx_t *, const krn_sample_args_t *);
 
 /* fn over n_rows rows of V random logits under mode 0 (temperature 0.8, top_k 50, top_p 0.9),
- * 1 (greedy) or 2 (temperature 0.8, top_p 0.9, top_k off); seconds per call, or -1. */
-static double bench_sample(krn_ctx_t *c, bench_sampler_fn fn, int mode, int32_t n_rows, int32_t V,
-                           int iters)
+ * 1 (greedy) or 2 (temperature 0.8, top_p 0.9, top_k off), with the rows' plan
+ * (krn_sample_plan_of, as the cuda backend passes it) or none; seconds per call, or -1. */
+static double bench_sample(krn_ctx_t *c, bench_sampler_fn fn, int mode, bool plan, int32_t n_rows,
+                           int32_t V, int iters)
 {
     size_t n = (size_t)n_rows * V;
     float *h = malloc(n * sizeof *h);
@@ -326,7 +330,8 @@ static double bench_sample(krn_ctx_t *c, bench_sampler_fn fn, int mode, int32_t 
                            .token = d_tok,
                            .work = d_work,
                            .n_rows = n_rows,
-                           .n_vocab = V};
+                           .n_vocab = V,
+                           .plan = plan ? krn_sample_plan_of(rows, n_rows) : 0};
     BK_CHECK(fn(c, &a)); /* warm-up */
     BK_CHECK(krn_ctx_sync(c));
     double t0 = bench_now_s();
@@ -677,19 +682,21 @@ int bench_kernels_main(int argc, char **argv)
         static const char *const names[3] = {"", "greedy_", "topp_"};
         static const char *const notes[3] = {"V 152064, top_k 50, top_p 0.9", "V 152064, greedy",
                                              "V 152064, top_p 0.9, top_k off"};
-        for (int impl = 0; impl < 2; impl++)
+        for (int impl = 0; impl < 3; impl++) /* radix, bitwise, radix without the plan */
             for (int mode = 0; mode < 3; mode++) {
-                if (impl == 1 && mode == 2)
+                if ((impl == 1 && mode == 2) || (impl == 2 && mode == 0))
                     continue;
-                s = bench_sample(c, impl ? krn_sample_bitwise : krn_sample_radix, mode, grid_b[bi],
-                                 152064, impl ? iters / 4 + 1 : iters);
+                s = bench_sample(c, impl == 1 ? krn_sample_bitwise : krn_sample_radix, mode,
+                                 impl == 0, grid_b[bi], 152064, impl == 1 ? iters / 4 + 1 : iters);
                 if (s <= 0)
                     continue;
                 char key[64], note[96];
-                snprintf(key, sizeof key, "sample_%s%sb%d_us", impl ? "bitwise_" : "", names[mode],
-                         grid_b[bi]);
+                snprintf(key, sizeof key, "sample_%s%s%sb%d_us", impl == 1 ? "bitwise_" : "",
+                         names[mode], impl == 2 ? "noplan_" : "", grid_b[bi]);
                 snprintf(note, sizeof note, "%s%s", notes[mode],
-                         impl ? ", one-CTA-per-row kernel" : ", multi-pass kernel");
+                         impl == 1   ? ", one-CTA-per-row kernel"
+                         : impl == 2 ? ", multi-pass kernel, every launch (no plan)"
+                                     : ", multi-pass kernel");
                 bench_report_add(&rep, key, s * 1e6, note);
             }
     }

@@ -344,7 +344,31 @@ typedef struct krn_sample_args {
     int32_t *token;              /* [n_rows] out: the pick, or -1 when no logit is a candidate */
     double *work;                /* [n_rows][n_vocab] scratch weights */
     int32_t n_rows, n_vocab;
+    uint32_t plan; /* what no row needs (KRN_SAMPLE_*, krn_sample_plan_of the same rows): the
+                      multi-pass sampler skips those launches; 0 runs them all */
 } krn_sample_args_t;
+
+/* krn_sample_args_t.plan flags. A flag that does not hold for every row leaves that row
+ * without a token: compute them with krn_sample_plan_of, from the rows the device gets (a
+ * CUDA graph that bakes a plan in must be keyed by it). */
+#define KRN_SAMPLE_NO_TOPK 1u /* no row is sampled (temperature > 0) with top_k > 1 */
+#define KRN_SAMPLE_NO_TOPP 2u /* no row is sampled with top_k != 1 and top_p < 1 */
+#define KRN_SAMPLE_GREEDY 4u  /* every row greedy (temperature 0 or top_k 1): one launch */
+
+static inline uint32_t krn_sample_plan_of(const krn_sample_row_t *rows, int32_t n_rows)
+{
+    uint32_t plan = KRN_SAMPLE_NO_TOPK | KRN_SAMPLE_NO_TOPP | KRN_SAMPLE_GREEDY;
+    for (int32_t i = 0; i < n_rows; i++) {
+        if (rows[i].temperature == 0.0f || rows[i].top_k == 1)
+            continue;
+        plan &= ~KRN_SAMPLE_GREEDY;
+        if (rows[i].top_k > 1)
+            plan &= ~KRN_SAMPLE_NO_TOPK;
+        if (!(rows[i].top_p >= 1.0f))
+            plan &= ~KRN_SAMPLE_NO_TOPP;
+    }
+    return plan;
+}
 
 /* ---------------------------------------------------------------------------------------------
  * GEMM: y[M][N] = x[M][K] . w[N][K]^T (+ y when accumulate), F32 accumulation. x is F16 or

@@ -116,11 +116,16 @@ KRN_HD void krn_smp_digit(int32_t p, int32_t n_vocab, int32_t *shift, int32_t *w
     *width = hi - lo;
 }
 
-/* Launches of one krn_sample call: stats, then enough passes for a full top_k search (its
- * first digit came with stats), a full top_p search and the pick. */
-KRN_HD int32_t krn_smp_n_launches(int32_t n_vocab)
+/* Launches of one krn_sample call under plan (krn_sample_args_t.plan): stats, then enough
+ * passes for a full top_k search (its first digit came with stats), a full top_p search and
+ * the pick, less what the plan says no row needs. */
+KRN_HD int32_t krn_smp_n_launches(int32_t n_vocab, uint32_t plan)
 {
-    return 1 + (krn_smp_n_digits(n_vocab) - 1) + krn_smp_n_digits(n_vocab) + 1;
+    if (plan & KRN_SAMPLE_GREEDY)
+        return 1;
+    int32_t nd = krn_smp_n_digits(n_vocab);
+    return 1 + ((plan & KRN_SAMPLE_NO_TOPK) ? 0 : nd - 1) + ((plan & KRN_SAMPLE_NO_TOPP) ? 0 : nd) +
+           1;
 }
 
 /* Slices (CTAs) per row: about 2048 logits each, at most KRN_SMP_MAX_SLICES, and at most 4096

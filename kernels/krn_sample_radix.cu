@@ -5,7 +5,8 @@
  * per-bucket step are in krn_sample_hostdev.h (shared with the host unit test); this file
  * holds the launch geometry, the shared-memory histograms and the block-wide scans.
  *
- * Launch geometry: krn_smp_n_launches(n_vocab) launches of one kernel (11 at V = 152064), each
+ * Launch geometry: krn_smp_n_launches(n_vocab, plan) launches of one kernel (11 at V = 152064
+ * without a plan; 1 when the plan says every row is greedy, 2 without top_k or top_p), each
  * grid (slices, n_rows) x KRN_SMP_THREADS threads; CTA (s, r) handles ids [s * len, (s + 1) *
  * len) of row r (krn_smp_slices: about 2048 logits per CTA, at most 64 CTAs per row). The
  * first launch is the stats pass; every later one advances each row by one pass of its state
@@ -384,7 +385,7 @@ int krn_sample_radix(krn_ctx_t *c, const krn_sample_args_t *a)
     KRN_CUDA_CHECK(
         cudaMemsetAsync(c->smp_scratch, 0, (size_t)a->n_rows * sizeof(krn_smp_row_t), c->stream));
     const dim3 grid((unsigned)slices, (unsigned)a->n_rows);
-    const int32_t n = krn_smp_n_launches(a->n_vocab);
+    const int32_t n = krn_smp_n_launches(a->n_vocab, a->plan);
     for (int32_t l = 0; l < n; l++) {
         smp_kernel<<<grid, KRN_SMP_THREADS, 0, c->stream>>>(a->logits, a->row, a->token,
                                                             (krn_smp_row_t *)c->smp_scratch,

@@ -104,6 +104,7 @@ typedef struct cl {
 typedef struct graph_key {
     int32_t n_seqs, max_blocks, n_tasks, n_merges, n_parts, n_logits;
     bool sample;
+    uint32_t splan; /* the sampler's launches depend on it */
 } graph_key_t;
 
 typedef struct graph_slot {
@@ -165,6 +166,7 @@ typedef struct cuda_be {
     size_t d_stok_cap;
     double *d_swork; /* [CUDA_SAMPLE_CHUNK][n_vocab] */
     size_t d_swork_cap;
+    uint32_t splan; /* krn_sample_plan_of the step's rows (sample_prepare): the launches needed */
     /* The packed upload: pinned host staging and its device twin, grown on demand. */
     uint8_t *stage;
     size_t stage_cap;
@@ -617,6 +619,7 @@ static int sample_prepare(cuda_be_t *c, const eng_sample_row_t *rows, int32_t n,
                                     .top_p = rows[i].top_p,
                                     .min_p = rows[i].min_p,
                                     .u = rows[i].u};
+    c->splan = krn_sample_plan_of(dst, n);
     return 0;
 }
 
@@ -630,7 +633,8 @@ static int sample_chunk(cuda_be_t *c, int32_t r0, int32_t n)
                             .token = c->d_stok + r0,
                             .work = c->d_swork,
                             .n_rows = n,
-                            .n_vocab = (int32_t)c->model->hp.n_vocab};
+                            .n_vocab = (int32_t)c->model->hp.n_vocab,
+                            .plan = c->splan};
     return LAUNCH(c, krn_sample(c->ctx, &sa));
 }
 
@@ -1008,7 +1012,7 @@ static bool key_eq(const graph_key_t *a, const graph_key_t *b)
 {
     return a->n_seqs == b->n_seqs && a->max_blocks == b->max_blocks && a->n_tasks == b->n_tasks &&
            a->n_merges == b->n_merges && a->n_parts == b->n_parts && a->n_logits == b->n_logits &&
-           a->sample == b->sample;
+           a->sample == b->sample && a->splan == b->splan;
 }
 
 /* Runs the step's device work as a graph: replays the one captured for this row count when the
@@ -1024,7 +1028,8 @@ static int step_graph(cuda_be_t *c, const step_shape_t *sh, bool sample)
                        .n_merges = sh->n_merges,
                        .n_parts = sh->n_parts,
                        .n_logits = sh->n_logits,
-                       .sample = sample};
+                       .sample = sample,
+                       .splan = sample ? c->splan : 0};
     int rc;
     if (slot->g == NULL || !key_eq(&slot->key, &key)) {
         if ((rc = krn_graph_begin(c->ctx)) != 0)

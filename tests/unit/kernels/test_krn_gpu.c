@@ -726,6 +726,14 @@ static void sampler_case(int32_t V, int32_t rows_n, kt_rng_t *r, bool bitwise_to
     a.work = dev_filled(sizeof(double) * n, 0xff);
     ASSERT_EQ(krn_sample_radix(g_ctx, &a), 0);
     down(got, a.token, sizeof(int32_t) * (size_t)rows_n);
+    /* Again with the batch's plan (fewer launches): the same picks. */
+    int32_t *got_plan = malloc(sizeof(int32_t) * (size_t)rows_n);
+    PC_ASSERT(got_plan != NULL);
+    a.plan = krn_sample_plan_of(rows, rows_n);
+    ASSERT_EQ(krn_memset(g_ctx, a.token, 0x7f, sizeof(int32_t) * (size_t)rows_n), 0);
+    ASSERT_EQ(krn_sample_radix(g_ctx, &a), 0);
+    down(got_plan, a.token, sizeof(int32_t) * (size_t)rows_n);
+    a.plan = 0;
     for (int32_t i = 0; i < rows_n; i++)
         got_bw[i] = -3;
     if (bitwise_too) {
@@ -735,13 +743,15 @@ static void sampler_case(int32_t V, int32_t rows_n, kt_rng_t *r, bool bitwise_to
     }
     int bad = 0;
     for (int32_t i = 0; i < rows_n; i++) {
-        bool ok = got[i] == want[i] && (!bitwise_too || got_bw[i] == want[i]);
+        bool ok =
+            got[i] == want[i] && got_plan[i] == want[i] && (!bitwise_too || got_bw[i] == want[i]);
         if (!ok && bad++ < 10)
             fprintf(stderr,
                     "sampler V %d row %d/%d: T %g top_k %d top_p %.9g min_p %g u %.17g: "
-                    "radix %d bitwise %d reference %d\n",
+                    "radix %d radix with plan 0x%x %d bitwise %d reference %d\n",
                     V, i, rows_n, rows[i].temperature, rows[i].top_k, rows[i].top_p, rows[i].min_p,
-                    rows[i].u, got[i], got_bw[i], want[i]);
+                    rows[i].u, got[i], krn_sample_plan_of(rows, rows_n), got_plan[i], got_bw[i],
+                    want[i]);
     }
     krn_dev_free(g_ctx, (void *)a.logits);
     krn_dev_free(g_ctx, (void *)a.row);
@@ -752,6 +762,7 @@ static void sampler_case(int32_t V, int32_t rows_n, kt_rng_t *r, bool bitwise_to
     free(rows);
     free(want);
     free(got);
+    free(got_plan);
     free(got_bw);
     ASSERT_EQ(bad, 0);
 }
@@ -764,6 +775,9 @@ PC_TEST(sampler_radix_matches_reference_on_edge_rows)
     for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++)
         for (int rep = 0; rep < 3; rep++)
             sampler_case(vs[k], rep == 0 ? 1 : rep == 1 ? 7 : 70, &r, vs[k] <= 5000);
+    /* Single rows of every kind, so that plans with flags set are exercised. */
+    for (int k = 0; k < 24; k++)
+        sampler_case(k % 2 ? 2049 : 152064, 1, &r, k < 4);
     /* Qwen's vocab: batch 1 and a chunk of 64 rows (the bitwise kernel only on the small one:
      * it takes ~1 ms per row). */
     sampler_case(152064, 1, &r, true);
@@ -798,8 +812,9 @@ PC_TEST(sampler_radix_repeats_and_mixes_rows)
     a.token = dev_filled(sizeof got, 0x7f);
     a.work = dev_filled(sizeof(double) * n, 0xff);
     ASSERT_EQ(krn_sample_reserve(g_ctx, ROWS), 0);
-    for (int rep = 0; rep < 3; rep++) {
+    for (int rep = 0; rep < 4; rep++) {
         ASSERT_EQ(krn_memset(g_ctx, a.token, 0x7f, sizeof got), 0);
+        a.plan = rep == 3 ? krn_sample_plan_of(rows, ROWS) : 0;
         ASSERT_EQ(rep == 2 ? krn_sample(g_ctx, &a) : krn_sample_radix(g_ctx, &a), 0);
         down(got, a.token, sizeof got);
         for (int i = 0; i < ROWS; i++)

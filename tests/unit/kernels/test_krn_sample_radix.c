@@ -131,10 +131,11 @@ static int32_t pick(krn_smp_row_t *R, const float *x, int32_t V, int32_t S, int3
     return tok;
 }
 
-/* One row through krn_sample's launches with S slices (0: krn_smp_slices for n_rows rows),
- * the slices of every pass run in a random order. Returns the token. */
-static int32_t sim_row(const float *x, int32_t V, const krn_sample_row_t *row, int32_t n_rows,
-                       int32_t S_want, kt_rng_t *rng, int32_t *passes)
+/* One row through krn_sample's launches under plan (krn_sample_args_t.plan) with S slices (0:
+ * krn_smp_slices for n_rows rows), the slices of every pass run in a random order. Returns the
+ * token. */
+static int32_t sim_row(const float *x, int32_t V, const krn_sample_row_t *row, uint32_t plan,
+                       int32_t n_rows, int32_t S_want, kt_rng_t *rng, int32_t *passes)
 {
     krn_smp_row_t *R = calloc(1, sizeof *R);
     PC_ASSERT(R != NULL);
@@ -148,7 +149,7 @@ static int32_t sim_row(const float *x, int32_t V, const krn_sample_row_t *row, i
     PC_ASSERT(S >= 1 && S <= KRN_SMP_MAX_SLICES && (int64_t)S * len >= V &&
               (int64_t)(S - 1) * len < V);
     int32_t order[KRN_SMP_MAX_SLICES];
-    int32_t n_launch = krn_smp_n_launches(V);
+    int32_t n_launch = krn_smp_n_launches(V, plan);
     *passes = 0;
     for (int32_t l = 0; l < n_launch; l++) {
         bool stats = l == 0;
@@ -251,7 +252,11 @@ PC_TEST(digit_schedule_covers_the_key)
     ASSERT_EQ(krn_smp_id_bits(INT32_MAX), 31);
     ASSERT_EQ(krn_smp_n_digits(1), 3);
     ASSERT_EQ(krn_smp_n_digits(152064), 5);
-    ASSERT_EQ(krn_smp_n_launches(152064), 11);
+    ASSERT_EQ(krn_smp_n_launches(152064, 0), 11);
+    ASSERT_EQ(krn_smp_n_launches(152064, KRN_SAMPLE_GREEDY), 1);
+    ASSERT_EQ(krn_smp_n_launches(152064, KRN_SAMPLE_NO_TOPK | KRN_SAMPLE_NO_TOPP), 2);
+    ASSERT_EQ(krn_smp_n_launches(152064, KRN_SAMPLE_NO_TOPK), 7);
+    ASSERT_EQ(krn_smp_n_launches(152064, KRN_SAMPLE_NO_TOPP), 6);
     const int32_t vs[] = {1, 2, 3, 100, 2048, 2049, 65536, 152064, 1 << 22, INT32_MAX};
     for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++) {
         int32_t V = vs[k], idb = krn_smp_id_bits(V);
@@ -336,9 +341,11 @@ static void check_many(const int32_t *vs, size_t n_vs, int rows_per_v, uint64_t 
             int32_t want = ref_row(x, V, &p, work);
             const int32_t slicings[] = {0, 1, 3, KRN_SMP_MAX_SLICES};
             for (size_t s = 0; s < 4; s++) {
+                /* Every launch, or only those the row's plan needs. */
+                uint32_t plan = s % 2 ? krn_sample_plan_of(&p, 1) : 0;
                 int32_t passes;
-                int32_t got =
-                    sim_row(x, V, &p, 1 + (int32_t)kt_below(&r, 64), slicings[s], &r, &passes);
+                int32_t got = sim_row(x, V, &p, plan, 1 + (int32_t)kt_below(&r, 64), slicings[s],
+                                      &r, &passes);
                 if (got != want)
                     fprintf(stderr,
                             "V %d shape %d slicing %d: T %g top_k %d top_p %.9g min_p %g u %.17g:"
@@ -346,7 +353,7 @@ static void check_many(const int32_t *vs, size_t n_vs, int rows_per_v, uint64_t 
                             V, k % 6, slicings[s], p.temperature, p.top_k, p.top_p, p.min_p, p.u,
                             got, want);
                 ASSERT_EQ(got, want);
-                ASSERT_TRUE(passes <= krn_smp_n_launches(V));
+                ASSERT_TRUE(passes <= krn_smp_n_launches(V, plan));
             }
         }
         free(x);
@@ -394,8 +401,8 @@ PC_TEST(exact_top_p_boundaries)
                 int32_t kept = (int32_t)ceil((k ? V / 2 : V) * (double)tps[b]), passes;
                 int32_t want = ref_row(x, V, &p, work);
                 ASSERT_EQ(want, (kept > 1 ? kept : 1) - 1);
-                ASSERT_EQ(sim_row(x, V, &p, 1, 0, &r, &passes), want);
-                ASSERT_EQ(sim_row(x, V, &p, 64, 7, &r, &passes), want);
+                ASSERT_EQ(sim_row(x, V, &p, 0, 1, 0, &r, &passes), want);
+                ASSERT_EQ(sim_row(x, V, &p, krn_sample_plan_of(&p, 1), 64, 7, &r, &passes), want);
             }
         free(x);
         free(work);
@@ -414,21 +421,35 @@ PC_TEST(pass_counts)
         x[i] = kt_unif(&r) * 8;
     int32_t passes;
     krn_sample_row_t g = {.temperature = 0, .top_p = 1};
-    ASSERT_EQ(sim_row(x, V, &g, 1, 0, &r, &passes), ref_row(x, V, &g, work));
+    ASSERT_EQ(krn_sample_plan_of(&g, 1),
+              KRN_SAMPLE_GREEDY | KRN_SAMPLE_NO_TOPK | KRN_SAMPLE_NO_TOPP);
+    ASSERT_EQ(sim_row(x, V, &g, krn_sample_plan_of(&g, 1), 1, 0, &r, &passes),
+              ref_row(x, V, &g, work));
     ASSERT_EQ(passes, 1);
     krn_sample_row_t p = {.temperature = 0.8f, .top_k = 50, .top_p = 0.9f, .u = 0.37};
-    ASSERT_EQ(sim_row(x, V, &p, 1, 0, &r, &passes), ref_row(x, V, &p, work));
+    ASSERT_EQ(krn_sample_plan_of(&p, 1), 0u);
+    ASSERT_EQ(sim_row(x, V, &p, 0, 1, 0, &r, &passes), ref_row(x, V, &p, work));
     ASSERT_TRUE(passes <= 1 + 2 + 3 + 1);
     krn_sample_row_t plain = {.temperature = 1, .top_p = 1, .u = 0.5};
-    ASSERT_EQ(sim_row(x, V, &plain, 1, 0, &r, &passes), ref_row(x, V, &plain, work));
+    ASSERT_EQ(krn_sample_plan_of(&plain, 1), KRN_SAMPLE_NO_TOPK | KRN_SAMPLE_NO_TOPP);
+    ASSERT_EQ(sim_row(x, V, &plain, krn_sample_plan_of(&plain, 1), 1, 0, &r, &passes),
+              ref_row(x, V, &plain, work));
     ASSERT_EQ(passes, 2);
+    /* A batch's plan is what no row needs: one row with top_k clears NO_TOPK. */
+    krn_sample_row_t mix[3] = {g, plain, {.temperature = 0.5f, .top_k = 7, .top_p = 1}};
+    ASSERT_EQ(krn_sample_plan_of(mix, 2), KRN_SAMPLE_NO_TOPK | KRN_SAMPLE_NO_TOPP);
+    ASSERT_EQ(krn_sample_plan_of(mix, 3), KRN_SAMPLE_NO_TOPP);
+    mix[2].top_p = 0.5f;
+    ASSERT_EQ(krn_sample_plan_of(mix, 3), 0u);
+    mix[2].top_k = 1; /* greedy: needs nothing */
+    ASSERT_EQ(krn_sample_plan_of(mix, 3), KRN_SAMPLE_NO_TOPK | KRN_SAMPLE_NO_TOPP);
     /* Every logit equal: top_k's boundary is decided by ids. */
     for (int32_t i = 0; i < V; i++)
         x[i] = 0.5f;
     krn_sample_row_t t = {.temperature = 1, .top_k = 1000, .top_p = 0.3f, .u = 0.999};
     int32_t want = ref_row(x, V, &t, work);
-    ASSERT_EQ(sim_row(x, V, &t, 1, 0, &r, &passes), want);
-    ASSERT_TRUE(passes <= krn_smp_n_launches(V));
+    ASSERT_EQ(sim_row(x, V, &t, 0, 1, 0, &r, &passes), want);
+    ASSERT_TRUE(passes <= krn_smp_n_launches(V, 0));
     free(x);
     free(work);
 }
