@@ -496,7 +496,8 @@ int bill_export_open(const char *dir, const bill_export_params_t *p, bill_export
         pc_free(x);
         return rc;
     }
-    if (!p->scan_all)
+    /* An unbounded range has nothing to skip (except empty segments): no index look-ups. */
+    if (!p->scan_all && (p->from_ms != 0 || p->to_ms != UINT64_MAX))
         (void)bill_ledger_reader_set_time_range(x->r, p->from_ms, p->to_ms); /* from <= to */
     *out = x;
     return 0;

@@ -1197,6 +1197,8 @@ struct bill_ledger_reader {
     uint64_t from_ms, to_ms;
     bill_ledger_index_t acc; /* the index of f's segment, from its records read so far */
     bill_ledger_reader_stats_t st;
+    uint64_t *segs; /* ranged: the segments listed last time, ascending */
+    size_t n_segs;
 };
 
 static FILE *open_segment(const char *dir, uint64_t first, bool *bad_header)
@@ -1264,15 +1266,37 @@ void bill_ledger_reader_stats(const bill_ledger_reader_t *r, bill_ledger_reader_
  * in it starts in [from_ms, to_ms). Stops at the first segment that may hold such an event, whose
  * sidecar is missing or invalid, or that is the last one (the open segment: always read). Any
  * doubt means reading the segment, which is always correct. */
+/* The index of the first of segs[0..n) that is >= seq (n when none). */
+static size_t lower_bound(const uint64_t *segs, size_t n, uint64_t seq)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (segs[mid] < seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 static void reader_skip(bill_ledger_reader_t *r)
 {
-    uint64_t *segs;
-    size_t n;
-    if (list_segments(r->dir, &segs, &n) != 0)
-        return;
-    size_t i = 0;
-    while (i < n && segs[i] < r->next_seq)
-        i++;
+    /* The directory is listed again only when next_seq is not in the last listing or is its last
+     * segment (which may have been sealed since): once per read stretch, not per segment. */
+    size_t i = lower_bound(r->segs, r->n_segs, r->next_seq);
+    if (i + 1 >= r->n_segs || r->segs[i] != r->next_seq) {
+        uint64_t *segs;
+        size_t n;
+        if (list_segments(r->dir, &segs, &n) != 0)
+            return;
+        pc_free(r->segs);
+        r->segs = segs;
+        r->n_segs = n;
+        i = lower_bound(segs, n, r->next_seq);
+    }
+    const uint64_t *segs = r->segs;
+    size_t n = r->n_segs;
     for (; i + 1 < n && segs[i] == r->next_seq; i++) {
         bill_ledger_index_t ix;
         if (bill_ledger_index_load(r->dir, segs[i], &ix) != 0 ||
@@ -1285,7 +1309,6 @@ static void reader_skip(bill_ledger_reader_t *r)
         r->st.n_segments_skipped++;
         r->next_seq = segs[i + 1];
     }
-    pc_free(segs);
 }
 
 /* After a ranged reader read a sealed segment whole: the index built from its records is the
@@ -1437,6 +1460,7 @@ void bill_ledger_reader_free(bill_ledger_reader_t *r)
         return;
     if (r->f != NULL)
         fclose(r->f);
+    pc_free(r->segs);
     pc_free(r->dir);
     pc_free(r);
 }
