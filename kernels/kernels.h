@@ -349,8 +349,8 @@ typedef struct krn_sample_args {
 } krn_sample_args_t;
 
 /* krn_sample_args_t.plan flags. A flag that does not hold for every row leaves that row
- * without a token: compute them with krn_sample_plan_of, from the rows the device gets (a
- * CUDA graph that bakes a plan in must be keyed by it). */
+ * unfinished, with token -1: compute them with krn_sample_plan_of, from the rows the device
+ * gets (a CUDA graph that bakes a plan in must be keyed by it). */
 #define KRN_SAMPLE_NO_TOPK 1u /* no row is sampled (temperature > 0) with top_k > 1 */
 #define KRN_SAMPLE_NO_TOPP 2u /* no row is sampled with top_k != 1 and top_p < 1 */
 #define KRN_SAMPLE_GREEDY 4u  /* every row greedy (temperature 0 or top_k 1): one launch */

@@ -321,8 +321,10 @@ __global__ void __launch_bounds__(KRN_SMP_THREADS)
     if (t == 0) {
         R->arrive = 0;
         R->st = sm.st;
-        if (sm.st.phase == KRN_SMP_DONE)
-            token[r] = sm.st.token;
+        /* Stats writes every row's token (-1 until it is done), so a row that a wrong plan left
+         * unfinished reports no token rather than a previous call's. */
+        if (sm.st.phase == KRN_SMP_DONE || stats)
+            token[r] = sm.st.phase == KRN_SMP_DONE ? sm.st.token : -1;
     }
 }
 

@@ -820,6 +820,13 @@ PC_TEST(sampler_radix_repeats_and_mixes_rows)
         for (int i = 0; i < ROWS; i++)
             ASSERT_EQ(got[i], want[i]);
     }
+    /* A plan that is wrong for the sampled rows (greedy only: one launch) leaves them at -1,
+     * never at the previous call's token; the greedy rows are still picked. */
+    a.plan = KRN_SAMPLE_GREEDY;
+    ASSERT_EQ(krn_sample_radix(g_ctx, &a), 0);
+    down(got, a.token, sizeof got);
+    for (int i = 0; i < ROWS; i++)
+        ASSERT_EQ(got[i], rows[i].temperature == 0.0f ? want[i] : -1);
     krn_dev_free(g_ctx, (void *)a.logits);
     krn_dev_free(g_ctx, (void *)a.row);
     krn_dev_free(g_ctx, a.token);
