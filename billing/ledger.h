@@ -66,7 +66,8 @@
  *     48  8  largest start_ms of its events (0 when none)
  *     56  8  offset of its last record (0 when none)
  *     64  4  that record's CRC32C (its frame bytes 4..8)
- *     68  4  CRC32C of the whole segment file (bytes 0 .. length)
+ *     68  4  CRC32C of its records' CRCs (record bytes 4..8) concatenated in order, 0 when none:
+ *            a checksum of the segment's contents that hashes 4 bytes per record
  *     72  4  CRC32C of bytes 0..72
  * Events are not ordered by time across threads and instances, so these are the minimum and
  * maximum, never the first and last. The writer writes the sidecar when it seals a segment by
