@@ -596,9 +596,9 @@ PC_TEST(emulated_kernel_matches_reference)
         /* Cached prefixes, then prompts from position 0; several sequences in one batch; CTAs
          * of 8 warps (the default: pairs of tasks) and of 4 (KVGW_CUDA_ATTN=tc64). */
         int32_t warps = i % 3 == 2 ? 4 : 8;
-        double e1 = tc_case(&r, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, 3, 1 + 200 / bt, 150,
+        double e1 = tc_case(&r, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, 3, 1 + 150 / bt, 110,
                             false, 0, warps, &joined);
-        double e2 = tc_case(&r, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, 2, 1 + 160 / bt, 160,
+        double e2 = tc_case(&r, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, 2, 1 + 120 / bt, 120,
                             true, 4 * bt, 12 - warps, &joined);
         if (e1 > 2e-3 || e2 > 2e-3)
             printf("  shape %zu (%d/%d heads, hd %d, bt %d): rel err %.2e, %.2e\n", i, shapes[i].nh,
