@@ -128,12 +128,17 @@ KRN_HD int32_t krn_smp_n_launches(int32_t n_vocab, uint32_t plan)
            1;
 }
 
-/* Slices (CTAs) per row: about 2048 logits each, at most KRN_SMP_MAX_SLICES, and at most 4096
- * CTAs in all; never an empty slice. *len receives the slice length. */
+/* The most CTAs of one launch: about one wave on an H100 (132 SMs x 7 resident sampler CTAs).
+ * Past that, more CTAs per row only add waves, global histogram flushes and the cost of the
+ * launches that rows already done return from; large batches keep the SMs busy with rows. */
+#define KRN_SMP_MAX_CTAS 1024
+
+/* Slices (CTAs) per row: about 2048 logits each, at most KRN_SMP_MAX_SLICES, and at most
+ * KRN_SMP_MAX_CTAS CTAs in all; never an empty slice. *len receives the slice length. */
 KRN_HD int32_t krn_smp_slices(int32_t n_vocab, int32_t n_rows, int32_t *len)
 {
     int32_t s = (n_vocab + 2047) / 2048;
-    int32_t cap = n_rows > 0 ? 4096 / n_rows : 1;
+    int32_t cap = n_rows > 0 ? KRN_SMP_MAX_CTAS / n_rows : 1;
     if (cap < 1)
         cap = 1;
     s = s > KRN_SMP_MAX_SLICES ? KRN_SMP_MAX_SLICES : s;

@@ -8,11 +8,11 @@
  * Launch geometry: krn_smp_n_launches(n_vocab, plan) launches of one kernel (11 at V = 152064
  * without a plan; 1 when the plan says every row is greedy, 2 without top_k or top_p), each
  * grid (slices, n_rows) x KRN_SMP_THREADS threads; CTA (s, r) handles ids [s * len, (s + 1) *
- * len) of row r (krn_smp_slices: about 2048 logits per CTA, at most 64 CTAs per row). The
- * first launch is the stats pass; every later one advances each row by one pass of its state
- * machine, and rows already done return at once. Each CTA adds its shared-memory histogram
- * (or its slice's kept mass) to the row's global scratch and counts itself in; the last CTA of
- * the row to arrive (threadfence + counter) merges, chooses the bucket with a block-wide
+ * len) of row r (krn_smp_slices: about 2048 logits per CTA, at most 64 CTAs per row and 1024
+ * in all). The first launch is the stats pass; every later one advances each row by one pass
+ * of its state machine, and rows already done return at once. Each CTA adds its shared-memory
+ * histogram (or its slice's kept mass) to the row's global scratch and counts itself in; the last
+ * CTA of the row to arrive (threadfence + counter) merges, chooses the bucket with a block-wide
  * suffix scan over KRN_SMP_GROUPS groups of bins, moves the row's state on, and zeroes the
  * histogram for the next pass.
  *

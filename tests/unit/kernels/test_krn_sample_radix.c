@@ -292,12 +292,13 @@ PC_TEST(slices_cover_the_row)
             ASSERT_TRUE(S >= 1 && S <= KRN_SMP_MAX_SLICES && S <= KRN_SMP_THREADS);
             ASSERT_TRUE((int64_t)S * len >= vs[a]);
             ASSERT_TRUE((int64_t)(S - 1) * len < vs[a]); /* no empty slice */
-            ASSERT_TRUE((int64_t)S * rows[b] <= 4096 || S == 1);
+            ASSERT_TRUE((int64_t)S * rows[b] <= KRN_SMP_MAX_CTAS || S == 1);
         }
     int32_t len;
     ASSERT_EQ(krn_smp_slices(152064, 1, &len), 64);
-    ASSERT_EQ(krn_smp_slices(152064, 64, &len), 64);
-    ASSERT_EQ(krn_smp_slices(152064, 128, &len), 32);
+    ASSERT_EQ(krn_smp_slices(152064, 16, &len), 64);
+    ASSERT_EQ(krn_smp_slices(152064, 64, &len), 16);
+    ASSERT_EQ(krn_smp_slices(152064, 128, &len), 8);
 }
 
 /* The key's float half decodes to the logit krn_smp_start takes as the maximum. */
