@@ -334,22 +334,26 @@ __global__ void __launch_bounds__(WARPS * 32) attn_tc_kernel(krn_attn_args_t a)
 {
     extern __shared__ __align__(16) unsigned char tc_smem[];
     const int32_t hi = a.n_tasks - 1 - (int32_t)blockIdx.x * (WARPS / 4);
-    const krn_attn_task_t th = a.tasks[hi];
-    if (WARPS == 4 || hi == 0) {
-        tc_run<HD, WARPS>(a, th, tc_smem);
-        return;
+    krn_attn_task_t first = a.tasks[hi], second = first;
+    int n_run = 1;
+    if (WARPS == 8 && hi > 0) {
+        const krn_attn_task_t lo = a.tasks[hi - 1];
+        const int32_t group = a.n_head / a.kv.n_head_kv;
+        krn_attn_task_t joined;
+        if (lo.n_rows > 1 && first.n_rows > 1 &&
+            krn_tc_pair(&lo, &first, group, a.row_pos[lo.row0 + lo.n_rows - 1],
+                        a.row_pos[first.row0 + first.n_rows - 1], WARPS * 16, &joined)) {
+            first = joined;
+        } else {
+            second = lo;
+            n_run = 2;
+        }
     }
-    const krn_attn_task_t tl = a.tasks[hi - 1];
-    const int32_t group = a.n_head / a.kv.n_head_kv;
-    krn_attn_task_t joined;
-    if (tl.n_rows > 1 && th.n_rows > 1 &&
-        krn_tc_pair(&tl, &th, group, a.row_pos[tl.row0 + tl.n_rows - 1],
-                    a.row_pos[th.row0 + th.n_rows - 1], WARPS * 16, &joined)) {
-        tc_run<HD, WARPS>(a, joined, tc_smem);
-    } else {
-        tc_run<HD, WARPS>(a, th, tc_smem);
-        __syncthreads(); /* every warp is done with the first task's shared memory */
-        tc_run<HD, WARPS>(a, tl, tc_smem);
+    /* One call site, so the body is inlined once. */
+    for (int k = 0; k < n_run; k++) {
+        if (k > 0)
+            __syncthreads(); /* every warp is done with the first task's shared memory */
+        tc_run<HD, WARPS>(a, k == 0 ? first : second, tc_smem);
     }
 }
 
