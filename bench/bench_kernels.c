@@ -28,10 +28,11 @@
  *                               vocab), as a caller that does not pass krn_sample_plan_of gets
  *   prefill_attn_tflop_per_s    causal prefill attention, 4 x 2048 tokens, same heads: 4 * heads
  *                               * head_dim * causal pairs per second
- *   prefill_attn_{tc,simt}_{4k,4k_cached4k}_tflop_per_s
+ *   prefill_attn_{tc,tc64,simt}_{4k,4k_cached4k}_tflop_per_s
  *                               causal prefill attention of one 4096-token prompt (and of 4096
  *                               tokens after 4096 cached), 32 query / 4 KV heads (GQA 8:1),
- *                               head_dim 128: the tensor-core kernel and the SIMT one
+ *                               head_dim 128: the tensor-core kernel (8-warp CTAs, the default;
+ *                               tc64: 4-warp CTAs) and the SIMT one
  *   gemm_{f16,bf16}_tflop_per_s cuBLAS at a prefill shape, M 4096 x N 4096 x K 4096 (and N 14336)
  *   e2e_prefill_tokens_per_s    the engine, 2048-token prompt
  *   e2e_decode_b{1,16,64}_tokens_per_s
@@ -712,12 +713,14 @@ int bench_kernels_main(int argc, char **argv)
         char saved[32] = "";
         if (old != NULL)
             snprintf(saved, sizeof saved, "%s", old);
-        const char *kname[2] = {"tc", "simt"};
+        /* tc: 8-warp CTAs (the default); tc64: 4-warp CTAs of one task each. */
+        const char *kname[3] = {"tc", "tc64", "simt"};
+        const char *knote[3] = {"tensor cores, 8 warps", "tensor cores, 4 warps", "SIMT"};
         const int32_t pctx[2] = {4096, 8192};
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < 3; k++)
             for (int ci = 0; ci < 2; ci++) {
-                if (k == 1)
-                    setenv("KVGW_CUDA_ATTN", "simt", 1);
+                if (k > 0)
+                    setenv("KVGW_CUDA_ATTN", kname[k], 1);
                 else
                     unsetenv("KVGW_CUDA_ATTN");
                 s = bench_attention(c, 32, 4, 1, pctx[ci], 4096, iters / 4 + 1, &bytes, &flops);
@@ -727,7 +730,7 @@ int bench_kernels_main(int argc, char **argv)
                 snprintf(key, sizeof key, "prefill_attn_%s_%s_tflop_per_s", kname[k],
                          ci ? "4k_cached4k" : "4k");
                 snprintf(note, sizeof note, "%s, 4096 new after %d cached, 32/4 heads, %.2f ms",
-                         k ? "SIMT" : "tensor cores", pctx[ci] - 4096, s * 1e3);
+                         knote[k], pctx[ci] - 4096, s * 1e3);
                 bench_report_add(&rep, key, flops / s * 1e-12, note);
             }
         if (old != NULL)
