@@ -393,8 +393,10 @@ static bool idx_is_temp(const char *name)
  * written and synced, renamed over the sidecar's name, then the directory is synced. A crash at
  * any point leaves the previous sidecar (or none) or the new one, never a partial one: the rename
  * is atomic and only renames synced bytes. On failure the temporary file is removed. io: the
- * ledger's hooks (tests inject failures and crashes there). */
-static int idx_write(int dir_fd, const bill_ledger_io_t *io, const bill_ledger_index_t *ix)
+ * ledger's hooks (tests inject failures and crashes there). sync_dir false leaves the directory's
+ * sync to the caller (the recovery writes many sidecars, then syncs the directory once). */
+static int idx_write(int dir_fd, const bill_ledger_io_t *io, const bill_ledger_index_t *ix,
+                     bool sync_dir)
 {
     static _Atomic unsigned counter;
     char name[64], tmp[128];
@@ -427,6 +429,8 @@ static int idx_write(int dir_fd, const bill_ledger_io_t *io, const bill_ledger_i
         (void)unlinkat(dir_fd, tmp, 0);
         return rc;
     }
+    if (!sync_dir)
+        return 0;
     return io->fsync(io->ud, dir_fd) == 0 ? 0 : err_from_errno(errno);
 }
 
@@ -772,8 +776,9 @@ int bill_ledger_read_instance(const char *dir, char out[BILL_STR_MAX])
 /* After the recovery read segment ix->first_seq: a sealed segment gets its sidecar written when
  * it is missing or says anything else than the data (the data wins); the last segment, which
  * appends continue, must have none (one left there would go stale at the next append). Failures
- * only log: exports then scan that segment, and the next open tries again. */
-static void reconcile_index(bill_ledger_t *l, const bill_ledger_index_t *ix, bool last)
+ * only log: exports then scan that segment, and the next open tries again. Returns true when it
+ * renamed a sidecar into place (the caller syncs the directory once for all of them). */
+static bool reconcile_index(bill_ledger_t *l, const bill_ledger_index_t *ix, bool last)
 {
     char name[64];
     idx_name(name, sizeof name, ix->first_seq);
@@ -781,20 +786,21 @@ static void reconcile_index(bill_ledger_t *l, const bill_ledger_index_t *ix, boo
         if (unlinkat(l->dir_fd, name, 0) == 0)
             PC_LOG(PC_LOG_INFO, "ledger", "%s/%s: removed the sidecar of the open segment", l->dir,
                    name);
-        return;
+        return false;
     }
     bill_ledger_index_t disk;
     int rc = bill_ledger_index_load(l->dir, ix->first_seq, &disk);
     if (rc == 0 && idx_equal(&disk, ix))
-        return;
+        return false;
     if (rc != PC_ERR_NOTFOUND)
         PC_LOG(PC_LOG_WARN, "ledger", "%s/%s is %s; rewriting it from the segment's data", l->dir,
                name, rc == 0 ? "wrong" : "corrupt");
-    rc = idx_write(l->dir_fd, &l->io, ix);
+    rc = idx_write(l->dir_fd, &l->io, ix, false);
     if (rc != 0)
         PC_LOG(PC_LOG_WARN, "ledger",
                "cannot write %s/%s (%s); exports will read that whole segment", l->dir, name,
                pc_strerror(rc));
+    return rc == 0;
 }
 
 /* Removes the temporary sidecars a crash left behind (never renamed: nothing refers to them). */
@@ -889,18 +895,22 @@ int bill_ledger_open(const bill_ledger_params_t *p, bill_ledger_t **out, char *e
     }
     uint64_t next = n_segs > 0 ? segs[0] : 1;
     remove_index_temps(l);
+    bool sidecars_written = false;
     for (size_t i = 0; i < n_segs; i++) {
         bool last = i + 1 == n_segs;
         bill_ledger_index_t ix;
         rc = recover_segment(l, segs[i], last, &next, &ix, err, err_len);
         if (rc != 0)
             goto fail;
-        reconcile_index(l, &ix, last);
+        sidecars_written |= reconcile_index(l, &ix, last);
         if (last) {
             l->cur_ix = ix;
             l->cur_ix_ok = true;
         }
     }
+    if (sidecars_written && l->io.fsync(l->io.ud, l->dir_fd) != 0)
+        PC_LOG(PC_LOG_WARN, "ledger", "cannot sync %s after writing time-index sidecars: %s",
+               l->dir, strerror(errno));
     l->st.n_segments = n_segs;
     if (n_segs == 0) {
         rc = create_segment(l, 1);
@@ -1044,7 +1054,7 @@ static void index_batch(bill_ledger_t *l, const uint8_t *p, size_t len)
  * export that reads it writes it again. */
 static void seal_index(bill_ledger_t *l, const bill_ledger_index_t *ix)
 {
-    int rc = idx_write(l->dir_fd, &l->io, ix);
+    int rc = idx_write(l->dir_fd, &l->io, ix, true);
     if (rc != 0) {
         char name[64];
         idx_name(name, sizeof name, ix->first_seq);
@@ -1328,7 +1338,7 @@ static void reader_check_index(bill_ledger_reader_t *r)
     int dfd = open(r->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0)
         return;
-    if (idx_write(dfd, &default_io, &r->acc) == 0)
+    if (idx_write(dfd, &default_io, &r->acc, true) == 0)
         r->st.n_index_written++;
     close(dfd);
 }
