@@ -111,6 +111,7 @@ typedef struct graph_slot {
     graph_key_t key;
     krn_graph_t *g;
     int32_t n_nodes;
+    bool warm; /* a step of this row count ran eagerly: its kernels are loaded */
 } graph_slot_t;
 
 /* The device lists of one step: sections of the packed staging buffer, or separate arrays. */
@@ -1017,8 +1018,9 @@ static bool key_eq(const graph_key_t *a, const graph_key_t *b)
 
 /* Runs the step's device work as a graph: replays the one captured for this row count when the
  * shape matches, else captures it (updating the slot's graph in place when it can) and
- * launches it. Returns 0, 1 when the capture failed (graphs are then off for this backend and
- * nothing was enqueued: the caller runs the step eagerly), or an error. */
+ * launches it. Returns 0, 1 when the caller must run the step eagerly (nothing enqueued: the
+ * first step of this row count, or a failed capture, after which graphs are off for this
+ * backend), or an error. */
 static int step_graph(cuda_be_t *c, const step_shape_t *sh, bool sample)
 {
     graph_slot_t *slot = &c->graph_slots[sh->T];
@@ -1031,6 +1033,12 @@ static int step_graph(cuda_be_t *c, const step_shape_t *sh, bool sample)
                        .sample = sample,
                        .splan = sample ? c->splan : 0};
     int rc;
+    if (!slot->warm) {
+        /* The first step of a row count runs eagerly: every kernel it takes (cuBLAS's for this
+         * M included) is loaded outside a capture, where lazy module loading may not work. */
+        slot->warm = true;
+        return 1;
+    }
     if (slot->g == NULL || !key_eq(&slot->key, &key)) {
         if ((rc = krn_graph_begin(c->ctx)) != 0)
             goto off;
