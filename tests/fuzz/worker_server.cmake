@@ -8,6 +8,7 @@
 kvgw_add_fuzzer(NAME fuzz_worker_server
     SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_worker_server.c
             ${PROJECT_SOURCE_DIR}/link/worker_server.c ${PROJECT_SOURCE_DIR}/link/wire_conn.c
+            ${PROJECT_SOURCE_DIR}/link/lnk_addr.c
             ${PROJECT_SOURCE_DIR}/engine/wire.c
     LIBS kvgw_engine kvgw_dep_uv kvgw_dep_xxhash kvgw_dep_sodium Threads::Threads
     CORPUS ${CMAKE_CURRENT_SOURCE_DIR}/corpus/fuzz_worker_server
