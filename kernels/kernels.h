@@ -659,6 +659,46 @@ static inline size_t krn_pack_take(size_t *cursor, size_t n_bytes)
  * sequence and at most this many rows. */
 #define KRN_GRAPH_MAX_ROWS 256
 
+/* Step lists and graphs (krn_step.c, every build). The shape of one step: what the sizes of its
+ * device lists and the arguments of its launches depend on, besides device memory contents. A
+ * graph captured for one shape replays only for an equal shape (krn_step_same_shape), so
+ * everything a launch's arguments depend on must be a field here. */
+typedef struct krn_step_shape {
+    int32_t n_rows, n_seqs, max_blocks; /* tables are [n_seqs][max_blocks] */
+    int32_t n_tasks, n_merges, n_parts; /* the attention plan (krn_attn_plan) */
+    int32_t n_logits;                   /* logits rows */
+    bool sample;                        /* the logits rows are sampled on the device */
+    uint32_t sample_plan;               /* then krn_sample_plan_of the rows (the sampler's
+                                           launches depend on it), else 0 */
+} krn_step_shape_t;
+
+/* Byte offsets of the step's lists in the staging buffer, each at a multiple of
+ * KRN_PACK_ALIGN, in this order: int32 tokens, positions and row sequences [n_rows], logits
+ * rows [n_logits], block tables [n_seqs][max_blocks], krn_attn_task_t [n_tasks],
+ * krn_attn_merge_t [n_merges], krn_sample_row_t [n_logits] when sampling (else empty); bytes
+ * is the end of the last. A function of the shape alone, so a replayed graph finds each list
+ * where its capture did. */
+typedef struct krn_step_layout {
+    size_t tokens, pos, row_seq, logit_rows, tables, tasks, merges, srows, bytes;
+} krn_step_layout_t;
+
+/* Fills *out. Returns 0, or PC_ERR_INVAL for a negative count, more logits rows than rows, or
+ * a table of more than INT32_MAX entries. */
+int krn_step_layout(const krn_step_shape_t *s, krn_step_layout_t *out);
+bool krn_step_same_shape(const krn_step_shape_t *a, const krn_step_shape_t *b);
+
+/* Whether a step may run as a graph: graphs on and the packed upload in use (the graph reads
+ * the staging buffer's device twin), a decode step (one row per sequence, 1 ..
+ * KRN_GRAPH_MAX_ROWS rows), its logits rows sampled or fitting one output-head chunk
+ * (logits_rows: copied to the host after the replay), and the logits rows gathered on the
+ * device (fused_head) or rows 0, 1, .. (the unfused head copies each row from an address the
+ * graph would bake in). */
+typedef struct krn_step_graph_params {
+    bool graphs, packed, decode, fused_head, logit_rows_identity;
+    int32_t logits_rows;
+} krn_step_graph_params_t;
+bool krn_step_graphable(const krn_step_shape_t *s, const krn_step_graph_params_t *p);
+
 /* CUDA entry points of this section (CUDA builds). */
 int krn_rmsnorm_convert(krn_ctx_t *ctx, const krn_rmsnorm_convert_args_t *a);
 int krn_qkv_rope_kv(krn_ctx_t *ctx, const krn_qkv_rope_kv_args_t *a);

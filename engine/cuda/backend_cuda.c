@@ -25,7 +25,7 @@
  * tables, attention tasks and merges, sampling rules) are packed into one pinned staging
  * buffer and uploaded with one copy. Decode steps (one token per sequence, at most
  * KRN_GRAPH_MAX_ROWS rows) run as CUDA graphs, one per row count: captured on first use,
- * replayed while the step's shape (graph_key_t) is unchanged, updated in place
+ * replayed while the step's shape (krn_step_shape_t) is unchanged, updated in place
  * (cudaGraphExecUpdate) when it changes; every device buffer a graph reads is allocated
  * before capture and dropping a buffer drops the graphs. A failed capture turns graphs off
  * for the backend (logged) and the step runs call by call. eng_cuda_stats_get (backend.h)
@@ -98,17 +98,10 @@ typedef struct cl {
     cw_t wqkv, wgu;
 } cl_t;
 
-/* What a captured decode graph baked in: a step replays it only when every field matches
- * (the device addresses it used are fixed until graphs_reset). Everything a launch's
- * arguments depend on besides device memory contents must be here. */
-typedef struct graph_key {
-    int32_t n_seqs, max_blocks, n_tasks, n_merges, n_parts, n_logits;
-    bool sample;
-    uint32_t splan; /* the sampler's launches depend on it */
-} graph_key_t;
-
+/* A captured decode graph and the step shape it baked in (krn_step_same_shape decides a
+ * replay; the device addresses it used are fixed until graphs_reset). */
 typedef struct graph_slot {
-    graph_key_t key;
+    krn_step_shape_t key;
     krn_graph_t *g;
     int32_t n_nodes;
     bool warm; /* a step of this row count ran eagerly: its kernels are loaded */
@@ -639,17 +632,11 @@ static int sample_chunk(cuda_be_t *c, int32_t r0, int32_t n)
     return LAUNCH(c, krn_sample(c->ctx, &sa));
 }
 
-/* The shapes of one step, from the host lists. */
-typedef struct step_shape {
-    int32_t T, n_seqs, max_blocks, n_tasks, n_merges, n_parts, n_logits;
-    bool decode; /* every sequence brings one token */
-} step_shape_t;
-
 /* One layer's attention half: x -> q (roped, scaled), K/V stored, att, x += att . Wo^T. */
-static int layer_attention(cuda_be_t *c, const cl_t *L, int32_t l, const step_shape_t *sh)
+static int layer_attention(cuda_be_t *c, const cl_t *L, int32_t l, const krn_step_shape_t *sh)
 {
     const eng_hparams_t *hp = &c->model->hp;
-    int32_t D = (int32_t)hp->n_embd, hd = (int32_t)hp->head_dim, T = sh->T;
+    int32_t D = (int32_t)hp->n_embd, hd = (int32_t)hp->head_dim, T = sh->n_rows;
     int32_t nq = (int32_t)(hp->n_head * hp->head_dim), nk = (int32_t)(hp->n_head_kv * hp->head_dim);
     const step_dev_t *dv = &c->dev;
     int rc;
@@ -783,10 +770,10 @@ static int layer_attention(cuda_be_t *c, const cl_t *L, int32_t l, const step_sh
 }
 
 /* One layer's feed-forward half: x += (silu(h . Wg^T) * (h . Wu^T)) . Wd^T, h = rmsnorm(x). */
-static int layer_ffn(cuda_be_t *c, const cl_t *L, const step_shape_t *sh)
+static int layer_ffn(cuda_be_t *c, const cl_t *L, const krn_step_shape_t *sh)
 {
     const eng_hparams_t *hp = &c->model->hp;
-    int32_t D = (int32_t)hp->n_embd, ff = (int32_t)hp->n_ff, T = sh->T;
+    int32_t D = (int32_t)hp->n_embd, ff = (int32_t)hp->n_ff, T = sh->n_rows;
     int rc;
     if (c->fuse && L->wgu.d != NULL) {
         /* One GEMM into [T][2 ff] (c->g's allocation), SwiGLU over its halves straight into
@@ -838,12 +825,12 @@ static int layer_ffn(cuda_be_t *c, const cl_t *L, const step_shape_t *sh)
 
 /* Everything a step runs on the device after its lists are uploaded: the embedding, the
  * layers, the output head over the logits rows. The head's chunks are copied to `logits` (host)
- * as they come when logits is not NULL, sampled when sample is set, or left in c->logits for
+ * as they come when logits is not NULL, sampled when sh->sample is set, or left in c->logits for
  * the caller (a captured step, whose n_logits fits one chunk). */
-static int step_enqueue(cuda_be_t *c, const step_shape_t *sh, float *logits, bool sample)
+static int step_enqueue(cuda_be_t *c, const krn_step_shape_t *sh, float *logits)
 {
     const eng_hparams_t *hp = &c->model->hp;
-    int32_t D = (int32_t)hp->n_embd, V = (int32_t)hp->n_vocab, T = sh->T;
+    int32_t D = (int32_t)hp->n_embd, V = (int32_t)hp->n_vocab, T = sh->n_rows;
     int32_t n_logits = sh->n_logits;
     int rc;
     krn_embed_args_t ea = {.table = c->tok_embd.d,
@@ -903,7 +890,7 @@ static int step_enqueue(cuda_be_t *c, const step_shape_t *sh, float *logits, boo
             rc = gemm(c, c->h + (size_t)r0 * D, nr, &c->output, c->logits, false);
         if (rc != 0)
             return rc;
-        if (sample)
+        if (sh->sample)
             rc = sample_chunk(c, r0, nr);
         else if (logits != NULL)
             rc = krn_copy_d2h(c->ctx, logits + (size_t)r0 * V, c->logits, (size_t)nr * V * 4);
@@ -915,9 +902,9 @@ static int step_enqueue(cuda_be_t *c, const step_shape_t *sh, float *logits, boo
 
 /* Uploads the step's lists (host arrays of c) and points c->dev at their device copies: one
  * copy of the pinned staging buffer (packed), or one copy per list. */
-static int step_upload(cuda_be_t *c, const step_shape_t *sh, const eng_sample_row_t *srows)
+static int step_upload(cuda_be_t *c, const krn_step_shape_t *sh, const eng_sample_row_t *srows)
 {
-    int32_t T = sh->T, nl = sh->n_logits;
+    int32_t T = sh->n_rows, nl = sh->n_logits;
     size_t n_tab = (size_t)sh->n_seqs * sh->max_blocks;
     bool sample = srows != NULL;
     int rc;
@@ -966,14 +953,10 @@ static int step_upload(cuda_be_t *c, const step_shape_t *sh, const eng_sample_ro
     }
     /* The layout is a function of the shape alone, so a graph captured for a shape reads its
      * lists at the same device addresses on every replay. */
-    size_t cur = 0;
-    size_t o_tok = krn_pack_take(&cur, (size_t)T * 4), o_pos = krn_pack_take(&cur, (size_t)T * 4);
-    size_t o_seq = krn_pack_take(&cur, (size_t)T * 4), o_lr = krn_pack_take(&cur, (size_t)nl * 4);
-    size_t o_tab = krn_pack_take(&cur, n_tab * 4);
-    size_t o_task = krn_pack_take(&cur, (size_t)sh->n_tasks * sizeof(krn_attn_task_t));
-    size_t o_mrg = krn_pack_take(&cur, (size_t)sh->n_merges * sizeof(krn_attn_merge_t));
-    size_t o_srow = krn_pack_take(&cur, sample ? (size_t)nl * sizeof(krn_sample_row_t) : 0);
-    size_t bytes = cur;
+    krn_step_layout_t lay;
+    if ((rc = krn_step_layout(sh, &lay)) != 0)
+        return rc;
+    size_t bytes = lay.bytes;
     if (bytes > c->stage_cap) {
         size_t nc = c->stage_cap ? c->stage_cap : 4096;
         while (nc < bytes)
@@ -988,32 +971,25 @@ static int step_upload(cuda_be_t *c, const step_shape_t *sh, const eng_sample_ro
     if ((rc = grow_dev(c, &c->d_stage, &c->d_stage_cap, bytes, 1)) != 0)
         return rc;
     uint8_t *h = c->stage, *d = c->d_stage;
-    memcpy(h + o_tok, c->tokens, (size_t)T * 4);
-    memcpy(h + o_pos, c->pos, (size_t)T * 4);
-    memcpy(h + o_seq, c->row_seq, (size_t)T * 4);
-    memcpy(h + o_lr, c->logit_rows, (size_t)nl * 4);
-    memcpy(h + o_tab, c->tables, n_tab * 4);
-    memcpy(h + o_task, c->tasks, (size_t)sh->n_tasks * sizeof(krn_attn_task_t));
-    memcpy(h + o_mrg, c->merges, (size_t)sh->n_merges * sizeof(krn_attn_merge_t));
-    if (sample && (rc = sample_prepare(c, srows, nl, (krn_sample_row_t *)(h + o_srow))) != 0)
+    memcpy(h + lay.tokens, c->tokens, (size_t)T * 4);
+    memcpy(h + lay.pos, c->pos, (size_t)T * 4);
+    memcpy(h + lay.row_seq, c->row_seq, (size_t)T * 4);
+    memcpy(h + lay.logit_rows, c->logit_rows, (size_t)nl * 4);
+    memcpy(h + lay.tables, c->tables, n_tab * 4);
+    memcpy(h + lay.tasks, c->tasks, (size_t)sh->n_tasks * sizeof(krn_attn_task_t));
+    memcpy(h + lay.merges, c->merges, (size_t)sh->n_merges * sizeof(krn_attn_merge_t));
+    if (sample && (rc = sample_prepare(c, srows, nl, (krn_sample_row_t *)(h + lay.srows))) != 0)
         return rc;
-    c->dev = (step_dev_t){.tokens = (int32_t *)(d + o_tok),
-                          .pos = (int32_t *)(d + o_pos),
-                          .row_seq = (int32_t *)(d + o_seq),
-                          .logit_rows = (int32_t *)(d + o_lr),
-                          .tables = (int32_t *)(d + o_tab),
-                          .tasks = (krn_attn_task_t *)(d + o_task),
-                          .merges = (krn_attn_merge_t *)(d + o_mrg),
-                          .srows = (krn_sample_row_t *)(d + o_srow)};
+    c->dev = (step_dev_t){.tokens = (int32_t *)(d + lay.tokens),
+                          .pos = (int32_t *)(d + lay.pos),
+                          .row_seq = (int32_t *)(d + lay.row_seq),
+                          .logit_rows = (int32_t *)(d + lay.logit_rows),
+                          .tables = (int32_t *)(d + lay.tables),
+                          .tasks = (krn_attn_task_t *)(d + lay.tasks),
+                          .merges = (krn_attn_merge_t *)(d + lay.merges),
+                          .srows = (krn_sample_row_t *)(d + lay.srows)};
     stat_add(&g_stats.uploads, 1);
     return krn_copy_h2d(c->ctx, c->d_stage, c->stage, bytes);
-}
-
-static bool key_eq(const graph_key_t *a, const graph_key_t *b)
-{
-    return a->n_seqs == b->n_seqs && a->max_blocks == b->max_blocks && a->n_tasks == b->n_tasks &&
-           a->n_merges == b->n_merges && a->n_parts == b->n_parts && a->n_logits == b->n_logits &&
-           a->sample == b->sample && a->splan == b->splan;
 }
 
 /* Runs the step's device work as a graph: replays the one captured for this row count when the
@@ -1021,17 +997,9 @@ static bool key_eq(const graph_key_t *a, const graph_key_t *b)
  * launches it. Returns 0, 1 when the caller must run the step eagerly (nothing enqueued: the
  * first step of this row count, or a failed capture, after which graphs are off for this
  * backend), or an error. */
-static int step_graph(cuda_be_t *c, const step_shape_t *sh, bool sample)
+static int step_graph(cuda_be_t *c, const krn_step_shape_t *sh)
 {
-    graph_slot_t *slot = &c->graph_slots[sh->T];
-    graph_key_t key = {.n_seqs = sh->n_seqs,
-                       .max_blocks = sh->max_blocks,
-                       .n_tasks = sh->n_tasks,
-                       .n_merges = sh->n_merges,
-                       .n_parts = sh->n_parts,
-                       .n_logits = sh->n_logits,
-                       .sample = sample,
-                       .splan = sample ? c->splan : 0};
+    graph_slot_t *slot = &c->graph_slots[sh->n_rows];
     int rc;
     if (!slot->warm) {
         /* The first step of a row count runs eagerly: every kernel it takes (cuBLAS's for this
@@ -1039,17 +1007,17 @@ static int step_graph(cuda_be_t *c, const step_shape_t *sh, bool sample)
         slot->warm = true;
         return 1;
     }
-    if (slot->g == NULL || !key_eq(&slot->key, &key)) {
+    if (slot->g == NULL || !krn_step_same_shape(&slot->key, sh)) {
         if ((rc = krn_graph_begin(c->ctx)) != 0)
             goto off;
-        if ((rc = step_enqueue(c, sh, NULL, sample)) != 0) {
+        if ((rc = step_enqueue(c, sh, NULL)) != 0) {
             krn_graph_abort(c->ctx);
             goto off;
         }
         bool updated;
         if ((rc = krn_graph_end(c->ctx, &slot->g, &slot->n_nodes, &updated)) != 0)
             goto off;
-        slot->key = key;
+        slot->key = *sh;
         stat_add(&g_stats.graph_captures, 1);
         stat_add(&g_stats.graph_updates, updated);
     } else {
@@ -1081,19 +1049,20 @@ static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, f
     c->n_calls = 0;
 
     /* Rows, positions, tables, the logit rows and the attention plan. */
-    step_shape_t sh = {.n_seqs = (int32_t)n_seqs, .max_blocks = 1, .decode = true};
+    krn_step_shape_t sh = {.n_seqs = (int32_t)n_seqs, .max_blocks = 1};
+    bool decode = true; /* one token per sequence */
     for (uint32_t s = 0; s < n_seqs; s++) {
         const eng_fwd_seq_t *sq = &seqs[s];
-        if (sq->n_tokens == 0 || (uint64_t)sh.T + sq->n_tokens > c->p.max_tokens ||
+        if (sq->n_tokens == 0 || (uint64_t)sh.n_rows + sq->n_tokens > c->p.max_tokens ||
             (uint64_t)sq->pos0 + sq->n_tokens > (uint64_t)sq->n_blocks * (uint32_t)bt ||
             sq->pos0 + sq->n_tokens > INT32_MAX / 2)
             return PC_ERR_INVAL;
         for (uint32_t i = 0; i < sq->n_blocks; i++)
             if (sq->blocks[i] >= (uint32_t)c->kv.n_blocks)
                 return PC_ERR_INVAL;
-        sh.T += (int32_t)sq->n_tokens;
+        sh.n_rows += (int32_t)sq->n_tokens;
         sh.max_blocks = PC_MAX(sh.max_blocks, (int32_t)sq->n_blocks);
-        sh.decode = sh.decode && sq->n_tokens == 1;
+        decode = decode && sq->n_tokens == 1;
     }
     int rc;
     if ((rc = grow_host((void **)&c->tables, &c->tables_cap, (size_t)n_seqs * sh.max_blocks,
@@ -1140,33 +1109,37 @@ static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, f
         (rc = grow_dev(c, (void **)&c->d_part_ml, &c->part_ml_cap, (size_t)sh.n_parts * 2 + 1,
                        sizeof(float))) != 0)
         return rc;
-    bool sample = logits == NULL && sh.n_logits > 0;
+    sh.sample = logits == NULL && sh.n_logits > 0;
     PC_ASSERT(sh.n_logits == 0 || logits != NULL || (srows != NULL && tokens != NULL));
-    if ((rc = step_upload(c, &sh, sample ? srows : NULL)) != 0)
+    if ((rc = step_upload(c, &sh, sh.sample ? srows : NULL)) != 0)
         return rc;
+    sh.sample_plan = sh.sample ? c->splan : 0; /* sample_prepare's */
 
-    /* Decode steps whose logits fit one chunk run as a graph (the chunk is copied out after
-     * it); everything else, and every step once a capture failed, is enqueued call by call.
-     * The unfused head gathers the logits rows with one copy per row, whose addresses a graph
-     * would bake in: there, only steps whose logits rows are rows 0, 1, .. replay. */
-    bool rows_ident = true;
+    /* Decode steps whose logits fit one chunk run as a graph (krn_step_graphable; the chunk
+     * is copied out after it); everything else, and every step once a capture failed, is
+     * enqueued call by call. */
+    krn_step_graph_params_t gp = {.graphs = c->graphs,
+                                  .packed = c->packed,
+                                  .decode = decode,
+                                  .fused_head = c->fuse,
+                                  .logit_rows_identity = true,
+                                  .logits_rows = c->logits_rows};
     for (int32_t i = 0; i < sh.n_logits; i++)
-        rows_ident = rows_ident && c->logit_rows[i] == i;
-    bool graph = c->graphs && sh.decode && sh.T <= KRN_GRAPH_MAX_ROWS &&
-                 (sample || sh.n_logits <= c->logits_rows) && (c->fuse || rows_ident);
-    rc = graph ? step_graph(c, &sh, sample) : 1;
+        gp.logit_rows_identity = gp.logit_rows_identity && c->logit_rows[i] == i;
+    bool graph = krn_step_graphable(&sh, &gp);
+    rc = graph ? step_graph(c, &sh) : 1;
     if (rc == 1) {
         graph = false;
         uint64_t calls0 = c->n_calls;
-        rc = step_enqueue(c, &sh, logits, sample);
+        rc = step_enqueue(c, &sh, logits);
         stat_add(&g_stats.device_ops, c->n_calls - calls0);
     }
     if (rc != 0)
         return rc;
-    if (graph && !sample && sh.n_logits > 0 &&
+    if (graph && !sh.sample && sh.n_logits > 0 &&
         (rc = krn_copy_d2h(c->ctx, logits, c->logits, (size_t)sh.n_logits * V * 4)) != 0)
         return rc;
-    if (sample &&
+    if (sh.sample &&
         (rc = krn_copy_d2h(c->ctx, tokens, c->d_stok, (size_t)sh.n_logits * sizeof(int32_t))) != 0)
         return rc;
     stat_add(&g_stats.steps, 1);

@@ -468,4 +468,147 @@ PC_TEST(decode_kernel_shapes_and_split_plan)
     ASSERT_EQ(krn_decode_split_tokens(132, 1, 8, 16, 0, 0), 0);
 }
 
+/* The cuda step's packed lists (krn_step_layout): every section aligned, in order, of its
+ * list's size and disjoint from the next; the sampling rules only when sampling; the same
+ * shape gives the same layout (a replayed graph's addresses); bad counts are refused. */
+PC_TEST(step_layout_is_aligned_ordered_and_a_function_of_the_shape)
+{
+    kt_rng_t r = {61};
+    for (int it = 0; it < 500; it++) {
+        krn_step_shape_t s = {.n_rows = 1 + (int32_t)kt_below(&r, 300),
+                              .n_seqs = 1 + (int32_t)kt_below(&r, 70),
+                              .max_blocks = (int32_t)kt_below(&r, 600),
+                              .n_tasks = (int32_t)kt_below(&r, 2000),
+                              .n_merges = (int32_t)kt_below(&r, 100),
+                              .n_parts = (int32_t)kt_below(&r, 5000),
+                              .sample = kt_below(&r, 2) == 1};
+        s.n_logits = (int32_t)kt_below(&r, (uint32_t)s.n_rows + 1);
+        krn_step_layout_t a, b;
+        ASSERT_EQ(krn_step_layout(&s, &a), 0);
+        const size_t off[8] = {a.tokens, a.pos,   a.row_seq, a.logit_rows,
+                               a.tables, a.tasks, a.merges,  a.srows};
+        const size_t len[8] = {(size_t)s.n_rows * 4,
+                               (size_t)s.n_rows * 4,
+                               (size_t)s.n_rows * 4,
+                               (size_t)s.n_logits * 4,
+                               (size_t)s.n_seqs * (size_t)s.max_blocks * 4,
+                               (size_t)s.n_tasks * sizeof(krn_attn_task_t),
+                               (size_t)s.n_merges * sizeof(krn_attn_merge_t),
+                               s.sample ? (size_t)s.n_logits * sizeof(krn_sample_row_t) : 0};
+        for (int i = 0; i < 8; i++) {
+            ASSERT_EQ(off[i] % KRN_PACK_ALIGN, 0);
+            size_t next = i < 7 ? off[i + 1] : a.bytes;
+            if (i < 7)
+                ASSERT_TRUE(off[i] + len[i] <= next);
+            else
+                ASSERT_EQ(off[i] + len[i], a.bytes);
+            ASSERT_TRUE(next - (off[i] + len[i]) < KRN_PACK_ALIGN);
+        }
+        s.sample_plan = 0x5u; /* not a size: the layout ignores it */
+        ASSERT_EQ(krn_step_layout(&s, &b), 0);
+        ASSERT_MEM_EQ(&a, &b, sizeof a);
+    }
+    krn_step_shape_t bad = {.n_rows = 4, .n_seqs = 4, .max_blocks = 1, .n_logits = 5};
+    krn_step_layout_t l;
+    ASSERT_EQ(krn_step_layout(&bad, &l), PC_ERR_INVAL);
+    bad.n_logits = 4;
+    bad.n_tasks = -1;
+    ASSERT_EQ(krn_step_layout(&bad, &l), PC_ERR_INVAL);
+    bad.n_tasks = 0;
+    bad.n_seqs = 1 << 20;
+    bad.max_blocks = 1 << 12;
+    ASSERT_EQ(krn_step_layout(&bad, &l), PC_ERR_INVAL);
+}
+
+/* A graph replays only for an equal shape (every field counts: each one changed alone makes
+ * another shape), and only decode steps that the graph can carry whole are graphable. */
+PC_TEST(step_graph_policy)
+{
+    const krn_step_shape_t base = {.n_rows = 16,
+                                   .n_seqs = 16,
+                                   .max_blocks = 40,
+                                   .n_tasks = 64,
+                                   .n_merges = 3,
+                                   .n_parts = 96,
+                                   .n_logits = 16,
+                                   .sample = true,
+                                   .sample_plan = 3};
+    ASSERT_TRUE(krn_step_same_shape(&base, &base));
+    for (int f = 0; f < 9; f++) {
+        krn_step_shape_t s = base;
+        switch (f) {
+        case 0:
+            s.n_rows++;
+            break;
+        case 1:
+            s.n_seqs++;
+            break;
+        case 2:
+            s.max_blocks++;
+            break;
+        case 3:
+            s.n_tasks++;
+            break;
+        case 4:
+            s.n_merges++;
+            break;
+        case 5:
+            s.n_parts++;
+            break;
+        case 6:
+            s.n_logits--;
+            break;
+        case 7:
+            s.sample = false;
+            break;
+        default:
+            s.sample_plan ^= 1u;
+            break;
+        }
+        if (krn_step_same_shape(&s, &base) || krn_step_same_shape(&base, &s))
+            PC_TEST__FAIL("field %d changed, yet the same shape", f);
+    }
+    const krn_step_graph_params_t on = {.graphs = true,
+                                        .packed = true,
+                                        .decode = true,
+                                        .fused_head = true,
+                                        .logit_rows_identity = false,
+                                        .logits_rows = 64};
+    ASSERT_TRUE(krn_step_graphable(&base, &on));
+    krn_step_graph_params_t p = on;
+    p.graphs = false;
+    ASSERT_FALSE(krn_step_graphable(&base, &p));
+    p = on;
+    p.packed = false; /* the graph reads the staging buffer's device twin */
+    ASSERT_FALSE(krn_step_graphable(&base, &p));
+    p = on;
+    p.decode = false;
+    ASSERT_FALSE(krn_step_graphable(&base, &p));
+    p = on;
+    p.fused_head = false; /* the unfused head's per-row copies: only rows 0, 1, .. */
+    ASSERT_FALSE(krn_step_graphable(&base, &p));
+    p.logit_rows_identity = true;
+    ASSERT_TRUE(krn_step_graphable(&base, &p));
+    krn_step_shape_t s = base;
+    s.n_rows = s.n_seqs = KRN_GRAPH_MAX_ROWS + 1;
+    s.n_logits = 1;
+    ASSERT_FALSE(krn_step_graphable(&s, &on));
+    s.n_rows = s.n_seqs = KRN_GRAPH_MAX_ROWS;
+    ASSERT_TRUE(krn_step_graphable(&s, &on));
+    s.n_seqs = s.n_rows - 1; /* not one row per sequence */
+    ASSERT_FALSE(krn_step_graphable(&s, &on));
+    /* Logits to the host: at most one head chunk (copied out after the replay); sampled rows
+     * any number. */
+    s = base;
+    s.n_rows = s.n_seqs = s.n_logits = 100;
+    ASSERT_TRUE(krn_step_graphable(&s, &on));
+    s.sample = false;
+    ASSERT_FALSE(krn_step_graphable(&s, &on));
+    s.n_logits = 64;
+    ASSERT_TRUE(krn_step_graphable(&s, &on));
+    s.n_rows = s.n_seqs = 0;
+    s.n_logits = 0;
+    ASSERT_FALSE(krn_step_graphable(&s, &on));
+}
+
 PC_TEST_MAIN()
