@@ -22,6 +22,9 @@
 #
 #   scripts/gpu-check.sh [--no-build] [--bench-only] [--tests-only] [--no-big]
 #
+# Step 4's second half and step 5 are skipped once KVGW_GPU_BUDGET_S seconds (default 420) have
+# passed, so one call ends inside the device tool's 10 minutes with its summary.
+#
 # The models need the Llama 3 tokenizer, which the device machine does not have (node_modules
 # is not part of the working tree), and the build needs scripts/setup.sh's libraries, which its
 # image may lack (it has CUDA and CMake): run `scripts/gpu-deps.sh fetch` here first, then carry
@@ -178,7 +181,10 @@ if [ $do_bench -eq 1 ]; then
         failed=1
     fi
     # The host-overhead work switched off, on the bench model: the before of the after above.
-    if [ ${#e2e[@]} -eq 0 ]; then
+    # These and the big model are skipped once the run is past its budget (KVGW_GPU_BUDGET_S,
+    # default 420 s), so the call ends inside the device tool's 10 minutes with the summary.
+    budget=${KVGW_GPU_BUDGET_S:-420}
+    if [ ${#e2e[@]} -eq 0 ] && [ $SECONDS -lt "$budget" ]; then
         KVGW_CUDA_GRAPHS=0 step bench-nographs "$kvgw" bench kernels --e2e-only --tag nographs
         KVGW_CUDA_FUSED=0 KVGW_CUDA_PACKED=0 step bench-unfused "$kvgw" bench kernels \
             --e2e-only --tag unfused
@@ -187,7 +193,9 @@ if [ $do_bench -eq 1 ]; then
         step big-model wait "$big_pid"
         cat "$logs/big-model-gen.log" | tee -a "$out/all.log" >>"$summary"
     fi
-    if [ $do_big -eq 1 ] && [ -f "$big" ]; then
+    if [ $do_big -eq 1 ] && [ -f "$big" ] && [ $SECONDS -ge "$budget" ]; then
+        echo "bench-big      skipped: ${SECONDS}s spent of the ${budget}s budget" | tee -a "$summary"
+    elif [ $do_big -eq 1 ] && [ -f "$big" ]; then
         step bench-big "$kvgw" bench kernels --e2e-only --model "$big" --tag big
     fi
     # Every figure of the runs in one file.
