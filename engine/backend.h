@@ -130,9 +130,11 @@ int eng_backend_cuda_init(const struct eng_model *model, struct eng_kvpool *kv,
  * captures or replays a CUDA graph (graphs need the packed upload). */
 typedef struct eng_cuda_stats {
     uint64_t steps;            /* forward steps */
-    uint64_t launches;         /* kernel, cuBLAS and graph launches the host made */
-    uint64_t device_ops;       /* kernels (and graph copy/memset nodes) the device ran; a
-                                  cuBLAS call counts 1 when not in a graph */
+    uint64_t launches;         /* launching calls the host made: kernel entry points (krn_*),
+                                  cuBLAS GEMMs and graph launches, each counted 1 */
+    uint64_t device_ops;       /* what the device ran: the nodes of a replayed graph (kernels,
+                                  copies, memsets, exact), else the launching calls (an entry
+                                  point that launches two kernels counts 1) */
     uint64_t uploads;          /* host-to-device copies of per-step lists */
     uint64_t graph_replays;    /* steps run by replaying a captured graph */
     uint64_t graph_captures;   /* steps captured (then replayed) */
