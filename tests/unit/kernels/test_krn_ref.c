@@ -1175,15 +1175,16 @@ PC_TEST(fused_refs_match_unfused_references)
     for (size_t ci = 0; ci < PC_ARRAY_LEN(cases); ci++) {
         kf_case_t c;
         int32_t R = 37, hd = cases[ci].hd, nh = cases[ci].nh, nkv = cases[ci].nkv;
-        kf_make(&c, &r, R, nh, nkv, hd, cases[ci].bt, cases[ci].kv, cases[ci].bias,
-                cases[ci].norm, cases[ci].style, cases[ci].rope_dim);
+        kf_make(&c, &r, R, nh, nkv, hd, cases[ci].bt, cases[ci].kv, cases[ci].bias, cases[ci].norm,
+                cases[ci].style, cases[ci].rope_dim);
         int32_t nq = nh * hd, nk = nkv * hd;
         size_t pool_bytes = kf_pool_bytes(&c);
         float *q_f = malloc(sizeof(float) * (size_t)R * nq);
         krn_qkv_rope_kv_args_t a = kf_args(&c, q_f);
         ASSERT_EQ(krn_ref_qkv_rope_kv(&a), 0);
         /* The unfused chain over copies of the three column ranges and a second pool. */
-        float *q = malloc(sizeof(float) * (size_t)R * nq), *k = malloc(sizeof(float) * (size_t)R * nk),
+        float *q = malloc(sizeof(float) * (size_t)R * nq),
+              *k = malloc(sizeof(float) * (size_t)R * nk),
               *v = malloc(sizeof(float) * (size_t)R * nk);
         for (int32_t i = 0; i < R; i++) {
             memcpy(q + (size_t)i * nq, c.qkv + i * c.ld, sizeof(float) * (size_t)nq);
@@ -1292,8 +1293,8 @@ PC_TEST(fused_refs_match_unfused_references)
             for (int i = 0; i < R; i++)
                 memcpy(tmp + (size_t)i * W, x + (size_t)(gather ? rows[i] : i) * W,
                        sizeof(float) * W);
-            krn_rmsnorm_args_t rn = {.x = tmp, .w = w, .y = tmp, .n_rows = R, .width = W,
-                                     .eps = 1e-5f};
+            krn_rmsnorm_args_t rn = {
+                .x = tmp, .w = w, .y = tmp, .n_rows = R, .width = W, .eps = 1e-5f};
             ASSERT_EQ(krn_ref_rmsnorm(&rn), 0);
             if (t == KRN_F32) {
                 memcpy(want, tmp, out_bytes);
