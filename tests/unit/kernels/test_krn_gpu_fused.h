@@ -86,12 +86,10 @@ PC_TEST(fused_kernels_match_references)
         double q_err = kt_rel_err_f(q_got, q_want, (int64_t)R * nq);
         double p_err = pool_rel_err(&c.kv, pool_got, c.kv.base);
         /* In place over a q array of its own (the unfused GEMMs' layout): the same q. */
-        float *dq = up(c.qkv, sizeof(float) * (size_t)R * c.ld); /* rows of ld: q first */
         float *q_sep = malloc(q_bytes);
         for (int32_t i = 0; i < R; i++)
             memcpy(q_sep + (size_t)i * nq, c.qkv + i * c.ld, sizeof(float) * (size_t)nq);
-        krn_dev_free(g_ctx, dq);
-        dq = up(q_sep, q_bytes);
+        float *dq = up(q_sep, q_bytes);
         krn_qkv_rope_kv_args_t d2 = d;
         d2.q_in = d2.q_out = dq;
         d2.ld_q = nq;
