@@ -670,6 +670,10 @@ typedef struct krn_step_shape {
     bool sample;                        /* the logits rows are sampled on the device */
     uint32_t sample_plan;               /* then krn_sample_plan_of the rows (the sampler's
                                            launches depend on it), else 0 */
+    int32_t dec_split, dec_splits;      /* a step whose attention runs the split-KV decode
+                                           kernel: its split_tokens and max_splits
+                                           (krn_decode_step_plan; n_tasks .. n_parts are 0
+                                           then), else 0 and 0 */
 } krn_step_shape_t;
 
 /* Byte offsets of the step's lists in the staging buffer, each at a multiple of
@@ -698,6 +702,52 @@ typedef struct krn_step_graph_params {
     int32_t logits_rows;
 } krn_step_graph_params_t;
 bool krn_step_graphable(const krn_step_shape_t *s, const krn_step_graph_params_t *p);
+
+/* The split-KV decode kernel in the cuda backend's steps (krn_step.c). A step whose rows are
+ * all single-token decode rows (one per sequence) runs its attention with krn_decode_attention
+ * when krn_decode_use holds; other steps, mixed prefill + decode steps included, keep
+ * krn_attention's plan (the decode rows of a mixed step are not contiguous in the batch, and
+ * the decode kernel reads rows 0 .. n_rows - 1).
+ *
+ * krn_decode_use: krn_decode_check accepts the pool and head count, and `env` (the value of
+ * KVGW_CUDA_DECODE, or NULL) is not "attn". KVGW_CUDA_DECODE=attn keeps every decode step on
+ * krn_attention's plan (split tasks on the SIMT kernel), the path to bisect with. */
+bool krn_decode_use(const krn_kv_t *kv, int32_t n_head, const char *env);
+
+/* The decode kernel's launch for a decode step of n_rows rows whose longest context is
+ * max_kv_len positions (largest row position + 1), on a device of n_sm SMs:
+ *   - split_tokens: krn_decode_split_tokens's split (about 2 * n_sm CTAs, at least 4 blocks),
+ *     rounded up to a number of blocks whose binary form has at most 3 significant bits (at most
+ *     25% more positions per split), so the split changes only every ~1/4 octave of context;
+ *   - max_splits: the grid's splits per row, ceil(2 * n_sm / (n_rows * n_head_kv)) (the most
+ *     splits that split sizing ever gives this row count; CTAs past a row's last split exit at
+ *     once), so it does not change while the contexts grow.
+ * When the longest context fits one split, max_splits is 1 and split_tokens is
+ * KRN_DECODE_ONE_SPLIT rounded down to a block (no partials, no merge, and the same arguments
+ * for any context). Both are launch arguments a captured graph bakes in: they are part of the
+ * step's shape (dec_split, dec_splits), and the rule above keeps a decode batch's shape, hence
+ * its graph, stable over long stretches of steps. Returns 0, or PC_ERR_INVAL for a non-positive
+ * argument or a context the int32 split arithmetic cannot carry. */
+#define KRN_DECODE_ONE_SPLIT (1 << 30)
+int krn_decode_step_plan(int32_t n_sm, int32_t n_rows, int32_t n_head_kv, int32_t block_tokens,
+                         int32_t max_kv_len, int32_t *split_tokens, int32_t *max_splits);
+
+/* The partial slots (rows x query heads x splits, each head_dim floats of part_o and 2 of
+ * part_ml) that krn_decode_step_plan's launches can need for any decode step of 1 .. max_rows
+ * rows and any context: the most n_rows * n_head * max_splits over the row counts whose
+ * max_splits exceeds 1 (0 when none does). The backend allocates this once at init, so no
+ * step allocates. Returns -1 for a non-positive argument. */
+int64_t krn_decode_part_slots(int32_t n_sm, int32_t max_rows, int32_t n_head, int32_t n_head_kv);
+
+/* A step's attention path, for the cuda backend: sets s->dec_split and s->dec_splits from
+ * krn_decode_step_plan (over s->n_rows rows at positions row_pos, n_head_kv KV heads) and
+ * returns true when the step is a decode step (`decode`: every row one token of its own
+ * sequence, s->n_seqs == s->n_rows), `use` holds (krn_decode_use) and the plan's partials fit
+ * part_slots (the backend's allocation, krn_decode_part_slots); else sets both to 0 and returns
+ * false (the step runs krn_attention's plan). */
+bool krn_step_decode_shape(krn_step_shape_t *s, const int32_t *row_pos, bool decode, bool use,
+                           int32_t n_sm, int32_t n_head, int32_t n_head_kv, int32_t block_tokens,
+                           int64_t part_slots);
 
 /* CUDA entry points of this section (CUDA builds). */
 int krn_rmsnorm_convert(krn_ctx_t *ctx, const krn_rmsnorm_convert_args_t *a);

@@ -10,7 +10,8 @@
  *               qkv = xa.[Wq|Wk|Wv]^T  (one GEMM)             krn_gemm
  *               q, k, v (+ biases); q/k head norms (qwen3);  krn_qkv_rope_kv (one kernel,
  *               rope; q *= 1/sqrt(d); k, v -> KV blocks       strided views of qkv)
- *               att = paged attention                        krn_attention
+ *               att = paged attention                        krn_attention, or in a decode
+ *                                                            step krn_decode_attention
  *               x += att.Wo^T                                krn_convert + krn_gemm (beta = 1)
  *               xa = rmsnorm(x) * ffn_norm; gu = xa.[Wg|Wu]^T krn_rmsnorm_convert, krn_gemm
  *               xa = silu(g) * u; x += xa.Wd^T               krn_swiglu_convert, krn_gemm
@@ -31,9 +32,19 @@
  * for the backend (logged) and the step runs call by call. eng_cuda_stats_get (backend.h)
  * counts launches, device operations and host time per step.
  *
+ * Decode attention. A step whose rows are all one token of their own sequence runs its
+ * attention with the split-KV decode kernel (krn_decode_attention: GQA heads sharing each K/V
+ * read, the KV range split over about twice the SM count of CTAs, a merge) when
+ * krn_decode_use accepts the shape; its split and grid come from krn_decode_step_plan (the
+ * device's SM count and the step's longest context) and are part of the step's shape, so a
+ * captured graph replays only with the arguments it baked in; its partials are allocated once
+ * at init for the worst decode step (krn_decode_part_slots). Mixed and prefill steps, decode
+ * rows included, run krn_attention's task plan (tensor cores for multi-token tasks).
+ *
  * Bisecting on a GPU: KVGW_CUDA_FUSED=0 runs the unfused kernels and separate GEMMs (the
  * weights stay concatenated; the GEMMs read views), KVGW_CUDA_PACKED=0 uploads each list with
- * its own copy (and so turns graphs off), KVGW_CUDA_GRAPHS=0 runs every step call by call.
+ * its own copy (and so turns graphs off), KVGW_CUDA_GRAPHS=0 runs every step call by call,
+ * KVGW_CUDA_DECODE=attn runs decode steps on krn_attention's plan (the previous decode path).
  * Read when the backend is created.
  *
  * Weights live on the device as F16 or BF16, one type per matrix (krn_gemm_dtype, kernels.h),
@@ -125,6 +136,8 @@ typedef struct cuda_be {
     bool fuse;         /* fused kernels and GEMMs (KVGW_CUDA_FUSED != 0) */
     bool packed;       /* one staging copy per step (KVGW_CUDA_PACKED != 0) */
     bool graphs;       /* CUDA graphs for decode steps (KVGW_CUDA_GRAPHS != 0, packed) */
+    bool dec_kernel;   /* decode steps on krn_decode_attention (krn_decode_use) */
+    int32_t n_sm;      /* the device's SMs: the decode kernel's split sizing */
     uint64_t n_calls;  /* launches enqueued (or recorded) by this step so far */
     int n_f16, n_bf16; /* matrices uploaded as each GEMM type (krn_gemm_dtype) */
     void **allocs;     /* every device allocation made at init */
@@ -153,6 +166,10 @@ typedef struct cuda_be {
     size_t pseqs_cap;
     float *d_part_o, *d_part_ml;
     size_t part_o_cap, part_ml_cap;
+    /* The decode kernel's partials, [dec_slots][head_dim] and [dec_slots][2], allocated at init
+     * for the worst decode step (krn_decode_part_slots). */
+    float *d_dec_part_o, *d_dec_part_ml;
+    int64_t dec_slots;
     /* Device sampling (forward_sample), grown on first use. */
     krn_sample_row_t *srows, *d_srows; /* [rows] */
     size_t srows_cap, d_srows_cap;
@@ -750,6 +767,26 @@ static int layer_attention(cuda_be_t *c, const cl_t *L, int32_t l, const krn_ste
                 return rc;
         }
     }
+    if (sh->dec_split > 0) {
+        /* A decode step: the split-KV kernel over rows 0 .. T - 1 (krn_decode_step_plan). */
+        krn_decode_args_t da = {.kv = c->kv,
+                                .layer = l,
+                                .n_head = (int32_t)hp->n_head,
+                                .q = c->q,
+                                .out = c->att,
+                                .row_seq = dv->row_seq,
+                                .row_pos = dv->pos,
+                                .block_tables = dv->tables,
+                                .max_blocks = sh->max_blocks,
+                                .n_rows = T,
+                                .split_tokens = sh->dec_split,
+                                .max_splits = sh->dec_splits,
+                                .part_o = c->d_dec_part_o,
+                                .part_ml = c->d_dec_part_ml};
+        if ((rc = LAUNCH(c, krn_decode_attention(c->ctx, &da))) != 0)
+            return rc;
+        return gemm(c, c->att, T, &L->wo, c->x, true);
+    }
     krn_attn_args_t at = {.kv = c->kv,
                           .layer = l,
                           .n_head = (int32_t)hp->n_head,
@@ -1088,19 +1125,24 @@ static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, f
                 c->logit_rows[sh.n_logits++] = row;
         }
     }
+    /* A decode step takes the split-KV decode kernel (no task list: its launch depends only on
+     * dec_split and dec_splits, part of the shape); any other step krn_attention's plan. */
+    krn_step_decode_shape(&sh, c->pos, decode, c->dec_kernel, c->n_sm, (int32_t)hp->n_head,
+                          (int32_t)hp->n_head_kv, bt, c->dec_slots);
     krn_plan_params_t pp = {.n_head = (int32_t)hp->n_head,
                             .n_head_kv = (int32_t)hp->n_head_kv,
                             .head_dim = hd,
                             .split_kv = (int32_t)c->p.split_kv};
-    if ((rc = krn_attn_plan(&pp, c->pseqs, (int32_t)n_seqs, NULL, &sh.n_tasks, NULL, &sh.n_merges,
-                            &sh.n_parts)) != 0)
+    if (sh.dec_split == 0 && (rc = krn_attn_plan(&pp, c->pseqs, (int32_t)n_seqs, NULL, &sh.n_tasks,
+                                                 NULL, &sh.n_merges, &sh.n_parts)) != 0)
         return rc;
     if ((rc = grow_host((void **)&c->tasks, &c->tasks_cap, (size_t)sh.n_tasks + 1,
                         sizeof *c->tasks)) != 0 ||
         (rc = grow_host((void **)&c->merges, &c->merges_cap, (size_t)sh.n_merges + 1,
                         sizeof *c->merges)) != 0)
         return rc;
-    if ((rc = krn_attn_plan(&pp, c->pseqs, (int32_t)n_seqs, c->tasks, &sh.n_tasks, c->merges,
+    if (sh.dec_split == 0 &&
+        (rc = krn_attn_plan(&pp, c->pseqs, (int32_t)n_seqs, c->tasks, &sh.n_tasks, c->merges,
                             &sh.n_merges, &sh.n_parts)) != 0)
         return rc;
     /* Every allocation before the first enqueue: a captured step allocates nothing. */
@@ -1143,6 +1185,7 @@ static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, f
         (rc = krn_copy_d2h(c->ctx, tokens, c->d_stok, (size_t)sh.n_logits * sizeof(int32_t))) != 0)
         return rc;
     stat_add(&g_stats.steps, 1);
+    stat_add(&g_stats.decode_steps, sh.dec_split > 0);
     stat_add(&g_stats.launches, c->n_calls);
     stat_add(&g_stats.host_ns, pc_time_mono_ns() - t0);
     return krn_ctx_sync(c->ctx);
@@ -1283,6 +1326,30 @@ int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_
         goto fail;
     }
     c->u = c->g + T * ff;
+    /* The split-KV decode kernel for decode steps (KVGW_CUDA_DECODE=attn: krn_attention's plan),
+     * with its partials for the worst decode step of up to max_tokens rows allocated now. */
+    krn_device_info_t di;
+    const char *dec_env = getenv("KVGW_CUDA_DECODE");
+    c->dec_kernel = krn_decode_use(&c->kv, (int32_t)hp->n_head, dec_env);
+    if (c->dec_kernel && (krn_device_info(p->device, &di) != 0 || di.n_sm <= 0)) {
+        PC_LOG(PC_LOG_WARN, "cuda", "device %d: SM count unknown; decode steps use krn_attention",
+               p->device);
+        c->dec_kernel = false;
+    }
+    if (c->dec_kernel) {
+        c->n_sm = di.n_sm;
+        c->dec_slots =
+            krn_decode_part_slots(c->n_sm, (int32_t)T, (int32_t)hp->n_head, (int32_t)hp->n_head_kv);
+        if (c->dec_slots < 0 ||
+            (rc = dalloc(c, ((size_t)c->dec_slots * hp->head_dim + 1) * 4,
+                         (void **)&c->d_dec_part_o)) != 0 ||
+            (rc = dalloc(c, ((size_t)c->dec_slots * 2 + 1) * 4, (void **)&c->d_dec_part_ml)) != 0) {
+            rc = c->dec_slots < 0 ? PC_ERR_INVAL : rc;
+            snprintf(err, err_len, "cuda backend: cannot allocate the decode partials: %s",
+                     pc_strerror(rc));
+            goto fail;
+        }
+    }
     /* The multi-pass sampler's scratch for the most rows one krn_sample call takes, now: a
      * captured step must not allocate. */
     if ((rc = krn_sample_reserve(c->ctx, CUDA_SAMPLE_CHUNK)) != 0) {
@@ -1327,11 +1394,15 @@ int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_
     PC_LOG(PC_LOG_INFO, "cuda",
            "device %d: %d F16 and %d BF16 weight matrices; KV pool %d blocks (%zu MiB) of %zu "
            "MiB free, headroom %zu MiB, room for %lld blocks; step: %s kernels, %s upload, "
-           "graphs %s",
+           "graphs %s, decode attention %s",
            p->device, c->n_f16, c->n_bf16, c->kv.n_blocks, pool_bytes >> 20, free_b >> 20,
            plan.headroom_bytes >> 20, (long long)plan.max_blocks,
            c->fuse ? "fused" : "unfused (KVGW_CUDA_FUSED=0)",
-           c->packed ? "packed" : "per-list (KVGW_CUDA_PACKED=0)", c->graphs ? "on" : "off");
+           c->packed ? "packed" : "per-list (KVGW_CUDA_PACKED=0)", c->graphs ? "on" : "off",
+           c->dec_kernel ? "split-KV kernel"
+           : dec_env != NULL && strcmp(dec_env, "attn") == 0
+               ? "krn_attention (KVGW_CUDA_DECODE=attn)"
+               : "krn_attention (shape)");
     /* Unwritten slots are NaN in tests (kv_poison), zeros otherwise. */
     if ((rc = krn_memset(c->ctx, c->kv.base, p->kv_poison ? 0xff : 0, pool_bytes)) != 0 ||
         (rc = krn_ctx_sync(c->ctx)) != 0) {

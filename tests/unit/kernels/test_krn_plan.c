@@ -3,7 +3,8 @@
  * reason a CUDA device is unusable, each GEMM's input type and the activation bounds behind it,
  * the device memory plan of the KV pool, and the sampler's final pick as the CUDA kernel splits
  * it over threads (krn_hostdev.h: the very code the kernel runs), including scans that are
- * not monotone and targets on a boundary.
+ * not monotone and targets on a boundary; the cuda step's packed layout, graph keys and the
+ * split-KV decode kernel's step plan (which path a step takes, split sizing, partials).
  */
 #include <float.h>
 #include <math.h>
@@ -532,9 +533,11 @@ PC_TEST(step_graph_policy)
                                    .n_parts = 96,
                                    .n_logits = 16,
                                    .sample = true,
-                                   .sample_plan = 3};
+                                   .sample_plan = 3,
+                                   .dec_split = 64,
+                                   .dec_splits = 17};
     ASSERT_TRUE(krn_step_same_shape(&base, &base));
-    for (int f = 0; f < 9; f++) {
+    for (int f = 0; f < 11; f++) {
         krn_step_shape_t s = base;
         switch (f) {
         case 0:
@@ -561,8 +564,14 @@ PC_TEST(step_graph_policy)
         case 7:
             s.sample = false;
             break;
-        default:
+        case 8:
             s.sample_plan ^= 1u;
+            break;
+        case 9:
+            s.dec_split += 16; /* a launch argument of the decode kernel */
+            break;
+        default:
+            s.dec_splits++; /* its grid and the partials' stride */
             break;
         }
         if (krn_step_same_shape(&s, &base) || krn_step_same_shape(&base, &s))
@@ -609,6 +618,166 @@ PC_TEST(step_graph_policy)
     s.n_rows = s.n_seqs = 0;
     s.n_logits = 0;
     ASSERT_FALSE(krn_step_graphable(&s, &on));
+}
+
+/* Splits per row krn_decode_split_tokens aims at (about 2 * n_sm CTAs). */
+static int64_t want_splits(int32_t n_sm, int32_t n_rows, int32_t n_head_kv)
+{
+    int64_t u = (int64_t)n_rows * n_head_kv;
+    return (2 * (int64_t)n_sm + u - 1) / u;
+}
+
+/* The decode kernel's launch for a decode step (krn_decode_step_plan), over random step shapes:
+ * the split is whole blocks, at least krn_decode_split_tokens's and at most 25% more, covers the
+ * longest context in at most max_splits pieces; max_splits is the planned split count (about
+ * 2 * n_sm CTAs) or 1 with the one-split constant; the partials fit krn_decode_part_slots for any
+ * row count up to the allocation's; the kernel's own argument checks (krn_decode_attention)
+ * hold; every row position maps to a split below max_splits. */
+PC_TEST(decode_step_plan_sizes_splits_and_partials)
+{
+    kt_rng_t r = {71};
+    static const int32_t sms[4] = {132, 114, 78, 8};
+    static const int32_t hkvs[4] = {1, 2, 4, 8};
+    static const int32_t bts[4] = {4, 8, 16, 32};
+    for (int it = 0; it < 20000; it++) {
+        int32_t n_sm = sms[kt_below(&r, 4)], hkv = hkvs[kt_below(&r, 4)];
+        int32_t bt = bts[kt_below(&r, 4)], group = 1 + (int32_t)kt_below(&r, 8);
+        int32_t n_rows = 1 + (int32_t)kt_below(&r, it % 3 == 0 ? 600 : 40);
+        int32_t max_len = 1 + (int32_t)kt_below(&r, it % 5 == 0 ? 200000 : 9000);
+        int32_t split, splits;
+        ASSERT_EQ(krn_decode_step_plan(n_sm, n_rows, hkv, bt, max_len, &split, &splits), 0);
+        int32_t base = krn_decode_split_tokens(n_sm, n_rows, hkv, bt, max_len, 0);
+        ASSERT_TRUE(base > 0);
+        ASSERT_TRUE(split > 0 && split % bt == 0);
+        ASSERT_TRUE(splits >= 1);
+        if (splits == 1) {
+            ASSERT_EQ(split, KRN_DECODE_ONE_SPLIT / bt * bt);
+            ASSERT_TRUE(split >= max_len);
+        } else {
+            ASSERT_EQ(splits, want_splits(n_sm, n_rows, hkv));
+            ASSERT_TRUE(split >= base && (int64_t)split * 4 <= (int64_t)base * 5);
+            ASSERT_TRUE((int64_t)split * splits >= max_len); /* every position has a split */
+            ASSERT_TRUE(split < max_len);                    /* more than one is used */
+            /* The grid: about twice the SM count, never more than one extra row's worth. */
+            int64_t ctas = (int64_t)n_rows * hkv * splits;
+            ASSERT_TRUE(ctas >= 2 * (int64_t)n_sm && ctas < 2 * (int64_t)n_sm + n_rows * hkv);
+            int32_t n_head = hkv * group;
+            int32_t max_rows = n_rows + (int32_t)kt_below(&r, 3000);
+            int64_t slots = krn_decode_part_slots(n_sm, max_rows, n_head, hkv);
+            ASSERT_TRUE((int64_t)n_rows * n_head * splits <= slots);
+        }
+        /* What krn_decode_attention checks before launching, and the kernel's row test. */
+        ASSERT_TRUE((int64_t)n_rows * splits <= INT32_MAX);
+        ASSERT_TRUE((max_len - 1) / split < splits);
+    }
+    /* Bad arguments. */
+    int32_t sp, ns;
+    ASSERT_EQ(krn_decode_step_plan(0, 1, 8, 16, 100, &sp, &ns), PC_ERR_INVAL);
+    ASSERT_EQ(krn_decode_step_plan(132, 0, 8, 16, 100, &sp, &ns), PC_ERR_INVAL);
+    ASSERT_EQ(krn_decode_step_plan(132, 1, 0, 16, 100, &sp, &ns), PC_ERR_INVAL);
+    ASSERT_EQ(krn_decode_step_plan(132, 1, 8, 0, 100, &sp, &ns), PC_ERR_INVAL);
+    ASSERT_EQ(krn_decode_step_plan(132, 1, 8, 16, 0, &sp, &ns), PC_ERR_INVAL);
+    ASSERT_EQ(krn_decode_step_plan(132, 1, 8, 16, KRN_DECODE_ONE_SPLIT, &sp, &ns), PC_ERR_INVAL);
+    ASSERT_TRUE(sp == 0 && ns == 0);
+    /* H100 (132 SMs), GQA 8:1, 16-token blocks: batch 1 at 4k is 32 splits of 128 positions on
+     * a grid of 33; batch 64 never splits. */
+    ASSERT_EQ(krn_decode_step_plan(132, 1, 8, 16, 4096, &sp, &ns), 0);
+    ASSERT_TRUE(sp == 128 && ns == 33);
+    ASSERT_EQ(krn_decode_step_plan(132, 64, 8, 16, 32768, &sp, &ns), 0);
+    ASSERT_TRUE(ns == 1);
+    /* krn_decode_part_slots: the brute-force maximum over row counts, and small. */
+    ASSERT_EQ(krn_decode_part_slots(0, 1, 8, 8), -1);
+    ASSERT_EQ(krn_decode_part_slots(132, 0, 8, 8), -1);
+    ASSERT_EQ(krn_decode_part_slots(132, 4, 0, 8), -1);
+    ASSERT_EQ(krn_decode_part_slots(132, 4, 8, 0), -1);
+    for (int32_t max_rows = 1; max_rows <= 700; max_rows += 37) {
+        int64_t most = 0;
+        for (int32_t n = 1; n <= max_rows; n++) {
+            int64_t w = want_splits(132, n, 8);
+            most = w > 1 && n * 64 * w > most ? n * 64 * w : most;
+        }
+        ASSERT_EQ(krn_decode_part_slots(132, max_rows, 64, 8), most);
+    }
+    /* 2048 rows, 64 heads, GQA 8:1: at most 2 x 64 x 33 slots (about 1 MiB of partials). */
+    ASSERT_TRUE(krn_decode_part_slots(132, 2048, 64, 8) <= 2 * 64 * 33);
+    /* One KV head: 263 rows of 2 splits each is the worst. */
+    ASSERT_EQ(krn_decode_part_slots(132, 2048, 8, 1), 8 * 263 * 2);
+}
+
+/* A decode batch's shape (hence its graph) stays put while its contexts grow: over 4096 decode
+ * steps from 512 positions, the split changes at most a dozen times at batch 1 and 16, never at
+ * batch 64 (one split per row). */
+PC_TEST(decode_step_plan_is_stable_as_contexts_grow)
+{
+    static const int32_t batches[3] = {1, 16, 64};
+    static const int max_changes[3] = {12, 12, 0};
+    for (int bi = 0; bi < 3; bi++) {
+        int32_t prev_split = -1, prev_splits = -1;
+        int changes = -1;
+        for (int32_t len = 513; len <= 512 + 4096; len++) {
+            int32_t sp, ns;
+            ASSERT_EQ(krn_decode_step_plan(132, batches[bi], 8, 16, len, &sp, &ns), 0);
+            if (sp != prev_split || ns != prev_splits)
+                changes++;
+            prev_split = sp;
+            prev_splits = ns;
+        }
+        if (changes > max_changes[bi])
+            PC_TEST__FAIL("batch %d: the decode plan changed %d times over 4096 steps (> %d)",
+                          batches[bi], changes, max_changes[bi]);
+    }
+}
+
+/* Which path a step takes (krn_step_decode_shape, as the backend calls it): the decode kernel
+ * only for decode steps (one row per sequence) with the kernel in use (KVGW_CUDA_DECODE not
+ * "attn", krn_decode_use) and partials that fit; otherwise krn_attention's plan with the decode
+ * fields 0, so two such shapes differ from decode-kernel shapes. */
+PC_TEST(step_decode_path_choice)
+{
+    krn_kv_t kv = {.n_blocks = 64,
+                   .n_layer = 2,
+                   .n_head_kv = 2,
+                   .head_dim = 64,
+                   .block_tokens = 8,
+                   .dtype = KRN_F16};
+    ASSERT_TRUE(krn_decode_use(&kv, 8, NULL));
+    ASSERT_TRUE(krn_decode_use(&kv, 8, "kernel"));
+    ASSERT_FALSE(krn_decode_use(&kv, 8, "attn"));
+    kv.head_dim = 16; /* the decode kernel takes multiples of 32 */
+    ASSERT_FALSE(krn_decode_use(&kv, 8, NULL));
+    int32_t pos[5] = {7, 3000, 15, 32, 128};
+    int64_t slots = krn_decode_part_slots(132, 256, 8, 2);
+    krn_step_shape_t s = {.n_rows = 5, .n_seqs = 5, .max_blocks = 400, .n_logits = 5};
+    ASSERT_TRUE(krn_step_decode_shape(&s, pos, true, true, 132, 8, 2, 8, slots));
+    int32_t sp, ns;
+    ASSERT_EQ(krn_decode_step_plan(132, 5, 2, 8, 3001, &sp, &ns), 0);
+    ASSERT_TRUE(s.dec_split == sp && s.dec_splits == ns && ns > 1);
+    krn_step_shape_t t = s;
+    ASSERT_FALSE(krn_step_decode_shape(&t, pos, false, true, 132, 8, 2, 8, slots));
+    ASSERT_TRUE(t.dec_split == 0 && t.dec_splits == 0);
+    ASSERT_FALSE(krn_step_same_shape(&s, &t));
+    t = s;
+    ASSERT_FALSE(krn_step_decode_shape(&t, pos, true, false, 132, 8, 2, 8, slots));
+    ASSERT_TRUE(t.dec_split == 0 && t.dec_splits == 0);
+    t = s;
+    t.n_seqs = 4; /* a sequence with two rows: not a decode step */
+    ASSERT_FALSE(krn_step_decode_shape(&t, pos, true, true, 132, 8, 2, 8, slots));
+    t = s;
+    ASSERT_FALSE(krn_step_decode_shape(&t, pos, true, true, 132, 8, 2, 8, 5 * 8 * ns - 1));
+    ASSERT_TRUE(krn_step_decode_shape(&t, pos, true, true, 132, 8, 2, 8, 5 * 8 * ns));
+    t = s;
+    ASSERT_FALSE(krn_step_decode_shape(&t, pos, true, true, 0, 8, 2, 8, slots)); /* no SM count */
+    int32_t bad[5] = {7, -1, 15, 32, 128};
+    ASSERT_FALSE(krn_step_decode_shape(&t, bad, true, true, 132, 8, 2, 8, slots));
+    ASSERT_TRUE(t.dec_split == 0 && t.dec_splits == 0);
+    /* One split (short contexts): no partials needed, any part_slots. */
+    int32_t shortp[5] = {1, 2, 3, 4, 5};
+    ASSERT_TRUE(krn_step_decode_shape(&t, shortp, true, true, 132, 8, 2, 8, 0));
+    ASSERT_TRUE(t.dec_splits == 1 && t.dec_split == KRN_DECODE_ONE_SPLIT / 8 * 8);
+    /* The layout of a decode-kernel step carries no task or merge lists. */
+    krn_step_layout_t lay;
+    ASSERT_EQ(krn_step_layout(&s, &lay), 0);
+    ASSERT_EQ(lay.tasks, lay.merges);
 }
 
 PC_TEST_MAIN()
