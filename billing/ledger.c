@@ -55,6 +55,29 @@ const char *bill_fsync_name(int mode)
     }
 }
 
+int bill_open_check_parse(const char *s)
+{
+    if (s == NULL)
+        return -1;
+    if (strcmp(s, "index") == 0)
+        return BILL_OPEN_CHECK_INDEX;
+    if (strcmp(s, "full") == 0)
+        return BILL_OPEN_CHECK_FULL;
+    return -1;
+}
+
+const char *bill_open_check_name(int mode)
+{
+    switch (mode) {
+    case BILL_OPEN_CHECK_INDEX:
+        return "index";
+    case BILL_OPEN_CHECK_FULL:
+        return "full";
+    default:
+        return "?";
+    }
+}
+
 bill_ledger_params_t bill_ledger_params_default(void)
 {
     return (bill_ledger_params_t){
@@ -64,6 +87,7 @@ bill_ledger_params_t bill_ledger_params_default(void)
         .segment_bytes = 64u << 20,
         .dedup_window = 1u << 20,
         .max_pending_bytes = 64u << 20,
+        .open_check = BILL_OPEN_CHECK_INDEX,
     };
 }
 
@@ -605,12 +629,38 @@ static uint64_t lookup_id(const bill_ledger_t *l, idkey_t k)
     return s != 0 ? s : idset_find(&l->ids_old, k);
 }
 
-/* Scans one segment at open: checks it, rebuilds the duplicate set and the segment's time index
- * (*ix, from its good records). *next_seq is the seq the segment's first record must have, and
+/* The ids of the last segment's records, read before the sealed segments (the duplicate set must
+ * get them after the older ones, in seq order). */
+typedef struct idvec {
+    uint64_t *v; /* [n][3]: hash low, hash high, seq */
+    size_t n, cap;
+} idvec_t;
+
+static int idvec_push(idvec_t *iv, idkey_t k, uint64_t seq)
+{
+    if (iv->n == iv->cap) {
+        size_t nc = iv->cap ? iv->cap * 2 : 1024;
+        uint64_t *nv = pc_reallocarray(iv->v, nc * 3, sizeof *nv);
+        if (nv == NULL)
+            return PC_ERR_NOMEM;
+        iv->v = nv;
+        iv->cap = nc;
+    }
+    iv->v[iv->n * 3] = k.lo;
+    iv->v[iv->n * 3 + 1] = k.hi;
+    iv->v[iv->n * 3 + 2] = seq;
+    iv->n++;
+    return 0;
+}
+
+/* Scans one segment at open: checks it and rebuilds the segment's time index (*ix, from its good
+ * records). The ids of records with seq >= remember_from go into the duplicate set, or into
+ * *collect when it is not NULL. *next_seq is the seq the segment's first record must have, and
  * becomes the one after its last. For the last segment a torn tail is truncated; elsewhere it is
  * an error. */
 static int recover_segment(bill_ledger_t *l, uint64_t first, bool last, uint64_t *next_seq,
-                           bill_ledger_index_t *ix, char *err, size_t err_len)
+                           uint64_t remember_from, idvec_t *collect, bill_ledger_index_t *ix,
+                           char *err, size_t err_len)
 {
     idx_init(ix, first);
     char name[64];
@@ -694,7 +744,10 @@ static int recover_segment(bill_ledger_t *l, uint64_t first, bool last, uint64_t
             break;
         }
         idx_add(ix, frame, len, ev.start_ms);
-        rc = remember_id(l, id_hash(ev.event_id), seq);
+        if (collect != NULL)
+            rc = idvec_push(collect, id_hash(ev.event_id), seq);
+        else if (seq >= remember_from)
+            rc = remember_id(l, id_hash(ev.event_id), seq);
         if (rc != 0)
             goto done;
         good += len;
@@ -702,6 +755,8 @@ static int recover_segment(bill_ledger_t *l, uint64_t first, bool last, uint64_t
     }
 done:
     fclose(f);
+    l->st.open_bytes_read += good;
+    l->st.open_segments_read++;
     if (rc == 0 && last) {
         if (lseek(fd, (off_t)good, SEEK_SET) < 0) {
             rc = PC_ERR_IO;
@@ -816,13 +871,87 @@ static void remove_index_temps(bill_ledger_t *l)
     closedir(d);
 }
 
+/* The recovery at open (Recovery on open and Duplicates in ledger.h): reads the last segment
+ * (truncating a torn tail), then the sealed segments that have no valid sidecar or hold a record
+ * the duplicate set is rebuilt from, in seq order; skips the others. *next_out gets the seq the
+ * next record will have. segs: the segments' first seqs, ascending (n > 0). */
+static int recover_segments(bill_ledger_t *l, const uint64_t *segs, size_t n, uint64_t *next_out,
+                            char *err, size_t err_len)
+{
+    bool full = l->p.open_check == BILL_OPEN_CHECK_FULL;
+    idvec_t tail = {0};
+    bool *indexed = pc_calloc(n, sizeof *indexed);
+    if (indexed == NULL)
+        return PC_ERR_NOMEM;
+    /* Which sealed segments their sidecar can stand for (a small read and a stat each). */
+    for (size_t i = 0; !full && i + 1 < n; i++) {
+        bill_ledger_index_t ix;
+        indexed[i] = bill_ledger_index_load(l->dir, segs[i], &ix) == 0 &&
+                     idx_matches(l->dir, segs[i], segs[i + 1], &ix);
+        if (!indexed[i])
+            l->st.open_index_bad++;
+    }
+    /* The last segment first: its end says how many records the ledger holds, hence where the
+     * duplicate set's records start. Its ids wait in tail until the older ones are in. */
+    bill_ledger_index_t ix;
+    uint64_t next_last = segs[n - 1];
+    int rc = recover_segment(l, segs[n - 1], true, &next_last, 0, &tail, &ix, err, err_len);
+    if (rc != 0)
+        goto out;
+    (void)reconcile_index(l, &ix, true);
+    l->cur_ix = ix;
+    l->cur_ix_ok = true;
+    /* A recovery inserting every record from segs[0] on would end with the generations holding
+     * records [K h, N) and [(K - 1) h, K h) (K = (N - 1) / h): start there with empty sets. */
+    uint64_t h = (l->p.dedup_window + 1) / 2, total = next_last - segs[0], from = segs[0];
+    if (total > 0 && (total - 1) / h >= 1)
+        from = segs[0] + ((total - 1) / h - 1) * h;
+    if (full)
+        from = segs[0]; /* every record, as the recovery always did: the reference */
+    l->st.open_dedup_from = from;
+    uint64_t next = segs[0];
+    bool sidecars_written = false;
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (indexed[i] && segs[i] == next && segs[i + 1] <= from) {
+            next = segs[i + 1]; /* idx_matches checked the count against the names */
+            l->st.open_segments_skipped++;
+            continue;
+        }
+        rc = recover_segment(l, segs[i], false, &next, from, NULL, &ix, err, err_len);
+        if (rc != 0)
+            goto out;
+        sidecars_written |= reconcile_index(l, &ix, false);
+    }
+    if (sidecars_written && l->io.fsync(l->io.ud, l->dir_fd) != 0)
+        PC_LOG(PC_LOG_WARN, "ledger", "cannot sync %s after writing time-index sidecars: %s",
+               l->dir, strerror(errno));
+    if (next != segs[n - 1]) {
+        char name[64];
+        seg_name(name, sizeof name, segs[n - 1]);
+        rc = pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                         "ledger: segment %s/%s should start at seq %" PRIu64, l->dir, name, next);
+        goto out;
+    }
+    for (size_t i = 0; i < tail.n; i++) {
+        rc = remember_id(l, (idkey_t){tail.v[i * 3], tail.v[i * 3 + 1]}, tail.v[i * 3 + 2]);
+        if (rc != 0)
+            goto out;
+    }
+    *next_out = next_last;
+out:
+    pc_free(tail.v);
+    pc_free(indexed);
+    return rc;
+}
+
 static void *writer_main(void *arg);
 
 int bill_ledger_open(const bill_ledger_params_t *p, bill_ledger_t **out, char *err, size_t err_len)
 {
     *out = NULL;
     if (p == NULL || p->dir == NULL || p->dir[0] == '\0' || p->fsync > BILL_FSYNC_OFF ||
-        p->segment_bytes < 4096 || p->dedup_window == 0 || p->max_pending_bytes < 65536)
+        p->open_check > BILL_OPEN_CHECK_FULL || p->segment_bytes < 4096 || p->dedup_window == 0 ||
+        p->max_pending_bytes < 65536)
         return pc_err_setf(err, err_len, PC_ERR_INVAL,
                            "ledger: bad parameters (dir required, segment_bytes >= 4096, "
                            "max_pending_bytes >= 65536)");
@@ -893,24 +1022,13 @@ int bill_ledger_open(const bill_ledger_params_t *p, bill_ledger_t **out, char *e
         rc = pc_err_setf(err, err_len, rc, "ledger: cannot list %s", l->dir);
         goto fail;
     }
-    uint64_t next = n_segs > 0 ? segs[0] : 1;
+    uint64_t next = 1;
     remove_index_temps(l);
-    bool sidecars_written = false;
-    for (size_t i = 0; i < n_segs; i++) {
-        bool last = i + 1 == n_segs;
-        bill_ledger_index_t ix;
-        rc = recover_segment(l, segs[i], last, &next, &ix, err, err_len);
+    if (n_segs > 0) {
+        rc = recover_segments(l, segs, n_segs, &next, err, err_len);
         if (rc != 0)
             goto fail;
-        sidecars_written |= reconcile_index(l, &ix, last);
-        if (last) {
-            l->cur_ix = ix;
-            l->cur_ix_ok = true;
-        }
     }
-    if (sidecars_written && l->io.fsync(l->io.ud, l->dir_fd) != 0)
-        PC_LOG(PC_LOG_WARN, "ledger", "cannot sync %s after writing time-index sidecars: %s",
-               l->dir, strerror(errno));
     l->st.n_segments = n_segs;
     if (n_segs == 0) {
         rc = create_segment(l, 1);
@@ -1382,10 +1500,14 @@ int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t 
             if (r->f == NULL) {
                 /* A half-created segment (header not yet written) is the end for now, unless a
                  * later one exists. */
-                if (bad && segment_exists(r->dir, r->next_seq + 1))
+                if (bad && later_segment_exists(r->dir, r->next_seq)) {
+                    char name[64];
+                    seg_name(name, sizeof name, r->next_seq);
                     return pc_err_setf(err, err_len, PC_ERR_FORMAT,
-                                       "ledger: %s: bad header in the segment of seq %" PRIu64,
-                                       r->dir, r->next_seq);
+                                       "ledger: %s/%s: bad segment header (seq %" PRIu64
+                                       " expected)",
+                                       r->dir, name, r->next_seq);
+                }
                 return 1;
             }
         }
@@ -1403,23 +1525,24 @@ int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t 
             *seq = s;
             return 0;
         }
+        char name[64];
+        seg_name(name, sizeof name, r->cur_first);
         if (rr == REC_OK || bad_payload)
             return pc_err_setf(err, err_len, PC_ERR_FORMAT,
-                               "ledger: %s: damaged record at seq %" PRIu64, r->dir, r->next_seq);
+                               "ledger: %s/%s: damaged record at byte %ld (seq %" PRIu64
+                               " expected, %s)",
+                               r->dir, name, pos, r->next_seq,
+                               rr == REC_OK ? "another seq found" : "its payload does not decode");
         /* The end of the data written so far, or of this segment. */
         clearerr(r->f);
         fseek(r->f, pos, SEEK_SET);
-        if (rr == REC_TORN && later_segment_exists(r->dir, r->cur_first))
+        if ((rr == REC_TORN && later_segment_exists(r->dir, r->cur_first)) ||
+            (r->next_seq != r->cur_first && segment_exists(r->dir, r->next_seq) && rr == REC_TORN))
             return pc_err_setf(err, err_len, PC_ERR_FORMAT,
-                               "ledger: %s: damaged record at seq %" PRIu64
-                               " before a later segment",
-                               r->dir, r->next_seq);
+                               "ledger: %s/%s: damaged record at byte %ld (seq %" PRIu64
+                               ") before a later segment",
+                               r->dir, name, pos, r->next_seq);
         if (r->next_seq != r->cur_first && segment_exists(r->dir, r->next_seq)) {
-            if (rr == REC_TORN)
-                return pc_err_setf(err, err_len, PC_ERR_FORMAT,
-                                   "ledger: %s: damaged record at seq %" PRIu64
-                                   " before a later segment",
-                                   r->dir, r->next_seq);
             if (r->ranged)
                 reader_check_index(r);
             fclose(r->f);

@@ -92,17 +92,39 @@
  * BILL_FSYNC_OFF durable_seq moves when write() returned: a process kill (kill -9) loses
  * nothing, a power loss may lose what the kernel had not flushed yet.
  *
- * Recovery on open: every segment is read and each record's CRC, version and seq order are
- * checked. In the last segment, the first bad or incomplete record and everything after it is a
- * torn tail of a crash: it is truncated away (and counted) and appending continues after the last
- * good record. Damage anywhere else is not a crash artifact and fails the open (PC_ERR_FORMAT),
- * as does a gap or reorder in seq. A segment is rotated when it passes segment_bytes; the old one
- * is synced first, so only the last segment can have a torn tail.
+ * Recovery on open reads only what a restart needs, so its time does not grow with the ledger's
+ * age. The segments are listed; the last one (the open segment) is always read whole. A sealed
+ * segment is read whole when its sidecar is missing or does not match it on disk (the checks a
+ * ranged reader makes, under Time index), or when it holds one of the records the duplicate set
+ * is rebuilt from (see Duplicates); every other sealed segment is skipped: its sidecar stands for
+ * it, and the seq continuity across it comes from the segment names and the sidecar's record
+ * count. A segment read is checked record by record (CRC, version, seq order). In the last
+ * segment, the first bad or incomplete record and everything after it is a torn tail of a crash:
+ * it is truncated away (and counted) and appending continues after the last good record. Damage
+ * in any other segment read is not a crash artifact and fails the open (PC_ERR_FORMAT), as does a
+ * gap or reorder in seq (between the records read, or between the names and counts of the
+ * segments). A segment is rotated when it passes segment_bytes; the old one is synced first, so
+ * only the last segment can have a torn tail. bill_ledger_stats says what the open read.
  *
- * Duplicates. The event ids of the last dedup_window records at least (at most twice that) are
- * kept in memory (rebuilt on open from the ledger); appending an id that is there writes nothing,
- * counts a duplicate and returns 1 with the first record's seq. A retried request that reuses its
- * event id is therefore billed once.
+ * What open no longer finds: damage inside a sealed segment that open skips (its sidecar valid,
+ * the segment older than the duplicate window), such as a flipped bit in a record's payload, a
+ * damaged segment header or a damaged record other than the last. The sidecar's checks cover the
+ * file's length and the last record's frame only. That damage is found, and reported with the
+ * segment file, byte offset and seq, by whatever reads the segment: `kvgw billing verify` over
+ * the whole ledger (it reads every record of every segment), an export or reader that reads it,
+ * or an open with open_check BILL_OPEN_CHECK_FULL (config billing.verify_on_open: full), which
+ * reads every segment as before and refuses to open on it.
+ *
+ * Duplicates. The event ids of the last records are kept in memory, in two generations of
+ * h = (dedup_window + 1) / 2 ids each: inserts go to the current one, and when it is full it
+ * becomes the old one and the previous old one is dropped. So the last h ids at least, and
+ * dedup_window at most, are remembered. Appending an id that is there writes nothing, counts a
+ * duplicate and returns 1 with the first record's seq. A retried request that reuses its event id
+ * is therefore billed once. The set is rebuilt at open from the records of the two generations
+ * that a recovery reading the whole ledger from its first segment would end with: the records
+ * from seq first + (K - 1) h on, where first is the first segment's name, N the number of records
+ * and K = (N - 1) / h (all records when K is 0). Every segment holding one of them is read, even
+ * when its sidecar is valid, so the set after a restart is exactly the one a full read builds.
  *
  * Failure. A write or sync error (disk full, EIO) puts the ledger in a failed state for good:
  * durable_seq stops, the wake callback fires, and every later append returns the error
@@ -147,6 +169,16 @@ typedef struct bill_ledger_io {
  * and thread-safe (uv_async_send is). Calls may be coalesced; spurious calls can happen. */
 typedef void (*bill_ledger_wake_fn)(void *ud);
 
+/* What the recovery at open reads (see Recovery on open). */
+typedef enum bill_open_check {
+    BILL_OPEN_CHECK_INDEX = 0, /* skip the sealed segments the index stands for (the default) */
+    BILL_OPEN_CHECK_FULL = 1,  /* read and check every record of every segment */
+} bill_open_check_t;
+
+/* "index" | "full" -> mode; -1 when unknown. */
+int bill_open_check_parse(const char *s);
+const char *bill_open_check_name(int mode);
+
 typedef struct bill_ledger_params {
     const char *dir;          /* created if missing (one level) */
     const char *instance;     /* this gateway's instance id (1-63 of [A-Za-z0-9_.-]), stored in
@@ -160,7 +192,8 @@ typedef struct bill_ledger_params {
                                  default 64 MiB */
     bill_ledger_wake_fn wake; /* may be NULL */
     void *wake_ud;
-    const bill_ledger_io_t *io; /* NULL: write(2) and fdatasync(2) */
+    const bill_ledger_io_t *io;   /* NULL: write(2) and fdatasync(2) */
+    bill_open_check_t open_check; /* default BILL_OPEN_CHECK_INDEX */
 } bill_ledger_params_t;
 
 bill_ledger_params_t bill_ledger_params_default(void);
@@ -204,6 +237,13 @@ typedef struct bill_ledger_stats {
     uint64_t bytes_written;
     uint64_t n_segments;
     uint64_t torn_bytes_truncated; /* by the recovery at open */
+    /* What the recovery at open read. Every segment is read or skipped; open_index_bad counts
+       the sealed segments read because their sidecar was missing, stale or corrupt. */
+    uint64_t open_segments_read;
+    uint64_t open_segments_skipped;
+    uint64_t open_index_bad;
+    uint64_t open_bytes_read; /* segment bytes read and checked */
+    uint64_t open_dedup_from; /* the first seq the duplicate set was rebuilt from */
     int status;
 } bill_ledger_stats_t;
 
