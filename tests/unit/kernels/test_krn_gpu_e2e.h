@@ -4,7 +4,9 @@
  * factors, qwen2 with q/k/v biases, qwen3 with q/k head norms; F32 and F16 weights; F16 and F32
  * KV), prefix reuse on the GPU against a cold run (logits within 1e-3), and sampling on the
  * GPU against the host sampler, and the step's paths (fused kernels and GEMMs, packed upload,
- * CUDA graph replays) against the unfused step and the cpu engine.
+ * CUDA graph replays) against the unfused step and the cpu engine; the split-KV decode kernel
+ * in decode steps (contexts of thousands of positions in small blocks, so steps split the KV
+ * range) against the cpu engine and against krn_attention's plan (KVGW_CUDA_DECODE=attn).
  */
 #include "eng_testmodel.h"
 #include "mkmodel.h"
@@ -12,16 +14,19 @@
 
 enum { E2E_VOCAB = 300 };
 
-static void e2e_model(enum eng_arch arch, uint32_t dtype, char *path, size_t len)
+/* A 2-layer model; head_dim 16 (n_embd 128, 8 heads over 2 KV heads) unless `wide`: then
+ * n_embd 256 and head_dim 32 (GQA 4:1), a shape the split-KV decode kernel takes
+ * (krn_decode_check: head_dim a multiple of 32), with an 8192-position context. */
+static void e2e_model_ex(enum eng_arch arch, uint32_t dtype, bool wide, char *path, size_t len)
 {
     eng_mkmodel_params_t p = eng_mkmodel_params_default();
     p.arch = arch;
     p.n_layer = 2;
-    p.n_embd = 128;
+    p.n_embd = wide ? 256 : 128;
     p.n_head = 8;
     p.n_head_kv = 2;
     p.n_ff = 256;
-    p.n_ctx = 4096;
+    p.n_ctx = wide ? 8192 : 4096;
     p.dtype = dtype;
     p.rope_theta = 500000.0f;
     p.rope_freqs = arch == ENG_ARCH_LLAMA;
@@ -31,6 +36,11 @@ static void e2e_model(enum eng_arch arch, uint32_t dtype, char *path, size_t len
         fprintf(stderr, "mkmodel: %s\n", err);
         abort();
     }
+}
+
+static void e2e_model(enum eng_arch arch, uint32_t dtype, char *path, size_t len)
+{
+    e2e_model_ex(arch, dtype, false, path, len);
 }
 
 static eng_t *e2e_engine_ex(const char *path, const char *backend, enum eng_kv_dtype kvt,
@@ -114,43 +124,65 @@ PC_TEST(cuda_engine_logits_match_cpu_engine)
     }
 }
 
-/* A prompt computed cold and the same prompt with its first 101 positions taken from the
- * prefix cache (a boundary inside a block: the warm sequence copies that block before writing)
- * give the same logits, for the prompt and for GEN decode steps after it. The warm pass is fed
- * the tokens the cold pass picked (greedy), so a near tie that rounding flips cannot make the
- * two diverge: what is compared is the logits, within 1e-3 (the same weights, the same cached
- * K/V; only the batch shapes, hence the GEMMs' summation order, differ). */
-PC_TEST(cuda_prefix_reuse_matches_cold_run)
+/* The cuda engine with KVGW_CUDA_DECODE set to `decode` (NULL: unset) while it is created. */
+static eng_t *e2e_engine_decode(const char *path, enum eng_kv_dtype kvt, const char *decode)
 {
-    NEED_GPU();
-    char path[256];
-    e2e_model(ENG_ARCH_LLAMA, ENG_GGML_TYPE_F16, path, sizeof path);
-    eng_t *e = e2e_engine(path, "cuda", ENG_KV_F16);
-    ASSERT_TRUE(e != NULL);
+    if (decode != NULL)
+        setenv("KVGW_CUDA_DECODE", decode, 1);
+    else
+        unsetenv("KVGW_CUDA_DECODE");
+    eng_t *e = e2e_engine(path, "cuda", kvt);
+    unsetenv("KVGW_CUDA_DECODE");
+    return e;
+}
+
+/* A prompt of n tokens computed cold and the same prompt with its first `cut` positions taken
+ * from the prefix cache (a boundary inside a block: the warm sequence copies that block before
+ * writing) give the same logits, for the prompt and for GEN decode steps after it. The warm
+ * pass is fed the tokens the cold pass picked (greedy), so a near tie that rounding flips
+ * cannot make the two diverge: what is compared is the logits, within 1e-3 (the same weights,
+ * the same cached K/V; only the batch shapes, hence the GEMMs' summation order, differ).
+ * *decode_steps receives the steps that ran the split-KV decode kernel. */
+static int prefix_reuse_case(const char *path, const char *decode, uint32_t n, uint32_t cut,
+                             uint64_t *decode_steps, char *why, size_t why_len)
+{
+    enum { GEN = 8 };
+    eng_t *e = e2e_engine_decode(path, ENG_KV_F16, decode);
+    if (e == NULL) {
+        snprintf(why, why_len, "engine init failed");
+        return -1;
+    }
     kt_rng_t r = {32};
-    enum { N = 150, GEN = 8 };
-    int32_t toks[N];
-    for (int i = 0; i < N; i++)
+    int32_t *toks = malloc(sizeof *toks * n);
+    for (uint32_t i = 0; i < n; i++)
         toks[i] = (int32_t)kt_below(&r, E2E_VOCAB);
     uint32_t V = eng_n_vocab(e);
     float *cold = malloc(sizeof(float) * V * (GEN + 1)),
           *warm = malloc(sizeof(float) * V * (GEN + 1));
     int32_t picks[GEN];
-    for (int pass = 0; pass < 2; pass++) {
+    int rc = 0;
+    eng_cuda_stats_t st0, st1;
+    eng_cuda_stats_get(&st0);
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
         float *logits = pass ? warm : cold;
         eng_seq_t *s;
-        ASSERT_EQ(eng_seq_create(e, &s), 0);
+        if ((rc = eng_seq_create(e, &s)) != 0)
+            break;
         uint32_t reused = 0;
-        if (pass == 1) {
-            ASSERT_EQ(eng_seq_start_cached(e, s, 7, toks, N, &reused), 0);
-            ASSERT_EQ(reused, 101u);
+        if (pass == 1 &&
+            ((rc = eng_seq_start_cached(e, s, 7, toks, n, &reused)) != 0 || reused != cut)) {
+            snprintf(why, why_len, "eng_seq_start_cached: rc %d, %u positions reused (want %u)", rc,
+                     reused, cut);
+            eng_seq_free(e, s);
+            rc = -1;
+            break;
         }
         eng_batch_item_t it = {
-            .seq = s, .tokens = toks + reused, .n_tokens = N - reused, .logits = ENG_LOGITS_LAST};
-        ASSERT_EQ(eng_forward(e, &it, 1, logits), 0);
-        if (pass == 0)
-            ASSERT_EQ(eng_prefix_insert(e, s, 7, 101), 0);
-        for (int g = 0; g < GEN; g++) {
+            .seq = s, .tokens = toks + reused, .n_tokens = n - reused, .logits = ENG_LOGITS_LAST};
+        rc = eng_forward(e, &it, 1, logits);
+        if (rc == 0 && pass == 0)
+            rc = eng_prefix_insert(e, s, 7, cut);
+        for (int g = 0; g < GEN && rc == 0; g++) {
             const float *lg = logits + (size_t)g * V;
             if (pass == 0) {
                 uint32_t best = 0;
@@ -161,24 +193,70 @@ PC_TEST(cuda_prefix_reuse_matches_cold_run)
             }
             it = (eng_batch_item_t){
                 .seq = s, .tokens = &picks[g], .n_tokens = 1, .logits = ENG_LOGITS_LAST};
-            ASSERT_EQ(eng_forward(e, &it, 1, logits + (size_t)(g + 1) * V), 0);
+            rc = eng_forward(e, &it, 1, logits + (size_t)(g + 1) * V);
         }
         eng_seq_free(e, s);
+        if (rc != 0 && rc != -1)
+            snprintf(why, why_len, "pass %d: %s", pass, pc_strerror(rc));
     }
+    eng_cuda_stats_get(&st1);
+    *decode_steps = st1.decode_steps - st0.decode_steps;
     char msg[256];
-    ASSERT_EQ(eng_check(e, msg, sizeof msg), 0);
+    if (rc == 0 && eng_check(e, msg, sizeof msg) != 0) {
+        snprintf(why, why_len, "eng_check: %.200s", msg);
+        rc = -1;
+    }
     eng_free(e);
-    unlink(path);
-    for (int g = 0; g <= GEN; g++) {
+    for (int g = 0; g <= GEN && rc == 0; g++) {
         double err = kt_rel_err_f(warm + (size_t)g * V, cold + (size_t)g * V, V);
         if (!(err <= 1e-3)) {
-            free(cold);
-            free(warm);
-            PC_TEST__FAIL("step %d: warm logits differ from cold ones by %g (> 1e-3)", g, err);
+            snprintf(why, why_len, "step %d: warm logits differ from cold ones by %g (> 1e-3)", g,
+                     err);
+            rc = -1;
         }
     }
+    free(toks);
     free(cold);
     free(warm);
+    return rc;
+}
+
+/* Cached vs cold: the 150-token prompt of the head_dim-16 model (decode steps on krn_attention's
+ * plan: the decode kernel does not take head_dim 16), and a 2000-token prompt with 1001 cached
+ * on the head_dim-32 model, whose decode steps run the split-KV decode kernel (over 2000
+ * positions of 16-token blocks they are split) and, with KVGW_CUDA_DECODE=attn, krn_attention's
+ * plan. */
+PC_TEST(cuda_prefix_reuse_matches_cold_run)
+{
+    NEED_GPU();
+    char narrow[256], wide[256], why[256] = "";
+    e2e_model(ENG_ARCH_LLAMA, ENG_GGML_TYPE_F16, narrow, sizeof narrow);
+    e2e_model_ex(ENG_ARCH_LLAMA, ENG_GGML_TYPE_F16, true, wide, sizeof wide);
+    const struct {
+        const char *path, *decode;
+        uint32_t n, cut;
+        bool kernel; /* decode steps must run the decode kernel */
+    } cases[] = {{narrow, NULL, 150, 101, false},
+                 {wide, NULL, 2000, 1001, true},
+                 {wide, "attn", 2000, 1001, false}};
+    for (size_t ci = 0; ci < PC_ARRAY_LEN(cases); ci++) {
+        uint64_t dsteps = 0;
+        int rc = prefix_reuse_case(cases[ci].path, cases[ci].decode, cases[ci].n, cases[ci].cut,
+                                   &dsteps, why, sizeof why);
+        if (rc != 0) {
+            unlink(narrow);
+            unlink(wide);
+            PC_TEST__FAIL("case %zu: %s", ci, why);
+        }
+        if (cases[ci].kernel ? dsteps < 16 : dsteps != 0) {
+            unlink(narrow);
+            unlink(wide);
+            PC_TEST__FAIL("case %zu: %llu decode steps ran the split-KV decode kernel (want %s)",
+                          ci, (unsigned long long)dsteps, cases[ci].kernel ? "all 16" : "none");
+        }
+    }
+    unlink(narrow);
+    unlink(wide);
 }
 
 /* Sampling on the GPU (eng_forward_sample: krn_sample over the device logits, the request's
@@ -394,4 +472,154 @@ PC_TEST(cuda_fused_and_graph_paths_match_unfused)
                 PC_TEST__FAIL("case %zu: sampled row %d picks %d with graphs, %d without", ci, i,
                               picked[3][i], picked[2][i]);
     }
+}
+
+/* Decode steps over long contexts, the path that serves them: the same batch of DEC_NS
+ * sequences (prompts of up to 3000 positions in 8-position blocks, prefilled one by one, then
+ * DEC_GEN batched decode steps with every row's logits, then one step sampled on the device)
+ * on the cpu engine, the cuda engine with KVGW_CUDA_DECODE=attn (krn_attention's plan: split
+ * SIMT tasks and a merge), the split-KV decode kernel without graphs, and the default (decode
+ * kernel, graphs). At these lengths every decode step splits the KV range (tens of splits per
+ * row on any GPU, krn_decode_step_plan). Each cuda path against the cpu within 1e-2; the decode
+ * kernel against krn_attention's plan within 1e-3 (both F32 softmax and sums, only their order
+ * differs); graphs against none within 1e-4 (the same kernels: a stale split or grid baked into
+ * a replayed graph is off by far more); the sampled picks equal across the three cuda paths.
+ * The decode-kernel paths must have run every decode step on it (eng_cuda_stats decode_steps),
+ * the attn path none, and the default must have replayed graphs. Over llama (F16 weights, F16
+ * KV) and qwen2 (F32 weights, q/k/v biases, F32 KV: the kernel's F32 loads). */
+enum { DEC_NS = 4, DEC_GEN = 24 };
+static int e2e_decode_run(eng_t *e, const int32_t *prompt, const int32_t *gen, float *out,
+                          int32_t *picked)
+{
+    static const uint32_t lens[DEC_NS] = {3000, 1500, 701, 40};
+    uint32_t V = eng_n_vocab(e);
+    eng_seq_t *s[DEC_NS] = {0};
+    eng_batch_item_t it[DEC_NS];
+    int rc = 0;
+    for (int i = 0; i < DEC_NS && rc == 0; i++) {
+        if ((rc = eng_seq_create(e, &s[i])) != 0)
+            break;
+        it[i] = (eng_batch_item_t){
+            .seq = s[i], .tokens = prompt + i, .n_tokens = lens[i], .logits = ENG_LOGITS_LAST};
+        rc = eng_forward(e, &it[i], 1, out + (size_t)i * V);
+    }
+    for (int g = 0; g < DEC_GEN && rc == 0; g++) {
+        for (int i = 0; i < DEC_NS; i++)
+            it[i] = (eng_batch_item_t){.seq = s[i],
+                                       .tokens = &gen[g * DEC_NS + i],
+                                       .n_tokens = 1,
+                                       .logits = ENG_LOGITS_LAST};
+        rc = eng_forward(e, it, DEC_NS, out + (size_t)(g + 1) * DEC_NS * V);
+    }
+    if (rc == 0 && picked != NULL) {
+        eng_sample_row_t rows[DEC_NS];
+        for (int i = 0; i < DEC_NS; i++) {
+            rows[i] = (eng_sample_row_t){
+                .temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .u = 0.1 + 0.2 * i};
+            it[i].tokens = &gen[i];
+        }
+        rc = eng_forward_sample(e, it, DEC_NS, rows, picked);
+    }
+    for (int i = 0; i < DEC_NS; i++)
+        if (s[i] != NULL)
+            eng_seq_free(e, s[i]);
+    return rc;
+}
+
+static eng_t *e2e_decode_engine(const char *path, const char *backend, enum eng_kv_dtype kvt,
+                                const char *decode, const char *graphs)
+{
+    if (decode != NULL)
+        setenv("KVGW_CUDA_DECODE", decode, 1);
+    setenv("KVGW_CUDA_GRAPHS", graphs, 1);
+    eng_params_t p = eng_params_default();
+    p.model_path = path;
+    p.backend = backend;
+    p.kv_dtype = kvt;
+    p.kv_block_tokens = 8;
+    p.kv_max_tokens = 8192;
+    p.kv_poison = true;
+    p.max_batch_tokens = 256;
+    eng_t *e = NULL;
+    char err[256];
+    if (eng_init(&p, &e, err, sizeof err) != 0)
+        fprintf(stderr, "eng_init(%s): %s\n", backend, err);
+    unsetenv("KVGW_CUDA_DECODE");
+    unsetenv("KVGW_CUDA_GRAPHS");
+    return e;
+}
+
+PC_TEST(cuda_decode_kernel_long_contexts_match_cpu_and_attn_path)
+{
+    NEED_GPU();
+    const struct {
+        enum eng_arch arch;
+        uint32_t dtype;
+        enum eng_kv_dtype kv;
+    } cases[] = {{ENG_ARCH_LLAMA, ENG_GGML_TYPE_F16, ENG_KV_F16},
+                 {ENG_ARCH_QWEN2, ENG_GGML_TYPE_F32, ENG_KV_F32}};
+    kt_rng_t r = {35};
+    enum { NP = 3000 + DEC_NS };
+    int32_t *prompt = malloc(sizeof *prompt * NP), gen[DEC_GEN * DEC_NS];
+    for (int i = 0; i < NP; i++)
+        prompt[i] = (int32_t)kt_below(&r, E2E_VOCAB);
+    for (size_t i = 0; i < PC_ARRAY_LEN(gen); i++)
+        gen[i] = (int32_t)kt_below(&r, E2E_VOCAB);
+    /* 0 cpu, 1 cuda attn path (graphs), 2 decode kernel without graphs, 3 the default. */
+    static const char *const names[4] = {"cpu", "attn", "kernel, no graphs", "kernel, graphs"};
+    for (size_t ci = 0; ci < PC_ARRAY_LEN(cases); ci++) {
+        char path[256];
+        e2e_model_ex(cases[ci].arch, cases[ci].dtype, true, path, sizeof path);
+        size_t n = (size_t)(1 + DEC_GEN) * DEC_NS * E2E_VOCAB;
+        float *out[4];
+        int32_t picked[4][DEC_NS];
+        for (int k = 0; k < 4; k++) {
+            out[k] = calloc(n, sizeof(float));
+            eng_t *e = e2e_decode_engine(path, k == 0 ? "cpu" : "cuda", cases[ci].kv,
+                                         k == 1 ? "attn" : NULL, k == 2 ? "0" : "1");
+            ASSERT_TRUE(e != NULL);
+            eng_cuda_stats_t st0, st1;
+            eng_cuda_stats_get(&st0);
+            ASSERT_EQ(e2e_decode_run(e, prompt, gen, out[k], k == 0 ? NULL : picked[k]), 0);
+            eng_cuda_stats_get(&st1);
+            char msg[256];
+            ASSERT_EQ(eng_check(e, msg, sizeof msg), 0);
+            eng_free(e);
+            uint64_t dsteps = st1.decode_steps - st0.decode_steps;
+            uint64_t replays = st1.graph_replays - st0.graph_replays;
+            uint64_t failures = st1.graph_failures - st0.graph_failures;
+            /* The decode steps: DEC_GEN batched ones and the sampled one (the prompts, of 40
+             * tokens and more, are prefill steps). */
+            if (k >= 2 && dsteps != DEC_GEN + 1)
+                PC_TEST__FAIL("case %zu (%s): %llu of %d decode steps ran the decode kernel", ci,
+                              names[k], (unsigned long long)dsteps, DEC_GEN + 1);
+            if (k == 1 && dsteps != 0)
+                PC_TEST__FAIL("case %zu: KVGW_CUDA_DECODE=attn still ran the decode kernel "
+                              "(%llu steps)",
+                              ci, (unsigned long long)dsteps);
+            if (k == 3 && (failures != 0 || replays < DEC_GEN / 2))
+                PC_TEST__FAIL("case %zu: %llu graph replays, %llu failed captures over %d decode "
+                              "steps (the log says why a capture failed)",
+                              ci, (unsigned long long)replays, (unsigned long long)failures,
+                              DEC_GEN + 1);
+        }
+        double e_cpu[4] = {0}, e_attn = kt_rel_err_f(out[2], out[1], (int64_t)n),
+               e_graph = kt_rel_err_f(out[3], out[2], (int64_t)n);
+        for (int k = 1; k < 4; k++)
+            e_cpu[k] = kt_rel_err_f(out[k], out[0], (int64_t)n);
+        for (int k = 0; k < 4; k++)
+            free(out[k]);
+        unlink(path);
+        if (!(e_cpu[1] <= 1e-2 && e_cpu[2] <= 1e-2 && e_cpu[3] <= 1e-2 && e_attn <= 1e-3 &&
+              e_graph <= 1e-4))
+            PC_TEST__FAIL("case %zu: against the cpu: attn %g, kernel %g, kernel+graphs %g "
+                          "(<= 1e-2); kernel vs attn %g (<= 1e-3); graphs vs none %g (<= 1e-4)",
+                          ci, e_cpu[1], e_cpu[2], e_cpu[3], e_attn, e_graph);
+        for (int i = 0; i < DEC_NS; i++)
+            if (picked[1][i] != picked[2][i] || picked[2][i] != picked[3][i])
+                PC_TEST__FAIL("case %zu: sampled row %d picks %d (attn), %d (kernel), %d (kernel, "
+                              "graphs)",
+                              ci, i, picked[1][i], picked[2][i], picked[3][i]);
+    }
+    free(prompt);
 }
