@@ -39,14 +39,21 @@
  *                               the engine, decode steps of 1, 16 and 64 sequences after
  *                               512-token prompts, sampled on the device (e2e_decode_tokens_per_s:
  *                               batch 1, the earlier name)
- *   e2e_{prefill,decode_b*}_{launches,device_ops,host_us}_per_step, _graph_replay_pct
- *                               the cuda backend's counters (eng_cuda_stats_get): launches the
+ *   e2e_decode_b1_ctx4k_tokens_per_s
+ *                               the same at batch 1 after a 4096-token prompt (the decode
+ *                               attention's share of a step grows with the context)
+ *   e2e_{prefill,decode_b*}_{launches,device_ops,host_us}_per_step, _graph_replay_pct,
+ *   _decode_kernel_pct          the cuda backend's counters (eng_cuda_stats_get): launches the
  *                               host made, kernels / graph nodes the device ran, host time from
- *                               a step's start to its last enqueue, steps replayed as graphs
+ *                               a step's start to its last enqueue, steps replayed as graphs,
+ *                               steps whose attention ran the split-KV decode kernel (0 with
+ *                               KVGW_CUDA_DECODE=attn: krn_attention's plan, the previous path)
  *   ttft_ms_cold / ttft_ms_cached   4096-token prompt, cold and with 4032 tokens cached
  *   e2e_load_s                  eng_init with the weights' upload
  *   --model FILE picks the model (default models/kvgw-bench.gguf); --tag T names its figures
- *   e2e_T_... and ttft_T_...; --e2e-only skips the kernel benchmarks.
+ *   e2e_T_... and ttft_T_...; --e2e-only skips the kernel benchmarks; --e2e-decode runs only
+ *   the end-to-end decode figures (load, decode), for quick comparison runs of the step's paths
+ *   (scripts/gpu-check.sh: KVGW_CUDA_DECODE=attn, tag decattn).
  * Without CUDA in the build, or without a device, it says so on stderr and prints the JSON line
  * with no figures, exit status 0 (nothing to measure is not a failure of the benchmark).
  */
@@ -67,7 +74,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw bench kernels [--model FILE] [--iters N] [--no-e2e | --e2e-only] "
-               "[--tag NAME]\n");
+               "[--e2e-decode] [--tag NAME]\n");
 }
 
 #ifdef KVGW_HAVE_CUDA
@@ -410,6 +417,9 @@ static void e2e_add_stats(bench_report_t *rep, const char *tag, const char *phas
     e2e_add(rep, "e2e_", tag, rest, host_us, "step start to last enqueue");
     snprintf(rest, sizeof rest, "%s_graph_replay_pct", phase);
     e2e_add(rep, "e2e_", tag, rest, replay, NULL);
+    snprintf(rest, sizeof rest, "%s_decode_kernel_pct", phase);
+    e2e_add(rep, "e2e_", tag, rest, 100.0 * (double)(b->decode_steps - a->decode_steps) / steps,
+            "steps on the split-KV decode kernel");
 }
 
 /* n sequences of `prompt` tokens each (prefilled in steps of the engine's batch), then `steps`
@@ -465,7 +475,7 @@ done:
 /* The engine on the cuda backend: prefill, decode at batch 1, 16 and 64, TTFT cold vs
  * cached, with the backend's launches and host time per step. Figures are named e2e_<tag>_...
  * and ttft_<tag>_... (no tag: e2e_..., ttft_ms_...). */
-static int bench_e2e(const char *model, const char *tag, bench_report_t *rep)
+static int bench_e2e(const char *model, const char *tag, bool decode_only, bench_report_t *rep)
 {
     eng_params_t p = eng_params_default();
     p.model_path = model;
@@ -482,11 +492,12 @@ static int bench_e2e(const char *model, const char *tag, bench_report_t *rep)
     }
     t_load = bench_now_s() - t_load;
     printf("end to end: %s (%s), loaded in %.1f s; step path: KVGW_CUDA_FUSED=%s "
-           "KVGW_CUDA_PACKED=%s KVGW_CUDA_GRAPHS=%s\n",
+           "KVGW_CUDA_PACKED=%s KVGW_CUDA_GRAPHS=%s KVGW_CUDA_DECODE=%s\n",
            model, tag[0] ? tag : "default tag", t_load,
            getenv("KVGW_CUDA_FUSED") ? getenv("KVGW_CUDA_FUSED") : "1",
            getenv("KVGW_CUDA_PACKED") ? getenv("KVGW_CUDA_PACKED") : "1",
-           getenv("KVGW_CUDA_GRAPHS") ? getenv("KVGW_CUDA_GRAPHS") : "1");
+           getenv("KVGW_CUDA_GRAPHS") ? getenv("KVGW_CUDA_GRAPHS") : "1",
+           getenv("KVGW_CUDA_DECODE") ? getenv("KVGW_CUDA_DECODE") : "kernel");
     e2e_add(rep, "e2e_", tag, "load_s", t_load, model);
     uint32_t V = eng_n_vocab(e);
     enum { N_TOK = 8192 };
@@ -500,7 +511,7 @@ static int bench_e2e(const char *model, const char *tag, bench_report_t *rep)
     for (int i = 0; i < N_TOK; i++)
         toks[i] = (int32_t)(((uint64_t)i * 2654435761u) % V);
     /* Prefill 2048 (after a warm-up of 512). */
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0; pass < 2 && !decode_only; pass++) {
         uint32_t n = pass == 0 ? 512 : 2048;
         if ((rc = eng_seq_create(e, &s)) != 0)
             goto done;
@@ -534,6 +545,19 @@ static int bench_e2e(const char *model, const char *tag, bench_report_t *rep)
             e2e_add(rep, "e2e_", tag, "decode_tokens_per_s", tok_s, "batch 1 after 512");
         snprintf(rest, sizeof rest, "decode_b%d", batches[bi]);
         e2e_add_stats(rep, tag, rest, &a, &b);
+    }
+    /* Batch 1 after a 4096-token prompt: more of the step is attention. */
+    {
+        double tok_s = 0;
+        if ((rc = e2e_decode(e, toks, 1, 4096, 128, &tok_s, &a, &b)) != 0)
+            goto done;
+        e2e_add(rep, "e2e_", tag, "decode_b1_ctx4k_tokens_per_s", tok_s,
+                "batch 1 after a 4096-token prompt, 128 steps");
+        e2e_add_stats(rep, tag, "decode_b1_ctx4k", &a, &b);
+    }
+    if (decode_only) {
+        rc = 0;
+        goto done;
     }
     /* TTFT: 4096 tokens cold (caching 4032), then the same prompt from the cache. */
     for (int pass = 0; pass < 2; pass++) {
@@ -572,7 +596,7 @@ int bench_kernels_main(int argc, char **argv)
 {
     const char *model = "models/kvgw-bench.gguf";
     int iters = 20;
-    bool e2e = true, e2e_only = false;
+    bool e2e = true, e2e_only = false, e2e_decode = false;
     const char *tag = "";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -589,6 +613,8 @@ int bench_kernels_main(int argc, char **argv)
             }
         } else if (strcmp(argv[i], "--e2e-only") == 0) {
             e2e_only = true;
+        } else if (strcmp(argv[i], "--e2e-decode") == 0) {
+            e2e_decode = true;
         } else if (strcmp(argv[i], "--tag") == 0 && i + 1 < argc) {
             tag = argv[++i];
             for (const char *t = tag; *t; t++)
@@ -622,7 +648,7 @@ int bench_kernels_main(int argc, char **argv)
     if (peak > 0)
         bench_report_add(&rep, "device_peak_gb_per_s", peak, info.name);
     if (e2e_only) {
-        if (!e2e || bench_e2e(model, tag, &rep) != 0)
+        if (!e2e || bench_e2e(model, tag, e2e_decode, &rep) != 0)
             fprintf(stderr, "kvgw bench kernels: end-to-end part skipped\n");
         bench_report_print(&rep);
         return 0;
@@ -748,13 +774,14 @@ int bench_kernels_main(int argc, char **argv)
     if (tf > 0)
         bench_report_add(&rep, "gemm_bf16_ffn_tflop_per_s", tf, "4096 x 14336 x 4096");
     krn_ctx_free(c);
-    if (e2e && bench_e2e(model, tag, &rep) != 0)
+    if (e2e && bench_e2e(model, tag, e2e_decode, &rep) != 0)
         fprintf(stderr, "kvgw bench kernels: end-to-end part skipped\n");
 #else
     (void)model;
     (void)iters;
     (void)e2e;
     (void)e2e_only;
+    (void)e2e_decode;
     (void)tag;
     fprintf(stderr, "kvgw bench kernels: built without CUDA; no GPU to measure\n");
 #endif

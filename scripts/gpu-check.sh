@@ -10,9 +10,11 @@
 #   4. `kvgw bench kernels` (the decode-attention grid against the card's peak bandwidth, the
 #      sampler, GEMMs, prefill attention, and the engine end to end on models/kvgw-bench.gguf
 #      when it exists or scripts/models.sh can write it; --no-e2e otherwise), then the end-to-end
-#      part again on the bench model with the host-overhead work switched off
-#      (KVGW_CUDA_GRAPHS=0: figures e2e_nographs_*; KVGW_CUDA_FUSED=0 KVGW_CUDA_PACKED=0:
-#      e2e_unfused_*) for the before/after of launches and host time per step;
+#      part again on the bench model with the previous decode path (KVGW_CUDA_DECODE=attn, decode
+#      figures only: e2e_decattn_decode_*, against e2e_decode_* of the split-KV decode kernel)
+#      and with the host-overhead work switched off (KVGW_CUDA_GRAPHS=0: figures e2e_nographs_*;
+#      KVGW_CUDA_FUSED=0 KVGW_CUDA_PACKED=0: e2e_unfused_*) for the before/after of launches and
+#      host time per step;
 #   5. the end-to-end part on a larger generated model (e2e_big_*, ttft_big_*): llama, 32 layers
 #      x 4096, 32/8 heads, FFN 14336, F16, the Llama 3 vocabulary (8B-class: 16.1 GB of weights
 #      on disk and on the GPU), written by `kvgw mkmodel` to $build/kvgw-big.gguf in the
@@ -185,6 +187,10 @@ if [ $do_bench -eq 1 ]; then
     # default 420 s), so the call ends inside the device tool's 10 minutes with the summary.
     budget=${KVGW_GPU_BUDGET_S:-420}
     if [ ${#e2e[@]} -eq 0 ] && [ $SECONDS -lt "$budget" ]; then
+        KVGW_CUDA_DECODE=attn step bench-decattn "$kvgw" bench kernels --e2e-only --e2e-decode \
+            --tag decattn
+    fi
+    if [ ${#e2e[@]} -eq 0 ] && [ $SECONDS -lt "$budget" ]; then
         KVGW_CUDA_GRAPHS=0 step bench-nographs "$kvgw" bench kernels --e2e-only --tag nographs
         KVGW_CUDA_FUSED=0 KVGW_CUDA_PACKED=0 step bench-unfused "$kvgw" bench kernels \
             --e2e-only --tag unfused
@@ -199,7 +205,7 @@ if [ $do_bench -eq 1 ]; then
         step bench-big "$kvgw" bench kernels --e2e-only --model "$big" --tag big
     fi
     # Every figure of the runs in one file.
-    for f in bench bench-nographs bench-unfused bench-big; do
+    for f in bench bench-decattn bench-nographs bench-unfused bench-big; do
         [ -f "$logs/$f.log" ] && grep '^{' "$logs/$f.log" | tail -n 1
     done >"$out/bench_all.jsonl"
 fi
