@@ -514,7 +514,10 @@ PC_TEST(prefill_attention_on_tensor_cores)
 }
 
 /* The split-KV decode kernel (krn_decode.cu) against its reference: decode rows over
- * NaN-poisoned pools, one split, splits of one block, and the plan's splits for this GPU. */
+ * NaN-poisoned pools, one split, splits of one block, the plan's splits for this GPU, the cuda
+ * backend's launch (krn_decode_step_plan: the grid rounded up to the planned split count, so
+ * CTAs past a row's last split exit, and the partials' stride is that count) and its one-split
+ * launch (KRN_DECODE_ONE_SPLIT). */
 PC_TEST(decode_attention_matches_reference)
 {
     NEED_GPU();
@@ -550,10 +553,19 @@ PC_TEST(decode_attention_matches_reference)
         int32_t *dtab = up(t.tables, sizeof(int32_t) * (size_t)t.n_seqs * mb);
         float *got = malloc(sizeof(float) * (size_t)n_out);
         int32_t plan = krn_decode_split_tokens(info.n_sm, t.n_rows, t.kv.n_head_kv, bt, mb * bt, 0);
-        const int32_t splits[3] = {mb * bt, bt, plan};
-        for (int k = 0; k < 3; k++) {
+        int32_t step_split, step_splits, max_len = 0;
+        for (int32_t i = 0; i < t.n_rows; i++)
+            max_len = t.row_pos[i] + 1 > max_len ? t.row_pos[i] + 1 : max_len;
+        ASSERT_EQ(krn_decode_step_plan(info.n_sm, t.n_rows, t.kv.n_head_kv, bt, max_len,
+                                       &step_split, &step_splits),
+                  0);
+        const int32_t splits[5] = {mb * bt, bt, plan, step_split, KRN_DECODE_ONE_SPLIT / bt * bt};
+        for (int k = 0; k < 5; k++) {
             krn_decode_args_t a;
             kt_decode_args(&t, splits[k], &a);
+            if (k == 3)
+                a.max_splits = step_splits; /* >= the splits the rows need (the reference
+                                               does not read the partials) */
             ASSERT_EQ(krn_ref_decode_attention(&a), 0);
             size_t slots = (size_t)t.n_rows * t.n_head * a.max_splits;
             krn_decode_args_t da = a;
