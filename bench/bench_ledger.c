@@ -5,6 +5,7 @@
  *
  *   kvgw bench ledger [--dir DIR] [--events N] [--rate R] [--fsync always|batch|off]
  *                     [--window-us U] [--export-days D] [--events-per-day E] [--segment-mib S]
+ *                     [--open-window W]
  *
  * Three phases: (1) throughput: one appender thread (the gateway's loop) appends N events as fast
  * as the ledger takes them while a waiter follows durable_seq; (2) latency: events at a steady
@@ -12,8 +13,11 @@
  * (p50/p99/max); (3) export: a second ledger of D days x E events a day (segments of S MiB, one
  * event in ten arriving up to an hour late, so times are out of order), then the CSV export of
  * one day in the middle, timed with the time index and reading every segment (best of 3 each,
- * warm page cache). D = 0 skips it. The ledger directories are created fresh and removed
- * afterwards.
+ * warm page cache), after the restart figures: the ledger's open (its recovery) reading every
+ * segment (open_check full, what every open did before the time index was used by it), by the
+ * index with the default duplicate window (1 Mi ids: the segments of the last 0.5-1 Mi records
+ * are read) and with a window of W ids (--open-window, default 65536), best of 3 each, warm page
+ * cache. D = 0 skips it. The ledger directories are created fresh and removed afterwards.
  */
 #include "bench.h"
 #include "billing.h"
@@ -34,7 +38,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: kvgw bench ledger [--dir DIR] [--events N] [--rate R] "
                "[--fsync always|batch|off] [--window-us U]\n"
                "                         [--export-days D] [--events-per-day E] "
-               "[--segment-mib S]\n");
+               "[--segment-mib S] [--open-window W]\n");
 }
 
 static void make_event(bill_event_t *ev, bill_idgen_t *ids, uint64_t i)
@@ -144,8 +148,53 @@ static int time_export(const char *dir, uint64_t from, uint64_t to, bool scan_al
     return 0;
 }
 
+/* Times the ledger's open (the recovery) and close, best of 3, warm page cache: 0 or 1. */
+static int time_open(const char *dir, bill_open_check_t check, uint64_t window, double *best_s,
+                     bill_ledger_stats_t *st)
+{
+    *best_s = 1e30;
+    for (int k = 0; k < 3; k++) {
+        bill_ledger_params_t lp = bill_ledger_params_default();
+        lp.dir = dir;
+        lp.fsync = BILL_FSYNC_OFF;
+        lp.open_check = check;
+        lp.dedup_window = window;
+        bill_ledger_t *l;
+        char err[256];
+        double a = bench_now_s();
+        if (bill_ledger_open(&lp, &l, err, sizeof err) != 0) {
+            fprintf(stderr, "kvgw bench ledger: open: %s\n", err);
+            return 1;
+        }
+        double b = bench_now_s() - a;
+        bill_ledger_stats(l, st);
+        if (bill_ledger_close(l) != 0)
+            return 1;
+        if (b < *best_s)
+            *best_s = b;
+    }
+    return 0;
+}
+
+/* Reports the open of dir in mode check with duplicate window `window`. */
+static int open_figure(const char *dir, bill_open_check_t check, uint64_t window, const char *key,
+                       bench_report_t *r, double *t_out)
+{
+    bill_ledger_stats_t st;
+    if (time_open(dir, check, window, t_out, &st) != 0)
+        return 1;
+    char note[160];
+    snprintf(note, sizeof note,
+             "%s, window %" PRIu64 ": %" PRIu64 " of %" PRIu64 " segments read, %.0f MiB",
+             bill_open_check_name(check), window, st.open_segments_read,
+             st.open_segments_read + st.open_segments_skipped,
+             (double)st.open_bytes_read / 1048576.0);
+    bench_report_add(r, key, *t_out * 1e3, note);
+    return 0;
+}
+
 static int export_phase(const char *base, uint64_t days, uint64_t per_day, uint64_t seg_mib,
-                        bench_report_t *r)
+                        uint64_t open_window, bench_report_t *r)
 {
     char dir[600], cmd[700];
     snprintf(dir, sizeof dir, "%s.export", base);
@@ -200,6 +249,19 @@ static int export_phase(const char *base, uint64_t days, uint64_t per_day, uint6
         fprintf(stderr, "kvgw bench ledger: ledger failed: %s\n", pc_strerror(rc));
         return 1;
     }
+    /* Restart: open (the recovery) reading every segment, then by the index with the default
+     * duplicate window and with the --open-window one. */
+    double o_full, o_idx, o_small;
+    uint64_t def_window = bill_ledger_params_default().dedup_window;
+    if (open_figure(dir, BILL_OPEN_CHECK_FULL, def_window, "open_ms_full_check", r, &o_full) != 0 ||
+        open_figure(dir, BILL_OPEN_CHECK_INDEX, def_window, "open_ms_indexed", r, &o_idx) != 0 ||
+        open_figure(dir, BILL_OPEN_CHECK_INDEX, open_window, "open_ms_indexed_small_window", r,
+                    &o_small) != 0) {
+        if (system(cmd) != 0)
+            fprintf(stderr, "kvgw bench ledger: could not remove %s\n", dir);
+        return 1;
+    }
+    bench_report_add(r, "open_speedup", o_full / o_idx, "full check / indexed, default window");
     uint64_t from = t0 + (days / 2) * DAY_MS, to = from + DAY_MS;
     double t_idx, t_all;
     uint64_t bytes_idx, bytes_all, read_idx, skip_idx, read_all, skip_all;
@@ -239,6 +301,7 @@ int bench_ledger_main(int argc, char **argv)
     char dir[512];
     snprintf(dir, sizeof dir, "/tmp/kvgw_bench_ledger.%d", (int)getpid());
     uint64_t n_events = 200000, rate = 5000, x_days = 60, x_per_day = 10000, x_seg_mib = 4;
+    uint64_t open_window = 65536;
     int mode = BILL_FSYNC_BATCH;
     uint32_t window_us = 500;
     for (int i = 1; i < argc; i++) {
@@ -265,6 +328,8 @@ int bench_ledger_main(int argc, char **argv)
             x_per_day = strtoull(v, NULL, 10);
         else if (strcmp(argv[i], "--segment-mib") == 0)
             x_seg_mib = strtoull(v, NULL, 10);
+        else if (strcmp(argv[i], "--open-window") == 0)
+            open_window = strtoull(v, NULL, 10);
         else if (strcmp(argv[i], "--fsync") == 0 && (mode = bill_fsync_parse(v)) >= 0)
             ;
         else {
@@ -274,7 +339,7 @@ int bench_ledger_main(int argc, char **argv)
         i++;
     }
     if (n_events == 0 || rate == 0 || x_per_day == 0 || x_per_day > DAY_MS || x_seg_mib == 0 ||
-        x_seg_mib > 4096) {
+        x_seg_mib > 4096 || open_window == 0) {
         usage(stderr);
         return 2;
     }
@@ -384,7 +449,7 @@ int bench_ledger_main(int argc, char **argv)
     bench_report_add(&r, "added_latency_ms_p99", p99, "target < 2 ms");
     bench_report_add(&r, "added_latency_ms_max", pmax, NULL);
     bench_report_add(&r, "overloaded_retries", (double)retries, "appends refused: pending full");
-    int xrc = x_days > 0 ? export_phase(dir, x_days, x_per_day, x_seg_mib, &r) : 0;
+    int xrc = x_days > 0 ? export_phase(dir, x_days, x_per_day, x_seg_mib, open_window, &r) : 0;
     bench_report_print(&r);
     free(lat_ns);
     free(w.t_append);

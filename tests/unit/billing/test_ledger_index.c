@@ -673,8 +673,9 @@ PC_TEST(forged_sidecar_is_fixed_by_the_recovery)
 {
     /* A sidecar that is wrong yet passes every cheap check (valid CRC, the segment's length and
      * last record) cannot be told from a right one without reading the segment: only a software
-     * bug or a deliberate edit makes one. The recovery at every open reads every segment and
-     * rewrites it; an export that reads the segment rewrites it too. */
+     * bug or a deliberate edit makes one. An open that reads the segment (here: the default
+     * duplicate window of 1 Mi records covers this whole ledger; billing.verify_on_open: full
+     * reads every segment) rewrites it; an export that reads the segment rewrites it too. */
     const char *dir = build_ledger("forged");
     ASSERT_TRUE(dir != NULL);
     uint64_t segs[4096];
