@@ -744,6 +744,13 @@ static int billing_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
     }
     if (strcmp(k, "segment_bytes") == 0)
         return get_size(w, v, 4096, 1ull << 40, &c->segment_bytes);
+    if (strcmp(k, "verify_on_open") == 0) {
+        const char *s = scalar(v);
+        if (s == NULL || (strcmp(s, "index") != 0 && strcmp(s, "full") != 0))
+            return fail_at(w, v, "expected index or full");
+        c->ledger_full_check = strcmp(s, "full") == 0;
+        return 0;
+    }
     if (strcmp(k, "storage_interval") == 0)
         return get_ms(w, v, 100, 86400000, &c->storage_interval_ms);
     return unknown(w, v);
@@ -978,7 +985,7 @@ int gw_config_print(const gw_config_t *c, pc_buf_t *o)
             "  ttl_5m: %ums\n  ttl_1h: %ums\n  tokenizer_cache: %llu\n"
             "  namespace_secret: %s\nbilling:\n  ledger_dir: %s\n  pricing: %s\n"
             "  instance_id: %s\n  fsync: %s\n  fsync_batch: %uus\n  segment_bytes: %llu\n"
-            "  storage_interval: %ums\n",
+            "  verify_on_open: %s\n  storage_interval: %ums\n",
             c->has_admin_key ? "<set>" : "null", c->link_secret ? "<set>" : "<none>",
             c->worker_heartbeat_ms, c->worker_connect_timeout_ms, c->max_body_bytes,
             c->max_header_bytes, c->max_headers, c->header_timeout_ms, c->body_timeout_ms,
@@ -987,7 +994,8 @@ int gw_config_print(const gw_config_t *c, pc_buf_t *o)
             (unsigned long long)c->tokenizer_cache_bytes,
             c->namespace_secret_is_default ? "<built-in demo secret>" : "<set>", c->ledger_dir,
             c->pricing_path, c->instance_id, fs[c->fsync], c->fsync_batch_us,
-            (unsigned long long)c->segment_bytes, c->storage_interval_ms);
+            (unsigned long long)c->segment_bytes, c->ledger_full_check ? "full" : "index",
+            c->storage_interval_ms);
     if (rc == 0 && c->redis_host)
         rc = pc_buf_printf(o, "redis:\n  address: %s:%d\n  password: %s\n  timeout: %ums\n",
                            c->redis_host, c->redis_port, c->redis_password ? "<set>" : "<none>",

@@ -106,6 +106,7 @@ typedef struct gw_config {
     gw_fsync_mode_t fsync;
     uint32_t fsync_batch_us; /* group-commit window (fsync: batch) */
     uint64_t segment_bytes;
+    bool ledger_full_check; /* billing.verify_on_open: full (every segment read at start) */
     char *pricing_path;
     unsigned long pricing_line; /* 0: built-in */
     uint32_t storage_interval_ms;

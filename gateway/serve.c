@@ -1811,6 +1811,7 @@ static int serve_run(serve_t *s, const char *listen)
                                                 : BILL_FSYNC_OFF;
     lp.batch_window_us = s->cfg.fsync_batch_us;
     lp.segment_bytes = s->cfg.segment_bytes;
+    lp.open_check = s->cfg.ledger_full_check ? BILL_OPEN_CHECK_FULL : BILL_OPEN_CHECK_INDEX;
     lp.instance = s->cfg.instance_id;
     lp.wake = ledger_wake_fn;
     lp.wake_ud = &s->ledger_wake;
