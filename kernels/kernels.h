@@ -307,7 +307,9 @@ typedef struct krn_decode_args {
     const int32_t *block_tables; /* [n_seqs][max_blocks] */
     int32_t max_blocks, n_rows;
     int32_t split_tokens; /* positions per split, a multiple of kv.block_tokens */
-    int32_t max_splits;   /* ceil((max pos + 1) / split_tokens) over the rows */
+    int32_t max_splits;   /* at least ceil((max pos + 1) / split_tokens) over the rows (the
+                             grid's splits per row and the partials' stride; the CTAs of splits
+                             past a row's last exit at once, so a larger value is correct) */
     float *part_o;        /* [n_rows][n_head][max_splits][head_dim] (max_splits > 1) */
     float *part_ml;       /* [n_rows][n_head][max_splits][2] (max_splits > 1) */
 } krn_decode_args_t;
