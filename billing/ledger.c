@@ -1586,6 +1586,83 @@ int bill_ledger_index_scan(const char *dir, uint64_t first_seq, bill_ledger_inde
     return rc;
 }
 
+int bill_ledger_check_all(const char *dir, FILE *out, bill_ledger_check_t *res, char *err,
+                          size_t err_len)
+{
+    *res = (bill_ledger_check_t){0};
+    uint64_t *segs;
+    size_t n;
+    int rc = list_segments(dir, &segs, &n);
+    if (rc != 0)
+        return pc_err_setf(err, err_len, rc, "ledger: cannot read %s: %s", dir, pc_strerror(rc));
+    uint64_t expected = n > 0 ? segs[0] : 1;
+    for (size_t i = 0; i < n; i++) {
+        bool last = i + 1 == n;
+        char path[4096], name[64], why[512] = "";
+        seg_name(name, sizeof name, segs[i]);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        res->n_segments++;
+        if (segs[i] != expected) {
+            res->n_problems++;
+            if (out != NULL)
+                fprintf(out,
+                        "GAP %s: starts at seq %" PRIu64 ", the segments before it end at seq "
+                        "%" PRIu64 "\n",
+                        path, segs[i], expected - 1);
+        }
+        struct stat sb;
+        uint64_t size = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+        bill_ledger_index_t ix = {0}; /* first_seq stays 0 when the header is bad */
+        rc = bill_ledger_index_scan(dir, segs[i], &ix, why, sizeof why);
+        bool header_bad = rc != 0 && ix.first_seq != segs[i];
+        res->n_records += rc == 0 || !header_bad ? ix.n_records : 0;
+        res->n_bytes += rc == 0 || !header_bad ? ix.seg_bytes : 0;
+        if (rc != 0 && rc != PC_ERR_FORMAT) {
+            pc_free(segs);
+            return pc_err_setf(err, err_len, rc, "ledger: cannot read %s: %s", path,
+                               pc_strerror(rc));
+        }
+        if (rc != 0 && last && (!header_bad || size <= BILL_LEDGER_SEGMENT_HEADER)) {
+            /* The open segment's tail: a record being written, or a crash's torn tail. */
+            res->tail_bytes += size - (header_bad ? 0 : ix.seg_bytes);
+            rc = 0;
+        } else if (rc != 0) {
+            res->n_problems++;
+            if (out != NULL) {
+                if (header_bad)
+                    fprintf(out, "DAMAGE %s: bad segment header (seq %" PRIu64 " on)\n", path,
+                            segs[i]);
+                else
+                    fprintf(out,
+                            "DAMAGE %s: bad record at byte %" PRIu64 " (seq %" PRIu64
+                            " expected); %" PRIu64 " bytes after it unchecked\n",
+                            path, ix.seg_bytes, segs[i] + ix.n_records, size - ix.seg_bytes);
+            }
+        }
+        /* Where the next segment must start: after this one's records, or (damaged) its name. */
+        expected = rc == 0 ? segs[i] + ix.n_records : last ? expected : segs[i + 1];
+        if (last || rc != 0)
+            continue;
+        bill_ledger_index_t disk;
+        int lr = bill_ledger_index_load(dir, segs[i], &disk);
+        if (lr == 0 && idx_equal(&disk, &ix))
+            continue;
+        if (lr == 0 && segs[i] + ix.n_records == segs[i + 1] &&
+            idx_matches(dir, segs[i], segs[i + 1], &disk)) {
+            res->n_problems++;
+            if (out != NULL)
+                fprintf(out,
+                        "INDEX %s/ledger-%020" PRIu64 ".idx: passes the length and last-record "
+                        "checks but differs from the segment's data\n",
+                        dir, segs[i]);
+            continue;
+        }
+        res->n_index_rebuilt++;
+    }
+    pc_free(segs);
+    return 0;
+}
+
 void bill_ledger_reader_free(bill_ledger_reader_t *r)
 {
     if (r == NULL)

@@ -140,6 +140,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #define BILL_LEDGER_MAX_PAYLOAD 65536
@@ -312,6 +313,32 @@ int bill_ledger_index_load(const char *dir, uint64_t first_seq, bill_ledger_inde
  * PC_ERR_FORMAT at a bad or torn record (the open segment's torn tail included). */
 int bill_ledger_index_scan(const char *dir, uint64_t first_seq, bill_ledger_index_t *out, char *err,
                            size_t err_len);
+
+/* What bill_ledger_check_all found. */
+typedef struct bill_ledger_check {
+    uint64_t n_segments;
+    uint64_t n_records;       /* good records read */
+    uint64_t n_bytes;         /* segment bytes read */
+    uint64_t n_problems;      /* damage, gaps and trusted-but-wrong sidecars: one line each */
+    uint64_t n_index_rebuilt; /* sealed segments whose sidecar is missing, or that a reader or an
+                                 open would see is stale or corrupt and rebuild (not a problem) */
+    uint64_t tail_bytes;      /* bytes after the open segment's last good record: a write in
+                                 progress or a crash's torn tail, cut by the next open */
+} bill_ledger_check_t;
+
+/* Reads and checks every record of every segment of the ledger in dir (CRC, version, payload,
+ * seq order), that the segments' names and record counts leave no gap, and every sealed
+ * segment's sidecar against the segment's data; read only, safe beside a running gateway. Each
+ * problem is one line on out (may be NULL) naming the file, the byte offset and the seq:
+ *   DAMAGE <path>: ...   a bad segment header or record (the rest of that segment is unchecked)
+ *   GAP <path>: ...      the segment does not start where the previous one ended
+ *   INDEX <path>: ...    a sidecar that passes the checks readers trust yet differs from the data
+ *                        (exports could skip events with it; any open or export reading the
+ *                        segment rewrites it)
+ * Returns 0 with *res filled (n_problems says whether the ledger is sound), or an error that kept
+ * it from checking (PC_ERR_NOTFOUND: no such directory) with the reason in err. */
+int bill_ledger_check_all(const char *dir, FILE *out, bill_ledger_check_t *res, char *err,
+                          size_t err_len);
 
 /* Reads the INSTANCE id of a ledger directory. PC_ERR_NOTFOUND if absent, PC_ERR_FORMAT if bad. */
 int bill_ledger_read_instance(const char *dir, char out[BILL_STR_MAX]);

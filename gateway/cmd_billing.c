@@ -4,8 +4,8 @@
  *
  *   kvgw billing export [--ledger DIR] [--from T] [--to T] [--tenant ID] [--format csv|jsonl|focus]
  *                       [--group none|day] [--pricing FILE] [--out FILE] [--no-index] [--stats]
- *   kvgw billing verify [--ledger DIR]... --redis HOST:PORT [--password-env VAR] [--prefix P]
- *                       [--from DAY] [--to DAY]
+ *   kvgw billing verify [--ledger DIR]... [--redis HOST:PORT [--password-env VAR] [--prefix P]
+ *                       [--from DAY] [--to DAY]]
  *
  * Times are RFC 3339 UTC ("2025-06-01", "2025-06-01T12:00:00Z") or epoch milliseconds; --from is
  * inclusive, --to exclusive. Exports read the ledger only, never Redis, and only the segments that
@@ -28,8 +28,8 @@ static void usage(FILE *f)
     fprintf(f, "usage: kvgw billing export [--ledger DIR] [--from TIME] [--to TIME] [--tenant ID]\n"
                "                           [--format csv|jsonl|focus] [--group none|day]\n"
                "                           [--pricing FILE] [--out FILE] [--no-index] [--stats]\n"
-               "       kvgw billing verify [--ledger DIR]... --redis HOST:PORT "
-               "[--password-env VAR] [--prefix P]\n"
+               "       kvgw billing verify [--ledger DIR]... [--redis HOST:PORT "
+               "[--password-env VAR] [--prefix P]]\n"
                "                           [--from DAY] [--to DAY]\n");
 }
 
@@ -45,12 +45,16 @@ static void help(void)
            "(sealed segments have a small .idx sidecar, rebuilt from the data when missing or\n"
            "wrong); --no-index reads every segment, with the same output; --stats prints the\n"
            "segments read and skipped to stderr.\n"
-           "\nverify: reconciles each ledger (one --ledger per gateway instance) with what the\n"
-           "shipper wrote to Redis: the instance's stream against the ledger up to its cursor,\n"
-           "and the shared per-tenant per-day counters against the sum of every ledger. Prints\n"
-           "each difference; exit status 1 when there is one. --from/--to (UTC dates, --to\n"
-           "exclusive) limit it to the counters of those days and to the ledger segments that\n"
-           "can hold their events.\n");
+           "\nverify: without --from/--to, first reads and checks every record of every segment\n"
+           "of each ledger (one --ledger per gateway instance), the seq continuity across\n"
+           "segments and each time-index sidecar against its segment, printing each problem as\n"
+           "DAMAGE, GAP or INDEX with the file, byte and seq (the gateway's start reads only the\n"
+           "recent segments, so damage in old ones shows here). With --redis it then reconciles\n"
+           "each ledger with what the shipper wrote to Redis: the instance's stream against the\n"
+           "ledger up to its cursor, and the shared per-tenant per-day counters against the sum\n"
+           "of every ledger. Prints each difference; exit status 1 when there is a problem or a\n"
+           "difference. --from/--to (UTC dates, --to exclusive; need --redis) limit it to the\n"
+           "counters of those days and to the ledger segments that can hold their events.\n");
 }
 
 static int write_chunk(void *ud, const char *data, size_t len)
@@ -223,8 +227,9 @@ static int cmd_verify(int argc, char **argv)
             return KVGW_EXIT_USAGE;
         }
     }
-    if (vp.port == 0) {
-        fprintf(stderr, "kvgw billing verify: --redis HOST:PORT is required\n");
+    bool whole = vp.from_ms == 0 && vp.to_ms == UINT64_MAX;
+    if (vp.port == 0 && !whole) {
+        fprintf(stderr, "kvgw billing verify: --from/--to need --redis HOST:PORT\n");
         usage(stderr);
         return KVGW_EXIT_USAGE;
     }
@@ -234,9 +239,42 @@ static int cmd_verify(int argc, char **argv)
     }
     if (n_dirs == 0)
         dirs[n_dirs++] = "var/ledger";
-    bill_verify_report_t rep;
     char err[512] = "";
-    int rc = bill_verify(dirs, n_dirs, &vp, stdout, &rep, err, sizeof err);
+    int rc;
+    if (whole) {
+        /* Every record of every segment first: the gateway's start reads only the recent ones
+         * (ledger.h, Recovery on open), so this is where damage in old segments shows. */
+        uint64_t problems = 0;
+        for (size_t i = 0; i < n_dirs; i++) {
+            bill_ledger_check_t ck;
+            rc = bill_ledger_check_all(dirs[i], stdout, &ck, err, sizeof err);
+            if (rc != 0) {
+                fprintf(stderr, "kvgw billing verify: %s\n", err[0] ? err : pc_strerror(rc));
+                return KVGW_EXIT_FAIL;
+            }
+            printf("verify: %s: %llu segments, %llu records, %.1f MiB read, %llu problems", dirs[i],
+                   (unsigned long long)ck.n_segments, (unsigned long long)ck.n_records,
+                   (double)ck.n_bytes / 1048576.0, (unsigned long long)ck.n_problems);
+            if (ck.n_index_rebuilt > 0)
+                printf(", %llu time-index sidecars to rebuild",
+                       (unsigned long long)ck.n_index_rebuilt);
+            if (ck.tail_bytes > 0)
+                printf(", %llu bytes of a partial record at the end (written now, or a torn tail "
+                       "the next start cuts)",
+                       (unsigned long long)ck.tail_bytes);
+            printf("\n");
+            problems += ck.n_problems;
+        }
+        if (problems > 0) {
+            printf("verify: the ledger is damaged (%llu problems above)%s\n",
+                   (unsigned long long)problems, vp.port != 0 ? "; not reconciled with Redis" : "");
+            return KVGW_EXIT_FAIL;
+        }
+        if (vp.port == 0)
+            return KVGW_EXIT_OK;
+    }
+    bill_verify_report_t rep;
+    rc = bill_verify(dirs, n_dirs, &vp, stdout, &rep, err, sizeof err);
     if (rc != 0) {
         fprintf(stderr, "kvgw billing verify: %s\n", err[0] ? err : pc_strerror(rc));
         return KVGW_EXIT_FAIL;

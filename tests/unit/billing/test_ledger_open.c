@@ -5,8 +5,9 @@
  * right seq, the duplicate set after an indexed open is exactly the one a full open builds (the
  * same probe sequence gives the same answers on two copies of a ledger), missing, stale and
  * corrupt sidecars make open read their segment and are rewritten, a gap in the segment names
- * fails the open, damage in a skipped segment is found by a reader of the whole ledger (what
- * `kvgw billing verify` runs) and by a full open, and a SIGKILL crash loop with a small window.
+ * fails the open, damage in a skipped segment is found by `kvgw billing verify`'s whole-ledger
+ * check (bill_ledger_check_all), by a reader of the whole ledger and by a full open, and a SIGKILL
+ * crash loop with a small window.
  */
 #include "common.h"
 #include "ledger.h"
@@ -177,7 +178,8 @@ static uint64_t expected_reads(const uint64_t *segs, size_t n, uint64_t from)
     return r;
 }
 
-/* Reads the whole ledger as `kvgw billing verify` does (a reader from seq 1, no time range):
+/* Reads the whole ledger as `kvgw billing verify`'s Redis reconciliation does (a reader from seq
+ * 1, no time range):
  * 1 at the end, or the error with its message in err; *n gets the records read. */
 static int read_whole(const char *dir, uint64_t *n, char *err, size_t err_len)
 {
@@ -196,6 +198,18 @@ static int read_whole(const char *dir, uint64_t *n, char *err, size_t err_len)
         (*n)++;
     }
     bill_ledger_reader_free(r);
+    return rc;
+}
+
+/* Runs bill_ledger_check_all on dir, its report lines in buf. */
+static int check_all(const char *dir, bill_ledger_check_t *ck, char *buf, size_t n)
+{
+    FILE *f = fmemopen(buf, n, "w");
+    if (f == NULL)
+        return -1;
+    char err[256] = "";
+    int rc = bill_ledger_check_all(dir, f, ck, err, sizeof err);
+    fclose(f);
     return rc;
 }
 
@@ -271,6 +285,16 @@ PC_TEST(open_reads_the_tail_and_the_window_only)
     char err[256] = "";
     ASSERT_EQ(read_whole(dir, &got, err, sizeof err), 1);
     ASSERT_EQ_U64(got, n_events + 150);
+    /* verify's whole-ledger check finds nothing wrong. */
+    bill_ledger_check_t ck;
+    static char rep[4096];
+    ASSERT_EQ(check_all(dir, &ck, rep, sizeof rep), 0);
+    ASSERT_EQ_U64(ck.n_problems, 0);
+    ASSERT_EQ_U64(ck.n_records, n_events + 150);
+    ASSERT_EQ_U64(ck.n_segments, segments(dir, segs, 4096));
+    ASSERT_EQ_U64(ck.n_index_rebuilt, 0);
+    ASSERT_EQ_U64(ck.tail_bytes, 0);
+    ASSERT_STR_EQ(rep, "");
 }
 
 /* Appends the probe sequence to l, recording each answer: first every id from the newest back
@@ -440,6 +464,14 @@ PC_TEST(a_gap_in_the_segments_fails_the_open)
     ASSERT_TRUE(l == NULL);
     ASSERT_EQ(rc, PC_ERR_FORMAT);
     ASSERT_TRUE(strstr(err, "should start at seq") != NULL);
+    bill_ledger_check_t ck;
+    static char rep[4096];
+    ASSERT_EQ(check_all(dir, &ck, rep, sizeof rep), 0);
+    printf("  check: %s", rep);
+    ASSERT_EQ_U64(ck.n_problems, 1);
+    char name[64];
+    snprintf(name, sizeof name, "GAP %s/ledger-%020" PRIu64 ".seg", dir, segs[5]);
+    ASSERT_TRUE(strstr(rep, name) != NULL);
     /* The last sealed segment gone: the open segment's name is not where the others end. */
     const char *dir2 = build("gap2", 800);
     n = segments(dir2, segs, 4096);
@@ -450,6 +482,46 @@ PC_TEST(a_gap_in_the_segments_fails_the_open)
     l = open_mode(dir2, 8, BILL_OPEN_CHECK_INDEX, &rc, err, sizeof err);
     ASSERT_TRUE(l == NULL);
     ASSERT_EQ(rc, PC_ERR_FORMAT);
+}
+
+PC_TEST(check_all_reports_forged_sidecars_and_tolerates_the_tail)
+{
+    const char *dir = build("forged", 600);
+    ASSERT_TRUE(dir != NULL);
+    uint64_t segs[4096];
+    size_t n = segments(dir, segs, 4096);
+    ASSERT_TRUE(n > 10);
+    /* A sidecar that passes every cheap check but lies about the times: trusted by readers. */
+    bill_ledger_index_t ix;
+    ASSERT_EQ(bill_ledger_index_scan(dir, segs[3], &ix, NULL, 0), 0);
+    ix.max_start_ms = ix.min_start_ms;
+    ASSERT_EQ(write_sidecar(dir, &ix, true), 0);
+    /* A corrupt one (readers would not trust it): to rebuild, not a problem. */
+    ASSERT_EQ(bill_ledger_index_scan(dir, segs[5], &ix, NULL, 0), 0);
+    ASSERT_EQ(write_sidecar(dir, &ix, false), 0);
+    /* A partial record at the end of the open segment. */
+    char path[600];
+    seg_path(path, sizeof path, dir, segs[n - 1], "seg");
+    FILE *f = fopen(path, "ab");
+    ASSERT_TRUE(f != NULL);
+    ASSERT_EQ(fwrite("\x40\x00\x00\x00partial", 1, 11, f), 11);
+    ASSERT_EQ(fclose(f), 0);
+    bill_ledger_check_t ck;
+    static char rep[4096];
+    ASSERT_EQ(check_all(dir, &ck, rep, sizeof rep), 0);
+    printf("  check: %s", rep);
+    ASSERT_EQ_U64(ck.n_problems, 1);
+    ASSERT_EQ_U64(ck.n_index_rebuilt, 1);
+    ASSERT_EQ_U64(ck.tail_bytes, 11);
+    ASSERT_EQ_U64(ck.n_records, 600);
+    char name[64];
+    snprintf(name, sizeof name, "INDEX %s/ledger-%020" PRIu64 ".idx", dir, segs[3]);
+    ASSERT_TRUE(strstr(rep, name) != NULL);
+    /* No directory: an error, not a report. */
+    char err[256] = "";
+    ASSERT_EQ(bill_ledger_check_all(pc_test_tmp_path("nope"), NULL, &ck, err, sizeof err),
+              PC_ERR_NOTFOUND);
+    ASSERT_TRUE(strstr(err, "nope") != NULL);
 }
 
 /* Flips one byte at offset off of segment s's file. */
@@ -507,6 +579,14 @@ PC_TEST(damage_in_a_skipped_segment_is_found_by_verify_and_full_open)
         printf("  verify's reader: %s\n", err);
         ASSERT_TRUE(strstr(err, name) != NULL);
         ASSERT_EQ_U64(got, how ? s - 1 : s);
+        /* verify's whole-ledger check reports it, and only it. */
+        bill_ledger_check_t ck;
+        static char rep[4096];
+        ASSERT_EQ(check_all(dir, &ck, rep, sizeof rep), 0);
+        printf("  check: %s", rep);
+        ASSERT_EQ_U64(ck.n_problems, 1);
+        ASSERT_TRUE(strncmp(rep, "DAMAGE ", 7) == 0 && strstr(rep, name) != NULL);
+        ASSERT_TRUE(strchr(rep, '\n') == rep + strlen(rep) - 1);
         /* A full open refuses it. */
         int rc;
         l = open_mode(dir, 8, BILL_OPEN_CHECK_FULL, &rc, err, sizeof err);
