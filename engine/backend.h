@@ -142,7 +142,8 @@ typedef struct eng_cuda_stats {
     uint64_t graph_failures; /* captures that failed (the backend then stops capturing) */
     uint64_t host_ns;        /* host time from a step's start to its last enqueue (before
                                 waiting for the device) */
-    uint64_t decode_steps;   /* steps whose attention ran the split-KV decode kernel
+    uint64_t decode_steps;   /* steps whose decode rows (all of a decode step's, a mixed
+                                step's leading ones) ran the split-KV decode kernel
                                 (krn_decode_attention) rather than krn_attention's plan */
 } eng_cuda_stats_t;
 void eng_cuda_stats_get(eng_cuda_stats_t *out);

@@ -672,10 +672,12 @@ typedef struct krn_step_shape {
     bool sample;                        /* the logits rows are sampled on the device */
     uint32_t sample_plan;               /* then krn_sample_plan_of the rows (the sampler's
                                            launches depend on it), else 0 */
-    int32_t dec_split, dec_splits;      /* a step whose attention runs the split-KV decode
-                                           kernel: its split_tokens and max_splits
-                                           (krn_decode_step_plan; n_tasks .. n_parts are 0
-                                           then), else 0 and 0 */
+    int32_t dec_rows;                   /* rows 0 .. dec_rows - 1 (one token of each of
+                                           sequences 0 .. dec_rows - 1) run their attention on
+                                           the split-KV decode kernel, the others (when any)
+                                           on krn_attention's plan (n_tasks .. n_parts), else 0 */
+    int32_t dec_split, dec_splits;      /* then the kernel's split_tokens and max_splits
+                                           (krn_decode_step_plan), else 0 and 0 */
 } krn_step_shape_t;
 
 /* Byte offsets of the step's lists in the staging buffer, each at a multiple of
@@ -705,11 +707,12 @@ typedef struct krn_step_graph_params {
 } krn_step_graph_params_t;
 bool krn_step_graphable(const krn_step_shape_t *s, const krn_step_graph_params_t *p);
 
-/* The split-KV decode kernel in the cuda backend's steps (krn_step.c). A step whose rows are
- * all single-token decode rows (one per sequence) runs its attention with krn_decode_attention
- * when krn_decode_use holds; other steps, mixed prefill + decode steps included, keep
- * krn_attention's plan (the decode rows of a mixed step are not contiguous in the batch, and
- * the decode kernel reads rows 0 .. n_rows - 1).
+/* The split-KV decode kernel in the cuda backend's steps (krn_step.c). When krn_decode_use
+ * holds, the leading single-token rows of a step (one per sequence: a decode step's rows, or
+ * the decode rows the worker puts before the prefill chunks of a mixed step) run their
+ * attention with krn_decode_attention, and the rows after them with krn_attention's plan
+ * (made over the remaining sequences alone). Single-token rows after a longer one stay on the
+ * plan (the kernel reads a contiguous run of rows from row 0).
  *
  * krn_decode_use: krn_decode_check accepts the pool and head count, and `env` (the value of
  * KVGW_CUDA_DECODE, or NULL) is not "attn". KVGW_CUDA_DECODE=attn keeps every decode step on
@@ -741,13 +744,13 @@ int krn_decode_step_plan(int32_t n_sm, int32_t n_rows, int32_t n_head_kv, int32_
  * step allocates. Returns -1 for a non-positive argument. */
 int64_t krn_decode_part_slots(int32_t n_sm, int32_t max_rows, int32_t n_head, int32_t n_head_kv);
 
-/* A step's attention path, for the cuda backend: sets s->dec_split and s->dec_splits from
- * krn_decode_step_plan (over s->n_rows rows at positions row_pos, n_head_kv KV heads) and
- * returns true when the step is a decode step (`decode`: every row one token of its own
- * sequence, s->n_seqs == s->n_rows), `use` holds (krn_decode_use) and the plan's partials fit
- * part_slots (the backend's allocation, krn_decode_part_slots); else sets both to 0 and returns
- * false (the step runs krn_attention's plan). */
-bool krn_step_decode_shape(krn_step_shape_t *s, const int32_t *row_pos, bool decode, bool use,
+/* A step's attention path, for the cuda backend: rows 0 .. n_lead - 1 are one token each of
+ * sequences 0 .. n_lead - 1 (n_lead <= s->n_rows, s->n_seqs). Sets s->dec_rows to n_lead and
+ * s->dec_split, s->dec_splits from krn_decode_step_plan (over those rows' positions row_pos,
+ * n_head_kv KV heads), and returns true, when n_lead >= 1, `use` holds (krn_decode_use) and
+ * the plan's partials fit part_slots (the backend's allocation, krn_decode_part_slots); else
+ * sets the three to 0 and returns false (every row runs on krn_attention's plan). */
+bool krn_step_decode_shape(krn_step_shape_t *s, const int32_t *row_pos, int32_t n_lead, bool use,
                            int32_t n_sm, int32_t n_head, int32_t n_head_kv, int32_t block_tokens,
                            int64_t part_slots);
 

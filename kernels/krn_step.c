@@ -34,8 +34,8 @@ bool krn_step_same_shape(const krn_step_shape_t *a, const krn_step_shape_t *b)
     return a->n_rows == b->n_rows && a->n_seqs == b->n_seqs && a->max_blocks == b->max_blocks &&
            a->n_tasks == b->n_tasks && a->n_merges == b->n_merges && a->n_parts == b->n_parts &&
            a->n_logits == b->n_logits && a->sample == b->sample &&
-           a->sample_plan == b->sample_plan && a->dec_split == b->dec_split &&
-           a->dec_splits == b->dec_splits;
+           a->sample_plan == b->sample_plan && a->dec_rows == b->dec_rows &&
+           a->dec_split == b->dec_split && a->dec_splits == b->dec_splits;
 }
 
 bool krn_step_graphable(const krn_step_shape_t *s, const krn_step_graph_params_t *p)
@@ -112,25 +112,25 @@ int64_t krn_decode_part_slots(int32_t n_sm, int32_t max_rows, int32_t n_head, in
     return most;
 }
 
-bool krn_step_decode_shape(krn_step_shape_t *s, const int32_t *row_pos, bool decode, bool use,
+bool krn_step_decode_shape(krn_step_shape_t *s, const int32_t *row_pos, int32_t n_lead, bool use,
                            int32_t n_sm, int32_t n_head, int32_t n_head_kv, int32_t block_tokens,
                            int64_t part_slots)
 {
-    s->dec_split = s->dec_splits = 0;
-    if (!decode || !use || s->n_rows <= 0 || s->n_seqs != s->n_rows || n_head <= 0)
+    s->dec_rows = s->dec_split = s->dec_splits = 0;
+    if (!use || n_lead <= 0 || n_lead > s->n_rows || n_lead > s->n_seqs || n_head <= 0)
         return false;
     int32_t max_len = 0;
-    for (int32_t i = 0; i < s->n_rows; i++) {
+    for (int32_t i = 0; i < n_lead; i++) {
         if (row_pos[i] < 0 || row_pos[i] == INT32_MAX)
             return false;
         max_len = row_pos[i] + 1 > max_len ? row_pos[i] + 1 : max_len;
     }
     int32_t split, splits;
-    if (krn_decode_step_plan(n_sm, s->n_rows, n_head_kv, block_tokens, max_len, &split, &splits) !=
-        0)
+    if (krn_decode_step_plan(n_sm, n_lead, n_head_kv, block_tokens, max_len, &split, &splits) != 0)
         return false;
-    if (splits > 1 && (int64_t)s->n_rows * n_head * splits > part_slots)
+    if (splits > 1 && (int64_t)n_lead * n_head * splits > part_slots)
         return false;
+    s->dec_rows = n_lead;
     s->dec_split = split;
     s->dec_splits = splits;
     return true;

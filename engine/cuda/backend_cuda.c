@@ -38,8 +38,10 @@
  * krn_decode_use accepts the shape; its split and grid come from krn_decode_step_plan (the
  * device's SM count and the step's longest context) and are part of the step's shape, so a
  * captured graph replays only with the arguments it baked in; its partials are allocated once
- * at init for the worst decode step (krn_decode_part_slots). Mixed and prefill steps, decode
- * rows included, run krn_attention's task plan (tensor cores for multi-token tasks).
+ * at init for the worst decode step (krn_decode_part_slots). In a mixed step the leading
+ * single-token rows (the worker puts every decode before the prefill chunks) take the decode
+ * kernel, and the rows after them krn_attention's task plan (tensor cores for multi-token
+ * tasks), planned over those sequences alone; a prefill step runs the plan only.
  *
  * Bisecting on a GPU: KVGW_CUDA_FUSED=0 runs the unfused kernels and separate GEMMs (the
  * weights stay concatenated; the GEMMs read views), KVGW_CUDA_PACKED=0 uploads each list with
@@ -767,8 +769,8 @@ static int layer_attention(cuda_be_t *c, const cl_t *L, int32_t l, const krn_ste
                 return rc;
         }
     }
-    if (sh->dec_split > 0) {
-        /* A decode step: the split-KV kernel over rows 0 .. T - 1 (krn_decode_step_plan). */
+    if (sh->dec_rows > 0) {
+        /* The leading decode rows on the split-KV kernel (krn_decode_step_plan). */
         krn_decode_args_t da = {.kv = c->kv,
                                 .layer = l,
                                 .n_head = (int32_t)hp->n_head,
@@ -778,14 +780,15 @@ static int layer_attention(cuda_be_t *c, const cl_t *L, int32_t l, const krn_ste
                                 .row_pos = dv->pos,
                                 .block_tables = dv->tables,
                                 .max_blocks = sh->max_blocks,
-                                .n_rows = T,
+                                .n_rows = sh->dec_rows,
                                 .split_tokens = sh->dec_split,
                                 .max_splits = sh->dec_splits,
                                 .part_o = c->d_dec_part_o,
                                 .part_ml = c->d_dec_part_ml};
         if ((rc = LAUNCH(c, krn_decode_attention(c->ctx, &da))) != 0)
             return rc;
-        return gemm(c, c->att, T, &L->wo, c->x, true);
+        if (sh->n_tasks == 0) /* a decode step: no other rows */
+            return gemm(c, c->att, T, &L->wo, c->x, true);
     }
     krn_attn_args_t at = {.kv = c->kv,
                           .layer = l,
@@ -1125,26 +1128,33 @@ static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, f
                 c->logit_rows[sh.n_logits++] = row;
         }
     }
-    /* A decode step takes the split-KV decode kernel (no task list: its launch depends only on
-     * dec_split and dec_splits, part of the shape); any other step krn_attention's plan. */
-    krn_step_decode_shape(&sh, c->pos, decode, c->dec_kernel, c->n_sm, (int32_t)hp->n_head,
+    /* The leading single-token rows (all of a decode step's; the decode rows the worker puts
+     * before a mixed step's prefill chunks) take the split-KV decode kernel, whose launch
+     * depends only on dec_rows, dec_split and dec_splits (part of the shape); the sequences
+     * after them krn_attention's plan, made over them alone (task seq indices shifted back). */
+    int32_t n_lead = 0;
+    while (n_lead < (int32_t)n_seqs && seqs[n_lead].n_tokens == 1)
+        n_lead++;
+    krn_step_decode_shape(&sh, c->pos, n_lead, c->dec_kernel, c->n_sm, (int32_t)hp->n_head,
                           (int32_t)hp->n_head_kv, bt, c->dec_slots);
+    int32_t plan0 = sh.dec_rows, plan_n = (int32_t)n_seqs - plan0; /* rows = seqs up to plan0 */
     krn_plan_params_t pp = {.n_head = (int32_t)hp->n_head,
                             .n_head_kv = (int32_t)hp->n_head_kv,
                             .head_dim = hd,
                             .split_kv = (int32_t)c->p.split_kv};
-    if (sh.dec_split == 0 && (rc = krn_attn_plan(&pp, c->pseqs, (int32_t)n_seqs, NULL, &sh.n_tasks,
-                                                 NULL, &sh.n_merges, &sh.n_parts)) != 0)
+    if (plan_n > 0 && (rc = krn_attn_plan(&pp, c->pseqs + plan0, plan_n, NULL, &sh.n_tasks, NULL,
+                                          &sh.n_merges, &sh.n_parts)) != 0)
         return rc;
     if ((rc = grow_host((void **)&c->tasks, &c->tasks_cap, (size_t)sh.n_tasks + 1,
                         sizeof *c->tasks)) != 0 ||
         (rc = grow_host((void **)&c->merges, &c->merges_cap, (size_t)sh.n_merges + 1,
                         sizeof *c->merges)) != 0)
         return rc;
-    if (sh.dec_split == 0 &&
-        (rc = krn_attn_plan(&pp, c->pseqs, (int32_t)n_seqs, c->tasks, &sh.n_tasks, c->merges,
-                            &sh.n_merges, &sh.n_parts)) != 0)
+    if (plan_n > 0 && (rc = krn_attn_plan(&pp, c->pseqs + plan0, plan_n, c->tasks, &sh.n_tasks,
+                                          c->merges, &sh.n_merges, &sh.n_parts)) != 0)
         return rc;
+    for (int32_t i = 0; i < sh.n_tasks; i++)
+        c->tasks[i].seq += plan0; /* the row of the step's block tables */
     /* Every allocation before the first enqueue: a captured step allocates nothing. */
     if ((rc = grow_dev(c, (void **)&c->d_part_o, &c->part_o_cap, (size_t)sh.n_parts * hd + 1,
                        sizeof(float))) != 0 ||
@@ -1185,7 +1195,7 @@ static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, f
         (rc = krn_copy_d2h(c->ctx, tokens, c->d_stok, (size_t)sh.n_logits * sizeof(int32_t))) != 0)
         return rc;
     stat_add(&g_stats.steps, 1);
-    stat_add(&g_stats.decode_steps, sh.dec_split > 0);
+    stat_add(&g_stats.decode_steps, sh.dec_rows > 0);
     stat_add(&g_stats.launches, c->n_calls);
     stat_add(&g_stats.host_ns, pc_time_mono_ns() - t0);
     return krn_ctx_sync(c->ctx);

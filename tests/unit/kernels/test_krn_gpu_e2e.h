@@ -476,7 +476,9 @@ PC_TEST(cuda_fused_and_graph_paths_match_unfused)
 
 /* Decode steps over long contexts, the path that serves them: the same batch of DEC_NS
  * sequences (prompts of up to 3000 positions in 8-position blocks, prefilled one by one, then
- * DEC_GEN batched decode steps with every row's logits, then one step sampled on the device)
+ * DEC_GEN batched decode steps with every row's logits, then a mixed step: the DEC_NS decode
+ * rows first, as the worker orders them, then a 100-token prefill chunk of another sequence,
+ * then one step sampled on the device)
  * on the cpu engine, the cuda engine with KVGW_CUDA_DECODE=attn (krn_attention's plan: split
  * SIMT tasks and a merge), the split-KV decode kernel without graphs, and the default (decode
  * kernel, graphs). At these lengths every decode step splits the KV range (tens of splits per
@@ -487,7 +489,9 @@ PC_TEST(cuda_fused_and_graph_paths_match_unfused)
  * The decode-kernel paths must have run every decode step on it (eng_cuda_stats decode_steps),
  * the attn path none, and the default must have replayed graphs. Over llama (F16 weights, F16
  * KV) and qwen2 (F32 weights, q/k/v biases, F32 KV: the kernel's F32 loads). */
-enum { DEC_NS = 4, DEC_GEN = 24 };
+enum { DEC_NS = 4, DEC_GEN = 24, DEC_MIXED = 100 };
+/* Logits rows of one run: the prompts', DEC_GEN decode steps', the mixed step's. */
+#define DEC_OUT_ROWS ((size_t)(1 + DEC_GEN) * DEC_NS + DEC_NS + 1)
 static int e2e_decode_run(eng_t *e, const int32_t *prompt, const int32_t *gen, float *out,
                           int32_t *picked)
 {
@@ -511,6 +515,20 @@ static int e2e_decode_run(eng_t *e, const int32_t *prompt, const int32_t *gen, f
                                        .logits = ENG_LOGITS_LAST};
         rc = eng_forward(e, it, DEC_NS, out + (size_t)(g + 1) * DEC_NS * V);
     }
+    eng_seq_t *extra = NULL;
+    if (rc == 0 && (rc = eng_seq_create(e, &extra)) == 0) {
+        eng_batch_item_t mixed[DEC_NS + 1];
+        for (int i = 0; i < DEC_NS; i++)
+            mixed[i] = (eng_batch_item_t){.seq = s[i],
+                                          .tokens = &gen[(DEC_GEN - 1) * DEC_NS + i],
+                                          .n_tokens = 1,
+                                          .logits = ENG_LOGITS_LAST};
+        mixed[DEC_NS] = (eng_batch_item_t){
+            .seq = extra, .tokens = prompt, .n_tokens = DEC_MIXED, .logits = ENG_LOGITS_LAST};
+        rc = eng_forward(e, mixed, DEC_NS + 1, out + (size_t)(1 + DEC_GEN) * DEC_NS * V);
+    }
+    if (extra != NULL)
+        eng_seq_free(e, extra);
     if (rc == 0 && picked != NULL) {
         eng_sample_row_t rows[DEC_NS];
         for (int i = 0; i < DEC_NS; i++) {
@@ -570,7 +588,7 @@ PC_TEST(cuda_decode_kernel_long_contexts_match_cpu_and_attn_path)
     for (size_t ci = 0; ci < PC_ARRAY_LEN(cases); ci++) {
         char path[256];
         e2e_model_ex(cases[ci].arch, cases[ci].dtype, true, path, sizeof path);
-        size_t n = (size_t)(1 + DEC_GEN) * DEC_NS * E2E_VOCAB;
+        size_t n = DEC_OUT_ROWS * E2E_VOCAB;
         float *out[4];
         int32_t picked[4][DEC_NS];
         for (int k = 0; k < 4; k++) {
@@ -588,11 +606,12 @@ PC_TEST(cuda_decode_kernel_long_contexts_match_cpu_and_attn_path)
             uint64_t dsteps = st1.decode_steps - st0.decode_steps;
             uint64_t replays = st1.graph_replays - st0.graph_replays;
             uint64_t failures = st1.graph_failures - st0.graph_failures;
-            /* The decode steps: DEC_GEN batched ones and the sampled one (the prompts, of 40
-             * tokens and more, are prefill steps). */
-            if (k >= 2 && dsteps != DEC_GEN + 1)
-                PC_TEST__FAIL("case %zu (%s): %llu of %d decode steps ran the decode kernel", ci,
-                              names[k], (unsigned long long)dsteps, DEC_GEN + 1);
+            /* The steps with decode rows: DEC_GEN batched ones, the mixed one and the sampled
+             * one (the prompts, of 40 tokens and more, are prefill steps). */
+            if (k >= 2 && dsteps != DEC_GEN + 2)
+                PC_TEST__FAIL("case %zu (%s): %llu of %d steps with decode rows ran the decode "
+                              "kernel",
+                              ci, names[k], (unsigned long long)dsteps, DEC_GEN + 2);
             if (k == 1 && dsteps != 0)
                 PC_TEST__FAIL("case %zu: KVGW_CUDA_DECODE=attn still ran the decode kernel "
                               "(%llu steps)",

@@ -534,10 +534,11 @@ PC_TEST(step_graph_policy)
                                    .n_logits = 16,
                                    .sample = true,
                                    .sample_plan = 3,
+                                   .dec_rows = 16,
                                    .dec_split = 64,
                                    .dec_splits = 17};
     ASSERT_TRUE(krn_step_same_shape(&base, &base));
-    for (int f = 0; f < 11; f++) {
+    for (int f = 0; f < 12; f++) {
         krn_step_shape_t s = base;
         switch (f) {
         case 0:
@@ -569,6 +570,9 @@ PC_TEST(step_graph_policy)
             break;
         case 9:
             s.dec_split += 16; /* a launch argument of the decode kernel */
+            break;
+        case 10:
+            s.dec_rows--; /* its rows */
             break;
         default:
             s.dec_splits++; /* its grid and the partials' stride */
@@ -729,9 +733,10 @@ PC_TEST(decode_step_plan_is_stable_as_contexts_grow)
 }
 
 /* Which path a step takes (krn_step_decode_shape, as the backend calls it): the decode kernel
- * only for decode steps (one row per sequence) with the kernel in use (KVGW_CUDA_DECODE not
- * "attn", krn_decode_use) and partials that fit; otherwise krn_attention's plan with the decode
- * fields 0, so two such shapes differ from decode-kernel shapes. */
+ * for the leading single-token rows (all of a decode step's, the decode rows before a mixed
+ * step's prefill chunks) when the kernel is in use (KVGW_CUDA_DECODE not "attn",
+ * krn_decode_use) and its partials fit; otherwise krn_attention's plan with the decode fields
+ * 0, so such shapes differ from decode-kernel shapes. */
 PC_TEST(step_decode_path_choice)
 {
     krn_kv_t kv = {.n_blocks = 64,
@@ -747,37 +752,94 @@ PC_TEST(step_decode_path_choice)
     ASSERT_FALSE(krn_decode_use(&kv, 8, NULL));
     int32_t pos[5] = {7, 3000, 15, 32, 128};
     int64_t slots = krn_decode_part_slots(132, 256, 8, 2);
+    /* A decode step: every row. */
     krn_step_shape_t s = {.n_rows = 5, .n_seqs = 5, .max_blocks = 400, .n_logits = 5};
-    ASSERT_TRUE(krn_step_decode_shape(&s, pos, true, true, 132, 8, 2, 8, slots));
+    ASSERT_TRUE(krn_step_decode_shape(&s, pos, 5, true, 132, 8, 2, 8, slots));
     int32_t sp, ns;
     ASSERT_EQ(krn_decode_step_plan(132, 5, 2, 8, 3001, &sp, &ns), 0);
-    ASSERT_TRUE(s.dec_split == sp && s.dec_splits == ns && ns > 1);
+    ASSERT_TRUE(s.dec_rows == 5 && s.dec_split == sp && s.dec_splits == ns && ns > 1);
     krn_step_shape_t t = s;
-    ASSERT_FALSE(krn_step_decode_shape(&t, pos, false, true, 132, 8, 2, 8, slots));
-    ASSERT_TRUE(t.dec_split == 0 && t.dec_splits == 0);
+    ASSERT_FALSE(krn_step_decode_shape(&t, pos, 0, true, 132, 8, 2, 8, slots)); /* prefill */
+    ASSERT_TRUE(t.dec_rows == 0 && t.dec_split == 0 && t.dec_splits == 0);
     ASSERT_FALSE(krn_step_same_shape(&s, &t));
     t = s;
-    ASSERT_FALSE(krn_step_decode_shape(&t, pos, true, false, 132, 8, 2, 8, slots));
-    ASSERT_TRUE(t.dec_split == 0 && t.dec_splits == 0);
+    ASSERT_FALSE(krn_step_decode_shape(&t, pos, 5, false, 132, 8, 2, 8, slots)); /* attn */
+    ASSERT_TRUE(t.dec_rows == 0 && t.dec_split == 0 && t.dec_splits == 0);
+    /* A mixed step: 2 decode rows, then a 100-row prefill chunk of a third sequence. Only the
+     * decode rows' positions size the split (the 3000 of row 1 here). */
+    int32_t mpos[102];
+    mpos[0] = 40;
+    mpos[1] = 3000;
+    for (int i = 0; i < 100; i++)
+        mpos[2 + i] = 5000 + i;
+    krn_step_shape_t m = {.n_rows = 102, .n_seqs = 3, .max_blocks = 700, .n_logits = 3};
+    ASSERT_TRUE(krn_step_decode_shape(&m, mpos, 2, true, 132, 8, 2, 8, slots));
+    ASSERT_EQ(krn_decode_step_plan(132, 2, 2, 8, 3001, &sp, &ns), 0);
+    ASSERT_TRUE(m.dec_rows == 2 && m.dec_split == sp && m.dec_splits == ns);
+    t = m;
+    ASSERT_FALSE(krn_step_decode_shape(&t, mpos, 4, true, 132, 8, 2, 8, slots));   /* > n_seqs */
+    ASSERT_FALSE(krn_step_decode_shape(&t, mpos, 103, true, 132, 8, 2, 8, slots)); /* > rows */
+    /* Partials that do not fit, no SM count, a bad position: krn_attention's plan. */
     t = s;
-    t.n_seqs = 4; /* a sequence with two rows: not a decode step */
-    ASSERT_FALSE(krn_step_decode_shape(&t, pos, true, true, 132, 8, 2, 8, slots));
-    t = s;
-    ASSERT_FALSE(krn_step_decode_shape(&t, pos, true, true, 132, 8, 2, 8, 5 * 8 * ns - 1));
-    ASSERT_TRUE(krn_step_decode_shape(&t, pos, true, true, 132, 8, 2, 8, 5 * 8 * ns));
-    t = s;
-    ASSERT_FALSE(krn_step_decode_shape(&t, pos, true, true, 0, 8, 2, 8, slots)); /* no SM count */
+    ASSERT_EQ(krn_decode_step_plan(132, 5, 2, 8, 3001, &sp, &ns), 0);
+    ASSERT_FALSE(krn_step_decode_shape(&t, pos, 5, true, 132, 8, 2, 8, (int64_t)5 * 8 * ns - 1));
+    ASSERT_TRUE(krn_step_decode_shape(&t, pos, 5, true, 132, 8, 2, 8, (int64_t)5 * 8 * ns));
+    ASSERT_FALSE(krn_step_decode_shape(&t, pos, 5, true, 0, 8, 2, 8, slots));
     int32_t bad[5] = {7, -1, 15, 32, 128};
-    ASSERT_FALSE(krn_step_decode_shape(&t, bad, true, true, 132, 8, 2, 8, slots));
-    ASSERT_TRUE(t.dec_split == 0 && t.dec_splits == 0);
+    ASSERT_FALSE(krn_step_decode_shape(&t, bad, 5, true, 132, 8, 2, 8, slots));
+    ASSERT_TRUE(t.dec_rows == 0 && t.dec_split == 0 && t.dec_splits == 0);
     /* One split (short contexts): no partials needed, any part_slots. */
     int32_t shortp[5] = {1, 2, 3, 4, 5};
-    ASSERT_TRUE(krn_step_decode_shape(&t, shortp, true, true, 132, 8, 2, 8, 0));
+    ASSERT_TRUE(krn_step_decode_shape(&t, shortp, 5, true, 132, 8, 2, 8, 0));
     ASSERT_TRUE(t.dec_splits == 1 && t.dec_split == KRN_DECODE_ONE_SPLIT / 8 * 8);
     /* The layout of a decode-kernel step carries no task or merge lists. */
     krn_step_layout_t lay;
     ASSERT_EQ(krn_step_layout(&s, &lay), 0);
     ASSERT_EQ(lay.tasks, lay.merges);
+}
+
+/* A mixed step's plan for the rows after the decode rows (as the backend makes it: over the
+ * remaining sequences alone, task seq indices shifted back by the decode rows): together with
+ * the decode rows it covers every row of the step exactly once for every KV head, each task's
+ * table row is its own sequence's, and no task covers a decode row. */
+PC_TEST(mixed_step_plan_covers_the_rows_after_the_decode_rows)
+{
+    enum { NS = 6, DEC = 3, HKV = 2 };
+    const int32_t ntok[NS] = {1, 1, 1, 100, 1, 37}; /* a single-token chunk after a prefill */
+    krn_plan_seq_t seqs[NS];
+    int32_t row = 0;
+    for (int s = 0; s < NS; s++) {
+        seqs[s] = (krn_plan_seq_t){.row0 = row, .n_tokens = ntok[s], .pos0 = 700 * s};
+        row += ntok[s];
+    }
+    int32_t n_lead = 0;
+    while (n_lead < NS && seqs[n_lead].n_tokens == 1)
+        n_lead++;
+    ASSERT_EQ(n_lead, DEC);
+    krn_plan_params_t pp = {.n_head = 8, .n_head_kv = HKV, .head_dim = 64, .split_kv = 512};
+    int32_t nt, nm, np;
+    ASSERT_EQ(krn_attn_plan(&pp, seqs + n_lead, NS - n_lead, NULL, &nt, NULL, &nm, &np), 0);
+    krn_attn_task_t *tasks = calloc((size_t)nt, sizeof *tasks);
+    krn_attn_merge_t *merges = calloc((size_t)nm + 1, sizeof *merges);
+    ASSERT_EQ(krn_attn_plan(&pp, seqs + n_lead, NS - n_lead, tasks, &nt, merges, &nm, &np), 0);
+    int32_t seen[HKV][200] = {{0}};
+    for (int32_t i = 0; i < nt; i++) {
+        tasks[i].seq += n_lead;
+        const krn_attn_task_t *t = &tasks[i];
+        ASSERT_TRUE(t->seq >= n_lead && t->seq < NS);
+        ASSERT_TRUE(t->row0 >= seqs[t->seq].row0 &&
+                    t->row0 + t->n_rows <= seqs[t->seq].row0 + seqs[t->seq].n_tokens);
+        if (t->kv0 == 0) /* the first split (or the whole range) of these rows */
+            for (int32_t r = t->row0; r < t->row0 + t->n_rows; r++)
+                seen[t->kv_head][r]++;
+    }
+    for (int h = 0; h < HKV; h++)
+        for (int32_t r = 0; r < row; r++)
+            if (seen[h][r] != (r < DEC ? 0 : 1))
+                PC_TEST__FAIL("KV head %d, row %d: %d tasks (want %d)", h, r, seen[h][r],
+                              r < DEC ? 0 : 1);
+    free(tasks);
+    free(merges);
 }
 
 PC_TEST_MAIN()
