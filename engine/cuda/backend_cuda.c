@@ -1137,7 +1137,8 @@ static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, f
         n_lead++;
     krn_step_decode_shape(&sh, c->pos, n_lead, c->dec_kernel, c->n_sm, (int32_t)hp->n_head,
                           (int32_t)hp->n_head_kv, bt, c->dec_slots);
-    int32_t plan0 = sh.dec_rows, plan_n = (int32_t)n_seqs - plan0; /* rows = seqs up to plan0 */
+    /* Decode rows 0 .. plan0 - 1 are sequences 0 .. plan0 - 1; the plan takes the rest. */
+    int32_t plan0 = sh.dec_rows, plan_n = (int32_t)n_seqs - plan0;
     krn_plan_params_t pp = {.n_head = (int32_t)hp->n_head,
                             .n_head_kv = (int32_t)hp->n_head_kv,
                             .head_dim = hd,
