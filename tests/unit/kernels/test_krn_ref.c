@@ -478,6 +478,121 @@ PC_TEST(plan_refuses_what_the_kernel_cannot_take)
  * lanes at most and its K/V tiles fit 4096 elements, the row tile fits KRN_ATTN_MAX_TILE, and
  * the dynamic shared memory (which needs the opt-in attribute above 48 KiB) stays within what
  * sm_80 allows a CTA (163 KiB), at most 73 KiB. */
+/* The cuda backend's attention for one step, composed from the references as the backend
+ * composes the kernels (engine/cuda/backend_cuda.c, cuda_step and layer_attention): the
+ * leading single-token rows on the decode kernel with krn_step_decode_shape's split and grid
+ * (krn_decode_step_plan; partials sized by krn_decode_part_slots), the sequences after them on
+ * krn_attn_plan's tasks made over those sequences alone, task seq indices shifted back. Decode
+ * steps, mixed steps (decode rows, then prefill chunks, single-token chunks among them) and
+ * prefill steps, on a 132-SM and an 8-SM device (many splits), against the dense softmax. */
+PC_TEST(step_attention_composition_matches_dense)
+{
+    const attn_case_t cases[] = {{8, 2, 32, 8, KRN_F16},
+                                 {16, 4, 64, 16, KRN_F32},
+                                 {32, 8, 128, 16, KRN_F16},
+                                 {8, 2, 16, 8, KRN_F16}}; /* head_dim 16: the plan only */
+    static const int32_t sms[2] = {132, 8};
+    kt_rng_t r = {13};
+    for (size_t ci = 0; ci < PC_ARRAY_LEN(cases); ci++) {
+        const attn_case_t *c = &cases[ci];
+        for (int rep = 0; rep < 8; rep++) {
+            int32_t n_sm = sms[rep % 2], n_seqs = 1 + (int32_t)kt_below(&r, 6);
+            int32_t n_dec = rep % 4 == 0 ? n_seqs : (int32_t)kt_below(&r, (uint32_t)n_seqs + 1);
+            int32_t max_blocks = 4 + (int32_t)kt_below(&r, 40), cap = max_blocks * c->bt;
+            int32_t ctx[6], nt[6];
+            for (int32_t s = 0; s < n_seqs; s++) {
+                nt[s] = s < n_dec || kt_below(&r, 4) == 0 ? 1 : 2 + (int32_t)kt_below(&r, 40);
+                nt[s] = nt[s] > cap ? cap : nt[s];
+                ctx[s] = s == 0 ? cap - nt[s] : (int32_t)kt_below(&r, (uint32_t)(cap - nt[s] + 1));
+            }
+            kt_attn_t t;
+            ASSERT_EQ(kt_attn_make(&t, &r, c->n_head, c->n_head_kv, c->head_dim, c->bt, c->dt,
+                                   n_seqs, ctx, nt, max_blocks),
+                      0);
+            int64_t n = (int64_t)t.n_rows * t.n_head * c->head_dim;
+            for (int64_t j = 0; j < n; j++)
+                t.out[j] = NAN;
+            int32_t n_lead = 0;
+            while (n_lead < n_seqs && nt[n_lead] == 1)
+                n_lead++;
+            bool use = krn_decode_use(&t.kv, t.n_head, NULL);
+            int64_t slots = krn_decode_part_slots(n_sm, t.n_rows, t.n_head, c->n_head_kv);
+            krn_step_shape_t sh = {.n_rows = t.n_rows, .n_seqs = n_seqs, .max_blocks = max_blocks};
+            bool dec = krn_step_decode_shape(&sh, t.row_pos, n_lead, use, n_sm, t.n_head,
+                                             c->n_head_kv, c->bt, slots);
+            ASSERT_EQ(dec, use && n_lead > 0); /* the partials always fit the allocation */
+            if (dec) {
+                krn_decode_args_t da = {
+                    .kv = t.kv,
+                    .layer = t.layer,
+                    .n_head = t.n_head,
+                    .q = t.q,
+                    .out = t.out,
+                    .row_seq = t.row_seq,
+                    .row_pos = t.row_pos,
+                    .block_tables = t.tables,
+                    .max_blocks = max_blocks,
+                    .n_rows = sh.dec_rows,
+                    .split_tokens = sh.dec_split,
+                    .max_splits = sh.dec_splits,
+                    .part_o = malloc(sizeof(float) * ((size_t)slots * c->head_dim + 1)),
+                    .part_ml = malloc(sizeof(float) * ((size_t)slots * 2 + 1))};
+                int rc = krn_ref_decode_attention(&da);
+                free(da.part_o);
+                free(da.part_ml);
+                ASSERT_EQ(rc, 0);
+            }
+            int32_t plan0 = sh.dec_rows, plan_n = n_seqs - plan0;
+            if (plan_n > 0) {
+                krn_plan_params_t pp = {.n_head = t.n_head,
+                                        .n_head_kv = c->n_head_kv,
+                                        .head_dim = c->head_dim,
+                                        .split_kv = c->bt * 2};
+                int32_t nts, nms, nps;
+                ASSERT_EQ(krn_attn_plan(&pp, t.seqs + plan0, plan_n, NULL, &nts, NULL, &nms, &nps),
+                          0);
+                krn_attn_task_t *tasks = malloc(sizeof *tasks * (size_t)nts);
+                krn_attn_merge_t *merges = malloc(sizeof *merges * ((size_t)nms + 1));
+                ASSERT_EQ(
+                    krn_attn_plan(&pp, t.seqs + plan0, plan_n, tasks, &nts, merges, &nms, &nps), 0);
+                for (int32_t i = 0; i < nts; i++)
+                    tasks[i].seq += plan0;
+                krn_attn_args_t aa = {.kv = t.kv,
+                                      .layer = t.layer,
+                                      .n_head = t.n_head,
+                                      .q = t.q,
+                                      .out = t.out,
+                                      .row_pos = t.row_pos,
+                                      .block_tables = t.tables,
+                                      .max_blocks = max_blocks,
+                                      .tasks = tasks,
+                                      .n_tasks = nts,
+                                      .merges = merges,
+                                      .n_merges = nms,
+                                      .part_o =
+                                          malloc(sizeof(float) * ((size_t)nps * c->head_dim + 1)),
+                                      .part_ml = malloc(sizeof(float) * ((size_t)nps * 2 + 1))};
+                int rc = krn_ref_attention(&aa);
+                free(aa.part_o);
+                free(aa.part_ml);
+                free(tasks);
+                free(merges);
+                ASSERT_EQ(rc, 0);
+            }
+            double *want = malloc(sizeof *want * (size_t)n);
+            kt_attn_dense(&t, want);
+            double err = kt_rel_err_d(t.out, want, n);
+            free(want);
+            kt_attn_free(&t);
+            if (!(err <= 1e-5))
+                PC_TEST__FAIL("case %zu rep %d (%d sequences, %d decode rows leading, %d on the "
+                              "decode kernel, split %d x %d): relative error %g (> 1e-5)",
+                              ci, rep, n_seqs, n_lead, sh.dec_rows, sh.dec_split, sh.dec_splits,
+                              err);
+        }
+    }
+}
+
 PC_TEST(attention_geometry_fits_the_cta)
 {
     size_t max_smem = 0;
