@@ -933,6 +933,8 @@ static int recover_segments(bill_ledger_t *l, const uint64_t *segs, size_t n, ui
         goto out;
     }
     for (size_t i = 0; i < tail.n; i++) {
+        if (tail.v[i * 3 + 2] < from)
+            continue; /* the window starts inside the last segment */
         rc = remember_id(l, (idkey_t){tail.v[i * 3], tail.v[i * 3 + 1]}, tail.v[i * 3 + 2]);
         if (rc != 0)
             goto out;

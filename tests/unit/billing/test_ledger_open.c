@@ -319,15 +319,32 @@ static void probe(bill_ledger_t *l, uint64_t n_events, uint64_t window, uint64_t
 
 PC_TEST(indexed_open_builds_the_same_duplicate_set_as_a_full_open)
 {
-    /* Two copies of one ledger, one opened each way: the same probes get the same answers. */
-    const uint64_t n_events = 1500;
-    const char *dir = build("same", n_events);
+    /* Two copies of one ledger, one opened each way: the same probes get the same answers. The
+     * last segment holds 200 records (appended with big segments), so that small windows start
+     * inside it, windows of 2-64 across it and the sealed ones before, bigger ones further. */
+    const uint64_t n_events = 1700;
+    const char *dir = build("same", 1500);
     ASSERT_TRUE(dir != NULL);
+    bill_ledger_params_t p = bill_ledger_params_default();
+    p.dir = dir;
+    p.fsync = BILL_FSYNC_OFF;
+    p.segment_bytes = 1u << 20;
+    bill_ledger_t *l = NULL;
+    ASSERT_EQ(bill_ledger_open(&p, &l, NULL, 0), 0);
+    ASSERT_EQ(append_events(l, 1500, 200), 0);
+    ASSERT_EQ(bill_ledger_close(l), 0);
+    uint64_t segs[4096];
+    size_t n = segments(dir, segs, 4096);
+    ASSERT_TRUE(n > 2 && segs[n - 1] <= 1501);
     const char *a = pc_test_tmp_path("same-a"), *b = pc_test_tmp_path("same-b");
-    const uint64_t windows[] = {2, 7, 40, 61, 128, 500, 1499, 1500, 3001};
-    enum { N_PROBES = 4000 };
+    uint64_t windows[64 + 9] = {128, 300, 399, 400, 401, 500, 1699, 1700, 3401};
+    for (uint64_t w = 2; w <= 65; w++)
+        windows[9 + w - 2] = w;
+    enum { N_PROBES = 1500 };
     static uint64_t ra[N_PROBES], rb[N_PROBES];
+    int inside = 0;
     for (size_t w = 0; w < sizeof windows / sizeof *windows; w++) {
+        inside += dedup_from(1, n_events, windows[w]) > segs[n - 1];
         ASSERT_EQ(copy_dir(dir, a), 0);
         ASSERT_EQ(copy_dir(dir, b), 0);
         bill_ledger_t *la = open_mode(a, windows[w], BILL_OPEN_CHECK_INDEX, NULL, NULL, 0);
@@ -344,6 +361,7 @@ PC_TEST(indexed_open_builds_the_same_duplicate_set_as_a_full_open)
         ASSERT_EQ(bill_ledger_close(la), 0);
         ASSERT_EQ(bill_ledger_close(lb), 0);
     }
+    ASSERT_TRUE(inside > 30); /* windows that start inside the last segment */
 }
 
 /* The sidecar format, written here from ledger.h's description (not from ledger.c's code). */
