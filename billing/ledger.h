@@ -80,7 +80,7 @@
  * sidecar passes its own CRC and matches the segment on disk: the file's length, the record
  * count implied by the next segment's name, and the last record's frame (length, CRC, seq) read
  * at the stored offset. Otherwise (missing, stale, corrupt) the segment is read whole. A segment
- * read whole, by the recovery at every open or by a ranged reader (an export), has its index
+ * read whole, by the recovery at open or by a ranged reader (an export), has its index
  * rebuilt from its records; when the sidecar is missing or says anything else, it is (re)written.
  * Temporary files left by a crash are removed at open.
  *
