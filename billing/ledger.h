@@ -117,14 +117,15 @@
  *
  * Duplicates. The event ids of the last records are kept in memory, in two generations of
  * h = (dedup_window + 1) / 2 ids each: inserts go to the current one, and when it is full it
- * becomes the old one and the previous old one is dropped. So the last h ids at least, and
- * dedup_window at most, are remembered. Appending an id that is there writes nothing, counts a
- * duplicate and returns 1 with the first record's seq. A retried request that reuses its event id
- * is therefore billed once. The set is rebuilt at open from the records of the two generations
- * that a recovery reading the whole ledger from its first segment would end with: the records
- * from seq first + (K - 1) h on, where first is the first segment's name, N the number of records
- * and K = (N - 1) / h (all records when K is 0). Every segment holding one of them is read, even
- * when its sidecar is valid, so the set after a restart is exactly the one a full read builds.
+ * becomes the old one and the previous old one is dropped. So the last h ids at least, and 2h
+ * (dedup_window, rounded up to even) at most, are remembered. Appending an id that is there writes
+ * nothing, counts a duplicate and returns 1 with the first record's seq. A retried request that
+ * reuses its event id is therefore billed once. The set is rebuilt at open from the records of the
+ * two generations that a recovery reading the whole ledger from its first segment would end with:
+ * the records from seq first + (K - 1) h on, where first is the first segment's name, N the number
+ * of records from there on and K = (N - 1) / h (all records when K is 0). Every segment holding one
+ * of them is read, even when its sidecar is valid, so the set after a restart is exactly the one a
+ * full read builds.
  *
  * Failure. A write or sync error (disk full, EIO) puts the ledger in a failed state for good:
  * durable_seq stops, the wake callback fires, and every later append returns the error
