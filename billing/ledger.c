@@ -1328,6 +1328,7 @@ struct bill_ledger_reader {
     bill_ledger_reader_stats_t st;
     uint64_t *segs; /* ranged: the segments listed last time, ascending */
     size_t n_segs;
+    bool reread; /* f's end was read again once after a later segment appeared */
 };
 
 static FILE *open_segment(const char *dir, uint64_t first, bool *bad_header)
@@ -1520,6 +1521,7 @@ int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t 
         const uint8_t *frame;
         int rr = read_record(r->f, ev, &s, &len, &bad_payload, &frame);
         if (rr == REC_OK && s == r->next_seq) {
+            r->reread = false;
             idx_add(&r->acc, frame, len, ev->start_ms);
             r->next_seq++;
             if (s < r->from_seq)
@@ -1538,20 +1540,32 @@ int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t 
         /* The end of the data written so far, or of this segment. */
         clearerr(r->f);
         fseek(r->f, pos, SEEK_SET);
-        if ((rr == REC_TORN && later_segment_exists(r->dir, r->cur_first)) ||
-            (r->next_seq != r->cur_first && segment_exists(r->dir, r->next_seq) && rr == REC_TORN))
-            return pc_err_setf(err, err_len, PC_ERR_FORMAT,
-                               "ledger: %s/%s: damaged record at byte %ld (seq %" PRIu64
-                               ") before a later segment",
-                               r->dir, name, pos, r->next_seq);
-        if (r->next_seq != r->cur_first && segment_exists(r->dir, r->next_seq)) {
+        if (rr != REC_TORN && r->next_seq != r->cur_first && segment_exists(r->dir, r->next_seq)) {
             if (r->ranged)
                 reader_check_index(r);
             fclose(r->f);
             r->f = NULL;
+            r->reread = false;
             continue;
         }
-        return 1;
+        if (!later_segment_exists(r->dir, r->cur_first))
+            return 1; /* the live end: a later call reads what is appended meanwhile */
+        /* A later segment exists, so the writer sealed this one (synced, complete) before it
+         * created that one: records it wrote after the read above are there now. Read the end
+         * once more; still no next record means damage or a missing segment, never the end. */
+        if (!r->reread) {
+            r->reread = true;
+            continue;
+        }
+        if (rr == REC_TORN)
+            return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                               "ledger: %s/%s: damaged record at byte %ld (seq %" PRIu64
+                               ") before a later segment",
+                               r->dir, name, pos, r->next_seq);
+        return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                           "ledger: %s: no segment holds seq %" PRIu64
+                           " (%s ends before it and a later segment exists): a segment is missing",
+                           r->dir, r->next_seq, name);
     }
 }
 

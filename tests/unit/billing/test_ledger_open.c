@@ -490,6 +490,12 @@ PC_TEST(a_gap_in_the_segments_fails_the_open)
     char name[64];
     snprintf(name, sizeof name, "GAP %s/ledger-%020" PRIu64 ".seg", dir, segs[5]);
     ASSERT_TRUE(strstr(rep, name) != NULL);
+    /* A reader (an export) stops with the error at the gap, never quietly as at the end. */
+    uint64_t got;
+    ASSERT_EQ(read_whole(dir, &got, err, sizeof err), PC_ERR_FORMAT);
+    printf("  reader: %s\n", err);
+    ASSERT_EQ_U64(got, segs[4] - 1);
+    ASSERT_TRUE(strstr(err, "a segment is missing") != NULL);
     /* The last sealed segment gone: the open segment's name is not where the others end. */
     const char *dir2 = build("gap2", 800);
     n = segments(dir2, segs, 4096);
