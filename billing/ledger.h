@@ -269,7 +269,8 @@ int bill_ledger_reader_open(const char *dir, uint64_t from_seq, bill_ledger_read
                             char *err, size_t err_len);
 
 /* The next record: 0 with *ev and *seq filled, 1 at the end of the data for now, PC_ERR_FORMAT
- * on damage before the end (with the reason in err). */
+ * on damage before the end (with the reason in err). A segment that ends before the next seq
+ * while a later segment exists is damage too (a segment is missing), never the end. */
 int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t *seq, char *err,
                             size_t err_len);
 
