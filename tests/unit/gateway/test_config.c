@@ -128,6 +128,7 @@ PC_TEST(errors_name_key_and_line)
                  "the same key appears twice");
     expect_error("api_keys:\n  - {key: 'sha256:abcd', tenant: t}\n", PC_ERR_INVAL, "64 hex digits");
     expect_error("billing:\n  fsync: sometimes\n", PC_ERR_INVAL, "expected always, batch or off");
+    expect_error("billing:\n  verify_on_open: quick\n", PC_ERR_INVAL, "expected index or full");
     expect_error("cache:\n  namespace_secret: short\n", PC_ERR_INVAL, "at least 16 characters");
     expect_error("listen: [unclosed\n", PC_ERR_FORMAT, "t.yaml:");
     expect_error("- a\n- b\n", PC_ERR_INVAL, "expected a mapping");
@@ -165,6 +166,21 @@ PC_TEST(secrets_from_env_and_files)
                  "t.yaml:2: api_keys[0].key: environment variable KVGW_TEST_MISSING is not set");
     expect_error("api_keys:\n  - {key: 'file:/nonexistent/kvgw', tenant: a}\n", PC_ERR_INVAL,
                  "cannot read /nonexistent/kvgw");
+}
+
+PC_TEST(ledger_open_check)
+{
+    gw_config_t c;
+    char err[256];
+    ASSERT_EQ(parse("listen: 127.0.0.1:1\n", &c, err, sizeof err), 0);
+    ASSERT_TRUE(!c.ledger_full_check); /* the default reads by the time index */
+    gw_config_free(&c);
+    ASSERT_EQ(parse("billing:\n  verify_on_open: full\n", &c, err, sizeof err), 0);
+    ASSERT_TRUE(c.ledger_full_check);
+    gw_config_free(&c);
+    ASSERT_EQ(parse("billing:\n  verify_on_open: index\n", &c, err, sizeof err), 0);
+    ASSERT_TRUE(!c.ledger_full_check);
+    gw_config_free(&c);
 }
 
 PC_TEST(tokenizer_cache_size)
