@@ -10,6 +10,7 @@
 #include "ledger.h"
 #include "pc_test.h"
 #include "pc_testutil.h"
+#include "ledger_testutil.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -23,47 +24,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-static void rm_dir(const char *dir)
-{
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "  rm failed\n");
-}
-
-/* The ledgers live in subdirectories of the per-process directory, which pc_testutil.h removes
- * only when flat: remove them first. */
-__attribute__((destructor)) static void remove_ledgers(void)
-{
-    if (pc_test__tmp_dir[0] != '\0')
-        rm_dir(pc_test__tmp_dir);
-}
-
-static const char *fresh_dir(const char *name)
-{
-    const char *d = pc_test_tmp_path(name);
-    rm_dir(d);
-    return d;
-}
-
-static void make_event(bill_event_t *ev, uint64_t n)
-{
-    bill_event_init(ev, BILL_EVENT_USAGE);
-    snprintf(ev->event_id, BILL_STR_MAX, "ev-%" PRIu64, n);
-    snprintf(ev->request_id, BILL_STR_MAX, "req-%" PRIu64, n);
-    bill_event_set_str(ev->tenant, n % 3 ? "acme" : "globex");
-    bill_event_set_str(ev->api_key_id, "key-1");
-    bill_event_set_str(ev->model, "kvgw-demo");
-    ev->start_ms = 1700000000000ull + n * 1000;
-    ev->end_ms = ev->start_ms + 250;
-    ev->usage = (bill_usage_t){.n_uncached = 10 + n, .n_read = n, .n_output = 5};
-    ev->n_hit_logical = n;
-    ev->n_hit_physical = n / 2;
-    ev->cost_nusd[BILL_BUCKET_UNCACHED] = 3000 * (10 + n);
-    ev->cost_nusd[BILL_BUCKET_READ] = 300 * n;
-    ev->cost_nusd[BILL_BUCKET_OUTPUT] = 75000;
-}
 
 static bill_ledger_t *open_ledger(const char *dir, bill_fsync_t mode, uint64_t seg_bytes)
 {
@@ -133,7 +93,7 @@ PC_TEST(append_durable_reopen)
     bill_event_t ev;
     uint64_t seq = 0;
     for (uint64_t i = 0; i < 100; i++) {
-        make_event(&ev, i);
+        ledger_test_event(&ev, i);
         ASSERT_EQ(bill_ledger_append(l, &ev, &seq), 0);
         ASSERT_EQ_U64(seq, i + 1);
     }
@@ -144,7 +104,7 @@ PC_TEST(append_durable_reopen)
         usleep(1000);
     ASSERT_TRUE(atomic_load(&wakes) > 0);
     /* A bad event is refused and changes nothing. */
-    make_event(&ev, 1000);
+    ledger_test_event(&ev, 1000);
     ev.tenant[0] = '\0';
     ASSERT_EQ(bill_ledger_append(l, &ev, &seq), PC_ERR_INVAL);
     bill_ledger_stats_t st;
@@ -154,7 +114,7 @@ PC_TEST(append_durable_reopen)
 
     static bill_event_t back[200];
     ASSERT_EQ(read_all(dir, back, 200), 100);
-    make_event(&ev, 42);
+    ledger_test_event(&ev, 42);
     ASSERT_MEM_EQ(&back[42], &ev, sizeof ev);
 
     l = open_ledger(dir, BILL_FSYNC_ALWAYS, 0);
@@ -180,7 +140,7 @@ PC_TEST(append_durable_reopen)
     ASSERT_EQ(bill_ledger_close(l4), 0);
     ASSERT_EQ(bill_ledger_read_instance(p2.dir, inst), 0);
     ASSERT_STR_EQ(inst, "gw1");
-    make_event(&ev, 100);
+    ledger_test_event(&ev, 100);
     ASSERT_EQ(bill_ledger_append(l, &ev, &seq), 0);
     ASSERT_EQ_U64(seq, 101);
     ASSERT_EQ(bill_ledger_close(l), 0);
@@ -194,7 +154,7 @@ PC_TEST(duplicate_event_ids_written_once)
     ASSERT_TRUE(l != NULL);
     bill_event_t ev;
     uint64_t seq, seq2;
-    make_event(&ev, 1);
+    ledger_test_event(&ev, 1);
     ASSERT_EQ(bill_ledger_append(l, &ev, &seq), 0);
     /* The same id again, before and after it is durable: written once, same seq back. */
     ASSERT_EQ(bill_ledger_append(l, &ev, &seq2), 1);
@@ -205,7 +165,7 @@ PC_TEST(duplicate_event_ids_written_once)
     ASSERT_EQ_U64(seq2, seq);
     /* Tokens but no cost (LiteLLM #37923's streamed spend = 0): written, and counted as an alert.
      */
-    make_event(&ev, 7);
+    ledger_test_event(&ev, 7);
     memset(ev.cost_nusd, 0, sizeof ev.cost_nusd);
     ASSERT_EQ(bill_ledger_append(l, &ev, &seq2), 0);
     bill_ledger_stats_t st;
@@ -215,10 +175,10 @@ PC_TEST(duplicate_event_ids_written_once)
     ASSERT_EQ(bill_ledger_close(l), 0);
     /* And after a restart: the set is rebuilt from the ledger. */
     l = open_ledger(dir, BILL_FSYNC_OFF, 0);
-    make_event(&ev, 1);
+    ledger_test_event(&ev, 1);
     ASSERT_EQ(bill_ledger_append(l, &ev, &seq2), 1);
     ASSERT_EQ_U64(seq2, seq);
-    make_event(&ev, 2);
+    ledger_test_event(&ev, 2);
     ASSERT_EQ(bill_ledger_append(l, &ev, &seq2), 0);
     ASSERT_EQ(bill_ledger_close(l), 0);
     ASSERT_EQ(read_all(dir, NULL, 0), 3);
@@ -236,12 +196,12 @@ PC_TEST(dedup_window_generations)
     bill_event_t ev;
     uint64_t seq;
     for (uint64_t i = 0; i < 1000; i++) {
-        make_event(&ev, i);
+        ledger_test_event(&ev, i);
         ASSERT_EQ(bill_ledger_append(l, &ev, &seq), 0);
     }
     /* The last dedup_window / 2 ids at least are remembered. */
     for (uint64_t i = 950; i < 1000; i++) {
-        make_event(&ev, i);
+        ledger_test_event(&ev, i);
         ASSERT_EQ(bill_ledger_append(l, &ev, &seq), 1);
     }
     ASSERT_EQ(bill_ledger_close(l), 0);
@@ -254,7 +214,7 @@ PC_TEST(torn_tail_truncated_and_appending_continues)
     bill_event_t ev;
     uint64_t seq;
     for (uint64_t i = 0; i < 10; i++) {
-        make_event(&ev, i);
+        ledger_test_event(&ev, i);
         bill_ledger_append(l, &ev, &seq);
     }
     ASSERT_EQ(bill_ledger_close(l), 0);
@@ -284,7 +244,7 @@ PC_TEST(torn_tail_truncated_and_appending_continues)
         bill_ledger_stats(l, &st);
         ASSERT_EQ_U64(st.next_seq, 10);
         ASSERT_TRUE(st.torn_bytes_truncated > 0);
-        make_event(&ev, 9); /* the torn event was never acknowledged: it may come again */
+        ledger_test_event(&ev, 9); /* the torn event was never acknowledged: it may come again */
         ASSERT_EQ(bill_ledger_append(l, &ev, &seq), 0);
         ASSERT_EQ_U64(seq, 10);
         ASSERT_EQ(bill_ledger_close(l), 0);
@@ -310,7 +270,7 @@ PC_TEST(damage_before_the_tail_refuses_to_open)
     bill_event_t ev;
     uint64_t seq;
     for (uint64_t i = 0; i < 200; i++) {
-        make_event(&ev, i);
+        ledger_test_event(&ev, i);
         bill_ledger_append(l, &ev, &seq);
         if (i % 7 == 0)
             bill_ledger_wait_durable(l, seq);
@@ -393,7 +353,7 @@ static void fault_run(const char *name, faulty_t *fs, int want_err)
     uint64_t seq = 0, acked = 0;
     int rc = 0;
     for (uint64_t i = 0; i < 1000 && rc >= 0; i++) {
-        make_event(&ev, i);
+        ledger_test_event(&ev, i);
         rc = bill_ledger_append(l, &ev, &seq);
         if (rc == 0 && bill_ledger_wait_durable(l, seq) == 0)
             acked = seq;
@@ -401,7 +361,7 @@ static void fault_run(const char *name, faulty_t *fs, int want_err)
     ASSERT_EQ(rc, want_err);
     ASSERT_EQ(bill_ledger_status(l), want_err);
     ASSERT_TRUE(bill_ledger_durable_seq(l) == acked);
-    make_event(&ev, 5000);
+    ledger_test_event(&ev, 5000);
     ASSERT_EQ(bill_ledger_append(l, &ev, &seq), want_err); /* stays failed */
     bill_ledger_close(l);
     /* Everything acknowledged is there after a reopen on a healthy disk, nothing more that
@@ -434,15 +394,15 @@ PC_TEST(fsync_failure_fails_the_ledger)
     ASSERT_EQ(bill_ledger_open(&p, &l, NULL, 0), 0);
     bill_event_t ev;
     uint64_t seq;
-    make_event(&ev, 1);
+    ledger_test_event(&ev, 1);
     ASSERT_EQ(bill_ledger_append(l, &ev, &seq), 0);
     ASSERT_EQ(bill_ledger_wait_durable(l, seq), 0);
     fs.fail_fsync = 1;
-    make_event(&ev, 2);
+    ledger_test_event(&ev, 2);
     ASSERT_EQ(bill_ledger_append(l, &ev, &seq), 0);
     ASSERT_EQ(bill_ledger_wait_durable(l, seq), PC_ERR_IO);
     ASSERT_EQ_U64(bill_ledger_durable_seq(l), 1);
-    make_event(&ev, 3);
+    ledger_test_event(&ev, 3);
     ASSERT_EQ(bill_ledger_append(l, &ev, &seq), PC_ERR_IO);
     ASSERT_EQ(bill_ledger_close(l), PC_ERR_IO);
 }
@@ -473,7 +433,7 @@ PC_TEST(out_of_memory_appends_nothing)
     uint64_t ok = 0, nomem = 0;
     for (uint64_t i = 0; i < 3000; i++) {
         fail_after = (int)(i % 3); /* fail the first, second or third allocation */
-        make_event(&ev, i);
+        ledger_test_event(&ev, i);
         int rc = bill_ledger_append(l, &ev, &seq);
         fail_after = -1;
         if (rc == 0)
@@ -514,13 +474,13 @@ static void crash_child(const char *dir, uint64_t first, int wfd, unsigned seed)
     bill_event_t ev;
     for (uint64_t n = first;; n++) {
         uint64_t seq;
-        make_event(&ev, n);
+        ledger_test_event(&ev, n);
         int rc = bill_ledger_append(l, &ev, &seq);
         if (rc != 0)
             _exit(4);
         if (first > 0 && rand() % 4 == 0) {
             uint64_t old = (uint64_t)rand() % first;
-            make_event(&ev, old);
+            ledger_test_event(&ev, old);
             uint64_t s2;
             if (bill_ledger_append(l, &ev, &s2) != 1 || s2 != old + 1)
                 _exit(5); /* event n has seq n + 1 */
@@ -663,7 +623,7 @@ PC_TEST(corpus_seeds)
     bill_event_t ev;
     uint64_t seq;
     for (uint64_t i = 0; i < 3; i++) {
-        make_event(&ev, i);
+        ledger_test_event(&ev, i);
         if (i == 2) {
             bill_event_init(&ev, BILL_EVENT_STORAGE);
             bill_event_set_str(ev.event_id, "st-1");

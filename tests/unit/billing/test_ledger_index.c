@@ -11,6 +11,7 @@
 #include "ledger.h"
 #include "pc_test.h"
 #include "pc_testutil.h"
+#include "ledger_testutil.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -28,27 +29,6 @@
 
 #define DAY_MS 86400000ull
 #define T0 1750000000000ull /* 2025-06-15 */
-
-static void rm_dir(const char *dir)
-{
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "  rm failed\n");
-}
-
-__attribute__((destructor)) static void remove_ledgers(void)
-{
-    if (pc_test__tmp_dir[0] != '\0')
-        rm_dir(pc_test__tmp_dir);
-}
-
-static const char *fresh_dir(const char *name)
-{
-    const char *d = pc_test_tmp_path(name);
-    rm_dir(d);
-    return d;
-}
 
 static uint64_t rng_state = 88172645463325252ull;
 static uint64_t rnd(void)

@@ -13,6 +13,7 @@
 #include "ledger.h"
 #include "pc_test.h"
 #include "pc_testutil.h"
+#include "ledger_testutil.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -26,29 +27,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static void rm_dir(const char *dir)
-{
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "  rm failed\n");
-}
-
-/* The ledgers live in subdirectories of the per-process directory, which pc_testutil.h removes
- * only when flat: remove them first. */
-__attribute__((destructor)) static void remove_ledgers(void)
-{
-    if (pc_test__tmp_dir[0] != '\0')
-        rm_dir(pc_test__tmp_dir);
-}
-
-static const char *fresh_dir(const char *name)
-{
-    const char *d = pc_test_tmp_path(name);
-    rm_dir(d);
-    return d;
-}
-
 /* Copies the ledger directory src to dst (fresh). */
 static int copy_dir(const char *src, const char *dst)
 {
@@ -56,23 +34,6 @@ static int copy_dir(const char *src, const char *dst)
     rm_dir(dst);
     snprintf(cmd, sizeof cmd, "cp -a '%s' '%s'", src, dst);
     return system(cmd) == 0 ? 0 : -1;
-}
-
-static void make_event(bill_event_t *ev, uint64_t n)
-{
-    bill_event_init(ev, BILL_EVENT_USAGE);
-    snprintf(ev->event_id, BILL_STR_MAX, "ev-%" PRIu64, n);
-    snprintf(ev->request_id, BILL_STR_MAX, "req-%" PRIu64, n);
-    bill_event_set_str(ev->tenant, n % 3 ? "acme" : "globex");
-    bill_event_set_str(ev->api_key_id, "key-1");
-    bill_event_set_str(ev->model, "kvgw-demo");
-    ev->start_ms = 1700000000000ull + n * 1000;
-    ev->end_ms = ev->start_ms + 250;
-    ev->usage = (bill_usage_t){.n_uncached = 10 + n, .n_read = n, .n_output = 5};
-    ev->n_hit_logical = n;
-    ev->cost_nusd[BILL_BUCKET_UNCACHED] = 3000 * (10 + n);
-    ev->cost_nusd[BILL_BUCKET_READ] = 300 * n;
-    ev->cost_nusd[BILL_BUCKET_OUTPUT] = 75000;
 }
 
 static bill_ledger_t *open_mode(const char *dir, uint64_t window, bill_open_check_t check,
@@ -103,7 +64,7 @@ static int append_events(bill_ledger_t *l, uint64_t first, uint64_t n)
     bill_event_t ev;
     uint64_t seq = 0;
     for (uint64_t i = first; i < first + n; i++) {
-        make_event(&ev, i);
+        ledger_test_event(&ev, i);
         int rc = bill_ledger_append(l, &ev, &seq);
         if (rc != 0)
             return rc;
@@ -256,10 +217,10 @@ PC_TEST(open_reads_the_tail_and_the_window_only)
         /* The window's records are refused: the first of them and the last one. */
         bill_event_t ev;
         uint64_t seq;
-        make_event(&ev, from - 1);
+        ledger_test_event(&ev, from - 1);
         ASSERT_EQ(bill_ledger_append(l, &ev, &seq), 1);
         ASSERT_EQ_U64(seq, from);
-        make_event(&ev, n_events - 1);
+        ledger_test_event(&ev, n_events - 1);
         ASSERT_EQ(bill_ledger_append(l, &ev, &seq), 1);
         ASSERT_EQ_U64(seq, n_events);
         ASSERT_EQ(bill_ledger_close(l), 0);
@@ -310,7 +271,7 @@ static void probe(bill_ledger_t *l, uint64_t n_events, uint64_t window, uint64_t
         uint64_t back = k < window + 3 ? k : (x >> 33) % (2 * window + 4);
         bool fresh = (k >= window + 3 && k % 3 == 2) || back >= n_events;
         uint64_t id = fresh ? 1000000 + k : n_events - 1 - back;
-        make_event(&ev, id);
+        ledger_test_event(&ev, id);
         uint64_t seq = 0;
         int rc = bill_ledger_append(l, &ev, &seq);
         out[k] = (uint64_t)rc << 60 | seq;
@@ -643,14 +604,14 @@ static void crash_child(const char *dir, uint64_t first, int wfd, unsigned seed)
     bill_event_t ev;
     for (uint64_t n = first;; n++) {
         uint64_t seq;
-        make_event(&ev, n);
+        ledger_test_event(&ev, n);
         int rc = bill_ledger_append(l, &ev, &seq);
         if (rc != 0 || seq != n + 1)
             _exit(4);
         if (n < first + 8 && first >= CRASH_WINDOW / 2) {
             /* Before the window turns over: the last window/2 ids of the previous run. */
             uint64_t old = first - 1 - (uint64_t)rand() % (CRASH_WINDOW / 2 - 1 - (n - first));
-            make_event(&ev, old);
+            ledger_test_event(&ev, old);
             uint64_t s2;
             if (bill_ledger_append(l, &ev, &s2) != 1 || s2 != old + 1)
                 _exit(5);
