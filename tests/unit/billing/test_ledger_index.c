@@ -394,7 +394,7 @@ PC_TEST(live_ledger_open_segment_always_read)
 typedef struct appender {
     bill_ledger_t *l;
     atomic_bool stop;
-    uint64_t n;
+    _Atomic uint64_t n; /* events appended so far */
 } appender_t;
 
 /* Appends events of a far-away day (outside every range the test exports), rotating segments. */
@@ -434,8 +434,12 @@ PC_TEST(exports_while_the_writer_rotates)
     appender_t a = {.l = l};
     pthread_t th;
     ASSERT_EQ(pthread_create(&th, NULL, append_main, &a), 0);
-    int rounds = (int)(40 * pc_test_scale());
-    for (int k = 0; k < rounds; k++) {
+    /* At least `rounds` exports, and on until the appender has rotated through some segments
+     * (a scaled-down run is otherwise over before it appended anything). */
+    int rounds = (int)(40 * pc_test_scale()), n_exports;
+    for (n_exports = 0; n_exports < rounds || (atomic_load(&a.n) <= 100 && n_exports < 100000);
+         n_exports++) {
+        int k = n_exports;
         xres_t x;
         export_range(dir, from[k % 8], to[k % 8], BILL_EXPORT_CSV, BILL_GROUP_NONE, false, &x);
         bool same = x.rc == 1 && x.out.len == ref[k % 8].out.len &&
@@ -450,8 +454,9 @@ PC_TEST(exports_while_the_writer_rotates)
     }
     atomic_store(&a.stop, true);
     pthread_join(th, NULL);
-    printf("  %d exports while %" PRIu64 " events were appended\n", rounds, a.n);
-    ASSERT_TRUE(a.n > 100);
+    uint64_t n_appended = atomic_load(&a.n);
+    printf("  %d exports while %" PRIu64 " events were appended\n", n_exports, n_appended);
+    ASSERT_TRUE(n_appended > 100);
     for (int k = 0; k < 8; k++)
         pc_buf_free(&ref[k].out);
     ASSERT_EQ(bill_ledger_close(l), 0);
