@@ -2,10 +2,17 @@
  * sampling.c — the sampler described in sampling.h: exact kept sets by partial selection, one
  * PRNG draw per sampled token.
  *
- * Invariant of the working arrays: ws->cand[0..n) holds candidates (logit with +inf clamped to
- * FLT_MAX, token id); after prepare(), ws->cand[0..n_kept) is the kept set in increasing id
- * order (the draw order) and ws->w[0..n_kept) their weights, whose sum is the returned total
- * (>= 1: the most likely token has weight exactly 1 and is always kept).
+ * Every weight is eng_vexp() (vexp.h), never libm's exp(): the same bits on every machine.
+ *
+ * Invariant of the working arrays after prepare(), in one of two layouts:
+ *   dense   (no top_k cut: plain sampling, min_p, top_p) ws->w[0..n_vocab) is indexed by token
+ *           id, 0 for every token outside the kept set; the weights come from one fused
+ *           vectorized pass over the logits (vexp.c), with no candidate list.
+ *   sparse  (top_k cuts) ws->cand[0..n_kept) is the kept set in increasing id order (logit with
+ *           +inf clamped to FLT_MAX, token id) and ws->w[0..n_kept) their weights.
+ * Either way the weights' sum in increasing id order is the returned total (>= 1: the most likely
+ * token has weight exactly 1 and is always kept), and zeros added to a double sum change nothing,
+ * so both layouts draw the same token as a walk over the kept set alone.
  */
 #include "sampling.h"
 
@@ -17,6 +24,7 @@
 
 #include "pc_alloc.h"
 #include "pc_err.h"
+#include "vexp.h"
 
 typedef struct cand {
     float logit;
@@ -28,6 +36,7 @@ struct eng_sample_ws {
     cand_t *cand; /* [n_vocab] */
     cand_t *tmp;  /* [n_vocab] the top_p boundary bucket */
     double *w;    /* [n_vocab] */
+    bool dense;   /* the layout of the last prepare() (file comment) */
 };
 
 /* Up to this k, top-k selection keeps a heap of k (O(n log k), with a cheap rejection test for
@@ -256,22 +265,22 @@ static inline bool is_greedy(const eng_sampling_params_t *p)
     return p->temperature == 0 || p->top_k == 1;
 }
 
+static inline float clamp_logit(float x)
+{
+    return x > FLT_MAX ? FLT_MAX : x; /* NaN stays NaN */
+}
+
 int eng_sample_greedy(const float *logits, uint32_t n, uint32_t *token)
 {
-    uint32_t best = UINT32_MAX;
-    float best_v = -INFINITY;
-    for (uint32_t i = 0; i < n; i++) {
-        float x = logits[i];
-        /* NaN fails the comparison; -inf never beats the -inf start; strict > keeps the lowest
-         * id among ties. */
-        if (x > best_v) {
-            best_v = x;
-            best = i;
-        }
-    }
-    if (best == UINT32_MAX)
+    /* The maximum ignoring NaN (+inf wins), then its first occurrence: the lowest id among
+     * ties. -inf is no candidate, so an all -inf (or NaN) row has none. */
+    float best_v = eng_vexp_logit_max(logits, n);
+    if (!(best_v > -INFINITY))
         return PC_ERR_INVAL;
-    *token = best;
+    uint32_t i = 0;
+    while (logits[i] != best_v)
+        i++;
+    *token = i;
     return 0;
 }
 
@@ -284,7 +293,7 @@ static int cand_cmp_id(const void *pa, const void *pb)
 /* The weight of a candidate: its unnormalized probability, 1 for the most likely one. */
 static inline double weight(float logit, double mx, double inv_t)
 {
-    return exp(((double)logit - mx) * inv_t);
+    return eng_vexp(((double)logit - mx) * inv_t);
 }
 
 /* The bucket of a candidate for top_p: buckets split -log(weight) in [0, TOP_P_SPAN) evenly,
@@ -299,46 +308,53 @@ static inline size_t bucket_of(float logit, double mx, double inv_t)
     return b < TOP_P_BUCKETS - 1 ? b : TOP_P_BUCKETS - 1;
 }
 
-/* top_p over all n candidates (no top_k cut), in O(n) plus a sort of one bucket: the mass per
- * bucket finds the bucket where the cumulative mass reaches the target; only its members need
- * ordering. Leaves the kept set in c[0..) in id order and returns its size. */
-static size_t top_p_buckets(eng_sample_ws_t *ws, size_t n, double mx, double inv_t, double top_p)
+/* top_p over every candidate (no top_k cut), dense layout, in O(n) plus a sort of one bucket:
+ * the weights and their mass come from one vectorized pass; the mass per bucket finds the bucket
+ * where the cumulative mass reaches the target; only its members need ordering. Then the tokens
+ * after the last kept one (in candidate order) get weight 0. Returns the total. */
+static double top_p_dense(eng_sample_ws_t *ws, const float *logits, size_t n, double mx,
+                          double inv_t, double thr, double top_p)
 {
-    cand_t *c = ws->cand;
+    double *w = ws->w;
+    double mass = eng_vexp_weights(logits, n, mx, inv_t, thr, false, w);
     double bmass[TOP_P_BUCKETS] = {0};
-    double mass = 0;
-    for (size_t j = 0; j < n; j++) {
-        double wj = weight(c[j].logit, mx, inv_t);
-        mass += wj;
-        bmass[bucket_of(c[j].logit, mx, inv_t)] += wj;
-    }
+    /* Only candidates have a nonzero weight, and a zero adds nothing to a bucket's mass. */
+    for (size_t i = 0; i < n; i++)
+        if (w[i] != 0)
+            bmass[bucket_of(clamp_logit(logits[i]), mx, inv_t)] += w[i];
     double want = top_p * mass, cum = 0;
     size_t bb = 0;
     while (bb < TOP_P_BUCKETS - 1 && cum + bmass[bb] < want)
         cum += bmass[bb++];
     cand_t *t = ws->tmp;
     size_t nt = 0;
-    for (size_t j = 0; j < n; j++)
-        if (bucket_of(c[j].logit, mx, inv_t) == bb)
-            t[nt++] = c[j];
+    for (size_t i = 0; i < n; i++) {
+        float x = clamp_logit(logits[i]);
+        if (x > -INFINITY && (double)x >= thr && bucket_of(x, mx, inv_t) == bb)
+            t[nt++] = (cand_t){x, (uint32_t)i};
+    }
     if (nt == 0) /* only when rounding ran past every bucket: keep everything */
-        return n;
+        return mass;
     qsort(t, nt, sizeof *t, cand_cmp);
     cand_t last = t[nt - 1];
     for (size_t i = 0; i < nt; i++) {
-        cum += weight(t[i].logit, mx, inv_t);
+        cum += w[t[i].id];
         if (cum >= want) {
             last = t[i];
             break;
         }
     }
-    size_t kept = 0;
-    for (size_t j = 0; j < n; j++) {
-        size_t b = bucket_of(c[j].logit, mx, inv_t);
-        if (b < bb || (b == bb && !before(last, c[j])))
-            c[kept++] = c[j];
+    /* Buckets are monotone in the candidate order, so the kept set is every candidate not
+     * after `last` in that order (NaN compares false and already has weight 0). */
+    double total = 0;
+    for (size_t i = 0; i < n; i++) {
+        float x = clamp_logit(logits[i]);
+        if (x > last.logit || (x == last.logit && i <= last.id))
+            total += w[i];
+        else
+            w[i] = 0;
     }
-    return kept;
+    return total;
 }
 
 /* Fills the kept set (see the file comment) in ws->cand[0..n_kept) in id order, with weights
@@ -356,64 +372,57 @@ static int prepare(const eng_sampling_params_t *p, eng_sample_ws_t *ws, const fl
             return PC_ERR_INVAL;
         c[0] = (cand_t){logits[id], id};
         w[0] = 1.0;
+        ws->dense = false;
         *n_kept = 1;
         *total = 1.0;
         return 0;
     }
 
-    float maxv = -INFINITY;
-    bool any = false;
-    for (uint32_t i = 0; i < n_vocab; i++) {
-        float x = logits[i];
-        if (x > -INFINITY) { /* false for NaN and -inf */
-            any = true;
-            if (x > FLT_MAX)
-                x = FLT_MAX;
-            if (x > maxv)
-                maxv = x;
-        }
-    }
-    if (!any)
+    float maxv = clamp_logit(eng_vexp_logit_max(logits, n_vocab));
+    if (!(maxv > -INFINITY))
         return PC_ERR_INVAL;
 
     double inv_t = 1.0 / (double)p->temperature;
     double mx = (double)maxv;
     /* min_p: exp((x - max) / T) >= min_p  <=>  x >= max + T * ln(min_p). */
     double thr = p->min_p > 0 ? mx + (double)p->temperature * log((double)p->min_p) : -INFINITY;
+    if (p->top_k == 0 || p->top_k >= n_vocab)
+        goto dense;
     size_t n = 0;
     for (uint32_t i = 0; i < n_vocab; i++) {
-        float x = logits[i];
-        if (!(x > -INFINITY))
-            continue;
-        if (x > FLT_MAX)
-            x = FLT_MAX;
-        if ((double)x >= thr)
+        float x = clamp_logit(logits[i]);
+        if (x > -INFINITY && (double)x >= thr) /* false for NaN and -inf */
             c[n++] = (cand_t){x, i};
     }
-    size_t k = p->top_k != 0 && p->top_k < n ? p->top_k : n;
-    size_t kept = k;
-    if (k < n) {
-        select_sorted(c, n, k);
-        if (p->top_p < 1.0f) {
-            double mass = 0, cum = 0;
-            for (size_t j = 0; j < k; j++)
-                mass += weight(c[j].logit, mx, inv_t);
-            double want = (double)p->top_p * mass;
-            for (kept = 0; kept < k;) {
-                cum += weight(c[kept++].logit, mx, inv_t);
-                if (cum >= want)
-                    break;
-            }
+    if (p->top_k >= n) /* top_k keeps every candidate: no cut after all */
+        goto dense;
+    size_t k = p->top_k, kept = k;
+    select_sorted(c, n, k);
+    if (p->top_p < 1.0f) {
+        double mass = 0, cum = 0;
+        for (size_t j = 0; j < k; j++)
+            mass += weight(c[j].logit, mx, inv_t);
+        double want = (double)p->top_p * mass;
+        for (kept = 0; kept < k;) {
+            cum += weight(c[kept++].logit, mx, inv_t);
+            if (cum >= want)
+                break;
         }
-        qsort(c, kept, sizeof *c, cand_cmp_id);
-    } else if (p->top_p < 1.0f) {
-        kept = top_p_buckets(ws, n, mx, inv_t, (double)p->top_p);
     }
+    qsort(c, kept, sizeof *c, cand_cmp_id);
     double sum = 0;
     for (size_t j = 0; j < kept; j++)
         sum += w[j] = weight(c[j].logit, mx, inv_t);
+    ws->dense = false;
     *n_kept = kept;
     *total = sum;
+    return 0;
+
+dense:
+    ws->dense = true;
+    *n_kept = n_vocab;
+    *total = p->top_p < 1.0f ? top_p_dense(ws, logits, n_vocab, mx, inv_t, thr, (double)p->top_p)
+                             : eng_vexp_weights(logits, n_vocab, mx, inv_t, thr, false, w);
     return 0;
 }
 
@@ -425,7 +434,7 @@ int eng_sampler_sample(eng_sampler_t *s, eng_sample_ws_t *ws, const float *logit
     int rc = prepare(&s->params, ws, logits, n_vocab, &n_kept, &total);
     if (rc != 0)
         return rc;
-    if (n_kept == 1 && is_greedy(&s->params)) {
+    if (n_kept == 1 && !ws->dense && is_greedy(&s->params)) {
         *token = ws->cand[0].id;
         return 0;
     }
@@ -442,7 +451,7 @@ int eng_sampler_sample(eng_sampler_t *s, eng_sample_ws_t *ws, const float *logit
     }
     /* u < total, but the running sum can round below it on the last step: then the last token
      * with a weight is the pick. */
-    *token = ws->cand[last].id;
+    *token = ws->dense ? (uint32_t)last : ws->cand[last].id;
     return 0;
 }
 
@@ -474,6 +483,6 @@ int eng_sample_probs(const eng_sampling_params_t *p, eng_sample_ws_t *ws, const 
     for (uint32_t i = 0; i < n_vocab; i++)
         probs[i] = 0;
     for (size_t j = 0; j < n_kept; j++)
-        probs[ws->cand[j].id] = (float)(ws->w[j] / total);
+        probs[ws->dense ? j : ws->cand[j].id] = (float)(ws->w[j] / total);
     return 0;
 }

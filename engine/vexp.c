@@ -11,6 +11,8 @@
  */
 #include "vexp.h"
 
+#include "pc_exp.h"
+
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -21,68 +23,31 @@
 #define ENG_X86 1
 #endif
 
-/* The clamps of step 1. */
-#define VEXP_LO (-746.0)
-#define VEXP_HI 710.0
-#define INV_LN2 0x1.71547652b82fep0
-/* ln 2 = LN2_HI + LN2_LO to about 106 bits (LN2_HI is ln 2 rounded to double). */
-#define LN2_HI 0x1.62e42fefa39efp-1
-#define LN2_LO 0x1.abc9e3b39803fp-56
-/* n + POW2_BIAS holds n + 1023 in its low 12 mantissa bits (for integer n in [-1023, 1024]);
- * shifted left by 52 they are the exponent field of 2^n. */
-#define POW2_BIAS (0x1.8p52 + 1023.0)
-
-/* The Taylor coefficients 1/i! for i = 13 down to 2 (constant-folded, correctly rounded). */
-#define C13 (1.0 / 6227020800.0)
-#define C12 (1.0 / 479001600.0)
-#define C11 (1.0 / 39916800.0)
-#define C10 (1.0 / 3628800.0)
-#define C9 (1.0 / 362880.0)
-#define C8 (1.0 / 40320.0)
-#define C7 (1.0 / 5040.0)
-#define C6 (1.0 / 720.0)
-#define C5 (1.0 / 120.0)
-#define C4 (1.0 / 24.0)
-#define C3 (1.0 / 6.0)
-#define C2 0.5
+/* The constants are pc_exp.h's (PC_EXP_*), the scalar definition every path matches. */
+#define VEXP_LO PC_EXP_LO
+#define VEXP_HI PC_EXP_HI
+#define INV_LN2 PC_EXP_INV_LN2
+#define LN2_HI PC_EXP_LN2_HI
+#define LN2_LO PC_EXP_LN2_LO
+#define POW2_BIAS PC_EXP_POW2_BIAS
+#define C13 PC_EXP_C13
+#define C12 PC_EXP_C12
+#define C11 PC_EXP_C11
+#define C10 PC_EXP_C10
+#define C9 PC_EXP_C9
+#define C8 PC_EXP_C8
+#define C7 PC_EXP_C7
+#define C6 PC_EXP_C6
+#define C5 PC_EXP_C5
+#define C4 PC_EXP_C4
+#define C3 PC_EXP_C3
+#define C2 PC_EXP_C2
 
 /* ---- portable ------------------------------------------------------------------------------ */
 
-static inline double pow2_port(double n)
-{
-    double t = n + POW2_BIAS;
-    uint64_t bits;
-    memcpy(&bits, &t, sizeof bits);
-    bits <<= 52;
-    double r;
-    memcpy(&r, &bits, sizeof r);
-    return r;
-}
-
 double eng_vexp(double x)
 {
-    x = x > VEXP_LO ? x : VEXP_LO; /* NaN fails the comparison: -746 */
-    x = x < VEXP_HI ? x : VEXP_HI;
-    double k = rint(x * INV_LN2);
-    double r = fma(-k, LN2_HI, x);
-    r = fma(-k, LN2_LO, r);
-    double p = C13;
-    p = fma(p, r, C12);
-    p = fma(p, r, C11);
-    p = fma(p, r, C10);
-    p = fma(p, r, C9);
-    p = fma(p, r, C8);
-    p = fma(p, r, C7);
-    p = fma(p, r, C6);
-    p = fma(p, r, C5);
-    p = fma(p, r, C4);
-    p = fma(p, r, C3);
-    p = fma(p, r, C2);
-    p = fma(p, r, 1.0);
-    p = fma(p, r, 1.0);
-    double n1 = floor(k * 0.5);
-    double n2 = k - n1;
-    return p * pow2_port(n1) * pow2_port(n2);
+    return pc_exp(x);
 }
 
 /* One logit's weight (see eng_vexp_weights_isa); the scalar definition every path matches. */
@@ -101,11 +66,34 @@ static void vexp_row_port(const double *x, double *y, size_t n)
 }
 
 static double weights_port(const float *logits, size_t n, double mx, double inv_t, double thr,
-                           double *w, double sum)
+                           bool prefix, double *w, double sum)
+{
+    for (size_t i = 0; i < n; i++) {
+        double e = weight_port(logits[i], mx, inv_t, thr);
+        sum += e;
+        w[i] = prefix ? sum : e;
+    }
+    return sum;
+}
+
+/* Adds w[0..m) to sum in order; with prefix, leaves the running sums in w. */
+static inline double sum_block(double *w, size_t m, bool prefix, double sum)
+{
+    if (prefix) {
+        for (size_t j = 0; j < m; j++)
+            w[j] = sum += w[j];
+    } else {
+        for (size_t j = 0; j < m; j++)
+            sum += w[j];
+    }
+    return sum;
+}
+
+static float logit_max_port(const float *logits, size_t n, float m)
 {
     for (size_t i = 0; i < n; i++)
-        sum += w[i] = weight_port(logits[i], mx, inv_t, thr);
-    return sum;
+        m = logits[i] > m ? logits[i] : m; /* NaN fails the comparison */
+    return m;
 }
 
 #ifdef ENG_X86
@@ -157,7 +145,7 @@ AVX2 static void vexp_row_avx2(const double *x, double *y, size_t n)
 }
 
 AVX2 static double weights_avx2(const float *logits, size_t n, double mx, double inv_t, double thr,
-                                double *w)
+                                bool prefix, double *w)
 {
     const __m128 fmax = _mm_set1_ps(FLT_MAX);
     const __m256d vmx = _mm256_set1_pd(mx), vit = _mm256_set1_pd(inv_t);
@@ -170,12 +158,23 @@ AVX2 static double weights_avx2(const float *logits, size_t n, double mx, double
         __m256d e = vexp_avx2(_mm256_mul_pd(_mm256_sub_pd(xd, vmx), vit));
         e = _mm256_and_pd(e, _mm256_cmp_pd(xd, vthr, _CMP_GE_OQ));
         _mm256_storeu_pd(w + i, e);
-        sum += w[i];
-        sum += w[i + 1];
-        sum += w[i + 2];
-        sum += w[i + 3];
+        sum = sum_block(w + i, 4, prefix, sum);
     }
-    return weights_port(logits + i, n - i, mx, inv_t, thr, w + i, sum);
+    return weights_port(logits + i, n - i, mx, inv_t, thr, prefix, w + i, sum);
+}
+
+AVX2 static float logit_max_avx2(const float *logits, size_t n)
+{
+    /* max(x, m) returns m when x is NaN (the second operand). */
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        m0 = _mm256_max_ps(_mm256_loadu_ps(logits + i), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(logits + i + 8), m1);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, _mm256_max_ps(m0, m1));
+    return logit_max_port(logits + i, n - i, logit_max_port(lanes, 8, -INFINITY));
 }
 
 /* ---- AVX-512F ------------------------------------------------------------------------------ */
@@ -225,7 +224,7 @@ AVX512 static void vexp_row_avx512(const double *x, double *y, size_t n)
 }
 
 AVX512 static double weights_avx512(const float *logits, size_t n, double mx, double inv_t,
-                                    double thr, double *w)
+                                    double thr, bool prefix, double *w)
 {
     const __m256 fmax = _mm256_set1_ps(FLT_MAX);
     const __m512d vmx = _mm512_set1_pd(mx), vit = _mm512_set1_pd(inv_t);
@@ -238,10 +237,22 @@ AVX512 static double weights_avx512(const float *logits, size_t n, double mx, do
         __m512d e = vexp_avx512(_mm512_mul_pd(_mm512_sub_pd(xd, vmx), vit));
         __mmask8 keep = _mm512_cmp_pd_mask(xd, vthr, _CMP_GE_OQ);
         _mm512_storeu_pd(w + i, _mm512_maskz_mov_pd(keep, e));
-        for (int j = 0; j < 8; j++)
-            sum += w[i + j];
+        sum = sum_block(w + i, 8, prefix, sum);
     }
-    return weights_port(logits + i, n - i, mx, inv_t, thr, w + i, sum);
+    return weights_port(logits + i, n - i, mx, inv_t, thr, prefix, w + i, sum);
+}
+
+AVX512 static float logit_max_avx512(const float *logits, size_t n)
+{
+    __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        m0 = _mm512_max_ps(_mm512_loadu_ps(logits + i), m0);
+        m1 = _mm512_max_ps(_mm512_loadu_ps(logits + i + 16), m1);
+    }
+    float lanes[16];
+    _mm512_storeu_ps(lanes, _mm512_max_ps(m0, m1));
+    return logit_max_port(logits + i, n - i, logit_max_port(lanes, 16, -INFINITY));
 }
 
 #endif /* ENG_X86 */
@@ -266,22 +277,41 @@ void eng_vexp_row_isa(const double *x, double *y, size_t n, eng_cpu_isa_t isa)
 }
 
 double eng_vexp_weights_isa(const float *logits, size_t n, double mx, double inv_t, double thr,
-                            double *w, eng_cpu_isa_t isa)
+                            bool prefix, double *w, eng_cpu_isa_t isa)
 {
     switch (eng__cpu_isa_clamp(isa)) {
 #ifdef ENG_X86
     case ENG_CPU_ISA_AVX512:
-        return weights_avx512(logits, n, mx, inv_t, thr, w);
+        return weights_avx512(logits, n, mx, inv_t, thr, prefix, w);
     case ENG_CPU_ISA_AVX2:
-        return weights_avx2(logits, n, mx, inv_t, thr, w);
+        return weights_avx2(logits, n, mx, inv_t, thr, prefix, w);
 #endif
     default:
-        return weights_port(logits, n, mx, inv_t, thr, w, 0.0);
+        return weights_port(logits, n, mx, inv_t, thr, prefix, w, 0.0);
     }
 }
 
 double eng_vexp_weights(const float *logits, size_t n, double mx, double inv_t, double thr,
-                        double *w)
+                        bool prefix, double *w)
 {
-    return eng_vexp_weights_isa(logits, n, mx, inv_t, thr, w, ENG_CPU_ISA_AUTO);
+    return eng_vexp_weights_isa(logits, n, mx, inv_t, thr, prefix, w, ENG_CPU_ISA_AUTO);
+}
+
+float eng_vexp_logit_max_isa(const float *logits, size_t n, eng_cpu_isa_t isa)
+{
+    switch (eng__cpu_isa_clamp(isa)) {
+#ifdef ENG_X86
+    case ENG_CPU_ISA_AVX512:
+        return logit_max_avx512(logits, n);
+    case ENG_CPU_ISA_AVX2:
+        return logit_max_avx2(logits, n);
+#endif
+    default:
+        return logit_max_port(logits, n, -INFINITY);
+    }
+}
+
+float eng_vexp_logit_max(const float *logits, size_t n)
+{
+    return eng_vexp_logit_max_isa(logits, n, ENG_CPU_ISA_AUTO);
 }

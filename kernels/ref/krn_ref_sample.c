@@ -17,6 +17,7 @@
 #include "kernels.h"
 #include "krn_hostdev.h"
 #include "pc_err.h"
+#include "pc_exp.h"
 
 static int32_t sample_row(const float *x, int32_t n, const krn_sample_row_t *p, double *w)
 {
@@ -44,7 +45,7 @@ static int32_t sample_row(const float *x, int32_t n, const krn_sample_row_t *p, 
     for (int32_t i = 0; i < n; i++) {
         float xc = krn_sample_clamp(x[i]);
         if (x[i] > -INFINITY && (double)xc >= thr) {
-            w[i] = exp(((double)xc - mx) * inv_t);
+            w[i] = pc_exp(((double)xc - mx) * inv_t); /* the engine sampler's exp */
             n_cand++;
         } else {
             w[i] = -1.0; /* not a candidate */

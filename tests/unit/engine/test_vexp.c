@@ -284,10 +284,18 @@ PC_TEST(weights_every_path_same_bits)
                 s += want[i];
             if (n == N)
                 ASSERT_EQ_U64(bits(s), bits(sum));
-            double got_sum = eng_vexp_weights_isa(l, n, mx, inv_t, thr, got, isas[a]);
+            double got_sum = eng_vexp_weights_isa(l, n, mx, inv_t, thr, false, got, isas[a]);
             ASSERT_EQ_U64(bits(got_sum), bits(s));
             for (size_t i = 0; i < n; i++)
                 ASSERT_EQ_U64(bits(got[i]), bits(want[i]));
+            /* Prefix mode: the running sums, the last one the returned sum. */
+            got_sum = eng_vexp_weights_isa(l, n, mx, inv_t, thr, true, got, isas[a]);
+            ASSERT_EQ_U64(bits(got_sum), bits(s));
+            double run = 0;
+            for (size_t i = 0; i < n; i++) {
+                run += want[i];
+                ASSERT_EQ_U64(bits(got[i]), bits(run));
+            }
         }
     }
     free(l);
