@@ -1,9 +1,18 @@
 /*
- * test_sampling.c — the sampler (engine/sampling.c) against a naive reference: a full sort of
- * the candidates, the filters applied one by one, a softmax. The kept set must be identical and
- * the probabilities equal within float rounding; draws with a fixed seed must follow the
- * distribution (a chi-square bound that is deterministic for the seed, so it cannot flake).
- * Prints timings on a 152k vocabulary (figures, not pass/fail).
+ * test_sampling.c — the sampler (engine/sampling.c) against naive references: a full sort of
+ * the candidates, the filters applied one by one, a softmax. Every weight is pc_exp() (the
+ * sampler's exp, common/pc_exp.h), so the references and the sampler agree to the bit wherever
+ * they add in the same order:
+ *   - ref_probs computes the weights its own way (dividing by T, min_p as a comparison of
+ *     weights): the kept set must be identical and the probabilities equal within 1e-6. That
+ *     tolerance is about 1e9 times the rounding differences of the two orders of operations, and
+ *     it cannot hide a wrong kept set, which the support comparison checks exactly;
+ *   - ref_pick is the plain scalar loop of sampling.h's rules (weights in id order, one walk):
+ *     eng_sampler_sample must pick exactly its token, and eng_sample_probs give exactly its
+ *     probabilities, on thousands of random rows and parameters.
+ * Draws with a fixed seed must follow the distribution (a chi-square bound that is deterministic
+ * for the seed, so it cannot flake). Prints timings on a 152k vocabulary (figures, not
+ * pass/fail).
  */
 #include "pc_test.h"
 
@@ -11,6 +20,7 @@
 #include <math.h>
 
 #include "common.h"
+#include "pc_exp.h"
 #include "sampling.h"
 
 /* ---- naive reference ----------------------------------------------------------------------- */
@@ -56,17 +66,17 @@ static size_t ref_probs(const eng_sampling_params_t *p, const float *logits, uin
     double mx = c[0].logit, t = p->temperature;
     if (p->min_p > 0) {
         size_t j = 0;
-        while (j < keep && exp(((double)c[j].logit - mx) / t) >= p->min_p)
+        while (j < keep && pc_exp(((double)c[j].logit - mx) / t) >= p->min_p)
             j++;
         keep = j;
     }
     if (p->top_p < 1) {
         double mass = 0, cum = 0;
         for (size_t j = 0; j < keep; j++)
-            mass += exp(((double)c[j].logit - mx) / t);
+            mass += pc_exp(((double)c[j].logit - mx) / t);
         size_t j = 0;
         while (j < keep) {
-            cum += exp(((double)c[j].logit - mx) / t);
+            cum += pc_exp(((double)c[j].logit - mx) / t);
             j++;
             if (cum >= p->top_p * mass)
                 break;
@@ -75,11 +85,91 @@ static size_t ref_probs(const eng_sampling_params_t *p, const float *logits, uin
     }
     double z = 0;
     for (size_t j = 0; j < keep; j++)
-        z += exp(((double)c[j].logit - mx) / t);
+        z += pc_exp(((double)c[j].logit - mx) / t);
     for (size_t j = 0; j < keep; j++)
-        probs[c[j].id] = exp(((double)c[j].logit - mx) / t) / z;
+        probs[c[j].id] = pc_exp(((double)c[j].logit - mx) / t) / z;
     free(c);
     return keep;
+}
+
+/* The plain scalar loop of sampling.h's rules with the sampler's arithmetic: candidates sorted,
+ * min_p (as the threshold x >= max + T ln(min_p)), top_k, top_p (mass and running mass in
+ * candidate order), then weights pc_exp((x - max) * (1 / T)) of the kept tokens added in id
+ * order, and the first kept token whose running weight exceeds u * total (the last one with a
+ * weight when rounding leaves none). Writes the kept tokens' probabilities w / total to
+ * probs[n] (0 elsewhere) and returns the token, or UINT32_MAX when there is no candidate. */
+static uint32_t ref_pick(const eng_sampling_params_t *p, const float *logits, uint32_t n, double u,
+                         float *probs)
+{
+    ref_cand_t *c = malloc(n * sizeof *c);
+    double *w = malloc(n * sizeof *w);
+    uint8_t *kept = calloc(n, 1);
+    size_t m = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        probs[i] = 0;
+        if (!isnan(logits[i]) && logits[i] != -INFINITY)
+            c[m++] = (ref_cand_t){logits[i] == INFINITY ? FLT_MAX : logits[i], i};
+    }
+    uint32_t tok = UINT32_MAX;
+    if (m == 0)
+        goto done;
+    qsort(c, m, sizeof *c, ref_cmp);
+    if (p->temperature == 0 || p->top_k == 1) {
+        /* Greedy: the raw argmax (+inf above FLT_MAX), lowest id among ties. */
+        tok = 0;
+        while (isnan(logits[tok]) || logits[tok] == -INFINITY)
+            tok++;
+        for (uint32_t i = tok + 1; i < n; i++)
+            if (logits[i] > logits[tok])
+                tok = i;
+        probs[tok] = 1;
+        goto done;
+    }
+    double mx = c[0].logit, inv_t = 1.0 / (double)p->temperature;
+    double thr = p->min_p > 0 ? mx + (double)p->temperature * log((double)p->min_p) : -INFINITY;
+    size_t keep = 0;
+    while (keep < m && (double)c[keep].logit >= thr)
+        keep++;
+    if (p->top_k != 0 && p->top_k < keep)
+        keep = p->top_k;
+    if (p->top_p < 1) {
+        double mass = 0, cum = 0;
+        for (size_t j = 0; j < keep; j++)
+            mass += pc_exp(((double)c[j].logit - mx) * inv_t);
+        size_t j = 0;
+        while (j < keep) {
+            cum += pc_exp(((double)c[j].logit - mx) * inv_t);
+            j++;
+            if (cum >= (double)p->top_p * mass)
+                break;
+        }
+        keep = j;
+    }
+    for (size_t j = 0; j < keep; j++) {
+        kept[c[j].id] = 1;
+        w[c[j].id] = pc_exp(((double)c[j].logit - mx) * inv_t);
+    }
+    double total = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (kept[i])
+            total += w[i];
+    double target = u * total, cum = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!kept[i] || w[i] <= 0)
+            continue;
+        cum += w[i];
+        tok = i;
+        if (target < cum)
+            break;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (kept[i])
+            probs[i] = (float)(w[i] / total);
+done:
+    free(c);
+    free(w);
+    free(kept);
+    return tok;
 }
 
 /* Compares the sampler's distribution with the reference: same support, close values. */
@@ -329,6 +419,84 @@ PC_TEST(matches_reference_random)
     eng_sample_ws_free(ws);
 }
 
+/* eng_sampler_sample and eng_sample_probs against ref_pick: the same token and the same
+ * probabilities to the bit, over random rows (ties, NaN, +-inf, one-hot rows) and parameters. */
+static void check_picks(const eng_sampling_params_t *p, eng_sample_ws_t *ws, const float *l,
+                        uint32_t n, int draws)
+{
+    float *want_p = malloc(n * sizeof *want_p), *got_p = malloc(n * sizeof *got_p);
+    eng_sampler_t s;
+    ASSERT_EQ(eng_sampler_init(&s, p, NULL, 0), 0);
+    for (int d = 0; d < draws; d++) {
+        eng_rng_t next = s.rng;
+        bool greedy = p->temperature == 0 || p->top_k == 1;
+        double u = greedy ? 0 : eng_rng_uniform(&next);
+        uint32_t want = ref_pick(p, l, n, u, want_p), got = UINT32_MAX;
+        int rc = eng_sampler_sample(&s, ws, l, n, &got);
+        if (want == UINT32_MAX) {
+            ASSERT_EQ(rc, PC_ERR_INVAL);
+            break;
+        }
+        ASSERT_EQ(rc, 0);
+        if (got != want)
+            fprintf(stderr, "  n %u T %g k %u p %.9g minp %g u %.17g: got %u want %u\n", n,
+                    p->temperature, p->top_k, p->top_p, p->min_p, u, got, want);
+        ASSERT_EQ(got, want);
+        if (d == 0) {
+            ASSERT_EQ(eng_sample_probs(p, ws, l, n, got_p), 0);
+            ASSERT_MEM_EQ(got_p, want_p, n * sizeof *got_p);
+        }
+    }
+    free(want_p);
+    free(got_p);
+}
+
+PC_TEST(picks_match_scalar_loop)
+{
+    eng_rng_t r;
+    eng_rng_seed(&r, 4321);
+    enum { NMAX = 5000 };
+    float *l = malloc(NMAX * sizeof *l);
+    eng_sample_ws_t *ws;
+    ASSERT_EQ(eng_sample_ws_init(NMAX, &ws), 0);
+    int iters = (int)(1500 * pc_test_scale());
+    for (int it = 0; it < iters; it++) {
+        uint32_t n = 1 + (uint32_t)(eng_rng_next(&r) % NMAX);
+        int shape = (int)(eng_rng_next(&r) % 5);
+        float scale = (float)(0.5 + 20 * eng_rng_uniform(&r));
+        for (uint32_t i = 0; i < n; i++) {
+            float x = randn(&r) * scale;
+            if (shape == 1)
+                x = (float)(int)x; /* many ties */
+            else if (shape == 2)
+                x = (float)i * 0.001f;
+            else if (shape == 3 && i % 97 != 5)
+                x = -1e30f; /* nearly one-hot: most weights underflow to 0 */
+            uint64_t o = eng_rng_next(&r) % 100;
+            if (o == 0)
+                x = NAN;
+            else if (o == 1)
+                x = -INFINITY;
+            else if (o == 2 && shape == 4)
+                x = INFINITY;
+            l[i] = x;
+        }
+        eng_sampling_params_t p = eng_sampling_params_default();
+        uint64_t t = eng_rng_next(&r) % 8;
+        p.temperature = t == 0 ? 1.0f : t == 1 ? 0.0f : (float)(0.02 + 3 * eng_rng_uniform(&r));
+        uint64_t k = eng_rng_next(&r) % 4;
+        p.top_k = k == 0 ? 0 : (uint32_t)(1 + eng_rng_next(&r) % (k == 1 ? 50 : n + 10));
+        if (eng_rng_next(&r) % 2)
+            p.top_p = (float)(0.02 + 0.97 * eng_rng_uniform(&r));
+        if (eng_rng_next(&r) % 3 == 0)
+            p.min_p = (float)(0.3 * eng_rng_uniform(&r));
+        p.seed = eng_rng_next(&r);
+        PC_TEST_CALL(check_picks(&p, ws, l, n, 6));
+    }
+    free(l);
+    eng_sample_ws_free(ws);
+}
+
 PC_TEST(draws_follow_distribution)
 {
     /* Chi-square of 200000 draws against eng_sample_probs. The seed is fixed, so the statistic
@@ -427,6 +595,7 @@ PC_TEST(large_vocab_reference_and_timing)
     };
     for (size_t c = 0; c < PC_ARRAY_LEN(cases); c++) {
         PC_TEST_CALL(check_probs(&cases[c].p, ws, l, N));
+        PC_TEST_CALL(check_picks(&cases[c].p, ws, l, N, 3));
         eng_sampler_t s;
         ASSERT_EQ(eng_sampler_init(&s, &cases[c].p, NULL, 0), 0);
         int reps = 200;
