@@ -43,6 +43,7 @@ int bench_radix_main(int argc, char **argv);
 int bench_cindex_main(int argc, char **argv);
 int bench_tokenizer_main(int argc, char **argv);
 int bench_engine_main(int argc, char **argv);
+int bench_sampler_main(int argc, char **argv);
 int bench_kernels_main(int argc, char **argv);
 int bench_worker_main(int argc, char **argv);
 int bench_ledger_main(int argc, char **argv);

@@ -12,6 +12,7 @@ static const kvgw_cmd_t bench_cmds[] = {
     {"cindex", bench_cindex_main, "gateway cache index: match, refresh, probes, expiry, memory"},
     {"tokenizer", bench_tokenizer_main, "tokenizer encode throughput on an English/code corpus"},
     {"engine", bench_engine_main, "engine core: prefill, decode, TTFT cold vs cached prefix"},
+    {"sampler", bench_sampler_main, "CPU sampler: us per sampled token at 128k/152k vocabularies"},
     {"kernels", bench_kernels_main, "CUDA kernels, cuBLAS GEMMs, engine on the cuda backend"},
     {"worker", bench_worker_main, "worker: concurrent requests, TTFT beside a cold prefill"},
     {"ledger", bench_ledger_main, "usage ledger: durable events/s (fsync=batch), added latency"},
