@@ -55,8 +55,7 @@ static inline double weight_port(float x, double mx, double inv_t, double thr)
 {
     x = x > FLT_MAX ? FLT_MAX : x; /* NaN stays NaN */
     double xd = (double)x;
-    double e = eng_vexp((xd - mx) * inv_t);
-    return xd >= thr ? e : 0.0;
+    return xd >= thr ? pc_exp((xd - mx) * inv_t) : 0.0; /* NaN fails the comparison */
 }
 
 static void vexp_row_port(const double *x, double *y, size_t n)
@@ -155,9 +154,14 @@ AVX2 static double weights_avx2(const float *logits, size_t n, double mx, double
     for (; i + 4 <= n; i += 4) {
         /* min(FLT_MAX, x) returns x when x is NaN (the second operand). */
         __m256d xd = _mm256_cvtps_pd(_mm_min_ps(fmax, _mm_loadu_ps(logits + i)));
+        __m256d keep = _mm256_cmp_pd(xd, vthr, _CMP_GE_OQ);
+        if (_mm256_movemask_pd(keep) == 0) {
+            /* Nothing kept (min_p): four zeros, and the sum does not move. */
+            _mm256_storeu_pd(w + i, _mm256_set1_pd(prefix ? sum : 0.0));
+            continue;
+        }
         __m256d e = vexp_avx2(_mm256_mul_pd(_mm256_sub_pd(xd, vmx), vit));
-        e = _mm256_and_pd(e, _mm256_cmp_pd(xd, vthr, _CMP_GE_OQ));
-        _mm256_storeu_pd(w + i, e);
+        _mm256_storeu_pd(w + i, _mm256_and_pd(e, keep));
         sum = sum_block(w + i, 4, prefix, sum);
     }
     return weights_port(logits + i, n - i, mx, inv_t, thr, prefix, w + i, sum);
@@ -234,8 +238,13 @@ AVX512 static double weights_avx512(const float *logits, size_t n, double mx, do
     for (; i + 8 <= n; i += 8) {
         /* min(FLT_MAX, x) returns x when x is NaN (the second operand). */
         __m512d xd = _mm512_cvtps_pd(_mm256_min_ps(fmax, _mm256_loadu_ps(logits + i)));
-        __m512d e = vexp_avx512(_mm512_mul_pd(_mm512_sub_pd(xd, vmx), vit));
         __mmask8 keep = _mm512_cmp_pd_mask(xd, vthr, _CMP_GE_OQ);
+        if (keep == 0) {
+            /* Nothing kept (min_p): eight zeros, and the sum does not move. */
+            _mm512_storeu_pd(w + i, _mm512_set1_pd(prefix ? sum : 0.0));
+            continue;
+        }
+        __m512d e = vexp_avx512(_mm512_mul_pd(_mm512_sub_pd(xd, vmx), vit));
         _mm512_storeu_pd(w + i, _mm512_maskz_mov_pd(keep, e));
         sum = sum_block(w + i, 8, prefix, sum);
     }
