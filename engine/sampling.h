@@ -15,9 +15,12 @@
  *                          of the most likely one (on the temperature-scaled distribution);
  *        top_p  (1 = off)  of what top_k and min_p kept, the shortest prefix whose probability
  *                          mass, renormalized over that set, reaches top_p.
- *   3. Kept token i gets weight exp((logit_i - max_logit) / temperature), computed in double;
- *      one draw u in [0, 1) of the request's PRNG picks the first kept token, in increasing id
- *      order, whose cumulative weight exceeds u * total.
+ *   3. Kept token i gets weight pc_exp(((double)logit_i - (double)max_logit) * (1.0 / (double)
+ *      temperature)), where pc_exp is the exp() that common/pc_exp.h defines step by step (never
+ *      the platform's libm). total is the kept weights added in increasing id order, one double
+ *      addition at a time. One draw u in [0, 1) of the request's PRNG picks the first kept token,
+ *      in increasing id order, whose running sum of weights (added in the same order) exceeds
+ *      u * total; when rounding leaves none, the last kept token with a nonzero weight.
  *
  * temperature 0 (or top_k 1) is greedy: the argmax, ties by lowest id, no PRNG draw. Nothing
  * else ever changes the distribution: there is no repetition penalty (repetition-free by
@@ -25,14 +28,27 @@
  *
  * PRNG: xoshiro256** (Blackman and Vigna, 2018), its state seeded from the 64-bit request seed
  * by four outputs of splitmix64. Each non-greedy sample consumes exactly one 64-bit output,
- * turned into a double in [0, 1) from its top 53 bits. Same seed + same logits sequence = same
- * tokens, run after run, and across machines whose libm exp() returns the same bits.
+ * turned into a double in [0, 1) from its top 53 bits.
  *
- * Speed: greedy is one pass over the logits. Sampling is a pass for the maximum, an exp() pass,
- * and never a full sort: top_k is a partial selection (a heap for small k, quickselect
- * otherwise); top_p without top_k is a mass histogram over -log(probability) in 1024 buckets,
- * which finds the one bucket where the cumulative mass crosses top_p, and only that bucket is
- * sorted (exact: the kept set is the same as a full sort's).
+ * Determinism: every step above is integer or IEEE double arithmetic in a fixed order (the
+ * filters' thresholds included: min_p compares logits with max + T * ln(min_p), the one libm
+ * call, made once per sample, and top_p adds in a fixed order too), and pc_exp returns the same
+ * bits on every ISA path and machine. So the same seed and the same logits give the same tokens,
+ * run after run, on every CPU path (avx512, avx2, portable) and every machine with IEEE doubles,
+ * whatever its libm, with one exception: a min_p > 0 threshold uses libm's log(), so a min_p
+ * token that sits exactly on the threshold may fall either side on another libm. The GPU
+ * sampler (kernels/krn_sample.cu) uses CUDA's exp() and is compared with this one within a
+ * tolerance; its CPU reference (kernels/ref/krn_ref_sample.c) uses pc_exp and picks exactly as
+ * this sampler does.
+ *
+ * Speed: greedy is a vectorized pass for the maximum and a scan to its first occurrence.
+ * Sampling without a top_k cut (plain, min_p, top_p) is the vectorized maximum, then one fused
+ * vectorized pass that computes every weight and their sum (engine/vexp.h; about 0.75 ns per
+ * token with AVX-512), with no candidate list and never a full sort. top_k is a partial
+ * selection (a heap for small k, quickselect otherwise) and weighs only the k survivors; top_p
+ * without top_k adds a mass histogram over -log(probability) in 1024 buckets, which finds the
+ * one bucket where the cumulative mass crosses top_p, and only that bucket is sorted (exact:
+ * the kept set is the same as a full sort's). `kvgw bench sampler` prints the figures.
  */
 #ifndef ENG_SAMPLING_H
 #define ENG_SAMPLING_H
