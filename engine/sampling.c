@@ -7,7 +7,10 @@
  * Invariant of the working arrays after prepare(), in one of two layouts:
  *   dense   (no top_k cut: plain sampling, min_p, top_p) ws->w[0..n_vocab) is indexed by token
  *           id, 0 for every token outside the kept set; the weights come from one fused
- *           vectorized pass over the logits (vexp.c), with no candidate list.
+ *           vectorized pass over the logits (vexp.c), with no candidate list. For a draw
+ *           (ws->prefix) w[i] holds instead the running sum of the weights through token i, and
+ *           the token is found by binary search: the first i whose running sum exceeds
+ *           u * total is the one a walk over the kept set would stop at.
  *   sparse  (top_k cuts) ws->cand[0..n_kept) is the kept set in increasing id order (logit with
  *           +inf clamped to FLT_MAX, token id) and ws->w[0..n_kept) their weights.
  * Either way the weights' sum in increasing id order is the returned total (>= 1: the most likely
@@ -24,6 +27,7 @@
 
 #include "pc_alloc.h"
 #include "pc_err.h"
+#include "pc_exp.h"
 #include "vexp.h"
 
 typedef struct cand {
@@ -37,6 +41,12 @@ struct eng_sample_ws {
     cand_t *tmp;  /* [n_vocab] the top_p boundary bucket */
     double *w;    /* [n_vocab] */
     bool dense;   /* the layout of the last prepare() (file comment) */
+    bool prefix;  /* dense: w holds running sums */
+    /* The dense kept set, to tell which tokens have a weight when a draw needs to: candidates
+     * with logit >= thr and, when cut, not after `last` in the candidate order. */
+    double mx, inv_t, thr;
+    bool cut;
+    struct cand last;
 };
 
 /* Up to this k, top-k selection keeps a heap of k (O(n log k), with a cheap rejection test for
@@ -313,7 +323,7 @@ static inline size_t bucket_of(float logit, double mx, double inv_t)
  * where the cumulative mass reaches the target; only its members need ordering. Then the tokens
  * after the last kept one (in candidate order) get weight 0. Returns the total. */
 static double top_p_dense(eng_sample_ws_t *ws, const float *logits, size_t n, double mx,
-                          double inv_t, double thr, double top_p)
+                          double inv_t, double thr, double top_p, bool prefix)
 {
     double *w = ws->w;
     double mass = eng_vexp_weights(logits, n, mx, inv_t, thr, false, w);
@@ -333,8 +343,14 @@ static double top_p_dense(eng_sample_ws_t *ws, const float *logits, size_t n, do
         if (x > -INFINITY && (double)x >= thr && bucket_of(x, mx, inv_t) == bb)
             t[nt++] = (cand_t){x, (uint32_t)i};
     }
-    if (nt == 0) /* only when rounding ran past every bucket: keep everything */
+    if (nt == 0) { /* only when rounding ran past every bucket: keep everything */
+        if (prefix) {
+            double run = 0;
+            for (size_t i = 0; i < n; i++)
+                w[i] = run += w[i];
+        }
         return mass;
+    }
     qsort(t, nt, sizeof *t, cand_cmp);
     cand_t last = t[nt - 1];
     for (size_t i = 0; i < nt; i++) {
@@ -346,13 +362,14 @@ static double top_p_dense(eng_sample_ws_t *ws, const float *logits, size_t n, do
     }
     /* Buckets are monotone in the candidate order, so the kept set is every candidate not
      * after `last` in that order (NaN compares false and already has weight 0). */
+    ws->cut = true;
+    ws->last = last;
     double total = 0;
     for (size_t i = 0; i < n; i++) {
         float x = clamp_logit(logits[i]);
-        if (x > last.logit || (x == last.logit && i <= last.id))
-            total += w[i];
-        else
-            w[i] = 0;
+        double e = x > last.logit || (x == last.logit && i <= last.id) ? w[i] : 0.0;
+        total += e;
+        w[i] = prefix ? total : e;
     }
     return total;
 }
@@ -360,7 +377,7 @@ static double top_p_dense(eng_sample_ws_t *ws, const float *logits, size_t n, do
 /* Fills the kept set (see the file comment) in ws->cand[0..n_kept) in id order, with weights
  * in ws->w. Returns 0 with *n_kept and *total, or PC_ERR_INVAL when there is no candidate. */
 static int prepare(const eng_sampling_params_t *p, eng_sample_ws_t *ws, const float *logits,
-                   uint32_t n_vocab, size_t *n_kept, double *total)
+                   uint32_t n_vocab, bool prefix, size_t *n_kept, double *total)
 {
     if (n_vocab == 0 || n_vocab > ws->n_vocab)
         return PC_ERR_INVAL;
@@ -420,10 +437,52 @@ static int prepare(const eng_sampling_params_t *p, eng_sample_ws_t *ws, const fl
 
 dense:
     ws->dense = true;
+    ws->prefix = prefix;
+    ws->mx = mx;
+    ws->inv_t = inv_t;
+    ws->thr = thr;
+    ws->cut = false;
     *n_kept = n_vocab;
-    *total = p->top_p < 1.0f ? top_p_dense(ws, logits, n_vocab, mx, inv_t, thr, (double)p->top_p)
-                             : eng_vexp_weights(logits, n_vocab, mx, inv_t, thr, false, w);
+    *total = p->top_p < 1.0f
+                 ? top_p_dense(ws, logits, n_vocab, mx, inv_t, thr, (double)p->top_p, prefix)
+                 : eng_vexp_weights(logits, n_vocab, mx, inv_t, thr, prefix, w);
     return 0;
+}
+
+/* Whether token i has a nonzero weight in the dense kept set of the last prepare(). */
+static bool dense_has_weight(const eng_sample_ws_t *ws, const float *logits, size_t i)
+{
+    float x = clamp_logit(logits[i]);
+    if (!(x > -INFINITY) || !((double)x >= ws->thr))
+        return false;
+    if (ws->cut && !(x > ws->last.logit || (x == ws->last.logit && i <= ws->last.id)))
+        return false;
+    return pc_exp(((double)x - ws->mx) * ws->inv_t) > 0;
+}
+
+/* The draw over running sums P = ws->w[0..n): the first i with P[i] > u. P[i] > P[i - 1] there
+ * (P[-1] = 0 <= u), so token i has a weight, and every token before it with a weight had a
+ * running sum <= u: exactly where the walk stops. Some P[i] always exceeds u, since u is
+ * u' * total with u' <= 1 - 2^-53 and total = P[n - 1] >= 1, a product that rounds below total;
+ * should none, the walk's answer is kept: the last token with a nonzero weight (found
+ * backwards, since a weight that rounding absorbed into the sum leaves no trace in P). */
+static uint32_t draw_prefix(const eng_sample_ws_t *ws, const float *logits, size_t n, double u)
+{
+    const double *P = ws->w;
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (P[mid] > u)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    if (lo < n)
+        return (uint32_t)lo;
+    for (size_t i = n; i-- > 0;)
+        if (dense_has_weight(ws, logits, i))
+            return (uint32_t)i;
+    return 0; /* unreachable: the most likely token has weight 1 */
 }
 
 int eng_sampler_sample(eng_sampler_t *s, eng_sample_ws_t *ws, const float *logits, uint32_t n_vocab,
@@ -431,7 +490,7 @@ int eng_sampler_sample(eng_sampler_t *s, eng_sample_ws_t *ws, const float *logit
 {
     size_t n_kept;
     double total;
-    int rc = prepare(&s->params, ws, logits, n_vocab, &n_kept, &total);
+    int rc = prepare(&s->params, ws, logits, n_vocab, true, &n_kept, &total);
     if (rc != 0)
         return rc;
     if (n_kept == 1 && !ws->dense && is_greedy(&s->params)) {
@@ -439,6 +498,10 @@ int eng_sampler_sample(eng_sampler_t *s, eng_sample_ws_t *ws, const float *logit
         return 0;
     }
     double u = eng_rng_uniform(&s->rng) * total;
+    if (ws->dense && ws->prefix) {
+        *token = draw_prefix(ws, logits, n_kept, u);
+        return 0;
+    }
     double cum = 0;
     size_t last = 0;
     for (size_t j = 0; j < n_kept; j++) {
@@ -477,7 +540,7 @@ int eng_sample_probs(const eng_sampling_params_t *p, eng_sample_ws_t *ws, const 
 {
     size_t n_kept;
     double total;
-    int rc = prepare(p, ws, logits, n_vocab, &n_kept, &total);
+    int rc = prepare(p, ws, logits, n_vocab, false, &n_kept, &total);
     if (rc != 0)
         return rc;
     for (uint32_t i = 0; i < n_vocab; i++)
