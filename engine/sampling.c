@@ -37,11 +37,12 @@ typedef struct cand {
 
 struct eng_sample_ws {
     uint32_t n_vocab;
-    cand_t *cand; /* [n_vocab] */
-    cand_t *tmp;  /* [n_vocab] the top_p boundary bucket */
-    double *w;    /* [n_vocab] */
-    bool dense;   /* the layout of the last prepare() (file comment) */
-    bool prefix;  /* dense: w holds running sums */
+    cand_t *cand;  /* [n_vocab] */
+    cand_t *tmp;   /* [n_vocab] the top_p boundary bucket */
+    double *w;     /* [n_vocab] */
+    uint16_t *bkt; /* [n_vocab] top_p: each token's bucket */
+    bool dense;    /* the layout of the last prepare() (file comment) */
+    bool prefix;   /* dense: w holds running sums */
     /* The dense kept set, to tell which tokens have a weight when a draw needs to: candidates
      * with logit >= thr and, when cut, not after `last` in the candidate order. */
     double mx, inv_t, thr;
@@ -139,7 +140,8 @@ int eng_sample_ws_init(uint32_t n_vocab, eng_sample_ws_t **out)
     ws->cand = pc_malloc((size_t)n_vocab * sizeof *ws->cand);
     ws->tmp = pc_malloc((size_t)n_vocab * sizeof *ws->tmp);
     ws->w = pc_malloc((size_t)n_vocab * sizeof *ws->w);
-    if (ws->cand == NULL || ws->tmp == NULL || ws->w == NULL) {
+    ws->bkt = pc_malloc((size_t)n_vocab * sizeof *ws->bkt);
+    if (ws->cand == NULL || ws->tmp == NULL || ws->w == NULL || ws->bkt == NULL) {
         eng_sample_ws_free(ws);
         return PC_ERR_NOMEM;
     }
@@ -154,6 +156,7 @@ void eng_sample_ws_free(eng_sample_ws_t *ws)
     pc_free(ws->cand);
     pc_free(ws->tmp);
     pc_free(ws->w);
+    pc_free(ws->bkt);
     pc_free(ws);
 }
 
@@ -306,18 +309,6 @@ static inline double weight(float logit, double mx, double inv_t)
     return eng_vexp(((double)logit - mx) * inv_t);
 }
 
-/* The bucket of a candidate for top_p: buckets split -log(weight) in [0, TOP_P_SPAN) evenly,
- * everything beyond goes to the last one. Monotone in the candidate order, so each bucket is a
- * contiguous run of it. */
-static inline size_t bucket_of(float logit, double mx, double inv_t)
-{
-    double d = (mx - (double)logit) * inv_t;
-    if (!(d < TOP_P_SPAN))
-        return TOP_P_BUCKETS - 1;
-    size_t b = (size_t)(d * (TOP_P_BUCKETS / TOP_P_SPAN));
-    return b < TOP_P_BUCKETS - 1 ? b : TOP_P_BUCKETS - 1;
-}
-
 /* top_p over every candidate (no top_k cut), dense layout, in O(n) plus a sort of one bucket:
  * the weights and their mass come from one vectorized pass; the mass per bucket finds the bucket
  * where the cumulative mass reaches the target; only its members need ordering. Then the tokens
@@ -327,11 +318,22 @@ static double top_p_dense(eng_sample_ws_t *ws, const float *logits, size_t n, do
 {
     double *w = ws->w;
     double mass = eng_vexp_weights(logits, n, mx, inv_t, thr, false, w);
+    /* Every token's bucket: the buckets split d = -log(weight) = (max - x) / T in
+     * [0, TOP_P_SPAN) evenly, everything beyond goes to the last one. Monotone in the candidate
+     * order, so each bucket is a contiguous run of it. (d * 32 is exact; NaN and -inf, whose d
+     * is NaN or +inf, land in the last bucket and have weight 0.) */
+    uint16_t *bkt = ws->bkt;
+    _Static_assert(TOP_P_BUCKETS / TOP_P_SPAN == 32.0, "d * scale must be exact");
+    for (size_t i = 0; i < n; i++) {
+        double f = (mx - (double)clamp_logit(logits[i])) * inv_t * (TOP_P_BUCKETS / TOP_P_SPAN);
+        f = f < TOP_P_BUCKETS - 1 ? f : TOP_P_BUCKETS - 1;
+        bkt[i] = (uint16_t)f;
+    }
     double bmass[TOP_P_BUCKETS] = {0};
     /* Only candidates have a nonzero weight, and a zero adds nothing to a bucket's mass. */
     for (size_t i = 0; i < n; i++)
         if (w[i] != 0)
-            bmass[bucket_of(clamp_logit(logits[i]), mx, inv_t)] += w[i];
+            bmass[bkt[i]] += w[i];
     double want = top_p * mass, cum = 0;
     size_t bb = 0;
     while (bb < TOP_P_BUCKETS - 1 && cum + bmass[bb] < want)
@@ -340,7 +342,7 @@ static double top_p_dense(eng_sample_ws_t *ws, const float *logits, size_t n, do
     size_t nt = 0;
     for (size_t i = 0; i < n; i++) {
         float x = clamp_logit(logits[i]);
-        if (x > -INFINITY && (double)x >= thr && bucket_of(x, mx, inv_t) == bb)
+        if (bkt[i] == bb && x > -INFINITY && (double)x >= thr)
             t[nt++] = (cand_t){x, (uint32_t)i};
     }
     if (nt == 0) { /* only when rounding ran past every bucket: keep everything */

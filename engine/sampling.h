@@ -84,7 +84,7 @@ uint64_t eng_rng_next(eng_rng_t *r);
 double eng_rng_uniform(eng_rng_t *r);
 
 /* Scratch space for sampling over n_vocab logits: one per thread that samples (the scheduler
- * samples every sequence of a step with the same one). Owns 24 bytes per vocab entry. */
+ * samples every sequence of a step with the same one). Owns 26 bytes per vocab entry. */
 typedef struct eng_sample_ws eng_sample_ws_t;
 
 /* Returns 0 or PC_ERR_NOMEM / PC_ERR_INVAL (n_vocab 0). */
