@@ -28,13 +28,16 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw bench worker [--model FILE] [--threads N] [--concurrency N[,N...]] "
                "[--prompt N] [--gen N] [--step-tokens N] [--gemm auto|f32|bf16] [--bf16] "
-               "[--no-mixed]\n");
+               "[--no-mixed] [--temperature T]\n");
     fprintf(f, "  --concurrency  request counts to run (default 1,4,16)\n");
     fprintf(f, "  --step-tokens  the scheduler's tokens per step (default: the worker's)\n");
     fprintf(
         f, "  --gemm         prefill GEMM precision (default auto: BF16 for F16 weights on\n"
            "                 CPUs with AVX512-BF16; logits move by ~1e-2); --bf16 = --gemm bf16\n");
     fprintf(f, "  --no-mixed     skip the cached-prefix-beside-a-cold-prefill case\n");
+    fprintf(f,
+            "  --temperature  sampling temperature of every request (default 0: greedy; 1 shows\n"
+            "                 what the CPU sampler costs per token, kvgw bench sampler)\n");
 }
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
@@ -98,8 +101,8 @@ static int wait_all(eng_worker_t *w, track_t *t, uint32_t n)
     return 0;
 }
 
-static int submit(eng_worker_t *w, track_t *t, uint64_t id, uint64_t ns, const uint32_t *tokens,
-                  uint32_t n, uint32_t max_tokens)
+static int submit(eng_worker_t *w, float temperature, track_t *t, uint64_t id, uint64_t ns,
+                  const uint32_t *tokens, uint32_t n, uint32_t max_tokens)
 {
     eng_wire_submit_t q = {.request_id = id,
                            .ns = ns,
@@ -108,7 +111,7 @@ static int submit(eng_worker_t *w, track_t *t, uint64_t id, uint64_t ns, const u
                            .tokens = tokens,
                            .n_tokens = n};
     q.sampling = eng_sampling_params_default();
-    q.sampling.temperature = 0;
+    q.sampling.temperature = temperature;
     *t = (track_t){.id = id, .t_submit = bench_now_s()};
     char err[256];
     int rc = eng_worker_submit(w, &q, err, sizeof err);
@@ -152,6 +155,7 @@ int bench_worker_main(int argc, char **argv)
 {
     const char *model = "models/kvgw-bench.gguf";
     uint32_t threads = 2, n_prompt = 256, n_gen = 64, step_tokens = 0;
+    float temperature = 0;
     uint32_t conc[8] = {1, 4, 16};
     int n_conc = 3;
     bool mixed = true;
@@ -197,6 +201,9 @@ int bench_worker_main(int argc, char **argv)
             n_gen = (uint32_t)n;
         } else if (strcmp(a, "--step-tokens") == 0 && n >= 1 && n <= 65536) {
             step_tokens = (uint32_t)n;
+        } else if (strcmp(a, "--temperature") == 0 && strtof(v, NULL) >= 0 &&
+                   strtof(v, NULL) <= 2) {
+            temperature = strtof(v, NULL);
         } else {
             fprintf(stderr, "kvgw bench worker: bad option or value '%s %s'\n", a, v);
             usage(stderr);
@@ -242,7 +249,7 @@ int bench_worker_main(int argc, char **argv)
 
     /* Warm-up: pages the weights in. */
     random_tokens(tok, 64, info.n_vocab);
-    if (submit(w, t, id++, ns++, tok, 64, 4) != 0 || wait_all(w, t, 1) != 0)
+    if (submit(w, temperature, t, id++, ns++, tok, 64, 4) != 0 || wait_all(w, t, 1) != 0)
         goto done;
 
     for (int c = 0; c < n_conc; c++) {
@@ -250,7 +257,8 @@ int bench_worker_main(int argc, char **argv)
         random_tokens(tok, n * n_prompt, info.n_vocab);
         double c0 = bench_cpu_s();
         for (uint32_t i = 0; i < n; i++)
-            if (submit(w, &t[i], id++, ns++, tok + (size_t)i * n_prompt, n_prompt, n_gen) != 0)
+            if (submit(w, temperature, &t[i], id++, ns++, tok + (size_t)i * n_prompt, n_prompt,
+                       n_gen) != 0)
                 goto done;
         double t0 = t[0].t_submit;
         if (wait_all(w, t, n) != 0)
@@ -285,20 +293,23 @@ int bench_worker_main(int argc, char **argv)
         random_tokens(prefix, MIX_TOTAL, info.n_vocab);
         random_tokens(cold, MIX_TOTAL, info.n_vocab);
         uint64_t mix_ns = ns++;
-        if (submit(w, t, id++, mix_ns, prefix, MIX_PREFIX, 0) != 0 || wait_all(w, t, 1) != 0)
+        if (submit(w, temperature, t, id++, mix_ns, prefix, MIX_PREFIX, 0) != 0 ||
+            wait_all(w, t, 1) != 0)
             goto done;
         /* Alone: the prefix plus 64 new tokens. */
         memcpy(hot, prefix, MIX_PREFIX * sizeof *hot);
         random_tokens(hot + MIX_PREFIX, MIX_TOTAL - MIX_PREFIX, info.n_vocab);
-        if (submit(w, t, id++, mix_ns, hot, MIX_TOTAL, 1) != 0 || wait_all(w, t, 1) != 0)
+        if (submit(w, temperature, t, id++, mix_ns, hot, MIX_TOTAL, 1) != 0 ||
+            wait_all(w, t, 1) != 0)
             goto done;
         double alone = t[0].t_first - t[0].t_submit;
         uint32_t reused_alone = t[0].usage.tokens_reused;
         /* Beside a cold 4096-token request submitted just before it (new suffix, so the reuse
          * is the same 4032 tokens). */
         random_tokens(hot + MIX_PREFIX, MIX_TOTAL - MIX_PREFIX, info.n_vocab);
-        if (submit(w, &t[0], id++, ns++, cold, MIX_TOTAL, 1) != 0 ||
-            submit(w, &t[1], id++, mix_ns, hot, MIX_TOTAL, 1) != 0 || wait_all(w, t, 2) != 0)
+        if (submit(w, temperature, &t[0], id++, ns++, cold, MIX_TOTAL, 1) != 0 ||
+            submit(w, temperature, &t[1], id++, mix_ns, hot, MIX_TOTAL, 1) != 0 ||
+            wait_all(w, t, 2) != 0)
             goto done;
         double beside = t[1].t_first - t[1].t_submit, cold_ttft = t[0].t_first - t[0].t_submit;
         if (reused_alone != MIX_PREFIX || t[1].usage.tokens_reused != MIX_PREFIX)
