@@ -323,7 +323,7 @@ static double top_p_dense(eng_sample_ws_t *ws, const float *logits, size_t n, do
      * order, so each bucket is a contiguous run of it. (d * 32 is exact; NaN and -inf, whose d
      * is NaN or +inf, land in the last bucket and have weight 0.) */
     uint16_t *bkt = ws->bkt;
-    _Static_assert(TOP_P_BUCKETS / TOP_P_SPAN == 32.0, "d * scale must be exact");
+    _Static_assert(TOP_P_BUCKETS == 32 * (int)TOP_P_SPAN, "the scale 32 makes d * scale exact");
     for (size_t i = 0; i < n; i++) {
         double f = (mx - (double)clamp_logit(logits[i])) * inv_t * (TOP_P_BUCKETS / TOP_P_SPAN);
         f = f < TOP_P_BUCKETS - 1 ? f : TOP_P_BUCKETS - 1;

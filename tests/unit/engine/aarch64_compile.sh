@@ -9,7 +9,7 @@ cc=aarch64-linux-gnu-gcc
 command -v "$cc" >/dev/null 2>&1 || { echo "no $cc: skipped"; exit 77; }
 blas=$(pkg-config --cflags-only-I openblas 2>/dev/null || true)
 for f in engine/cpu_portable.c engine/cpu_pool.c engine/cpu_isa.c engine/cpu_kernels.c \
-    engine/backend_cpu.c engine/half.c; do
+    engine/backend_cpu.c engine/half.c engine/vexp.c engine/sampling.c common/pc_exp.c; do
     "$cc" -std=gnu11 -O2 -Wall -Wextra -Wno-unused-parameter -Werror -S -o /dev/null \
         -Iengine -Icommon -Iradix $blas "$f"
     echo "aarch64: $f compiles"
