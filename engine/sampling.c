@@ -376,6 +376,43 @@ static double top_p_dense(eng_sample_ws_t *ws, const float *logits, size_t n, do
     return total;
 }
 
+/* The first k candidates of logits[n] (not NaN, not -inf, clamped logit >= thr) in candidate
+ * order, as a heap in h[0..k), straight from the logits: no candidate list is written, and most
+ * logits fail one comparison with the heap's worst. Returns true when there are more than k
+ * candidates (so top_k cuts), false otherwise (h then holds what there is, not a heap). */
+static bool heap_stream(const float *logits, uint32_t n, double thr, size_t k, cand_t *h)
+{
+    size_t m = 0;
+    uint32_t i = 0;
+    for (; i < n && m < k; i++) {
+        float x = clamp_logit(logits[i]);
+        if (x > -INFINITY && (double)x >= thr) /* false for NaN and -inf */
+            h[m++] = (cand_t){x, i};
+    }
+    if (m < k)
+        return false;
+    for (size_t j = k / 2; j-- > 0;)
+        heap_sift_down(h, k, j);
+    bool more = false;
+    for (; i < n; i++) {
+        float x = clamp_logit(logits[i]);
+        if (!(x >= h[0].logit)) { /* below the worst kept (or NaN): only note a candidate */
+            if (!more && x > -INFINITY && (double)x >= thr)
+                more = true;
+            continue;
+        }
+        if (!((double)x >= thr)) /* x >= a candidate's logit, so only min_p can refuse it */
+            continue;
+        more = true; /* x or the root it might displace is a candidate beyond the first k */
+        cand_t cx = {x, i};
+        if (before(cx, h[0])) {
+            h[0] = cx;
+            heap_sift_down(h, k, 0);
+        }
+    }
+    return more;
+}
+
 /* Fills the kept set (see the file comment) in ws->cand[0..n_kept) in id order, with weights
  * in ws->w. Returns 0 with *n_kept and *total, or PC_ERR_INVAL when there is no candidate. */
 static int prepare(const eng_sampling_params_t *p, eng_sample_ws_t *ws, const float *logits,
@@ -407,16 +444,23 @@ static int prepare(const eng_sampling_params_t *p, eng_sample_ws_t *ws, const fl
     double thr = p->min_p > 0 ? mx + (double)p->temperature * log((double)p->min_p) : -INFINITY;
     if (p->top_k == 0 || p->top_k >= n_vocab)
         goto dense;
-    size_t n = 0;
-    for (uint32_t i = 0; i < n_vocab; i++) {
-        float x = clamp_logit(logits[i]);
-        if (x > -INFINITY && (double)x >= thr) /* false for NaN and -inf */
-            c[n++] = (cand_t){x, i};
-    }
-    if (p->top_k >= n) /* top_k keeps every candidate: no cut after all */
-        goto dense;
     size_t k = p->top_k, kept = k;
-    select_sorted(c, n, k);
+    if (k <= HEAP_SELECT_MAX) {
+        /* top_k keeps every candidate (no cut after all) when there are no more than k. */
+        if (!heap_stream(logits, n_vocab, thr, k, c))
+            goto dense;
+        qsort(c, k, sizeof *c, cand_cmp);
+    } else {
+        size_t n = 0;
+        for (uint32_t i = 0; i < n_vocab; i++) {
+            float x = clamp_logit(logits[i]);
+            if (x > -INFINITY && (double)x >= thr) /* false for NaN and -inf */
+                c[n++] = (cand_t){x, i};
+        }
+        if (k >= n)
+            goto dense;
+        select_sorted(c, n, k);
+    }
     if (p->top_p < 1.0f) {
         double mass = 0, cum = 0;
         for (size_t j = 0; j < k; j++)
