@@ -53,6 +53,9 @@ struct eng_sample_ws {
 /* Up to this k, top-k selection keeps a heap of k (O(n log k), with a cheap rejection test for
  * most elements); above it, quickselect (O(n) expected). */
 #define HEAP_SELECT_MAX 256
+/* Up to this k, the heap is kept straight from the logits (heap_stream): with logits in no
+ * particular order only about k ln(n / k) of them enter it, each in O(log k). */
+#define HEAP_STREAM_MAX 2048
 /* top_p without top_k: mass histogram over -log(weight) in [0, TOP_P_SPAN). */
 #define TOP_P_BUCKETS 1024
 #define TOP_P_SPAN 32.0
@@ -445,7 +448,7 @@ static int prepare(const eng_sampling_params_t *p, eng_sample_ws_t *ws, const fl
     if (p->top_k == 0 || p->top_k >= n_vocab)
         goto dense;
     size_t k = p->top_k, kept = k;
-    if (k <= HEAP_SELECT_MAX) {
+    if (k <= HEAP_STREAM_MAX) {
         /* top_k keeps every candidate (no cut after all) when there are no more than k. */
         if (!heap_stream(logits, n_vocab, thr, k, c))
             goto dense;
