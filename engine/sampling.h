@@ -43,12 +43,14 @@
  *
  * Speed: greedy is a vectorized pass for the maximum and a scan to its first occurrence.
  * Sampling without a top_k cut (plain, min_p, top_p) is the vectorized maximum, then one fused
- * vectorized pass that computes every weight and their sum (engine/vexp.h; about 0.75 ns per
- * token with AVX-512), with no candidate list and never a full sort. top_k is a partial
- * selection (a heap for small k, quickselect otherwise) and weighs only the k survivors; top_p
- * without top_k adds a mass histogram over -log(probability) in 1024 buckets, which finds the
- * one bucket where the cumulative mass crosses top_p, and only that bucket is sorted (exact:
- * the kept set is the same as a full sort's). `kvgw bench sampler` prints the figures.
+ * vectorized pass that computes every weight and its running sum (engine/vexp.h; about 0.75 ns
+ * per token with AVX-512), with no candidate list, and a binary search for the draw. top_k up to
+ * 2048 keeps a heap of k straight from the logits (most fail one comparison with its worst);
+ * larger k build a candidate list and quickselect it; either way only the k survivors are
+ * weighed. top_p without top_k adds a mass histogram over -log(probability) in 1024 buckets,
+ * which finds the one bucket where the cumulative mass crosses top_p, and only that bucket is
+ * sorted (exact: the kept set is the same as a full sort's). Nothing is ever fully sorted.
+ * `kvgw bench sampler` prints the figures.
  */
 #ifndef ENG_SAMPLING_H
 #define ENG_SAMPLING_H
