@@ -49,8 +49,8 @@
  * larger k build a candidate list and quickselect it; either way only the k survivors are
  * weighed. top_p without top_k adds a mass histogram over -log(probability) in 1024 buckets,
  * which finds the one bucket where the cumulative mass crosses top_p, and only that bucket is
- * sorted (exact: the kept set is the same as a full sort's). Nothing is ever fully sorted.
- * `kvgw bench sampler` prints the figures.
+ * sorted (exact: the kept set is the same as a full sort's). `kvgw bench sampler` prints the
+ * figures.
  */
 #ifndef ENG_SAMPLING_H
 #define ENG_SAMPLING_H
