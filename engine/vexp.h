@@ -1,6 +1,7 @@
 /*
- * vexp.h — a double-precision exp() whose every bit is defined by this file, and the sampler's
- * weight pass built on it (engine-internal). The sampler (sampling.h) weighs tokens with it so
+ * vexp.h — pc_exp() (common/pc_exp.h, an exp() whose every bit is defined) on the CPU's vector
+ * paths, and the sampler's passes built on it: the maximum and the weights with their sum
+ * (engine-internal). The sampler (sampling.h) weighs tokens with it so
  * that the same seed and logits give the same tokens on every machine, with no dependence on the
  * platform's libm.
  *
