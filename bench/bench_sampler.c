@@ -6,8 +6,9 @@
  * same every run). Also the exp pass alone: ns per value of pc_exp on the best ISA path
  * (engine/vexp.h) beside libm's exp().
  *
- * Measured on the 2-core dev machine (AMD EPYC, AVX-512; shared, so figures vary by ~20%): with
- * libm's exp() the sampler took about 1300 us per token at V = 152064 for plain sampling.
+ * Figures on the 2-core dev VM (AMD EPYC, AVX-512) are in the README. Logits like these (a
+ * broad distribution) are the slow case for top_p, whose kept set is then large; a real model's
+ * peaked logits keep few tokens.
  */
 #include <math.h>
 #include <stdio.h>
