@@ -142,11 +142,6 @@ static int count_entries(const char *dir, const char *sub)
     return n;
 }
 
-static void idx_path(char *buf, size_t n, const char *dir, uint64_t first)
-{
-    snprintf(buf, n, "%s/ledger-%020" PRIu64 ".idx", dir, first);
-}
-
 static int on_chunk(void *ud, const char *data, size_t len)
 {
     return pc_buf_append(ud, data, len);
@@ -503,7 +498,7 @@ PC_TEST(missing_sidecars_are_rebuilt_by_exports)
     size_t n = segments(dir, segs, 4096);
     char path[600];
     for (size_t i = 0; i < n; i++) {
-        idx_path(path, sizeof path, dir, segs[i]);
+        seg_path(path, sizeof path, dir, segs[i], "idx");
         (void)unlink(path);
     }
     ASSERT_EQ(count_entries(dir, ".idx"), 0);
@@ -521,48 +516,13 @@ PC_TEST(missing_sidecars_are_rebuilt_by_exports)
     ASSERT_TRUE(ns > n / 2);
     /* The recovery at open writes them too. */
     for (size_t i = 0; i < n; i++) {
-        idx_path(path, sizeof path, dir, segs[i]);
+        seg_path(path, sizeof path, dir, segs[i], "idx");
         (void)unlink(path);
     }
     bill_ledger_t *l = open_ledger(dir, NULL);
     ASSERT_TRUE(l != NULL);
     PC_TEST_CALL(check_sidecars(dir, true));
     ASSERT_EQ(bill_ledger_close(l), 0);
-}
-
-/* The sidecar format, written here from ledger.h's description (not from ledger.c's code). */
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static int write_sidecar(const char *dir, const bill_ledger_index_t *ix, bool good_crc)
-{
-    uint8_t b[BILL_LEDGER_INDEX_BYTES] = {0};
-    memcpy(b, "KVGWLIDX", 8);
-    put32(b + 8, 1);
-    put64(b + 16, ix->seg_bytes);
-    put64(b + 24, ix->first_seq);
-    put64(b + 32, ix->n_records);
-    put64(b + 40, ix->min_start_ms);
-    put64(b + 48, ix->max_start_ms);
-    put64(b + 56, ix->last_off);
-    put32(b + 64, ix->last_crc);
-    put32(b + 68, ix->seg_crc);
-    put32(b + 72, bill_crc32c(0, b, 72) ^ (good_crc ? 0 : 1));
-    char path[600];
-    idx_path(path, sizeof path, dir, ix->first_seq);
-    FILE *f = fopen(path, "wb");
-    if (f == NULL)
-        return -1;
-    size_t w = fwrite(b, 1, sizeof b, f);
-    return fclose(f) == 0 && w == sizeof b ? 0 : -1;
 }
 
 /* The day (UTC) after the one of ms. */
@@ -630,7 +590,7 @@ PC_TEST(wrong_sidecars_never_drop_events)
     const char *bodies[3] = {"garbage garbage garbage", "KVGWLIDX\1\0\0\0", ""};
     for (int k = 0; k < 3; k++) {
         char path[600];
-        idx_path(path, sizeof path, dir, segs[3 + k]);
+        seg_path(path, sizeof path, dir, segs[3 + k], "idx");
         FILE *f = fopen(path, "wb");
         ASSERT_TRUE(f != NULL);
         fputs(bodies[k], f);
