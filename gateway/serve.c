@@ -1593,6 +1593,15 @@ static void on_signal(uv_signal_t *h, int sig)
     begin_shutdown(s);
 }
 
+/* Opens the access log file for appending, with a 64 KiB buffer that the tick flushes. */
+static FILE *open_access_log(const char *path)
+{
+    FILE *f = fopen(path, "a");
+    if (f != NULL)
+        setvbuf(f, NULL, _IOFBF, 64 << 10);
+    return f;
+}
+
 /* SIGHUP reopens the access log file (log rotation: move the file away, then send SIGHUP).
  * The old file gets every line written before the signal; when the path cannot be opened the
  * old file is kept and the error is logged. stdout and "off" are left as they are. */
@@ -1602,7 +1611,7 @@ static void on_sighup(uv_signal_t *h, int sig)
     serve_t *s = h->data;
     if (s->access_log == NULL || s->access_log == stdout)
         return;
-    FILE *f = fopen(s->cfg.access_log, "a");
+    FILE *f = open_access_log(s->cfg.access_log);
     if (f == NULL) {
         PC_LOG(PC_LOG_ERROR, "serve",
                "SIGHUP: cannot reopen the access log %s: %s; still writing "
@@ -1610,7 +1619,6 @@ static void on_sighup(uv_signal_t *h, int sig)
                s->cfg.access_log, strerror(errno));
         return;
     }
-    setvbuf(f, NULL, _IOFBF, 64 << 10);
     fclose(s->access_log); /* flushes the lines written so far into the old file */
     s->access_log = f;
     s->access_log_dirty = false;
@@ -1767,11 +1775,10 @@ static int serve_run(serve_t *s, const char *listen)
         s->access_log = NULL;
     else if (strcmp(s->cfg.access_log, "-") == 0)
         s->access_log = stdout;
-    else if ((s->access_log = fopen(s->cfg.access_log, "a")) == NULL) {
+    else if ((s->access_log = open_access_log(s->cfg.access_log)) == NULL) {
         fprintf(stderr, "kvgw serve: cannot open the access log %s\n", s->cfg.access_log);
         return KVGW_EXIT_FAIL;
-    } else
-        setvbuf(s->access_log, NULL, _IOFBF, 64 << 10);
+    }
     if (s->cfg.namespace_secret_is_default)
         fprintf(stderr, "kvgw: warning: cache.namespace_secret is the built-in demo secret; set "
                         "it (env:NAME) in a real deployment\n");
