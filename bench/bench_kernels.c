@@ -88,6 +88,19 @@ static void usage(FILE *f)
         }                                                                                          \
     } while (0)
 
+/* Seconds per call of `call` (a krn_ function returning 0 or an error): one warm-up call, then
+ * iters calls between two syncs. Jumps to fail like BK_CHECK. */
+#define BK_TIME(call, iters, sec_out)                                                              \
+    do {                                                                                           \
+        BK_CHECK(call); /* warm-up */                                                              \
+        BK_CHECK(krn_ctx_sync(c));                                                                 \
+        double bk_t0_ = bench_now_s();                                                             \
+        for (int bk_i_ = 0; bk_i_ < (iters); bk_i_++)                                              \
+            BK_CHECK(call);                                                                        \
+        BK_CHECK(krn_ctx_sync(c));                                                                 \
+        (sec_out) = (bench_now_s() - bk_t0_) / (iters);                                            \
+    } while (0)
+
 static uint64_t bk_rng = 88172645463325252ull;
 static float bk_unif(void)
 {
@@ -196,13 +209,7 @@ static double bench_attention(krn_ctx_t *c, int32_t nh, int32_t nkv, int32_t n_s
                          .n_merges = nm,
                          .part_o = d_po,
                          .part_ml = d_pml};
-    BK_CHECK(krn_attention(c, &a)); /* warm-up */
-    BK_CHECK(krn_ctx_sync(c));
-    double t0 = bench_now_s();
-    for (int i = 0; i < iters; i++)
-        BK_CHECK(krn_attention(c, &a));
-    BK_CHECK(krn_ctx_sync(c));
-    sec = (bench_now_s() - t0) / iters;
+    BK_TIME(krn_attention(c, &a), iters, sec);
     *bytes = (double)n_seqs * ctx * nkv * hd * 2 * 2;
     double pairs = 0; /* causal (query, key) pairs per head */
     for (int32_t j = 0; j < n_new; j++)
@@ -284,13 +291,7 @@ static double bench_decode(krn_ctx_t *c, int32_t nh, int32_t nkv, int32_t n_seqs
                            .max_splits = max_splits,
                            .part_o = d_po,
                            .part_ml = d_pml};
-    BK_CHECK(krn_decode_attention(c, &a)); /* warm-up */
-    BK_CHECK(krn_ctx_sync(c));
-    double t0 = bench_now_s();
-    for (int i = 0; i < iters; i++)
-        BK_CHECK(krn_decode_attention(c, &a));
-    BK_CHECK(krn_ctx_sync(c));
-    sec = (bench_now_s() - t0) / iters;
+    BK_TIME(krn_decode_attention(c, &a), iters, sec);
     *bytes = (double)n_seqs * ctx * nkv * hd * 2 * 2;
 fail:
     free(tables);
@@ -340,13 +341,7 @@ static double bench_sample(krn_ctx_t *c, bench_sampler_fn fn, int mode, bool pla
                            .n_rows = n_rows,
                            .n_vocab = V,
                            .plan = plan ? krn_sample_plan_of(rows, n_rows) : 0};
-    BK_CHECK(fn(c, &a)); /* warm-up */
-    BK_CHECK(krn_ctx_sync(c));
-    double t0 = bench_now_s();
-    for (int i = 0; i < iters; i++)
-        BK_CHECK(fn(c, &a));
-    BK_CHECK(krn_ctx_sync(c));
-    sec = (bench_now_s() - t0) / iters;
+    BK_TIME(fn(c, &a), iters, sec);
 fail:
     free(h);
     free(rows);
@@ -366,13 +361,9 @@ static double bench_gemm(krn_ctx_t *c, enum krn_dtype dt, int32_t M, int32_t N, 
     BK_CHECK(dev_random_f16(c, (size_t)N * K, &w));
     BK_CHECK(krn_dev_alloc(c, (size_t)M * N * 4, &y));
     krn_gemm_args_t g = {.x = x, .w = w, .y = y, .M = M, .N = N, .K = K, .dtype = dt};
-    BK_CHECK(krn_gemm(c, &g));
-    BK_CHECK(krn_ctx_sync(c));
-    double t0 = bench_now_s();
-    for (int i = 0; i < iters; i++)
-        BK_CHECK(krn_gemm(c, &g));
-    BK_CHECK(krn_ctx_sync(c));
-    tf = 2.0 * M * N * K * iters / (bench_now_s() - t0) * 1e-12;
+    double sec;
+    BK_TIME(krn_gemm(c, &g), iters, sec);
+    tf = 2.0 * M * N * K / sec * 1e-12;
 fail:
     krn_dev_free(c, x);
     krn_dev_free(c, w);
