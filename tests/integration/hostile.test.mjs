@@ -89,7 +89,14 @@ const pct = (xs, p) => {
 async function victimRun(n) {
   const ms = [];
   for (let i = 0; i < n; i++) {
-    const r = await victimOnce();
+    let r;
+    try {
+      r = await victimOnce();
+    } catch (e) {
+      await sleep(200);
+      assert.ok(alive(), 'the gateway died:\n' + gw.stderr().slice(-4000));
+      throw e;
+    }
     assert.equal(r.status, 200, `victim request ${i}: ${r.text}`);
     ms.push(r.ms);
   }
