@@ -31,6 +31,12 @@ int kvgw_cmd_check_config(int argc, char **argv)
         fprintf(stderr, "kvgw check-config: %s\n", err);
         return KVGW_EXIT_FAIL;
     }
+    /* What kvgw serve would refuse at start (protected mode), for the config's own listen. */
+    if (gw_config_check_exposure(&c, c.listen_host, err, sizeof err) != 0) {
+        fprintf(stderr, "kvgw check-config: %s: listen: %s\n", path, err);
+        gw_config_free(&c);
+        return KVGW_EXIT_FAIL;
+    }
     pc_buf_t b = {0};
     int rc = gw_config_print(&c, &b);
     if (rc == 0)

@@ -12,9 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 #include <yaml.h>
 
+#include "billing.h"
 #include "common.h"
 #include "lnk_addr.h"
 
@@ -98,6 +100,7 @@ int gw_config_default(gw_config_t *c)
     c->redis_timeout_ms = 1000;
     c->access_log = pc_strdup("-");
     c->log_level = pc_strdup("info");
+    c->metrics_require_key = true;
     if (!c->source || !c->listen_host || !m->name || !m->path || !m->backend || !c->ledger_dir ||
         !c->pricing_path || !c->instance_id || !c->access_log || !c->log_level)
         goto fail;
@@ -292,6 +295,31 @@ static int get_secret(walk_t *w, yaml_node_t *n, char **out)
     return 0;
 }
 
+/* A string that ends up in every ledger record of a request (a tenant, a key id, a model name):
+ * what the ledger can store (billing.h: a field is at most BILL_STR_MAX - 1 bytes, with no
+ * control character and no NUL), and not empty (an event needs its tenant and model). Refused
+ * here, the value fails check-config; accepted, every event of that tenant would fail to record
+ * at run time. */
+static int get_ledger_str(walk_t *w, yaml_node_t *n, char **out)
+{
+    const char *s = scalar(n);
+    if (s == NULL || is_null(n))
+        return fail_at(w, n, "expected a string");
+    size_t len = n->data.scalar.length;
+    if (len == 0)
+        return fail_at(w, n, "must not be empty");
+    if (len > BILL_STR_MAX - 1)
+        return fail_at(w, n, "is %zu bytes; the billing ledger stores at most %d", len,
+                       BILL_STR_MAX - 1);
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            return fail_at(w, n,
+                           "holds a control character (byte 0x%02x), which the billing "
+                           "ledger cannot store",
+                           (unsigned char)s[i]);
+    return get_str(w, n, out);
+}
+
 static int get_u64(walk_t *w, yaml_node_t *n, uint64_t lo, uint64_t hi, uint64_t *out)
 {
     const char *s = scalar(n);
@@ -415,7 +443,7 @@ static int model_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
 {
     gw_cfg_model_t *m = ud;
     if (strcmp(k, "name") == 0)
-        return get_str(w, v, &m->name);
+        return get_ledger_str(w, v, &m->name);
     if (strcmp(k, "path") == 0) {
         m->path_line = (unsigned long)v->start_mark.line + 1;
         return get_str(w, v, &m->path);
@@ -524,9 +552,9 @@ static int key_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
     if (strcmp(k, "key") == 0)
         return get_secret(w, v, &kc->key);
     if (strcmp(k, "id") == 0)
-        return get_str(w, v, &kc->id);
+        return get_ledger_str(w, v, &kc->id);
     if (strcmp(k, "tenant") == 0)
-        return get_str(w, v, &kc->tenant);
+        return get_ledger_str(w, v, &kc->tenant);
     return unknown(w, v);
 }
 
@@ -703,8 +731,18 @@ static int billing_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
         c->pricing_line = (unsigned long)v->start_mark.line + 1;
         return get_str(w, v, &c->pricing_path);
     }
-    if (strcmp(k, "instance_id") == 0)
+    if (strcmp(k, "instance_id") == 0) {
+        /* The ledger's own rule (billing/ledger.h): it names Redis keys and the ledger's
+         * INSTANCE file, so serve would refuse anything else at start. */
+        const char *s = scalar(v);
+        size_t n = s ? strlen(s) : 0;
+        bool ok = n >= 1 && n <= BILL_STR_MAX - 1;
+        for (size_t i = 0; ok && i < n; i++)
+            ok = isalnum((unsigned char)s[i]) || s[i] == '_' || s[i] == '.' || s[i] == '-';
+        if (!ok)
+            return fail_at(w, v, "expected 1-%d characters of A-Z a-z 0-9 _ . -", BILL_STR_MAX - 1);
         return get_str(w, v, &c->instance_id);
+    }
     if (strcmp(k, "fsync") == 0) {
         const char *s = scalar(v);
         if (s && strcmp(s, "always") == 0)
@@ -788,6 +826,16 @@ static int metrics_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
     gw_config_t *c = ud;
     if (strcmp(k, "per_tenant") == 0)
         return get_bool(w, v, &c->per_tenant_metrics);
+    if (strcmp(k, "require_key") == 0)
+        return get_bool(w, v, &c->metrics_require_key);
+    return unknown(w, v);
+}
+
+static int server_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
+{
+    gw_config_t *c = ud;
+    if (strcmp(k, "allow_demo_secrets_on_public") == 0)
+        return get_bool(w, v, &c->allow_demo_secrets_on_public);
     return unknown(w, v);
 }
 
@@ -829,6 +877,8 @@ static int top_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
         return each_pair(w, v, "log", log_pair, c);
     if (strcmp(k, "metrics") == 0)
         return each_pair(w, v, "metrics", metrics_pair, c);
+    if (strcmp(k, "server") == 0)
+        return each_pair(w, v, "server", server_pair, c);
     return unknown(w, v);
 }
 
@@ -858,6 +908,11 @@ int gw_config_parse(const char *name, const char *yaml, size_t len, gw_config_t 
     yaml_node_t *root = yaml_document_get_root_node(&doc);
     if (root != NULL && !is_null(root))
         rc = each_pair(&w, root, "", top_pair, &c);
+    if (rc == 0 && c.metrics_require_key && !c.has_admin_key)
+        rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
+                         "%s: metrics.require_key: /metrics needs the admin key, and admin_key is "
+                         "null: set admin_key, or metrics.require_key: false",
+                         name);
     if (rc == 0) {
         pc_free(c.source);
         c.source = pc_strdup(name);
@@ -944,6 +999,61 @@ bool gw_config_is_admin(const gw_config_t *c, const char *key, size_t len)
     return c->has_admin_key && sodium_memcmp(h, c->admin_sha256, GW_SHA256_BYTES) == 0;
 }
 
+/* ---- protected mode and /metrics -------------------------------------------------------- */
+
+static bool is_loopback(const char *host)
+{
+    if (strcmp(host, "localhost") == 0 || strcmp(host, "::1") == 0)
+        return true;
+    /* 127.0.0.0/8 in dotted-quad form: four decimal parts, the first 127. */
+    unsigned a, b, cc, d;
+    char tail;
+    return sscanf(host, "%u.%u.%u.%u%c", &a, &b, &cc, &d, &tail) == 4 && a == 127 && b <= 255 &&
+           cc <= 255 && d <= 255;
+}
+
+int gw_config_check_exposure(const gw_config_t *c, const char *listen_host, char *err,
+                             size_t err_len)
+{
+    static const char *const demo_keys[] = {"sk-kvgw-demo", "sk-kvgw-demo2"};
+    const char *host = listen_host != NULL ? listen_host : c->listen_host;
+    if (is_loopback(host) || c->allow_demo_secrets_on_public)
+        return 0;
+    char what[256] = "";
+    size_t n = 0;
+    if (c->namespace_secret_is_default)
+        n += (size_t)snprintf(what + n, sizeof what - n, "%sthe built-in cache.namespace_secret",
+                              n ? ", " : "");
+    for (size_t i = 0; i < PC_ARRAY_LEN(demo_keys) && n < sizeof what; i++)
+        if (gw_config_key_find(c, demo_keys[i], strlen(demo_keys[i])) != NULL)
+            n += (size_t)snprintf(what + n, sizeof what - n, "%sthe demo API key %s", n ? ", " : "",
+                                  demo_keys[i]);
+    if (n < sizeof what && gw_config_is_admin(c, "sk-kvgw-admin", strlen("sk-kvgw-admin")))
+        n += (size_t)snprintf(what + n, sizeof what - n, "%sthe demo admin_key sk-kvgw-admin",
+                              n ? ", " : "");
+    if (n == 0)
+        return 0;
+    return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                       "refusing to listen on %s, which is not a loopback address, with %s: "
+                       "these are published with kvgw, so anyone who reaches the port could use "
+                       "them. Set your own secrets (env:NAME or file:PATH, see conf/README.md), "
+                       "listen on 127.0.0.1, or, to accept the risk, set "
+                       "server.allow_demo_secrets_on_public: true",
+                       host, what);
+}
+
+int gw_config_metrics_auth(const gw_config_t *c, const char *x_api_key, const char *authorization)
+{
+    if (!c->metrics_require_key)
+        return 0;
+    const char *key = x_api_key;
+    if (key == NULL && authorization != NULL && strncasecmp(authorization, "Bearer ", 7) == 0)
+        key = authorization + 7;
+    if (key == NULL)
+        return 401;
+    return gw_config_is_admin(c, key, strlen(key)) ? 0 : 403;
+}
+
 static const char *ttl_name(uint32_t ms)
 {
     return ms == 60 * 60000 ? "1h" : "5m";
@@ -1003,7 +1113,11 @@ int gw_config_print(const gw_config_t *c, pc_buf_t *o)
     else if (rc == 0)
         rc = pc_buf_append_cstr(o, "redis: null\n");
     if (rc == 0)
-        rc = pc_buf_printf(o, "log:\n  access_log: %s\n  level: %s\nmetrics:\n  per_tenant: %s\n",
-                           c->access_log, c->log_level, c->per_tenant_metrics ? "true" : "false");
+        rc = pc_buf_printf(o,
+                           "log:\n  access_log: %s\n  level: %s\nmetrics:\n  per_tenant: %s\n"
+                           "  require_key: %s\nserver:\n  allow_demo_secrets_on_public: %s\n",
+                           c->access_log, c->log_level, c->per_tenant_metrics ? "true" : "false",
+                           c->metrics_require_key ? "true" : "false",
+                           c->allow_demo_secrets_on_public ? "true" : "false");
     return rc;
 }

@@ -100,6 +100,9 @@ typedef struct gw_config {
      * 64MiB; 0 turns it off. */
     uint64_t tokenizer_cache_bytes;
     bool per_tenant_metrics;
+    /* metrics.require_key (default true): GET /metrics answers only to the admin key (x-api-key
+     * or Authorization: Bearer, as Prometheus sends a bearer token). */
+    bool metrics_require_key;
 
     /* billing */
     char *ledger_dir;
@@ -121,6 +124,9 @@ typedef struct gw_config {
     /* logs */
     char *access_log; /* "-" stdout, "off", or a file path */
     char *log_level;
+
+    /* server.allow_demo_secrets_on_public (default false): see gw_config_check_exposure. */
+    bool allow_demo_secrets_on_public;
 } gw_config_t;
 
 /* The built-in default (what conf/kvgw.yaml spells out). Returns 0 or PC_ERR_NOMEM. */
@@ -151,6 +157,22 @@ const gw_cfg_key_t *gw_config_key_find(const gw_config_t *c, const char *key, si
 
 /* True when key[0..len) is the admin key (constant time). */
 bool gw_config_is_admin(const gw_config_t *c, const char *key, size_t len);
+
+/* Protected mode (after Redis's): the built-in demo secrets (the namespace secret of
+ * cache.namespace_secret when none is set, the demo API keys sk-kvgw-demo and sk-kvgw-demo2, the
+ * admin key sk-kvgw-admin, whichever of them c still uses, given literally or as their digest)
+ * are public, so a gateway that uses one must not listen beyond this machine. listen_host is
+ * the address serve will listen on (kvgw serve --listen overrides the config's). Returns 0 when
+ * listen_host is a loopback address (127.0.0.0/8, ::1, localhost), when c uses no demo secret,
+ * or when c sets server.allow_demo_secrets_on_public: true; else PC_ERR_INVAL with a message
+ * naming the address, the demo secrets in use and the fixes in err. */
+int gw_config_check_exposure(const gw_config_t *c, const char *listen_host, char *err,
+                             size_t err_len);
+
+/* Who may read GET /metrics: 0 when allowed (metrics.require_key is false, or the admin key is
+ * given as x_api_key or as the bearer token of authorization; either header may be NULL), else
+ * the HTTP status to answer: 401 when no key was given, 403 when the key is not the admin key. */
+int gw_config_metrics_auth(const gw_config_t *c, const char *x_api_key, const char *authorization);
 
 /* "250ms", "30s", "5m", "1h" or an integer (milliseconds) -> *ms. Returns 0 or PC_ERR_INVAL. */
 int gw_config_parse_duration(const char *s, uint64_t *ms);

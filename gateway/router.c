@@ -139,3 +139,19 @@ int gw_router_pick(gw_router_t *r, const gw_router_worker_t *w, size_t n, uint32
     r->rr = (uint32_t)((best + 1) % n);
     return 0;
 }
+
+uint32_t gw_router_max_prompt(const gw_router_worker_t *w, size_t n, uint32_t ctx_tokens)
+{
+    uint32_t max = 0;
+    bool unlimited = false;
+    for (size_t i = 0; w != NULL && i < n; i++) {
+        uint32_t v = w[i].max_prompt_tokens != 0 ? w[i].max_prompt_tokens : ctx_tokens;
+        unlimited = unlimited || v == 0;
+        max = PC_MAX(max, v);
+    }
+    if (unlimited || n == 0)
+        max = 0;
+    if (ctx_tokens != 0 && (max == 0 || ctx_tokens < max))
+        max = ctx_tokens;
+    return max;
+}

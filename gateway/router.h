@@ -86,6 +86,15 @@ int gw_router_init(gw_router_t *r, const gw_router_params_t *params);
 int gw_router_pick(gw_router_t *r, const gw_router_worker_t *w, size_t n, uint32_t n_prompt,
                    const uint32_t *cached_tokens, gw_router_choice_t *out);
 
+/* The longest prompt the model of w[0..n) accepts: the largest max_prompt_tokens of its workers,
+ * up or down (a worker that is down now takes the prompt when it is back, so a prompt within its
+ * limit is not the client's fault), capped by ctx_tokens, the model's context (0: unknown). A
+ * worker that has not reported its limit yet (0) counts as ctx_tokens. 0 means no limit is
+ * known (no worker and no context, or a worker without a limit and no context). A prompt
+ * longer than this can never run: the caller refuses it (400) before routing, instead of
+ * letting gw_router_pick find no candidate (which reads as "overloaded", and clients retry). */
+uint32_t gw_router_max_prompt(const gw_router_worker_t *w, size_t n, uint32_t ctx_tokens);
+
 /* The estimate for one worker (same formula; the worker need not be up). */
 uint64_t gw_router_estimate_us(const gw_router_t *r, const gw_router_worker_t *w, uint32_t n_prompt,
                                uint32_t cached);

@@ -937,6 +937,21 @@ static void route_and_submit(req_t *q)
         cached[n] = m.held[i];
         map[n++] = i;
     }
+    /* Too long for every worker of the model, up or down: the client's error (400), decided
+     * before routing, which would read it as overloaded (529, and SDKs retry). */
+    uint32_t max_prompt = gw_router_max_prompt(cand, n, q->model->n_ctx);
+    if (max_prompt != 0 && q->r.n_tokens > max_prompt) {
+        gw_api_error_t e;
+        gw_api_error_set(&e, q->kind, 400, "prompt is too long: %zu tokens > %u maximum",
+                         (size_t)q->r.n_tokens, max_prompt);
+        if (q->kind == GW_API_OPENAI_CHAT) {
+            e.code = "context_length_exceeded";
+            snprintf(e.param, sizeof e.param, "messages");
+        }
+        respond_error(q, &e);
+        req_free(q);
+        return;
+    }
     gw_router_choice_t ch;
     if (gw_router_pick(&s->router, cand, n, (uint32_t)q->r.n_tokens, cached, &ch) != 0 ||
         ch.worker < 0) {
@@ -1151,6 +1166,16 @@ static void update_gauges(serve_t *s);
 
 static void metrics_endpoint(req_t *q)
 {
+    /* The admin key (metrics.require_key): per-tenant series name every tenant. */
+    int st = gw_config_metrics_auth(&q->s->cfg, gw_http_req_header(q->http, "x-api-key"),
+                                    gw_http_req_header(q->http, "authorization"));
+    if (st != 0) {
+        respond_errorf(q, st, "%s",
+                       st == 401 ? "/metrics needs the admin key (x-api-key or Authorization: "
+                                   "Bearer)"
+                                 : "/metrics needs the admin key");
+        return;
+    }
     update_gauges(q->s);
     pc_buf_t b = {0};
     gw_metrics_render(q->s->m, &b);
@@ -1767,6 +1792,11 @@ static int serve_run(serve_t *s, const char *listen)
         pc_free(s->cfg.listen_host);
         s->cfg.listen_host = host;
         s->cfg.listen_port = (int)port;
+    }
+    /* Protected mode: the demo secrets stay on loopback (--listen included). */
+    if (gw_config_check_exposure(&s->cfg, s->cfg.listen_host, err, sizeof err) != 0) {
+        fprintf(stderr, "kvgw serve: %s\n", err);
+        return KVGW_EXIT_FAIL;
     }
     int lvl = pc_log_level_parse(s->cfg.log_level);
     if (lvl >= 0)

@@ -72,6 +72,33 @@ const cases = [
     make: (l) => { const i = l.findIndex((x) => x.includes('{key: sk-test-a')); l[i] = '  - {key: sk-test-a, id: key-a, tenant: tenant-a, colour: red}'; return i + 1; },
     key: 'api_keys[0].colour', why: /unknown key/,
   },
+  // Issue 19 item 8: values the billing ledger cannot store (63-byte fields, no control
+  // characters). They passed check-config, then every event of the tenant failed to record.
+  {
+    name: 'tenant longer than the ledger stores',
+    make: (l) => { const i = l.findIndex((x) => x.includes('{key: sk-test-a')); l[i] = `  - {key: sk-test-a, id: key-a, tenant: ${'t'.repeat(64)}}`; return i + 1; },
+    key: 'api_keys[0].tenant', why: /is 64 bytes; the billing ledger stores at most 63/,
+  },
+  {
+    name: 'key id longer than the ledger stores',
+    make: (l) => { const i = l.findIndex((x) => x.includes('{key: sk-test-a')); l[i] = `  - {key: sk-test-a, id: ${'k'.repeat(80)}, tenant: tenant-a}`; return i + 1; },
+    key: 'api_keys[0].id', why: /is 80 bytes; the billing ledger stores at most 63/,
+  },
+  {
+    name: 'tenant with a control character',
+    make: (l) => { const i = l.findIndex((x) => x.includes('{key: sk-test-a')); l[i] = '  - {key: sk-test-a, id: key-a, tenant: "tenant\\na"}'; return i + 1; },
+    key: 'api_keys[0].tenant', why: /holds a control character \(byte 0x0a\)/,
+  },
+  {
+    name: 'model name longer than the ledger stores',
+    make: (l) => { const i = l.findIndex((x) => x.startsWith('  - name: ')); l[i] = `  - name: ${'m'.repeat(70)}`; return i + 1; },
+    key: 'models[0].name', why: /is 70 bytes; the billing ledger stores at most 63/,
+  },
+  {
+    name: 'instance id the ledger refuses',
+    make: (l) => { const i = l.indexOf('  fsync: batch'); l.splice(i + 1, 0, '  instance_id: gw/one'); return i + 2; },
+    key: 'billing.instance_id', why: /expected 1-63 characters of A-Z a-z 0-9 _ \. -/,
+  },
 ];
 
 for (const c of cases) {
@@ -158,4 +185,68 @@ models:
     assert.equal(code, 0, gw.stderr());
   }
   assert.equal(readLedger(join(d, 'ledger')).events.filter((e) => e.kind === 1).length, 0, 'nothing was billed (at 0 or otherwise)');
+});
+
+// Issue 19 item 14, protected mode: the built-in demo secrets (namespace secret, demo API keys,
+// demo admin key) are public; a gateway that uses them refuses to listen beyond loopback unless
+// server.allow_demo_secrets_on_public: true says so. --listen overrides the config's address.
+function demoConfig(d, { listen = '127.0.0.1:0', allow = false } = {}) {
+  return writeConfig(d, `listen: ${listen}
+models:
+  - {name: ${MODEL}, path: models/kvgw-demo.gguf, min_cache_tokens: 16, workers: 1, threads: 1}
+api_keys:
+  - {key: sk-kvgw-demo, id: demo-key, tenant: demo}
+admin_key: sk-kvgw-admin
+billing:
+  ledger_dir: ${d}/ledger
+  pricing: conf/pricing.yaml
+log:
+  access_log: off
+${allow ? 'server:\n  allow_demo_secrets_on_public: true\n' : ''}`);
+}
+
+test('demo secrets on a public address: serve and check-config refuse, naming the fix', () => {
+  const d = mkdtempSync(join(dir, 'demo-'));
+  const want = /refusing to listen on 0\.0\.0\.0, which is not a loopback address, with the built-in cache\.namespace_secret, the demo API key sk-kvgw-demo, the demo admin_key sk-kvgw-admin: .*server\.allow_demo_secrets_on_public: true/;
+  // --listen on the command line, over a loopback config.
+  const sv = run(['serve', '--config', demoConfig(d), '--listen', '0.0.0.0:0']);
+  assert.equal(sv.status, 1, sv.stderr);
+  assert.match(sv.stderr, want);
+  assert.doesNotMatch(sv.stdout, /listening on/);
+  assert.ok(!existsSync(join(d, 'ledger')), 'refused before opening the ledger');
+  // The config's own address; check-config says the same.
+  const cfg = demoConfig(d, { listen: '0.0.0.0:0' });
+  const sv2 = run(['serve', '--config', cfg]);
+  assert.equal(sv2.status, 1, sv2.stderr);
+  assert.match(sv2.stderr, want);
+  const cc = run(['check-config', cfg]);
+  assert.equal(cc.status, 1, cc.stderr);
+  assert.match(cc.stderr, new RegExp(`^kvgw check-config: ${cfg.replace(/[.]/g, '\\.')}: listen: refusing to listen on 0\\.0\\.0\\.0`));
+  assert.equal(cc.stdout, '');
+  // The embedded default (conf/kvgw.yaml) is the demo itself.
+  const def = run(['check-config', 'conf/kvgw.yaml']);
+  assert.equal(def.status, 0, def.stderr);
+});
+
+test('demo secrets: loopback always starts, a public address with the explicit flag starts', async () => {
+  const d1 = mkdtempSync(join(dir, 'demo-loop-'));
+  const gw1 = await startGateway(demoConfig(d1));
+  try {
+    const r = await fetch(gw1.base + '/healthz');
+    assert.equal(r.status, 200);
+  } finally {
+    await stopGateway(gw1);
+  }
+  const d2 = mkdtempSync(join(dir, 'demo-public-'));
+  const cfg = demoConfig(d2, { listen: '0.0.0.0:0', allow: true });
+  assert.equal(run(['check-config', cfg]).status, 0);
+  const gw2 = await startGateway(cfg);
+  try {
+    assert.equal(gw2.host, '0.0.0.0');
+    const r = await fetch(`http://127.0.0.1:${gw2.port}/healthz`);
+    assert.equal(r.status, 200);
+  } finally {
+    const { code } = await stopGateway(gw2);
+    assert.equal(code, 0, gw2.stderr());
+  }
 });

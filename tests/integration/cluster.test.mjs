@@ -93,7 +93,8 @@ async function msg(body) {
 }
 
 test('a worker with another link secret is refused; the others serve', async () => {
-  const m = await (await fetch(base + '/metrics')).text();
+  // The config sets no admin_key: the built-in one reads /metrics.
+  const m = await (await fetch(base + '/metrics', { headers: { authorization: 'Bearer sk-kvgw-admin' } })).text();
   assert.match(m, new RegExp(`kvgw_worker_up\\{worker="${w1.addr}"\\} 1`));
   assert.match(m, new RegExp(`kvgw_worker_up\\{worker="${w2.addr}"\\} 1`));
   assert.match(m, new RegExp(`kvgw_worker_up\\{worker="${w3.addr}"\\} 0`));

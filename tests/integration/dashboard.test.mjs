@@ -125,6 +125,8 @@ async function post(path, body) {
   return { status: r.status, json: await r.json().catch(() => null) };
 }
 
+const metricsText = async () => (await fetch(base + '/metrics', { headers: { authorization: `Bearer ${ADMIN}` } })).text();
+
 // Prometheus text -> Map "name{k="v",...}" -> value, labels sorted by name.
 function parseMetrics(text) {
   const out = new Map();
@@ -185,7 +187,11 @@ test('the dashboard shows the figures of /metrics and draws its charts', { timeo
   }
 
   // Every family the page reads is one the gateway exposes.
-  const before = await (await fetch(base + '/metrics')).text();
+  // /metrics answers to the admin key only (metrics.require_key), as the page sends it.
+  const noKey = await fetch(base + '/metrics');
+  assert.equal(noKey.status, 401);
+  assert.equal((await noKey.json()).error.type, 'authentication_error');
+  const before = await metricsText();
   // (Histogram series are read by family name plus _count, _sum or _bucket.)
   const names = new Set([...pageBytes.toString('utf8').matchAll(/"(kvgw_[a-z_]+?)(?:_count|_sum|_bucket)?"/g)]
     .map((m) => m[1]));
@@ -209,7 +215,7 @@ test('the dashboard shows the figures of /metrics and draws its charts', { timeo
   const dump = await runChromium(chromium, [...flags, '--dump-dom', url]);
   assert.equal(dump.status, 0, `chromium --dump-dom failed: ${dump.stderr}`);
   const dom = dump.stdout;
-  const after = parseMetrics(await (await fetch(base + '/metrics')).text());
+  const after = parseMetrics(await metricsText());
 
   const scrapes = Number(/<body[^>]*data-scrapes="(\d+)"/.exec(dom)?.[1] ?? 0);
   assert.ok(scrapes >= 2, `the page scraped /metrics ${scrapes} times (want at least 2)`);
@@ -284,4 +290,15 @@ test('the dashboard shows the figures of /metrics and draws its charts', { timeo
   const head = readFileSync(png).subarray(0, 8);
   assert.deepEqual([...head], [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a], 'a PNG file');
   assert.ok(statSync(png).size > 30000, `the screenshot is ${statSync(png).size} bytes`);
+
+  // Without a key, or with a wrong one, the page shows no figure: it asks for the key in its form.
+  for (const [hash, want] of [['', /id="status" class="err">\/metrics needs the admin key: enter it</],
+                              ['#key=sk-test-a', /id="status" class="err">the admin key was refused \(HTTP 403\): enter it again</]]) {
+    const r2 = await runChromium(chromium, [...flags, '--dump-dom', `${origin}/dashboard${hash}`]);
+    assert.equal(r2.status, 0, `chromium --dump-dom failed: ${r2.stderr}`);
+    assert.match(r2.stdout, want, `the status line for "${hash}"`);
+    assert.match(r2.stdout, /<body[^>]*data-scrapes="0"/);
+    assert.match(r2.stdout, /<form id="keyform">/, 'the key form is shown');
+    assert.match(r2.stdout, /data-key="requests" data-value="">/, 'no figure');
+  }
 });

@@ -98,6 +98,14 @@ async function post(path, body, headers = {}) {
   return { status: r.status, headers: r.headers, json: await r.json().catch(() => null) };
 }
 
+// /metrics needs the admin key (metrics.require_key, on by default).
+const ADMIN = 'sk-test-admin';
+const metricsText = async () => (await fetch(base + '/metrics', { headers: { authorization: `Bearer ${ADMIN}` } })).text();
+const metricValue = (text, series) => {
+  const line = text.split('\n').find((l) => l.startsWith(series + ' '));
+  return line ? Number(line.slice(series.length + 1)) : 0;
+};
+
 function bucketsSum(u) {
   return u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens;
 }
@@ -332,10 +340,80 @@ test('pre-warm with max_tokens 0, count_tokens, models, health and metrics', asy
   assert.equal(models.data[0].id, MODEL);
   assert.equal((await fetch(base + '/healthz')).status, 200);
   assert.equal((await fetch(base + '/readyz')).status, 200);
-  const m = await (await fetch(base + '/metrics')).text();
+  const m = await metricsText();
   assert.match(m, /^kvgw_requests_total\{endpoint="messages",code="200"\} \d+/m);
   assert.match(m, /^kvgw_tokens_total\{type="cache_read"\} [1-9]/m);
   assert.match(m, /^# TYPE kvgw_time_to_first_token_seconds histogram/m);
+});
+
+// Issue 19 item 10: /metrics lists every tenant's name and volumes (per_tenant is on here): it
+// answers only to the admin key, given as x-api-key or as a bearer token (Prometheus).
+test('/metrics needs the admin key, in the API error shape otherwise', async () => {
+  const none = await fetch(base + '/metrics');
+  assert.equal(none.status, 401);
+  const nj = await none.json();
+  assert.equal(nj.type, 'error');
+  assert.equal(nj.error.type, 'authentication_error');
+  assert.match(nj.error.message, /admin key/);
+  assert.equal(nj.request_id, none.headers.get('request-id'));
+  assert.doesNotMatch(JSON.stringify(nj), /tenant-a/);
+  for (const headers of [{ 'x-api-key': 'sk-test-a' }, { authorization: 'Bearer sk-test-a' }, { authorization: 'Bearer nope' }]) {
+    const r = await fetch(base + '/metrics', { headers });
+    assert.equal(r.status, 403, JSON.stringify(headers));
+    const j = await r.json();
+    assert.equal(j.error.type, 'permission_error');
+    assert.doesNotMatch(JSON.stringify(j), /tenant-a/);
+  }
+  for (const headers of [{ 'x-api-key': ADMIN }, { authorization: `Bearer ${ADMIN}` }]) {
+    const r = await fetch(base + '/metrics', { headers });
+    assert.equal(r.status, 200, JSON.stringify(headers));
+    assert.match(r.headers.get('content-type'), /^text\/plain; version=0\.0\.4/);
+    assert.match(await r.text(), /^kvgw_tenant_tokens_total\{tenant="tenant-a"/m);
+  }
+});
+
+// Issue 19 item 9: a prompt longer than any worker of the model accepts is the client's error,
+// 400 invalid_request_error in each API's shape (it was 529 overloaded_error, which the SDKs
+// retried), and the SDKs do not retry it. count_tokens still counts it.
+test('a prompt longer than the context: 400 in both APIs, not retried', async () => {
+  const long = 'lorem ipsum dolor sit amet '.repeat(2500); // about 12,500 tokens > the 8192 context
+  const messages = [{ role: 'user', content: long }];
+  const ct = await post('/v1/messages/count_tokens', { model: MODEL, messages });
+  assert.equal(ct.status, 200, JSON.stringify(ct.json));
+  const n = ct.json.input_tokens;
+  assert.ok(n > 8192, `${n} tokens`);
+
+  const r = await post('/v1/messages', { model: MODEL, max_tokens: 4, messages });
+  assert.equal(r.status, 400, JSON.stringify(r.json));
+  assert.equal(r.json.type, 'error');
+  assert.equal(r.json.error.type, 'invalid_request_error');
+  const mm = /^prompt is too long: (\d+) tokens > (\d+) maximum$/.exec(r.json.error.message);
+  assert.ok(mm, r.json.error.message);
+  assert.ok(Number(mm[1]) > Number(mm[2]) && Number(mm[2]) > 0 && Number(mm[2]) <= 8192, r.json.error.message);
+  assert.equal(r.json.request_id, r.headers.get('request-id'));
+
+  const o = await post('/v1/chat/completions', { model: MODEL, max_tokens: 4, messages }, { authorization: 'Bearer sk-test-a' });
+  assert.equal(o.status, 400, JSON.stringify(o.json));
+  assert.equal(o.json.error.type, 'invalid_request_error');
+  assert.equal(o.json.error.code, 'context_length_exceeded');
+  assert.equal(o.json.error.param, 'messages');
+  assert.match(o.json.error.message, /^prompt is too long: \d+ tokens > \d+ maximum$/);
+
+  // The SDKs with their default retries (2): one request each reaches the gateway.
+  const before = await metricsText();
+  await assert.rejects(
+    new Anthropic({ apiKey: 'sk-test-a', baseURL: base, maxRetries: 2 }).messages.create({ model: MODEL, max_tokens: 4, messages }),
+    (e) => e.status === 400 && e.error?.error?.type === 'invalid_request_error' && /^prompt is too long: /.test(e.error.error.message));
+  await assert.rejects(
+    new OpenAI({ apiKey: 'sk-test-a', baseURL: base + '/v1', maxRetries: 2 }).chat.completions.create({ model: MODEL, max_tokens: 4, messages }),
+    (e) => e.status === 400 && e.code === 'context_length_exceeded' && e.type === 'invalid_request_error');
+  const after = await metricsText();
+  for (const ep of ['messages', 'chat_completions']) {
+    const series = `kvgw_requests_total{endpoint="${ep}",code="400"}`;
+    assert.equal(metricValue(after, series) - metricValue(before, series), 1, `${series}: one request, no retry`);
+    const over = `kvgw_requests_total{endpoint="${ep}",code="529"}`;
+    assert.equal(metricValue(after, over), 0, `${over}: nothing was overloaded`);
+  }
 });
 
 test('streamed and non-streamed versions of a request bill the same', async () => {
@@ -356,7 +434,7 @@ test('streamed and non-streamed versions of a request bill the same', async () =
 });
 
 test('per-tenant series when metrics.per_tenant is on', async () => {
-  const m = await (await fetch(base + '/metrics')).text();
+  const m = await metricsText();
   assert.match(m, /^kvgw_tenant_tokens_total\{tenant="tenant-a",type="cache_read"\} [1-9]/m);
   assert.match(m, /^kvgw_tenant_tokens_total\{tenant="tenant-b",type="cache_write_5m"\} [1-9]/m);
 });

@@ -182,7 +182,8 @@ export function postBytes(path, body, headers = {}) {
 // ---- metrics ---------------------------------------------------------------------------------
 
 export async function metric(base, name) {
-  const text = await (await fetch(base + '/metrics')).text();
+  // /metrics answers to the admin key of gatewayConfig (metrics.require_key).
+  const text = await (await fetch(base + '/metrics', { headers: { authorization: 'Bearer sk-test-admin' } })).text();
   const m = text.match(new RegExp('^' + name + '(?:\\{\\})? ([0-9.e+-]+)$', 'm'));
   return m ? Number(m[1]) : null;
 }

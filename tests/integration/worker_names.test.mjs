@@ -70,7 +70,8 @@ async function waitFor(what, fn, ms = 20000) {
   }
 }
 
-const metrics = async () => (await fetch(gw.base + '/metrics')).text();
+// The config sets no admin_key: the built-in one reads /metrics (metrics.require_key).
+const metrics = async () => (await fetch(gw.base + '/metrics', { headers: { authorization: 'Bearer sk-kvgw-admin' } })).text();
 const up = (m, name) => {
   const x = m.match(new RegExp(`^kvgw_worker_up\\{worker="${name.replace(/[.]/g, '\\.')}"\\} (\\d)$`, 'm'));
   return x ? Number(x[1]) : null;

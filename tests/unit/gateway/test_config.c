@@ -3,6 +3,7 @@
  * naming the file, line and key path, secrets come from the environment or files, and API keys
  * are kept only as digests.
  */
+#include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -207,6 +208,152 @@ PC_TEST(tokenizer_cache_size)
                               "t.yaml:2: cache.tokenizer_cache: expected a size"));
     PC_TEST_CALL(expect_error("cache:\n  tokenizer_cache: 2048GiB\n", PC_ERR_INVAL,
                               "cache.tokenizer_cache: 2048GiB is out of range"));
+}
+
+/* Issue 19 item 8: a string that goes into every ledger record (tenant, key id, model name) and
+ * the instance id are refused when the ledger cannot store them, at the value's line; before,
+ * check-config passed them and every event of that tenant failed to record. */
+PC_TEST(ledger_strings_fit_the_ledger)
+{
+    char long64[65], ok63[64], yaml[512];
+    memset(long64, 't', 64);
+    long64[64] = '\0';
+    memset(ok63, 't', 63);
+    ok63[63] = '\0';
+    snprintf(yaml, sizeof yaml, "api_keys:\n  - key: k1\n    tenant: %s\n", long64);
+    PC_TEST_CALL(expect_error(yaml, PC_ERR_INVAL,
+                              "t.yaml:3: api_keys[0].tenant: is 64 bytes; the billing ledger "
+                              "stores at most 63"));
+    snprintf(yaml, sizeof yaml,
+             "api_keys:\n  - {key: k1, tenant: t}\n  - {key: k2, id: %s, "
+             "tenant: t}\n",
+             long64);
+    PC_TEST_CALL(expect_error(yaml, PC_ERR_INVAL, "t.yaml:3: api_keys[1].id: is 64 bytes"));
+    snprintf(yaml, sizeof yaml, "models:\n  - name: %s\n    path: m.gguf\n    workers: 1\n",
+             long64);
+    PC_TEST_CALL(expect_error(yaml, PC_ERR_INVAL, "t.yaml:2: models[0].name: is 64 bytes"));
+    /* Multi-byte UTF-8 counts in bytes: 22 x 3 = 66. */
+    char utf8[128] = "";
+    for (int i = 0; i < 22; i++)
+        strcat(utf8, "\xe2\x82\xac");
+    snprintf(yaml, sizeof yaml, "api_keys:\n  - {key: k1, tenant: \"%s\"}\n", utf8);
+    PC_TEST_CALL(expect_error(yaml, PC_ERR_INVAL, "api_keys[0].tenant: is 66 bytes"));
+    PC_TEST_CALL(expect_error("api_keys:\n  - {key: k1, tenant: \"a\\tb\"}\n", PC_ERR_INVAL,
+                              "t.yaml:2: api_keys[0].tenant: holds a control character (byte "
+                              "0x09)"));
+    PC_TEST_CALL(expect_error("api_keys:\n  - {key: k1, tenant: \"a\\0b\"}\n", PC_ERR_INVAL,
+                              "holds a control character (byte 0x00)"));
+    PC_TEST_CALL(expect_error("api_keys:\n  - {key: k1, tenant: \"\"}\n", PC_ERR_INVAL,
+                              "t.yaml:2: api_keys[0].tenant: must not be empty"));
+    PC_TEST_CALL(expect_error("billing:\n  instance_id: gw/1\n", PC_ERR_INVAL,
+                              "t.yaml:2: billing.instance_id: expected 1-63 characters"));
+    snprintf(yaml, sizeof yaml, "billing:\n  instance_id: %s\n", long64);
+    PC_TEST_CALL(expect_error(yaml, PC_ERR_INVAL, "billing.instance_id: expected 1-63"));
+
+    /* 63 bytes, and any printable UTF-8, are fine. */
+    gw_config_t c;
+    char err[512];
+    snprintf(yaml, sizeof yaml,
+             "models:\n  - {name: %s, path: m.gguf, workers: 1}\napi_keys:\n  - {key: k1, id: %s, "
+             "tenant: %s}\n  - {key: k2, tenant: \"caf\xc3\xa9 \xe2\x82\xac\"}\nbilling:\n  "
+             "instance_id: %s\n",
+             ok63, ok63, ok63, ok63);
+    int rc = parse(yaml, &c, err, sizeof err);
+    if (rc != 0)
+        fprintf(stderr, "  %s\n", err);
+    ASSERT_EQ(rc, 0);
+    ASSERT_STR_EQ(c.keys[0].tenant, ok63);
+    ASSERT_STR_EQ(c.keys[1].tenant, "caf\xc3\xa9 \xe2\x82\xac");
+    gw_config_free(&c);
+}
+
+/* Issue 19 item 14: protected mode. The built-in demo secrets are refused on any address but
+ * loopback unless the config says so; every demo secret still in use is named. */
+PC_TEST(demo_secrets_stay_on_loopback)
+{
+    gw_config_t c;
+    char err[512];
+    ASSERT_EQ(parse("", &c, err, sizeof err), 0);
+    const char *loop[] = {"127.0.0.1", "127.1.2.3", "::1", "localhost"};
+    for (size_t i = 0; i < PC_ARRAY_LEN(loop); i++)
+        ASSERT_EQ(gw_config_check_exposure(&c, loop[i], err, sizeof err), 0);
+    const char *pub[] = {"0.0.0.0",         "::",        "10.0.0.5",         "192.168.1.1",
+                         "gateway.example", "128.0.0.1", "127.0.0.1.example"};
+    for (size_t i = 0; i < PC_ARRAY_LEN(pub); i++) {
+        err[0] = '\0';
+        ASSERT_EQ(gw_config_check_exposure(&c, pub[i], err, sizeof err), PC_ERR_INVAL);
+        ASSERT_TRUE(strstr(err, pub[i]) != NULL);
+    }
+    ASSERT_EQ(gw_config_check_exposure(&c, "0.0.0.0", err, sizeof err), PC_ERR_INVAL);
+    ASSERT_TRUE(strstr(err, "refusing to listen on 0.0.0.0") != NULL);
+    ASSERT_TRUE(strstr(err, "cache.namespace_secret") != NULL);
+    ASSERT_TRUE(strstr(err, "sk-kvgw-demo,") != NULL);
+    ASSERT_TRUE(strstr(err, "sk-kvgw-demo2") != NULL);
+    ASSERT_TRUE(strstr(err, "admin_key sk-kvgw-admin") != NULL);
+    ASSERT_TRUE(strstr(err, "server.allow_demo_secrets_on_public: true") != NULL);
+    /* NULL: the config's own listen (127.0.0.1 by default). */
+    ASSERT_EQ(gw_config_check_exposure(&c, NULL, err, sizeof err), 0);
+    gw_config_free(&c);
+
+    /* The flag. */
+    ASSERT_EQ(parse("listen: 0.0.0.0:8080\nserver:\n  allow_demo_secrets_on_public: true\n", &c,
+                    err, sizeof err),
+              0);
+    ASSERT_EQ(gw_config_check_exposure(&c, NULL, err, sizeof err), 0);
+    gw_config_free(&c);
+    PC_TEST_CALL(expect_error("server:\n  allow_demo_secrets_on_public: maybe\n", PC_ERR_INVAL,
+                              "t.yaml:2: server.allow_demo_secrets_on_public: expected true or "
+                              "false"));
+
+    /* Own secrets: fine anywhere; one demo secret left (a key given as its digest) is named. */
+    const char *own =
+        "listen: 0.0.0.0:8080\napi_keys:\n  - {key: sk-real-1, tenant: a}\n"
+        "admin_key: sk-real-admin\ncache:\n  namespace_secret: a-real-namespace-secret\n";
+    ASSERT_EQ(parse(own, &c, err, sizeof err), 0);
+    ASSERT_EQ(gw_config_check_exposure(&c, NULL, err, sizeof err), 0);
+    gw_config_free(&c);
+    uint8_t d[32];
+    crypto_hash_sha256(d, (const unsigned char *)"sk-kvgw-demo2", 13);
+    char hex[65], yaml[512];
+    sodium_bin2hex(hex, sizeof hex, d, sizeof d);
+    snprintf(yaml, sizeof yaml,
+             "api_keys:\n  - {key: 'sha256:%s', tenant: a}\nadmin_key: sk-real-admin\ncache:\n"
+             "  namespace_secret: a-real-namespace-secret\n",
+             hex);
+    ASSERT_EQ(parse(yaml, &c, err, sizeof err), 0);
+    ASSERT_EQ(gw_config_check_exposure(&c, "0.0.0.0", err, sizeof err), PC_ERR_INVAL);
+    ASSERT_TRUE(strstr(err, "with the demo API key sk-kvgw-demo2:") != NULL);
+    ASSERT_TRUE(strstr(err, "namespace_secret") == NULL);
+    gw_config_free(&c);
+}
+
+/* Issue 19 item 10: /metrics answers to the admin key only (x-api-key or a bearer token), unless
+ * metrics.require_key is false; a config without an admin key must say how /metrics is read. */
+PC_TEST(metrics_need_the_admin_key)
+{
+    gw_config_t c;
+    char err[512];
+    ASSERT_EQ(parse("", &c, err, sizeof err), 0);
+    ASSERT_TRUE(c.metrics_require_key);
+    ASSERT_EQ(gw_config_metrics_auth(&c, NULL, NULL), 401);
+    ASSERT_EQ(gw_config_metrics_auth(&c, NULL, "Basic abc"), 401);
+    ASSERT_EQ(gw_config_metrics_auth(&c, "sk-kvgw-demo", NULL), 403);
+    ASSERT_EQ(gw_config_metrics_auth(&c, NULL, "Bearer sk-kvgw-demo"), 403);
+    ASSERT_EQ(gw_config_metrics_auth(&c, "sk-kvgw-admin", NULL), 0);
+    ASSERT_EQ(gw_config_metrics_auth(&c, NULL, "Bearer sk-kvgw-admin"), 0);
+    ASSERT_EQ(gw_config_metrics_auth(&c, NULL, "bearer sk-kvgw-admin"), 0);
+    gw_config_free(&c);
+    ASSERT_EQ(parse("metrics:\n  require_key: false\n", &c, err, sizeof err), 0);
+    ASSERT_EQ(gw_config_metrics_auth(&c, NULL, NULL), 0);
+    ASSERT_EQ(gw_config_metrics_auth(&c, "wrong", NULL), 0);
+    gw_config_free(&c);
+    PC_TEST_CALL(expect_error("admin_key: null\n", PC_ERR_INVAL,
+                              "metrics.require_key: /metrics needs the admin key, and admin_key is "
+                              "null"));
+    ASSERT_EQ(parse("admin_key: null\nmetrics:\n  require_key: false\n", &c, err, sizeof err), 0);
+    gw_config_free(&c);
+    PC_TEST_CALL(expect_error("metrics:\n  require_key: yes please\n", PC_ERR_INVAL,
+                              "t.yaml:2: metrics.require_key: expected true or false"));
 }
 
 PC_TEST(empty_file_is_the_default)

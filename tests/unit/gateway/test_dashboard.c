@@ -146,10 +146,14 @@ PC_TEST(page_is_self_contained)
     ASSERT_TRUE(strstr(b.base, "<link") == NULL);
     ASSERT_TRUE(strstr(b.base, "@import") == NULL);
     ASSERT_TRUE(strstr(b.base, "url(") == NULL);
-    /* It polls /metrics and reads the key from the fragment or a prompt. */
+    /* It polls /metrics with the admin key as a bearer token, taken from the fragment or asked
+     * for in a form, and kept in sessionStorage (never localStorage: gone with the tab). */
     ASSERT_TRUE(strstr(b.base, "\"metrics\"") != NULL);
     ASSERT_TRUE(strstr(b.base, "key=") != NULL);
-    ASSERT_TRUE(strstr(b.base, "prompt(") != NULL);
+    ASSERT_TRUE(strstr(b.base, "\"Bearer \" + key") != NULL);
+    ASSERT_TRUE(strstr(b.base, "<form id=\"keyform\"") != NULL);
+    ASSERT_TRUE(strstr(b.base, "sessionStorage.setItem") != NULL);
+    ASSERT_TRUE(strstr(b.base, "localStorage") == NULL);
     ASSERT_TRUE(strstr(b.base, "setInterval(scrape, INTERVAL_MS)") != NULL);
     ASSERT_TRUE(strstr(b.base, "INTERVAL_MS = 2000") != NULL);
     pc_buf_free(&b);

@@ -157,6 +157,32 @@ PC_TEST(skips_down_and_too_big)
     ASSERT_EQ(gw_router_pick(&r, w, 3, 10, NULL, NULL), PC_ERR_INVAL);
 }
 
+/* Issue 19 item 9: a prompt longer than the model accepts is the client's error (400), decided
+ * before routing from every worker's limit, up or down, capped by the model's context. Routing
+ * alone cannot tell it: with the one worker that could take it down, pick says RANGE too. */
+PC_TEST(max_prompt_is_the_largest_worker_limit)
+{
+    gw_router_worker_t w[3] = {idle(), idle(), idle()};
+    w[0].max_prompt_tokens = 500;
+    w[1].max_prompt_tokens = 2000;
+    w[2].max_prompt_tokens = 1000;
+    ASSERT_EQ(gw_router_max_prompt(w, 3, 0), 2000u);
+    ASSERT_EQ(gw_router_max_prompt(w, 3, 4096), 2000u);
+    ASSERT_EQ(gw_router_max_prompt(w, 3, 1500), 1500u); /* context_tokens caps it */
+    w[1].up = false; /* a down worker still counts: it takes the prompt when it is back */
+    ASSERT_EQ(gw_router_max_prompt(w, 3, 0), 2000u);
+    gw_router_t r = router();
+    gw_router_choice_t c;
+    ASSERT_EQ(gw_router_pick(&r, w, 3, 1500, NULL, &c), PC_ERR_RANGE); /* not the client's fault */
+    /* A worker that has not reported (0) counts as the model's context. */
+    w[1].max_prompt_tokens = 0;
+    ASSERT_EQ(gw_router_max_prompt(w, 3, 4096), 4096u);
+    ASSERT_EQ(gw_router_max_prompt(w, 3, 0), 0u); /* no limit known at all */
+    ASSERT_EQ(gw_router_max_prompt(w, 0, 0), 0u);
+    ASSERT_EQ(gw_router_max_prompt(NULL, 0, 8192), 8192u);
+    ASSERT_EQ(gw_router_max_prompt(w, 1, 0), 500u);
+}
+
 PC_TEST(interference_prefers_quiet_worker)
 {
     gw_router_t r = router();
