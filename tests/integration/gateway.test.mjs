@@ -251,12 +251,14 @@ test('tenants never share cache entries; kvgw-cache explains hits and misses', a
   };
   const a1 = await post('/v1/messages', body);
   assert.equal(a1.status, 200);
-  assert.match(a1.headers.get('kvgw-cache'), /outcome=miss/);
+  // Outcomes (README "Outcomes"): nothing read, the system prompt written -> write.
+  assert.match(a1.headers.get('kvgw-cache'), /outcome=write; read=0; write=[1-9]/);
   const b1 = await post('/v1/messages', body, { 'x-api-key': 'sk-test-b' });
   assert.equal(b1.json.usage.cache_read_input_tokens, 0, 'tenant b does not read tenant a\'s entry');
   assert.ok(b1.json.usage.cache_creation_input_tokens > 0);
   const a2 = await post('/v1/messages', body);
-  assert.match(a2.headers.get('kvgw-cache'), /outcome=(hit|partial)/);
+  // The cached system prompt read, only the new turn uncached: a hit (was "partial").
+  assert.match(a2.headers.get('kvgw-cache'), /outcome=hit; read=[1-9]\d*; write=0/);
   assert.ok(a2.json.usage.cache_read_input_tokens > 0);
   // A different last message diverges after the system prompt.
   const a3 = await post('/v1/messages', { ...body, messages: [{ role: 'user', content: 'goodbye now' }] });

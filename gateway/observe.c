@@ -1,0 +1,290 @@
+/*
+ * observe.c — what `kvgw serve` shows of itself (serve_internal.h): the metrics and their
+ * gauges, the access log, internal errors, and the tick (expiry, storage metering).
+ *
+ * Every client-controlled string in a log line is escaped: the access log is one JSON object per
+ * line (gw_json_string), so a model name with a newline cannot forge a line.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "outcome.h"
+#include "request.h"
+
+void gw__obs_setup_metrics(serve_t *s)
+{
+    static const double dur[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                 1,     2.5,  5,     10,   30,  60,   120};
+    const char *ep_code[] = {"endpoint", "code"}, *ep[] = {"endpoint"}, *outc[] = {"cache"},
+               *typ[] = {"type"}, *kind[] = {"kind"}, *res[] = {"result"}, *wk[] = {"worker"},
+               *rea[] = {"reason"}, *state[] = {"state"}, *ver[] = {"version"}, *site[] = {"site"};
+    s->m = gw_metrics_new();
+    s->m_build = gw_metrics_gauge(s->m, "kvgw_build_info", "Build information.", 1, ver);
+    s->m_requests = gw_metrics_counter(s->m, "kvgw_requests_total",
+                                       "HTTP requests by endpoint and status code.", 2, ep_code);
+    s->m_duration = gw_metrics_histogram(s->m, "kvgw_request_duration_seconds",
+                                         "Request duration, first byte to last byte.", 1, ep, dur,
+                                         PC_ARRAY_LEN(dur));
+    s->m_ttft =
+        gw_metrics_histogram(s->m, "kvgw_time_to_first_token_seconds",
+                             "Time to first token by cache outcome (hit, partial, write, miss).", 1,
+                             outc, dur, PC_ARRAY_LEN(dur));
+    s->m_tokens =
+        gw_metrics_counter(s->m, "kvgw_tokens_total",
+                           "Billed tokens by bucket (prompt buckets are disjoint).", 1, typ);
+    s->m_hit_tokens = gw_metrics_counter(
+        s->m, "kvgw_cache_hit_tokens_total",
+        "Prompt tokens read from the cache: logical (billed) and physical (KV reused).", 1, kind);
+    s->m_lookups =
+        gw_metrics_counter(s->m, "kvgw_cache_lookups_total",
+                           "Cache lookups by outcome (hit, partial, write, miss).", 1, res);
+    s->m_entries = gw_metrics_gauge(s->m, "kvgw_cache_entries", "Live cache entries.", 0, NULL);
+    s->m_entry_tokens =
+        gw_metrics_gauge(s->m, "kvgw_cache_tokens", "Tokens held by live cache entries.", 0, NULL);
+    s->m_namespaces =
+        gw_metrics_gauge(s->m, "kvgw_namespaces",
+                         "Cache namespaces with entries (or storage not yet metered).", 0, NULL);
+    s->m_expired = gw_metrics_counter(s->m, "kvgw_cache_expirations_total",
+                                      "Cache entries removed, by reason.", 1, rea);
+    s->m_worker_up =
+        gw_metrics_gauge(s->m, "kvgw_worker_up", "1 when the worker is usable.", 1, wk);
+    s->m_worker_queue = gw_metrics_gauge(s->m, "kvgw_worker_queued_requests",
+                                         "Requests waiting for admission on the worker.", 1, wk);
+    s->m_worker_free = gw_metrics_gauge(s->m, "kvgw_worker_free_kv_blocks",
+                                        "Free KV blocks on the worker.", 1, wk);
+    s->m_routes = gw_metrics_counter(s->m, "kvgw_routing_decisions_total",
+                                     "Routing decisions by reason.", 1, rea);
+    s->m_billing = gw_metrics_counter(s->m, "kvgw_billing_events_total",
+                                      "Usage events by ledger outcome.", 1, state);
+    s->m_internal_errors = gw_metrics_counter(
+        s->m, "kvgw_internal_errors_total",
+        "Internal failures that changed what a request delivered or what was billed, by site.", 1,
+        site);
+    s->m_inflight =
+        gw_metrics_gauge(s->m, "kvgw_requests_in_flight", "Requests running on a worker.", 0, NULL);
+    if (s->cfg.per_tenant_metrics) {
+        const char *tt[] = {"tenant", "type"};
+        s->m_tenant_tokens = gw_metrics_counter(s->m, "kvgw_tenant_tokens_total",
+                                                "Billed tokens by tenant and bucket.", 2, tt);
+    }
+    s->m_ship_lag = gw_metrics_gauge(s->m, "kvgw_billing_shipper_lag_events",
+                                     "Durable ledger records not yet shipped to Redis.", 0, NULL);
+    const char *v[] = {KVGW_VERSION};
+    gw_metric_set(s->m_build, v, 1);
+}
+
+void gw__obs_update_gauges(serve_t *s)
+{
+    gw_cindex_stats_t st;
+    gw_cindex_stats(s->ix, &st);
+    gw_metric_set(s->m_entries, NULL, (double)st.n_entries);
+    gw_metric_set(s->m_entry_tokens, NULL, (double)st.n_tokens);
+    gw_metric_set(s->m_namespaces, NULL, (double)gw_ns_tab_count(&s->ns));
+    for (uint32_t i = 0; i < gw_pool_n_workers(s->pool); i++) {
+        const gw_pool_worker_t *w = gw_pool_worker(s->pool, i);
+        const char *lv[] = {w->name};
+        gw_metric_set(s->m_worker_up, lv, w->up ? 1 : 0);
+        gw_metric_set(s->m_worker_queue, lv, w->load.queued_requests);
+        gw_metric_set(s->m_worker_free, lv, w->load.free_blocks);
+    }
+    gw_metric_set(s->m_inflight, NULL, (double)gw__req_n_live(s));
+    if (s->shipper != NULL) {
+        bill_shipper_stats_t ss;
+        bill_shipper_stats(s->shipper, &ss);
+        uint64_t durable = bill_ledger_durable_seq(s->ledger);
+        gw_metric_set(s->m_ship_lag, NULL,
+                      durable > ss.shipped_seq ? (double)(durable - ss.shipped_seq) : 0);
+    }
+}
+
+void gw__obs_internal_error(serve_t *s, const char *site, const char *fmt, ...)
+{
+    const char *lv[] = {site};
+    if (s->m_internal_errors != NULL)
+        gw_metric_add(s->m_internal_errors, lv, 1);
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    PC_LOG(PC_LOG_ERROR, "serve", "internal error at %s: %s", site, msg);
+}
+
+/* One JSON object per line; the strings a client chose (the model) and the configuration's
+ * (the tenant) are JSON-escaped, so no byte of theirs can end the line. */
+static void access_log(gw_req_t *q, int status)
+{
+    serve_t *s = q->s;
+    if (s->access_log == NULL)
+        return;
+    uint64_t now = pc_time_mono_ms();
+    pc_buf_t tenant = {0}, model = {0};
+    const char *t = q->key ? q->key->tenant : "";
+    int rc = gw_json_string(&tenant, t, strlen(t));
+    if (rc == 0)
+        rc = q->api ? gw_json_string(&model, q->api->model.base, q->api->model.len)
+                    : gw_json_string(&model, "", 0);
+    if (rc != 0) {
+        pc_buf_free(&tenant);
+        pc_buf_free(&model);
+        gw__obs_internal_error(s, "access_log", "request %s: access log line not written", q->id);
+        return;
+    }
+    fprintf(s->access_log,
+            "{\"ts\":%" PRIu64 ",\"request_id\":\"%s\",\"endpoint\":\"%s\",\"status\":%d,"
+            "\"tenant\":%.*s,\"model\":%.*s,\"input_tokens\":%u,\"cache_read\":%u,"
+            "\"cache_write_5m\":%u,\"cache_write_1h\":%u,\"output_tokens\":%u,"
+            "\"outcome\":\"%s\",\"cache\":\"%s\",\"worker\":%d,\"ttft_ms\":%" PRId64
+            ",\"duration_ms\":%" PRIu64 ",\"worker_ttft_us\":%" PRIu64
+            ",\"worker_total_us\":%" PRIu64 ",\"physical_hit\":%u}\n",
+            pc_time_wall_ms(), q->id, q->endpoint, status, (int)tenant.len, tenant.base,
+            (int)model.len, model.base, q->usage.input_tokens, q->usage.cache_read,
+            q->usage.cache_write_5m, q->usage.cache_write_1h, q->usage.output_tokens,
+            q->has_outcome ? gw_outcome_name((gw_outcome_t)q->outcome) : "", q->cache_hdr,
+            q->routed ? (int)q->worker : -1,
+            q->t_first_ms ? (int64_t)(q->t_first_ms - q->t0_ms) : (int64_t)-1, now - q->t0_ms,
+            q->worker_ttft_us, q->worker_total_us, q->tokens_reused);
+    pc_buf_free(&tenant);
+    pc_buf_free(&model);
+    s->access_log_dirty = true;
+}
+
+void gw__obs_count_request(gw_req_t *q, int status)
+{
+    if (q->counted)
+        return;
+    q->counted = true;
+    char code[8];
+    snprintf(code, sizeof code, "%d", status);
+    const char *lv[] = {q->endpoint, code};
+    gw_metric_add(q->s->m_requests, lv, 1);
+    const char *lv2[] = {q->endpoint};
+    gw_metric_observe(q->s->m_duration, lv2, (double)(pc_time_mono_ms() - q->t0_ms) / 1000.0);
+    access_log(q, status);
+}
+
+/* ---- the cache: drops, storage ----------------------------------------------------------- */
+
+void gw__obs_on_entry_drop(const gw_cindex_drop_t *ev, void *ud)
+{
+    serve_t *s = ud;
+    static const char *const reasons[] = {"ttl", "capacity", "capacity", "removed"};
+    const char *lv[] = {reasons[ev->reason & 3]};
+    if (s->m_expired)
+        gw_metric_add(s->m_expired, lv, 1);
+    gw_ns_tab_unref(&s->ns, ev->ns); /* the record stays until its storage is metered */
+    if (s->pool == NULL)
+        return;
+    /* The workers pinning it may let it go. */
+    for (uint32_t w = 0; w < GW_POOL_MAX_WORKERS; w++)
+        if (ev->owners & (1ull << w))
+            gw_pool_release(s->pool, w, ev->ns, ev->tokens, (uint32_t)ev->n_tokens);
+}
+
+typedef struct storage_ctx {
+    serve_t *s;
+    uint64_t from, to;
+} storage_ctx_t;
+
+static void storage_cb(uint64_t ns, uint64_t token_ms, void *ud)
+{
+    storage_ctx_t *c = ud;
+    serve_t *s = c->s;
+    if (token_ms == 0)
+        return;
+    const gw_ns_info_t *info = gw_ns_tab_lookup(&s->ns, ns);
+    if (info == NULL) {
+        gw__obs_internal_error(s, "storage_owner",
+                               "namespace %016" PRIx64 ": %" PRIu64
+                               " token-ms of storage without an owner: not billed",
+                               ns, token_ms);
+        return;
+    }
+    const char *tenant = info->tenant, *model = s->models[info->model].cfg->name;
+    bill_event_t ev;
+    bill_event_init(&ev, BILL_EVENT_STORAGE);
+    bill_idgen_next(&s->idgen, ev.event_id);
+    snprintf(ev.ns, sizeof ev.ns, "%016" PRIx64, ns);
+    bill_event_set_str(ev.tenant, tenant);
+    bill_event_set_str(ev.model, model);
+    ev.start_ms = c->from;
+    ev.end_ms = c->to;
+    ev.token_ms = token_ms;
+    char err[256];
+    uint64_t seq;
+    int rc = bill_event_price(&ev, s->pricing, err, sizeof err);
+    if (rc != 0) {
+        gw__obs_internal_error(s, "storage_price",
+                               "namespace %016" PRIx64 ": storage of %" PRIu64
+                               " token-ms not priced: %s",
+                               ns, token_ms, rc == PC_ERR_NOTFOUND ? err : pc_strerror(rc));
+        return;
+    }
+    rc = bill_ledger_append(s->ledger, &ev, &seq);
+    const char *lv[] = {rc >= 0 ? "appended" : "failed"};
+    gw_metric_add(s->m_billing, lv, 1);
+    if (rc < 0)
+        gw__obs_internal_error(s, "storage_ledger",
+                               "namespace %016" PRIx64 ": storage event not written: %s", ns,
+                               pc_strerror(rc));
+}
+
+void gw__obs_meter_storage(serve_t *s)
+{
+    uint64_t now = pc_time_wall_ms();
+    storage_ctx_t c = {s, s->last_storage_ms, now};
+    gw_cindex_storage_take(s->ix, pc_time_mono_ms(), storage_cb, &c);
+    s->last_storage_ms = now;
+    gw_ns_tab_sweep(&s->ns); /* their last storage is taken: nothing accrues without entries */
+}
+
+void gw__obs_on_tick(uv_timer_t *t)
+{
+    serve_t *s = t->data;
+    uint64_t now = pc_time_mono_ms();
+    gw_cindex_expire(s->ix, now);
+    /* One write per tick instead of one per request on the loop; a crash loses at most the
+     * last tick's lines of the access log (never billing data: that is the ledger's). */
+    if (s->access_log_dirty) {
+        s->access_log_dirty = false;
+        fflush(s->access_log);
+    }
+    if (pc_time_wall_ms() - s->last_storage_ms >= s->cfg.storage_interval_ms)
+        gw__obs_meter_storage(s);
+}
+
+/* ---- the access log file ----------------------------------------------------------------- */
+
+FILE *gw__obs_open_access_log(const char *path)
+{
+    FILE *f = fopen(path, "a");
+    if (f != NULL)
+        setvbuf(f, NULL, _IOFBF, 64 << 10);
+    return f;
+}
+
+/* SIGHUP reopens the access log file (log rotation: move the file away, then send SIGHUP).
+ * The old file gets every line written before the signal; when the path cannot be opened the
+ * old file is kept and the error is logged. stdout and "off" are left as they are. */
+void gw__obs_on_sighup(uv_signal_t *h, int sig)
+{
+    (void)sig;
+    serve_t *s = h->data;
+    if (s->access_log == NULL || s->access_log == stdout)
+        return;
+    FILE *f = gw__obs_open_access_log(s->cfg.access_log);
+    if (f == NULL) {
+        PC_LOG(PC_LOG_ERROR, "serve",
+               "SIGHUP: cannot reopen the access log %s: %s; still writing "
+               "to the old file",
+               s->cfg.access_log, strerror(errno));
+        return;
+    }
+    fclose(s->access_log); /* flushes the lines written so far into the old file */
+    s->access_log = f;
+    s->access_log_dirty = false;
+    PC_LOG(PC_LOG_INFO, "serve", "SIGHUP: reopened the access log %s", s->cfg.access_log);
+}

@@ -1,0 +1,111 @@
+/*
+ * serve_internal.h — what the files of `kvgw serve` share: the gateway's state (struct serve)
+ * and the functions one file offers the others.
+ *
+ *   serve.c    the wiring: startup, dispatch of HTTP requests to endpoints, signals, teardown
+ *   request.c  the request object (request.h): its body, lifecycle, worker events, billing
+ *   admin.c    GET /admin/v1/usage, the ledger export streamed from the thread pool
+ *   observe.c  metrics, gauges, the access log, the tick (expiry, storage metering)
+ *
+ * Everything here runs on the loop thread, except what request.h says runs on the pool.
+ */
+#ifndef GW_SERVE_INTERNAL_H
+#define GW_SERVE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <uv.h>
+
+#include "billing.h"
+#include "cindex.h"
+#include "common.h"
+#include "config.h"
+#include "http.h"
+#include "ledger.h"
+#include "metrics.h"
+#include "ns.h"
+#include "pool.h"
+#include "render.h"
+#include "router.h"
+#include "shipper.h"
+#include "tokenizer.h"
+#include "u64map.h"
+
+#define GW_SERVE_MAX_MODELS 16
+#define GW_SERVE_TICK_MS 250
+
+typedef struct gw_model_rt {
+    const gw_cfg_model_t *cfg;
+    uint32_t index;
+    eng_tok_t *tok;
+    eng_render_t *render;
+    eng_tokcache_t *tokcache; /* segment -> ids, per namespace; NULL when the config says 0 */
+    uint32_t n_ctx;
+} gw_model_rt_t;
+
+typedef struct gw_req gw_req_t;
+
+typedef struct serve {
+    uv_loop_t *loop;
+    gw_config_t cfg;
+    gw_model_rt_t models[GW_SERVE_MAX_MODELS];
+    size_t n_models;
+    gw_http_server_t *http;
+    gw_pool_t *pool;
+    gw_cindex_t *ix;
+    gw_router_t router;
+    bill_pricing_t *pricing;
+    bill_ledger_t *ledger;
+    bill_shipper_t *shipper; /* NULL without Redis */
+    bill_idgen_t idgen;
+    uv_async_t ledger_wake;
+    uv_timer_t tick;
+    uv_signal_t sig_int, sig_term, sig_hup;
+    uint64_t next_wire_id;
+    gw_req_t *live;       /* requests on a worker (iteration: worker down, gauges) */
+    gw_u64map_t live_map; /* the same requests by wire id (worker events) */
+    gw_req_t *durable_head, *durable_tail;
+    FILE *access_log;      /* lines are buffered and flushed by the tick, not per request */
+    bool access_log_dirty; /* a line was written since the last flush */
+    bool stopping;
+    bool http_closed;
+    int exit_code;
+    uint64_t last_storage_ms;
+    gw_ns_tab_t ns; /* namespaces with cache entries (storage billing's owners) */
+    /* metrics (observe.c) */
+    gw_metrics_t *m;
+    gw_metric_t *m_requests, *m_duration, *m_ttft, *m_tokens, *m_hit_tokens, *m_lookups;
+    gw_metric_t *m_entries, *m_entry_tokens, *m_expired, *m_worker_up, *m_worker_queue,
+        *m_worker_free, *m_routes, *m_billing, *m_inflight, *m_build, *m_ship_lag;
+    gw_metric_t *m_internal_errors, *m_namespaces;
+    gw_metric_t *m_tenant_tokens; /* metrics.per_tenant only: bounded by the configured tenants */
+} serve_t;
+
+/* ---- observe.c --------------------------------------------------------------------------- */
+
+void gw__obs_setup_metrics(serve_t *s);
+void gw__obs_update_gauges(serve_t *s);
+/* Counts q's request (status) in the metrics and writes its access log line, once. */
+void gw__obs_count_request(gw_req_t *q, int status);
+/* An internal failure that changed what a request delivered or billed: counted in
+ * kvgw_internal_errors_total{site} and logged (fmt: printf; client strings escaped by the
+ * caller). */
+void gw__obs_internal_error(serve_t *s, const char *site, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void gw__obs_on_tick(uv_timer_t *t);
+/* Bills the storage of the cache since the previous call; then forgets the namespaces left
+ * without entries. */
+void gw__obs_meter_storage(serve_t *s);
+/* cindex params.on_drop: metrics, the workers' pins, the namespace's entry count. */
+void gw__obs_on_entry_drop(const gw_cindex_drop_t *ev, void *ud);
+FILE *gw__obs_open_access_log(const char *path);
+void gw__obs_on_sighup(uv_signal_t *h, int sig);
+
+/* ---- admin.c ----------------------------------------------------------------------------- */
+
+/* GET /admin/v1/usage. Returns true when the export started (q is then owned by the export);
+ * false when it answered q (an error), which the caller then frees. */
+bool gw__admin_usage(gw_req_t *q, const char *query);
+
+#endif

@@ -1,0 +1,106 @@
+/*
+ * u64map.c — see u64map.h.
+ */
+#include "u64map.h"
+
+#include "common.h"
+
+#define MIN_CAP 16
+
+static size_t home(uint64_t key, size_t cap)
+{
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & (cap - 1);
+}
+
+void gw_u64map_free(gw_u64map_t *m)
+{
+    pc_free(m->slots);
+    m->slots = NULL;
+    m->cap = m->n = 0;
+}
+
+void *gw_u64map_get(const gw_u64map_t *m, uint64_t key)
+{
+    if (m->cap == 0 || key == 0)
+        return NULL;
+    for (size_t i = home(key, m->cap);; i = (i + 1) & (m->cap - 1)) {
+        if (m->slots[i].key == key)
+            return m->slots[i].value;
+        if (m->slots[i].key == 0)
+            return NULL;
+    }
+}
+
+static void place(gw_u64map_slot_t *slots, size_t cap, uint64_t key, void *value)
+{
+    size_t i = home(key, cap);
+    while (slots[i].key != 0)
+        i = (i + 1) & (cap - 1);
+    slots[i] = (gw_u64map_slot_t){key, value};
+}
+
+static int resize(gw_u64map_t *m, size_t cap)
+{
+    gw_u64map_slot_t *t = pc_calloc(cap, sizeof *t);
+    if (t == NULL)
+        return PC_ERR_NOMEM;
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->slots[i].key != 0)
+            place(t, cap, m->slots[i].key, m->slots[i].value);
+    pc_free(m->slots);
+    m->slots = t;
+    m->cap = cap;
+    return 0;
+}
+
+int gw_u64map_put(gw_u64map_t *m, uint64_t key, void *value)
+{
+    if (key == 0 || value == NULL)
+        return PC_ERR_INVAL;
+    if (m->cap > 0) {
+        for (size_t i = home(key, m->cap); m->slots[i].key != 0; i = (i + 1) & (m->cap - 1))
+            if (m->slots[i].key == key) {
+                m->slots[i].value = value;
+                return 0;
+            }
+    }
+    if (2 * (m->n + 1) > m->cap) {
+        int rc = resize(m, m->cap ? 2 * m->cap : MIN_CAP);
+        if (rc != 0)
+            return rc;
+    }
+    place(m->slots, m->cap, key, value);
+    m->n++;
+    return 0;
+}
+
+void *gw_u64map_del(gw_u64map_t *m, uint64_t key)
+{
+    if (m->cap == 0 || key == 0)
+        return NULL;
+    size_t i = home(key, m->cap);
+    while (m->slots[i].key != key) {
+        if (m->slots[i].key == 0)
+            return NULL;
+        i = (i + 1) & (m->cap - 1);
+    }
+    void *value = m->slots[i].value;
+    /* Backward shift: move each later entry of the run whose home is not in (i, j] into the
+     * hole, so every remaining key stays reachable from its home without tombstones. */
+    size_t mask = m->cap - 1;
+    for (size_t j = (i + 1) & mask; m->slots[j].key != 0; j = (j + 1) & mask) {
+        size_t h = home(m->slots[j].key, m->cap);
+        bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+        if (stays)
+            continue;
+        m->slots[i] = m->slots[j];
+        i = j;
+    }
+    m->slots[i] = (gw_u64map_slot_t){0, NULL};
+    m->n--;
+    if (m->n == 0)
+        gw_u64map_free(m);
+    else if (m->cap > MIN_CAP && 4 * m->n < m->cap / 2)
+        (void)resize(m, m->cap / 2); /* best effort: a failed shrink keeps a valid table */
+    return value;
+}

@@ -1,0 +1,188 @@
+/*
+ * test_ns.c — gateway/ns.c and the map under it (gateway/u64map.c): the namespace derivation
+ * (distinct inputs -> distinct namespaces, no ambiguity between the parts), the table's
+ * reference counts and sweep, the map against a naive array under random insert/delete, and
+ * both under a failing allocator.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "ns.h"
+#include "pc_test.h"
+#include "u64map.h"
+
+static const uint8_t KEY[GW_NS_KEY_BYTES] = "test-namespace-secret-0123456789";
+
+static uint64_t nsof(const char *tenant, const char *model, const char *salt)
+{
+    pc_slice_t m = {model, strlen(model)};
+    pc_slice_t s = {salt ? salt : "", salt ? strlen(salt) : 0};
+    return gw_namespace_of(KEY, tenant, m, salt != NULL, s);
+}
+
+PC_TEST(namespace_same_inputs_same_namespace)
+{
+    ASSERT_EQ_U64(nsof("acme", "m1", NULL), nsof("acme", "m1", NULL));
+    ASSERT_EQ_U64(nsof("acme", "m1", "s"), nsof("acme", "m1", "s"));
+    ASSERT_NE(nsof("acme", "m1", NULL), 0);
+}
+
+PC_TEST(namespace_distinct_inputs_distinct_namespaces)
+{
+    const char *tenants[] = {"a", "ab", "b", "acme", ""};
+    const char *models[] = {"m", "m1", "bc", ""};
+    const char *salts[] = {NULL, "", "c", "bc", "abc"};
+    uint64_t seen[PC_ARRAY_LEN(tenants) * PC_ARRAY_LEN(models) * PC_ARRAY_LEN(salts)];
+    size_t n = 0;
+    for (size_t t = 0; t < PC_ARRAY_LEN(tenants); t++)
+        for (size_t m = 0; m < PC_ARRAY_LEN(models); m++)
+            for (size_t s = 0; s < PC_ARRAY_LEN(salts); s++) {
+                uint64_t v = nsof(tenants[t], models[m], salts[s]);
+                for (size_t k = 0; k < n; k++)
+                    ASSERT_NE(seen[k], v);
+                seen[n++] = v;
+            }
+}
+
+PC_TEST(namespace_parts_are_framed)
+{
+    /* Moving bytes between parts changes the namespace. */
+    ASSERT_NE(nsof("ab", "m", "c"), nsof("a", "m", "bc"));
+    ASSERT_NE(nsof("ab", "c", NULL), nsof("a", "bc", NULL));
+    ASSERT_NE(nsof("a", "mb", "c"), nsof("a", "m", "bc"));
+    /* An empty salt is not no salt. */
+    ASSERT_NE(nsof("a", "m", ""), nsof("a", "m", NULL));
+    /* The key is part of it. */
+    uint8_t k2[GW_NS_KEY_BYTES];
+    memcpy(k2, KEY, sizeof k2);
+    k2[0] ^= 1;
+    pc_slice_t m = {"m", 1}, s = {"", 0};
+    ASSERT_NE(gw_namespace_of(k2, "a", m, false, s), gw_namespace_of(KEY, "a", m, false, s));
+}
+
+PC_TEST(ns_table_follows_entries)
+{
+    gw_ns_tab_t t = {0};
+    /* Many salts, two entries each: one record each while they live. */
+    for (uint64_t i = 1; i <= 1000; i++) {
+        ASSERT_EQ(gw_ns_tab_ref(&t, i * 7919, "tenant", 0), 0);
+        ASSERT_EQ(gw_ns_tab_ref(&t, i * 7919, "tenant", 0), 0);
+    }
+    ASSERT_EQ_U64(gw_ns_tab_count(&t), 1000);
+    const gw_ns_info_t *info = gw_ns_tab_lookup(&t, 7919);
+    ASSERT_TRUE(info != NULL);
+    ASSERT_STR_EQ(info->tenant, "tenant");
+    ASSERT_EQ_U64(info->n_entries, 2);
+    /* Entries drop: the records stay until the sweep (their storage is still billed). */
+    for (uint64_t i = 1; i <= 1000; i++) {
+        gw_ns_tab_unref(&t, i * 7919);
+        if (i % 2 == 0)
+            gw_ns_tab_unref(&t, i * 7919);
+    }
+    ASSERT_EQ_U64(gw_ns_tab_count(&t), 1000);
+    ASSERT_EQ_U64(gw_ns_tab_lookup(&t, 2 * 7919)->n_entries, 0);
+    ASSERT_EQ_U64(gw_ns_tab_sweep(&t), 500);
+    ASSERT_EQ_U64(gw_ns_tab_count(&t), 500);
+    for (uint64_t i = 1; i <= 1000; i++)
+        ASSERT_EQ(gw_ns_tab_lookup(&t, i * 7919) != NULL, i % 2 == 1);
+    for (uint64_t i = 1; i <= 1000; i += 2)
+        gw_ns_tab_unref(&t, i * 7919);
+    ASSERT_EQ_U64(gw_ns_tab_sweep(&t), 500);
+    ASSERT_EQ_U64(gw_ns_tab_count(&t), 0);
+    ASSERT_EQ_U64(t.map.cap, 0); /* back to its base size: nothing allocated */
+    gw_ns_tab_unref(&t, 12345);  /* unknown: ignored */
+    gw_ns_tab_free(&t);
+}
+
+static uint64_t rng = 1;
+static uint64_t rnd(uint64_t n)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng % n;
+}
+
+PC_TEST(u64map_against_naive)
+{
+    enum { K = 600 };
+    void *naive[K + 1] = {0};
+    gw_u64map_t m = {0};
+    static int vals[K + 1];
+    for (int step = 0; step < 200000; step++) {
+        /* Keys clustered (small range) so probe runs collide and wrap. */
+        uint64_t key = 1 + rnd(K);
+        if (rnd(3) != 0) {
+            ASSERT_EQ(gw_u64map_put(&m, key, &vals[key]), 0);
+            naive[key] = &vals[key];
+        } else {
+            ASSERT_TRUE(gw_u64map_del(&m, key) == naive[key]);
+            naive[key] = NULL;
+        }
+        if (step % 997 == 0) {
+            size_t n = 0;
+            for (uint64_t k = 1; k <= K; k++) {
+                ASSERT_TRUE(gw_u64map_get(&m, k) == naive[k]);
+                n += naive[k] != NULL;
+            }
+            ASSERT_EQ_U64(gw_u64map_count(&m), n);
+            ASSERT_LE(2 * m.n, m.cap);
+        }
+    }
+    for (uint64_t k = 1; k <= K; k++)
+        gw_u64map_del(&m, k);
+    ASSERT_EQ_U64(gw_u64map_count(&m), 0);
+    ASSERT_EQ(gw_u64map_put(&m, 0, &vals[0]), PC_ERR_INVAL);
+    ASSERT_TRUE(gw_u64map_get(&m, 0) == NULL);
+    gw_u64map_free(&m);
+}
+
+static long fail_k;
+static void *f_malloc(size_t n)
+{
+    return fail_k-- > 0 ? malloc(n) : NULL;
+}
+static void *f_calloc(size_t c, size_t n)
+{
+    return fail_k-- > 0 ? calloc(c, n) : NULL;
+}
+static void *f_realloc(void *p, size_t n)
+{
+    return fail_k-- > 0 ? realloc(p, n) : NULL;
+}
+
+PC_TEST(failing_allocator_leaves_table_unchanged)
+{
+    pc_allocator_t fa = {f_malloc, f_calloc, f_realloc, free};
+    gw_ns_tab_t t = {0};
+    long failures = 0;
+    for (uint64_t i = 1; i <= 300; i++) {
+        int rc;
+        for (long k = 0;; k++) {
+            fail_k = k;
+            pc_allocator_t prev = pc_set_allocator(&fa);
+            rc = gw_ns_tab_ref(&t, i, "t", 1);
+            pc_set_allocator(&prev);
+            if (rc != PC_ERR_NOMEM)
+                break;
+            failures++;
+            ASSERT_EQ_U64(gw_ns_tab_count(&t), i - 1);
+            ASSERT_TRUE(gw_ns_tab_lookup(&t, i) == NULL);
+        }
+        ASSERT_EQ(rc, 0);
+        ASSERT_EQ_U64(gw_ns_tab_lookup(&t, i)->n_entries, 1);
+    }
+    ASSERT_TRUE(failures >= 300); /* every first ref allocates its record */
+    /* Deleting under a failing allocator: a failed shrink keeps a valid table. */
+    fail_k = 0;
+    pc_allocator_t prev = pc_set_allocator(&fa);
+    for (uint64_t i = 1; i <= 300; i++)
+        gw_ns_tab_unref(&t, i);
+    ASSERT_EQ_U64(gw_ns_tab_sweep(&t), 300);
+    pc_set_allocator(&prev);
+    ASSERT_EQ_U64(gw_ns_tab_count(&t), 0);
+    gw_ns_tab_free(&t);
+}
+
+PC_TEST_MAIN()
