@@ -254,14 +254,14 @@ static gw_api_kind_t kind_for_path(const char *path)
 
 /* Protocol errors from the HTTP layer, in the API's shape for the path. */
 static void format_http_error(const char *path, int status, const char *type, const char *message,
-                              pc_buf_t *out, void *ud)
+                              const char *request_id, pc_buf_t *out, void *ud)
 {
     (void)type;
     (void)ud;
     gw_api_kind_t k = kind_for_path(path ? path : "");
     gw_api_error_t e;
     gw_api_error_set(&e, k, status, "%s", message);
-    gw_api_error_render(k, &e, NULL, out);
+    gw_api_error_render(k, &e, request_id, out);
 }
 
 /* ---- responses --------------------------------------------------------------------------- */
@@ -1431,6 +1431,7 @@ static void on_request(gw_http_req_t *r, void *ud)
                 respond_errorf(q, 401, "%s",
                                key ? "invalid x-api-key" : "x-api-key header is required");
         } else {
+            gw_http_req_set_trusted(r); /* a valid key: the connection keeps its slot */
             gw_http_req_on_abort(r, on_abort);
             gw_http_req_on_drain(r, on_drain);
             q->work.data = q;
@@ -1867,8 +1868,11 @@ static int serve_run(serve_t *s, const char *listen)
     hp.max_body_bytes = s->cfg.max_body_bytes;
     hp.header_timeout_ms = s->cfg.header_timeout_ms;
     hp.body_timeout_ms = s->cfg.body_timeout_ms;
+    hp.body_min_rate = s->cfg.body_min_rate;
     hp.idle_timeout_ms = s->cfg.idle_timeout_ms;
     hp.max_connections = s->cfg.max_connections;
+    hp.reserved_connections = s->cfg.reserved_connections;
+    hp.max_connections_per_peer = s->cfg.max_connections_per_peer;
     hp.stream_high_water = s->cfg.stream_high_water;
     hp.on_request = on_request;
     hp.format_error = format_http_error;
