@@ -170,6 +170,16 @@ static size_t conn_unsent(const conn_t *c)
     return c->bytes_writing + c->held_bytes;
 }
 
+/* Input paused for output (c->out_paused) goes on once the unsent bytes fell below half the
+ * bound: after a write callback, or after answers went out at once (no callback follows). */
+static void conn_out_resume(conn_t *c)
+{
+    if (c->out_paused && !c->closing && conn_unsent(c) < c->s->p.stream_high_water / 2) {
+        c->out_paused = false;
+        server_resume_schedule(c); /* parses what waits, then reads again */
+    }
+}
+
 /* What restarts a silence timer: bytes read (the idle timer) or written (the final flush, and
  * the send timer). */
 enum { ACT_NONE = 0, ACT_READ = 1, ACT_WRITE = 2 };
@@ -566,10 +576,7 @@ static void on_write(uv_write_t *w, int status)
     }
     if (!conn_drain_head(c))
         return;
-    if (c->out_paused && conn_unsent(c) < c->s->p.stream_high_water / 2) {
-        c->out_paused = false;
-        server_resume_schedule(c); /* parses what waits, then reads again */
-    }
+    conn_out_resume(c);
     conn_update_timer(c, ACT_WRITE);
     conn_check_finish(c);
 }
@@ -913,6 +920,7 @@ static void conn_advance(conn_t *c)
         server_resume_schedule(c);
     if (head_can_drain(c))
         server_resume_schedule(c); /* on_drain runs from the loop, not from inside this call */
+    conn_out_resume(c);
     conn_check_finish(c);
     conn_update_timer(c, ACT_NONE);
 }
