@@ -82,6 +82,9 @@ int gw_config_default(gw_config_t *c)
     c->body_timeout_ms = 30000;
     c->idle_timeout_ms = 60000;
     c->max_connections = 4096;
+    c->body_min_rate = 1024;
+    c->reserved_connections = 512;
+    c->max_connections_per_peer = 256;
     c->stream_high_water = 256u << 10;
     c->shutdown_grace_ms = 10000;
     c->accounting = GW_ACCOUNTING_TOKEN;
@@ -664,6 +667,16 @@ static int limits_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
         return get_ms(w, v, 10, 86400000, &c->idle_timeout_ms);
     if (strcmp(k, "shutdown_grace") == 0)
         return get_ms(w, v, 0, 3600000, &c->shutdown_grace_ms);
+    /* Connection slots and the body rate (gateway/http.h: "Timeouts", "Connection slots"). */
+    if (strcmp(k, "body_min_rate") == 0) {
+        if ((rc = get_size(w, v, 0, 1u << 30, &b)) == 0)
+            c->body_min_rate = (uint32_t)b;
+        return rc;
+    }
+    if (strcmp(k, "reserved_connections") == 0)
+        return get_u32(w, v, 0, 1000000, &c->reserved_connections);
+    if (strcmp(k, "max_connections_per_peer") == 0)
+        return get_u32(w, v, 0, 1000000, &c->max_connections_per_peer);
     return unknown(w, v);
 }
 
@@ -1090,7 +1103,9 @@ int gw_config_print(const gw_config_t *c, pc_buf_t *o)
             "admin_key: %s\nworkers:\n  link_secret: %s\n  heartbeat: %ums\n"
             "  connect_timeout: %ums\nlimits:\n  max_body_bytes: %zu\n  max_header_bytes: %zu\n"
             "  max_headers: %u\n  header_timeout: %ums\n  body_timeout: %ums\n"
-            "  idle_timeout: %ums\n  max_connections: %u\n  stream_buffer_bytes: %zu\n"
+            "  idle_timeout: %ums\n  max_connections: %u\n  body_min_rate: %u\n"
+            "  reserved_connections: %u\n  max_connections_per_peer: %u\n"
+            "  stream_buffer_bytes: %zu\n"
             "  shutdown_grace: %ums\ncache:\n  accounting: %s\n  max_tokens: %llu\n"
             "  ttl_5m: %ums\n  ttl_1h: %ums\n  tokenizer_cache: %llu\n"
             "  namespace_secret: %s\nbilling:\n  ledger_dir: %s\n  pricing: %s\n"
@@ -1099,7 +1114,8 @@ int gw_config_print(const gw_config_t *c, pc_buf_t *o)
             c->has_admin_key ? "<set>" : "null", c->link_secret ? "<set>" : "<none>",
             c->worker_heartbeat_ms, c->worker_connect_timeout_ms, c->max_body_bytes,
             c->max_header_bytes, c->max_headers, c->header_timeout_ms, c->body_timeout_ms,
-            c->idle_timeout_ms, c->max_connections, c->stream_high_water, c->shutdown_grace_ms,
+            c->idle_timeout_ms, c->max_connections, c->body_min_rate, c->reserved_connections,
+            c->max_connections_per_peer, c->stream_high_water, c->shutdown_grace_ms,
             acc[c->accounting], (unsigned long long)c->cache_max_tokens, c->ttl_5m_ms, c->ttl_1h_ms,
             (unsigned long long)c->tokenizer_cache_bytes,
             c->namespace_secret_is_default ? "<built-in demo secret>" : "<set>", c->ledger_dir,

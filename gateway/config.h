@@ -86,6 +86,9 @@ typedef struct gw_config {
     uint32_t max_headers;
     uint32_t header_timeout_ms, body_timeout_ms, idle_timeout_ms;
     uint32_t max_connections;
+    uint32_t body_min_rate;            /* body bytes/s owed after body_timeout_ms; 0 = none */
+    uint32_t reserved_connections;     /* slots keyless connections get only on probation */
+    uint32_t max_connections_per_peer; /* keyless connections per client address; 0 = any */
     size_t stream_high_water;
     uint32_t shutdown_grace_ms;
 

@@ -15,9 +15,16 @@
  *     callbacks (on_request, on_abort, on_drain) are only called from loop callbacks, never from
  *     inside a gw_http_* call, so a handler may call any gw_http_* function from them;
  *   - c->no_more: no more requests are parsed on the connection (an error, Connection: close,
- *     HTTP/1.0, an upgrade, shutdown). Once nothing is queued and every byte is written, the
- *     write side is shut down and the connection lingers (reading and discarding) until the
- *     client's EOF or linger_ms, so the client reads the last response instead of a reset.
+ *     HTTP/1.0, an upgrade, shutdown, a probation connection's one request). Once nothing is
+ *     queued and every byte is written, the write side is shut down and the connection lingers
+ *     (reading and discarding) until the client's EOF or linger_ms, so the client reads the
+ *     last response instead of a reset;
+ *   - c->out_paused: the unsent output (bytes_writing + held_bytes) reached stream_high_water;
+ *     nothing is parsed and reading is stopped until on_write brings it below half of that;
+ *   - slots: every served connection counts in s->n_untrusted and its peer's entry until it is
+ *     trusted or closes (c->slot_counted); a probation connection sits in the server's
+ *     probation list (oldest first) until its first request is dispatched, it is trusted, or it
+ *     closes: only listed connections are evicted.
  */
 #include "http.h"
 
@@ -26,6 +33,7 @@
 #include <stdarg.h>
 #include <llhttp.h>
 #include <netinet/in.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -37,12 +45,21 @@
 
 #define HTTP_READ_BYTES (64u << 10)
 #define HTTP_HEADER_OVERHEAD 4 /* ": " and CRLF per header field, counted against the limit */
+#define HTTP_PEER_BUCKETS 4096 /* per-peer connection counts: hash buckets */
+#define HTTP_REQ_ID_LEN 32     /* "req_" + 24 hex digits + NUL, as serve.c's request ids */
 
 typedef struct conn conn_t;
 
 enum req_phase { RQ_HEADERS = 0, RQ_BODY, RQ_COMPLETE };
 enum resp_state { RS_NONE = 0, RS_STREAMING, RS_ENDED };
-enum timer_kind { TK_NONE = 0, TK_IDLE, TK_HEADER, TK_BODY, TK_LINGER };
+enum timer_kind { TK_NONE = 0, TK_FIRST, TK_IDLE, TK_HEADER, TK_BODY, TK_LINGER, TK_SEND };
+
+/* How many untrusted connections one client address holds (IPv4, or an IPv6 /64). */
+typedef struct peer {
+    struct peer *next;
+    uint8_t addr[16];
+    uint32_t n;
+} peer_t;
 
 typedef struct hdr_off {
     uint32_t name, value; /* offsets into req->hdr */
@@ -56,6 +73,8 @@ struct gw_http_req {
     bool dispatched, is_error, aborted, keep_alive, is_head, want_continue;
     bool field_open, chunked_out, drain_armed;
     uint64_t start_ms;
+    uint64_t header_due_ms; /* deadline of the headers */
+    uint64_t body_start_ms; /* the body's grace runs from here */
     char method[24];
     pc_buf_t url;      /* after the headers: "path\0query\0" */
     size_t query_off;  /* offset of the query in url */
@@ -63,7 +82,7 @@ struct gw_http_req {
     hdr_off_t *hoff;   /* [n_h] */
     size_t n_h, cap_h; /* trailer fields are counted against the limits, never stored */
     pc_buf_t body;
-    pc_buf_t held; /* response bytes waiting behind earlier responses */
+    pc_buf_t held; /* response bytes waiting behind earlier responses (in c->held_bytes) */
     void *data;
     void (*abort_fn)(gw_http_req_t *r, void *data);
     void (*drain_fn)(gw_http_req_t *r, void *data);
@@ -74,8 +93,9 @@ struct conn {
     uv_timer_t timer;
     uv_shutdown_t shut;
     gw_http_server_t *s;
-    conn_t *prev, *next; /* the server's list */
-    conn_t *resume_next; /* the server's resume list */
+    conn_t *prev, *next;           /* the server's list */
+    conn_t *resume_next;           /* the server's resume list */
+    conn_t *prob_prev, *prob_next; /* the server's probation list (prob_listed) */
     llhttp_t parser;
     gw_http_req_t *cur; /* being parsed */
     gw_http_req_t *q_head, *q_tail;
@@ -84,11 +104,19 @@ struct conn {
     pc_buf_t pending;    /* unparsed input (pipeline full) */
     size_t pending_off;
     size_t bytes_writing; /* handed to uv_write, callback not run yet */
-    int n_open;           /* handles not closed yet */
+    size_t held_bytes;    /* sum of the queued requests' held bytes */
+    uint64_t accept_ms;
+    uint64_t timer_due_ms;  /* when the armed timer fires */
+    uint32_t n_begun;       /* requests begun on the connection */
+    const char *parse_base; /* start of the bytes llhttp_execute is running on */
+    int n_open;             /* handles not closed yet */
     uint8_t timer_kind;
     gw_http_req_t *timer_req;
     bool refused, no_more, closing, shut_sent, eof, reading, in_parse, resume_listed, oom;
     bool continue_pending;
+    bool trusted, probation, prob_listed, slot_counted, out_paused;
+    bool tail_lf; /* the last non-blank byte parsed was LF (obs-fold across reads) */
+    uint8_t peer_addr[16];
     int err_status; /* set by a parser callback before failing the parse */
     const char *err_type;
     char err_msg[160];
@@ -108,6 +136,10 @@ struct gw_http_server {
     conn_t *conns;
     conn_t *resume_head;
     uint32_t n_refused_open;
+    uint32_t reserve; /* reserved_connections, capped at max_connections / 2 */
+    conn_t *prob_head, *prob_tail;
+    peer_t **peers; /* [HTTP_PEER_BUCKETS] when max_connections_per_peer > 0 */
+    uint64_t peer_seed;
     bool shutting_down, handles_closing, free_when_done, done_called, idle_active;
     void (*done)(void *ud);
     void *done_ud;
@@ -130,8 +162,26 @@ static void conn_check_finish(conn_t *c);
 static void conn_update_timer(conn_t *c, int activity);
 static void on_resume_idle(uv_idle_t *h);
 static bool conn_drain_head(conn_t *c);
+static void server_resume_schedule(conn_t *c);
 
-/* What restarts a silence timer: bytes read (the body timer) or written (the final flush). */
+/* Response bytes of the connection not taken by the socket yet. */
+static size_t conn_unsent(const conn_t *c)
+{
+    return c->bytes_writing + c->held_bytes;
+}
+
+/* Input paused for output (c->out_paused) goes on once the unsent bytes fell below half the
+ * bound: after a write callback, or after answers went out at once (no callback follows). */
+static void conn_out_resume(conn_t *c)
+{
+    if (c->out_paused && !c->closing && conn_unsent(c) < c->s->p.stream_high_water / 2) {
+        c->out_paused = false;
+        server_resume_schedule(c); /* parses what waits, then reads again */
+    }
+}
+
+/* What restarts a silence timer: bytes read (the idle timer) or written (the final flush, and
+ * the send timer). */
 enum { ACT_NONE = 0, ACT_READ = 1, ACT_WRITE = 2 };
 static void conn_fail(conn_t *c, int status, const char *type, const char *msg);
 static void server_maybe_done(gw_http_server_t *s);
@@ -150,6 +200,7 @@ gw_http_params_t gw_http_params_default(void)
     p.max_body_bytes = 32u << 20;
     p.header_timeout_ms = 10000;
     p.body_timeout_ms = 30000;
+    p.body_min_rate = 1024;
     p.idle_timeout_ms = 60000;
     p.max_connections = 10000;
     p.max_pipeline = 16;
@@ -269,6 +320,135 @@ static void json_str(pc_buf_t *out, const char *s)
     pc_buf_append(out, "\"", 1);
 }
 
+/* A request id in serve.c's format: "req_" + 24 hex digits of 12 random bytes. */
+static void make_request_id(char out[HTTP_REQ_ID_LEN])
+{
+    static const char hex[] = "0123456789abcdef";
+    static uint64_t fallback;
+    uint8_t b[12];
+    if (uv_random(NULL, NULL, b, sizeof b, 0, NULL) != 0) {
+        /* No entropy source (never on Linux): unique within the process is enough for an id. */
+        uint64_t x[2] = {uv_hrtime(), ++fallback};
+        memcpy(b, x, sizeof b);
+    }
+    memcpy(out, "req_", 4);
+    for (size_t i = 0; i < sizeof b; i++) {
+        out[4 + 2 * i] = hex[b[i] >> 4];
+        out[5 + 2 * i] = hex[b[i] & 15];
+    }
+    out[4 + 2 * sizeof b] = '\0';
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Connection slots: untrusted counts per peer, the probation list */
+
+/* The key a peer is counted under: its IPv4 address (v4-mapped), or its IPv6 /64. */
+static void peer_key(const struct sockaddr_storage *sa, uint8_t out[16])
+{
+    memset(out, 0, 16);
+    if (sa->ss_family == AF_INET) {
+        out[10] = out[11] = 0xff;
+        memcpy(out + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+    } else if (sa->ss_family == AF_INET6) {
+        static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        memcpy(out, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+        if (memcmp(out, v4mapped, sizeof v4mapped) != 0)
+            memset(out + 8, 0, 8); /* one host usually holds a whole /64 */
+    }
+}
+
+static peer_t **peer_slot(gw_http_server_t *s, const uint8_t a[16])
+{
+    uint64_t h = s->peer_seed ^ 1469598103934665603ull; /* FNV-1a, seeded per server */
+    for (int i = 0; i < 16; i++)
+        h = (h ^ a[i]) * 1099511628211ull;
+    peer_t **pp = &s->peers[(h ^ (h >> 32)) & (HTTP_PEER_BUCKETS - 1)];
+    while (*pp != NULL && memcmp((*pp)->addr, a, 16) != 0)
+        pp = &(*pp)->next;
+    return pp;
+}
+
+static uint32_t peer_count(gw_http_server_t *s, const uint8_t a[16])
+{
+    peer_t *e = *peer_slot(s, a);
+    return e != NULL ? e->n : 0;
+}
+
+static int peer_add(gw_http_server_t *s, const uint8_t a[16])
+{
+    peer_t **pp = peer_slot(s, a);
+    if (*pp == NULL) {
+        peer_t *e = pc_calloc(1, sizeof *e);
+        if (e == NULL)
+            return PC_ERR_NOMEM;
+        memcpy(e->addr, a, 16);
+        *pp = e;
+    }
+    (*pp)->n++;
+    return 0;
+}
+
+static void peer_del(gw_http_server_t *s, const uint8_t a[16])
+{
+    peer_t **pp = peer_slot(s, a), *e = *pp;
+    if (e != NULL && --e->n == 0) {
+        *pp = e->next;
+        pc_free(e);
+    }
+}
+
+static void prob_unlink(conn_t *c)
+{
+    gw_http_server_t *s = c->s;
+    if (!c->prob_listed)
+        return;
+    if (c->prob_prev != NULL)
+        c->prob_prev->prob_next = c->prob_next;
+    else
+        s->prob_head = c->prob_next;
+    if (c->prob_next != NULL)
+        c->prob_next->prob_prev = c->prob_prev;
+    else
+        s->prob_tail = c->prob_prev;
+    c->prob_prev = c->prob_next = NULL;
+    c->prob_listed = false;
+}
+
+static void prob_append(conn_t *c)
+{
+    gw_http_server_t *s = c->s;
+    c->prob_prev = s->prob_tail;
+    c->prob_next = NULL;
+    if (s->prob_tail != NULL)
+        s->prob_tail->prob_next = c;
+    else
+        s->prob_head = c;
+    s->prob_tail = c;
+    c->prob_listed = true;
+}
+
+/* The connection leaves the untrusted share (trusted, or closing). */
+static void slot_release(conn_t *c)
+{
+    prob_unlink(c);
+    if (!c->slot_counted)
+        return;
+    c->slot_counted = false;
+    c->s->st.conns_untrusted--;
+    if (c->s->peers != NULL)
+        peer_del(c->s, c->peer_addr);
+}
+
+void gw_http_req_set_trusted(gw_http_req_t *r)
+{
+    conn_t *c = r->c;
+    if (c->trusted)
+        return;
+    c->trusted = true;
+    c->probation = false;
+    slot_release(c);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Requests */
 
@@ -284,6 +464,7 @@ static gw_http_req_t *req_new(conn_t *c)
 
 static void req_free(gw_http_req_t *r)
 {
+    r->c->held_bytes -= r->held.len;
     pc_buf_free(&r->url);
     pc_buf_free(&r->hdr);
     pc_buf_free(&r->body);
@@ -395,6 +576,7 @@ static void on_write(uv_write_t *w, int status)
     }
     if (!conn_drain_head(c))
         return;
+    conn_out_resume(c);
     conn_update_timer(c, ACT_WRITE);
     conn_check_finish(c);
 }
@@ -456,11 +638,13 @@ static int req_emit(gw_http_req_t *r, const uv_buf_t *bufs, unsigned nbufs)
     conn_t *c = r->c;
     if (c->q_head == r)
         return conn_write(c, bufs, nbufs);
-    for (unsigned i = 0; i < nbufs; i++)
+    for (unsigned i = 0; i < nbufs; i++) {
         if (pc_buf_append(&r->held, bufs[i].base, bufs[i].len) != 0) {
             conn_close(c);
             return PC_ERR_CLOSED;
         }
+        c->held_bytes += bufs[i].len;
+    }
     return 0;
 }
 
@@ -495,7 +679,8 @@ static bool header_is_framing(const char *name)
 static bool req_closes(const gw_http_req_t *r)
 {
     const conn_t *c = r->c;
-    return !r->keep_alive || (c->no_more && c->cur == NULL && c->q_tail == r);
+    return !r->keep_alive || (c->no_more && c->cur == NULL && c->q_tail == r) ||
+           (c->probation && !c->trusted);
 }
 
 /* Builds the status line and headers into out. streaming: chunked (or close-delimited for
@@ -700,6 +885,8 @@ static void send_continue(conn_t *c)
     static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
     uv_buf_t b = uv_buf_init((char *)cont, sizeof cont - 1);
     c->continue_pending = false;
+    if (c->cur != NULL)
+        c->cur->body_start_ms = uv_now(c->s->loop); /* the client starts the body now */
     conn_write(c, &b, 1);
 }
 
@@ -718,6 +905,7 @@ static void conn_advance(conn_t *c)
         if (n != NULL && n->held.len > 0) {
             uv_buf_t b = uv_buf_init(n->held.base, (unsigned)n->held.len);
             int rc = conn_write(c, &b, 1);
+            c->held_bytes -= n->held.len;
             pc_buf_free(&n->held);
             if (rc != 0)
                 return;
@@ -727,11 +915,12 @@ static void conn_advance(conn_t *c)
         return;
     if (c->q_head == NULL && c->continue_pending && c->cur != NULL && c->cur->want_continue)
         send_continue(c);
-    if (c->pending.len > c->pending_off && !c->in_parse && !c->no_more &&
+    if (c->pending.len > c->pending_off && !c->in_parse && !c->no_more && !c->out_paused &&
         c->n_q < c->s->p.max_pipeline)
         server_resume_schedule(c);
     if (head_can_drain(c))
         server_resume_schedule(c); /* on_drain runs from the loop, not from inside this call */
+    conn_out_resume(c);
     conn_check_finish(c);
     conn_update_timer(c, ACT_NONE);
 }
@@ -841,6 +1030,7 @@ static void conn_close(conn_t *c)
     if (c->closing)
         return;
     c->closing = true;
+    slot_release(c);
     if (c->reading)
         uv_read_stop((uv_stream_t *)&c->tcp);
     c->reading = false;
@@ -875,7 +1065,9 @@ static void on_timer(uv_timer_t *t)
         c->s->st.errors_4xx++;
         conn_fail(c, 408, "timeout_error", "request body not received in time");
         break;
+    case TK_FIRST:
     case TK_IDLE:
+    case TK_SEND:
         c->s->st.timeouts++;
         conn_close(c);
         break;
@@ -887,15 +1079,28 @@ static void on_timer(uv_timer_t *t)
     }
 }
 
-/* Arms the timer that the connection's state calls for. activity: bytes arrived (restarts the
- * body timer, which measures silence). */
+/* The body's deadline: its grace period, plus one second per body_min_rate bytes received. */
+static uint64_t body_due(const conn_t *c, const gw_http_req_t *r)
+{
+    const gw_http_params_t *p = &c->s->p;
+    uint64_t due = r->body_start_ms + p->body_timeout_ms;
+    if (p->body_min_rate > 0)
+        due += (uint64_t)r->body.len * 1000 / p->body_min_rate;
+    return due;
+}
+
+/* Arms the timer that the connection's state calls for. Header and body timers are deadlines
+ * (a byte never restarts them, it only earns body time at body_min_rate); the idle and send
+ * timers measure silence from when the state began; activity: bytes written (restarts the
+ * final flush's linger and the send timer). */
 static void conn_update_timer(conn_t *c, int activity)
 {
     if (c->closing)
         return;
     const gw_http_params_t *p = &c->s->p;
+    uint64_t now = uv_now(c->s->loop);
     int kind = TK_NONE;
-    uint32_t ms = 0;
+    uint32_t ms = 0; /* the state's timeout; 0 = none */
     if (c->shut_sent) {
         kind = TK_LINGER, ms = p->linger_ms;
     } else if (c->no_more) {
@@ -909,38 +1114,68 @@ static void conn_update_timer(conn_t *c, int activity)
         kind = TK_HEADER, ms = p->header_timeout_ms;
     } else if (c->cur != NULL && c->cur->phase == RQ_BODY) {
         kind = TK_BODY, ms = p->body_timeout_ms;
+        if (c->cur->want_continue && c->continue_pending)
+            kind = TK_NONE; /* the client waits for our 100 Continue */
+    } else if (c->out_paused && c->q_head == NULL) {
+        kind = TK_SEND, ms = p->idle_timeout_ms; /* answered, and the client does not read */
     } else if (c->cur == NULL && c->q_head == NULL && c->pending.len == 0) {
         kind = TK_IDLE, ms = p->idle_timeout_ms;
+        if (c->n_begun == 0) /* a new connection: its first request is due with its headers */
+            kind = TK_FIRST, ms = p->header_timeout_ms;
     }
-    bool restart = (kind == TK_BODY && (activity & ACT_READ)) ||
-                   (kind == TK_LINGER && !c->shut_sent && (activity & ACT_WRITE));
-    if (kind == c->timer_kind && (kind != TK_HEADER || c->timer_req == c->cur) && !restart)
+    if (kind == TK_NONE || ms == 0) {
+        uv_timer_stop(&c->timer);
+        c->timer_kind = TK_NONE;
         return;
-    uv_timer_stop(&c->timer);
-    c->timer_kind = TK_NONE;
-    if (kind == TK_NONE || ms == 0)
+    }
+    bool same = kind == c->timer_kind;
+    uint64_t due;
+    switch (kind) {
+    case TK_HEADER:
+        due = c->cur->header_due_ms;
+        break;
+    case TK_BODY:
+        due = body_due(c, c->cur);
+        break;
+    case TK_FIRST:
+        due = c->accept_ms + ms;
+        break;
+    case TK_IDLE:
+        due = same && !(activity & ACT_READ) ? c->timer_due_ms : now + ms;
+        break;
+    case TK_SEND:
+        due = same && !(activity & ACT_WRITE) ? c->timer_due_ms : now + ms;
+        break;
+    default: /* TK_LINGER */
+        due = same && (c->shut_sent || !(activity & ACT_WRITE)) ? c->timer_due_ms : now + ms;
+        break;
+    }
+    if (same && due == c->timer_due_ms)
         return;
     c->timer_kind = (uint8_t)kind;
-    c->timer_req = c->cur;
-    uv_timer_start(&c->timer, on_timer, ms, 0);
+    c->timer_due_ms = due;
+    uv_timer_start(&c->timer, on_timer, due > now ? due - now : 0, 0);
 }
 
-static void default_format_error(const char *type, const char *message, pc_buf_t *out)
+static void default_format_error(const char *type, const char *message, const char *request_id,
+                                 pc_buf_t *out)
 {
     pc_buf_append_cstr(out, "{\"error\":{\"type\":");
     json_str(out, type);
     pc_buf_append_cstr(out, ",\"message\":");
     json_str(out, message);
-    pc_buf_append_cstr(out, "}}");
+    pc_buf_append_cstr(out, "},\"request_id\":");
+    json_str(out, request_id);
+    pc_buf_append_cstr(out, "}");
 }
 
 static void error_body(gw_http_server_t *s, const char *path, int status, const char *type,
-                       const char *msg, pc_buf_t *out)
+                       const char *msg, const char *request_id, pc_buf_t *out)
 {
     if (s->p.format_error != NULL)
-        s->p.format_error(path, status, type, msg, out, s->p.ud);
+        s->p.format_error(path, status, type, msg, request_id, out, s->p.ud);
     else
-        default_format_error(type, msg, out);
+        default_format_error(type, msg, request_id, out);
 }
 
 /* A protocol error: the request being parsed (or a new one) becomes the server's error
@@ -956,6 +1191,7 @@ static void conn_fail(conn_t *c, int status, const char *type, const char *msg)
         return;
     }
     PC_LOG(PC_LOG_DEBUG, "http", "%s: %d %s", c->peer, status, msg);
+    prob_unlink(c); /* answered: no longer evictable */
     c->no_more = true;
     c->continue_pending = false;
     pending_clear(c);
@@ -973,10 +1209,13 @@ static void conn_fail(conn_t *c, int status, const char *type, const char *msg)
         r->url.base[0] = '\0';
     r->query_off = r->url.len;
     conn_enqueue(c, r);
+    char id[HTTP_REQ_ID_LEN];
+    make_request_id(id);
     pc_buf_t body = PC_BUF_INIT;
-    error_body(c->s, gw_http_req_path(r), status, type, msg, &body);
-    gw_http_header_t ct = {"Content-Type", "application/json"};
-    if (req_respond(r, status, &ct, 1, body.base, body.len) != 0)
+    error_body(c->s, gw_http_req_path(r), status, type, msg, id, &body);
+    gw_http_header_t h[] = {
+        {"Content-Type", "application/json"}, {"request-id", id}, {"x-request-id", id}};
+    if (req_respond(r, status, h, 3, body.base, body.len) != 0)
         conn_close(c);
     pc_buf_free(&body);
     conn_set_reading(c, true); /* read and discard: detect EOF, avoid a reset */
@@ -1023,6 +1262,9 @@ static int cb_message_begin(llhttp_t *p)
         return -1;
     }
     c->header_bytes = 0;
+    /* A connection's first request is due within header_timeout_ms of the accept. */
+    c->cur->header_due_ms =
+        (c->n_begun++ == 0 ? c->accept_ms : c->cur->start_ms) + c->s->p.header_timeout_ms;
     return 0;
 }
 
@@ -1089,9 +1331,23 @@ static int cb_header_field_complete(llhttp_t *p)
     return 0;
 }
 
+/* Whether a header value span at `at` continues a folded line (obs-fold: a line starting with SP
+ * or HTAB), which llhttp accepts: the bytes before it, blanks skipped, end in LF. A span at the
+ * start of the bytes being parsed looks at what the previous bytes ended with. */
+static bool value_is_folded(const conn_t *c, const char *at)
+{
+    const char *q = at;
+    while (q > c->parse_base && (q[-1] == ' ' || q[-1] == '\t'))
+        q--;
+    return q > c->parse_base ? q[-1] == '\n' : c->tail_lf;
+}
+
 static int cb_header_value(llhttp_t *p, const char *at, size_t len)
 {
     conn_t *c = p->data;
+    if (len > 0 && value_is_folded(c, at))
+        return parse_err(c, 400, "invalid_request_error",
+                         "folded header lines (obs-fold) are not allowed");
     if (count_header_bytes(c, len) != 0)
         return -1;
     if (c->cur->phase == RQ_BODY)
@@ -1203,6 +1459,7 @@ static int cb_headers_complete(llhttp_t *p)
         }
     }
     r->phase = RQ_BODY;
+    r->body_start_ms = uv_now(c->s->loop);
     const char *expect = gw_http_req_header(r, "expect");
     bool has_body = (p->flags & F_CHUNKED) || p->content_length > 0;
     if (expect != NULL && strcasecmp(expect, "100-continue") == 0 && r->minor >= 1 && has_body) {
@@ -1253,7 +1510,37 @@ static void conn_dispatch(conn_t *c)
     r->dispatched = true;
     gw_http_server_t *s = c->s;
     s->st.requests++;
+    prob_unlink(c);              /* its request is in: no longer evictable */
     s->p.on_request(r, s->p.ud); /* may answer (and free) r */
+    if (c->probation && !c->trusted && !c->closing && !c->no_more) {
+        /* A probation connection gets one request unless it made the connection trusted. */
+        c->no_more = true;
+        c->continue_pending = false;
+        conn_check_finish(c);
+        conn_update_timer(c, ACT_NONE);
+    }
+}
+
+/* Whether the unsent output is over the bound; stops reading when it is. */
+static bool conn_out_check(conn_t *c)
+{
+    if (c->out_paused)
+        return true;
+    if (c->closing || c->no_more || conn_unsent(c) < c->s->p.stream_high_water)
+        return false;
+    c->out_paused = true;
+    c->s->st.output_pauses++;
+    conn_set_reading(c, false);
+    return true;
+}
+
+/* Remembers whether the parsed bytes [a, b) end, blanks skipped, in LF (see value_is_folded). */
+static void tail_update(conn_t *c, const char *a, const char *b)
+{
+    while (b > a && (b[-1] == ' ' || b[-1] == '\t'))
+        b--;
+    if (b > a)
+        c->tail_lf = b[-1] == '\n';
 }
 
 /* Parses data; returns how many bytes were consumed. Stops early when the pipeline is full,
@@ -1263,15 +1550,19 @@ static size_t conn_parse(conn_t *c, const char *data, size_t len)
     const char *p = data, *end = data + len;
     c->in_parse = true;
     while (p < end && !c->closing && !c->no_more) {
-        if (c->n_q >= c->s->p.max_pipeline)
+        if (c->n_q >= c->s->p.max_pipeline || conn_out_check(c))
             break;
+        c->parse_base = p;
         llhttp_errno_t e = llhttp_execute(&c->parser, p, (size_t)(end - p));
         if (e == HPE_OK) {
+            tail_update(c, p, end);
             p = end;
             break;
         }
         if (e == HPE_PAUSED || e == HPE_PAUSED_UPGRADE) {
-            p = llhttp_get_error_pos(&c->parser);
+            const char *at = llhttp_get_error_pos(&c->parser);
+            tail_update(c, p, at);
+            p = at;
             llhttp_resume(&c->parser);
             conn_dispatch(c);
             continue;
@@ -1294,6 +1585,8 @@ static size_t conn_parse(conn_t *c, const char *data, size_t len)
         break;
     }
     c->in_parse = false;
+    if (!c->closing)
+        conn_out_check(c);
     return (size_t)(p - data);
 }
 
@@ -1354,7 +1647,8 @@ static void conn_resume(conn_t *c)
     }
     if (c->no_more || c->pending_off >= c->pending.len) {
         pending_clear(c);
-        conn_set_reading(c, true);
+        if (!c->out_paused)
+            conn_set_reading(c, true);
     }
     conn_update_timer(c, ACT_NONE);
     conn_check_finish(c);
@@ -1417,9 +1711,9 @@ static void on_connection(uv_stream_t *ls, int status)
     gw_http_server_t *s = ls->data;
     if (status < 0 || s->shutting_down)
         return;
-    bool refuse = s->st.conns_open >= s->p.max_connections;
-    if (refuse && s->n_refused_open >= s->p.max_connections) {
-        accept_and_drop(s);
+    if (s->n_refused_open >= s->p.max_connections && s->st.conns_open >= s->p.max_connections &&
+        s->prob_head == NULL) {
+        accept_and_drop(s); /* a flood over every limit: not even a 503 */
         return;
     }
     conn_t *c = pc_calloc(1, sizeof *c);
@@ -1435,33 +1729,73 @@ static void on_connection(uv_stream_t *ls, int status)
     if (s->conns != NULL)
         s->conns->prev = c;
     s->conns = c;
-    c->refused = refuse;
-    if (refuse) {
-        s->n_refused_open++;
-        s->st.conns_refused++;
-    } else {
-        s->st.conns_open++;
-        s->st.conns_accepted++;
-    }
+    c->accept_ms = uv_now(s->loop);
+    c->refused = true; /* counted as refused until admitted */
+    s->n_refused_open++;
     if (uv_accept(ls, (uv_stream_t *)&c->tcp) != 0) {
         conn_close(c);
         return;
     }
     struct sockaddr_storage sa;
     int sl = sizeof sa;
+    memset(&sa, 0, sizeof sa);
     if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &sl) == 0)
         format_peer(&sa, c->peer, sizeof c->peer);
     else
         snprintf(c->peer, sizeof c->peer, "?");
+    peer_key(&sa, c->peer_addr);
+    /* Admission (see "Connection slots" in http.h). */
+    uint32_t max = s->p.max_connections;
+    bool peer_full =
+        s->peers != NULL && peer_count(s, c->peer_addr) >= s->p.max_connections_per_peer;
+    if (!peer_full && s->st.conns_open >= max && s->prob_head != NULL) {
+        conn_t *v = s->prob_head;
+        PC_LOG(PC_LOG_INFO, "http", "%s: every slot taken: closing probation connection %s",
+               c->peer, v->peer);
+        s->st.conns_evicted++;
+        conn_close(v); /* its slot is given to c now, while its handles close */
+        s->st.conns_open--;
+        v->refused = true; /* counted out already */
+        s->n_refused_open++;
+    }
+    bool refuse = peer_full || s->st.conns_open >= max;
+    if (refuse && s->n_refused_open > max) {
+        s->st.conns_refused++;
+        conn_close(c);
+        return;
+    }
     uv_tcp_nodelay(&c->tcp, 1);
     llhttp_init(&c->parser, HTTP_REQUEST, &s->settings);
     c->parser.data = c;
-    conn_set_reading(c, true);
     if (refuse) {
-        PC_LOG(PC_LOG_WARN, "http", "%s: over %u connections: 503", c->peer, s->p.max_connections);
-        conn_fail(c, 503, "overloaded_error", "too many connections");
+        s->st.conns_refused++;
+        s->st.conns_refused_peer += peer_full;
+        conn_set_reading(c, true);
+        if (peer_full) {
+            PC_LOG(PC_LOG_WARN, "http", "%s: over %u connections from this address: 503", c->peer,
+                   s->p.max_connections_per_peer);
+            conn_fail(c, 503, "overloaded_error", "too many connections from your address");
+        } else {
+            PC_LOG(PC_LOG_WARN, "http", "%s: over %u connections: 503", c->peer, max);
+            conn_fail(c, 503, "overloaded_error", "too many connections");
+        }
         return;
     }
+    c->refused = false;
+    s->n_refused_open--;
+    s->st.conns_open++;
+    s->st.conns_accepted++;
+    if (s->peers != NULL && peer_add(s, c->peer_addr) != 0) {
+        conn_close(c);
+        return;
+    }
+    c->slot_counted = true;
+    if (s->st.conns_untrusted >= max - s->reserve) {
+        c->probation = true; /* the untrusted share is full: one request, on probation */
+        prob_append(c);
+    }
+    s->st.conns_untrusted++;
+    conn_set_reading(c, true);
     conn_update_timer(c, ACT_NONE);
 }
 
@@ -1474,6 +1808,14 @@ static void on_server_handle_closed(uv_handle_t *h)
 
 static void server_free_now(gw_http_server_t *s)
 {
+    if (s->peers != NULL) {
+        for (size_t i = 0; i < HTTP_PEER_BUCKETS; i++)
+            for (peer_t *e = s->peers[i], *n; e != NULL; e = n) {
+                n = e->next;
+                pc_free(e);
+            }
+        pc_free(s->peers);
+    }
     pc_free(s->host);
     pc_free(s);
 }
@@ -1541,9 +1883,12 @@ int gw_http_server_init(uv_loop_t *loop, const gw_http_params_t *p, gw_http_serv
     getsockname(fd, (struct sockaddr *)&bound, &sl);
     gw_http_server_t *s = pc_calloc(1, sizeof *s);
     char *host_copy = pc_strdup(host);
-    if (s == NULL || host_copy == NULL) {
+    peer_t **peers =
+        p->max_connections_per_peer > 0 ? pc_calloc(HTTP_PEER_BUCKETS, sizeof *peers) : NULL;
+    if (s == NULL || host_copy == NULL || (p->max_connections_per_peer > 0 && peers == NULL)) {
         pc_free(s);
         pc_free(host_copy);
+        pc_free(peers);
         close(fd);
         return pc_err_setf(err, err_len, PC_ERR_NOMEM, "http: out of memory");
     }
@@ -1551,6 +1896,11 @@ int gw_http_server_init(uv_loop_t *loop, const gw_http_params_t *p, gw_http_serv
     s->p = *p;
     s->host = host_copy;
     s->p.host = host_copy;
+    s->peers = peers;
+    if (uv_random(NULL, NULL, &s->peer_seed, sizeof s->peer_seed, 0, NULL) != 0)
+        s->peer_seed = uv_hrtime();
+    s->reserve = p->reserved_connections < p->max_connections / 2 ? p->reserved_connections
+                                                                  : p->max_connections / 2;
     if (s->p.stream_high_water < 2)
         s->p.stream_high_water = 2;
     s->port = ntohs(bound.ss_family == AF_INET ? ((struct sockaddr_in *)&bound)->sin_port
@@ -1663,4 +2013,15 @@ unsigned gw__http_req_lenient_flags(const gw_http_req_t *r);
 unsigned gw__http_req_lenient_flags(const gw_http_req_t *r)
 {
     return r->c->parser.lenient_flags;
+}
+
+/* Internal, for the tests: the most unsent output bytes any connection holds now. */
+size_t gw__http_server_unsent_max(const gw_http_server_t *s);
+size_t gw__http_server_unsent_max(const gw_http_server_t *s)
+{
+    size_t m = 0;
+    for (const conn_t *c = s->conns; c != NULL; c = c->next)
+        if (conn_unsent(c) > m)
+            m = conn_unsent(c);
+    return m;
 }

@@ -13,14 +13,16 @@
  * is held in memory until every earlier one has been written.
  *
  * Protocol errors are answered by the server itself, never seen by on_request: 400 (bad request
- * line or header, Content-Length together with Transfer-Encoding, bad chunk framing), 431 (more
- * than max_header_bytes of request line and headers, or more than max_headers header fields),
- * 413 (body over max_body_bytes: at once from Content-Length, before the body is read, or as
- * chunked bytes arrive), 408 (headers not complete within header_timeout_ms, or no body byte
- * for body_timeout_ms) and 503 (over max_connections). Their body comes from format_error (the
- * API's error shape for the path) and they carry Connection: close: the server stops reading
- * requests on that connection, writes the earlier responses and the error, half-closes and
- * closes once the client closed too or after a short linger.
+ * line or header, a folded header line (obs-fold, RFC 9112 §5.2), Content-Length together with
+ * Transfer-Encoding, bad chunk framing), 431 (more than max_header_bytes of request line and
+ * headers, or more than max_headers header fields), 413 (body over max_body_bytes: at once from
+ * Content-Length, before the body is read, or as chunked bytes arrive), 408 (headers or body
+ * past their deadline, see Timeouts) and 503 (no connection slot, see Connection slots). Each
+ * carries a fresh request id ("req_" + 24 hex digits, random) in its request-id and
+ * x-request-id headers and hands it to format_error for the body. Their body comes from
+ * format_error (the API's error shape for the path) and they carry Connection: close: the
+ * server stops reading requests on that connection, writes the earlier responses and the error,
+ * half-closes and closes once the client closed too or after a short linger.
  *
  * Request lifetime (the contract the handler relies on):
  *   - the server owns every gw_http_req_t. The accessors and the request's data stay valid from
@@ -40,13 +42,39 @@
  * queue fell below stream_high_water / 2 after having reached stream_high_water). Bytes the
  * handler held back meanwhile may go out in one write from on_drain, whatever their size. A
  * write while 4 × stream_high_water or more are already queued is refused with
- * PC_ERR_OVERLOADED and the connection is closed (on_abort follows): memory per connection
- * stays below 4 × stream_high_water plus one write even when the handler ignores the mark.
+ * PC_ERR_OVERLOADED and the connection is closed (on_abort follows).
  *
- * Timeouts. header_timeout_ms runs from a request's first byte to the end of its headers;
- * body_timeout_ms is the longest silence while a body is being read; idle_timeout_ms closes a
- * keep-alive connection with nothing in flight and nothing received. No timeout runs while a
- * request is being answered (a long stream is never cut by the server's timers).
+ * The same bound holds the input side: no request is parsed while the connection's unsent
+ * output (every response byte not yet taken by the socket) is at or above stream_high_water;
+ * reading stops then and resumes once it fell below stream_high_water / 2. So a client that
+ * pipelines requests and never reads the answers costs at most, per connection: one read of
+ * unparsed input (64 KiB), max_pipeline requests parsed and not answered (each at most
+ * max_header_bytes + max_body_bytes), and stream_high_water of output plus the responses of the
+ * requests already handed out (one, when the handler answers from on_request). A connection
+ * whose output has not moved for idle_timeout_ms while nothing is in flight is closed.
+ *
+ * Timeouts are deadlines, never restarted by a byte. A new connection must deliver its first
+ * request's headers within header_timeout_ms of being accepted (silence until then closes it);
+ * a later request's headers, within header_timeout_ms of its first byte. A body must be complete
+ * by body_timeout_ms after its headers plus one second per body_min_rate bytes received (a
+ * minimum rate after a grace period; body_min_rate 0: body_timeout_ms is the total). Past either
+ * deadline: 408 and close. idle_timeout_ms closes a keep-alive connection with nothing in flight
+ * and nothing received. No timeout runs while a request is being answered (a long stream is
+ * never cut by the server's timers).
+ *
+ * Connection slots. A connection is untrusted until the handler calls gw_http_req_set_trusted on
+ * one of its requests (it presented a valid API key). max_connections bounds all connections;
+ * untrusted ones take at most max_connections - reserved_connections slots (the reserve is
+ * capped at max_connections / 2) and at most max_connections_per_peer from one client address
+ * (IPv4 address or IPv6 /64; 0 = no limit). A connection arriving when the untrusted share is
+ * full is admitted into the reserve on probation: it gets one request, answered with
+ * Connection: close unless the request made it trusted; and when every slot is taken, a new
+ * connection evicts the oldest probation connection that has not finished its first request
+ * (closed without an answer). So a flood of keyless sockets holds at most the untrusted share
+ * for long, and a client with a key (or a health check, answered and closed) still gets in
+ * unless probation connections arrive faster than one request takes. Connections over
+ * max_connections_per_peer, or with every slot taken by trusted and dispatched connections, are
+ * answered 503 and closed.
  *
  * Threads: every function runs on the loop's thread.
  */
@@ -69,33 +97,38 @@ typedef struct {
 } gw_http_header_t;
 
 typedef struct {
-    const char *host;           /* listen address: an IPv4 or IPv6 literal, or "localhost" */
-    int port;                   /* 0 = ephemeral (gw_http_server_port says which) */
-    size_t max_header_bytes;    /* request line plus all header bytes of one request: 431 */
-    uint32_t max_headers;       /* header field count: 431 */
-    size_t max_body_bytes;      /* decoded body bytes: 413 request_too_large */
-    uint32_t header_timeout_ms; /* slow headers: 408 then close */
-    uint32_t body_timeout_ms;   /* silence while reading a body: 408 then close */
-    uint32_t idle_timeout_ms;   /* keep-alive with nothing in flight: close */
-    uint32_t max_connections;   /* excess: accepted, answered 503 and closed at once */
-    size_t max_pipeline;        /* complete requests handed out ahead of the earliest response */
-    size_t stream_high_water;   /* queued bytes per connection before backpressure */
+    const char *host;              /* listen address: an IPv4 or IPv6 literal, or "localhost" */
+    int port;                      /* 0 = ephemeral (gw_http_server_port says which) */
+    size_t max_header_bytes;       /* request line plus all header bytes of one request: 431 */
+    uint32_t max_headers;          /* header field count: 431 */
+    size_t max_body_bytes;         /* decoded body bytes: 413 request_too_large */
+    uint32_t header_timeout_ms;    /* deadline for a request's headers: 408 then close */
+    uint32_t body_timeout_ms;      /* a body's grace period (total deadline at body_min_rate 0) */
+    uint32_t body_min_rate;        /* body bytes per second owed after the grace; 0 = none */
+    uint32_t idle_timeout_ms;      /* keep-alive with nothing in flight: close */
+    uint32_t max_connections;      /* excess: accepted, answered 503 and closed at once */
+    uint32_t reserved_connections; /* slots untrusted connections only get on probation */
+    uint32_t max_connections_per_peer; /* untrusted connections per client address; 0 = any */
+    size_t max_pipeline;      /* complete requests handed out ahead of the earliest response */
+    size_t stream_high_water; /* queued bytes per connection before backpressure */
     uint32_t linger_ms; /* after the final response of a closing connection: wait this long for
                            the client's EOF (reading and discarding) before closing */
     /* A complete request (body read). Called from the loop; see the lifetime rules above. */
     void (*on_request)(gw_http_req_t *req, void *ud);
     /* Formats the body of a protocol-level error (400/408/413/431/503) in the API's shape for
-     * that path ("" when unknown: a refused connection); NULL = plain JSON
-     * {"error":{"type":...,"message":...}}. Appends to out; the response is sent with
-     * Content-Type: application/json. */
+     * that path ("" when unknown: a refused connection); request_id is the id the response's
+     * request-id header carries. NULL = plain JSON
+     * {"error":{"type":...,"message":...},"request_id":...}. Appends to out; the response is
+     * sent with Content-Type: application/json. */
     void (*format_error)(const char *path, int status, const char *type, const char *message,
-                         pc_buf_t *out, void *ud);
+                         const char *request_id, pc_buf_t *out, void *ud);
     void *ud;
 } gw_http_params_t;
 
-/* Defaults: 127.0.0.1:8080, 60 KiB / 100 headers, 32 MiB bodies, 10 s header timeout, 30 s
- * body silence, 60 s keep-alive idle, 10 000 connections, 16 pipelined requests, 64 KiB high
- * water, 2 s linger; on_request must be set by the caller. */
+/* Defaults: 127.0.0.1:8080, 60 KiB / 100 headers, 32 MiB bodies, 10 s header deadline, 30 s
+ * body grace then 1 KiB/s, 60 s keep-alive idle, 10 000 connections (no reserve, no per-peer
+ * limit), 16 pipelined requests, 64 KiB high water, 2 s linger; on_request must be set by the
+ * caller. */
 gw_http_params_t gw_http_params_default(void);
 
 /* Binds, listens and starts accepting on loop. p is copied (host too). Returns 0 and *out, or
@@ -108,13 +141,17 @@ int gw_http_server_init(uv_loop_t *loop, const gw_http_params_t *p, gw_http_serv
 int gw_http_server_port(const gw_http_server_t *s);
 
 typedef struct gw_http_stats {
-    uint32_t conns_open;       /* accepted and not closed yet (refused ones excluded) */
-    uint64_t conns_accepted;   /* served connections since init */
-    uint64_t conns_refused;    /* over max_connections */
-    uint64_t requests;         /* requests handed to on_request */
-    uint64_t requests_aborted; /* handed out, connection gone before the response ended */
-    uint64_t errors_4xx;       /* protocol errors answered by the server (400/408/413/431) */
-    uint64_t timeouts;         /* 408s plus idle closes */
+    uint32_t conns_open;         /* accepted and not closed yet (refused ones excluded) */
+    uint64_t conns_accepted;     /* served connections since init */
+    uint64_t conns_refused;      /* answered 503: no slot, or over the per-peer limit */
+    uint64_t conns_refused_peer; /* over max_connections_per_peer */
+    uint64_t conns_evicted;      /* probation connections closed to make room */
+    uint32_t conns_untrusted;    /* open and not (yet) trusted */
+    uint64_t output_pauses;      /* times reading stopped because output was not taken */
+    uint64_t requests;           /* requests handed to on_request */
+    uint64_t requests_aborted;   /* handed out, connection gone before the response ended */
+    uint64_t errors_4xx;         /* protocol errors answered by the server (400/408/413/431) */
+    uint64_t timeouts;           /* 408s plus idle closes */
 } gw_http_stats_t;
 
 /* A snapshot of the counters. */
@@ -153,6 +190,11 @@ uint64_t gw_http_req_start_ms(const gw_http_req_t *r);
 /* The handler's pointer for this request (NULL at first). */
 void gw_http_req_set_data(gw_http_req_t *r, void *data);
 void *gw_http_req_data(const gw_http_req_t *r);
+
+/* Marks r's connection as trusted (a request on it presented a valid API key): from now on it
+ * no longer counts against the untrusted share or its peer's limit, and a probation connection
+ * keeps its slot. Idempotent; call it before answering r. */
+void gw_http_req_set_trusted(gw_http_req_t *r);
 
 /* Called once if the client goes away (or the server shuts the connection down) before the
  * response ended; after it the req is gone (no more calls on it). fn gets the data set with

@@ -31,14 +31,14 @@ static gw_api_kind_t kind_for_path(const char *path)
 
 /* Protocol errors from the HTTP layer, in the API's shape for the path. */
 static void format_http_error(const char *path, int status, const char *type, const char *message,
-                              pc_buf_t *out, void *ud)
+                              const char *request_id, pc_buf_t *out, void *ud)
 {
     (void)type;
     (void)ud;
     gw_api_kind_t k = kind_for_path(path ? path : "");
     gw_api_error_t e;
     gw_api_error_set(&e, k, status, "%s", message);
-    gw_api_error_render(k, &e, NULL, out);
+    gw_api_error_render(k, &e, request_id, out);
 }
 
 /* ---- simple endpoints -------------------------------------------------------------------- */
@@ -83,9 +83,10 @@ static void metrics_endpoint(gw_req_t *q)
                                     gw_http_req_header(q->http, "authorization"));
     if (st != 0) {
         gw__req_respond_errorf(q, st, "%s",
-                       st == 401 ? "/metrics needs the admin key (x-api-key or Authorization: "
-                                   "Bearer)"
-                                 : "/metrics needs the admin key");
+                               st == 401
+                                   ? "/metrics needs the admin key (x-api-key or Authorization: "
+                                     "Bearer)"
+                                   : "/metrics needs the admin key");
         return;
     }
     gw__obs_update_gauges(q->s);
@@ -151,8 +152,10 @@ static void on_request(gw_http_req_t *r, void *ud)
         if (key == NULL || gw_config_key_find(&s->cfg, key, strlen(key)) == NULL)
             gw__req_respond_errorf(q, 401, "%s",
                                    key ? "invalid x-api-key" : "x-api-key header is required");
-        else
+        else {
+            gw_http_req_set_trusted(r);
             models_list(q, gw_http_req_header(r, "anthropic-version") != NULL);
+        }
     } else if (post && (strcmp(path, "/v1/messages") == 0 ||
                         strcmp(path, "/v1/messages/count_tokens") == 0 ||
                         strcmp(path, "/v1/chat/completions") == 0)) {
@@ -175,7 +178,8 @@ static void on_request(gw_http_req_t *r, void *ud)
                 gw__req_respond_errorf(q, 401, "%s",
                                        key ? "invalid x-api-key" : "x-api-key header is required");
         } else {
-            gw__req_start_api(q); /* the request path owns q now */
+            gw_http_req_set_trusted(r); /* a valid key: the connection keeps its slot */
+            gw__req_start_api(q);       /* the request path owns q now */
             return;
         }
     } else if (get && strncmp(path, "/admin/", 7) == 0) {
@@ -185,6 +189,7 @@ static void on_request(gw_http_req_t *r, void *ud)
                                    key ? "this endpoint needs the admin key"
                                        : "x-api-key header is required");
         else if (strcmp(path, "/admin/v1/usage") == 0) {
+            gw_http_req_set_trusted(r);
             q->endpoint = "admin_usage";
             if (gw__admin_usage(q, gw_http_req_query(r)))
                 return; /* streaming: the export job owns q now */
@@ -450,8 +455,11 @@ static int serve_run(serve_t *s, const char *listen)
     hp.max_body_bytes = s->cfg.max_body_bytes;
     hp.header_timeout_ms = s->cfg.header_timeout_ms;
     hp.body_timeout_ms = s->cfg.body_timeout_ms;
+    hp.body_min_rate = s->cfg.body_min_rate;
     hp.idle_timeout_ms = s->cfg.idle_timeout_ms;
     hp.max_connections = s->cfg.max_connections;
+    hp.reserved_connections = s->cfg.reserved_connections;
+    hp.max_connections_per_peer = s->cfg.max_connections_per_peer;
     hp.stream_high_water = s->cfg.stream_high_water;
     hp.on_request = on_request;
     hp.format_error = format_http_error;

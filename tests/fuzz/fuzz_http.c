@@ -7,7 +7,10 @@
  * The handler answers in three ways chosen by the request path, so that the fuzzer reaches
  * every response path: a path holding 'h' is held and answered only after the input was sent
  * (out of order: the latest first), one holding 's' is streamed in chunks, the rest are echoed
- * at once; HEAD gets a 204 (a response parser cannot tell a HEAD answer's length).
+ * at once; HEAD gets a 204 (a response parser cannot tell a HEAD answer's length). A path
+ * holding 't' marks the connection trusted. stream_high_water is 4 KiB, so answers held behind a
+ * held request reach the output bound and pause parsing until the held one is answered; the
+ * per-peer count and the body deadline (with its minimum rate) run on every connection.
  *
  * Each input is one loopback TCP connection: byte 0 bit 0 set splits the rest into two writes
  * 2 ms apart (partial parses); the rest is written as is; the loop runs until the server is
@@ -92,6 +95,8 @@ static void on_request(gw_http_req_t *r, void *ud)
     (void)ud;
     g->handed++;
     gw_http_req_on_abort(r, on_abort);
+    if (strchr(gw_http_req_path(r), 't') != NULL)
+        gw_http_req_set_trusted(r);
     if (strchr(gw_http_req_path(r), 'h') != NULL && g->n_held < MAX_HELD) {
         g->held[g->n_held++] = r;
         return;
@@ -113,6 +118,9 @@ static void setup(void)
     p.max_body_bytes = 4096;
     p.max_pipeline = 4;
     p.header_timeout_ms = p.body_timeout_ms = 1000;
+    p.body_min_rate = 2048;
+    p.max_connections_per_peer = 4;
+    p.reserved_connections = 16;
     p.idle_timeout_ms = 2000;
     p.linger_ms = 200;
     p.stream_high_water = 4096;
@@ -209,8 +217,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     gw_http_stats_t st;
     RUN(p->closed && (gw_http_server_stats(g->srv, &st), st.conns_open == 0));
     gw_http_server_stats(g->srv, &st);
-    if (!p->closed || st.conns_open != 0 || g->n_held != 0 || g->handed != g->ended + g->aborted ||
-        st.requests_aborted != g->aborted) {
+    if (!p->closed || st.conns_open != 0 || st.conns_untrusted != 0 || g->n_held != 0 ||
+        g->handed != g->ended + g->aborted || st.requests_aborted != g->aborted) {
         fprintf(stderr,
                 "after the connection: %u open, %d held, %llu handed, %llu ended, %llu "
                 "aborted (server counted %llu)\n",

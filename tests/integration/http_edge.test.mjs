@@ -2,14 +2,17 @@
 // careless client, a hostile one and a proxy would: pipelining, chunked bodies, Expect:
 // 100-continue, request smuggling (CL + TE), header floods, bodies over limits.max_body_bytes,
 // a slowloris client, bad JSON and bad types with their exact texts, keep-alive reuse, a client
-// that leaves mid-stream (the worker request is cancelled, billed, logged as 499) and
-// limits.max_connections.
+// that leaves mid-stream (the worker request is cancelled, billed, logged as 499),
+// limits.max_connections, pipelined requests whose answers are never read (RSS stays bounded),
+// a flood of keyless trickling sockets (keyed requests and /healthz still answered), folded
+// header lines, and the request id on every error the server answers itself.
 //
 // Run: KVGW_BIN=build/bin/kvgw node --test tests/integration/http_edge.test.mjs (from the
 // repository root; CTest does this as gateway_http_edge).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
@@ -63,6 +66,12 @@ async function once(bytes, timeoutMs = 15000) {
   c.destroy();
   assert.ok(r, 'a complete response');
   return r;
+}
+
+// The server's own errors carry a request id like the handler's: header and body agree.
+function assertRequestId(r) {
+  assert.match(r.headers['request-id'] ?? '', /^req_[0-9a-f]{24}$/, r.text);
+  assert.equal(r.json?.request_id, r.headers['request-id'], r.text);
 }
 
 function assertAnthropicError(r, status, type, message) {
@@ -199,7 +208,7 @@ test('bodies over limits.max_body_bytes -> 413 request_too_large (Content-Length
   let r = await once(postBytes('/v1/messages', msg(pad)));
   assertAnthropicError(r, 413, 'request_too_large',
     `request body of ${JSON.stringify(msg(pad)).length} bytes is larger than the limit of ${MAX_BODY} bytes`);
-  assert.ok(r.headers['request-id'] === undefined || r.headers['request-id'].length > 0);
+  assertRequestId(r);
 
   // Chunked: no length up front; the limit is counted as the chunks arrive.
   const c = await conn();
@@ -375,3 +384,123 @@ test('limits.max_connections: the excess is refused fast, freed slots are reused
     rmSync(d2, { recursive: true, force: true });
   }
 });
+
+test('every error the server answers itself carries request_id (400, 408, 413, 431)', async () => {
+  const ids = new Set();
+  const cases = [
+    [postBytes('/v1/messages', '5\r\nhello\r\n0\r\n\r\n', { 'transfer-encoding': 'chunked' }), 400],
+    [postBytes('/v1/messages', msg('x'), Object.fromEntries(Array.from({ length: MAX_HEADERS + 5 }, (_, i) => [`x-f-${i}`, 'v']))), 431],
+    [postBytes('/v1/messages', msg('z'.repeat(MAX_BODY))), 413],
+    [postBytes('/v1/messages', msg('x')).subarray(0, -5), 408],
+  ];
+  for (const [bytes, status] of cases) {
+    const r = await once(bytes);
+    assert.equal(r.status, status, r.text);
+    assertRequestId(r);
+    ids.add(r.json.request_id);
+  }
+  assert.equal(ids.size, cases.length, 'each error has its own id');
+});
+
+test('folded header lines (obs-fold) -> 400, RFC 9112 §5.2', async () => {
+  for (const fold of ['x-a: one\r\n two', 'x-a:\r\n two', 'x-a: one\r\n\ttwo']) {
+    const head = `POST /v1/messages/count_tokens HTTP/1.1\r\nhost: x\r\nx-api-key: ${KEY}\r\n${fold}\r\n`;
+    const body = JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'fold' }] });
+    const r = await once(`${head}content-type: application/json\r\ncontent-length: ${body.length}\r\n\r\n${body}`);
+    assertAnthropicError(r, 400, 'invalid_request_error', 'folded header lines (obs-fold) are not allowed');
+    assertRequestId(r);
+  }
+});
+
+function vmRssKiB(pid) {
+  const m = readFileSync(`/proc/${pid}/status`, 'utf8').match(/^VmRSS:\s+(\d+) kB$/m);
+  return Number(m[1]);
+}
+
+test('45,000 pipelined GET /dashboard never read: RSS stays bounded, others are served', async () => {
+  const N = 45000, BOUND_MIB = 64;
+  const rss0 = vmRssKiB(gw.proc.pid);
+  const s = net.connect(gw.port, '127.0.0.1');
+  await new Promise((res, rej) => { s.once('connect', res); s.once('error', rej); });
+  s.on('error', () => {});
+  s.pause(); // never read: the answers pile up wherever the gateway keeps them
+  const one = Buffer.from('GET /dashboard HTTP/1.1\r\nhost: x\r\n\r\n');
+  s.write(Buffer.concat(Array(N).fill(one)));
+  let peak = rss0;
+  const t0 = Date.now();
+  while (Date.now() - t0 < 3000) {
+    peak = Math.max(peak, vmRssKiB(gw.proc.pid));
+    await sleep(50);
+  }
+  // Meanwhile (and after) other clients are served.
+  assert.ok((await countTokens('while a client does not read')) > 0);
+  const h = await once('GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n');
+  assert.equal(h.status, 200);
+  peak = Math.max(peak, vmRssKiB(gw.proc.pid));
+  const grew = (peak - rss0) / 1024;
+  console.log(`  pipelined ${N} x GET /dashboard, never read: RSS ${(rss0 / 1024).toFixed(0)} MiB -> peak ${(peak / 1024).toFixed(0)} MiB (+${grew.toFixed(1)} MiB, bound ${BOUND_MIB} MiB)`);
+  assert.ok(grew < BOUND_MIB, `RSS grew ${grew.toFixed(1)} MiB`);
+  s.destroy();
+});
+
+// How many more sockets this process may open (the soft RLIMIT_NOFILE, less what is open).
+function fdsLeft() {
+  const lim = Number(readFileSync('/proc/self/limits', 'utf8').match(/^Max open files\s+(\d+|unlimited)/m)?.[1] ?? 1024);
+  return (Number.isFinite(lim) ? lim : 1 << 20) - 64;
+}
+
+test('a flood of keyless trickling sockets: keyed requests and /healthz are still answered', async () => {
+  const PER_PEER = 100, PEERS = 12;
+  const want = PER_PEER * PEERS; // 1200 sockets: twice max_connections
+  const n = Math.min(want, fdsLeft());
+  console.log(`  flood: ${n} sockets from ${PEERS} addresses (ulimit -n allows ${fdsLeft() + 64})`);
+  const d2 = mkdtempSync(join(tmpdir(), 'kvgw-edge-flood-'));
+  const g2 = await startGateway(writeConfig(d2, gatewayConfig(d2, {
+    limits: `max_connections: ${want / 2}
+reserved_connections: 100
+max_connections_per_peer: ${PER_PEER}
+header_timeout: 30s
+body_timeout: 30s`,
+  })));
+  const flood = [];
+  let drip;
+  try {
+    for (let i = 0; i < n; i++) {
+      // Each from one of 127.0.0.2..13: one attacker host per address, none of them the
+      // checker's 127.0.0.1.
+      const s = net.connect({ port: g2.port, host: '127.0.0.1', localAddress: `127.0.0.${2 + (i % PEERS)}` });
+      s.on('error', () => {});
+      s.on('data', () => {});
+      flood.push(s);
+      s.write(i % 2 ? 'POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n{' : 'GET /v1/models HTTP/1.1\r\nx-slow: ');
+      if (i % 100 === 99) await sleep(20);
+    }
+    let k = 0;
+    drip = setInterval(() => { for (const s of flood) if (!s.destroyed) s.write(k % 2 ? 'a' : 'b'); k++; }, 500);
+    await sleep(1500); // every flood socket is connected and trickling
+    const alive = flood.filter((s) => !s.destroyed).length;
+    // A client with a key, from the gateway's host.
+    const r = await postBytesOnce(g2.port, postBytes('/v1/messages/count_tokens', { model: MODEL, messages: [{ role: 'user', content: 'under a flood' }] }));
+    assert.equal(r?.status, 200, r?.text);
+    const h = await postBytesOnce(g2.port, 'GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n');
+    assert.equal(h?.status, 200, h?.text);
+    const open = flood.filter((s) => !s.destroyed && !s.readableEnded).length;
+    console.log(`  flood of ${n}: ${alive} alive after 1.5 s; keyed count_tokens ${r.status}, /healthz ${h.status}; ${open} flood sockets still open`);
+  } finally {
+    clearInterval(drip);
+    for (const s of flood) s.destroy();
+    const { code } = await stopGateway(g2, 'SIGTERM');
+    assert.equal(code, 0, g2.stderr().slice(-2000));
+    assert.doesNotMatch(g2.stderr(), /(Address|Leak|UndefinedBehavior)Sanitizer|runtime error:/);
+    rmSync(d2, { recursive: true, force: true });
+  }
+});
+
+async function postBytesOnce(port, bytes) {
+  const c = new RawConn(port);
+  await c.ready;
+  c.write(bytes);
+  const r = await c.response(10000);
+  c.destroy();
+  return r;
+}

@@ -25,6 +25,7 @@
 #include "pc_test.h"
 
 unsigned gw__http_req_lenient_flags(const gw_http_req_t *r);
+size_t gw__http_server_unsent_max(const gw_http_server_t *s);
 
 #define MAX_REQS 64
 
@@ -32,7 +33,8 @@ typedef struct fixture {
     uv_loop_t loop;
     gw_http_server_t *srv;
     int port;
-    bool hold; /* leave requests to the test instead of echoing */
+    bool hold;        /* leave requests to the test instead of echoing */
+    size_t big_reply; /* echo answers with this many bytes instead */
     gw_http_req_t *reqs[MAX_REQS];
     int n_reqs;
     int n_aborts, n_drains;
@@ -82,21 +84,33 @@ static void on_request(gw_http_req_t *r, void *ud)
     F.lenient_seen |= gw__http_req_lenient_flags(r);
     gw_http_req_on_abort(r, on_abort);
     gw_http_req_on_drain(r, on_drain);
+    /* "X-Api-Key: good" stands for a valid key, as serve.c's key check. */
+    const char *key = gw_http_req_header(r, "x-api-key");
+    if (key != NULL && strcmp(key, "good") == 0)
+        gw_http_req_set_trusted(r);
     if (F.n_reqs < MAX_REQS)
         F.reqs[F.n_reqs] = r;
     F.n_reqs++;
-    if (!F.hold)
+    if (F.big_reply > 0 && strcmp(gw_http_req_path(r), "/hold") == 0)
+        return; /* answered by the test */
+    if (F.big_reply > 0) {
+        char *b = pc_xmalloc(F.big_reply);
+        memset(b, 'r', F.big_reply);
+        gw_http_respond(r, 200, NULL, 0, b, F.big_reply);
+        pc_free(b);
+    } else if (!F.hold) {
         echo(r);
+    }
 }
 
 static void format_error(const char *path, int status, const char *type, const char *message,
-                         pc_buf_t *out, void *ud)
+                         const char *request_id, pc_buf_t *out, void *ud)
 {
     (void)ud;
     pc_buf_printf(out,
                   "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":\"%s\"},"
-                  "\"path\":\"%s\",\"status\":%d}",
-                  type, message, path, status);
+                  "\"path\":\"%s\",\"status\":%d,\"request_id\":\"%s\"}",
+                  type, message, path, status, request_id);
 }
 
 static gw_http_params_t test_params(void)
@@ -672,10 +686,42 @@ PC_TEST(format_error_hook_shapes_errors)
     response_t r;
     ASSERT_TRUE(read_response(&c, &r, false));
     ASSERT_EQ(r.status, 413);
-    ASSERT_STR_EQ(r.body.base,
+    /* The request id the hook got is the one in the request-id header: "req_" + 24 hex. */
+    const char *hid = strcasestr(r.headers, "\r\nrequest-id: ");
+    ASSERT_TRUE(hid != NULL);
+    char id[64];
+    ASSERT_EQ(sscanf(hid + 14, "%63[^\r]", id), 1);
+    ASSERT_EQ(strlen(id), 28);
+    ASSERT_EQ(strspn(id + 4, "0123456789abcdef"), 24);
+    ASSERT_TRUE(strncmp(id, "req_", 4) == 0);
+    char xid[80];
+    snprintf(xid, sizeof xid, "\r\nx-request-id: %s\r\n", id);
+    ASSERT_TRUE(has_header(&r, xid));
+    pc_buf_t want = PC_BUF_INIT;
+    pc_buf_printf(&want,
                   "{\"type\":\"error\",\"error\":{\"type\":\"request_too_large\",\"message\":"
                   "\"request body of 11 bytes is larger than the limit of 10 bytes\"},"
-                  "\"path\":\"/v1/messages\",\"status\":413}");
+                  "\"path\":\"/v1/messages\",\"status\":413,\"request_id\":\"%s\"}",
+                  id);
+    ASSERT_STR_EQ(r.body.base, want.base);
+    pc_buf_free(&want);
+    response_free(&r);
+    client_close(&c);
+    /* Without the hook: the default body carries it too, and each error has its own id. */
+    unwatch_all();
+    stop();
+    p.format_error = NULL;
+    ASSERT_EQ(start(&p), 0);
+    client_connect(&c, 0);
+    client_send_str(&c, "GET / HTTP/1.1\r\nHost: t\r\nX: a\rb\r\n\r\n");
+    ASSERT_TRUE(read_response(&c, &r, false));
+    ASSERT_EQ(r.status, 400);
+    ASSERT_TRUE(strstr(r.body.base, "\"request_id\":\"req_") != NULL);
+    ASSERT_TRUE(strstr(r.body.base, id) == NULL);
+    hid = strcasestr(r.headers, "\r\nrequest-id: ");
+    ASSERT_TRUE(hid != NULL);
+    ASSERT_EQ(sscanf(hid + 14, "%63[^\r]", id), 1);
+    ASSERT_TRUE(strstr(r.body.base, id) != NULL);
     response_free(&r);
     client_close(&c);
     unwatch_all();
@@ -1049,6 +1095,291 @@ PC_TEST(http10_head_and_connection_close)
     response_free(&r);
     client_close(&c);
     unwatch_all();
+    stop();
+}
+
+/* Item 2 of issue 19: pipelined requests whose answers are never read. The server stops
+ * parsing (and reading) while the connection's unsent output is at or above stream_high_water,
+ * so what it holds stays under that plus one response, instead of every answer. */
+PC_TEST(pipelined_unread_output_bounded)
+{
+    gw_http_params_t p = test_params();
+    p.stream_high_water = 16 << 10;
+    p.max_pipeline = 1000; /* the pipeline cap alone would not bound this */
+    ASSERT_EQ(start(&p), 0);
+    F.big_reply = 4096;
+    client_t c;
+    client_connect(&c, 4096);
+    enum { N = 3000 };
+    pc_buf_t b = PC_BUF_INIT;
+    for (int i = 0; i < N; i++)
+        pc_buf_append_cstr(&b, REQ_GET("/dashboard"));
+    client_send(&c, b.base, b.len); /* about 100 KB in: the socket buffers take it */
+    pc_buf_free(&b);
+    size_t worst = 0;
+    uint64_t dl = pc_time_mono_ms() + 500;
+    while (pc_time_mono_ms() < dl) {
+        uv_run(&F.loop, UV_RUN_NOWAIT);
+        size_t u = gw__http_server_unsent_max(F.srv);
+        worst = u > worst ? u : worst;
+        usleep(200);
+    }
+    size_t bound = p.stream_high_water + F.big_reply + 256;
+    fprintf(stderr,
+            "  %d requests answered while the client read nothing; most unsent %zu bytes "
+            "(bound %zu)\n",
+            F.n_reqs, worst, bound);
+    ASSERT_LE(worst, bound);
+    ASSERT_TRUE(F.n_reqs < N); /* reading stopped */
+    gw_http_stats_t st;
+    gw_http_server_stats(F.srv, &st);
+    ASSERT_LE(1, st.output_pauses);
+    /* The client reads: every answer arrives, in order, and the rest gets parsed. */
+    watch(&c);
+    int got = 0;
+    response_t r;
+    while (got < N && read_response(&c, &r, false)) {
+        if (r.status != 200 || r.body.len != F.big_reply)
+            break;
+        response_free(&r);
+        got++;
+    }
+    ASSERT_EQ(got, N);
+    ASSERT_EQ(F.n_reqs, N);
+    client_close(&c);
+    unwatch_all();
+    stop();
+}
+
+/* The output bound counts answers held behind an unanswered head; once the head is answered
+ * and everything went out at once (no write callback to wait for), parsing resumes. */
+PC_TEST(held_answers_pause_then_resume)
+{
+    gw_http_params_t p = test_params();
+    p.stream_high_water = 16 << 10;
+    p.max_pipeline = 100;
+    ASSERT_EQ(start(&p), 0);
+    F.big_reply = 4096;
+    client_t c;
+    client_connect(&c, 0);
+    watch(&c);
+    enum { N = 21 };
+    pc_buf_t b = PC_BUF_INIT;
+    pc_buf_append_cstr(&b, REQ_GET("/hold"));
+    for (int i = 1; i < N; i++)
+        pc_buf_append_cstr(&b, REQ_GET("/x"));
+    client_send(&c, b.base, b.len);
+    pc_buf_free(&b);
+    PUMP_UNTIL(false, 100);
+    ASSERT_TRUE(F.n_reqs < N); /* paused: the answers behind /hold reached the bound */
+    ASSERT_EQ(c.in.len, 0);
+    ASSERT_EQ(gw_http_respond(F.reqs[0], 200, NULL, 0, "held", 4), 0);
+    int got = 0;
+    response_t r;
+    while (got < N && read_response(&c, &r, false)) {
+        response_free(&r);
+        got++;
+    }
+    ASSERT_EQ(got, N);
+    ASSERT_EQ(F.n_reqs, N);
+    client_close(&c);
+    unwatch_all();
+    stop();
+}
+
+/* Item 5: a body that keeps coming, one byte at a time below body_min_rate, is cut at its
+ * deadline (408) while the bytes still arrive; one at the rate completes. */
+PC_TEST(body_trickle_below_min_rate_408)
+{
+    gw_http_params_t p = test_params();
+    p.body_timeout_ms = 200;
+    p.body_min_rate = 100; /* bytes per second after the 200 ms grace */
+    ASSERT_EQ(start(&p), 0);
+    client_t c;
+    client_connect(&c, 0);
+    watch(&c);
+    client_send_str(&c, "POST /b HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n");
+    int sent = 0;
+    for (; sent < 150 && c.in.len == 0 && !c.eof; sent++) { /* 50 bytes/s: below the rate */
+        client_send(&c, "x", 1);
+        PUMP_UNTIL(c.in.len > 0, 20);
+    }
+    fprintf(stderr, "  answered after %d body bytes\n", sent);
+    ASSERT_TRUE(c.in.len > 0); /* the answer came while bytes were still arriving */
+    ASSERT_TRUE(sent < 150);
+    response_t r;
+    ASSERT_TRUE(read_response(&c, &r, false));
+    ASSERT_EQ(r.status, 408);
+    ASSERT_TRUE(strstr(r.body.base, "request body not received in time") != NULL);
+    response_free(&r);
+    client_close(&c);
+    unwatch_all();
+    /* 10 bytes per 50 ms (200 bytes/s) for 600 bytes: longer than the grace, served. */
+    client_connect(&c, 0);
+    client_send_str(&c, "POST /ok HTTP/1.1\r\nHost: t\r\nContent-Length: 600\r\n\r\n");
+    for (int i = 0; i < 60; i++) {
+        client_send(&c, "0123456789", 10);
+        PUMP_UNTIL(false, 50);
+    }
+    ASSERT_TRUE(read_response(&c, &r, false));
+    ASSERT_EQ(r.status, 200);
+    ASSERT_EQ(r.body.len, strlen("POST /ok?|") + 600);
+    response_free(&r);
+    client_close(&c);
+    unwatch_all();
+    stop();
+}
+
+/* Item 5: untrusted connections per client address; a trusted one no longer counts. */
+PC_TEST(per_peer_limit_untrusted)
+{
+    gw_http_params_t p = test_params();
+    p.max_connections_per_peer = 2;
+    ASSERT_EQ(start(&p), 0);
+    client_t a, b, c, d;
+    client_connect(&a, 0);
+    client_connect(&b, 0);
+    gw_http_stats_t st;
+    PUMP_UNTIL((gw_http_server_stats(F.srv, &st), st.conns_open == 2), 2000);
+    ASSERT_EQ(st.conns_untrusted, 2);
+    client_connect(&c, 0);
+    response_t r;
+    ASSERT_TRUE(read_response(&c, &r, false));
+    ASSERT_EQ(r.status, 503);
+    ASSERT_TRUE(strstr(r.body.base, "too many connections from your address") != NULL);
+    ASSERT_TRUE(has_header(&r, "\r\nrequest-id: req_"));
+    response_free(&r);
+    PUMP_UNTIL(c.eof, 2000);
+    ASSERT_TRUE(c.eof);
+    gw_http_server_stats(F.srv, &st);
+    ASSERT_EQ(st.conns_refused_peer, 1);
+    /* a presents a key: trusted, it leaves the peer's count and a new connection fits. */
+    client_send_str(&a, "GET /k HTTP/1.1\r\nHost: t\r\nX-Api-Key: good\r\n\r\n");
+    ASSERT_TRUE(read_response(&a, &r, false));
+    ASSERT_EQ(r.status, 200);
+    response_free(&r);
+    gw_http_server_stats(F.srv, &st);
+    ASSERT_EQ(st.conns_untrusted, 1);
+    client_connect(&d, 0);
+    client_send_str(&d, REQ_GET("/d"));
+    ASSERT_TRUE(read_response(&d, &r, false));
+    ASSERT_EQ(r.status, 200);
+    response_free(&r);
+    client_close(&a);
+    client_close(&b);
+    client_close(&c);
+    client_close(&d);
+    unwatch_all();
+    PUMP_UNTIL((gw_http_server_stats(F.srv, &st), st.conns_open == 0), 2000);
+    ASSERT_EQ(st.conns_untrusted, 0);
+    stop();
+}
+
+/* Item 5: keyless sockets fill every slot they may; a client with a key still gets in (and
+ * keeps its connection), a keyless health check is answered and closed. */
+PC_TEST(keyless_flood_leaves_room_for_trusted)
+{
+    gw_http_params_t p = test_params();
+    p.max_connections = 8;
+    p.reserved_connections = 2;
+    ASSERT_EQ(start(&p), 0);
+    enum { NF = 8 };
+    client_t flood[NF];
+    gw_http_stats_t st;
+    for (int i = 0; i < NF; i++) {
+        client_connect(&flood[i], 0);
+        client_send_str(&flood[i], "GET /slow HTTP/1.1\r\nHo"); /* and never more */
+        PUMP_UNTIL((gw_http_server_stats(F.srv, &st), st.conns_open == (uint32_t)i + 1), 2000);
+    }
+    ASSERT_EQ(st.conns_open, NF);
+    ASSERT_EQ(st.conns_untrusted, NF);
+    client_t k;
+    client_connect(&k, 0);
+    client_send_str(&k, "GET /v1/models HTTP/1.1\r\nHost: t\r\nX-Api-Key: good\r\n\r\n");
+    response_t r;
+    ASSERT_TRUE(read_response(&k, &r, false));
+    ASSERT_EQ(r.status, 200);
+    ASSERT_FALSE(has_header(&r, "Connection: close")); /* trusted: it keeps its slot */
+    response_free(&r);
+    client_send_str(&k, "GET /again HTTP/1.1\r\nHost: t\r\n\r\n");
+    ASSERT_TRUE(read_response(&k, &r, false));
+    ASSERT_EQ(r.status, 200);
+    response_free(&r);
+    client_t h;
+    client_connect(&h, 0);
+    client_send_str(&h, REQ_GET("/healthz"));
+    ASSERT_TRUE(read_response(&h, &r, false));
+    ASSERT_EQ(r.status, 200);
+    ASSERT_TRUE(has_header(&r, "Connection: close")); /* probation: one request */
+    response_free(&r);
+    PUMP_UNTIL(h.eof, 2000);
+    ASSERT_TRUE(h.eof);
+    gw_http_server_stats(F.srv, &st);
+    ASSERT_EQ(st.conns_evicted, 2); /* the two flood sockets that were on probation */
+    ASSERT_EQ(st.conns_refused, 0);
+    /* The untrusted share (max_connections - reserved_connections) was not touched. */
+    int open = 0;
+    for (int i = 0; i < NF; i++) {
+        client_poll(&flood[i]);
+        open += !flood[i].eof;
+    }
+    ASSERT_EQ(open, NF - 2);
+    for (int i = 0; i < NF; i++)
+        client_close(&flood[i]);
+    client_close(&k);
+    client_close(&h);
+    unwatch_all();
+    stop();
+}
+
+/* Item 12: obs-fold (a header line starting with SP or HTAB) is refused, RFC 9112 §5.2. */
+PC_TEST(obs_fold_400)
+{
+    gw_http_params_t p = test_params();
+    ASSERT_EQ(start(&p), 0);
+    EXPECT_ERROR("GET / HTTP/1.1\r\nHost: t\r\nX-A: one\r\n two\r\n\r\n", 400,
+                 "invalid_request_error");
+    EXPECT_ERROR("GET / HTTP/1.1\r\nHost: t\r\nX-A:\r\n two\r\n\r\n", 400, "invalid_request_error");
+    EXPECT_ERROR("GET / HTTP/1.1\r\nHost: t\r\nX-A: \r\n\ttwo\r\n\r\n", 400,
+                 "invalid_request_error");
+    EXPECT_ERROR("POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 "0\r\nT: a\r\n b\r\n\r\n",
+                 400, "invalid_request_error"); /* in a trailer too */
+    /* The fold split from its line across reads. */
+    client_t c;
+    client_connect(&c, 0);
+    watch(&c);
+    client_send_str(&c, "GET / HTTP/1.1\r\nHost: t\r\nX-A: one\r\n");
+    PUMP_UNTIL(false, 30);
+    client_send_str(&c, " two\r\n\r\n");
+    response_t r;
+    ASSERT_TRUE(read_response(&c, &r, false));
+    ASSERT_EQ(r.status, 400);
+    ASSERT_TRUE(strstr(r.body.base, "obs-fold") != NULL);
+    response_free(&r);
+    client_close(&c);
+    unwatch_all();
+    /* Values split across reads at blanks are not folds. */
+    client_connect(&c, 0);
+    watch(&c);
+    const char *parts[] = {"GET / HTTP/1.1\r\nHost: t\r\nX-A:",
+                           " one",
+                           " two \t",
+                           "\r\nX-B:",
+                           "\r\n",
+                           "X-C: c\r\n\r\n"};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        client_send_str(&c, parts[i]);
+        PUMP_UNTIL(false, 20);
+    }
+    ASSERT_TRUE(read_response(&c, &r, false));
+    ASSERT_EQ(r.status, 200);
+    response_free(&r);
+    client_close(&c);
+    unwatch_all();
+    gw_http_stats_t st;
+    gw_http_server_stats(F.srv, &st);
+    ASSERT_EQ(st.requests, 1);
     stop();
 }
 
