@@ -2301,8 +2301,8 @@ PC_TEST(corpus_seeds)
     PC_TEST_CALL(seed_write(dir, "hello_model", &b));
     b.len = 1;
     h2 = hello;
-    h2.u.hello.version_min = 3;
-    h2.u.hello.version_max = 4;
+    h2.u.hello.version_min = ENG_WIRE_VERSION + 1;
+    h2.u.hello.version_max = ENG_WIRE_VERSION + 2;
     PC_TEST_CALL(seed_frame(&b, &h2));
     PC_TEST_CALL(seed_write(dir, "hello_version", &b));
     b.len = 1;
@@ -2316,6 +2316,20 @@ PC_TEST(corpus_seeds)
     b.len = 1;
     pc_buf_append_cstr(&b, "GET / HTTP/1.1\r\nHost: worker\r\n\r\n");
     PC_TEST_CALL(seed_write(dir, "http", &b));
+
+    /* The sealed server (byte 0 bit 1): frames the target seals after its handshake, and
+     * (bit 2) the same frames unsealed, as someone on the path would inject them. */
+    const uint8_t sealed = 2, injected = 6;
+    b.len = 0;
+    pc_buf_append(&b, &sealed, 1);
+    sub.u.submit = greedy(1, prompt, 40, 4);
+    PC_TEST_CALL(seed_frame(&b, &sub));
+    PC_TEST_CALL(seed_frame(&b, &hb));
+    can.u.cancel_id = 1;
+    PC_TEST_CALL(seed_frame(&b, &can));
+    PC_TEST_CALL(seed_write(dir, "sealed_submit_cancel", &b));
+    b.base[0] = (char)injected;
+    PC_TEST_CALL(seed_write(dir, "injected_submit", &b));
     pc_buf_free(&b);
 }
 
