@@ -101,6 +101,8 @@ static int ingest(lnk_wconn_t *c, const void *data, size_t len)
 {
     if (!c->_rx_sealed)
         return eng_wire_decoder_feed(c->_dec, data, len);
+    if (len == 0)
+        return 0;
     if (pc_buf_append(&c->_rin, data, len) != 0)
         return PC_ERR_NOMEM;
     c->_plain.len = 0;
