@@ -7,6 +7,7 @@
 #define KVGW_BENCH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define BENCH_MAX_FIGURES 64
 
@@ -48,5 +49,11 @@ int bench_kernels_main(int argc, char **argv);
 int bench_worker_main(int argc, char **argv);
 int bench_ledger_main(int argc, char **argv);
 int bench_gateway_main(int argc, char **argv);
+int bench_link_main(int argc, char **argv);
+
+/* ns per TOKEN frame of the sealed worker link (encode, seal, open, decode; the best of five
+ * passes of n_frames), or -1 on a failure: kvgw bench link's headline, also printed by kvgw
+ * bench gateway. */
+double bench_link_token_frame_ns(uint32_t n_frames);
 
 #endif

@@ -421,6 +421,8 @@ int bench_gateway_main(int argc, char **argv)
     pc_free(warm);
     pc_free(add_cold);
     pc_free(add_warm);
+    bench_report_add(&rep, "link_encrypt_ns_per_token_frame", bench_link_token_frame_ns(100000),
+                     "a remote worker's TOKEN frame sealed + opened (kvgw bench link)");
     bench_report_print(&rep);
     return 0;
 }

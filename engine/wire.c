@@ -863,6 +863,17 @@ size_t eng_wire_decoder_pending(const eng_wire_decoder_t *d)
     return d->in.len - d->off;
 }
 
+int eng_wire_decoder_take(eng_wire_decoder_t *d, pc_buf_t *out)
+{
+    if (d->err != 0)
+        return d->err;
+    size_t n = d->in.len - d->off;
+    if (n > 0 && pc_buf_append(out, d->in.base + d->off, n) != 0)
+        return PC_ERR_NOMEM;
+    d->in.len = d->off; /* the frame returned last (before off) stays valid */
+    return 0;
+}
+
 int eng_wire_decoder_feed(eng_wire_decoder_t *d, const void *data, size_t len)
 {
     if (d->err != 0)

@@ -10,9 +10,9 @@
  *
  *   offset  size  field
  *   0       2     magic: the bytes 'K' 'W' (0x4B 0x57)
- *   2       1     version: ENG_WIRE_VERSION (2); a frame of any other version is refused
+ *   2       1     version: ENG_WIRE_VERSION (3); a frame of any other version is refused
  *   3       1     type: enum eng_wire_type
- *   4       4     flags: u32, none defined in version 2: must be 0
+ *   4       4     flags: u32, none defined in version 3: must be 0
  *   8       4     payload length: u32, at most the receiver's max_frame (default 64 MiB)
  *   12      ...   payload
  *
@@ -78,10 +78,19 @@
  *   CHALLENGE: the worker has a link secret; nonce: 32 random bytes of the worker's. The
  *     gateway answers AUTH with mac = HMAC-SHA256(secret, "kvgw-link-v2 gateway" || worker
  *     nonce || gateway nonce) (the labels are ASCII without a terminator). The worker compares
- *     in constant time (link/wire_conn.h: lnk_wire_auth_mac computes both proofs) and
- *     answers HELLO_ACK, or REJECT (PC_ERR_PERM) for a wrong or missing AUTH. The secret
- *     itself never crosses the wire; both nonces make a recorded exchange useless for another
- *     connection, in either direction.
+ *     in constant time (link/wire_conn.h: lnk_wire_auth_mac computes both proofs). A wrong
+ *     or missing AUTH closes the connection without a reply: before the peer proved the
+ *     secret, the worker sends nothing but CHALLENGE (and REJECT for a HELLO that breaks the
+ *     protocol: a version, role, heartbeat or max_frame out of range), never anything about
+ *     its model; a model the HELLO asks for and the worker lacks is refused only after AUTH.
+ *     The secret itself never crosses the wire; both nonces make a recorded exchange useless
+ *     for another connection, in either direction.
+ *   Sealing (version 3). On a link with a secret, every byte after AUTH (gateway -> worker)
+ *     and after CHALLENGE (worker -> gateway) travels in sealed records: each direction's
+ *     frame stream, from HELLO_ACK or REJECT on, encrypted and authenticated with a key
+ *     derived from the secret and both nonces (link/wire_seal.h documents the records byte by
+ *     byte). A record that does not verify ends the connection. A link without a secret is
+ *     neither authenticated nor sealed (kvgw worker warns about it).
  *   REJECT: the handshake failed; the sender closes the connection after it.
  *       code: a PC_ERR_* (negative); message: at most 4096 bytes
  *   HEARTBEAT: either direction, every heartbeat_ms when nothing else was sent.
@@ -182,7 +191,7 @@
 #include "pc_buf.h"
 #include "sampling.h"
 
-#define ENG_WIRE_VERSION 2
+#define ENG_WIRE_VERSION 3
 #define ENG_WIRE_HEADER_BYTES 12
 #define ENG_WIRE_MAX_FRAME_DEFAULT (64u << 20)
 #define ENG_WIRE_NAME_MAX 256
@@ -422,6 +431,12 @@ int eng_wire_decoder_next(eng_wire_decoder_t *d, eng_wire_frame_t *f);
 
 /* The reason of the sticky error ("" while there is none); valid while d lives. */
 const char *eng_wire_decoder_error(const eng_wire_decoder_t *d);
+
+/* Moves the bytes received but not yet returned as frames to the end of out: the stream
+ * changes its encoding after the frame returned last (the worker link seals itself after its
+ * handshake, link/wire_seal.h). The frame returned last stays valid. Returns 0, PC_ERR_NOMEM
+ * (nothing moved) or the sticky error. */
+int eng_wire_decoder_take(eng_wire_decoder_t *d, pc_buf_t *out);
 
 /* Bytes received but not yet returned as frames. */
 size_t eng_wire_decoder_pending(const eng_wire_decoder_t *d);

@@ -17,6 +17,7 @@ static const kvgw_cmd_t bench_cmds[] = {
     {"worker", bench_worker_main, "worker: concurrent requests, TTFT beside a cold prefill"},
     {"ledger", bench_ledger_main, "usage ledger: durable events/s (fsync=batch), added latency"},
     {"gateway", bench_gateway_main, "gateway over HTTP: cached vs cold TTFT, overhead, wrk"},
+    {"link", bench_link_main, "worker link: cost of sealing (encrypt + MAC) per frame"},
 };
 
 static void bench_usage(FILE *f)

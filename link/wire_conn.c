@@ -95,6 +95,42 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     buf->len = sizeof c->_rbuf;
 }
 
+/* Received bytes to the frame decoder: as they are, or (sealed) through the record layer.
+ * Returns 0 or a negative error (the reason in c->_why for the record layer's). */
+static int ingest(lnk_wconn_t *c, const void *data, size_t len)
+{
+    if (!c->_rx_sealed)
+        return eng_wire_decoder_feed(c->_dec, data, len);
+    if (len == 0)
+        return 0;
+    if (pc_buf_append(&c->_rin, data, len) != 0)
+        return PC_ERR_NOMEM;
+    c->_plain.len = 0;
+    size_t off = 0, used = 0;
+    int rc;
+    while ((rc = lnk_seal_open(&c->_rx, (const uint8_t *)c->_rin.base + off, c->_rin.len - off,
+                               &used, &c->_plain, c->_why, sizeof c->_why)) == 1)
+        off += used;
+    if (rc < 0)
+        return rc;
+    memmove(c->_rin.base, c->_rin.base + off, c->_rin.len - off);
+    c->_rin.len -= off;
+    return eng_wire_decoder_feed(c->_dec, c->_plain.base, c->_plain.len);
+}
+
+/* Sealing began while a frame was handled: what the decoder holds after that frame was sealed
+ * already, so it goes through the record layer. */
+static int reingest(lnk_wconn_t *c)
+{
+    c->_rx_switch = false;
+    pc_buf_t rest = PC_BUF_INIT;
+    int rc = eng_wire_decoder_take(c->_dec, &rest);
+    if (rc == 0)
+        rc = ingest(c, rest.base, rest.len);
+    pc_buf_free(&rest);
+    return rc;
+}
+
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
     lnk_wconn_t *c = s->data;
@@ -111,7 +147,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         return;
     c->_last_rx_ms = uv_now(c->tcp.loop);
     c->bytes_in += (uint64_t)n;
-    int rc = eng_wire_decoder_feed(c->_dec, buf->base, (size_t)n);
+    int rc = ingest(c, buf->base, (size_t)n);
     eng_wire_frame_t f;
     c->_in_read = true;
     while (rc == 0 && c->state == LNK_WCONN_OPEN) {
@@ -121,26 +157,39 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         c->frames_in++;
         c->_ops->on_frame(c, &f);
         rc = 0;
+        if (c->_rx_switch && c->state == LNK_WCONN_OPEN)
+            rc = reingest(c);
     }
     c->_in_read = false;
     if (c->state != LNK_WCONN_OPEN)
         return;
     if (rc < 0) {
-        const char *why = eng_wire_decoder_error(c->_dec);
+        const char *why = c->_why[0] != '\0' ? c->_why : eng_wire_decoder_error(c->_dec);
         if (why[0] == '\0')
             why = pc_strerror(rc);
-        char reason[LNK_WCONN_REASON_MAX];
-        snprintf(reason, sizeof reason, "bad frame: %s", why);
+        char reason[LNK_WCONN_REASON_MAX + 16];
+        snprintf(reason, sizeof reason, "%s: %s", c->_why[0] != '\0' ? "link" : "bad frame", why);
         if (c->error_frame != 0) {
             eng_wire_frame_t e = {.type = c->error_frame};
             e.u.error.code = rc;
-            e.u.error.message = pc_slice_cstr(reason); /* < LNK_WCONN_REASON_MAX */
+            e.u.error.message = pc_slice_cstr(reason); /* < ENG_WIRE_MESSAGE_MAX */
             lnk_wconn_send(c, &e);
         }
         lnk_wconn_close(c, rc, reason, c->error_frame != 0);
         return;
     }
     lnk_wconn_flush(c);
+}
+
+void lnk_wconn_seal(lnk_wconn_t *c, const lnk_seal_t *tx, const lnk_seal_t *rx)
+{
+    PC_ASSERT(!c->_tx_sealed && !c->_rx_sealed);
+    c->_tx = *tx;
+    c->_rx = *rx;
+    c->_tx_sealed = c->_rx_sealed = true;
+    c->_rx_switch = c->_in_read;
+    if (!c->_in_read && eng_wire_decoder_pending(c->_dec) > 0 && reingest(c) != 0)
+        lnk_wconn_close(c, PC_ERR_PERM, c->_why[0] ? c->_why : "cannot open sealed records", false);
 }
 
 void lnk_wconn_set_max_frame_in(lnk_wconn_t *c, uint32_t max_frame)
@@ -164,6 +213,20 @@ int lnk_wconn_start(lnk_wconn_t *c)
     return 0;
 }
 
+/* Appends f to out, sealed when the link is. Returns like eng_wire_encode (out unchanged on
+ * failure). */
+static int encode_frame(lnk_wconn_t *c, const eng_wire_frame_t *f, pc_buf_t *out, char *why,
+                        size_t why_len)
+{
+    if (!c->_tx_sealed)
+        return eng_wire_encode(f, c->max_frame_out, out, why, why_len);
+    c->_plain.len = 0;
+    int rc = eng_wire_encode(f, c->max_frame_out, &c->_plain, why, why_len);
+    if (rc == 0)
+        rc = lnk_seal_records(&c->_tx, c->_plain.base, c->_plain.len, out);
+    return rc;
+}
+
 /* Whether the output may grow by n bytes; otherwise the connection is closed. With an
  * error_frame, the peer is told why in one small frame past the limit and the close drains what
  * is queued (at most DRAIN_MS), so a peer that reads slowly learns why its requests end; one
@@ -181,7 +244,7 @@ static int queue_check(lnk_wconn_t *c, size_t n)
         eng_wire_frame_t e = {.type = c->error_frame};
         e.u.error.code = PC_ERR_OVERLOADED;
         e.u.error.message = pc_slice_cstr(why); /* ASCII, < ENG_WIRE_MESSAGE_MAX */
-        tell = eng_wire_encode(&e, c->max_frame_out, &c->_out, NULL, 0) == 0;
+        tell = encode_frame(c, &e, &c->_out, NULL, 0) == 0;
     }
     lnk_wconn_close(c, PC_ERR_OVERLOADED, why, tell);
     return PC_ERR_OVERLOADED;
@@ -193,7 +256,7 @@ int lnk_wconn_send(lnk_wconn_t *c, const eng_wire_frame_t *f)
         return PC_ERR_CLOSED;
     size_t before = c->_out.len;
     char why[160];
-    int rc = eng_wire_encode(f, c->max_frame_out, &c->_out, why, sizeof why);
+    int rc = encode_frame(c, f, &c->_out, why, sizeof why);
     if (rc == PC_ERR_INVAL) {
         PC_LOG(PC_LOG_ERROR, "wire", "not sending an invalid %s frame: %s",
                eng_wire_type_name(f->type), why);
@@ -318,6 +381,10 @@ static void on_handle_closed(uv_handle_t *h)
     eng_wire_decoder_free(c->_dec);
     c->_dec = NULL;
     pc_buf_free(&c->_out);
+    pc_buf_free(&c->_rin);
+    pc_buf_free(&c->_plain);
+    lnk_seal_wipe(&c->_tx);
+    lnk_seal_wipe(&c->_rx);
     c->state = LNK_WCONN_CLOSED;
     c->_ops->on_closed(c);
 }

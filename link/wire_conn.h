@@ -17,6 +17,12 @@
  *     peer gets that frame with the reason, one small frame past the limit, and the close
  *     drains for at most 2 s).
  *
+ * Sealing. On an authenticated link (a link secret), both sides call lnk_wconn_seal at the end
+ * of the CHALLENGE / AUTH exchange: from then on every frame sent goes out in sealed records
+ * (wire_seal.h) and every byte received after the frame being handled is opened as records
+ * before it reaches the frame decoder. A record that does not verify closes the connection
+ * with PC_ERR_PERM and the reason (the peer gets the error_frame, sealed).
+ *
  * Lifecycle. lnk_wconn_init initializes both handles (the owner then accepts or connects on
  * c->tcp) and lnk_wconn_start begins reading. Every path out goes through lnk_wconn_close, which
  * records the first reason, stops reading and closes both handles; ops->on_closed runs once
@@ -36,6 +42,7 @@
 #include <uv.h>
 
 #include "wire.h"
+#include "wire_seal.h"
 
 #define LNK_WCONN_READ_BYTES (64u << 10)
 #define LNK_WCONN_REASON_MAX 256
@@ -86,6 +93,12 @@ struct lnk_wconn {
     int _n_open;   /* handles not closed yet */
     bool _in_read; /* inside the read callback: flush at its end */
     uv_shutdown_t _shutdown;
+    bool _tx_sealed, _rx_sealed; /* lnk_wconn_seal was called */
+    bool _rx_switch;             /* sealed while a frame was handled: reopen what follows it */
+    lnk_seal_t _tx, _rx;
+    pc_buf_t _rin;   /* sealed bytes received, not opened yet (at most one partial record) */
+    pc_buf_t _plain; /* scratch: a frame encoded before sealing, records opened */
+    char _why[LNK_WCONN_REASON_MAX]; /* why opening a record failed */
     char _rbuf[LNK_WCONN_READ_BYTES];
 };
 
@@ -105,8 +118,8 @@ int lnk_wconn_start(lnk_wconn_t *c);
  * unchanged); PC_ERR_OVERLOADED (the output limit was hit: the connection is now closing). */
 int lnk_wconn_send(lnk_wconn_t *c, const eng_wire_frame_t *f);
 
-/* Appends raw bytes to the pending output, unchecked (tests of the peer's decoder). Returns
- * like lnk_wconn_send. */
+/* Appends raw bytes to the pending output, unchecked and never sealed (tests of the peer's
+ * decoder, and of its record layer: bytes injected on the path). Returns like lnk_wconn_send. */
 int lnk_wconn_send_raw(lnk_wconn_t *c, const void *bytes, size_t len);
 
 /* Hands the pending output to uv_write. Returns 0 or PC_ERR_IO (the connection is closing). */
@@ -129,6 +142,12 @@ void lnk_wconn_close(lnk_wconn_t *c, int err, const char *reason, bool drain);
 /* Changes the largest payload accepted from the peer (0: ENG_WIRE_MAX_FRAME_DEFAULT) for every
  * frame not decoded yet, e.g. a small limit until the peer's handshake is done. */
 void lnk_wconn_set_max_frame_in(lnk_wconn_t *c, uint32_t max_frame);
+
+/* Seals the link from here on (the handshake's end; once): frames sent after this call go out
+ * as records sealed with tx, bytes received after the frame being handled (or, outside
+ * on_frame, every byte received from now on) are opened with rx. Frames queued before it stay
+ * as they are. The states are copied. */
+void lnk_wconn_seal(lnk_wconn_t *c, const lnk_seal_t *tx, const lnk_seal_t *rx);
 
 /* Whether frames can still be sent (OPEN). */
 static inline bool lnk_wconn_is_open(const lnk_wconn_t *c)

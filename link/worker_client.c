@@ -161,8 +161,15 @@ static void on_challenge(lnk_worker_client_t *c, const uint8_t nonce[ENG_WIRE_AU
     eng_wire_frame_t f = {.type = ENG_WIRE_AUTH};
     lnk_wire_auth_mac(c->secret, c->p.secret_len, ENG_WIRE_ROLE_GATEWAY, c->gw_nonce, c->wk_nonce,
                       f.u.auth.bytes);
-    if (lnk_wconn_send(&c->w, &f) == 0)
-        lnk_wconn_flush(&c->w);
+    if (lnk_wconn_send(&c->w, &f) != 0)
+        return;
+    /* AUTH goes out as is; everything after it, both ways, is sealed (wire_seal.h). */
+    lnk_seal_t gw_to_wk, wk_to_gw;
+    lnk_seal_derive(c->secret, c->p.secret_len, c->gw_nonce, c->wk_nonce, &gw_to_wk, &wk_to_gw);
+    lnk_wconn_seal(&c->w, &gw_to_wk, &wk_to_gw);
+    lnk_seal_wipe(&gw_to_wk);
+    lnk_seal_wipe(&wk_to_gw);
+    lnk_wconn_flush(&c->w);
 }
 
 static void on_frame(lnk_wconn_t *w, const eng_wire_frame_t *f)
@@ -251,6 +258,13 @@ static void on_closed(lnk_wconn_t *w)
         char why[LNK_ADDR_MAX + LNK_WCONN_REASON_MAX + 16];
         snprintf(why, sizeof why, "connect to %s: %s", c->address, c->tried);
         finish(c, w->close_err, why);
+        return;
+    }
+    if (c->challenged && !c->ready && w->close_err == PC_ERR_CLOSED) {
+        /* A worker says nothing to a peer that failed to prove the secret. */
+        finish(c, PC_ERR_PERM,
+               "link authentication failed: the worker closed the link after our AUTH (the "
+               "link secrets differ; the worker's log says why)");
         return;
     }
     finish(c, w->close_err, w->close_reason);

@@ -146,8 +146,15 @@ struct srv_conn {
     bool ready;    /* HELLO_ACK sent */
     bool rejected; /* REJECT sent */
     bool authing;  /* CHALLENGE sent, AUTH awaited */
+    bool pending;  /* counted in s->n_pending: accepted, handshake not done, not closing */
+    bool dropped;  /* closed to make room in the pre-authentication budget */
     uint8_t gw_nonce[ENG_WIRE_AUTH_BYTES], wk_nonce[ENG_WIRE_AUTH_BYTES];
     uint32_t peer_heartbeat_ms, peer_max_frame; /* from HELLO, applied at HELLO_ACK */
+    /* The model HELLO asked for, checked once the peer proved the secret (nothing about the
+     * model is said to a peer before that). */
+    char want_model[ENG_WIRE_NAME_MAX + 1];
+    uint64_t want_fp;
+    uint32_t want_vocab;
     uint64_t snap_id; /* the snapshot under way to this connection, 0 when none */
     char peer[64];
     char node[ENG_WIRE_NAME_MAX + 1];
@@ -171,8 +178,10 @@ struct lnk_worker_server {
     eng_worker_t *worker;
     eng_worker_info_t info;
     size_t model_name_len; /* info.model_name cut to ENG_WIRE_NAME_MAX on a UTF-8 boundary */
-    srv_conn_t *conns;
-    u64map_t reqs; /* by worker id */
+    srv_conn_t *conns;     /* newest first */
+    uint32_t n_pending;    /* connections in their handshake (c->pending) */
+    uint32_t n_ready;      /* connections past their handshake (c->ready) */
+    u64map_t reqs;         /* by worker id */
     uint64_t next_wid;
     uint64_t next_snap_id;
     uint8_t secret[LNK_SECRET_MAX]; /* the link secret; secret_len 0: no authentication */
@@ -191,10 +200,11 @@ lnk_worker_server_params_t lnk_worker_server_params_default(void)
     return (lnk_worker_server_params_t){
         .listen = "127.0.0.1:7070",
         .heartbeat_ms = 1000,
-        .handshake_timeout_ms = 5000,
+        .handshake_timeout_ms = 3000,
         .max_frame = ENG_WIRE_MAX_FRAME_DEFAULT,
         .max_queue_bytes = (size_t)64 << 20,
         .max_conns = 64,
+        .max_pending = 16,
         .drain_timeout_ms = 5000,
         .secret = NULL,
         .secret_len = 0,
@@ -272,6 +282,33 @@ static void send_load(srv_conn_t *c)
     send_or_close(c, &f);
 }
 
+/* The connection leaves the pre-authentication budget (handshake done, refused or closing). */
+static void unpend(srv_conn_t *c)
+{
+    if (!c->pending)
+        return;
+    c->pending = false;
+    c->s->n_pending--;
+}
+
+/* Ends a handshake without a word to the peer (it did not prove the secret): the reason goes
+ * to the worker's log only. */
+PC_PRINTF(3, 4)
+static void refuse_silently(srv_conn_t *c, int code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    PC_LOG(PC_LOG_WARN, "worker", "conn %s: handshake refused (nothing said to the peer): %s",
+           c->peer, msg);
+    unpend(c);
+    c->rejected = true;
+    c->s->st.conns_rejected++;
+    lnk_wconn_close(&c->w, code, msg, true); /* what was queued (the CHALLENGE) goes out */
+}
+
 /* Refuses the handshake: REJECT with the reason, then close after it is written. */
 PC_PRINTF(3, 4)
 static void reject(srv_conn_t *c, int code, const char *fmt, ...)
@@ -282,6 +319,7 @@ static void reject(srv_conn_t *c, int code, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     PC_LOG(PC_LOG_WARN, "worker", "conn %s: handshake rejected: %s", c->peer, msg);
+    unpend(c);
     eng_wire_frame_t f = {.type = ENG_WIRE_REJECT};
     f.u.error.code = code;
     f.u.error.message = msg_slice(msg);
@@ -310,10 +348,34 @@ static void protocol_error(srv_conn_t *c, const char *fmt, ...)
 
 static void finish_handshake(srv_conn_t *c);
 
-static void on_hello(srv_conn_t *c, const eng_wire_hello_t *h)
+/* Whether this worker serves the model HELLO asked for (empty / 0 mean any); REJECT with the
+ * reason otherwise. Called once the peer is authenticated (or on a link without a secret). */
+static bool model_matches(srv_conn_t *c)
 {
     lnk_worker_server_t *s = c->s;
     const eng_worker_info_t *in = &s->info;
+    if (c->want_model[0] != '\0' &&
+        !pc_slice_eq(pc_slice_cstr(c->want_model), pc_slice(in->model_name, s->model_name_len))) {
+        reject(c, PC_ERR_INVAL, "model '%s' asked, this worker serves '%.*s'", c->want_model,
+               (int)s->model_name_len, in->model_name);
+        return false;
+    }
+    if (c->want_fp != 0 && c->want_fp != in->model_fp) {
+        reject(c, PC_ERR_INVAL, "model fingerprint %016llx asked, this worker's is %016llx",
+               (unsigned long long)c->want_fp, (unsigned long long)in->model_fp);
+        return false;
+    }
+    if (c->want_vocab != 0 && c->want_vocab != in->n_vocab) {
+        reject(c, PC_ERR_INVAL, "n_vocab %u asked, this worker's model has %u", c->want_vocab,
+               in->n_vocab);
+        return false;
+    }
+    return true;
+}
+
+static void on_hello(srv_conn_t *c, const eng_wire_hello_t *h)
+{
+    lnk_worker_server_t *s = c->s;
     if (h->role != ENG_WIRE_ROLE_GATEWAY) {
         reject(c, PC_ERR_INVAL, "role %u: only a gateway (role 1) connects to a worker", h->role);
         return;
@@ -333,28 +395,17 @@ static void on_hello(srv_conn_t *c, const eng_wire_hello_t *h)
                MIN_PEER_FRAME);
         return;
     }
-    if (h->model_name.len > 0 &&
-        !pc_slice_eq(h->model_name, pc_slice(in->model_name, s->model_name_len))) {
-        reject(c, PC_ERR_INVAL, "model '%.*s' asked, this worker serves '%.*s'",
-               (int)h->model_name.len, h->model_name.base, (int)s->model_name_len, in->model_name);
-        return;
-    }
-    if (h->model_fp != 0 && h->model_fp != in->model_fp) {
-        reject(c, PC_ERR_INVAL, "model fingerprint %016llx asked, this worker's is %016llx",
-               (unsigned long long)h->model_fp, (unsigned long long)in->model_fp);
-        return;
-    }
-    if (h->n_vocab != 0 && h->n_vocab != in->n_vocab) {
-        reject(c, PC_ERR_INVAL, "n_vocab %u asked, this worker's model has %u", h->n_vocab,
-               in->n_vocab);
-        return;
-    }
+    snprintf(c->want_model, sizeof c->want_model, "%.*s", (int)h->model_name.len,
+             h->model_name.base);
+    c->want_fp = h->model_fp;
+    c->want_vocab = h->n_vocab;
     snprintf(c->node, sizeof c->node, "%.*s", (int)h->node.len, h->node.base);
     c->peer_heartbeat_ms = h->heartbeat_ms;
     c->peer_max_frame = h->max_frame;
     memcpy(c->gw_nonce, h->auth, ENG_WIRE_AUTH_BYTES);
     if (s->secret_len == 0) {
-        finish_handshake(c);
+        if (model_matches(c))
+            finish_handshake(c);
         return;
     }
     /* Prove the peer knows the secret before anything else: CHALLENGE, then AUTH. */
@@ -370,18 +421,26 @@ static void on_auth(srv_conn_t *c, const eng_wire_frame_t *f)
     lnk_worker_server_t *s = c->s;
     uint8_t want[ENG_WIRE_AUTH_BYTES];
     if (f->type != ENG_WIRE_AUTH) {
-        reject(c, PC_ERR_PERM, "link authentication: expected AUTH, got %s",
-               eng_wire_type_name(f->type));
+        refuse_silently(c, PC_ERR_PERM, "link authentication: expected AUTH, got %s",
+                        eng_wire_type_name(f->type));
         return;
     }
     lnk_wire_auth_mac(s->secret, s->secret_len, ENG_WIRE_ROLE_GATEWAY, c->gw_nonce, c->wk_nonce,
                       want);
     if (!lnk_wire_auth_equal(want, f->u.auth.bytes)) {
-        reject(c, PC_ERR_PERM, "link authentication failed (wrong secret)");
+        refuse_silently(c, PC_ERR_PERM, "link authentication failed (wrong secret)");
         return;
     }
+    /* The peer knows the secret: everything from here on is sealed, both ways (wire_seal.h),
+     * and only now may it learn why its handshake fails. */
     c->authing = false;
-    finish_handshake(c);
+    lnk_seal_t gw_to_wk, wk_to_gw;
+    lnk_seal_derive(s->secret, s->secret_len, c->gw_nonce, c->wk_nonce, &gw_to_wk, &wk_to_gw);
+    lnk_wconn_seal(&c->w, &wk_to_gw, &gw_to_wk);
+    lnk_seal_wipe(&gw_to_wk);
+    lnk_seal_wipe(&wk_to_gw);
+    if (model_matches(c))
+        finish_handshake(c);
 }
 
 /* HELLO_ACK (with the worker's proof on an authenticated link), the first LOAD and the
@@ -390,7 +449,13 @@ static void finish_handshake(srv_conn_t *c)
 {
     lnk_worker_server_t *s = c->s;
     const eng_worker_info_t *in = &s->info;
+    if (s->n_ready >= s->p.max_conns) {
+        reject(c, PC_ERR_OVERLOADED, "too many connections (limit %u)", s->p.max_conns);
+        return;
+    }
+    unpend(c);
     c->ready = true;
+    s->n_ready++;
     c->w.error_frame = ENG_WIRE_ERROR;
     c->w.max_frame_out = c->peer_max_frame;
     lnk_wconn_set_max_frame_in(&c->w, s->p.max_frame);
@@ -535,8 +600,10 @@ static void on_conn_closed(lnk_wconn_t *w)
             s->st.conns_bad_frame++;
         else if (err == PC_ERR_TIMEOUT)
             s->st.conns_timeout++;
-        else if (err == PC_ERR_OVERLOADED)
+        else if (err == PC_ERR_OVERLOADED && !c->dropped)
             s->st.conns_slow++;
+        else if (err == PC_ERR_PERM)
+            s->st.conns_unsealed++;
     }
     bool expected = err == 0 || err == PC_ERR_CLOSED || c->rejected;
     PC_LOG(expected ? PC_LOG_INFO : PC_LOG_WARN, "worker", "conn %s: closed: %s", c->peer,
@@ -565,6 +632,9 @@ static void on_conn_closed(lnk_wconn_t *w)
     if (n_canceled > 0)
         PC_LOG(PC_LOG_INFO, "worker", "conn %s: canceled %u live request(s)", c->peer, n_canceled);
     map_free(&c->reqs);
+    unpend(c);
+    if (c->ready)
+        s->n_ready--;
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -579,6 +649,24 @@ static void on_conn_closed(lnk_wconn_t *w)
 }
 
 static const lnk_wconn_ops_t conn_ops = {.on_frame = on_frame, .on_closed = on_conn_closed};
+
+/* Closes the connection that has been in its handshake longest (the list is newest first). */
+static void evict_oldest_pending(lnk_worker_server_t *s)
+{
+    srv_conn_t *old = NULL;
+    for (srv_conn_t *c = s->conns; c != NULL; c = c->next)
+        if (c->pending)
+            old = c;
+    if (old == NULL)
+        return;
+    PC_LOG(PC_LOG_WARN, "worker",
+           "conn %s: dropped in its handshake: %u connections are in theirs (the limit)", old->peer,
+           s->p.max_pending);
+    unpend(old);
+    old->dropped = true;
+    s->st.conns_pending_dropped++;
+    lnk_wconn_close(&old->w, PC_ERR_OVERLOADED, "too many connections in their handshake", false);
+}
 
 static void on_connection(uv_stream_t *l, int status)
 {
@@ -618,11 +706,14 @@ static void on_connection(uv_stream_t *l, int status)
     if (lnk_wconn_start(&c->w) != 0)
         return;
     PC_LOG(PC_LOG_DEBUG, "worker", "conn %s: accepted", c->peer);
-    if (s->st.conns_open > s->p.max_conns) {
-        reject(c, PC_ERR_OVERLOADED, "too many connections (limit %u)", s->p.max_conns);
-        return;
-    }
-    lnk_wconn_set_deadline(&c->w, s->p.handshake_timeout_ms, "no HELLO before the deadline");
+    /* The pre-authentication budget: a full one makes room by dropping its oldest handshake,
+     * so sockets that never authenticate cannot keep a real gateway out (its handshake takes
+     * a round trip or two; theirs last until the deadline). */
+    if (s->n_pending >= s->p.max_pending)
+        evict_oldest_pending(s);
+    c->pending = true;
+    s->n_pending++;
+    lnk_wconn_set_deadline(&c->w, s->p.handshake_timeout_ms, "no handshake before the deadline");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -939,10 +1030,11 @@ int lnk_worker_server_init(uv_loop_t *loop, const lnk_worker_server_params_t *p,
         return PC_ERR_INVAL;
     }
     if (p->heartbeat_ms == 0 || p->heartbeat_ms > MAX_PEER_HEARTBEAT_MS ||
-        p->max_frame < MIN_PEER_FRAME || p->max_conns == 0 || p->handshake_timeout_ms == 0) {
+        p->max_frame < MIN_PEER_FRAME || p->max_conns == 0 || p->max_pending == 0 ||
+        p->handshake_timeout_ms == 0) {
         snprintf(err, err_len,
                  "bad server parameters (heartbeat_ms 1..%u, max_frame >= %u, "
-                 "max_conns and handshake_timeout_ms >= 1)",
+                 "max_conns, max_pending and handshake_timeout_ms >= 1)",
                  MAX_PEER_HEARTBEAT_MS, MIN_PEER_FRAME);
         return PC_ERR_INVAL;
     }

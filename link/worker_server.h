@@ -5,21 +5,34 @@
  * The server owns one eng_worker_t and a listening socket. Each accepted connection goes
  * through:
  *
- *   handshake   the peer's first frame must be HELLO (role gateway) within handshake_timeout_ms.
- *               The server answers HELLO_ACK (the version it picked, the model's identity and
- *               sizes from eng_worker_info: total_blocks, max_prompt_tokens; its heartbeat
- *               interval and max_frame), or REJECT with a reason and closes: no common protocol
- *               version, a model name / fingerprint / n_vocab that the HELLO asks for and this
- *               worker does not have (empty / 0 mean any), role worker, heartbeat_ms outside
- *               1..600000, max_frame below 16 KiB. Until the handshake is done (HELLO_ACK
- *               sent) a frame may carry at most LNK_HANDSHAKE_MAX_FRAME bytes, then max_frame.
+ *   handshake   the peer's first frame must be HELLO (role gateway); the whole handshake must
+ *               end (HELLO_ACK sent) within handshake_timeout_ms of the accept. The server
+ *               answers HELLO_ACK (the version it picked, the model's identity and sizes from
+ *               eng_worker_info: total_blocks, max_prompt_tokens; its heartbeat interval and
+ *               max_frame), or REJECT with a reason and closes: no common protocol version,
+ *               role worker, heartbeat_ms outside 1..600000, max_frame below 16 KiB, and (only
+ *               once the peer is authenticated, below) a model name / fingerprint / n_vocab
+ *               that the HELLO asks for and this worker does not have (empty / 0 mean any), or
+ *               max_conns connections past their handshake already. Until the handshake is done
+ *               a frame may carry at most LNK_HANDSHAKE_MAX_FRAME bytes, then max_frame.
+ *   budget      connections in their handshake (unauthenticated) have their own budget,
+ *               max_pending, apart from the max_conns connections past it: when it is full, a
+ *               new connection makes room by closing the one that has been in its handshake
+ *               longest (logged; stats conns_pending_dropped). Sockets that never finish a
+ *               handshake thus cannot keep a real gateway out, whose handshake takes a round
+ *               trip or two.
  *   auth        with a link secret (params.secret), HELLO is answered with CHALLENGE (a fresh
  *               random nonce) and the gateway must answer AUTH with HMAC-SHA256 of both nonces
- *               under the secret (engine/wire.h); a wrong or missing AUTH gets REJECT
- *               (PC_ERR_PERM), compared in constant time. HELLO_ACK then carries the worker's
- *               own proof, so the gateway knows it reached a worker with the secret too. The
- *               secret never crosses the wire. Without a secret every gateway that can reach
- *               the port is served (`kvgw worker` warns about it): bind to a private address.
+ *               under the secret (engine/wire.h), compared in constant time. A wrong or missing
+ *               AUTH closes the connection without a word to the peer (the reason goes to the
+ *               worker's log): nothing about the worker or its model reaches a peer that has
+ *               not proved the secret. After a good AUTH the link is sealed both ways
+ *               (wire_seal.h: every later frame encrypted and authenticated, keys from the
+ *               secret and both nonces); HELLO_ACK, sealed, carries the worker's own proof. A
+ *               record that does not verify (tampered, replayed, reordered or injected bytes)
+ *               closes the connection with PC_ERR_PERM and a logged reason. The secret never
+ *               crosses the wire. Without a secret every gateway that can reach the port is
+ *               served in the clear (`kvgw worker` warns about it): bind to a private address.
  *   resync      right after HELLO_ACK and the first LOAD, the connection gets a SNAPSHOT of the
  *               worker's pinned prefixes (eng_worker_snapshot), in the worker's event order.
  *               Pins belong to the worker and outlive connections: RELEASED and EVICTED go to
@@ -76,10 +89,11 @@ typedef struct lnk_worker_server_params {
                                       first IPv4 address, else IPv6); port 0 picks one */
     const char *node;              /* the name sent in HELLO_ACK; NULL: the host name */
     uint32_t heartbeat_ms;         /* our heartbeat interval; default 1000 */
-    uint32_t handshake_timeout_ms; /* from accept to HELLO; default 5000 */
+    uint32_t handshake_timeout_ms; /* from accept to the handshake's end; default 3000 */
     uint32_t max_frame;        /* largest payload accepted; default ENG_WIRE_MAX_FRAME_DEFAULT */
     size_t max_queue_bytes;    /* per-connection output limit; default 64 MiB */
-    uint32_t max_conns;        /* more are refused with REJECT; default 64 */
+    uint32_t max_conns;        /* past their handshake; more are refused (REJECT); default 64 */
+    uint32_t max_pending;      /* in their handshake; more drop the oldest; default 16 */
     uint32_t drain_timeout_ms; /* shutdown: wait for final frames; default 5000 */
     const uint8_t *secret;     /* the link secret (LNK_SECRET_MIN..LNK_SECRET_MAX bytes),
                                   copied at init; NULL / secret_len 0: no authentication */
@@ -122,15 +136,17 @@ void lnk_worker_server_free(lnk_worker_server_t *s);
 typedef struct lnk_worker_server_stats {
     uint32_t conns_open; /* connections not closed yet */
     uint64_t conns_accepted;
-    uint64_t conns_rejected;     /* REJECT sent (handshake refused, too many connections) */
-    uint64_t conns_bad_frame;    /* closed for a bad or misplaced frame */
-    uint64_t conns_timeout;      /* closed for a missed handshake or heartbeats */
-    uint64_t conns_slow;         /* closed for not reading (output queue over the limit) */
-    uint64_t requests_submitted; /* accepted by the worker */
-    uint64_t requests_refused;   /* answered ERROR at once */
-    uint64_t requests_live;      /* submitted, final event not seen yet */
-    uint64_t requests_orphaned;  /* canceled because their connection ended */
-    uint64_t events_dropped;     /* events for requests whose connection had ended */
+    uint64_t conns_rejected;        /* handshake refused (REJECT, or silently: bad AUTH) */
+    uint64_t conns_bad_frame;       /* closed for a bad or misplaced frame */
+    uint64_t conns_timeout;         /* closed for a missed handshake or heartbeats */
+    uint64_t conns_pending_dropped; /* dropped in their handshake to make room (max_pending) */
+    uint64_t conns_unsealed;        /* closed for a sealed record that did not verify */
+    uint64_t conns_slow;            /* closed for not reading (output queue over the limit) */
+    uint64_t requests_submitted;    /* accepted by the worker */
+    uint64_t requests_refused;      /* answered ERROR at once */
+    uint64_t requests_live;         /* submitted, final event not seen yet */
+    uint64_t requests_orphaned;     /* canceled because their connection ended */
+    uint64_t events_dropped;        /* events for requests whose connection had ended */
 } lnk_worker_server_stats_t;
 
 void lnk_worker_server_stats(const lnk_worker_server_t *s, lnk_worker_server_stats_t *out);

@@ -855,9 +855,9 @@ PC_TEST(handshake_mismatch_rejected)
     fx_t f;
     PC_TEST_CALL(fx_setup(&f, NULL));
     lnk_worker_client_params_t p = lnk_worker_client_params_default();
-    p.version_min = 3;
-    p.version_max = 4;
-    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_UNSUPPORTED, "this worker speaks 2"));
+    p.version_min = ENG_WIRE_VERSION + 1;
+    p.version_max = ENG_WIRE_VERSION + 2;
+    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_UNSUPPORTED, "this worker speaks 3"));
     p = lnk_worker_client_params_default();
     p.model_name = "another-model";
     PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_INVAL, "'another-model' asked"));
@@ -868,17 +868,18 @@ PC_TEST(handshake_mismatch_rejected)
     p.n_vocab = N_VOCAB + 1;
     PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_INVAL, "n_vocab"));
 
-    /* A frame with another version in its header: REJECT with the decoder's reason. */
+    /* A frame with another version in its header (a gateway of the previous protocol, whose
+     * link is not sealed): REJECT with the decoder's reason. */
     raw_t r;
     PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
-    uint8_t v2[ENG_WIRE_HEADER_BYTES] = {'K', 'W', 3, ENG_WIRE_HELLO};
+    uint8_t v2[ENG_WIRE_HEADER_BYTES] = {'K', 'W', 2, ENG_WIRE_HELLO};
     raw_send(&r, v2, sizeof v2);
     RUN_UNTIL(&f, r.eof, 5000);
     uint32_t n;
     char why[256] = "";
     ASSERT_EQ(raw_frames(&r, ENG_WIRE_REJECT, &n, why, sizeof why), 0);
     ASSERT_EQ(n, 1);
-    ASSERT_TRUE(strstr(why, "protocol version 3") != NULL);
+    ASSERT_TRUE(strstr(why, "protocol version 2, this side speaks 3") != NULL);
     PC_TEST_CALL(raw_close(&f, &r));
 
     /* A SUBMIT before HELLO. */
@@ -956,7 +957,7 @@ PC_TEST(link_auth)
     PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_PERM, "requires a link secret"));
     p = secret_params("0123456789abcdeX");
     PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_PERM, "link authentication failed"));
-    /* A raw peer that skips AUTH after the CHALLENGE gets REJECT. */
+    /* A raw peer that skips AUTH after the CHALLENGE is closed without a word. */
     raw_t r;
     PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
     eng_wire_frame_t h = hello_frame(1000), hb = {.type = ENG_WIRE_HEARTBEAT};
@@ -968,8 +969,7 @@ PC_TEST(link_auth)
     ASSERT_EQ(raw_frames(&r, ENG_WIRE_CHALLENGE, &n, why, sizeof why), 0);
     ASSERT_EQ(n, 1);
     ASSERT_EQ(raw_frames(&r, ENG_WIRE_REJECT, &n, why, sizeof why), 0);
-    ASSERT_EQ(n, 1);
-    ASSERT_TRUE(strstr(why, "expected AUTH") != NULL);
+    ASSERT_EQ(n, 0);
     PC_TEST_CALL(raw_close(&f, &r));
     /* The right secret: served, and the worker proved it too. */
     cl_t k;
@@ -994,6 +994,413 @@ PC_TEST(link_auth)
     char err[256];
     ASSERT_EQ(lnk_worker_client_connect(&f.loop, &p, &cl_cbs, NULL, &c, err, sizeof err),
               PC_ERR_INVAL);
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The sealed link: what an unauthenticated peer learns, the pre-authentication budget, and a
+ * man in the middle (a TCP proxy on the test's loop that forwards both ways, records every
+ * byte, and can change, replay or inject bytes on their way to the worker).
+ * ------------------------------------------------------------------------------------------- */
+
+static bool mem_has(const void *hay, size_t n, const void *needle, size_t k)
+{
+    const uint8_t *h = hay;
+    for (size_t i = 0; k > 0 && i + k <= n; i++)
+        if (memcmp(h + i, needle, k) == 0)
+            return true;
+    return false;
+}
+
+/* A worker with the link secret SECRET (and the given handshake deadline; 0: the default). */
+static void secret_fx(fx_t *f, uint32_t handshake_timeout_ms)
+{
+    lnk_worker_server_params_t sp = lnk_worker_server_params_default();
+    sp.secret = (const uint8_t *)SECRET;
+    sp.secret_len = 16;
+    if (handshake_timeout_ms > 0)
+        sp.handshake_timeout_ms = handshake_timeout_ms;
+    fx_setup(f, &sp);
+}
+
+PC_TEST(unauthenticated_peer_learns_nothing)
+{
+    fx_t f;
+    PC_TEST_CALL(secret_fx(&f, 0));
+    eng_worker_info_t info;
+    eng_worker_info(lnk_worker_server_worker(f.srv), &info);
+    uint8_t fp_le[8];
+    char fp_hex[24];
+    for (int i = 0; i < 8; i++)
+        fp_le[i] = (uint8_t)(info.model_fp >> (8 * i));
+    snprintf(fp_hex, sizeof fp_hex, "%016llx", (unsigned long long)info.model_fp);
+
+    /* A HELLO that asks for another model, then a wrong AUTH: the peer gets the CHALLENGE
+     * (a nonce) and the connection closes; nothing names the model. */
+    raw_t r;
+    PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
+    eng_wire_frame_t h = hello_frame(1000);
+    h.u.hello.model_name = PC_SLICE_LIT("another-model");
+    h.u.hello.model_fp = 0x1234;
+    h.u.hello.n_vocab = N_VOCAB + 1;
+    raw_send_frame(&r, &h);
+    eng_wire_frame_t a = {.type = ENG_WIRE_AUTH};
+    memset(a.u.auth.bytes, 7, sizeof a.u.auth.bytes);
+    raw_send_frame(&r, &a);
+    RUN_UNTIL(&f, r.eof, 5000);
+    uint32_t n;
+    ASSERT_EQ(raw_frames(&r, ENG_WIRE_CHALLENGE, &n, NULL, 0), 0);
+    ASSERT_EQ(n, 1);
+    ASSERT_EQ(r.in.len, ENG_WIRE_HEADER_BYTES + ENG_WIRE_AUTH_BYTES); /* that frame alone */
+    ASSERT_FALSE(mem_has(r.in.base, r.in.len, fp_le, sizeof fp_le));
+    ASSERT_FALSE(mem_has(r.in.base, r.in.len, fp_hex, strlen(fp_hex)));
+    ASSERT_FALSE(mem_has(r.in.base, r.in.len, info.model_name, strlen(info.model_name)));
+    PC_TEST_CALL(raw_close(&f, &r));
+
+    /* The same HELLO and no AUTH at all: the same. */
+    PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
+    raw_send_frame(&r, &h);
+    eng_wire_frame_t hb = {.type = ENG_WIRE_HEARTBEAT};
+    raw_send_frame(&r, &hb);
+    RUN_UNTIL(&f, r.eof, 5000);
+    ASSERT_EQ(r.in.len, ENG_WIRE_HEADER_BYTES + ENG_WIRE_AUTH_BYTES);
+    ASSERT_FALSE(mem_has(r.in.base, r.in.len, fp_le, sizeof fp_le));
+    PC_TEST_CALL(raw_close(&f, &r));
+
+    /* A gateway that proved the secret learns why (in a sealed REJECT). */
+    lnk_worker_client_params_t p = secret_params(SECRET);
+    p.model_fp = 0x1234;
+    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_INVAL, "fingerprint"));
+    lnk_worker_server_stats_t st;
+    RUN_UNTIL(&f, (lnk_worker_server_stats(f.srv, &st), st.conns_open == 0), 5000);
+    ASSERT_EQ(st.conns_rejected, 3);
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(unauthenticated_sockets_do_not_lock_out_a_gateway)
+{
+    /* 64 sockets that connect and never authenticate (as many as the authenticated
+     * connections allowed) held open, the handshake deadline far away: a real gateway still
+     * connects and is served. */
+    enum { N_HOLD = 64 };
+    fx_t f;
+    PC_TEST_CALL(secret_fx(&f, 60000));
+    static raw_t hold[N_HOLD];
+    for (int i = 0; i < N_HOLD; i++)
+        PC_TEST_CALL(raw_open(&f, &hold[i], f.addr, true));
+    lnk_worker_server_stats_t st;
+    RUN_UNTIL(&f, (lnk_worker_server_stats(f.srv, &st), st.conns_accepted == N_HOLD), 5000);
+    cl_t k;
+    lnk_worker_client_params_t p = secret_params(SECRET);
+    PC_TEST_CALL(cl_connect(&f, &k, &p, NULL));
+    RUN_UNTIL(&f, k.ready || k.closed, 5000);
+    if (k.closed)
+        PC_TEST__FAIL("the gateway was refused: %s", k.close_reason);
+    uint32_t prompt[12];
+    make_prompt(prompt, 12, 5);
+    eng_wire_submit_t sb = greedy(1, prompt, 12, 4);
+    ASSERT_EQ(lnk_worker_client_submit(k.c, &sb), 0);
+    RUN_UNTIL(&f, k.rq[1].done || k.closed, 10000);
+    ASSERT_TRUE(k.rq[1].done);
+    ASSERT_EQ(k.rq[1].n_tokens, 4);
+    lnk_worker_server_stats(f.srv, &st);
+    ASSERT_EQ(st.conns_pending_dropped,
+              N_HOLD + 1 - lnk_worker_server_params_default().max_pending);
+    PC_TEST_CALL(cl_close(&f, &k));
+    for (int i = 0; i < N_HOLD; i++)
+        PC_TEST_CALL(raw_close(&f, &hold[i]));
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(silent_pre_auth_socket_closed_at_the_deadline)
+{
+    fx_t f;
+    PC_TEST_CALL(secret_fx(&f, 150));
+    /* HELLO, the CHALLENGE comes, then silence: closed when the handshake deadline passes
+     * (the deadline covers the whole handshake, not only HELLO). */
+    raw_t r;
+    PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
+    eng_wire_frame_t h = hello_frame(1000);
+    raw_send_frame(&r, &h);
+    RUN_UNTIL(&f, r.eof, 5000);
+    uint32_t n;
+    ASSERT_EQ(raw_frames(&r, ENG_WIRE_CHALLENGE, &n, NULL, 0), 0);
+    ASSERT_EQ(n, 1);
+    PC_TEST_CALL(raw_close(&f, &r));
+    /* Nothing at all. */
+    PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
+    RUN_UNTIL(&f, r.eof, 5000);
+    ASSERT_EQ(r.in.len, 0);
+    PC_TEST_CALL(raw_close(&f, &r));
+    lnk_worker_server_stats_t st;
+    RUN_UNTIL(&f, (lnk_worker_server_stats(f.srv, &st), st.conns_open == 0), 5000);
+    ASSERT_EQ(st.conns_timeout, 2);
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+typedef struct proxy {
+    uv_tcp_t l, down, up; /* listener; the gateway's side; the worker's side */
+    uv_connect_t conn;
+    struct sockaddr_storage target;
+    bool accepted, up_connected;
+    int n_closed;
+    pc_buf_t c2s, s2c; /* every byte forwarded, each way */
+    pc_buf_t pend;     /* from the gateway before the worker's side connected */
+    size_t flip_at;    /* c2s offset of a byte to change on its way (SIZE_MAX: none) */
+    char addr[80];
+    char rbuf[65536];
+} proxy_t;
+
+static void px_alloc(uv_handle_t *h, size_t n, uv_buf_t *b)
+{
+    proxy_t *x = h->data;
+    b->base = x->rbuf;
+    b->len = sizeof x->rbuf;
+}
+
+static void px_write(uv_tcp_t *t, const void *bytes, size_t len)
+{
+    if (uv_is_closing((uv_handle_t *)t))
+        return;
+    raw_wr_t *w = pc_xmalloc(sizeof *w + len);
+    memcpy(w->data, bytes, len);
+    uv_buf_t b = uv_buf_init(w->data, (unsigned)len);
+    if (uv_write(&w->req, (uv_stream_t *)t, &b, 1, raw_on_write) != 0)
+        pc_free(w);
+}
+
+static void px_on_closed(uv_handle_t *h)
+{
+    ((proxy_t *)h->data)->n_closed++;
+}
+
+static void px_close_pair(proxy_t *x)
+{
+    if (!uv_is_closing((uv_handle_t *)&x->down))
+        uv_close((uv_handle_t *)&x->down, px_on_closed);
+    if (!uv_is_closing((uv_handle_t *)&x->up))
+        uv_close((uv_handle_t *)&x->up, px_on_closed);
+}
+
+static void px_on_down_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
+{
+    proxy_t *x = s->data;
+    if (n < 0) {
+        px_close_pair(x);
+        return;
+    }
+    if (x->flip_at >= x->c2s.len && x->flip_at < x->c2s.len + (size_t)n)
+        b->base[x->flip_at - x->c2s.len] ^= 0x01;
+    pc_buf_append(&x->c2s, b->base, (size_t)n);
+    if (x->up_connected)
+        px_write(&x->up, b->base, (size_t)n);
+    else
+        pc_buf_append(&x->pend, b->base, (size_t)n);
+}
+
+static void px_on_up_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
+{
+    proxy_t *x = s->data;
+    if (n < 0) {
+        px_close_pair(x);
+        return;
+    }
+    pc_buf_append(&x->s2c, b->base, (size_t)n);
+    px_write(&x->down, b->base, (size_t)n);
+}
+
+static void px_on_up_connect(uv_connect_t *c, int status)
+{
+    proxy_t *x = c->data;
+    if (status < 0) {
+        px_close_pair(x);
+        return;
+    }
+    x->up_connected = true;
+    px_write(&x->up, x->pend.base, x->pend.len);
+    uv_read_start((uv_stream_t *)&x->up, px_alloc, px_on_up_read);
+}
+
+static void px_on_conn(uv_stream_t *l, int status)
+{
+    proxy_t *x = l->data;
+    if (status < 0 || x->accepted)
+        return;
+    x->accepted = true;
+    uv_tcp_init(l->loop, &x->down);
+    uv_tcp_init(l->loop, &x->up);
+    x->down.data = x->up.data = x->conn.data = x;
+    uv_accept(l, (uv_stream_t *)&x->down);
+    uv_read_start((uv_stream_t *)&x->down, px_alloc, px_on_down_read);
+    uv_tcp_connect(&x->conn, &x->up, (struct sockaddr *)&x->target, px_on_up_connect);
+}
+
+/* A proxy for one connection to the worker of f; its address in x->addr. */
+static void px_open(fx_t *f, proxy_t *x)
+{
+    memset(x, 0, offsetof(proxy_t, rbuf));
+    x->flip_at = SIZE_MAX;
+    ASSERT_EQ(lnk_wconn_parse_addr(f->addr, &x->target), 0);
+    struct sockaddr_storage sa;
+    ASSERT_EQ(lnk_wconn_parse_addr("127.0.0.1:0", &sa), 0);
+    uv_tcp_init(&f->loop, &x->l);
+    x->l.data = x;
+    ASSERT_EQ(uv_tcp_bind(&x->l, (struct sockaddr *)&sa, 0), 0);
+    ASSERT_EQ(uv_listen((uv_stream_t *)&x->l, 4, px_on_conn), 0);
+    int len = sizeof sa;
+    ASSERT_EQ(uv_tcp_getsockname(&x->l, (struct sockaddr *)&sa, &len), 0);
+    lnk_wconn_format_addr((struct sockaddr *)&sa, x->addr, sizeof x->addr);
+}
+
+static void px_close(fx_t *f, proxy_t *x)
+{
+    uv_close((uv_handle_t *)&x->l, px_on_closed);
+    int want = 1;
+    if (x->accepted) {
+        px_close_pair(x);
+        want = 3;
+    }
+    RUN_UNTIL(f, x->n_closed == want, 2000);
+    pc_buf_free(&x->c2s);
+    pc_buf_free(&x->s2c);
+    pc_buf_free(&x->pend);
+}
+
+/* A gateway with the secret through the proxy, ready; heartbeats rare, so that what it sends
+ * next is what the test makes it send. */
+static void px_client(fx_t *f, proxy_t *x, cl_t *k)
+{
+    PC_TEST_CALL(px_open(f, x));
+    lnk_worker_client_params_t p = secret_params(SECRET);
+    p.heartbeat_ms = 60000;
+    PC_TEST_CALL(cl_connect(f, k, &p, x->addr));
+    RUN_UNTIL(f, k->ready || k->closed, 5000);
+    if (k->closed)
+        PC_TEST__FAIL("closed: %s", k->close_reason);
+    RUN_UNTIL(f, k->snap_last, 5000); /* the worker's handshake frames are through */
+}
+
+static void expect_link_closed(fx_t *f, cl_t *k, uint64_t submitted)
+{
+    RUN_UNTIL(f, k->closed, 5000);
+    ASSERT_EQ(k->close_err, PC_ERR_PERM);
+    if (strstr(k->close_reason, "sealed record") == NULL)
+        PC_TEST__FAIL("reason: %s", k->close_reason);
+    lnk_worker_server_stats_t st;
+    RUN_UNTIL(f, (lnk_worker_server_stats(f->srv, &st), st.conns_open == 0), 5000);
+    ASSERT_EQ(st.requests_submitted, submitted);
+    ASSERT_EQ(st.conns_unsealed, 1);
+}
+
+PC_TEST(sealed_link_serves_and_hides_prompts)
+{
+    fx_t f;
+    PC_TEST_CALL(secret_fx(&f, 0));
+    proxy_t x;
+    cl_t k;
+    PC_TEST_CALL(px_client(&f, &x, &k));
+    uint32_t prompt[40];
+    make_prompt(prompt, 40, 77);
+    eng_wire_submit_t sb = greedy(1, prompt, 40, 16);
+    ASSERT_EQ(lnk_worker_client_submit(k.c, &sb), 0);
+    RUN_UNTIL(&f, k.rq[1].done || k.closed, 10000);
+    ASSERT_TRUE(k.rq[1].done);
+    rq_t ref;
+    PC_TEST_CALL(inproc_run(&sb, &ref));
+    ASSERT_EQ(k.rq[1].n_tokens, ref.n_tokens);
+    ASSERT_MEM_EQ(k.rq[1].tokens, ref.tokens, ref.n_tokens * sizeof(uint32_t));
+    /* On the path: neither the prompt, nor the output text, nor the model's name. */
+    uint8_t le[16];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++)
+            le[4 * i + j] = (uint8_t)(prompt[10 + i] >> (8 * j));
+    ASSERT_FALSE(mem_has(x.c2s.base, x.c2s.len, le, sizeof le));
+    if (k.rq[1].text_len >= 4)
+        ASSERT_FALSE(mem_has(x.s2c.base, x.s2c.len, k.rq[1].text, k.rq[1].text_len));
+    ASSERT_FALSE(mem_has(x.s2c.base, x.s2c.len, k.ack_model, strlen(k.ack_model)));
+    PC_TEST_CALL(cl_close(&f, &k));
+    PC_TEST_CALL(px_close(&f, &x));
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(tampered_record_closes_the_link)
+{
+    fx_t f;
+    PC_TEST_CALL(secret_fx(&f, 0));
+    proxy_t x;
+    cl_t k;
+    PC_TEST_CALL(px_client(&f, &x, &k));
+    /* One bit of the next thing the gateway sends (a SUBMIT), 20 bytes in, changes. */
+    x.flip_at = x.c2s.len + 20;
+    uint32_t prompt[40];
+    make_prompt(prompt, 40, 78);
+    eng_wire_submit_t sb = greedy(1, prompt, 40, 8);
+    ASSERT_EQ(lnk_worker_client_submit(k.c, &sb), 0);
+    PC_TEST_CALL(expect_link_closed(&f, &k, 0));
+    ASSERT_TRUE(strstr(k.close_reason, "does not verify") != NULL);
+    PC_TEST_CALL(px_close(&f, &x));
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(injected_plaintext_submit_refused)
+{
+    fx_t f;
+    PC_TEST_CALL(secret_fx(&f, 0));
+    proxy_t x;
+    cl_t k;
+    PC_TEST_CALL(px_client(&f, &x, &k));
+    /* Someone on the path writes a well-formed SUBMIT into the gateway's stream. */
+    uint32_t prompt[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    eng_wire_frame_t s = {.type = ENG_WIRE_SUBMIT};
+    s.u.submit = greedy(9, prompt, 8, 4);
+    pc_buf_t b = PC_BUF_INIT;
+    ASSERT_EQ(eng_wire_encode(&s, ENG_WIRE_MAX_FRAME_DEFAULT, &b, NULL, 0), 0);
+    px_write(&x.up, b.base, b.len);
+    pc_buf_free(&b);
+    PC_TEST_CALL(expect_link_closed(&f, &k, 0));
+    PC_TEST_CALL(px_close(&f, &x));
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(replayed_record_refused)
+{
+    fx_t f;
+    PC_TEST_CALL(secret_fx(&f, 0));
+    proxy_t x;
+    cl_t k;
+    PC_TEST_CALL(px_client(&f, &x, &k));
+    size_t mark = x.c2s.len;
+    uint32_t prompt[20];
+    make_prompt(prompt, 20, 79);
+    eng_wire_submit_t sb = greedy(1, prompt, 20, 4);
+    ASSERT_EQ(lnk_worker_client_submit(k.c, &sb), 0);
+    RUN_UNTIL(&f, k.rq[1].done || k.closed, 10000);
+    ASSERT_TRUE(k.rq[1].done);
+    /* The request is over (its id is free again); the recorded SUBMIT is sent once more. */
+    ASSERT_TRUE(x.c2s.len > mark);
+    px_write(&x.up, x.c2s.base + mark, x.c2s.len - mark);
+    PC_TEST_CALL(expect_link_closed(&f, &k, 1));
+    PC_TEST_CALL(px_close(&f, &x));
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(tampered_record_from_the_worker_closes_the_link)
+{
+    /* The other direction: a changed byte on its way to the gateway. */
+    fx_t f;
+    PC_TEST_CALL(secret_fx(&f, 0));
+    proxy_t x;
+    cl_t k;
+    PC_TEST_CALL(px_client(&f, &x, &k));
+    /* A record of zeros where the worker's next record would be: length 20 (4 bytes of
+     * "plaintext" and a tag). */
+    uint8_t junk[24] = {20};
+    px_write(&x.down, junk, sizeof junk);
+    RUN_UNTIL(&f, k.closed, 5000);
+    ASSERT_EQ(k.close_err, PC_ERR_PERM);
+    if (strstr(k.close_reason, "does not verify") == NULL)
+        PC_TEST__FAIL("reason: %s", k.close_reason);
+    PC_TEST_CALL(px_close(&f, &x));
     PC_TEST_CALL(fx_teardown(&f));
 }
 
@@ -1894,8 +2301,8 @@ PC_TEST(corpus_seeds)
     PC_TEST_CALL(seed_write(dir, "hello_model", &b));
     b.len = 1;
     h2 = hello;
-    h2.u.hello.version_min = 3;
-    h2.u.hello.version_max = 4;
+    h2.u.hello.version_min = ENG_WIRE_VERSION + 1;
+    h2.u.hello.version_max = ENG_WIRE_VERSION + 2;
     PC_TEST_CALL(seed_frame(&b, &h2));
     PC_TEST_CALL(seed_write(dir, "hello_version", &b));
     b.len = 1;
@@ -1909,6 +2316,20 @@ PC_TEST(corpus_seeds)
     b.len = 1;
     pc_buf_append_cstr(&b, "GET / HTTP/1.1\r\nHost: worker\r\n\r\n");
     PC_TEST_CALL(seed_write(dir, "http", &b));
+
+    /* The sealed server (byte 0 bit 1): frames the target seals after its handshake, and
+     * (bit 2) the same frames unsealed, as someone on the path would inject them. */
+    const uint8_t sealed = 2, injected = 6;
+    b.len = 0;
+    pc_buf_append(&b, &sealed, 1);
+    sub.u.submit = greedy(1, prompt, 40, 4);
+    PC_TEST_CALL(seed_frame(&b, &sub));
+    PC_TEST_CALL(seed_frame(&b, &hb));
+    can.u.cancel_id = 1;
+    PC_TEST_CALL(seed_frame(&b, &can));
+    PC_TEST_CALL(seed_write(dir, "sealed_submit_cancel", &b));
+    b.base[0] = (char)injected;
+    PC_TEST_CALL(seed_write(dir, "injected_submit", &b));
     pc_buf_free(&b);
 }
 
