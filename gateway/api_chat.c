@@ -470,6 +470,7 @@ int gw__chat_from_anthropic(const json_t *body, pc_arena_t *arena, eng_chat_t **
     for (size_t i = 0; i < n_msgs; i++) {
         eng_chat_role_t role;
         size_t nb;
+        gw__work++;
         if ((rc = anth_msg_shape(&a, json_array_get(msgs, i), i, &role, &nb)) != 0)
             goto fail;
         if (nb == 0 && !(i == n_msgs - 1 && role == ENG_CHAT_ROLE_ASSISTANT)) {
@@ -494,11 +495,13 @@ int gw__chat_from_anthropic(const json_t *body, pc_arena_t *arena, eng_chat_t **
         eng_chat_role_t role;
         size_t nb;
         anth_msg_shape(&a, m, i, &role, &nb); /* validated in pass 1 */
+        gw__work++;
         if (t == (size_t)-1 || c->messages[t].role != role) {
             size_t total = 0;
             for (size_t j = i; j < n_msgs; j++) {
                 eng_chat_role_t rj;
                 size_t nj;
+                gw__work++;
                 anth_msg_shape(&a, json_array_get(msgs, j), j, &rj, &nj);
                 if (rj != role)
                     break;
@@ -812,6 +815,7 @@ int gw__chat_from_openai(const json_t *body, pc_arena_t *arena, eng_chat_t **out
     /* Validate everything before allocating, so a bad request costs little arena. */
     for (size_t i = 0; i < n_msgs; i++) {
         eng_chat_msg_t tmp = {0};
+        gw__work++;
         if ((rc = oai_message(&a, json_array_get(msgs, i), i, &tmp, false)) != 0)
             goto fail;
         if (i == 0 && tmp.role == ENG_CHAT_ROLE_SYSTEM)
@@ -835,6 +839,7 @@ int gw__chat_from_openai(const json_t *body, pc_arena_t *arena, eng_chat_t **out
         goto fail;
     for (size_t i = first; i < n_msgs; i++) {
         eng_chat_msg_t *m = &c->messages[i - first];
+        gw__work++;
         if ((rc = oai_message(&a, json_array_get(msgs, i), i, m, true)) != 0)
             goto fail;
         for (size_t k = 0; k < m->n_blocks; k++)

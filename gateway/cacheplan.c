@@ -3,6 +3,7 @@
  * 20-block lookback walk (see cacheplan.h).
  */
 #include "cacheplan.h"
+#include "api_internal.h"
 
 #include <string.h>
 
@@ -14,20 +15,11 @@ long gw_cacheplan_auto_mark(const eng_chat_t *chat)
     return n > 0 ? (long)n - 1 : -1;
 }
 
-/* The kind of element k for position grouping: 0 = other, 1 = tool_use, 2 = tool_result. */
-static int elem_run_kind(const eng_chat_t *c, size_t k)
+/* The kind of a message block for position grouping: 0 = other, 1 = tool_use, 2 =
+ * tool_result (tools and system blocks are 0). */
+static int block_run_kind(const eng_chat_block_t *b)
 {
-    if (k < c->n_tools + c->n_system)
-        return 0;
-    k -= c->n_tools + c->n_system;
-    for (size_t m = 0; m < c->n_messages; m++) {
-        if (k < c->messages[m].n_blocks) {
-            eng_chat_block_kind_t kind = c->messages[m].blocks[k].kind;
-            return kind == ENG_CHAT_BLOCK_TOOL_USE ? 1 : kind == ENG_CHAT_BLOCK_TOOL_RESULT ? 2 : 0;
-        }
-        k -= c->messages[m].n_blocks;
-    }
-    return 0;
+    return b->kind == ENG_CHAT_BLOCK_TOOL_USE ? 1 : b->kind == ENG_CHAT_BLOCK_TOOL_RESULT ? 2 : 0;
 }
 
 /* Adds (or merges) a breakpoint candidate; cands are kept in mark order. */
@@ -73,10 +65,21 @@ int gw_cacheplan_build(const eng_chat_t *chat, const eng_render_out_t *r, uint32
     }
     out->mark_end = ends;
 
-    /* Positions: runs of tool_use (or tool_result) elements are one position each. */
+    /* Positions: runs of tool_use (or tool_result) elements are one position each. The
+     * message cursor (mi, bi) walks the blocks alongside k: linear in the elements. */
     int prev_kind = -1;
+    size_t mi = 0, bi = 0, n_head = chat->n_tools + chat->n_system;
     for (size_t k = 0; k < n_marks; k++) {
-        int kind = elem_run_kind(chat, k);
+        int kind = 0;
+        gw__work++;
+        if (k >= n_head) {
+            while (bi >= chat->messages[mi].n_blocks) { /* k < n_marks: a block is left */
+                gw__work++;
+                mi++;
+                bi = 0;
+            }
+            kind = block_run_kind(&chat->messages[mi].blocks[bi++]);
+        }
         if (kind != 0 && kind == prev_kind) {
             out->pos_last[out->n_pos - 1] = (uint32_t)k;
         } else {
