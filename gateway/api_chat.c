@@ -9,6 +9,7 @@
  * sampling, tool_choice, ...) and the cache_control count/order rules are api_parse.c's.
  */
 #include "api_internal.h"
+#include "json_fast.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -671,8 +672,11 @@ static int oai_tool_call(adapter_t *a, const json_t *tc, const char *mpath, size
         (rc = check_tool_name(a, name, fpath)) != 0 ||
         (rc = get_string(a, fn, "arguments", fpath, true, &args)) != 0)
         return rc;
-    json_t *parsed = json_loadb(json_string_value(args), json_string_length(args),
-                                JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+    /* Only "is it an object" matters (the text is kept verbatim): its members are checked as
+     * JSON without building them. */
+    static const char *const keep_none[1] = {NULL};
+    json_t *parsed = gw_json_loadb_keep(json_string_value(args), json_string_length(args),
+                                        JSON_ALLOW_NUL, keep_none, 0, NULL);
     bool is_obj = json_is_object(parsed);
     json_decref(parsed);
     if (!is_obj)

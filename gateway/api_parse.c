@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "pc_assert.h"
 #include "pc_err.h"
 
 _Thread_local uint64_t gw__work;
@@ -782,6 +783,35 @@ static int parse_openai(pctx_t *p, pc_arena_t *a, const json_t *body, gw_api_req
     return 0;
 }
 
+/* Every top-level field either API reads (api_parse.c and api_chat.c); the values of all
+ * others are skipped unbuilt. A field read here but missing from this list would read as null:
+ * test_api's known_fields_are_kept sends each one. */
+static const char *const g_read_fields[] = {
+    "cache_control",
+    "cache_salt",
+    "max_completion_tokens",
+    "max_tokens",
+    "messages",
+    "metadata",
+    "model",
+    "n",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+    "seed",
+    "stop",
+    "stop_sequences",
+    "stream",
+    "stream_options",
+    "system",
+    "temperature",
+    "thinking",
+    "tool_choice",
+    "tools",
+    "top_k",
+    "top_p",
+    "user",
+};
+
 int gw_api_parse(gw_api_kind_t kind, const void *body, size_t len, pc_arena_t *arena,
                  gw_api_req_t **out, gw_api_error_t *err)
 {
@@ -789,14 +819,20 @@ int gw_api_parse(gw_api_kind_t kind, const void *body, size_t len, pc_arena_t *a
     json_error_t je;
     json_t *j = NULL;
     gw_api_req_t *r = NULL;
+    gw_json_budget_t budget;
+    size_t max_mem = len > (SIZE_MAX - GW_API_JSON_MEM_BASE) / GW_API_JSON_MEM_PER_BYTE
+                         ? SIZE_MAX
+                         : GW_API_JSON_MEM_BASE + len * GW_API_JSON_MEM_PER_BYTE;
     int rc;
 
     memset(err, 0, sizeof *err);
+    gw_json_budget_begin(&budget, max_mem);
     /* Duplicate keys are refused: a body must mean one thing ("model" twice is not "the last
      * one wins"). */
-    j = gw_json_loadb(body != NULL ? body : "", len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
+    j = gw_json_loadb_keep(body != NULL ? body : "", len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES,
+                           g_read_fields, PC_ARRAY_LEN(g_read_fields), &je);
     if (j == NULL) {
-        rc = json_error(&p, &je);
+        rc = budget.oom ? PC_ERR_NOMEM : budget.over ? PC_ERR_NOSPACE : json_error(&p, &je);
         goto done;
     }
     if (!json_is_object(j)) {
@@ -828,14 +864,27 @@ int gw_api_parse(gw_api_kind_t kind, const void *body, size_t len, pc_arena_t *a
         goto done;
     r->model = r->chat->model;
     rc = p.oai ? parse_openai(&p, arena, j, r) : parse_anthropic(&p, arena, j, r);
-    if (rc == 0 && (rc = parse_salt(&p, arena, j, r)) == 0)
-        *out = r;
+    if (rc == 0)
+        rc = parse_salt(&p, arena, j, r);
 done:
-    if (rc == PC_ERR_NOMEM)
+    gw_json_budget_end(&budget);
+    /* Whatever failed after the budget ran out (or the allocator failed) failed because of it. */
+    if (budget.over) {
+        rc = PC_ERR_NOSPACE;
+        gw_api_error_set(err, kind, 413,
+                         "request body: its JSON needs more than %zu bytes of memory to parse "
+                         "(%d per byte of its %zu bytes, plus %u); send fewer or smaller "
+                         "elements",
+                         max_mem, GW_API_JSON_MEM_PER_BYTE, len, GW_API_JSON_MEM_BASE);
+    } else if (rc == PC_ERR_NOMEM || (rc != 0 && budget.oom)) {
+        rc = PC_ERR_NOMEM;
         gw_api_error_set(err, kind, 500,
                          p.oai ? "The server had an error while processing your "
                                  "request (out of memory)."
                                : "Internal server error (out of memory)");
+    }
     json_decref(j);
+    if (rc == 0)
+        *out = r;
     return rc;
 }
