@@ -94,14 +94,24 @@ int gw_cacheplan_build(const eng_chat_t *chat, const eng_render_out_t *r, uint32
     size_t n_cands = 0;
     if (chat->api == ENG_CHAT_API_OPENAI) {
         if (openai_auto_ttl != ENG_CHAT_TTL_NONE) {
-            size_t k = chat->n_tools;
+            size_t k = chat->n_tools, m_first = chat->n_messages, n_ends = 0;
             if (chat->n_system > 0) {
                 k += chat->n_system;
                 add_bp(cands, &n_cands, (uint32_t)(k - 1), ends[k - 1], openai_auto_ttl, true);
             }
+            /* Only the last GW_CACHEPLAN_OPENAI_AUTO_MAX message ends (see cacheplan.h). */
+            while (m_first > 0 && n_ends < GW_CACHEPLAN_OPENAI_AUTO_MAX) {
+                gw__work++;
+                n_ends += chat->messages[--m_first].n_blocks > 0;
+            }
             for (size_t m = 0; m < chat->n_messages; m++) {
+                gw__work++;
                 k += chat->messages[m].n_blocks;
-                if (chat->messages[m].n_blocks > 0)
+                if (chat->messages[m].n_blocks == 0)
+                    continue;
+                if (m < m_first)
+                    out->n_auto_capped++;
+                else
                     add_bp(cands, &n_cands, (uint32_t)(k - 1), ends[k - 1], openai_auto_ttl, true);
             }
         }

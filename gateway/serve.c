@@ -637,12 +637,17 @@ static void insert_entries(req_t *q)
         return;
     q->entries_inserted = true;
     uint64_t now = pc_time_mono_ms();
-    for (size_t i = 0; i < q->plan.n_bps; i++) {
-        const gw_cache_bp_t *bp = &q->plan.bps[i];
-        /* TTL runs from the start of the request (api-spec §1.7). */
-        gw_cindex_insert(q->s->ix, q->ns, q->r.tokens, bp->n_tokens,
-                         bp->ttl == ENG_CHAT_TTL_1H ? GW_CINDEX_TTL_1H : GW_CINDEX_TTL_5M, q->t0_ms,
-                         now);
+    /* One walk down the prompt for all of the plan's entries (at most GW_CACHEPLAN_MAX_BPS;
+     * a longer plan, which gw_api_parse never makes, goes in several). TTL runs from the start
+     * of the request (api-spec §1.7). */
+    gw_cindex_point_t pts[GW_CACHEPLAN_MAX_BPS];
+    for (size_t i = 0; i < q->plan.n_bps; i += GW_CACHEPLAN_MAX_BPS) {
+        size_t n = PC_MIN(q->plan.n_bps - i, (size_t)GW_CACHEPLAN_MAX_BPS);
+        for (size_t k = 0; k < n; k++)
+            pts[k] = (gw_cindex_point_t){
+                q->plan.bps[i + k].n_tokens,
+                q->plan.bps[i + k].ttl == ENG_CHAT_TTL_1H ? GW_CINDEX_TTL_1H : GW_CINDEX_TTL_5M};
+        gw_cindex_insert_path(q->s->ix, q->ns, q->r.tokens, pts, n, q->t0_ms, now, NULL);
     }
     /* The worker that prefilled the prompt holds its KV. */
     if (q->plan.n_bps > 0 || q->read_tokens > 0)

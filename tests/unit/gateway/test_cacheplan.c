@@ -574,4 +574,67 @@ PC_TEST(count_tokens_160k_messages)
     eng_tok_free(tok);
 }
 
+/* Issue 19 item 15: one automatic entry per message was unbounded (160k messages, 160k inserts
+ * on the loop). Only the system prompt and the last GW_CACHEPLAN_OPENAI_AUTO_MAX message ends
+ * are written; what is billed (up to the last one) is the same. */
+PC_TEST(openai_automatic_entries_are_capped)
+{
+    enum { N = 50 };
+    pc_arena_t arena;
+    pc_arena_init(&arena, 0);
+    eng_chat_t chat = {0};
+    chat.api = ENG_CHAT_API_OPENAI;
+    eng_chat_block_t sys = {0};
+    chat.system = &sys;
+    chat.n_system = 1;
+    chat.messages = pc_arena_new(&arena, eng_chat_msg_t, N);
+    chat.n_messages = N;
+    eng_render_out_t r = {0};
+    r.n_marks = N + 1;
+    r.marks = pc_arena_new(&arena, eng_render_mark_t, N + 1);
+    r.n_tokens = 10 * (N + 1) + 5;
+    r.tokens = pc_arena_new(&arena, uint32_t, r.n_tokens);
+    for (size_t k = 0; k <= N; k++)
+        r.marks[k] =
+            (eng_render_mark_t){ENG_RENDER_MARK_BLOCK, 0, 0, 0, (uint32_t)(10 * (k + 1)), 0};
+    for (size_t m = 0; m < N; m++) {
+        chat.messages[m].role = m % 2 ? ENG_CHAT_ROLE_ASSISTANT : ENG_CHAT_ROLE_USER;
+        chat.messages[m].blocks = pc_arena_new(&arena, eng_chat_block_t, 1);
+        memset(chat.messages[m].blocks, 0, sizeof(eng_chat_block_t));
+        chat.messages[m].n_blocks = 1;
+    }
+    gw_cacheplan_t p;
+    ASSERT_EQ(gw_cacheplan_build(&chat, &r, 0, ENG_CHAT_TTL_5M, &arena, &p), 0);
+    ASSERT_EQ(p.n_bps, 1 + GW_CACHEPLAN_OPENAI_AUTO_MAX);
+    ASSERT_EQ(p.n_bps, GW_CACHEPLAN_MAX_BPS);
+    ASSERT_EQ(p.n_auto_capped, N - GW_CACHEPLAN_OPENAI_AUTO_MAX);
+    ASSERT_EQ(p.bps[0].n_tokens, 10); /* the system prompt */
+    ASSERT_EQ(p.bps[1].n_tokens, 10 * (N - GW_CACHEPLAN_OPENAI_AUTO_MAX + 2));
+    ASSERT_EQ(p.bps[p.n_bps - 1].n_tokens, 10 * (N + 1)); /* the last message */
+    gw_usage_t u;
+    gw_usage_compute(&p, (uint32_t)r.n_tokens, 0, &u);
+    ASSERT_EQ(u.cache_write_5m, 10 * (N + 1));
+    ASSERT_EQ(u.input_tokens, 5);
+    /* Up to the cap nothing is left out. */
+    chat.n_messages = GW_CACHEPLAN_OPENAI_AUTO_MAX;
+    r.n_marks = GW_CACHEPLAN_OPENAI_AUTO_MAX + 1;
+    ASSERT_EQ(gw_cacheplan_build(&chat, &r, 0, ENG_CHAT_TTL_5M, &arena, &p), 0);
+    ASSERT_EQ(p.n_bps, GW_CACHEPLAN_OPENAI_AUTO_MAX + 1);
+    ASSERT_EQ(p.n_auto_capped, 0);
+    pc_arena_close(&arena);
+    /* The 160k-message body: still 21 entries. */
+    size_t len;
+    char *body = many_messages(true, 160001, &len);
+    gw_api_req_t *req = NULL;
+    gw_api_error_t e;
+    pc_arena_init(&arena, 0);
+    ASSERT_EQ(gw_api_parse(GW_API_OPENAI_CHAT, body, len, &arena, &req, &e), 0);
+    fake_render(req->chat, &arena, &r);
+    ASSERT_EQ(gw_cacheplan_build(req->chat, &r, 0, ENG_CHAT_TTL_5M, &arena, &p), 0);
+    ASSERT_EQ(p.n_bps, GW_CACHEPLAN_OPENAI_AUTO_MAX);
+    ASSERT_EQ(p.n_auto_capped, 160001 - GW_CACHEPLAN_OPENAI_AUTO_MAX);
+    pc_arena_close(&arena);
+    pc_free(body);
+}
+
 PC_TEST_MAIN()
