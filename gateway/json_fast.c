@@ -21,9 +21,9 @@
  * value, a duplicate, anything the fast path gives up on) the whole body goes to json_loadb.
  *
  * Budget. Every jansson allocation goes through j_malloc (installed once, see
- * gw_json_hooks_install) and so through the project's hooks; while a thread has a budget
- * (gw_json_budget_begin), each allocation of jansson and of this file is taken from it, and
- * one that does not fit fails (and every later one: the budget is spent). The budget counts
+ * gw_json_hooks_install); while a thread has a budget (gw_json_budget_begin), it goes through
+ * the project's hooks and each allocation of jansson and of this file is taken from the
+ * budget: one that does not fit fails (and every later one: the budget is spent). The budget counts
  * bytes requested, not bytes held, so it bounds the peak from above.
  */
 #include "json_fast.h"
@@ -80,8 +80,14 @@ static bool budget_take(size_t n)
     return true;
 }
 
+/* jansson's allocator. Outside a budget it is the C library's, as jansson's own default
+ * (callers such as engine/render.c read a failed json_loadb as "not JSON"); inside one it is
+ * the project's hooks, so gw_api_parse's tests see and fail its allocations. j_free serves both:
+ * the project's default allocator is the C library's, and test allocators wrap it. */
 static void *j_malloc(size_t n)
 {
+    if (tl_budget == NULL)
+        return malloc(n);
     if (!budget_take(n))
         return NULL;
     void *p = pc_malloc(n);
@@ -106,6 +112,13 @@ static void hooks_install(void)
 void gw_json_hooks_install(void)
 {
     pthread_once(&g_hooks_once, hooks_install);
+}
+
+/* Installed before main: json_set_alloc_funcs is not thread-safe against other threads in
+ * jansson, and the first gw_json_loadb runs on a pool thread. */
+__attribute__((constructor)) static void hooks_at_start(void)
+{
+    gw_json_hooks_install();
 }
 
 void gw_json_budget_begin(gw_json_budget_t *b, size_t max_bytes)

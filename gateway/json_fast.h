@@ -39,7 +39,8 @@ json_t *gw_json_loadb_keep(const char *buf, size_t len, size_t flags, const char
 
 /* A per-thread allocation budget for JSON work. Between gw_json_budget_begin and
  * gw_json_budget_end on the same thread, every allocation of jansson (any call: loading,
- * building, dumping) and of this file's parser is taken from max_bytes (bytes requested,
+ * building, dumping) and of this file's parser goes through the project hooks and is taken
+ * from max_bytes (bytes requested,
  * cumulated: an upper bound of the peak); the first that does not fit fails, and so does every
  * later one: over is set and stays set. oom says the project allocator itself failed. b must
  * stay valid until gw_json_budget_end. Budgets do not nest. */
@@ -53,9 +54,10 @@ typedef struct gw_json_budget {
 void gw_json_budget_begin(gw_json_budget_t *b, size_t max_bytes);
 void gw_json_budget_end(gw_json_budget_t *b);
 
-/* Routes jansson's allocations through the project hooks (pc_malloc / pc_free), once per
- * process; gw_json_loadb* and gw_json_budget_begin call it. Memory jansson allocated before
- * stays valid: pc_free releases it while the default allocator is installed. */
+/* Installs this file's allocator in jansson, once per process: the C library's outside a
+ * budget, the project hooks (pc_malloc) counted against the budget inside one; pc_free frees. It
+ * runs before main in every program that links this file (a constructor), and gw_json_loadb* and
+ * gw_json_budget_begin call it again (a no-op then). */
 void gw_json_hooks_install(void);
 
 /* The fast path alone (for tests): the tree, or NULL where gw_json_loadb would hand the body
