@@ -190,3 +190,29 @@ uint32_t gw_cacheplan_anthropic_hit(const gw_cacheplan_t *p,
     }
     return best;
 }
+
+typedef struct sorted_set {
+    const uint32_t *v;
+    size_t n;
+} sorted_set_t;
+
+static bool in_sorted(uint32_t n_tokens, void *ud)
+{
+    const sorted_set_t *set = ud;
+    size_t lo = 0, hi = set->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (set->v[mid] < n_tokens)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < set->n && set->v[lo] == n_tokens;
+}
+
+uint32_t gw_cacheplan_anthropic_hit_sorted(const gw_cacheplan_t *p, const uint32_t *live,
+                                           size_t n_live)
+{
+    sorted_set_t set = {live, n_live};
+    return gw_cacheplan_anthropic_hit(p, in_sorted, &set);
+}

@@ -99,4 +99,12 @@ void gw_usage_compute(const gw_cacheplan_t *p, uint32_t n_prompt, uint32_t read_
 uint32_t gw_cacheplan_anthropic_hit(const gw_cacheplan_t *p,
                                     bool (*entry_live)(uint32_t n_tokens, void *ud), void *ud);
 
+/* gw_cacheplan_anthropic_hit with the live entries given as their lengths, ascending
+ * (gw_cindex_path_entries: every live entry that is a prefix of the prompt). The probes cost a
+ * binary search each instead of a walk of the index each: a position of 100k tool_result blocks
+ * makes 100k probes, which as index walks along a stored 500k-token prompt are O(tokens^2) on
+ * the event loop. */
+uint32_t gw_cacheplan_anthropic_hit_sorted(const gw_cacheplan_t *p, const uint32_t *live,
+                                           size_t n_live);
+
 #endif

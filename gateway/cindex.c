@@ -789,6 +789,29 @@ bool gw_cindex_entry_live(const gw_cindex_t *ix, uint64_t ns, const uint32_t *to
     return e != NULL && e->expiry > now_ms;
 }
 
+size_t gw_cindex_path_entries(const gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t n,
+                              uint64_t now_ms, uint32_t *lens, size_t cap)
+{
+    rdx_match_t m;
+    if (ix == NULL || (tokens == NULL && n > 0) || rdx_tree_match(ix->t, ns, tokens, n, &m) != 0 ||
+        m.node == NULL)
+        return 0;
+    /* Up from the deepest matched node: entries fully inside the match, deepest first. */
+    size_t count = 0;
+    for (const rdx_node_t *x = m.node; x != NULL; x = rdx_node_parent(x)) {
+        const cix_entry_t *e = rdx_node_payload(x);
+        count += e != NULL && !e->hollow && e->expiry > now_ms && rdx_node_depth(x) <= m.n_matched;
+    }
+    size_t k = count;
+    for (const rdx_node_t *x = m.node; x != NULL && k > 0; x = rdx_node_parent(x)) {
+        const cix_entry_t *e = rdx_node_payload(x);
+        if (e != NULL && !e->hollow && e->expiry > now_ms && rdx_node_depth(x) <= m.n_matched &&
+            --k < cap)
+            lens[k] = (uint32_t)rdx_node_depth(x);
+    }
+    return count;
+}
+
 size_t gw_cindex_drop_ns(gw_cindex_t *ix, uint64_t ns)
 {
     if (ix == NULL)

@@ -213,6 +213,14 @@ int gw_cindex_read(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t 
 bool gw_cindex_entry_live(const gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t n,
                           uint64_t now_ms);
 
+/* The lengths of every live entry (expiry > now_ms) of ns that ends within tokens[0..n) (a
+ * prefix of it), ascending, found in one walk down the path: the lookback's probes
+ * (gw_cacheplan_anthropic_hit_sorted) answered for the cost of one match instead of one match
+ * each. Writes the first min(count, cap) lengths to lens and returns the count. Read-only (as
+ * gw_cindex_entry_live: it retires nothing). */
+size_t gw_cindex_path_entries(const gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t n,
+                              uint64_t now_ms, uint32_t *lens, size_t cap);
+
 /* Retires every entry whose expiry is <= now_ms (reporting each through on_drop with reason
  * EXPIRE) and frees the tokens left without a live entry. Returns how many entries this call
  * retired. Cost proportional to what expires. Cannot fail. */

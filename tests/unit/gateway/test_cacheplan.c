@@ -393,6 +393,24 @@ PC_TEST(lookback_matches_naive_model)
         if (want != got)
             fprintf(stderr, "  iteration %d: kinds %s ttls %s\n", it, kinds, ttls);
         ASSERT_EQ(got, want);
+        /* The same from the live lengths as a sorted set (gw_cindex_path_entries' form). */
+        uint32_t sorted[16];
+        size_t n_sorted = 0;
+        for (size_t i = 0; i < l.count; i++) {
+            size_t j = n_sorted;
+            bool dup = false;
+            for (size_t q = 0; q < n_sorted; q++)
+                dup = dup || sorted[q] == l.n[i];
+            if (dup)
+                continue;
+            while (j > 0 && sorted[j - 1] > l.n[i]) {
+                sorted[j] = sorted[j - 1];
+                j--;
+            }
+            sorted[j] = l.n[i];
+            n_sorted++;
+        }
+        ASSERT_EQ(gw_cacheplan_anthropic_hit_sorted(&p, sorted, n_sorted), want);
         /* Usage from that hit: disjoint buckets summing to the prompt. */
         gw_usage_t u;
         gw_usage_compute(&p, p.n_prompt, got, &u);

@@ -1373,4 +1373,40 @@ PC_TEST(insert_path_failing_allocator)
     }
 }
 
+/* gw_cindex_path_entries: every live entry that is a prefix of the query, ascending, the same
+ * set gw_cindex_entry_live answers one probe at a time. */
+PC_TEST(path_entries_equal_probes)
+{
+    gw_cindex_params_t p = test_params();
+    gw_cindex_t *ix = mk(&p);
+    rng_state = 31337;
+    uint64_t t = 0;
+    for (int it = 0; it < 3000; it++) {
+        t += rnd(40);
+        uint32_t q[MAX_LEN];
+        size_t n = 1 + rnd(MAX_LEN);
+        for (size_t k = 0; k < n; k++)
+            q[k] = rnd(3);
+        uint64_t ns = 1 + rnd(2);
+        if (rnd(2) == 0)
+            gw_cindex_insert(ix, ns, q, 1 + rnd((uint32_t)n), (gw_cindex_ttl_t)rnd(2), t, t);
+        gw_cindex_expire(ix, t);
+        uint64_t at = t + rnd(1500); /* probes may look past some expiries */
+        uint32_t lens[MAX_LEN], want[MAX_LEN];
+        size_t n_want = 0;
+        for (size_t k = 1; k <= n; k++)
+            if (gw_cindex_entry_live(ix, ns, q, k, at))
+                want[n_want++] = (uint32_t)k;
+        size_t got = gw_cindex_path_entries(ix, ns, q, n, at, lens, MAX_LEN);
+        ASSERT_EQ(got, n_want);
+        for (size_t i = 0; i < got; i++)
+            ASSERT_EQ(lens[i], want[i]);
+        if (got > 1) { /* a short buffer gets the shortest ones */
+            ASSERT_EQ(gw_cindex_path_entries(ix, ns, q, n, at, lens, 1), got);
+            ASSERT_EQ(lens[0], want[0]);
+        }
+    }
+    gw_cindex_free(ix);
+}
+
 PC_TEST_MAIN()
