@@ -441,9 +441,12 @@ static json_t *object(fast_t *f)
                 v = value(f);
         }
         /* A duplicate key: jansson refuses it or keeps the last; let it decide. */
-        if (v == NULL || json_object_getn(o, k, kn) != NULL ||
-            json_object_setn_new_nocheck(o, k, kn, v) != 0) {
+        if (v == NULL || json_object_getn(o, k, kn) != NULL) {
             json_decref(v);
+            pc_free(kcopy);
+            goto fail;
+        }
+        if (json_object_setn_new_nocheck(o, k, kn, v) != 0) { /* it released v */
             pc_free(kcopy);
             goto fail;
         }
