@@ -67,6 +67,16 @@ static inline bool gw_api_is_anthropic(gw_api_kind_t k)
 #define GW_API_MAX_BREAKPOINTS 4
 #define GW_API_MAX_SALT_BYTES 256
 
+/* The memory the JSON of a body may cost while gw_api_parse runs (jansson's tree of the fields
+ * kvgw reads, the tool-call arguments it decodes, the parser's scratch): at most
+ * GW_API_JSON_MEM_PER_BYTE bytes per body byte plus GW_API_JSON_MEM_BASE. The values of
+ * top-level fields kvgw ignores are not built at all (they cost nothing). A body over it gets
+ * 413 (Anthropic request_too_large; OpenAI invalid_request_error). The factor leaves room for the
+ * densest real request: a message list of one-character messages costs about 11 bytes of
+ * jansson tree per body byte; a body of 7.5 MB of [{},{},...] inside a read field would cost 75. */
+#define GW_API_JSON_MEM_PER_BYTE 16
+#define GW_API_JSON_MEM_BASE (1u << 20)
+
 /* An error in the API's own shape. status is the HTTP status; type the API's error type
  * (Anthropic: invalid_request_error, authentication_error, permission_error, not_found_error,
  * request_too_large, rate_limit_error, api_error, overloaded_error, timeout_error; OpenAI:
@@ -155,10 +165,11 @@ typedef struct gw_api_req {
  * messages order, and an automatic TTL that agrees with an explicit breakpoint on the block it
  * lands on (the last block; every block kvgw accepts is cacheable).
  *
- * Returns 0; PC_ERR_INVAL (a 400, *err filled); PC_ERR_UNSUPPORTED (valid for the API but not
- * served by kvgw: images, server tools, n > 1; a 400 too, *err filled); PC_ERR_NOMEM (*err set to
- * a 500 api_error / server_error). On error *out is untouched; what was allocated stays in the
- * arena until it is cleared. */
+ * Returns 0; PC_ERR_INVAL (a 400, *err filled); PC_ERR_NOSPACE (a 413: the body's JSON needs
+ * more memory than GW_API_JSON_MEM_PER_BYTE allows, *err filled); PC_ERR_UNSUPPORTED (valid for the
+ * API but not served by kvgw: images, server tools, n > 1; a 400 too, *err filled); PC_ERR_NOMEM
+ * (*err set to a 500 api_error / server_error). On error *out is untouched; what was allocated
+ * stays in the arena until it is cleared. */
 int gw_api_parse(gw_api_kind_t kind, const void *body, size_t len, pc_arena_t *arena,
                  gw_api_req_t **out, gw_api_error_t *err);
 

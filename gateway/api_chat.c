@@ -9,6 +9,7 @@
  * sampling, tool_choice, ...) and the cache_control count/order rules are api_parse.c's.
  */
 #include "api_internal.h"
+#include "json_fast.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -470,6 +471,7 @@ int gw__chat_from_anthropic(const json_t *body, pc_arena_t *arena, eng_chat_t **
     for (size_t i = 0; i < n_msgs; i++) {
         eng_chat_role_t role;
         size_t nb;
+        gw__work++;
         if ((rc = anth_msg_shape(&a, json_array_get(msgs, i), i, &role, &nb)) != 0)
             goto fail;
         if (nb == 0 && !(i == n_msgs - 1 && role == ENG_CHAT_ROLE_ASSISTANT)) {
@@ -494,11 +496,13 @@ int gw__chat_from_anthropic(const json_t *body, pc_arena_t *arena, eng_chat_t **
         eng_chat_role_t role;
         size_t nb;
         anth_msg_shape(&a, m, i, &role, &nb); /* validated in pass 1 */
+        gw__work++;
         if (t == (size_t)-1 || c->messages[t].role != role) {
             size_t total = 0;
             for (size_t j = i; j < n_msgs; j++) {
                 eng_chat_role_t rj;
                 size_t nj;
+                gw__work++;
                 anth_msg_shape(&a, json_array_get(msgs, j), j, &rj, &nj);
                 if (rj != role)
                     break;
@@ -668,8 +672,11 @@ static int oai_tool_call(adapter_t *a, const json_t *tc, const char *mpath, size
         (rc = check_tool_name(a, name, fpath)) != 0 ||
         (rc = get_string(a, fn, "arguments", fpath, true, &args)) != 0)
         return rc;
-    json_t *parsed = json_loadb(json_string_value(args), json_string_length(args),
-                                JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+    /* Only "is it an object" matters (the text is kept verbatim): its members are checked as
+     * JSON without building them. */
+    static const char *const keep_none[1] = {NULL};
+    json_t *parsed = gw_json_loadb_keep(json_string_value(args), json_string_length(args),
+                                        JSON_ALLOW_NUL, keep_none, 0, NULL);
     bool is_obj = json_is_object(parsed);
     json_decref(parsed);
     if (!is_obj)
@@ -812,6 +819,7 @@ int gw__chat_from_openai(const json_t *body, pc_arena_t *arena, eng_chat_t **out
     /* Validate everything before allocating, so a bad request costs little arena. */
     for (size_t i = 0; i < n_msgs; i++) {
         eng_chat_msg_t tmp = {0};
+        gw__work++;
         if ((rc = oai_message(&a, json_array_get(msgs, i), i, &tmp, false)) != 0)
             goto fail;
         if (i == 0 && tmp.role == ENG_CHAT_ROLE_SYSTEM)
@@ -835,6 +843,7 @@ int gw__chat_from_openai(const json_t *body, pc_arena_t *arena, eng_chat_t **out
         goto fail;
     for (size_t i = first; i < n_msgs; i++) {
         eng_chat_msg_t *m = &c->messages[i - first];
+        gw__work++;
         if ((rc = oai_message(&a, json_array_get(msgs, i), i, m, true)) != 0)
             goto fail;
         for (size_t k = 0; k < m->n_blocks; k++)

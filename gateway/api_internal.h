@@ -7,7 +7,15 @@
 
 #include "api.h"
 
+#include <stdint.h>
+
 struct json_t; /* <jansson.h> */
+
+/* Work done on this thread by parse -> validate -> plan, for the linearity tests: every step
+ * that visits one element (a message, a content block, a tool, a system block) adds 1. A
+ * request of n elements must cost O(n) of it (tests/unit/gateway/test_api.c builds 160k
+ * messages). Per thread, never reset by the library. */
+extern _Thread_local uint64_t gw__work;
 
 /* The chat adapters: a parsed body (a JSON object) into *out, allocated in arena.
  *

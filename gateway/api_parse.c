@@ -16,7 +16,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "pc_assert.h"
 #include "pc_err.h"
+
+_Thread_local uint64_t gw__work;
 
 /* ---- errors ------------------------------------------------------------------------------ */
 
@@ -493,57 +496,88 @@ static void elem_path(const eng_chat_t *c, size_t k, char *path, size_t len)
     snprintf(path, len, "?");
 }
 
-static eng_chat_ttl_t elem_ttl(const eng_chat_t *c, size_t k)
+/* A cursor over the elements (tools, system blocks, message blocks) in order: each step is
+ * O(1) amortized, so a whole pass is linear. (Finding element k from the start each time was
+ * O(messages) per element: 160k one-character messages took 19 s here.) */
+typedef struct elem_cur {
+    size_t k, m, b; /* element index; message and block of the next message block */
+} elem_cur_t;
+
+/* The TTL of the next element, or false past the last one. */
+static bool elem_next(const eng_chat_t *c, elem_cur_t *it, eng_chat_ttl_t *ttl)
 {
-    if (k < c->n_tools)
-        return c->tools[k].cache_ttl;
-    k -= c->n_tools;
-    if (k < c->n_system)
-        return c->system[k].cache_ttl;
-    k -= c->n_system;
-    for (size_t m = 0; m < c->n_messages; m++) {
-        if (k < c->messages[m].n_blocks)
-            return c->messages[m].blocks[k].cache_ttl;
-        k -= c->messages[m].n_blocks;
+    gw__work++;
+    if (it->k < c->n_tools) {
+        *ttl = c->tools[it->k++].cache_ttl;
+        return true;
     }
-    return ENG_CHAT_TTL_NONE;
+    if (it->k < c->n_tools + c->n_system) {
+        *ttl = c->system[it->k++ - c->n_tools].cache_ttl;
+        return true;
+    }
+    while (it->m < c->n_messages && it->b >= c->messages[it->m].n_blocks) {
+        gw__work++;
+        it->m++;
+        it->b = 0;
+    }
+    if (it->m >= c->n_messages)
+        return false;
+    *ttl = c->messages[it->m].blocks[it->b++].cache_ttl;
+    it->k++;
+    return true;
+}
+
+/* The TTL of the last element (where the automatic breakpoint lands), NONE when none. */
+static eng_chat_ttl_t last_elem_ttl(const eng_chat_t *c)
+{
+    for (size_t m = c->n_messages; m-- > 0;)
+        if (c->messages[m].n_blocks > 0)
+            return c->messages[m].blocks[c->messages[m].n_blocks - 1].cache_ttl;
+    if (c->n_system > 0)
+        return c->system[c->n_system - 1].cache_ttl;
+    return c->n_tools > 0 ? c->tools[c->n_tools - 1].cache_ttl : ENG_CHAT_TTL_NONE;
 }
 
 static int check_cache_control(pctx_t *p, const eng_chat_t *c)
 {
-    size_t n_elems = c->n_tools + c->n_system + eng_chat_n_blocks(c);
     long auto_k = c->auto_cache_ttl != ENG_CHAT_TTL_NONE ? gw_cacheplan_auto_mark(c) : -1;
+    eng_chat_ttl_t auto_elem_ttl = auto_k >= 0 ? last_elem_ttl(c) : ENG_CHAT_TTL_NONE;
     size_t n_found = 0;
     char path[64], prev_path[64] = "";
-    for (size_t k = 0; k < n_elems; k++)
-        n_found += elem_ttl(c, k) != ENG_CHAT_TTL_NONE;
-    if (auto_k >= 0 && elem_ttl(c, (size_t)auto_k) != c->auto_cache_ttl)
+    elem_cur_t it = {0};
+    eng_chat_ttl_t t;
+    while (elem_next(c, &it, &t))
+        n_found += t != ENG_CHAT_TTL_NONE;
+    if (auto_k >= 0 && auto_elem_ttl != c->auto_cache_ttl)
         n_found++; /* a separate breakpoint, unless it merges into the same TTL */
     if (n_found > GW_API_MAX_BREAKPOINTS)
         return bad(p, NULL, NULL,
                    "A maximum of %d blocks with cache_control may be provided. Found %zu.",
                    GW_API_MAX_BREAKPOINTS, n_found);
     if (auto_k >= 0) {
-        eng_chat_ttl_t t = elem_ttl(c, (size_t)auto_k);
-        if (t != ENG_CHAT_TTL_NONE && t != c->auto_cache_ttl) {
+        if (auto_elem_ttl != ENG_CHAT_TTL_NONE && auto_elem_ttl != c->auto_cache_ttl) {
             elem_path(c, (size_t)auto_k, path, sizeof path);
             return bad(p, "cache_control", NULL,
                        "cache_control: the top-level (automatic) cache_control has ttl '%s' but "
                        "the last block, %s, where it applies, has cache_control with ttl '%s'; "
                        "use the same ttl or remove one of them",
-                       eng_chat_ttl_name(c->auto_cache_ttl), path, eng_chat_ttl_name(t));
+                       eng_chat_ttl_name(c->auto_cache_ttl), path,
+                       eng_chat_ttl_name(auto_elem_ttl));
         }
     }
-    /* 1h before 5m, in tools -> system -> messages order, the automatic one included. */
-    for (size_t k = 0; k < n_elems; k++) {
-        eng_chat_ttl_t t = elem_ttl(c, k);
+    /* 1h before 5m, in tools -> system -> messages order, the automatic one included. With at
+     * most 4 breakpoints (checked above), the element scan is the only per-element work;
+     * elem_path runs only for the (at most two) elements named in an error. */
+    it = (elem_cur_t){0};
+    for (size_t k = 0; elem_next(c, &it, &t); k++) {
+        eng_chat_ttl_t own = t;
         if ((long)k == auto_k && t == ENG_CHAT_TTL_NONE)
             t = c->auto_cache_ttl;
         if (t == ENG_CHAT_TTL_5M && prev_path[0] == '\0')
             elem_path(c, k, prev_path, sizeof prev_path);
         if (t == ENG_CHAT_TTL_1H && prev_path[0] != '\0') {
             elem_path(c, k, path, sizeof path);
-            bool automatic = (long)k == auto_k && elem_ttl(c, k) == ENG_CHAT_TTL_NONE;
+            bool automatic = (long)k == auto_k && own == ENG_CHAT_TTL_NONE;
             return bad(p, automatic ? "cache_control" : NULL, NULL,
                        "%s%s%s: a cache_control with ttl '1h' cannot come after one with ttl "
                        "'5m' (%s.cache_control); longer TTLs must come first in the order tools, "
@@ -749,6 +783,35 @@ static int parse_openai(pctx_t *p, pc_arena_t *a, const json_t *body, gw_api_req
     return 0;
 }
 
+/* Every top-level field either API reads (api_parse.c and api_chat.c); the values of all
+ * others are skipped unbuilt. A field read here but missing from this list would read as null:
+ * test_api's known_fields_are_kept sends each one. */
+static const char *const g_read_fields[] = {
+    "cache_control",
+    "cache_salt",
+    "max_completion_tokens",
+    "max_tokens",
+    "messages",
+    "metadata",
+    "model",
+    "n",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+    "seed",
+    "stop",
+    "stop_sequences",
+    "stream",
+    "stream_options",
+    "system",
+    "temperature",
+    "thinking",
+    "tool_choice",
+    "tools",
+    "top_k",
+    "top_p",
+    "user",
+};
+
 int gw_api_parse(gw_api_kind_t kind, const void *body, size_t len, pc_arena_t *arena,
                  gw_api_req_t **out, gw_api_error_t *err)
 {
@@ -756,14 +819,20 @@ int gw_api_parse(gw_api_kind_t kind, const void *body, size_t len, pc_arena_t *a
     json_error_t je;
     json_t *j = NULL;
     gw_api_req_t *r = NULL;
+    gw_json_budget_t budget;
+    size_t max_mem = len > (SIZE_MAX - GW_API_JSON_MEM_BASE) / GW_API_JSON_MEM_PER_BYTE
+                         ? SIZE_MAX
+                         : GW_API_JSON_MEM_BASE + len * GW_API_JSON_MEM_PER_BYTE;
     int rc;
 
     memset(err, 0, sizeof *err);
+    gw_json_budget_begin(&budget, max_mem);
     /* Duplicate keys are refused: a body must mean one thing ("model" twice is not "the last
      * one wins"). */
-    j = gw_json_loadb(body != NULL ? body : "", len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
+    j = gw_json_loadb_keep(body != NULL ? body : "", len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES,
+                           g_read_fields, PC_ARRAY_LEN(g_read_fields), &je);
     if (j == NULL) {
-        rc = json_error(&p, &je);
+        rc = budget.oom ? PC_ERR_NOMEM : budget.over ? PC_ERR_NOSPACE : json_error(&p, &je);
         goto done;
     }
     if (!json_is_object(j)) {
@@ -795,14 +864,27 @@ int gw_api_parse(gw_api_kind_t kind, const void *body, size_t len, pc_arena_t *a
         goto done;
     r->model = r->chat->model;
     rc = p.oai ? parse_openai(&p, arena, j, r) : parse_anthropic(&p, arena, j, r);
-    if (rc == 0 && (rc = parse_salt(&p, arena, j, r)) == 0)
-        *out = r;
+    if (rc == 0)
+        rc = parse_salt(&p, arena, j, r);
 done:
-    if (rc == PC_ERR_NOMEM)
+    gw_json_budget_end(&budget);
+    /* Whatever failed after the budget ran out (or the allocator failed) failed because of it. */
+    if (budget.over) {
+        rc = PC_ERR_NOSPACE;
+        gw_api_error_set(err, kind, 413,
+                         "request body: its JSON needs more than %zu bytes of memory to parse "
+                         "(%d per byte of its %zu bytes, plus %u); send fewer or smaller "
+                         "elements",
+                         max_mem, GW_API_JSON_MEM_PER_BYTE, len, GW_API_JSON_MEM_BASE);
+    } else if (rc == PC_ERR_NOMEM || (rc != 0 && budget.oom)) {
+        rc = PC_ERR_NOMEM;
         gw_api_error_set(err, kind, 500,
                          p.oai ? "The server had an error while processing your "
                                  "request (out of memory)."
                                : "Internal server error (out of memory)");
+    }
     json_decref(j);
+    if (rc == 0)
+        *out = r;
     return rc;
 }

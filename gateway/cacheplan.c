@@ -3,6 +3,7 @@
  * 20-block lookback walk (see cacheplan.h).
  */
 #include "cacheplan.h"
+#include "api_internal.h"
 
 #include <string.h>
 
@@ -14,20 +15,11 @@ long gw_cacheplan_auto_mark(const eng_chat_t *chat)
     return n > 0 ? (long)n - 1 : -1;
 }
 
-/* The kind of element k for position grouping: 0 = other, 1 = tool_use, 2 = tool_result. */
-static int elem_run_kind(const eng_chat_t *c, size_t k)
+/* The kind of a message block for position grouping: 0 = other, 1 = tool_use, 2 =
+ * tool_result (tools and system blocks are 0). */
+static int block_run_kind(const eng_chat_block_t *b)
 {
-    if (k < c->n_tools + c->n_system)
-        return 0;
-    k -= c->n_tools + c->n_system;
-    for (size_t m = 0; m < c->n_messages; m++) {
-        if (k < c->messages[m].n_blocks) {
-            eng_chat_block_kind_t kind = c->messages[m].blocks[k].kind;
-            return kind == ENG_CHAT_BLOCK_TOOL_USE ? 1 : kind == ENG_CHAT_BLOCK_TOOL_RESULT ? 2 : 0;
-        }
-        k -= c->messages[m].n_blocks;
-    }
-    return 0;
+    return b->kind == ENG_CHAT_BLOCK_TOOL_USE ? 1 : b->kind == ENG_CHAT_BLOCK_TOOL_RESULT ? 2 : 0;
 }
 
 /* Adds (or merges) a breakpoint candidate; cands are kept in mark order. */
@@ -73,10 +65,21 @@ int gw_cacheplan_build(const eng_chat_t *chat, const eng_render_out_t *r, uint32
     }
     out->mark_end = ends;
 
-    /* Positions: runs of tool_use (or tool_result) elements are one position each. */
+    /* Positions: runs of tool_use (or tool_result) elements are one position each. The
+     * message cursor (mi, bi) walks the blocks alongside k: linear in the elements. */
     int prev_kind = -1;
+    size_t mi = 0, bi = 0, n_head = chat->n_tools + chat->n_system;
     for (size_t k = 0; k < n_marks; k++) {
-        int kind = elem_run_kind(chat, k);
+        int kind = 0;
+        gw__work++;
+        if (k >= n_head) {
+            while (bi >= chat->messages[mi].n_blocks) { /* k < n_marks: a block is left */
+                gw__work++;
+                mi++;
+                bi = 0;
+            }
+            kind = block_run_kind(&chat->messages[mi].blocks[bi++]);
+        }
         if (kind != 0 && kind == prev_kind) {
             out->pos_last[out->n_pos - 1] = (uint32_t)k;
         } else {
@@ -91,14 +94,24 @@ int gw_cacheplan_build(const eng_chat_t *chat, const eng_render_out_t *r, uint32
     size_t n_cands = 0;
     if (chat->api == ENG_CHAT_API_OPENAI) {
         if (openai_auto_ttl != ENG_CHAT_TTL_NONE) {
-            size_t k = chat->n_tools;
+            size_t k = chat->n_tools, m_first = chat->n_messages, n_ends = 0;
             if (chat->n_system > 0) {
                 k += chat->n_system;
                 add_bp(cands, &n_cands, (uint32_t)(k - 1), ends[k - 1], openai_auto_ttl, true);
             }
+            /* Only the last GW_CACHEPLAN_OPENAI_AUTO_MAX message ends (see cacheplan.h). */
+            while (m_first > 0 && n_ends < GW_CACHEPLAN_OPENAI_AUTO_MAX) {
+                gw__work++;
+                n_ends += chat->messages[--m_first].n_blocks > 0;
+            }
             for (size_t m = 0; m < chat->n_messages; m++) {
+                gw__work++;
                 k += chat->messages[m].n_blocks;
-                if (chat->messages[m].n_blocks > 0)
+                if (chat->messages[m].n_blocks == 0)
+                    continue;
+                if (m < m_first)
+                    out->n_auto_capped++;
+                else
                     add_bp(cands, &n_cands, (uint32_t)(k - 1), ends[k - 1], openai_auto_ttl, true);
             }
         }
@@ -176,4 +189,30 @@ uint32_t gw_cacheplan_anthropic_hit(const gw_cacheplan_t *p,
         }
     }
     return best;
+}
+
+typedef struct sorted_set {
+    const uint32_t *v;
+    size_t n;
+} sorted_set_t;
+
+static bool in_sorted(uint32_t n_tokens, void *ud)
+{
+    const sorted_set_t *set = ud;
+    size_t lo = 0, hi = set->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (set->v[mid] < n_tokens)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < set->n && set->v[lo] == n_tokens;
+}
+
+uint32_t gw_cacheplan_anthropic_hit_sorted(const gw_cacheplan_t *p, const uint32_t *live,
+                                           size_t n_live)
+{
+    sorted_set_t set = {live, n_live};
+    return gw_cacheplan_anthropic_hit(p, in_sorted, &set);
 }

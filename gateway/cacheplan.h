@@ -10,7 +10,8 @@
  * (automatic) one on the last element (all elements kvgw accepts are cacheable; when the last
  * element already carries a breakpoint the automatic one merges into it: same TTL, validated by
  * gw_api_parse). OpenAI (and any chat without cache_control) with openai_auto_ttl != NONE: an
- * automatic breakpoint at the end of the system blocks and at the end of every message. A
+ * automatic breakpoint at the end of the system blocks and at the end of each of the last
+ * GW_CACHEPLAN_OPENAI_AUTO_MAX messages (the earlier ones are counted in n_auto_capped). A
  * breakpoint writes one entry: the token prefix [0, n_tokens). Breakpoints whose prefix is
  * shorter than min_tokens are not written (no error; counted in n_below_min). Two breakpoints
  * with the same n_tokens merge, keeping the longer TTL.
@@ -40,6 +41,20 @@
 
 #define GW_CACHEPLAN_LOOKBACK 20 /* positions per breakpoint, the breakpoint's own first */
 
+/* OpenAI automatic caching writes entries at the ends of at most this many messages (the last
+ * ones), plus the system prompt: at most GW_CACHEPLAN_MAX_BPS entries per request, whatever its
+ * length (one per message was unbounded: a 160k-message body asked the loop for 160k inserts).
+ * Why the last 20: the next turn of a conversation extends this prompt and reads its longest
+ * entry (the last message); the earlier ends serve a client that goes back and edits or retries
+ * an earlier turn, and 20 is Anthropic's lookback (GW_CACHEPLAN_LOOKBACK): a request that drops
+ * more than 20 messages of this one would not find them within its own lookback either (with
+ * accounting: anthropic), and still reads the system prompt's entry. The bill does not change:
+ * writes are billed up to the last breakpoint (usage C), which is kept. */
+#define GW_CACHEPLAN_OPENAI_AUTO_MAX 20
+/* The most breakpoints a plan has: OpenAI's automatic ones, or Anthropic's 4 explicit ones
+ * (the automatic one merges into them or is one of the 4). */
+#define GW_CACHEPLAN_MAX_BPS (GW_CACHEPLAN_OPENAI_AUTO_MAX + 1)
+
 typedef struct gw_cache_bp {
     uint32_t n_tokens;  /* the entry is the prompt prefix [0, n_tokens) */
     eng_chat_ttl_t ttl; /* 5M or 1H */
@@ -50,8 +65,9 @@ typedef struct gw_cache_bp {
 typedef struct gw_cacheplan {
     gw_cache_bp_t *bps; /* [n_bps], written breakpoints, strictly increasing n_tokens */
     size_t n_bps;
-    size_t n_below_min; /* breakpoints skipped: prefix shorter than min_tokens */
-    uint32_t n_prompt;  /* the prompt's tokens (r->n_tokens) */
+    size_t n_below_min;   /* breakpoints skipped: prefix shorter than min_tokens */
+    size_t n_auto_capped; /* OpenAI message ends left out by GW_CACHEPLAN_OPENAI_AUTO_MAX */
+    uint32_t n_prompt;    /* the prompt's tokens (r->n_tokens) */
     /* Lookback positions, in order: [n_pos] each */
     uint32_t *pos_first, *pos_last; /* mark range of the position */
     size_t n_pos;
@@ -82,5 +98,13 @@ void gw_usage_compute(const gw_cacheplan_t *p, uint32_t n_prompt, uint32_t read_
  * highest hit over all walks (A), 0 when none. */
 uint32_t gw_cacheplan_anthropic_hit(const gw_cacheplan_t *p,
                                     bool (*entry_live)(uint32_t n_tokens, void *ud), void *ud);
+
+/* gw_cacheplan_anthropic_hit with the live entries given as their lengths, ascending
+ * (gw_cindex_path_entries: every live entry that is a prefix of the prompt). The probes cost a
+ * binary search each instead of a walk of the index each: a position of 100k tool_result blocks
+ * makes 100k probes, which as index walks along a stored 500k-token prompt are O(tokens^2) on
+ * the event loop. */
+uint32_t gw_cacheplan_anthropic_hit_sorted(const gw_cacheplan_t *p, const uint32_t *live,
+                                           size_t n_live);
 
 #endif

@@ -509,6 +509,7 @@ int gw_cindex_insert(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_
         return PC_ERR_NOSPACE;
 
     /* Allocate first: namespace state, scratch room, heap room, the entry. */
+    ix->st.n_walk_tokens += n;
     cix_entry_t *e = entry_at(ix, ns, tokens, n), *fresh = NULL;
     cix_ns_t *s = NULL;
     int created = 0, rc;
@@ -531,6 +532,7 @@ int gw_cindex_insert(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_
     rdx_node_t *node = NULL;
     ix->split_tail = NULL;
     rc = rdx_tree_insert(ix->t, ns, tokens, n, now, expiry, RDX_INSERT_ENTRY, &node);
+    ix->st.n_walk_tokens += n;
     if (rc < 0) {
         if (created)
             ns_remove(ix, (uint32_t)(s - ix->ns));
@@ -576,6 +578,130 @@ int gw_cindex_insert(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_
 
 fail:
     pc_free(fresh);
+    return rc;
+}
+
+int gw_cindex_insert_path(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens,
+                          const gw_cindex_point_t *pts, size_t n_pts, uint64_t start_ms,
+                          uint64_t now_ms, int *results)
+{
+    if (ix == NULL || (n_pts > 0 && (tokens == NULL || pts == NULL)))
+        return PC_ERR_INVAL;
+    for (size_t i = 0; i < n_pts; i++)
+        if (pts[i].n_tokens == 0 || (i > 0 && pts[i].n_tokens <= pts[i - 1].n_tokens) ||
+            (unsigned)pts[i].ttl >= GW_CINDEX_TTL_COUNT)
+            return PC_ERR_INVAL;
+    if (n_pts == 0)
+        return 0;
+    size_t n_max = pts[n_pts - 1].n_tokens;
+    if (n_max > RDX_MAX_SEQ_TOKENS)
+        return PC_ERR_RANGE;
+    advance(ix, now_ms);
+    uint64_t now = ix->now;
+    uint64_t start = PC_MIN(start_ms, now);
+    int rc = 0;
+    size_t i = 0;
+    /* Room for every point first: scratch for the longest prefix, heap slots for all. */
+    if (n_max > ix->scratch_cap) {
+        uint32_t *sc = pc_reallocarray(ix->scratch, n_max, sizeof *sc);
+        if (sc == NULL) {
+            rc = PC_ERR_NOMEM;
+            goto out;
+        }
+        ix->scratch = sc;
+        ix->scratch_cap = n_max;
+    }
+    if ((rc = heap_reserve(ix, ix->heap_n + (uint32_t)n_pts)) != 0)
+        goto out;
+
+    /* Shortest first, each walk starting where the previous entry ends: the path is read
+     * once. A node never moves or changes depth by an insert below it, so `from` stays the
+     * end of the previous entry. */
+    rdx_node_t *from = NULL;
+    for (; i < n_pts; i++) {
+        size_t n = pts[i].n_tokens;
+        uint64_t expiry = start + ix->p.ttl_ms[pts[i].ttl];
+        if (expiry <= now) {
+            if (results != NULL)
+                results[i] = 2;
+            continue;
+        }
+        if (ix->p.max_tokens != 0 && n > ix->p.max_tokens) {
+            if (results != NULL)
+                results[i] = PC_ERR_NOSPACE;
+            continue;
+        }
+        cix_entry_t *fresh = pc_calloc(1, sizeof *fresh), *e;
+        cix_ns_t *s = NULL;
+        int created = 0;
+        if (fresh == NULL) {
+            rc = PC_ERR_NOMEM;
+            goto out;
+        }
+        if ((rc = ns_get(ix, ns, &s, &created)) != 0) {
+            pc_free(fresh);
+            goto out;
+        }
+        rdx_stats_t before, after;
+        rdx_tree_ns_stats(ix->t, ns, &before);
+        rdx_node_t *node = NULL;
+        ix->split_tail = NULL;
+        ix->st.n_walk_tokens += n - (from != NULL ? rdx_node_depth(from) : 0);
+        rc = rdx_tree_insert_from(ix->t, ns, from, tokens, n, now, expiry, RDX_INSERT_ENTRY, &node);
+        if (rc < 0) {
+            if (created)
+                ns_remove(ix, (uint32_t)(s - ix->ns));
+            pc_free(fresh);
+            goto out;
+        }
+        if (ix->split_tail != NULL) {
+            /* The split's hollow head sits on the upper node; when this entry ends exactly
+             * there, that upper node is node itself. */
+            rdx_node_t *up = rdx_node_parent(ix->split_tail->node);
+            cix_entry_t *head = rdx_tree_set_payload(ix->t, up, NULL);
+            PC_ASSERT(head != NULL && head->hollow);
+            pc_free(head);
+            ix->split_tail = NULL;
+        }
+        rdx_tree_ns_stats(ix->t, ns, &after);
+        ns_charge(s, now);
+        s->n_tokens += after.n_tokens - before.n_tokens;
+        if ((e = rdx_node_payload(node)) != NULL) {
+            PC_ASSERT(!e->hollow);
+            pc_free(fresh);
+            if (expiry > e->expiry) {
+                e->expiry = expiry;
+                heap_down(ix, e->hidx);
+            }
+            if (pts[i].ttl > e->ttl)
+                e->ttl = (uint8_t)pts[i].ttl;
+            ix->st.n_extends++;
+            rc = 1;
+        } else {
+            e = fresh;
+            e->node = node;
+            e->expiry = expiry;
+            e->created = now;
+            e->ttl = (uint8_t)pts[i].ttl;
+            rdx_tree_set_payload(ix->t, node, e);
+            heap_push(ix, e);
+            s->n_entries++;
+            ix->st.n_entries++;
+            ix->st.n_inserts++;
+            rc = 0;
+        }
+        PC_ASSERT(rdx_node_expiry(node) == e->expiry);
+        if (results != NULL)
+            results[i] = rc;
+        from = node;
+    }
+    rc = 0;
+out:
+    if (rc < 0 && results != NULL)
+        for (size_t j = i; j < n_pts; j++)
+            results[j] = rc;
+    if (i > 0)
+        enforce_caps(ix);
     return rc;
 }
 
@@ -661,6 +787,29 @@ bool gw_cindex_entry_live(const gw_cindex_t *ix, uint64_t ns, const uint32_t *to
         return false;
     const cix_entry_t *e = entry_at(ix, ns, tokens, n);
     return e != NULL && e->expiry > now_ms;
+}
+
+size_t gw_cindex_path_entries(const gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t n,
+                              uint64_t now_ms, uint32_t *lens, size_t cap)
+{
+    rdx_match_t m;
+    if (ix == NULL || (tokens == NULL && n > 0) || rdx_tree_match(ix->t, ns, tokens, n, &m) != 0 ||
+        m.node == NULL)
+        return 0;
+    /* Up from the deepest matched node: entries fully inside the match, deepest first. */
+    size_t count = 0;
+    for (const rdx_node_t *x = m.node; x != NULL; x = rdx_node_parent(x)) {
+        const cix_entry_t *e = rdx_node_payload(x);
+        count += e != NULL && !e->hollow && e->expiry > now_ms && rdx_node_depth(x) <= m.n_matched;
+    }
+    size_t k = count;
+    for (const rdx_node_t *x = m.node; x != NULL && k > 0; x = rdx_node_parent(x)) {
+        const cix_entry_t *e = rdx_node_payload(x);
+        if (e != NULL && !e->hollow && e->expiry > now_ms && rdx_node_depth(x) <= m.n_matched &&
+            --k < cap)
+            lens[k] = (uint32_t)rdx_node_depth(x);
+    }
+    return count;
 }
 
 size_t gw_cindex_drop_ns(gw_cindex_t *ix, uint64_t ns)

@@ -133,6 +133,9 @@ typedef struct gw_cindex_stats {
     uint64_t n_namespaces; /* namespaces with at least one stored token */
     uint64_t n_inserts;    /* entries written new */
     uint64_t n_extends;    /* writes and reads that found a live entry (expiry refreshed) */
+    /* Tokens the inserts, matches and reads walked down the tree (their cost on the loop):
+     * gw_cindex_insert walks its whole prefix twice, gw_cindex_insert_path its longest once. */
+    uint64_t n_walk_tokens;
     uint64_t entries_dropped[GW_CINDEX_DROP_REASONS];
     uint64_t tokens_freed[GW_CINDEX_DROP_REASONS]; /* stored tokens that went with them */
 } gw_cindex_stats_t;
@@ -169,6 +172,29 @@ void gw_cindex_free(gw_cindex_t *ix);
 int gw_cindex_insert(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t n,
                      gw_cindex_ttl_t ttl, uint64_t start_ms, uint64_t now_ms);
 
+/* One entry of a path for gw_cindex_insert_path: the prefix tokens[0..n_tokens) with its TTL. */
+typedef struct gw_cindex_point {
+    uint32_t n_tokens;
+    gw_cindex_ttl_t ttl;
+} gw_cindex_point_t;
+
+/* Writes the entries tokens[0..pts[i].n_tokens) of namespace ns, i < n_pts (n_tokens strictly
+ * increasing): what gw_cindex_insert for each point in order does (same entries, expiries, TTL
+ * classes, storage integral), in one walk down the path, shortest first, so its cost is
+ * O(longest prefix + points) instead of O(points x longest prefix). A request's cache plan
+ * writes its entries this way (gateway/serve.c, insert_entries). Due entries are retired once
+ * first, and the caps are enforced once, after the last point (gw_cindex_insert enforces them
+ * after each), so under a cap the same request's shorter entries are never evicted to make
+ * room for its longer ones. results[i] (results may be NULL) gets each point's
+ * gw_cindex_insert code: 0 new, 1 extended, 2 expiry already past, PC_ERR_NOSPACE. Returns 0,
+ * PC_ERR_INVAL (NULL ix, tokens or pts with n_pts > 0, n_tokens 0 or not increasing, bad ttl),
+ * PC_ERR_RANGE (as gw_cindex_insert) or PC_ERR_NOMEM: then the points before the failing one
+ * are written (results say which; the failing one and those after it get the error) and
+ * nothing else changed. */
+int gw_cindex_insert_path(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens,
+                          const gw_cindex_point_t *pts, size_t n_pts, uint64_t start_ms,
+                          uint64_t now_ms, int *results);
+
 /* Looks tokens[0..n) up at now_ms (after retiring due entries) and fills *out. Does not
  * refresh anything: call gw_cindex_read with the length that is billed as read. Returns 0, or
  * PC_ERR_INVAL (NULL ix or out, NULL tokens with n > 0). */
@@ -186,6 +212,14 @@ int gw_cindex_read(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t 
  * retires nothing, so it can run in any order with other look-ups (Anthropic's lookback). */
 bool gw_cindex_entry_live(const gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t n,
                           uint64_t now_ms);
+
+/* The lengths of every live entry (expiry > now_ms) of ns that ends within tokens[0..n) (a
+ * prefix of it), ascending, found in one walk down the path: the lookback's probes
+ * (gw_cacheplan_anthropic_hit_sorted) answered for the cost of one match instead of one match
+ * each. Writes the first min(count, cap) lengths to lens and returns the count. Read-only (as
+ * gw_cindex_entry_live: it retires nothing). */
+size_t gw_cindex_path_entries(const gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t n,
+                              uint64_t now_ms, uint32_t *lens, size_t cap);
 
 /* Retires every entry whose expiry is <= now_ms (reporting each through on_drop with reason
  * EXPIRE) and frees the tokens left without a live entry. Returns how many entries this call

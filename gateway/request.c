@@ -507,27 +507,39 @@ static void insert_entries(gw_req_t *q)
     q->entries_inserted = true;
     serve_t *s = q->s;
     uint64_t now = pc_time_mono_ms();
-    gw_cache_bp_t kept[GW_API_MAX_BREAKPOINTS];
-    size_t n_kept = 0;
-    for (size_t i = 0; i < q->plan.n_bps; i++) {
+    /* One walk down the prompt for all of the plan's entries (gw_cindex_insert_path), at most
+     * GW_CACHEPLAN_MAX_BPS of them (the plan's cap). TTL runs from the start of the request
+     * (api-spec §1.7). The namespace is counted once per entry first: an entry never exists
+     * without its owner's record (storage billing), even for the moment an insert's eviction
+     * reports it dropped. */
+    gw_cindex_point_t pts[GW_CACHEPLAN_MAX_BPS];
+    int res[GW_CACHEPLAN_MAX_BPS];
+    size_t n = PC_MIN(q->plan.n_bps, (size_t)GW_CACHEPLAN_MAX_BPS);
+    size_t n_ref = 0;
+    int rc = 0;
+    while (n_ref < n && (rc = gw_ns_tab_ref(&s->ns, q->ns, q->key->tenant, q->model->index)) == 0)
+        n_ref++;
+    for (size_t i = 0; i < n; i++) {
         const gw_cache_bp_t *bp = &q->plan.bps[i];
-        /* The namespace is counted first: an entry never exists without its owner's record
-         * (storage billing), even for the moment an insert's eviction reports it dropped. */
-        int rc = gw_ns_tab_ref(&s->ns, q->ns, q->key->tenant, q->model->index);
-        if (rc == 0) {
-            /* TTL runs from the start of the request (api-spec §1.7). */
-            rc = gw_cindex_insert(s->ix, q->ns, q->r.tokens, bp->n_tokens,
-                                  bp->ttl == ENG_CHAT_TTL_1H ? GW_CINDEX_TTL_1H : GW_CINDEX_TTL_5M,
-                                  q->t0_ms, now);
-            if (rc != 0) /* 1: extended (already counted), 2: nothing written, < 0: failed */
-                gw_ns_tab_unref(&s->ns, q->ns);
-        }
-        if (rc < 0)
+        pts[i] = (gw_cindex_point_t){bp->n_tokens, bp->ttl == ENG_CHAT_TTL_1H ? GW_CINDEX_TTL_1H
+                                                                              : GW_CINDEX_TTL_5M};
+        res[i] = rc < 0 ? rc : PC_ERR_NOSPACE; /* not inserted: no namespace record */
+    }
+    if (n_ref > 0)
+        gw_cindex_insert_path(s->ix, q->ns, q->r.tokens, pts, n_ref, q->t0_ms, now, res);
+    gw_cache_bp_t kept[GW_CACHEPLAN_MAX_BPS];
+    size_t n_kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        /* 0: new (keeps its count); 1: extended (already counted), 2: nothing written, < 0:
+         * failed (those three give their count back) */
+        if (i < n_ref && res[i] != 0)
+            gw_ns_tab_unref(&s->ns, q->ns);
+        if (res[i] < 0)
             gw__obs_internal_error(s, "cindex_insert",
                                    "request %s: cache entry of %u tokens not written: %s", q->id,
-                                   bp->n_tokens, pc_strerror(rc));
-        if (rc >= 0 && rc != 2 && n_kept < GW_API_MAX_BREAKPOINTS)
-            kept[n_kept++] = *bp;
+                                   pts[i].n_tokens, pc_strerror(res[i]));
+        if (res[i] >= 0 && res[i] != 2)
+            kept[n_kept++] = q->plan.bps[i];
     }
     if (n_kept < q->plan.n_bps) {
         gw_cacheplan_t p = q->plan;
@@ -775,10 +787,25 @@ void gw__req_pool_state(void *ud, uint32_t worker, bool up, const char *reason)
 
 /* ---- the request path -------------------------------------------------------------------- */
 
-static bool entry_live_cb(uint32_t n_tokens, void *ud)
+/* accounting: anthropic. The lookback's probes answered from the live entries along the
+ * prompt, found in one walk of the index (a probe per position as an index walk each would be
+ * O(tokens^2) on the loop for a turn of many blocks). */
+static uint32_t anthropic_hit(gw_req_t *q, uint64_t now)
 {
-    gw_req_t *q = ud;
-    return gw_cindex_entry_live(q->s->ix, q->ns, q->r.tokens, n_tokens, pc_time_mono_ms());
+    uint32_t stack[64];
+    uint32_t *lens = stack;
+    size_t n = gw_cindex_path_entries(q->s->ix, q->ns, q->r.tokens, q->r.n_tokens, now, lens,
+                                      PC_ARRAY_LEN(stack));
+    if (n > PC_ARRAY_LEN(stack)) {
+        lens = pc_arena_alloc(&q->arena, n * sizeof *lens);
+        if (lens == NULL) { /* no hit rather than a wrong one: billed as uncached input */
+            gw__obs_internal_error(q->s, "lookback", "request %s: %zu live entries not listed",
+                                   q->id, n);
+            return 0;
+        }
+        gw_cindex_path_entries(q->s->ix, q->ns, q->r.tokens, q->r.n_tokens, now, lens, n);
+    }
+    return gw_cacheplan_anthropic_hit_sorted(&q->plan, lens, n);
 }
 
 static void route_and_submit(gw_req_t *q)
@@ -791,9 +818,7 @@ static void route_and_submit(gw_req_t *q)
     uint64_t now = pc_time_mono_ms();
     gw_cindex_match(s->ix, q->ns, q->r.tokens, q->r.n_tokens, now, &m);
     q->path_tokens = m.n_matched;
-    q->read_tokens = s->cfg.accounting == GW_ACCOUNTING_ANTHROPIC
-                         ? gw_cacheplan_anthropic_hit(&q->plan, entry_live_cb, q)
-                         : m.n_hit;
+    q->read_tokens = s->cfg.accounting == GW_ACCOUNTING_ANTHROPIC ? anthropic_hit(q, now) : m.n_hit;
     /* A hit shorter than the model's minimum cacheable length (typically the chat template's
      * opening tokens, shared by every prompt of the namespace) is no read: nothing that short
      * is ever written, so it is billed as uncached input. */

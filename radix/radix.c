@@ -1129,21 +1129,31 @@ int rdx_tree_match(const rdx_tree_t *t, uint64_t ns, const uint32_t *tok, size_t
 int rdx_tree_insert(rdx_tree_t *t, uint64_t nsid, const uint32_t *tok, size_t n, uint64_t now,
                     uint64_t expiry, unsigned flags, rdx_node_t **out)
 {
+    return rdx_tree_insert_from(t, nsid, NULL, tok, n, now, expiry, flags, out);
+}
+
+/* rdx_tree_insert with the walk started at from (NULL: the namespace's root): step 1 reads
+ * only the tokens after from's depth. */
+int rdx_tree_insert_from(rdx_tree_t *t, uint64_t nsid, rdx_node_t *from, const uint32_t *tok,
+                         size_t n, uint64_t now, uint64_t expiry, unsigned flags, rdx_node_t **out)
+{
     if (out != NULL)
         *out = NULL;
     if (t == NULL || tok == NULL || n == 0 || expiry == 0 || (flags & ~RDX_INSERT_ENTRY) != 0)
         return PC_ERR_INVAL;
     if (n > RDX_MAX_SEQ_TOKENS)
         return PC_ERR_RANGE;
+    if (from != NULL && (from->ns == NULL || from->ns->id != nsid || from->depth > n))
+        return PC_ERR_INVAL;
     const int w = t->width;
 
     /* 1. Walk read-only: find where the sequence leaves the tree. After the loop, node is
      * the last node whose edge was fully matched (pos = its depth) and, when the sequence
      * diverges or ends inside a child's edge, split is that child and m the tokens of its
      * edge that matched (1 <= m < len). */
-    rdx_ns_t *s = ns_find(t, nsid);
-    rdx_node_t *node = s != NULL ? s->root : NULL, *split = NULL;
-    size_t pos = 0, m = 0;
+    rdx_ns_t *s = from != NULL ? from->ns : ns_find(t, nsid);
+    rdx_node_t *node = from != NULL ? from : s != NULL ? s->root : NULL, *split = NULL;
+    size_t pos = from != NULL ? from->depth : 0, m = 0;
     while (node != NULL && pos < n) {
         rdx_node_t *c = kids_find(node->kids, tok[pos]);
         if (c == NULL)

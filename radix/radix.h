@@ -190,6 +190,14 @@ int rdx_tree_match(const rdx_tree_t *t, uint64_t ns, const uint32_t *tok, size_t
 int rdx_tree_insert(rdx_tree_t *t, uint64_t ns, const uint32_t *tok, size_t n, uint64_t now,
                     uint64_t expiry, unsigned flags, rdx_node_t **out);
 
+/* rdx_tree_insert whose walk starts at from, a live node of namespace ns whose prefix is
+ * tok[0..depth(from)) (the caller's promise: it is not checked) and depth(from) <= n; NULL =
+ * the root. Only tokens after depth(from) are read, so the entries of one path can be written
+ * shortest first in one walk (gateway/cindex.c, gw_cindex_insert_path). Same returns, plus
+ * PC_ERR_INVAL when from is of another namespace or deeper than n. */
+int rdx_tree_insert_from(rdx_tree_t *t, uint64_t ns, rdx_node_t *from, const uint32_t *tok,
+                         size_t n, uint64_t now, uint64_t expiry, unsigned flags, rdx_node_t **out);
+
 /* Refreshes a path: node and all its ancestors get last access max(old, now). When expiry is
  * not 0 the node becomes terminal (if it was not) with own expiry max(old, expiry). Cannot
  * fail (returns 0; PC_ERR_INVAL for NULL). */

@@ -4,7 +4,8 @@
  * Checked on every input, trapping on violation: gw_json_loadb and json_loadb (flags
  * JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, then 0) both fail with the same error text and
  * position, or both succeed with trees whose compact dumps are identical; and whatever the fast
- * path accepts on its own, jansson accepts with the same tree.
+ * path accepts on its own, jansson accepts with the same tree; gw_json_loadb_keep (only "a"
+ * built) gives jansson's tree with the other top-level values null, or jansson's error.
  */
 #include <jansson.h>
 #include <stdint.h>
@@ -51,6 +52,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (f != NULL)
                 same_tree(a, f);
         }
+        /* Skipping the top-level values other than "a": jansson's tree with those values null,
+         * or jansson's error. */
+        static const char *const keep[] = {"a"};
+        json_t *k = gw_json_loadb_keep(s, size, flags[i], keep, 1, &e2);
+        CHECK((a == NULL) == (k == NULL));
+        if (a == NULL) {
+            CHECK(strcmp(e1.text, e2.text) == 0 && e1.position == e2.position);
+        } else {
+            if (json_is_object(a))
+                for (void *it = json_object_iter(a); it != NULL; it = json_object_iter_next(a, it))
+                    if (strcmp(json_object_iter_key(it), "a") != 0)
+                        json_object_iter_set_new(a, it, json_null());
+            same_tree(a, k);
+        }
+        json_decref(k);
         json_decref(a);
         json_decref(b);
         json_decref(f);

@@ -3,6 +3,8 @@
  * requests or errors (status, type, exact message, OpenAI param and code) out. The adapter
  * tests moved here from tests/unit/engine/test_render.c with the adapters.
  */
+#include <jansson.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -708,6 +710,150 @@ PC_TEST(error_types)
     ASSERT_STR_EQ(e.message, "model: x not found");
     ASSERT_STR_EQ(e.param, "");
     ASSERT_TRUE(e.code == NULL);
+}
+
+/* ---- memory a body can cost ----------------------------------------------------------------- */
+
+/* A counting allocator: bytes held (malloc_usable_size) and their peak. Installed both as the
+ * project's hooks and, when jansson still has its own allocator, as jansson's: it sees the
+ * whole JSON tree either way. */
+static size_t g_live, g_peak;
+static void count_add(void *p)
+{
+    if (p != NULL && (g_live += malloc_usable_size(p)) > g_peak)
+        g_peak = g_live;
+}
+static void *count_malloc(size_t n)
+{
+    void *p = malloc(n);
+    count_add(p);
+    return p;
+}
+static void *count_calloc(size_t c, size_t n)
+{
+    void *p = calloc(c, n);
+    count_add(p);
+    return p;
+}
+static void *count_realloc(void *p, size_t n)
+{
+    size_t old = p != NULL ? malloc_usable_size(p) : 0;
+    void *q = realloc(p, n);
+    if (q != NULL) {
+        g_live -= old;
+        count_add(q);
+    }
+    return q;
+}
+static void count_free(void *p)
+{
+    if (p != NULL)
+        g_live -= malloc_usable_size(p);
+    free(p);
+}
+
+/* body = prefix + 2.5M "{}," (7.5 MB) + suffix. */
+static char *empties_body(const char *prefix, const char *suffix, size_t *len)
+{
+    pc_buf_t b = PC_BUF_INIT;
+    size_t n = 2500000;
+    pc_buf_append_cstr(&b, prefix);
+    char *w = pc_buf_reserve(&b, 3 * n);
+    for (size_t i = 0; i < n; i++)
+        memcpy(w + 3 * i, i + 1 < n ? "{}," : "{} ", 3);
+    pc_buf_commit(&b, 3 * n);
+    pc_buf_append_cstr(&b, suffix);
+    *len = b.len;
+    return b.base;
+}
+
+/* Parses body under the counting allocator; returns the peak of bytes held during the call
+ * (the arena included). */
+static size_t parse_peak(gw_api_kind_t kind, const char *body, size_t len, int *rc)
+{
+    static const pc_allocator_t counting = {count_malloc, count_calloc, count_realloc, count_free};
+    pc_arena_t arena;
+    gw_api_req_t *r = NULL;
+    json_malloc_t jm;
+    json_free_t jf;
+    json_get_alloc_funcs(&jm, &jf);
+    if (jm == malloc) /* jansson on its own: count it too (gw_api_parse installs its hooks) */
+        json_set_alloc_funcs(count_malloc, count_free);
+    pc_allocator_t prev = pc_set_allocator(&counting);
+    g_live = g_peak = 0;
+    pc_arena_init(&arena, 0);
+    *rc = gw_api_parse(kind, body, len, &arena, &r, &g_e);
+    pc_arena_close(&arena);
+    pc_set_allocator(&prev);
+    return g_peak;
+}
+
+/* Issue 19 item 4: 7.5 MB of [{},{},...] in a field kvgw ignores cost 560 MB of jansson tree
+ * (75 times the body). Skipped unbuilt now: the parse holds at most k = 1 times the body. */
+PC_TEST(ignored_field_is_not_built)
+{
+    size_t len;
+    char *body = empties_body("{" M "\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":"
+                              "\"hi\"}],\"junk\":[",
+                              "]}", &len);
+    for (int k = 0; k < 2; k++) {
+        int rc;
+        size_t peak = parse_peak(k == 0 ? AM : OC, body, len, &rc);
+        printf("%s: a %.1f MB body of [{},{},...] in an ignored field: parse peak %zu bytes "
+               "(%.3f x the body)\n",
+               k == 0 ? "anthropic" : "openai", (double)len / 1e6, peak,
+               (double)peak / (double)len);
+        ASSERT_EQ(rc, 0);
+        ASSERT_TRUE(peak <= len); /* k = 1 */
+    }
+    pc_free(body);
+}
+
+/* The same elements inside a field kvgw reads (unknown keys inside known objects are built):
+ * over GW_API_JSON_MEM_PER_BYTE, the API's 413 in its own shape. */
+PC_TEST(json_over_memory_budget_is_413)
+{
+    size_t len;
+    char *body = empties_body("{" M "\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":"
+                              "\"hi\",\"junk\":[",
+                              "]}]}", &len);
+    for (int k = 0; k < 2; k++) {
+        int rc;
+        size_t peak = parse_peak(k == 0 ? AM : OC, body, len, &rc);
+        printf("%s: the same inside a message: %d, parse peak %zu bytes (%.2f x the body)\n",
+               k == 0 ? "anthropic" : "openai", g_e.status, peak, (double)peak / (double)len);
+        ASSERT_EQ(rc, PC_ERR_NOSPACE);
+        ASSERT_EQ(g_e.status, 413);
+        ASSERT_TRUE(peak <= GW_API_JSON_MEM_BASE + (size_t)GW_API_JSON_MEM_PER_BYTE * len);
+        pc_buf_t out = PC_BUF_INIT;
+        ASSERT_EQ(gw_api_error_render(k == 0 ? AM : OC, &g_e, "req_1", &out), 0);
+        ASSERT_EQ(pc_buf_terminate(&out), 0);
+        ASSERT_TRUE(strstr(out.base, k == 0
+                                         ? "{\"type\":\"error\",\"error\":{\"type\":"
+                                           "\"request_too_large\",\"message\":\"request body: "
+                                         : "{\"error\":{\"message\":\"request body: ") == out.base);
+        pc_buf_free(&out);
+    }
+    pc_free(body);
+    /* An ignored field whose skipping jansson must decide (an escaped key inside) is built by
+     * jansson, under the same budget. */
+    body = empties_body("{" M "\"max_tokens\":5," Q ",\"junk\":{\"\\u0061\":[", "]}}", &len);
+    int rc;
+    parse_peak(AM, body, len, &rc);
+    ASSERT_EQ(rc, PC_ERR_NOSPACE);
+    pc_free(body);
+    /* Ordinary bodies are far below it; the ignored fields still read as absent. */
+    const char *ok = "{" M "\"max_tokens\":5," Q ",\"junk\":{\"a\":[1,{\"b\":null}]},\"x\":\"y\"}";
+    parse_peak(AM, ok, strlen(ok), &rc);
+    ASSERT_EQ(rc, 0);
+    /* A duplicate key inside an ignored field is still refused, with jansson's text. */
+    const char *dup = "{" M "\"max_tokens\":5," Q ",\"junk\":{\"a\":1,\"a\":2}}";
+    pc_arena_t arena;
+    gw_api_req_t *r = NULL;
+    pc_arena_init(&arena, 0);
+    ASSERT_EQ(gw_api_parse(AM, dup, strlen(dup), &arena, &r, &g_e), PC_ERR_INVAL);
+    ASSERT_TRUE(strstr(g_e.message, "duplicate object key") != NULL);
+    pc_arena_close(&arena);
 }
 
 /* ---- allocation failure -------------------------------------------------------------------- */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "api.h"
+#include "api_internal.h"
 #include "cacheplan.h"
 #include "common.h"
 #include "pc_test.h"
@@ -392,6 +393,24 @@ PC_TEST(lookback_matches_naive_model)
         if (want != got)
             fprintf(stderr, "  iteration %d: kinds %s ttls %s\n", it, kinds, ttls);
         ASSERT_EQ(got, want);
+        /* The same from the live lengths as a sorted set (gw_cindex_path_entries' form). */
+        uint32_t sorted[16];
+        size_t n_sorted = 0;
+        for (size_t i = 0; i < l.count; i++) {
+            size_t j = n_sorted;
+            bool dup = false;
+            for (size_t q = 0; q < n_sorted; q++)
+                dup = dup || sorted[q] == l.n[i];
+            if (dup)
+                continue;
+            while (j > 0 && sorted[j - 1] > l.n[i]) {
+                sorted[j] = sorted[j - 1];
+                j--;
+            }
+            sorted[j] = l.n[i];
+            n_sorted++;
+        }
+        ASSERT_EQ(gw_cacheplan_anthropic_hit_sorted(&p, sorted, n_sorted), want);
         /* Usage from that hit: disjoint buckets summing to the prompt. */
         gw_usage_t u;
         gw_usage_compute(&p, p.n_prompt, got, &u);
@@ -451,6 +470,189 @@ PC_TEST(plan_over_real_render)
     pc_arena_close(&arena);
     eng_render_free(rd);
     eng_tok_free(tok);
+}
+
+/* ---- linear in the body ------------------------------------------------------------------- */
+
+/* A body of n one-character messages with alternating roles (so n turns: nothing merges), a
+ * cache_control on the last one and the automatic one: the shape of the count_tokens attack
+ * (160k messages, 5 MB, took 32 s of a pool thread when validation was O(messages) per element). */
+static char *many_messages(bool openai, size_t n, size_t *len)
+{
+    pc_buf_t b = PC_BUF_INIT;
+    pc_buf_append_cstr(&b, openai ? "{\"model\":\"m\",\"messages\":["
+                                  : "{\"model\":\"m\",\"cache_control\":{\"type\":\"ephemeral\"},"
+                                    "\"messages\":[");
+    for (size_t i = 0; i < n; i++) {
+        const char *role = i % 2 == 0 ? "user" : "assistant";
+        if (i + 1 < n)
+            pc_buf_printf(&b, "{\"role\":\"%s\",\"content\":\"a\"},", role);
+        else
+            pc_buf_printf(&b,
+                          "{\"role\":\"%s\",\"content\":[{\"type\":\"text\",\"text\":\"a\"%s}]}",
+                          role, openai ? "" : ",\"cache_control\":{\"type\":\"ephemeral\"}");
+    }
+    pc_buf_append_cstr(&b, "]}");
+    *len = b.len;
+    return b.base;
+}
+
+/* A render of chat whose mark k ends at token k + 1 (what the plan reads of a render). */
+static void fake_render(const eng_chat_t *c, pc_arena_t *a, eng_render_out_t *r)
+{
+    memset(r, 0, sizeof *r);
+    r->n_marks = c->n_tools + c->n_system + eng_chat_n_blocks(c);
+    r->marks = pc_arena_new(a, eng_render_mark_t, r->n_marks);
+    for (size_t k = 0; k < r->n_marks; k++)
+        r->marks[k] = (eng_render_mark_t){ENG_RENDER_MARK_BLOCK, 0, 0, 0, (uint32_t)(k + 1), 0};
+    r->n_tokens = r->n_marks + 5;
+    r->tokens = pc_arena_new(a, uint32_t, r->n_tokens);
+    memset(r->tokens, 0, r->n_tokens * sizeof *r->tokens);
+}
+
+/* gw__work of parse + validate + plan over a body of n messages (0 on a failure). */
+static uint64_t work_of(bool openai, size_t n)
+{
+    size_t len;
+    char *body = many_messages(openai, n, &len);
+    pc_arena_t arena;
+    gw_api_req_t *req = NULL;
+    gw_api_error_t e;
+    eng_render_out_t r;
+    gw_cacheplan_t p;
+    uint64_t w0 = gw__work, w = 0;
+    pc_arena_init(&arena, 0);
+    gw_api_kind_t kind = openai ? GW_API_OPENAI_CHAT : GW_API_ANTHROPIC_COUNT_TOKENS;
+    if (gw_api_parse(kind, body, len, &arena, &req, &e) != 0) {
+        fprintf(stderr, "  parse: %s\n", e.message);
+        goto done;
+    }
+    fake_render(req->chat, &arena, &r);
+    if (gw_cacheplan_build(req->chat, &r, 0, ENG_CHAT_TTL_5M, &arena, &p) != 0)
+        goto done;
+    w = gw__work - w0;
+done:
+    pc_arena_close(&arena);
+    pc_free(body);
+    return w;
+}
+
+PC_TEST(validation_and_plan_are_linear)
+{
+    for (int openai = 0; openai <= 1; openai++) {
+        uint64_t w1 = work_of(openai, 10001), w2 = work_of(openai, 20001);
+        fprintf(stderr, "  %s: work(10001) = %llu, work(20001) = %llu\n",
+                openai ? "openai" : "anthropic", (unsigned long long)w1, (unsigned long long)w2);
+        ASSERT_TRUE(w1 > 0);
+        ASSERT_TRUE(w1 <= 16 * 10001ull); /* a few visits per message, not one per pair */
+        ASSERT_TRUE(w2 <= 2 * w1 + 16);
+    }
+}
+
+/* The figure: parse -> validate -> render -> tokenize -> plan of the 160k-message count_tokens
+ * body, timed (printed, not asserted), and its work counted (asserted linear). */
+PC_TEST(count_tokens_160k_messages)
+{
+    char err[256];
+    eng_vocab_t *v = NULL;
+    eng_tok_t *tok = NULL;
+    eng_render_t *rd = NULL;
+    if (eng_vocab_from_tokenizer_json(LLAMA3_DIR "tokenizer.json",
+                                      LLAMA3_DIR "tokenizer_config.json", &v, err, sizeof err) != 0)
+        PC_SKIP("Llama 3 tokenizer files not installed (tests/node)");
+    ASSERT_EQ(eng_tok_init(v, &tok, err, sizeof err), 0);
+    eng_vocab_free(v);
+    ASSERT_EQ(eng_render_init(tok, ENG_RENDER_FAMILY_UNKNOWN, &rd, err, sizeof err), 0);
+    const size_t n = 160001;
+    size_t len;
+    char *body = many_messages(false, n, &len);
+    pc_arena_t arena;
+    gw_api_req_t *req = NULL;
+    gw_api_error_t e;
+    eng_render_out_t out;
+    gw_cacheplan_t p;
+    pc_arena_init(&arena, 0);
+    uint64_t w0 = gw__work, t0 = pc_time_mono_ns();
+    ASSERT_EQ(gw_api_parse(GW_API_ANTHROPIC_COUNT_TOKENS, body, len, &arena, &req, &e), 0);
+    uint64_t t1 = pc_time_mono_ns();
+    ASSERT_EQ(eng_render_chat(rd, req->chat, &arena, &out, err, sizeof err), 0);
+    uint64_t t2 = pc_time_mono_ns();
+    ASSERT_EQ(gw_cacheplan_build(req->chat, &out, 0, ENG_CHAT_TTL_NONE, &arena, &p), 0);
+    uint64_t t3 = pc_time_mono_ns();
+    uint64_t w = gw__work - w0;
+    printf("count_tokens of %zu one-character messages (%.1f MB): parse+validate %.1f ms, "
+           "render+tokenize %.1f ms, plan %.1f ms; work %llu (%.2f per message)\n",
+           n, (double)len / 1e6, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
+           (double)(t3 - t2) / 1e6, (unsigned long long)w, (double)w / (double)n);
+    ASSERT_EQ(p.n_bps, 1);
+    ASSERT_TRUE(w <= 16 * (uint64_t)n);
+    pc_arena_close(&arena);
+    pc_free(body);
+    eng_render_free(rd);
+    eng_tok_free(tok);
+}
+
+/* Issue 19 item 15: one automatic entry per message was unbounded (160k messages, 160k inserts
+ * on the loop). Only the system prompt and the last GW_CACHEPLAN_OPENAI_AUTO_MAX message ends
+ * are written; what is billed (up to the last one) is the same. */
+PC_TEST(openai_automatic_entries_are_capped)
+{
+    enum { N = 50 };
+    pc_arena_t arena;
+    pc_arena_init(&arena, 0);
+    eng_chat_t chat = {0};
+    chat.api = ENG_CHAT_API_OPENAI;
+    eng_chat_block_t sys = {0};
+    chat.system = &sys;
+    chat.n_system = 1;
+    chat.messages = pc_arena_new(&arena, eng_chat_msg_t, N);
+    chat.n_messages = N;
+    eng_render_out_t r = {0};
+    r.n_marks = N + 1;
+    r.marks = pc_arena_new(&arena, eng_render_mark_t, N + 1);
+    r.n_tokens = 10 * (N + 1) + 5;
+    r.tokens = pc_arena_new(&arena, uint32_t, r.n_tokens);
+    for (size_t k = 0; k <= N; k++)
+        r.marks[k] =
+            (eng_render_mark_t){ENG_RENDER_MARK_BLOCK, 0, 0, 0, (uint32_t)(10 * (k + 1)), 0};
+    for (size_t m = 0; m < N; m++) {
+        chat.messages[m].role = m % 2 ? ENG_CHAT_ROLE_ASSISTANT : ENG_CHAT_ROLE_USER;
+        chat.messages[m].blocks = pc_arena_new(&arena, eng_chat_block_t, 1);
+        memset(chat.messages[m].blocks, 0, sizeof(eng_chat_block_t));
+        chat.messages[m].n_blocks = 1;
+    }
+    gw_cacheplan_t p;
+    ASSERT_EQ(gw_cacheplan_build(&chat, &r, 0, ENG_CHAT_TTL_5M, &arena, &p), 0);
+    ASSERT_EQ(p.n_bps, 1 + GW_CACHEPLAN_OPENAI_AUTO_MAX);
+    ASSERT_EQ(p.n_bps, GW_CACHEPLAN_MAX_BPS);
+    ASSERT_EQ(p.n_auto_capped, N - GW_CACHEPLAN_OPENAI_AUTO_MAX);
+    ASSERT_EQ(p.bps[0].n_tokens, 10); /* the system prompt */
+    ASSERT_EQ(p.bps[1].n_tokens, 10 * (N - GW_CACHEPLAN_OPENAI_AUTO_MAX + 2));
+    ASSERT_EQ(p.bps[p.n_bps - 1].n_tokens, 10 * (N + 1)); /* the last message */
+    gw_usage_t u;
+    gw_usage_compute(&p, (uint32_t)r.n_tokens, 0, &u);
+    ASSERT_EQ(u.cache_write_5m, 10 * (N + 1));
+    ASSERT_EQ(u.input_tokens, 5);
+    /* Up to the cap nothing is left out. */
+    chat.n_messages = GW_CACHEPLAN_OPENAI_AUTO_MAX;
+    r.n_marks = GW_CACHEPLAN_OPENAI_AUTO_MAX + 1;
+    ASSERT_EQ(gw_cacheplan_build(&chat, &r, 0, ENG_CHAT_TTL_5M, &arena, &p), 0);
+    ASSERT_EQ(p.n_bps, GW_CACHEPLAN_OPENAI_AUTO_MAX + 1);
+    ASSERT_EQ(p.n_auto_capped, 0);
+    pc_arena_close(&arena);
+    /* The 160k-message body: still 21 entries. */
+    size_t len;
+    char *body = many_messages(true, 160001, &len);
+    gw_api_req_t *req = NULL;
+    gw_api_error_t e;
+    pc_arena_init(&arena, 0);
+    ASSERT_EQ(gw_api_parse(GW_API_OPENAI_CHAT, body, len, &arena, &req, &e), 0);
+    fake_render(req->chat, &arena, &r);
+    ASSERT_EQ(gw_cacheplan_build(req->chat, &r, 0, ENG_CHAT_TTL_5M, &arena, &p), 0);
+    ASSERT_EQ(p.n_bps, GW_CACHEPLAN_OPENAI_AUTO_MAX);
+    ASSERT_EQ(p.n_auto_capped, 160001 - GW_CACHEPLAN_OPENAI_AUTO_MAX);
+    pc_arena_close(&arena);
+    pc_free(body);
 }
 
 PC_TEST_MAIN()

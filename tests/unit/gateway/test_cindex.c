@@ -1164,4 +1164,249 @@ PC_TEST(failing_allocator_every_insert)
     }
 }
 
+/* dump_state without payload addresses (two indexes hold the same entries at different
+ * addresses): "pl=0x..." becomes "pl=set". */
+static char *dump_cmp(const gw_cindex_t *ix)
+{
+    char *d = dump_state(ix), *w = d;
+    for (const char *r = d; *r != '\0';) {
+        if (strncmp(r, "pl=0x", 5) == 0) {
+            r += 5; /* at least 12 hex digits follow: the text only shrinks */
+            while ((*r >= '0' && *r <= '9') || (*r >= 'a' && *r <= 'f'))
+                r++;
+            memcpy(w, "pl=set", 6);
+            w += 6;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = '\0';
+    return d;
+}
+
+/* The first line where two states differ, or NULL when they are the same (static buffer). */
+static const char *state_diff(const gw_cindex_t *a, const gw_cindex_t *b)
+{
+    static char msg[600];
+    char *sa = dump_cmp(a), *sb = dump_cmp(b);
+    const char *la = sa, *lb = sb;
+    const char *res = NULL;
+    while (*la != '\0' || *lb != '\0') {
+        size_t na = strcspn(la, "\n"), nb = strcspn(lb, "\n");
+        if (na != nb || memcmp(la, lb, na) != 0) {
+            snprintf(msg, sizeof msg, "\n  %.280s\n  %.280s", la, lb);
+            res = msg;
+            break;
+        }
+        la += na + (la[na] != '\0');
+        lb += nb + (lb[nb] != '\0');
+    }
+    free(sa);
+    free(sb);
+    return res;
+}
+
+/* ---- gw_cindex_insert_path -------------------------------------------------------------- */
+
+static size_t copy_drops(drop_rec_t *out)
+{
+    size_t n = n_drops;
+    memcpy(out, drops, n * sizeof *drops);
+    n_drops = 0;
+    return n;
+}
+
+/* One request's entries written in one walk equal the same entries written one by one: the
+ * same tree, entries, expiries, TTL classes, drops, insert codes (what is billed as a write)
+ * and storage integrals, over random histories that make the path split and branch. */
+PC_TEST(insert_path_equals_inserts)
+{
+    gw_cindex_params_t p = test_params();
+    gw_cindex_t *a = mk(&p), *b = mk(&p);
+    static drop_rec_t da[MAX_DROPS], db[MAX_DROPS];
+    rng_state = 4242;
+    uint64_t t = 0;
+    for (int it = 0; it < 3000; it++) {
+        t += rnd(60);
+        uint32_t q[MAX_LEN];
+        size_t n = 1 + rnd(MAX_LEN);
+        for (size_t k = 0; k < n; k++)
+            q[k] = rnd(3);
+        uint64_t ns = 1 + rnd(3);
+        gw_cindex_point_t pts[12];
+        size_t n_pts = 0;
+        for (uint32_t at = 1 + rnd(8); at <= n && n_pts < 12; at += 1 + rnd(10))
+            pts[n_pts++] = (gw_cindex_point_t){at, (gw_cindex_ttl_t)rnd(2)};
+        uint64_t start = t - (t > 0 ? rnd((uint32_t)PC_MIN(t, 2000)) : 0);
+        int ra[12], rb[12];
+        n_drops = 0;
+        for (size_t i = 0; i < n_pts; i++)
+            ra[i] = gw_cindex_insert(a, ns, q, pts[i].n_tokens, pts[i].ttl, start, t);
+        size_t nda = copy_drops(da);
+        ASSERT_EQ(gw_cindex_insert_path(b, ns, q, pts, n_pts, start, t, rb), 0);
+        size_t ndb = copy_drops(db);
+        for (size_t i = 0; i < n_pts; i++)
+            ASSERT_EQ(ra[i], rb[i]);
+        ASSERT_EQ(nda, ndb);
+        ASSERT_TRUE(memcmp(da, db, nda * sizeof *da) == 0);
+        if (rnd(5) == 0) { /* reads and owners interleave as on the loop */
+            gw_cindex_read(a, ns, q, n, t, NULL);
+            gw_cindex_read(b, ns, q, n, t, NULL);
+            uint32_t w = rnd(4);
+            gw_cindex_owner_add(a, ns, q, n, w, NULL);
+            gw_cindex_owner_add(b, ns, q, n, w, NULL);
+        }
+        const char *diff = state_diff(a, b);
+        if (diff != NULL)
+            PC_TEST__FAIL("step %d: states differ:%s", it, diff);
+        CHECK(b);
+        if (it % 100 == 99) {
+            take_rec_t ta = {0}, tb = {0};
+            gw_cindex_storage_take(a, t, on_take, &ta);
+            gw_cindex_storage_take(b, t, on_take, &tb);
+            ASSERT_EQ(ta.n, tb.n);
+            for (uint64_t ns2 = 1; ns2 <= 3; ns2++)
+                ASSERT_EQ_U64(take_of(&ta, ns2), take_of(&tb, ns2));
+        }
+    }
+    gw_cindex_stats_t sta, stb;
+    gw_cindex_stats(a, &sta);
+    gw_cindex_stats(b, &stb);
+    ASSERT_EQ_U64(sta.n_inserts, stb.n_inserts);
+    ASSERT_EQ_U64(sta.n_extends, stb.n_extends);
+    ASSERT_TRUE(stb.n_walk_tokens < sta.n_walk_tokens);
+    /* Bad points change nothing. */
+    gw_cindex_point_t bad[2] = {{5, GW_CINDEX_TTL_5M}, {5, GW_CINDEX_TTL_5M}};
+    ASSERT_EQ(gw_cindex_insert_path(b, 1, seq(0, 8), bad, 2, t, t, NULL), PC_ERR_INVAL);
+    bad[1].n_tokens = 0;
+    ASSERT_EQ(gw_cindex_insert_path(b, 1, seq(0, 8), bad, 2, t, t, NULL), PC_ERR_INVAL);
+    ASSERT_EQ(gw_cindex_insert_path(b, 1, NULL, bad, 1, t, t, NULL), PC_ERR_INVAL);
+    ASSERT_EQ(gw_cindex_insert_path(b, 1, seq(0, 8), NULL, 0, t, t, NULL), 0);
+    gw_cindex_free(a);
+    gw_cindex_free(b);
+}
+
+/* The loop's share is O(tokens): 20 entries along a 100,000-token prompt walk the prompt once
+ * (one entry per message, inserted one by one, walked it twice per entry). */
+PC_TEST(insert_path_walks_the_prompt_once)
+{
+    enum { N = 100000, K = 20 };
+    gw_cindex_params_t p = test_params();
+    gw_cindex_t *a = mk(&p), *b = mk(&p);
+    uint32_t *q = malloc(N * sizeof *q);
+    for (size_t i = 0; i < N; i++)
+        q[i] = (uint32_t)(i * 2654435761u % 50000);
+    gw_cindex_point_t pts[K];
+    for (size_t i = 0; i < K; i++)
+        pts[i] = (gw_cindex_point_t){(uint32_t)(N - (K - 1 - i) * 50), GW_CINDEX_TTL_5M};
+    /* A shorter branch first, so the walk meets a split and existing nodes. */
+    ASSERT_EQ(gw_cindex_insert(a, 7, q, N / 2, GW_CINDEX_TTL_1H, 0, 0), 0);
+    ASSERT_EQ(gw_cindex_insert(b, 7, q, N / 2, GW_CINDEX_TTL_1H, 0, 0), 0);
+    gw_cindex_stats_t s0, s1;
+    gw_cindex_stats(a, &s0);
+    for (size_t i = 0; i < K; i++)
+        ASSERT_EQ(gw_cindex_insert(a, 7, q, pts[i].n_tokens, pts[i].ttl, 1, 1), 0);
+    gw_cindex_stats(a, &s1);
+    uint64_t one_by_one = s1.n_walk_tokens - s0.n_walk_tokens;
+    gw_cindex_stats(b, &s0);
+    ASSERT_EQ(gw_cindex_insert_path(b, 7, q, pts, K, 1, 1, NULL), 0);
+    gw_cindex_stats(b, &s1);
+    uint64_t path = s1.n_walk_tokens - s0.n_walk_tokens;
+    printf("  %d entries on a %d-token prompt: %llu tokens walked one by one, %llu in one walk\n",
+           K, N, (unsigned long long)one_by_one, (unsigned long long)path);
+    ASSERT_EQ_U64(path, (uint64_t)N);
+    ASSERT_TRUE(one_by_one >= 2ull * K * (N - K * 50));
+    const char *diff = state_diff(a, b);
+    if (diff != NULL)
+        PC_TEST__FAIL("states differ:%s", diff);
+    free(q);
+    gw_cindex_free(a);
+    gw_cindex_free(b);
+}
+
+/* A failed allocation in a path insert leaves the points before it written and nothing else:
+ * retrying without failures reaches the state of a clean run. */
+PC_TEST(insert_path_failing_allocator)
+{
+    gw_cindex_params_t p = test_params();
+    pc_allocator_t fa = {f_malloc, f_calloc, f_realloc, free};
+    rng_state = 99;
+    for (int it = 0; it < 200; it++) {
+        uint32_t q[MAX_LEN];
+        size_t n = 8 + rnd(MAX_LEN - 8);
+        for (size_t k = 0; k < n; k++)
+            q[k] = rnd(3);
+        gw_cindex_point_t pts[4] = {{(uint32_t)(n / 4), GW_CINDEX_TTL_1H},
+                                    {(uint32_t)(n / 2), GW_CINDEX_TTL_5M},
+                                    {(uint32_t)(3 * n / 4), GW_CINDEX_TTL_5M},
+                                    {(uint32_t)n, GW_CINDEX_TTL_1H}};
+        gw_cindex_t *clean = mk(&p);
+        uint32_t pre[MAX_LEN];
+        for (size_t k = 0; k < n; k++)
+            pre[k] = k < n / 3 ? q[k] : 3 - q[k] % 3;
+        gw_cindex_insert(clean, 1, pre, n, GW_CINDEX_TTL_5M, 0, 0);
+        ASSERT_EQ(gw_cindex_insert_path(clean, 1, q, pts, 4, 1, 1, NULL), 0);
+        char *want = dump_cmp(clean);
+        for (long k = 0;; k++) {
+            gw_cindex_t *ix = mk(&p);
+            gw_cindex_insert(ix, 1, pre, n, GW_CINDEX_TTL_5M, 0, 0);
+            int res[4];
+            fail_k = k;
+            pc_allocator_t prev = pc_set_allocator(&fa);
+            int rc = gw_cindex_insert_path(ix, 1, q, pts, 4, 1, 1, res);
+            pc_set_allocator(&prev);
+            CHECK(ix);
+            if (rc == 0) {
+                gw_cindex_free(ix);
+                break;
+            }
+            ASSERT_EQ(rc, PC_ERR_NOMEM);
+            ASSERT_EQ(res[3], PC_ERR_NOMEM);
+            ASSERT_EQ(gw_cindex_insert_path(ix, 1, q, pts, 4, 1, 1, NULL), 0);
+            char *got = dump_cmp(ix);
+            ASSERT_STR_EQ(got, want);
+            free(got);
+            gw_cindex_free(ix);
+        }
+        free(want);
+        gw_cindex_free(clean);
+    }
+}
+
+/* gw_cindex_path_entries: every live entry that is a prefix of the query, ascending, the same
+ * set gw_cindex_entry_live answers one probe at a time. */
+PC_TEST(path_entries_equal_probes)
+{
+    gw_cindex_params_t p = test_params();
+    gw_cindex_t *ix = mk(&p);
+    rng_state = 31337;
+    uint64_t t = 0;
+    for (int it = 0; it < 3000; it++) {
+        t += rnd(40);
+        uint32_t q[MAX_LEN];
+        size_t n = 1 + rnd(MAX_LEN);
+        for (size_t k = 0; k < n; k++)
+            q[k] = rnd(3);
+        uint64_t ns = 1 + rnd(2);
+        if (rnd(2) == 0)
+            gw_cindex_insert(ix, ns, q, 1 + rnd((uint32_t)n), (gw_cindex_ttl_t)rnd(2), t, t);
+        gw_cindex_expire(ix, t);
+        uint64_t at = t + rnd(1500); /* probes may look past some expiries */
+        uint32_t lens[MAX_LEN], want[MAX_LEN];
+        size_t n_want = 0;
+        for (size_t k = 1; k <= n; k++)
+            if (gw_cindex_entry_live(ix, ns, q, k, at))
+                want[n_want++] = (uint32_t)k;
+        size_t got = gw_cindex_path_entries(ix, ns, q, n, at, lens, MAX_LEN);
+        ASSERT_EQ(got, n_want);
+        for (size_t i = 0; i < got; i++)
+            ASSERT_EQ(lens[i], want[i]);
+        if (got > 1) { /* a short buffer gets the shortest ones */
+            ASSERT_EQ(gw_cindex_path_entries(ix, ns, q, n, at, lens, 1), got);
+            ASSERT_EQ(lens[0], want[0]);
+        }
+    }
+    gw_cindex_free(ix);
+}
+
 PC_TEST_MAIN()

@@ -163,9 +163,69 @@ static void gen_value(pc_buf_t *b, int depth)
 
 static long g_n_same_tree, g_n_same_error, g_n_fast;
 
+/* jansson's tree with the values of the top-level keys other than keep[] set to null. */
+static void null_unkept(json_t *a, const char *const *keep, size_t n_keep)
+{
+    if (!json_is_object(a))
+        return;
+    for (void *it = json_object_iter(a); it != NULL; it = json_object_iter_next(a, it)) {
+        bool k = false;
+        for (size_t i = 0; i < n_keep; i++)
+            k = k || strcmp(json_object_iter_key(it), keep[i]) == 0;
+        if (!k)
+            json_object_iter_set_new(a, it, json_null());
+    }
+}
+
+static void same_dump(const json_t *a, const json_t *b)
+{
+    char *da = json_dumps(a, JSON_COMPACT | JSON_ENCODE_ANY);
+    char *db = json_dumps(b, JSON_COMPACT | JSON_ENCODE_ANY);
+    ASSERT_TRUE(da != NULL && db != NULL);
+    if (strcmp(da, db) != 0)
+        fprintf(stderr, "  trees differ:\n  %s\n  %s\n", da, db);
+    ASSERT_STR_EQ(da, db);
+    free(da);
+    free(db);
+}
+
+static long g_n_keep_fast;
+
+/* gw_json_loadb_keep (top-level "k" skipped, "a" kept) against jansson: jansson's tree with the
+ * skipped values null, or the same error. */
+static void compare_keep(const char *s, size_t n, size_t flags)
+{
+    static const char *const keep[] = {"a", "model"};
+    json_error_t e1, e2;
+    json_t *a = json_loadb(s, n, flags, &e1);
+    json_t *b = gw_json_loadb_keep(s, n, flags, keep, 2, &e2);
+    json_t *f = gw__json_fast_only_keep(s, n, flags, keep, 2);
+    if ((a == NULL) != (b == NULL))
+        fprintf(stderr, "  keep: jansson %s, fast %s on: %.*s\n", a ? "accepts" : e1.text,
+                b ? "accepts" : e2.text, (int)(n < 300 ? n : 300), s);
+    ASSERT_EQ(a == NULL, b == NULL);
+    if (f != NULL) {
+        ASSERT_TRUE(a != NULL);
+        g_n_keep_fast++;
+    }
+    if (a == NULL) {
+        ASSERT_STR_EQ(e1.text, e2.text);
+        ASSERT_EQ(e1.position, e2.position);
+    } else {
+        null_unkept(a, keep, 2);
+        PC_TEST_CALL(same_dump(a, b));
+        if (f != NULL)
+            PC_TEST_CALL(same_dump(a, f));
+    }
+    json_decref(a);
+    json_decref(b);
+    json_decref(f);
+}
+
 /* Both parsers on the same bytes: the same tree or the same error. */
 static void compare(const char *s, size_t n, size_t flags)
 {
+    PC_TEST_CALL(compare_keep(s, n, flags));
     json_error_t e1, e2;
     json_t *a = json_loadb(s, n, flags, &e1);
     json_t *b = gw_json_loadb(s, n, flags, &e2);
@@ -329,8 +389,10 @@ PC_TEST(generated_documents_and_mutations)
             PC_TEST_CALL(compare(m.base, m.len, FLAGS));
         }
     }
-    printf("  %ld identical trees (%ld by the fast path alone), %ld identical errors\n",
-           g_n_same_tree, g_n_fast, g_n_same_error);
+    printf("  %ld identical trees (%ld by the fast path alone), %ld identical errors; %ld "
+           "skipping fast\n",
+           g_n_same_tree, g_n_fast, g_n_same_error, g_n_keep_fast);
+    ASSERT_TRUE(g_n_keep_fast > g_n_fast / 2); /* skipping mostly decides on its own */
     ASSERT_TRUE(g_n_same_tree > n / 4);
     ASSERT_TRUE(g_n_fast > g_n_same_tree / 2); /* the fast path does the work */
     ASSERT_TRUE(g_n_same_error > n / 4);
