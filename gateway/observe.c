@@ -10,6 +10,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "outcome.h"
 #include "request.h"
@@ -254,6 +257,16 @@ void gw__obs_on_tick(uv_timer_t *t)
     }
     if (pc_time_wall_ms() - s->last_storage_ms >= s->cfg.storage_interval_ms)
         gw__obs_meter_storage(s);
+    /* A large body costs up to GW_API_JSON_MEM_PER_BYTE times its size while it is parsed and
+     * rendered, much of it in the thread pool's malloc arenas, which glibc keeps after free
+     * until malloc_trim: give it back once enough was freed, so a burst of big requests does
+     * not leave the gateway's RSS at its peak. At most once a tick. */
+    if (s->freed_large >= GW_OBS_TRIM_AFTER) {
+        s->freed_large = 0;
+#ifdef __GLIBC__
+        malloc_trim(0);
+#endif
+    }
 }
 
 /* ---- the access log file ----------------------------------------------------------------- */

@@ -183,6 +183,8 @@ void gw__req_free(gw_req_t *q)
     pc_buf_free(&q->text);
     pc_buf_free(&q->pending);
     pc_buf_free(&q->final);
+    if (q->body.len >= GW_OBS_LARGE_BODY)
+        s->freed_large += q->body.len;
     pc_free((void *)q->body.base);
     pc_arena_close(&q->arena);
     pc_free(q);

@@ -68,6 +68,7 @@ typedef struct serve {
     gw_req_t *durable_head, *durable_tail;
     FILE *access_log;      /* lines are buffered and flushed by the tick, not per request */
     bool access_log_dirty; /* a line was written since the last flush */
+    size_t freed_large;    /* body bytes of large requests freed since the last malloc_trim */
     bool stopping;
     bool http_closed;
     int exit_code;
@@ -93,6 +94,10 @@ void gw__obs_count_request(gw_req_t *q, int status);
  * caller). */
 void gw__obs_internal_error(serve_t *s, const char *site, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* A request body at least this large counts towards the next malloc_trim when freed, which
+ * the tick runs once GW_OBS_TRIM_AFTER bytes of them were freed (observe.c). */
+#define GW_OBS_LARGE_BODY ((size_t)1 << 20)
+#define GW_OBS_TRIM_AFTER ((size_t)32 << 20)
 void gw__obs_on_tick(uv_timer_t *t);
 /* Bills the storage of the cache since the previous call; then forgets the namespaces left
  * without entries. */

@@ -1,7 +1,8 @@
 // hostile.test.mjs — every attack of issue 19 at once against one real `kvgw serve`, while a
 // second tenant goes on with its ordinary requests. What it checks: the gateway stays up, every
 // one of the victim's requests is answered 200, the gateway's resident memory stays under a
-// stated bound during the attacks, and the memory and namespaces it took are given back after.
+// stated bound during the attacks, and (outside a sanitizer build) most of the memory it took is
+// given back after (malloc_trim once large bodies were freed).
 // What it prints: the victim's latency before and during the attacks, and the gateway's RSS
 // (its figures, not assertions: timing is shown, never asserted).
 //
@@ -28,8 +29,11 @@ import { MODEL, startGateway, stopGateway, writeConfig, RawConn, postBytes, slee
 const ATTACKER = 'sk-hostile-a';
 const VICTIM = 'sk-hostile-b';
 const ADMIN = 'sk-hostile-admin';
-// The gateway may grow by at most this much over its idle RSS while every attack runs.
+// The gateway may grow by at most this much over its idle RSS while every attack runs; a
+// sanitizer build (ASan keeps 256 MiB of freed memory in quarantine, and redzones and shadow
+// memory besides) gets more room.
 const RSS_BOUND_MB = 400;
+const RSS_BOUND_MB_ASAN = 1024;
 
 let dir, gw;
 
@@ -231,6 +235,8 @@ test('every attack at once: the gateway stays up, in bounded memory, and serves 
   await victimRun(3); // warm up
   const quiet = await victimRun(15);
   const rss0 = rssMb(gw.proc.pid);
+  const asan = /libasan|libclang_rt\.asan/.test(readFileSync(`/proc/${gw.proc.pid}/maps`, 'utf8'));
+  const bound = asan ? RSS_BOUND_MB_ASAN : RSS_BOUND_MB;
 
   let rssPeak = rss0;
   let sampling = true;
@@ -264,11 +270,12 @@ test('every attack at once: the gateway stays up, in bounded memory, and serves 
   console.log(`victim_ms_p99_under_attack      ${pct(underAttack, 0.99).toFixed(2)}`);
   console.log(`victim_ms_p50_after             ${pct(after, 0.5).toFixed(2)}`);
   console.log(`gateway_rss_mb_idle             ${rss0.toFixed(1)}`);
-  console.log(`gateway_rss_mb_peak             ${rssPeak.toFixed(1)}   (bound: idle + ${RSS_BOUND_MB})`);
+  console.log(`gateway_rss_mb_peak             ${rssPeak.toFixed(1)}   (bound: idle + ${bound}${asan ? ', sanitizer build' : ''})`);
   console.log(`gateway_rss_mb_after            ${rss1.toFixed(1)}`);
   console.log(`quadratic_status ${quadStatus}  amplify_status ${ampStatus}  trickle_sockets_open_at_end ${trickleOpen}  log_forge_status ${forgeStatus}`);
 
-  assert.ok(rssPeak - rss0 <= RSS_BOUND_MB, `RSS grew ${(rssPeak - rss0).toFixed(1)} MB > ${RSS_BOUND_MB} MB`);
+  assert.ok(rssPeak - rss0 <= bound, `RSS grew ${(rssPeak - rss0).toFixed(1)} MB > ${bound} MB`);
+  if (!asan) assert.ok(rss1 - rss0 <= 150, `RSS stayed ${(rss1 - rss0).toFixed(1)} MB above idle after the attacks`);
   // The two big bodies are answered (a count, or the API's error), never dropped.
   assert.ok([200, 400, 413].includes(quadStatus), `quadratic: ${quadStatus}`);
   assert.ok([200, 400, 413].includes(ampStatus), `amplify: ${ampStatus}`);
