@@ -188,7 +188,7 @@ PC_TEST(retain_evict_expire)
     ASSERT_EQ(eng_seq_create(e, &s), 0);
     eng_batch_item_t it = {.seq = s, .tokens = a, .n_tokens = 48};
     ASSERT_EQ(eng_forward(e, &it, 1, NULL), 0);
-    ASSERT_EQ(eng_prefix_retain(e, s, 1, 48, 100), 0);
+    ASSERT_EQ(eng_prefix_retain(e, s, 1, 48, 100, NULL), 0);
     eng_seq_free(e, s);
     ASSERT_EQ(eng_seq_create(e, &s), 0);
     it.seq = s;
@@ -232,14 +232,14 @@ PC_TEST(retain_evict_expire)
     ASSERT_EQ(eng_seq_create(e, &s), 0);
     it = (eng_batch_item_t){.seq = s, .tokens = a, .n_tokens = 48};
     ASSERT_EQ(eng_forward(e, &it, 1, NULL), 0);
-    ASSERT_EQ(eng_prefix_retain(e, s, 1, 48, 200), 0);
-    ASSERT_EQ(eng_prefix_retain(e, s, 1, 30, 300), 0);
+    ASSERT_EQ(eng_prefix_retain(e, s, 1, 48, 200, NULL), 0);
+    ASSERT_EQ(eng_prefix_retain(e, s, 1, 30, 300, NULL), 0);
     eng_seq_free(e, s);
     eng_prefix_stats_t st;
     eng_prefix_stats(e, &st);
     ASSERT_EQ(st.n_retained, 2);
-    ASSERT_EQ(eng_prefix_expire(e, 199), 0);
-    ASSERT_EQ(eng_prefix_expire(e, 200), 1);
+    ASSERT_EQ(eng_prefix_expire(e, 199, NULL, NULL), 0);
+    ASSERT_EQ(eng_prefix_expire(e, 200, NULL, NULL), 1);
     ASSERT_EQ(eng_prefix_drop(e, 1, a, 10), PC_ERR_BUSY); /* the 30-token pin holds */
     ASSERT_EQ(eng_prefix_release(e, 1, a, 29), PC_ERR_NOTFOUND);
     ASSERT_EQ(eng_prefix_release(e, 1, a, 30), 0);
@@ -318,7 +318,7 @@ PC_TEST(random_mix_accounting)
             if (seq[i] != NULL && eng_seq_n_tokens(seq[i]) > 0) {
                 uint32_t n = 1 + rnd(eng_seq_n_tokens(seq[i]));
                 if (rnd(3) == 0)
-                    ASSERT_EQ(eng_prefix_retain(e, seq[i], ns, n, now + rnd(50)), 0);
+                    ASSERT_EQ(eng_prefix_retain(e, seq[i], ns, n, now + rnd(50), NULL), 0);
                 else
                     ASSERT_EQ(eng_prefix_insert(e, seq[i], ns, n), 0);
             }
@@ -328,7 +328,7 @@ PC_TEST(random_mix_accounting)
             seq[i] = NULL;
             break;
         case 5:
-            eng_prefix_expire(e, now);
+            eng_prefix_expire(e, now, NULL, NULL);
             break;
         case 6:
             if (rnd(10) == 0) {
