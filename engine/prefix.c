@@ -76,7 +76,7 @@ struct eng_prefix {
     rdx_tree_t *tree;
     px_link_t list;              /* sentinel of the live payloads */
     px_heap_t heaps[PX_N_HEAPS]; /* pins by expiry: all, and the held ones */
-    int32_t *pin_path;           /* [pin_path_cap] a pin's tokens for reports */
+    uint32_t *pin_path;          /* [pin_path_cap] a pin's tokens for reports */
     uint32_t pin_path_cap;       /* >= every pin's length (grown by retain) */
     uint64_t clock;              /* logical time for the LRU */
     int reason_now;              /* the reason reported for nodes freed now; 0 = report nothing */
@@ -92,6 +92,19 @@ struct eng_prefix {
 static uint32_t bt_of(const struct eng_prefix *px)
 {
     return eng_kvpool_block_tokens(px->e->kv);
+}
+
+/* Grows a scratch array to hold n entries. Returns 0 or PC_ERR_NOMEM (unchanged). */
+static int scratch_reserve(uint32_t **buf, uint32_t *cap, uint32_t n)
+{
+    if (n <= *cap)
+        return 0;
+    uint32_t *b = pc_reallocarray(*buf, n, sizeof *b);
+    if (b == NULL)
+        return PC_ERR_NOMEM;
+    *buf = b;
+    *cap = n;
+    return 0;
 }
 
 /* ---- pins ---- */
@@ -175,12 +188,12 @@ static void pin_end(struct eng_prefix *px, px_pin_t *pin, eng_prefix_pin_t *rep)
     rdx_node_t *node = pin->node;
     size_t n = rdx_node_depth(node);
     PC_ASSERT(n <= px->pin_path_cap);
-    rdx_node_prefix(px->tree, node, (uint32_t *)px->pin_path);
+    rdx_node_prefix(px->tree, node, px->pin_path);
     *rep = (eng_prefix_pin_t){.ns = rdx_node_ns(node),
                               .expiry = pin->expiry,
                               .n_tokens = (uint32_t)n,
                               .held = pin_held(pin),
-                              .tokens = px->pin_path};
+                              .tokens = (const int32_t *)px->pin_path};
     px_payload_t *p = rdx_node_payload(node);
     PC_ASSERT(p != NULL && p->pin == pin);
     p->pin = NULL;
@@ -385,13 +398,8 @@ int eng_seq_start_cached(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tok
     if (k == 0)
         return 0;
     uint32_t bt = bt_of(px), nb = (k + bt - 1) / bt;
-    if (nb > px->path_cap) {
-        uint32_t *b = pc_reallocarray(px->path_buf, nb, sizeof *b);
-        if (b == NULL)
-            return PC_ERR_NOMEM;
-        px->path_buf = b;
-        px->path_cap = nb;
-    }
+    if (scratch_reserve(&px->path_buf, &px->path_cap, nb) != 0)
+        return PC_ERR_NOMEM;
     /* Deepest node first: the first payload to cover a block index supplies its block. */
     uint32_t *table = px->path_buf;
     for (uint32_t i = 0; i < nb; i++)
@@ -466,13 +474,8 @@ int eng_prefix_retain(eng_t *e, eng_seq_t *s, uint64_t ns, uint32_t n, uint64_t 
     for (int h = 0; h < PX_N_HEAPS; h++)
         if (heap_reserve(&px->heaps[h]) != 0)
             return PC_ERR_NOMEM;
-    if (n > px->pin_path_cap) {
-        int32_t *b = pc_reallocarray(px->pin_path, n, sizeof *b);
-        if (b == NULL)
-            return PC_ERR_NOMEM;
-        px->pin_path = b;
-        px->pin_path_cap = n;
-    }
+    if (scratch_reserve(&px->pin_path, &px->pin_path_cap, n) != 0)
+        return PC_ERR_NOMEM;
     px_pin_t *fresh = pc_malloc(sizeof *fresh);
     if (fresh == NULL)
         return PC_ERR_NOMEM;

@@ -24,6 +24,20 @@ static uint32_t rnd(uint32_t n)
     return (uint32_t)(rng % n);
 }
 
+static void rand_tokens(int32_t *dst, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (int32_t)rnd(N_VOCAB);
+}
+
+/* dst[0..len): base's tokens up to a random divergence point, random ones after it. */
+static void branch_tokens(int32_t *dst, const int32_t *base, uint32_t len)
+{
+    uint32_t split = rnd(len);
+    for (uint32_t j = 0; j < len; j++)
+        dst[j] = j < split ? base[j] : (int32_t)rnd(N_VOCAB);
+}
+
 static void make_model(enum eng_arch arch, char *path, size_t len)
 {
     eng_mkmodel_params_t p = eng_mkmodel_params_default();
@@ -286,10 +300,7 @@ PC_TEST(random_mix_accounting)
         case 0: { /* a new sequence from a base with a random divergence point */
             if (seq[i] != NULL)
                 break;
-            const int32_t *b = bases[rnd(NBASE)];
-            uint32_t split = rnd(LEN);
-            for (uint32_t j = 0; j < LEN; j++)
-                toks[i][j] = j < split ? b[j] : (int32_t)rnd(N_VOCAB);
+            branch_tokens(toks[i], bases[rnd(NBASE)], LEN);
             ASSERT_EQ(tm_reference(path, toks[i], LEN, ref[i]), 0);
             ASSERT_EQ(eng_seq_create(e, &seq[i]), 0);
             uint32_t reused;
@@ -537,9 +548,7 @@ PC_TEST(pins_match_naive_model)
     eng_set_evict_callback(e, model_on_evict, &m);
     enum { NSEQ = 5, NBASE = 3, TICK = 1000000 };
     int32_t bases[NBASE][MP_LEN];
-    for (int b = 0; b < NBASE; b++)
-        for (int i = 0; i < MP_LEN; i++)
-            bases[b][i] = (int32_t)rnd(N_VOCAB);
+    rand_tokens(&bases[0][0], sizeof bases / sizeof bases[0][0]);
     eng_seq_t *seq[NSEQ] = {0};
     int32_t toks[NSEQ][MP_LEN];
     uint64_t seq_ns[NSEQ] = {0};
@@ -552,10 +561,7 @@ PC_TEST(pins_match_naive_model)
         case 0: { /* a new sequence from a base with a random divergence point */
             if (seq[i] != NULL)
                 break;
-            const int32_t *b = bases[rnd(NBASE)];
-            uint32_t split = rnd(MP_LEN);
-            for (uint32_t j = 0; j < MP_LEN; j++)
-                toks[i][j] = j < split ? b[j] : (int32_t)rnd(N_VOCAB);
+            branch_tokens(toks[i], bases[rnd(NBASE)], MP_LEN);
             seq_ns[i] = 1 + rnd(2);
             ASSERT_EQ(eng_seq_create(e, &seq[i]), 0);
             uint32_t reused;
