@@ -151,85 +151,11 @@ bool eng_samples_on_device(const eng_t *e);
 int eng_forward_sample(eng_t *e, const eng_batch_item_t *items, uint32_t n_items,
                        const struct eng_sample_row *rows, int32_t *tokens);
 
-/* ---------------------------------------------------------------------------------------------
- * Prefix index: token prefixes -> KV blocks, per namespace (a radix tree, radix/).
- *
- * A node of the tree covers the positions of its edge and references the KV blocks that hold
- * them. A sequence started from the index shares the blocks of its longest cached prefix (at
- * token granularity: a match ending inside a block shares that block too, and the sequence
- * copies it before writing into it) and computes only the rest. Nothing matches across
- * namespaces.
- *
- * Cached prefixes are opportunistic: when the KV pool runs out of blocks the least recently
- * used unpinned ones are evicted. A retained prefix is pinned until its expiry (or release);
- * pinned prefixes are evicted only when nothing else can be (hard pressure), earliest expiry
- * first. Every removal from the index is reported through the eviction callback.
- * ------------------------------------------------------------------------------------------- */
-
-/* Why cached KV left the index. */
-enum eng_evict_reason {
-    ENG_EVICT_LRU = 1,      /* the pool needed blocks; an unpinned prefix went */
-    ENG_EVICT_PRESSURE = 2, /* the pool needed blocks and only retained prefixes were left */
-    ENG_EVICT_REMOVED = 3,  /* eng_prefix_drop */
-};
-
-typedef struct eng_evict_event {
-    uint64_t ns;           /* namespace */
-    uint32_t n_tokens;     /* the prefix length that is no longer cached: positions >= this */
-    uint32_t n_dropped;    /* positions dropped by this removal ([n_tokens, n_tokens + n)) */
-    int reason;            /* enum eng_evict_reason */
-    const int32_t *tokens; /* [n_tokens + n_dropped] the removed prefix's token path (for
-                              naming it, e.g. eng_wire_prefix_fp); valid during the callback
-                              only; NULL if memory for it ran out */
-} eng_evict_event_t;
-
-typedef void (*eng_evict_fn)(const eng_evict_event_t *ev, void *ud);
-
-/* Installs the eviction callback (NULL: none). It runs inside the call that evicted (usually
- * eng_forward) and must not call back into the engine. */
-void eng_set_evict_callback(eng_t *e, eng_evict_fn fn, void *ud);
-
-/* Starts the empty sequence s from the longest prefix of tokens[0..n) cached in namespace ns,
- * reusing at most n - 1 tokens (the last token is always computed, for its logits). Sets
- * *n_reused; the caller then runs eng_forward on tokens[*n_reused .. n). Returns 0,
- * PC_ERR_STATE (s is not empty) or PC_ERR_NOMEM (s stays empty). */
-int eng_seq_start_cached(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tokens, uint32_t n,
-                         uint32_t *n_reused);
-
-/* Caches the first n positions of s (all computed) in namespace ns, unpinned. Returns 0,
- * PC_ERR_INVAL (n is 0 or more than s holds) or PC_ERR_NOMEM (the index is unchanged). */
-int eng_prefix_insert(eng_t *e, eng_seq_t *s, uint64_t ns, uint32_t n);
-
-/* Caches the first n positions of s like eng_prefix_insert and pins them until expiry (any
- * clock the caller uses consistently with eng_prefix_expire). A prefix has at most one pin:
- * retaining a pinned prefix again moves its expiry to the later of the two (a TTL refresh).
- * Returns 0, PC_ERR_INVAL or PC_ERR_NOMEM. */
-int eng_prefix_retain(eng_t *e, eng_seq_t *s, uint64_t ns, uint32_t n, uint64_t expiry);
-
-/* Releases the pin of the retained prefix tokens[0..n) in ns; the prefix stays cached,
- * unpinned. Returns 0 or PC_ERR_NOTFOUND. */
-int eng_prefix_release(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n);
-
-/* Releases every pin whose expiry is <= now. Returns how many were released. */
-uint32_t eng_prefix_expire(eng_t *e, uint64_t now);
-
-/* Removes every cached prefix of ns that starts with tokens[0..n) (n = 0: the namespace).
- * Returns 0, PC_ERR_NOTFOUND or PC_ERR_BUSY (one is retained; nothing removed). */
-int eng_prefix_drop(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n);
-
-typedef struct eng_prefix_stats {
-    uint64_t n_tokens; /* tokens stored in the tree */
-    uint64_t n_nodes;
-    uint64_t n_retained;   /* pins held */
-    uint64_t n_lookups;    /* eng_seq_start_cached calls */
-    uint64_t n_hit_tokens; /* tokens reused by them */
-    uint64_t n_evicted;    /* removals reported through the callback */
-} eng_prefix_stats_t;
-
-void eng_prefix_stats(const eng_t *e, eng_prefix_stats_t *out);
-
 /* Checks KV accounting: every block is free or referenced exactly as many times as live
  * sequences (and the prefix index) hold it. Returns 0 or PC_ERR_INTERNAL with the reason. */
 int eng_check(eng_t *e, char *err, size_t err_len);
+
+/* The prefix index (token prefixes -> KV blocks, pins and their expiry). */
+#include "prefix.h"
 
 #endif

@@ -14,10 +14,16 @@
  * referenced by both halves.
  *
  * Lifetimes. Everything is inserted with RDX_EXPIRY_NEVER: the radix LRU evicts unpinned
- * leaves when the pool needs blocks (the pool's eviction hook), and retention is a pin whose
- * expiry this file keeps (pins[]); eng_prefix_expire drops the pins that ran out, leaving the
- * prefix as ordinary LRU cache. Under hard pressure (no unpinned leaf left) the pin expiring
- * first is dropped and eviction goes on.
+ * leaves when the pool needs blocks (the pool's eviction hook). Retention (prefix.h's state
+ * machine) is a px_pin_t per retained prefix: its node, its expiry and its positions in two
+ * min-heaps by expiry, `all` (every pin) and `held` (the PINNED ones, which hold one radix pin
+ * on the node). The node's payload points back at its pin, so a release finds the pin with one
+ * match and an eviction with none; a split hands the pointer to the tail payload, which stays
+ * with the node object (the node that ends where the pin does). eng_prefix_expire pops `all`;
+ * under hard pressure (no unpinned leaf left) the hook pops `held`, drops that radix pin and
+ * leaves the pin LAPSED in `all`, until its expiry, a release, or its node's removal
+ * (payload_free ends it). The radix tree's own expiry is not used: an expired pin leaves the
+ * prefix as ordinary LRU cache, where a radix expiry would remove it.
  *
  * Accounting: every live payload is on a list, so eng_check can count the references the
  * index holds.
@@ -37,27 +43,44 @@ typedef struct px_link {
     struct px_link *prev, *next;
 } px_link_t;
 
+typedef struct px_pin px_pin_t;
+
 typedef struct px_payload {
     px_link_t link; /* first member: a link pointer converts to its payload */
+    px_pin_t *pin;  /* the pin of the node that holds this payload, or NULL */
     uint32_t pos0, n_tokens;
     uint32_t n_blocks;
     uint32_t blocks[]; /* [n_blocks] */
 } px_payload_t;
 
-typedef struct px_pin {
+/* The two heaps a pin can sit in (prefix.h: `all` holds PINNED and LAPSED, `held` PINNED). */
+enum { PX_ALL = 0, PX_HELD = 1, PX_N_HEAPS = 2 };
+
+#define PX_NOWHERE UINT32_MAX
+
+struct px_pin {
     rdx_node_t *node;
     uint64_t expiry;
-} px_pin_t;
+    uint32_t at[PX_N_HEAPS]; /* position in each heap, or PX_NOWHERE */
+    px_pin_t *next_out;      /* eng_prefix_release_ns's list of pins to end */
+};
+
+/* A binary min-heap of pins by expiry; each pin records its position (at[which]). */
+typedef struct px_heap {
+    px_pin_t **v; /* [cap] */
+    uint32_t n, cap;
+} px_heap_t;
 
 struct eng_prefix {
     eng_t *e;
     rdx_tree_t *tree;
-    px_link_t list; /* sentinel of the live payloads */
-    px_pin_t *pins;
-    uint32_t n_pins, pins_cap;
-    uint64_t clock;     /* logical time for the LRU */
-    int reason_now;     /* the reason reported for nodes freed now; 0 = report nothing */
-    uint32_t *path_buf; /* block table scratch */
+    px_link_t list;              /* sentinel of the live payloads */
+    px_heap_t heaps[PX_N_HEAPS]; /* pins by expiry: all, and the held ones */
+    uint32_t *pin_path;          /* [pin_path_cap] a pin's tokens for reports */
+    uint32_t pin_path_cap;       /* >= every pin's length (grown by retain) */
+    uint64_t clock;              /* logical time for the LRU */
+    int reason_now;              /* the reason reported for nodes freed now; 0 = report nothing */
+    uint32_t *path_buf;          /* block table scratch */
     uint32_t path_cap;
     uint32_t *evict_path; /* token path scratch for eviction events */
     size_t evict_cap;
@@ -71,6 +94,115 @@ static uint32_t bt_of(const struct eng_prefix *px)
     return eng_kvpool_block_tokens(px->e->kv);
 }
 
+/* Grows a scratch array to hold n entries. Returns 0 or PC_ERR_NOMEM (unchanged). */
+static int scratch_reserve(uint32_t **buf, uint32_t *cap, uint32_t n)
+{
+    if (n <= *cap)
+        return 0;
+    uint32_t *b = pc_reallocarray(*buf, n, sizeof *b);
+    if (b == NULL)
+        return PC_ERR_NOMEM;
+    *buf = b;
+    *cap = n;
+    return 0;
+}
+
+/* ---- pins ---- */
+
+static void heap_put(px_heap_t *h, int which, uint32_t i, px_pin_t *pin)
+{
+    h->v[i] = pin;
+    pin->at[which] = i;
+}
+
+/* Moves the pin at position i up or down until the heap is ordered again. */
+static void heap_settle(px_heap_t *h, int which, uint32_t i)
+{
+    px_pin_t *pin = h->v[i];
+    while (i > 0 && pin->expiry < h->v[(i - 1) / 2]->expiry) {
+        heap_put(h, which, i, h->v[(i - 1) / 2]);
+        i = (i - 1) / 2;
+    }
+    for (uint32_t c; (c = 2 * i + 1) < h->n; i = c) {
+        if (c + 1 < h->n && h->v[c + 1]->expiry < h->v[c]->expiry)
+            c++;
+        if (h->v[c]->expiry >= pin->expiry)
+            break;
+        heap_put(h, which, i, h->v[c]);
+    }
+    heap_put(h, which, i, pin);
+}
+
+/* Room for one more pin; the push that follows cannot fail. */
+static int heap_reserve(px_heap_t *h)
+{
+    if (h->n < h->cap)
+        return 0;
+    uint32_t cap = h->cap ? h->cap * 2 : 16;
+    px_pin_t **v = pc_reallocarray(h->v, cap, sizeof *v);
+    if (v == NULL)
+        return PC_ERR_NOMEM;
+    h->v = v;
+    h->cap = cap;
+    return 0;
+}
+
+static void heap_push(px_heap_t *h, int which, px_pin_t *pin)
+{
+    PC_ASSERT(h->n < h->cap && pin->at[which] == PX_NOWHERE);
+    heap_put(h, which, h->n++, pin);
+    heap_settle(h, which, pin->at[which]);
+}
+
+static void heap_remove(px_heap_t *h, int which, px_pin_t *pin)
+{
+    uint32_t i = pin->at[which];
+    if (i == PX_NOWHERE)
+        return;
+    pin->at[which] = PX_NOWHERE;
+    px_pin_t *last = h->v[--h->n];
+    if (last != pin) {
+        heap_put(h, which, i, last);
+        heap_settle(h, which, i);
+    }
+}
+
+static bool pin_held(const px_pin_t *pin)
+{
+    return pin->at[PX_HELD] != PX_NOWHERE;
+}
+
+/* Takes the pin out of both heaps and frees it; the radix pin and the payload's pointer are
+ * the caller's business. */
+static void pin_forget(struct eng_prefix *px, px_pin_t *pin)
+{
+    for (int h = 0; h < PX_N_HEAPS; h++)
+        heap_remove(&px->heaps[h], h, pin);
+    pc_free(pin);
+}
+
+/* Ends a pin: its radix pin goes (when held), the node stays cached. Fills *rep for the report
+ * (tokens in pin_path, which retain sized for every pin). */
+static void pin_end(struct eng_prefix *px, px_pin_t *pin, eng_prefix_pin_t *rep)
+{
+    rdx_node_t *node = pin->node;
+    size_t n = rdx_node_depth(node);
+    PC_ASSERT(n <= px->pin_path_cap);
+    rdx_node_prefix(px->tree, node, px->pin_path);
+    *rep = (eng_prefix_pin_t){.ns = rdx_node_ns(node),
+                              .expiry = pin->expiry,
+                              .n_tokens = (uint32_t)n,
+                              .held = pin_held(pin),
+                              .tokens = (const int32_t *)px->pin_path};
+    px_payload_t *p = rdx_node_payload(node);
+    PC_ASSERT(p != NULL && p->pin == pin);
+    p->pin = NULL;
+    pin_forget(px, pin);
+    /* Inserted with RDX_EXPIRY_NEVER, the node outlives its last pin. */
+    if (rep->held)
+        rdx_tree_unpin(px->tree, node);
+}
+
 /* A payload for positions [pos0, pos0 + n), referencing the blocks of their block indices;
  * table[j] holds the block of index table_first + j. */
 static px_payload_t *payload_new(struct eng_prefix *px, uint32_t pos0, uint32_t n,
@@ -80,6 +212,7 @@ static px_payload_t *payload_new(struct eng_prefix *px, uint32_t pos0, uint32_t 
     px_payload_t *p = pc_malloc(sizeof *p + (size_t)(last - first + 1) * sizeof(uint32_t));
     if (p == NULL)
         return NULL;
+    p->pin = NULL;
     p->pos0 = pos0;
     p->n_tokens = n;
     p->n_blocks = last - first + 1;
@@ -102,6 +235,9 @@ static void payload_free(void *payload, void *ud)
         return;
     for (uint32_t i = 0; i < p->n_blocks; i++)
         eng_kvpool_unref(px->e->kv, p->blocks[i]);
+    /* A node goes with its pin only when the pin had lapsed (or the tree is destroyed). */
+    if (p->pin != NULL)
+        pin_forget(px, p->pin);
     p->link.prev->next = p->link.next;
     p->link.next->prev = p->link.prev;
     pc_free(p);
@@ -122,6 +258,9 @@ static int payload_split(void *payload, uint32_t at, void **tail_out, void *ud)
         eng_kvpool_unref(px->e->kv, p->blocks[i]);
     p->n_blocks = head_blocks;
     p->n_tokens = at;
+    /* The node object keeps its end and takes the tail; the head goes to the new upper node. */
+    tail->pin = p->pin;
+    p->pin = NULL;
     *tail_out = tail;
     return 0;
 }
@@ -153,11 +292,6 @@ static void on_free(const rdx_free_event_t *ev, void *ud)
     px->cb(&e, px->cb_ud);
 }
 
-static void pin_remove(struct eng_prefix *px, uint32_t i)
-{
-    px->pins[i] = px->pins[--px->n_pins];
-}
-
 /* The KV pool's eviction hook: LRU leaves first, then, under hard pressure, pins. */
 static uint32_t evict_hook(void *ud, uint32_t n_blocks)
 {
@@ -172,16 +306,14 @@ static uint32_t evict_hook(void *ud, uint32_t n_blocks)
         px->reason_now = 0;
         if (freed > 0)
             continue;
-        if (px->n_pins == 0)
+        px_heap_t *held = &px->heaps[PX_HELD];
+        if (held->n == 0)
             break;
-        uint32_t best = 0;
-        for (uint32_t i = 1; i < px->n_pins; i++)
-            if (px->pins[i].expiry < px->pins[best].expiry)
-                best = i;
-        rdx_node_t *node = px->pins[best].node;
-        pin_remove(px, best);
+        /* The pin expiring first lapses: O(log pins), and it stays a pin until its node goes. */
+        px_pin_t *pin = held->v[0];
+        heap_remove(held, PX_HELD, pin);
         px->reason_now = ENG_EVICT_PRESSURE;
-        rdx_tree_unpin(px->tree, node);
+        rdx_tree_unpin(px->tree, pin->node);
         px->reason_now = 0;
         reason = ENG_EVICT_PRESSURE;
     }
@@ -221,7 +353,10 @@ void eng__prefix_free(struct eng_prefix *px)
     px->reason_now = 0;
     rdx_tree_free(px->tree);
     PC_ASSERT(px->list.next == &px->list);
-    pc_free(px->pins);
+    PC_ASSERT(px->heaps[PX_ALL].n == 0 && px->heaps[PX_HELD].n == 0);
+    for (int h = 0; h < PX_N_HEAPS; h++)
+        pc_free(px->heaps[h].v);
+    pc_free(px->pin_path);
     pc_free(px->path_buf);
     pc_free(px->evict_path);
     pc_free(px);
@@ -263,13 +398,8 @@ int eng_seq_start_cached(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tok
     if (k == 0)
         return 0;
     uint32_t bt = bt_of(px), nb = (k + bt - 1) / bt;
-    if (nb > px->path_cap) {
-        uint32_t *b = pc_reallocarray(px->path_buf, nb, sizeof *b);
-        if (b == NULL)
-            return PC_ERR_NOMEM;
-        px->path_buf = b;
-        px->path_cap = nb;
-    }
+    if (scratch_reserve(&px->path_buf, &px->path_cap, nb) != 0)
+        return PC_ERR_NOMEM;
     /* Deepest node first: the first payload to cover a block index supplies its block. */
     uint32_t *table = px->path_buf;
     for (uint32_t i = 0; i < nb; i++)
@@ -336,33 +466,50 @@ int eng_prefix_insert(eng_t *e, eng_seq_t *s, uint64_t ns, uint32_t n)
     return prefix_insert(e, s, ns, n, &node);
 }
 
-int eng_prefix_retain(eng_t *e, eng_seq_t *s, uint64_t ns, uint32_t n, uint64_t expiry)
+int eng_prefix_retain(eng_t *e, eng_seq_t *s, uint64_t ns, uint32_t n, uint64_t expiry,
+                      uint64_t *until)
 {
     struct eng_prefix *px = e->prefix;
-    if (px->n_pins == px->pins_cap) {
-        uint32_t cap = px->pins_cap ? px->pins_cap * 2 : 16;
-        px_pin_t *p = pc_reallocarray(px->pins, cap, sizeof *p);
-        if (p == NULL)
+    /* Everything a new pin needs, first: from the insert on, nothing below fails. */
+    for (int h = 0; h < PX_N_HEAPS; h++)
+        if (heap_reserve(&px->heaps[h]) != 0)
             return PC_ERR_NOMEM;
-        px->pins = p;
-        px->pins_cap = cap;
-    }
+    if (scratch_reserve(&px->pin_path, &px->pin_path_cap, n) != 0)
+        return PC_ERR_NOMEM;
+    px_pin_t *fresh = pc_malloc(sizeof *fresh);
+    if (fresh == NULL)
+        return PC_ERR_NOMEM;
     rdx_node_t *node;
     int rc = prefix_insert(e, s, ns, n, &node);
-    if (rc != 0)
+    if (rc != 0) {
+        pc_free(fresh);
         return rc;
-    /* One pin per prefix: retaining it again moves the pin's expiry (a TTL refresh), so pins
-     * do not grow with traffic. */
-    if (rdx_node_pins(node) > 0)
-        for (uint32_t i = 0; i < px->n_pins; i++)
-            if (px->pins[i].node == node) {
-                px->pins[i].expiry = PC_MAX(px->pins[i].expiry, expiry);
-                return 0;
-            }
-    rc = rdx_tree_pin(px->tree, node);
-    if (rc != 0)
-        return rc;
-    px->pins[px->n_pins++] = (px_pin_t){.node = node, .expiry = expiry};
+    }
+    px_payload_t *p = rdx_node_payload(node);
+    px_pin_t *pin = p->pin;
+    if (pin == NULL) {
+        *fresh = (px_pin_t){.node = node, .expiry = expiry, .at = {PX_NOWHERE, PX_NOWHERE}};
+        pin = p->pin = fresh;
+        heap_push(&px->heaps[PX_ALL], PX_ALL, pin);
+    } else {
+        /* One pin per prefix: retaining it again moves its expiry (a TTL refresh), so pins do
+         * not grow with traffic. Only ever later: the pin moves down its heaps. */
+        pc_free(fresh);
+        if (expiry > pin->expiry) {
+            pin->expiry = expiry;
+            for (int h = 0; h < PX_N_HEAPS; h++)
+                if (pin->at[h] != PX_NOWHERE)
+                    heap_settle(&px->heaps[h], h, pin->at[h]);
+        }
+    }
+    if (!pin_held(pin)) {
+        /* One radix pin per node, held by this pin alone: the count cannot overflow. */
+        rc = rdx_tree_pin(px->tree, node);
+        PC_ASSERT(rc == 0);
+        heap_push(&px->heaps[PX_HELD], PX_HELD, pin);
+    }
+    if (until != NULL)
+        *until = pin->expiry;
     return 0;
 }
 
@@ -375,33 +522,78 @@ int eng_prefix_release(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n)
     rdx_tree_match(px->tree, ns, (const uint32_t *)tokens, n, &m);
     if (m.n_matched != n || m.edge_offset != rdx_node_len(m.node))
         return PC_ERR_NOTFOUND;
-    uint32_t best = UINT32_MAX;
-    for (uint32_t i = 0; i < px->n_pins; i++)
-        if (px->pins[i].node == m.node &&
-            (best == UINT32_MAX || px->pins[i].expiry < px->pins[best].expiry))
-            best = i;
-    if (best == UINT32_MAX)
+    const px_payload_t *p = rdx_node_payload(m.node);
+    if (p == NULL || p->pin == NULL)
         return PC_ERR_NOTFOUND;
-    pin_remove(px, best);
-    rdx_tree_unpin(px->tree, m.node);
+    eng_prefix_pin_t rep;
+    pin_end(px, p->pin, &rep);
     return 0;
 }
 
-uint32_t eng_prefix_expire(eng_t *e, uint64_t now)
+uint32_t eng_prefix_expire(eng_t *e, uint64_t now, eng_prefix_pin_fn fn, void *ud)
 {
     struct eng_prefix *px = e->prefix;
+    px_heap_t *all = &px->heaps[PX_ALL];
     uint32_t n = 0;
-    for (uint32_t i = 0; i < px->n_pins;) {
-        if (px->pins[i].expiry <= now) {
-            rdx_node_t *node = px->pins[i].node;
-            pin_remove(px, i);
-            rdx_tree_unpin(px->tree, node);
-            n++;
-        } else {
-            i++;
-        }
+    while (all->n > 0 && all->v[0]->expiry <= now) {
+        eng_prefix_pin_t rep;
+        pin_end(px, all->v[0], &rep);
+        if (fn != NULL)
+            fn(&rep, ud);
+        n++;
     }
     return n;
+}
+
+uint64_t eng_prefix_next_expiry(const eng_t *e)
+{
+    const px_heap_t *all = &e->prefix->heaps[PX_ALL];
+    return all->n > 0 ? all->v[0]->expiry : UINT64_MAX;
+}
+
+uint32_t eng_prefix_release_ns(eng_t *e, uint64_t ns, eng_prefix_pin_fn fn, void *ud)
+{
+    struct eng_prefix *px = e->prefix;
+    px_heap_t *all = &px->heaps[PX_ALL];
+    /* Collect first: ending a pin reorders the heap under the scan. */
+    px_pin_t *out = NULL;
+    for (uint32_t i = all->n; i-- > 0;)
+        if (rdx_node_ns(all->v[i]->node) == ns) {
+            all->v[i]->next_out = out;
+            out = all->v[i];
+        }
+    uint32_t n = 0;
+    while (out != NULL) {
+        px_pin_t *next = out->next_out;
+        eng_prefix_pin_t rep;
+        pin_end(px, out, &rep);
+        if (fn != NULL)
+            fn(&rep, ud);
+        out = next;
+        n++;
+    }
+    return n;
+}
+
+uint32_t eng_prefix_n_pins(const eng_t *e)
+{
+    return e->prefix->heaps[PX_ALL].n;
+}
+
+void eng_prefix_pin_at(const eng_t *e, uint32_t i, eng_prefix_pin_t *out, int32_t *tokens)
+{
+    const struct eng_prefix *px = e->prefix;
+    PC_ASSERT(i < px->heaps[PX_ALL].n);
+    const px_pin_t *pin = px->heaps[PX_ALL].v[i];
+    *out = (eng_prefix_pin_t){.ns = rdx_node_ns(pin->node),
+                              .expiry = pin->expiry,
+                              .n_tokens = (uint32_t)rdx_node_depth(pin->node),
+                              .held = pin_held(pin),
+                              .tokens = NULL};
+    if (tokens != NULL) {
+        rdx_node_prefix(px->tree, pin->node, (uint32_t *)tokens);
+        out->tokens = tokens;
+    }
 }
 
 int eng_prefix_drop(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n)
@@ -421,5 +613,5 @@ void eng_prefix_stats(const eng_t *e, eng_prefix_stats_t *out)
     rdx_tree_stats(px->tree, &rs);
     out->n_tokens = rs.n_tokens;
     out->n_nodes = rs.n_nodes;
-    out->n_retained = px->n_pins;
+    out->n_retained = px->heaps[PX_HELD].n;
 }

@@ -102,16 +102,6 @@ typedef struct wk_req {
     uint32_t n_gen;
 } wk_req_t;
 
-/* A retained prefix: one per (ns, tokens), found through a hash table by (ns, fp) and ordered
- * by expiry in a binary min-heap (heap_i is its position), so expiry costs O(log n) per pin
- * that expires and a refresh moves the pin in place. */
-typedef struct wk_pin {
-    struct wk_pin *hnext; /* hash chain */
-    uint64_t ns, fp, expiry_ms;
-    uint32_t heap_i, n_tokens;
-    int32_t tokens[]; /* [n_tokens] */
-} wk_pin_t;
-
 /* A control operation from another thread (eng_worker_release, _drop_ns, _snapshot). */
 enum { WK_OP_RELEASE = 1, WK_OP_DROP = 2, WK_OP_SNAPSHOT = 3 };
 
@@ -186,11 +176,7 @@ struct eng_worker {
     bool dev_sample;         /* the engine samples on its device (eng_forward_sample) */
     eng_sample_row_t *srows; /* [max_running] with dev_sample: each logits row's rules */
     int32_t *stoks;          /* [max_running] with dev_sample: each row's token */
-    wk_pin_t **pin_buckets;  /* [n_buckets], a power of two or 0 */
-    uint32_t n_buckets;
-    wk_pin_t **heap; /* [n_pins] by expiry */
-    uint32_t n_pins, heap_cap;
-    float prefill_tps; /* moving averages for LOAD; 0 until measured */
+    float prefill_tps;       /* moving averages for LOAD; 0 until measured */
     float decode_ms;
     uint64_t admit_counter;
     uint64_t last_load_ms;
@@ -334,13 +320,10 @@ static void ev_kv(eng_worker_t *w, uint8_t kind, uint8_t reason, uint64_t ns, co
         .n_path = path > 0 ? n_tokens : 0};
 }
 
-static void pins_remove_where(eng_worker_t *w, uint64_t ns, const int32_t *path, uint32_t path_len,
-                              uint32_t n_kept, bool release);
-
 /* The engine's eviction callback: runs on the scheduler thread inside engine calls. The event
  * names the path with its tokens, so the gateway clears exactly the prefixes through the
- * dropped part. A pin the engine gave up under pressure (or a DROP) goes with its node: the
- * worker forgets it too (the EVICTED event tells the gateway). */
+ * dropped part. A pin the engine gave up under pressure goes with its node (the prefix index
+ * ends it; the EVICTED event tells the gateway). */
 static void on_evict(const eng_evict_event_t *ev, void *ud)
 {
     eng_worker_t *w = ud;
@@ -350,10 +333,6 @@ static void on_evict(const eng_evict_event_t *ev, void *ud)
                (unsigned long long)ev->ns, len);
     ev_kv(w, ENG_WIRE_KV_EVICTED, (uint8_t)ev->reason, ev->ns, ev->tokens, len, ev->n_tokens, 0, 0,
           true);
-    /* Even an LRU eviction may take a node whose pin the engine gave up under pressure in an
-     * earlier allocation, so every eviction is checked against the pins (O(pins) per event). */
-    if (ev->tokens != NULL && w->n_pins > 0)
-        pins_remove_where(w, ev->ns, ev->tokens, len, ev->n_tokens, false);
 }
 
 /* Counts blocks held by the prefix index alone (cached, not used by any live sequence). */
@@ -573,177 +552,15 @@ static void cancel_one(eng_worker_t *w, uint64_t id)
     /* Not found: it finished on its own before the cancel was seen. */
 }
 
-/* ---- pins: a hash table by (ns, fp) and a min-heap by expiry ---- */
+/* ---- pins: kept by the engine's prefix index (prefix.h); the worker reports them ---- */
 
-static size_t pin_slot(const eng_worker_t *w, uint64_t ns, uint64_t fp)
+/* A pin the prefix index ended (expiry, release, drop): KV_EVENT RELEASED tells the gateway;
+ * the KV stays cached. */
+static void on_pin_end(const eng_prefix_pin_t *pin, void *ud)
 {
-    uint64_t h = fp ^ (ns * 0x9E3779B97F4A7C15ull);
-    h ^= h >> 31;
-    return (size_t)h & (w->n_buckets - 1);
-}
-
-static wk_pin_t *pin_find(eng_worker_t *w, uint64_t ns, uint64_t fp, const int32_t *tokens,
-                          uint32_t n)
-{
-    if (w->n_buckets == 0)
-        return NULL;
-    for (wk_pin_t *p = w->pin_buckets[pin_slot(w, ns, fp)]; p != NULL; p = p->hnext)
-        if (p->ns == ns && p->fp == fp && p->n_tokens == n &&
-            memcmp(p->tokens, tokens, (size_t)n * sizeof *tokens) == 0)
-            return p;
-    return NULL;
-}
-
-static void heap_set(eng_worker_t *w, uint32_t i, wk_pin_t *p)
-{
-    w->heap[i] = p;
-    p->heap_i = i;
-}
-
-static void heap_up(eng_worker_t *w, uint32_t i)
-{
-    wk_pin_t *p = w->heap[i];
-    while (i > 0) {
-        uint32_t up = (i - 1) / 2;
-        if (w->heap[up]->expiry_ms <= p->expiry_ms)
-            break;
-        heap_set(w, i, w->heap[up]);
-        i = up;
-    }
-    heap_set(w, i, p);
-}
-
-static void heap_down(eng_worker_t *w, uint32_t i)
-{
-    wk_pin_t *p = w->heap[i];
-    for (;;) {
-        uint32_t c = 2 * i + 1;
-        if (c >= w->n_pins)
-            break;
-        if (c + 1 < w->n_pins && w->heap[c + 1]->expiry_ms < w->heap[c]->expiry_ms)
-            c++;
-        if (w->heap[c]->expiry_ms >= p->expiry_ms)
-            break;
-        heap_set(w, i, w->heap[c]);
-        i = c;
-    }
-    heap_set(w, i, p);
-}
-
-static void hash_unlink(eng_worker_t *w, wk_pin_t *p)
-{
-    wk_pin_t **at = &w->pin_buckets[pin_slot(w, p->ns, p->fp)];
-    while (*at != p)
-        at = &(*at)->hnext;
-    *at = p->hnext;
-}
-
-/* A new pin (not in the table yet). Returns NULL without memory (nothing changed). */
-static wk_pin_t *pin_add(eng_worker_t *w, uint64_t ns, uint64_t fp, const int32_t *tokens,
-                         uint32_t n, uint64_t expiry)
-{
-    if (w->n_pins == w->heap_cap) {
-        uint32_t cap = w->heap_cap ? w->heap_cap * 2 : 16;
-        wk_pin_t **h = pc_reallocarray(w->heap, cap, sizeof *h);
-        if (h == NULL)
-            return NULL;
-        w->heap = h;
-        w->heap_cap = cap;
-    }
-    if (w->n_pins + 1 > w->n_buckets) { /* load factor <= 1 */
-        uint32_t nb = w->n_buckets ? w->n_buckets * 2 : 16;
-        wk_pin_t **b = pc_calloc(nb, sizeof *b);
-        if (b == NULL)
-            return NULL;
-        wk_pin_t **old = w->pin_buckets;
-        uint32_t n_old = w->n_buckets;
-        w->pin_buckets = b;
-        w->n_buckets = nb;
-        for (uint32_t i = 0; i < n_old; i++)
-            for (wk_pin_t *q = old[i], *next; q != NULL; q = next) {
-                next = q->hnext;
-                size_t k = pin_slot(w, q->ns, q->fp);
-                q->hnext = b[k];
-                b[k] = q;
-            }
-        pc_free(old);
-    }
-    wk_pin_t *p = pc_malloc(sizeof *p + (size_t)n * sizeof *tokens);
-    if (p == NULL)
-        return NULL;
-    *p = (wk_pin_t){.ns = ns, .fp = fp, .expiry_ms = expiry, .n_tokens = n};
-    memcpy(p->tokens, tokens, (size_t)n * sizeof *tokens);
-    size_t k = pin_slot(w, ns, fp);
-    p->hnext = w->pin_buckets[k];
-    w->pin_buckets[k] = p;
-    heap_set(w, w->n_pins++, p);
-    heap_up(w, p->heap_i);
-    return p;
-}
-
-/* Forgets p (the engine's pin is the caller's business) and frees it. */
-static void pin_del(eng_worker_t *w, wk_pin_t *p)
-{
-    hash_unlink(w, p);
-    uint32_t i = p->heap_i;
-    wk_pin_t *last = w->heap[--w->n_pins];
-    if (last != p) {
-        heap_set(w, i, last);
-        heap_up(w, i);
-        heap_down(w, last->heap_i);
-    }
-    pc_free(p);
-}
-
-/* Ends a pin: the engine's pin goes (when the engine still has it), KV_EVENT RELEASED tells the
- * gateway, the KV stays cached. */
-static void pin_release(eng_worker_t *w, wk_pin_t *p)
-{
-    eng_prefix_release(w->e, p->ns, p->tokens, p->n_tokens);
-    ev_kv(w, ENG_WIRE_KV_RELEASED, 0, p->ns, p->tokens, p->n_tokens, p->n_tokens, 0, 0, false);
-}
-
-/* Removes, in one pass, every pin of ns that goes through positions [n_kept, path_len) of path
- * (path NULL: every pin of ns); release: end the engine's pins too with RELEASED events (a
- * DROP), else they are gone already (the engine dropped them under pressure). O(pins). */
-static void pins_remove_where(eng_worker_t *w, uint64_t ns, const int32_t *path, uint32_t path_len,
-                              uint32_t n_kept, bool release)
-{
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < w->n_pins; i++) {
-        wk_pin_t *p = w->heap[i];
-        bool hit = p->ns == ns;
-        if (hit && path != NULL)
-            hit =
-                p->n_tokens > n_kept &&
-                memcmp(p->tokens, path, (size_t)PC_MIN(p->n_tokens, path_len) * sizeof *path) == 0;
-        if (!hit) {
-            heap_set(w, k++, p);
-            continue;
-        }
-        hash_unlink(w, p);
-        if (release)
-            pin_release(w, p);
-        pc_free(p);
-    }
-    w->n_pins = k;
-    for (uint32_t i = k / 2; i-- > 0;)
-        heap_down(w, i);
-}
-
-static uint64_t next_expiry(const eng_worker_t *w)
-{
-    return w->n_pins > 0 ? w->heap[0]->expiry_ms : UINT64_MAX;
-}
-
-/* Releases the pins that expired: O(log n) each, nothing for those that did not. */
-static void pins_expire(eng_worker_t *w, uint64_t now)
-{
-    while (w->n_pins > 0 && w->heap[0]->expiry_ms <= now) {
-        wk_pin_t *p = w->heap[0];
-        pin_release(w, p);
-        pin_del(w, p);
-    }
+    eng_worker_t *w = ud;
+    ev_kv(w, ENG_WIRE_KV_RELEASED, 0, pin->ns, pin->tokens, pin->n_tokens, pin->n_tokens, 0, 0,
+          false);
 }
 
 static uint64_t ttl_left(uint64_t expiry, uint64_t now)
@@ -767,23 +584,11 @@ static void apply_retains(eng_worker_t *w, wk_req_t *r)
         uint64_t expiry = r->t_submit_ms + rt->ttl_ms;
         if (expiry < r->t_submit_ms)
             expiry = UINT64_MAX;
-        uint64_t fp = eng_wire_prefix_fp((const uint32_t *)r->tokens, rt->n_tokens);
-        wk_pin_t *p = pin_find(w, r->ns, fp, r->tokens, rt->n_tokens);
-        uint64_t until = p != NULL ? PC_MAX(p->expiry_ms, expiry) : expiry;
-        /* The engine merges a second retain into its pin (and pins anew when it had dropped
-         * the pin under pressure). */
-        if (eng_prefix_retain(w->e, r->seq, r->ns, rt->n_tokens, until) != 0)
+        /* The prefix index merges a second retain into the prefix's pin (and holds the node
+         * again when the pin had lapsed under pressure); until is the pin's expiry after it. */
+        uint64_t until;
+        if (eng_prefix_retain(w->e, r->seq, r->ns, rt->n_tokens, expiry, &until) != 0)
             goto fail;
-        if (p == NULL) {
-            p = pin_add(w, r->ns, fp, r->tokens, rt->n_tokens, until);
-            if (p == NULL) {
-                eng_prefix_release(w->e, r->ns, r->tokens, rt->n_tokens);
-                goto fail;
-            }
-        } else if (until != p->expiry_ms) {
-            p->expiry_ms = until; /* only ever later: the pin moves down the heap */
-            heap_down(w, p->heap_i);
-        }
         ev_kv(w, ENG_WIRE_KV_RETAINED, 0, r->ns, r->tokens, rt->n_tokens, rt->n_tokens, r->id,
               ttl_left(until, pc_time_mono_ms()), false);
         continue;
@@ -798,24 +603,26 @@ static void apply_retains(eng_worker_t *w, wk_req_t *r)
 /* Frame payload size aimed at by one SNAPSHOT event (a bigger entry goes alone). */
 #define SNAPSHOT_FRAME_BYTES (64u << 10)
 
-static size_t snap_entry_bytes(const wk_pin_t *p)
+static size_t snap_entry_bytes(uint32_t n_tokens)
 {
-    return 28 + 4 * (size_t)p->n_tokens;
+    return 28 + 4 * (size_t)n_tokens;
 }
 
 /* Queues the SNAPSHOT events of every pin, in frames of about SNAPSHOT_FRAME_BYTES. */
 static void snapshot(eng_worker_t *w, uint64_t id)
 {
     uint64_t now = pc_time_mono_ms();
-    uint32_t i = 0;
+    uint32_t i = 0, n_pins = eng_prefix_n_pins(w->e);
+    eng_prefix_pin_t pin;
     do {
         uint32_t first = i;
         size_t bytes = 0, tok_bytes = 0;
-        while (i < w->n_pins &&
-               (i == first || bytes + snap_entry_bytes(w->heap[i]) <= SNAPSHOT_FRAME_BYTES)) {
-            bytes += snap_entry_bytes(w->heap[i]);
-            tok_bytes += 4 * (size_t)w->heap[i]->n_tokens;
-            i++;
+        for (; i < n_pins; i++) {
+            eng_prefix_pin_at(w->e, i, &pin, NULL);
+            if (i > first && bytes + snap_entry_bytes(pin.n_tokens) > SNAPSHOT_FRAME_BYTES)
+                break;
+            bytes += snap_entry_bytes(pin.n_tokens);
+            tok_bytes += 4 * (size_t)pin.n_tokens;
         }
         uint32_t n = i - first;
         size_t ent_bytes = (size_t)n * sizeof(eng_wire_snap_entry_t);
@@ -823,35 +630,30 @@ static void snapshot(eng_worker_t *w, uint64_t id)
         eng_wire_snap_entry_t *ents = (eng_wire_snap_entry_t *)ev->data;
         uint32_t *toks = (uint32_t *)(EV_DATA(ev) + ent_bytes);
         for (uint32_t k = 0; k < n; k++) {
-            const wk_pin_t *p = w->heap[first + k];
-            memcpy(toks, p->tokens, 4 * (size_t)p->n_tokens);
-            ents[k] = (eng_wire_snap_entry_t){.ns = p->ns,
-                                              .prefix_fp = p->fp,
-                                              .ttl_ms = ttl_left(p->expiry_ms, now),
+            eng_prefix_pin_at(w->e, first + k, &pin, (int32_t *)toks);
+            ents[k] = (eng_wire_snap_entry_t){.ns = pin.ns,
+                                              .prefix_fp = eng_wire_prefix_fp(toks, pin.n_tokens),
+                                              .ttl_ms = ttl_left(pin.expiry, now),
                                               .tokens = toks,
-                                              .n_tokens = p->n_tokens};
-            toks += p->n_tokens;
+                                              .n_tokens = pin.n_tokens};
+            toks += pin.n_tokens;
         }
         ev->f.u.snapshot = (eng_wire_snapshot_t){
-            .snapshot_id = id, .last = i == w->n_pins, .entries = ents, .n_entries = n};
-    } while (i < w->n_pins);
+            .snapshot_id = id, .last = i == n_pins, .entries = ents, .n_entries = n};
+    } while (i < n_pins);
 }
 
 /* Runs a control operation on the scheduler thread. */
 static void run_op(eng_worker_t *w, const wk_op_t *op)
 {
     switch (op->kind) {
-    case WK_OP_RELEASE: {
-        uint64_t fp = eng_wire_prefix_fp((const uint32_t *)op->tokens, op->n_tokens);
-        wk_pin_t *p = pin_find(w, op->ns, fp, op->tokens, op->n_tokens);
-        if (p != NULL) {
-            pin_release(w, p);
-            pin_del(w, p);
-        }
+    case WK_OP_RELEASE:
+        if (eng_prefix_release(w->e, op->ns, op->tokens, op->n_tokens) == 0)
+            ev_kv(w, ENG_WIRE_KV_RELEASED, 0, op->ns, op->tokens, op->n_tokens, op->n_tokens, 0, 0,
+                  false);
         break;
-    }
     case WK_OP_DROP: {
-        pins_remove_where(w, op->ns, NULL, 0, 0, true);
+        eng_prefix_release_ns(w->e, op->ns, on_pin_end, w);
         int32_t none = 0;
         int rc = eng_prefix_drop(w->e, op->ns, &none, 0);
         if (rc != 0 && rc != PC_ERR_NOTFOUND)
@@ -1291,7 +1093,7 @@ static void *sched_main(void *arg)
                     w->queue.n == 0 && w->waiting.n == 0 && w->run.n == 0;
         if (idle && !w->stopping) {
             uint64_t now = pc_time_mono_ms();
-            uint64_t until = PC_MIN(next_expiry(w), now + 1000);
+            uint64_t until = PC_MIN(eng_prefix_next_expiry(w->e), now + 1000);
             if (until > now) {
                 struct timespec ts;
                 clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -1336,7 +1138,7 @@ static void *sched_main(void *arg)
         for (uint32_t i = 0; i < n_cancels; i++)
             cancel_one(w, w->cancel_scratch[i]);
         uint64_t now = pc_time_mono_ms();
-        pins_expire(w, now);
+        eng_prefix_expire(w->e, now, on_pin_end, w);
         while (ops != NULL) {
             wk_op_t *next = ops->next;
             run_op(w, ops);
@@ -1579,10 +1381,6 @@ void eng_worker_free(eng_worker_t *w)
             req_free(w, lists[l]->v[i]);
         pc_free(lists[l]->v);
     }
-    for (uint32_t i = 0; i < w->n_pins; i++)
-        pc_free(w->heap[i]);
-    pc_free(w->heap);
-    pc_free(w->pin_buckets);
     for (wk_op_t *op = w->op_head, *next; op != NULL; op = next) {
         next = op->next;
         pc_free(op);

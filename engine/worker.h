@@ -39,7 +39,9 @@
  * under hard memory pressure with its node (EVICTED, reason PRESSURE). eng_worker_snapshot
  * lists the pins (SNAPSHOT events) in the event order, so a gateway that (re)connects rebuilds
  * its view from the snapshot and the events after it. Expiry costs O(log pins) per pin that
- * expires (a heap by expiry) and nothing for the others.
+ * expires (a heap by expiry) and nothing for the others. The pins and their expiry are kept
+ * by the engine's prefix index (engine/prefix.h has their state machine); the worker reports
+ * them.
  *
  * The scheduler (one step at a time, on the worker thread):
  *   - Admission is first come, first served within a priority (higher priority first). At most
