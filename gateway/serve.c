@@ -612,7 +612,7 @@ int kvgw_cmd_serve(int argc, char **argv)
     uv_loop_close(&loop);
     gw_config_free(&s->cfg);
     gw_ns_tab_free(&s->ns);
-    gw_u64map_free(&s->live_map);
+    pc_u64map_free(&s->live_map);
     pc_free(s);
     if (code == 0)
         fprintf(stderr, "kvgw: stopped cleanly\n");
