@@ -112,15 +112,6 @@ static int csv_str(pc_buf_t *b, const char *s)
     return rc != 0 ? rc : pc_buf_append(b, "\"", 1);
 }
 
-/* A JSON string; event strings hold no control characters (validated), so only " and \. */
-static int json_str(pc_buf_t *b, const char *s)
-{
-    int rc = pc_buf_append(b, "\"", 1);
-    for (const char *c = s; rc == 0 && *c; c++)
-        rc = (*c == '"' || *c == '\\') ? pc_buf_printf(b, "\\%c", *c) : pc_buf_append(b, c, 1);
-    return rc != 0 ? rc : pc_buf_append(b, "\"", 1);
-}
-
 static const char *kind_name(int kind)
 {
     return kind == BILL_EVENT_STORAGE ? "storage" : "usage";
@@ -202,19 +193,19 @@ static int jsonl_row(bill_export_t *x, const bill_event_t *ev, uint64_t seq)
     bill_time_str(ev->start_ms, t0);
     bill_time_str(ev->end_ms, t1);
     int rc = pc_buf_append_cstr(b, "{\"event_id\":");
-    rc = rc ? rc : json_str(b, ev->event_id);
+    rc = rc ? rc : pc_json_cstr(b, ev->event_id, 0);
     rc = rc ? rc
             : pc_buf_printf(b, ",\"seq\":%" PRIu64 ",\"kind\":\"%s\",\"request_id\":", seq,
                             kind_name(ev->kind));
-    rc = rc ? rc : json_str(b, ev->request_id);
+    rc = rc ? rc : pc_json_cstr(b, ev->request_id, 0);
     rc = rc ? rc : pc_buf_append_cstr(b, ",\"tenant\":");
-    rc = rc ? rc : json_str(b, ev->tenant);
+    rc = rc ? rc : pc_json_cstr(b, ev->tenant, 0);
     rc = rc ? rc : pc_buf_append_cstr(b, ",\"api_key_id\":");
-    rc = rc ? rc : json_str(b, ev->api_key_id);
+    rc = rc ? rc : pc_json_cstr(b, ev->api_key_id, 0);
     rc = rc ? rc : pc_buf_append_cstr(b, ",\"model\":");
-    rc = rc ? rc : json_str(b, ev->model);
+    rc = rc ? rc : pc_json_cstr(b, ev->model, 0);
     rc = rc ? rc : pc_buf_append_cstr(b, ",\"namespace\":");
-    rc = rc ? rc : json_str(b, ev->ns);
+    rc = rc ? rc : pc_json_cstr(b, ev->ns, 0);
     rc =
         rc ? rc
            : pc_buf_printf(
@@ -333,11 +324,11 @@ static int focus_row(bill_export_t *x, const char *tenant, const char *model, in
     if (rc == 0 && ev != NULL) {
         pc_buf_t tags = PC_BUF_INIT;
         rc = pc_buf_append_cstr(&tags, "{\"event_id\":");
-        rc = rc ? rc : json_str(&tags, ev->event_id);
+        rc = rc ? rc : pc_json_cstr(&tags, ev->event_id, 0);
         rc = rc ? rc : pc_buf_append_cstr(&tags, ",\"request_id\":");
-        rc = rc ? rc : json_str(&tags, ev->request_id);
+        rc = rc ? rc : pc_json_cstr(&tags, ev->request_id, 0);
         rc = rc ? rc : pc_buf_append_cstr(&tags, ",\"api_key_id\":");
-        rc = rc ? rc : json_str(&tags, ev->api_key_id);
+        rc = rc ? rc : pc_json_cstr(&tags, ev->api_key_id, 0);
         rc = rc ? rc
                 : pc_buf_printf(&tags, ",\"status\":\"%s\"}",
                                 ev->kind == BILL_EVENT_USAGE ? bill_status_name(ev->status) : "");
@@ -450,9 +441,9 @@ static int group_rows(bill_export_t *x)
                                         bill_bucket_name(bkt), q, unit, g->t.n_events, cost);
             } else if (x->p.format == BILL_EXPORT_JSONL) {
                 rc = pc_buf_printf(b, "{\"day\":\"%s\",\"tenant\":", day);
-                rc = rc ? rc : json_str(b, g->tenant);
+                rc = rc ? rc : pc_json_cstr(b, g->tenant, 0);
                 rc = rc ? rc : pc_buf_append_cstr(b, ",\"model\":");
-                rc = rc ? rc : json_str(b, g->model);
+                rc = rc ? rc : pc_json_cstr(b, g->model, 0);
                 rc = rc ? rc
                         : pc_buf_printf(b,
                                         ",\"bucket\":\"%s\",\"quantity\":%" PRIu64

@@ -7,9 +7,14 @@
 #include "pc_assert.h"
 #include "pc_buf.h"
 #include "pc_err.h"
+#include "pc_heap.h"
+#include "pc_json.h"
 #include "pc_log.h"
 #include "pc_pages.h"
 #include "pc_rss.h"
 #include "pc_time.h"
+#include "pc_u64map.h"
+#include "pc_utf8.h"
+#include "pc_vec.h"
 
 #endif

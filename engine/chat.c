@@ -15,6 +15,7 @@
 
 #include "pc_alloc.h"
 #include "pc_err.h"
+#include "pc_json.h"
 
 const char *eng_chat_ttl_name(eng_chat_ttl_t ttl)
 {
@@ -43,59 +44,6 @@ static int put(pc_buf_t *b, const char *s, size_t n)
     return pc_buf_append(b, s, n);
 }
 #define PUTS(b, lit) put((b), (lit), sizeof(lit) - 1)
-
-static int write_string(pc_buf_t *b, const char *s, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    if (PUTS(b, "\"") != 0)
-        return PC_ERR_NOMEM;
-    size_t run = 0; /* start of the pending unescaped run */
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        char esc[6];
-        size_t esc_len = 2;
-        esc[0] = '\\';
-        switch (c) {
-        case '"':
-            esc[1] = '"';
-            break;
-        case '\\':
-            esc[1] = '\\';
-            break;
-        case '\n':
-            esc[1] = 'n';
-            break;
-        case '\r':
-            esc[1] = 'r';
-            break;
-        case '\t':
-            esc[1] = 't';
-            break;
-        case '\b':
-            esc[1] = 'b';
-            break;
-        case '\f':
-            esc[1] = 'f';
-            break;
-        default:
-            if (c >= 0x20)
-                continue;
-            esc[1] = 'u';
-            esc[2] = '0';
-            esc[3] = '0';
-            esc[4] = hex[c >> 4];
-            esc[5] = hex[c & 15];
-            esc_len = 6;
-            break;
-        }
-        if (put(b, s + run, i - run) != 0 || put(b, esc, esc_len) != 0)
-            return PC_ERR_NOMEM;
-        run = i + 1;
-    }
-    if (put(b, s + run, n - run) != 0 || PUTS(b, "\"") != 0)
-        return PC_ERR_NOMEM;
-    return 0;
-}
 
 /* Python's repr(float): the shortest digit string that reads back to the same double, in
  * fixed notation when the decimal exponent is in [-4, 16), else d.ddde+XX. */
@@ -192,7 +140,7 @@ static int write_value(pc_buf_t *b, const json_t *v, enum eng__json_style style,
                 return PC_ERR_NOMEM;
             if (indent && write_indent(b, depth + 1) != 0)
                 return PC_ERR_NOMEM;
-            if (write_string(b, key, strlen(key)) != 0 || pc_buf_append_cstr(b, key_sep) != 0)
+            if (pc_json_string(b, key, strlen(key), 0) != 0 || pc_buf_append_cstr(b, key_sep) != 0)
                 return PC_ERR_NOMEM;
             if ((rc = write_value(b, val, style, depth + 1)) != 0)
                 return rc;
@@ -221,7 +169,7 @@ static int write_value(pc_buf_t *b, const json_t *v, enum eng__json_style style,
         return PUTS(b, "]");
     }
     case JSON_STRING:
-        return write_string(b, json_string_value(v), json_string_length(v));
+        return pc_json_string(b, json_string_value(v), json_string_length(v), 0);
     case JSON_INTEGER:
         return pc_buf_printf(b, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
     case JSON_REAL:

@@ -14,7 +14,7 @@
 
 #include "pc_alloc.h"
 #include "pc_err.h"
-#include "tokenizer_internal.h"
+#include "pc_utf8.h"
 
 typedef struct stop_seq {
     unsigned char *s;
@@ -57,7 +57,7 @@ int eng_stop_init(const pc_slice_t *stops, uint32_t n_stops, eng_stop_t **out, c
             return init_fail(m, err, err_len, "empty", i);
         if (st.len > ENG_STOP_MAX_BYTES)
             return init_fail(m, err, err_len, "longer than 1024 bytes", i);
-        if (eng__utf8_valid_prefix((const unsigned char *)st.base, st.len) != st.len)
+        if (pc_utf8_valid_prefix((const unsigned char *)st.base, st.len) != st.len)
             return init_fail(m, err, err_len, "not valid UTF-8", i);
         stop_seq_t *q = &m->seqs[i];
         m->n_seqs = i + 1; /* so that eng_stop_free releases what this one got */

@@ -259,71 +259,6 @@ static void byte_unicode_tables(uint16_t byte_to_cp[256], int16_t cp_to_byte[324
     }
 }
 
-/* Decodes one UTF-8 code point at s (valid input assumed by the caller); returns its length. */
-static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
-{
-    if (s[0] < 0x80 || n < 2) {
-        *cp = s[0];
-        return 1;
-    }
-    if ((s[0] & 0xE0) == 0xC0) {
-        *cp = (uint32_t)(s[0] & 0x1F) << 6 | (s[1] & 0x3F);
-        return 2;
-    }
-    if ((s[0] & 0xF0) == 0xE0 && n >= 3) {
-        *cp = (uint32_t)(s[0] & 0x0F) << 12 | (uint32_t)(s[1] & 0x3F) << 6 | (s[2] & 0x3F);
-        return 3;
-    }
-    if (n >= 4) {
-        *cp = (uint32_t)(s[0] & 0x07) << 18 | (uint32_t)(s[1] & 0x3F) << 12 |
-              (uint32_t)(s[2] & 0x3F) << 6 | (s[3] & 0x3F);
-        return 4;
-    }
-    *cp = s[0];
-    return 1;
-}
-
-/* The length of the valid UTF-8 sequence at s, or 0 when s starts an invalid or truncated one. */
-static size_t utf8_seq_len(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        return n >= 2 && (s[1] & 0xC0) == 0x80 ? 2 : 0;
-    if (c >= 0xE0 && c <= 0xEF) {
-        if (n < 3 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80)
-            return 0;
-        if ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] > 0x9F))
-            return 0; /* overlong, surrogate */
-        return 3;
-    }
-    if (c >= 0xF0 && c <= 0xF4) {
-        if (n < 4 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80 || (s[3] & 0xC0) != 0x80)
-            return 0;
-        if ((c == 0xF0 && s[1] < 0x90) || (c == 0xF4 && s[1] > 0x8F))
-            return 0;
-        return 4;
-    }
-    return 0;
-}
-
-size_t eng__utf8_valid_prefix(const unsigned char *s, size_t len)
-{
-    size_t i = 0;
-    while (i < len) {
-        if (s[i] < 0x80) {
-            i++;
-            continue;
-        }
-        size_t k = utf8_seq_len(s + i, len - i);
-        if (k == 0)
-            break;
-        i += k;
-    }
-    return i;
-}
-
 /* The decoded bytes of token i into out (at most MAX_TOKEN_BYTES + 1). */
 static size_t decode_text(const struct eng_tok *t, const int16_t *cp_to_byte, uint32_t i, char *out)
 {
@@ -353,8 +288,8 @@ static size_t decode_text(const struct eng_tok *t, const int16_t *cp_to_byte, ui
         size_t k = 0;
         for (size_t j = 0; j < n;) {
             uint32_t cp;
-            size_t l = utf8_decode((const unsigned char *)s + j, n - j, &cp);
-            if (cp >= 324 || cp_to_byte[cp] < 0)
+            size_t l = pc_utf8_decode(s + j, n - j, &cp);
+            if (l == 0 || cp >= 324 || cp_to_byte[cp] < 0)
                 goto as_is;
             out[k++] = (char)cp_to_byte[cp];
             j += l;
@@ -965,7 +900,7 @@ static int bpe_run(const struct eng_tok *t, work_t *w, pcre2_match_data *md, con
         if (me == ms) { /* an empty match: step over one character */
             if (me >= len)
                 break;
-            size_t k = utf8_seq_len((const unsigned char *)s + me, len - me);
+            size_t k = pc_utf8_seq_len((const unsigned char *)s + me, len - me);
             if ((rc = bpe_piece(t, w, s + me, k, o)) != 0)
                 return rc;
             me += k;
@@ -989,7 +924,7 @@ static int bpe_encode(const struct eng_tok *t, const char *text, size_t len, out
     const unsigned char *u = (const unsigned char *)text;
     size_t pos = 0;
     while (pos < len) {
-        size_t v = eng__utf8_valid_prefix(u + pos, len - pos);
+        size_t v = pc_utf8_valid_prefix(u + pos, len - pos);
         if (v == 0) { /* an invalid byte: its own token */
             if ((rc = out_push(o, (uint32_t)t->byte_id[u[pos]])) != 0)
                 goto out;
@@ -1045,7 +980,7 @@ static int spm_encode(const struct eng_tok *t, const char *text, size_t len, out
         goto out;
     size_t n = 0;
     for (size_t i = 0; i < norm.len;) {
-        size_t k = utf8_seq_len(s + i, norm.len - i);
+        size_t k = pc_utf8_seq_len(s + i, norm.len - i);
         int32_t id = -1;
         if (k > 0) {
             id = strmap_get(&t->by_text, &kv, s + i, k);
@@ -1110,7 +1045,7 @@ int eng__utf8_nfc(const char *text, size_t len, pc_buf_t *out)
     int rc = 0;
     size_t pos = 0;
     while (pos < len && rc == 0) {
-        size_t v = eng__utf8_valid_prefix(u + pos, len - pos);
+        size_t v = pc_utf8_valid_prefix(u + pos, len - pos);
         if (v == 0) {
             rc = pc_buf_append(out, text + pos, 1);
             pos++;
@@ -1199,33 +1134,6 @@ void eng_tok_stream_init(eng_tok_stream_t *s, const eng_tok_t *t, bool with_spec
     s->_leading_space_strip = t->kind == TOK_SPM;
 }
 
-/* The number of bytes a UTF-8 sequence starting with lead byte c needs; 0 for a byte that
- * cannot start one. */
-static size_t utf8_need(unsigned char c)
-{
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        return 2;
-    if (c >= 0xE0 && c <= 0xEF)
-        return 3;
-    if (c >= 0xF0 && c <= 0xF4)
-        return 4;
-    return 0;
-}
-
-/* Whether in[0..m) (m < need) can begin a valid sequence of need bytes. */
-static bool utf8_valid_start(const unsigned char *in, size_t m, size_t need)
-{
-    for (size_t j = 1; j < m; j++)
-        if ((in[j] & 0xC0) != 0x80)
-            return false;
-    if (m >= 2 && ((in[0] == 0xE0 && in[1] < 0xA0) || (in[0] == 0xED && in[1] > 0x9F) ||
-                   (in[0] == 0xF0 && in[1] < 0x90) || (in[0] == 0xF4 && in[1] > 0x8F)))
-        return false;
-    return need > 1;
-}
-
 /* Moves complete characters from in[0..n) to out, replacing invalid sequences with U+FFFD, and
  * returns how many input bytes were consumed; an incomplete (but so far valid) final sequence
  * is left unconsumed when `final` is false. */
@@ -1234,11 +1142,10 @@ static size_t utf8_sanitize(const unsigned char *in, size_t n, bool final, char 
 {
     size_t i = 0, w = 0;
     while (i < n) {
-        size_t k = utf8_seq_len(in + i, n - i);
+        size_t k = pc_utf8_seq_len(in + i, n - i);
         if (k == 0) {
-            size_t need = utf8_need(in[i]);
             /* A valid but truncated prefix at the end waits for more bytes. */
-            if (!final && need > n - i && utf8_valid_start(in + i, n - i, need))
+            if (!final && pc_utf8_incomplete(in + i, n - i))
                 break;
             if (w + 3 > cap)
                 break;

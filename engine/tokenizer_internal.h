@@ -26,8 +26,4 @@ bool eng__tok_nfc(const eng_tok_t *t);
  * Returns 0 or PC_ERR_NOMEM. */
 int eng__utf8_nfc(const char *text, size_t len, pc_buf_t *out);
 
-/* The length of the longest prefix of s[0..len) that is valid UTF-8 (no overlongs, no
- * surrogates, nothing above U+10FFFF). */
-size_t eng__utf8_valid_prefix(const unsigned char *s, size_t len);
-
 #endif

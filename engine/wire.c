@@ -15,6 +15,7 @@
 
 #include "pc_alloc.h"
 #include "pc_err.h"
+#include "pc_utf8.h"
 #include "stop.h"
 
 #define XXH_INLINE_ALL
@@ -52,46 +53,6 @@ uint64_t eng_wire_prefix_fp(const uint32_t *tokens, size_t n)
     }
     return XXH3_64bits_digest(&st);
 #endif
-}
-
-/* Whether s[0..len) is valid UTF-8: shortest forms only, no surrogates, nothing above
- * U+10FFFF (RFC 3629). */
-static bool utf8_valid(const uint8_t *s, size_t len)
-{
-    size_t i = 0;
-    while (i < len) {
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t n;
-        uint8_t lo = 0x80, hi = 0xBF; /* the range of the second byte */
-        if (c >= 0xC2 && c <= 0xDF) {
-            n = 2;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            n = 3;
-            if (c == 0xE0)
-                lo = 0xA0;
-            else if (c == 0xED)
-                hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            n = 4;
-            if (c == 0xF0)
-                lo = 0x90;
-            else if (c == 0xF4)
-                hi = 0x8F;
-        } else {
-            return false;
-        }
-        if (len - i < n || s[i + 1] < lo || s[i + 1] > hi)
-            return false;
-        for (size_t k = 2; k < n; k++)
-            if ((s[i + k] & 0xC0) != 0x80)
-                return false;
-        i += n;
-    }
-    return true;
 }
 
 /* ---- reading ------------------------------------------------------------------------------- */
@@ -203,7 +164,7 @@ static int rd_str(rd_t *r, const char *field, size_t max, pc_slice_t *s)
     if (n > max)
         return rd_fail(r, "%s is %u bytes, over the limit of %zu", field, n, max);
     TRY(rd_need(r, n, field));
-    if (!utf8_valid(r->p + r->off, n))
+    if (!pc_utf8_valid(r->p + r->off, n))
         return rd_fail(r, "%s is not valid UTF-8", field);
     *s = pc_slice((const char *)r->p + r->off, n);
     r->off += n;

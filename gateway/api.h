@@ -275,10 +275,4 @@ int gw_openai_sse_text(gw_openai_sse_t *s, const gw_api_resp_t *r, const char *t
 int gw_openai_sse_finish(gw_openai_sse_t *s, const gw_api_resp_t *r, pc_buf_t *b);
 int gw_openai_sse_error(gw_openai_sse_t *s, const gw_api_error_t *e, pc_buf_t *b);
 
-/* Appends s (len bytes) as a JSON string literal, quotes included: '"', '\\' and control
- * characters escaped (\n \r \t \b \f, else \u00XX), other bytes as they are; a byte sequence
- * that is not valid UTF-8 becomes U+FFFD, so the output is always valid JSON. Returns 0 or
- * PC_ERR_NOMEM. */
-int gw_json_string(pc_buf_t *b, const char *s, size_t len);
-
 #endif

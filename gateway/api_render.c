@@ -10,111 +10,11 @@
 #include <string.h>
 
 #include "pc_err.h"
+#include "pc_json.h"
 
 enum { SSE_INIT = 0, SSE_OPEN = 1, SSE_DONE = 2 };
 
 /* ---- JSON pieces ----------------------------------------------------------------------------- */
-
-/* Length of the valid UTF-8 sequence at s[0..n) (n > 0), or 0 if it is not valid: no overlong
- * forms, no surrogates, nothing above U+10FFFF. */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    size_t len;
-    uint32_t cp;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF) {
-        len = 2;
-        cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        cp = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-        (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-        return 0;
-    return len;
-}
-
-int gw_json_string(pc_buf_t *b, const char *str, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    const unsigned char *s = (const unsigned char *)str;
-    size_t mark = b->len, run = 0, i = 0;
-    if (pc_buf_append(b, "\"", 1) != 0)
-        goto fail;
-    while (i < n) {
-        unsigned char c = s[i];
-        char esc[8];
-        size_t esc_len = 2, skip = 1;
-        if (c >= 0x80) {
-            size_t l = utf8_len(s + i, n - i);
-            if (l > 0) {
-                i += l;
-                continue;
-            }
-            memcpy(esc, "\xEF\xBF\xBD", 3); /* U+FFFD for an invalid byte */
-            esc_len = 3;
-        } else if (c >= 0x20 && c != '"' && c != '\\') {
-            i++;
-            continue;
-        } else {
-            esc[0] = '\\';
-            switch (c) {
-            case '"':
-                esc[1] = '"';
-                break;
-            case '\\':
-                esc[1] = '\\';
-                break;
-            case '\n':
-                esc[1] = 'n';
-                break;
-            case '\r':
-                esc[1] = 'r';
-                break;
-            case '\t':
-                esc[1] = 't';
-                break;
-            case '\b':
-                esc[1] = 'b';
-                break;
-            case '\f':
-                esc[1] = 'f';
-                break;
-            default:
-                memcpy(esc + 1, "u00", 3);
-                esc[4] = hex[c >> 4];
-                esc[5] = hex[c & 15];
-                esc_len = 6;
-                break;
-            }
-        }
-        if (pc_buf_append(b, str + run, i - run) != 0 || pc_buf_append(b, esc, esc_len) != 0)
-            goto fail;
-        i += skip;
-        run = i;
-    }
-    if (pc_buf_append(b, str + run, n - run) != 0 || pc_buf_append(b, "\"", 1) != 0)
-        goto fail;
-    return 0;
-fail:
-    b->len = mark;
-    return PC_ERR_NOMEM;
-}
 
 /* A tiny writer that remembers the first failure, so a body is composed without checking every
  * append; the caller rolls back to its mark when w.rc != 0. */
@@ -132,7 +32,7 @@ static void w_raw(wr_t *w, const char *s)
 static void w_str(wr_t *w, const char *s, size_t n)
 {
     if (w->rc == 0)
-        w->rc = gw_json_string(w->b, s != NULL ? s : "", s != NULL ? n : 0);
+        w->rc = pc_json_string(w->b, s, s != NULL ? n : 0, PC_JSON_UTF8);
 }
 
 static void w_cstr(wr_t *w, const char *s)

@@ -303,23 +303,6 @@ static const char *server_date(gw_http_server_t *s)
     return s->date;
 }
 
-/* Appends s as a JSON string literal (quotes included). */
-static void json_str(pc_buf_t *out, const char *s)
-{
-    pc_buf_append(out, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            char e[2] = {'\\', (char)*p};
-            pc_buf_append(out, e, 2);
-        } else if (*p < 0x20) {
-            pc_buf_printf(out, "\\u%04x", *p);
-        } else {
-            pc_buf_append(out, p, 1);
-        }
-    }
-    pc_buf_append(out, "\"", 1);
-}
-
 /* A request id in serve.c's format: "req_" + 24 hex digits of 12 random bytes. */
 static void make_request_id(char out[HTTP_REQ_ID_LEN])
 {
@@ -1161,11 +1144,11 @@ static void default_format_error(const char *type, const char *message, const ch
                                  pc_buf_t *out)
 {
     pc_buf_append_cstr(out, "{\"error\":{\"type\":");
-    json_str(out, type);
+    pc_json_cstr(out, type, 0);
     pc_buf_append_cstr(out, ",\"message\":");
-    json_str(out, message);
+    pc_json_cstr(out, message, 0);
     pc_buf_append_cstr(out, "},\"request_id\":");
-    json_str(out, request_id);
+    pc_json_cstr(out, request_id, 0);
     pc_buf_append_cstr(out, "}");
 }
 

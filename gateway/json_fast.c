@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "pc_alloc.h"
+#include "pc_utf8.h"
 
 #define FAST_MAX_DEPTH 256 /* deeper documents go to jansson (its own limit is 2048) */
 #define FAST_MAX_NUMBER 64 /* longer number lexemes go to jansson */
@@ -155,25 +156,6 @@ static void skip_ws(fast_t *f)
         f->p++;
 }
 
-/* The length of the valid UTF-8 sequence of 2-4 bytes at s, or 0. */
-static size_t utf8_seq(const unsigned char *s, const unsigned char *end)
-{
-    unsigned c = s[0];
-    size_t n = c >= 0xC2 && c <= 0xDF   ? 2
-               : c >= 0xE0 && c <= 0xEF ? 3
-               : c >= 0xF0 && c <= 0xF4 ? 4
-                                        : 0;
-    if (n == 0 || (size_t)(end - s) < n)
-        return 0;
-    for (size_t i = 1; i < n; i++)
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-    if ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] >= 0xA0) || (c == 0xF0 && s[1] < 0x90) ||
-        (c == 0xF4 && s[1] >= 0x90))
-        return 0; /* overlong, surrogate, above U+10FFFF */
-    return n;
-}
-
 static int scratch_put(fast_t *f, const void *b, size_t n)
 {
     if (n == 0)
@@ -214,30 +196,11 @@ static int hex4(const unsigned char *s, const unsigned char *end, uint32_t *out)
     return 0;
 }
 
+/* cp is neither a surrogate nor above U+10FFFF (escape() checked). */
 static int put_utf8(fast_t *f, uint32_t cp)
 {
     unsigned char b[4];
-    size_t n;
-    if (cp < 0x80) {
-        b[0] = (unsigned char)cp;
-        n = 1;
-    } else if (cp < 0x800) {
-        b[0] = (unsigned char)(0xC0 | cp >> 6);
-        b[1] = (unsigned char)(0x80 | (cp & 0x3F));
-        n = 2;
-    } else if (cp < 0x10000) {
-        b[0] = (unsigned char)(0xE0 | cp >> 12);
-        b[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
-        b[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        n = 3;
-    } else {
-        b[0] = (unsigned char)(0xF0 | cp >> 18);
-        b[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F));
-        b[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
-        b[3] = (unsigned char)(0x80 | (cp & 0x3F));
-        n = 4;
-    }
-    return scratch_put(f, b, n);
+    return scratch_put(f, b, pc_utf8_encode(cp, b));
 }
 
 /* One escape after the backslash at f->p[-1], decoded into the scratch. */
@@ -314,7 +277,7 @@ static int string(fast_t *f, const char **s, size_t *n)
         if (c < 0x20)
             return -1;
         if (c >= 0x80) {
-            size_t k = utf8_seq(f->p, f->end);
+            size_t k = pc_utf8_seq_len(f->p, (size_t)(f->end - f->p));
             if (k == 0)
                 return -1;
             f->p += k;

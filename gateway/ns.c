@@ -30,7 +30,7 @@ uint64_t gw_namespace_of(const uint8_t key[GW_NS_KEY_BYTES], const char *tenant,
 
 int gw_ns_tab_ref(gw_ns_tab_t *t, uint64_t ns, const char *tenant, uint32_t model)
 {
-    gw_ns_info_t *info = gw_u64map_get(&t->map, ns);
+    gw_ns_info_t *info = pc_u64map_get(&t->map, ns);
     if (info != NULL) {
         info->n_entries++;
         return 0;
@@ -39,7 +39,7 @@ int gw_ns_tab_ref(gw_ns_tab_t *t, uint64_t ns, const char *tenant, uint32_t mode
     if (info == NULL)
         return PC_ERR_NOMEM;
     *info = (gw_ns_info_t){ns, tenant, model, 1};
-    int rc = gw_u64map_put(&t->map, ns, info);
+    int rc = pc_u64map_put(&t->map, ns, info);
     if (rc != 0)
         pc_free(info);
     return rc;
@@ -47,14 +47,14 @@ int gw_ns_tab_ref(gw_ns_tab_t *t, uint64_t ns, const char *tenant, uint32_t mode
 
 void gw_ns_tab_unref(gw_ns_tab_t *t, uint64_t ns)
 {
-    gw_ns_info_t *info = gw_u64map_get(&t->map, ns);
+    gw_ns_info_t *info = pc_u64map_get(&t->map, ns);
     if (info != NULL && PC_ALWAYS(info->n_entries > 0))
         info->n_entries--;
 }
 
 const gw_ns_info_t *gw_ns_tab_lookup(const gw_ns_tab_t *t, uint64_t ns)
 {
-    return gw_u64map_get(&t->map, ns);
+    return pc_u64map_get(&t->map, ns);
 }
 
 size_t gw_ns_tab_sweep(gw_ns_tab_t *t)
@@ -66,7 +66,7 @@ size_t gw_ns_tab_sweep(gw_ns_tab_t *t)
         gw_ns_info_t *info = t->map.slots[i].value;
         if (t->map.slots[i].key != 0 && info->n_entries == 0) {
             size_t cap = t->map.cap;
-            gw_u64map_del(&t->map, info->ns);
+            pc_u64map_del(&t->map, info->ns);
             pc_free(info);
             removed++;
             if (t->map.cap != cap) /* it shrank: the slots moved */
@@ -83,5 +83,5 @@ void gw_ns_tab_free(gw_ns_tab_t *t)
     for (size_t i = 0; i < t->map.cap; i++)
         if (t->map.slots[i].key != 0)
             pc_free(t->map.slots[i].value);
-    gw_u64map_free(&t->map);
+    pc_u64map_free(&t->map);
 }

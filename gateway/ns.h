@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #include "common.h"
-#include "u64map.h"
+#include "pc_u64map.h"
 
 #define GW_NS_KEY_BYTES 32
 
@@ -38,7 +38,7 @@ typedef struct gw_ns_info {
 } gw_ns_info_t;
 
 typedef struct gw_ns_tab {
-    gw_u64map_t map; /* ns -> gw_ns_info_t* */
+    pc_u64map_t map; /* ns -> gw_ns_info_t* */
 } gw_ns_tab_t;
 
 /* One more cache entry of ns (adds ns with its owner on its first). Returns 0 or PC_ERR_NOMEM
@@ -58,7 +58,7 @@ size_t gw_ns_tab_sweep(gw_ns_tab_t *t);
 
 static inline size_t gw_ns_tab_count(const gw_ns_tab_t *t)
 {
-    return gw_u64map_count(&t->map);
+    return pc_u64map_count(&t->map);
 }
 
 /* Frees every record. The table is empty and usable afterwards. */

@@ -3,7 +3,7 @@
  * gauges, the access log, internal errors, and the tick (expiry, storage metering).
  *
  * Every client-controlled string in a log line is escaped: the access log is one JSON object per
- * line (gw_json_string), so a model name with a newline cannot forge a line.
+ * line (pc_json_string with PC_JSON_UTF8), so a model name with a newline cannot forge a line.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -15,6 +15,7 @@
 #endif
 
 #include "outcome.h"
+#include "pc_json.h"
 #include "request.h"
 
 void gw__obs_setup_metrics(serve_t *s)
@@ -126,10 +127,10 @@ static void access_log(gw_req_t *q, int status)
     uint64_t now = pc_time_mono_ms();
     pc_buf_t tenant = {0}, model = {0};
     const char *t = q->key ? q->key->tenant : "";
-    int rc = gw_json_string(&tenant, t, strlen(t));
+    int rc = pc_json_string(&tenant, t, strlen(t), PC_JSON_UTF8);
     if (rc == 0)
-        rc = q->api ? gw_json_string(&model, q->api->model.base, q->api->model.len)
-                    : gw_json_string(&model, "", 0);
+        rc = q->api ? pc_json_string(&model, q->api->model.base, q->api->model.len, PC_JSON_UTF8)
+                    : pc_json_string(&model, "", 0, PC_JSON_UTF8);
     if (rc != 0) {
         pc_buf_free(&tenant);
         pc_buf_free(&model);

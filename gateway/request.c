@@ -157,8 +157,8 @@ static void live_add(gw_req_t *q)
 static void live_remove(gw_req_t *q)
 {
     serve_t *s = q->s;
-    if (q->wire_id != 0 && gw_u64map_get(&s->live_map, q->wire_id) == q)
-        gw_u64map_del(&s->live_map, q->wire_id);
+    if (q->wire_id != 0 && pc_u64map_get(&s->live_map, q->wire_id) == q)
+        pc_u64map_del(&s->live_map, q->wire_id);
     if (q->prev_live)
         q->prev_live->next_live = q->next_live;
     else if (s->live == q)
@@ -170,7 +170,7 @@ static void live_remove(gw_req_t *q)
 
 static gw_req_t *find_live(serve_t *s, uint64_t wire_id)
 {
-    return gw_u64map_get(&s->live_map, wire_id);
+    return pc_u64map_get(&s->live_map, wire_id);
 }
 
 void gw__req_free(gw_req_t *q)
@@ -912,9 +912,9 @@ static void route_and_submit(gw_req_t *q)
     rq.stops = q->api->stop;
     rq.n_stops = (uint32_t)q->api->n_stop;
     char err[256];
-    int rc = gw_u64map_put(&s->live_map, q->wire_id, q);
+    int rc = pc_u64map_put(&s->live_map, q->wire_id, q);
     if (rc == 0 && (rc = gw_pool_submit(s->pool, q->worker, &rq, err, sizeof err)) != 0)
-        gw_u64map_del(&s->live_map, q->wire_id);
+        pc_u64map_del(&s->live_map, q->wire_id);
     else if (rc != 0)
         snprintf(err, sizeof err, "out of memory");
     if (rc != 0) {

@@ -156,7 +156,7 @@ void gw__req_pool_state(void *ud, uint32_t worker, bool up, const char *reason);
 /* Requests running on a worker (the in-flight gauge). */
 static inline size_t gw__req_n_live(const serve_t *s)
 {
-    return gw_u64map_count(&s->live_map);
+    return pc_u64map_count(&s->live_map);
 }
 
 #endif

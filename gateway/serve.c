@@ -51,22 +51,25 @@ static void models_list(gw_req_t *q, bool anthropic)
         pc_buf_append_cstr(&b, "{\"data\":[");
         for (size_t i = 0; i < s->n_models; i++) {
             pc_buf_printf(&b, "%s{\"type\":\"model\",\"id\":", i ? "," : "");
-            gw_json_string(&b, s->models[i].cfg->name, strlen(s->models[i].cfg->name));
+            pc_json_string(&b, s->models[i].cfg->name, strlen(s->models[i].cfg->name),
+                           PC_JSON_UTF8);
             pc_buf_append_cstr(&b, ",\"display_name\":");
-            gw_json_string(&b, s->models[i].cfg->name, strlen(s->models[i].cfg->name));
+            pc_json_string(&b, s->models[i].cfg->name, strlen(s->models[i].cfg->name),
+                           PC_JSON_UTF8);
             pc_buf_append_cstr(&b, ",\"created_at\":\"2026-01-01T00:00:00Z\"}");
         }
         pc_buf_append_cstr(&b, "],\"has_more\":false,\"first_id\":");
-        gw_json_string(&b, s->models[0].cfg->name, strlen(s->models[0].cfg->name));
+        pc_json_string(&b, s->models[0].cfg->name, strlen(s->models[0].cfg->name), PC_JSON_UTF8);
         pc_buf_append_cstr(&b, ",\"last_id\":");
-        gw_json_string(&b, s->models[s->n_models - 1].cfg->name,
-                       strlen(s->models[s->n_models - 1].cfg->name));
+        pc_json_string(&b, s->models[s->n_models - 1].cfg->name,
+                       strlen(s->models[s->n_models - 1].cfg->name), PC_JSON_UTF8);
         pc_buf_append_cstr(&b, "}");
     } else {
         pc_buf_append_cstr(&b, "{\"object\":\"list\",\"data\":[");
         for (size_t i = 0; i < s->n_models; i++) {
             pc_buf_printf(&b, "%s{\"id\":", i ? "," : "");
-            gw_json_string(&b, s->models[i].cfg->name, strlen(s->models[i].cfg->name));
+            pc_json_string(&b, s->models[i].cfg->name, strlen(s->models[i].cfg->name),
+                           PC_JSON_UTF8);
             pc_buf_append_cstr(&b, ",\"object\":\"model\",\"created\":1767225600,"
                                    "\"owned_by\":\"kvgw\"}");
         }
@@ -612,7 +615,7 @@ int kvgw_cmd_serve(int argc, char **argv)
     uv_loop_close(&loop);
     gw_config_free(&s->cfg);
     gw_ns_tab_free(&s->ns);
-    gw_u64map_free(&s->live_map);
+    pc_u64map_free(&s->live_map);
     pc_free(s);
     if (code == 0)
         fprintf(stderr, "kvgw: stopped cleanly\n");

@@ -30,7 +30,7 @@
 #include "router.h"
 #include "shipper.h"
 #include "tokenizer.h"
-#include "u64map.h"
+#include "pc_u64map.h"
 
 #define GW_SERVE_MAX_MODELS 16
 #define GW_SERVE_TICK_MS 250
@@ -64,7 +64,7 @@ typedef struct serve {
     uv_signal_t sig_int, sig_term, sig_hup;
     uint64_t next_wire_id;
     gw_req_t *live;       /* requests on a worker (iteration: worker down, gauges) */
-    gw_u64map_t live_map; /* the same requests by wire id (worker events) */
+    pc_u64map_t live_map; /* the same requests by wire id (worker events) */
     gw_req_t *durable_head, *durable_tail;
     FILE *access_log;      /* lines are buffered and flushed by the tick, not per request */
     bool access_log_dirty; /* a line was written since the last flush */

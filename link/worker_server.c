@@ -33,97 +33,12 @@
 #define MAX_PEER_HEARTBEAT_MS 600000u
 #define POLL_BATCH 64
 
-/* ---------------------------------------------------------------------------------------------
- * A u64 -> pointer map: open addressing, linear probing, backward-shift deletion (no
- * tombstones). Key 0 marks an empty slot (request ids are nonzero). Grows at 1/2 load.
- * ------------------------------------------------------------------------------------------- */
-
-typedef struct u64map {
-    uint64_t *keys;
-    void **vals;
-    size_t cap; /* a power of two, or 0 */
-    size_t n;
-} u64map_t;
-
-static size_t map_slot(uint64_t k, size_t cap)
+/* Request maps (common/pc_u64map.h) die on allocation failure, like every allocation here
+ * (pc_xmalloc): a request the worker accepted must be findable. */
+static void map_put(pc_u64map_t *m, uint64_t k, void *v)
 {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    return (size_t)k & (cap - 1);
-}
-
-static void *map_get(const u64map_t *m, uint64_t k)
-{
-    if (m->cap == 0)
-        return NULL;
-    for (size_t i = map_slot(k, m->cap);; i = (i + 1) & (m->cap - 1)) {
-        if (m->keys[i] == k)
-            return m->vals[i];
-        if (m->keys[i] == 0)
-            return NULL;
-    }
-}
-
-static void map_put_nogrow(u64map_t *m, uint64_t k, void *v)
-{
-    size_t i = map_slot(k, m->cap);
-    while (m->keys[i] != 0 && m->keys[i] != k)
-        i = (i + 1) & (m->cap - 1);
-    if (m->keys[i] == 0)
-        m->n++;
-    m->keys[i] = k;
-    m->vals[i] = v;
-}
-
-/* Inserts or replaces; k != 0. Dies on allocation failure (gateway policy, pc_xmalloc). */
-static void map_put(u64map_t *m, uint64_t k, void *v)
-{
-    PC_ASSERT(k != 0);
-    if ((m->n + 1) * 2 > m->cap) {
-        u64map_t g = {.cap = m->cap ? m->cap * 2 : 16};
-        g.keys = pc_xcalloc(g.cap, sizeof *g.keys);
-        g.vals = pc_xcalloc(g.cap, sizeof *g.vals);
-        for (size_t i = 0; i < m->cap; i++)
-            if (m->keys[i] != 0)
-                map_put_nogrow(&g, m->keys[i], m->vals[i]);
-        pc_free(m->keys);
-        pc_free(m->vals);
-        *m = g;
-    }
-    map_put_nogrow(m, k, v);
-}
-
-static void map_del(u64map_t *m, uint64_t k)
-{
-    if (m->cap == 0)
-        return;
-    size_t mask = m->cap - 1, i = map_slot(k, m->cap);
-    while (m->keys[i] != k) {
-        if (m->keys[i] == 0)
-            return;
-        i = (i + 1) & mask;
-    }
-    /* Shift back every later entry of the run that may live at i (its home is not in (i, j]). */
-    for (size_t j = (i + 1) & mask; m->keys[j] != 0; j = (j + 1) & mask) {
-        size_t h = map_slot(m->keys[j], m->cap);
-        bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
-        if (!stays) {
-            m->keys[i] = m->keys[j];
-            m->vals[i] = m->vals[j];
-            i = j;
-        }
-    }
-    m->keys[i] = 0;
-    m->vals[i] = NULL;
-    m->n--;
-}
-
-static void map_free(u64map_t *m)
-{
-    pc_free(m->keys);
-    pc_free(m->vals);
-    *m = (u64map_t){0};
+    if (pc_u64map_put(m, k, v) != 0)
+        PC_ABORT("out of memory (request map of %zu entries)", pc_u64map_count(m));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -142,12 +57,12 @@ typedef struct srv_req {
 struct srv_conn {
     lnk_worker_server_t *s;
     srv_conn_t *prev, *next;
-    u64map_t reqs; /* live requests by the connection's ids */
-    bool ready;    /* HELLO_ACK sent */
-    bool rejected; /* REJECT sent */
-    bool authing;  /* CHALLENGE sent, AUTH awaited */
-    bool pending;  /* counted in s->n_pending: accepted, handshake not done, not closing */
-    bool dropped;  /* closed to make room in the pre-authentication budget */
+    pc_u64map_t reqs; /* live requests by the connection's ids */
+    bool ready;       /* HELLO_ACK sent */
+    bool rejected;    /* REJECT sent */
+    bool authing;     /* CHALLENGE sent, AUTH awaited */
+    bool pending;     /* counted in s->n_pending: accepted, handshake not done, not closing */
+    bool dropped;     /* closed to make room in the pre-authentication budget */
     uint8_t gw_nonce[ENG_WIRE_AUTH_BYTES], wk_nonce[ENG_WIRE_AUTH_BYTES];
     uint32_t peer_heartbeat_ms, peer_max_frame; /* from HELLO, applied at HELLO_ACK */
     /* The model HELLO asked for, checked once the peer proved the secret (nothing about the
@@ -181,7 +96,7 @@ struct lnk_worker_server {
     srv_conn_t *conns;     /* newest first */
     uint32_t n_pending;    /* connections in their handshake (c->pending) */
     uint32_t n_ready;      /* connections past their handshake (c->ready) */
-    u64map_t reqs;         /* by worker id */
+    pc_u64map_t reqs;      /* by worker id */
     uint64_t next_wid;
     uint64_t next_snap_id;
     uint8_t secret[LNK_SECRET_MAX]; /* the link secret; secret_len 0: no authentication */
@@ -218,24 +133,12 @@ static void finish_drain(lnk_worker_server_t *s);
  * Frames out
  * ------------------------------------------------------------------------------------------- */
 
-/* Our messages are short ASCII or UTF-8 reasons; the limit is a guard. */
 /* Our messages are short ASCII or UTF-8 reasons, possibly cut by a formatting buffer or the
  * limit: the slice ends before a character that is not whole, so the codec never refuses it. */
 static pc_slice_t msg_slice(const char *msg)
 {
     size_t n = PC_MIN(strlen(msg), (size_t)ENG_WIRE_MESSAGE_MAX);
-    const unsigned char *u = (const unsigned char *)msg;
-    size_t start = n, back = 0;
-    while (start > 0 && back < 4 && (u[start - 1] & 0xC0) == 0x80) {
-        start--;
-        back++;
-    }
-    if (start > 0 && u[start - 1] >= 0xC0) { /* the lead byte of the last character */
-        size_t want = u[start - 1] >= 0xF0 ? 4 : u[start - 1] >= 0xE0 ? 3 : 2;
-        if (n - (start - 1) < want)
-            n = start - 1;
-    }
-    return pc_slice(msg, n);
+    return pc_slice(msg, pc_utf8_trim_partial(msg, n));
 }
 
 /* Sends f to c. lnk_wconn_send's PC_ERR_INVAL (a frame this gateway cannot take: over its
@@ -498,7 +401,7 @@ static void on_submit(srv_conn_t *c, const eng_wire_submit_t *sub)
         protocol_error(c, "SUBMIT with request id 0");
         return;
     }
-    if (map_get(&c->reqs, cid) != NULL) {
+    if (pc_u64map_get(&c->reqs, cid) != NULL) {
         protocol_error(c, "SUBMIT reuses request id %llu, which is still live",
                        (unsigned long long)cid);
         return;
@@ -529,7 +432,7 @@ static void on_submit(srv_conn_t *c, const eng_wire_submit_t *sub)
 
 static void on_cancel(srv_conn_t *c, uint64_t cid)
 {
-    srv_req_t *r = map_get(&c->reqs, cid);
+    srv_req_t *r = pc_u64map_get(&c->reqs, cid);
     if (r == NULL) {
         /* Unknown, or its final frame is already on its way: nothing to do. */
         PC_LOG(PC_LOG_DEBUG, "worker", "conn %s: CANCEL of request %llu, which is not live",
@@ -611,12 +514,11 @@ static void on_conn_closed(lnk_wconn_t *w)
 
     /* Forget every request of the connection; cancel the live ones. */
     uint32_t n_canceled = 0;
-    for (size_t i = 0; i < s->reqs.cap;) {
-        srv_req_t *r = s->reqs.vals[i];
-        if (s->reqs.keys[i] == 0 || r->conn != c) {
-            i++;
-            continue;
-        }
+    /* c->reqs holds exactly the connection's requests in s->reqs: both maps gain a request in
+     * on_submit and lose it together in dispatch. */
+    for (size_t i = pc_u64map_next(&c->reqs, 0); i < c->reqs.cap;
+         i = pc_u64map_next(&c->reqs, i + 1)) {
+        srv_req_t *r = c->reqs.slots[i].value;
         if (r->live) {
             /* Once the shutdown is closing, the worker is stopping (or freed) and drops what
              * it still holds: nothing to cancel. */
@@ -626,12 +528,12 @@ static void on_conn_closed(lnk_wconn_t *w)
             s->st.requests_orphaned++;
             n_canceled++;
         }
-        map_del(&s->reqs, r->wid); /* may shift a later entry into slot i: look at i again */
+        pc_u64map_del(&s->reqs, r->wid); /* the other map: c->reqs stays as it is */
         pc_free(r);
     }
     if (n_canceled > 0)
         PC_LOG(PC_LOG_INFO, "worker", "conn %s: canceled %u live request(s)", c->peer, n_canceled);
-    map_free(&c->reqs);
+    pc_u64map_free(&c->reqs);
     unpend(c);
     if (c->ready)
         s->n_ready--;
@@ -724,7 +626,7 @@ static void on_connection(uv_stream_t *l, int status)
  * connection's; NULL (the event is dropped) when the connection is gone. */
 static srv_req_t *route(lnk_worker_server_t *s, uint64_t wid)
 {
-    srv_req_t *r = map_get(&s->reqs, wid);
+    srv_req_t *r = pc_u64map_get(&s->reqs, wid);
     if (r == NULL)
         s->st.events_dropped++;
     return r;
@@ -762,10 +664,10 @@ static void dispatch(lnk_worker_server_t *s, const eng_worker_event_t *ev)
         send_or_close(r->conn, &f); /* or the connection ends, with the reason */
         if (r->live) {
             r->live = false;
-            map_del(&r->conn->reqs, r->cid);
+            pc_u64map_del(&r->conn->reqs, r->cid);
             s->st.requests_live--;
         }
-        map_del(&s->reqs, r->wid);
+        pc_u64map_del(&s->reqs, r->wid);
         pc_free(r);
         return;
     }
@@ -776,7 +678,7 @@ static void dispatch(lnk_worker_server_t *s, const eng_worker_event_t *ev)
         uint8_t kind = ev->u.kv.kind;
         srv_conn_t *owner = NULL;
         if (kind == ENG_WIRE_KV_RETAINED || kind == ENG_WIRE_KV_RETAIN_FAILED) {
-            r = map_get(&s->reqs, ev->u.kv.request_id);
+            r = pc_u64map_get(&s->reqs, ev->u.kv.request_id);
             if (r != NULL) {
                 owner = r->conn;
                 f.u.kv.request_id = r->cid;
@@ -948,9 +850,10 @@ void lnk_worker_server_shutdown(lnk_worker_server_t *s, lnk_worker_server_closed
     PC_LOG(PC_LOG_INFO, "worker", "shutting down: %llu live request(s), %u connection(s)",
            (unsigned long long)s->st.requests_live, s->st.conns_open);
     uv_close((uv_handle_t *)&s->listener, on_server_handle_closed);
-    for (size_t i = 0; i < s->reqs.cap; i++) {
-        srv_req_t *r = s->reqs.vals[i];
-        if (s->reqs.keys[i] != 0 && r->live)
+    for (size_t i = pc_u64map_next(&s->reqs, 0); i < s->reqs.cap;
+         i = pc_u64map_next(&s->reqs, i + 1)) {
+        srv_req_t *r = s->reqs.slots[i].value;
+        if (r->live)
             eng_worker_cancel(s->worker, r->wid);
     }
     if (s->st.requests_live == 0) {
@@ -964,11 +867,7 @@ void lnk_worker_server_shutdown(lnk_worker_server_t *s, lnk_worker_server_closed
 static size_t utf8_cut(const char *name, size_t n)
 {
     size_t len = strlen(name);
-    if (len <= n)
-        return len;
-    while (n > 0 && ((unsigned char)name[n] & 0xC0) == 0x80)
-        n--;
-    return n;
+    return len <= n ? len : pc_utf8_trim_partial(name, n);
 }
 
 /* The address to bind p->listen to: numeric as written; a host name resolved once, here,
@@ -1142,10 +1041,10 @@ void lnk_worker_server_free(lnk_worker_server_t *s)
     if (s == NULL)
         return;
     PC_ASSERT(s->state == SRV_CLOSED);
-    for (size_t i = 0; i < s->reqs.cap; i++)
-        if (s->reqs.keys[i] != 0)
-            pc_free(s->reqs.vals[i]);
-    map_free(&s->reqs);
+    for (size_t i = pc_u64map_next(&s->reqs, 0); i < s->reqs.cap;
+         i = pc_u64map_next(&s->reqs, i + 1))
+        pc_free(s->reqs.slots[i].value);
+    pc_u64map_free(&s->reqs);
     pthread_mutex_destroy(&s->wake_mu);
     sodium_memzero(s->secret, sizeof s->secret);
     pc_free(s);

@@ -48,7 +48,7 @@
 #endif
 
 /* The heap index of a node that is not in that heap. */
-#define RDX_NOIDX UINT32_MAX
+#define RDX_NOIDX PC_HEAP_NOIDX
 /* Bytes allocated past every edge so vector loads of its last tokens stay inside the
  * allocation (the 3-byte compares load 16 bytes to use 12, or 32 to use 24). */
 #define RDX_PAD 8
@@ -101,20 +101,10 @@ struct rdx_node {
     uint8_t edge[]; /* len packed tokens, then slack up to cap, then RDX_PAD bytes */
 };
 
-/* A heap entry carries its key so sifting compares within the heap array instead of
- * dereferencing scattered nodes. */
-typedef struct rdx_hent {
-    uint64_t key;
-    rdx_node_t *node;
-} rdx_hent_t;
-
-/* A min-heap of nodes. The same code serves both heaps; idx_off says which index field of
- * the node mirrors the entry's position. */
-typedef struct rdx_heap {
-    rdx_hent_t *a;
-    uint32_t n, cap;
-    size_t idx_off; /* offsetof(rdx_node_t, exp_idx or lru_idx) */
-} rdx_heap_t;
+/* The expiry and LRU heaps are common/pc_heap.h (4-ary, the key in the entry, the position
+ * in the node's exp_idx / lru_idx): exactly the heap this file used to carry, moved so the
+ * gateway's index shares it. */
+typedef pc_heap_t rdx_heap_t;
 
 /* Compares n packed edge tokens with n query tokens; returns the length of the equal run. */
 typedef size_t (*rdx_cmp_fn)(const uint8_t *edge, const uint32_t *q, size_t n);
@@ -606,110 +596,6 @@ static inline uint32_t *heap_idx(const rdx_heap_t *h, rdx_node_t *nd)
     return (uint32_t *)((char *)nd + h->idx_off);
 }
 
-/* Stores an entry at i and tells its node where it is. */
-static inline void heap_set(rdx_heap_t *h, uint32_t i, rdx_hent_t e)
-{
-    h->a[i] = e;
-    *heap_idx(h, e.node) = i;
-}
-
-/* 4-ary: half the depth of a binary heap, and a node's children share one or two cache
- * lines, which matters because expire and evict pop a heap per freed node. */
-#define HEAP_D 4
-
-/* Moves the entry at i towards the root while it is smaller than its parent (hole
- * technique: one store per level, the entry written once at the end). */
-static void heap_up(rdx_heap_t *h, uint32_t i)
-{
-    rdx_hent_t e = h->a[i];
-    while (i > 0) {
-        uint32_t p = (i - 1) / HEAP_D;
-        if (h->a[p].key <= e.key)
-            break;
-        heap_set(h, i, h->a[p]);
-        i = p;
-    }
-    heap_set(h, i, e);
-}
-
-/* Moves the entry at i towards the leaves while a child is smaller (the smallest of up to
- * HEAP_D children, which sit next to each other in the array). */
-static void heap_down(rdx_heap_t *h, uint32_t i)
-{
-    rdx_hent_t e = h->a[i];
-    for (;;) {
-        uint32_t c = HEAP_D * i + 1;
-        if (c >= h->n)
-            break;
-        uint32_t end = c + HEAP_D < h->n ? c + HEAP_D : h->n;
-        for (uint32_t k = c + 1; k < end; k++)
-            if (h->a[k].key < h->a[c].key)
-                c = k;
-        if (e.key <= h->a[c].key)
-            break;
-        heap_set(h, i, h->a[c]);
-        i = c;
-    }
-    heap_set(h, i, e);
-}
-
-/* Room was reserved by insert (cap >= number of nodes), so a push never allocates. */
-static void heap_push(rdx_heap_t *h, rdx_node_t *nd, uint64_t key)
-{
-    PC_ASSERT(h->n < h->cap && *heap_idx(h, nd) == RDX_NOIDX);
-    h->a[h->n] = (rdx_hent_t){key, nd};
-    heap_up(h, h->n++);
-}
-
-/* Removes nd from anywhere in the heap: the last entry fills the hole and moves up or down,
- * whichever restores the order. */
-static void heap_del(rdx_heap_t *h, rdx_node_t *nd)
-{
-    uint32_t i = *heap_idx(h, nd);
-    PC_ASSERT(i < h->n && h->a[i].node == nd);
-    *heap_idx(h, nd) = RDX_NOIDX;
-    if (i == --h->n)
-        return;
-    rdx_hent_t e = h->a[h->n];
-    heap_set(h, i, e);
-    if (i > 0 && e.key < h->a[(i - 1) / HEAP_D].key)
-        heap_up(h, i);
-    else
-        heap_down(h, i);
-}
-
-/* Changes nd's key in place. */
-static void heap_update(rdx_heap_t *h, rdx_node_t *nd, uint64_t key)
-{
-    uint32_t i = *heap_idx(h, nd);
-    uint64_t old = h->a[i].key;
-    h->a[i].key = key;
-    if (key < old)
-        heap_up(h, i);
-    else
-        heap_down(h, i);
-}
-
-/* Grows the array to at least want entries; the contents do not change. */
-static int heap_reserve(rdx_heap_t *h, uint64_t want)
-{
-    if (want <= h->cap)
-        return 0;
-    if (want > RDX_NOIDX - 1)
-        return PC_ERR_RANGE;
-    uint64_t cap = h->cap ? h->cap : 64;
-    while (cap < want)
-        cap *= 2;
-    if (cap > RDX_NOIDX - 1)
-        cap = RDX_NOIDX - 1;
-    rdx_hent_t *a = pc_reallocarray(h->a, (size_t)cap, sizeof *a);
-    if (a == NULL)
-        return PC_ERR_NOMEM;
-    h->a = a;
-    h->cap = (uint32_t)cap;
-    return 0;
-}
-
 /* ---- namespaces ------------------------------------------------------------------------ */
 
 /* The namespace with this id, or NULL. Linear probing; load <= 3/4 (see insert). */
@@ -872,9 +758,9 @@ static void free_node(rdx_tree_t *t, rdx_node_t *nd, int reason)
         p->kids = NULL;
     }
     if (nd->exp_idx != RDX_NOIDX)
-        heap_del(&t->exp, nd);
+        pc_heap_del(&t->exp, nd);
     if (nd->lru_idx != RDX_NOIDX)
-        heap_del(&t->lru, nd);
+        pc_heap_del(&t->lru, nd);
     if (nd->flags & NF_ENTRY)
         entries_add(p, -1);
     node_account(t, nd, -1);
@@ -900,7 +786,7 @@ static void settle(rdx_tree_t *t, rdx_node_t *p, int reason, size_t *freed)
         if (p->pins > 0)
             return;
         if (p->expiry != 0) {
-            heap_push(&t->lru, p, p->last_access);
+            pc_heap_push(&t->lru, p, p->last_access);
             return;
         }
         rdx_node_t *up = p->parent;
@@ -967,11 +853,11 @@ static void make_terminal(rdx_tree_t *t, rdx_node_t *nd, uint64_t expiry)
     nd->expiry = e;
     if (e == RDX_EXPIRY_NEVER) {
         if (nd->exp_idx != RDX_NOIDX)
-            heap_del(&t->exp, nd);
+            pc_heap_del(&t->exp, nd);
     } else if (nd->exp_idx == RDX_NOIDX) {
-        heap_push(&t->exp, nd, e);
+        pc_heap_push(&t->exp, nd, e);
     } else {
-        heap_update(&t->exp, nd, e);
+        pc_heap_update(&t->exp, nd, e);
     }
 }
 
@@ -984,7 +870,7 @@ static void touch_path(rdx_tree_t *t, rdx_node_t *nd, uint64_t now)
         if (x->last_access < now)
             x->last_access = now;
     if (nd->lru_idx != RDX_NOIDX)
-        heap_update(&t->lru, nd, nd->last_access);
+        pc_heap_update(&t->lru, nd, nd->last_access);
 }
 
 /* ---- lifecycle ------------------------------------------------------------------------- */
@@ -1041,8 +927,8 @@ void rdx_tree_free(rdx_tree_t *t)
         }
     }
     pc_free(t->ns_slots);
-    pc_free(t->exp.a);
-    pc_free(t->lru.a);
+    pc_heap_free(&t->exp);
+    pc_heap_free(&t->lru);
     pc_free(t->owner_st);
     pc_free(t);
 }
@@ -1237,7 +1123,8 @@ int rdx_tree_insert_from(rdx_tree_t *t, uint64_t nsid, rdx_node_t *from, const u
          * unpin, touch) never allocate. Growing an array keeps its contents, so a
          * failure after this point leaves no visible change. */
         uint64_t want = t->total.n_nodes + 2;
-        if ((rc = heap_reserve(&t->exp, want)) != 0 || (rc = heap_reserve(&t->lru, want)) != 0)
+        if ((rc = pc_heap_reserve(&t->exp, want)) != 0 ||
+            (rc = pc_heap_reserve(&t->lru, want)) != 0)
             goto fail;
         rc = PC_ERR_NOMEM;
     }
@@ -1324,7 +1211,7 @@ int rdx_tree_insert_from(rdx_tree_t *t, uint64_t nsid, rdx_node_t *from, const u
         }
         /* The parent stops being a leaf. */
         if (node->lru_idx != RDX_NOIDX)
-            heap_del(&t->lru, node);
+            pc_heap_del(&t->lru, node);
         leaf->parent = node;
         leaf->ns = s;
         leaf->len = (uint32_t)(n - leaf_pos);
@@ -1346,7 +1233,7 @@ int rdx_tree_insert_from(rdx_tree_t *t, uint64_t nsid, rdx_node_t *from, const u
     }
     touch_path(t, end, now);
     if (leaf != NULL)
-        heap_push(&t->lru, leaf, leaf->last_access);
+        pc_heap_push(&t->lru, leaf, leaf->last_access);
     if (out != NULL)
         *out = end;
     return need_leaf ? 0 : 1;
@@ -1388,8 +1275,8 @@ void rdx_tree_expire(rdx_tree_t *t, uint64_t now, size_t *n_freed)
 {
     size_t freed = 0;
     while (t->exp.n > 0 && t->exp.a[0].key <= now) {
-        rdx_node_t *nd = t->exp.a[0].node;
-        heap_del(&t->exp, nd);
+        rdx_node_t *nd = (rdx_node_t *)t->exp.a[0].item;
+        pc_heap_del(&t->exp, nd);
         nd->expiry = 0;
         if (nd->flags & NF_ENTRY) {
             nd->flags &= ~(uint32_t)NF_ENTRY;
@@ -1411,7 +1298,7 @@ void rdx_tree_evict(rdx_tree_t *t, size_t n_tokens, size_t *n_freed)
 {
     size_t freed = 0;
     while (freed < n_tokens && t->lru.n > 0)
-        prune(t, t->lru.a[0].node, RDX_FREE_EVICT, &freed);
+        prune(t, (rdx_node_t *)t->lru.a[0].item, RDX_FREE_EVICT, &freed);
     if (n_freed != NULL)
         *n_freed = freed;
 }
@@ -1495,7 +1382,7 @@ int rdx_tree_pin(rdx_tree_t *t, rdx_node_t *node)
     if (node->pins == UINT32_MAX)
         return PC_ERR_RANGE;
     if (node->pins++ == 0 && node->lru_idx != RDX_NOIDX)
-        heap_del(&t->lru, node);
+        pc_heap_del(&t->lru, node);
     return 0;
 }
 
@@ -1515,7 +1402,7 @@ int rdx_tree_unpin(rdx_tree_t *t, rdx_node_t *node)
         prune(t, node, RDX_FREE_EXPIRE, &freed);
         return 1;
     }
-    heap_push(&t->lru, node, node->last_access);
+    pc_heap_push(&t->lru, node, node->last_access);
     return 0;
 }
 
@@ -1744,7 +1631,7 @@ int rdx_tree_owner_stats(const rdx_tree_t *t, uint32_t owner, rdx_stats_t *out)
 static size_t fixed_bytes(const rdx_tree_t *t)
 {
     return sizeof *t + (size_t)t->ns_cap * sizeof(rdx_ns_t *) +
-           ((size_t)t->exp.cap + t->lru.cap) * sizeof(rdx_hent_t) +
+           ((size_t)t->exp.cap + t->lru.cap) * sizeof(pc_heap_ent_t) +
            (size_t)t->p.max_owners * sizeof(rdx_stats_t);
 }
 
@@ -1882,10 +1769,10 @@ static int check_heap(const rdx_heap_t *h, const char *name, char *err, size_t l
     int rc = 0;
     CHECK(h->n <= h->cap, "%s heap: n %" PRIu32 " > cap %" PRIu32, name, h->n, h->cap);
     for (uint32_t i = 0; i < h->n; i++) {
-        CHECK(*heap_idx(h, h->a[i].node) == i, "%s heap: entry %" PRIu32 " has index %" PRIu32,
-              name, i, *heap_idx(h, h->a[i].node));
+        CHECK(*heap_idx(h, h->a[i].item) == i, "%s heap: entry %" PRIu32 " has index %" PRIu32,
+              name, i, *heap_idx(h, h->a[i].item));
         if (i > 0)
-            CHECK(h->a[(i - 1) / HEAP_D].key <= h->a[i].key, "%s heap: order broken at %" PRIu32,
+            CHECK(h->a[(i - 1) / PC_HEAP_D].key <= h->a[i].key, "%s heap: order broken at %" PRIu32,
                   name, i);
     }
 done:
@@ -1983,7 +1870,7 @@ int rdx_tree_check(const rdx_tree_t *t, char *err, size_t len)
                   "membership wrong",
                   x->depth);
             if (want_exp) {
-                CHECK(x->exp_idx < t->exp.n && t->exp.a[x->exp_idx].node == x &&
+                CHECK(x->exp_idx < t->exp.n && t->exp.a[x->exp_idx].item == x &&
                           t->exp.a[x->exp_idx].key == x->expiry,
                       "node d=%" PRIu32 ": expiry heap entry wrong", x->depth);
                 n_exp++;
@@ -1994,7 +1881,7 @@ int rdx_tree_check(const rdx_tree_t *t, char *err, size_t len)
                   "membership wrong",
                   x->depth);
             if (want_lru) {
-                CHECK(x->lru_idx < t->lru.n && t->lru.a[x->lru_idx].node == x &&
+                CHECK(x->lru_idx < t->lru.n && t->lru.a[x->lru_idx].item == x &&
                           t->lru.a[x->lru_idx].key == x->last_access,
                       "node d=%" PRIu32 ": lru heap entry wrong", x->depth);
                 n_lru++;

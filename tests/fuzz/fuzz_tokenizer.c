@@ -53,7 +53,7 @@ static void check(const eng_tok_t *t, const uint8_t *data, size_t size, int whic
         PC_ASSERT(ids[i] < eng_tok_n_vocab(t) && !eng_tok_is_control(t, ids[i]));
     pc_buf_t got = PC_BUF_INIT, want = PC_BUF_INIT, streamed = PC_BUF_INIT;
     PC_ASSERT(eng_tok_decode(t, ids, n, false, &got) == 0);
-    bool valid = eng__utf8_valid_prefix(data, size) == size;
+    bool valid = pc_utf8_valid_prefix(data, size) == size;
     bool exact = true;
     if (which == 1) {
         PC_ASSERT(eng__utf8_nfc((const char *)data, size, &want) == 0);
@@ -76,7 +76,7 @@ static void check(const eng_tok_t *t, const uint8_t *data, size_t size, int whic
     for (size_t i = 0; i <= n; i++) {
         size_t k = i < n ? eng_tok_stream_feed(&s, ids[i], buf, sizeof buf)
                          : eng_tok_stream_flush(&s, buf, sizeof buf);
-        PC_ASSERT(eng__utf8_valid_prefix((const unsigned char *)buf, k) == k);
+        PC_ASSERT(pc_utf8_valid_prefix((const unsigned char *)buf, k) == k);
         PC_ASSERT(pc_buf_append(&streamed, buf, k) == 0);
     }
     if (exact && valid)

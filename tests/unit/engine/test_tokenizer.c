@@ -247,7 +247,7 @@ static void roundtrip(eng_tok_t *t, const char *text, size_t len, bool nfc, bool
         ASSERT_EQ(pc_buf_append(&got, buf, k), 0);
         k = eng_tok_stream_feed(&s, ids[i], buf, sizeof buf);
         /* Every chunk is whole UTF-8. */
-        ASSERT_EQ(eng__utf8_valid_prefix((const unsigned char *)buf, k), k);
+        ASSERT_EQ(pc_utf8_valid_prefix((const unsigned char *)buf, k), k);
         ASSERT_EQ(pc_buf_append(&streamed, buf, k), 0);
     }
     size_t k = eng_tok_stream_flush(&s, buf, sizeof buf);
@@ -308,14 +308,14 @@ PC_TEST(invalid_utf8)
         size_t k = eng_tok_decode_token(t, ids[i], false, buf, sizeof buf);
         ASSERT_EQ(pc_buf_append(&got, buf, k), 0);
         k = eng_tok_stream_feed(&s, ids[i], buf, sizeof buf);
-        ASSERT_EQ(eng__utf8_valid_prefix((const unsigned char *)buf, k), k);
+        ASSERT_EQ(pc_utf8_valid_prefix((const unsigned char *)buf, k), k);
         ASSERT_EQ(pc_buf_append(&streamed, buf, k), 0);
     }
     size_t k = eng_tok_stream_flush(&s, buf, sizeof buf);
     ASSERT_EQ(pc_buf_append(&streamed, buf, k), 0);
     ASSERT_EQ(got.len, sizeof bad - 1);
     ASSERT_MEM_EQ(got.base, bad, sizeof bad - 1);
-    ASSERT_EQ(eng__utf8_valid_prefix((const unsigned char *)streamed.base, streamed.len),
+    ASSERT_EQ(pc_utf8_valid_prefix((const unsigned char *)streamed.base, streamed.len),
               streamed.len);
     ASSERT_TRUE(memmem(streamed.base, streamed.len, "\xEF\xBF\xBD", 3) != NULL);
     ASSERT_TRUE(memmem(streamed.base, streamed.len, " tail ", 6) != NULL);

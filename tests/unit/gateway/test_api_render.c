@@ -14,6 +14,7 @@
 
 #include "api.h"
 #include "common.h"
+#include "pc_json.h"
 #include "pc_test.h"
 
 static const gw_api_resp_t *anth_resp(void)
@@ -306,7 +307,7 @@ PC_TEST(json_string_escaping)
     };
     for (size_t i = 0; i < PC_ARRAY_LEN(cases); i++) {
         b.len = 0;
-        ASSERT_EQ(gw_json_string(&b, cases[i].in, cases[i].len), 0);
+        ASSERT_EQ(pc_json_string(&b, cases[i].in, cases[i].len, PC_JSON_UTF8), 0);
         ASSERT_EQ(b.len, strlen(cases[i].out));
         ASSERT_MEM_EQ(b.base, cases[i].out, b.len);
         ASSERT_TRUE(valid_json(b.base, b.len));
@@ -321,7 +322,7 @@ PC_TEST(json_string_escaping)
             in[i] = (char)(rng >> 56);
         }
         b.len = 0;
-        ASSERT_EQ(gw_json_string(&b, in, n), 0);
+        ASSERT_EQ(pc_json_string(&b, in, n, PC_JSON_UTF8), 0);
         json_t *v = json_loadb(b.base, b.len, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
         ASSERT_TRUE(v != NULL && json_is_string(v));
         json_decref(v);

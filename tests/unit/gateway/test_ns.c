@@ -1,8 +1,8 @@
 /*
- * test_ns.c — gateway/ns.c and the map under it (gateway/u64map.c): the namespace derivation
- * (distinct inputs -> distinct namespaces, no ambiguity between the parts), the table's
- * reference counts and sweep, the map against a naive array under random insert/delete, and
- * both under a failing allocator.
+ * test_ns.c — gateway/ns.c: the namespace derivation (distinct inputs -> distinct namespaces,
+ * no ambiguity between the parts), the table's reference counts and sweep, and the table under
+ * a failing allocator. The map under it (common/pc_u64map.c) is tested in
+ * tests/unit/common/test_pc_u64map.c.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +10,6 @@
 #include "common.h"
 #include "ns.h"
 #include "pc_test.h"
-#include "u64map.h"
 
 static const uint8_t KEY[GW_NS_KEY_BYTES] = "test-namespace-secret-0123456789";
 
@@ -93,49 +92,6 @@ PC_TEST(ns_table_follows_entries)
     ASSERT_EQ_U64(t.map.cap, 0); /* back to its base size: nothing allocated */
     gw_ns_tab_unref(&t, 12345);  /* unknown: ignored */
     gw_ns_tab_free(&t);
-}
-
-static uint64_t rng = 1;
-static uint64_t rnd(uint64_t n)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng % n;
-}
-
-PC_TEST(u64map_against_naive)
-{
-    enum { K = 600 };
-    void *naive[K + 1] = {0};
-    gw_u64map_t m = {0};
-    static int vals[K + 1];
-    for (int step = 0; step < 200000; step++) {
-        /* Keys clustered (small range) so probe runs collide and wrap. */
-        uint64_t key = 1 + rnd(K);
-        if (rnd(3) != 0) {
-            ASSERT_EQ(gw_u64map_put(&m, key, &vals[key]), 0);
-            naive[key] = &vals[key];
-        } else {
-            ASSERT_TRUE(gw_u64map_del(&m, key) == naive[key]);
-            naive[key] = NULL;
-        }
-        if (step % 997 == 0) {
-            size_t n = 0;
-            for (uint64_t k = 1; k <= K; k++) {
-                ASSERT_TRUE(gw_u64map_get(&m, k) == naive[k]);
-                n += naive[k] != NULL;
-            }
-            ASSERT_EQ_U64(gw_u64map_count(&m), n);
-            ASSERT_LE(2 * m.n, m.cap);
-        }
-    }
-    for (uint64_t k = 1; k <= K; k++)
-        gw_u64map_del(&m, k);
-    ASSERT_EQ_U64(gw_u64map_count(&m), 0);
-    ASSERT_EQ(gw_u64map_put(&m, 0, &vals[0]), PC_ERR_INVAL);
-    ASSERT_TRUE(gw_u64map_get(&m, 0) == NULL);
-    gw_u64map_free(&m);
 }
 
 static long fail_k;

@@ -1,25 +1,33 @@
 /*
- * u64map.c — see u64map.h.
+ * pc_u64map.c — see pc_u64map.h.
  */
-#include "u64map.h"
+#include "pc_u64map.h"
 
-#include "common.h"
+#include <stdbool.h>
+
+#include "pc_alloc.h"
+#include "pc_err.h"
 
 #define MIN_CAP 16
 
 static size_t home(uint64_t key, size_t cap)
 {
-    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & (cap - 1);
+    key ^= key >> 33;
+    key *= 0xff51afd7ed558ccdull;
+    key ^= key >> 33;
+    key *= 0xc4ceb9fe1a85ec53ull;
+    key ^= key >> 33;
+    return (size_t)key & (cap - 1);
 }
 
-void gw_u64map_free(gw_u64map_t *m)
+void pc_u64map_free(pc_u64map_t *m)
 {
     pc_free(m->slots);
     m->slots = NULL;
     m->cap = m->n = 0;
 }
 
-void *gw_u64map_get(const gw_u64map_t *m, uint64_t key)
+void *pc_u64map_get(const pc_u64map_t *m, uint64_t key)
 {
     if (m->cap == 0 || key == 0)
         return NULL;
@@ -31,17 +39,17 @@ void *gw_u64map_get(const gw_u64map_t *m, uint64_t key)
     }
 }
 
-static void place(gw_u64map_slot_t *slots, size_t cap, uint64_t key, void *value)
+static void place(pc_u64map_slot_t *slots, size_t cap, uint64_t key, void *value)
 {
     size_t i = home(key, cap);
     while (slots[i].key != 0)
         i = (i + 1) & (cap - 1);
-    slots[i] = (gw_u64map_slot_t){key, value};
+    slots[i] = (pc_u64map_slot_t){key, value};
 }
 
-static int resize(gw_u64map_t *m, size_t cap)
+static int resize(pc_u64map_t *m, size_t cap)
 {
-    gw_u64map_slot_t *t = pc_calloc(cap, sizeof *t);
+    pc_u64map_slot_t *t = pc_calloc(cap, sizeof *t);
     if (t == NULL)
         return PC_ERR_NOMEM;
     for (size_t i = 0; i < m->cap; i++)
@@ -53,7 +61,7 @@ static int resize(gw_u64map_t *m, size_t cap)
     return 0;
 }
 
-int gw_u64map_put(gw_u64map_t *m, uint64_t key, void *value)
+int pc_u64map_put(pc_u64map_t *m, uint64_t key, void *value)
 {
     if (key == 0 || value == NULL)
         return PC_ERR_INVAL;
@@ -74,7 +82,7 @@ int gw_u64map_put(gw_u64map_t *m, uint64_t key, void *value)
     return 0;
 }
 
-void *gw_u64map_del(gw_u64map_t *m, uint64_t key)
+void *pc_u64map_del(pc_u64map_t *m, uint64_t key)
 {
     if (m->cap == 0 || key == 0)
         return NULL;
@@ -96,11 +104,18 @@ void *gw_u64map_del(gw_u64map_t *m, uint64_t key)
         m->slots[i] = m->slots[j];
         i = j;
     }
-    m->slots[i] = (gw_u64map_slot_t){0, NULL};
+    m->slots[i] = (pc_u64map_slot_t){0, NULL};
     m->n--;
     if (m->n == 0)
-        gw_u64map_free(m);
+        pc_u64map_free(m);
     else if (m->cap > MIN_CAP && 4 * m->n < m->cap / 2)
         (void)resize(m, m->cap / 2); /* best effort: a failed shrink keeps a valid table */
     return value;
+}
+
+size_t pc_u64map_next(const pc_u64map_t *m, size_t i)
+{
+    while (i < m->cap && m->slots[i].key == 0)
+        i++;
+    return i < m->cap ? i : m->cap;
 }
