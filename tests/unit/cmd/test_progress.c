@@ -1,7 +1,7 @@
 /*
  * test_progress.c — progress of the long operations: eng_mkmodel_write reports every tensor
  * (monotone, ending at the total), eng_model_load / eng_init report every layer (1..n_layer),
- * and the terminal line (gateway/progress.c) is drawn on a terminal only: a pseudo-terminal
+ * and the terminal line (cmd/progress.c) is drawn on a terminal only: a pseudo-terminal
  * gets the bar and the erase at the end, a file gets nothing.
  */
 #define _XOPEN_SOURCE 600 /* posix_openpt, grantpt, unlockpt, ptsname */
@@ -204,6 +204,46 @@ PC_TEST(terminal_only)
     close(slave);
     close(master);
     unsetenv("KVGW_NO_PROGRESS");
+}
+
+/* kvgw serve's loads (gw_serve_params_t.load_progress): two workers load through one display;
+ * (0, 0) erases the line after each, and the second load is drawn again from its start. */
+PC_TEST(serve_loads)
+{
+    unsetenv("KVGW_NO_PROGRESS");
+    int master = posix_openpt(O_RDWR | O_NOCTTY);
+    if (master < 0 || grantpt(master) != 0 || unlockpt(master) != 0)
+        PC_SKIP("no pseudo-terminal on this machine");
+    int slave = open(ptsname(master), O_RDWR | O_NOCTTY);
+    ASSERT_TRUE(slave >= 0);
+    fcntl(master, F_SETFL, O_NONBLOCK);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    dup2(slave, STDERR_FILENO);
+    kvgw_progress_t pr;
+    kvgw_progress_begin(&pr, "loading", "layers");
+    for (int w = 0; w < 2; w++) {
+        kvgw_progress_cb_load(1, 2, &pr);
+        kvgw_progress_cb_load(2, 2, &pr);
+        kvgw_progress_cb_load(0, 0, &pr);
+    }
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    char buf[2048];
+    size_t n = 0;
+    ssize_t k;
+    while (n + 1 < sizeof buf && (k = read(master, buf + n, sizeof buf - 1 - n)) > 0)
+        n += (size_t)k;
+    buf[n] = '\0';
+    close(slave);
+    close(master);
+    const char *a = strstr(buf, " 50% (1/2 layers)");
+    ASSERT_TRUE(a != NULL);
+    const char *b = strstr(a + 1, " 50% (1/2 layers)"); /* the second worker's, drawn again */
+    ASSERT_TRUE(b != NULL);
+    ASSERT_TRUE(strstr(a, "100% (2/2 layers)\r\033[K\r\033[Kloading") != NULL); /* erased between */
+    ASSERT_TRUE(n >= 4 && strcmp(buf + n - 4, "\r\033[K") == 0);                /* and at the end */
 }
 
 PC_TEST_MAIN()
