@@ -384,28 +384,24 @@ static int get_bool(walk_t *w, yaml_node_t *n, bool *out)
 }
 
 /* "host:port" (or "[v6]:port"). */
-static int get_addr(walk_t *w, yaml_node_t *n, char **host, int *port)
+/* A HOST:PORT by the link's syntax (link/lnk_addr.h: IPv4, [IPv6], an RFC 1123 host name);
+ * flags: LNK_ADDR_PORT_ZERO where port 0 means "any free port". The host is kept without
+ * brackets. */
+static int get_addr(walk_t *w, yaml_node_t *n, unsigned flags, char **host, int *port)
 {
     const char *s = scalar(n);
-    const char *colon = s ? strrchr(s, ':') : NULL;
-    if (colon == NULL || colon == s)
+    lnk_addr_t a;
+    char why[320];
+    if (s == NULL)
         return fail_at(w, n, "expected HOST:PORT");
-    char *end;
-    long p = strtol(colon + 1, &end, 10);
-    if (*end != '\0' || p < 0 || p > 65535 || end == colon + 1)
-        return fail_at(w, n, "bad port in '%s'", s);
-    const char *h = s;
-    size_t hl = (size_t)(colon - s);
-    if (h[0] == '[' && hl >= 2 && h[hl - 1] == ']') {
-        h++;
-        hl -= 2;
-    }
-    char *d = pc_strndup(h, hl);
+    if (lnk_addr_parse(s, flags, &a, why, sizeof why) != 0)
+        return fail_at(w, n, "%s", why);
+    char *d = pc_strdup(a.host);
     if (d == NULL)
         return PC_ERR_NOMEM;
     pc_free(*host);
     *host = d;
-    *port = (int)p;
+    *port = a.port;
     return 0;
 }
 
@@ -811,7 +807,7 @@ static int redis_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
 {
     gw_config_t *c = ud;
     if (strcmp(k, "address") == 0)
-        return get_addr(w, v, &c->redis_host, &c->redis_port);
+        return get_addr(w, v, 0, &c->redis_host, &c->redis_port);
     if (strcmp(k, "password") == 0)
         return get_secret(w, v, &c->redis_password);
     if (strcmp(k, "timeout") == 0)
@@ -856,7 +852,7 @@ static int top_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
 {
     gw_config_t *c = ud;
     if (strcmp(k, "listen") == 0)
-        return get_addr(w, v, &c->listen_host, &c->listen_port);
+        return get_addr(w, v, LNK_ADDR_PORT_ZERO, &c->listen_host, &c->listen_port);
     if (strcmp(k, "models") == 0)
         return parse_models(w, v, c);
     if (strcmp(k, "api_keys") == 0)

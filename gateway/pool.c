@@ -16,7 +16,6 @@
 #include "common.h"
 #include "pc_time.h"
 #include "worker.h"
-#include "progress.h"
 #include "worker_client.h"
 
 #define POLL_BATCH 64
@@ -35,7 +34,6 @@ typedef struct slot {
     const char *address;
     lnk_worker_client_t *client;
     uv_timer_t retry;
-    kvgw_progress_t progress;
     bool retry_live;
     uint32_t backoff_ms;
     uint64_t fail_logged_ms; /* when a failed attempt was last logged; 0: never since up */
@@ -206,9 +204,8 @@ static int start_local(gw_pool_t *p, slot_t *s, const gw_cfg_model_t *m, char *e
         wp.engine.kv_max_bytes = m->kv_bytes;
         wp.engine.kv_max_tokens = 0;
     }
-    wp.engine.load_progress = kvgw_progress_cb_u32; /* a bar on a terminal, nothing otherwise */
-    kvgw_progress_begin(&s->progress, "loading", "layers");
-    wp.engine.load_progress_ud = &s->progress;
+    wp.engine.load_progress = p->cbs.on_load;
+    wp.engine.load_progress_ud = p->cbs.on_load_ud;
     wp.wake = worker_wake;
     wp.wake_ud = &s->wake;
     if (uv_async_init(p->loop, &s->wake, drain_local) != 0)
@@ -217,7 +214,8 @@ static int start_local(gw_pool_t *p, slot_t *s, const gw_cfg_model_t *m, char *e
     s->wake_live = true;
     p->handles_open++;
     int rc = eng_worker_init(&wp, &s->w, err, err_len);
-    kvgw_progress_end(&s->progress);
+    if (p->cbs.on_load != NULL)
+        p->cbs.on_load(0, 0, p->cbs.on_load_ud); /* the load is over */
     if (rc != 0)
         return rc;
     eng_worker_info_t in;

@@ -45,10 +45,14 @@ typedef struct gw_pool_cbs {
     void (*on_event)(void *ud, uint32_t worker, const eng_wire_frame_t *ev);
     /* up: the worker became usable (remote handshake done); !up: it went away (reason). */
     void (*on_state)(void *ud, uint32_t worker, bool up, const char *reason);
+    /* An in-process worker's model load inside gw_pool_init: (layers done, total) as it goes,
+     * then (0, 0) once that load finished or failed. NULL: not reported. */
+    void (*on_load)(uint32_t done, uint32_t total, void *ud);
+    void *on_load_ud;
 } gw_pool_cbs_t;
 
 /* Starts every worker of every model in cfg: loads the in-process ones (blocking, at startup;
- * progress on stderr) and starts connecting to the remote ones. Returns 0, or the first
+ * progress through cbs->on_load) and starts connecting to the remote ones. Returns 0, or the first
  * in-process worker's load error with a reason in err. cfg must outlive the pool. */
 int gw_pool_init(uv_loop_t *loop, const gw_config_t *cfg, const gw_pool_cbs_t *cbs, void *ud,
                  gw_pool_t **out, char *err, size_t err_len);

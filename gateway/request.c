@@ -31,8 +31,8 @@ static const unsigned allowed[] = {
 void gw__req_set_state(gw_req_t *q, gw_req_state_t to)
 {
     if (!(allowed[q->state] & (1u << to)))
-        pc__fatal(__FILE__, __LINE__, "request %s: no transition %s -> %s", q->id,
-                  state_names[q->state], state_names[to]);
+        PC_ABORT("request %s: no transition %s -> %s", q->id, state_names[q->state],
+                 state_names[to]);
     q->state = to;
 }
 

@@ -6,7 +6,6 @@
 #include "serve.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,12 +14,13 @@
 #include <unistd.h>
 
 #include "api.h"
-#include "cli.h"
 #include "dashboard.h"
 #include "gguf.h"
 #include "hparams.h"
 #include "request.h"
 #include "vocab.h"
+
+#define SERVE_EXIT_FAIL 1 /* gw_serve's exit status on a failure (0: a clean stop) */
 
 /* ---- protocol errors --------------------------------------------------------------------- */
 
@@ -303,11 +303,6 @@ static int load_models(serve_t *s, char *err, size_t err_len)
     return 0;
 }
 
-static void usage_line(FILE *f)
-{
-    fprintf(f, "usage: kvgw serve [--config FILE] [--listen HOST:PORT]\n");
-}
-
 static void on_walk_close(uv_handle_t *h, void *arg)
 {
     (void)arg;
@@ -336,28 +331,24 @@ static int mkdir_parents(const char *path, char *err, size_t err_len)
     return 0;
 }
 
-static int serve_run(serve_t *s, const char *listen)
+static int serve_run(serve_t *s, const gw_serve_params_t *params)
 {
     char err[512];
     int rc;
-    if (listen != NULL) {
-        char *host = NULL;
-        const char *colon = strrchr(listen, ':');
-        char *end = NULL;
-        long port = colon ? strtol(colon + 1, &end, 10) : -1;
-        if (colon == NULL || colon == listen || *end != '\0' || port < 0 || port > 65535) {
-            fprintf(stderr, "kvgw serve: --listen wants HOST:PORT, got '%s'\n", listen);
-            return KVGW_EXIT_USAGE;
+    if (params->listen_host != NULL) {
+        char *host = pc_strdup(params->listen_host);
+        if (host == NULL) {
+            fprintf(stderr, "kvgw serve: out of memory\n");
+            return SERVE_EXIT_FAIL;
         }
-        host = pc_strndup(listen, (size_t)(colon - listen));
         pc_free(s->cfg.listen_host);
         s->cfg.listen_host = host;
-        s->cfg.listen_port = (int)port;
+        s->cfg.listen_port = params->listen_port;
     }
     /* Protected mode: the demo secrets stay on loopback (--listen included). */
     if (gw_config_check_exposure(&s->cfg, s->cfg.listen_host, err, sizeof err) != 0) {
         fprintf(stderr, "kvgw serve: %s\n", err);
-        return KVGW_EXIT_FAIL;
+        return SERVE_EXIT_FAIL;
     }
     int lvl = pc_log_level_parse(s->cfg.log_level);
     if (lvl >= 0)
@@ -368,7 +359,7 @@ static int serve_run(serve_t *s, const char *listen)
         s->access_log = stdout;
     else if ((s->access_log = gw__obs_open_access_log(s->cfg.access_log)) == NULL) {
         fprintf(stderr, "kvgw serve: cannot open the access log %s\n", s->cfg.access_log);
-        return KVGW_EXIT_FAIL;
+        return SERVE_EXIT_FAIL;
     }
     if (s->cfg.namespace_secret_is_default)
         fprintf(stderr, "kvgw: warning: cache.namespace_secret is the built-in demo secret; set "
@@ -378,11 +369,11 @@ static int serve_run(serve_t *s, const char *listen)
         if (rc == PC_ERR_IO)
             fprintf(stderr, "kvgw serve: generate the demo model with bash scripts/models.sh, or "
                             "point models[].path at a GGUF file\n");
-        return KVGW_EXIT_FAIL;
+        return SERVE_EXIT_FAIL;
     }
     if ((rc = bill_pricing_load(s->cfg.pricing_path, &s->pricing, err, sizeof err)) != 0) {
         fprintf(stderr, "kvgw serve: %s\n", err);
-        return KVGW_EXIT_FAIL;
+        return SERVE_EXIT_FAIL;
     }
     for (size_t i = 0; i < s->n_models; i++) {
         const bill_price_t *p;
@@ -394,11 +385,11 @@ static int serve_run(serve_t *s, const char *listen)
     }
     if (bill_idgen_init(&s->idgen) != 0) {
         fprintf(stderr, "kvgw serve: no random source for event ids\n");
-        return KVGW_EXIT_FAIL;
+        return SERVE_EXIT_FAIL;
     }
     if (mkdir_parents(s->cfg.ledger_dir, err, sizeof err) != 0) {
         fprintf(stderr, "kvgw serve: billing.ledger_dir: %s\n", err);
-        return KVGW_EXIT_FAIL;
+        return SERVE_EXIT_FAIL;
     }
     uv_async_init(s->loop, &s->ledger_wake, gw__req_on_ledger_wake);
     s->ledger_wake.data = s;
@@ -415,7 +406,7 @@ static int serve_run(serve_t *s, const char *listen)
     lp.wake_ud = &s->ledger_wake;
     if ((rc = bill_ledger_open(&lp, &s->ledger, err, sizeof err)) != 0) {
         fprintf(stderr, "kvgw serve: ledger: %s\n", err);
-        return KVGW_EXIT_FAIL;
+        return SERVE_EXIT_FAIL;
     }
     if (s->cfg.redis_host != NULL) {
         bill_shipper_params_t sp = bill_shipper_params_default();
@@ -429,7 +420,7 @@ static int serve_run(serve_t *s, const char *listen)
         sp.durable_ud = s;
         if ((rc = bill_shipper_start(s->loop, &sp, &s->shipper, err, sizeof err)) != 0) {
             fprintf(stderr, "kvgw serve: redis shipper: %s\n", err);
-            return KVGW_EXIT_FAIL;
+            return SERVE_EXIT_FAIL;
         }
     }
     gw_cindex_params_t ip = gw_cindex_params_default();
@@ -440,15 +431,16 @@ static int serve_run(serve_t *s, const char *listen)
     ip.ud = s;
     if ((rc = gw_cindex_init(&ip, &s->ix)) != 0) {
         fprintf(stderr, "kvgw serve: cache index: %s\n", pc_strerror(rc));
-        return KVGW_EXIT_FAIL;
+        return SERVE_EXIT_FAIL;
     }
     gw_router_params_t rp = gw_router_params_default();
     gw_router_init(&s->router, &rp);
     gw__obs_setup_metrics(s);
-    gw_pool_cbs_t cbs = {gw__req_pool_event, gw__req_pool_state};
+    gw_pool_cbs_t cbs = {gw__req_pool_event, gw__req_pool_state, params->load_progress,
+                         params->load_progress_ud};
     if ((rc = gw_pool_init(s->loop, &s->cfg, &cbs, s, &s->pool, err, sizeof err)) != 0) {
         fprintf(stderr, "kvgw serve: workers: %s\n", err);
-        return KVGW_EXIT_FAIL;
+        return SERVE_EXIT_FAIL;
     }
     gw_http_params_t hp = gw_http_params_default();
     hp.host = s->cfg.listen_host;
@@ -469,7 +461,7 @@ static int serve_run(serve_t *s, const char *listen)
     hp.ud = s;
     if ((rc = gw_http_server_init(s->loop, &hp, &s->http, err, sizeof err)) != 0) {
         fprintf(stderr, "kvgw serve: %s\n", err);
-        return KVGW_EXIT_FAIL;
+        return SERVE_EXIT_FAIL;
     }
     uv_timer_init(s->loop, &s->tick);
     s->tick.data = s;
@@ -524,42 +516,16 @@ static void size_threadpool(void)
     setenv("UV_THREADPOOL_SIZE", v, 0);
 }
 
-int kvgw_cmd_serve(int argc, char **argv)
+gw_serve_params_t gw_serve_params_default(void)
+{
+    gw_serve_params_t p = {0};
+    return p;
+}
+
+int gw_serve(const gw_serve_params_t *p)
 {
     size_threadpool();
-    const char *config_path = NULL, *listen = NULL;
-    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
-                                         {"listen", required_argument, NULL, 'l'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "c:l:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'c':
-            config_path = optarg;
-            break;
-        case 'l':
-            listen = optarg;
-            break;
-        case 'h':
-            usage_line(stdout);
-            printf("\nRuns the gateway. Without --config it reads %s when that file exists, else "
-                   "the built-in\ndefault (the same settings). SIGINT/SIGTERM stop it gracefully: "
-                   "no new requests,\nin-flight ones finish (limits.shutdown_grace), the ledger "
-                   "is flushed, exit 0.\nSIGHUP reopens the access log file (for log "
-                   "rotation).\n",
-                   GW_CONFIG_DEFAULT_PATH);
-            return KVGW_EXIT_OK;
-        default:
-            usage_line(stderr);
-            return KVGW_EXIT_USAGE;
-        }
-    }
-    if (optind != argc) {
-        usage_line(stderr);
-        return KVGW_EXIT_USAGE;
-    }
+    const char *config_path = p->config_path;
     serve_t *s = pc_calloc(1, sizeof *s);
     char err[512];
     int rc;
@@ -570,12 +536,12 @@ int kvgw_cmd_serve(int argc, char **argv)
     if (rc != 0) {
         fprintf(stderr, "kvgw serve: %s\n", config_path ? err : pc_strerror(rc));
         pc_free(s);
-        return KVGW_EXIT_FAIL;
+        return SERVE_EXIT_FAIL;
     }
     uv_loop_t loop;
     uv_loop_init(&loop);
     s->loop = &loop;
-    int code = serve_run(s, listen);
+    int code = serve_run(s, p);
 
     /* Teardown: the HTTP server is closed (or never opened); stop the workers, flush the
      * ledger with a final storage window, close every handle. */
@@ -592,7 +558,7 @@ int kvgw_cmd_serve(int argc, char **argv)
         s->ledger = NULL;
         if (lrc != 0) {
             fprintf(stderr, "kvgw: ledger: records not durable at exit: %s\n", pc_strerror(lrc));
-            code = KVGW_EXIT_FAIL;
+            code = SERVE_EXIT_FAIL;
         }
     }
     /* The server first (after its shutdown it frees at once; otherwise it closes its own

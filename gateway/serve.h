@@ -17,7 +17,26 @@
 #ifndef GW_SERVE_H
 #define GW_SERVE_H
 
-/* `kvgw serve [--config FILE] [--listen HOST:PORT]` (declared in cli.h as kvgw_cmd_serve). */
-int kvgw_cmd_serve(int argc, char **argv);
+#include <stdint.h>
+
+/* The gateway library's entry. `kvgw serve` (cmd/cmd_serve.c) parses the command line into these
+ * and calls gw_serve; the gateway itself reads no argv. */
+typedef struct gw_serve_params {
+    const char *config_path; /* NULL: conf/kvgw.yaml when it exists, else the built-in default */
+    const char *listen_host; /* NULL: the config's listen; else overrides it (with listen_port) */
+    int listen_port;         /* 0..65535 (0: any free port) */
+    /* The in-process workers' model loading (blocking, at startup): (layers done, total) for each
+     * worker's load, then (0, 0) once that load finished or failed (the binary draws a line on a
+     * terminal and erases it there). NULL: not reported. Called on the calling thread. */
+    void (*load_progress)(uint32_t done, uint32_t total, void *ud);
+    void *load_progress_ud;
+} gw_serve_params_t;
+
+gw_serve_params_t gw_serve_params_default(void);
+
+/* Runs the gateway until SIGINT/SIGTERM (graceful stop: no new requests, in-flight ones finish,
+ * the ledger is flushed). Returns the process exit status: 0 after a clean stop, 1 on a failure
+ * (a one-line reason on stderr, "kvgw serve: ..."). */
+int gw_serve(const gw_serve_params_t *p);
 
 #endif

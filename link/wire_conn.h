@@ -177,11 +177,6 @@ bool lnk_wire_auth_equal(const uint8_t a[ENG_WIRE_AUTH_BYTES],
 /* 32 bytes from the system's CSPRNG (a handshake nonce). */
 void lnk_wire_nonce(uint8_t out[ENG_WIRE_AUTH_BYTES]);
 
-/* The longest link secret accepted (bytes). */
-#define LNK_SECRET_MAX 1024
-/* The shortest: a shorter secret is refused by the server and client parameters checks. */
-#define LNK_SECRET_MIN 16
-
 /* Parses a numeric "HOST:PORT" ("[v6]:PORT" for IPv6; "localhost" means 127.0.0.1; port 0
  * allowed) into *addr, by lnk_addr_parse's rules. Other host names are PC_ERR_INVAL here: the
  * worker client resolves them (worker_client.h), the worker server at bind. Returns 0 or

@@ -30,6 +30,7 @@
 #include "lnk_addr.h"
 #include "wire_conn.h"
 #include "worker_client_internal.h"
+#include "worker_server.h" /* LNK_SECRET_MIN, LNK_SECRET_MAX */
 
 #define MIN_PEER_FRAME (16u << 10)
 #define MAX_PEER_HEARTBEAT_MS 600000u

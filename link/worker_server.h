@@ -83,6 +83,11 @@
  * is refused from its header (REJECT, connection closed). */
 #define LNK_HANDSHAKE_MAX_FRAME (8u << 10)
 
+/* The longest link secret accepted (bytes), by the server and the client (worker_client.h). */
+#define LNK_SECRET_MAX 1024
+/* The shortest: a shorter secret is refused by the server and client parameters checks. */
+#define LNK_SECRET_MIN 16
+
 typedef struct lnk_worker_server_params {
     const char *listen;            /* "HOST:PORT" (lnk_addr.h): IPv4, [IPv6] ("[::]": every
                                       address) or a host name, resolved once at init (its

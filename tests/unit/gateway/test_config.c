@@ -111,8 +111,19 @@ PC_TEST(errors_name_key_and_line)
                  "t.yaml:2: limits.max_body_bytes: expected a size");
     expect_error("limits:\n  header_timeout: 5 minutes\n", PC_ERR_INVAL,
                  "t.yaml:2: limits.header_timeout: expected a duration");
-    expect_error("listen: nowhere\n", PC_ERR_INVAL, "t.yaml:1: listen: expected HOST:PORT");
-    expect_error("listen: h:99999\n", PC_ERR_INVAL, "bad port");
+    /* Addresses by the link's parser (every case in tests/unit/link/test_lnk_addr.c); the
+     * reason keeps the file, line and key. */
+    expect_error("listen: nowhere\n", PC_ERR_INVAL,
+                 "t.yaml:1: listen: 'nowhere' has no port (expected HOST:PORT)");
+    expect_error("listen: h:99999\n", PC_ERR_INVAL,
+                 "t.yaml:1: listen: bad port '99999' in 'h:99999' (expected 0..65535)");
+    expect_error("listen: ::1:8080\n", PC_ERR_INVAL,
+                 "t.yaml:1: listen: '::1:8080': an IPv6 address goes in brackets");
+    expect_error("redis:\n  address: 'redis:0'\n", PC_ERR_INVAL,
+                 "t.yaml:2: redis.address: bad port '0' in 'redis:0' (expected 1..65535)");
+    expect_error("redis:\n  address: [x\n", PC_ERR_FORMAT, "t.yaml:");
+    expect_error("redis:\n  address: {a: b}\n", PC_ERR_INVAL,
+                 "t.yaml:2: redis.address: expected HOST:PORT");
     expect_error("cache:\n  accounting: approximate\n", PC_ERR_INVAL,
                  "t.yaml:2: cache.accounting: expected token or anthropic");
     expect_error("models:\n  - name: m\n    path: m.gguf\n    workers: 1\n    colour: red\n",
@@ -167,6 +178,22 @@ PC_TEST(secrets_from_env_and_files)
                  "t.yaml:2: api_keys[0].key: environment variable KVGW_TEST_MISSING is not set");
     expect_error("api_keys:\n  - {key: 'file:/nonexistent/kvgw', tenant: a}\n", PC_ERR_INVAL,
                  "cannot read /nonexistent/kvgw");
+}
+
+/* listen: takes port 0 (any free port) and keeps an IPv6 host without its brackets; a redis
+ * host name is kept as written, for hiredis to resolve. */
+PC_TEST(addresses)
+{
+    gw_config_t c;
+    char err[512] = "";
+    ASSERT_EQ(
+        parse("listen: '[::1]:0'\nredis:\n  address: redis-1.example:6380\n", &c, err, sizeof err),
+        0);
+    ASSERT_STR_EQ(c.listen_host, "::1");
+    ASSERT_EQ(c.listen_port, 0);
+    ASSERT_STR_EQ(c.redis_host, "redis-1.example");
+    ASSERT_EQ(c.redis_port, 6380);
+    gw_config_free(&c);
 }
 
 PC_TEST(ledger_open_check)

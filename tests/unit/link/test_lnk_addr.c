@@ -172,6 +172,37 @@ PC_TEST(ports)
     PC_TEST_CALL(ok("worker:00080", 0, LNK_ADDR_NAME, "worker", 80));
 }
 
+/* The gateway's listen addresses (config `listen:` and `kvgw serve --listen`, LNK_ADDR_PORT_ZERO)
+ * and `redis.address` (flags 0) use this parser too: the cases their own parsers once had, some
+ * of which those took and this refuses. */
+PC_TEST(gateway_addresses)
+{
+    PC_TEST_CALL(ok("127.0.0.1:8080", LNK_ADDR_PORT_ZERO, LNK_ADDR_IPV4, "127.0.0.1", 8080));
+    PC_TEST_CALL(ok("0.0.0.0:0", LNK_ADDR_PORT_ZERO, LNK_ADDR_IPV4, "0.0.0.0", 0));
+    PC_TEST_CALL(ok("[::1]:0", LNK_ADDR_PORT_ZERO, LNK_ADDR_IPV6, "::1", 0)); /* no brackets */
+    PC_TEST_CALL(ok("[::]:8080", LNK_ADDR_PORT_ZERO, LNK_ADDR_IPV6, "::", 8080));
+    PC_TEST_CALL(ok("redis:6379", 0, LNK_ADDR_NAME, "redis", 6379));
+    PC_TEST_CALL(bad("nowhere", LNK_ADDR_PORT_ZERO, "'nowhere' has no port (expected HOST:PORT)"));
+    PC_TEST_CALL(bad(":8080", LNK_ADDR_PORT_ZERO, "':8080' has an empty host"));
+    PC_TEST_CALL(bad("h:99999", LNK_ADDR_PORT_ZERO, "bad port '99999' in 'h:99999'"));
+    PC_TEST_CALL(bad("h:-1", LNK_ADDR_PORT_ZERO, "bad port '-1'"));
+    PC_TEST_CALL(bad("h:", LNK_ADDR_PORT_ZERO, "bad port ''"));
+    PC_TEST_CALL(bad("redis:0", 0, "bad port '0' in 'redis:0' (expected 1..65535)"));
+    /* strtol took these: a sign, leading blanks, hex. */
+    PC_TEST_CALL(bad("h:+8080", LNK_ADDR_PORT_ZERO, "bad port '+8080'"));
+    PC_TEST_CALL(bad("h: 8080", LNK_ADDR_PORT_ZERO, "bad port ' 8080'"));
+    PC_TEST_CALL(bad("h:0x1f90", LNK_ADDR_PORT_ZERO, "bad port '0x1f90'"));
+    /* An unbracketed IPv6 address was split at its last colon ("::1" port 8080). */
+    PC_TEST_CALL(bad("::1:8080", LNK_ADDR_PORT_ZERO, "an IPv6 address goes in brackets"));
+    /* Half a bracket was kept as part of the host. */
+    PC_TEST_CALL(bad("[::1:8080", LNK_ADDR_PORT_ZERO, "an IPv6 address goes in brackets"));
+    PC_TEST_CALL(bad("[::1]", LNK_ADDR_PORT_ZERO, "bad port '1]' in '[::1]'")); /* no port */
+    /* Any characters were a host. */
+    PC_TEST_CALL(bad("my_host:80", LNK_ADDR_PORT_ZERO, "character '_' is not allowed"));
+    PC_TEST_CALL(
+        bad("300.1.1.1:80", LNK_ADDR_PORT_ZERO, "neither an IPv4 address nor a host name"));
+}
+
 PC_TEST(too_long)
 {
     /* An address longer than any valid one is refused before anything is copied. */

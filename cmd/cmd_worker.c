@@ -25,7 +25,6 @@
 #include "common.h"
 #include "progress.h"
 #include "lnk_addr.h"
-#include "wire_conn.h"
 #include "worker_server.h"
 
 #include <errno.h>

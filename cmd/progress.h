@@ -39,4 +39,8 @@ void kvgw_progress_end(kvgw_progress_t *p);
 void kvgw_progress_cb_u32(uint32_t done, uint32_t total, void *ud);
 void kvgw_progress_cb_u64(uint64_t done, uint64_t total, void *ud);
 
+/* The adapter for gw_serve_params_t.load_progress (gateway/serve.h): (done, total) updates the
+ * line, (0, 0) ends one worker's load and erases it; the next load draws it afresh. */
+void kvgw_progress_cb_load(uint32_t done, uint32_t total, void *ud);
+
 #endif

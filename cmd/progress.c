@@ -51,6 +51,7 @@ void kvgw_progress_end(kvgw_progress_t *p)
         fflush(stderr);
     }
     p->drawn = false;
+    p->last_pct = -1; /* a later update draws again */
 }
 
 void kvgw_progress_cb_u32(uint32_t done, uint32_t total, void *ud)
@@ -61,4 +62,12 @@ void kvgw_progress_cb_u32(uint32_t done, uint32_t total, void *ud)
 void kvgw_progress_cb_u64(uint64_t done, uint64_t total, void *ud)
 {
     kvgw_progress_update(ud, done, total);
+}
+
+void kvgw_progress_cb_load(uint32_t done, uint32_t total, void *ud)
+{
+    if (total == 0)
+        kvgw_progress_end(ud);
+    else
+        kvgw_progress_update(ud, done, total);
 }

@@ -1,7 +1,7 @@
 /*
  * test_progress.c — progress of the long operations: eng_mkmodel_write reports every tensor
  * (monotone, ending at the total), eng_model_load / eng_init report every layer (1..n_layer),
- * and the terminal line (gateway/progress.c) is drawn on a terminal only: a pseudo-terminal
+ * and the terminal line (cmd/progress.c) is drawn on a terminal only: a pseudo-terminal
  * gets the bar and the erase at the end, a file gets nothing.
  */
 #define _XOPEN_SOURCE 600 /* posix_openpt, grantpt, unlockpt, ptsname */
@@ -137,12 +137,9 @@ PC_TEST(model_load_reports_every_layer)
     unlink(model_path);
 }
 
-/* Runs a begin / 3 updates / end sequence with stderr on fd; returns what fd's reader got. */
-static size_t draw_on(int fd, int read_fd, char *out, size_t cap)
+/* A begin / 3 updates / end sequence. */
+static void draw_updates(void)
 {
-    fflush(stderr);
-    int saved = dup(STDERR_FILENO);
-    dup2(fd, STDERR_FILENO);
     kvgw_progress_t pr;
     kvgw_progress_begin(&pr, "loading x", "layers");
     kvgw_progress_update(&pr, 1, 4);
@@ -150,6 +147,27 @@ static size_t draw_on(int fd, int read_fd, char *out, size_t cap)
     kvgw_progress_update(&pr, 4, 4);
     kvgw_progress_update(&pr, 9, 0); /* total 0: ignored */
     kvgw_progress_end(&pr);
+}
+
+/* kvgw serve's loads (gw_serve_params_t.load_progress): two workers through one display. */
+static void draw_serve_loads(void)
+{
+    kvgw_progress_t pr;
+    kvgw_progress_begin(&pr, "loading", "layers");
+    for (int w = 0; w < 2; w++) {
+        kvgw_progress_cb_load(1, 2, &pr);
+        kvgw_progress_cb_load(2, 2, &pr);
+        kvgw_progress_cb_load(0, 0, &pr);
+    }
+}
+
+/* Runs draw with stderr on fd; returns what fd's reader got. */
+static size_t draw_on(void (*draw)(void), int fd, int read_fd, char *out, size_t cap)
+{
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    dup2(fd, STDERR_FILENO);
+    draw();
     fflush(stderr);
     dup2(saved, STDERR_FILENO);
     close(saved);
@@ -159,6 +177,23 @@ static size_t draw_on(int fd, int read_fd, char *out, size_t cap)
         n += (size_t)k;
     out[n] = '\0';
     return n;
+}
+
+/* Runs draw with stderr on a fresh pseudo-terminal; returns the bytes drawn, or -1 where the
+ * machine has no pseudo-terminals. */
+static long draw_on_pty(void (*draw)(void), char *out, size_t cap)
+{
+    int master = posix_openpt(O_RDWR | O_NOCTTY);
+    if (master < 0 || grantpt(master) != 0 || unlockpt(master) != 0)
+        return -1;
+    int slave = open(ptsname(master), O_RDWR | O_NOCTTY);
+    if (slave < 0)
+        return -1;
+    fcntl(master, F_SETFL, O_NONBLOCK);
+    size_t n = draw_on(draw, slave, master, out, cap);
+    close(slave);
+    close(master);
+    return (long)n;
 }
 
 PC_TEST(terminal_only)
@@ -171,21 +206,15 @@ PC_TEST(terminal_only)
     ASSERT_TRUE(f >= 0);
     int r = open(path, O_RDONLY);
     char buf[1024];
-    ASSERT_EQ_U64(draw_on(f, r, buf, sizeof buf), 0);
+    ASSERT_EQ_U64(draw_on(draw_updates, f, r, buf, sizeof buf), 0);
     close(f);
     close(r);
     unlink(path);
 
     /* A pseudo-terminal: two lines drawn (25%, 100%), then erased. */
-    int master = posix_openpt(O_RDWR | O_NOCTTY);
-    if (master < 0 || grantpt(master) != 0 || unlockpt(master) != 0)
+    long n = draw_on_pty(draw_updates, buf, sizeof buf);
+    if (n < 0)
         PC_SKIP("no pseudo-terminal on this machine");
-    int slave = open(ptsname(master), O_RDWR | O_NOCTTY);
-    ASSERT_TRUE(slave >= 0);
-    fcntl(master, F_SETFL, O_NONBLOCK);
-    size_t n = draw_on(slave, master, buf, sizeof buf);
-    close(slave);
-    close(master);
     ASSERT_TRUE(n > 0);
     ASSERT_TRUE(strstr(buf, "loading x [#######") != NULL);
     ASSERT_TRUE(strstr(buf, " 25% (1/4 layers)") != NULL);
@@ -196,14 +225,24 @@ PC_TEST(terminal_only)
 
     /* KVGW_NO_PROGRESS silences it on a terminal too. */
     setenv("KVGW_NO_PROGRESS", "1", 1);
-    master = posix_openpt(O_RDWR | O_NOCTTY);
-    ASSERT_TRUE(master >= 0 && grantpt(master) == 0 && unlockpt(master) == 0);
-    slave = open(ptsname(master), O_RDWR | O_NOCTTY);
-    fcntl(master, F_SETFL, O_NONBLOCK);
-    ASSERT_EQ_U64(draw_on(slave, master, buf, sizeof buf), 0);
-    close(slave);
-    close(master);
+    ASSERT_EQ(draw_on_pty(draw_updates, buf, sizeof buf), 0);
     unsetenv("KVGW_NO_PROGRESS");
+}
+
+/* (0, 0) erases the line after each worker's load, and the second load is drawn afresh. */
+PC_TEST(serve_loads)
+{
+    unsetenv("KVGW_NO_PROGRESS");
+    char buf[2048];
+    long n = draw_on_pty(draw_serve_loads, buf, sizeof buf);
+    if (n < 0)
+        PC_SKIP("no pseudo-terminal on this machine");
+    const char *a = strstr(buf, " 50% (1/2 layers)");
+    ASSERT_TRUE(a != NULL);
+    const char *b = strstr(a + 1, " 50% (1/2 layers)"); /* the second worker's */
+    ASSERT_TRUE(b != NULL);
+    ASSERT_TRUE(strstr(a, "100% (2/2 layers)\r\033[K\r\033[Kloading") != NULL); /* erased between */
+    ASSERT_TRUE(n >= 4 && strcmp(buf + n - 4, "\r\033[K") == 0);                /* and at the end */
 }
 
 PC_TEST_MAIN()
