@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine.h" /* enum eng_logits_mode, enum eng_kv_dtype */
+
 struct eng_model;      /* model.h */
 struct eng_kvpool;     /* kvpool.h */
 struct eng_sample_row; /* sampling.h */
@@ -29,13 +31,6 @@ enum eng_backend_op {
     ENG_BACKEND_OP_FORWARD = 0, /* a whole forward step; `type` is a weight type */
     ENG_BACKEND_OP_MATMUL = 1,  /* a matrix product with weights of type `type` */
     ENG_BACKEND_OP_KV = 2,      /* a KV cache element type (enum eng_kv_dtype) */
-};
-
-/* Which logits a sequence of the batch wants. */
-enum eng_logits_mode {
-    ENG_LOGITS_NONE = 0,
-    ENG_LOGITS_LAST = 1, /* one row: the last new token */
-    ENG_LOGITS_ALL = 2,  /* one row per new token */
 };
 
 /* One sequence of a forward step. */
@@ -91,7 +86,10 @@ typedef struct eng_cpu_params {
     uint32_t max_tokens;   /* the largest batch (sum of n_tokens) a forward step takes */
     uint32_t block_tokens; /* the KV pool's block size */
     bool no_simd;          /* force the portable C kernels (tests compare both paths) */
-    bool bf16;             /* BF16 GEMMs for weights packed as BF16 (model pack_bf16) */
+    bool bf16;             /* BF16 GEMMs for prefill where the path is avx512 and the CPU has
+                              AVX512-BF16: the backend packs the layer matrices as BF16 panels
+                              at init (its own layout; the model keeps the file's) */
+    bool bf16_skip_f32;    /* with bf16: not the matrices stored as F32 in the file */
     uint32_t isa;          /* enum eng_cpu_isa (cpu.h), the kernels' path; 0 (AUTO) is the best
                               this CPU runs, and one it cannot run is lowered to that */
 } eng_cpu_params_t;
@@ -101,6 +99,8 @@ typedef struct eng_cpu_params {
  * oversubscribe the cores. Returns 0, PC_ERR_INVAL or PC_ERR_NOMEM. */
 int eng_backend_cpu_init(const struct eng_model *model, const eng_cpu_params_t *p,
                          eng_backend_t **out);
+/* True when the CPU backend be packed BF16 panels (its prefill GEMMs run in BF16). */
+bool eng_backend_cpu_gemm_bf16(const eng_backend_t *be);
 
 /* Parameters of the CUDA backend (engine/cuda/backend_cuda.c, built only with KVGW_HAVE_CUDA). */
 typedef struct eng_cuda_params {
@@ -112,8 +112,8 @@ typedef struct eng_cuda_params {
 } eng_cuda_params_t;
 
 /* Creates the CUDA backend (CUDA builds only): uploads the model's weights (F16 as stored; F32,
- * and BF16 and Q8_0 widened to F32 at load, converted to F16, or to BF16 where a value exceeds
- * the F16 range), allocates a device KV pool
+ * BF16 and Q8_0 widened to F32 row by row at upload, then converted to F16, or to BF16 where a
+ * value exceeds the F16 range), allocates a device KV pool
  * mirroring `kv` block for block (same ids and layout) and installs kv's hooks so block copies
  * and poisoning reach it. The backend must be freed before kv. Returns 0, PC_ERR_UNSUPPORTED
  * (no CUDA device, or a shape the kernels do not take), PC_ERR_INVAL or PC_ERR_NOMEM (device

@@ -6,6 +6,7 @@
  * (with every eviction reported through the callback).
  */
 #include "engine.h"
+#include "engine_internal.h" /* eng_kvpool */
 #include "eng_testmodel.h"
 #include "pc_assert.h"
 #include "pc_err.h"
