@@ -340,10 +340,9 @@ int bench_engine_main(int argc, char **argv)
         }
     }
     bench_report_add(&r, "decode_weight_mb_per_token", decode_bytes / 1e6, "F16 matrices");
-    bench_report_add(&r, "kv_bytes_per_token",
-                     (double)eng_kvpool_block_bytes(eng_kvpool(runs[0].e)) /
-                         eng_kvpool_block_tokens(eng_kvpool(runs[0].e)),
-                     NULL);
+    eng_kv_stats_t kv;
+    eng_kv_stats(runs[0].e, &kv);
+    bench_report_add(&r, "kv_bytes_per_token", (double)kv.block_bytes / kv.block_tokens, NULL);
     bench_report_add(&r, "peak_rss_mib", (double)pc_rss_peak_bytes() / (1 << 20), NULL);
     /* Last, so that its buffer stays out of the peak RSS above. */
     double stream = bench_stream_read_gb_s(threads, (size_t)512 << 20);

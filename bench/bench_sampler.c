@@ -4,7 +4,7 @@
  * plain sampling at temperature 1, top_p 0.9, top_k 40 + top_p 0.9 and min_p 0.05: the median of
  * many samples, each timed on its own, over fixed pseudo-random logits (normal, sd 2.5, the
  * same every run). Also the exp pass alone: ns per value of pc_exp on the best ISA path
- * (engine/vexp.h) beside libm's exp().
+ * (eng_sample_exp_row, engine/vexp.h) beside libm's exp().
  *
  * Figures on the 2-core dev VM (AMD EPYC, AVX-512) are in the README. Logits like these (a
  * broad distribution) are the slow case for top_p, whose kept set is then large; a real model's
@@ -16,10 +16,9 @@
 #include <string.h>
 
 #include "bench.h"
-#include "cpu.h"
+#include "engine.h"
 #include "pc_time.h"
 #include "sampling.h"
-#include "vexp.h"
 
 static void usage(FILE *f)
 {
@@ -127,7 +126,7 @@ int bench_sampler_main(int argc, char **argv)
         for (int i = 0; i < 21; i++) {
             uint64_t t0 = pc_time_mono_ns();
             if (pass == 0) {
-                eng_vexp_row_isa(x, y, vmax, ENG_CPU_ISA_AUTO);
+                eng_sample_exp_row(x, y, vmax);
             } else {
                 for (uint32_t j = 0; j < vmax; j++)
                     y[j] = exp(x[j]);
@@ -138,7 +137,7 @@ int bench_sampler_main(int argc, char **argv)
         qsort(ns, 21, sizeof *ns, cmp_u64);
         bench_report_add(&rep, pass == 0 ? "pc_exp_ns_per_value" : "libm_exp_ns_per_value",
                          (double)ns[10] / vmax,
-                         pass == 0 ? eng__cpu_isa_name(eng__cpu_isa_best()) : "for comparison");
+                         pass == 0 ? eng_cpu_isa_best_name() : "for comparison");
     }
     if (!(sink > 0)) /* keeps the exp loops from being optimized away */
         fprintf(stderr, "kvgw bench sampler: unexpected exp results\n");

@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine.h" /* enum eng_logits_mode, enum eng_kv_dtype */
+
 struct eng_model;      /* model.h */
 struct eng_kvpool;     /* kvpool.h */
 struct eng_sample_row; /* sampling.h */
@@ -29,13 +31,6 @@ enum eng_backend_op {
     ENG_BACKEND_OP_FORWARD = 0, /* a whole forward step; `type` is a weight type */
     ENG_BACKEND_OP_MATMUL = 1,  /* a matrix product with weights of type `type` */
     ENG_BACKEND_OP_KV = 2,      /* a KV cache element type (enum eng_kv_dtype) */
-};
-
-/* Which logits a sequence of the batch wants. */
-enum eng_logits_mode {
-    ENG_LOGITS_NONE = 0,
-    ENG_LOGITS_LAST = 1, /* one row: the last new token */
-    ENG_LOGITS_ALL = 2,  /* one row per new token */
 };
 
 /* One sequence of a forward step. */
@@ -91,7 +86,10 @@ typedef struct eng_cpu_params {
     uint32_t max_tokens;   /* the largest batch (sum of n_tokens) a forward step takes */
     uint32_t block_tokens; /* the KV pool's block size */
     bool no_simd;          /* force the portable C kernels (tests compare both paths) */
-    bool bf16;             /* BF16 GEMMs for weights packed as BF16 (model pack_bf16) */
+    bool bf16;             /* BF16 GEMMs for prefill where the path is avx512 and the CPU has
+                              AVX512-BF16: the backend packs the layer matrices as BF16 panels
+                              at init (its own layout; the model keeps the file's) */
+    bool bf16_skip_f32;    /* with bf16: not the matrices stored as F32 in the file */
     uint32_t isa;          /* enum eng_cpu_isa (cpu.h), the kernels' path; 0 (AUTO) is the best
                               this CPU runs, and one it cannot run is lowered to that */
 } eng_cpu_params_t;
@@ -101,6 +99,8 @@ typedef struct eng_cpu_params {
  * oversubscribe the cores. Returns 0, PC_ERR_INVAL or PC_ERR_NOMEM. */
 int eng_backend_cpu_init(const struct eng_model *model, const eng_cpu_params_t *p,
                          eng_backend_t **out);
+/* True when the CPU backend be packed BF16 panels (its prefill GEMMs run in BF16). */
+bool eng_backend_cpu_gemm_bf16(const eng_backend_t *be);
 
 /* Parameters of the CUDA backend (engine/cuda/backend_cuda.c, built only with KVGW_HAVE_CUDA). */
 typedef struct eng_cuda_params {
@@ -112,8 +112,8 @@ typedef struct eng_cuda_params {
 } eng_cuda_params_t;
 
 /* Creates the CUDA backend (CUDA builds only): uploads the model's weights (F16 as stored; F32,
- * and BF16 and Q8_0 widened to F32 at load, converted to F16, or to BF16 where a value exceeds
- * the F16 range), allocates a device KV pool
+ * BF16 and Q8_0 widened to F32 row by row at upload, then converted to F16, or to BF16 where a
+ * value exceeds the F16 range), allocates a device KV pool
  * mirroring `kv` block for block (same ids and layout) and installs kv's hooks so block copies
  * and poisoning reach it. The backend must be freed before kv. Returns 0, PC_ERR_UNSUPPORTED
  * (no CUDA device, or a shape the kernels do not take), PC_ERR_INVAL or PC_ERR_NOMEM (device
@@ -122,31 +122,7 @@ int eng_backend_cuda_init(const struct eng_model *model, struct eng_kvpool *kv,
                           const eng_cuda_params_t *p, eng_backend_t **out, char *err,
                           size_t err_len);
 
-/* What the CUDA backends of this process did, summed over every backend object since the
- * process started (CUDA builds only; counters only grow, so a benchmark reads them before and
- * after a phase). The step's path is chosen at backend creation from the environment, so a
- * GPU session can bisect: KVGW_CUDA_FUSED=0 runs the unfused kernels and separate GEMMs,
- * KVGW_CUDA_PACKED=0 uploads each per-step list with its own copy, KVGW_CUDA_GRAPHS=0 never
- * captures or replays a CUDA graph (graphs need the packed upload). */
-typedef struct eng_cuda_stats {
-    uint64_t steps;          /* forward steps */
-    uint64_t launches;       /* launching calls the host made: kernel entry points (krn_*),
-                                cuBLAS GEMMs and graph launches, each counted 1 */
-    uint64_t device_ops;     /* what the device ran: the nodes of a replayed graph (kernels,
-                                copies, memsets, exact), else the launching calls (an entry
-                                point that launches two kernels counts 1) */
-    uint64_t uploads;        /* host-to-device copies of per-step lists */
-    uint64_t graph_replays;  /* steps run by replaying a captured graph */
-    uint64_t graph_captures; /* steps captured (then replayed) */
-    uint64_t graph_updates;  /* of those, captures that updated an existing graph in place */
-    uint64_t graph_failures; /* captures that failed (the backend then stops capturing) */
-    uint64_t host_ns;        /* host time from a step's start to its last enqueue (before
-                                waiting for the device) */
-    uint64_t decode_steps;   /* steps whose decode rows (all of a decode step's, a mixed
-                                step's leading ones) ran the split-KV decode kernel
-                                (krn_decode_attention) rather than krn_attention's plan */
-} eng_cuda_stats_t;
-void eng_cuda_stats_get(eng_cuda_stats_t *out);
+/* eng_cuda_stats_t and eng_cuda_stats_get (what the CUDA backends did): engine.h. */
 
 /* Convenience wrappers over the table. eng_backend_free(NULL) is a no-op. */
 static inline const char *eng_backend_name(const eng_backend_t *be)

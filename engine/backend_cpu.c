@@ -32,9 +32,19 @@
 #include "pc_alloc.h"
 #include "pc_assert.h"
 #include "pc_err.h"
+#include "pc_pages.h"
 
 /* OpenBLAS's own setter (not in every cblas.h). */
 void openblas_set_num_threads(int num_threads);
+
+/* The matrices of a layer the BF16 GEMM can take, in the order of cpu_be_t.panels. */
+#define ENG_CPU_LAYER_MATS 7
+static void layer_mats(const eng_layer_t *L, const eng_weight_t *out[ENG_CPU_LAYER_MATS])
+{
+    const eng_weight_t *ws[ENG_CPU_LAYER_MATS] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
+                                                  &L->w_gate, &L->w_up, &L->w_down};
+    memcpy(out, ws, sizeof ws);
+}
 
 typedef struct cpu_be {
     eng_backend_t base;
@@ -50,8 +60,14 @@ typedef struct cpu_be {
     uint32_t *row_seq;          /* [max_tokens] */
     float **wtmp;               /* [n_threads] -> ENG_CPU_WTILE * max K */
     uint16_t *abf;              /* [max_tokens][max K + 1] BF16 activations, or NULL */
-    float **attn_scratch;       /* [n_threads] */
-    eng_attn_task_t *tasks;     /* attention tasks, grown on demand */
+    /* The BF16 GEMM's weight layout, prepared at init (the model stays as the file has it):
+     * each layer matrix's BF16 panels (cpu_kernels.h), [n_layer][ENG_CPU_LAYER_MATS] in
+     * layer_mats() order, NULL where not packed; the panels live on panel_mem. */
+    const uint16_t **panels;
+    pc_pages_t panel_mem;
+    bool has_bf16;          /* at least one matrix has panels */
+    float **attn_scratch;   /* [n_threads] */
+    eng_attn_task_t *tasks; /* attention tasks, grown on demand */
     uint32_t tasks_cap;
     const uint32_t **blocks; /* [n_seqs] */
     uint32_t blocks_cap;
@@ -81,6 +97,8 @@ static void cpu_free(eng_backend_t *be)
     }
     pc_free(c->wtmp);
     pc_free(c->abf);
+    pc_free((void *)c->panels);
+    pc_pages_release(&c->panel_mem);
     pc_free(c->attn_scratch);
     pc_free(c->pos);
     pc_free(c->row_seq);
@@ -373,7 +391,9 @@ static int cpu_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t
         run_rows(c, stage_rmsnorm, &r, T);
         const eng_weight_t *wqkv[] = {&L->wq, &L->wk, &L->wv};
         float *const yqkv[] = {c->q, c->k, c->v};
-        eng__matmul_n(c->pool, c->h, T, wqkv, yqkv, 3, false, tmp, c->abf, c->isa);
+        const uint16_t *const *pl = c->panels != NULL ? c->panels + (size_t)l * ENG_CPU_LAYER_MATS
+                                                      : NULL; /* wq wk wv wo w_gate w_up w_down */
+        eng__matmul_n(c->pool, c->h, T, wqkv, pl, yqkv, 3, false, tmp, c->abf, c->isa);
         run_rows(c, stage_qkv, &r, T);
         attn_run_t ar = {.c = c,
                          .args = {.q = c->q,
@@ -390,14 +410,16 @@ static int cpu_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t
                                   .simd = true,
                                   .isa = c->isa}};
         eng__pool_run(c->pool, attn_task, &ar, n_tasks);
-        eng__matmul(c->pool, c->att, T, &L->wo, c->x, true, tmp, c->abf, c->isa);
+        eng__matmul(c->pool, c->att, T, &L->wo, pl ? pl[3] : NULL, c->x, true, tmp, c->abf, c->isa);
         r.weight = L->ffn_norm;
         run_rows(c, stage_rmsnorm, &r, T);
         const eng_weight_t *wgu[] = {&L->w_gate, &L->w_up};
         float *const ygu[] = {c->g, c->u};
-        eng__matmul_n(c->pool, c->h, T, wgu, ygu, 2, false, tmp, c->abf, c->isa);
+        eng__matmul_n(c->pool, c->h, T, wgu, pl ? pl + 4 : NULL, ygu, 2, false, tmp, c->abf,
+                      c->isa);
         run_rows(c, stage_swiglu, &r, T);
-        eng__matmul(c->pool, c->g, T, &L->w_down, c->x, true, tmp, c->abf, c->isa);
+        eng__matmul(c->pool, c->g, T, &L->w_down, pl ? pl[6] : NULL, c->x, true, tmp, c->abf,
+                    c->isa);
     }
 
     if (n_logits > 0) {
@@ -406,7 +428,8 @@ static int cpu_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t
             memmove(c->q + (size_t)i * D, c->x + (size_t)c->logit_rows[i] * D, D * sizeof(float));
         rows_ctx_t r = {.src = c->q, .dst = c->h, .weight = model->out_norm};
         run_rows(c, stage_rmsnorm, &r, n_logits);
-        eng__matmul(c->pool, c->h, n_logits, &model->output, logits, false, tmp, c->abf, c->isa);
+        eng__matmul(c->pool, c->h, n_logits, &model->output, NULL, logits, false, tmp, c->abf,
+                    c->isa);
     }
     return 0;
 }
@@ -420,6 +443,38 @@ static const eng_backend_i cpu_iface = {
     .forward = cpu_forward,
     .synchronize = NULL,
 };
+
+/* Packs the layer matrices as BF16 panels (the output head runs on few rows and keeps the
+ * F32 path), on huge pages where the kernel has them: prefill streams them like the weights. */
+static int pack_panels(cpu_be_t *c, bool skip_f32)
+{
+    const eng_model_t *m = c->model;
+    c->panels = pc_calloc((size_t)m->hp.n_layer * ENG_CPU_LAYER_MATS, sizeof *c->panels);
+    if (c->panels == NULL)
+        return PC_ERR_NOMEM;
+    pc_pages_init(&c->panel_mem, pc_pages_huge_available());
+    for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+        const eng_weight_t *ws[ENG_CPU_LAYER_MATS];
+        layer_mats(&m->layers[l], ws);
+        for (size_t i = 0; i < ENG_CPU_LAYER_MATS; i++) {
+            if (skip_f32 && ws[i]->file_type == ENG_GGML_TYPE_F32)
+                continue;
+            size_t n = eng__bf16_packed_elems(ws[i]->n_in, ws[i]->n_out);
+            uint16_t *dst = pc_pages_alloc(&c->panel_mem, n * sizeof *dst);
+            if (dst == NULL)
+                return PC_ERR_NOMEM;
+            eng__bf16_pack(ws[i], dst);
+            c->panels[(size_t)l * ENG_CPU_LAYER_MATS + i] = dst;
+            c->has_bf16 = true;
+        }
+    }
+    return 0;
+}
+
+bool eng_backend_cpu_gemm_bf16(const eng_backend_t *be)
+{
+    return ((const cpu_be_t *)be->ctx)->has_bf16;
+}
 
 int eng_backend_cpu_init(const eng_model_t *model, const eng_cpu_params_t *p, eng_backend_t **out)
 {
@@ -467,7 +522,10 @@ int eng_backend_cpu_init(const eng_model_t *model, const eng_cpu_params_t *p, en
         goto fail;
     }
     size_t max_k = PC_MAX(PC_MAX(D, nq), ff);
-    if (p->bf16 && c->isa == ENG_CPU_ISA_AVX512 && eng__cpu_has_bf16()) {
+    if (p->bf16 && c->isa == ENG_CPU_ISA_AVX512 && eng__cpu_has_bf16() &&
+        (rc = pack_panels(c, p->bf16_skip_f32)) != 0)
+        goto fail;
+    if (c->has_bf16) {
         c->abf = pc_malloc(T * (max_k + 2) * sizeof *c->abf);
         if (c->abf == NULL) {
             rc = PC_ERR_NOMEM;

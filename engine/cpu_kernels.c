@@ -66,6 +66,7 @@ typedef struct matmul_ctx {
     const float *x;
     uint32_t M, K, N;
     const eng_weight_t *w;
+    const uint16_t *w_bf16; /* w's BF16 panels, when the BF16 path runs */
     float *y;
     bool accumulate;
     float *const *tmp;
@@ -135,7 +136,7 @@ static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
         /* Tiles are whole panel pairs: n0 is a multiple of 32. */
         uint32_t kp = (c->K + 1) / 2;
         for (uint32_t n = n0; n < n1; n += 32) {
-            const uint16_t *b0 = c->w->bf16 + (size_t)(n / 16) * kp * 32;
+            const uint16_t *b0 = c->w_bf16 + (size_t)(n / 16) * kp * 32;
             for (uint32_t m0 = 0; m0 < c->M; m0 += 8)
                 eng__avx512_gemm_bf16_block((const uint32_t *)c->a_bf16, c->M, m0, kp, b0,
                                             b0 + (size_t)kp * 32, c->y, c->N, n, PC_MIN(32, n1 - n),
@@ -192,8 +193,8 @@ static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
 
 /* Sets up c for y = x . w^T: the path, and the output columns per task. */
 static void matmul_setup(matmul_ctx_t *c, uint32_t n_threads, const float *x, uint32_t M,
-                         const eng_weight_t *w, float *y, bool accumulate, float *const *tmp,
-                         const uint16_t *a_bf16, eng_cpu_isa_t isa)
+                         const eng_weight_t *w, const uint16_t *w_bf16, float *y, bool accumulate,
+                         float *const *tmp, const uint16_t *a_bf16, eng_cpu_isa_t isa)
 {
     *c = (matmul_ctx_t){.x = x,
                         .M = M,
@@ -204,8 +205,9 @@ static void matmul_setup(matmul_ctx_t *c, uint32_t n_threads, const float *x, ui
                         .accumulate = accumulate,
                         .tmp = tmp,
                         .isa = isa};
-    if (a_bf16 != NULL && w->bf16 != NULL) {
+    if (a_bf16 != NULL && w_bf16 != NULL) {
         c->a_bf16 = a_bf16;
+        c->w_bf16 = w_bf16;
         c->tile = 128;
     } else if (w->type == ENG_GGML_TYPE_F32 &&
                (M > GEMV_F32_MAX_M || isa == ENG_CPU_ISA_PORTABLE)) {
@@ -255,8 +257,8 @@ static void matmul_multi_task(void *ctx, uint32_t task, uint32_t thread)
 }
 
 void eng__matmul_n(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *const *w,
-                   float *const *y, uint32_t n, bool accumulate, float *const *tmp,
-                   uint16_t *a_bf16, eng_cpu_isa_t isa)
+                   const uint16_t *const *w_bf16, float *const *y, uint32_t n, bool accumulate,
+                   float *const *tmp, uint16_t *a_bf16, eng_cpu_isa_t isa)
 {
     PC_ASSERT(n >= 1 && n <= ENG_MATMUL_MAX);
     isa = eng__cpu_isa_clamp(isa);
@@ -265,14 +267,15 @@ void eng__matmul_n(eng_pool_t *pool, const float *x, uint32_t M, const eng_weigh
     bool x_bf16 = false;
     matmul_multi_t mm = {.n = n};
     for (uint32_t i = 0; i < n; i++) {
-        bool use_bf16 = bf16 && w[i]->bf16 != NULL;
+        const uint16_t *panels = w_bf16 != NULL ? w_bf16[i] : NULL;
+        bool use_bf16 = bf16 && panels != NULL;
         if (use_bf16 && !x_bf16) { /* x is the same for every product: convert it once */
 #if defined(__x86_64__) || defined(__i386__)
             eng__avx512_to_bf16_rows(x, M, w[i]->n_in, a_bf16);
 #endif
             x_bf16 = true;
         }
-        matmul_setup(&mm.c[i], eng__pool_n_threads(pool), x, M, w[i], y[i], accumulate, tmp,
+        matmul_setup(&mm.c[i], eng__pool_n_threads(pool), x, M, w[i], panels, y[i], accumulate, tmp,
                      use_bf16 ? a_bf16 : NULL, isa);
         mm.task0[i + 1] = mm.task0[i] + (mm.c[i].N + mm.c[i].tile - 1) / mm.c[i].tile;
     }
@@ -282,10 +285,11 @@ void eng__matmul_n(eng_pool_t *pool, const float *x, uint32_t M, const eng_weigh
         eng__pool_run(pool, matmul_multi_task, &mm, mm.task0[n]);
 }
 
-void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *w, float *y,
-                 bool accumulate, float *const *tmp, uint16_t *a_bf16, eng_cpu_isa_t isa)
+void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *w,
+                 const uint16_t *w_bf16, float *y, bool accumulate, float *const *tmp,
+                 uint16_t *a_bf16, eng_cpu_isa_t isa)
 {
-    eng__matmul_n(pool, x, M, &w, &y, 1, accumulate, tmp, a_bf16, isa);
+    eng__matmul_n(pool, x, M, &w, &w_bf16, &y, 1, accumulate, tmp, a_bf16, isa);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -29,18 +29,21 @@
 
 /* y[M][N] = x[M][K] . w^T, or y += that with accumulate. tmp[thread] points at
  * ENG_CPU_WTILE * K floats per pool thread. With a_bf16 (room for M * (K + 1) halves) and
- * w->bf16 set, products of at least 32 rows (prefill) run as BF16 dot products with F32
- * accumulation (x rounded to BF16): twice the FMA rate of F32 on CPUs with AVX512-BF16. Fewer
- * rows (decode) take the GEMV on the weights as stored. */
-void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *w, float *y,
-                 bool accumulate, float *const *tmp, uint16_t *a_bf16, eng_cpu_isa_t isa);
+ * w_bf16 (w's BF16 panels, eng__bf16_pack; the backend's own layout, not the model's) set, products
+ * of at least 32 rows (prefill) run as BF16 dot products with F32 accumulation (x rounded to BF16):
+ * twice the FMA rate of F32 on CPUs with AVX512-BF16. Fewer rows (decode) take the GEMV on the
+ * weights as stored. */
+void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *w,
+                 const uint16_t *w_bf16, float *y, bool accumulate, float *const *tmp,
+                 uint16_t *a_bf16, eng_cpu_isa_t isa);
 
 /* y[i] = x . w[i]^T (or +=) for i < n <= ENG_MATMUL_MAX, the same x (all w[i]->n_in equal), in
- * one pool run: the q/k/v and the gate/up projections of a layer. */
+ * one pool run: the q/k/v and the gate/up projections of a layer. w_bf16 is NULL or [n] (each
+ * NULL or w[i]'s panels). */
 #define ENG_MATMUL_MAX 4
 void eng__matmul_n(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *const *w,
-                   float *const *y, uint32_t n, bool accumulate, float *const *tmp,
-                   uint16_t *a_bf16, eng_cpu_isa_t isa);
+                   const uint16_t *const *w_bf16, float *const *y, uint32_t n, bool accumulate,
+                   float *const *tmp, uint16_t *a_bf16, eng_cpu_isa_t isa);
 
 /*
  * BF16 panels. A weight matrix [n_out][n_in] is stored as ceil(n_out / 16) panels of 16 output

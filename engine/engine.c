@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cpu_kernels.h"
+#include "cpu.h"
 #include "engine_internal.h"
 #include "model.h"
 #include "pc_alloc.h"
@@ -108,7 +108,8 @@ static int make_backend(eng_t *e, const char *backend, char *err, size_t err_len
                            .max_tokens = p->max_batch_tokens,
                            .block_tokens = p->kv_block_tokens,
                            .no_simd = p->no_simd,
-                           .bf16 = e->model->has_bf16,
+                           .bf16 = e->p.gemm != ENG_GEMM_F32,
+                           .bf16_skip_f32 = e->p.gemm == ENG_GEMM_AUTO,
                            .isa = e->cpu_isa};
     rc = eng_backend_cpu_init(e->model, &cp, &e->be);
     if (rc != 0)
@@ -164,18 +165,9 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
     e->cpu_isa = isa;
     eng_model_params_t mp = eng_model_params_default();
     mp.weights_f32 = p->weights_f32;
-    /* The panels are for the CPU backend; an explicit cuda backend never reads them. */
-    mp.pack_bf16 = p->gemm != ENG_GEMM_F32 && isa == ENG_CPU_ISA_AVX512 && eng__cpu_has_bf16() &&
-                   strcmp(backend, "cuda") != 0;
-    mp.pack_bf16_skip_f32 = p->gemm == ENG_GEMM_AUTO;
     mp.copy_weights = strcmp(backend, "cuda") != 0; /* host copies help only the CPU backend */
     mp.progress = p->load_progress;
     mp.progress_ud = p->load_progress_ud;
-#ifdef KVGW_HAVE_CUDA
-    /* The cuda backend uploads F16 and F32 host matrices: BF16 and Q8_0 ones become F32 unless
-     * the backend is the CPU for sure (which reads them as stored). */
-    mp.quant_f32 = strcmp(backend, "cpu") != 0;
-#endif
     int rc = eng_model_load(p->model_path, &mp, &e->model, err, err_len);
     if (rc != 0)
         goto fail;
@@ -190,6 +182,12 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
     rc = make_backend(e, backend, err, err_len);
     if (rc != 0)
         goto fail;
+    e->blk_mark = pc_calloc(eng_kvpool_n_blocks(e->kv), 1);
+    if (e->blk_mark == NULL) {
+        rc = PC_ERR_NOMEM;
+        snprintf(err, err_len, "engine: out of memory");
+        goto fail;
+    }
     rc = eng__prefix_init(e, &e->prefix);
     if (rc != 0) {
         snprintf(err, err_len, "engine: cannot create the prefix index: %s", pc_strerror(rc));
@@ -215,6 +213,7 @@ void eng_free(eng_t *e)
     pc_free(e->fwd);
     pc_free(e->fwd_item);
     pc_free(e->orig_tokens);
+    pc_free(e->blk_mark);
     pc_free(e);
 }
 
@@ -226,9 +225,30 @@ uint32_t eng_n_vocab(const eng_t *e)
 {
     return e->model->hp.n_vocab;
 }
+const eng_gguf_t *eng_model_gguf(const eng_t *e)
+{
+    return e->model->_gguf;
+}
 eng_kvpool_t *eng_kvpool(eng_t *e)
 {
     return e->kv;
+}
+
+void eng_kv_stats(eng_t *e, eng_kv_stats_t *out)
+{
+    uint32_t n_blocks = eng_kvpool_n_blocks(e->kv);
+    memset(e->blk_mark, 0, n_blocks);
+    for (const eng_seq_t *s = e->seqs; s != NULL; s = s->next)
+        for (uint32_t i = 0; i < s->kv.n_blocks; i++)
+            e->blk_mark[s->kv.blocks[i]] = 1;
+    uint32_t n_cached = 0;
+    for (uint32_t b = 0; b < n_blocks; b++)
+        n_cached += e->blk_mark[b] == 0 && eng_kvpool_refcount(e->kv, b) > 0;
+    *out = (eng_kv_stats_t){.block_tokens = eng_kvpool_block_tokens(e->kv),
+                            .n_blocks = n_blocks,
+                            .n_free = eng_kvpool_n_free(e->kv),
+                            .n_cached = n_cached,
+                            .block_bytes = eng_kvpool_block_bytes(e->kv)};
 }
 const char *eng_backend_name_of(const eng_t *e)
 {
@@ -262,9 +282,15 @@ const char *eng_cpu_isa_name_of(const eng_t *e)
     return eng__cpu_isa_name((eng_cpu_isa_t)e->cpu_isa);
 }
 
+const char *eng_cpu_isa_best_name(void)
+{
+    return eng__cpu_isa_name(eng__cpu_isa_best());
+}
+
 const char *eng_gemm_name_of(const eng_t *e)
 {
-    return strcmp(eng_backend_name(e->be), "cpu") == 0 && e->model->has_bf16 ? "bf16" : "f32";
+    return strcmp(eng_backend_name(e->be), "cpu") == 0 && eng_backend_cpu_gemm_bf16(e->be) ? "bf16"
+                                                                                           : "f32";
 }
 
 int eng_seq_create(eng_t *e, eng_seq_t **out)

@@ -24,10 +24,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
+#include "gguf.h"
 #include "hparams.h"
-#include "kvpool.h"
-#include "model.h" /* eng_load_progress_fn */
+
+struct eng_sample_row; /* sampling.h */
+
+/* The element type of the KV cache. */
+enum eng_kv_dtype {
+    ENG_KV_F16 = 0,
+    ENG_KV_F32 = 1,
+};
+
+/* Which logits a sequence of the batch wants. */
+enum eng_logits_mode {
+    ENG_LOGITS_NONE = 0,
+    ENG_LOGITS_LAST = 1, /* one row: the last new token */
+    ENG_LOGITS_ALL = 2,  /* one row per new token */
+};
+
+/* Load progress: called on the loading thread after each layer, with the layers loaded so far
+ * and in all (for a progress display; it must not call back into the model). */
+typedef void (*eng_load_progress_fn)(uint32_t done, uint32_t total, void *ud);
 
 /* The precision of the CPU backend's matrix products over 32 or more rows (prefill). BF16
  * GEMMs (VDPBF16PS, F32 accumulation) run at about twice the F32 rate on CPUs with AVX512-BF16;
@@ -67,7 +84,7 @@ typedef struct eng_params {
                             or "" reads KVGW_CPU_ISA, unset means the best this CPU runs (chosen
                             by cpuid at run time). A path the CPU cannot run is refused:
                             eng_init returns PC_ERR_UNSUPPORTED with the reason. Not kept. */
-    eng_load_progress_fn load_progress; /* model loading progress (model.h); NULL: none */
+    eng_load_progress_fn load_progress; /* model loading progress; NULL: none */
     void *load_progress_ud;
 } eng_params_t;
 
@@ -87,8 +104,22 @@ void eng_free(eng_t *e);
 /* The model's hyper-parameters; valid until eng_free. */
 const eng_hparams_t *eng_hparams(const eng_t *e);
 uint32_t eng_n_vocab(const eng_t *e);
-/* The KV pool, for statistics and checks; valid until eng_free. */
-eng_kvpool_t *eng_kvpool(eng_t *e);
+/* The model file (its metadata: general.name, the tokenizer's vocabulary, the file size), read
+ * only; valid until eng_free. */
+const eng_gguf_t *eng_model_gguf(const eng_t *e);
+
+/* The KV pool's geometry and occupancy. */
+typedef struct eng_kv_stats {
+    uint32_t block_tokens; /* tokens per block */
+    uint32_t n_blocks;     /* blocks in the pool */
+    uint32_t n_free;       /* blocks no sequence and no cached prefix holds */
+    uint32_t n_cached;     /* blocks only the prefix index holds (used by no live sequence):
+                              what eviction can free */
+    size_t block_bytes;    /* bytes of one block's K and V over every layer */
+} eng_kv_stats_t;
+
+/* Fills *out. O(n_blocks + the live sequences' blocks), for n_cached. */
+void eng_kv_stats(eng_t *e, eng_kv_stats_t *out);
 const char *eng_backend_name_of(const eng_t *e);
 /* Why backend "auto" runs on the CPU ("cuda unavailable: <reason>", for example a driver older
  * than the toolkit, also logged as a warning at eng_init), or "" when it did not fall back.
@@ -100,6 +131,8 @@ const char *eng_gemm_name_of(const eng_t *e);
 /* The ISA path the CPU backend's kernels run ("avx512", "avx2" or "portable"; "none" for another
  * backend). A static string. */
 const char *eng_cpu_isa_name_of(const eng_t *e);
+/* The best ISA path this CPU runs (what an engine with cpu_isa "auto" picks), as above. */
+const char *eng_cpu_isa_best_name(void);
 /* Parses "auto", "f32" or "bf16" into *out. Returns 0 or PC_ERR_INVAL (*out unchanged). */
 int eng_gemm_mode_parse(const char *s, enum eng_gemm_mode *out);
 
@@ -157,5 +190,31 @@ int eng_check(eng_t *e, char *err, size_t err_len);
 
 /* The prefix index (token prefixes -> KV blocks, pins and their expiry). */
 #include "prefix.h"
+
+/* What the CUDA backends of this process did, summed over every backend object since the
+ * process started (CUDA builds only; counters only grow, so a benchmark reads them before and
+ * after a phase). The step's path is chosen at backend creation from the environment, so a
+ * GPU session can bisect: KVGW_CUDA_FUSED=0 runs the unfused kernels and separate GEMMs,
+ * KVGW_CUDA_PACKED=0 uploads each per-step list with its own copy, KVGW_CUDA_GRAPHS=0 never
+ * captures or replays a CUDA graph (graphs need the packed upload). */
+typedef struct eng_cuda_stats {
+    uint64_t steps;          /* forward steps */
+    uint64_t launches;       /* launching calls the host made: kernel entry points (krn_*),
+                                cuBLAS GEMMs and graph launches, each counted 1 */
+    uint64_t device_ops;     /* what the device ran: the nodes of a replayed graph (kernels,
+                                copies, memsets, exact), else the launching calls (an entry
+                                point that launches two kernels counts 1) */
+    uint64_t uploads;        /* host-to-device copies of per-step lists */
+    uint64_t graph_replays;  /* steps run by replaying a captured graph */
+    uint64_t graph_captures; /* steps captured (then replayed) */
+    uint64_t graph_updates;  /* of those, captures that updated an existing graph in place */
+    uint64_t graph_failures; /* captures that failed (the backend then stops capturing) */
+    uint64_t host_ns;        /* host time from a step's start to its last enqueue (before
+                                waiting for the device) */
+    uint64_t decode_steps;   /* steps whose decode rows (all of a decode step's, a mixed
+                                step's leading ones) ran the split-KV decode kernel
+                                (krn_decode_attention) rather than krn_attention's plan */
+} eng_cuda_stats_t;
+void eng_cuda_stats_get(eng_cuda_stats_t *out);
 
 #endif

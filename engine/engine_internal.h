@@ -4,7 +4,9 @@
 #ifndef ENG_ENGINE_INTERNAL_H
 #define ENG_ENGINE_INTERNAL_H
 
+#include "backend.h"
 #include "engine.h"
+#include "kvpool.h"
 #include "model.h"
 
 struct eng_prefix; /* prefix.c */
@@ -31,8 +33,12 @@ struct eng {
     uint32_t *fwd_item;    /* [fwd_cap] the item of each fwd entry */
     uint32_t *orig_tokens; /* [fwd_cap] each item's n_tokens before the call */
     uint32_t fwd_cap;
-    uint32_t cpu_isa; /* enum eng_cpu_isa: the CPU backend's path, resolved at init */
+    uint32_t cpu_isa;  /* enum eng_cpu_isa: the CPU backend's path, resolved at init */
+    uint8_t *blk_mark; /* [n_blocks] scratch of eng_kv_stats */
 };
+
+/* The KV pool (kvpool.h), for the engine's own tests and checks; valid until eng_free. */
+eng_kvpool_t *eng_kvpool(eng_t *e);
 
 /* Makes room for n tokens in s->tokens. Returns 0 or PC_ERR_NOMEM. */
 int eng__seq_tokens_reserve(eng_seq_t *s, uint32_t n);

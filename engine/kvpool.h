@@ -31,10 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum eng_kv_dtype {
-    ENG_KV_F16 = 0,
-    ENG_KV_F32 = 1,
-};
+#include "engine.h" /* enum eng_kv_dtype */
 
 #define ENG_KV_BLOCK_TOKENS_DEFAULT 16
 

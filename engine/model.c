@@ -12,22 +12,16 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cpu.h"
-#include "cpu_kernels.h"
-#include "cpu_simd.h"
+#include "cpu.h"      /* the row conversions to F32 */
+#include "cpu_simd.h" /* eng__gemv_row_bytes */
 #include "pc_alloc.h"
 #include "pc_assert.h"
 #include "pc_err.h"
 
 eng_model_params_t eng_model_params_default(void)
 {
-    return (eng_model_params_t){.weights_f32 = false,
-                                .quant_f32 = false,
-                                .pack_bf16 = false,
-                                .pack_bf16_skip_f32 = false,
-                                .copy_weights = true,
-                                .progress = NULL,
-                                .progress_ud = NULL};
+    return (eng_model_params_t){
+        .weights_f32 = false, .copy_weights = true, .progress = NULL, .progress_ud = NULL};
 }
 
 static void *model_own(eng_model_t *m, size_t n_bytes)
@@ -51,19 +45,6 @@ static void *model_own_weights(eng_model_t *m, size_t n_bytes)
     if (m->_pages.huge)
         return pc_pages_alloc(&m->_pages, n_bytes);
     return model_own(m, n_bytes);
-}
-
-/* Adds the BF16 panels of w (layer matrices only: the output head runs on few rows). */
-static int pack_bf16(eng_model_t *m, eng_weight_t *w)
-{
-    uint16_t *dst =
-        model_own_weights(m, eng__bf16_packed_elems(w->n_in, w->n_out) * sizeof(uint16_t));
-    if (dst == NULL)
-        return PC_ERR_NOMEM;
-    eng__bf16_pack(w, dst);
-    w->bf16 = dst;
-    m->_weight_bytes += eng__bf16_packed_elems(w->n_in, w->n_out) * sizeof(uint16_t);
-    return 0;
 }
 
 /* Converts one tensor's elements to F32. */
@@ -143,11 +124,12 @@ static int load_weight(eng_model_t *m, const eng_model_params_t *p, const char *
                  t->name, w->n_in);
         return PC_ERR_FORMAT;
     }
-    /* Kept as stored (the kernels read every type the CPU backend computes with), unless the
-     * parameters ask for F32. */
-    bool keep = t->type == ENG_GGML_TYPE_F32 || (t->type == ENG_GGML_TYPE_F16 && !p->weights_f32) ||
-                ((t->type == ENG_GGML_TYPE_BF16 || t->type == ENG_GGML_TYPE_Q8_0) &&
-                 !p->weights_f32 && !p->quant_f32);
+    /* Kept as stored (a backend that computes with another layout makes it at its init), unless
+     * the parameters ask for F32. */
+    bool keep = t->type == ENG_GGML_TYPE_F32 ||
+                ((t->type == ENG_GGML_TYPE_F16 || t->type == ENG_GGML_TYPE_BF16 ||
+                  t->type == ENG_GGML_TYPE_Q8_0) &&
+                 !p->weights_f32);
     if (keep) {
         w->type = t->type;
         w->data = t->data;
@@ -250,16 +232,6 @@ int eng_model_load(const char *path, const eng_model_params_t *p, eng_model_t **
              (rc = load_vec(m, "blk.%d.attn_k.bias", l, &L->bk, err, err_len)) ||
              (rc = load_vec(m, "blk.%d.attn_v.bias", l, &L->bv, err, err_len))))
             goto fail;
-        if (p->pack_bf16) {
-            eng_weight_t *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-            for (size_t i = 0; i < PC_ARRAY_LEN(ws); i++) {
-                if (p->pack_bf16_skip_f32 && ws[i]->file_type == ENG_GGML_TYPE_F32)
-                    continue;
-                if ((rc = pack_bf16(m, ws[i])) != 0)
-                    goto fail;
-                m->has_bf16 = true;
-            }
-        }
         if (hp->has_qk_norm &&
             ((rc = load_vec(m, "blk.%d.attn_q_norm.weight", l, &L->q_norm, err, err_len)) ||
              (rc = load_vec(m, "blk.%d.attn_k_norm.weight", l, &L->k_norm, err, err_len))))

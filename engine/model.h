@@ -5,11 +5,13 @@
  * Weight matrices are row-major [n_out][n_in] (GGUF's ne[0] = n_in varies fastest), stored as
  * F32, F16, BF16 or Q8_0 (rows of n_in / 32 blocks of 34 bytes), each kept as the file has it
  * and used in place from the file mapping (or copied to huge pages, copy_weights), so decode
- * reads each weight's own bytes; with weights_f32 every matrix is converted to F32 at load, and
- * with quant_f32 the BF16 and Q8_0 ones (for a backend that takes F16 and F32 only). Norm
- * weights and biases
- * are F32 (eng_hparams_check_tensors guarantees it). The token embedding table doubles as the
- * output head when the model ties them.
+ * reads each weight's own bytes; with weights_f32 every matrix is converted to F32 at load. Norm
+ * weights and biases are F32 (eng_hparams_check_tensors guarantees it). The token embedding
+ * table doubles as the output head when the model ties them.
+ *
+ * The model is backend-neutral: it holds the file's layout only. A backend that computes with
+ * another one prepares it at its init from these matrices and owns it (the CPU backend's BF16
+ * panels, the cuda backend's device copies).
  *
  * An eng_model_t is immutable after eng_model_load: any number of threads may read it.
  */
@@ -20,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine.h" /* eng_load_progress_fn */
 #include "gguf.h"
 #include "pc_pages.h"
 #include "hparams.h"
@@ -31,9 +34,7 @@ typedef struct eng_weight {
     uint32_t file_type; /* the tensor's type in the file (enum eng_ggml_type) */
     uint32_t n_in;
     uint32_t n_out;
-    const void *data;     /* [n_out][n_in]; into the mapping or a buffer the model owns */
-    const uint16_t *bf16; /* the same values as BF16 panels for the BF16 GEMM (cpu_kernels.h
-                             documents the layout), or NULL */
+    const void *data; /* [n_out][n_in]; into the mapping or a buffer the model owns */
 } eng_weight_t;
 
 typedef struct eng_layer {
@@ -62,24 +63,15 @@ typedef struct eng_model {
     pc_pages_t _pages;     /* private: weight copies and panels, on huge pages (copy_weights) */
     size_t _n_owned;
     size_t _weight_bytes;
-    bool has_bf16; /* at least one layer matrix has BF16 panels */
 } eng_model_t;
 
-/* Load progress: called on the loading thread after each layer, with the layers loaded so far
- * and in all (for a progress display; it must not call back into the model). */
-typedef void (*eng_load_progress_fn)(uint32_t done, uint32_t total, void *ud);
-
 typedef struct eng_model_params {
-    bool weights_f32;        /* convert F16, BF16 and Q8_0 weights to F32 at load (default: keep
-                                every matrix as stored) */
-    bool quant_f32;          /* convert BF16 and Q8_0 weights to F32 at load (the cuda backend
-                                uploads F16 and F32 host matrices only) */
-    bool pack_bf16;          /* also pack the layers' matrices as BF16 panels for the BF16 GEMM */
-    bool pack_bf16_skip_f32; /* with pack_bf16: not the matrices stored as F32 in the file */
-    bool copy_weights;       /* copy the matrices out of the file mapping into anonymous memory
-                                on transparent huge pages (when the kernel has them): decode
-                                streams every weight once per token, and 2 MiB pages stream
-                                ~25% faster than the mapping's 4 KiB ones */
+    bool weights_f32;  /* convert F16, BF16 and Q8_0 weights to F32 at load (default: keep
+                          every matrix as stored) */
+    bool copy_weights; /* copy the matrices out of the file mapping into anonymous memory
+                          on transparent huge pages (when the kernel has them): decode
+                          streams every weight once per token, and 2 MiB pages stream
+                          ~25% faster than the mapping's 4 KiB ones */
     eng_load_progress_fn progress; /* NULL (default): none */
     void *progress_ud;
 } eng_model_params_t;

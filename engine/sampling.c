@@ -598,3 +598,8 @@ int eng_sample_probs(const eng_sampling_params_t *p, eng_sample_ws_t *ws, const 
         probs[ws->dense ? j : ws->cand[j].id] = (float)(ws->w[j] / total);
     return 0;
 }
+
+void eng_sample_exp_row(const double *x, double *y, size_t n)
+{
+    eng_vexp_row_isa(x, y, n, ENG_CPU_ISA_AUTO);
+}

@@ -1,6 +1,8 @@
 /*
- * sampling.h — per-request token sampling over a logits vector (engine-internal, used by the
- * scheduler; the parameters also travel in the worker protocol, engine/wire.h).
+ * sampling.h — per-request token sampling over a logits vector: part of the engine's public face.
+ * The rules below are the worker protocol's (engine/wire.h carries eng_sampling_params_t, and a
+ * request's tokens follow from its seed by them); the gateway checks requests with
+ * eng_sampling_params_check, the worker's scheduler samples with eng_sampler_*.
  *
  * The distribution a sampler draws from is defined exactly, so that tests can compare it with a
  * naive reference and so that the same seed gives the same tokens on every machine:
@@ -139,5 +141,9 @@ int eng_sample_probs(const eng_sampling_params_t *p, eng_sample_ws_t *ws, const 
 /* The argmax of logits[n] (NaN and -inf skipped, +inf wins, ties by lowest id). Returns 0 and
  * writes *token, or PC_ERR_INVAL when no logit is a candidate (all NaN or -inf, or n 0). */
 int eng_sample_greedy(const float *logits, uint32_t n, uint32_t *token);
+
+/* y[i] = pc_exp(x[i]) for i < n, the exponential the sampler weighs tokens with, on the best
+ * path this CPU runs (for `kvgw bench sampler`). x and y may be the same array. */
+void eng_sample_exp_row(const double *x, double *y, size_t n);
 
 #endif

@@ -50,7 +50,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "engine_internal.h"
+#include "engine.h"
+#include "gguf.h"
 #include "pc_alloc.h"
 #include "pc_assert.h"
 #include "pc_err.h"
@@ -181,8 +182,7 @@ struct eng_worker {
     uint64_t admit_counter;
     uint64_t last_load_ms;
     bool was_active;
-    uint8_t *blk_mark; /* [total_blocks] scratch for the cached-block count */
-    pc_buf_t text;     /* scratch for released text */
+    pc_buf_t text; /* scratch for released text */
     uint64_t *cancel_scratch;
     uint32_t cancel_scratch_cap;
 };
@@ -335,20 +335,6 @@ static void on_evict(const eng_evict_event_t *ev, void *ud)
           true);
 }
 
-/* Counts blocks held by the prefix index alone (cached, not used by any live sequence). */
-static uint32_t cached_blocks(eng_worker_t *w)
-{
-    eng_kvpool_t *kv = w->e->kv;
-    memset(w->blk_mark, 0, w->total_blocks);
-    for (const eng_seq_t *s = w->e->seqs; s != NULL; s = s->next)
-        for (uint32_t i = 0; i < s->kv.n_blocks; i++)
-            w->blk_mark[s->kv.blocks[i]] = 1;
-    uint32_t n = 0;
-    for (uint32_t b = 0; b < w->total_blocks; b++)
-        n += w->blk_mark[b] == 0 && eng_kvpool_refcount(kv, b) > 0;
-    return n;
-}
-
 static void load_compute(eng_worker_t *w, eng_wire_load_t *out)
 {
     uint64_t prefill = 0;
@@ -361,11 +347,13 @@ static void load_compute(eng_worker_t *w, eng_wire_load_t *out)
         if (r->state == WK_PREFILL)
             prefill += r->target - eng_seq_n_tokens(r->seq);
     }
+    eng_kv_stats_t kv;
+    eng_kv_stats(w->e, &kv);
     *out = (eng_wire_load_t){.queued_requests = w->queue.n + w->waiting.n,
                              .queued_prefill_tokens = prefill,
                              .running_seqs = w->run.n,
-                             .free_blocks = eng_kvpool_n_free(w->e->kv),
-                             .cached_blocks = cached_blocks(w),
+                             .free_blocks = kv.n_free,
+                             .cached_blocks = kv.n_cached,
                              .total_blocks = w->total_blocks,
                              .prefill_tokens_per_s = w->prefill_tps,
                              .decode_ms_per_token = w->decode_ms};
@@ -712,7 +700,9 @@ static void admit(eng_worker_t *w)
 {
     if (w->queue.n == 0)
         return;
-    int64_t avail = (int64_t)eng_kvpool_n_free(w->e->kv) + cached_blocks(w) - w->run.n;
+    eng_kv_stats_t kv;
+    eng_kv_stats(w->e, &kv);
+    int64_t avail = (int64_t)kv.n_free + kv.n_cached - w->run.n;
     while (w->queue.n > 0 && w->run.n < w->p.max_running) {
         wk_req_t *r = w->queue.v[0];
         eng_seq_t *s = NULL;
@@ -1248,7 +1238,7 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
     int rc = eng_init(&params->engine, &w->e, err, err_len);
     if (rc != 0)
         goto fail;
-    const eng_gguf_t *g = w->e->model->_gguf;
+    const eng_gguf_t *g = eng_model_gguf(w->e);
     rc = eng_vocab_from_gguf(g, &vocab, err, err_len);
     if (rc == 0)
         rc = eng_tok_init(vocab, &w->tok, err, err_len);
@@ -1262,8 +1252,10 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
         goto fail;
     }
     w->n_ctx = eng_hparams(w->e)->n_ctx_train;
-    w->bt = eng_kvpool_block_tokens(w->e->kv);
-    w->total_blocks = eng_kvpool_n_blocks(w->e->kv);
+    eng_kv_stats_t kv;
+    eng_kv_stats(w->e, &kv);
+    w->bt = kv.block_tokens;
+    w->total_blocks = kv.n_blocks;
     pc_slice_t name;
     char nerr[8];
     if (eng_gguf_get_str(g, "general.name", &name, nerr, sizeof nerr) == 0 && name.len > 0) {
@@ -1286,14 +1278,13 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
     w->item_req = pc_calloc(mr, sizeof *w->item_req);
     w->item_take = pc_calloc(mr, sizeof *w->item_take);
     w->order = pc_calloc(mr, sizeof *w->order);
-    w->blk_mark = pc_calloc(w->total_blocks, 1);
     w->dev_sample = eng_samples_on_device(w->e);
     if (w->dev_sample) {
         w->srows = pc_calloc(mr, sizeof *w->srows);
         w->stoks = pc_calloc(mr, sizeof *w->stoks);
     }
     if (rc != 0 || w->model_name == NULL || w->items == NULL || w->item_req == NULL ||
-        w->item_take == NULL || w->order == NULL || w->blk_mark == NULL ||
+        w->item_take == NULL || w->order == NULL ||
         (w->dev_sample && (w->srows == NULL || w->stoks == NULL))) {
         set_err(err, err_len, "worker: out of memory");
         rc = PC_ERR_NOMEM;
@@ -1332,7 +1323,6 @@ fail:
     pc_free(w->item_req);
     pc_free(w->item_take);
     pc_free(w->order);
-    pc_free(w->blk_mark);
     pc_free(w->srows);
     pc_free(w->stoks);
     pc_free(w);
@@ -1400,7 +1390,6 @@ void eng_worker_free(eng_worker_t *w)
     pc_free(w->item_take);
     pc_free(w->order);
     pc_free(w->logits);
-    pc_free(w->blk_mark);
     pc_free(w->srows);
     pc_free(w->stoks);
     pc_buf_free(&w->text);

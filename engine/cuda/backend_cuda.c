@@ -289,8 +289,9 @@ static bool cuda_supports(const eng_backend_t *be, enum eng_backend_op op, uint3
 {
     switch (op) {
     case ENG_BACKEND_OP_FORWARD:
-    case ENG_BACKEND_OP_MATMUL:
-        return type == ENG_GGML_TYPE_F32 || type == ENG_GGML_TYPE_F16;
+    case ENG_BACKEND_OP_MATMUL: /* every type widened at upload (weight_elem) */
+        return type == ENG_GGML_TYPE_F32 || type == ENG_GGML_TYPE_F16 ||
+               type == ENG_GGML_TYPE_BF16 || type == ENG_GGML_TYPE_Q8_0;
     case ENG_BACKEND_OP_KV:
         return type == ENG_KV_F16 || type == ENG_KV_F32;
     }
@@ -357,22 +358,36 @@ static int upload_f32(cuda_be_t *c, const float *src, size_t n, float **out)
     return rc;
 }
 
-/* max |w| over a weight matrix and max_j ||W_j||_2 over its rows (F16 or F32 storage). */
+/* Element k of w's [n_out][n_in] values as F32. The model keeps the file's storage (F32, F16,
+ * BF16 or Q8_0); this backend widens it here, at upload, to the values the CPU backend computes
+ * with (Q8_0: d * q in float, as eng__port_q8_0_to_f32). */
+static float weight_elem(const eng_weight_t *w, size_t k)
+{
+    switch (w->type) {
+    case ENG_GGML_TYPE_F16:
+        return krn_f16_to_f32(((const uint16_t *)w->data)[k]);
+    case ENG_GGML_TYPE_BF16:
+        return krn_bf16_to_f32(((const uint16_t *)w->data)[k]);
+    case ENG_GGML_TYPE_Q8_0: {
+        const uint8_t *b = (const uint8_t *)w->data + k / ENG_QK8_0 * (2 + ENG_QK8_0); /* gguf.h */
+        uint16_t dh;
+        memcpy(&dh, b, 2);
+        return krn_f16_to_f32(dh) * (float)(int8_t)b[2 + k % ENG_QK8_0];
+    }
+    default:
+        return ((const float *)w->data)[k];
+    }
+}
+
+/* max |w| over a weight matrix and max_j ||W_j||_2 over its rows. */
 static void weight_stats(const eng_weight_t *w, float *amax, double *row_norm_max)
 {
     float am = 0;
     double rn = 0;
-    if (w->type != ENG_GGML_TYPE_F16 && w->type != ENG_GGML_TYPE_F32) {
-        *amax = INFINITY; /* not read: upload_weight_to refuses the type */
-        *row_norm_max = INFINITY;
-        return;
-    }
     for (uint32_t j = 0; j < w->n_out; j++) {
         double ss = 0;
         for (uint32_t i = 0; i < w->n_in; i++) {
-            size_t k = (size_t)j * w->n_in + i;
-            float v = w->type == ENG_GGML_TYPE_F16 ? krn_f16_to_f32(((const uint16_t *)w->data)[k])
-                                                   : ((const float *)w->data)[k];
+            float v = weight_elem(w, (size_t)j * w->n_in + i);
             float a = fabsf(v);
             am = a > am || isnan(a) ? a : am;
             ss += (double)v * v;
@@ -402,8 +417,6 @@ static int upload_weight_to(cuda_be_t *c, const eng_weight_t *w, enum krn_dtype 
     out->n_in = (int32_t)w->n_in;
     out->n_out = (int32_t)w->n_out;
     out->dt = dt;
-    if (w->type != ENG_GGML_TYPE_F16 && w->type != ENG_GGML_TYPE_F32)
-        return PC_ERR_UNSUPPORTED;
     if (w->type == ENG_GGML_TYPE_F16 && dt == KRN_F16) {
         int rc = krn_copy_h2d(c->ctx, dst, w->data, n * 2);
         return rc == 0 ? krn_ctx_sync(c->ctx) : rc;
@@ -412,8 +425,7 @@ static int upload_weight_to(cuda_be_t *c, const eng_weight_t *w, enum krn_dtype 
     if (tmp == NULL)
         return PC_ERR_NOMEM;
     for (size_t i = 0; i < n; i++) {
-        float f = w->type == ENG_GGML_TYPE_F16 ? krn_f16_to_f32(((const uint16_t *)w->data)[i])
-                                               : ((const float *)w->data)[i];
+        float f = weight_elem(w, i);
         tmp[i] = dt == KRN_F16 ? krn_f32_to_f16(f) : krn_f32_to_bf16(f);
     }
     int rc = krn_copy_h2d(c->ctx, dst, tmp, n * 2);

@@ -3,6 +3,6 @@
 # control token is ever produced. Seeds in corpus/tokenizer/.
 kvgw_add_fuzzer(NAME fuzz_tokenizer
     SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_tokenizer.c
-    LIBS kvgw_engine
+    LIBS kvgw_engine_internal # tokenizer_internal.h: the pre-tokenizer's pieces
     CORPUS ${CMAKE_CURRENT_SOURCE_DIR}/corpus/tokenizer
     SECONDS 30)

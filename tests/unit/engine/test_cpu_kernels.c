@@ -286,7 +286,7 @@ PC_TEST(matmul_matches_double_reference)
                         if (!eng__cpu_isa_runs(paths[pi]))
                             continue;
                         memcpy(y, y0, (size_t)MMAX * N * 4);
-                        eng__matmul(pool, x, M, &w, y, acc == 1, tmp, NULL, paths[pi]);
+                        eng__matmul(pool, x, M, &w, NULL, y, acc == 1, tmp, NULL, paths[pi]);
                         for (uint32_t m = 0; m < M; m++) {
                             for (uint32_t n = 0; n < N; n++) {
                                 size_t i = (size_t)m * N + n;

@@ -8,6 +8,7 @@
  * sequences.
  */
 #include "engine.h"
+#include "engine_internal.h" /* eng_kvpool */
 #include "eng_testmodel.h"
 #include "pc_assert.h"
 #include "pc_err.h"

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "engine_internal.h" /* eng_kvpool */
 #include "kernels.h"
 #include "krn_sample_testrows.h"
 #include "krn_testutil.h"

@@ -22,6 +22,7 @@
 #include "cpu.h"
 #include "eng_testmodel.h"
 #include "engine.h"
+#include "engine_internal.h" /* eng_kvpool */
 #include "cpu_kernels.h"
 #include "kernels.h"
 #include "krn_fused_case.h"
