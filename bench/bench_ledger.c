@@ -304,7 +304,7 @@ int bench_ledger_main(int argc, char **argv)
     uint64_t open_window = 65536;
     int mode = BILL_FSYNC_BATCH;
     uint32_t window_us = 500;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* --option value */
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
@@ -336,7 +336,6 @@ int bench_ledger_main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
-        i++;
     }
     if (n_events == 0 || rate == 0 || x_per_day == 0 || x_per_day > DAY_MS || x_seg_mib == 0 ||
         x_seg_mib > 4096 || open_window == 0) {

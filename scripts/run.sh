@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc 2>/dev/null || echo 2)"
+# Only the binary (the tests and benchmarks are test.sh's): a shorter first start.
+cmake --build build -j"$(nproc 2>/dev/null || echo 2)" --target kvgw
 bash scripts/models.sh demo
 exec build/bin/kvgw serve "$@"

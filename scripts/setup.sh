@@ -8,11 +8,15 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
+# Installed with --no-install-recommends, so a package that another one only *recommends* is
+# named here itself: libc6-dev-arm64-cross (the aarch64 headers; gcc-aarch64-linux-gnu only
+# recommends it, and the cpu_aarch64_compile test needs them), llvm (llvm-symbolizer, so an ASan
+# or UBSan report names functions and lines; clang only recommends it).
 pkgs=(
     build-essential cmake pkg-config git ca-certificates
     libuv1-dev node-llhttp libhiredis-dev libxxhash-dev libjansson-dev libpcre2-dev
     libopenblas-dev libyaml-dev libicu-dev libsodium-dev redis-server redis-tools
-    clang libclang-rt-14-dev clang-format gcc-aarch64-linux-gnu
+    clang libclang-rt-14-dev llvm clang-format gcc-aarch64-linux-gnu libc6-dev-arm64-cross
     curl jq wrk
 )
 # Tools only the tests and CI use: chromium (the /dashboard test, headless) and docker-compose

@@ -2,8 +2,10 @@
 # The whole test suite, exactly as CI runs it (.ci/run calls this script):
 #   1. setup (Debian packages, npm packages) — idempotent
 #   2. Release build (-O2, warnings as errors) + every test but the fuzzers
-#   3. ASan + UBSan build + the unit tests
-#   4. with clang: libFuzzer build + every fuzz target for a bounded time
+#   3. ASan + UBSan build (gcc) + the unit tests, and the integration tests that feed the gateway
+#      untrusted input (HTTP, SDKs, the worker link; label `sanitized`) against the ASan binary
+#   4. clang build of the whole tree with warnings as errors, which is also the libFuzzer build:
+#      every fuzz target for a bounded time
 #   5. formatting check (.clang-format)
 # Options: --quick skips the sanitizer and fuzz builds (for local iteration).
 set -euo pipefail
@@ -45,20 +47,22 @@ if [ $quick -eq 0 ]; then
     step "Sanitizer build (ASan + UBSan)"
     cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVGW_SANITIZE=ON -DKVGW_WERROR=ON >/dev/null
     cmake --build build-asan -j"$jobs"
-    step "Unit tests (ASan + UBSan)"
+    step "Unit tests and untrusted-input integration tests (ASan + UBSan)"
+    # `sanitized`: gateway_sdk, gateway_cluster, gateway_http_edge, ... run on the ASan kvgw;
+    # any sanitizer report in any kvgw process's stderr fails sanitizer_check (see
+    # tests/integration/CMakeLists.txt).
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
-    run_ctest --test-dir build-asan -L unit -LE gpu || fail=1
+    run_ctest --test-dir build-asan -L '^(unit|sanitized)$' -LE gpu || fail=1
     unset ASAN_OPTIONS UBSAN_OPTIONS
 
-    if command -v clang >/dev/null 2>&1; then
-        step "Fuzz targets (libFuzzer, bounded time)"
-        CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVGW_SANITIZE=ON \
-            -DKVGW_FUZZ=ON >/dev/null
-        cmake --build build-fuzz -j"$jobs"
-        run_ctest --test-dir build-fuzz -L '^fuzz$' || fail=1
-    else
-        echo "clang not found: fuzz targets only replay their corpus (in the unit tests)"
-    fi
+    # One clang build serves twice: the whole tree (gateway, engine, billing, bench, every test)
+    # compiled by clang with warnings as errors, and the libFuzzer targets. scripts/setup.sh
+    # installs clang, so a missing one is an error, not a skip.
+    step "clang build, warnings as errors + fuzz targets (libFuzzer, bounded time)"
+    CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVGW_SANITIZE=ON \
+        -DKVGW_FUZZ=ON -DKVGW_WERROR=ON >/dev/null
+    cmake --build build-fuzz -j"$jobs"
+    run_ctest --test-dir build-fuzz -L '^fuzz$' || fail=1
 fi
 
 step "Format check"

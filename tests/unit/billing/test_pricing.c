@@ -281,8 +281,9 @@ PC_TEST(pricing_table_errors)
         "models: {m: {input_usd_per_mtok: 3, output_usd_per_mtok: 1, foo: 1}}\n", /* unknown */
         "models: {m: {input_usd_per_mtok: 3.0000000001, output_usd_per_mtok: 1}}\n",
         "models: {m: {input_usd_per_mtok: 3, output_usd_per_mtok: 1, cache_read: x}}\n",
-        "models: {m: [{input_usd_per_mtok: 3, output_usd_per_mtok: 1},"
-        " {input_usd_per_mtok: 4, output_usd_per_mtok: 1}]}\n", /* same effective twice */
+        /* the same effective date twice (one string, split over two lines) */
+        ("models: {m: [{input_usd_per_mtok: 3, output_usd_per_mtok: 1},"
+         " {input_usd_per_mtok: 4, output_usd_per_mtok: 1}]}\n"),
         "currency: EUR\nmodels: {m: {input_usd_per_mtok: 3, output_usd_per_mtok: 1}}\n",
         "models: {}\n",
         "models: [1, 2]\n",
