@@ -489,11 +489,16 @@ static int serve_run(serve_t *s, const gw_serve_params_t *params)
                "-d '{\"model\":\"%s\",\"max_tokens\":32,\"messages\":[{\"role\":\"user\","
                "\"content\":\"Hello\"}]}'\n",
                h, port, s->models[0].cfg->name);
+        printf("        (too short to cache: README.md's first example writes the cache, then "
+               "reads it)\n");
         printf("  SDKs: Anthropic baseURL http://%s:%d (apiKey sk-kvgw-demo); OpenAI baseURL "
                "http://%s:%d/v1\n",
                h, port, h, port);
+        printf("  dashboard: http://%s:%d/dashboard#key=sk-kvgw-admin\n", h, port);
+    } else {
+        printf("  dashboard: http://%s:%d/dashboard (asks for the admin key)\n", h, port);
     }
-    printf("  metrics: http://%s:%d/metrics   Ctrl-C stops it cleanly\n", h, port);
+    printf("  metrics: http://%s:%d/metrics (admin key)   Ctrl-C stops it cleanly\n", h, port);
     fflush(stdout);
 
     uv_run(s->loop, UV_RUN_DEFAULT);
