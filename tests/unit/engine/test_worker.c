@@ -1038,7 +1038,7 @@ PC_TEST(cancel_in_finishing_step_does_not_cancel_reused_id)
     ASSERT_EQ(res[0].n_tokens, 1);
     atomic_store(&sc.armed, true);
     gate_release();
-    ASSERT_TRUE(gate_wait(2)); /* step 2 flushed; the next loop has not run */
+    ASSERT_TRUE(gate_wait(2));            /* step 2 flushed; the next loop has not run */
     ASSERT_FALSE(atomic_load(&sc.armed)); /* the hook ran before step 2 */
     ASSERT_EQ(atomic_load(&sc.rc), 0);    /* and found request 1 running: the cancel counts */
     poll_until_final(w, &c, &res[0]);
