@@ -47,7 +47,7 @@ if [ $quick -eq 0 ]; then
     cmake --build build-asan -j"$jobs"
     step "Unit tests (ASan + UBSan)"
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
-    run_ctest --test-dir build-asan -L unit -LE gpu || fail=1
+    run_ctest --test-dir build-asan -L '^(unit|slow)$' -LE gpu || fail=1
     unset ASAN_OPTIONS UBSAN_OPTIONS
 
     if command -v clang >/dev/null 2>&1; then
