@@ -14,6 +14,10 @@
  *                if (bill_ledger_status(l) != 0) stop accepting billable work.
  *   bill_ledger_close(l);                                             // flushes, joins
  *
+ * The code is in three files that change for different reasons: ledger_format.c (the bytes
+ * documented below), ledger_writer.c (open and recovery, append, the writer thread) and
+ * ledger_reader.c (the reader, the index scan, the check); ledger_internal.h is what they share.
+ *
  * Directory layout: <dir>/ledger-<first seq, 20 decimal digits>.seg segment files, <dir>/LOCK
  * (flock'ed by the one process that has the ledger open) and <dir>/INSTANCE (the instance id,
  * written once: names this ledger's Redis stream and cursor).

@@ -1136,6 +1136,8 @@ static void *sched_main(void *arg)
             ops = next;
         }
         admit(w);
+        if (w->p.before_step != NULL)
+            w->p.before_step(w->p.before_step_ud);
         step(w);
         wake_waiters(w);
 

@@ -134,6 +134,10 @@ typedef struct eng_worker_params {
     uint32_t load_interval_ms; /* periodic LOAD events; 0 = none. Default 1000 */
     eng_worker_wake_fn wake;   /* may be NULL (then poll_wait or periodic polling) */
     void *wake_ud;
+    /* Tests only (NULL otherwise): called by the scheduler thread before each step, after the
+     * loop took its submits and cancels, with no worker lock held (a test lands a call there). */
+    eng_worker_wake_fn before_step;
+    void *before_step_ud;
 } eng_worker_params_t;
 
 eng_worker_params_t eng_worker_params_default(void);

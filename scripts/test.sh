@@ -52,7 +52,7 @@ if [ $quick -eq 0 ]; then
     # any sanitizer report in any kvgw process's stderr fails sanitizer_check (see
     # tests/integration/CMakeLists.txt).
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
-    run_ctest --test-dir build-asan -L '^(unit|sanitized)$' -LE gpu || fail=1
+    run_ctest --test-dir build-asan -L '^(unit|slow|sanitized)$' -LE gpu || fail=1
     unset ASAN_OPTIONS UBSAN_OPTIONS
 
     # One clang build serves twice: the whole tree (gateway, engine, billing, bench, every test)

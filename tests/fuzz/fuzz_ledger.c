@@ -1,5 +1,5 @@
 /*
- * fuzz_ledger.c — libFuzzer target for ledger replay (billing/ledger.c): the bytes become a
+ * fuzz_ledger.c — libFuzzer target for ledger replay (billing/ledger_*.c): the bytes become a
  * segment file, then a reader replays it and the ledger's recovery opens it.
  *
  * Byte 0 picks the mode: even, the rest follows a valid segment header (records only); odd, the

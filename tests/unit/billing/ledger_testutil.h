@@ -71,7 +71,7 @@ static inline void seg_path(char *buf, size_t n, const char *dir, uint64_t first
     snprintf(buf, n, "%s/ledger-%020" PRIu64 ".%s", dir, first, ext);
 }
 
-/* The sidecar format, written here from ledger.h's description (not from ledger.c's code). */
+/* The sidecar format, written from ledger.h's description (not from ledger_format.c's code). */
 static inline void put32(uint8_t *p, uint32_t v)
 {
     for (int i = 0; i < 4; i++)

@@ -18,7 +18,9 @@
 
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -576,7 +578,47 @@ PC_TEST(threads)
     pc_buf_free(&text);
 }
 
-PC_TEST(cleanup)
+/* Blocks taken from the pc_ allocation hooks and not yet given back, while counting_alloc is
+ * installed. */
+static _Atomic long g_live_blocks;
+
+static void *count_malloc(size_t n)
+{
+    void *p = malloc(n);
+    if (p != NULL)
+        g_live_blocks++;
+    return p;
+}
+
+static void *count_calloc(size_t c, size_t n)
+{
+    void *p = calloc(c, n);
+    if (p != NULL)
+        g_live_blocks++;
+    return p;
+}
+
+static void *count_realloc(void *p, size_t n)
+{
+    void *q = realloc(p, n);
+    if (p == NULL && q != NULL)
+        g_live_blocks++;
+    else if (p != NULL && n == 0 && q == NULL)
+        g_live_blocks--; /* glibc's realloc(p, 0) frees p */
+    return q;
+}
+
+static void count_free(void *p)
+{
+    if (p != NULL)
+        g_live_blocks--;
+    free(p);
+}
+
+/* Runs last: frees the tokenizers the tests above shared, then checks that a tokenizer's whole
+ * life (vocab, GGUF round trip, init, an encode that fills its caches, free) gives back every
+ * block it took from the allocation hooks, and that the free functions take NULL. */
+PC_TEST(free_returns_every_block)
 {
     for (int i = 0; i < 3; i++) {
         eng_tok_free(g_tok[i]);
@@ -584,6 +626,28 @@ PC_TEST(cleanup)
     }
     eng_tok_free(NULL);
     eng_vocab_free(NULL);
+    if (!have_models())
+        PC_SKIP("tests/node/node_modules missing (run scripts/setup.sh)");
+    static const pc_allocator_t counting = {count_malloc, count_calloc, count_realloc, count_free};
+    static const char text[] = "Hello, world! Ünïcödé and   spaces\n\tdone 12345 😀";
+    pc_allocator_t prev = pc_set_allocator(&counting);
+    g_live_blocks = 0;
+    eng_tok_t *t = NULL;
+    char err[256] = "";
+    int rc = load_via_gguf("llama3", &t, err, sizeof err);
+    uint32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    int enc = rc == 0 ? eng_tok_encode(t, text, sizeof text - 1, &ids, &n, &cap) : rc;
+    long held = g_live_blocks; /* the tokenizer and ids: more than none */
+    pc_free(ids);
+    eng_tok_free(t);
+    long left = g_live_blocks;
+    pc_set_allocator(&prev);
+    ASSERT_EQ(rc, 0);
+    ASSERT_EQ(enc, 0);
+    ASSERT_TRUE(n > 0);
+    ASSERT_TRUE(held > 0);
+    ASSERT_EQ(left, 0);
 }
 
 PC_TEST_MAIN()

@@ -983,97 +983,88 @@ static void poll_until_final(eng_worker_t *w, collector_t *c, result_t *r)
     }
 }
 
+/* The before_step hook of the test below: once armed, cancels request 1 from the scheduler's
+ * loop after the loop took its cancels, that is, during the step that follows. */
+typedef struct step_cancel {
+    eng_worker_t *_Atomic w;
+    atomic_bool armed;
+    atomic_int rc;
+} step_cancel_t;
+
+static void cancel_before_step(void *ud)
+{
+    step_cancel_t *sc = ud;
+    if (atomic_exchange(&sc->armed, false))
+        atomic_store(&sc->rc, eng_worker_cancel(atomic_load(&sc->w), 1));
+}
+
 PC_TEST(cancel_in_finishing_step_does_not_cancel_reused_id)
 {
     /* A cancel that arrives while the step that finishes its request runs comes too late: the
      * request ends on its own. The stale cancel must not survive to cancel the next request
      * that reuses the id (the id is free once the final event is queued). The wake gate holds
-     * the scheduler after step 1 (the first token of request 1) to queue long prefills that
-     * make step 2 (request 1's last token) long, and after step 2 to resubmit id 1 before the
-     * scheduler's next loop. */
-    enum { N_LONG = 4, LONG_LEN = 4000, MAX_TRIES = 5 };
-    static uint32_t long_prompt[N_LONG][LONG_LEN], prompt[10];
-    for (int i = 0; i < N_LONG; i++)
-        random_prompt(long_prompt[i], LONG_LEN);
+     * the scheduler after step 1 (the first token of request 1); the before_step hook then
+     * cancels request 1 in the next loop, after that loop took its cancels, so the cancel lands
+     * in step 2 (request 1's last token) every time; the gate holds the scheduler after step 2
+     * while id 1 is submitted again, before the scheduler's next loop. */
+    static uint32_t prompt[10];
     random_prompt(prompt, 10);
     eng_worker_params_t p = wparams();
-    p.engine.kv_max_tokens = 65536;
-    p.engine.max_batch_tokens = N_LONG * LONG_LEN + 64;
-    p.step_tokens = N_LONG * LONG_LEN + 64; /* every long prefill in one step */
-    p.max_running = 16;
+    step_cancel_t sc = {.rc = 1};
     p.wake = gate_wake;
-    bool seen_race = false;
-    useconds_t delay = 10000; /* from the release to the cancel; adapted when it misses */
-    for (int attempt = 0; attempt < MAX_TRIES && !seen_race; attempt++) {
-        eng_worker_t *w = start(&p);
-        ASSERT_TRUE(w != NULL);
-        static result_t res[1 + N_LONG];
-        memset(res, 0, sizeof res);
-        collector_t c = {.res = res};
-        res[0].id = 1; /* the request that finishes in step 2, and later its id's reuse */
-        for (int i = 0; i < N_LONG; i++)
-            res[1 + i].id = 100 + (uint64_t)i;
-        c.n_res = 1 + N_LONG;
-        pthread_mutex_lock(&g_gate_mu);
-        g_gate_hold = 2;
-        g_gate_entered = 0;
-        g_gate_go = false;
-        pthread_mutex_unlock(&g_gate_mu);
+    p.before_step = cancel_before_step;
+    p.before_step_ud = &sc;
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    atomic_store(&sc.w, w);
+    result_t res[1];
+    memset(res, 0, sizeof res);
+    collector_t c = {.res = res, .n_res = 1};
+    res[0].id = 1; /* the request that finishes in step 2, and later its id's reuse */
+    pthread_mutex_lock(&g_gate_mu);
+    g_gate_hold = 2;
+    g_gate_entered = 0;
+    g_gate_go = false;
+    pthread_mutex_unlock(&g_gate_mu);
 
-        eng_wire_submit_t q = greedy_req(1, 1, prompt, 10, 2);
-        ASSERT_EQ(submit(w, &q), 0);
-        ASSERT_TRUE(gate_wait(1)); /* step 1 done: request 1 decodes its last token next */
-        eng_worker_event_t ev[8];
-        size_t n_ev;
-        while ((n_ev = eng_worker_poll(w, ev, PC_ARRAY_LEN(ev))) > 0) /* emptied: wake again */
-            for (size_t i = 0; i < n_ev; i++)
-                take(&c, &ev[i]);
-        ASSERT_EQ(res[0].n_tokens, 1);
-        for (int i = 0; i < N_LONG; i++) {
-            q = greedy_req(100 + (uint64_t)i, 2 + (uint64_t)i, long_prompt[i], LONG_LEN, 0);
-            ASSERT_EQ(submit(w, &q), 0);
-        }
-        gate_release();
-        usleep(delay); /* step 2 runs: the cancel lands inside it */
-        int crc = eng_worker_cancel(w, 1);
-        ASSERT_TRUE(gate_wait(2)); /* step 2 flushed; the next loop has not run */
-        poll_until_final(w, &c, &res[0]);
-        ASSERT_TRUE(res[0].done);
-        bool race = crc == 0 && res[0].d.stop_reason == ENG_WIRE_STOP_MAX_TOKENS;
-        if (race) {
-            /* The id is free: reuse it while the scheduler is still held. */
-            memset(&res[0], 0, sizeof res[0]);
-            res[0].id = 1;
-            q = greedy_req(1, 1, prompt, 10, 3);
-            ASSERT_EQ(submit(w, &q), 0);
-        }
-        pthread_mutex_lock(&g_gate_mu);
-        g_gate_hold = 0;
-        pthread_mutex_unlock(&g_gate_mu);
-        gate_release();
-        bool drained = drain(w, &c, 60000);
-        for (uint32_t i = 0; !drained && i < c.n_res; i++)
-            fprintf(stderr, "  req %llu: done %d failed %d stop %u tokens %u (%s)\n",
-                    (unsigned long long)res[i].id, res[i].done, res[i].failed, res[i].d.stop_reason,
-                    res[i].n_tokens, res[i].err_msg);
-        ASSERT_TRUE(drained);
-        if (race) {
-            seen_race = true;
-            ASSERT_TRUE(res[0].done);
-            ASSERT_EQ(res[0].d.stop_reason, ENG_WIRE_STOP_MAX_TOKENS);
-            ASSERT_EQ(res[0].n_tokens, 3);
-            ASSERT_EQ(eng_worker_cancel(w, 1), PC_ERR_NOTFOUND);
-        } else {
-            fprintf(stderr, "  attempt %d: the cancel missed step 2 (rc %d, stop %u); again\n",
-                    attempt, crc, res[0].d.stop_reason);
-            delay = crc != 0 ? delay / 4 : delay * 4; /* too late: sooner; too early: later */
-        }
-        for (int i = 0; i < N_LONG; i++)
-            ASSERT_TRUE(res[1 + i].done);
-        PC_TEST_CALL(check_idle(w));
-        eng_worker_free(w);
-    }
-    ASSERT_TRUE(seen_race);
+    eng_wire_submit_t q = greedy_req(1, 1, prompt, 10, 2);
+    ASSERT_EQ(submit(w, &q), 0);
+    ASSERT_TRUE(gate_wait(1)); /* step 1 done: request 1 decodes its last token next */
+    eng_worker_event_t ev[8];
+    size_t n_ev;
+    while ((n_ev = eng_worker_poll(w, ev, PC_ARRAY_LEN(ev))) > 0) /* emptied: wake again */
+        for (size_t i = 0; i < n_ev; i++)
+            take(&c, &ev[i]);
+    ASSERT_EQ(res[0].n_tokens, 1);
+    atomic_store(&sc.armed, true);
+    gate_release();
+    ASSERT_TRUE(gate_wait(2));            /* step 2 flushed; the next loop has not run */
+    ASSERT_FALSE(atomic_load(&sc.armed)); /* the hook ran before step 2 */
+    ASSERT_EQ(atomic_load(&sc.rc), 0);    /* and found request 1 running: the cancel counts */
+    poll_until_final(w, &c, &res[0]);
+    ASSERT_TRUE(res[0].done);
+    ASSERT_EQ(res[0].d.stop_reason, ENG_WIRE_STOP_MAX_TOKENS);
+    ASSERT_EQ(res[0].n_tokens, 2);
+    /* The id is free: reuse it while the scheduler is still held. */
+    memset(&res[0], 0, sizeof res[0]);
+    res[0].id = 1;
+    q = greedy_req(1, 1, prompt, 10, 3);
+    ASSERT_EQ(submit(w, &q), 0);
+    pthread_mutex_lock(&g_gate_mu);
+    g_gate_hold = 0;
+    pthread_mutex_unlock(&g_gate_mu);
+    gate_release();
+    bool drained = drain(w, &c, 60000);
+    if (!drained)
+        fprintf(stderr, "  req 1: done %d failed %d stop %u tokens %u (%s)\n", res[0].done,
+                res[0].failed, res[0].d.stop_reason, res[0].n_tokens, res[0].err_msg);
+    ASSERT_TRUE(drained);
+    ASSERT_TRUE(res[0].done);
+    ASSERT_EQ(res[0].d.stop_reason, ENG_WIRE_STOP_MAX_TOKENS);
+    ASSERT_EQ(res[0].n_tokens, 3);
+    ASSERT_EQ(eng_worker_cancel(w, 1), PC_ERR_NOTFOUND);
+    PC_TEST_CALL(check_idle(w));
+    eng_worker_free(w);
 }
 
 static atomic_int g_stopped;

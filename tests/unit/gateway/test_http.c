@@ -694,7 +694,7 @@ PC_TEST(format_error_hook_shapes_errors)
     ASSERT_EQ(strlen(id), 28);
     ASSERT_EQ(strspn(id + 4, "0123456789abcdef"), 24);
     ASSERT_TRUE(strncmp(id, "req_", 4) == 0);
-    char xid[80];
+    char xid[96];
     snprintf(xid, sizeof xid, "\r\nx-request-id: %s\r\n", id);
     ASSERT_TRUE(has_header(&r, xid));
     pc_buf_t want = PC_BUF_INIT;
@@ -737,11 +737,15 @@ PC_TEST(slow_client_408)
     client_t c;
     client_connect(&c, 0);
     watch(&c);
-    /* Headers trickle in, one byte per 40 ms: the header timeout is total, not per read. */
+    /* Headers trickle in, one byte per 40 ms or more: the header timeout is total, not per
+     * read. Every byte arrives well within 150 ms of the one before, so a per-read timeout would
+     * never fire while they come; the 408 must come before the last one is sent (the 35 bytes
+     * take at least 1.4 s, whatever the machine's load). */
     const char *slow = "GET /slow HTTP/1.1\r\nHost: t\r\nX-A: b";
-    uint64_t t0 = pc_time_mono_ms();
+    size_t n_sent = 0;
     for (const char *s = slow; *s && !c.eof && c.in.len == 0; s++) {
         client_send(&c, s, 1);
+        n_sent++;
         PUMP_UNTIL(c.in.len > 0, 40);
     }
     response_t r;
@@ -749,7 +753,7 @@ PC_TEST(slow_client_408)
     ASSERT_EQ(r.status, 408);
     ASSERT_TRUE(has_header(&r, "Connection: close"));
     ASSERT_TRUE(strstr(r.body.base, "timeout_error") != NULL);
-    ASSERT_LE(pc_time_mono_ms() - t0, 1000);
+    ASSERT_TRUE(n_sent < strlen(slow));
     response_free(&r);
     PUMP_UNTIL(c.eof, 2000);
     ASSERT_TRUE(c.eof);
@@ -782,18 +786,17 @@ PC_TEST(idle_keepalive_close)
     ASSERT_TRUE(read_response(&c, &r, false));
     ASSERT_EQ(r.status, 200);
     response_free(&r);
-    uint64_t t0 = pc_time_mono_ms();
     PUMP_UNTIL(c.eof, 3000);
     ASSERT_TRUE(c.eof);
     ASSERT_EQ(c.in.len, 0); /* closed without a response */
-    uint64_t waited = pc_time_mono_ms() - t0;
-    ASSERT_LE(100, waited);
-    ASSERT_LE(waited, 1500);
     client_close(&c);
     unwatch_all();
     gw_http_stats_t st;
     PUMP_UNTIL((gw_http_server_stats(F.srv, &st), st.conns_open == 0), 1000);
     ASSERT_EQ(st.conns_open, 0);
+    /* The idle timer closed it (a timeout, not a close after the response): no clock read. */
+    ASSERT_EQ(st.timeouts, 1);
+    ASSERT_EQ(st.requests, 1);
     stop();
 }
 

@@ -24,7 +24,6 @@
 #include "common.h"
 #include "lnk_testmodel.h"
 #include "pc_test.h"
-#include "pc_testutil.h"
 #include "wire.h"
 #include "wire_conn.h"
 #include "worker.h"
@@ -2165,7 +2164,8 @@ PC_TEST(kvgw_worker_binary_serves_and_stops_on_sigterm)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * The seed corpus of tests/fuzz/fuzz_worker_server.c (written only with KVGW_WNET_CORPUS=DIR).
+ * The seed corpus of tests/fuzz/fuzz_worker_server.c: checked against the committed files, or
+ * written with KVGW_WNET_CORPUS=DIR.
  * ------------------------------------------------------------------------------------------- */
 
 static void seed_frame(pc_buf_t *b, const eng_wire_frame_t *f)
@@ -2177,27 +2177,38 @@ static void seed_frame(pc_buf_t *b, const eng_wire_frame_t *f)
     ASSERT_EQ(rc, 0);
 }
 
+#define SEED_CORPUS "tests/fuzz/corpus/fuzz_worker_server"
+
+/* Writes the seed into dir (a refresh of the corpus), or with dir NULL checks that the committed
+ * seed of that name holds exactly these bytes: a change to the wire encoding or to a seed below
+ * that was not carried to the committed corpus fails here. */
 static void seed_write(const char *dir, const char *name, const pc_buf_t *b)
 {
     char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *fp = fopen(path, "wb");
+    snprintf(path, sizeof path, "%s/%s", dir != NULL ? dir : SEED_CORPUS, name);
+    FILE *fp = fopen(path, dir != NULL ? "wb" : "rb");
     ASSERT_TRUE(fp != NULL);
-    ASSERT_EQ(fwrite(b->base, 1, b->len, fp), b->len);
+    if (dir != NULL) {
+        ASSERT_EQ(fwrite(b->base, 1, b->len, fp), b->len);
+        fclose(fp);
+        return;
+    }
+    char *disk = pc_xmalloc(b->len + 1);
+    size_t n = fread(disk, 1, b->len + 1, fp);
     fclose(fp);
+    bool same = n == b->len && memcmp(disk, b->base, n) == 0;
+    pc_free(disk);
+    if (!same)
+        PC_TEST__FAIL("%s (%zu bytes) is not the seed generated here (%zu bytes): refresh it with "
+                      "KVGW_WNET_CORPUS=" SEED_CORPUS " build/tests/test_worker_net corpus_seeds",
+                      path, n, b->len);
 }
 
 PC_TEST(corpus_seeds)
 {
     /* With KVGW_WNET_CORPUS=DIR the seeds go there (to refresh the committed corpus); without it
-     * they go to a temporary directory, so the generation is still checked (every seed frame
-     * encodes, every file is written) and the case never skips. */
+     * every seed frame must encode and every seed must equal its committed file byte for byte. */
     const char *dir = getenv("KVGW_WNET_CORPUS");
-    char tmp[512];
-    if (dir == NULL) { /* the per-process directory, removed with its files at exit */
-        snprintf(tmp, sizeof tmp, "%s", pc_test_tmp_path("."));
-        dir = tmp;
-    }
     static uint32_t prompt[40], toolong[1100];
     make_prompt(prompt, 40, 4);
     make_prompt(toolong, 1100, 5);

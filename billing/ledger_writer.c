@@ -1,13 +1,13 @@
 /*
- * ledger.c — the append-only usage ledger (format, durability and recovery in ledger.h).
+ * ledger_writer.c — the ledger's writer: open (lock, INSTANCE, recovery), append and the writer
+ * thread, close (format, durability and recovery in ledger.h; the bytes in ledger_format.c).
  *
  * Threads: appenders (the gateway's loop) encode and frame a record, then under the mutex check
  * the duplicate set, take the next seq and add the record to the pending buffer. The one writer
  * thread swaps the pending buffer for an empty one, writes it with one write(2), syncs, publishes
  * durable_seq and calls wake. Only the writer touches the segment file descriptor.
  */
-#include "ledger.h"
-#include "common.h"
+#include "ledger_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -16,17 +16,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
-
-#define SEG_MAGIC "KVGWLEDG"
-#define SEG_VERSION 1
-#define REC_VERSION 1
 
 int bill_fsync_parse(const char *s)
 {
@@ -204,365 +199,9 @@ struct bill_ledger {
     _Atomic int status;
 };
 
-static ssize_t io_write(void *ud, int fd, const void *buf, size_t len)
-{
-    return write(fd, buf, len);
-}
-
-static int io_fsync(void *ud, int fd)
-{
-    return fdatasync(fd);
-}
-
-static int err_from_errno(int e)
-{
-    return e == ENOSPC || e == EDQUOT ? PC_ERR_NOSPACE : PC_ERR_IO;
-}
-
-static void seg_name(char *buf, size_t n, uint64_t first_seq)
-{
-    snprintf(buf, n, "ledger-%020" PRIu64 ".seg", first_seq);
-}
-
-static bool parse_seg_name(const char *name, uint64_t *seq)
-{
-    if (strlen(name) != 7 + 20 + 4 || strncmp(name, "ledger-", 7) != 0 ||
-        strcmp(name + 27, ".seg") != 0)
-        return false;
-    uint64_t v = 0;
-    for (int i = 7; i < 27; i++) {
-        if (name[i] < '0' || name[i] > '9')
-            return false;
-        v = v * 10 + (uint64_t)(name[i] - '0');
-    }
-    *seq = v;
-    return v > 0;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* The first seqs of every segment in dir, ascending. */
-static int list_segments(const char *dir, uint64_t **out, size_t *n_out)
-{
-    *out = NULL;
-    *n_out = 0;
-    DIR *d = opendir(dir);
-    if (d == NULL)
-        return pc_err_from_errno(errno);
-    uint64_t *v = NULL;
-    size_t n = 0, cap = 0;
-    struct dirent *e;
-    int rc = 0;
-    while ((e = readdir(d)) != NULL) {
-        uint64_t s;
-        if (!parse_seg_name(e->d_name, &s))
-            continue;
-        if (n == cap) {
-            size_t nc = cap ? cap * 2 : 16;
-            uint64_t *nv = pc_reallocarray(v, nc, sizeof *nv);
-            if (nv == NULL) {
-                rc = PC_ERR_NOMEM;
-                break;
-            }
-            v = nv;
-            cap = nc;
-        }
-        v[n++] = s;
-    }
-    closedir(d);
-    if (rc != 0) {
-        pc_free(v);
-        return rc;
-    }
-    if (n > 1)
-        qsort(v, n, sizeof *v, cmp_u64);
-    *out = v;
-    *n_out = n;
-    return 0;
-}
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static void put_u64le(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_u64le(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
-static void seg_header(uint8_t h[BILL_LEDGER_SEGMENT_HEADER])
-{
-    memcpy(h, SEG_MAGIC, 8);
-    put_u32(h + 8, SEG_VERSION);
-    put_u32(h + 12, bill_crc32c(0, h, 12));
-}
-
-static bool seg_header_ok(const uint8_t h[BILL_LEDGER_SEGMENT_HEADER])
-{
-    return memcmp(h, SEG_MAGIC, 8) == 0 && get_u32(h + 8) == SEG_VERSION &&
-           get_u32(h + 12) == bill_crc32c(0, h, 12);
-}
-
-/* ---------------------------------------------------------------------------------------------
- * The time index: one sidecar per sealed segment (format in ledger.h). idx_add folds one record
- * frame into a segment's running index; the writer, the recovery at open and every reader that
- * reads a whole segment build the same one from the same bytes.
- * ------------------------------------------------------------------------------------------- */
-
-#define IDX_MAGIC "KVGWLIDX"
-#define IDX_VERSION 1
-
-static const bill_ledger_io_t default_io = {io_write, io_fsync, NULL};
-
-static void idx_init(bill_ledger_index_t *ix, uint64_t first_seq)
-{
-    *ix = (bill_ledger_index_t){
-        .seg_bytes = BILL_LEDGER_SEGMENT_HEADER,
-        .first_seq = first_seq,
-        .min_start_ms = UINT64_MAX,
-    };
-}
-
-static void idx_add(bill_ledger_index_t *ix, const uint8_t *frame, size_t len, uint64_t start_ms)
-{
-    /* The records' own CRCs chained: a checksum of every record (each CRC covers its record)
-     * at 4 bytes of hashing per record, so the writer and readers do not hash the data twice. */
-    ix->seg_crc = bill_crc32c(ix->seg_crc, frame + 4, 4);
-    ix->last_off = ix->seg_bytes;
-    ix->last_crc = get_u32(frame + 4);
-    ix->seg_bytes += len;
-    ix->n_records++;
-    if (start_ms < ix->min_start_ms)
-        ix->min_start_ms = start_ms;
-    if (start_ms > ix->max_start_ms)
-        ix->max_start_ms = start_ms;
-}
-
-static bool idx_equal(const bill_ledger_index_t *a, const bill_ledger_index_t *b)
-{
-    return a->seg_bytes == b->seg_bytes && a->first_seq == b->first_seq &&
-           a->n_records == b->n_records && a->min_start_ms == b->min_start_ms &&
-           a->max_start_ms == b->max_start_ms && a->last_off == b->last_off &&
-           a->last_crc == b->last_crc && a->seg_crc == b->seg_crc;
-}
-
-static void idx_encode(const bill_ledger_index_t *ix, uint8_t b[BILL_LEDGER_INDEX_BYTES])
-{
-    memset(b, 0, BILL_LEDGER_INDEX_BYTES);
-    memcpy(b, IDX_MAGIC, 8);
-    put_u32(b + 8, IDX_VERSION);
-    put_u64le(b + 16, ix->seg_bytes);
-    put_u64le(b + 24, ix->first_seq);
-    put_u64le(b + 32, ix->n_records);
-    put_u64le(b + 40, ix->min_start_ms);
-    put_u64le(b + 48, ix->max_start_ms);
-    put_u64le(b + 56, ix->last_off);
-    put_u32(b + 64, ix->last_crc);
-    put_u32(b + 68, ix->seg_crc);
-    put_u32(b + 72, bill_crc32c(0, b, 72));
-}
-
-static bool idx_decode(const uint8_t b[BILL_LEDGER_INDEX_BYTES], bill_ledger_index_t *ix)
-{
-    if (memcmp(b, IDX_MAGIC, 8) != 0 || get_u32(b + 8) != IDX_VERSION || get_u32(b + 12) != 0 ||
-        get_u32(b + 72) != bill_crc32c(0, b, 72))
-        return false;
-    *ix = (bill_ledger_index_t){
-        .seg_bytes = get_u64le(b + 16),
-        .first_seq = get_u64le(b + 24),
-        .n_records = get_u64le(b + 32),
-        .min_start_ms = get_u64le(b + 40),
-        .max_start_ms = get_u64le(b + 48),
-        .last_off = get_u64le(b + 56),
-        .last_crc = get_u32(b + 64),
-        .seg_crc = get_u32(b + 68),
-    };
-    return true;
-}
-
-static void idx_name(char *buf, size_t n, uint64_t first_seq)
-{
-    snprintf(buf, n, "ledger-%020" PRIu64 ".idx", first_seq);
-}
-
-/* A temporary sidecar left by a crash: "ledger-<20 digits>.idx.tmp-...". */
-static bool idx_is_temp(const char *name)
-{
-    return strncmp(name, "ledger-", 7) == 0 && strlen(name) > 27 + 8 &&
-           strncmp(name + 27, ".idx.tmp", 8) == 0;
-}
-
-/* Writes the sidecar of segment ix->first_seq into the directory dir_fd, crash-safely: a temporary
- * file with a name of its own (so concurrent writers of the same sidecar never share one) is
- * written and synced, renamed over the sidecar's name, then the directory is synced. A crash at
- * any point leaves the previous sidecar (or none) or the new one, never a partial one: the rename
- * is atomic and only renames synced bytes. On failure the temporary file is removed. io: the
- * ledger's hooks (tests inject failures and crashes there). sync_dir false leaves the directory's
- * sync to the caller (the recovery writes many sidecars, then syncs the directory once). */
-static int idx_write(int dir_fd, const bill_ledger_io_t *io, const bill_ledger_index_t *ix,
-                     bool sync_dir)
-{
-    static _Atomic unsigned counter;
-    char name[64], tmp[128];
-    idx_name(name, sizeof name, ix->first_seq);
-    snprintf(tmp, sizeof tmp, "%s.tmp-%ld-%u", name, (long)getpid(), atomic_fetch_add(&counter, 1));
-    uint8_t b[BILL_LEDGER_INDEX_BYTES];
-    idx_encode(ix, b);
-    int fd = openat(dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return err_from_errno(errno);
-    int rc = 0;
-    size_t off = 0;
-    while (off < sizeof b) {
-        ssize_t w = io->write(io->ud, fd, b + off, sizeof b - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            rc = w < 0 ? err_from_errno(errno) : PC_ERR_NOSPACE;
-            break;
-        }
-        off += (size_t)w;
-    }
-    if (rc == 0 && io->fsync(io->ud, fd) != 0)
-        rc = err_from_errno(errno);
-    if (close(fd) != 0 && rc == 0)
-        rc = err_from_errno(errno);
-    if (rc == 0 && renameat(dir_fd, tmp, dir_fd, name) != 0)
-        rc = err_from_errno(errno);
-    if (rc != 0) {
-        (void)unlinkat(dir_fd, tmp, 0);
-        return rc;
-    }
-    if (!sync_dir)
-        return 0;
-    return io->fsync(io->ud, dir_fd) == 0 ? 0 : err_from_errno(errno);
-}
-
-int bill_ledger_index_load(const char *dir, uint64_t first_seq, bill_ledger_index_t *out)
-{
-    char path[4096], name[64];
-    idx_name(name, sizeof name, first_seq);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return errno == ENOENT ? PC_ERR_NOTFOUND : pc_err_from_errno(errno);
-    uint8_t b[BILL_LEDGER_INDEX_BYTES + 1];
-    ssize_t n = read(fd, b, sizeof b);
-    close(fd);
-    if (n != BILL_LEDGER_INDEX_BYTES || !idx_decode(b, out) || out->first_seq != first_seq)
-        return PC_ERR_FORMAT;
-    return 0;
-}
-
-/* True when ix describes the segment first_seq as it is on disk now, checked without reading the
- * segment: the file's length is ix's, the record count is what the next segment's name says
- * (next_first - first_seq), and the last record's frame header at last_off holds the CRC, the
- * length that ends it exactly at the end of the file and the seq that ix says. A sidecar of an
- * older state of the segment, of another segment, or with a flipped bit fails one of these. */
-static bool idx_matches(const char *dir, uint64_t first_seq, uint64_t next_first,
-                        const bill_ledger_index_t *ix)
-{
-    if (ix->first_seq != first_seq || next_first < first_seq ||
-        ix->n_records != next_first - first_seq)
-        return false;
-    char path[4096], name[64];
-    seg_name(name, sizeof name, first_seq);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    struct stat sb;
-    bool ok = fstat(fd, &sb) == 0 && (uint64_t)sb.st_size == ix->seg_bytes;
-    if (ok && ix->n_records == 0) {
-        ok = ix->seg_bytes == BILL_LEDGER_SEGMENT_HEADER;
-    } else if (ok) {
-        uint8_t h[BILL_LEDGER_RECORD_HEADER];
-        ok = ix->last_off >= BILL_LEDGER_SEGMENT_HEADER &&
-             pread(fd, h, sizeof h, (off_t)ix->last_off) == (ssize_t)sizeof h &&
-             ix->last_off + BILL_LEDGER_RECORD_HEADER + get_u32(h) == ix->seg_bytes &&
-             get_u32(h + 4) == ix->last_crc && get_u64le(h + 12) == next_first - 1;
-    }
-    close(fd);
-    return ok;
-}
-
-/* The start_ms of an encoded event (payload layout in ledger.h): after kind, status and the six
- * length-prefixed strings. False when the payload is too short. */
-static bool payload_start_ms(const uint8_t *p, size_t len, uint64_t *out)
-{
-    size_t off = 2;
-    for (int i = 0; i < 6; i++) {
-        if (off >= len)
-            return false;
-        off += 1 + (size_t)p[off];
-    }
-    if (off + 8 > len)
-        return false;
-    *out = get_u64le(p + off);
-    return true;
-}
-
-/* Result of reading one record from a stream. */
-enum rec_result {
-    REC_OK = 0,
-    REC_END = 1,  /* clean end of data: no byte of a next record */
-    REC_TORN = 2, /* a partial or bad record: a torn tail, or damage */
-};
-
-/* Reads one record at the stream's position; on REC_OK fills ev and seq and *rec_len. A record
- * whose CRC matches but whose payload does not decode counts as TORN too (with *bad_payload set):
- * the caller decides whether that is a tail or damage. */
-static int read_record(FILE *f, bill_event_t *ev, uint64_t *seq, size_t *rec_len, bool *bad_payload,
-                       const uint8_t **frame)
-{
-    static _Thread_local uint8_t buf[BILL_LEDGER_RECORD_HEADER + BILL_LEDGER_MAX_PAYLOAD];
-    *bad_payload = false;
-    size_t got = fread(buf, 1, BILL_LEDGER_RECORD_HEADER, f);
-    if (got == 0)
-        return REC_END;
-    if (got < BILL_LEDGER_RECORD_HEADER)
-        return REC_TORN;
-    uint32_t len = get_u32(buf);
-    if (len == 0 || len > BILL_LEDGER_MAX_PAYLOAD || buf[8] != REC_VERSION)
-        return REC_TORN;
-    if (fread(buf + BILL_LEDGER_RECORD_HEADER, 1, len, f) != len)
-        return REC_TORN;
-    if (get_u32(buf + 4) != bill_crc32c(0, buf + 8, 12 + (size_t)len))
-        return REC_TORN;
-    if (bill_event_decode(buf + BILL_LEDGER_RECORD_HEADER, len, ev) != 0 || buf[9] != ev->kind) {
-        *bad_payload = true;
-        return REC_TORN;
-    }
-    *seq = get_u64le(buf + 12);
-    *rec_len = BILL_LEDGER_RECORD_HEADER + len;
-    if (frame != NULL)
-        *frame = buf;
-    return REC_OK;
-}
-
 static int fsync_dir(bill_ledger_t *l)
 {
-    return fsync(l->dir_fd) == 0 ? 0 : err_from_errno(errno);
+    return fsync(l->dir_fd) == 0 ? 0 : bill__ledger_err_from_errno(errno);
 }
 
 /* Creates the segment whose first record will be first_seq, header synced, and makes it the
@@ -570,24 +209,24 @@ static int fsync_dir(bill_ledger_t *l)
 static int create_segment(bill_ledger_t *l, uint64_t first_seq)
 {
     char name[64];
-    seg_name(name, sizeof name, first_seq);
+    bill__seg_name(name, sizeof name, first_seq);
     int fd = openat(l->dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
-        return err_from_errno(errno);
+        return bill__ledger_err_from_errno(errno);
     uint8_t h[BILL_LEDGER_SEGMENT_HEADER];
-    seg_header(h);
+    bill__seg_header(h);
     size_t off = 0;
     while (off < sizeof h) {
         ssize_t w = l->io.write(l->io.ud, fd, h + off, sizeof h - off);
         if (w <= 0) {
-            int e = w < 0 ? err_from_errno(errno) : PC_ERR_NOSPACE;
+            int e = w < 0 ? bill__ledger_err_from_errno(errno) : PC_ERR_NOSPACE;
             close(fd);
             return e;
         }
         off += (size_t)w;
     }
     if (l->p.fsync != BILL_FSYNC_OFF && l->io.fsync(l->io.ud, fd) != 0) {
-        int e = err_from_errno(errno);
+        int e = bill__ledger_err_from_errno(errno);
         close(fd);
         return e;
     }
@@ -602,7 +241,7 @@ static int create_segment(bill_ledger_t *l, uint64_t first_seq)
         close(l->seg_fd);
     l->seg_fd = fd;
     l->seg_bytes = BILL_LEDGER_SEGMENT_HEADER;
-    idx_init(&l->cur_ix, first_seq);
+    bill__idx_init(&l->cur_ix, first_seq);
     l->cur_ix_ok = true;
     l->st.n_segments++;
     return 0;
@@ -662,9 +301,9 @@ static int recover_segment(bill_ledger_t *l, uint64_t first, bool last, uint64_t
                            uint64_t remember_from, idvec_t *collect, bill_ledger_index_t *ix,
                            char *err, size_t err_len)
 {
-    idx_init(ix, first);
+    bill__idx_init(ix, first);
     char name[64];
-    seg_name(name, sizeof name, first);
+    bill__seg_name(name, sizeof name, first);
     int fd = openat(l->dir_fd, name, (last ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     if (fd < 0)
         return pc_err_setf(err, err_len, pc_err_from_errno(errno), "ledger: cannot open %s/%s: %s",
@@ -692,7 +331,7 @@ static int recover_segment(bill_ledger_t *l, uint64_t first, bool last, uint64_t
     uint8_t h[BILL_LEDGER_SEGMENT_HEADER];
     uint64_t good = 0; /* bytes of the file known good */
     size_t got = fread(h, 1, sizeof h, f);
-    if (got < sizeof h || !seg_header_ok(h)) {
+    if (got < sizeof h || !bill__seg_header_ok(h)) {
         /* A header is synced before any record is written, so a bad header with nothing after it
          * is a crash during creation: rewrite it. With data after it, it is damage. */
         if (!last || sb.st_size > BILL_LEDGER_SEGMENT_HEADER) {
@@ -700,10 +339,10 @@ static int recover_segment(bill_ledger_t *l, uint64_t first, bool last, uint64_t
                              l->dir, name);
             goto done;
         }
-        seg_header(h);
+        bill__seg_header(h);
         if (ftruncate(fd, 0) != 0 || pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h ||
             fdatasync(fd) != 0) {
-            rc = pc_err_setf(err, err_len, err_from_errno(errno),
+            rc = pc_err_setf(err, err_len, bill__ledger_err_from_errno(errno),
                              "ledger: cannot rewrite the header of %s/%s: %s", l->dir, name,
                              strerror(errno));
             goto done;
@@ -719,11 +358,11 @@ static int recover_segment(bill_ledger_t *l, uint64_t first, bool last, uint64_t
         size_t len;
         bool bad_payload;
         const uint8_t *frame;
-        int r = read_record(f, &ev, &seq, &len, &bad_payload, &frame);
-        if (r == REC_END)
+        int r = bill__record_read(f, &ev, &seq, &len, &bad_payload, &frame);
+        if (r == BILL__REC_END)
             break;
-        if (r == REC_TORN || seq != *next_seq) {
-            if (!last || bad_payload || r == REC_OK) {
+        if (r == BILL__REC_TORN || seq != *next_seq) {
+            if (!last || bad_payload || r == BILL__REC_OK) {
                 rc = pc_err_setf(err, err_len, PC_ERR_FORMAT,
                                  "ledger: %s/%s is damaged at byte %" PRIu64 " (seq %" PRIu64
                                  "); not a torn tail, refusing to guess",
@@ -732,7 +371,7 @@ static int recover_segment(bill_ledger_t *l, uint64_t first, bool last, uint64_t
             }
             /* The torn tail of a crash: cut it off. */
             if (ftruncate(fd, (off_t)good) != 0 || fdatasync(fd) != 0) {
-                rc = pc_err_setf(err, err_len, err_from_errno(errno),
+                rc = pc_err_setf(err, err_len, bill__ledger_err_from_errno(errno),
                                  "ledger: cannot truncate the torn tail of %s/%s: %s", l->dir, name,
                                  strerror(errno));
                 goto done;
@@ -743,7 +382,7 @@ static int recover_segment(bill_ledger_t *l, uint64_t first, bool last, uint64_t
                    name, (uint64_t)sb.st_size - good, *next_seq - 1);
             break;
         }
-        idx_add(ix, frame, len, ev.start_ms);
+        bill__idx_add(ix, frame, len, ev.start_ms);
         if (collect != NULL)
             rc = idvec_push(collect, id_hash(ev.event_id), seq);
         else if (seq >= remember_from)
@@ -799,11 +438,11 @@ static int write_instance(bill_ledger_t *l, const char *want)
     size_t n = strlen(txt);
     int fd = openat(l->dir_fd, "INSTANCE.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
-        return err_from_errno(errno);
+        return bill__ledger_err_from_errno(errno);
     bool ok = write(fd, txt, n) == (ssize_t)n && fsync(fd) == 0;
     close(fd);
     if (!ok || renameat(l->dir_fd, "INSTANCE.tmp", l->dir_fd, "INSTANCE") != 0)
-        return err_from_errno(errno);
+        return bill__ledger_err_from_errno(errno);
     memcpy(l->instance, txt, n - 1);
     l->instance[n - 1] = '\0';
     return fsync_dir(l);
@@ -836,7 +475,7 @@ int bill_ledger_read_instance(const char *dir, char out[BILL_STR_MAX])
 static bool reconcile_index(bill_ledger_t *l, const bill_ledger_index_t *ix, bool last)
 {
     char name[64];
-    idx_name(name, sizeof name, ix->first_seq);
+    bill__idx_name(name, sizeof name, ix->first_seq);
     if (last) {
         if (unlinkat(l->dir_fd, name, 0) == 0)
             PC_LOG(PC_LOG_INFO, "ledger", "%s/%s: removed the sidecar of the open segment", l->dir,
@@ -845,12 +484,12 @@ static bool reconcile_index(bill_ledger_t *l, const bill_ledger_index_t *ix, boo
     }
     bill_ledger_index_t disk;
     int rc = bill_ledger_index_load(l->dir, ix->first_seq, &disk);
-    if (rc == 0 && idx_equal(&disk, ix))
+    if (rc == 0 && bill__idx_equal(&disk, ix))
         return false;
     if (rc != PC_ERR_NOTFOUND)
         PC_LOG(PC_LOG_WARN, "ledger", "%s/%s is %s; rewriting it from the segment's data", l->dir,
                name, rc == 0 ? "wrong" : "corrupt");
-    rc = idx_write(l->dir_fd, &l->io, ix, false);
+    rc = bill__idx_write(l->dir_fd, &l->io, ix, false);
     if (rc != 0)
         PC_LOG(PC_LOG_WARN, "ledger",
                "cannot write %s/%s (%s); exports will read that whole segment", l->dir, name,
@@ -866,7 +505,7 @@ static void remove_index_temps(bill_ledger_t *l)
         return;
     struct dirent *e;
     while ((e = readdir(d)) != NULL)
-        if (idx_is_temp(e->d_name))
+        if (bill__idx_is_temp(e->d_name))
             (void)unlinkat(l->dir_fd, e->d_name, 0);
     closedir(d);
 }
@@ -887,7 +526,7 @@ static int recover_segments(bill_ledger_t *l, const uint64_t *segs, size_t n, ui
     for (size_t i = 0; !full && i + 1 < n; i++) {
         bill_ledger_index_t ix;
         indexed[i] = bill_ledger_index_load(l->dir, segs[i], &ix) == 0 &&
-                     idx_matches(l->dir, segs[i], segs[i + 1], &ix);
+                     bill__idx_matches(l->dir, segs[i], segs[i + 1], &ix);
         if (!indexed[i])
             l->st.open_index_bad++;
     }
@@ -913,7 +552,7 @@ static int recover_segments(bill_ledger_t *l, const uint64_t *segs, size_t n, ui
     bool sidecars_written = false;
     for (size_t i = 0; i + 1 < n; i++) {
         if (indexed[i] && segs[i] == next && segs[i + 1] <= from) {
-            next = segs[i + 1]; /* idx_matches checked the count against the names */
+            next = segs[i + 1]; /* bill__idx_matches checked the count against the names */
             l->st.open_segments_skipped++;
             continue;
         }
@@ -927,7 +566,7 @@ static int recover_segments(bill_ledger_t *l, const uint64_t *segs, size_t n, ui
                l->dir, strerror(errno));
     if (next != segs[n - 1]) {
         char name[64];
-        seg_name(name, sizeof name, segs[n - 1]);
+        bill__seg_name(name, sizeof name, segs[n - 1]);
         rc = pc_err_setf(err, err_len, PC_ERR_FORMAT,
                          "ledger: segment %s/%s should start at seq %" PRIu64, l->dir, name, next);
         goto out;
@@ -964,7 +603,7 @@ int bill_ledger_open(const bill_ledger_params_t *p, bill_ledger_t **out, char *e
     size_t n_segs = 0;
     int rc = 0;
     l->p = *p;
-    l->io = p->io != NULL ? *p->io : (bill_ledger_io_t){io_write, io_fsync, NULL};
+    l->io = p->io != NULL ? *p->io : bill__ledger_default_io;
     l->dir_fd = l->lock_fd = l->seg_fd = -1;
     l->dir = pc_strdup(p->dir);
     l->p.dir = l->dir;
@@ -1019,7 +658,7 @@ int bill_ledger_open(const bill_ledger_params_t *p, bill_ledger_t **out, char *e
                          l->dir, l->instance, p->instance);
         goto fail;
     }
-    rc = list_segments(l->dir, &segs, &n_segs);
+    rc = bill__seg_list(l->dir, &segs, &n_segs);
     if (rc != 0) {
         rc = pc_err_setf(err, err_len, rc, "ledger: cannot list %s", l->dir);
         goto fail;
@@ -1064,7 +703,7 @@ int bill_ledger_append(bill_ledger_t *l, const bill_event_t *ev, uint64_t *seq_o
     size_t n = bill_event_encode(ev, rec + BILL_LEDGER_RECORD_HEADER);
     size_t rec_len = BILL_LEDGER_RECORD_HEADER + n;
     put_u32(rec, (uint32_t)n);
-    rec[8] = REC_VERSION;
+    rec[8] = BILL__REC_VERSION;
     rec[9] = ev->kind;
     rec[10] = rec[11] = 0;
     idkey_t k = id_hash(ev->event_id);
@@ -1136,7 +775,7 @@ static int write_batch(bill_ledger_t *l, const char *buf, size_t len)
                    l->dir, strerror(e));
             if (ftruncate(l->seg_fd, (off_t)l->seg_bytes) == 0)
                 (void)lseek(l->seg_fd, (off_t)l->seg_bytes, SEEK_SET);
-            return err_from_errno(e);
+            return bill__ledger_err_from_errno(e);
         }
         off += (size_t)w;
     }
@@ -1146,7 +785,7 @@ static int write_batch(bill_ledger_t *l, const char *buf, size_t len)
         int e = errno;
         PC_LOG(PC_LOG_ERROR, "ledger", "fsync of %s failed: %s; the ledger stops accepting", l->dir,
                strerror(e));
-        return err_from_errno(e);
+        return bill__ledger_err_from_errno(e);
     }
     l->seg_bytes += len;
     return 0;
@@ -1160,11 +799,11 @@ static void index_batch(bill_ledger_t *l, const uint8_t *p, size_t len)
         size_t n = get_u32(p + off);
         uint64_t start_ms;
         if (off + BILL_LEDGER_RECORD_HEADER + n > len ||
-            !payload_start_ms(p + off + BILL_LEDGER_RECORD_HEADER, n, &start_ms)) {
+            !bill__payload_start_ms(p + off + BILL_LEDGER_RECORD_HEADER, n, &start_ms)) {
             l->cur_ix_ok = false; /* cannot happen: the appenders framed it */
             break;
         }
-        idx_add(&l->cur_ix, p + off, BILL_LEDGER_RECORD_HEADER + n, start_ms);
+        bill__idx_add(&l->cur_ix, p + off, BILL_LEDGER_RECORD_HEADER + n, start_ms);
         off += BILL_LEDGER_RECORD_HEADER + n;
     }
 }
@@ -1174,10 +813,10 @@ static void index_batch(bill_ledger_t *l, const uint8_t *p, size_t len)
  * export that reads it writes it again. */
 static void seal_index(bill_ledger_t *l, const bill_ledger_index_t *ix)
 {
-    int rc = idx_write(l->dir_fd, &l->io, ix, true);
+    int rc = bill__idx_write(l->dir_fd, &l->io, ix, true);
     if (rc != 0) {
         char name[64];
-        idx_name(name, sizeof name, ix->first_seq);
+        bill__idx_name(name, sizeof name, ix->first_seq);
         PC_LOG(PC_LOG_WARN, "ledger", "cannot write %s/%s (%s); exports will read that segment",
                l->dir, name, pc_strerror(rc));
     }
@@ -1310,382 +949,4 @@ int bill_ledger_close(bill_ledger_t *l)
     pc_free(l->dir);
     pc_free(l);
     return rc;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Reader
- * ------------------------------------------------------------------------------------------- */
-
-struct bill_ledger_reader {
-    char *dir;
-    FILE *f;
-    uint64_t next_seq;  /* seq of the next record in f */
-    uint64_t cur_first; /* first seq of the segment f reads */
-    uint64_t from_seq;
-    bool ranged; /* set_time_range: skip sealed segments outside [from_ms, to_ms) */
-    uint64_t from_ms, to_ms;
-    bill_ledger_index_t acc; /* the index of f's segment, from its records read so far */
-    bill_ledger_reader_stats_t st;
-    uint64_t *segs; /* ranged: the segments listed last time, ascending */
-    size_t n_segs;
-    bool reread; /* f's end was read again once after a later segment appeared */
-};
-
-static FILE *open_segment(const char *dir, uint64_t first, bool *bad_header)
-{
-    char path[4096], name[64];
-    seg_name(name, sizeof name, first);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    *bad_header = false;
-    FILE *f = fopen(path, "rbe");
-    if (f == NULL)
-        return NULL;
-    uint8_t h[BILL_LEDGER_SEGMENT_HEADER];
-    if (fread(h, 1, sizeof h, f) != sizeof h || !seg_header_ok(h)) {
-        *bad_header = true;
-        fclose(f);
-        return NULL;
-    }
-    return f;
-}
-
-int bill_ledger_reader_open(const char *dir, uint64_t from_seq, bill_ledger_reader_t **out,
-                            char *err, size_t err_len)
-{
-    *out = NULL;
-    uint64_t *segs;
-    size_t n;
-    int rc = list_segments(dir, &segs, &n);
-    if (rc != 0)
-        return pc_err_setf(err, err_len, rc, "ledger: cannot read %s: %s", dir, pc_strerror(rc));
-    bill_ledger_reader_t *r = pc_calloc(1, sizeof *r);
-    if (r == NULL || (r->dir = pc_strdup(dir)) == NULL) {
-        pc_free(r);
-        pc_free(segs);
-        return PC_ERR_NOMEM;
-    }
-    r->from_seq = from_seq;
-    /* Start in the last segment that begins at or before from_seq (or the oldest one). */
-    r->next_seq = n > 0 ? segs[0] : 1;
-    for (size_t i = 0; i < n; i++)
-        if (segs[i] <= from_seq)
-            r->next_seq = segs[i];
-    pc_free(segs);
-    *out = r;
-    return 0;
-}
-
-int bill_ledger_reader_set_time_range(bill_ledger_reader_t *r, uint64_t from_ms, uint64_t to_ms)
-{
-    if (from_ms > to_ms || r->f != NULL)
-        return PC_ERR_INVAL;
-    r->ranged = true;
-    r->from_ms = from_ms;
-    r->to_ms = to_ms;
-    return 0;
-}
-
-void bill_ledger_reader_stats(const bill_ledger_reader_t *r, bill_ledger_reader_stats_t *out)
-{
-    *out = r->st;
-    out->next_seq = r->next_seq;
-}
-
-/* Before the reader opens segment next_seq: skips it, and the sealed ones after it, while each
- * one's sidecar is valid for the segment as it is on disk (idx_matches) and proves that no event
- * in it starts in [from_ms, to_ms). Stops at the first segment that may hold such an event, whose
- * sidecar is missing or invalid, or that is the last one (the open segment: always read). Any
- * doubt means reading the segment, which is always correct. */
-/* The index of the first of segs[0..n) that is >= seq (n when none). */
-static size_t lower_bound(const uint64_t *segs, size_t n, uint64_t seq)
-{
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (segs[mid] < seq)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-static void reader_skip(bill_ledger_reader_t *r)
-{
-    /* The directory is listed again only when next_seq is not in the last listing or is its last
-     * segment (which may have been sealed since): once per read stretch, not per segment. */
-    size_t i = lower_bound(r->segs, r->n_segs, r->next_seq);
-    if (i + 1 >= r->n_segs || r->segs[i] != r->next_seq) {
-        uint64_t *segs;
-        size_t n;
-        if (list_segments(r->dir, &segs, &n) != 0)
-            return;
-        pc_free(r->segs);
-        r->segs = segs;
-        r->n_segs = n;
-        i = lower_bound(segs, n, r->next_seq);
-    }
-    const uint64_t *segs = r->segs;
-    size_t n = r->n_segs;
-    for (; i + 1 < n && segs[i] == r->next_seq; i++) {
-        bill_ledger_index_t ix;
-        if (bill_ledger_index_load(r->dir, segs[i], &ix) != 0 ||
-            !idx_matches(r->dir, segs[i], segs[i + 1], &ix)) {
-            r->st.n_index_bad++;
-            break;
-        }
-        if (ix.n_records > 0 && ix.max_start_ms >= r->from_ms && ix.min_start_ms < r->to_ms)
-            break;
-        r->st.n_segments_skipped++;
-        r->next_seq = segs[i + 1];
-    }
-}
-
-/* After a ranged reader read a sealed segment whole: the index built from its records is the
- * truth. A missing sidecar is written, and one that says anything else is rewritten (with a
- * warning: the cheap checks of idx_matches did not catch it). Best effort: a reader without
- * write access to the directory just reads the segment again next time. */
-static void reader_check_index(bill_ledger_reader_t *r)
-{
-    bill_ledger_index_t disk;
-    int rc = bill_ledger_index_load(r->dir, r->cur_first, &disk);
-    if (rc == 0 && idx_equal(&disk, &r->acc))
-        return;
-    char name[64];
-    idx_name(name, sizeof name, r->cur_first);
-    if (rc == 0)
-        PC_LOG(PC_LOG_WARN, "ledger", "%s/%s disagrees with its segment's data; rewriting it",
-               r->dir, name);
-    int dfd = open(r->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0)
-        return;
-    if (idx_write(dfd, &default_io, &r->acc, true) == 0)
-        r->st.n_index_written++;
-    close(dfd);
-}
-
-/* True when a segment starting at seq exists (the current one then ended for good). */
-static bool segment_exists(const char *dir, uint64_t seq)
-{
-    char path[4096], name[64];
-    seg_name(name, sizeof name, seq);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    struct stat sb;
-    return stat(path, &sb) == 0;
-}
-
-/* True when a segment after the one starting at first exists: a bad record in it is damage,
- * not the tail being written. */
-static bool later_segment_exists(const char *dir, uint64_t first)
-{
-    uint64_t *segs;
-    size_t n;
-    if (list_segments(dir, &segs, &n) != 0)
-        return false;
-    bool later = n > 0 && segs[n - 1] > first;
-    pc_free(segs);
-    return later;
-}
-
-int bill_ledger_reader_next(bill_ledger_reader_t *r, bill_event_t *ev, uint64_t *seq, char *err,
-                            size_t err_len)
-{
-    for (;;) {
-        if (r->f == NULL) {
-            if (r->ranged)
-                reader_skip(r);
-            bool bad;
-            r->f = open_segment(r->dir, r->next_seq, &bad);
-            r->cur_first = r->next_seq;
-            idx_init(&r->acc, r->cur_first);
-            if (r->f != NULL)
-                r->st.n_segments_read++;
-            if (r->f == NULL) {
-                /* A half-created segment (header not yet written) is the end for now, unless a
-                 * later one exists. */
-                if (bad && later_segment_exists(r->dir, r->next_seq)) {
-                    char name[64];
-                    seg_name(name, sizeof name, r->next_seq);
-                    return pc_err_setf(err, err_len, PC_ERR_FORMAT,
-                                       "ledger: %s/%s: bad segment header (seq %" PRIu64
-                                       " expected)",
-                                       r->dir, name, r->next_seq);
-                }
-                return 1;
-            }
-        }
-        long pos = ftell(r->f);
-        uint64_t s;
-        size_t len;
-        bool bad_payload;
-        const uint8_t *frame;
-        int rr = read_record(r->f, ev, &s, &len, &bad_payload, &frame);
-        if (rr == REC_OK && s == r->next_seq) {
-            r->reread = false;
-            idx_add(&r->acc, frame, len, ev->start_ms);
-            r->next_seq++;
-            if (s < r->from_seq)
-                continue;
-            *seq = s;
-            return 0;
-        }
-        char name[64];
-        seg_name(name, sizeof name, r->cur_first);
-        if (rr == REC_OK || bad_payload)
-            return pc_err_setf(err, err_len, PC_ERR_FORMAT,
-                               "ledger: %s/%s: damaged record at byte %ld (seq %" PRIu64
-                               " expected, %s)",
-                               r->dir, name, pos, r->next_seq,
-                               rr == REC_OK ? "another seq found" : "its payload does not decode");
-        /* The end of the data written so far, or of this segment. */
-        clearerr(r->f);
-        fseek(r->f, pos, SEEK_SET);
-        if (rr != REC_TORN && r->next_seq != r->cur_first && segment_exists(r->dir, r->next_seq)) {
-            if (r->ranged)
-                reader_check_index(r);
-            fclose(r->f);
-            r->f = NULL;
-            r->reread = false;
-            continue;
-        }
-        if (!later_segment_exists(r->dir, r->cur_first))
-            return 1; /* the live end: a later call reads what is appended meanwhile */
-        /* A later segment exists, so the writer sealed this one (synced, complete) before it
-         * created that one: records it wrote after the read above are there now. Read the end
-         * once more; still no next record means damage or a missing segment, never the end. */
-        if (!r->reread) {
-            r->reread = true;
-            continue;
-        }
-        if (rr == REC_TORN)
-            return pc_err_setf(err, err_len, PC_ERR_FORMAT,
-                               "ledger: %s/%s: damaged record at byte %ld (seq %" PRIu64
-                               ") before a later segment",
-                               r->dir, name, pos, r->next_seq);
-        return pc_err_setf(err, err_len, PC_ERR_FORMAT,
-                           "ledger: %s: no segment holds seq %" PRIu64
-                           " (%s ends before it and a later segment exists): a segment is missing",
-                           r->dir, r->next_seq, name);
-    }
-}
-
-int bill_ledger_index_scan(const char *dir, uint64_t first_seq, bill_ledger_index_t *out, char *err,
-                           size_t err_len)
-{
-    bool bad;
-    FILE *f = open_segment(dir, first_seq, &bad);
-    if (f == NULL)
-        return pc_err_setf(err, err_len, bad ? PC_ERR_FORMAT : PC_ERR_NOTFOUND,
-                           "ledger: %s: %s the segment of seq %" PRIu64, dir,
-                           bad ? "bad header in" : "no", first_seq);
-    idx_init(out, first_seq);
-    int rc = 0;
-    for (;;) {
-        bill_event_t ev;
-        uint64_t seq;
-        size_t len;
-        bool bad_payload;
-        const uint8_t *frame;
-        int rr = read_record(f, &ev, &seq, &len, &bad_payload, &frame);
-        if (rr == REC_END)
-            break;
-        if (rr != REC_OK || seq != first_seq + out->n_records) {
-            rc = pc_err_setf(err, err_len, PC_ERR_FORMAT,
-                             "ledger: %s: the segment of seq %" PRIu64
-                             " is damaged at byte %" PRIu64,
-                             dir, first_seq, out->seg_bytes);
-            break;
-        }
-        idx_add(out, frame, len, ev.start_ms);
-    }
-    fclose(f);
-    return rc;
-}
-
-int bill_ledger_check_all(const char *dir, FILE *out, bill_ledger_check_t *res, char *err,
-                          size_t err_len)
-{
-    *res = (bill_ledger_check_t){0};
-    uint64_t *segs;
-    size_t n;
-    int rc = list_segments(dir, &segs, &n);
-    if (rc != 0)
-        return pc_err_setf(err, err_len, rc, "ledger: cannot read %s: %s", dir, pc_strerror(rc));
-    uint64_t expected = n > 0 ? segs[0] : 1;
-    for (size_t i = 0; i < n; i++) {
-        bool last = i + 1 == n;
-        char path[4096], name[64], why[512] = "";
-        seg_name(name, sizeof name, segs[i]);
-        snprintf(path, sizeof path, "%s/%s", dir, name);
-        res->n_segments++;
-        if (segs[i] != expected) {
-            res->n_problems++;
-            if (out != NULL)
-                fprintf(out,
-                        "GAP %s: starts at seq %" PRIu64 ", the segments before it end at seq "
-                        "%" PRIu64 "\n",
-                        path, segs[i], expected - 1);
-        }
-        struct stat sb;
-        uint64_t size = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
-        bill_ledger_index_t ix = {0}; /* first_seq stays 0 when the header is bad */
-        rc = bill_ledger_index_scan(dir, segs[i], &ix, why, sizeof why);
-        bool header_bad = rc != 0 && ix.first_seq != segs[i];
-        res->n_records += rc == 0 || !header_bad ? ix.n_records : 0;
-        res->n_bytes += rc == 0 || !header_bad ? ix.seg_bytes : 0;
-        if (rc != 0 && rc != PC_ERR_FORMAT) {
-            pc_free(segs);
-            return pc_err_setf(err, err_len, rc, "ledger: cannot read %s: %s", path,
-                               pc_strerror(rc));
-        }
-        if (rc != 0 && last && (!header_bad || size <= BILL_LEDGER_SEGMENT_HEADER)) {
-            /* The open segment's tail: a record being written, or a crash's torn tail. */
-            res->tail_bytes += size - (header_bad ? 0 : ix.seg_bytes);
-            rc = 0;
-        } else if (rc != 0) {
-            res->n_problems++;
-            if (out != NULL) {
-                if (header_bad)
-                    fprintf(out, "DAMAGE %s: bad segment header (seq %" PRIu64 " on)\n", path,
-                            segs[i]);
-                else
-                    fprintf(out,
-                            "DAMAGE %s: bad record at byte %" PRIu64 " (seq %" PRIu64
-                            " expected); %" PRIu64 " bytes after it unchecked\n",
-                            path, ix.seg_bytes, segs[i] + ix.n_records, size - ix.seg_bytes);
-            }
-        }
-        /* Where the next segment must start: after this one's records, or (damaged) its name. */
-        expected = rc == 0 ? segs[i] + ix.n_records : last ? expected : segs[i + 1];
-        if (last || rc != 0)
-            continue;
-        bill_ledger_index_t disk;
-        int lr = bill_ledger_index_load(dir, segs[i], &disk);
-        if (lr == 0 && idx_equal(&disk, &ix))
-            continue;
-        if (lr == 0 && segs[i] + ix.n_records == segs[i + 1] &&
-            idx_matches(dir, segs[i], segs[i + 1], &disk)) {
-            res->n_problems++;
-            if (out != NULL)
-                fprintf(out,
-                        "INDEX %s/ledger-%020" PRIu64 ".idx: passes the length and last-record "
-                        "checks but differs from the segment's data\n",
-                        dir, segs[i]);
-            continue;
-        }
-        res->n_index_rebuilt++;
-    }
-    pc_free(segs);
-    return 0;
-}
-
-void bill_ledger_reader_free(bill_ledger_reader_t *r)
-{
-    if (r == NULL)
-        return;
-    if (r->f != NULL)
-        fclose(r->f);
-    pc_free(r->segs);
-    pc_free(r->dir);
-    pc_free(r);
 }
