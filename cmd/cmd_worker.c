@@ -224,7 +224,8 @@ int kvgw_cmd_worker(int argc, char **argv)
     } else {
         fprintf(stderr,
                 "kvgw worker: warning: no link secret (--secret-file or "
-                "KVGW_LINK_SECRET): any gateway that reaches %s is served\n",
+                "KVGW_LINK_SECRET): any gateway that reaches %s is served, "
+                "and the link is not encrypted\n",
                 listen);
     }
 
