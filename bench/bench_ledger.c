@@ -176,6 +176,18 @@ static int time_open(const char *dir, bill_open_check_t check, uint64_t window, 
     return 0;
 }
 
+/* Opens the ledger lp describes for writing; NULL with the reason on stderr. */
+static bill_ledger_t *open_ledger(const bill_ledger_params_t *lp)
+{
+    bill_ledger_t *l;
+    char err[256];
+    if (bill_ledger_open(lp, &l, err, sizeof err) != 0) {
+        fprintf(stderr, "kvgw bench ledger: %s\n", err);
+        return NULL;
+    }
+    return l;
+}
+
 /* Reports the open of dir in mode check with duplicate window `window`. */
 static int open_figure(const char *dir, bill_open_check_t check, uint64_t window, const char *key,
                        bench_report_t *r, double *t_out)
@@ -205,12 +217,9 @@ static int export_phase(const char *base, uint64_t days, uint64_t per_day, uint6
     lp.dir = dir;
     lp.fsync = BILL_FSYNC_OFF; /* building the data set, not measuring the disk */
     lp.segment_bytes = seg_mib << 20;
-    bill_ledger_t *l;
-    char err[256];
-    if (bill_ledger_open(&lp, &l, err, sizeof err) != 0) {
-        fprintf(stderr, "kvgw bench ledger: %s\n", err);
+    bill_ledger_t *l = open_ledger(&lp);
+    if (l == NULL)
         return 1;
-    }
     bill_idgen_t ids;
     bill_idgen_init(&ids);
     uint64_t t0 = 1735689600000ull; /* 2025-01-01 */
@@ -350,12 +359,9 @@ int bench_ledger_main(int argc, char **argv)
     lp.dir = dir;
     lp.fsync = (bill_fsync_t)mode;
     lp.batch_window_us = window_us;
-    bill_ledger_t *l;
-    char err[256];
-    if (bill_ledger_open(&lp, &l, err, sizeof err) != 0) {
-        fprintf(stderr, "kvgw bench ledger: %s\n", err);
+    bill_ledger_t *l = open_ledger(&lp);
+    if (l == NULL)
         return 1;
-    }
     bill_idgen_t ids;
     bill_idgen_init(&ids);
     printf("ledger benchmark: dir %s, fsync=%s, batch window %u us\n", dir, bill_fsync_name(mode),

@@ -69,7 +69,6 @@ static int cmd_export(int argc, char **argv)
     bool stats = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             help();
             return KVGW_EXIT_OK;
@@ -82,12 +81,9 @@ static int cmd_export(int argc, char **argv)
             stats = true;
             continue;
         }
-        if (v == NULL) {
-            fprintf(stderr, "kvgw billing export: %s needs a value\n", a);
-            usage(stderr);
+        const char *v = kvgw_cli_value(argc, argv, &i, "kvgw billing export", usage);
+        if (v == NULL)
             return KVGW_EXIT_USAGE;
-        }
-        i++;
         if (strcmp(a, "--ledger") == 0) {
             dir = v;
         } else if (strcmp(a, "--out") == 0) {
@@ -174,17 +170,13 @@ static int cmd_verify(int argc, char **argv)
     bill_verify_params_t vp = bill_verify_params_default();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             help();
             return KVGW_EXIT_OK;
         }
-        if (v == NULL) {
-            fprintf(stderr, "kvgw billing verify: %s needs a value\n", a);
-            usage(stderr);
+        const char *v = kvgw_cli_value(argc, argv, &i, "kvgw billing verify", usage);
+        if (v == NULL)
             return KVGW_EXIT_USAGE;
-        }
-        i++;
         if (strcmp(a, "--ledger") == 0) {
             if (n_dirs == sizeof dirs / sizeof dirs[0]) {
                 fprintf(stderr, "kvgw billing verify: too many --ledger\n");
@@ -290,19 +282,10 @@ static int cmd_verify(int argc, char **argv)
 
 int kvgw_cmd_billing(int argc, char **argv)
 {
-    if (argc < 2) {
-        usage(stderr);
-        return KVGW_EXIT_USAGE;
-    }
-    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-        help();
-        return KVGW_EXIT_OK;
-    }
-    if (strcmp(argv[1], "export") == 0)
-        return cmd_export(argc - 1, argv + 1);
-    if (strcmp(argv[1], "verify") == 0)
-        return cmd_verify(argc - 1, argv + 1);
-    fprintf(stderr, "kvgw billing: unknown command '%s'\n", argv[1]);
-    usage(stderr);
-    return KVGW_EXIT_USAGE;
+    static const kvgw_cmd_t cmds[] = {
+        {"export", cmd_export, "the ledger as CSV, JSON lines or FOCUS"},
+        {"verify", cmd_verify, "check the ledger, reconcile it with Redis"},
+    };
+    static const kvgw_cmd_group_t g = {"kvgw billing", "command", cmds, 2, usage, help};
+    return kvgw_cli_dispatch(&g, argc, argv);
 }

@@ -44,17 +44,6 @@ static void help(void)
            "                     f32 (exact F32 products), or bf16\n");
 }
 
-static int parse_u32(const char *s, uint32_t max, uint32_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || s[0] == '-' || v > max)
-        return -1;
-    *out = (uint32_t)v;
-    return 0;
-}
-
 /* Reads the JSON array of ids. Returns 0 or 1 with the reason on stderr. */
 static int read_tokens(const char *path, uint32_t n_vocab, int32_t **out, uint32_t *n_out)
 {
@@ -126,12 +115,9 @@ int kvgw_cmd_eval(int argc, char **argv)
             help();
             return KVGW_EXIT_OK;
         }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kvgw eval: %s needs a value\n", a);
-            usage(stderr);
+        const char *v = kvgw_cli_value(argc, argv, &i, "kvgw eval", usage);
+        if (v == NULL)
             return KVGW_EXIT_USAGE;
-        }
-        const char *v = argv[++i];
         if (strcmp(a, "--model") == 0) {
             model = v;
         } else if (strcmp(a, "--tokens") == 0) {
@@ -139,18 +125,22 @@ int kvgw_cmd_eval(int argc, char **argv)
         } else if (strcmp(a, "--logits") == 0) {
             out_path = v;
         } else if (strcmp(a, "--prefix-cached") == 0) {
-            if (parse_u32(v, UINT32_MAX / 2, &prefix) != 0) {
+            uint64_t n;
+            if (kvgw_cli_parse_u64(v, UINT32_MAX / 2, &n) != 0) {
                 fprintf(stderr, "kvgw eval: --prefix-cached: '%s' is not a count\n", v);
                 usage(stderr);
                 return KVGW_EXIT_USAGE;
             }
+            prefix = (uint32_t)n;
             have_prefix = true;
         } else if (strcmp(a, "--threads") == 0) {
-            if (parse_u32(v, 256, &threads) != 0 || threads == 0) {
+            uint64_t n;
+            if (kvgw_cli_parse_u64(v, 256, &n) != 0 || n == 0) {
                 fprintf(stderr, "kvgw eval: --threads: '%s' is not in 1..256\n", v);
                 usage(stderr);
                 return KVGW_EXIT_USAGE;
             }
+            threads = (uint32_t)n;
         } else if (strcmp(a, "--kv-dtype") == 0) {
             if (strcmp(v, "f16") == 0) {
                 kv = ENG_KV_F16;

@@ -68,19 +68,6 @@ static int bad(const char *opt, const char *val, const char *why)
     return KVGW_EXIT_USAGE;
 }
 
-static bool parse_u64(const char *s, uint64_t max, uint64_t *out)
-{
-    if (s[0] < '0' || s[0] > '9')
-        return false;
-    errno = 0;
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || *end != '\0' || v > max)
-        return false;
-    *out = v;
-    return true;
-}
-
 static bool parse_f32(const char *s, float *out)
 {
     errno = 0;
@@ -115,12 +102,9 @@ int kvgw_cmd_mkmodel(int argc, char **argv)
             p.rope_freqs = true;
             continue;
         }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kvgw mkmodel: %s needs a value\n", opt);
-            usage(stderr);
+        const char *val = kvgw_cli_value(argc, argv, &i, "kvgw mkmodel", usage);
+        if (val == NULL)
             return KVGW_EXIT_USAGE;
-        }
-        const char *val = argv[++i];
         uint64_t u = 0;
         struct {
             const char *name;
@@ -135,7 +119,7 @@ int kvgw_cmd_mkmodel(int argc, char **argv)
         for (size_t k = 0; k < PC_ARRAY_LEN(u32opts) && !done; k++) {
             if (strcmp(opt, u32opts[k].name) != 0)
                 continue;
-            if (!parse_u64(val, UINT32_MAX, &u))
+            if (kvgw_cli_parse_u64(val, UINT32_MAX, &u) != 0)
                 return bad(opt, val, "expected an unsigned integer");
             *u32opts[k].dst = (uint32_t)u;
             done = true;
@@ -163,7 +147,7 @@ int kvgw_cmd_mkmodel(int argc, char **argv)
             else
                 return bad(opt, val, "expected f32, f16, bf16 or q8_0");
         } else if (strcmp(opt, "--seed") == 0) {
-            if (!parse_u64(val, UINT64_MAX, &p.seed))
+            if (kvgw_cli_parse_u64(val, UINT64_MAX, &p.seed) != 0)
                 return bad(opt, val, "expected an unsigned integer");
         } else if (strcmp(opt, "--rope-theta") == 0) {
             if (!parse_f32(val, &p.rope_theta))

@@ -64,17 +64,6 @@ static void help(void)
            "  --log-level L    debug, info (default), warn, error or off\n");
 }
 
-static int parse_u64(const char *s, uint64_t max, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || s[0] == '-' || v > max)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 /* Reads the link secret from path (one trailing "\n" or "\r\n" removed) into buf. Returns its
  * length, or -1 with the reason on stderr. */
 static long read_secret_file(const char *path, uint8_t *buf, size_t cap)
@@ -131,12 +120,9 @@ int kvgw_cmd_worker(int argc, char **argv)
             help();
             return KVGW_EXIT_OK;
         }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kvgw worker: %s needs a value\n", a);
-            usage(stderr);
+        const char *v = kvgw_cli_value(argc, argv, &i, "kvgw worker", usage);
+        if (v == NULL)
             return KVGW_EXIT_USAGE;
-        }
-        const char *v = argv[++i];
         const char *bad = NULL;
         if (strcmp(a, "--model") == 0) {
             model = v;
@@ -147,7 +133,7 @@ int kvgw_cmd_worker(int argc, char **argv)
             if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0 && strcmp(v, "auto") != 0)
                 bad = "is not cpu, cuda or auto";
         } else if (strcmp(a, "--cuda-device") == 0) {
-            if (parse_u64(v, 1024, &cuda_device) != 0)
+            if (kvgw_cli_parse_u64(v, 1024, &cuda_device) != 0)
                 bad = "is not a device number";
         } else if (strcmp(a, "--secret-file") == 0) {
             secret_file = v;
@@ -156,13 +142,13 @@ int kvgw_cmd_worker(int argc, char **argv)
             if (strlen(v) == 0 || strlen(v) > ENG_WIRE_NAME_MAX)
                 bad = "is not a name of 1..256 bytes";
         } else if (strcmp(a, "--threads") == 0) {
-            if (parse_u64(v, 256, &threads) != 0 || threads == 0)
+            if (kvgw_cli_parse_u64(v, 256, &threads) != 0 || threads == 0)
                 bad = "is not in 1..256";
         } else if (strcmp(a, "--kv-tokens") == 0) {
-            if (parse_u64(v, UINT32_MAX, &kv_tokens) != 0 || kv_tokens == 0)
+            if (kvgw_cli_parse_u64(v, UINT32_MAX, &kv_tokens) != 0 || kv_tokens == 0)
                 bad = "is not a token count";
         } else if (strcmp(a, "--max-queue") == 0) {
-            if (parse_u64(v, 1u << 20, &max_queue) != 0 || max_queue == 0)
+            if (kvgw_cli_parse_u64(v, 1u << 20, &max_queue) != 0 || max_queue == 0)
                 bad = "is not in 1..1048576";
         } else if (strcmp(a, "--log-level") == 0) {
             if ((level = pc_log_level_parse(v)) < 0)

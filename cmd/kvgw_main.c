@@ -19,31 +19,20 @@ static const kvgw_cmd_t bench_cmds[] = {
     {"gateway", bench_gateway_main, "gateway over HTTP: cached vs cold TTFT, overhead, wrk"},
     {"link", bench_link_main, "worker link: cost of sealing (encrypt + MAC) per frame"},
 };
+#define N_BENCH_CMDS (sizeof bench_cmds / sizeof bench_cmds[0])
 
 static void bench_usage(FILE *f)
 {
     fprintf(f, "usage: kvgw bench NAME [options]\n\nbenchmarks:\n");
-    for (size_t i = 0; i < sizeof bench_cmds / sizeof bench_cmds[0]; i++)
-        fprintf(f, "  %-12s %s\n", bench_cmds[i].name, bench_cmds[i].summary);
+    kvgw_cli_list(f, bench_cmds, N_BENCH_CMDS, 12);
     fprintf(f, "\nEach prints a table, then one JSON object on its last line.\n");
 }
 
 int kvgw_cmd_bench(int argc, char **argv)
 {
-    if (argc < 2) {
-        bench_usage(stderr);
-        return KVGW_EXIT_USAGE;
-    }
-    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-        bench_usage(stdout);
-        return KVGW_EXIT_OK;
-    }
-    for (size_t i = 0; i < sizeof bench_cmds / sizeof bench_cmds[0]; i++)
-        if (strcmp(argv[1], bench_cmds[i].name) == 0)
-            return bench_cmds[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "kvgw bench: unknown benchmark '%s'\n", argv[1]);
-    bench_usage(stderr);
-    return KVGW_EXIT_USAGE;
+    static const kvgw_cmd_group_t g = {"kvgw bench", "benchmark", bench_cmds,
+                                       N_BENCH_CMDS, bench_usage, NULL};
+    return kvgw_cli_dispatch(&g, argc, argv);
 }
 
 static const kvgw_cmd_t commands[] = {
@@ -57,34 +46,25 @@ static const kvgw_cmd_t commands[] = {
     {"worker", kvgw_cmd_worker, "serve a model to gateways over TCP (cluster mode)"},
     {"billing", kvgw_cmd_billing, "usage ledger exports (csv, jsonl, focus) and Redis verify"},
 };
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw COMMAND [options]\n\ncommands:\n");
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
+    kvgw_cli_list(f, commands, N_COMMANDS, 14);
     fprintf(f, "\n'kvgw COMMAND --help' describes a command.\n");
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        usage(stderr);
-        return KVGW_EXIT_USAGE;
-    }
-    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
-        strcmp(argv[1], "help") == 0) {
+    if (argc >= 2 && strcmp(argv[1], "help") == 0) {
         usage(stdout);
         return KVGW_EXIT_OK;
     }
-    if (strcmp(argv[1], "--version") == 0) {
+    if (argc >= 2 && strcmp(argv[1], "--version") == 0) {
         printf("kvgw %s\n", KVGW_VERSION);
         return KVGW_EXIT_OK;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (strcmp(argv[1], commands[i].name) == 0)
-            return commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "kvgw: unknown command '%s'\n", argv[1]);
-    usage(stderr);
-    return KVGW_EXIT_USAGE;
+    static const kvgw_cmd_group_t g = {"kvgw", "command", commands, N_COMMANDS, usage, NULL};
+    return kvgw_cli_dispatch(&g, argc, argv);
 }

@@ -77,16 +77,23 @@ typedef struct matmul_ctx {
     uint32_t tile;          /* output columns per task */
 } matmul_ctx_t;
 
+/* The GEMV / register-tile GEMM arguments of the whole product (the kernels take the column
+ * range apart). */
+static eng_gemv_t gemv_args(const matmul_ctx_t *c)
+{
+    return (eng_gemv_t){.w = c->w->data,
+                        .wtype = c->w->type,
+                        .x = c->x,
+                        .M = c->M,
+                        .K = c->K,
+                        .y = c->y,
+                        .ldy = c->N,
+                        .accumulate = c->accumulate};
+}
+
 static void gemv_run(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
 {
-    eng_gemv_t g = {.w = c->w->data,
-                    .wtype = c->w->type,
-                    .x = c->x,
-                    .M = c->M,
-                    .K = c->K,
-                    .y = c->y,
-                    .ldy = c->N,
-                    .accumulate = c->accumulate};
+    eng_gemv_t g = gemv_args(c);
     switch (c->isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case ENG_CPU_ISA_AVX512:
@@ -151,14 +158,7 @@ static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
     }
 #if defined(__x86_64__) || defined(__i386__)
     if (c->gemm) {
-        eng_gemv_t g = {.w = c->w->data,
-                        .wtype = c->w->type,
-                        .x = c->x,
-                        .M = c->M,
-                        .K = c->K,
-                        .y = c->y,
-                        .ldy = c->N,
-                        .accumulate = c->accumulate};
+        eng_gemv_t g = gemv_args(c);
         eng__avx2_gemm(&g, n0, n1);
         return;
     }

@@ -198,6 +198,19 @@ static int content(emitter_t *e, pc_slice_t s)
     return emit_seg(e, ENG_RENDER_SEG_TEXT, false, s.base, s.len);
 }
 
+/* A content block of the open turn: "\n" separates it from the turn's previous non-empty
+ * block. An empty block emits nothing and leaves need_sep as it was. */
+static int sep_content(emitter_t *e, pc_slice_t s)
+{
+    int rc;
+    if (s.len > 0 && e->need_sep && (rc = scaffold(e, "\n")) != 0)
+        return rc;
+    if ((rc = content(e, s)) != 0)
+        return rc;
+    e->need_sep |= s.len > 0;
+    return 0;
+}
+
 static void mark(emitter_t *e, eng_render_mark_kind_t kind, size_t msg, size_t index,
                  eng_chat_ttl_t ttl)
 {
@@ -380,11 +393,8 @@ static int llama3_render(emitter_t *e)
         }
         for (size_t i = 0; i < c->n_system; i++) {
             pc_slice_t t = trim(c->system[i].text);
-            if (t.len > 0 && e->need_sep && (rc = scaffold(e, "\n")) != 0)
+            if ((rc = sep_content(e, t)) != 0)
                 return rc;
-            if ((rc = content(e, t)) != 0)
-                return rc;
-            e->need_sep |= t.len > 0;
             mark(e, ENG_RENDER_MARK_SYSTEM, 0, i, c->system[i].cache_ttl);
         }
     }
@@ -397,11 +407,8 @@ static int llama3_render(emitter_t *e)
                 return rc;
             if (b->kind == ENG_CHAT_BLOCK_TEXT) {
                 pc_slice_t s = trim(b->text);
-                if (s.len > 0 && e->need_sep && (rc = scaffold(e, "\n")) != 0)
+                if ((rc = sep_content(e, s)) != 0)
                     return rc;
-                if ((rc = content(e, s)) != 0)
-                    return rc;
-                e->need_sep |= s.len > 0;
             } else if (b->kind == ENG_CHAT_BLOCK_TOOL_USE) {
                 pc_slice_t args;
                 if ((rc = call_args(e, b, mi, bi, &args)) != 0)
@@ -492,11 +499,8 @@ static int chatml_render(emitter_t *e)
             if ((rc = chatml_open(e, TURN_SYSTEM)) != 0)
                 return rc;
         }
-        if (t.len > 0 && e->need_sep && (rc = scaffold(e, "\n")) != 0)
+        if ((rc = sep_content(e, t)) != 0)
             return rc;
-        if ((rc = content(e, t)) != 0)
-            return rc;
-        e->need_sep |= t.len > 0;
         mark(e, ENG_RENDER_MARK_SYSTEM, 0, i, c->system[i].cache_ttl);
     }
     for (size_t mi = 0; mi < c->n_messages; mi++) {
@@ -509,11 +513,8 @@ static int chatml_render(emitter_t *e)
             if (!cont && (rc = chatml_open(e, t)) != 0)
                 return rc;
             if (b->kind == ENG_CHAT_BLOCK_TEXT) {
-                if (b->text.len > 0 && e->need_sep && (rc = scaffold(e, "\n")) != 0)
+                if ((rc = sep_content(e, b->text)) != 0)
                     return rc;
-                if ((rc = content(e, b->text)) != 0)
-                    return rc;
-                e->need_sep |= b->text.len > 0;
             } else if (b->kind == ENG_CHAT_BLOCK_TOOL_USE) {
                 pc_slice_t args;
                 if ((rc = call_args(e, b, mi, bi, &args)) != 0)

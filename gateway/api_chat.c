@@ -647,6 +647,23 @@ static int oai_tool_content(adapter_t *a, const json_t *c, const char *path, eng
                       &out->text);
 }
 
+/* The "function" member of obj (an OpenAI tool or tool call) at fpath: it must be an object
+ * whose "name" is a valid tool name. *fn and *name borrow from obj. */
+static int get_function(adapter_t *a, const json_t *obj, const char *fpath, const json_t **fn,
+                        const json_t **name)
+{
+    int rc;
+    *fn = json_object_get(obj, "function");
+    if (!json_is_object(*fn))
+        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
+                           *fn == NULL ? "%s: Field required" : "%s: Input should be an object",
+                           fpath);
+    if ((rc = get_string(a, *fn, "name", fpath, true, name)) != 0 ||
+        (rc = check_tool_name(a, *name, fpath)) != 0)
+        return rc;
+    return 0;
+}
+
 static int oai_tool_call(adapter_t *a, const json_t *tc, const char *mpath, size_t k,
                          eng_chat_block_t *out)
 {
@@ -663,13 +680,7 @@ static int oai_tool_call(adapter_t *a, const json_t *tc, const char *mpath, size
     if (type != NULL && strcmp(json_string_value(type), "function") != 0)
         return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL, "%s.type: Input should be 'function'",
                            path);
-    fn = json_object_get(tc, "function");
-    if (!json_is_object(fn))
-        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
-                           fn == NULL ? "%s: Field required" : "%s: Input should be an object",
-                           fpath);
-    if ((rc = get_string(a, fn, "name", fpath, true, &name)) != 0 ||
-        (rc = check_tool_name(a, name, fpath)) != 0 ||
+    if ((rc = get_function(a, tc, fpath, &fn, &name)) != 0 ||
         (rc = get_string(a, fn, "arguments", fpath, true, &args)) != 0)
         return rc;
     /* Only "is it an object" matters (the text is kept verbatim): its members are checked as
@@ -707,13 +718,7 @@ static int oai_tool(adapter_t *a, const json_t *t, size_t i, eng_chat_tool_t *ou
         return pc_err_setf(a->err, a->err_len, PC_ERR_UNSUPPORTED,
                            "%s.type: tool type '%s' is not supported by model %s", path,
                            json_string_value(type), a->model);
-    fn = json_object_get(t, "function");
-    if (!json_is_object(fn))
-        return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
-                           fn == NULL ? "%s: Field required" : "%s: Input should be an object",
-                           fpath);
-    if ((rc = get_string(a, fn, "name", fpath, true, &name)) != 0 ||
-        (rc = check_tool_name(a, name, fpath)) != 0 ||
+    if ((rc = get_function(a, t, fpath, &fn, &name)) != 0 ||
         (rc = get_string(a, fn, "description", fpath, false, &desc)) != 0)
         return rc;
     params = json_object_get(fn, "parameters");

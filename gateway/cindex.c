@@ -364,6 +364,20 @@ static int payload_split(void *payload, uint32_t at, void **tail_out, void *ud)
     return 0;
 }
 
+/* After an insert: removes the hollow head a split left on the upper node (payload_split), if
+ * the insert split an entry's edge. When the inserted entry ends exactly at the split, that
+ * upper node is the entry's own node, which then gets the new payload. */
+static void drop_split_head(gw_cindex_t *ix)
+{
+    if (ix->split_tail == NULL)
+        return;
+    rdx_node_t *up = rdx_node_parent(ix->split_tail->node);
+    cix_entry_t *head = rdx_tree_set_payload(ix->t, up, NULL);
+    PC_ASSERT(head != NULL && head->hollow);
+    pc_free(head);
+    ix->split_tail = NULL;
+}
+
 /* ---- lifecycle -------------------------------------------------------------------------- */
 
 gw_cindex_params_t gw_cindex_params_default(void)
@@ -538,14 +552,7 @@ int gw_cindex_insert(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_
             ns_remove(ix, (uint32_t)(s - ix->ns));
         goto fail;
     }
-    if (ix->split_tail != NULL) {
-        /* Remove the hollow head the split left on the upper node. */
-        rdx_node_t *up = rdx_node_parent(ix->split_tail->node);
-        cix_entry_t *head = rdx_tree_set_payload(ix->t, up, NULL);
-        PC_ASSERT(head != NULL && head->hollow);
-        pc_free(head);
-        ix->split_tail = NULL;
-    }
+    drop_split_head(ix);
     rdx_tree_ns_stats(ix->t, ns, &after);
     ns_charge(s, now);
     s->n_tokens += after.n_tokens - before.n_tokens;
@@ -654,15 +661,7 @@ int gw_cindex_insert_path(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens,
             pc_free(fresh);
             goto out;
         }
-        if (ix->split_tail != NULL) {
-            /* The split's hollow head sits on the upper node; when this entry ends exactly
-             * there, that upper node is node itself. */
-            rdx_node_t *up = rdx_node_parent(ix->split_tail->node);
-            cix_entry_t *head = rdx_tree_set_payload(ix->t, up, NULL);
-            PC_ASSERT(head != NULL && head->hollow);
-            pc_free(head);
-            ix->split_tail = NULL;
-        }
+        drop_split_head(ix);
         rdx_tree_ns_stats(ix->t, ns, &after);
         ns_charge(s, now);
         s->n_tokens += after.n_tokens - before.n_tokens;

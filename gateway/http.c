@@ -1232,6 +1232,17 @@ static int count_header_bytes(conn_t *c, size_t len)
     return 0;
 }
 
+/* Appends a parser span to b. Out of memory: marks the connection (c->oom; it is answered
+ * once llhttp returns) and returns -1, which stops the parser. */
+static int span_append(conn_t *c, pc_buf_t *b, const char *at, size_t len)
+{
+    if (pc_buf_append(b, at, len) != 0) {
+        c->oom = true;
+        return -1;
+    }
+    return 0;
+}
+
 static int cb_message_begin(llhttp_t *p)
 {
     conn_t *c = p->data;
@@ -1256,11 +1267,7 @@ static int cb_url(llhttp_t *p, const char *at, size_t len)
     conn_t *c = p->data;
     if (count_header_bytes(c, len) != 0)
         return -1;
-    if (pc_buf_append(&c->cur->url, at, len) != 0) {
-        c->oom = true;
-        return -1;
-    }
-    return 0;
+    return span_append(c, &c->cur->url, at, len);
 }
 
 static int cb_header_field(llhttp_t *p, const char *at, size_t len)
@@ -1293,11 +1300,7 @@ static int cb_header_field(llhttp_t *p, const char *at, size_t len)
     }
     if (r->phase == RQ_BODY)
         return 0;
-    if (pc_buf_append(&r->hdr, at, len) != 0) {
-        c->oom = true;
-        return -1;
-    }
-    return 0;
+    return span_append(c, &r->hdr, at, len);
 }
 
 static int cb_header_field_complete(llhttp_t *p)
@@ -1306,10 +1309,8 @@ static int cb_header_field_complete(llhttp_t *p)
     gw_http_req_t *r = c->cur;
     if (r->phase == RQ_BODY)
         return 0;
-    if (pc_buf_append(&r->hdr, "", 1) != 0) {
-        c->oom = true;
+    if (span_append(c, &r->hdr, "", 1) != 0)
         return -1;
-    }
     r->hoff[r->n_h - 1].value = (uint32_t)r->hdr.len;
     return 0;
 }
@@ -1335,11 +1336,7 @@ static int cb_header_value(llhttp_t *p, const char *at, size_t len)
         return -1;
     if (c->cur->phase == RQ_BODY)
         return 0;
-    if (pc_buf_append(&c->cur->hdr, at, len) != 0) {
-        c->oom = true;
-        return -1;
-    }
-    return 0;
+    return span_append(c, &c->cur->hdr, at, len);
 }
 
 static int cb_header_value_complete(llhttp_t *p)
@@ -1354,11 +1351,7 @@ static int cb_header_value_complete(llhttp_t *p)
     while (r->hdr.len > start &&
            (r->hdr.base[r->hdr.len - 1] == ' ' || r->hdr.base[r->hdr.len - 1] == '\t'))
         r->hdr.len--;
-    if (pc_buf_append(&r->hdr, "", 1) != 0) {
-        c->oom = true;
-        return -1;
-    }
-    return 0;
+    return span_append(c, &r->hdr, "", 1);
 }
 
 /* Turns the request target into "path\0query\0"; origin-form ("/p?q"), absolute-form
@@ -1463,11 +1456,7 @@ static int cb_body(llhttp_t *p, const char *at, size_t len)
     if (r->body.len + len > max)
         return parse_err(c, 413, "request_too_large",
                          "request body larger than the limit of %zu bytes", max);
-    if (pc_buf_append(&r->body, at, len) != 0) {
-        c->oom = true;
-        return -1;
-    }
-    return 0;
+    return span_append(c, &r->body, at, len);
 }
 
 static int cb_message_complete(llhttp_t *p)

@@ -30,8 +30,7 @@ typedef struct wreq {
 
 static void hard_close(lnk_wconn_t *c);
 
-PC_PRINTF(3, 4)
-static void close_fmt(lnk_wconn_t *c, int err, const char *fmt, ...)
+void lnk_wconn_closef(lnk_wconn_t *c, int err, const char *fmt, ...)
 {
     char why[LNK_WCONN_REASON_MAX];
     va_list ap;
@@ -140,7 +139,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         if (n == UV_EOF)
             lnk_wconn_close(c, PC_ERR_CLOSED, "peer closed the connection", false);
         else
-            close_fmt(c, PC_ERR_IO, "read: %s", uv_strerror((int)n));
+            lnk_wconn_closef(c, PC_ERR_IO, "read: %s", uv_strerror((int)n));
         return;
     }
     if (c->state != LNK_WCONN_OPEN)
@@ -206,7 +205,7 @@ int lnk_wconn_start(lnk_wconn_t *c)
     uv_tcp_nodelay(&c->tcp, 1); /* tokens are small frames that must leave at once */
     int rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
     if (rc != 0) {
-        close_fmt(c, PC_ERR_IO, "read start: %s", uv_strerror(rc));
+        lnk_wconn_closef(c, PC_ERR_IO, "read start: %s", uv_strerror(rc));
         return PC_ERR_IO;
     }
     timer_restart(c);
@@ -297,7 +296,7 @@ static void on_write(uv_write_t *req, int status)
     pc_buf_free(&w->buf);
     pc_free(w);
     if (status < 0 && status != UV_ECANCELED)
-        close_fmt(c, PC_ERR_IO, "write: %s", uv_strerror(status));
+        lnk_wconn_closef(c, PC_ERR_IO, "write: %s", uv_strerror(status));
 }
 
 int lnk_wconn_flush(lnk_wconn_t *c)
@@ -317,7 +316,7 @@ int lnk_wconn_flush(lnk_wconn_t *c)
     if (rc != 0) {
         pc_buf_free(&w->buf);
         pc_free(w);
-        close_fmt(c, PC_ERR_IO, "write: %s", uv_strerror(rc));
+        lnk_wconn_closef(c, PC_ERR_IO, "write: %s", uv_strerror(rc));
         return PC_ERR_IO;
     }
     c->_bytes_writing += b.len;
@@ -360,8 +359,8 @@ static void on_timer(uv_timer_t *t)
     if (c->state != LNK_WCONN_OPEN)
         return;
     if (c->_peer_timeout_ms > 0 && now - c->_last_rx_ms > c->_peer_timeout_ms) {
-        close_fmt(c, PC_ERR_TIMEOUT, "peer silent for %llu ms (timeout %u ms)",
-                  (unsigned long long)(now - c->_last_rx_ms), c->_peer_timeout_ms);
+        lnk_wconn_closef(c, PC_ERR_TIMEOUT, "peer silent for %llu ms (timeout %u ms)",
+                         (unsigned long long)(now - c->_last_rx_ms), c->_peer_timeout_ms);
         return;
     }
     if (c->_heartbeat_ms > 0 && now - c->_last_tx_ms >= c->_heartbeat_ms &&

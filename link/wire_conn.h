@@ -41,6 +41,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "pc_assert.h"
 #include "wire.h"
 #include "wire_seal.h"
 
@@ -138,6 +139,10 @@ void lnk_wconn_set_deadline(lnk_wconn_t *c, uint32_t ms, const char *why);
  * drain: write what is queued first (uv_shutdown; at most 2 s, then the handles close anyway).
  * Later calls only turn a drain into an immediate close when drain is false. */
 void lnk_wconn_close(lnk_wconn_t *c, int err, const char *reason, bool drain);
+
+/* lnk_wconn_close(c, err, reason, false) with the reason formatted (printf), cut to
+ * LNK_WCONN_REASON_MAX - 1 bytes. */
+void lnk_wconn_closef(lnk_wconn_t *c, int err, const char *fmt, ...) PC_PRINTF(3, 4);
 
 /* Changes the largest payload accepted from the peer (0: ENG_WIRE_MAX_FRAME_DEFAULT) for every
  * frame not decoded yet, e.g. a small limit until the peer's handshake is done. */

@@ -77,17 +77,6 @@ lnk_worker_client_params_t lnk_worker_client_params_default(void)
     };
 }
 
-PC_PRINTF(3, 4)
-static void fail(lnk_worker_client_t *c, int err, const char *fmt, ...)
-{
-    char why[LNK_WCONN_REASON_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    lnk_wconn_close(&c->w, err, why, false);
-}
-
 /* A REJECT's or connection ERROR's code, if it is one of ours. */
 static int peer_code(int32_t code)
 {
@@ -98,48 +87,52 @@ static void on_ack(lnk_worker_client_t *c, const eng_wire_hello_t *a)
 {
     const lnk_worker_client_params_t *p = &c->p;
     if (a->role != ENG_WIRE_ROLE_WORKER) {
-        fail(c, PC_ERR_FORMAT, "HELLO_ACK with role %u, not a worker", a->role);
+        lnk_wconn_closef(&c->w, PC_ERR_FORMAT, "HELLO_ACK with role %u, not a worker", a->role);
         return;
     }
     if (a->version_min != a->version_max || a->version_min < p->version_min ||
         a->version_min > p->version_max) {
-        fail(c, PC_ERR_UNSUPPORTED, "the worker picked versions %u..%u, asked %u..%u",
-             a->version_min, a->version_max, p->version_min, p->version_max);
+        lnk_wconn_closef(&c->w, PC_ERR_UNSUPPORTED,
+                         "the worker picked versions %u..%u, asked %u..%u", a->version_min,
+                         a->version_max, p->version_min, p->version_max);
         return;
     }
     if (a->version_min != ENG_WIRE_VERSION) {
-        fail(c, PC_ERR_UNSUPPORTED, "the worker picked version %u, this side speaks %d",
-             a->version_min, ENG_WIRE_VERSION);
+        lnk_wconn_closef(&c->w, PC_ERR_UNSUPPORTED,
+                         "the worker picked version %u, this side speaks %d", a->version_min,
+                         ENG_WIRE_VERSION);
         return;
     }
     if (p->model_name[0] != '\0' && !pc_slice_eq_cstr(a->model_name, p->model_name)) {
-        fail(c, PC_ERR_INVAL, "the worker serves '%.*s', asked '%s'", (int)a->model_name.len,
-             a->model_name.base, p->model_name);
+        lnk_wconn_closef(&c->w, PC_ERR_INVAL, "the worker serves '%.*s', asked '%s'",
+                         (int)a->model_name.len, a->model_name.base, p->model_name);
         return;
     }
     if ((p->model_fp != 0 && a->model_fp != p->model_fp) ||
         (p->n_vocab != 0 && a->n_vocab != p->n_vocab)) {
-        fail(c, PC_ERR_INVAL, "the worker's model (fp %016llx, n_vocab %u) is not the one asked",
-             (unsigned long long)a->model_fp, a->n_vocab);
+        lnk_wconn_closef(&c->w, PC_ERR_INVAL,
+                         "the worker's model (fp %016llx, n_vocab %u) is not the one asked",
+                         (unsigned long long)a->model_fp, a->n_vocab);
         return;
     }
     if (p->secret_len > 0) {
         uint8_t want[ENG_WIRE_AUTH_BYTES];
         if (!c->challenged) {
-            fail(c, PC_ERR_PERM, "the worker did not ask for the link secret (it has none)");
+            lnk_wconn_closef(&c->w, PC_ERR_PERM,
+                             "the worker did not ask for the link secret (it has none)");
             return;
         }
         lnk_wire_auth_mac(c->secret, p->secret_len, ENG_WIRE_ROLE_WORKER, c->gw_nonce, c->wk_nonce,
                           want);
         if (!lnk_wire_auth_equal(want, a->auth)) {
-            fail(c, PC_ERR_PERM, "the worker's proof of the link secret is wrong");
+            lnk_wconn_closef(&c->w, PC_ERR_PERM, "the worker's proof of the link secret is wrong");
             return;
         }
     }
     if (a->heartbeat_ms == 0 || a->heartbeat_ms > MAX_PEER_HEARTBEAT_MS ||
         a->max_frame < MIN_PEER_FRAME) {
-        fail(c, PC_ERR_FORMAT, "HELLO_ACK with heartbeat_ms %u, max_frame %u", a->heartbeat_ms,
-             a->max_frame);
+        lnk_wconn_closef(&c->w, PC_ERR_FORMAT, "HELLO_ACK with heartbeat_ms %u, max_frame %u",
+                         a->heartbeat_ms, a->max_frame);
         return;
     }
     c->ready = true;
@@ -154,7 +147,8 @@ static void on_ack(lnk_worker_client_t *c, const eng_wire_hello_t *a)
 static void on_challenge(lnk_worker_client_t *c, const uint8_t nonce[ENG_WIRE_AUTH_BYTES])
 {
     if (c->p.secret_len == 0) {
-        fail(c, PC_ERR_PERM, "the worker requires a link secret and none is configured");
+        lnk_wconn_closef(&c->w, PC_ERR_PERM,
+                         "the worker requires a link secret and none is configured");
         return;
     }
     c->challenged = true;
@@ -177,8 +171,8 @@ static void on_frame(lnk_wconn_t *w, const eng_wire_frame_t *f)
 {
     lnk_worker_client_t *c = w->data;
     if (f->type == ENG_WIRE_REJECT || (f->type == ENG_WIRE_ERROR && f->u.error.request_id == 0)) {
-        fail(c, peer_code(f->u.error.code), "worker: %.*s", (int)f->u.error.message.len,
-             f->u.error.message.base);
+        lnk_wconn_closef(&c->w, peer_code(f->u.error.code), "worker: %.*s",
+                         (int)f->u.error.message.len, f->u.error.message.base);
         return;
     }
     if (!c->ready) {
@@ -187,7 +181,8 @@ static void on_frame(lnk_wconn_t *w, const eng_wire_frame_t *f)
         else if (f->type == ENG_WIRE_CHALLENGE && !c->challenged)
             on_challenge(c, f->u.auth.bytes);
         else
-            fail(c, PC_ERR_FORMAT, "expected HELLO_ACK, got %s", eng_wire_type_name(f->type));
+            lnk_wconn_closef(&c->w, PC_ERR_FORMAT, "expected HELLO_ACK, got %s",
+                             eng_wire_type_name(f->type));
         return;
     }
     switch (f->type) {
@@ -202,7 +197,8 @@ static void on_frame(lnk_wconn_t *w, const eng_wire_frame_t *f)
             c->cbs.on_frame(c, f, c->ud);
         return;
     default:
-        fail(c, PC_ERR_FORMAT, "%s is not a frame a worker sends", eng_wire_type_name(f->type));
+        lnk_wconn_closef(&c->w, PC_ERR_FORMAT, "%s is not a frame a worker sends",
+                         eng_wire_type_name(f->type));
         return;
     }
 }
@@ -277,7 +273,7 @@ static const lnk_wconn_ops_t client_ops = {.on_frame = on_frame, .on_closed = on
 static void connect_failed(lnk_worker_client_t *c, int status)
 {
     if (c->addr.kind != LNK_ADDR_NAME) {
-        fail(c, PC_ERR_IO, "connect to %s: %s", c->address, uv_strerror(status));
+        lnk_wconn_closef(&c->w, PC_ERR_IO, "connect to %s: %s", c->address, uv_strerror(status));
         return;
     }
     char what[160];
@@ -285,7 +281,7 @@ static void connect_failed(lnk_worker_client_t *c, int status)
     note_tried(c, what);
     PC_LOG(PC_LOG_DEBUG, "link", "worker %s: connect to %s: %s", c->address, c->peer,
            uv_strerror(status));
-    fail(c, PC_ERR_IO, "connect to %s: %s", c->address, what);
+    lnk_wconn_closef(&c->w, PC_ERR_IO, "connect to %s: %s", c->address, what);
 }
 
 static void on_connect(uv_connect_t *req, int status)
@@ -316,7 +312,7 @@ static void on_connect(uv_connect_t *req, int status)
     h->n_vocab = c->p.n_vocab;
     memcpy(h->auth, c->gw_nonce, ENG_WIRE_AUTH_BYTES);
     if (lnk_wconn_send(&c->w, &f) != 0) {
-        fail(c, PC_ERR_INVAL, "cannot encode HELLO");
+        lnk_wconn_closef(&c->w, PC_ERR_INVAL, "cannot encode HELLO");
         return;
     }
     lnk_wconn_flush(&c->w);
@@ -366,8 +362,8 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
         return;
     }
     if (status < 0) {
-        fail(c, PC_ERR_NOTFOUND, "cannot resolve worker host '%s': %s", c->addr.host,
-             uv_strerror(status));
+        lnk_wconn_closef(&c->w, PC_ERR_NOTFOUND, "cannot resolve worker host '%s': %s",
+                         c->addr.host, uv_strerror(status));
         return;
     }
     for (const struct addrinfo *ai = res; ai != NULL && c->n_addrs < MAX_ADDRS; ai = ai->ai_next) {
@@ -386,7 +382,8 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     }
     uv_freeaddrinfo(res);
     if (c->n_addrs == 0) {
-        fail(c, PC_ERR_NOTFOUND, "worker host '%s' has no IPv4 or IPv6 address", c->addr.host);
+        lnk_wconn_closef(&c->w, PC_ERR_NOTFOUND, "worker host '%s' has no IPv4 or IPv6 address",
+                         c->addr.host);
         return;
     }
     try_next(c);
@@ -406,8 +403,8 @@ static void start_resolve(lnk_worker_client_t *c)
     snprintf(c->peer, sizeof c->peer, "%s", "");
     int rc = uv_getaddrinfo(c->loop, &c->gai, on_resolved, c->addr.host, port, &hints);
     if (rc != 0) {
-        fail(c, PC_ERR_NOTFOUND, "cannot resolve worker host '%s': %s", c->addr.host,
-             uv_strerror(rc));
+        lnk_wconn_closef(&c->w, PC_ERR_NOTFOUND, "cannot resolve worker host '%s': %s",
+                         c->addr.host, uv_strerror(rc));
         return;
     }
     c->resolving = true;

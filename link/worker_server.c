@@ -194,39 +194,29 @@ static void unpend(srv_conn_t *c)
     c->s->n_pending--;
 }
 
-/* Ends a handshake without a word to the peer (it did not prove the secret): the reason goes
- * to the worker's log only. */
-PC_PRINTF(3, 4)
-static void refuse_silently(srv_conn_t *c, int code, const char *fmt, ...)
+/* Refuses the handshake. With tell, REJECT carries the reason to the peer before the close;
+ * without it (the peer did not prove the secret) nothing is said and the reason goes to the
+ * worker's log only. Either way what was queued (the CHALLENGE, the REJECT) goes out first. */
+PC_PRINTF(4, 5)
+static void refuse(srv_conn_t *c, bool tell, int code, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    PC_LOG(PC_LOG_WARN, "worker", "conn %s: handshake refused (nothing said to the peer): %s",
-           c->peer, msg);
+    if (tell)
+        PC_LOG(PC_LOG_WARN, "worker", "conn %s: handshake rejected: %s", c->peer, msg);
+    else
+        PC_LOG(PC_LOG_WARN, "worker", "conn %s: handshake refused (nothing said to the peer): %s",
+               c->peer, msg);
     unpend(c);
-    c->rejected = true;
-    c->s->st.conns_rejected++;
-    lnk_wconn_close(&c->w, code, msg, true); /* what was queued (the CHALLENGE) goes out */
-}
-
-/* Refuses the handshake: REJECT with the reason, then close after it is written. */
-PC_PRINTF(3, 4)
-static void reject(srv_conn_t *c, int code, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    PC_LOG(PC_LOG_WARN, "worker", "conn %s: handshake rejected: %s", c->peer, msg);
-    unpend(c);
-    eng_wire_frame_t f = {.type = ENG_WIRE_REJECT};
-    f.u.error.code = code;
-    f.u.error.message = msg_slice(msg);
-    lnk_wconn_send(&c->w, &f);
+    if (tell) {
+        eng_wire_frame_t f = {.type = ENG_WIRE_REJECT};
+        f.u.error.code = code;
+        f.u.error.message = msg_slice(msg);
+        lnk_wconn_send(&c->w, &f);
+    }
     c->rejected = true;
     c->s->st.conns_rejected++;
     lnk_wconn_close(&c->w, code, msg, true);
@@ -259,17 +249,17 @@ static bool model_matches(srv_conn_t *c)
     const eng_worker_info_t *in = &s->info;
     if (c->want_model[0] != '\0' &&
         !pc_slice_eq(pc_slice_cstr(c->want_model), pc_slice(in->model_name, s->model_name_len))) {
-        reject(c, PC_ERR_INVAL, "model '%s' asked, this worker serves '%.*s'", c->want_model,
+        refuse(c, true, PC_ERR_INVAL, "model '%s' asked, this worker serves '%.*s'", c->want_model,
                (int)s->model_name_len, in->model_name);
         return false;
     }
     if (c->want_fp != 0 && c->want_fp != in->model_fp) {
-        reject(c, PC_ERR_INVAL, "model fingerprint %016llx asked, this worker's is %016llx",
+        refuse(c, true, PC_ERR_INVAL, "model fingerprint %016llx asked, this worker's is %016llx",
                (unsigned long long)c->want_fp, (unsigned long long)in->model_fp);
         return false;
     }
     if (c->want_vocab != 0 && c->want_vocab != in->n_vocab) {
-        reject(c, PC_ERR_INVAL, "n_vocab %u asked, this worker's model has %u", c->want_vocab,
+        refuse(c, true, PC_ERR_INVAL, "n_vocab %u asked, this worker's model has %u", c->want_vocab,
                in->n_vocab);
         return false;
     }
@@ -280,21 +270,22 @@ static void on_hello(srv_conn_t *c, const eng_wire_hello_t *h)
 {
     lnk_worker_server_t *s = c->s;
     if (h->role != ENG_WIRE_ROLE_GATEWAY) {
-        reject(c, PC_ERR_INVAL, "role %u: only a gateway (role 1) connects to a worker", h->role);
+        refuse(c, true, PC_ERR_INVAL, "role %u: only a gateway (role 1) connects to a worker",
+               h->role);
         return;
     }
     if (h->version_min > ENG_WIRE_VERSION || h->version_max < ENG_WIRE_VERSION) {
-        reject(c, PC_ERR_UNSUPPORTED, "protocol versions %u..%u asked, this worker speaks %d",
+        refuse(c, true, PC_ERR_UNSUPPORTED, "protocol versions %u..%u asked, this worker speaks %d",
                h->version_min, h->version_max, ENG_WIRE_VERSION);
         return;
     }
     if (h->heartbeat_ms == 0 || h->heartbeat_ms > MAX_PEER_HEARTBEAT_MS) {
-        reject(c, PC_ERR_INVAL, "heartbeat_ms %u outside 1..%u", h->heartbeat_ms,
+        refuse(c, true, PC_ERR_INVAL, "heartbeat_ms %u outside 1..%u", h->heartbeat_ms,
                MAX_PEER_HEARTBEAT_MS);
         return;
     }
     if (h->max_frame < MIN_PEER_FRAME) {
-        reject(c, PC_ERR_INVAL, "max_frame %u below the minimum of %u bytes", h->max_frame,
+        refuse(c, true, PC_ERR_INVAL, "max_frame %u below the minimum of %u bytes", h->max_frame,
                MIN_PEER_FRAME);
         return;
     }
@@ -324,14 +315,14 @@ static void on_auth(srv_conn_t *c, const eng_wire_frame_t *f)
     lnk_worker_server_t *s = c->s;
     uint8_t want[ENG_WIRE_AUTH_BYTES];
     if (f->type != ENG_WIRE_AUTH) {
-        refuse_silently(c, PC_ERR_PERM, "link authentication: expected AUTH, got %s",
-                        eng_wire_type_name(f->type));
+        refuse(c, false, PC_ERR_PERM, "link authentication: expected AUTH, got %s",
+               eng_wire_type_name(f->type));
         return;
     }
     lnk_wire_auth_mac(s->secret, s->secret_len, ENG_WIRE_ROLE_GATEWAY, c->gw_nonce, c->wk_nonce,
                       want);
     if (!lnk_wire_auth_equal(want, f->u.auth.bytes)) {
-        refuse_silently(c, PC_ERR_PERM, "link authentication failed (wrong secret)");
+        refuse(c, false, PC_ERR_PERM, "link authentication failed (wrong secret)");
         return;
     }
     /* The peer knows the secret: everything from here on is sealed, both ways (wire_seal.h),
@@ -353,7 +344,7 @@ static void finish_handshake(srv_conn_t *c)
     lnk_worker_server_t *s = c->s;
     const eng_worker_info_t *in = &s->info;
     if (s->n_ready >= s->p.max_conns) {
-        reject(c, PC_ERR_OVERLOADED, "too many connections (limit %u)", s->p.max_conns);
+        refuse(c, true, PC_ERR_OVERLOADED, "too many connections (limit %u)", s->p.max_conns);
         return;
     }
     unpend(c);
@@ -451,7 +442,7 @@ static void on_frame(lnk_wconn_t *w, const eng_wire_frame_t *f)
     }
     if (!c->ready) {
         if (f->type != ENG_WIRE_HELLO)
-            reject(c, PC_ERR_FORMAT, "expected HELLO, got %s", eng_wire_type_name(f->type));
+            refuse(c, true, PC_ERR_FORMAT, "expected HELLO, got %s", eng_wire_type_name(f->type));
         else
             on_hello(c, &f->u.hello);
         return;
