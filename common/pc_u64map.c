@@ -61,6 +61,16 @@ static int resize(pc_u64map_t *m, size_t cap)
     return 0;
 }
 
+int pc_u64map_reserve(pc_u64map_t *m, size_t n)
+{
+    if (n > SIZE_MAX / 4)
+        return PC_ERR_NOMEM;
+    size_t cap = m->cap ? m->cap : MIN_CAP;
+    while (cap < 2 * n)
+        cap *= 2;
+    return cap > m->cap ? resize(m, cap) : 0;
+}
+
 int pc_u64map_put(pc_u64map_t *m, uint64_t key, void *value)
 {
     if (key == 0 || value == NULL)

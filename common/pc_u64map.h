@@ -32,6 +32,10 @@ typedef struct pc_u64map {
  * values); the map is empty and usable afterwards. */
 void pc_u64map_free(pc_u64map_t *m);
 
+/* Room for n entries in all without growing the table: 0 or PC_ERR_NOMEM (nothing changed).
+ * A later deletion may shrink the table again. */
+int pc_u64map_reserve(pc_u64map_t *m, size_t n);
+
 /* The value stored under key, or NULL. */
 void *pc_u64map_get(const pc_u64map_t *m, uint64_t key);
 

@@ -308,6 +308,12 @@ static int spm_pairs_build(struct eng_tok *t, const keyview_t *kv)
             r++;
         rank[order[i]] = r;
     }
+    size_t n_pairs = 0; /* at most: every split of every token */
+    for (uint32_t i = 0; i < n; i++)
+        if (encodable(t, i) && t->v.token_type[i] != ENG_TOKEN_TYPE_BYTE)
+            n_pairs += kv->len[i] > 1 ? kv->len[i] - 1 : 0;
+    if ((rc = pc_u64map_reserve(&t->pairs, n_pairs)) != 0)
+        goto out;
     for (uint32_t i = 0; i < n; i++) {
         if (!encodable(t, i) || t->v.token_type[i] == ENG_TOKEN_TYPE_BYTE)
             continue;
@@ -335,6 +341,8 @@ out:
 static int merges_build(struct eng_tok *t, char *err, size_t err_len)
 {
     int rc;
+    if ((rc = pc_u64map_reserve(&t->pairs, t->v.n_merges)) != 0)
+        return rc;
     for (uint32_t r = 0; r < t->v.n_merges; r++) {
         const char *m = t->v.merges[r];
         const char *sp = m[0] ? strchr(m + 1, ' ') : NULL;
