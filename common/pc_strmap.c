@@ -7,6 +7,7 @@
 
 #include "pc_alloc.h"
 #include "pc_err.h"
+#include "pc_u64map.h"
 
 #define MIN_CAP 16
 
@@ -74,11 +75,9 @@ static int resize(pc_strmap_t *m, size_t cap)
 
 int pc_strmap_reserve(pc_strmap_t *m, size_t n)
 {
-    if (n > SIZE_MAX / 4)
+    size_t cap = pc__map_cap(m->cap, n);
+    if (cap == 0)
         return PC_ERR_NOMEM;
-    size_t cap = m->cap ? m->cap : MIN_CAP;
-    while (cap < 2 * n)
-        cap *= 2;
     return cap > m->cap ? resize(m, cap) : 0;
 }
 

@@ -50,6 +50,10 @@ void *pc_u64map_del(pc_u64map_t *m, uint64_t key);
 /* The first occupied slot at or after i, or m->cap when there is none. */
 size_t pc_u64map_next(const pc_u64map_t *m, size_t i);
 
+/* The power-of-two table size, at least cap (16 when cap is 0), that holds n entries at most
+ * half full; 0 when n is too large. Shared by pc_u64map and pc_strmap. */
+size_t pc__map_cap(size_t cap, size_t n);
+
 static inline size_t pc_u64map_count(const pc_u64map_t *m)
 {
     return m->n;
