@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 int bill_export_format_parse(const char *s)
 {
@@ -77,7 +76,6 @@ typedef struct group {
     char model[BILL_STR_MAX];
     uint64_t day_ms;
     bill_totals_t t;
-    bool used;
 } group_t;
 
 struct bill_export {
@@ -86,8 +84,8 @@ struct bill_export {
     char provider[BILL_STR_MAX];
     bill_ledger_reader_t *r;
     pc_buf_t out;
-    group_t *groups; /* open addressing on (tenant, model, day) */
-    size_t cap, n_groups;
+    PC_VEC(group_t) groups;  /* in order of first appearance until group_rows sorts them */
+    pc_strmap_t group_index; /* group_key() -> position in groups */
     bool header_done;
     bool done;
 };
@@ -360,55 +358,45 @@ static int event_row(bill_export_t *x, const bill_event_t *ev, uint64_t seq)
     }
 }
 
-static uint64_t group_hash(const char *tenant, const char *model, uint64_t day)
+/* The index key of a group: the day's 8 bytes, then the tenant and the model each with its
+ * NUL byte, so ("ab", "c") and ("a", "bc") differ. Returns its length (at most GROUP_KEY_MAX). */
+enum { GROUP_KEY_MAX = 8 + 2 * BILL_STR_MAX };
+static size_t group_key(const char *tenant, const char *model, uint64_t day, char *out)
 {
-    XXH64_hash_t h = XXH64(tenant, strlen(tenant), day);
-    return XXH64(model, strlen(model), h);
+    size_t lt = strlen(tenant), lm = strlen(model); /* each under BILL_STR_MAX */
+    memcpy(out, &day, 8);
+    memcpy(out + 8, tenant, lt);
+    out[8 + lt] = '\0';
+    memcpy(out + 9 + lt, model, lm);
+    out[9 + lt + lm] = '\0';
+    return 10 + lt + lm;
 }
 
 static int group_add(bill_export_t *x, const bill_event_t *ev)
 {
-    if ((x->n_groups + 1) * 2 > x->cap) {
-        size_t nc = x->cap ? x->cap * 2 : 64;
-        group_t *ng = pc_calloc(nc, sizeof *ng);
-        if (ng == NULL)
-            return PC_ERR_NOMEM;
-        for (size_t i = 0; i < x->cap; i++) {
-            if (!x->groups[i].used)
-                continue;
-            group_t *g = &x->groups[i];
-            size_t j = group_hash(g->tenant, g->model, g->day_ms) & (nc - 1);
-            while (ng[j].used)
-                j = (j + 1) & (nc - 1);
-            ng[j] = *g;
-        }
-        pc_free(x->groups);
-        x->groups = ng;
-        x->cap = nc;
-    }
     uint64_t day = bill_day_start_ms(ev->start_ms);
-    size_t j = group_hash(ev->tenant, ev->model, day) & (x->cap - 1);
-    while (x->groups[j].used &&
-           !(x->groups[j].day_ms == day && strcmp(x->groups[j].tenant, ev->tenant) == 0 &&
-             strcmp(x->groups[j].model, ev->model) == 0))
-        j = (j + 1) & (x->cap - 1);
-    group_t *g = &x->groups[j];
-    if (!g->used) {
-        memset(g, 0, sizeof *g);
-        g->used = true;
-        memcpy(g->tenant, ev->tenant, BILL_STR_MAX);
-        memcpy(g->model, ev->model, BILL_STR_MAX);
-        g->day_ms = day;
-        x->n_groups++;
+    char key[GROUP_KEY_MAX];
+    size_t len = group_key(ev->tenant, ev->model, day, key);
+    uint64_t i;
+    if (!pc_strmap_get(&x->group_index, key, len, &i)) {
+        group_t g = {.day_ms = day};
+        memcpy(g.tenant, ev->tenant, BILL_STR_MAX);
+        memcpy(g.model, ev->model, BILL_STR_MAX);
+        int rc = pc_vec_push(&x->groups, g);
+        if (rc != 0)
+            return rc;
+        i = x->groups.len - 1;
+        if ((rc = pc_strmap_insert(&x->group_index, key, len, i, NULL)) != 0) {
+            x->groups.len--; /* the map is unchanged; so is the list */
+            return rc;
+        }
     }
-    return bill_totals_add(&g->t, ev);
+    return bill_totals_add(&x->groups.base[i].t, ev);
 }
 
 static int cmp_group(const void *a, const void *b)
 {
     const group_t *x = a, *y = b;
-    if (x->used != y->used)
-        return x->used ? -1 : 1;
     if (x->day_ms != y->day_ms)
         return x->day_ms < y->day_ms ? -1 : 1;
     int c = strcmp(x->tenant, y->tenant);
@@ -417,10 +405,12 @@ static int cmp_group(const void *a, const void *b)
 
 static int group_rows(bill_export_t *x)
 {
-    if (x->cap > 0) /* no groups: groups is NULL, which qsort must not get even with 0 */
-        qsort(x->groups, x->cap, sizeof *x->groups, cmp_group);
-    for (size_t i = 0; i < x->n_groups; i++) {
-        const group_t *g = &x->groups[i];
+    /* Sorting moves the groups: the index is done with (group_rows ends the export). */
+    pc_strmap_free(&x->group_index);
+    if (x->groups.len > 0) /* no groups: base is NULL, which qsort must not get even with 0 */
+        qsort(x->groups.base, x->groups.len, sizeof *x->groups.base, cmp_group);
+    for (size_t i = 0; i < x->groups.len; i++) {
+        const group_t *g = &x->groups.base[i];
         char day[16], cost[32];
         bill_day_str(g->day_ms, day);
         for (int bkt = 0; bkt < BILL_BUCKET_COUNT; bkt++) {
@@ -545,7 +535,8 @@ void bill_export_free(bill_export_t *x)
         return;
     bill_ledger_reader_free(x->r);
     pc_buf_free(&x->out);
-    pc_free(x->groups);
+    pc_vec_free(&x->groups);
+    pc_strmap_free(&x->group_index);
     pc_free(x);
 }
 

@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
-#include <xxhash.h>
 
 bill_verify_params_t bill_verify_params_default(void)
 {
@@ -27,54 +26,33 @@ typedef struct counter {
     char tenant[BILL_STR_MAX];
     char day[16];
     bill_totals_t t;
-    bool used;
 } counter_t;
 
+/* The counters the ledgers explain, in order of first appearance, indexed by tenant and day
+ * (each with its NUL byte, so ("ab", "c") and ("a", "bc") differ). */
 typedef struct counters {
-    counter_t *v;
-    size_t cap, n;
+    PC_VEC(counter_t) v;
+    pc_strmap_t index; /* key -> position in v */
 } counters_t;
 
-static uint64_t counter_hash(const char *tenant, const char *day)
-{
-    return XXH64(tenant, strlen(tenant), XXH64(day, strlen(day), 0));
-}
-
+/* The counter of (tenant, day); with create, a new zeroed one when missing. NULL when missing
+ * (without create) or without memory; valid until the next counter_get with create. */
 static counter_t *counter_get(counters_t *m, const char *tenant, const char *day, bool create)
 {
-    if (create && (m->n + 1) * 2 > m->cap) {
-        size_t nc = m->cap ? m->cap * 2 : 64;
-        counter_t *nv = pc_calloc(nc, sizeof *nv);
-        if (nv == NULL)
-            return NULL;
-        for (size_t i = 0; i < m->cap; i++) {
-            if (!m->v[i].used)
-                continue;
-            size_t j = counter_hash(m->v[i].tenant, m->v[i].day) & (nc - 1);
-            while (nv[j].used)
-                j = (j + 1) & (nc - 1);
-            nv[j] = m->v[i];
-        }
-        pc_free(m->v);
-        m->v = nv;
-        m->cap = nc;
-    }
-    if (m->cap == 0)
+    char key[BILL_STR_MAX + 16 + 16 + 2];
+    int len = snprintf(key, sizeof key, "%s%c%s", tenant, '\0', day);
+    if (len < 0 || (size_t)len >= sizeof key)
+        return NULL; /* longer than any counter can be: not there, and cannot be */
+    uint64_t i;
+    if (pc_strmap_get(&m->index, key, (size_t)len + 1, &i))
+        return &m->v.base[i];
+    if (!create || pc_vec_reserve(&m->v, m->v.len + 1) != 0 ||
+        pc_strmap_insert(&m->index, key, (size_t)len + 1, m->v.len, NULL) != 0)
         return NULL;
-    size_t j = counter_hash(tenant, day) & (m->cap - 1);
-    while (m->v[j].used) {
-        if (strcmp(m->v[j].tenant, tenant) == 0 && strcmp(m->v[j].day, day) == 0)
-            return &m->v[j];
-        j = (j + 1) & (m->cap - 1);
-    }
-    if (!create)
-        return NULL;
-    counter_t *c = &m->v[j];
+    counter_t *c = &m->v.base[m->v.len++];
     memset(c, 0, sizeof *c);
-    c->used = true;
     snprintf(c->tenant, sizeof c->tenant, "%s", tenant);
     snprintf(c->day, sizeof c->day, "%s", day);
-    m->n++;
     return c;
 }
 
@@ -362,11 +340,10 @@ int bill_verify(const char *const *ledger_dirs, size_t n, const bill_verify_para
             goto done;
     }
     /* Every counter the ledgers explain. */
-    for (size_t i = 0; i < exp.cap; i++) {
-        if (!exp.v[i].used)
-            continue;
+    for (size_t i = 0; i < exp.v.len; i++) {
+        const counter_t *ct = &exp.v.base[i];
         char key[512];
-        snprintf(key, sizeof key, "%s:usage:%s:%s", prefix, exp.v[i].tenant, exp.v[i].day);
+        snprintf(key, sizeof key, "%s:usage:%s:%s", prefix, ct->tenant, ct->day);
         redisReply *h = redisCommand(c, "HGETALL %s", key);
         if (h == NULL || h->type == REDIS_REPLY_ERROR) {
             rc = pc_err_setf(err, err_len, PC_ERR_UPSTREAM, "verify: HGETALL %s: %s", key,
@@ -377,9 +354,9 @@ int bill_verify(const char *const *ledger_dirs, size_t n, const bill_verify_para
         }
         if (h->elements == 0)
             DIFF("counter %s is missing in Redis (ledger: %" PRIu64 " events)", key,
-                 exp.v[i].t.n_events);
+                 ct->t.n_events);
         else
-            compare_counter(c, key, &exp.v[i].t, h, out, rep);
+            compare_counter(c, key, &ct->t, h, out, rep);
         freeReplyObject(h);
     }
     /* Counters no ledger explains. */
@@ -417,7 +394,8 @@ int bill_verify(const char *const *ledger_dirs, size_t n, const bill_verify_para
 done:
     if (keys != NULL)
         freeReplyObject(keys);
-    pc_free(exp.v);
+    pc_vec_free(&exp.v);
+    pc_strmap_free(&exp.index);
     redisFree(c);
     return rc;
 }

@@ -12,6 +12,7 @@
 #include "pc_log.h"
 #include "pc_pages.h"
 #include "pc_rss.h"
+#include "pc_strmap.h"
 #include "pc_time.h"
 #include "pc_u64map.h"
 #include "pc_utf8.h"

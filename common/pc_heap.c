@@ -104,6 +104,15 @@ void pc_heap_del(pc_heap_t *h, void *item)
         down(h, i);
 }
 
+void pc_heap_replace(pc_heap_t *h, void *item, void *with)
+{
+    uint32_t i = *idx_of(h, item);
+    PC_ASSERT(i < h->n && h->a[i].item == item && *idx_of(h, with) == PC_HEAP_NOIDX);
+    *idx_of(h, item) = PC_HEAP_NOIDX;
+    h->a[i].item = with;
+    *idx_of(h, with) = i;
+}
+
 void pc_heap_update(pc_heap_t *h, void *item, uint64_t key)
 {
     uint32_t i = *idx_of(h, item);

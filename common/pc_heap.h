@@ -55,6 +55,11 @@ void pc_heap_del(pc_heap_t *h, void *item);
 /* Changes the key of item (in the heap) in place. */
 void pc_heap_update(pc_heap_t *h, void *item, uint64_t key);
 
+/* Puts with (not in the heap, asserted) in the place of item (in the heap), under the same key;
+ * item leaves the heap. For an owner that moves an item to a new address (a split that hands
+ * the entry to a fresh object): the order does not change. */
+void pc_heap_replace(pc_heap_t *h, void *item, void *with);
+
 /* The position of item in h, or PC_HEAP_NOIDX. */
 static inline uint32_t pc_heap_idx(const pc_heap_t *h, const void *item)
 {

@@ -61,6 +61,14 @@ static int resize(pc_u64map_t *m, size_t cap)
     return 0;
 }
 
+int pc_u64map_reserve(pc_u64map_t *m, size_t n)
+{
+    size_t cap = pc__map_cap(m->cap, n);
+    if (cap == 0)
+        return PC_ERR_NOMEM;
+    return cap > m->cap ? resize(m, cap) : 0;
+}
+
 int pc_u64map_put(pc_u64map_t *m, uint64_t key, void *value)
 {
     if (key == 0 || value == NULL)
@@ -111,6 +119,17 @@ void *pc_u64map_del(pc_u64map_t *m, uint64_t key)
     else if (m->cap > MIN_CAP && 4 * m->n < m->cap / 2)
         (void)resize(m, m->cap / 2); /* best effort: a failed shrink keeps a valid table */
     return value;
+}
+
+size_t pc__map_cap(size_t cap, size_t n)
+{
+    if (n > SIZE_MAX / 4)
+        return 0;
+    if (cap == 0)
+        cap = MIN_CAP;
+    while (cap < 2 * n)
+        cap *= 2;
+    return cap;
 }
 
 size_t pc_u64map_next(const pc_u64map_t *m, size_t i)

@@ -32,6 +32,10 @@ typedef struct pc_u64map {
  * values); the map is empty and usable afterwards. */
 void pc_u64map_free(pc_u64map_t *m);
 
+/* Room for n entries in all without growing the table: 0 or PC_ERR_NOMEM (nothing changed).
+ * A later deletion may shrink the table again. */
+int pc_u64map_reserve(pc_u64map_t *m, size_t n);
+
 /* The value stored under key, or NULL. */
 void *pc_u64map_get(const pc_u64map_t *m, uint64_t key);
 
@@ -45,6 +49,10 @@ void *pc_u64map_del(pc_u64map_t *m, uint64_t key);
 
 /* The first occupied slot at or after i, or m->cap when there is none. */
 size_t pc_u64map_next(const pc_u64map_t *m, size_t i);
+
+/* The power-of-two table size, at least cap (16 when cap is 0), that holds n entries at most
+ * half full; 0 when n is too large. Shared by pc_u64map and pc_strmap. */
+size_t pc__map_cap(size_t cap, size_t n);
 
 static inline size_t pc_u64map_count(const pc_u64map_t *m)
 {

@@ -115,12 +115,6 @@ typedef struct gguf_kv {
     eng_gguf_val_t val;
 } gguf_kv_t;
 
-/* Open-addressing hash index over names: slots hold index + 1, 0 = empty. */
-typedef struct name_index {
-    uint64_t *slots;
-    uint64_t mask;
-} name_index_t;
-
 struct eng_gguf {
     const uint8_t *base;
     uint64_t size;
@@ -133,9 +127,9 @@ struct eng_gguf {
     gguf_kv_t *kv;
     uint64_t n_tensors;
     eng_gguf_tensor_t *tensors;
-    name_index_t kv_index;
-    name_index_t tensor_index;
-    pc_arena_t arena; /* keys, names, kv and tensor arrays, array indexes, hash slots */
+    pc_strmap_t kv_index;     /* key -> position in kv[] */
+    pc_strmap_t tensor_index; /* name -> position in tensors[] */
+    pc_arena_t arena;         /* keys, names, kv and tensor arrays, array indexes */
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -359,44 +353,18 @@ static int parse_value(parser_t *p, uint32_t type, uint32_t depth, eng_gguf_val_
     return 0;
 }
 
-static uint64_t name_hash(const char *s, size_t len)
+/* Indexes name as position i of its table: 0, 1 when the name is there already, or
+ * PC_ERR_NOMEM. The index grows with the entries parsed, not with the count the file claims. */
+static int index_add(pc_strmap_t *ix, const char *name, uint64_t i)
 {
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
-    return h;
+    return pc_strmap_insert(ix, name, strlen(name), i, NULL);
 }
 
-static int index_init(pc_arena_t *a, name_index_t *ix, uint64_t n)
+/* The position of name in the table ix indexes, or UINT64_MAX. */
+static uint64_t index_find(const pc_strmap_t *ix, const char *name)
 {
-    uint64_t cap = 16;
-    while (cap < n * 2)
-        cap *= 2;
-    ix->slots = pc_arena_calloc(a, (size_t)cap, sizeof *ix->slots);
-    ix->mask = cap - 1;
-    return ix->slots != NULL ? 0 : PC_ERR_NOMEM;
-}
-
-/* Finds `name` among names[] through the index; returns its position or UINT64_MAX. With
- * insert_at != UINT64_MAX, inserts that position when the name is absent. */
-static uint64_t index_lookup(name_index_t *ix, const char *name, const void *items, size_t stride,
-                             size_t name_off, uint64_t insert_at)
-{
-    if (ix->slots == NULL)
-        return UINT64_MAX;
-    size_t len = strlen(name);
-    for (uint64_t h = name_hash(name, len) & ix->mask;; h = (h + 1) & ix->mask) {
-        uint64_t s = ix->slots[h];
-        if (s == 0) {
-            if (insert_at != UINT64_MAX)
-                ix->slots[h] = insert_at + 1;
-            return UINT64_MAX;
-        }
-        const char *other;
-        memcpy(&other, (const char *)items + (s - 1) * stride + name_off, sizeof other);
-        if (strcmp(other, name) == 0)
-            return s - 1;
-    }
+    uint64_t i;
+    return pc_strmap_get(ix, name, strlen(name), &i) ? i : UINT64_MAX;
 }
 
 static int parse_kvs(parser_t *p, uint64_t n_kv)
@@ -406,7 +374,7 @@ static int parse_kvs(parser_t *p, uint64_t n_kv)
     if (n_kv > remain(p) / 14)
         return perr(p, 16, "n_kv %" PRIu64 " exceeds what the file can hold", n_kv);
     g->kv = pc_arena_calloc(&g->arena, (size_t)(n_kv != 0 ? n_kv : 1), sizeof *g->kv);
-    if (g->kv == NULL || index_init(&g->arena, &g->kv_index, n_kv) != 0)
+    if (g->kv == NULL)
         return PC_ERR_NOMEM;
     for (uint64_t i = 0; i < n_kv; i++) {
         const uint8_t *key;
@@ -427,9 +395,8 @@ static int parse_kvs(parser_t *p, uint64_t n_kv)
         if (k == NULL)
             return PC_ERR_NOMEM;
         g->kv[i].key = k;
-        if (index_lookup(&g->kv_index, k, g->kv, sizeof *g->kv, offsetof(gguf_kv_t, key), i) !=
-            UINT64_MAX)
-            return perr(p, at, "duplicate key");
+        if ((rc = index_add(&g->kv_index, k, i)) != 0)
+            return rc < 0 ? rc : perr(p, at, "duplicate key");
         if ((rc = rd_u32(p, &type, "value type")) != 0)
             return rc;
         if ((rc = parse_value(p, type, 0, &g->kv[i].val)) != 0)
@@ -478,7 +445,7 @@ static int parse_tensors(parser_t *p, uint64_t n_tensors)
         return perr(p, 8, "n_tensors %" PRIu64 " exceeds what the file can hold", n_tensors);
     g->tensors =
         pc_arena_calloc(&g->arena, (size_t)(n_tensors != 0 ? n_tensors : 1), sizeof *g->tensors);
-    if (g->tensors == NULL || index_init(&g->arena, &g->tensor_index, n_tensors) != 0)
+    if (g->tensors == NULL)
         return PC_ERR_NOMEM;
     for (uint64_t i = 0; i < n_tensors; i++) {
         eng_gguf_tensor_t *t = &g->tensors[i];
@@ -500,9 +467,8 @@ static int parse_tensors(parser_t *p, uint64_t n_tensors)
         if (nm == NULL)
             return PC_ERR_NOMEM;
         t->name = nm;
-        if (index_lookup(&g->tensor_index, nm, g->tensors, sizeof *g->tensors,
-                         offsetof(eng_gguf_tensor_t, name), i) != UINT64_MAX)
-            return perr(p, at, "duplicate tensor name");
+        if ((rc = index_add(&g->tensor_index, nm, i)) != 0)
+            return rc < 0 ? rc : perr(p, at, "duplicate tensor name");
         at = p->pos;
         if ((rc = rd_u32(p, &n_dims, "n_dims")) != 0)
             return rc;
@@ -729,6 +695,8 @@ void eng_gguf_free(eng_gguf_t *g)
         return;
     if (g->map != NULL)
         munmap(g->map, g->map_len);
+    pc_strmap_free(&g->kv_index);
+    pc_strmap_free(&g->tensor_index);
     pc_arena_close(&g->arena);
     pc_free(g);
 }
@@ -778,8 +746,7 @@ const eng_gguf_val_t *eng_gguf_kv_val(const eng_gguf_t *g, uint64_t i)
 
 const eng_gguf_val_t *eng_gguf_get(const eng_gguf_t *g, const char *key)
 {
-    name_index_t ix = g->kv_index;
-    uint64_t i = index_lookup(&ix, key, g->kv, sizeof *g->kv, offsetof(gguf_kv_t, key), UINT64_MAX);
+    uint64_t i = index_find(&g->kv_index, key);
     return i < g->n_kv ? &g->kv[i].val : NULL;
 }
 
@@ -790,9 +757,7 @@ const eng_gguf_tensor_t *eng_gguf_tensor_at(const eng_gguf_t *g, uint64_t i)
 
 const eng_gguf_tensor_t *eng_gguf_tensor_find(const eng_gguf_t *g, const char *name)
 {
-    name_index_t ix = g->tensor_index;
-    uint64_t i = index_lookup(&ix, name, g->tensors, sizeof *g->tensors,
-                              offsetof(eng_gguf_tensor_t, name), UINT64_MAX);
+    uint64_t i = index_find(&g->tensor_index, name);
     return i < g->n_tensors ? &g->tensors[i] : NULL;
 }
 

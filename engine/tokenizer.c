@@ -77,34 +77,6 @@ const char *eng__tok_pre_name(const char *regex)
 
 /* ---- hashing and maps ------------------------------------------------------------------- */
 
-static uint64_t hash_bytes(const void *p, size_t n)
-{
-    const unsigned char *s = p;
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xC2B2AE3D27D4EB4Full);
-    while (n >= 8) {
-        uint64_t x;
-        memcpy(&x, s, 8);
-        h = (h ^ x) * 0xFF51AFD7ED558CCDull;
-        h ^= h >> 32;
-        s += 8;
-        n -= 8;
-    }
-    uint64_t x = 0;
-    memcpy(&x, s, n);
-    h = (h ^ x) * 0xC4CEB9FE1A85EC53ull;
-    h ^= h >> 29;
-    h *= 0xFF51AFD7ED558CCDull;
-    h ^= h >> 32;
-    return h;
-}
-
-/* Open addressing from byte strings to token ids. A slot holds (hash >> 32) << 32 | (id + 1);
- * 0 is empty. The key bytes of id live in the tokenizer (token text or decoded bytes). */
-typedef struct strmap {
-    uint64_t *slots;
-    uint64_t mask;
-} strmap_t;
-
 /* Token id -> key bytes, for one map. */
 typedef struct keyview {
     const char *blob;
@@ -112,98 +84,58 @@ typedef struct keyview {
     const uint32_t *len;
 } keyview_t;
 
-static int strmap_init(strmap_t *m, uint32_t n)
+/* The token id under key in m (by_text or by_bytes), or -1. */
+static int32_t strmap_id(const pc_strmap_t *m, const void *key, size_t len)
 {
-    uint64_t cap = 16;
-    while (cap < (uint64_t)n * 2)
-        cap <<= 1;
-    m->slots = pc_calloc(cap, sizeof *m->slots);
-    m->mask = cap - 1;
-    return m->slots == NULL ? PC_ERR_NOMEM : 0;
+    uint64_t id;
+    return pc_strmap_get(m, key, len, &id) ? (int32_t)id : -1;
 }
 
-static int32_t strmap_get(const strmap_t *m, const keyview_t *kv, const void *key, size_t len)
+/* Indexes every token of kv for which keep() holds under its key; when two tokens share a
+ * key, the first id wins. Returns 0 or PC_ERR_NOMEM. */
+static int strmap_build(pc_strmap_t *m, const keyview_t *kv, uint32_t n, const struct eng_tok *t,
+                        bool (*keep)(const struct eng_tok *, uint32_t))
 {
-    uint64_t h = hash_bytes(key, len);
-    uint64_t tag = h >> 32;
-    for (uint64_t i = h & m->mask;; i = (i + 1) & m->mask) {
-        uint64_t s = m->slots[i];
-        if (s == 0)
-            return -1;
-        if ((s >> 32) != tag)
-            continue;
-        uint32_t id = (uint32_t)s - 1;
-        if (kv->len[id] == len && memcmp(kv->blob + kv->off[id], key, len) == 0)
-            return (int32_t)id;
-    }
+    int rc = pc_strmap_reserve(m, n);
+    for (uint32_t i = 0; rc == 0 && i < n; i++)
+        if (keep == NULL || keep(t, i))
+            rc = pc_strmap_insert(m, kv->blob + kv->off[i], kv->len[i], i, NULL) < 0 ? PC_ERR_NOMEM
+                                                                                     : 0;
+    return rc;
 }
 
-/* Inserts id under its key unless the key is already there (the first id wins). */
-static void strmap_put(strmap_t *m, const keyview_t *kv, uint32_t id)
+/* The merge table: (left id, right id) -> (rank, merged id), a pc_u64map keyed by the pair
+ * packed as left << 32 | right, plus 1 (pc_u64map refuses key 0). The value is not a pointer
+ * but (rank + 1) << 32 | merged id, so a lookup touches the table's slot and nothing else;
+ * rank + 1 keeps it non-NULL. */
+_Static_assert(sizeof(uintptr_t) >= sizeof(uint64_t), "pair values are packed into pointers");
+
+typedef struct pair_val {
+    uint32_t rank, id;
+} pair_val_t;
+
+static uint64_t pair_key(uint32_t a, uint32_t b)
 {
-    const char *key = kv->blob + kv->off[id];
-    size_t len = kv->len[id];
-    if (strmap_get(m, kv, key, len) >= 0)
-        return;
-    uint64_t h = hash_bytes(key, len);
-    uint64_t i = h & m->mask;
-    while (m->slots[i] != 0)
-        i = (i + 1) & m->mask;
-    m->slots[i] = (h >> 32) << 32 | ((uint64_t)id + 1);
+    return ((uint64_t)a << 32 | b) + 1;
 }
 
-/* Merge table: (left id, right id) -> (rank, merged id). key UINT64_MAX is empty. */
-typedef struct pair_slot {
-    uint64_t key;
-    uint32_t rank;
-    uint32_t id;
-} pair_slot_t;
-
-typedef struct pairmap {
-    pair_slot_t *slots;
-    uint64_t mask;
-} pairmap_t;
-
-static uint64_t mix64(uint64_t x)
+/* The merge of (a, b); false when there is none. */
+static inline bool pairmap_get(const pc_u64map_t *m, uint32_t a, uint32_t b, pair_val_t *out)
 {
-    x ^= x >> 33;
-    x *= 0xFF51AFD7ED558CCDull;
-    x ^= x >> 33;
-    return x;
+    uintptr_t v = (uintptr_t)pc_u64map_get(m, pair_key(a, b));
+    if (v == 0)
+        return false;
+    *out = (pair_val_t){(uint32_t)((uint64_t)v >> 32) - 1, (uint32_t)v};
+    return true;
 }
 
-static int pairmap_init(pairmap_t *m, size_t n)
+/* Adds the merge of (a, b) unless there is one (the first stays): 0 or PC_ERR_NOMEM. */
+static int pairmap_put(pc_u64map_t *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t id)
 {
-    uint64_t cap = 16;
-    while (cap < (uint64_t)n * 2)
-        cap <<= 1;
-    if ((m->slots = pc_malloc(cap * sizeof *m->slots)) == NULL)
-        return PC_ERR_NOMEM;
-    memset(m->slots, 0xFF, cap * sizeof *m->slots);
-    m->mask = cap - 1;
-    return 0;
-}
-
-static inline const pair_slot_t *pairmap_get(const pairmap_t *m, uint32_t a, uint32_t b)
-{
-    uint64_t key = (uint64_t)a << 32 | b;
-    for (uint64_t i = mix64(key) & m->mask;; i = (i + 1) & m->mask) {
-        const pair_slot_t *s = &m->slots[i];
-        if (s->key == key)
-            return s;
-        if (s->key == UINT64_MAX)
-            return NULL;
-    }
-}
-
-static void pairmap_put(pairmap_t *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t id)
-{
-    uint64_t key = (uint64_t)a << 32 | b;
-    uint64_t i = mix64(key) & m->mask;
-    for (; m->slots[i].key != UINT64_MAX; i = (i + 1) & m->mask)
-        if (m->slots[i].key == key)
-            return; /* the lower rank stays */
-    m->slots[i] = (pair_slot_t){key, rank, id};
+    if (pc_u64map_get(m, pair_key(a, b)) != NULL)
+        return 0;
+    uint64_t v = ((uint64_t)rank + 1) << 32 | id;
+    return pc_u64map_put(m, pair_key(a, b), (void *)(uintptr_t)v);
 }
 
 /* ---- the piece cache ---------------------------------------------------------------------- */
@@ -235,10 +167,10 @@ struct eng_tok {
     /* Per token: its text (as stored) and the bytes it decodes to. */
     char *text_blob, *dec_blob;
     uint32_t *text_off, *text_len, *dec_off, *dec_len;
-    strmap_t by_text;     /* every token by its stored text */
-    strmap_t by_bytes;    /* BPE: normal tokens by decoded bytes */
+    pc_strmap_t by_text;  /* every token by its stored text -> id */
+    pc_strmap_t by_bytes; /* BPE: normal tokens by decoded bytes -> id */
     int32_t byte_id[256]; /* the token of a lone byte, -1 if none */
-    pairmap_t pairs;
+    pc_u64map_t pairs;
     uint32_t n_pairs;
     int32_t spm_space_id; /* SPM: the token "\u2581" */
 
@@ -376,11 +308,11 @@ static int spm_pairs_build(struct eng_tok *t, const keyview_t *kv)
             r++;
         rank[order[i]] = r;
     }
-    size_t n_pairs = 0;
+    size_t n_pairs = 0; /* at most: every split of every token */
     for (uint32_t i = 0; i < n; i++)
         if (encodable(t, i) && t->v.token_type[i] != ENG_TOKEN_TYPE_BYTE)
             n_pairs += kv->len[i] > 1 ? kv->len[i] - 1 : 0;
-    if ((rc = pairmap_init(&t->pairs, n_pairs)) != 0)
+    if ((rc = pc_u64map_reserve(&t->pairs, n_pairs)) != 0)
         goto out;
     for (uint32_t i = 0; i < n; i++) {
         if (!encodable(t, i) || t->v.token_type[i] == ENG_TOKEN_TYPE_BYTE)
@@ -389,10 +321,11 @@ static int spm_pairs_build(struct eng_tok *t, const keyview_t *kv)
         for (uint32_t cut = 1; cut < kv->len[i]; cut++) {
             if ((s[cut] & 0xC0) == 0x80)
                 continue; /* not a character boundary */
-            int32_t a = strmap_get(&t->by_text, kv, s, cut);
-            int32_t b = strmap_get(&t->by_text, kv, s + cut, kv->len[i] - cut);
+            int32_t a = strmap_id(&t->by_text, s, cut);
+            int32_t b = strmap_id(&t->by_text, s + cut, kv->len[i] - cut);
             if (a >= 0 && b >= 0 && encodable(t, (uint32_t)a) && encodable(t, (uint32_t)b)) {
-                pairmap_put(&t->pairs, (uint32_t)a, (uint32_t)b, rank[i], i);
+                if ((rc = pairmap_put(&t->pairs, (uint32_t)a, (uint32_t)b, rank[i], i)) != 0)
+                    goto out;
                 t->n_pairs++;
             }
         }
@@ -405,10 +338,10 @@ out:
 }
 
 /* The pair table from the merges list: merge r of "a b" makes token ab with rank r. */
-static int merges_build(struct eng_tok *t, const keyview_t *kv, char *err, size_t err_len)
+static int merges_build(struct eng_tok *t, char *err, size_t err_len)
 {
     int rc;
-    if ((rc = pairmap_init(&t->pairs, t->v.n_merges)) != 0)
+    if ((rc = pc_u64map_reserve(&t->pairs, t->v.n_merges)) != 0)
         return rc;
     for (uint32_t r = 0; r < t->v.n_merges; r++) {
         const char *m = t->v.merges[r];
@@ -417,12 +350,12 @@ static int merges_build(struct eng_tok *t, const keyview_t *kv, char *err, size_
         if (sp != NULL) {
             size_t la = (size_t)(sp - m), lb = strlen(sp + 1);
             char buf[2 * MAX_TOKEN_BYTES + 2];
-            a = strmap_get(&t->by_text, kv, m, la);
-            b = strmap_get(&t->by_text, kv, sp + 1, lb);
+            a = strmap_id(&t->by_text, m, la);
+            b = strmap_id(&t->by_text, sp + 1, lb);
             if (la + lb <= 2 * MAX_TOKEN_BYTES) {
                 memcpy(buf, m, la);
                 memcpy(buf + la, sp + 1, lb);
-                ab = strmap_get(&t->by_text, kv, buf, la + lb);
+                ab = strmap_id(&t->by_text, buf, la + lb);
             }
         }
         if (a < 0 || b < 0 || ab < 0) {
@@ -430,7 +363,8 @@ static int merges_build(struct eng_tok *t, const keyview_t *kv, char *err, size_
                              "tokenizer: merge %u '%.60s' names unknown tokens", r, m);
             return rc;
         }
-        pairmap_put(&t->pairs, (uint32_t)a, (uint32_t)b, r, (uint32_t)ab);
+        if ((rc = pairmap_put(&t->pairs, (uint32_t)a, (uint32_t)b, r, (uint32_t)ab)) != 0)
+            return rc;
         t->n_pairs++;
     }
     return 0;
@@ -521,22 +455,17 @@ int eng_tok_init(const eng_vocab_t *v, eng_tok_t **out, char *err, size_t err_le
     }
     keyview_t kv_text = {t->text_blob, t->text_off, t->text_len};
     keyview_t kv_bytes = {t->dec_blob, t->dec_off, t->dec_len};
-    if ((rc = strmap_init(&t->by_text, n)) != 0)
+    if ((rc = strmap_build(&t->by_text, &kv_text, n, t, NULL)) != 0)
         goto fail;
-    for (uint32_t i = 0; i < n; i++)
-        strmap_put(&t->by_text, &kv_text, i);
 
     for (int b = 0; b < 256; b++)
         t->byte_id[b] = -1;
     if (t->kind == TOK_BPE) {
-        if ((rc = strmap_init(&t->by_bytes, n)) != 0)
+        if ((rc = strmap_build(&t->by_bytes, &kv_bytes, n, t, encodable)) != 0)
             goto fail;
-        for (uint32_t i = 0; i < n; i++)
-            if (encodable(t, i))
-                strmap_put(&t->by_bytes, &kv_bytes, i);
         for (int b = 0; b < 256; b++) {
             char c = (char)b;
-            t->byte_id[b] = strmap_get(&t->by_bytes, &kv_bytes, &c, 1);
+            t->byte_id[b] = strmap_id(&t->by_bytes, &c, 1);
             if (t->byte_id[b] < 0) {
                 rc = pc_err_setf(err, err_len, PC_ERR_FORMAT,
                                  "tokenizer: byte-level vocab lacks the token of byte 0x%02X", b);
@@ -544,7 +473,7 @@ int eng_tok_init(const eng_vocab_t *v, eng_tok_t **out, char *err, size_t err_le
             }
         }
         rc = PC_ERR_NOMEM;
-        if ((rc = merges_build(t, &kv_text, err, err_len)) != 0)
+        if ((rc = merges_build(t, err, err_len)) != 0)
             goto fail;
         rc = PC_ERR_NOMEM;
         if ((t->cache = pc_calloc(CACHE_SHARDS, sizeof *t->cache)) == NULL)
@@ -555,13 +484,12 @@ int eng_tok_init(const eng_vocab_t *v, eng_tok_t **out, char *err, size_t err_le
         for (int b = 0; b < 256; b++) {
             char name[8];
             snprintf(name, sizeof name, "<0x%02X>", b);
-            t->byte_id[b] = strmap_get(&t->by_text, &kv_text, name, 6);
+            t->byte_id[b] = strmap_id(&t->by_text, name, 6);
         }
-        t->spm_space_id = strmap_get(&t->by_text, &kv_text, "\xE2\x96\x81", 3);
+        t->spm_space_id = strmap_id(&t->by_text, "\xE2\x96\x81", 3);
         /* With a merges list (tokenizer.json, GGUFs kvgw writes) the merges decide, exactly as
          * Hugging Face does; without one (llama.cpp's SentencePiece GGUFs) the scores do. */
-        rc = t->v.n_merges > 0 ? merges_build(t, &kv_text, err, err_len)
-                               : spm_pairs_build(t, &kv_text);
+        rc = t->v.n_merges > 0 ? merges_build(t, err, err_len) : spm_pairs_build(t, &kv_text);
         if (rc != 0)
             goto fail;
     }
@@ -585,9 +513,9 @@ void eng_tok_free(eng_tok_t *t)
     }
     if (t->re != NULL)
         pcre2_code_free(t->re);
-    pc_free(t->pairs.slots);
-    pc_free(t->by_text.slots);
-    pc_free(t->by_bytes.slots);
+    pc_u64map_free(&t->pairs);
+    pc_strmap_free(&t->by_text);
+    pc_strmap_free(&t->by_bytes);
     pc_free(t->text_blob);
     pc_free(t->dec_blob);
     pc_free(t->text_off);
@@ -744,11 +672,10 @@ static int try_pair(const struct eng_tok *t, work_t *w, int32_t left)
     int32_t right = w->sym[left].next;
     if (right < 0)
         return 0;
-    const pair_slot_t *p = pairmap_get(&t->pairs, w->sym[left].id, w->sym[right].id);
-    if (p == NULL)
+    pair_val_t p;
+    if (!pairmap_get(&t->pairs, w->sym[left].id, w->sym[right].id, &p))
         return 0;
-    return heap_push(w, (uint64_t)p->rank << 32 | (uint32_t)left, w->sym[left].id,
-                     w->sym[right].id);
+    return heap_push(w, (uint64_t)p.rank << 32 | (uint32_t)left, w->sym[left].id, w->sym[right].id);
 }
 
 /* Merges the n symbols in w->sym (linked in order) and appends the result. */
@@ -768,8 +695,10 @@ static int bpe_merge(const struct eng_tok *t, work_t *w, size_t n, out_ids_t *o)
         sym_t *r = &w->sym[l->next];
         if (r->id != c.b)
             continue;
-        const pair_slot_t *p = pairmap_get(&t->pairs, c.a, c.b);
-        l->id = p->id;
+        pair_val_t p;
+        bool found = pairmap_get(&t->pairs, c.a, c.b, &p);
+        PC_ASSERT(found); /* try_pair found it */
+        l->id = p.id;
         r->dead = true;
         l->next = r->next;
         if (r->next >= 0)
@@ -851,16 +780,15 @@ static int bpe_piece(const struct eng_tok *t, work_t *w, const char *s, size_t l
 {
     if (len == 1)
         return out_push(o, (uint32_t)t->byte_id[(unsigned char)s[0]]);
-    keyview_t kv = {t->dec_blob, t->dec_off, t->dec_len};
     if (t->ignore_merges) {
-        int32_t id = strmap_get(&t->by_bytes, &kv, s, len);
+        int32_t id = strmap_id(&t->by_bytes, s, len);
         if (id >= 0)
             return out_push(o, (uint32_t)id);
     }
     uint64_t h = 0;
     int rc = 0;
     if (len <= CACHE_MAX_KEY) {
-        h = hash_bytes(s, len);
+        h = pc_hash_bytes(s, len);
         if (cache_get(t, s, len, h, o, &rc))
             return rc;
     }
@@ -975,7 +903,6 @@ static int spm_encode(const struct eng_tok *t, const char *text, size_t len, out
     }
     /* Symbols: characters that are tokens, else their bytes' tokens, else unk. */
     const unsigned char *s = (const unsigned char *)norm.base;
-    keyview_t kv = {t->text_blob, t->text_off, t->text_len};
     if ((rc = work_reserve(&w, norm.len)) != 0)
         goto out;
     size_t n = 0;
@@ -983,7 +910,7 @@ static int spm_encode(const struct eng_tok *t, const char *text, size_t len, out
         size_t k = pc_utf8_seq_len(s + i, norm.len - i);
         int32_t id = -1;
         if (k > 0) {
-            id = strmap_get(&t->by_text, &kv, s + i, k);
+            id = strmap_id(&t->by_text, s + i, k);
             if (id >= 0 && !encodable(t, (uint32_t)id))
                 id = -1;
         } else {
@@ -1088,8 +1015,7 @@ int eng__utf8_nfc(const char *text, size_t len, pc_buf_t *out)
 
 int32_t eng_tok_piece_id(const eng_tok_t *t, const char *piece)
 {
-    keyview_t kv = {t->text_blob, t->text_off, t->text_len};
-    return strmap_get(&t->by_text, &kv, piece, strlen(piece));
+    return strmap_id(&t->by_text, piece, strlen(piece));
 }
 
 uint32_t eng_tok_n_vocab(const eng_tok_t *t)

@@ -5,7 +5,8 @@
  *   - An entry is a payload (cix_entry_t) on the radix node where it ends; that node carries
  *     the radix entry mark and an own expiry equal to the entry's. The radix tree's own
  *     lifetime rules then give "a token lives as long as its longest-lived entry".
- *   - Every entry is in the expiry heap (ix->heap, a min-heap by expiry, e->hidx its slot),
+ *   - Every entry is in the expiry heap (ix->heap, a pc_heap keyed by expiry, e->hidx its
+ *     slot),
  *     and after any call that carries a time every entry in it is live (expiry > ix->now).
  *   - Every namespace with stored tokens has a cix_ns_t whose n_tokens equals the radix
  *     namespace's token count and whose n_entries counts its entries.
@@ -27,18 +28,17 @@
  */
 #include "cindex.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #include "common.h"
 #include "radix.h"
 
-#define CIX_NOIDX UINT32_MAX
-
 typedef struct cix_entry {
     rdx_node_t *node;
     uint64_t expiry;
     uint64_t created;
-    uint32_t hidx; /* slot in ix->heap, CIX_NOIDX when hollow */
+    uint32_t hidx; /* slot in ix->heap, PC_HEAP_NOIDX when hollow */
     uint8_t ttl;
     uint8_t hollow; /* a split's head, about to be removed (see the file header) */
 } cix_entry_t;
@@ -57,9 +57,7 @@ struct gw_cindex {
     uint64_t now;
     uint64_t wmask; /* bits of the valid workers */
 
-    /* Expiry heap of entries. */
-    cix_entry_t **heap;
-    uint32_t heap_n, heap_cap;
+    pc_heap_t heap; /* every entry by expiry */
 
     /* Namespaces: a dense array (iteration, swap-remove) and an open-addressing table of
      * dense index + 1 (0 = empty), at most half full. */
@@ -80,81 +78,6 @@ struct gw_cindex {
 
     gw_cindex_stats_t st;
 };
-
-/* ---- expiry heap ------------------------------------------------------------------------ */
-
-static void heap_set(gw_cindex_t *ix, uint32_t i, cix_entry_t *e)
-{
-    ix->heap[i] = e;
-    e->hidx = i;
-}
-
-static void heap_up(gw_cindex_t *ix, uint32_t i)
-{
-    cix_entry_t *e = ix->heap[i];
-    while (i > 0) {
-        uint32_t p = (i - 1) / 2;
-        if (ix->heap[p]->expiry <= e->expiry)
-            break;
-        heap_set(ix, i, ix->heap[p]);
-        i = p;
-    }
-    heap_set(ix, i, e);
-}
-
-static void heap_down(gw_cindex_t *ix, uint32_t i)
-{
-    cix_entry_t *e = ix->heap[i];
-    for (;;) {
-        uint32_t c = 2 * i + 1;
-        if (c >= ix->heap_n)
-            break;
-        if (c + 1 < ix->heap_n && ix->heap[c + 1]->expiry < ix->heap[c]->expiry)
-            c++;
-        if (ix->heap[c]->expiry >= e->expiry)
-            break;
-        heap_set(ix, i, ix->heap[c]);
-        i = c;
-    }
-    heap_set(ix, i, e);
-}
-
-static int heap_reserve(gw_cindex_t *ix, uint32_t want)
-{
-    if (want <= ix->heap_cap)
-        return 0;
-    uint32_t cap = ix->heap_cap ? ix->heap_cap * 2 : 64;
-    while (cap < want)
-        cap *= 2;
-    cix_entry_t **a = pc_reallocarray(ix->heap, cap, sizeof *a);
-    if (a == NULL)
-        return PC_ERR_NOMEM;
-    ix->heap = a;
-    ix->heap_cap = cap;
-    return 0;
-}
-
-/* Room was reserved by the caller. */
-static void heap_push(gw_cindex_t *ix, cix_entry_t *e)
-{
-    PC_ASSERT(ix->heap_n < ix->heap_cap);
-    ix->heap[ix->heap_n] = e;
-    e->hidx = ix->heap_n++;
-    heap_up(ix, e->hidx);
-}
-
-static void heap_del(gw_cindex_t *ix, cix_entry_t *e)
-{
-    uint32_t i = e->hidx;
-    PC_ASSERT(i < ix->heap_n && ix->heap[i] == e);
-    e->hidx = CIX_NOIDX;
-    cix_entry_t *last = ix->heap[--ix->heap_n];
-    if (i == ix->heap_n)
-        return;
-    heap_set(ix, i, last);
-    heap_up(ix, i);
-    heap_down(ix, last->hidx);
-}
 
 /* ---- namespaces ------------------------------------------------------------------------- */
 
@@ -332,7 +255,7 @@ static void on_free(const rdx_free_event_t *ev, void *ud)
     cix_entry_t *e = ev->payload;
     if (e != NULL && !e->hollow) {
         report_drop(ix, e, ix->cur_reason);
-        heap_del(ix, e);
+        pc_heap_del(&ix->heap, e);
         s->n_entries--;
         ix->st.n_entries--;
     }
@@ -356,9 +279,9 @@ static int payload_split(void *payload, uint32_t at, void **tail_out, void *ud)
     if (tail == NULL)
         return PC_ERR_NOMEM;
     *tail = *head;
-    heap_set(ix, tail->hidx, tail);
+    tail->hidx = PC_HEAP_NOIDX;
+    pc_heap_replace(&ix->heap, head, tail);
     head->hollow = 1;
-    head->hidx = CIX_NOIDX;
     ix->split_tail = tail;
     *tail_out = tail;
     return 0;
@@ -405,6 +328,7 @@ int gw_cindex_init(const gw_cindex_params_t *params, gw_cindex_t **out)
     if (ix == NULL)
         return PC_ERR_NOMEM;
     ix->p = p;
+    ix->heap = pc_heap_make(offsetof(cix_entry_t, hidx));
     ix->wmask = p.n_workers == 64 ? ~0ull : (1ull << p.n_workers) - 1;
     rdx_tree_params_t rp = rdx_tree_params_default();
     rp.vocab_size = p.vocab_size;
@@ -428,7 +352,7 @@ void gw_cindex_free(gw_cindex_t *ix)
         return;
     ix->destroying = 1;
     rdx_tree_free(ix->t);
-    pc_free(ix->heap);
+    pc_heap_free(&ix->heap);
     pc_free(ix->ns);
     pc_free(ix->slots);
     pc_free(ix->scratch);
@@ -444,12 +368,13 @@ static size_t advance(gw_cindex_t *ix, uint64_t now)
     size_t n = 0;
     if (now < ix->now)
         now = ix->now;
-    while (ix->heap_n > 0 && ix->heap[0]->expiry <= now) {
-        uint64_t te = ix->heap[0]->expiry;
-        while (ix->heap_n > 0 && ix->heap[0]->expiry == te) {
-            cix_entry_t *e = ix->heap[0];
+    const pc_heap_ent_t *top;
+    while ((top = pc_heap_top(&ix->heap)) != NULL && top->key <= now) {
+        uint64_t te = top->key;
+        while ((top = pc_heap_top(&ix->heap)) != NULL && top->key == te) {
+            cix_entry_t *e = top->item;
             report_drop(ix, e, GW_CINDEX_DROP_EXPIRE);
-            heap_del(ix, e);
+            pc_heap_del(&ix->heap, e);
             cix_ns_t *s = ns_find(ix, rdx_node_ns(e->node));
             s->n_entries--;
             ix->st.n_entries--;
@@ -534,7 +459,7 @@ int gw_cindex_insert(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_
         ix->scratch = sc;
         ix->scratch_cap = n;
     }
-    if ((rc = heap_reserve(ix, ix->heap_n + 1)) != 0)
+    if ((rc = pc_heap_reserve(&ix->heap, (uint64_t)ix->heap.n + 1)) != 0)
         return rc;
     if (e == NULL && (fresh = pc_calloc(1, sizeof *fresh)) == NULL)
         return PC_ERR_NOMEM;
@@ -560,7 +485,7 @@ int gw_cindex_insert(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_
     if (e != NULL) {
         if (expiry > e->expiry) {
             e->expiry = expiry;
-            heap_down(ix, e->hidx);
+            pc_heap_update(&ix->heap, e, expiry);
         }
         if (ttl > e->ttl)
             e->ttl = (uint8_t)ttl;
@@ -573,7 +498,8 @@ int gw_cindex_insert(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_
         fresh->ttl = (uint8_t)ttl;
         void *old = rdx_tree_set_payload(ix->t, node, fresh);
         PC_ASSERT(old == NULL);
-        heap_push(ix, fresh);
+        fresh->hidx = PC_HEAP_NOIDX;
+        pc_heap_push(&ix->heap, fresh, expiry);
         s->n_entries++;
         ix->st.n_entries++;
         ix->st.n_inserts++;
@@ -618,7 +544,7 @@ int gw_cindex_insert_path(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens,
         ix->scratch = sc;
         ix->scratch_cap = n_max;
     }
-    if ((rc = heap_reserve(ix, ix->heap_n + (uint32_t)n_pts)) != 0)
+    if ((rc = pc_heap_reserve(&ix->heap, (uint64_t)ix->heap.n + n_pts)) != 0)
         goto out;
 
     /* Shortest first, each walk starting where the previous entry ends: the path is read
@@ -670,7 +596,7 @@ int gw_cindex_insert_path(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens,
             pc_free(fresh);
             if (expiry > e->expiry) {
                 e->expiry = expiry;
-                heap_down(ix, e->hidx);
+                pc_heap_update(&ix->heap, e, expiry);
             }
             if (pts[i].ttl > e->ttl)
                 e->ttl = (uint8_t)pts[i].ttl;
@@ -683,7 +609,8 @@ int gw_cindex_insert_path(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens,
             e->created = now;
             e->ttl = (uint8_t)pts[i].ttl;
             rdx_tree_set_payload(ix->t, node, e);
-            heap_push(ix, e);
+            e->hidx = PC_HEAP_NOIDX;
+            pc_heap_push(&ix->heap, e, expiry);
             s->n_entries++;
             ix->st.n_entries++;
             ix->st.n_inserts++;
@@ -766,7 +693,7 @@ int gw_cindex_read(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t 
         uint64_t expiry = ix->now + ix->p.ttl_ms[e->ttl];
         if (expiry > e->expiry) {
             e->expiry = expiry;
-            heap_down(ix, e->hidx);
+            pc_heap_update(&ix->heap, e, expiry);
             rdx_tree_touch(ix->t, x, ix->now, expiry);
         } else {
             rdx_tree_touch(ix->t, x, ix->now, 0);
@@ -926,7 +853,7 @@ void gw_cindex_stats(const gw_cindex_t *ix, gw_cindex_stats_t *out)
     out->n_tokens = rs.n_tokens;
     out->n_nodes = rs.n_nodes;
     out->n_bytes =
-        rs.n_bytes + sizeof *ix + (uint64_t)ix->heap_cap * sizeof *ix->heap +
+        rs.n_bytes + sizeof *ix + (uint64_t)ix->heap.cap * sizeof *ix->heap.a +
         (uint64_t)ix->ns_cap * sizeof *ix->ns + (uint64_t)ix->slots_cap * sizeof *ix->slots +
         (uint64_t)ix->scratch_cap * sizeof *ix->scratch + ix->st.n_entries * sizeof(cix_entry_t);
     out->n_namespaces = rdx_tree_ns_count(ix->t);
@@ -962,11 +889,11 @@ int gw_cindex_check(const gw_cindex_t *ix, char *err, size_t len)
     int rc = rdx_tree_check(ix->t, err, len);
     if (rc != 0)
         return rc;
-    for (uint32_t i = 0; i < ix->heap_n; i++) {
-        const cix_entry_t *e = ix->heap[i];
-        if (e->hidx != i || e->hollow)
+    for (uint32_t i = 0; i < ix->heap.n; i++) {
+        const cix_entry_t *e = ix->heap.a[i].item;
+        if (e->hidx != i || e->hollow || ix->heap.a[i].key != e->expiry)
             return pc_err_setf(err, len, PC_ERR_INTERNAL, "cindex: heap slot %u", i);
-        if (i > 0 && ix->heap[(i - 1) / 2]->expiry > e->expiry)
+        if (i > 0 && ix->heap.a[(i - 1) / PC_HEAP_D].key > e->expiry)
             return pc_err_setf(err, len, PC_ERR_INTERNAL, "cindex: heap order at %u", i);
         if (e->expiry <= ix->now)
             return pc_err_setf(err, len, PC_ERR_INTERNAL, "cindex: entry due but not retired");
@@ -1002,7 +929,7 @@ int gw_cindex_check(const gw_cindex_t *ix, char *err, size_t len)
             return pc_err_setf(err, len, PC_ERR_INTERNAL, "cindex: namespace entry count");
         entries += k;
     }
-    if (entries != ix->heap_n || entries != ix->st.n_entries)
+    if (entries != ix->heap.n || entries != ix->st.n_entries)
         return pc_err_setf(err, len, PC_ERR_INTERNAL, "cindex: entry totals");
     if ((uint64_t)rdx_tree_ns_count(ix->t) > ix->ns_n)
         return pc_err_setf(err, len, PC_ERR_INTERNAL, "cindex: a stored namespace has no state");

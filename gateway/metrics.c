@@ -1,6 +1,6 @@
 /*
- * metrics.c — the Prometheus registry: families in a list, series in a per-family hash table
- * (chained, doubling) plus a creation-order list for rendering, all under one mutex.
+ * metrics.c — the Prometheus registry: families in a list, series in a per-family pc_strmap
+ * (label values -> series) plus a creation-order list for rendering, all under one mutex.
  */
 #include "metrics.h"
 
@@ -16,13 +16,11 @@
 enum { MT_COUNTER, MT_GAUGE, MT_HISTOGRAM };
 
 typedef struct series {
-    struct series *hnext; /* hash chain */
     struct series *onext; /* creation order */
-    uint64_t hash;
-    char **values;     /* [n_labels], one allocation with the strings */
-    double value;      /* counter or gauge; histogram sum */
-    uint64_t count;    /* histogram */
-    uint64_t *buckets; /* [n_bounds] non-cumulative counts of v <= bound[i] (above bound[i-1]) */
+    char **values;        /* [n_labels], one allocation with the strings */
+    double value;         /* counter or gauge; histogram sum */
+    uint64_t count;       /* histogram */
+    uint64_t *buckets;    /* [n_bounds] non-cumulative counts of v <= bound[i] (above bound[i-1]) */
 } series_t;
 
 struct gw_metric {
@@ -35,8 +33,8 @@ struct gw_metric {
     char **labels;
     double *bounds;
     size_t n_bounds;
-    series_t **table;
-    size_t table_size, n_series;
+    pc_strmap_t index; /* values_key() -> series_t * */
+    size_t n_series;
     series_t *first, *last;
 };
 
@@ -70,7 +68,7 @@ static void family_free(gw_metric_t *f)
         n = s->onext;
         series_free(s);
     }
-    pc_free(f->table);
+    pc_strmap_free(&f->index);
     pc_free(f->name);
     pc_free(f->help);
     if (f->labels != NULL)
@@ -201,75 +199,58 @@ gw_metric_t *gw_metrics_histogram(gw_metrics_t *m, const char *name, const char 
     return family_add(m, MT_HISTOGRAM, name, help, n_labels, label_names, bounds, n_bounds);
 }
 
-static uint64_t values_hash(const gw_metric_t *f, const char *const *values)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a; the separator keeps ("ab","c") != ("a","bc") */
-    for (size_t i = 0; i < f->n_labels; i++) {
-        for (const unsigned char *p = (const unsigned char *)values[i]; *p; p++)
-            h = (h ^ *p) * 1099511628211ull;
-        h = (h ^ 0xff) * 1099511628211ull;
-    }
-    return h;
-}
+enum { KEY_STACK = 256 };
 
-static bool values_eq(const gw_metric_t *f, const series_t *s, const char *const *values)
+/* The index key of a series: each label value followed by a NUL byte (values hold none), so
+ * ("ab", "c") and ("a", "bc") differ. Written into stack (KEY_STACK bytes) when it fits, else
+ * into a block from pc_malloc that the caller frees when the result is not stack; NULL when
+ * that allocation fails. */
+static char *values_key(const gw_metric_t *f, const char *const *values, char *stack, size_t *len)
 {
+    size_t n = 0;
     for (size_t i = 0; i < f->n_labels; i++)
-        if (strcmp(s->values[i], values[i]) != 0)
-            return false;
-    return true;
-}
-
-static series_t *series_find(gw_metric_t *f, const char *const *values, uint64_t h)
-{
-    if (f->table_size == 0)
+        n += strlen(values[i]) + 1;
+    char *k = n <= KEY_STACK ? stack : pc_malloc(n);
+    if (k == NULL)
         return NULL;
-    for (series_t *s = f->table[h & (f->table_size - 1)]; s != NULL; s = s->hnext)
-        if (s->hash == h && values_eq(f, s, values))
-            return s;
-    return NULL;
+    *len = 0;
+    for (size_t i = 0; i < f->n_labels; i++) {
+        size_t l = strlen(values[i]) + 1;
+        memcpy(k + *len, values[i], l);
+        *len += l;
+    }
+    return k;
 }
 
-/* The series for values, created when missing. Called with the mutex held. */
-static int series_get(gw_metric_t *f, const char *const *values, series_t **out)
+/* The series for values, or NULL (also when the key did not fit in memory). */
+static series_t *series_find(const gw_metric_t *f, const char *const *values)
 {
-    for (size_t i = 0; i < f->n_labels; i++)
-        if (values == NULL || values[i] == NULL)
-            return PC_ERR_INVAL;
-    uint64_t h = values_hash(f, values);
-    series_t *s = series_find(f, values, h);
-    if (s != NULL) {
-        *out = s;
-        return 0;
-    }
-    if (f->n_series >= GW_METRICS_MAX_SERIES) {
-        f->m->dropped++;
-        return PC_ERR_RANGE;
-    }
-    if (f->n_series + 1 > f->table_size * 3 / 4) {
-        size_t size = f->table_size ? f->table_size * 2 : 16;
-        series_t **t = pc_calloc(size, sizeof *t);
-        if (t == NULL)
-            return PC_ERR_NOMEM;
-        for (series_t *o = f->first; o != NULL; o = o->onext) {
-            o->hnext = t[o->hash & (size - 1)];
-            t[o->hash & (size - 1)] = o;
-        }
-        pc_free(f->table);
-        f->table = t;
-        f->table_size = size;
-    }
+    char stack[KEY_STACK];
+    size_t len;
+    uint64_t s = 0;
+    char *k = values_key(f, values, stack, &len);
+    if (k == NULL)
+        return NULL;
+    bool found = pc_strmap_get(&f->index, k, len, &s);
+    if (k != stack)
+        pc_free(k);
+    return found ? (series_t *)(uintptr_t)s : NULL;
+}
+
+/* A new series for values with zeroed figures, not yet indexed; NULL without memory. */
+static series_t *series_new(const gw_metric_t *f, const char *const *values)
+{
     size_t bytes = f->n_labels * sizeof(char *);
     for (size_t i = 0; i < f->n_labels; i++)
         bytes += strlen(values[i]) + 1;
-    s = pc_calloc(1, sizeof *s);
+    series_t *s = pc_calloc(1, sizeof *s);
     char **v = bytes > 0 ? pc_malloc(bytes) : NULL;
     uint64_t *b = f->n_bounds > 0 ? pc_calloc(f->n_bounds, sizeof *b) : NULL;
     if (s == NULL || (bytes > 0 && v == NULL) || (f->n_bounds > 0 && b == NULL)) {
         pc_free(s);
         pc_free(v);
         pc_free(b);
-        return PC_ERR_NOMEM;
+        return NULL;
     }
     char *str = (char *)(v + f->n_labels);
     for (size_t i = 0; i < f->n_labels; i++) {
@@ -280,17 +261,44 @@ static int series_get(gw_metric_t *f, const char *const *values, series_t **out)
     }
     s->values = v;
     s->buckets = b;
-    s->hash = h;
-    s->hnext = f->table[h & (f->table_size - 1)];
-    f->table[h & (f->table_size - 1)] = s;
-    if (f->last != NULL)
-        f->last->onext = s;
-    else
-        f->first = s;
-    f->last = s;
-    f->n_series++;
-    *out = s;
-    return 0;
+    return s;
+}
+
+/* The series for values, created when missing. Called with the mutex held. */
+static int series_get(gw_metric_t *f, const char *const *values, series_t **out)
+{
+    for (size_t i = 0; i < f->n_labels; i++)
+        if (values == NULL || values[i] == NULL)
+            return PC_ERR_INVAL;
+    char stack[KEY_STACK];
+    size_t len;
+    char *k = values_key(f, values, stack, &len);
+    if (k == NULL)
+        return PC_ERR_NOMEM;
+    uint64_t found;
+    int rc = 0;
+    series_t *s = NULL;
+    if (pc_strmap_get(&f->index, k, len, &found)) {
+        s = (series_t *)(uintptr_t)found;
+    } else if (f->n_series >= GW_METRICS_MAX_SERIES) {
+        f->m->dropped++;
+        rc = PC_ERR_RANGE;
+    } else if ((s = series_new(f, values)) == NULL) {
+        rc = PC_ERR_NOMEM;
+    } else if ((rc = pc_strmap_insert(&f->index, k, len, (uintptr_t)s, NULL)) != 0) {
+        series_free(s);
+    } else {
+        if (f->last != NULL)
+            f->last->onext = s;
+        else
+            f->first = s;
+        f->last = s;
+        f->n_series++;
+    }
+    if (k != stack)
+        pc_free(k);
+    *out = rc == 0 ? s : NULL;
+    return rc;
 }
 
 static int update(gw_metric_t *f, const char *const *values, double v, int op)
@@ -356,7 +364,7 @@ double gw_metric_value(gw_metric_t *f, const char *const *label_values)
         if (label_values == NULL || label_values[i] == NULL)
             return 0;
     pthread_mutex_lock(&f->m->mu);
-    series_t *s = series_find(f, label_values, values_hash(f, label_values));
+    series_t *s = series_find(f, label_values);
     double v = s != NULL ? s->value : 0;
     pthread_mutex_unlock(&f->m->mu);
     return v;
@@ -371,7 +379,7 @@ int gw_metric_histogram_stats(gw_metric_t *f, const char *const *label_values,
         if (label_values == NULL || label_values[i] == NULL)
             return PC_ERR_INVAL;
     pthread_mutex_lock(&f->m->mu);
-    series_t *s = series_find(f, label_values, values_hash(f, label_values));
+    series_t *s = series_find(f, label_values);
     *count = s != NULL ? s->count : 0;
     *sum = s != NULL ? s->value : 0;
     pthread_mutex_unlock(&f->m->mu);

@@ -149,4 +149,48 @@ PC_TEST(heap_reserve_range_and_failure)
     pc_heap_free(&h);
 }
 
+/* replace hands an item's place to another: same key, same position, the order unchanged; the
+ * old item is out (PC_HEAP_NOIDX) and can be pushed again. */
+PC_TEST(heap_replace_keeps_place_and_order)
+{
+    enum { N = 300 };
+    static item_t items[2 * N]; /* [N, 2N): the replacements */
+    pc_heap_t h = pc_heap_make(offsetof(item_t, hidx));
+    for (size_t i = 0; i < 2 * N; i++)
+        items[i] = (item_t){0, PC_HEAP_NOIDX, false};
+    ASSERT_EQ(pc_heap_reserve(&h, 2 * N), 0);
+    for (size_t i = 0; i < N; i++) {
+        items[i].key = rnd(50);
+        items[i].in = true;
+        pc_heap_push(&h, &items[i], items[i].key);
+    }
+    for (size_t i = 0; i < N; i += 3) {
+        uint32_t at = items[i].hidx;
+        items[N + i].key = items[i].key;
+        pc_heap_replace(&h, &items[i], &items[N + i]);
+        ASSERT_EQ(items[N + i].hidx, at);
+        ASSERT_EQ(items[i].hidx, PC_HEAP_NOIDX);
+        items[N + i].in = true;
+        items[i].in = false;
+        ASSERT_TRUE(heap_ok(&h, items, 2 * N));
+    }
+    for (size_t i = 0; i < N; i += 3) { /* the replaced items go back in */
+        pc_heap_push(&h, &items[i], items[i].key);
+        items[i].in = true;
+    }
+    ASSERT_TRUE(heap_ok(&h, items, 2 * N));
+    uint64_t last = 0;
+    size_t popped = 0;
+    for (const pc_heap_ent_t *top; (top = pc_heap_top(&h)) != NULL; popped++) {
+        ASSERT_LE(last, top->key);
+        last = top->key;
+        item_t *it = top->item;
+        ASSERT_EQ_U64(it->key, top->key);
+        pc_heap_del(&h, it);
+        it->in = false;
+    }
+    ASSERT_EQ_U64(popped, N + (N + 2) / 3);
+    pc_heap_free(&h);
+}
+
 PC_TEST_MAIN()

@@ -100,10 +100,11 @@ PC_TEST(u64map_failing_allocator_leaves_map_unchanged)
     pc_allocator_t fa = {f_malloc, f_calloc, f_realloc, free};
     pc_u64map_t m = {0};
     static int vals[2001];
+    pc_allocator_t prev;
     long failures = 0;
     for (uint64_t k = 1; k <= 2000; k++) {
         fail_k = 0;
-        pc_allocator_t prev = pc_set_allocator(&fa);
+        prev = pc_set_allocator(&fa);
         int rc = pc_u64map_put(&m, k, &vals[k]);
         pc_set_allocator(&prev);
         if (rc == PC_ERR_NOMEM) {
@@ -117,9 +118,26 @@ PC_TEST(u64map_failing_allocator_leaves_map_unchanged)
         ASSERT_TRUE(pc_u64map_get(&m, k) == &vals[k]);
     }
     ASSERT_TRUE(failures >= 8); /* every growth 16 -> 4096 failed once */
+    /* A reserve that fails changes nothing; one that succeeds makes room without growth. */
+    size_t cap = m.cap;
+    fail_k = 0;
+    prev = pc_set_allocator(&fa);
+    ASSERT_EQ(pc_u64map_reserve(&m, 100000), PC_ERR_NOMEM);
+    pc_set_allocator(&prev);
+    ASSERT_EQ_U64(m.cap, cap);
+    ASSERT_EQ(pc_u64map_reserve(&m, 100000), 0);
+    ASSERT_TRUE(m.cap >= 200000);
+    cap = m.cap;
+    for (uint64_t k = 2001; k <= 2000 + 90000; k++)
+        ASSERT_EQ(pc_u64map_put(&m, k, &vals[k % 2001]), 0);
+    ASSERT_EQ_U64(m.cap, cap);
+    for (uint64_t k = 1; k <= 2000; k++)
+        ASSERT_TRUE(pc_u64map_get(&m, k) == &vals[k]);
+    for (uint64_t k = 2001; k <= 2000 + 90000; k++)
+        ASSERT_TRUE(pc_u64map_del(&m, k) == &vals[k % 2001]);
     /* Deleting under a failing allocator: a failed shrink keeps a valid map. */
     fail_k = 0;
-    pc_allocator_t prev = pc_set_allocator(&fa);
+    prev = pc_set_allocator(&fa);
     for (uint64_t k = 1; k <= 1990; k++)
         ASSERT_TRUE(pc_u64map_del(&m, k) == &vals[k]);
     pc_set_allocator(&prev);

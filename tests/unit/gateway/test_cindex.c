@@ -1094,10 +1094,12 @@ static char *dump_state(const gw_cindex_t *ix)
                 (unsigned long long)ix->ns[d].id, (unsigned long long)ix->ns[d].n_tokens,
                 (unsigned long long)ix->ns[d].n_entries, (unsigned long long)ix->ns[d].last_t,
                 (unsigned long long)ix->ns[d].acc);
-    for (uint32_t i = 0; i < ix->heap_n; i++)
+    for (uint32_t i = 0; i < ix->heap.n; i++) {
+        const cix_entry_t *e = ix->heap.a[i].item;
         fprintf(f, "heap %u expiry %llu created %llu ttl %d depth %zu\n", i,
-                (unsigned long long)ix->heap[i]->expiry, (unsigned long long)ix->heap[i]->created,
-                ix->heap[i]->ttl, rdx_node_depth(ix->heap[i]->node));
+                (unsigned long long)e->expiry, (unsigned long long)e->created, e->ttl,
+                rdx_node_depth(e->node));
+    }
     fprintf(f, "entries %llu inserts %llu now %llu\n", (unsigned long long)ix->st.n_entries,
             (unsigned long long)ix->st.n_inserts, (unsigned long long)ix->now);
     fclose(f);
