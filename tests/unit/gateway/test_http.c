@@ -703,6 +703,7 @@ PC_TEST(format_error_hook_shapes_errors)
                   "\"request body of 11 bytes is larger than the limit of 10 bytes\"},"
                   "\"path\":\"/v1/messages\",\"status\":413,\"request_id\":\"%s\"}",
                   id);
+    ASSERT_EQ(pc_buf_terminate(&want), 0);
     ASSERT_STR_EQ(r.body.base, want.base);
     pc_buf_free(&want);
     response_free(&r);
