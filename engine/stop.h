@@ -1,5 +1,10 @@
 /*
- * stop.h — stop-sequence matching on streamed text (engine-internal, one matcher per request).
+ * stop.h — stop-sequence matching on streamed text (one matcher per request).
+ *
+ * Part of the worker protocol, not of the engine's state: a request's stop sequences arrive in
+ * its wire message (wire.h checks them against the limits below), and the worker (worker.c,
+ * over engine.h) runs one matcher per request on the text it decodes. Public for that reason;
+ * it depends on common/ only.
  *
  * The worker decodes tokens incrementally (eng_tok_stream_feed gives complete UTF-8 pieces) and
  * passes every piece through the request's matcher. The matcher releases the text that can no

@@ -6,10 +6,15 @@ Reads every C/CUDA source of the modules (#include "...") and every module's CMa
 
   * a module includes or links a module it may not use (a lower module reaching up, or one of
     the side modules reaching across): see MAY_USE;
-  * a module includes another module's internal header: a header is public only when it is in
-    its module's PUBLIC table below; every other header (and every *_internal.h) is internal to
-    its module. A new header is internal until it is listed here, on purpose: the table is the
-    modules' public face, the place to look before reaching into another module;
+  * a module includes another module's internal header: a header is public only when its
+    module's CMakeLists.txt lists it in a kvgw_module_headers(<target> PUBLIC ...) call
+    (cmake/modules.cmake: the headers the compiler lets other modules see, read here so the two
+    cannot disagree); every other header (and every *_internal.h) is internal to its module. A
+    new header is internal until it is listed there, on purpose. common/ alone puts its whole
+    folder on its users' include path (every header of it is public); any other module doing so
+    is a violation;
+  * a module's CMakeLists.txt puts another module's folder on an include path, or links another
+    module's <target>_internal (its tests' view of the internals);
   * a public header includes an internal header of its own module (every includer would see
     the internals), or a file that sits on its own module's public face (OUTER: the engine's
     service layer) includes one of its internal headers;
@@ -51,35 +56,13 @@ MAY_USE = {
 # engine/cuda/ is the engine's CUDA backend, the one place that calls kernels/.
 CUDA_DIR = "engine/cuda/"
 
-# The public headers of each module: what other modules may include. Everything else in the
-# module's folder is internal to it.
-PUBLIC = {
-    "common": {"common.h", "pc_alloc.h", "pc_arena.h", "pc_assert.h", "pc_buf.h", "pc_err.h",
-               "pc_exp.h", "pc_log.h", "pc_pages.h", "pc_rss.h", "pc_time.h", "pc_u64map.h",
-               "pc_heap.h", "pc_vec.h", "pc_utf8.h", "pc_json.h"},
-    "radix": {"radix.h"},
-    # engine.h (the engine), worker.h (its service layer) and the wire protocol (wire.h,
-    # sampling.h's parameters), and the model-file tools the commands and the gateway use:
-    # GGUF, hyper-parameters, vocabulary, tokenizer (+ its cache), chat rendering, mkmodel.
-    "engine": {"engine.h", "worker.h", "wire.h", "sampling.h", "gguf.h", "hparams.h", "vocab.h",
-               "tokenizer.h", "tokcache.h", "chat.h", "render.h", "mkmodel.h", "half.h",
-               "prefix.h"},
-    "link": {"lnk_addr.h", "worker_server.h", "worker_client.h", "wire_seal.h"},
-    "gateway": {"serve.h", "config.h", "api.h", "cacheplan.h", "cindex.h", "router.h", "http.h",
-                "metrics.h", "dashboard.h", "json_fast.h", "ns.h", "outcome.h",
-                "pool.h"},
-    "cmd": set(),
-    "billing": {"billing.h", "ledger.h", "shipper.h"},
-    "kernels": {"kernels.h"},
-    "bench": {"bench.h"},
-}
+# The one module whose folder is its PUBLIC include directory: every header of common/ is
+# public (the basics every module needs), so a new one needs no second line in its CMakeLists.
+ALL_PUBLIC = {"common"}
 
-# Files that use their own module only through its public headers, as another module would,
-# with the internal headers each may still use.
+# Files that use their own module only through its public headers, as another module would.
 OUTER = {
-    # The engine's service layer (queue, threads, pins) over engine.h; stop-sequence matching
-    # (stop.h) is the worker's own per-request work, not the engine's state.
-    "engine/worker.c": {"stop.h"},
+    "engine/worker.c",  # the engine's service layer (queue, threads, pins) over engine.h
 }
 
 # Known reaches kept on purpose, each entry (file, included header or linked module) with its
@@ -110,6 +93,8 @@ def module_of(rel):
 
 
 def target_module(name):
+    if name.endswith("_internal"):
+        name = name[: -len("_internal")]
     if name in TARGETS:
         return TARGETS[name]
     for prefix, mod in TARGET_PREFIXES:
@@ -133,9 +118,46 @@ def sources(root):
                     yield os.path.relpath(os.path.join(dirpath, f), root)
 
 
+def cmake_files(root, mod):
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, mod)):
+        dirnames.sort()
+        if "CMakeLists.txt" in filenames:
+            yield os.path.relpath(os.path.join(dirpath, "CMakeLists.txt"), root)
+
+
+def own_folder_public(args):
+    """The lines at which a target_include_directories call puts the CMakeLists.txt's own folder
+    on a PUBLIC or INTERFACE include path."""
+    scope = None
+    for line, a in args[1:]:
+        if a in ("PUBLIC", "PRIVATE", "INTERFACE"):
+            scope = a
+        elif scope != "PRIVATE" and re.fullmatch(r"\$\{CMAKE_CURRENT_SOURCE_DIR\}/?", a):
+            yield line
+
+
+def public_headers(root):
+    """{module: set of public headers (paths from root)}, read from the kvgw_module_headers
+    calls of each module's CMakeLists.txt files; ALL_PUBLIC's modules: every header."""
+    public = {mod: set() for mod in MODULES}
+    for rel in sources(root):
+        if rel.endswith((".h", ".cuh")) and module_of(rel) in ALL_PUBLIC:
+            public[module_of(rel)].add(rel)
+    for mod in MODULES:
+        for cm in cmake_files(root, mod):
+            with open(os.path.join(root, cm), encoding="utf-8") as f:
+                text = f.read()
+            for args in cmake_calls(text, "kvgw_module_headers"):
+                names = [a for _, a in args[1:]]
+                if "PUBLIC" in names:
+                    for h in names[names.index("PUBLIC") + 1:]:
+                        public[mod].add(os.path.normpath(os.path.join(os.path.dirname(cm), h)))
+    return public
+
+
 def header_index(root):
-    """Every header of the modules by its name (headers are included by name: each module's
-    folder is on its users' include path)."""
+    """Every header of the modules by its name (headers are included by name: a module's
+    public headers sit in one include directory per library, cmake/modules.cmake)."""
     idx = {}
     for rel in sources(root):
         if rel.endswith((".h", ".cuh")):
@@ -145,6 +167,7 @@ def header_index(root):
 
 def check_includes(root, out):
     idx = header_index(root)
+    public = public_headers(root)
     for rel in sources(root):
         mod = module_of(rel)
         with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
@@ -161,11 +184,11 @@ def check_includes(root, out):
                 if dep is None or (rel, os.path.basename(name)) in ALLOWED:
                     continue
                 base = os.path.basename(target)
-                internal = base.endswith("_internal.h") or base not in PUBLIC[dep]
+                internal = base.endswith("_internal.h") or target not in public[dep]
                 if dep == mod:
                     mine = os.path.basename(rel)
-                    public_header = mine in PUBLIC[mod] and not mine.endswith("_internal.h")
-                    outer = rel in OUTER and base not in OUTER[rel]
+                    public_header = rel in public[mod] and not mine.endswith("_internal.h")
+                    outer = rel in OUTER
                     if internal and (public_header or outer):
                         what = "a public header" if public_header else "an outer file"
                         out.append(f"{rel}:{no}: includes {name} (module {mod} -> {dep}: "
@@ -214,11 +237,7 @@ def cmake_calls(text, command):
 
 def check_cmake(root, out):
     for mod in MODULES:
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, mod)):
-            dirnames.sort()
-            if "CMakeLists.txt" not in filenames:
-                continue
-            rel = os.path.relpath(os.path.join(dirpath, "CMakeLists.txt"), root)
+        for rel in cmake_files(root, mod):
             with open(os.path.join(root, rel), encoding="utf-8") as f:
                 text = f.read()
             for args in cmake_calls(text, "target_link_libraries"):
@@ -230,12 +249,21 @@ def check_cmake(root, out):
                     cuda = mod == "engine" and dep == "kernels"
                     if not cuda and not may_use(mod, dep, rel):
                         out.append(f"{rel}:{line}: links {a} (module {mod} -> {dep})")
+                    elif a.endswith("_internal"):
+                        out.append(f"{rel}:{line}: links {a} (module {mod} -> {dep}: internal "
+                                   f"to {dep})")
             for args in cmake_calls(text, "target_include_directories"):
                 for line, a in args[1:]:
                     m = re.match(r"\$\{(?:PROJECT|CMAKE)_SOURCE_DIR\}/([a-z]+)", a)
                     dep = m and m.group(1)
-                    if dep in MODULES and dep != mod and not may_use(mod, dep, rel):
-                        out.append(f"{rel}:{line}: includes {a} (module {mod} -> {dep})")
+                    if dep in MODULES and dep != mod:
+                        # Another module's folder holds its internal headers: never on the path.
+                        why = f": internal to {dep}" if may_use(mod, dep, rel) else ""
+                        out.append(f"{rel}:{line}: includes {a} (module {mod} -> {dep}{why})")
+                if mod not in ALL_PUBLIC:
+                    for line in own_folder_public(args):
+                        out.append(f"{rel}:{line}: makes every header of {mod} public (use "
+                                   f"kvgw_module_headers, cmake/modules.cmake)")
 
 
 def check(root):
@@ -250,6 +278,15 @@ def self_test():
     """Plants one violation of each kind in a small tree and expects exactly those lines."""
     import tempfile
     files = {
+        # The public faces, as the CMakeLists.txt files declare them.
+        "common/CMakeLists.txt": "target_include_directories(kvgw_common PUBLIC\n"
+                                 "    ${CMAKE_CURRENT_SOURCE_DIR})\n",  # all public: allowed
+        "radix/CMakeLists.txt": "kvgw_module_headers(kvgw_radix PUBLIC radix.h)\n",
+        "engine/CMakeLists.txt": "kvgw_module_headers(kvgw_engine PUBLIC engine.h # the core\n"
+                                 "    worker.h)\n",
+        "kernels/CMakeLists.txt": "kvgw_module_headers(kvgw_kernels_ref PUBLIC kernels.h)\n",
+        "link/CMakeLists.txt": "kvgw_module_headers(kvgw_link PUBLIC worker_server.h)\n",
+        "bench/CMakeLists.txt": "kvgw_module_headers(kvgw_bench PUBLIC bench.h)\n",
         "common/pc_err.h": "",
         "radix/radix.h": '#include "pc_err.h"\n',
         "radix/radix.c": '#include "radix.h"\n#include "worker.h"\n',  # up: radix -> engine
@@ -265,13 +302,18 @@ def self_test():
         "link/worker_server.h": "",
         "gateway/serve.c": '#include "worker_server.h"\n#include "bench.h"\n',  # gateway -> bench
         "gateway/CMakeLists.txt": "target_link_libraries(kvgw_gateway PUBLIC kvgw_link\n"
-                                  "    kvgw_bench)\n",  # up: gateway -> bench
+                                  "    kvgw_bench)\n"  # up: gateway -> bench
+                                  "target_include_directories(kvgw_gateway PUBLIC\n"
+                                  "    ${CMAKE_CURRENT_SOURCE_DIR})\n"  # every header public
+                                  "target_include_directories(kvgw_gateway_api PRIVATE\n"
+                                  "    ${PROJECT_SOURCE_DIR}/engine)\n",  # engine's internals
         "billing/ledger.c": '#include "radix.h"\n',  # across: billing -> radix
         "billing/event.c": "/* gw_serve( in a comment */\nint x = gw_serve(0);\n",  # up call
         "bench/bench_x.c": 'int y = eng__kv_evict_one(0); const char *s = "eng__no";\n',
         "bench/bench.h": "",
         "cmd/cmd_worker.c": '#include "wire_conn.h" // internal to link\n#include "bench.h"\n',
-        "cmd/CMakeLists.txt": "target_link_libraries(kvgw PRIVATE kvgw_bench kvgw_gateway)\n",
+        "cmd/CMakeLists.txt": "target_link_libraries(kvgw PRIVATE kvgw_bench kvgw_gateway\n"
+                              "    kvgw_engine_internal)\n",  # the engine's tests' view
         "tests/unit/test_x.c": '#include "engine_internal.h"\n',  # tests may use anything
     }
     want = [
@@ -283,6 +325,12 @@ def self_test():
         "engine/cpu.c:1: includes kernels.h (module engine -> kernels)",
         "gateway/serve.c:2: includes bench.h (module gateway -> bench)",
         "gateway/CMakeLists.txt:2: links kvgw_bench (module gateway -> bench)",
+        "gateway/CMakeLists.txt:4: makes every header of gateway public (use "
+        "kvgw_module_headers, cmake/modules.cmake)",
+        "gateway/CMakeLists.txt:6: includes ${PROJECT_SOURCE_DIR}/engine (module gateway -> "
+        "engine: internal to engine)",
+        "cmd/CMakeLists.txt:2: links kvgw_engine_internal (module cmd -> engine: internal to "
+        "engine)",
         "billing/ledger.c:1: includes radix.h (module billing -> radix)",
         "cmd/cmd_worker.c:1: includes wire_conn.h (module cmd -> link: internal to link)",
         "billing/event.c:2: calls gw_serve (module billing -> gateway)",
