@@ -59,12 +59,12 @@ struct gw_cindex {
 
     pc_heap_t heap; /* every entry by expiry */
 
-    /* Namespaces: a dense array (iteration, swap-remove) and an open-addressing table of
-     * dense index + 1 (0 = empty), at most half full. */
+    /* Namespaces: a dense array (iteration, swap-remove) and an index from id to dense
+     * position + 1 (see "namespaces" below). */
     cix_ns_t *ns;
     uint32_t ns_n, ns_cap;
-    uint32_t *slots;
-    uint32_t slots_cap;
+    pc_u64map_t idx;
+    uint32_t ns0; /* position + 1 of namespace 0, 0 = none */
 
     /* Room for the longest stored prefix (drop reports copy prefixes here). */
     uint32_t *scratch;
@@ -81,49 +81,44 @@ struct gw_cindex {
 
 /* ---- namespaces ------------------------------------------------------------------------- */
 
-static inline uint32_t ns_hash(uint64_t x)
+/* The dense array stays (rather than values of the map) because storage_take walks it and
+ * removes namespaces as it goes, which a pc_u64map cannot do during its iteration, and
+ * worker_down and check walk it without the empty slots. The index maps an id to its dense
+ * position + 1; pc_u64map cannot store key 0, so namespace 0 has its own field. */
+static uint32_t idx_get(const gw_cindex_t *ix, uint64_t id)
 {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return (uint32_t)x;
+    if (id == 0)
+        return ix->ns0;
+    return (uint32_t)(uintptr_t)pc_u64map_get(&ix->idx, id);
+}
+
+/* Sets the position + 1 of id: 0 or PC_ERR_NOMEM (nothing changed). Replacing the position
+ * of an id already there never allocates. */
+static int idx_put(gw_cindex_t *ix, uint64_t id, uint32_t v)
+{
+    if (id == 0) {
+        ix->ns0 = v;
+        return 0;
+    }
+    return pc_u64map_put(&ix->idx, id, (void *)(uintptr_t)v);
+}
+
+static void idx_del(gw_cindex_t *ix, uint64_t id)
+{
+    if (id == 0)
+        ix->ns0 = 0;
+    else
+        (void)pc_u64map_del(&ix->idx, id);
 }
 
 static cix_ns_t *ns_find(const gw_cindex_t *ix, uint64_t id)
 {
-    if (ix->slots_cap == 0)
-        return NULL;
-    uint32_t mask = ix->slots_cap - 1;
-    for (uint32_t i = ns_hash(id) & mask;; i = (i + 1) & mask) {
-        uint32_t v = ix->slots[i];
-        if (v == 0)
-            return NULL;
-        if (ix->ns[v - 1].id == id)
-            return &ix->ns[v - 1];
-    }
-}
-
-static void slots_put(uint32_t *slots, uint32_t cap, uint64_t id, uint32_t v)
-{
-    uint32_t mask = cap - 1, i = ns_hash(id) & mask;
-    while (slots[i] != 0)
-        i = (i + 1) & mask;
-    slots[i] = v;
-}
-
-/* The slot that holds dense index d of namespace id. */
-static uint32_t slots_find(const gw_cindex_t *ix, uint64_t id, uint32_t d)
-{
-    uint32_t mask = ix->slots_cap - 1, i = ns_hash(id) & mask;
-    while (ix->slots[i] != d + 1)
-        i = (i + 1) & mask;
-    return i;
+    uint32_t v = idx_get(ix, id);
+    return v != 0 ? &ix->ns[v - 1] : NULL;
 }
 
 /* Finds or creates the state of namespace id; *created says which. PC_ERR_NOMEM leaves
- * everything as it was (growing the arrays is not a visible change). */
+ * everything as it was (growing the array is not a visible change). */
 static int ns_get(gw_cindex_t *ix, uint64_t id, cix_ns_t **out, int *created)
 {
     *created = 0;
@@ -138,52 +133,28 @@ static int ns_get(gw_cindex_t *ix, uint64_t id, cix_ns_t **out, int *created)
         ix->ns = a;
         ix->ns_cap = cap;
     }
-    if ((uint64_t)(ix->ns_n + 1) * 2 > ix->slots_cap) {
-        uint32_t cap = ix->slots_cap ? ix->slots_cap * 2 : 16;
-        uint32_t *s = pc_calloc(cap, sizeof *s);
-        if (s == NULL)
-            return PC_ERR_NOMEM;
-        for (uint32_t d = 0; d < ix->ns_n; d++)
-            slots_put(s, cap, ix->ns[d].id, d + 1);
-        pc_free(ix->slots);
-        ix->slots = s;
-        ix->slots_cap = cap;
-    }
-    cix_ns_t *s = &ix->ns[ix->ns_n];
+    int rc = idx_put(ix, id, ix->ns_n + 1);
+    if (rc != 0)
+        return rc;
+    cix_ns_t *s = &ix->ns[ix->ns_n++];
     memset(s, 0, sizeof *s);
     s->id = id;
     s->last_t = ix->now;
-    slots_put(ix->slots, ix->slots_cap, id, ++ix->ns_n);
     *out = s;
     *created = 1;
     return 0;
 }
 
-/* Removes namespace state d: backward-shift deletion in the table, swap-remove in the dense
- * array. Never allocates. */
+/* Removes namespace state d: out of the index, swap-remove in the dense array. Never fails
+ * (a deletion may try to shrink the map; a failed shrink keeps it as it was). */
 static void ns_remove(gw_cindex_t *ix, uint32_t d)
 {
-    uint32_t mask = ix->slots_cap - 1;
-    uint32_t i = slots_find(ix, ix->ns[d].id, d);
-    ix->slots[i] = 0;
-    for (uint32_t j = i;;) {
-        j = (j + 1) & mask;
-        uint32_t v = ix->slots[j];
-        if (v == 0)
-            break;
-        uint32_t h = ns_hash(ix->ns[v - 1].id) & mask;
-        int stays = i <= j ? (h > i && h <= j) : (h > i || h <= j);
-        if (!stays) {
-            ix->slots[i] = v;
-            ix->slots[j] = 0;
-            i = j;
-        }
-    }
+    idx_del(ix, ix->ns[d].id);
     uint32_t last = ix->ns_n - 1;
     if (d != last) {
-        uint32_t k = slots_find(ix, ix->ns[last].id, last);
         ix->ns[d] = ix->ns[last];
-        ix->slots[k] = d + 1;
+        int rc = idx_put(ix, ix->ns[d].id, d + 1); /* a replacement: no allocation */
+        PC_ASSERT(rc == 0);
     }
     ix->ns_n--;
 }
@@ -354,7 +325,7 @@ void gw_cindex_free(gw_cindex_t *ix)
     rdx_tree_free(ix->t);
     pc_heap_free(&ix->heap);
     pc_free(ix->ns);
-    pc_free(ix->slots);
+    pc_u64map_free(&ix->idx);
     pc_free(ix->scratch);
     pc_free(ix);
 }
@@ -854,7 +825,7 @@ void gw_cindex_stats(const gw_cindex_t *ix, gw_cindex_stats_t *out)
     out->n_nodes = rs.n_nodes;
     out->n_bytes =
         rs.n_bytes + sizeof *ix + (uint64_t)ix->heap.cap * sizeof *ix->heap.a +
-        (uint64_t)ix->ns_cap * sizeof *ix->ns + (uint64_t)ix->slots_cap * sizeof *ix->slots +
+        (uint64_t)ix->ns_cap * sizeof *ix->ns + (uint64_t)ix->idx.cap * sizeof *ix->idx.slots +
         (uint64_t)ix->scratch_cap * sizeof *ix->scratch + ix->st.n_entries * sizeof(cix_entry_t);
     out->n_namespaces = rdx_tree_ns_count(ix->t);
 }
