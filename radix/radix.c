@@ -117,8 +117,9 @@ struct rdx_tree {
     int width; /* bytes per packed token: 2, 3 or 4 */
     int ssse3; /* the CPU has SSSE3 (packing 3-byte tokens) */
     rdx_cmp_fn cmp;
-    rdx_ns_t **ns_slots; /* open addressing by hash of id, NULL = empty */
-    uint32_t ns_cap, ns_n;
+    pc_u64map_t ns_map; /* id -> rdx_ns_t*, every namespace but 0 */
+    rdx_ns_t *ns0;      /* namespace 0 (pc_u64map cannot key 0), or NULL */
+    uint32_t ns_n;
     rdx_heap_t exp, lru;
     rdx_stats_t *owner_st; /* [max_owners] */
     uint32_t ext_words;    /* words of owners_ext */
@@ -394,18 +395,6 @@ static inline uint32_t kid_hash(uint32_t key, uint32_t mask)
     return (uint32_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 32) & mask;
 }
 
-/* splitmix64's finaliser. Namespace ids are already keyed hashes (DESIGN.md §3) but tests
- * and small deployments use 1, 2, 3... */
-static inline uint64_t ns_hash(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
 /* ---- child tables ---------------------------------------------------------------------- */
 
 /* The child whose edge starts with key, or NULL. Linear mode scans at most 8 keys (one
@@ -598,28 +587,11 @@ static inline uint32_t *heap_idx(const rdx_heap_t *h, rdx_node_t *nd)
 
 /* ---- namespaces ------------------------------------------------------------------------ */
 
-/* The namespace with this id, or NULL. Linear probing; load <= 3/4 (see insert). */
+/* The namespace with this id, or NULL. The table is common/pc_u64map (it hashes the id with
+ * a 64-bit finaliser: namespace ids are keyed hashes in production, 1, 2, 3... in tests). */
 static rdx_ns_t *ns_find(const rdx_tree_t *t, uint64_t id)
 {
-    if (t->ns_cap == 0)
-        return NULL;
-    uint32_t mask = t->ns_cap - 1;
-    for (uint32_t h = (uint32_t)ns_hash(id) & mask;; h = (h + 1) & mask) {
-        rdx_ns_t *s = t->ns_slots[h];
-        if (s == NULL)
-            return NULL;
-        if (s->id == id)
-            return s;
-    }
-}
-
-/* Adds a namespace to a slot array known to have room and not to contain it. */
-static void ns_slots_add(rdx_ns_t **slots, uint32_t cap, rdx_ns_t *s)
-{
-    uint32_t mask = cap - 1, h = (uint32_t)ns_hash(s->id) & mask;
-    while (slots[h] != NULL)
-        h = (h + 1) & mask;
-    slots[h] = s;
+    return id == 0 ? t->ns0 : pc_u64map_get(&t->ns_map, id);
 }
 
 /* ---- owners and accounting ------------------------------------------------------------- */
@@ -709,27 +681,15 @@ static void entries_add(rdx_node_t *nd, int32_t d)
         nd->entries_below += (uint32_t)d;
 }
 
-/* Removes an empty namespace: out of the table (backward-shift deletion, as for child
- * tables), root and struct freed. Called by settle when a root loses its last child. */
+/* Removes an empty namespace: out of the table, root and struct freed. Called by settle when a root
+ * loses its last child. */
 static void ns_drop(rdx_tree_t *t, rdx_ns_t *s)
 {
-    uint32_t mask = t->ns_cap - 1, i = (uint32_t)ns_hash(s->id) & mask;
-    while (t->ns_slots[i] != s)
-        i = (i + 1) & mask;
-    t->ns_slots[i] = NULL;
-    for (uint32_t j = i;;) {
-        j = (j + 1) & mask;
-        rdx_ns_t *e = t->ns_slots[j];
-        if (e == NULL)
-            break;
-        uint32_t h = (uint32_t)ns_hash(e->id) & mask;
-        int stays = i <= j ? (h > i && h <= j) : (h > i || h <= j);
-        if (!stays) {
-            t->ns_slots[i] = e;
-            t->ns_slots[j] = NULL;
-            i = j;
-        }
-    }
+    /* A deletion may shrink the map; a failed shrink keeps it as it was. */
+    if (s->id == 0)
+        t->ns0 = NULL;
+    else
+        (void)pc_u64map_del(&t->ns_map, s->id);
     t->ns_n--;
     PC_ASSERT(s->root->kids == NULL && s->st.n_nodes == 0);
     size_t root_bytes = node_bytes(t, 0);
@@ -916,17 +876,22 @@ void rdx_tree_free(rdx_tree_t *t)
 {
     if (t == NULL)
         return;
-    for (uint32_t i = 0; i < t->ns_cap; i++) {
-        /* Dropping the last top-level subtree drops the namespace and reshuffles the slots,
-         * so keep looking at slot i until it is empty or holds a namespace already seen. */
-        while (t->ns_slots[i] != NULL) {
-            rdx_ns_t *s = t->ns_slots[i];
-            size_t freed = 0;
-            free_children(t, s->root, RDX_FREE_DESTROY, &freed);
-            ns_drop(t, s);
+    /* Dropping the last top-level subtree drops the namespace, which changes the map: take
+     * the first namespace again each time (a shrink halves the table, so the scans add up to
+     * O(namespaces) slots). */
+    for (;;) {
+        rdx_ns_t *s = t->ns0;
+        if (s == NULL) {
+            size_t i = pc_u64map_next(&t->ns_map, 0);
+            if (i == t->ns_map.cap)
+                break;
+            s = t->ns_map.slots[i].value;
         }
+        size_t freed = 0;
+        free_children(t, s->root, RDX_FREE_DESTROY, &freed);
+        ns_drop(t, s);
     }
-    pc_free(t->ns_slots);
+    pc_u64map_free(&t->ns_map);
     pc_heap_free(&t->exp);
     pc_heap_free(&t->lru);
     pc_free(t->owner_st);
@@ -1075,8 +1040,6 @@ int rdx_tree_insert_from(rdx_tree_t *t, uint64_t nsid, rdx_node_t *from, const u
     int rc = PC_ERR_NOMEM;
     rdx_ns_t *new_ns = NULL;
     rdx_node_t *new_root = NULL, *up = NULL, *leaf = NULL;
-    rdx_ns_t **new_slots = NULL;
-    uint32_t new_slots_cap = 0;
     rdx_kids_t *up_kids = NULL, *grown = NULL;
     uint64_t *up_ext = NULL;
     void *tail = NULL;
@@ -1085,12 +1048,9 @@ int rdx_tree_insert_from(rdx_tree_t *t, uint64_t nsid, rdx_node_t *from, const u
         new_root = node_alloc(t, 0);
         if (new_ns == NULL || new_root == NULL)
             goto fail;
-        if ((uint64_t)(t->ns_n + 1) * 4 > (uint64_t)t->ns_cap * 3) {
-            new_slots_cap = t->ns_cap ? t->ns_cap * 2 : 8;
-            new_slots = pc_calloc(new_slots_cap, sizeof *new_slots);
-            if (new_slots == NULL)
-                goto fail;
-        }
+        /* Room in the map now, so that the put at the commit cannot fail. */
+        if (nsid != 0 && pc_u64map_reserve(&t->ns_map, pc_u64map_count(&t->ns_map) + 1) != 0)
+            goto fail;
         node = new_root;
     }
     if (split != NULL) {
@@ -1138,20 +1098,17 @@ int rdx_tree_insert_from(rdx_tree_t *t, uint64_t nsid, rdx_node_t *from, const u
 
     /* 4. Commit: nothing below can fail. */
     if (new_ns != NULL) {
-        if (new_slots != NULL) {
-            for (uint32_t i = 0; i < t->ns_cap; i++)
-                if (t->ns_slots[i] != NULL)
-                    ns_slots_add(new_slots, new_slots_cap, t->ns_slots[i]);
-            pc_free(t->ns_slots);
-            t->ns_slots = new_slots;
-            t->ns_cap = new_slots_cap;
-        }
         new_ns->id = nsid;
         new_ns->root = new_root;
         new_root->ns = new_ns;
         new_root->len = 0;
         new_root->depth = 0;
-        ns_slots_add(t->ns_slots, t->ns_cap, new_ns);
+        if (nsid == 0) {
+            t->ns0 = new_ns;
+        } else {
+            int put = pc_u64map_put(&t->ns_map, nsid, new_ns); /* reserved above */
+            PC_ASSERT(put == 0);
+        }
         t->ns_n++;
         s = new_ns;
         /* The namespace's fixed cost shows in the tree total, not in the namespace. */
@@ -1242,7 +1199,6 @@ fail:
     /* Nothing was linked: free what phase 3 got (pc_free(NULL) is a no-op). */
     pc_free(new_ns);
     pc_free(new_root);
-    pc_free(new_slots);
     pc_free(up);
     pc_free(up_kids);
     pc_free(up_ext);
@@ -1626,11 +1582,11 @@ int rdx_tree_owner_stats(const rdx_tree_t *t, uint32_t owner, rdx_stats_t *out)
     return 0;
 }
 
-/* Bytes the tree holds outside any namespace: its struct, the namespace slot array, the heap
+/* Bytes the tree holds outside any namespace: its struct, the namespace map's slots, the heap
  * arrays and the per-owner stats (namespace structs and roots are in t->total already). */
 static size_t fixed_bytes(const rdx_tree_t *t)
 {
-    return sizeof *t + (size_t)t->ns_cap * sizeof(rdx_ns_t *) +
+    return sizeof *t + t->ns_map.cap * sizeof(pc_u64map_slot_t) +
            ((size_t)t->exp.cap + t->lru.cap) * sizeof(pc_heap_ent_t) +
            (size_t)t->p.max_owners * sizeof(rdx_stats_t);
 }
@@ -1732,9 +1688,11 @@ void rdx_tree_dump(const rdx_tree_t *t, FILE *f)
         return;
     }
     uint32_t j = 0;
-    for (uint32_t i = 0; i < t->ns_cap; i++)
-        if (t->ns_slots[i] != NULL)
-            ids[j++] = t->ns_slots[i]->id;
+    if (t->ns0 != NULL)
+        ids[j++] = 0;
+    for (size_t i = pc_u64map_next(&t->ns_map, 0); i < t->ns_map.cap;
+         i = pc_u64map_next(&t->ns_map, i + 1))
+        ids[j++] = t->ns_map.slots[i].key;
     qsort(ids, j, sizeof *ids, cmp_u64);
     for (uint32_t i = 0; i < j; i++) {
         const rdx_ns_t *s = ns_find(t, ids[i]);
@@ -1793,8 +1751,9 @@ int rdx_tree_check(const rdx_tree_t *t, char *err, size_t len)
     if ((rc = check_heap(&t->exp, "expiry", err, len)) != 0 ||
         (rc = check_heap(&t->lru, "lru", err, len)) != 0)
         goto done;
-    for (uint32_t si = 0; si < t->ns_cap; si++) {
-        const rdx_ns_t *s = t->ns_slots[si];
+    /* Slot "cap" of the walk stands for namespace 0, kept beside the map. */
+    for (size_t si = 0; si <= t->ns_map.cap; si++) {
+        const rdx_ns_t *s = si < t->ns_map.cap ? t->ns_map.slots[si].value : t->ns0;
         if (s == NULL)
             continue;
         ns_seen++;
