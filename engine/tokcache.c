@@ -1,14 +1,16 @@
 /*
  * tokcache.c — the segment token cache (see tokcache.h for the contract).
  *
- * One chained hash table (power-of-two buckets, grown when the entries outnumber them) and one
- * doubly linked LRU list, most recent first, both under one mutex. An entry is a single
+ * One hash table (common/pc_u64map keyed by 64 bits of the text's 128-bit hash; entries whose
+ * keys collide are chained from the map's value) and one doubly linked LRU list, most recent
+ * first, both under one mutex. An entry is a single
  * allocation: the header, then its ids, then its text (kept to confirm hits exactly). Its cost
  * is the allocation's size; the sum of the costs never exceeds max_bytes.
  *
  * Lock discipline: the mutex covers lookups (hash compare, text compare, copying the ids out),
  * LRU moves, linking and unlinking. Tokenizing, allocating and freeing entries and growing the
- * caller's id array happen outside it; only the rare table growth allocates under it.
+ * caller's id array happen outside it; only the rare table growth allocates under it (and a
+ * failed growth fails that insert: the cache misses, nothing else changes).
  */
 #include "tokcache.h"
 
@@ -20,13 +22,12 @@
 
 #include "pc_alloc.h"
 #include "pc_err.h"
-
-#define TOKCACHE_MIN_BUCKETS 64
+#include "pc_u64map.h"
 
 typedef struct entry {
     XXH128_hash_t h;
     uint64_t scope;
-    struct entry *chain;       /* next in the bucket */
+    struct entry *chain;       /* next with the same map key */
     struct entry *prev, *next; /* LRU: prev is more recent */
     size_t text_len, n_ids, cost;
     /* followed by uint32_t ids[n_ids], then char text[text_len] */
@@ -36,8 +37,7 @@ struct eng_tokcache {
     const eng_tok_t *tok;
     size_t max_bytes, min_text_bytes;
     pthread_mutex_t mu;
-    entry_t **buckets; /* [n_buckets] */
-    size_t n_buckets;  /* a power of two */
+    pc_u64map_t map; /* key_of(h) -> the first entry of its chain */
     size_t n_entries, bytes;
     entry_t *lru_head, *lru_tail;
     uint64_t hits, misses, inserts, evictions;
@@ -69,17 +69,10 @@ int eng_tokcache_init(const eng_tok_t *tok, const eng_tokcache_params_t *p, eng_
     eng_tokcache_t *c = pc_calloc(1, sizeof *c);
     if (c == NULL)
         return PC_ERR_NOMEM;
-    c->buckets = pc_calloc(TOKCACHE_MIN_BUCKETS, sizeof *c->buckets);
-    if (c->buckets == NULL) {
-        pc_free(c);
-        return PC_ERR_NOMEM;
-    }
     if (pthread_mutex_init(&c->mu, NULL) != 0) {
-        pc_free(c->buckets);
         pc_free(c);
         return PC_ERR_NOMEM;
     }
-    c->n_buckets = TOKCACHE_MIN_BUCKETS;
     c->tok = tok;
     c->max_bytes = p->max_bytes;
     c->min_text_bytes = p->min_text_bytes;
@@ -96,7 +89,7 @@ void eng_tokcache_free(eng_tokcache_t *c)
         pc_free(e);
     }
     pthread_mutex_destroy(&c->mu);
-    pc_free(c->buckets);
+    pc_u64map_free(&c->map);
     pc_free(c);
 }
 
@@ -107,15 +100,16 @@ const eng_tok_t *eng_tokcache_tok(const eng_tokcache_t *c)
 
 /* ---- table and LRU (caller holds the mutex) --------------------------------------------- */
 
-static entry_t **bucket_of(eng_tokcache_t *c, XXH128_hash_t h)
+/* The map key of a hash: its low 64 bits (pc_u64map refuses 0; 0 and 1 share a chain). */
+static inline uint64_t key_of(XXH128_hash_t h)
 {
-    return &c->buckets[h.low64 & (c->n_buckets - 1)];
+    return h.low64 != 0 ? h.low64 : 1;
 }
 
 static entry_t *find(eng_tokcache_t *c, XXH128_hash_t h, uint64_t scope, const char *text,
                      size_t len)
 {
-    for (entry_t *e = *bucket_of(c, h); e != NULL; e = e->chain)
+    for (entry_t *e = pc_u64map_get(&c->map, key_of(h)); e != NULL; e = e->chain)
         if (XXH128_isEqual(e->h, h) && e->scope == scope && e->text_len == len &&
             (len == 0 || memcmp(entry_text(e), text, len) == 0))
             return e;
@@ -146,38 +140,26 @@ static void lru_push_front(eng_tokcache_t *c, entry_t *e)
         c->lru_tail = e;
 }
 
-/* Unlinks e from its bucket and the LRU; the caller frees it (after unlocking). */
+/* Unlinks e from its chain and the LRU; the caller frees it (after unlocking). Never fails:
+ * replacing a chain's head does not allocate, and a deletion's shrink is best effort. */
 static void unlink_entry(eng_tokcache_t *c, entry_t *e)
 {
-    entry_t **pp = bucket_of(c, e->h);
-    while (*pp != e)
-        pp = &(*pp)->chain;
-    *pp = e->chain;
+    uint64_t k = key_of(e->h);
+    entry_t *head = pc_u64map_get(&c->map, k);
+    if (head == e) {
+        if (e->chain != NULL)
+            (void)pc_u64map_put(&c->map, k, e->chain);
+        else
+            (void)pc_u64map_del(&c->map, k);
+    } else {
+        entry_t *p = head;
+        while (p->chain != e)
+            p = p->chain;
+        p->chain = e->chain;
+    }
     lru_unlink(c, e);
     c->n_entries--;
     c->bytes -= e->cost;
-}
-
-/* Doubles the bucket array when entries outnumber buckets. A failed allocation keeps the old
- * array: chains get longer, nothing else changes. */
-static void maybe_grow(eng_tokcache_t *c)
-{
-    if (c->n_entries < c->n_buckets || c->n_buckets > SIZE_MAX / 2 / sizeof(entry_t *))
-        return;
-    size_t nb = c->n_buckets * 2;
-    entry_t **b = pc_calloc(nb, sizeof *b);
-    if (b == NULL)
-        return;
-    for (size_t i = 0; i < c->n_buckets; i++)
-        for (entry_t *e = c->buckets[i], *next; e != NULL; e = next) {
-            next = e->chain;
-            entry_t **pp = &b[e->h.low64 & (nb - 1)];
-            e->chain = *pp;
-            *pp = e;
-        }
-    pc_free(c->buckets);
-    c->buckets = b;
-    c->n_buckets = nb;
 }
 
 /* ---- encode ----------------------------------------------------------------------------- */
@@ -243,9 +225,14 @@ static void insert(eng_tokcache_t *c, XXH128_hash_t h, uint64_t scope, const cha
 
     entry_t *dead = NULL; /* freed after unlocking, chained through ->chain */
     pthread_mutex_lock(&c->mu);
+    e->chain = pc_u64map_get(&c->map, key_of(h));
     if (find(c, h, scope, text, len) != NULL) {
         dead = e; /* another thread inserted it meanwhile */
         dead->chain = NULL;
+    } else if (pc_u64map_put(&c->map, key_of(h), e) != 0) {
+        dead = e; /* the table could not grow */
+        dead->chain = NULL;
+        __atomic_fetch_add(&c->insert_failures, 1, __ATOMIC_RELAXED);
     } else {
         while (c->bytes + cost > c->max_bytes && c->lru_tail != NULL) {
             entry_t *v = c->lru_tail;
@@ -256,10 +243,6 @@ static void insert(eng_tokcache_t *c, XXH128_hash_t h, uint64_t scope, const cha
         }
         c->n_entries++;
         c->bytes += cost;
-        maybe_grow(c);
-        entry_t **pp = bucket_of(c, h);
-        e->chain = *pp;
-        *pp = e;
         lru_push_front(c, e);
         c->inserts++;
     }
