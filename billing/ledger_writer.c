@@ -91,6 +91,12 @@ bill_ledger_params_t bill_ledger_params_default(void)
  * current generation; when it holds dedup_window / 2 ids it becomes the old one and the previous
  * old one is dropped. So at least the last dedup_window / 2 ... dedup_window ids are remembered.
  * (A 128-bit hash collision among a million ids has probability about 2^-88.)
+ *
+ * Kept specialised rather than a common/pc_u64map: an entry is three words (the 128-bit key and
+ * the seq a duplicate reports back), and the map holds one word per key. Keying it by 64 bits
+ * would let a false positive (about 2^-25 over a million ids) refuse a real event, and keeping
+ * the other words beside it costs an allocation per id or a second array: this flat table of
+ * triples is both exact and smaller.
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct idset {
