@@ -66,8 +66,8 @@ typedef struct rdx_kids {
     uint32_t cap;
 } rdx_kids_t;
 
-/* A namespace: its id, its accounting and its hidden root. Namespaces live in an
- * open-addressing table of pointers (so a namespace never moves) and are dropped as soon as
+/* A namespace: its id, its accounting and its hidden root. Namespaces are allocated one by
+ * one and found through a common/pc_u64map (so a namespace never moves) and are dropped as soon as
  * their root has no children left, which keeps rdx_tree_ns_count meaningful for a gateway
  * with many short-lived tenants. */
 typedef struct rdx_ns {
@@ -396,6 +396,18 @@ static inline uint32_t kid_hash(uint32_t key, uint32_t mask)
 }
 
 /* ---- child tables ---------------------------------------------------------------------- */
+
+/* Why child tables are not common/pc_u64map (the namespace table above is): they are the
+ * match loop's inner step and most of a tree's non-edge bytes. A table is one allocation of
+ * 8 + 12 * cap bytes with 4-byte keys: a node with two children spends 32 bytes on it and
+ * finds a child by scanning at most 8 keys in one cache line, inline, with no hashing. A
+ * pc_u64map would put 24 bytes in every node (leaves included), 16-byte slots at most half
+ * full with 16 of them at least (256 bytes for those two children), and an out-of-line call
+ * with a 64-bit finaliser per token step. With these tables `kvgw bench radix` (median of 3
+ * runs on the shared 2-core dev machine, load ~2.5, cpu_share 0.77-0.86, so the rates are
+ * noisy) gives 0.96 M full-hit lookups/s (2.1 G matched tokens/s), 22 M misses/s, 0.39 M
+ * inserts/s and 4.09 bytes per stored token (deterministic; the target is <= 4.5). No A/B
+ * run against a pc_u64map variant was made: the figures are the bar such a change must meet. */
 
 /* The child whose edge starts with key, or NULL. Linear mode scans at most 8 keys (one
  * cache line); hash mode probes until an empty slot, which exists because load <= 3/4. */
