@@ -33,6 +33,7 @@
 #include "pc_assert.h"
 #include "pc_err.h"
 #include "pc_pages.h"
+#include "pc_vec.h"
 
 /* OpenBLAS's own setter (not in every cblas.h). */
 void openblas_set_num_threads(int num_threads);
@@ -68,9 +69,9 @@ typedef struct cpu_be {
     bool has_bf16;          /* at least one matrix has panels */
     float **attn_scratch;   /* [n_threads] */
     eng_attn_task_t *tasks; /* attention tasks, grown on demand */
-    uint32_t tasks_cap;
+    size_t tasks_cap;
     const uint32_t **blocks; /* [n_seqs] */
-    uint32_t blocks_cap;
+    size_t blocks_cap;
     uint32_t *logit_rows; /* [max_tokens] */
 } cpu_be_t;
 
@@ -299,21 +300,6 @@ static void attn_task(void *ctx, uint32_t task, uint32_t thread)
  * The step
  * ------------------------------------------------------------------------------------------- */
 
-static int grow(void **p, uint32_t *cap, uint32_t n, size_t elem)
-{
-    if (n <= *cap)
-        return 0;
-    uint32_t nc = *cap ? *cap : 64;
-    while (nc < n)
-        nc *= 2;
-    void *np = pc_reallocarray(*p, nc, elem);
-    if (np == NULL)
-        return PC_ERR_NOMEM;
-    *p = np;
-    *cap = nc;
-    return 0;
-}
-
 static int cpu_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t *kv,
                        const eng_fwd_seq_t *seqs, uint32_t n_seqs, float *logits)
 {
@@ -335,8 +321,9 @@ static int cpu_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t
         n_tasks +=
             hp->n_head_kv * ((sq->n_tokens + c->max_rows_per_task - 1) / c->max_rows_per_task);
     }
-    if (grow((void **)&c->tasks, &c->tasks_cap, n_tasks, sizeof *c->tasks) != 0 ||
-        grow((void **)&c->blocks, &c->blocks_cap, n_seqs, sizeof *c->blocks) != 0)
+    /* The arrays grow the way pc_vec does (common/pc_vec.h). */
+    if (pc__vec_reserve(&c->tasks, &c->tasks_cap, sizeof *c->tasks, n_tasks) != 0 ||
+        pc__vec_reserve(&c->blocks, &c->blocks_cap, sizeof *c->blocks, n_seqs) != 0)
         return PC_ERR_NOMEM;
     uint32_t row = 0, ti = 0;
     for (uint32_t s = 0; s < n_seqs; s++) {

@@ -18,6 +18,7 @@
 #include "pc_assert.h"
 #include "pc_err.h"
 #include "pc_log.h"
+#include "pc_vec.h"
 #include "sampling.h"
 
 eng_params_t eng_params_default(void)
@@ -336,17 +337,7 @@ const int32_t *eng_seq_tokens(const eng_seq_t *s)
 
 int eng__seq_tokens_reserve(eng_seq_t *s, uint32_t n)
 {
-    if (n <= s->tokens_cap)
-        return 0;
-    uint32_t cap = s->tokens_cap ? s->tokens_cap : 64;
-    while (cap < n)
-        cap = cap > UINT32_MAX / 2 ? n : cap * 2;
-    int32_t *t = pc_reallocarray(s->tokens, cap, sizeof *t);
-    if (t == NULL)
-        return PC_ERR_NOMEM;
-    s->tokens = t;
-    s->tokens_cap = cap;
-    return 0;
+    return pc__vec_reserve(&s->tokens, &s->tokens_cap, sizeof *s->tokens, n);
 }
 
 uint32_t eng_batch_n_rows(const eng_batch_item_t *items, uint32_t n_items)

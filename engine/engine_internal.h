@@ -14,7 +14,7 @@ struct eng_prefix; /* prefix.c */
 struct eng_seq {
     eng_kvseq_t kv;
     int32_t *tokens; /* [kv.n_tokens] the tokens whose KV the sequence holds */
-    uint32_t tokens_cap;
+    size_t tokens_cap;
     eng_seq_t *prev, *next;
     uint32_t mark; /* scratch for duplicate detection in eng_forward */
 };

@@ -14,6 +14,7 @@
 #include "pc_alloc.h"
 #include "pc_assert.h"
 #include "pc_err.h"
+#include "pc_vec.h"
 
 struct eng_kvpool {
     uint32_t block_tokens;
@@ -285,17 +286,7 @@ void eng_kvseq_close(eng_kvseq_t *s, eng_kvpool_t *pool)
 
 static int table_grow(eng_kvseq_t *s, uint32_t n)
 {
-    if (n <= s->cap)
-        return 0;
-    uint32_t cap = s->cap ? s->cap : 8;
-    while (cap < n)
-        cap *= 2;
-    uint32_t *b = pc_reallocarray(s->blocks, cap, sizeof *b);
-    if (b == NULL)
-        return PC_ERR_NOMEM;
-    s->blocks = b;
-    s->cap = cap;
-    return 0;
+    return pc__vec_reserve(&s->blocks, &s->cap, sizeof *s->blocks, n);
 }
 
 int eng_kvseq_share(eng_kvseq_t *s, eng_kvpool_t *pool, const uint32_t *blocks, uint32_t n_tokens)

@@ -115,8 +115,8 @@ int eng_kvpool_check(const eng_kvpool_t *pool, const uint32_t *expected_refs, ch
 typedef struct eng_kvseq {
     uint32_t *blocks;
     uint32_t n_blocks;
-    uint32_t cap;
     uint32_t n_tokens; /* positions holding valid KV */
+    size_t cap;        /* of blocks */
 } eng_kvseq_t;
 
 void eng_kvseq_init(eng_kvseq_t *s);

@@ -35,6 +35,7 @@
 #include "pc_alloc.h"
 #include "pc_assert.h"
 #include "pc_err.h"
+#include "pc_vec.h"
 #include "radix.h"
 
 /* The links of the live-payload list; the list's sentinel is a bare link (a payload has a
@@ -68,7 +69,8 @@ struct px_pin {
 /* A binary min-heap of pins by expiry; each pin records its position (at[which]). */
 typedef struct px_heap {
     px_pin_t **v; /* [cap] */
-    uint32_t n, cap;
+    uint32_t n;
+    size_t cap;
 } px_heap_t;
 
 struct eng_prefix {
@@ -136,15 +138,7 @@ static void heap_settle(px_heap_t *h, int which, uint32_t i)
 /* Room for one more pin; the push that follows cannot fail. */
 static int heap_reserve(px_heap_t *h)
 {
-    if (h->n < h->cap)
-        return 0;
-    uint32_t cap = h->cap ? h->cap * 2 : 16;
-    px_pin_t **v = pc_reallocarray(h->v, cap, sizeof *v);
-    if (v == NULL)
-        return PC_ERR_NOMEM;
-    h->v = v;
-    h->cap = cap;
-    return 0;
+    return pc__vec_reserve(&h->v, &h->cap, sizeof *h->v, (size_t)h->n + 1);
 }
 
 static void heap_push(px_heap_t *h, int which, px_pin_t *pin)

@@ -57,6 +57,7 @@
 #include "pc_err.h"
 #include "pc_log.h"
 #include "pc_time.h"
+#include "pc_vec.h"
 #include "sampling.h"
 #include "stop.h"
 #include "worker.h"
@@ -125,7 +126,8 @@ typedef struct wk_ev {
 
 typedef struct wk_list {
     wk_req_t **v;
-    uint32_t n, cap;
+    uint32_t n;
+    size_t cap;
 } wk_list_t;
 
 struct eng_worker {
@@ -204,14 +206,9 @@ static void set_err(char *err, size_t len, const char *fmt, ...)
 
 static int list_push(wk_list_t *l, wk_req_t *r)
 {
-    if (l->n == l->cap) {
-        uint32_t cap = l->cap ? l->cap * 2 : 16;
-        wk_req_t **v = pc_reallocarray(l->v, cap, sizeof *v);
-        if (v == NULL)
-            return PC_ERR_NOMEM;
-        l->v = v;
-        l->cap = cap;
-    }
+    int rc = pc__vec_reserve(&l->v, &l->cap, sizeof *l->v, (size_t)l->n + 1);
+    if (rc != 0)
+        return rc;
     l->v[l->n++] = r;
     return 0;
 }
