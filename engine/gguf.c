@@ -774,58 +774,22 @@ static bool is_int_type(uint32_t t)
  * non-negative one exact in *u (*i is then clamped to INT64_MAX, *u is 0 for negatives). */
 static void ld_int(uint32_t t, const uint8_t *s, int64_t *i, uint64_t *u, bool *neg)
 {
-    switch (t) {
-    case ENG_GGUF_U8:
-        *u = s[0];
-        *neg = false;
-        break;
-    case ENG_GGUF_I8:
-        *i = (int8_t)s[0];
-        *neg = *i < 0;
-        break;
-    case ENG_GGUF_U16: {
-        uint16_t v;
-        memcpy(&v, s, 2);
-        *u = v;
-        *neg = false;
-        break;
-    }
-    case ENG_GGUF_I16: {
-        int16_t v;
-        memcpy(&v, s, 2);
-        *i = v;
-        *neg = v < 0;
-        break;
-    }
-    case ENG_GGUF_U32:
-        *u = ld_u32(s);
-        *neg = false;
-        break;
-    case ENG_GGUF_I32: {
-        int32_t v;
-        memcpy(&v, s, 4);
-        *i = v;
-        *neg = v < 0;
-        break;
-    }
-    case ENG_GGUF_U64:
-        *u = ld_u64(s);
-        *neg = false;
-        break;
-    default: {
-        int64_t v;
-        memcpy(&v, s, 8);
-        *i = v;
-        *neg = v < 0;
-        break;
-    }
-    }
+    /* The bytes are little-endian, like the host (see gguf.h): copy the width's low bytes,
+     * then sign-extend the signed types (an arithmetic shift; 0 for the 64-bit ones). */
+    unsigned w = vtype_sizes[t];
+    uint64_t raw = 0;
+    memcpy(&raw, s, w);
     bool is_signed =
         t == ENG_GGUF_I8 || t == ENG_GGUF_I16 || t == ENG_GGUF_I32 || t == ENG_GGUF_I64;
     if (is_signed) {
+        unsigned shift = 64 - 8 * w;
+        *i = (int64_t)(raw << shift) >> shift;
+        *neg = *i < 0;
         *u = *neg ? 0 : (uint64_t)*i;
     } else {
-        *i = *u > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)*u;
+        *u = raw;
+        *neg = false;
+        *i = raw > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)raw;
     }
 }
 
