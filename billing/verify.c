@@ -147,6 +147,20 @@ static bool ranged(const bill_verify_params_t *p)
     return p->from_ms != 0 || p->to_ms != UINT64_MAX;
 }
 
+/* The entry to compare next: the one waiting in *e when *have, else the stream's next one.
+ * Returns 0 with *have telling whether *e holds one (false at the stream's end), or negative
+ * on a Redis error. */
+static int stream_peek(stream_iter_t *it, entry_t *e, bool *have, char *err, size_t err_len)
+{
+    if (*have)
+        return 0;
+    int sr = stream_next(it, e, err, err_len);
+    if (sr < 0)
+        return sr;
+    *have = sr == 1;
+    return 0;
+}
+
 static int verify_ledger(redisContext *c, const char *dir, const bill_verify_params_t *p,
                          const char *prefix, counters_t *exp, FILE *out, bill_verify_report_t *rep,
                          char *err, size_t err_len)
@@ -202,14 +216,8 @@ static int verify_ledger(redisContext *c, const char *dir, const bill_verify_par
         }
         /* The stream entry for this seq. */
         for (;;) {
-            if (!have) {
-                int sr = stream_next(&it, &e, err, err_len);
-                if (sr < 0) {
-                    rc = sr;
-                    goto done;
-                }
-                have = sr == 1;
-            }
+            if ((rc = stream_peek(&it, &e, &have, err, err_len)) < 0)
+                goto done;
             if (!have || e.seq > seq) {
                 DIFF("%s: stream %s lacks seq %" PRIu64 " (event %s)", dir, stream, seq,
                      ev.event_id);
@@ -247,15 +255,10 @@ static int verify_ledger(redisContext *c, const char *dir, const bill_verify_par
         DIFF("%s: cursor %s is %" PRIu64 " but the ledger ends at seq %" PRIu64, dir, cursor_key,
              cursor, last_seq);
     for (;;) {
-        if (!have) {
-            int sr = stream_next(&it, &e, err, err_len);
-            if (sr < 0) {
-                rc = sr;
-                goto done;
-            }
-            if (sr == 0)
-                break;
-        }
+        if ((rc = stream_peek(&it, &e, &have, err, err_len)) < 0)
+            goto done;
+        if (!have)
+            break;
         have = false;
         DIFF("%s: stream %s has entry %s beyond the cursor %" PRIu64, dir, stream, e.id, cursor);
     }
