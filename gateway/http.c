@@ -699,22 +699,22 @@ static int build_head(gw_http_req_t *r, int status, const gw_http_header_t *h, s
     return rc != 0 ? PC_ERR_NOMEM : 0;
 }
 
-static int req_check_open(const gw_http_req_t *r)
+/* Whether r may take its next response call, which needs the response in state want:
+ * PC_ERR_CLOSED (the client or the connection went away), PC_ERR_STATE or 0. */
+static int req_check(const gw_http_req_t *r, enum resp_state want)
 {
     if (r->aborted || r->c->closing || r->c->shut_sent)
         return PC_ERR_CLOSED;
-    return 0;
+    return r->resp == want ? 0 : PC_ERR_STATE;
 }
 
 /* The whole response, for handler requests and the server's own error responses. */
 static int req_respond(gw_http_req_t *r, int status, const gw_http_header_t *h, size_t n_h,
                        const void *body, size_t len)
 {
-    int rc = req_check_open(r);
+    int rc = req_check(r, RS_NONE);
     if (rc != 0)
         return rc;
-    if (r->resp != RS_NONE)
-        return PC_ERR_STATE;
     pc_buf_t head = PC_BUF_INIT;
     rc = build_head(r, status, h, n_h, false, len, &head);
     if (rc != 0) {
@@ -745,11 +745,9 @@ int gw_http_stream_begin(gw_http_req_t *r, int status, const gw_http_header_t *h
 {
     if (r == NULL || (n_h > 0 && h == NULL))
         return PC_ERR_INVAL;
-    int rc = req_check_open(r);
+    int rc = req_check(r, RS_NONE);
     if (rc != 0)
         return rc;
-    if (r->resp != RS_NONE)
-        return PC_ERR_STATE;
     if (r->minor == 0)
         r->keep_alive = false; /* close-delimited: the end of the body is the end of the socket */
     pc_buf_t head = PC_BUF_INIT;
@@ -778,11 +776,9 @@ int gw_http_stream_write(gw_http_req_t *r, const void *bytes, size_t len)
 {
     if (r == NULL || (len > 0 && bytes == NULL))
         return PC_ERR_INVAL;
-    int rc = req_check_open(r);
+    int rc = req_check(r, RS_STREAMING);
     if (rc != 0)
         return rc;
-    if (r->resp != RS_STREAMING)
-        return PC_ERR_STATE;
     if (len == 0 || r->is_head)
         return 0;
     conn_t *c = r->c;
@@ -810,11 +806,9 @@ int gw_http_stream_end(gw_http_req_t *r)
 {
     if (r == NULL)
         return PC_ERR_INVAL;
-    int rc = req_check_open(r);
+    int rc = req_check(r, RS_STREAMING);
     if (rc != 0)
         return rc;
-    if (r->resp != RS_STREAMING)
-        return PC_ERR_STATE;
     if (r->chunked_out && !r->is_head) {
         uv_buf_t b = uv_buf_init("0\r\n\r\n", 5);
         rc = req_emit(r, &b, 1);
