@@ -64,26 +64,6 @@ static int copy_json_text(adapter_t *a, const json_t *v, pc_slice_t *out)
     return copy_slice(a, a->scratch.base != NULL ? a->scratch.base : "", a->scratch.len, out);
 }
 
-static const char *type_name(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-    case JSON_REAL:
-        return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    default:
-        return "null";
-    }
-}
-
 /* Anthropic cache_control: absent/null = none; {"type":"ephemeral","ttl"?: "5m"|"1h"}. */
 static int parse_cache_control(adapter_t *a, const json_t *cc, const char *path,
                                eng_chat_ttl_t *ttl)
@@ -94,7 +74,7 @@ static int parse_cache_control(adapter_t *a, const json_t *cc, const char *path,
     if (!json_is_object(cc))
         return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,
                            "%s%scache_control: Input should be an object, not %s", path, DOT(path),
-                           type_name(cc));
+                           gw__json_type_name(cc, false));
     const json_t *type = json_object_get(cc, "type");
     if (type == NULL)
         return pc_err_setf(a->err, a->err_len, PC_ERR_INVAL,

@@ -7,6 +7,7 @@
 
 #include "api.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct json_t; /* <jansson.h> */
@@ -44,5 +45,10 @@ int gw__chat_from_openai(const struct json_t *body, pc_arena_t *arena, eng_chat_
 /* OpenAI's way of writing a path: "messages.0.content.1" -> "messages[0].content[1]" (the
  * part of msg before ": ", when msg starts with a path). Writes "" when msg names no path. */
 void gw__openai_param(const char *msg, char *param, size_t param_len);
+
+/* The name of v's JSON type in error messages ("an object", "a string", "null"...). Numbers
+ * are "a number", or with oai OpenAI's "an integer" / "a decimal" ("expected a boolean, but
+ * got a string instead"). A static string. */
+const char *gw__json_type_name(const struct json_t *v, bool oai);
 
 #endif

@@ -132,8 +132,7 @@ static int bad(pctx_t *p, const char *param, const char *code, const char *fmt, 
     return PC_ERR_INVAL;
 }
 
-/* OpenAI's names for JSON types ("expected a boolean, but got a string instead"). */
-static const char *oai_type_name(const json_t *v)
+const char *gw__json_type_name(const json_t *v, bool oai)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT:
@@ -143,9 +142,9 @@ static const char *oai_type_name(const json_t *v)
     case JSON_STRING:
         return "a string";
     case JSON_INTEGER:
-        return "an integer";
+        return oai ? "an integer" : "a number";
     case JSON_REAL:
-        return "a decimal";
+        return oai ? "a decimal" : "a number";
     case JSON_TRUE:
     case JSON_FALSE:
         return "a boolean";
@@ -160,7 +159,7 @@ static int bad_type(pctx_t *p, const char *key, const json_t *v, const char *oai
     if (p->oai)
         return bad(p, key, "invalid_type",
                    "Invalid type for '%s': expected %s, but got %s instead.", key, oai_expected,
-                   oai_type_name(v));
+                   gw__json_type_name(v, true));
     return bad(p, key, NULL, "%s: %s", key, anth_text);
 }
 
@@ -838,7 +837,7 @@ int gw_api_parse(gw_api_kind_t kind, const void *body, size_t len, pc_arena_t *a
     if (!json_is_object(j)) {
         rc = p.oai ? bad(&p, NULL, "invalid_type",
                          "Invalid type for request body: expected an object, but got %s instead.",
-                         oai_type_name(j))
+                         gw__json_type_name(j, true))
                    : bad(&p, NULL, NULL, "request body: Input should be an object");
         goto done;
     }
