@@ -362,14 +362,26 @@ static void w_chunk_close(wr_t *w, const gw_openai_sse_t *s, const char *finish_
     w_raw(w, "}\n\n");
 }
 
+/* Opens a chunk and writes delta, the start of its delta, when s is in state want: 0 or
+ * PC_ERR_STATE (nothing written). */
+static int sse_chunk_begin(const gw_openai_sse_t *s, int want, wr_t *w, const gw_api_resp_t *r,
+                           const char *delta)
+{
+    if (s->state != want)
+        return PC_ERR_STATE;
+    w_chunk_open(w, r);
+    w_raw(w, delta);
+    return 0;
+}
+
 int gw_openai_sse_start(gw_openai_sse_t *s, const gw_api_resp_t *r, pc_buf_t *b)
 {
     wr_t w = {b, 0};
     size_t mark = b->len;
-    if (s->state != SSE_INIT)
-        return PC_ERR_STATE;
-    w_chunk_open(&w, r);
-    w_raw(&w, "{\"role\":\"assistant\",\"content\":\"\",\"refusal\":null}");
+    int rc = sse_chunk_begin(s, SSE_INIT, &w, r,
+                             "{\"role\":\"assistant\",\"content\":\"\",\"refusal\":null}");
+    if (rc != 0)
+        return rc;
     w_chunk_close(&w, s, NULL);
     if (w_end(&w, mark) != 0)
         return PC_ERR_NOMEM;
@@ -382,12 +394,11 @@ int gw_openai_sse_text(gw_openai_sse_t *s, const gw_api_resp_t *r, const char *t
 {
     wr_t w = {b, 0};
     size_t mark = b->len;
-    if (s->state != SSE_OPEN)
-        return PC_ERR_STATE;
-    if (len == 0)
+    if (len == 0 && s->state == SSE_OPEN)
         return 0;
-    w_chunk_open(&w, r);
-    w_raw(&w, "{\"content\":");
+    int rc = sse_chunk_begin(s, SSE_OPEN, &w, r, "{\"content\":");
+    if (rc != 0)
+        return rc;
     w_str(&w, text, len);
     w_raw(&w, "}");
     w_chunk_close(&w, s, NULL);
@@ -398,10 +409,9 @@ int gw_openai_sse_finish(gw_openai_sse_t *s, const gw_api_resp_t *r, pc_buf_t *b
 {
     wr_t w = {b, 0};
     size_t mark = b->len;
-    if (s->state != SSE_OPEN)
-        return PC_ERR_STATE;
-    w_chunk_open(&w, r);
-    w_raw(&w, "{}");
+    int rc = sse_chunk_begin(s, SSE_OPEN, &w, r, "{}");
+    if (rc != 0)
+        return rc;
     w_chunk_close(&w, s, gw_stop_reason_name(GW_API_OPENAI_CHAT, r->stop_reason));
     if (s->include_usage) {
         w_raw(&w, "data: ");
