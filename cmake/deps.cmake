@@ -1,37 +1,26 @@
 # Third-party dependencies, all from Debian packages installed by scripts/setup.sh.
 # Each becomes an imported/static target named kvgw_dep_<name> so modules link by name.
 
-pkg_check_modules(UV REQUIRED IMPORTED_TARGET libuv)
-pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
-pkg_check_modules(JANSSON REQUIRED IMPORTED_TARGET jansson)
-pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
-pkg_check_modules(YAML REQUIRED IMPORTED_TARGET yaml-0.1)
-pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
-pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
-# ICU (common library only): Unicode NFC for the tokenizer (Qwen's tokenizer.json normalizes).
-pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
-# libsodium: keyed BLAKE2b (cache namespaces), SHA-256 and HMAC (API keys, worker link auth).
-pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium)
+# kvgw_pkg_dep(<name> <prefix> <pkg-config module>): target kvgw_dep_<name> from a pkg-config
+# module (a macro, so the <prefix>_* variables stay visible as they were).
+macro(kvgw_pkg_dep name prefix module)
+    pkg_check_modules(${prefix} REQUIRED IMPORTED_TARGET ${module})
+    add_library(kvgw_dep_${name} INTERFACE)
+    target_link_libraries(kvgw_dep_${name} INTERFACE PkgConfig::${prefix})
+endmacro()
 
-add_library(kvgw_dep_uv INTERFACE)
-target_link_libraries(kvgw_dep_uv INTERFACE PkgConfig::UV)
-add_library(kvgw_dep_hiredis INTERFACE)
-target_link_libraries(kvgw_dep_hiredis INTERFACE PkgConfig::HIREDIS)
-add_library(kvgw_dep_jansson INTERFACE)
-target_link_libraries(kvgw_dep_jansson INTERFACE PkgConfig::JANSSON)
-add_library(kvgw_dep_pcre2 INTERFACE)
-target_link_libraries(kvgw_dep_pcre2 INTERFACE PkgConfig::PCRE2)
+kvgw_pkg_dep(uv UV libuv)
+kvgw_pkg_dep(hiredis HIREDIS hiredis)
+kvgw_pkg_dep(jansson JANSSON jansson)
+kvgw_pkg_dep(pcre2 PCRE2 libpcre2-8)
 target_compile_definitions(kvgw_dep_pcre2 INTERFACE PCRE2_CODE_UNIT_WIDTH=8)
-add_library(kvgw_dep_yaml INTERFACE)
-target_link_libraries(kvgw_dep_yaml INTERFACE PkgConfig::YAML)
-add_library(kvgw_dep_xxhash INTERFACE)
-target_link_libraries(kvgw_dep_xxhash INTERFACE PkgConfig::XXHASH)
-add_library(kvgw_dep_openblas INTERFACE)
-target_link_libraries(kvgw_dep_openblas INTERFACE PkgConfig::OPENBLAS)
-add_library(kvgw_dep_sodium INTERFACE)
-target_link_libraries(kvgw_dep_sodium INTERFACE PkgConfig::SODIUM)
-add_library(kvgw_dep_icu INTERFACE)
-target_link_libraries(kvgw_dep_icu INTERFACE PkgConfig::ICU)
+kvgw_pkg_dep(yaml YAML yaml-0.1)
+kvgw_pkg_dep(xxhash XXHASH libxxhash)
+kvgw_pkg_dep(openblas OPENBLAS openblas)
+# ICU (common library only): Unicode NFC for the tokenizer (Qwen's tokenizer.json normalizes).
+kvgw_pkg_dep(icu ICU icu-uc)
+# libsodium: keyed BLAKE2b (cache namespaces), SHA-256 and HMAC (API keys, worker link auth).
+kvgw_pkg_dep(sodium SODIUM libsodium)
 
 # llhttp: Debian ships no library, only the C sources (package node-llhttp, llhttp 8.1.0).
 set(KVGW_LLHTTP_DIR /usr/share/llhttp CACHE PATH "Directory with llhttp's api.c, http.c, llhttp.c")
