@@ -8,6 +8,7 @@
  */
 #include "common.h"
 #include "ledger.h"
+#include "pc_failalloc.h"
 #include "pc_test.h"
 #include "pc_testutil.h"
 #include "ledger_testutil.h"
@@ -407,35 +408,21 @@ PC_TEST(fsync_failure_fails_the_ledger)
     ASSERT_EQ(bill_ledger_close(l), PC_ERR_IO);
 }
 
-static int fail_after = -1;
-static void *fail_malloc(size_t n)
-{
-    return fail_after == 0 ? NULL : (fail_after > 0 ? fail_after-- : 0, malloc(n));
-}
-static void *fail_calloc(size_t c, size_t n)
-{
-    return fail_after == 0 ? NULL : (fail_after > 0 ? fail_after-- : 0, calloc(c, n));
-}
-static void *fail_realloc(void *p, size_t n)
-{
-    return fail_after == 0 ? NULL : (fail_after > 0 ? fail_after-- : 0, realloc(p, n));
-}
-
 PC_TEST(out_of_memory_appends_nothing)
 {
     const char *dir = fresh_dir("l7");
     bill_ledger_t *l = open_ledger(dir, BILL_FSYNC_OFF, 0);
     ASSERT_TRUE(l != NULL);
-    pc_allocator_t a = {fail_malloc, fail_calloc, fail_realloc, free};
+    pc_allocator_t a = pc_failalloc;
     pc_allocator_t old = pc_set_allocator(&a);
     bill_event_t ev;
     uint64_t seq;
     uint64_t ok = 0, nomem = 0;
     for (uint64_t i = 0; i < 3000; i++) {
-        fail_after = (int)(i % 3); /* fail the first, second or third allocation */
+        pc_failalloc_left = (int)(i % 3); /* fail the first, second or third allocation */
         ledger_test_event(&ev, i);
         int rc = bill_ledger_append(l, &ev, &seq);
-        fail_after = -1;
+        pc_failalloc_left = -1;
         if (rc == 0)
             ok++;
         else if (rc == PC_ERR_NOMEM)

@@ -1,5 +1,6 @@
 /* test_common.c — common/: errors, allocator hooks, arena, buffers, logging. */
 #include "common.h"
+#include "pc_failalloc.h"
 #include "pc_test.h"
 
 #include <errno.h>
@@ -15,25 +16,10 @@ PC_TEST(err_names_and_messages)
     ASSERT_EQ(pc_err_from_errno(EIO), PC_ERR_IO);
 }
 
-static int fail_after;
-static void *failing_malloc(size_t n)
-{
-    return fail_after-- > 0 ? malloc(n) : NULL;
-}
-static void *failing_calloc(size_t c, size_t n)
-{
-    return fail_after-- > 0 ? calloc(c, n) : NULL;
-}
-static void *failing_realloc(void *p, size_t n)
-{
-    return fail_after-- > 0 ? realloc(p, n) : NULL;
-}
-
 PC_TEST(allocator_hooks_inject_failure)
 {
-    pc_allocator_t a = {failing_malloc, failing_calloc, failing_realloc, free};
-    pc_allocator_t prev = pc_set_allocator(&a);
-    fail_after = 1;
+    pc_failalloc_left = 1;
+    pc_allocator_t prev = pc_set_allocator(&pc_failalloc);
     void *p = pc_malloc(16);
     void *q = pc_malloc(16);
     pc_set_allocator(&prev);
@@ -42,6 +28,44 @@ PC_TEST(allocator_hooks_inject_failure)
     pc_free(p);
     pc_free(NULL);
     ASSERT_TRUE(pc_reallocarray(NULL, SIZE_MAX / 2, 4) == NULL);
+}
+
+/* tests/pc_failalloc.h, which the out-of-memory tests share: each rule fails exactly the
+ * allocations it names, and frees go through. */
+PC_TEST(failalloc_rules)
+{
+    void *p[6] = {NULL};
+    pc_allocator_t prev = pc_set_allocator(&pc_failalloc);
+    pc_failalloc_left = 2; /* two succeed, then everything fails */
+    for (int i = 0; i < 4; i++)
+        p[i] = pc_malloc(8);
+    pc_failalloc_left = -1;
+    pc_failalloc_count = 0;
+    pc_failalloc_at = 2; /* only the second fails */
+    p[4] = pc_calloc(1, 8);
+    void *q = pc_realloc(NULL, 8);
+    p[5] = pc_malloc(8);
+    pc_failalloc_at = 0;
+    pc_failalloc_count = 0;
+    pc_failalloc_every = 3; /* the third and sixth fail */
+    int failed[6];
+    void *r[6];
+    for (int i = 0; i < 6; i++) {
+        r[i] = pc_malloc(8);
+        failed[i] = r[i] == NULL;
+    }
+    pc_failalloc_every = 0;
+    pc_set_allocator(&prev);
+    ASSERT_TRUE(p[0] != NULL && p[1] != NULL);
+    ASSERT_TRUE(p[2] == NULL && p[3] == NULL);
+    ASSERT_TRUE(p[4] != NULL && q == NULL && p[5] != NULL);
+    ASSERT_EQ_U64(pc_failalloc_count, 6);
+    for (int i = 0; i < 6; i++)
+        ASSERT_EQ(failed[i], i == 2 || i == 5);
+    for (int i = 0; i < 6; i++) {
+        pc_free(p[i]);
+        pc_free(r[i]);
+    }
 }
 
 PC_TEST(arena_alignment_and_clear)

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "common.h"
+#include "pc_failalloc.h"
 #include "pc_test.h"
 
 typedef struct item {
@@ -108,20 +109,6 @@ PC_TEST(heap_against_naive)
     ASSERT_EQ(h.cap, 0);
 }
 
-static long fail_k;
-static void *f_malloc(size_t n)
-{
-    return fail_k-- > 0 ? malloc(n) : NULL;
-}
-static void *f_calloc(size_t c, size_t n)
-{
-    return fail_k-- > 0 ? calloc(c, n) : NULL;
-}
-static void *f_realloc(void *p, size_t n)
-{
-    return fail_k-- > 0 ? realloc(p, n) : NULL;
-}
-
 PC_TEST(heap_reserve_range_and_failure)
 {
     static item_t items[100];
@@ -134,8 +121,8 @@ PC_TEST(heap_reserve_range_and_failure)
         items[i] = (item_t){100 - i, PC_HEAP_NOIDX, true};
         pc_heap_push(&h, &items[i], items[i].key);
     }
-    pc_allocator_t fa = {f_malloc, f_calloc, f_realloc, free};
-    fail_k = 0;
+    pc_allocator_t fa = pc_failalloc;
+    pc_failalloc_left = 0;
     pc_allocator_t prev = pc_set_allocator(&fa);
     int rc = pc_heap_reserve(&h, 65);
     pc_set_allocator(&prev);

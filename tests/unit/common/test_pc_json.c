@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "pc_failalloc.h"
 #include "pc_test.h"
 
 static char out[4096];
@@ -49,20 +50,6 @@ PC_TEST(json_escapes)
     pc_buf_free(&b);
 }
 
-static long fail_k;
-static void *f_malloc(size_t n)
-{
-    return fail_k-- > 0 ? malloc(n) : NULL;
-}
-static void *f_calloc(size_t c, size_t n)
-{
-    return fail_k-- > 0 ? calloc(c, n) : NULL;
-}
-static void *f_realloc(void *p, size_t n)
-{
-    return fail_k-- > 0 ? realloc(p, n) : NULL;
-}
-
 PC_TEST(json_nomem_rolls_back)
 {
     /* A long string with escapes everywhere, appended after existing content, so the buffer
@@ -70,12 +57,12 @@ PC_TEST(json_nomem_rolls_back)
     char s[3000];
     for (size_t i = 0; i < sizeof s; i++)
         s[i] = "ab\n\"\x01\xC3\xA9\xFF"[i % 8];
-    pc_allocator_t fa = {f_malloc, f_calloc, f_realloc, free};
+    pc_allocator_t fa = pc_failalloc;
     long failures = 0;
     for (long k = 0;; k++) {
         pc_buf_t b = PC_BUF_INIT;
         ASSERT_EQ(pc_buf_append(&b, "prefix", 6), 0);
-        fail_k = k;
+        pc_failalloc_left = k;
         pc_allocator_t prev = pc_set_allocator(&fa);
         int rc = pc_json_string(&b, s, sizeof s, PC_JSON_UTF8);
         pc_set_allocator(&prev);

@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "pc_strmap.h"
+#include "pc_failalloc.h"
 #include "pc_test.h"
 
 static uint64_t rng = 1;
@@ -119,30 +120,16 @@ PC_TEST(strmap_empty_key_prefixes_and_reserve)
     pc_strmap_free(&m);
 }
 
-static long fail_k;
-static void *f_malloc(size_t n)
-{
-    return fail_k-- > 0 ? malloc(n) : NULL;
-}
-static void *f_calloc(size_t c, size_t n)
-{
-    return fail_k-- > 0 ? calloc(c, n) : NULL;
-}
-static void *f_realloc(void *p, size_t n)
-{
-    return fail_k-- > 0 ? realloc(p, n) : NULL;
-}
-
 PC_TEST(strmap_failing_allocator_leaves_map_unchanged)
 {
-    pc_allocator_t fa = {f_malloc, f_calloc, f_realloc, free};
+    pc_allocator_t fa = pc_failalloc;
     pc_strmap_t m = {0};
     char key[32];
     long failures = 0;
     for (unsigned k = 0; k < 3000; k++) {
         size_t len = (size_t)snprintf(key, sizeof key, "key-%u", k);
         for (long budget = 0;; budget++) {
-            fail_k = budget;
+            pc_failalloc_left = budget;
             pc_allocator_t prev = pc_set_allocator(&fa);
             int rc = pc_strmap_insert(&m, key, len, k, NULL);
             pc_set_allocator(&prev);

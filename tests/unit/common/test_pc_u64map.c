@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "common.h"
+#include "pc_failalloc.h"
 #include "pc_test.h"
 
 static uint64_t rng = 1;
@@ -81,29 +82,15 @@ PC_TEST(u64map_iteration_visits_each_entry_once)
     ASSERT_TRUE(pc_u64map_get(&m, 1ull << 32) == NULL);
 }
 
-static long fail_k;
-static void *f_malloc(size_t n)
-{
-    return fail_k-- > 0 ? malloc(n) : NULL;
-}
-static void *f_calloc(size_t c, size_t n)
-{
-    return fail_k-- > 0 ? calloc(c, n) : NULL;
-}
-static void *f_realloc(void *p, size_t n)
-{
-    return fail_k-- > 0 ? realloc(p, n) : NULL;
-}
-
 PC_TEST(u64map_failing_allocator_leaves_map_unchanged)
 {
-    pc_allocator_t fa = {f_malloc, f_calloc, f_realloc, free};
+    pc_allocator_t fa = pc_failalloc;
     pc_u64map_t m = {0};
     static int vals[2001];
     pc_allocator_t prev;
     long failures = 0;
     for (uint64_t k = 1; k <= 2000; k++) {
-        fail_k = 0;
+        pc_failalloc_left = 0;
         prev = pc_set_allocator(&fa);
         int rc = pc_u64map_put(&m, k, &vals[k]);
         pc_set_allocator(&prev);
@@ -120,7 +107,7 @@ PC_TEST(u64map_failing_allocator_leaves_map_unchanged)
     ASSERT_TRUE(failures >= 8); /* every growth 16 -> 4096 failed once */
     /* A reserve that fails changes nothing; one that succeeds makes room without growth. */
     size_t cap = m.cap;
-    fail_k = 0;
+    pc_failalloc_left = 0;
     prev = pc_set_allocator(&fa);
     ASSERT_EQ(pc_u64map_reserve(&m, 100000), PC_ERR_NOMEM);
     pc_set_allocator(&prev);
@@ -136,7 +123,7 @@ PC_TEST(u64map_failing_allocator_leaves_map_unchanged)
     for (uint64_t k = 2001; k <= 2000 + 90000; k++)
         ASSERT_TRUE(pc_u64map_del(&m, k) == &vals[k % 2001]);
     /* Deleting under a failing allocator: a failed shrink keeps a valid map. */
-    fail_k = 0;
+    pc_failalloc_left = 0;
     prev = pc_set_allocator(&fa);
     for (uint64_t k = 1; k <= 1990; k++)
         ASSERT_TRUE(pc_u64map_del(&m, k) == &vals[k]);

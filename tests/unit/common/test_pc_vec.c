@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "common.h"
+#include "pc_failalloc.h"
 #include "pc_test.h"
 
 typedef struct pair {
@@ -42,28 +43,14 @@ PC_TEST(vec_push_and_reserve)
     pc_vec_free(&p);
 }
 
-static long fail_k;
-static void *f_malloc(size_t n)
-{
-    return fail_k-- > 0 ? malloc(n) : NULL;
-}
-static void *f_calloc(size_t c, size_t n)
-{
-    return fail_k-- > 0 ? calloc(c, n) : NULL;
-}
-static void *f_realloc(void *p, size_t n)
-{
-    return fail_k-- > 0 ? realloc(p, n) : NULL;
-}
-
 PC_TEST(vec_failed_growth_leaves_it_unchanged)
 {
     PC_VEC(uint64_t) v = {0};
     for (uint64_t i = 0; i < 8; i++)
         ASSERT_EQ(pc_vec_push(&v, i), 0);
     uint64_t *before = v.base;
-    pc_allocator_t fa = {f_malloc, f_calloc, f_realloc, free};
-    fail_k = 0;
+    pc_allocator_t fa = pc_failalloc;
+    pc_failalloc_left = 0;
     pc_allocator_t prev = pc_set_allocator(&fa);
     int rc = pc_vec_push(&v, 99);
     pc_set_allocator(&prev);

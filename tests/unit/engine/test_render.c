@@ -19,6 +19,7 @@
 #include "chat.h"
 #include "chat_internal.h"
 #include "common.h"
+#include "pc_failalloc.h"
 #include "pc_test.h"
 #include "render.h"
 #include "tokenizer.h"
@@ -652,25 +653,10 @@ PC_TEST(tokens_roundtrip_qwen3)
 
 /* ---- allocation failure ---------------------------------------------------------------- */
 
-static long g_fail_at, g_n_allocs;
-static void *fail_malloc(size_t n)
-{
-    return ++g_n_allocs == g_fail_at ? NULL : malloc(n);
-}
-static void *fail_calloc(size_t c, size_t n)
-{
-    return ++g_n_allocs == g_fail_at ? NULL : calloc(c, n);
-}
-static void *fail_realloc(void *p, size_t n)
-{
-    return ++g_n_allocs == g_fail_at ? NULL : realloc(p, n);
-}
-
 PC_TEST(allocation_failures_are_clean)
 {
     /* Fails the 1st, 2nd, ... allocation of adapter + render until one run succeeds: every
      * failure must be PC_ERR_NOMEM, and (under ASan) nothing may leak. */
-    static const pc_allocator_t failing = {fail_malloc, fail_calloc, fail_realloc, free};
     const char *body =
         ("{" M "\"system\":\"S\",\"tools\":[{\"name\":\"f\",\"input_schema\":"
          "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\"}}}}],"
@@ -687,14 +673,14 @@ PC_TEST(allocation_failures_are_clean)
                                                             "\"y\"}]}]") "]}");
     for (int fam = ENG_RENDER_FAMILY_LLAMA3; fam <= ENG_RENDER_FAMILY_CHATML; fam++) {
         int rc = -1;
-        for (g_fail_at = 1; rc != 0 && g_fail_at < 10000; g_fail_at++) {
+        for (pc_failalloc_at = 1; rc != 0 && pc_failalloc_at < 10000; pc_failalloc_at++) {
             pc_arena_t arena;
             eng_chat_t *c = NULL;
             eng_render_t *r = NULL;
             eng_render_out_t out;
-            g_n_allocs = 0;
+            pc_failalloc_count = 0;
             pc_arena_init(&arena, 64); /* small chunks: many allocation points */
-            pc_allocator_t prev = pc_set_allocator(&failing);
+            pc_allocator_t prev = pc_set_allocator(&pc_failalloc);
             rc = adapt(false, body, &arena, &c);
             if (rc == 0)
                 rc = eng_render_init(NULL, (eng_render_family_t)fam, &r, g_err, sizeof g_err);
@@ -704,12 +690,12 @@ PC_TEST(allocation_failures_are_clean)
             pc_arena_close(&arena);
             pc_set_allocator(&prev);
             if (rc != 0 && rc != PC_ERR_NOMEM)
-                fprintf(stderr, "  fail_at %ld: %s\n", g_fail_at, g_err);
+                fprintf(stderr, "  fail_at %ld: %s\n", pc_failalloc_at, g_err);
             if (rc != 0)
                 ASSERT_EQ(rc, PC_ERR_NOMEM);
         }
         ASSERT_EQ(rc, 0);
-        ASSERT_TRUE(g_fail_at > 5);
+        ASSERT_TRUE(pc_failalloc_at > 5);
     }
 }
 

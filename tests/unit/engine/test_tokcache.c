@@ -15,6 +15,7 @@
 
 #include "chat.h"
 #include "common.h"
+#include "pc_failalloc.h"
 #include "pc_test.h"
 #include "render.h"
 #include "tokcache.h"
@@ -356,23 +357,8 @@ PC_TEST(threads_share_one_cache)
 
 /* ---- allocation failure ----------------------------------------------------------------- */
 
-static long g_fail_every, g_n_allocs;
-static void *fail_malloc(size_t n)
-{
-    return ++g_n_allocs % g_fail_every == 0 ? NULL : malloc(n);
-}
-static void *fail_calloc(size_t c, size_t n)
-{
-    return ++g_n_allocs % g_fail_every == 0 ? NULL : calloc(c, n);
-}
-static void *fail_realloc(void *p, size_t n)
-{
-    return ++g_n_allocs % g_fail_every == 0 ? NULL : realloc(p, n);
-}
-
 PC_TEST(failing_allocator_keeps_results_exact)
 {
-    static const pc_allocator_t failing = {fail_malloc, fail_calloc, fail_realloc, free};
     eng_tok_t *tok = load_tok(LLAMA3_DIR);
     if (tok == NULL)
         PC_SKIP("tokenizer files or tokenizer implementation not available");
@@ -390,13 +376,13 @@ PC_TEST(failing_allocator_keeps_results_exact)
     eng_tokcache_params_t p = {.max_bytes = 16 * 1024, .min_text_bytes = 0};
     ASSERT_EQ(eng_tokcache_init(tok, &p, &c), 0);
     int n_ok = 0, n_nomem = 0;
-    for (g_fail_every = 2; g_fail_every <= 12; g_fail_every++) {
+    for (pc_failalloc_every = 2; pc_failalloc_every <= 12; pc_failalloc_every++) {
         for (int it = 0; it < 4 * NT; it++) {
             const pool_text_t *t = &pool[rnd(NT)];
             uint32_t *ids = NULL;
             size_t n = 0, cap = 0;
-            g_n_allocs = 0;
-            pc_allocator_t prev = pc_set_allocator(&failing);
+            pc_failalloc_count = 0;
+            pc_allocator_t prev = pc_set_allocator(&pc_failalloc);
             int rc = eng_tokcache_encode(c, 0, t->text.base, t->text.len, &ids, &n, &cap);
             pc_set_allocator(&prev);
             if (rc == PC_ERR_NOMEM) {

@@ -12,6 +12,7 @@
 #include "api.h"
 #include "api_internal.h"
 #include "common.h"
+#include "pc_failalloc.h"
 #include "pc_test.h"
 
 static char g_err[512];
@@ -858,23 +859,8 @@ PC_TEST(json_over_memory_budget_is_413)
 
 /* ---- allocation failure -------------------------------------------------------------------- */
 
-static long g_fail_at, g_n_allocs;
-static void *fail_malloc(size_t n)
-{
-    return ++g_n_allocs == g_fail_at ? NULL : malloc(n);
-}
-static void *fail_calloc(size_t c, size_t n)
-{
-    return ++g_n_allocs == g_fail_at ? NULL : calloc(c, n);
-}
-static void *fail_realloc(void *p, size_t n)
-{
-    return ++g_n_allocs == g_fail_at ? NULL : realloc(p, n);
-}
-
 PC_TEST(allocation_failures_are_clean)
 {
-    static const pc_allocator_t failing = {fail_malloc, fail_calloc, fail_realloc, free};
     static const char *const bodies[] = {
         "{" M "\"max_tokens\":5,\"stop_sequences\":[\"a\",\"b\"],\"metadata\":{\"user_id\":\"u\"},"
         "\"cache_salt\":\"s\",\"tools\":[{\"name\":\"f\",\"input_schema\":{\"type\":\"object\"}}],"
@@ -896,17 +882,17 @@ PC_TEST(allocation_failures_are_clean)
     for (size_t bi = 0; bi < PC_ARRAY_LEN(bodies); bi++) {
         gw_api_kind_t kind = bi == 0 ? AM : OC;
         int rc = -1;
-        for (g_fail_at = 1; rc != 0 && g_fail_at < 10000; g_fail_at++) {
+        for (pc_failalloc_at = 1; rc != 0 && pc_failalloc_at < 10000; pc_failalloc_at++) {
             pc_arena_t arena;
             gw_api_req_t *r = NULL;
-            g_n_allocs = 0;
+            pc_failalloc_count = 0;
             pc_arena_init(&arena, 64);
-            pc_allocator_t prev = pc_set_allocator(&failing);
+            pc_allocator_t prev = pc_set_allocator(&pc_failalloc);
             rc = gw_api_parse(kind, bodies[bi], strlen(bodies[bi]), &arena, &r, &g_e);
             pc_set_allocator(&prev);
             pc_arena_close(&arena);
             if (rc != 0 && rc != PC_ERR_NOMEM)
-                fprintf(stderr, "  fail_at %ld: %s\n", g_fail_at, g_e.message);
+                fprintf(stderr, "  fail_at %ld: %s\n", pc_failalloc_at, g_e.message);
             if (rc != 0) {
                 ASSERT_EQ(rc, PC_ERR_NOMEM);
                 ASSERT_EQ(g_e.status, 500);
@@ -914,7 +900,7 @@ PC_TEST(allocation_failures_are_clean)
             }
         }
         ASSERT_EQ(rc, 0);
-        ASSERT_TRUE(g_fail_at > 5);
+        ASSERT_TRUE(pc_failalloc_at > 5);
     }
 }
 

@@ -15,6 +15,7 @@
 #include "api.h"
 #include "common.h"
 #include "pc_json.h"
+#include "pc_failalloc.h"
 #include "pc_test.h"
 
 static const gw_api_resp_t *anth_resp(void)
@@ -332,32 +333,17 @@ PC_TEST(json_string_escaping)
 
 /* ---- allocation failure: the buffer is left as it was ------------------------------------- */
 
-static long g_fail_at, g_n_allocs;
-static void *fail_malloc(size_t n)
-{
-    return ++g_n_allocs == g_fail_at ? NULL : malloc(n);
-}
-static void *fail_calloc(size_t c, size_t n)
-{
-    return ++g_n_allocs == g_fail_at ? NULL : calloc(c, n);
-}
-static void *fail_realloc(void *p, size_t n)
-{
-    return ++g_n_allocs == g_fail_at ? NULL : realloc(p, n);
-}
-
 PC_TEST(rollback_on_allocation_failure)
 {
-    static const pc_allocator_t failing = {fail_malloc, fail_calloc, fail_realloc, free};
     for (int which = 0; which < 4; which++) {
         int rc = -1;
-        for (g_fail_at = 1; rc != 0 && g_fail_at < 100; g_fail_at++) {
+        for (pc_failalloc_at = 1; rc != 0 && pc_failalloc_at < 100; pc_failalloc_at++) {
             pc_buf_t b = PC_BUF_INIT;
             gw_anthropic_sse_t s;
             ASSERT_EQ(pc_buf_append_cstr(&b, "prefix"), 0); /* then every reserve grows */
             gw_anthropic_sse_init(&s);
-            g_n_allocs = 0;
-            pc_allocator_t prev = pc_set_allocator(&failing);
+            pc_failalloc_count = 0;
+            pc_allocator_t prev = pc_set_allocator(&pc_failalloc);
             if (which == 0)
                 rc = gw_anthropic_message_render(anth_resp(), &b);
             else if (which == 1)

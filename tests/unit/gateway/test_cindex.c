@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "pc_failalloc.h"
 #include "pc_test.h"
 
 /* ---- helpers ---------------------------------------------------------------------------- */
@@ -1068,20 +1069,6 @@ PC_TEST(differential_token_cap)
 
 /* ---- failing allocator ------------------------------------------------------------------ */
 
-static long fail_k;
-static void *f_malloc(size_t n)
-{
-    return fail_k-- > 0 ? malloc(n) : NULL;
-}
-static void *f_calloc(size_t c, size_t n)
-{
-    return fail_k-- > 0 ? calloc(c, n) : NULL;
-}
-static void *f_realloc(void *p, size_t n)
-{
-    return fail_k-- > 0 ? realloc(p, n) : NULL;
-}
-
 /* Everything observable: the tree, the namespace states, the heap in slot order. */
 static char *dump_state(const gw_cindex_t *ix)
 {
@@ -1114,7 +1101,7 @@ PC_TEST(failing_allocator_every_insert)
     rng_state = 77;
     uint64_t t = 0;
     long failures = 0;
-    pc_allocator_t fa = {f_malloc, f_calloc, f_realloc, free};
+    pc_allocator_t fa = pc_failalloc;
     for (int i = 0; i < 600; i++) {
         t += 1 + rnd(20);
         uint32_t q[40];
@@ -1126,7 +1113,7 @@ PC_TEST(failing_allocator_every_insert)
         char *before = dump_state(ix);
         int rc;
         for (long k = 0;; k++) {
-            fail_k = k;
+            pc_failalloc_left = k;
             pc_allocator_t prev = pc_set_allocator(&fa);
             rc = gw_cindex_insert(ix, ns, q, n, (gw_cindex_ttl_t)rnd(2), t, t);
             pc_set_allocator(&prev);
@@ -1153,7 +1140,7 @@ PC_TEST(failing_allocator_every_insert)
     /* init fails cleanly at every allocation. */
     for (long k = 0;; k++) {
         gw_cindex_t *x = NULL;
-        fail_k = k;
+        pc_failalloc_left = k;
         pc_allocator_t prev = pc_set_allocator(&fa);
         int rc = gw_cindex_init(&p, &x);
         pc_set_allocator(&prev);
@@ -1331,7 +1318,7 @@ PC_TEST(insert_path_walks_the_prompt_once)
 PC_TEST(insert_path_failing_allocator)
 {
     gw_cindex_params_t p = test_params();
-    pc_allocator_t fa = {f_malloc, f_calloc, f_realloc, free};
+    pc_allocator_t fa = pc_failalloc;
     rng_state = 99;
     for (int it = 0; it < 200; it++) {
         uint32_t q[MAX_LEN];
@@ -1353,7 +1340,7 @@ PC_TEST(insert_path_failing_allocator)
             gw_cindex_t *ix = mk(&p);
             gw_cindex_insert(ix, 1, pre, n, GW_CINDEX_TTL_5M, 0, 0);
             int res[4];
-            fail_k = k;
+            pc_failalloc_left = k;
             pc_allocator_t prev = pc_set_allocator(&fa);
             int rc = gw_cindex_insert_path(ix, 1, q, pts, 4, 1, 1, res);
             pc_set_allocator(&prev);

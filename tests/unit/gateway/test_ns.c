@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "ns.h"
+#include "pc_failalloc.h"
 #include "pc_test.h"
 
 static const uint8_t KEY[GW_NS_KEY_BYTES] = "test-namespace-secret-0123456789";
@@ -94,29 +95,15 @@ PC_TEST(ns_table_follows_entries)
     gw_ns_tab_free(&t);
 }
 
-static long fail_k;
-static void *f_malloc(size_t n)
-{
-    return fail_k-- > 0 ? malloc(n) : NULL;
-}
-static void *f_calloc(size_t c, size_t n)
-{
-    return fail_k-- > 0 ? calloc(c, n) : NULL;
-}
-static void *f_realloc(void *p, size_t n)
-{
-    return fail_k-- > 0 ? realloc(p, n) : NULL;
-}
-
 PC_TEST(failing_allocator_leaves_table_unchanged)
 {
-    pc_allocator_t fa = {f_malloc, f_calloc, f_realloc, free};
+    pc_allocator_t fa = pc_failalloc;
     gw_ns_tab_t t = {0};
     long failures = 0;
     for (uint64_t i = 1; i <= 300; i++) {
         int rc;
         for (long k = 0;; k++) {
-            fail_k = k;
+            pc_failalloc_left = k;
             pc_allocator_t prev = pc_set_allocator(&fa);
             rc = gw_ns_tab_ref(&t, i, "t", 1);
             pc_set_allocator(&prev);
@@ -131,7 +118,7 @@ PC_TEST(failing_allocator_leaves_table_unchanged)
     }
     ASSERT_TRUE(failures >= 300); /* every first ref allocates its record */
     /* Deleting under a failing allocator: a failed shrink keeps a valid table. */
-    fail_k = 0;
+    pc_failalloc_left = 0;
     pc_allocator_t prev = pc_set_allocator(&fa);
     for (uint64_t i = 1; i <= 300; i++)
         gw_ns_tab_unref(&t, i);

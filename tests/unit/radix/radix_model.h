@@ -29,6 +29,7 @@
 
 #define _GNU_SOURCE
 #include "common.h"
+#include "pc_failalloc.h"
 #include "radix.h"
 
 #include <inttypes.h>
@@ -323,22 +324,8 @@ static size_t mdl_seq(mdl_t *m, uint32_t *q)
     return mdl_seq_from(m, &m->src, q);
 }
 
-/* Allocator that fails the k-th allocation (and every one after it, so a mutation that
- * ignores a failure and allocates again is caught too). */
-static long mdl_fail_k;
-static void *mdl_fmalloc(size_t n)
-{
-    return mdl_fail_k-- > 0 ? malloc(n) : NULL;
-}
-static void *mdl_fcalloc(size_t c, size_t n)
-{
-    return mdl_fail_k-- > 0 ? calloc(c, n) : NULL;
-}
-static void *mdl_frealloc(void *p, size_t n)
-{
-    return mdl_fail_k-- > 0 ? realloc(p, n) : NULL;
-}
-
+/* The OOM checks use tests/pc_failalloc.h's "left" rule: it fails the k-th allocation and
+ * every one after it, so a mutation that ignores a failure and allocates again is caught too. */
 static char *mdl_dump(const mdl_t *m)
 {
     char *s = NULL;
@@ -422,8 +409,8 @@ static int mdl_is_pinned_handle(const mdl_t *m, const rdx_node_t *x)
         for (long k_ = 0;; k_++) {                                                                 \
             char *before_ = mdl_dump(m);                                                           \
             long live_ = mdl_payloads_live;                                                        \
-            pc_allocator_t fa_ = {mdl_fmalloc, mdl_fcalloc, mdl_frealloc, free};                   \
-            mdl_fail_k = k_;                                                                       \
+            pc_allocator_t fa_ = pc_failalloc;                                                     \
+            pc_failalloc_left = k_;                                                                \
             pc_allocator_t prev_ = pc_set_allocator(&fa_);                                         \
             rc = (expr);                                                                           \
             pc_set_allocator(&prev_);                                                              \
@@ -451,8 +438,8 @@ static int mdl_is_pinned_handle(const mdl_t *m, const rdx_node_t *x)
             stmt;                                                                                  \
             break;                                                                                 \
         }                                                                                          \
-        pc_allocator_t fa_ = {mdl_fmalloc, mdl_fcalloc, mdl_frealloc, free};                       \
-        mdl_fail_k = 0;                                                                            \
+        pc_allocator_t fa_ = pc_failalloc;                                                         \
+        pc_failalloc_left = 0;                                                                     \
         pc_allocator_t prev_ = pc_set_allocator(&fa_);                                             \
         stmt;                                                                                      \
         pc_set_allocator(&prev_);                                                                  \

@@ -670,9 +670,9 @@ PC_TEST(failing_allocator_every_mutation)
         free(m);
     }
     /* init itself fails cleanly. */
-    pc_allocator_t fa = {mdl_fmalloc, mdl_fcalloc, mdl_frealloc, free};
+    pc_allocator_t fa = pc_failalloc;
     for (long k = 0; k < 2; k++) {
-        mdl_fail_k = k;
+        pc_failalloc_left = k;
         pc_allocator_t prev = pc_set_allocator(&fa);
         rdx_tree_params_t p = rdx_tree_params_default();
         rdx_tree_t *t = NULL;
