@@ -221,23 +221,15 @@ static uint64_t ld_u64(const uint8_t *s)
     return v;
 }
 
-static int rd_u32(parser_t *p, uint32_t *out, const char *field)
+/* Reads the next n bytes into *out, a uint32_t or uint64_t (n = its size): the file is
+ * little-endian like the host (gguf.h). 0 or the truncation error. */
+static int rd_uint(parser_t *p, void *out, size_t n, const char *field)
 {
-    int rc = need(p, 4, field);
+    int rc = need(p, n, field);
     if (rc != 0)
         return rc;
-    *out = ld_u32(p->base + p->pos);
-    p->pos += 4;
-    return 0;
-}
-
-static int rd_u64(parser_t *p, uint64_t *out, const char *field)
-{
-    int rc = need(p, 8, field);
-    if (rc != 0)
-        return rc;
-    *out = ld_u64(p->base + p->pos);
-    p->pos += 8;
+    memcpy(out, p->base + p->pos, n);
+    p->pos += n;
     return 0;
 }
 
@@ -245,7 +237,7 @@ static int rd_u64(parser_t *p, uint64_t *out, const char *field)
 static int rd_str(parser_t *p, const uint8_t **s, uint64_t *len, const char *field)
 {
     uint64_t at = p->pos, n;
-    int rc = rd_u64(p, &n, field);
+    int rc = rd_uint(p, &n, sizeof n, field);
     if (rc != 0)
         return rc;
     if (n > remain(p))
@@ -264,13 +256,13 @@ static int parse_array(parser_t *p, uint32_t depth, eng_gguf_val_t *v)
 {
     uint32_t et;
     uint64_t n, at = p->pos;
-    int rc = rd_u32(p, &et, "array element type");
+    int rc = rd_uint(p, &et, sizeof et, "array element type");
     if (rc != 0)
         return rc;
     if (et >= ENG_GGUF_VTYPE_COUNT)
         return perr(p, at, "unknown array element type %" PRIu32, et);
     at = p->pos;
-    if ((rc = rd_u64(p, &n, "array length")) != 0)
+    if ((rc = rd_uint(p, &n, sizeof n, "array length")) != 0)
         return rc;
     v->elem_type = et;
     v->n = n;
@@ -397,7 +389,7 @@ static int parse_kvs(parser_t *p, uint64_t n_kv)
         g->kv[i].key = k;
         if ((rc = index_add(&g->kv_index, k, i)) != 0)
             return rc < 0 ? rc : perr(p, at, "duplicate key");
-        if ((rc = rd_u32(p, &type, "value type")) != 0)
+        if ((rc = rd_uint(p, &type, sizeof type, "value type")) != 0)
             return rc;
         if ((rc = parse_value(p, type, 0, &g->kv[i].val)) != 0)
             return rc;
@@ -470,7 +462,7 @@ static int parse_tensors(parser_t *p, uint64_t n_tensors)
         if ((rc = index_add(&g->tensor_index, nm, i)) != 0)
             return rc < 0 ? rc : perr(p, at, "duplicate tensor name");
         at = p->pos;
-        if ((rc = rd_u32(p, &n_dims, "n_dims")) != 0)
+        if ((rc = rd_uint(p, &n_dims, sizeof n_dims, "n_dims")) != 0)
             return rc;
         if (n_dims < 1 || n_dims > ENG_GGUF_MAX_DIMS)
             return perr(p, at, "n_dims %" PRIu32 " not in 1..%d", n_dims, ENG_GGUF_MAX_DIMS);
@@ -482,7 +474,7 @@ static int parse_tensors(parser_t *p, uint64_t n_tensors)
                 continue;
             uint64_t ne;
             at = p->pos;
-            if ((rc = rd_u64(p, &ne, "dimension")) != 0)
+            if ((rc = rd_uint(p, &ne, sizeof ne, "dimension")) != 0)
                 return rc;
             if (ne < 1 || ne > (uint64_t)INT64_MAX)
                 return perr(p, at, "ne[%" PRIu32 "] = %" PRId64 " is not positive", d, (int64_t)ne);
@@ -493,7 +485,7 @@ static int parse_tensors(parser_t *p, uint64_t n_tensors)
         }
         t->n_elements = n_el;
         at = p->pos;
-        if ((rc = rd_u32(p, &type, "type")) != 0)
+        if ((rc = rd_uint(p, &type, sizeof type, "type")) != 0)
             return rc;
         uint32_t bs = eng_ggml_type_block_size(type), bb = eng_ggml_type_block_bytes(type);
         if (bs == 0)
@@ -508,7 +500,7 @@ static int parse_tensors(parser_t *p, uint64_t n_tensors)
             return perr(p, at, "data size overflows");
         t->n_bytes = n_blocks * bb;
         at = p->pos;
-        if ((rc = rd_u64(p, &t->offset, "data offset")) != 0)
+        if ((rc = rd_uint(p, &t->offset, sizeof t->offset, "data offset")) != 0)
             return rc;
         if (t->offset % g->alignment != 0)
             return perr(p, at,
@@ -577,7 +569,7 @@ static int parse(eng_gguf_t *g, char *err, size_t err_len)
         return perr(&p, 0, "bad magic %02x %02x %02x %02x, expected \"GGUF\"", g->base[0],
                     g->base[1], g->base[2], g->base[3]);
     p.pos = 4;
-    if ((rc = rd_u32(&p, &version, "version")) != 0)
+    if ((rc = rd_uint(&p, &version, sizeof version, "version")) != 0)
         return rc;
     if (version == 1)
         return perr(&p, 4, "GGUF version 1 is not supported (versions 2 and 3 are)");
@@ -590,7 +582,8 @@ static int parse(eng_gguf_t *g, char *err, size_t err_len)
         return perr(&p, 4, "unsupported version %" PRIu32 " (versions 2 and 3 are)", version);
     }
     g->version = version;
-    if ((rc = rd_u64(&p, &n_tensors, "n_tensors")) != 0 || (rc = rd_u64(&p, &n_kv, "n_kv")) != 0)
+    if ((rc = rd_uint(&p, &n_tensors, sizeof n_tensors, "n_tensors")) != 0 ||
+        (rc = rd_uint(&p, &n_kv, sizeof n_kv, "n_kv")) != 0)
         return rc;
     p.ctx[0] = '\0';
     if ((rc = parse_kvs(&p, n_kv)) != 0)
