@@ -393,6 +393,49 @@ static uint64_t take_of(const take_rec_t *r, uint64_t ns)
     return 0;
 }
 
+/* Namespace 0 lives beside the index map (which cannot key 0) and UINT64_MAX at its edge: both
+ * meter like any other, and namespaces that go during a take (swap-removes re-index the one
+ * moved) stay findable. */
+PC_TEST(namespace_zero_and_max_meter_like_others)
+{
+    gw_cindex_params_t p = test_params();
+    gw_cindex_t *ix = mk(&p);
+    const uint32_t *a = seq(1, 20);
+    take_rec_t r = {0};
+    ASSERT_EQ(gw_cindex_insert(ix, 0, a, 10, GW_CINDEX_TTL_5M, 0, 0), 0);
+    ASSERT_EQ(gw_cindex_insert(ix, 2, a, 6, GW_CINDEX_TTL_5M, 0, 0), 0);
+    ASSERT_EQ(gw_cindex_insert(ix, UINT64_MAX, a, 4, GW_CINDEX_TTL_1H, 50, 50), 0);
+    gw_cindex_ns_stats_t ns;
+    ASSERT_EQ(gw_cindex_ns_stats(ix, 0, &ns), 0);
+    ASSERT_EQ_U64(ns.n_tokens, 10);
+    ASSERT_EQ(gw_cindex_ns_stats(ix, UINT64_MAX, &ns), 0);
+    ASSERT_EQ_U64(ns.n_tokens, 4);
+    CHECK(ix);
+    ASSERT_EQ(gw_cindex_storage_take(ix, 200, on_take, &r), 3);
+    ASSERT_EQ_U64(take_of(&r, 0), 2000);
+    ASSERT_EQ_U64(take_of(&r, UINT64_MAX), 600);
+    ASSERT_EQ_U64(take_of(&r, 2), 1200);
+    /* 0 and 2 expire at 1000 and leave in this take; UINT64_MAX runs until 5050. */
+    r.n = 0;
+    ASSERT_EQ(gw_cindex_storage_take(ix, 2000, on_take, &r), 3);
+    ASSERT_EQ_U64(take_of(&r, 0), 8000);
+    ASSERT_EQ_U64(take_of(&r, 2), 4800);
+    ASSERT_EQ_U64(take_of(&r, UINT64_MAX), 7200);
+    ASSERT_EQ(ix->ns_n, 1);
+    ASSERT_TRUE(ns_find(ix, 0) == NULL && ns_find(ix, 2) == NULL);
+    ASSERT_TRUE(ns_find(ix, UINT64_MAX) == &ix->ns[0]);
+    ASSERT_EQ(gw_cindex_ns_stats(ix, 0, &ns), PC_ERR_NOTFOUND);
+    CHECK(ix);
+    r.n = 0;
+    ASSERT_EQ(gw_cindex_storage_take(ix, 9000, on_take, &r), 1);
+    ASSERT_EQ_U64(take_of(&r, UINT64_MAX), 12200);
+    ASSERT_EQ(gw_cindex_storage_take(ix, 9500, on_take, &r), 0);
+    ASSERT_EQ(ix->ns_n, 0);
+    ASSERT_EQ_U64(pc_u64map_count(&ix->idx), 0);
+    CHECK(ix);
+    gw_cindex_free(ix);
+}
+
 PC_TEST(storage_integral_by_hand)
 {
     gw_cindex_params_t p = test_params();

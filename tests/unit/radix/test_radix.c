@@ -605,6 +605,48 @@ PC_TEST(iteration_dump_namespaces)
     rdx_tree_free(t);
 }
 
+/* Namespace 0 is kept beside the namespace map (which cannot key 0); it must behave like any
+ * other id, and so must the largest one, through insert, match, stats, dump, removal and free. */
+PC_TEST(namespace_zero_and_max_are_ordinary)
+{
+    rdx_tree_t *t = new_tree(0);
+    const uint32_t a[] = {1, 2, 3}, b[] = {7, 8};
+    const uint64_t ids[] = {0, UINT64_MAX, 5};
+    for (int i = 0; i < 3; i++)
+        ASSERT_EQ(rdx_tree_insert(t, ids[i], i == 1 ? b : a, i == 1 ? 2 : 3, 0, 100, 0, NULL), 0);
+    ASSERT_EQ(rdx_tree_ns_count(t), 3);
+    CHECK_TREE(t);
+    rdx_match_t m;
+    ASSERT_EQ(rdx_tree_match(t, 0, a, 3, &m), 0);
+    ASSERT_EQ(m.n_matched, 3);
+    ASSERT_EQ(rdx_tree_match(t, 0, b, 2, &m), 0);
+    ASSERT_EQ(m.n_matched, 0);
+    ASSERT_EQ(rdx_tree_match(t, UINT64_MAX, b, 2, &m), 0);
+    ASSERT_EQ(m.n_matched, 2);
+    rdx_stats_t st;
+    ASSERT_EQ(rdx_tree_ns_stats(t, 0, &st), 0);
+    ASSERT_EQ(st.n_tokens, 3);
+    char *s = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&s, &len);
+    rdx_tree_dump(t, f);
+    fclose(f);
+    ASSERT_TRUE(strstr(s, "ns 0: nodes=1 tokens=3") != NULL);
+    ASSERT_TRUE(strstr(s, "ns 18446744073709551615: nodes=1 tokens=2") != NULL);
+    free(s);
+    ASSERT_EQ(rdx_tree_remove_prefix(t, 0, NULL, 0), 0);
+    ASSERT_EQ(rdx_tree_ns_stats(t, 0, &st), PC_ERR_NOTFOUND);
+    ASSERT_EQ(rdx_tree_match(t, 0, a, 3, &m), 0);
+    ASSERT_EQ(m.n_matched, 0);
+    ASSERT_EQ(rdx_tree_ns_count(t), 2);
+    CHECK_TREE(t);
+    /* Back again, then freed with the tree (the free path drops namespace 0 first). */
+    ASSERT_EQ(rdx_tree_insert(t, 0, b, 2, 0, 100, 0, NULL), 0);
+    ASSERT_EQ(rdx_tree_ns_count(t), 3);
+    CHECK_TREE(t);
+    rdx_tree_free(t);
+}
+
 /* ---- differential and failing-allocator tests ---- */
 
 #if defined(KVGW_SANITIZE) || !defined(NDEBUG)
