@@ -33,6 +33,12 @@ int pc__vec_reserve(void *basep, size_t *cap, size_t elem, size_t want);
 /* Room for at least want elements in total: 0 or PC_ERR_NOMEM. */
 #define pc_vec_reserve(v, want) pc__vec_reserve(&(v)->base, &(v)->cap, sizeof *(v)->base, (want))
 
+/* The same growth for a bare array kept under its owner's names (T **basep, size_t *capp),
+ * where a PC_VEC struct would not fit: room for at least want elements, 0 or PC_ERR_NOMEM
+ * (nothing changed). The contents are kept. */
+#define pc_array_reserve(basep, capp, want)                                                        \
+    pc__vec_reserve((basep), (capp), sizeof **(basep), (want))
+
 /* Appends x: 0 or PC_ERR_NOMEM (the vector unchanged). x is evaluated once, after the growth. */
 #define pc_vec_push(v, x)                                                                          \
     (pc_vec_reserve((v), (v)->len + 1) != 0 ? (int)PC_ERR_NOMEM : ((v)->base[(v)->len++] = (x), 0))

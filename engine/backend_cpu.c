@@ -322,8 +322,8 @@ static int cpu_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t
             hp->n_head_kv * ((sq->n_tokens + c->max_rows_per_task - 1) / c->max_rows_per_task);
     }
     /* The arrays grow the way pc_vec does (common/pc_vec.h). */
-    if (pc__vec_reserve(&c->tasks, &c->tasks_cap, sizeof *c->tasks, n_tasks) != 0 ||
-        pc__vec_reserve(&c->blocks, &c->blocks_cap, sizeof *c->blocks, n_seqs) != 0)
+    if (pc_array_reserve(&c->tasks, &c->tasks_cap, n_tasks) != 0 ||
+        pc_array_reserve(&c->blocks, &c->blocks_cap, n_seqs) != 0)
         return PC_ERR_NOMEM;
     uint32_t row = 0, ti = 0;
     for (uint32_t s = 0; s < n_seqs; s++) {

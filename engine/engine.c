@@ -337,7 +337,7 @@ const int32_t *eng_seq_tokens(const eng_seq_t *s)
 
 int eng__seq_tokens_reserve(eng_seq_t *s, uint32_t n)
 {
-    return pc__vec_reserve(&s->tokens, &s->tokens_cap, sizeof *s->tokens, n);
+    return pc_array_reserve(&s->tokens, &s->tokens_cap, n);
 }
 
 uint32_t eng_batch_n_rows(const eng_batch_item_t *items, uint32_t n_items)

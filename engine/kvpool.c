@@ -286,7 +286,7 @@ void eng_kvseq_close(eng_kvseq_t *s, eng_kvpool_t *pool)
 
 static int table_grow(eng_kvseq_t *s, uint32_t n)
 {
-    return pc__vec_reserve(&s->blocks, &s->cap, sizeof *s->blocks, n);
+    return pc_array_reserve(&s->blocks, &s->cap, n);
 }
 
 int eng_kvseq_share(eng_kvseq_t *s, eng_kvpool_t *pool, const uint32_t *blocks, uint32_t n_tokens)

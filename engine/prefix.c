@@ -138,7 +138,7 @@ static void heap_settle(px_heap_t *h, int which, uint32_t i)
 /* Room for one more pin; the push that follows cannot fail. */
 static int heap_reserve(px_heap_t *h)
 {
-    return pc__vec_reserve(&h->v, &h->cap, sizeof *h->v, (size_t)h->n + 1);
+    return pc_array_reserve(&h->v, &h->cap, (size_t)h->n + 1);
 }
 
 static void heap_push(px_heap_t *h, int which, px_pin_t *pin)

@@ -206,7 +206,7 @@ static void set_err(char *err, size_t len, const char *fmt, ...)
 
 static int list_push(wk_list_t *l, wk_req_t *r)
 {
-    int rc = pc__vec_reserve(&l->v, &l->cap, sizeof *l->v, (size_t)l->n + 1);
+    int rc = pc_array_reserve(&l->v, &l->cap, (size_t)l->n + 1);
     if (rc != 0)
         return rc;
     l->v[l->n++] = r;

@@ -953,11 +953,10 @@ static int step_upload(cuda_be_t *c, const krn_step_shape_t *sh, const eng_sampl
             (rc = grow_dev(c, (void **)&c->d_merges, &c->d_merges_cap, (size_t)sh->n_merges + 1,
                            sizeof(krn_attn_merge_t))) != 0)
             return rc;
-        if (sample &&
-            ((rc = pc__vec_reserve(&c->srows, &c->srows_cap, sizeof *c->srows, (size_t)nl)) != 0 ||
-             (rc = grow_dev(c, (void **)&c->d_srows, &c->d_srows_cap, (size_t)nl,
-                            sizeof(krn_sample_row_t))) != 0 ||
-             (rc = sample_prepare(c, srows, nl, c->srows)) != 0))
+        if (sample && ((rc = pc_array_reserve(&c->srows, &c->srows_cap, (size_t)nl)) != 0 ||
+                       (rc = grow_dev(c, (void **)&c->d_srows, &c->d_srows_cap, (size_t)nl,
+                                      sizeof(krn_sample_row_t))) != 0 ||
+                       (rc = sample_prepare(c, srows, nl, c->srows)) != 0))
             return rc;
         c->dev = (step_dev_t){.tokens = c->d_tokens,
                               .pos = c->d_pos,
@@ -1102,9 +1101,8 @@ static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, f
         decode = decode && sq->n_tokens == 1;
     }
     int rc;
-    if ((rc = pc__vec_reserve(&c->tables, &c->tables_cap, sizeof *c->tables,
-                              (size_t)n_seqs * sh.max_blocks)) != 0 ||
-        (rc = pc__vec_reserve(&c->pseqs, &c->pseqs_cap, sizeof *c->pseqs, n_seqs)) != 0)
+    if ((rc = pc_array_reserve(&c->tables, &c->tables_cap, (size_t)n_seqs * sh.max_blocks)) != 0 ||
+        (rc = pc_array_reserve(&c->pseqs, &c->pseqs_cap, n_seqs)) != 0)
         return rc;
     int32_t row = 0;
     for (uint32_t s = 0; s < n_seqs; s++) {
@@ -1143,10 +1141,8 @@ static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, f
     if (plan_n > 0 && (rc = krn_attn_plan(&pp, c->pseqs + plan0, plan_n, NULL, &sh.n_tasks, NULL,
                                           &sh.n_merges, &sh.n_parts)) != 0)
         return rc;
-    if ((rc = pc__vec_reserve(&c->tasks, &c->tasks_cap, sizeof *c->tasks,
-                              (size_t)sh.n_tasks + 1)) != 0 ||
-        (rc = pc__vec_reserve(&c->merges, &c->merges_cap, sizeof *c->merges,
-                              (size_t)sh.n_merges + 1)) != 0)
+    if ((rc = pc_array_reserve(&c->tasks, &c->tasks_cap, (size_t)sh.n_tasks + 1)) != 0 ||
+        (rc = pc_array_reserve(&c->merges, &c->merges_cap, (size_t)sh.n_merges + 1)) != 0)
         return rc;
     if (plan_n > 0 && (rc = krn_attn_plan(&pp, c->pseqs + plan0, plan_n, c->tasks, &sh.n_tasks,
                                           c->merges, &sh.n_merges, &sh.n_parts)) != 0)

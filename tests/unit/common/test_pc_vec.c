@@ -65,4 +65,34 @@ PC_TEST(vec_failed_growth_leaves_it_unchanged)
     pc_vec_free(&v);
 }
 
+/* pc_array_reserve: the same growth for a bare array and its owner's capacity field. */
+PC_TEST(array_reserve_bare_array)
+{
+    struct {
+        uint64_t a, b;
+    } *arr = NULL;
+    size_t cap = 0;
+    ASSERT_EQ(pc_array_reserve(&arr, &cap, 0), 0);
+    ASSERT_TRUE(arr == NULL && cap == 0);
+    ASSERT_EQ(pc_array_reserve(&arr, &cap, 5), 0);
+    ASSERT_EQ_U64(cap, 8);
+    for (uint64_t i = 0; i < 5; i++)
+        arr[i].a = i, arr[i].b = ~i;
+    ASSERT_EQ(pc_array_reserve(&arr, &cap, 20), 0);
+    ASSERT_EQ_U64(cap, 32);
+    for (uint64_t i = 0; i < 5; i++)
+        ASSERT_TRUE(arr[i].a == i && arr[i].b == ~i);
+    void *before = arr;
+    pc_failalloc_left = 0;
+    pc_allocator_t prev = pc_set_allocator(&pc_failalloc);
+    int rc = pc_array_reserve(&arr, &cap, 33);
+    pc_set_allocator(&prev);
+    ASSERT_EQ(rc, PC_ERR_NOMEM);
+    ASSERT_TRUE(arr == before);
+    ASSERT_EQ_U64(cap, 32);
+    ASSERT_EQ(pc_array_reserve(&arr, &cap, SIZE_MAX), PC_ERR_NOMEM);
+    ASSERT_EQ_U64(cap, 32);
+    pc_free(arr);
+}
+
 PC_TEST_MAIN()
