@@ -359,6 +359,29 @@ static uint64_t index_find(const pc_strmap_t *ix, const char *name)
     return pc_strmap_get(ix, name, strlen(name), &i) ? i : UINT64_MAX;
 }
 
+/* Reads the name of item i, a metadata key or a tensor name (field "key" or "name"): not
+ * empty, at most max bytes, no NUL byte; copies it into the arena and points the error
+ * context at it. 0, the format error or PC_ERR_NOMEM. */
+static int rd_name(parser_t *p, const char *what, uint64_t i, const char *field, uint64_t max,
+                   char **out)
+{
+    const uint8_t *s;
+    uint64_t len, at = p->pos;
+    set_ctx(p, what, i, NULL, 0);
+    int rc = rd_str(p, &s, &len, field);
+    if (rc != 0)
+        return rc;
+    set_ctx(p, what, i, s, len);
+    if (len == 0)
+        return perr(p, at, "empty %s", field);
+    if (len > max)
+        return perr(p, at, "%s length %" PRIu64 " exceeds %" PRIu64, field, len, max);
+    if (memchr(s, '\0', (size_t)len) != NULL)
+        return perr(p, at, "%s contains a NUL byte", field);
+    *out = pc_arena_strndup(&p->g->arena, (const char *)s, (size_t)len);
+    return *out != NULL ? 0 : PC_ERR_NOMEM;
+}
+
 static int parse_kvs(parser_t *p, uint64_t n_kv)
 {
     eng_gguf_t *g = p->g;
@@ -369,23 +392,12 @@ static int parse_kvs(parser_t *p, uint64_t n_kv)
     if (g->kv == NULL)
         return PC_ERR_NOMEM;
     for (uint64_t i = 0; i < n_kv; i++) {
-        const uint8_t *key;
-        uint64_t key_len, at = p->pos;
+        uint64_t at = p->pos;
         uint32_t type;
-        set_ctx(p, "metadata key", i, NULL, 0);
-        int rc = rd_str(p, &key, &key_len, "key");
+        char *k;
+        int rc = rd_name(p, "metadata key", i, "key", 65535, &k);
         if (rc != 0)
             return rc;
-        set_ctx(p, "metadata key", i, key, key_len);
-        if (key_len == 0)
-            return perr(p, at, "empty key");
-        if (key_len > 65535)
-            return perr(p, at, "key length %" PRIu64 " exceeds 65535", key_len);
-        if (memchr(key, '\0', (size_t)key_len) != NULL)
-            return perr(p, at, "key contains a NUL byte");
-        char *k = pc_arena_strndup(&g->arena, (const char *)key, (size_t)key_len);
-        if (k == NULL)
-            return PC_ERR_NOMEM;
         g->kv[i].key = k;
         if ((rc = index_add(&g->kv_index, k, i)) != 0)
             return rc < 0 ? rc : perr(p, at, "duplicate key");
@@ -441,23 +453,12 @@ static int parse_tensors(parser_t *p, uint64_t n_tensors)
         return PC_ERR_NOMEM;
     for (uint64_t i = 0; i < n_tensors; i++) {
         eng_gguf_tensor_t *t = &g->tensors[i];
-        const uint8_t *name;
-        uint64_t name_len, at = p->pos;
+        uint64_t at = p->pos;
         uint32_t n_dims, type;
-        set_ctx(p, "tensor", i, NULL, 0);
-        int rc = rd_str(p, &name, &name_len, "name");
+        char *nm;
+        int rc = rd_name(p, "tensor", i, "name", ENG_GGUF_MAX_NAME, &nm);
         if (rc != 0)
             return rc;
-        set_ctx(p, "tensor", i, name, name_len);
-        if (name_len == 0)
-            return perr(p, at, "empty name");
-        if (name_len > ENG_GGUF_MAX_NAME)
-            return perr(p, at, "name length %" PRIu64 " exceeds %d", name_len, ENG_GGUF_MAX_NAME);
-        if (memchr(name, '\0', (size_t)name_len) != NULL)
-            return perr(p, at, "name contains a NUL byte");
-        char *nm = pc_arena_strndup(&g->arena, (const char *)name, (size_t)name_len);
-        if (nm == NULL)
-            return PC_ERR_NOMEM;
         t->name = nm;
         if ((rc = index_add(&g->tensor_index, nm, i)) != 0)
             return rc < 0 ? rc : perr(p, at, "duplicate tensor name");
