@@ -764,10 +764,19 @@ static bool is_int_type(uint32_t t)
     return t <= ENG_GGUF_I32 || t == ENG_GGUF_U64 || t == ENG_GGUF_I64;
 }
 
-/* Loads an integer of type t at s. *neg tells its sign; a negative value is exact in *i, a
- * non-negative one exact in *u (*i is then clamped to INT64_MAX, *u is 0 for negatives). */
-static void ld_int(uint32_t t, const uint8_t *s, int64_t *i, uint64_t *u, bool *neg)
+/* An integer value: neg tells its sign; a negative value is exact in i, a non-negative one
+ * exact in u (i is then clamped to INT64_MAX, u is 0 for negatives). */
+typedef struct gint {
+    int64_t i;
+    uint64_t u;
+    bool neg;
+} gint_t;
+
+/* Loads an integer of type t at s: 0, or PC_ERR_FORMAT when t is not an integer type. */
+static int ld_int(uint32_t t, const uint8_t *s, gint_t *v)
 {
+    if (!is_int_type(t))
+        return PC_ERR_FORMAT;
     /* The bytes are little-endian, like the host (see gguf.h): copy the width's low bytes,
      * then sign-extend the signed types (an arithmetic shift; 0 for the 64-bit ones). */
     unsigned w = vtype_sizes[t];
@@ -777,49 +786,38 @@ static void ld_int(uint32_t t, const uint8_t *s, int64_t *i, uint64_t *u, bool *
         t == ENG_GGUF_I8 || t == ENG_GGUF_I16 || t == ENG_GGUF_I32 || t == ENG_GGUF_I64;
     if (is_signed) {
         unsigned shift = 64 - 8 * w;
-        *i = (int64_t)(raw << shift) >> shift;
-        *neg = *i < 0;
-        *u = *neg ? 0 : (uint64_t)*i;
+        v->i = (int64_t)(raw << shift) >> shift;
+        v->neg = v->i < 0;
+        v->u = v->neg ? 0 : (uint64_t)v->i;
     } else {
-        *u = raw;
-        *neg = false;
-        *i = raw > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)raw;
+        v->u = raw;
+        v->neg = false;
+        v->i = raw > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)raw;
     }
+    return 0;
 }
 
 /* An integer of type t at s, checked against [lo, hi]: 0, PC_ERR_FORMAT (not an integer type)
  * or PC_ERR_RANGE. */
 static int conv_i64(uint32_t t, const uint8_t *s, int64_t lo, int64_t hi, int64_t *out)
 {
-    if (!is_int_type(t))
+    gint_t v;
+    if (ld_int(t, s, &v) != 0)
         return PC_ERR_FORMAT;
-    int64_t i = 0;
-    uint64_t u = 0;
-    bool neg = false;
-    ld_int(t, s, &i, &u, &neg);
-    if (neg) {
-        if (i < lo)
-            return PC_ERR_RANGE;
-        *out = i;
-        return 0;
-    }
-    if (u > (uint64_t)hi)
+    if (v.neg ? v.i < lo : v.u > (uint64_t)hi)
         return PC_ERR_RANGE;
-    *out = (int64_t)u;
+    *out = v.neg ? v.i : (int64_t)v.u;
     return 0;
 }
 
 static int conv_u64(uint32_t t, const uint8_t *s, uint64_t hi, uint64_t *out)
 {
-    if (!is_int_type(t))
+    gint_t v;
+    if (ld_int(t, s, &v) != 0)
         return PC_ERR_FORMAT;
-    int64_t i = 0;
-    uint64_t u = 0;
-    bool neg = false;
-    ld_int(t, s, &i, &u, &neg);
-    if (neg || u > hi)
+    if (v.neg || v.u > hi)
         return PC_ERR_RANGE;
-    *out = u;
+    *out = v.u;
     return 0;
 }
 
