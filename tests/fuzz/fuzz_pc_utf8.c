@@ -8,34 +8,14 @@
 #include <string.h>
 
 #include "common.h"
-
-static size_t naive_len(const unsigned char *s, size_t n, uint32_t *out)
-{
-    if (n == 0)
-        return 0;
-    unsigned c = s[0];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (len == 0 || n < len)
-        return 0;
-    uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        cp = cp << 6 | (s[i] & 0x3F);
-    }
-    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min_cp[len] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)
-        return 0;
-    *out = cp;
-    return len;
-}
+#include "utf8_ref.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *s, size_t n)
 {
     size_t i = 0, prefix = SIZE_MAX;
     while (i < n) {
         uint32_t want = 0, got = 0;
-        size_t k = naive_len(s + i, n - i, &want);
+        size_t k = utf8_ref_len(s + i, n - i, &want);
         PC_ASSERT(pc_utf8_seq_len(s + i, n - i) == k);
         PC_ASSERT(pc_utf8_decode(s + i, n - i, &got) == k);
         if (k > 0) {
@@ -58,7 +38,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *s, size_t n)
                 for (size_t j = n - i; j < need; j++)
                     b[j] = (unsigned char)x;
                 uint32_t cp;
-                can_finish = naive_len(b, need, &cp) == need;
+                can_finish = utf8_ref_len(b, need, &cp) == need;
             }
         }
         PC_ASSERT(pc_utf8_incomplete(s + i, n - i) == can_finish);
