@@ -1,6 +1,6 @@
 /*
- * render.c — the Llama 3 and ChatML renderers (see render.h for the formats, the segment model
- * and the prefix property).
+ * render.c — the Llama 3, ChatML and Mistral renderers (see render.h for the formats, the segment
+ * model and the prefix property).
  *
  * The emitter keeps one piece of state between elements: which turn is open. An element first
  * closes what it cannot continue (end of turn, end of the tool list), opens its turn, emits a
@@ -39,7 +39,20 @@ static const piece_t chatml_pieces[] = {
     {"<tool_response>", ENG_RENDER_SEG_ADDED}, {"</tool_response>", ENG_RENDER_SEG_ADDED},
 };
 
-#define RENDER_MAX_PIECES 8
+/* Mistral v3's control tokens are in its vocab; v1 spells [INST] as ordinary text. */
+static const piece_t mistral_pieces[] = {
+    {"<s>", ENG_RENDER_SEG_SPECIAL},
+    {"</s>", ENG_RENDER_SEG_SPECIAL},
+    {"[INST]", ENG_RENDER_SEG_ADDED},
+    {"[/INST]", ENG_RENDER_SEG_ADDED},
+    {"[TOOL_CALLS]", ENG_RENDER_SEG_ADDED},
+    {"[AVAILABLE_TOOLS]", ENG_RENDER_SEG_ADDED},
+    {"[/AVAILABLE_TOOLS]", ENG_RENDER_SEG_ADDED},
+    {"[TOOL_RESULTS]", ENG_RENDER_SEG_ADDED},
+    {"[/TOOL_RESULTS]", ENG_RENDER_SEG_ADDED},
+};
+
+#define RENDER_MAX_PIECES 12
 
 struct eng_render {
     const eng_tok_t *tok;
@@ -56,6 +69,13 @@ eng_render_family_t eng_render_family_detect(const char *chat_template, const ch
             return ENG_RENDER_FAMILY_LLAMA3;
         if (strstr(chat_template, "<|im_start|>") != NULL)
             return ENG_RENDER_FAMILY_CHATML;
+        if (strstr(chat_template, "<<SYS>>") != NULL) /* Llama 2's format: not supported */
+            return ENG_RENDER_FAMILY_UNKNOWN;
+        if (strstr(chat_template, "' [/INST]'") != NULL ||
+            strstr(chat_template, "\" [/INST]\"") != NULL)
+            return ENG_RENDER_FAMILY_MISTRAL_V1;
+        if (strstr(chat_template, "[INST]") != NULL)
+            return ENG_RENDER_FAMILY_MISTRAL;
     }
     if (arch != NULL) {
         if (strcmp(arch, "llama") == 0)
@@ -73,9 +93,23 @@ const char *eng_render_family_name(eng_render_family_t f)
         return "llama3";
     case ENG_RENDER_FAMILY_CHATML:
         return "chatml";
+    case ENG_RENDER_FAMILY_MISTRAL:
+        return "mistral";
+    case ENG_RENDER_FAMILY_MISTRAL_V1:
+        return "mistral-v1";
     default:
         return "unknown";
     }
+}
+
+int eng_render_family_parse(const char *name, eng_render_family_t *out)
+{
+    for (int f = ENG_RENDER_FAMILY_LLAMA3; f <= ENG_RENDER_FAMILY_MISTRAL_V1; f++)
+        if (name != NULL && strcmp(name, eng_render_family_name((eng_render_family_t)f)) == 0) {
+            *out = (eng_render_family_t)f;
+            return 0;
+        }
+    return PC_ERR_INVAL;
 }
 
 int eng_render_init(const eng_tok_t *tok, eng_render_family_t family, eng_render_t **out, char *err,
@@ -83,9 +117,11 @@ int eng_render_init(const eng_tok_t *tok, eng_render_family_t family, eng_render
 {
     if (family == ENG_RENDER_FAMILY_UNKNOWN && tok != NULL)
         family = eng_render_family_detect(eng_tok_vocab(tok)->chat_template, NULL);
-    if (family != ENG_RENDER_FAMILY_LLAMA3 && family != ENG_RENDER_FAMILY_CHATML)
+    if (family < ENG_RENDER_FAMILY_LLAMA3 || family > ENG_RENDER_FAMILY_MISTRAL_V1)
         return pc_err_setf(err, err_len, PC_ERR_UNSUPPORTED,
-                           "unknown chat format: the chat template is neither Llama 3 nor ChatML");
+                           "unknown chat format: the model's chat template is none of the "
+                           "families supported (" ENG_RENDER_FAMILIES
+                           "); name one with chat_format: in the model's config");
     eng_render_t *r = pc_calloc(1, sizeof *r);
     if (r == NULL)
         return PC_ERR_NOMEM;
@@ -94,10 +130,14 @@ int eng_render_init(const eng_tok_t *tok, eng_render_family_t family, eng_render
     if (family == ENG_RENDER_FAMILY_LLAMA3) {
         r->pieces = llama3_pieces;
         r->n_pieces = PC_ARRAY_LEN(llama3_pieces);
-    } else {
+    } else if (family == ENG_RENDER_FAMILY_CHATML) {
         r->pieces = chatml_pieces;
         r->n_pieces = PC_ARRAY_LEN(chatml_pieces);
+    } else {
+        r->pieces = mistral_pieces;
+        r->n_pieces = family == ENG_RENDER_FAMILY_MISTRAL ? PC_ARRAY_LEN(mistral_pieces) : 4;
     }
+    PC_ASSERT(r->n_pieces <= RENDER_MAX_PIECES);
     for (size_t i = 0; i < r->n_pieces; i++) {
         r->ids[i] = tok != NULL ? eng_tok_piece_id(tok, r->pieces[i].text) : -1;
         if (tok != NULL && r->ids[i] < 0 && r->pieces[i].kind == ENG_RENDER_SEG_SPECIAL) {
@@ -141,7 +181,10 @@ typedef struct emitter {
     eng_render_mark_t *marks; /* in the arena, sized up front */
     size_t n_marks;
     turn_t open;
-    bool in_tools; /* ChatML: the tool list is open (its closing text is pending) */
+    bool in_tools; /* ChatML, Mistral: the tool list is open (its closing text is pending) */
+    bool in_calls; /* Mistral: an assistant's [TOOL_CALLS] list is open */
+    bool sys_turn; /* Mistral: the open user turn holds the system text (its first user block
+                      is separated by "\n\n") */
     bool need_sep; /* the open turn has content: the next content block is separated */
     pc_buf_t json; /* scratch for tool JSON */
     char *err;
@@ -169,7 +212,7 @@ static int scaffold(emitter_t *e, const char *s)
     const char *run = s;
     for (const char *p = s; *p != '\0';) {
         const piece_t *hit = NULL;
-        if (*p == '<')
+        if (*p == '<' || *p == '[')
             for (size_t i = 0; i < e->r->n_pieces && hit == NULL; i++)
                 if (strncmp(p, e->r->pieces[i].text, strlen(e->r->pieces[i].text)) == 0)
                     hit = &e->r->pieces[i];
@@ -550,6 +593,195 @@ static int chatml_gen_prompt(emitter_t *e)
     return scaffold(e, "<|im_start|>assistant\n");
 }
 
+/* ---- Mistral (v3 and v1) -------------------------------------------------------------- */
+
+/* What tells the two Mistral templates apart. */
+typedef struct mistral_style {
+    const char *inst_close; /* closes a user turn */
+    const char *reply_open; /* before an assistant's text (none before tool calls alone) */
+    const char *reply_close;
+    bool trim_reply; /* v3 trims the assistant's text */
+    bool tools;      /* v3 has tool use */
+} mistral_style_t;
+
+static const mistral_style_t mistral_v3 = {"[/INST]", " ", "</s>", true, true};
+static const mistral_style_t mistral_v1 = {" [/INST]", "", "</s> ", false, false};
+
+/* Closes whatever is open: the tool list, a list of calls, a user turn or a reply. */
+static int mistral_close(emitter_t *e, const mistral_style_t *st)
+{
+    int rc = 0;
+    if (e->in_tools)
+        rc = scaffold(e, "][/AVAILABLE_TOOLS]");
+    else if (e->in_calls)
+        rc = scaffold(e, "]</s>");
+    else if (e->open == TURN_USER)
+        rc = scaffold(e, st->inst_close);
+    else if (e->open == TURN_ASSISTANT)
+        rc = scaffold(e, st->reply_close);
+    e->in_tools = e->in_calls = e->sys_turn = false;
+    e->open = TURN_NONE;
+    e->need_sep = false;
+    return rc;
+}
+
+static int mistral_open(emitter_t *e, const mistral_style_t *st, turn_t t)
+{
+    int rc;
+    if ((rc = mistral_close(e, st)) != 0)
+        return rc;
+    e->open = t;
+    /* A reply's opening text comes with its first text (mistral_block): a reply of tool calls
+     * alone has none. */
+    return t == TURN_USER ? scaffold(e, "[INST] ") : 0;
+}
+
+/* s as the templates' tojson prints a string, in the arena. */
+static int json_str(emitter_t *e, pc_slice_t s, pc_slice_t *out)
+{
+    json_t *v = json_stringn(s.base, s.len);
+    if (v == NULL)
+        return PC_ERR_NOMEM;
+    e->json.len = 0;
+    int rc = eng__json_write(&e->json, v, ENG__JSON_PY);
+    json_decref(v);
+    if (rc != 0)
+        return rc;
+    char *p = pc_arena_strndup(e->arena, e->json.base, e->json.len);
+    if (p == NULL)
+        return PC_ERR_NOMEM;
+    *out = pc_slice(p, e->json.len);
+    return 0;
+}
+
+/* A tool as the v3 template prints it: string fields raw between quotes, the rest tojson. */
+static int mistral_tool(emitter_t *e, const eng_chat_tool_t *t, size_t i)
+{
+    int rc;
+    if ((rc = scaffold(e, i == 0 ? "[AVAILABLE_TOOLS] [" : ", ")) != 0 ||
+        (rc = scaffold(e, "{\"type\": \"function\", \"function\": {\"name\": \"")) != 0 ||
+        (rc = content(e, t->name)) != 0 || (rc = scaffold(e, "\"")) != 0)
+        return rc;
+    if (t->has_description &&
+        ((rc = scaffold(e, ", \"description\": \"")) != 0 ||
+         (rc = content(e, t->description)) != 0 || (rc = scaffold(e, "\"")) != 0))
+        return rc;
+    if (t->input_schema.len > 0) {
+        json_t *v = json_loadb(t->input_schema.base, t->input_schema.len, JSON_ALLOW_NUL, NULL);
+        if (v == NULL)
+            return pc_err_setf(e->err, e->err_len, PC_ERR_INVAL,
+                               "tools.%zu: input_schema is not JSON", i);
+        e->json.len = 0;
+        rc = eng__json_write(&e->json, v, ENG__JSON_PY);
+        json_decref(v);
+        char *p = rc == 0 ? pc_arena_strndup(e->arena, e->json.base, e->json.len) : NULL;
+        if (rc != 0 || p == NULL)
+            return rc != 0 ? rc : PC_ERR_NOMEM;
+        if ((rc = scaffold(e, ", \"parameters\": ")) != 0 ||
+            (rc = content(e, pc_slice(p, e->json.len))) != 0)
+            return rc;
+    }
+    return scaffold(e, "}}");
+}
+
+/* One call of an assistant's [TOOL_CALLS] list: the template prints the OpenAI function
+ * object with tojson (arguments the client's string, or our object) and adds the id. */
+static int mistral_call(emitter_t *e, const eng_chat_block_t *b, size_t mi, size_t bi)
+{
+    pc_slice_t name, args;
+    int rc = json_str(e, b->name, &name);
+    if (rc == 0)
+        rc = b->input_raw ? json_str(e, b->input, &args) : call_args(e, b, mi, bi, &args);
+    if (rc != 0)
+        return rc;
+    if ((rc = scaffold(e, e->in_calls ? ", " : "[TOOL_CALLS] [")) != 0 ||
+        (rc = scaffold(e, "{\"name\": ")) != 0 || (rc = content(e, name)) != 0 ||
+        (rc = scaffold(e, ", \"arguments\": ")) != 0 || (rc = content(e, args)) != 0 ||
+        (rc = scaffold(e, ", \"id\": \"")) != 0 || (rc = content(e, b->id)) != 0)
+        return rc;
+    e->in_calls = true;
+    return scaffold(e, "\"}");
+}
+
+static int mistral_block(emitter_t *e, const mistral_style_t *st, const eng_chat_msg_t *m,
+                         size_t mi, size_t bi)
+{
+    const eng_chat_block_t *b = &m->blocks[bi];
+    turn_t t = block_turn(m, b);
+    int rc;
+    if (b->kind != ENG_CHAT_BLOCK_TEXT && !st->tools)
+        return pc_err_setf(e->err, e->err_len, PC_ERR_INVAL,
+                           "messages.%zu.content.%zu: the model's chat format (mistral-v1) has no "
+                           "tool use",
+                           mi, bi);
+    if (b->kind == ENG_CHAT_BLOCK_TOOL_RESULT) {
+        if ((rc = mistral_open(e, st, TURN_TOOL)) != 0 ||
+            (rc = scaffold(e, "[TOOL_RESULTS] {\"content\": ")) != 0 ||
+            (rc = content(e, b->text)) != 0 || (rc = scaffold(e, ", \"call_id\": \"")) != 0 ||
+            (rc = content(e, b->id)) != 0)
+            return rc;
+        return scaffold(e, "\"}[/TOOL_RESULTS]");
+    }
+    if (b->kind == ENG_CHAT_BLOCK_TOOL_USE) {
+        /* Calls follow the reply's text of the same message without closing it. */
+        bool cont = e->in_calls || (e->open == TURN_ASSISTANT && bi > 0);
+        if (!cont && (rc = mistral_open(e, st, TURN_ASSISTANT)) != 0)
+            return rc;
+        return mistral_call(e, b, mi, bi);
+    }
+    bool cont = t == e->open && !e->in_calls && (bi > 0 || (t == TURN_USER && e->sys_turn));
+    if (!cont && (rc = mistral_open(e, st, t)) != 0)
+        return rc;
+    if (t == TURN_USER && e->sys_turn && b->text.len > 0) {
+        e->sys_turn = false;
+        if (e->need_sep && (rc = scaffold(e, "\n\n")) != 0)
+            return rc;
+        e->need_sep = false;
+    }
+    pc_slice_t text = t == TURN_ASSISTANT && st->trim_reply ? trim(b->text) : b->text;
+    if (t == TURN_ASSISTANT && text.len > 0 && !e->need_sep && (rc = scaffold(e, st->reply_open)))
+        return rc;
+    return sep_content(e, text);
+}
+
+static int mistral_render(emitter_t *e)
+{
+    const eng_chat_t *c = e->chat;
+    const mistral_style_t *st =
+        e->r->family == ENG_RENDER_FAMILY_MISTRAL ? &mistral_v3 : &mistral_v1;
+    int rc;
+    if ((rc = scaffold(e, "<s>")) != 0)
+        return rc;
+    if (c->n_tools > 0 && !st->tools)
+        return pc_err_setf(e->err, e->err_len, PC_ERR_INVAL,
+                           "tools: the model's chat format (mistral-v1) has no tool use");
+    for (size_t i = 0; i < c->n_tools; i++) {
+        if ((rc = mistral_tool(e, &c->tools[i], i)) != 0)
+            return rc;
+        e->in_tools = true;
+        mark(e, ENG_RENDER_MARK_TOOL, 0, i, c->tools[i].cache_ttl);
+    }
+    for (size_t i = 0; i < c->n_system; i++) {
+        if (i == 0 && (rc = mistral_open(e, st, TURN_USER)) != 0)
+            return rc;
+        e->sys_turn = true;
+        if ((rc = sep_content(e, c->system[i].text)) != 0)
+            return rc;
+        mark(e, ENG_RENDER_MARK_SYSTEM, 0, i, c->system[i].cache_ttl);
+    }
+    for (size_t mi = 0; mi < c->n_messages; mi++) {
+        const eng_chat_msg_t *m = &c->messages[mi];
+        for (size_t bi = 0; bi < m->n_blocks; bi++) {
+            if ((rc = mistral_block(e, st, m, mi, bi)) != 0)
+                return rc;
+            mark(e, ENG_RENDER_MARK_BLOCK, mi, bi, m->blocks[bi].cache_ttl);
+        }
+    }
+    if (!c->prefill)
+        return mistral_close(e, st);
+    return 0;
+}
+
 /* ---- entry points --------------------------------------------------------------------- */
 
 int eng_render_segments(const eng_render_t *r, const eng_chat_t *chat, pc_arena_t *arena,
@@ -570,15 +802,26 @@ int eng_render_segments(const eng_render_t *r, const eng_chat_t *chat, pc_arena_
         return pc_err_setf(err, err_len, PC_ERR_RANGE, "request has too many elements");
     if (n_marks > 0 && (e.marks = pc_arena_new(arena, eng_render_mark_t, n_marks)) == NULL)
         goto fail;
-    rc = r->family == ENG_RENDER_FAMILY_LLAMA3 ? llama3_render(&e) : chatml_render(&e);
+    switch (r->family) {
+    case ENG_RENDER_FAMILY_LLAMA3:
+        rc = llama3_render(&e);
+        break;
+    case ENG_RENDER_FAMILY_CHATML:
+        rc = chatml_render(&e);
+        break;
+    default:
+        rc = mistral_render(&e);
+        break;
+    }
     if (rc != 0)
         goto fail;
     out->seg_gen_start = e.n_segs;
-    if (!chat->prefill) {
-        rc = r->family == ENG_RENDER_FAMILY_LLAMA3 ? llama3_gen_prompt(&e) : chatml_gen_prompt(&e);
-        if (rc != 0)
-            goto fail;
-    }
+    if (!chat->prefill && r->family == ENG_RENDER_FAMILY_LLAMA3)
+        rc = llama3_gen_prompt(&e);
+    else if (!chat->prefill && r->family == ENG_RENDER_FAMILY_CHATML)
+        rc = chatml_gen_prompt(&e);
+    if (rc != 0)
+        goto fail;
     PC_ASSERT(e.n_marks == n_marks);
     rc = PC_ERR_NOMEM;
     out->segs = pc_arena_new(arena, eng_render_seg_t, e.n_segs > 0 ? e.n_segs : 1);

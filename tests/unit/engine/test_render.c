@@ -95,6 +95,45 @@ PC_TEST(family_detect)
               PC_ERR_UNSUPPORTED);
     ASSERT_TRUE(r == NULL);
     ASSERT_STR_EQ(eng_render_family_name(ENG_RENDER_FAMILY_CHATML), "chatml");
+    /* An unknown template's error names every family and the config override. */
+    ASSERT_TRUE(strstr(g_err, ENG_RENDER_FAMILIES) != NULL);
+    ASSERT_TRUE(strstr(g_err, "chat_format:") != NULL);
+}
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    char *s = calloc(1, 1 << 16);
+    if (s != NULL)
+        s[fread(s, 1, (1 << 16) - 1, f)] = '\0';
+    fclose(f);
+    return s;
+}
+
+/* The Mistral templates as the model repositories publish them (tests/data/chat_templates). */
+PC_TEST(family_detect_mistral)
+{
+    char *v3 = read_text("tests/data/chat_templates/mistral-v3.jinja");
+    char *v1 = read_text("tests/data/chat_templates/mistral-v1.jinja");
+    ASSERT_TRUE(v3 != NULL && v1 != NULL);
+    ASSERT_EQ(eng_render_family_detect(v3, "llama"), ENG_RENDER_FAMILY_MISTRAL);
+    ASSERT_EQ(eng_render_family_detect(v1, "llama"), ENG_RENDER_FAMILY_MISTRAL_V1);
+    /* Llama 2's [INST] format with its <<SYS>> block is not Mistral's: refused, not misread. */
+    ASSERT_EQ(eng_render_family_detect("{{ '[INST] <<SYS>>\\n' + m + ' [/INST]' }}", "llama"),
+              ENG_RENDER_FAMILY_UNKNOWN);
+    free(v3);
+    free(v1);
+    eng_render_family_t f = ENG_RENDER_FAMILY_UNKNOWN;
+    for (int i = ENG_RENDER_FAMILY_LLAMA3; i <= ENG_RENDER_FAMILY_MISTRAL_V1; i++) {
+        ASSERT_EQ(eng_render_family_parse(eng_render_family_name((eng_render_family_t)i), &f), 0);
+        ASSERT_EQ((int)f, i);
+    }
+    ASSERT_EQ(eng_render_family_parse("unknown", &f), PC_ERR_INVAL);
+    ASSERT_EQ(eng_render_family_parse("Mistral", &f), PC_ERR_INVAL);
+    ASSERT_EQ(eng_render_family_parse(NULL, &f), PC_ERR_INVAL);
+    ASSERT_EQ((int)f, ENG_RENDER_FAMILY_MISTRAL_V1);
 }
 
 /* ---- JSON writer ---------------------------------------------------------------------- */
@@ -533,6 +572,9 @@ PC_TEST(prefix_property_segments)
     eng_render_free(r);
     ASSERT_EQ(eng_render_init(NULL, ENG_RENDER_FAMILY_CHATML, &r, g_err, sizeof g_err), 0);
     PC_TEST_CALL(check_prefix_property(r, false, n, 0xD1B54A32D192ED03ull));
+    eng_render_free(r);
+    ASSERT_EQ(eng_render_init(NULL, ENG_RENDER_FAMILY_MISTRAL, &r, g_err, sizeof g_err), 0);
+    PC_TEST_CALL(check_prefix_property(r, false, n, 0xA0761D6478BD642Full));
     eng_render_free(r);
 }
 

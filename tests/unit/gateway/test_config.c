@@ -11,6 +11,7 @@
 #include "config.h"
 #include "pc_test.h"
 #include "pc_testutil.h"
+#include "render.h"
 
 static int parse(const char *yaml, gw_config_t *c, char *err, size_t n)
 {
@@ -130,6 +131,10 @@ PC_TEST(errors_name_key_and_line)
                  PC_ERR_INVAL, "t.yaml:5: models[0].colour: unknown key");
     expect_error("models:\n  - name: m\n    path: m.gguf\n", PC_ERR_INVAL,
                  "needs workers (in-process count) or remote");
+    expect_error("models:\n  - name: m\n    path: m.gguf\n    workers: 1\n    chat_format: jinja\n",
+                 PC_ERR_INVAL,
+                 "t.yaml:5: models[0].chat_format: expected one of llama3, chatml, mistral, "
+                 "mistral-v1");
     expect_error(
         "models:\n  - {name: m, path: a, workers: 1}\n  - {name: m, path: b, workers: 1}\n",
         PC_ERR_INVAL, "appears twice");
@@ -235,6 +240,26 @@ PC_TEST(tokenizer_cache_size)
                               "t.yaml:2: cache.tokenizer_cache: expected a size"));
     PC_TEST_CALL(expect_error("cache:\n  tokenizer_cache: 2048GiB\n", PC_ERR_INVAL,
                               "cache.tokenizer_cache: 2048GiB is out of range"));
+}
+
+/* chat_format names a family (engine/render.h) and overrides the template's detection. */
+PC_TEST(chat_format_override)
+{
+    gw_config_t c;
+    char err[512] = "";
+    ASSERT_EQ(parse("models:\n  - {name: m, path: m.gguf, workers: 1}\n", &c, err, sizeof err), 0);
+    ASSERT_EQ(c.models[0].chat_format, ENG_RENDER_FAMILY_UNKNOWN);
+    gw_config_free(&c);
+    ASSERT_EQ(parse("models:\n  - {name: m, path: m.gguf, workers: 1, chat_format: mistral-v1}\n",
+                    &c, err, sizeof err),
+              0);
+    ASSERT_EQ(c.models[0].chat_format, ENG_RENDER_FAMILY_MISTRAL_V1);
+    pc_buf_t b = {0};
+    ASSERT_EQ(gw_config_print(&c, &b), 0);
+    ASSERT_EQ(pc_buf_terminate(&b), 0);
+    ASSERT_TRUE(strstr(b.base, "    chat_format: mistral-v1\n") != NULL);
+    pc_buf_free(&b);
+    gw_config_free(&c);
 }
 
 /* Issue 19 item 8: a string that goes into every ledger record (tenant, key id, model name) and
