@@ -1,0 +1,208 @@
+/*
+ * test_krn_gpu_quant.h — the part of test_krn_gpu.c for quantized weights (kernels.h,
+ * "Quantized weights"; issue 25): krn_dequant against krn_ref_dequant bit for bit (every type,
+ * every output type, random and edge blocks, a gathered row list with ids outside the table),
+ * and krn_qmatmul on both its paths (the GEMV kernel up to KRN_QGEMV_MAX_ROWS rows, the
+ * dequantize-then-cuBLAS chunks beyond) against krn_ref_qmatmul, and the GEMM path also
+ * against the reference GEMM over the same dequantized halves it hands cuBLAS.
+ */
+
+static const int32_t g_qtypes[] = {KRN_Q4_0, KRN_Q8_0, KRN_Q4_K, KRN_Q5_K, KRN_Q6_K};
+
+/* Element i of a host F32/F16/BF16 array, as F32. */
+static float q_elem(const void *p, int64_t i, enum krn_dtype t)
+{
+    return t == KRN_F16    ? krn_f16_to_f32(((const uint16_t *)p)[i])
+           : t == KRN_BF16 ? krn_bf16_to_f32(((const uint16_t *)p)[i])
+                           : ((const float *)p)[i];
+}
+
+PC_TEST(quant_dequant_matches_reference_bit_for_bit)
+{
+    NEED_GPU();
+    kt_rng_t r = {250};
+    enum { WROWS = 13, NB = 3, ROWS = 9 };
+    for (size_t ti = 0; ti < PC_ARRAY_LEN(g_qtypes); ti++) {
+        int32_t t = g_qtypes[ti], K = NB * krn_qtype_block_elems(t);
+        int64_t rb = krn_qtype_row_bytes(t, K);
+        uint8_t *w = malloc((size_t)(WROWS * rb));
+        kt_qblocks(&r, t, (int64_t)WROWS * NB, w, true);
+        /* Rows 0 .. ROWS - 1 gathered at random, two of them outside the table. */
+        int32_t rows[ROWS];
+        for (int i = 0; i < ROWS; i++)
+            rows[i] = (int32_t)kt_below(&r, WROWS);
+        rows[2] = WROWS;
+        rows[6] = -3;
+        void *dw = up(w, (size_t)(WROWS * rb));
+        int32_t *drows = up(rows, sizeof rows);
+        for (int dt = 0; dt < 3; dt++) {
+            for (int gather = 0; gather < 2; gather++) {
+                int32_t n = gather ? ROWS : WROWS;
+                size_t ny = (size_t)n * K * krn_dtype_size((enum krn_dtype)dt);
+                uint8_t *want = malloc(ny), *got = malloc(ny);
+                void *dy = dev_filled(ny, 0x7f);
+                krn_dequant_args_t a = {.w = w,
+                                        .rows = gather ? rows : NULL,
+                                        .y = want,
+                                        .n_rows = n,
+                                        .n_wrows = WROWS,
+                                        .n_in = K,
+                                        .qtype = t,
+                                        .dtype = (enum krn_dtype)dt};
+                ASSERT_EQ(krn_ref_dequant(&a), 0);
+                a.w = dw;
+                a.rows = gather ? drows : NULL;
+                a.y = dy;
+                ASSERT_EQ(krn_dequant(g_ctx, &a), 0);
+                down(got, dy, ny);
+                krn_dev_free(g_ctx, dy);
+                for (int32_t i = 0; i < n; i++) {
+                    size_t rbytes = (size_t)K * krn_dtype_size((enum krn_dtype)dt);
+                    bool outside = gather && (rows[i] < 0 || rows[i] >= WROWS);
+                    for (int32_t k = 0; outside && k < K; k++)
+                        ASSERT_TRUE(isnan(q_elem(got + i * rbytes, k, (enum krn_dtype)dt)));
+                    if (!outside && memcmp(got + i * rbytes, want + i * rbytes, rbytes) != 0)
+                        PC_TEST__FAIL("%s to dtype %d, row %d: the kernel differs from the "
+                                      "reference (first element %.9g vs %.9g)",
+                                      krn_qtype_name(t), dt, (int)i,
+                                      (double)q_elem(got + i * rbytes, 0, (enum krn_dtype)dt),
+                                      (double)q_elem(want + i * rbytes, 0, (enum krn_dtype)dt));
+                }
+                free(want);
+                free(got);
+            }
+        }
+        /* Bad arguments enqueue nothing. */
+        krn_dequant_args_t bad = {.w = dw,
+                                  .y = dw,
+                                  .n_rows = 1,
+                                  .n_wrows = 1,
+                                  .n_in = K + 8,
+                                  .qtype = t,
+                                  .dtype = KRN_F32};
+        ASSERT_EQ(krn_dequant(g_ctx, &bad), PC_ERR_INVAL);
+        krn_dev_free(g_ctx, dw);
+        krn_dev_free(g_ctx, drows);
+        free(w);
+    }
+}
+
+/* One krn_qmatmul case on the device against krn_ref_qmatmul (tol) and, on the GEMM path,
+ * against krn_ref_gemm over the weights dequantized to x's type (1e-5: the same halves). */
+static void qmatmul_case(kt_rng_t *r, int32_t t, int32_t M, int32_t N, int32_t n_blocks,
+                         enum krn_dtype xt, bool acc, size_t scratch_rows)
+{
+    int32_t K = n_blocks * krn_qtype_block_elems(t);
+    int64_t rb = krn_qtype_row_bytes(t, K);
+    size_t xs = krn_dtype_size(xt), nx = (size_t)M * K, ny = (size_t)M * N;
+    uint8_t *w = malloc((size_t)(N * rb)), *x = malloc(nx * xs);
+    float *want = malloc(ny * 4), *got = malloc(ny * 4), *y0 = malloc(ny * 4);
+    kt_qblocks(r, t, (int64_t)N * n_blocks, w, false);
+    for (size_t i = 0; i < nx; i++) {
+        float v = kt_unif(r) * 2;
+        if (xt == KRN_F32)
+            ((float *)x)[i] = v;
+        else
+            ((uint16_t *)x)[i] = xt == KRN_F16 ? krn_f32_to_f16(v) : krn_f32_to_bf16(v);
+    }
+    for (size_t i = 0; i < ny; i++)
+        y0[i] = want[i] = kt_unif(r);
+    krn_qmatmul_args_t a = {.w = w,
+                            .qtype = t,
+                            .x = x,
+                            .x_dtype = xt,
+                            .y = want,
+                            .M = M,
+                            .N = N,
+                            .K = K,
+                            .accumulate = acc};
+    PC_ASSERT(krn_ref_qmatmul(&a) == 0);
+    void *dw = up(w, (size_t)(N * rb)), *dx = up(x, nx * xs);
+    float *dy = up(y0, ny * 4);
+    size_t sb = scratch_rows * (size_t)K * 2;
+    void *ds = scratch_rows ? dev_filled(sb, 0xff) : NULL;
+    a.w = dw;
+    a.x = dx;
+    a.y = dy;
+    a.scratch = ds;
+    a.scratch_bytes = sb;
+    int rc = krn_qmatmul(g_ctx, &a);
+    if (rc == 0)
+        down(got, dy, ny * 4);
+    double err = rc == 0 ? kt_rel_err_f(got, want, (int64_t)ny) : INFINITY, err_gemm = 0;
+    if (rc == 0 && M > KRN_QGEMV_MAX_ROWS) {
+        /* The halves cuBLAS multiplied: the reference GEMM over them. */
+        uint16_t *wh = malloc((size_t)N * K * 2);
+        krn_dequant_args_t d = {
+            .w = w, .y = wh, .n_rows = N, .n_wrows = N, .n_in = K, .qtype = t, .dtype = xt};
+        PC_ASSERT(krn_ref_dequant(&d) == 0);
+        memcpy(want, y0, ny * 4);
+        krn_gemm_args_t g = {
+            .x = x, .w = wh, .y = want, .M = M, .N = N, .K = K, .dtype = xt, .accumulate = acc};
+        PC_ASSERT(krn_ref_gemm(&g) == 0);
+        err_gemm = kt_rel_err_f(got, want, (int64_t)ny);
+        free(wh);
+    }
+    krn_dev_free(g_ctx, dw);
+    krn_dev_free(g_ctx, dx);
+    krn_dev_free(g_ctx, dy);
+    krn_dev_free(g_ctx, ds);
+    free(w);
+    free(x);
+    free(want);
+    free(got);
+    free(y0);
+    ASSERT_EQ(rc, 0);
+    /* GEMV: the same dequantized weights and x as the reference, F32 sums. GEMM path: the
+     * weights rounded to x's type (F16: 2^-11, BF16: 2^-8 relative per weight). */
+    double tol = M <= KRN_QGEMV_MAX_ROWS ? 1e-5 : xt == KRN_F16 ? 2e-3 : 1e-2;
+    if (err > tol || err_gemm > 1e-5)
+        PC_TEST__FAIL("%s M=%d N=%d K=%d x dtype %d acc %d: rel err %.3g (tol %.1g), vs the GEMM "
+                      "over the same halves %.3g",
+                      krn_qtype_name(t), M, N, K, (int)xt, (int)acc, err, tol, err_gemm);
+}
+
+PC_TEST(quant_matmul_matches_reference_on_both_paths)
+{
+    NEED_GPU();
+    kt_rng_t r = {251};
+    for (size_t ti = 0; ti < PC_ARRAY_LEN(g_qtypes); ti++) {
+        int32_t t = g_qtypes[ti];
+        /* GEMV: 1, 3 and KRN_QGEMV_MAX_ROWS rows; N not a multiple of the 4 warps of a CTA. */
+        PC_TEST_CALL(qmatmul_case(&r, t, 1, 37, 3, KRN_F32, false, 0));
+        PC_TEST_CALL(qmatmul_case(&r, t, 3, 130, 2, KRN_F16, true, 0));
+        PC_TEST_CALL(qmatmul_case(&r, t, KRN_QGEMV_MAX_ROWS, 257, 5, KRN_BF16, false, 0));
+        /* GEMM path: 16-row chunks over 77 rows (the last one short), and one chunk. */
+        PC_TEST_CALL(qmatmul_case(&r, t, 37, 77, 2, KRN_F16, true, 16));
+        PC_TEST_CALL(qmatmul_case(&r, t, KRN_QGEMV_MAX_ROWS + 1, 64, 3, KRN_BF16, false, 64));
+    }
+    /* The GEMM path refuses F32 activations and a scratch smaller than one row, enqueueing
+     * nothing. */
+    float x[9 * 256] = {0}, y[9 * 4];
+    uint8_t w[4 * 144] = {0}; /* 4 Q4_K rows of one block */
+    void *dx = up(x, sizeof x), *dy = up(y, sizeof y), *dw = up(w, sizeof w),
+         *ds = dev_filled(512, 0);
+    krn_qmatmul_args_t a = {.w = dw,
+                            .qtype = KRN_Q4_K,
+                            .x = dx,
+                            .x_dtype = KRN_F32,
+                            .y = dy,
+                            .M = 9,
+                            .N = 4,
+                            .K = 256,
+                            .scratch = ds,
+                            .scratch_bytes = 512};
+    ASSERT_EQ(krn_qmatmul(g_ctx, &a), PC_ERR_INVAL);
+    a.x_dtype = KRN_F16;
+    a.scratch_bytes = 511;
+    ASSERT_EQ(krn_qmatmul(g_ctx, &a), PC_ERR_INVAL);
+    a.scratch_bytes = 512;
+    ASSERT_EQ(krn_qmatmul(g_ctx, &a), 0);
+    a.M = KRN_QGEMV_MAX_ROWS + 1;
+    ASSERT_EQ(krn_qgemv(g_ctx, &a), PC_ERR_INVAL);
+    ASSERT_EQ(krn_ctx_sync(g_ctx), 0);
+    krn_dev_free(g_ctx, dx);
+    krn_dev_free(g_ctx, dy);
+    krn_dev_free(g_ctx, dw);
+    krn_dev_free(g_ctx, ds);
+}
