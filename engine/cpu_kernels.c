@@ -94,7 +94,9 @@ static eng_gemv_t gemv_args(const matmul_ctx_t *c)
 static void gemv_run(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
 {
     eng_gemv_t g = gemv_args(c);
-    switch (c->isa) {
+    /* Q4_0 and the K-quants have only the portable GEMV so far. */
+    bool simd = !eng_quant_type_is_quant(g.wtype) || g.wtype == ENG_GGML_TYPE_Q8_0;
+    switch (simd ? c->isa : ENG_CPU_ISA_PORTABLE) {
 #if defined(__x86_64__) || defined(__i386__)
     case ENG_CPU_ISA_AVX512:
         eng__avx512_gemv(&g, n0, n1);
@@ -109,7 +111,7 @@ static void gemv_run(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
     }
 }
 
-/* Rows [n0, n1) of w (F16, BF16 or Q8_0) as F32 rows into dst. */
+/* Rows [n0, n1) of w (F16, BF16 or a quantized type) as F32 rows into dst. */
 static void weight_rows_to_f32(const eng_weight_t *w, uint32_t n0, uint32_t n1, float *dst,
                                eng_cpu_isa_t isa)
 {
@@ -122,11 +124,10 @@ static void weight_rows_to_f32(const eng_weight_t *w, uint32_t n0, uint32_t n1, 
     case ENG_GGML_TYPE_BF16:
         eng__port_bf16_to_f32((const uint16_t *)src, dst, n);
         return;
-    case ENG_GGML_TYPE_Q8_0:
-        eng__port_q8_0_to_f32((const uint8_t *)src, dst, n);
-        return;
     default:
-        PC_ABORT("weight type %u has no F32 tiles", w->type);
+        PC_ASSERT(eng_quant_type_is_quant(w->type));
+        eng_quant_row_to_f32(w->type, src, dst, n);
+        return;
     }
 }
 
@@ -169,7 +170,8 @@ static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
                     1.0f, c->x, (int)c->K, wp, (int)c->K, beta, c->y + n0, (int)c->N);
         return;
     }
-    /* F16 on the other paths, BF16 and Q8_0 on every path: the tile's rows converted to F32,
+    /* F16 on the other paths, BF16 and the quantized types on every path: the tile's rows
+     * converted to F32,
      * then the AVX2 GEMM or sgemm over them. */
     float *t = c->tmp[thread];
     weight_rows_to_f32(c->w, n0, n1, t, c->isa);

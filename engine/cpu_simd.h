@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "gguf.h"
+#include "quant.h"
 
 /* Half rows: src[n] -> dst[n]. */
 void eng__avx512_f16_to_f32(const uint16_t *src, float *dst, size_t n);
@@ -21,11 +22,10 @@ void eng__avx2_f16_to_f32(const uint16_t *src, float *dst, size_t n);
 void eng__avx2_f32_to_f16(const float *src, uint16_t *dst, size_t n);
 void eng__port_f16_to_f32(const uint16_t *src, float *dst, size_t n);
 void eng__port_f32_to_f16(const float *src, uint16_t *dst, size_t n);
-/* BF16 values src[n] -> dst[n] (exact), and n elements of Q8_0 blocks (n a multiple of 32,
- * src at a block boundary) -> dst[n] as d * q (exact in F32): the portable loops every path uses
- * for the prefill's weight tiles and the model's row reads (the GEMVs convert in registers). */
+/* BF16 values src[n] -> dst[n] (exact): the portable loop every path uses for the prefill's
+ * weight tiles and the model's row reads (the GEMVs convert in registers). Quantized rows go
+ * through quant.h's eng_quant_row_to_f32. */
 void eng__port_bf16_to_f32(const uint16_t *src, float *dst, size_t n);
-void eng__port_q8_0_to_f32(const uint8_t *src, float *dst, size_t n);
 
 /* rows x n halves (row strides ss and ds elements) to F32: the keys of a KV block, one short
  * row per head dimension, converted without a call per row. */
@@ -39,12 +39,13 @@ void eng__avx2_f16_rows_to_f32(const uint16_t *src, size_t ss, float *dst, size_
 
 /* A small product y[m][n] (+)= x[m] . w[n] for the rows n in [n0, n1) of w and every m < M:
  * memory bound, one pass over those weight rows, each converted once in registers and applied to
- * the rows of x in groups. w is stored as the model keeps it: F32, F16, BF16 or Q8_0 (wtype, an
- * enum eng_ggml_type; rows of eng__gemv_row_bytes() bytes, Q8_0 ones of K / 32 blocks of 34
- * bytes, K a multiple of 32). */
+ * the rows of x in groups. w is stored as the model keeps it: F32, F16, BF16 or a quantized type
+ * of quant.h (wtype, an enum eng_ggml_type; rows of eng__gemv_row_bytes() bytes, K a multiple of
+ * the type's block size). The AVX paths take F32, F16, BF16 and Q8_0; the other quantized types
+ * run on the portable path only (eng__port_gemv). */
 typedef struct eng_gemv {
     const void *w;  /* [N] rows of K elements of wtype */
-    uint32_t wtype; /* ENG_GGML_TYPE_F32, _F16, _BF16 or _Q8_0 */
+    uint32_t wtype; /* ENG_GGML_TYPE_F32, _F16, _BF16 or a quantized type */
     const float *x; /* [M][K] */
     uint32_t M, K;  /* M <= ENG_GEMV_MAX_M (the GEMVs; the GEMMs take any M) */
     float *y;       /* [M][ldy] */
@@ -53,20 +54,12 @@ typedef struct eng_gemv {
 } eng_gemv_t;
 
 /* Bytes of a Q8_0 block (an F16 scale and 32 int8 quants). */
-#define ENG_Q8_0_BYTES 34
+#define ENG_Q8_0_BYTES ((uint32_t)sizeof(eng_block_q8_0_t))
 
-/* Bytes of one weight row of K elements of wtype (F32, F16, BF16 or Q8_0). */
+/* Bytes of one weight row of K elements of wtype (quant.c's type table). */
 static inline size_t eng__gemv_row_bytes(uint32_t wtype, uint32_t K)
 {
-    switch (wtype) {
-    case ENG_GGML_TYPE_F16:
-    case ENG_GGML_TYPE_BF16:
-        return (size_t)K * 2;
-    case ENG_GGML_TYPE_Q8_0:
-        return (size_t)(K / ENG_QK8_0) * ENG_Q8_0_BYTES;
-    default:
-        return (size_t)K * 4;
-    }
+    return eng_quant_row_bytes(wtype, K);
 }
 
 void eng__avx512_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
