@@ -494,7 +494,7 @@ void krn_describe_cuda_failure(int err_code, const char *err_name, const char *e
  * significant bits but overflows past 65504, BF16 carries 8 and the F32 range. */
 typedef struct krn_gemm_dtype_params {
     enum krn_dtype file_dtype; /* the weight's type in the model file (F32 for F32 and for
-                                  quantized types the model widens to F32) */
+                                  quantized types: their dequantized values' range decides) */
     float weight_amax;         /* max |w| over the matrix */
     double act_bound;          /* a proven bound on |x| of the GEMM's input (krn_act_bound_*),
                                   INFINITY when none is known */

@@ -710,7 +710,6 @@ PC_TEST(sampler_matches_reference)
 }
 
 #include "test_krn_gpu_fused.h"
-#include "test_krn_gpu_quant.h"
 /* The multi-pass sampler (krn_sample_radix) and the bitwise one (krn_sample_bitwise) against
  * the reference on edge rows (krn_sample_testrows.h: ties, all-equal rows, NaN / +-inf,
  * top_k 1..V and beyond, top_p near 0 and 1, min_p, temperature extremes, u 0 and near 1) at
@@ -851,5 +850,6 @@ PC_TEST(sampler_radix_repeats_and_mixes_rows)
 }
 
 #include "test_krn_gpu_e2e.h"
+#include "test_krn_gpu_quant.h" /* after e2e: it uses eng_testmodel.h */
 
 PC_TEST_MAIN()

@@ -206,3 +206,96 @@ PC_TEST(quant_matmul_matches_reference_on_both_paths)
     krn_dev_free(g_ctx, dw);
     krn_dev_free(g_ctx, ds);
 }
+
+/*
+ * End to end (needs eng_testmodel.h, included by test_krn_gpu_e2e.h before this part): the cuda
+ * engine on models written by kvgw's quantizer (every type, the Q4_K_M mix with its unfusable
+ * Q4_K/Q6_K groups, a tied quantized head that is also the quantized embedding table) against a
+ * float64 forward over the same weights dequantized (tm_reference), in prefill (36 rows: the
+ * GEMM path), a chunk of KRN_QGEMV_MAX_ROWS rows and single decode steps (the GEMV).
+ *
+ * Tolerance: the device multiplies the dequantized weights exactly as stored; what it rounds is
+ * its activations, to the GEMM type (BF16 at worst: 2^-9 relative at most, rms 2^-9 / sqrt(3)
+ * = 1.1e-3) and, on the GEMM path, the dequantized weights to the same type (another 1.1e-3):
+ * 1.6e-3 relative rms per product. Two layers put 9 products in series on the residual stream
+ * (q/k/v, output, gate/up, down, and the head), whose independent noises add in quadrature:
+ * 4.8e-3 of the logits' rms, F16 KV (2^-12) adding little. tm_rel_err is the worst row's max
+ * |difference| over its max |logit|, both near 3 rms over 300 logits, so the expected figure is
+ * about 5e-3: GPU_QUANT_TOL is four times that. (The CPU backend's 8-bit activations need 0.06,
+ * test_forward_quant.c.)
+ */
+#define GPU_QUANT_TOL 0.02
+
+static void gpu_quant_model(uint32_t dtype, bool tied, char *path, size_t len)
+{
+    eng_mkmodel_params_t p = eng_mkmodel_params_default();
+    p.arch = ENG_ARCH_LLAMA;
+    p.n_layer = 2;
+    p.n_embd = 256; /* K-quant rows are whole super-blocks of 256 */
+    p.n_head = 4;
+    p.n_head_kv = 2;
+    p.n_ff = 512;
+    p.n_ctx = 4096;
+    p.dtype = dtype;
+    p.tied = tied;
+    p.rope_theta = 10000.0f;
+    p.seed = 11;
+    char err[256];
+    if (tm_make(&p, E2E_VOCAB, path, len, err, sizeof err) != 0) {
+        fprintf(stderr, "mkmodel: %s\n", err);
+        abort();
+    }
+}
+
+PC_TEST(cuda_engine_on_quantized_models_matches_float64)
+{
+    NEED_GPU();
+    const struct {
+        uint32_t dtype;
+        bool tied;
+    } cases[] = {{ENG_GGML_TYPE_Q4_0, false}, {ENG_GGML_TYPE_Q8_0, false},
+                 {ENG_GGML_TYPE_Q4_K, true},  {ENG_GGML_TYPE_Q5_K, false},
+                 {ENG_GGML_TYPE_Q6_K, false}, {ENG_MKMODEL_Q4_K_M, false}};
+    kt_rng_t r = {252};
+    enum { N = 52, P = 36, C = KRN_QGEMV_MAX_ROWS };
+    int32_t toks[N];
+    for (int i = 0; i < N; i++)
+        toks[i] = (int32_t)kt_below(&r, E2E_VOCAB);
+    for (size_t ci = 0; ci < PC_ARRAY_LEN(cases); ci++) {
+        char path[256];
+        gpu_quant_model(cases[ci].dtype, cases[ci].tied, path, sizeof path);
+        float *ref = malloc((size_t)N * E2E_VOCAB * sizeof(float));
+        float *lg = malloc((size_t)N * E2E_VOCAB * sizeof(float));
+        ASSERT_EQ(tm_reference(path, toks, N, ref), 0);
+        eng_t *e = e2e_engine(path, "cuda", ENG_KV_F16);
+        ASSERT_TRUE(e != NULL);
+        ASSERT_STR_EQ(eng_backend_name_of(e), "cuda");
+        eng_seq_t *s;
+        ASSERT_EQ(eng_seq_create(e, &s), 0);
+        eng_batch_item_t it = {.seq = s, .tokens = toks, .n_tokens = P, .logits = ENG_LOGITS_ALL};
+        ASSERT_EQ(eng_forward(e, &it, 1, lg), 0);
+        it = (eng_batch_item_t){
+            .seq = s, .tokens = toks + P, .n_tokens = C, .logits = ENG_LOGITS_ALL};
+        ASSERT_EQ(eng_forward(e, &it, 1, lg + (size_t)P * E2E_VOCAB), 0);
+        for (int i = P + C; i < N; i++) {
+            it = (eng_batch_item_t){
+                .seq = s, .tokens = toks + i, .n_tokens = 1, .logits = ENG_LOGITS_ALL};
+            ASSERT_EQ(eng_forward(e, &it, 1, lg + (size_t)i * E2E_VOCAB), 0);
+        }
+        char msg[256];
+        ASSERT_EQ(eng_check(e, msg, sizeof msg), 0);
+        eng_seq_free(e, s);
+        eng_free(e);
+        double prefill = tm_rel_err(lg, ref, P, E2E_VOCAB);
+        double decode =
+            tm_rel_err(lg + (size_t)P * E2E_VOCAB, ref + (size_t)P * E2E_VOCAB, N - P, E2E_VOCAB);
+        fprintf(stderr, "  %s%s: rel err prefill %.2e, chunk and decode %.2e (tol %.2g)\n",
+                eng_mkmodel_dtype_name(cases[ci].dtype), cases[ci].tied ? " tied" : "", prefill,
+                decode, GPU_QUANT_TOL);
+        free(ref);
+        free(lg);
+        unlink(path);
+        ASSERT_LE(prefill, GPU_QUANT_TOL);
+        ASSERT_LE(decode, GPU_QUANT_TOL);
+    }
+}

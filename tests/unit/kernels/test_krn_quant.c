@@ -2,8 +2,9 @@
  * test_krn_quant.c — the quantized weight types of kernels/ (kernels.h, "Quantized weights") on
  * the CPU: the block decoder the CUDA kernels run (krn_quant_hostdev.h, through
  * krn_ref_dequant) against llama.cpp's own dequantized values bit for bit, against a decoder
- * written here after ggml's dequantize_row_* loops (bit for bit) and against the float64 value
- * of each element over random blocks with edge cases; krn_ref_qmatmul against double sums;
+ * written here after ggml's dequantize_row_* loops (bit for bit), against the engine's
+ * dequantization (engine/quant.h, the CPU backend's oracle: bit for bit) and against the float64
+ * value of each element over random blocks with edge cases; krn_ref_qmatmul against double sums;
  * the argument checks; the GEMM path's chunk planning and krn_ref_gemm's row stride.
  *
  * The llama.cpp vectors are ../shared/testdata/quant-vectors.gguf (17 MB, kept outside the
@@ -22,6 +23,7 @@
 #include "krn_testutil.h"
 #include "pc_err.h"
 #include "pc_test.h"
+#include "quant.h" /* the engine's reference dequantization */
 
 static const int32_t k_types[] = {KRN_Q4_0, KRN_Q8_0, KRN_Q4_K, KRN_Q5_K, KRN_Q6_K};
 #define N_TYPES 5
@@ -268,6 +270,41 @@ PC_TEST(dequant_matches_ggml_loops_and_float64_over_random_and_edge_blocks)
         free(w);
         free(y);
         free(y2);
+    }
+}
+
+/* The engine's eng_quant_row_to_f32 (what the CPU backend and the cuda backend's upload
+ * statistics read) and the kernels' decoder agree bit for bit, edge blocks included, and the
+ * kernels' sizes are the engine's table's. */
+PC_TEST(dequant_matches_the_engines_reference)
+{
+    kt_rng_t r = {26};
+    enum { NB = 48 };
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        int32_t t = k_types[ti], be = krn_qtype_block_elems(t);
+        ASSERT_EQ((int64_t)eng_quant_row_bytes((uint32_t)t, (uint64_t)NB * be),
+                  krn_qtype_row_bytes(t, (int64_t)NB * be));
+        ASSERT_TRUE(eng_quant_type_is_quant((uint32_t)t));
+        uint8_t *w = malloc((size_t)krn_qtype_row_bytes(t, (int64_t)NB * be));
+        float *got = malloc((size_t)NB * be * sizeof(float)), *want = malloc((size_t)NB * be * 4);
+        ASSERT_TRUE(w != NULL && got != NULL && want != NULL);
+        kt_qblocks(&r, t, NB, w, true);
+        krn_dequant_args_t a = {.w = w,
+                                .y = got,
+                                .n_rows = 1,
+                                .n_wrows = 1,
+                                .n_in = NB * be,
+                                .qtype = t,
+                                .dtype = KRN_F32};
+        ASSERT_EQ(krn_ref_dequant(&a), 0);
+        eng_quant_row_to_f32((uint32_t)t, w, want, (size_t)NB * be);
+        for (int e = 0; e < NB * be; e++)
+            if (memcmp(&got[e], &want[e], sizeof(float)) != 0)
+                PC_TEST__FAIL("%s element %d: kernels %.9g, engine %.9g", krn_qtype_name(t), e,
+                              (double)got[e], (double)want[e]);
+        free(w);
+        free(got);
+        free(want);
     }
 }
 
