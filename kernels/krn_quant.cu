@@ -12,9 +12,14 @@
  *   qgemv    grid ceil(N / 4), 4 warps: warp w owns weight row n = 4 * blockIdx.x + w; lane l
  *            takes groups l, l + 32, ... of the row (so a warp reads one K-quant super-block,
  *            or 8 Q4_0 / Q8_0 blocks, per iteration, every weight byte once from DRAM), decodes
- *            the 8 weights in registers and adds their products with the M activation rows
- *            (F32 accumulators per row, x read through L1/L2: it is small and every warp
- *            reads it); a warp-shuffle sum, then lane 0 writes y[m][n] for every m.
+ *            the group's 8 quants in affine form (krn_q_group8_affine: small integers, one scale
+ *            and one offset) and adds scale * sum(q x) - offset * sum(x) for each of the M
+ *            activation rows (F32 accumulators per row, x read through L1/L2: it is small and
+ *            every warp reads it); a warp-shuffle sum, then lane 0 writes y[m][n] for every m.
+ *            Per weight: the bit extraction, an OR and an add for its float (krn_q_i2f) and an
+ *            FMA per row (and an add for the K-quants' mins), meant to keep decode memory-bound
+ *            at 4 bits per weight; unmeasured as of this writing (`kvgw bench kernels`' qgemv
+ *            figures measure it).
  *   qmatmul  M <= KRN_QGEMV_MAX_ROWS: qgemv; else per chunk of krn_qmatmul_chunk_rows rows,
  *            dequant into the caller's scratch as x's type, then krn_gemm into y's columns.
  */
@@ -88,17 +93,17 @@ __global__ void __launch_bounds__(128) qgemv_kernel(krn_qmatmul_args_t a, int64_
     for (int m = 0; m < KRN_QGEMV_MAX_ROWS; m++)
         acc[m] = 0.0f;
     for (int64_t g = lane; g < n_groups; g += 32) {
-        float wv[8];
-        krn_q_group8(QT, row, g, wv);
+        float q[8], scale, offset;
+        krn_q_group8_affine(QT, row, g, q, &scale, &offset);
 #pragma unroll
         for (int m = 0; m < KRN_QGEMV_MAX_ROWS; m++) {
             if (m < a.M) {
                 const int64_t x0 = (int64_t)m * a.K + g * 8;
-                float s = acc[m];
+                float xv[8];
 #pragma unroll
                 for (int k = 0; k < 8; k++)
-                    s = fmaf(wv[k], q_ld<XT>(x, x0 + k), s);
-                acc[m] = s;
+                    xv[k] = q_ld<XT>(x, x0 + k);
+                acc[m] = krn_q_dot8(QT, q, scale, offset, xv, acc[m]);
             }
         }
     }

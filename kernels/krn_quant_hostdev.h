@@ -18,6 +18,8 @@
 #ifndef KRN_QUANT_HOSTDEV_H
 #define KRN_QUANT_HOSTDEV_H
 
+#include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kernels.h"
@@ -188,6 +190,108 @@ KRN_HD void krn_q_group8(int32_t t, const uint8_t *row, int64_t g, float *out)
     default:
         break;
     }
+}
+
+/* v - bias as F32, exactly, for a small unsigned v and bias (both < 2^16): on the device one OR
+ * and one full-rate add (the float 2^23 + v, less 2^23 + bias) instead of a quarter-rate
+ * integer conversion. */
+KRN_HD float krn_q_i2f(uint32_t v, uint32_t bias)
+{
+#ifdef __CUDA_ARCH__
+    return __int_as_float((int)(0x4B000000u | v)) - (8388608.0f + (float)bias);
+#else
+    return (float)((int32_t)v - (int32_t)bias);
+#endif
+}
+
+/*
+ * Elements 8g .. 8g + 7 of a row of type t in affine form, for the GEMV: element i is
+ * scale * q[i] - offset with q[i] the format's signed integer, exact in F32, so a dot product
+ * with x is scale * sum(q x) - offset * sum(x): the scale (and the K-quants' min) applied once
+ * per group instead of once per element.
+ *   Q4_0  q = nibble - 8, scale d, offset 0
+ *   Q8_0  q = the int8 quant, scale d, offset 0
+ *   Q4_K, Q5_K  q = 0..15 / 0..31, scale d * sc, offset dmin * m (krn_q_group8's d1, m1)
+ *   Q6_K  q = 0..63 - 32, scale d * scales[e / 16] (krn_q_group8's ds), offset 0
+ * krn_q_sub(krn_q_mul(scale, q[i]), offset) is krn_q_group8's element i, bit for bit (the
+ * same F32 operations of the same operands; x - 0 is x, -0 included).
+ */
+KRN_HD void krn_q_group8_affine(int32_t t, const uint8_t *row, int64_t g, float *q, float *scale,
+                                float *offset)
+{
+    switch (t) {
+    case KRN_Q4_0: {
+        const uint8_t *b = row + (g / 4) * KRN_Q4_0_BYTES;
+        const int32_t e0 = (int32_t)(g % 4) * 8, sh = e0 >= 16 ? 4 : 0;
+        const uint8_t *qs = b + 2 + (e0 & 15);
+        *scale = krn_q_half(b);
+        *offset = 0.0f;
+        for (int i = 0; i < 8; i++)
+            q[i] = krn_q_i2f((uint32_t)(qs[i] >> sh) & 15, 8);
+        break;
+    }
+    case KRN_Q8_0: {
+        const uint8_t *b = row + (g / 4) * KRN_Q8_0_BYTES;
+        const uint8_t *qs = b + 2 + (g % 4) * 8;
+        *scale = krn_q_half(b);
+        *offset = 0.0f;
+        for (int i = 0; i < 8; i++)
+            q[i] = krn_q_i2f((uint32_t)(qs[i] ^ 0x80), 128); /* (int8 + 128) - 128 */
+        break;
+    }
+    case KRN_Q4_K:
+    case KRN_Q5_K: {
+        const int32_t bytes = t == KRN_Q4_K ? KRN_Q4_K_BYTES : KRN_Q5_K_BYTES;
+        const uint8_t *b = row + (g / 32) * bytes;
+        const int32_t e0 = (int32_t)(g % 32) * 8, s = e0 / 32, l0 = e0 % 32, sh = (s & 1) * 4;
+        uint8_t sc, m;
+        krn_q_scale_min_k4(s, b + 4, &sc, &m);
+        *scale = krn_q_mul(krn_q_half(b), (float)sc);
+        *offset = krn_q_mul(krn_q_half(b + 2), (float)m);
+        const uint8_t *qh = b + 16 + l0;
+        const uint8_t *qs = b + (t == KRN_Q4_K ? 16 : 48) + 32 * (s / 2) + l0;
+        for (int i = 0; i < 8; i++) {
+            uint32_t v = (uint32_t)(qs[i] >> sh) & 15;
+            if (t == KRN_Q5_K)
+                v |= ((uint32_t)(qh[i] >> s) & 1) << 4;
+            q[i] = krn_q_i2f(v, 0);
+        }
+        break;
+    }
+    case KRN_Q6_K: {
+        const uint8_t *b = row + (g / 32) * KRN_Q6_K_BYTES;
+        const int32_t e0 = (int32_t)(g % 32) * 8;
+        const int32_t n = e0 / 128, k = (e0 % 128) / 32, l0 = e0 % 32;
+        const uint8_t *ql = b + n * 64 + (k & 1) * 32 + l0;
+        const uint8_t *qh = b + 128 + n * 32 + l0;
+        *scale = krn_q_mul(krn_q_half(b + 208), (float)(int8_t)b[192 + e0 / 16]);
+        *offset = 0.0f;
+        const int32_t lsh = k >= 2 ? 4 : 0, hsh = 2 * k;
+        for (int i = 0; i < 8; i++)
+            q[i] = krn_q_i2f(
+                ((uint32_t)(ql[i] >> lsh) & 15) | (((uint32_t)(qh[i] >> hsh) & 3) << 4), 32);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* One group's contribution to a GEMV row: acc + scale * sum(q x) - offset * sum(x) over the 8
+ * elements (krn_q_group8_affine's q, scale, offset; x the activations as F32), F32 with FMAs.
+ * The kernel and the host emulation in the unit tests run this very code. */
+KRN_HD float krn_q_dot8(int32_t t, const float *q, float scale, float offset, const float *x,
+                        float acc)
+{
+    const bool mins = t == KRN_Q4_K || t == KRN_Q5_K; /* the only types with an offset */
+    float sq = 0.0f, sx = 0.0f;
+    for (int k = 0; k < 8; k++) {
+        sq = fmaf(q[k], x[k], sq);
+        if (mins)
+            sx += x[k];
+    }
+    acc = fmaf(scale, sq, acc);
+    return mins ? fmaf(-offset, sx, acc) : acc;
 }
 
 #endif

@@ -308,6 +308,102 @@ PC_TEST(dequant_matches_the_engines_reference)
     }
 }
 
+/* The GEMV's affine form (krn_q_group8_affine: integers, a scale, an offset) rebuilds every
+ * element bit for bit, edge blocks included. */
+PC_TEST(affine_form_rebuilds_every_element)
+{
+    kt_rng_t r = {27};
+    enum { NB = 40 };
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        int32_t t = k_types[ti], be = krn_qtype_block_elems(t);
+        uint8_t *w = malloc((size_t)krn_qtype_row_bytes(t, (int64_t)NB * be));
+        ASSERT_TRUE(w != NULL);
+        kt_qblocks(&r, t, NB, w, true);
+        for (int64_t g = 0; g < (int64_t)NB * be / 8; g++) {
+            float want[8], q[8], scale, offset;
+            krn_q_group8(t, w, g, want);
+            krn_q_group8_affine(t, w, g, q, &scale, &offset);
+            for (int i = 0; i < 8; i++) {
+                float got = krn_q_sub(krn_q_mul(scale, q[i]), offset);
+                ASSERT_TRUE(q[i] == rintf(q[i]) && fabsf(q[i]) <= 128);
+                if (memcmp(&got, &want[i], sizeof got) != 0)
+                    PC_TEST__FAIL("%s group %lld element %d: affine %.9g, element %.9g",
+                                  krn_qtype_name(t), (long long)g, i, (double)got, (double)want[i]);
+            }
+        }
+        free(w);
+    }
+}
+
+/* The GEMV kernel emulated on the host: warp-per-row, lane l over groups l, l + 32, ... with
+ * krn_q_group8_affine and krn_q_dot8 (the kernel's own code), the warp's xor-shuffle sum; against
+ * krn_ref_qmatmul (double sums over the dequantized weights) within 1e-5 of the norm, as the
+ * gpu test holds the kernel. Row widths with fewer groups than lanes and with several per lane. */
+static void emulate_qgemv(const krn_qmatmul_args_t *a, const float *x)
+{
+    int64_t rb = krn_qtype_row_bytes(a->qtype, a->K), n_groups = a->K / 8;
+    for (int32_t n = 0; n < a->N; n++) {
+        const uint8_t *row = (const uint8_t *)a->w + (int64_t)n * rb;
+        for (int32_t m = 0; m < a->M; m++) {
+            float lanes[32] = {0};
+            for (int l = 0; l < 32; l++)
+                for (int64_t g = l; g < n_groups; g += 32) {
+                    float q[8], scale, offset;
+                    krn_q_group8_affine(a->qtype, row, g, q, &scale, &offset);
+                    lanes[l] = krn_q_dot8(a->qtype, q, scale, offset, x + (int64_t)m * a->K + g * 8,
+                                          lanes[l]);
+                }
+            for (int off = 16; off > 0; off /= 2) {
+                float next[32];
+                for (int l = 0; l < 32; l++)
+                    next[l] = lanes[l] + lanes[l ^ off];
+                memcpy(lanes, next, sizeof lanes);
+            }
+            float *y = &a->y[(int64_t)m * a->N + n];
+            *y = a->accumulate ? *y + lanes[0] : lanes[0];
+        }
+    }
+}
+
+PC_TEST(gemv_emulation_matches_reference)
+{
+    kt_rng_t r = {28};
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        int32_t t = k_types[ti], be = krn_qtype_block_elems(t);
+        const int32_t widths[] = {3 * be, be == 32 ? 1024 + 96 : 3 * 256 * 5};
+        for (int wi = 0; wi < 2; wi++) {
+            int32_t K = widths[wi], N = 13, M = KRN_QGEMV_MAX_ROWS;
+            int64_t rb = krn_qtype_row_bytes(t, K);
+            uint8_t *w = malloc((size_t)(N * rb));
+            float *x = malloc((size_t)M * K * 4), want[13 * KRN_QGEMV_MAX_ROWS],
+                  got[13 * KRN_QGEMV_MAX_ROWS];
+            ASSERT_TRUE(w != NULL && x != NULL);
+            kt_qblocks(&r, t, N * rb / krn_qtype_block_bytes(t), w, false);
+            for (int i = 0; i < M * K; i++)
+                x[i] = kt_unif(&r) * 2;
+            for (int i = 0; i < M * N; i++)
+                want[i] = got[i] = kt_unif(&r);
+            krn_qmatmul_args_t a = {.w = w,
+                                    .qtype = t,
+                                    .x = x,
+                                    .x_dtype = KRN_F32,
+                                    .y = want,
+                                    .M = M,
+                                    .N = N,
+                                    .K = K,
+                                    .accumulate = wi == 1};
+            ASSERT_EQ(krn_ref_qmatmul(&a), 0);
+            a.y = got;
+            emulate_qgemv(&a, x);
+            double err = kt_rel_err_f(got, want, (int64_t)M * N);
+            free(w);
+            free(x);
+            if (!(err <= 1e-5))
+                PC_TEST__FAIL("%s K=%d: rel err %.3g", krn_qtype_name(t), K, err);
+        }
+    }
+}
+
 PC_TEST(dequant_and_qmatmul_refuse_bad_arguments)
 {
     uint8_t w[KRN_Q4_K_BYTES * 2] = {0};
