@@ -6,8 +6,8 @@
 #   2. a Release build with CUDA for this GPU's architecture (KVGW_CUDA_ARCHS, from
 #      nvidia-smi's compute capability; 80-real;90-real when it cannot tell);
 #   3. the host-side kernel tests (test_krn_plan, test_krn_ref, test_krn_quant) and every
-#      gpu-labelled test with
-#      KVGW_REQUIRE_GPU=1, so a missing or unusable device fails instead of skipping;
+#      gpu-labelled test with KVGW_REQUIRE_GPU=1, so a missing or unusable device fails instead
+#      of skipping;
 #   4. `kvgw bench kernels` (the decode-attention grid against the card's peak bandwidth, the
 #      sampler, GEMMs, prefill attention, and the engine end to end on models/kvgw-bench.gguf
 #      when it exists or scripts/models.sh can write it; --no-e2e otherwise), then the end-to-end
