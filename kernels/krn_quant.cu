@@ -8,7 +8,7 @@
  *
  * Launch geometry:
  *   dequant  grid-stride over (row, group of 8): thread i decodes one group and writes its 8
- *            elements; 256 threads per block
+ *            elements (16-byte stores when y is 16-byte aligned); 256 threads per block
  *   qgemv    grid ceil(N / 4), 4 warps: warp w owns weight row n = 4 * blockIdx.x + w; lane l
  *            takes groups l, l + 32, ... of the row (so a warp reads one K-quant super-block,
  *            or 8 Q4_0 / Q8_0 blocks, per iteration, every weight byte once from DRAM), decodes
@@ -40,26 +40,49 @@ template <> __device__ __forceinline__ float q_ld<__nv_bfloat16>(const __nv_bflo
     return __bfloat162float(p[i]);
 }
 
-template <typename T> __device__ __forceinline__ void q_st(T *p, int64_t i, float v);
-template <> __device__ __forceinline__ void q_st<float>(float *p, int64_t i, float v)
+/* y[i .. i + 7] = v[0 .. 7] converted (round to nearest even): one or two 16-byte stores when
+ * vec (y 16-byte aligned: i is a multiple of 8), else element by element. */
+__device__ __forceinline__ void q_st8(float *y, int64_t i, const float *v, bool vec)
 {
-    p[i] = v;
+    if (vec) {
+        reinterpret_cast<float4 *>(y + i)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        reinterpret_cast<float4 *>(y + i)[1] = make_float4(v[4], v[5], v[6], v[7]);
+        return;
+    }
+    for (int k = 0; k < 8; k++)
+        y[i + k] = v[k];
 }
-template <> __device__ __forceinline__ void q_st<__half>(__half *p, int64_t i, float v)
+__device__ __forceinline__ void q_st8(__half *y, int64_t i, const float *v, bool vec)
 {
-    p[i] = __float2half_rn(v);
+    if (vec) {
+        __half2 h[4];
+        for (int k = 0; k < 4; k++)
+            h[k] = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+        *reinterpret_cast<uint4 *>(y + i) = *reinterpret_cast<const uint4 *>(h);
+        return;
+    }
+    for (int k = 0; k < 8; k++)
+        y[i + k] = __float2half_rn(v[k]);
 }
-template <>
-__device__ __forceinline__ void q_st<__nv_bfloat16>(__nv_bfloat16 *p, int64_t i, float v)
+__device__ __forceinline__ void q_st8(__nv_bfloat16 *y, int64_t i, const float *v, bool vec)
 {
-    p[i] = __float2bfloat16_rn(v);
+    if (vec) {
+        __nv_bfloat162 h[4];
+        for (int k = 0; k < 4; k++)
+            h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+        *reinterpret_cast<uint4 *>(y + i) = *reinterpret_cast<const uint4 *>(h);
+        return;
+    }
+    for (int k = 0; k < 8; k++)
+        y[i + k] = __float2bfloat16_rn(v[k]);
 }
 
 template <int QT, typename YT>
 __global__ void dequant_kernel(const uint8_t *w,    // [n_wrows][row_bytes]
                                const int32_t *rows, // [n_rows] or NULL
                                YT *y,               // [n_rows][n_in]
-                               int32_t n_rows, int32_t n_wrows, int32_t n_in, int64_t row_bytes)
+                               int32_t n_rows, int32_t n_wrows, int32_t n_in, int64_t row_bytes,
+                               bool vec)
 {
     const int64_t per_row = n_in / 8, total = (int64_t)n_rows * per_row;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
@@ -73,8 +96,7 @@ __global__ void dequant_kernel(const uint8_t *w,    // [n_wrows][row_bytes]
         } else {
             krn_q_group8(QT, w + src * row_bytes, g, v);
         }
-        for (int k = 0; k < 8; k++)
-            q_st<YT>(y, r * n_in + g * 8 + k, v[k]);
+        q_st8(y, r * n_in + g * 8, v, vec);
     }
 }
 
@@ -125,18 +147,19 @@ template <int QT>
 static int dequant_launch(krn_ctx_t *c, const krn_dequant_args_t *a, int64_t rb, unsigned grid)
 {
     const uint8_t *w = (const uint8_t *)a->w;
+    const bool vec = (uintptr_t)a->y % 16 == 0; /* n_in is a multiple of 32: every group too */
     switch (a->dtype) {
     case KRN_F32:
         dequant_kernel<QT, float><<<grid, 256, 0, c->stream>>>(w, a->rows, (float *)a->y, a->n_rows,
-                                                               a->n_wrows, a->n_in, rb);
+                                                               a->n_wrows, a->n_in, rb, vec);
         break;
     case KRN_F16:
-        dequant_kernel<QT, __half><<<grid, 256, 0, c->stream>>>(w, a->rows, (__half *)a->y,
-                                                                a->n_rows, a->n_wrows, a->n_in, rb);
+        dequant_kernel<QT, __half><<<grid, 256, 0, c->stream>>>(
+            w, a->rows, (__half *)a->y, a->n_rows, a->n_wrows, a->n_in, rb, vec);
         break;
     default:
         dequant_kernel<QT, __nv_bfloat16><<<grid, 256, 0, c->stream>>>(
-            w, a->rows, (__nv_bfloat16 *)a->y, a->n_rows, a->n_wrows, a->n_in, rb);
+            w, a->rows, (__nv_bfloat16 *)a->y, a->n_rows, a->n_wrows, a->n_in, rb, vec);
         break;
     }
     KRN_CUDA_CHECK(cudaGetLastError());

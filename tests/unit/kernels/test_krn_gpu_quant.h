@@ -1,7 +1,8 @@
 /*
  * test_krn_gpu_quant.h — the part of test_krn_gpu.c for quantized weights (kernels.h,
  * "Quantized weights"; issue 25): krn_dequant against krn_ref_dequant bit for bit (every type,
- * every output type, random and edge blocks, a gathered row list with ids outside the table),
+ * every output type, random and edge blocks, a gathered row list with ids outside the table,
+ * aligned and unaligned outputs),
  * and krn_qmatmul on both its paths (the GEMV kernel up to KRN_QGEMV_MAX_ROWS rows, the
  * dequantize-then-cuBLAS chunks beyond) against krn_ref_qmatmul, and the GEMM path also
  * against the reference GEMM over the same dequantized halves it hands cuBLAS.
@@ -40,7 +41,10 @@ PC_TEST(quant_dequant_matches_reference_bit_for_bit)
                 int32_t n = gather ? ROWS : WROWS;
                 size_t ny = (size_t)n * K * krn_dtype_size((enum krn_dtype)dt);
                 uint8_t *want = malloc(ny), *got = malloc(ny);
-                void *dy = dev_filled(ny, 0x7f);
+                /* The gathered rows land one element past a 16-byte boundary: the kernel's
+                 * element-by-element stores; the others its 16-byte ones. */
+                size_t shift = gather ? krn_dtype_size((enum krn_dtype)dt) : 0;
+                uint8_t *dy0 = dev_filled(ny + 16, 0x7f), *dy = dy0 + shift;
                 krn_dequant_args_t a = {.w = w,
                                         .rows = gather ? rows : NULL,
                                         .y = want,
@@ -55,7 +59,7 @@ PC_TEST(quant_dequant_matches_reference_bit_for_bit)
                 a.y = dy;
                 ASSERT_EQ(krn_dequant(g_ctx, &a), 0);
                 down(got, dy, ny);
-                krn_dev_free(g_ctx, dy);
+                krn_dev_free(g_ctx, dy0);
                 for (int32_t i = 0; i < n; i++) {
                     size_t rbytes = (size_t)K * krn_dtype_size((enum krn_dtype)dt);
                     bool outside = gather && (rows[i] < 0 || rows[i] >= WROWS);
