@@ -23,14 +23,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
-
-#ifndef KRN_HD
-#ifdef __CUDACC__
-#define KRN_HD __host__ __device__ __forceinline__
-#else
-#define KRN_HD static inline
-#endif
-#endif
+#include "krn_hostdev.h" /* KRN_HD */
 
 #ifdef __cplusplus
 extern "C" {
@@ -130,68 +123,6 @@ KRN_HD void krn_q_scale_min_k4(int32_t j, const uint8_t *q, uint8_t *sc, uint8_t
     }
 }
 
-/* Elements 8g .. 8g + 7 of a row of type t (row: its first block; g < n_in / 8) into out[8].
- * t must be a krn_qtype (callers check; an unknown one writes nothing). A kernel instantiated
- * for one type passes a constant, and the switch folds away. */
-KRN_HD void krn_q_group8(int32_t t, const uint8_t *row, int64_t g, float *out)
-{
-    switch (t) {
-    case KRN_Q4_0: {
-        const uint8_t *b = row + (g / 4) * KRN_Q4_0_BYTES;
-        const int32_t e0 = (int32_t)(g % 4) * 8, sh = e0 >= 16 ? 4 : 0;
-        const float d = krn_q_half(b);
-        const uint8_t *qs = b + 2 + (e0 & 15);
-        for (int i = 0; i < 8; i++)
-            out[i] = krn_q_mul((float)(((qs[i] >> sh) & 15) - 8), d);
-        break;
-    }
-    case KRN_Q8_0: {
-        const uint8_t *b = row + (g / 4) * KRN_Q8_0_BYTES;
-        const float d = krn_q_half(b);
-        const uint8_t *qs = b + 2 + (g % 4) * 8;
-        for (int i = 0; i < 8; i++)
-            out[i] = krn_q_mul((float)(int8_t)qs[i], d);
-        break;
-    }
-    case KRN_Q4_K:
-    case KRN_Q5_K: {
-        const int32_t bytes = t == KRN_Q4_K ? KRN_Q4_K_BYTES : KRN_Q5_K_BYTES;
-        const uint8_t *b = row + (g / 32) * bytes;
-        const int32_t e0 = (int32_t)(g % 32) * 8, s = e0 / 32, l0 = e0 % 32, sh = (s & 1) * 4;
-        uint8_t sc, m;
-        krn_q_scale_min_k4(s, b + 4, &sc, &m);
-        const float d1 = krn_q_mul(krn_q_half(b), (float)sc);
-        const float m1 = krn_q_mul(krn_q_half(b + 2), (float)m);
-        const uint8_t *qh = b + 16 + l0;                                       /* Q5_K: qh[32] */
-        const uint8_t *qs = b + (t == KRN_Q4_K ? 16 : 48) + 32 * (s / 2) + l0; /* qs[128] */
-        for (int i = 0; i < 8; i++) {
-            int32_t q = (qs[i] >> sh) & 15;
-            if (t == KRN_Q5_K)
-                q += ((qh[i] >> s) & 1) << 4;
-            out[i] = krn_q_sub(krn_q_mul(d1, (float)q), m1);
-        }
-        break;
-    }
-    case KRN_Q6_K: {
-        const uint8_t *b = row + (g / 32) * KRN_Q6_K_BYTES;
-        const int32_t e0 = (int32_t)(g % 32) * 8;
-        const int32_t n = e0 / 128, k = (e0 % 128) / 32, l0 = e0 % 32;
-        const uint8_t *ql = b + n * 64 + (k & 1) * 32 + l0; /* ql[128] */
-        const uint8_t *qh = b + 128 + n * 32 + l0;          /* qh[64] */
-        const float d = krn_q_half(b + 208);
-        const float ds = krn_q_mul(d, (float)(int8_t)b[192 + e0 / 16]); /* scales[16] */
-        const int32_t lsh = k >= 2 ? 4 : 0, hsh = 2 * k;
-        for (int i = 0; i < 8; i++) {
-            int32_t q = (((ql[i] >> lsh) & 15) | (((qh[i] >> hsh) & 3) << 4)) - 32;
-            out[i] = krn_q_mul(ds, (float)q);
-        }
-        break;
-    }
-    default:
-        break;
-    }
-}
-
 /* v - bias as F32, exactly, for a small unsigned v and bias (both < 2^16): on the device one OR
  * and one full-rate add (the float 2^23 + v, less 2^23 + bias) instead of a quarter-rate
  * integer conversion. */
@@ -213,12 +144,12 @@ KRN_HD float krn_q_i2f(uint32_t v, uint32_t bias)
  *   Q8_0  q = the int8 quant, scale d, offset 0
  *   Q4_K, Q5_K  q = 0..15 / 0..31, scale d * sc, offset dmin * m (krn_q_group8's d1, m1)
  *   Q6_K  q = 0..63 - 32, scale d * scales[e / 16] (krn_q_group8's ds), offset 0
- * krn_q_sub(krn_q_mul(scale, q[i]), offset) is krn_q_group8's element i, bit for bit (the
- * same F32 operations of the same operands; x - 0 is x, -0 included).
+ * krn_q_group8 is krn_q_sub(krn_q_mul(scale, q[i]), offset). An unknown t gives zeros.
  */
 KRN_HD void krn_q_group8_affine(int32_t t, const uint8_t *row, int64_t g, float *q, float *scale,
                                 float *offset)
 {
+    *scale = *offset = 0.0f; /* an unknown t: zeros (and gcc sees both always set) */
     switch (t) {
     case KRN_Q4_0: {
         const uint8_t *b = row + (g / 4) * KRN_Q4_0_BYTES;
@@ -273,8 +204,24 @@ KRN_HD void krn_q_group8_affine(int32_t t, const uint8_t *row, int64_t g, float 
         break;
     }
     default:
+        for (int i = 0; i < 8; i++)
+            q[i] = 0.0f;
         break;
     }
+}
+
+/* Elements 8g .. 8g + 7 of a row of type t (row: its first block; g < n_in / 8) into out[8],
+ * ggml's values bit for bit: scale * q - offset of the affine form, the very F32 operations of
+ * dequantize_row_* (d * q for Q4_0 and Q8_0, d1 * q - m1 for the K-quants' mins, (d * sc) * q
+ * for Q6_K; x - 0 is x, -0 included). t must be a krn_qtype (callers check; an unknown one
+ * gives zeros). A kernel instantiated for one type passes a constant, and the switch folds
+ * away. */
+KRN_HD void krn_q_group8(int32_t t, const uint8_t *row, int64_t g, float *out)
+{
+    float q[8], scale, offset;
+    krn_q_group8_affine(t, row, g, q, &scale, &offset);
+    for (int i = 0; i < 8; i++)
+        out[i] = krn_q_sub(krn_q_mul(scale, q[i]), offset);
 }
 
 /* One group's contribution to a GEMV row: acc + scale * sum(q x) - offset * sum(x) over the 8

@@ -230,27 +230,6 @@ PC_TEST(quant_matmul_matches_reference_on_both_paths)
  */
 #define GPU_QUANT_TOL 0.02
 
-static void gpu_quant_model(uint32_t dtype, bool tied, char *path, size_t len)
-{
-    eng_mkmodel_params_t p = eng_mkmodel_params_default();
-    p.arch = ENG_ARCH_LLAMA;
-    p.n_layer = 2;
-    p.n_embd = 256; /* K-quant rows are whole super-blocks of 256 */
-    p.n_head = 4;
-    p.n_head_kv = 2;
-    p.n_ff = 512;
-    p.n_ctx = 4096;
-    p.dtype = dtype;
-    p.tied = tied;
-    p.rope_theta = 10000.0f;
-    p.seed = 11;
-    char err[256];
-    if (tm_make(&p, E2E_VOCAB, path, len, err, sizeof err) != 0) {
-        fprintf(stderr, "mkmodel: %s\n", err);
-        abort();
-    }
-}
-
 PC_TEST(cuda_engine_on_quantized_models_matches_float64)
 {
     NEED_GPU();
@@ -266,8 +245,11 @@ PC_TEST(cuda_engine_on_quantized_models_matches_float64)
     for (int i = 0; i < N; i++)
         toks[i] = (int32_t)kt_below(&r, E2E_VOCAB);
     for (size_t ci = 0; ci < PC_ARRAY_LEN(cases); ci++) {
+        /* The wide e2e shape: every row a whole number of K-quant super-blocks (256). */
         char path[256];
-        gpu_quant_model(cases[ci].dtype, cases[ci].tied, path, sizeof path);
+        eng_mkmodel_params_t mp = e2e_params(ENG_ARCH_LLAMA, cases[ci].dtype, true);
+        mp.tied = cases[ci].tied;
+        e2e_make(&mp, path, sizeof path);
         float *ref = malloc((size_t)N * E2E_VOCAB * sizeof(float));
         float *lg = malloc((size_t)N * E2E_VOCAB * sizeof(float));
         ASSERT_EQ(tm_reference(path, toks, N, ref), 0);

@@ -308,33 +308,6 @@ PC_TEST(dequant_matches_the_engines_reference)
     }
 }
 
-/* The GEMV's affine form (krn_q_group8_affine: integers, a scale, an offset) rebuilds every
- * element bit for bit, edge blocks included. */
-PC_TEST(affine_form_rebuilds_every_element)
-{
-    kt_rng_t r = {27};
-    enum { NB = 40 };
-    for (int ti = 0; ti < N_TYPES; ti++) {
-        int32_t t = k_types[ti], be = krn_qtype_block_elems(t);
-        uint8_t *w = malloc((size_t)krn_qtype_row_bytes(t, (int64_t)NB * be));
-        ASSERT_TRUE(w != NULL);
-        kt_qblocks(&r, t, NB, w, true);
-        for (int64_t g = 0; g < (int64_t)NB * be / 8; g++) {
-            float want[8], q[8], scale, offset;
-            krn_q_group8(t, w, g, want);
-            krn_q_group8_affine(t, w, g, q, &scale, &offset);
-            for (int i = 0; i < 8; i++) {
-                float got = krn_q_sub(krn_q_mul(scale, q[i]), offset);
-                ASSERT_TRUE(q[i] == rintf(q[i]) && fabsf(q[i]) <= 128);
-                if (memcmp(&got, &want[i], sizeof got) != 0)
-                    PC_TEST__FAIL("%s group %lld element %d: affine %.9g, element %.9g",
-                                  krn_qtype_name(t), (long long)g, i, (double)got, (double)want[i]);
-            }
-        }
-        free(w);
-    }
-}
-
 /* The GEMV kernel emulated on the host: warp-per-row, lane l over groups l, l + 32, ... with
  * krn_q_group8_affine and krn_q_dot8 (the kernel's own code), the warp's xor-shuffle sum; against
  * krn_ref_qmatmul (double sums over the dequantized weights) within 1e-5 of the norm, as the
