@@ -467,9 +467,11 @@ static int upload_weight_to(cuda_be_t *c, const eng_weight_t *w, enum krn_dtype 
         c->quant_bytes += bytes;
         c->qscratch_elems = PC_MAX(c->qscratch_elems, (int64_t)n);
         c->qscratch_k = PC_MAX(c->qscratch_k, out->n_in);
+        stat_add(&g_stats.weight_bytes_quant, bytes);
         int rc = krn_copy_h2d(c->ctx, dst, w->data, bytes);
         return rc == 0 ? krn_ctx_sync(c->ctx) : rc;
     }
+    stat_add(&g_stats.weight_bytes_wide, n * 2);
     if (w->type == ENG_GGML_TYPE_F16 && dt == KRN_F16) {
         int rc = krn_copy_h2d(c->ctx, dst, w->data, n * 2);
         return rc == 0 ? krn_ctx_sync(c->ctx) : rc;

@@ -23,6 +23,7 @@
 #include "pc_assert.h"
 #include "pc_err.h"
 #include "pc_test.h"
+#include "quant.h" /* eng_quant_type_is_quant: the quantized e2e test */
 
 static krn_ctx_t *g_ctx;
 static char g_no_gpu[256];

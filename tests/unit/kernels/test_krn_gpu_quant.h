@@ -216,7 +216,8 @@ PC_TEST(quant_matmul_matches_reference_on_both_paths)
  * engine on models written by kvgw's quantizer (every type, the Q4_K_M mix with its unfusable
  * Q4_K/Q6_K groups, a tied quantized head that is also the quantized embedding table) against a
  * float64 forward over the same weights dequantized (tm_reference), in prefill (36 rows: the
- * GEMM path), a chunk of KRN_QGEMV_MAX_ROWS rows and single decode steps (the GEMV).
+ * GEMM path), a chunk of KRN_QGEMV_MAX_ROWS rows and single decode steps (the GEMV); and the
+ * device holds the file's quantized bytes, nothing widened (eng_cuda_stats_t).
  *
  * Tolerance: the device multiplies the dequantized weights exactly as stored; what it rounds is
  * its activations, to the GEMM type (BF16 at worst: 2^-9 relative at most, rms 2^-9 / sqrt(3)
@@ -253,8 +254,24 @@ PC_TEST(cuda_engine_on_quantized_models_matches_float64)
         float *ref = malloc((size_t)N * E2E_VOCAB * sizeof(float));
         float *lg = malloc((size_t)N * E2E_VOCAB * sizeof(float));
         ASSERT_EQ(tm_reference(path, toks, N, ref), 0);
+        /* Every matrix of these files is quantized: the device holds exactly the file's blocks
+         * of them (a tied head once), none widened. */
+        uint64_t file_quant = 0;
+        char err[256];
+        eng_gguf_t *gf = NULL;
+        ASSERT_EQ(eng_gguf_open(path, &gf, err, sizeof err), 0);
+        for (uint64_t i = 0; i < eng_gguf_n_tensors(gf); i++) {
+            const eng_gguf_tensor_t *t = eng_gguf_tensor_at(gf, i);
+            file_quant += eng_quant_type_is_quant(t->type) ? t->n_bytes : 0;
+        }
+        eng_gguf_free(gf);
+        eng_cuda_stats_t st0, st1;
+        eng_cuda_stats_get(&st0);
         eng_t *e = e2e_engine(path, "cuda", ENG_KV_F16);
         ASSERT_TRUE(e != NULL);
+        eng_cuda_stats_get(&st1);
+        ASSERT_EQ_U64(st1.weight_bytes_quant - st0.weight_bytes_quant, file_quant);
+        ASSERT_EQ_U64(st1.weight_bytes_wide - st0.weight_bytes_wide, 0);
         ASSERT_STR_EQ(eng_backend_name_of(e), "cuda");
         eng_seq_t *s;
         ASSERT_EQ(eng_seq_create(e, &s), 0);
