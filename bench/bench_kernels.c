@@ -34,6 +34,13 @@
  *                               head_dim 128: the tensor-core kernel (8-warp CTAs, the default;
  *                               tc64: 4-warp CTAs) and the SIMT one
  *   gemm_{f16,bf16}_tflop_per_s cuBLAS at a prefill shape, M 4096 x N 4096 x K 4096 (and N 14336)
+ *   qgemv_{q4_0,q8_0,q4_k,q5_k,q6_k}_b{1,8}_gb_per_s and _pct_peak
+ *                               krn_qmatmul's GEMV over a quantized 14336 x 4096 matrix (an
+ *                               8B-class FFN's gate) with 1 and 8 activation rows: the matrix's
+ *                               bytes (at the type's bits per weight) read per second; decode is
+ *                               memory-bound, so the target is near the card's peak
+ *   qgemm_q4_k_m512_tflop_per_s krn_qmatmul's GEMM path at M 512 (dequantize 64 MiB chunks to
+ *                               F16, then cuBLAS), same matrix
  *   e2e_prefill_tokens_per_s    the engine, 2048-token prompt
  *   e2e_decode_b{1,16,64}_tokens_per_s
  *                               the engine, decode steps of 1, 16 and 64 sequences after
@@ -369,6 +376,45 @@ fail:
     krn_dev_free(c, w);
     krn_dev_free(c, y);
     return tf;
+}
+
+/* krn_qmatmul over an N x K matrix of qtype (random blocks: their values do not change the
+ * speed) with M rows of F16 activations; seconds per call, -1 on failure. */
+static double bench_qmatmul(krn_ctx_t *c, enum krn_qtype t, int32_t M, int32_t N, int32_t K,
+                            int iters)
+{
+    size_t wb = (size_t)krn_qtype_row_bytes(t, K) * (size_t)N, sb = (size_t)64 << 20;
+    uint8_t *h = malloc(wb);
+    void *w = NULL, *x = NULL, *y = NULL, *scratch = NULL;
+    double sec = -1;
+    if (h == NULL)
+        return -1;
+    for (size_t i = 0; i < wb; i++)
+        h[i] = (uint8_t)(bk_unif() * 127.0f + 128.0f);
+    BK_CHECK(krn_dev_alloc(c, wb, &w));
+    BK_CHECK(krn_copy_h2d(c, w, h, wb));
+    BK_CHECK(dev_random_f16(c, (size_t)M * K, &x));
+    BK_CHECK(krn_dev_alloc(c, (size_t)M * N * 4, &y));
+    if (M > KRN_QGEMV_MAX_ROWS)
+        BK_CHECK(krn_dev_alloc(c, sb, &scratch));
+    krn_qmatmul_args_t a = {.w = w,
+                            .qtype = t,
+                            .x = x,
+                            .x_dtype = KRN_F16,
+                            .y = y,
+                            .M = M,
+                            .N = N,
+                            .K = K,
+                            .scratch = scratch,
+                            .scratch_bytes = scratch != NULL ? sb : 0};
+    BK_TIME(krn_qmatmul(c, &a), iters, sec);
+fail:
+    free(h);
+    krn_dev_free(c, w);
+    krn_dev_free(c, x);
+    krn_dev_free(c, y);
+    krn_dev_free(c, scratch);
+    return sec;
 }
 
 /* Figure names of the end-to-end part: "e2e_" (or "ttft_") then the tag, if any, then rest. */
@@ -764,6 +810,29 @@ int bench_kernels_main(int argc, char **argv)
     tf = bench_gemm(c, KRN_BF16, 4096, 14336, 4096, iters);
     if (tf > 0)
         bench_report_add(&rep, "gemm_bf16_ffn_tflop_per_s", tf, "4096 x 14336 x 4096");
+    const enum krn_qtype qts[] = {KRN_Q4_0, KRN_Q8_0, KRN_Q4_K, KRN_Q5_K, KRN_Q6_K};
+    const char *const qnames[] = {"q4_0", "q8_0", "q4_k", "q5_k", "q6_k"};
+    for (size_t qi = 0; qi < sizeof qts / sizeof *qts; qi++) {
+        for (int32_t m = 1; m <= KRN_QGEMV_MAX_ROWS; m += KRN_QGEMV_MAX_ROWS - 1) {
+            double qsec = bench_qmatmul(c, qts[qi], m, 14336, 4096, iters);
+            if (qsec <= 0)
+                continue;
+            double qbytes = (double)krn_qtype_row_bytes(qts[qi], 4096) * 14336;
+            char key[96], note[96];
+            snprintf(key, sizeof key, "qgemv_%s_b%d_gb_per_s", qnames[qi], (int)m);
+            snprintf(note, sizeof note, "14336 x 4096, %.2f bits/weight, %.1f us",
+                     qbytes * 8 / (14336.0 * 4096), qsec * 1e6);
+            bench_report_add(&rep, key, qbytes / qsec * 1e-9, note);
+            if (peak > 0) {
+                snprintf(key, sizeof key, "qgemv_%s_b%d_pct_peak", qnames[qi], (int)m);
+                bench_report_add(&rep, key, 100.0 * qbytes / qsec * 1e-9 / peak, NULL);
+            }
+        }
+    }
+    double qs = bench_qmatmul(c, KRN_Q4_K, 512, 14336, 4096, iters);
+    if (qs > 0)
+        bench_report_add(&rep, "qgemm_q4_k_m512_tflop_per_s", 2.0 * 512 * 14336 * 4096 / qs * 1e-12,
+                         "dequantize to F16 in 64 MiB chunks + cuBLAS");
     krn_ctx_free(c);
     if (e2e && bench_e2e(model, tag, e2e_decode, &rep) != 0)
         fprintf(stderr, "kvgw bench kernels: end-to-end part skipped\n");

@@ -198,22 +198,25 @@ int eng_check(eng_t *e, char *err, size_t err_len);
  * KVGW_CUDA_PACKED=0 uploads each per-step list with its own copy, KVGW_CUDA_GRAPHS=0 never
  * captures or replays a CUDA graph (graphs need the packed upload). */
 typedef struct eng_cuda_stats {
-    uint64_t steps;          /* forward steps */
-    uint64_t launches;       /* launching calls the host made: kernel entry points (krn_*),
-                                cuBLAS GEMMs and graph launches, each counted 1 */
-    uint64_t device_ops;     /* what the device ran: the nodes of a replayed graph (kernels,
-                                copies, memsets, exact), else the launching calls (an entry
-                                point that launches two kernels counts 1) */
-    uint64_t uploads;        /* host-to-device copies of per-step lists */
-    uint64_t graph_replays;  /* steps run by replaying a captured graph */
-    uint64_t graph_captures; /* steps captured (then replayed) */
-    uint64_t graph_updates;  /* of those, captures that updated an existing graph in place */
-    uint64_t graph_failures; /* captures that failed (the backend then stops capturing) */
-    uint64_t host_ns;        /* host time from a step's start to its last enqueue (before
-                                waiting for the device) */
-    uint64_t decode_steps;   /* steps whose decode rows (all of a decode step's, a mixed
-                                step's leading ones) ran the split-KV decode kernel
-                                (krn_decode_attention) rather than krn_attention's plan */
+    uint64_t steps;              /* forward steps */
+    uint64_t launches;           /* launching calls the host made: kernel entry points (krn_*),
+                                    cuBLAS GEMMs and graph launches, each counted 1 */
+    uint64_t device_ops;         /* what the device ran: the nodes of a replayed graph (kernels,
+                                    copies, memsets, exact), else the launching calls (an entry
+                                    point that launches two kernels counts 1) */
+    uint64_t uploads;            /* host-to-device copies of per-step lists */
+    uint64_t graph_replays;      /* steps run by replaying a captured graph */
+    uint64_t graph_captures;     /* steps captured (then replayed) */
+    uint64_t graph_updates;      /* of those, captures that updated an existing graph in place */
+    uint64_t graph_failures;     /* captures that failed (the backend then stops capturing) */
+    uint64_t host_ns;            /* host time from a step's start to its last enqueue (before
+                                    waiting for the device) */
+    uint64_t decode_steps;       /* steps whose decode rows (all of a decode step's, a mixed
+                                    step's leading ones) ran the split-KV decode kernel
+                                    (krn_decode_attention) rather than krn_attention's plan */
+    uint64_t weight_bytes_quant; /* device bytes of weight matrices uploaded as their quantized
+                                    blocks (the file's bytes, never widened) */
+    uint64_t weight_bytes_wide;  /* device bytes of weight matrices uploaded as F16 or BF16 */
 } eng_cuda_stats_t;
 void eng_cuda_stats_get(eng_cuda_stats_t *out);
 

@@ -384,7 +384,91 @@ typedef struct krn_gemm_args {
     int32_t M, N, K;
     enum krn_dtype dtype; /* KRN_F16 or KRN_BF16 */
     bool accumulate;
+    int32_t ldy; /* y's row stride in floats (>= N), 0 for N: a GEMM over a range of rows of W
+                    writes its columns of a wider y (krn_qmatmul's chunks) */
 } krn_gemm_args_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Quantized weights (krn_quant.cu, kernels/ref/krn_ref_quant.c, the block decoders in
+ * krn_quant_hostdev.h): matrices stored on the device as the GGUF file stores them, row after
+ * row of blocks, each row n_in / block_elems blocks (n_in a multiple of block_elems), never
+ * widened to F16 at upload. The block layouts are ggml's, byte for byte (F16 little-endian d):
+ *
+ *   Q4_0   32 elements,  18 bytes: d, qs[16]; element j < 16 = d * ((qs[j] & 15) - 8),
+ *          element 16 + j = d * ((qs[j] >> 4) - 8)
+ *   Q8_0   32 elements,  34 bytes: d, int8 qs[32]; element j = d * qs[j]
+ *   Q4_K  256 elements, 144 bytes: d, dmin, scales[12] (eight 6-bit scales and mins), qs[128];
+ *          sub-block s (elements 32s .. 32s + 31) = (d * sc[s]) * q - (dmin * m[s]) with q the
+ *          low (s even) or high (s odd) nibbles of qs[32 (s / 2) .. + 31]
+ *   Q5_K  256 elements, 176 bytes: d, dmin, scales[12], qh[32], qs[128]; as Q4_K with bit s of
+ *          qh[l] as the fifth bit (+16) of element 32s + l
+ *   Q6_K  256 elements, 210 bytes: ql[128], qh[64], int8 scales[16], d; element e = (d *
+ *          scales[e / 16]) * (q - 32) with q's low 4 bits from ql and high 2 bits from qh
+ *
+ * Dequantization reproduces ggml's reference (dequantize_row_*, gguf-py) bit for bit: the same
+ * F32 products in the same order, never fused into an FMA (device: __fmul_rn / __fsub_rn).
+ * The enum values are ggml's type ids (the GGUF tensor type).
+ * ------------------------------------------------------------------------------------------- */
+enum krn_qtype {
+    KRN_Q4_0 = 2,
+    KRN_Q8_0 = 8,
+    KRN_Q4_K = 12,
+    KRN_Q5_K = 13,
+    KRN_Q6_K = 14,
+};
+
+/* Elements and bytes of one block of t; 0 for a value that is not a krn_qtype. */
+int32_t krn_qtype_block_elems(int32_t t);
+int32_t krn_qtype_block_bytes(int32_t t);
+/* Bytes of one row of n_in elements (n_in a multiple of the block), or 0 when t is unknown or
+ * n_in is not a positive multiple of its block. */
+int64_t krn_qtype_row_bytes(int32_t t, int64_t n_in);
+/* "Q4_K", ...; "?" for an unknown value. */
+const char *krn_qtype_name(int32_t t);
+
+/* y[r][:] = dequant(w row rows[r]) (rows NULL: row r) as dtype: the embedding gather of a
+ * quantized table (rows = token ids, dtype KRN_F32) and the widening of a range of rows for
+ * krn_qmatmul's GEMM path. A row index outside [0, n_wrows) gives a row of NaN (the host
+ * checks ids; never a stray read). */
+typedef struct krn_dequant_args {
+    const void *w;       /* [n_wrows][krn_qtype_row_bytes(qtype, n_in)] bytes */
+    const int32_t *rows; /* [n_rows] or NULL */
+    void *y;             /* [n_rows][n_in] of dtype */
+    int32_t n_rows, n_wrows, n_in;
+    enum krn_qtype qtype;
+    enum krn_dtype dtype; /* KRN_F32, KRN_F16 or KRN_BF16 */
+} krn_dequant_args_t;
+
+/* The most activation rows krn_qmatmul runs on its GEMV kernel (decode): each weight byte is
+ * read once for all the rows, dequantized in registers. More rows take the GEMM path. */
+#define KRN_QGEMV_MAX_ROWS 8
+
+/* y[M][N] (+)= x[M][K] . dequant(W)[N][K]^T, F32 accumulation. x is F32, F16 or BF16 (the
+ * GEMM's input type the backend converted the activations to).
+ *   M <= KRN_QGEMV_MAX_ROWS: the GEMV kernel (one warp per weight row, the M dot products of
+ *     each dequantized group of 8 in registers), scratch unused.
+ *   else (x F16 or BF16): W is dequantized to x's type chunk by chunk into scratch,
+ *     krn_qmatmul_chunk_rows rows at a time, each chunk followed by a cuBLAS GEMM writing its
+ *     columns of y (krn_gemm with ldy): weights never live widened, and the scratch is the
+ *     caller's (allocated once, so a captured graph replays the same addresses).
+ * The reference computes every dot product in double from the same dequantized values and
+ * the same x elements. */
+typedef struct krn_qmatmul_args {
+    const void *w; /* [N][krn_qtype_row_bytes(qtype, K)] bytes */
+    enum krn_qtype qtype;
+    const void *x; /* [M][K] of x_dtype */
+    enum krn_dtype x_dtype;
+    float *y; /* [M][N] */
+    int32_t M, N, K;
+    bool accumulate;
+    void *scratch; /* device memory for the GEMM path, scratch_bytes long (or NULL, 0 when M
+                      never exceeds KRN_QGEMV_MAX_ROWS) */
+    size_t scratch_bytes;
+} krn_qmatmul_args_t;
+
+/* Rows of W the GEMM path dequantizes per chunk: as many as scratch_bytes holds as elem_bytes
+ * elements of K (at most N). Returns 0 when not even one row fits (or for bad arguments). */
+int32_t krn_qmatmul_chunk_rows(int32_t N, int32_t K, size_t elem_bytes, size_t scratch_bytes);
 
 /* ---------------------------------------------------------------------------------------------
  * Host-side planning (krn_plan.c, every build): what the cuda backend decides before it
@@ -410,7 +494,7 @@ void krn_describe_cuda_failure(int err_code, const char *err_name, const char *e
  * significant bits but overflows past 65504, BF16 carries 8 and the F32 range. */
 typedef struct krn_gemm_dtype_params {
     enum krn_dtype file_dtype; /* the weight's type in the model file (F32 for F32 and for
-                                  quantized types the model widens to F32) */
+                                  quantized types: their dequantized values' range decides) */
     float weight_amax;         /* max |w| over the matrix */
     double act_bound;          /* a proven bound on |x| of the GEMM's input (krn_act_bound_*),
                                   INFINITY when none is known */
@@ -483,6 +567,10 @@ int krn_ref_gemm(const krn_gemm_args_t *a);
 /* The decode kernel's reference: per (row, head, split) the online softmax block by block, then
  * the splits merged in order (part_o / part_ml are not used). */
 int krn_ref_decode_attention(const krn_decode_args_t *a);
+/* Quantized weights: krn_ref_dequant is bit for bit what the kernel writes; krn_ref_qmatmul
+ * sums in double whatever M is (scratch unused). */
+int krn_ref_dequant(const krn_dequant_args_t *a);
+int krn_ref_qmatmul(const krn_qmatmul_args_t *a);
 
 /* ---------------------------------------------------------------------------------------------
  * CUDA entry points (only with KVGW_HAVE_CUDA). A krn_ctx owns one CUDA stream and one cuBLAS
@@ -579,6 +667,13 @@ int krn_sample_reserve(krn_ctx_t *ctx, int32_t max_rows);
 int krn_gemm(krn_ctx_t *ctx, const krn_gemm_args_t *a);
 /* row_seq, row_pos, block_tables and the part buffers are device arrays. */
 int krn_decode_attention(krn_ctx_t *ctx, const krn_decode_args_t *a);
+/* w and rows are device arrays; PC_ERR_INVAL for an unknown type, n_in not a multiple of the
+ * block, or (krn_qmatmul) M > KRN_QGEMV_MAX_ROWS with F32 x or a scratch too small for one
+ * row. */
+int krn_dequant(krn_ctx_t *ctx, const krn_dequant_args_t *a);
+int krn_qmatmul(krn_ctx_t *ctx, const krn_qmatmul_args_t *a);
+/* The GEMV kernel alone, whatever M is up to KRN_QGEMV_MAX_ROWS (tests, benchmarks). */
+int krn_qgemv(krn_ctx_t *ctx, const krn_qmatmul_args_t *a);
 
 /* ---------------------------------------------------------------------------------------------
  * Fused kernels of the cuda backend's step (issue 14, host overhead): fewer launches per layer

@@ -256,7 +256,8 @@ int krn_blocks_from_host(krn_ctx_t *c, const krn_kv_t *kv, const int32_t *ids, i
  */
 int krn_gemm(krn_ctx_t *c, const krn_gemm_args_t *a)
 {
-    if (a->M < 0 || a->N <= 0 || a->K <= 0 || (a->dtype != KRN_F16 && a->dtype != KRN_BF16))
+    if (a->M < 0 || a->N <= 0 || a->K <= 0 || (a->dtype != KRN_F16 && a->dtype != KRN_BF16) ||
+        (a->ldy != 0 && a->ldy < a->N))
         return PC_ERR_INVAL;
     if (a->M == 0)
         return 0;
@@ -264,7 +265,7 @@ int krn_gemm(krn_ctx_t *c, const krn_gemm_args_t *a)
     cudaDataType_t t = a->dtype == KRN_F16 ? CUDA_R_16F : CUDA_R_16BF;
     const float alpha = 1.0f, beta = a->accumulate ? 1.0f : 0.0f;
     KRN_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, a->N, a->M, a->K, &alpha, a->w,
-                                  t, a->K, a->x, t, a->K, &beta, a->y, CUDA_R_32F, a->N,
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                  t, a->K, a->x, t, a->K, &beta, a->y, CUDA_R_32F,
+                                  a->ldy ? a->ldy : a->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return 0;
 }

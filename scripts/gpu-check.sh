@@ -5,8 +5,9 @@
 #      reason a GPU is "not found": CUDA 13 needs driver >= 580);
 #   2. a Release build with CUDA for this GPU's architecture (KVGW_CUDA_ARCHS, from
 #      nvidia-smi's compute capability; 80-real;90-real when it cannot tell);
-#   3. the host-side kernel tests (test_krn_plan, test_krn_ref) and every gpu-labelled test with
-#      KVGW_REQUIRE_GPU=1, so a missing or unusable device fails instead of skipping;
+#   3. the host-side kernel tests (test_krn_plan, test_krn_ref, test_krn_quant) and every
+#      gpu-labelled test with KVGW_REQUIRE_GPU=1, so a missing or unusable device fails instead
+#      of skipping;
 #   4. `kvgw bench kernels` (the decode-attention grid against the card's peak bandwidth, the
 #      sampler, GEMMs, prefill attention, and the engine end to end on models/kvgw-bench.gguf
 #      when it exists or scripts/models.sh can write it; --no-e2e otherwise), then the end-to-end
@@ -14,7 +15,9 @@
 #      figures only: e2e_decattn_decode_*, against e2e_decode_* of the split-KV decode kernel)
 #      and with the host-overhead work switched off (KVGW_CUDA_GRAPHS=0: figures e2e_nographs_*;
 #      KVGW_CUDA_FUSED=0 KVGW_CUDA_PACKED=0: e2e_unfused_*) for the before/after of launches and
-#      host time per step;
+#      host time per step, and on the quantized bench models when they exist
+#      (models/kvgw-bench-q4_k_m.gguf, kvgw-bench-q4_0.gguf: e2e_q4_k_m_*, e2e_q4_0_*; the
+#      kernel part measures the quantized GEMV alone: qgemv_*);
 #   5. the end-to-end part on a larger generated model (e2e_big_*, ttft_big_*): llama, 32 layers
 #      x 4096, 32/8 heads, FFN 14336, F16, the Llama 3 vocabulary (8B-class: 16.1 GB of weights
 #      on disk and on the GPU), written by `kvgw mkmodel` to $build/kvgw-big.gguf in the
@@ -157,11 +160,11 @@ fi
 
 if [ $do_build -eq 1 ] && [ $do_tests -eq 1 ]; then
     step build-tests cmake --build "$build" -j "$jobs" --target test_krn_gpu test_krn_plan \
-        test_krn_ref
+        test_krn_ref test_krn_quant
 fi
 
 if [ $do_tests -eq 1 ]; then
-    step host-tests ctest --test-dir "$build" -R '^test_krn_(plan|ref)$' --output-on-failure
+    step host-tests ctest --test-dir "$build" -R '^test_krn_(plan|ref|quant)$' --output-on-failure
     # Every gpu test, required to run: a skip is a failure here.
     KVGW_REQUIRE_GPU=1 step gpu-tests ctest --test-dir "$build" -L gpu --output-on-failure \
         --timeout 900
@@ -196,6 +199,15 @@ if [ $do_bench -eq 1 ]; then
         KVGW_CUDA_FUSED=0 KVGW_CUDA_PACKED=0 step bench-unfused "$kvgw" bench kernels \
             --e2e-only --tag unfused
     fi
+    # The quantized bench models (issue 25: weights kept quantized on the device, the GEMV for
+    # decode): the same end-to-end figures, tagged e2e_q4_k_m_* and e2e_q4_0_*.
+    for q in q4_k_m q4_0; do
+        if [ ${#e2e[@]} -eq 0 ] && [ -f "$root/models/kvgw-bench-$q.gguf" ] &&
+            [ $SECONDS -lt "$budget" ]; then
+            step bench-$q "$kvgw" bench kernels --e2e-only --model "$root/models/kvgw-bench-$q.gguf" \
+                --tag $q
+        fi
+    done
     if [ -n "$big_pid" ]; then
         step big-model wait "$big_pid"
         cat "$logs/big-model-gen.log" | tee -a "$out/all.log" >>"$summary"
@@ -206,7 +218,7 @@ if [ $do_bench -eq 1 ]; then
         step bench-big "$kvgw" bench kernels --e2e-only --model "$big" --tag big
     fi
     # Every figure of the runs in one file.
-    for f in bench bench-decattn bench-nographs bench-unfused bench-big; do
+    for f in bench bench-decattn bench-nographs bench-unfused bench-q4_k_m bench-q4_0 bench-big; do
         [ -f "$logs/$f.log" ] && grep '^{' "$logs/$f.log" | tail -n 1
     done >"$out/bench_all.jsonl"
 fi

@@ -58,6 +58,18 @@
  * elsewhere, for its 11 significant bits. So logits match the CPU backend to about 1e-2
  * relative (F16/BF16 rounding of activations), not bit for bit.
  *
+ * Quantized matrices (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K; kernels.h, "Quantized weights") stay
+ * quantized on the device: their blocks are copied up as the file has them (same-type members
+ * of Wq|Wk|Wv and Wg|Wu still concatenated, row after row of blocks) and never widened. The GEMM
+ * type above still decides the activations' type (from the dequantized weights' range), and
+ * krn_qmatmul multiplies: GEMV on the blocks for steps of up to KRN_QGEMV_MAX_ROWS rows (decode
+ * reads each weight byte once), else the matrix dequantized to that type in chunks through one
+ * scratch (CUDA_QSCRATCH_BYTES at most, allocated at init so a graph replays the same address)
+ * and cuBLAS. A quantized embedding table is gathered with krn_dequant. The CPU backend
+ * quantizes activations to 8 bits before its integer dot products (quant.h); this backend does
+ * not (F32, F16 or BF16 activations against the same dequantized weights), so their logits
+ * differ by the CPU side's activation rounding as well.
+ *
  * KV: a device pool mirrors the engine's host pool block for block (same ids, same layout); the
  * engine keeps doing the accounting on the host pool, and its hooks forward copy-on-write copies
  * and poisoning here. The host pool's memory is not used by this backend: the engine creates it
@@ -90,6 +102,7 @@
 #include "pc_log.h"
 #include "pc_time.h"
 #include "pc_vec.h"
+#include "quant.h"
 #include "sampling.h"
 
 #define CUDA_SPLIT_KV_DEFAULT 512
@@ -97,10 +110,14 @@
  * bounds that memory (64 x 152k vocab = 78 MB) whatever the batch. It is the logits chunk:
  * each chunk of logits rows is sampled by one launch. */
 #define CUDA_SAMPLE_CHUNK KRN_LOGITS_CHUNK_ROWS
+/* The most device memory the GEMM path of quantized matrices dequantizes into at once: a
+ * chunk of rows of one matrix (krn_qmatmul_chunk_rows), at least one row. */
+#define CUDA_QSCRATCH_BYTES ((size_t)64 << 20)
 
 typedef struct cw {
-    void *d; /* [n_out][n_in] of dt */
-    enum krn_dtype dt;
+    void *d;           /* [n_out][n_in] of dt, or [n_out][row_bytes] blocks of qtype */
+    enum krn_dtype dt; /* the GEMM's input type (krn_gemm_dtype) */
+    int32_t qtype;     /* a krn_qtype when the matrix stays quantized, else 0 */
     int32_t n_in, n_out;
 } cw_t;
 
@@ -143,7 +160,13 @@ typedef struct cuda_be {
     int32_t n_sm;      /* the device's SMs: the decode kernel's split sizing */
     uint64_t n_calls;  /* launches enqueued (or recorded) by this step so far */
     int n_f16, n_bf16; /* matrices uploaded as each GEMM type (krn_gemm_dtype) */
-    void **allocs;     /* every device allocation made at init */
+    int n_quant;       /* of which kept quantized */
+    size_t quant_bytes;
+    int64_t qscratch_elems; /* the largest quantized matrix's elements */
+    int32_t qscratch_k;     /* its widest row */
+    void *qscratch;         /* the GEMM path's dequantized chunk (krn_qmatmul) */
+    size_t qscratch_bytes;
+    void **allocs; /* every device allocation made at init */
     size_t n_allocs, cap_allocs;
     /* Model. */
     cw_t tok_embd, output;
@@ -286,13 +309,32 @@ static void cuda_free(eng_backend_t *be)
     pc_free(c);
 }
 
+/* The krn_qtype of a quantized weight type the kernels take (the same ggml ids), else 0. */
+static int32_t qtype_of(uint32_t type)
+{
+    switch (type) {
+    case ENG_GGML_TYPE_Q4_0:
+        return KRN_Q4_0;
+    case ENG_GGML_TYPE_Q8_0:
+        return KRN_Q8_0;
+    case ENG_GGML_TYPE_Q4_K:
+        return KRN_Q4_K;
+    case ENG_GGML_TYPE_Q5_K:
+        return KRN_Q5_K;
+    case ENG_GGML_TYPE_Q6_K:
+        return KRN_Q6_K;
+    default:
+        return 0;
+    }
+}
+
 static bool cuda_supports(const eng_backend_t *be, enum eng_backend_op op, uint32_t type)
 {
     switch (op) {
     case ENG_BACKEND_OP_FORWARD:
-    case ENG_BACKEND_OP_MATMUL: /* every type widened at upload (weight_elem) */
+    case ENG_BACKEND_OP_MATMUL: /* F16/BF16 widened at upload, quantized kept (qtype_of) */
         return type == ENG_GGML_TYPE_F32 || type == ENG_GGML_TYPE_F16 ||
-               type == ENG_GGML_TYPE_BF16 || type == ENG_GGML_TYPE_Q8_0;
+               type == ENG_GGML_TYPE_BF16 || qtype_of(type) != 0;
     case ENG_BACKEND_OP_KV:
         return type == ENG_KV_F16 || type == ENG_KV_F32;
     }
@@ -359,44 +401,43 @@ static int upload_f32(cuda_be_t *c, const float *src, size_t n, float **out)
     return rc;
 }
 
-/* Element k of w's [n_out][n_in] values as F32. The model keeps the file's storage (F32, F16,
- * BF16 or Q8_0); this backend widens it here, at upload, to the values the CPU backend computes
- * with (Q8_0: d * q in float, as eng__port_q8_0_to_f32). */
-static float weight_elem(const eng_weight_t *w, size_t k)
+/* Row j of w's [n_out][n_in] values as F32 into row[n_in]: the values the CPU backend computes
+ * with (eng_quant_row_to_f32: exact for F16 and BF16, ggml's dequantization for the quantized
+ * types, which the kernels' decoder reproduces bit for bit). */
+static void weight_row(const eng_weight_t *w, uint32_t j, float *row)
 {
-    switch (w->type) {
-    case ENG_GGML_TYPE_F16:
-        return krn_f16_to_f32(((const uint16_t *)w->data)[k]);
-    case ENG_GGML_TYPE_BF16:
-        return krn_bf16_to_f32(((const uint16_t *)w->data)[k]);
-    case ENG_GGML_TYPE_Q8_0: {
-        const uint8_t *b = (const uint8_t *)w->data + k / ENG_QK8_0 * (2 + ENG_QK8_0); /* gguf.h */
-        uint16_t dh;
-        memcpy(&dh, b, 2);
-        return krn_f16_to_f32(dh) * (float)(int8_t)b[2 + k % ENG_QK8_0];
-    }
-    default:
-        return ((const float *)w->data)[k];
-    }
+    size_t rb = eng_quant_row_bytes(w->type, w->n_in);
+    eng_quant_row_to_f32(w->type, (const uint8_t *)w->data + (size_t)j * rb, row, w->n_in);
+}
+
+/* Device bytes of w as the backend stores it: its blocks, or n_out * n_in halves. */
+static size_t weight_dev_bytes(const eng_weight_t *w)
+{
+    return qtype_of(w->type) != 0 ? eng_quant_row_bytes(w->type, w->n_in) * w->n_out
+                                  : (size_t)w->n_out * w->n_in * 2;
 }
 
 /* max |w| over a weight matrix and max_j ||W_j||_2 over its rows. */
-static void weight_stats(const eng_weight_t *w, float *amax, double *row_norm_max)
+static int weight_stats(const eng_weight_t *w, float *amax, double *row_norm_max)
 {
-    float am = 0;
+    float am = 0, *row = pc_malloc((size_t)w->n_in * sizeof(float));
     double rn = 0;
+    if (row == NULL)
+        return PC_ERR_NOMEM;
     for (uint32_t j = 0; j < w->n_out; j++) {
         double ss = 0;
+        weight_row(w, j, row);
         for (uint32_t i = 0; i < w->n_in; i++) {
-            float v = weight_elem(w, (size_t)j * w->n_in + i);
-            float a = fabsf(v);
+            float a = fabsf(row[i]);
             am = a > am || isnan(a) ? a : am;
-            ss += (double)v * v;
+            ss += (double)row[i] * row[i];
         }
         rn = sqrt(ss) > rn || isnan(ss) ? sqrt(ss) : rn;
     }
+    pc_free(row);
     *amax = am;
     *row_norm_max = rn;
+    return 0;
 }
 
 /* max |v| over n floats (0 for NULL: a missing bias adds nothing). */
@@ -408,99 +449,132 @@ static float vec_amax(const float *v, size_t n)
     return am;
 }
 
-/* Uploads a weight matrix as `dt` (F16 or BF16) to dst (device memory of n_out * n_in halves),
- * converting from its host type; *out describes it. */
+/* Uploads a weight matrix to dst (device memory of weight_dev_bytes(w)); *out describes it.
+ * A quantized matrix is copied as its blocks (dt is its GEMM input type); any other is
+ * converted to `dt` (F16 or BF16) from its host type. */
 static int upload_weight_to(cuda_be_t *c, const eng_weight_t *w, enum krn_dtype dt, void *dst,
                             cw_t *out)
 {
     size_t n = (size_t)w->n_out * w->n_in;
-    out->d = dst;
-    out->n_in = (int32_t)w->n_in;
-    out->n_out = (int32_t)w->n_out;
-    out->dt = dt;
+    *out = (cw_t){.d = dst,
+                  .dt = dt,
+                  .qtype = qtype_of(w->type),
+                  .n_in = (int32_t)w->n_in,
+                  .n_out = (int32_t)w->n_out};
+    if (out->qtype != 0) {
+        size_t bytes = weight_dev_bytes(w);
+        c->n_quant++;
+        c->quant_bytes += bytes;
+        c->qscratch_elems = PC_MAX(c->qscratch_elems, (int64_t)n);
+        c->qscratch_k = PC_MAX(c->qscratch_k, out->n_in);
+        stat_add(&g_stats.weight_bytes_quant, bytes);
+        int rc = krn_copy_h2d(c->ctx, dst, w->data, bytes);
+        return rc == 0 ? krn_ctx_sync(c->ctx) : rc;
+    }
+    stat_add(&g_stats.weight_bytes_wide, n * 2);
     if (w->type == ENG_GGML_TYPE_F16 && dt == KRN_F16) {
         int rc = krn_copy_h2d(c->ctx, dst, w->data, n * 2);
         return rc == 0 ? krn_ctx_sync(c->ctx) : rc;
     }
     uint16_t *tmp = pc_malloc(n * 2);
-    if (tmp == NULL)
-        return PC_ERR_NOMEM;
-    for (size_t i = 0; i < n; i++) {
-        float f = weight_elem(w, i);
-        tmp[i] = dt == KRN_F16 ? krn_f32_to_f16(f) : krn_f32_to_bf16(f);
+    float *row = pc_malloc((size_t)w->n_in * sizeof(float));
+    int rc = PC_ERR_NOMEM;
+    if (tmp != NULL && row != NULL) {
+        for (uint32_t j = 0; j < w->n_out; j++) {
+            weight_row(w, j, row);
+            for (uint32_t i = 0; i < w->n_in; i++)
+                tmp[(size_t)j * w->n_in + i] =
+                    dt == KRN_F16 ? krn_f32_to_f16(row[i]) : krn_f32_to_bf16(row[i]);
+        }
+        rc = krn_copy_h2d(c->ctx, dst, tmp, n * 2);
+        if (rc == 0)
+            rc = krn_ctx_sync(c->ctx); /* tmp is freed below */
     }
-    int rc = krn_copy_h2d(c->ctx, dst, tmp, n * 2);
-    if (rc == 0)
-        rc = krn_ctx_sync(c->ctx); /* tmp is freed below */
     pc_free(tmp);
+    pc_free(row);
     return rc;
 }
 
 /* The GEMM input type of a matrix whose activations are bounded by act_bound (krn_gemm_dtype:
- * BF16 for BF16 files, F16 only where the activations provably fit). */
-static enum krn_dtype weight_dtype(cuda_be_t *c, const eng_weight_t *w, double act_bound)
+ * BF16 for BF16 files, F16 only where the activations provably fit) into *dt. Returns 0 or
+ * PC_ERR_NOMEM. */
+static int weight_dtype(cuda_be_t *c, const eng_weight_t *w, double act_bound, enum krn_dtype *dt)
 {
     float amax;
     double rn;
-    weight_stats(w, &amax, &rn);
+    int rc = weight_stats(w, &amax, &rn);
+    if (rc != 0)
+        return rc;
     krn_gemm_dtype_params_t dp = {.file_dtype = w->file_type == ENG_GGML_TYPE_BF16  ? KRN_BF16
                                                 : w->file_type == ENG_GGML_TYPE_F16 ? KRN_F16
                                                                                     : KRN_F32,
                                   .weight_amax = amax,
                                   .act_bound = act_bound,
                                   .act_amax_measured = -1.0}; /* no calibration pass yet */
-    enum krn_dtype dt = krn_gemm_dtype(&dp);
-    c->n_bf16 += dt == KRN_BF16;
-    c->n_f16 += dt == KRN_F16;
-    return dt;
+    *dt = krn_gemm_dtype(&dp);
+    c->n_bf16 += *dt == KRN_BF16;
+    c->n_f16 += *dt == KRN_F16;
+    return 0;
 }
 
 /* weight_dtype, then the upload into a device allocation of its own. */
 static int upload_weight(cuda_be_t *c, const eng_weight_t *w, double act_bound, cw_t *out)
 {
-    enum krn_dtype dt = weight_dtype(c, w, act_bound);
+    enum krn_dtype dt;
     void *d;
-    int rc = dalloc(c, (size_t)w->n_out * w->n_in * 2, &d);
+    int rc = weight_dtype(c, w, act_bound, &dt);
+    if (rc == 0)
+        rc = dalloc(c, weight_dev_bytes(w), &d);
     return rc != 0 ? rc : upload_weight_to(c, w, dt, d, out);
 }
 
-/* Matrices that share their input (Wq, Wk, Wv; Wg, Wu): when their GEMM input types agree they
- * are uploaded back to back as one [sum n_out][n_in] matrix, *fused describes it and outs[i]
- * are views into it, so one GEMM computes them all; otherwise each gets its own allocation
- * and fused->d is NULL (the step runs one GEMM per matrix). */
+/* Matrices that share their input (Wq, Wk, Wv; Wg, Wu): when their GEMM input types and their
+ * storage (the same quantized type, or all widened) agree they are uploaded back to back as one
+ * [sum n_out][n_in] matrix (rows of halves or of blocks), *fused describes it and outs[i] are
+ * views into it, so one GEMM computes them all; otherwise each gets its own allocation and
+ * fused->d is NULL (the step runs one GEMM per matrix). */
 static int upload_group(cuda_be_t *c, const eng_weight_t *const *ws, const double *bounds, int n,
                         cw_t *const *outs, cw_t *fused)
 {
     enum krn_dtype dt[3];
     bool same = true;
-    size_t rows = 0;
+    size_t rows = 0, bytes = 0;
+    int rc;
     PC_ASSERT(n <= 3);
     for (int i = 0; i < n; i++) {
-        dt[i] = weight_dtype(c, ws[i], bounds[i]);
-        same = same && dt[i] == dt[0] && ws[i]->n_in == ws[0]->n_in;
+        if ((rc = weight_dtype(c, ws[i], bounds[i], &dt[i])) != 0)
+            return rc;
+        same = same && dt[i] == dt[0] && ws[i]->n_in == ws[0]->n_in &&
+               qtype_of(ws[i]->type) == qtype_of(ws[0]->type);
         rows += ws[i]->n_out;
+        bytes += weight_dev_bytes(ws[i]);
     }
     memset(fused, 0, sizeof *fused);
-    int rc;
     if (!same) {
         for (int i = 0; i < n; i++) {
             void *d;
-            if ((rc = dalloc(c, (size_t)ws[i]->n_out * ws[i]->n_in * 2, &d)) != 0 ||
+            if ((rc = dalloc(c, weight_dev_bytes(ws[i]), &d)) != 0 ||
                 (rc = upload_weight_to(c, ws[i], dt[i], d, outs[i])) != 0)
                 return rc;
         }
         return 0;
     }
     uint8_t *base;
-    if ((rc = dalloc(c, rows * ws[0]->n_in * 2, (void **)&base)) != 0)
+    if ((rc = dalloc(c, bytes, (void **)&base)) != 0)
         return rc;
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         if ((rc = upload_weight_to(c, ws[i], dt[0], base + off, outs[i])) != 0)
             return rc;
-        off += (size_t)ws[i]->n_out * ws[i]->n_in * 2;
+        off += weight_dev_bytes(ws[i]);
     }
-    *fused = (cw_t){.d = base, .dt = dt[0], .n_in = (int32_t)ws[0]->n_in, .n_out = (int32_t)rows};
+    *fused = (cw_t){.d = base,
+                    .dt = dt[0],
+                    .qtype = qtype_of(ws[0]->type),
+                    .n_in = (int32_t)ws[0]->n_in,
+                    .n_out = (int32_t)rows};
+    if (fused->qtype != 0) /* the GEMM path dequantizes chunks of the fused matrix */
+        c->qscratch_elems = PC_MAX(c->qscratch_elems, (int64_t)rows * ws[0]->n_in);
     return 0;
 }
 
@@ -542,9 +616,10 @@ static int upload_model(cuda_be_t *c)
          * silu(h . Wg^T) * (h . Wu^T). */
         float an = vec_amax(L->attn_norm, D), fn = vec_amax(L->ffn_norm, D), wam;
         double wv_rn, wg_rn, wu_rn;
-        weight_stats(&L->wv, &wam, &wv_rn);
-        weight_stats(&L->w_gate, &wam, &wg_rn);
-        weight_stats(&L->w_up, &wam, &wu_rn);
+        if ((rc = weight_stats(&L->wv, &wam, &wv_rn)) != 0 ||
+            (rc = weight_stats(&L->w_gate, &wam, &wg_rn)) != 0 ||
+            (rc = weight_stats(&L->w_up, &wam, &wu_rn)) != 0)
+            return rc;
         double b_attn = krn_act_bound_normed(D, an), b_ffn = krn_act_bound_normed(D, fn);
         double b_o = krn_act_bound_proj(D, an, wv_rn, vec_amax(L->bv, nk));
         double b_down = krn_act_bound_swiglu(krn_act_bound_proj(D, fn, wg_rn, 0),
@@ -565,9 +640,29 @@ static int upload_model(cuda_be_t *c)
  * The step
  * ------------------------------------------------------------------------------------------- */
 
-/* y[M][n_out] (+)= xa[M][n_in] . W^T with xa already of W's type (cuBLAS). */
+/* y[M][n_out] (+)= xa[M][n_in] . W^T with xa already of W's GEMM type: cuBLAS, or for a
+ * quantized W krn_qmatmul (its GEMV, or its chunks through c->qscratch). */
 static int gemm_raw(cuda_be_t *c, const void *xa, int32_t M, const cw_t *w, float *y, bool acc)
 {
+    if (w->qtype != 0) {
+        krn_qmatmul_args_t q = {.w = w->d,
+                                .qtype = (enum krn_qtype)w->qtype,
+                                .x = xa,
+                                .x_dtype = w->dt,
+                                .y = y,
+                                .M = M,
+                                .N = w->n_out,
+                                .K = w->n_in,
+                                .accumulate = acc,
+                                .scratch = c->qscratch,
+                                .scratch_bytes = c->qscratch_bytes};
+        /* The GEMM path is a dequantization and a GEMM per chunk. */
+        if (M > KRN_QGEMV_MAX_ROWS) {
+            int32_t chunk = krn_qmatmul_chunk_rows(w->n_out, w->n_in, 2, c->qscratch_bytes);
+            c->n_calls += chunk > 0 ? 2 * (uint64_t)((w->n_out + chunk - 1) / chunk) - 1 : 0;
+        }
+        return LAUNCH(c, krn_qmatmul(c->ctx, &q));
+    }
     krn_gemm_args_t g = {.x = xa,
                          .w = w->d,
                          .y = y,
@@ -870,14 +965,27 @@ static int step_enqueue(cuda_be_t *c, const krn_step_shape_t *sh, float *logits)
     int32_t D = (int32_t)hp->n_embd, V = (int32_t)hp->n_vocab, T = sh->n_rows;
     int32_t n_logits = sh->n_logits;
     int rc;
-    krn_embed_args_t ea = {.table = c->tok_embd.d,
-                           .ids = c->dev.tokens,
-                           .out = c->x,
-                           .n_rows = T,
-                           .width = D,
-                           .n_vocab = V,
-                           .table_dtype = c->tok_embd.dt};
-    if ((rc = LAUNCH(c, krn_embed(c->ctx, &ea))) != 0)
+    if (c->tok_embd.qtype != 0) { /* a quantized table: its rows dequantized to F32 */
+        krn_dequant_args_t da = {.w = c->tok_embd.d,
+                                 .rows = c->dev.tokens,
+                                 .y = c->x,
+                                 .n_rows = T,
+                                 .n_wrows = V,
+                                 .n_in = D,
+                                 .qtype = (enum krn_qtype)c->tok_embd.qtype,
+                                 .dtype = KRN_F32};
+        rc = LAUNCH(c, krn_dequant(c->ctx, &da));
+    } else {
+        krn_embed_args_t ea = {.table = c->tok_embd.d,
+                               .ids = c->dev.tokens,
+                               .out = c->x,
+                               .n_rows = T,
+                               .width = D,
+                               .n_vocab = V,
+                               .table_dtype = c->tok_embd.dt};
+        rc = LAUNCH(c, krn_embed(c->ctx, &ea));
+    }
+    if (rc != 0)
         return rc;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const cl_t *L = &c->layers[l];
@@ -1330,6 +1438,17 @@ int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_
         goto fail;
     }
     c->u = c->g + T * ff;
+    /* The GEMM path's scratch for quantized matrices (steps of more than KRN_QGEMV_MAX_ROWS
+     * rows): the largest such matrix as halves, at most CUDA_QSCRATCH_BYTES, at least a row. */
+    if (c->n_quant > 0 && T > KRN_QGEMV_MAX_ROWS) {
+        c->qscratch_bytes = PC_MAX(PC_MIN((size_t)c->qscratch_elems * 2, CUDA_QSCRATCH_BYTES),
+                                   (size_t)c->qscratch_k * 2);
+        if ((rc = dalloc(c, c->qscratch_bytes, &c->qscratch)) != 0) {
+            snprintf(err, err_len, "cuda backend: cannot allocate the quantized GEMM scratch: %s",
+                     pc_strerror(rc));
+            goto fail;
+        }
+    }
     /* The split-KV decode kernel for decode steps (KVGW_CUDA_DECODE=attn: krn_attention's plan),
      * with its partials for the worst decode step of up to max_tokens rows allocated now. */
     krn_device_info_t di;
@@ -1395,18 +1514,18 @@ int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_
                  pc_strerror(rc));
         goto fail;
     }
-    PC_LOG(PC_LOG_INFO, "cuda",
-           "device %d: %d F16 and %d BF16 weight matrices; KV pool %d blocks (%zu MiB) of %zu "
-           "MiB free, headroom %zu MiB, room for %lld blocks; step: %s kernels, %s upload, "
-           "graphs %s, decode attention %s",
-           p->device, c->n_f16, c->n_bf16, c->kv.n_blocks, pool_bytes >> 20, free_b >> 20,
-           plan.headroom_bytes >> 20, (long long)plan.max_blocks,
-           c->fuse ? "fused" : "unfused (KVGW_CUDA_FUSED=0)",
-           c->packed ? "packed" : "per-list (KVGW_CUDA_PACKED=0)", c->graphs ? "on" : "off",
-           c->dec_kernel ? "split-KV kernel"
-           : dec_env != NULL && strcmp(dec_env, "attn") == 0
-               ? "krn_attention (KVGW_CUDA_DECODE=attn)"
-               : "krn_attention (shape)");
+    PC_LOG(
+        PC_LOG_INFO, "cuda",
+        "device %d: %d F16 and %d BF16 weight matrices (%d kept quantized: %zu MiB, GEMM "
+        "scratch %zu MiB); KV pool %d blocks (%zu MiB) of %zu MiB free, headroom %zu MiB, "
+        "room for %lld blocks; step: %s kernels, %s upload, graphs %s, decode attention %s",
+        p->device, c->n_f16, c->n_bf16, c->n_quant, c->quant_bytes >> 20, c->qscratch_bytes >> 20,
+        c->kv.n_blocks, pool_bytes >> 20, free_b >> 20, plan.headroom_bytes >> 20,
+        (long long)plan.max_blocks, c->fuse ? "fused" : "unfused (KVGW_CUDA_FUSED=0)",
+        c->packed ? "packed" : "per-list (KVGW_CUDA_PACKED=0)", c->graphs ? "on" : "off",
+        c->dec_kernel                                     ? "split-KV kernel"
+        : dec_env != NULL && strcmp(dec_env, "attn") == 0 ? "krn_attention (KVGW_CUDA_DECODE=attn)"
+                                                          : "krn_attention (shape)");
     /* Unwritten slots are NaN in tests (kv_poison), zeros otherwise. */
     if ((rc = krn_memset(c->ctx, c->kv.base, p->kv_poison ? 0xff : 0, pool_bytes)) != 0 ||
         (rc = krn_ctx_sync(c->ctx)) != 0) {

@@ -195,15 +195,17 @@ int krn_ref_convert(const krn_convert_args_t *a)
 
 int krn_ref_gemm(const krn_gemm_args_t *a)
 {
-    if (a->M < 0 || a->N <= 0 || a->K <= 0 || (a->dtype != KRN_F16 && a->dtype != KRN_BF16))
+    if (a->M < 0 || a->N <= 0 || a->K <= 0 || (a->dtype != KRN_F16 && a->dtype != KRN_BF16) ||
+        (a->ldy != 0 && a->ldy < a->N))
         return PC_ERR_INVAL;
+    int64_t ldy = a->ldy ? a->ldy : a->N;
     for (int32_t m = 0; m < a->M; m++) {
         for (int32_t n = 0; n < a->N; n++) {
             double acc = 0;
             for (int32_t k = 0; k < a->K; k++)
                 acc += (double)load_elem(a->x, (int64_t)m * a->K + k, a->dtype) *
                        (double)load_elem(a->w, (int64_t)n * a->K + k, a->dtype);
-            float *y = &a->y[(int64_t)m * a->N + n];
+            float *y = &a->y[(int64_t)m * ldy + n];
             *y = a->accumulate ? *y + (float)acc : (float)acc;
         }
     }

@@ -287,4 +287,50 @@ static inline void kt_attn_plan_free(krn_attn_args_t *a)
     free(a->part_ml);
 }
 
+/*
+ * Random quantized blocks (kernels.h, "Quantized weights") for the quantized kernels' tests:
+ * n_blocks blocks of type t into out (krn_qtype_block_bytes(t) each). Every quant, 6-bit scale
+ * and high-bit byte is random; the F16 scales are random normal halves of magnitude 2^-14 ..
+ * 2^3, negative half the time (never NaN or inf). With edges, block i % 8 is an edge case:
+ * 0 all bytes zero, 1 the largest F16 scales (65504) with every scale and min at its extreme,
+ * 2 the smallest subnormal scales, 3 every quant byte 0xff, 4 every quant byte 0; 5..7 random.
+ */
+static inline uint16_t kt_half_rand(kt_rng_t *r)
+{
+    uint16_t e = (uint16_t)(1 + kt_below(r, 18)); /* biased exponent 1..18: 2^-14 .. 2^3 */
+    return (uint16_t)((kt_below(r, 2) << 15) | (e << 10) | kt_below(r, 1024));
+}
+/* Byte offsets of the F16 scales of a block of t (*n of them) and of its scale bytes. */
+static inline void kt_qlayout(int32_t t, int32_t *half0, int32_t *n_half, int32_t *sc0,
+                              int32_t *n_sc)
+{
+    *half0 = t == KRN_Q6_K ? 208 : 0;
+    *n_half = t == KRN_Q4_K || t == KRN_Q5_K ? 2 : 1;
+    *sc0 = t == KRN_Q6_K ? 192 : t == KRN_Q4_K || t == KRN_Q5_K ? 4 : 0;
+    *n_sc = t == KRN_Q6_K ? 16 : t == KRN_Q4_K || t == KRN_Q5_K ? 12 : 0;
+}
+static inline void kt_qblocks(kt_rng_t *r, int32_t t, int64_t n_blocks, uint8_t *out, bool edges)
+{
+    int32_t bb = krn_qtype_block_bytes(t), h0, nh, s0, ns;
+    kt_qlayout(t, &h0, &nh, &s0, &ns);
+    for (int64_t b = 0; b < n_blocks; b++) {
+        uint8_t *p = out + b * bb;
+        int kind = edges ? (int)(b % 8) : 7;
+        for (int32_t i = 0; i < bb; i++) {
+            bool quant = (i < h0 || i >= h0 + 2 * nh) && (i < s0 || i >= s0 + ns);
+            p[i] = kind == 0            ? 0
+                   : quant && kind == 3 ? 0xff
+                   : quant && kind == 4 ? 0
+                                        : (uint8_t)kt_below(r, 256);
+            if (!quant && kind == 1)
+                p[i] = t == KRN_Q6_K ? 0x80 : 0xff; /* int8 -128; 6-bit 63 */
+        }
+        for (int32_t k = 0; k < nh && kind != 0; k++) {
+            uint16_t h = kind == 1 ? 0x7bff : kind == 2 ? 0x0001 : kt_half_rand(r);
+            p[h0 + 2 * k] = (uint8_t)h;
+            p[h0 + 2 * k + 1] = (uint8_t)(h >> 8);
+        }
+    }
+}
+
 #endif

@@ -23,6 +23,7 @@
 #include "pc_assert.h"
 #include "pc_err.h"
 #include "pc_test.h"
+#include "quant.h" /* eng_quant_type_is_quant: the quantized e2e test */
 
 static krn_ctx_t *g_ctx;
 static char g_no_gpu[256];
@@ -850,5 +851,6 @@ PC_TEST(sampler_radix_repeats_and_mixes_rows)
 }
 
 #include "test_krn_gpu_e2e.h"
+#include "test_krn_gpu_quant.h" /* after e2e: it uses eng_testmodel.h */
 
 PC_TEST_MAIN()

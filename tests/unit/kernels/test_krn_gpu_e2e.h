@@ -17,7 +17,7 @@ enum { E2E_VOCAB = 300 };
 /* A 2-layer model; head_dim 16 (n_embd 128, 8 heads over 2 KV heads) unless `wide`: then
  * n_embd 256 and head_dim 32 (GQA 4:1), a shape the split-KV decode kernel takes
  * (krn_decode_check: head_dim a multiple of 32), with an 8192-position context. */
-static void e2e_model_ex(enum eng_arch arch, uint32_t dtype, bool wide, char *path, size_t len)
+static eng_mkmodel_params_t e2e_params(enum eng_arch arch, uint32_t dtype, bool wide)
 {
     eng_mkmodel_params_t p = eng_mkmodel_params_default();
     p.arch = arch;
@@ -31,11 +31,23 @@ static void e2e_model_ex(enum eng_arch arch, uint32_t dtype, bool wide, char *pa
     p.rope_theta = 500000.0f;
     p.rope_freqs = arch == ENG_ARCH_LLAMA;
     p.seed = 17;
+    return p;
+}
+
+/* Writes the model of p (E2E_VOCAB tokens) to a temporary file named in path. */
+static void e2e_make(eng_mkmodel_params_t *p, char *path, size_t len)
+{
     char err[256];
-    if (tm_make(&p, E2E_VOCAB, path, len, err, sizeof err) != 0) {
+    if (tm_make(p, E2E_VOCAB, path, len, err, sizeof err) != 0) {
         fprintf(stderr, "mkmodel: %s\n", err);
         abort();
     }
+}
+
+static void e2e_model_ex(enum eng_arch arch, uint32_t dtype, bool wide, char *path, size_t len)
+{
+    eng_mkmodel_params_t p = e2e_params(arch, dtype, wide);
+    e2e_make(&p, path, len);
 }
 
 static void e2e_model(enum eng_arch arch, uint32_t dtype, char *path, size_t len)
