@@ -619,6 +619,7 @@ static void snapshot(eng_worker_t *w, uint64_t id)
             ents[k] = (eng_wire_snap_entry_t){.ns = pin.ns,
                                               .prefix_fp = eng_wire_prefix_fp(toks, pin.n_tokens),
                                               .ttl_ms = ttl_left(pin.expiry, now),
+                                              .tier = ENG_WIRE_TIER_G1,
                                               .tokens = toks,
                                               .n_tokens = pin.n_tokens};
             toks += pin.n_tokens;

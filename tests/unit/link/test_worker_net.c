@@ -856,7 +856,7 @@ PC_TEST(handshake_mismatch_rejected)
     lnk_worker_client_params_t p = lnk_worker_client_params_default();
     p.version_min = ENG_WIRE_VERSION + 1;
     p.version_max = ENG_WIRE_VERSION + 2;
-    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_UNSUPPORTED, "this worker speaks 3"));
+    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_UNSUPPORTED, "this worker speaks 4"));
     p = lnk_worker_client_params_default();
     p.model_name = "another-model";
     PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_INVAL, "'another-model' asked"));
@@ -867,18 +867,19 @@ PC_TEST(handshake_mismatch_rejected)
     p.n_vocab = N_VOCAB + 1;
     PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_INVAL, "n_vocab"));
 
-    /* A frame with another version in its header (a gateway of the previous protocol, whose
-     * link is not sealed): REJECT with the decoder's reason. */
+    /* A frame with another version in its header (a gateway of the previous protocol, version 3
+     * without the KV tiers' fields, on a link without a secret): REJECT with the decoder's
+     * reason. */
     raw_t r;
     PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
-    uint8_t v2[ENG_WIRE_HEADER_BYTES] = {'K', 'W', 2, ENG_WIRE_HELLO};
-    raw_send(&r, v2, sizeof v2);
+    uint8_t v3[ENG_WIRE_HEADER_BYTES] = {'K', 'W', 3, ENG_WIRE_HELLO};
+    raw_send(&r, v3, sizeof v3);
     RUN_UNTIL(&f, r.eof, 5000);
     uint32_t n;
     char why[256] = "";
     ASSERT_EQ(raw_frames(&r, ENG_WIRE_REJECT, &n, why, sizeof why), 0);
     ASSERT_EQ(n, 1);
-    ASSERT_TRUE(strstr(why, "protocol version 2, this side speaks 3") != NULL);
+    ASSERT_TRUE(strstr(why, "protocol version 3, this side speaks 4") != NULL);
     PC_TEST_CALL(raw_close(&f, &r));
 
     /* A SUBMIT before HELLO. */
