@@ -65,6 +65,9 @@ static void take_load(slot_t *s, const eng_wire_load_t *l)
         s->info.prefill_tok_s = l->prefill_tokens_per_s;
     if (l->decode_ms_per_token > 0)
         s->info.decode_ms_per_token = l->decode_ms_per_token;
+    const eng_wire_tier_load_t *t = l->g3.blocks > 0 ? &l->g3 : &l->g2;
+    if (t->blocks > 0 && s->info.block_tokens > 0)
+        s->info.kv_bytes_per_token = (double)t->bytes / t->blocks / s->info.block_tokens;
 }
 
 static void worker_wake(void *ud)
