@@ -58,6 +58,9 @@ api_keys:
 admin_key: ${ADMIN}
 cache:
   namespace_secret: dashboard-test-namespace-secret
+kv_tiers:
+  dir: ${dir}/kv-tiers
+  max_bytes: 64MiB
 billing:
   ledger_dir: ${dir}/ledger
   pricing: conf/pricing.yaml
@@ -282,6 +285,27 @@ test('the dashboard shows the figures of /metrics and draws its charts', { timeo
   assert.ok(lookups.length >= 2);
   for (const k of lookups) near(fig.get(`lookups.${/result="([^"]+)"/.exec(k)[1]}`), after.get(k), k);
   near(fig.get('billing.appended'), val(after, 'kvgw_billing_events_total{state="appended"}'), 'billing events');
+
+  // Where the prompts' KV came from (the workers' PREFILL frames), and the KV tiers: the disk
+  // tier is on (kv_tiers above), so every worker has its g3 row, its budget and its counters.
+  let sources = 0;
+  for (const src of ['g1', 'g2', 'g3', 'recompute', 'prefill']) {
+    const v = sumOf(after, 'kvgw_prompt_tokens_by_source_total', (k) => k.includes(`source="${src}"`));
+    near(fig.get(`sources.${src}`), v, `prompt tokens from ${src}`);
+    sources += v;
+  }
+  assert.ok(sources >= prompt, `every prompt token has a source: ${sources} of ${prompt}`);
+  assert.ok(fig.get('sources.g1') > 100, 'cache reads came from the pool');
+  for (const w of workers) {
+    const t = `worker="${w}",tier="g3"`, k = `${w}.g3`;
+    assert.ok(val(after, `kvgw_worker_tier_max_bytes{${t}}`) > 0, `worker ${w} has a disk tier`);
+    near(fig.get(`tier_bytes.${k}`), val(after, `kvgw_worker_tier_bytes{${t}}`), `${k} bytes`);
+    near(fig.get(`tier_blocks.${k}`), val(after, `kvgw_worker_tier_blocks{${t}}`), `${k} blocks`);
+    for (const [key, name] of [['hits', 'hits'], ['loads', 'loads'], ['writes', 'writes'], ['evictions', 'evictions'],
+                               ['corrupt', 'corrupt_records'], ['tokens_loaded', 'recomputes_avoided_tokens']])
+      near(fig.get(`tier_${key}.${k}`), val(after, `kvgw_worker_tier_${name}_total{${t}}`), `${k} ${key}`);
+  }
+  near(fig.get('tiers.hole_tokens'), sumOf(after, 'kvgw_worker_hole_recomputed_tokens_total'), 'hole tokens');
 
   // A screenshot for people (and a check that the charts were drawn: a PNG of real size).
   const png = join(BUILD_DIR, 'dashboard.png');
