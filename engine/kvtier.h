@@ -2,7 +2,7 @@
  * kvtier.h — the KV tier store: fixed-size records (one KV block each) below the pool, on local
  * disk (G3, every backend) or in host memory (G2, the CUDA backend). The code is
  * engine/kvtier.c. The store moves bytes: it knows nothing of the pool, the model or sequences
- * (engine.c knows blocks and calls it); it never reads a clock.
+ * (engine.c knows blocks and calls it); it reads a clock only to time its loads (stats).
  *
  * Names. A record is named by a 32-byte BLAKE2b chain over the prompt's blocks:
  *

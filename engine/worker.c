@@ -40,15 +40,19 @@
  * succeeded. Otherwise the logits come to the host and eng_sampler_sample picks. Both pick the
  * same token from the same logits under the same seed.
  */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
+#include <sodium.h>
 
 #include "engine.h"
 #include "gguf.h"
@@ -1179,44 +1183,77 @@ static void on_evict_none(const eng_evict_event_t *ev, void *ud)
     (void)ud;
 }
 
-/* The model's fingerprint: XXH3-64 of the whole file, tensor data included, so that two models
- * with the same shapes and other weights never pass for one another. One streaming pass with
- * read() through a small buffer, not through the engine's mapping: the loader copied the
- * weights and dropped their mapped pages, and touching them again would keep the whole file
- * resident in the process (page cache reads do not count). size is the size the engine mapped;
- * a file that changed since is an error. */
-static int model_hash(const char *path, uint64_t size, uint64_t *out, char *err, size_t err_len)
+/* Creates the parent directories of the tier directory (0700: they hold KV of every tenant);
+ * the tier store creates the last level itself. NULL or "" (no tiers) does nothing. */
+static int tier_dir_parents(const char *dir, char *err, size_t err_len)
 {
-    enum { CHUNK = 1 << 20 };
+    if (dir == NULL || dir[0] == '\0')
+        return 0;
+    char buf[4096];
+    size_t n = strlen(dir);
+    if (n >= sizeof buf)
+        return pc_err_setf(err, err_len, PC_ERR_RANGE,
+                           "worker: the tier directory's path is too "
+                           "long");
+    memcpy(buf, dir, n + 1);
+    for (size_t i = 1; i < n; i++) {
+        if (buf[i] != '/')
+            continue;
+        buf[i] = '\0';
+        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+            return pc_err_setf(err, err_len, PC_ERR_IO, "worker: cannot create %s: %s", buf,
+                               strerror(errno));
+        buf[i] = '/';
+    }
+    return 0;
+}
+
+int eng_worker_tier_key_read(const char *path, uint8_t key[32], char *err, size_t err_len)
+{
+    memset(key, 0, 32);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return pc_err_setf(err, err_len, PC_ERR_IO, "cannot read the key file %s: %s", path,
+                           strerror(errno));
+    struct stat st;
+    char buf[160];
     int rc = 0;
-    char *buf = pc_malloc(CHUNK);
-    FILE *f = fopen(path, "rb");
-    if (buf == NULL || f == NULL) {
-        rc = buf == NULL ? PC_ERR_NOMEM : PC_ERR_IO;
-        set_err(err, err_len, "worker: fingerprinting %s: %s", path,
-                buf == NULL ? "out of memory" : "cannot open the file");
-        goto done;
+    ssize_t n = 0;
+    if (fstat(fd, &st) != 0) {
+        rc = pc_err_setf(err, err_len, PC_ERR_IO, "cannot stat the key file %s: %s", path,
+                         strerror(errno));
+    } else if (!S_ISREG(st.st_mode)) {
+        rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "the key file %s is not a regular file", path);
+    } else if ((st.st_mode & 077) != 0) {
+        rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
+                         "the key file %s may be read or written by group or others (mode %03o): "
+                         "chmod 600 it",
+                         path, (unsigned)(st.st_mode & 0777));
+    } else if ((n = read(fd, buf, sizeof buf)) < 0) {
+        rc = pc_err_setf(err, err_len, PC_ERR_IO, "cannot read the key file %s: %s", path,
+                         strerror(errno));
     }
-    XXH3_state_t st;
-    XXH3_INITSTATE(&st);
-    XXH3_64bits_reset(&st);
-    uint64_t total = 0;
-    size_t n;
-    while ((n = fread(buf, 1, CHUNK, f)) > 0) {
-        XXH3_64bits_update(&st, buf, n);
-        total += n;
+    close(fd);
+    if (rc == 0) {
+        size_t b = 0, e = (size_t)n;
+        while (b < e && isspace((unsigned char)buf[b]))
+            b++;
+        while (e > b && isspace((unsigned char)buf[e - 1]))
+            e--;
+        if ((size_t)n == sizeof buf || e - b != 64)
+            rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
+                             "the key file %s must hold 64 hexadecimal digits (32 bytes), not %zu "
+                             "bytes",
+                             path, (size_t)n == sizeof buf ? (size_t)st.st_size : e - b);
+        size_t bin_len = 0;
+        if (rc == 0 &&
+            (sodium_hex2bin(key, 32, buf + b, 64, NULL, &bin_len, NULL) != 0 || bin_len != 32))
+            rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
+                             "the key file %s holds something other than hexadecimal digits", path);
     }
-    if (ferror(f) || total != size) {
-        rc = PC_ERR_IO;
-        set_err(err, err_len, "worker: fingerprinting %s: %s", path,
-                ferror(f) ? "read error" : "the file changed while loading");
-        goto done;
-    }
-    *out = XXH3_64bits_digest(&st);
-done:
-    if (f != NULL)
-        fclose(f);
-    pc_free(buf);
+    sodium_memzero(buf, sizeof buf); /* the key's text must not linger on the stack */
+    if (rc != 0)
+        sodium_memzero(key, 32);
     return rc;
 }
 
@@ -1235,7 +1272,9 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
     }
     w->p = *params;
     eng_vocab_t *vocab = NULL;
-    int rc = eng_init(&params->engine, &w->e, err, err_len);
+    int rc = tier_dir_parents(params->engine.tier.dir, err, err_len);
+    if (rc == 0)
+        rc = eng_init(&params->engine, &w->e, err, err_len);
     if (rc != 0)
         goto fail;
     const eng_gguf_t *g = eng_model_gguf(w->e);
@@ -1265,13 +1304,9 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
         base = base != NULL ? base + 1 : params->engine.model_path;
         w->model_name = pc_strndup(base, PC_MIN(strlen(base), ENG_WIRE_NAME_MAX));
     }
-    uint64_t t_fp = pc_time_mono_ns();
-    rc = model_hash(params->engine.model_path, eng_gguf_file_size(g), &w->model_fp, err, err_len);
+    rc = eng_model_fingerprint(w->e, &w->model_fp, err, err_len);
     if (rc != 0)
         goto fail;
-    PC_LOG(PC_LOG_INFO, "worker", "model fingerprint %016llx: XXH3 of %.1f MiB in %.0f ms",
-           (unsigned long long)w->model_fp, (double)eng_gguf_file_size(g) / (1 << 20),
-           (double)(pc_time_mono_ns() - t_fp) / 1e6);
     rc = eng_sample_ws_init(w->n_vocab, &w->ws);
     uint32_t mr = params->max_running;
     w->items = pc_calloc(mr, sizeof *w->items);

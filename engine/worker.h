@@ -260,6 +260,15 @@ size_t eng_worker_poll_wait(eng_worker_t *w, eng_worker_event_t *ev, size_t max,
  * every scheduler step. */
 void eng_worker_load(eng_worker_t *w, eng_wire_load_t *out);
 
+/* Reads the at-rest key of the KV tiers (eng_tier_params.key) from a file: 64 hexadecimal
+ * digits (32 bytes; white space around them is ignored), e.g. written by
+ * `openssl rand -hex 32 > key && chmod 600 key`. The file must be a regular file that neither
+ * group nor others may read or write: a key readable by every local user protects nothing.
+ * Returns 0 with key filled, PC_ERR_IO (cannot open or read it) or PC_ERR_INVAL (permissions,
+ * size or contents), with a one-line reason naming the file in err; key is left zeroed on
+ * failure and the file's bytes are wiped from memory either way. */
+int eng_worker_tier_key_read(const char *path, uint8_t key[32], char *err, size_t err_len);
+
 /* Counters since init, for tests and metrics. */
 typedef struct eng_worker_stats {
     uint64_t n_steps;          /* scheduler steps run (eng_forward calls that succeeded) */
