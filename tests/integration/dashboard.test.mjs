@@ -198,7 +198,7 @@ test('the dashboard shows the figures of /metrics and draws its charts', { timeo
   // (Histogram series are read by family name plus _count, _sum or _bucket.)
   const names = new Set([...pageBytes.toString('utf8').matchAll(/"(kvgw_[a-z_]+?)(?:_count|_sum|_bucket)?"/g)]
     .map((m) => m[1]));
-  assert.equal(names.size, 15);
+  assert.equal(names.size, 27);
   for (const n of names) assert.ok(new RegExp(`^# TYPE ${n} `, 'm').test(before), `/metrics has no family ${n}`);
   // So does every family the Grafana dashboard queries, but for the Redis shipper's lag, which
   // the panel names ahead of the billing module exporting it (conf/README.md says so).

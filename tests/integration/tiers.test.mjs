@@ -3,7 +3,8 @@
 // the pool is read back from the disk instead of being recomputed:
 //   - in process (`kvgw serve` with a 512 KiB pool and `kv_tiers` on): a long prompt is answered,
 //     evicted by two others, asked again: its `kvgw-cache` header says `worker_tiers=...g3:N`
-//     with N > 0, the answer is the first one's (temperature 0), and the tier metrics count the
+//     with N > 0, the answer is the first one's (temperature 0), a streamed answer's head carries
+//     worker_tiers as well (it waits for the worker's PREFILL), and the tier metrics count the
 //     writes, the loads and the tokens loaded instead of prefilled;
 //   - cluster mode: a remote `kvgw worker --kv-tier-dir` that cached a prompt is killed (SIGKILL)
 //     and started again on the same directory; its SNAPSHOT lists what its disk kept, so the
@@ -136,6 +137,16 @@ kv_tiers:
     assert.ok(again.g1 + again.g2 + again.g3 + again.recompute <= again.usage.input_tokens +
       again.usage.cache_read_input_tokens + again.usage.cache_creation_input_tokens, again.cache);
     assert.equal(again.text, first.text, 'the same answer from loaded KV as from a cold prefill');
+    // A stream's head waits for the worker's PREFILL report, so its kvgw-cache is complete too.
+    const r = await fetch(gw.base + '/v1/messages', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-api-key': KEY, 'anthropic-version': '2023-06-01' },
+      body: JSON.stringify({ ...body('alpha'), stream: true }),
+    });
+    assert.equal(r.status, 200);
+    assert.match(r.headers.get('kvgw-cache') ?? '', /; worker_tiers=g1:\d+,g2:0,g3:\d+,recompute:\d+$/);
+    const sse = await r.text();
+    assert.match(sse, /event: message_stop/);
     const mm = await until(gw.base, 'the worker\'s tier counters', (m) =>
       sumOf(m, 'kvgw_worker_tier_loads_total', 'tier="g3"') > 0);
     assert.ok(sumOf(mm, 'kvgw_worker_tier_max_bytes', 'tier="g3"') === 64 * 1024 * 1024, 'the budget');
