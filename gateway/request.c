@@ -918,8 +918,6 @@ static void route_and_submit(gw_req_t *q)
     q->worker = map[ch.worker];
     q->routed = true;
     q->phys_tokens = ch.cached;
-    q->phys_g2 = ch.cached_g2;
-    q->phys_g3 = ch.cached_g3;
     q->has_prefill = false; /* a resubmission waits for the new worker's */
     const char *rl[] = {ch.reason};
     gw_metric_add(s->m_routes, rl, 1);

@@ -96,7 +96,6 @@ struct gw_req {
     uint32_t read_tokens;       /* logical hit (A) */
     uint32_t path_tokens;       /* longest prefix found in the index (live or not) */
     uint32_t phys_tokens;       /* what the chosen worker was believed to hold (any tier) */
-    uint32_t phys_g2, phys_g3;  /* of those, believed held only in its G2 / G3 */
     bool has_prefill;           /* the worker's PREFILL arrived: prefill says where the */
     eng_wire_prefill_t prefill; /* prompt's KV came from (the kvgw-cache header's tiers) */
     gw_usage_t usage;
