@@ -71,13 +71,19 @@ struct eng_tier_ticket {
 };
 
 /* What the store holds, by name: one per record (built from the store's index at open, kept by
- * puts and the store's eviction callback). */
+ * puts and the store's eviction callback), plus "gone" entries: records the store dropped that
+ * are still the ancestor of a held one, kept so that every held block's whole token path can
+ * be named (in events and listings) while a block before it is in no tier (a hole). An entry
+ * counts the entries linked to it as their parent and goes when it is gone and has none. */
 typedef struct chain {
     name_t name, parent;
     uint64_t ns;
     uint32_t block_index;
     uint32_t n_tokens;
-    bool has_child; /* scratch of eng_tier_prefixes */
+    uint32_t n_children; /* entries linked to this one as their parent */
+    bool gone;           /* the store no longer holds it */
+    bool linked;         /* counted in its parent's n_children */
+    bool has_child;      /* scratch of eng_tier_prefixes */
     int32_t tokens[];
 } chain_t;
 
@@ -160,13 +166,28 @@ static int chain_names(struct eng_tiers *t, names_t *c, uint64_t ns, const int32
 
 /* ---- the chain map and events ---- */
 
+/* Counts c in its parent's children when the parent is known (map_mu held). */
+static void chain_link(struct eng_tiers *t, chain_t *c)
+{
+    if (c->linked || c->block_index == 0)
+        return;
+    chain_t *p = pc_u64map_get(&t->chains, name_key(&c->parent));
+    if (p != NULL && p->block_index + 1 == c->block_index &&
+        memcmp(p->name.b, c->parent.b, sizeof p->name.b) == 0) {
+        p->n_children++;
+        c->linked = true;
+    }
+}
+
 /* Adds a record to the chain map (map_mu held). Out of memory only loses the listing. */
 static void chain_add(struct eng_tiers *t, const eng_kvtier_rec_t *rec)
 {
     uint64_t k = name_key(&rec->name);
     chain_t *c = pc_u64map_get(&t->chains, k);
-    if (c != NULL)
+    if (c != NULL) {
+        c->gone = false;
         return;
+    }
     c = pc_malloc(sizeof *c + (size_t)rec->n_tokens * sizeof(int32_t));
     if (c == NULL)
         return;
@@ -176,8 +197,26 @@ static void chain_add(struct eng_tiers *t, const eng_kvtier_rec_t *rec)
                    .block_index = rec->block_index,
                    .n_tokens = rec->n_tokens};
     memcpy(c->tokens, rec->tokens, (size_t)rec->n_tokens * sizeof(int32_t));
-    if (pc_u64map_put(&t->chains, k, c) != 0)
+    if (pc_u64map_put(&t->chains, k, c) != 0) {
         pc_free(c);
+        return;
+    }
+    chain_link(t, c);
+}
+
+/* The store dropped c's record: c goes, and so do its gone ancestors no entry needs any more
+ * (map_mu held). */
+static void chain_forget(struct eng_tiers *t, chain_t *c)
+{
+    c->gone = true;
+    while (c != NULL && c->gone && c->n_children == 0) {
+        chain_t *p = c->linked ? pc_u64map_get(&t->chains, name_key(&c->parent)) : NULL;
+        pc_u64map_del(&t->chains, name_key(&c->name));
+        pc_free(c);
+        if (p != NULL)
+            p->n_children--;
+        c = p;
+    }
 }
 
 /* The path of chain c from block 0 into out[(c->block_index + 1) * bt] (map_mu held). Returns
@@ -216,10 +255,8 @@ static void on_store_evict(void *ud, const eng_kvtier_rec_t *rec, int reason)
             t->ev_head = ev;
         t->ev_tail = ev;
     }
-    if (c != NULL) {
-        pc_u64map_del(&t->chains, k);
-        pc_free(c);
-    }
+    if (c != NULL)
+        chain_forget(t, c);
     pthread_mutex_unlock(&t->map_mu);
 }
 
@@ -266,24 +303,30 @@ int eng_tier_prefixes(eng_t *e, eng_tier_prefix_fn fn, void *ud)
     pc_u64map_t *m = &t->chains;
     for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1))
         ((chain_t *)m->slots[i].value)->has_child = false;
+    /* Every ancestor of a held entry (through gone ones) has a child: only the ends remain. */
     for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1)) {
         const chain_t *c = m->slots[i].value;
-        if (c->block_index == 0)
+        if (c->gone)
             continue;
-        chain_t *p = pc_u64map_get(m, name_key(&c->parent));
-        if (p != NULL && memcmp(p->name.b, c->parent.b, sizeof p->name.b) == 0)
+        while (c->linked) {
+            chain_t *p = pc_u64map_get(m, name_key(&c->parent));
+            if (p == NULL || p->has_child)
+                break;
             p->has_child = true;
+            c = p;
+        }
     }
     for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1)) {
         const chain_t *c = m->slots[i].value;
-        if (c->has_child)
+        if (c->has_child || c->gone)
             continue;
         uint32_t len = (c->block_index + 1) * t->bt;
         if (pc_array_reserve(&path, &path_cap, len) != 0) {
             rc = PC_ERR_NOMEM;
             break;
         }
-        /* A chain with a missing ancestor (a hole) is listed from block 0 to the hole. */
+        /* A chain whose path is no longer known (an ancestor gone before it was linked) is not
+         * listed; holes whose tokens are known are (a read recomputes them). */
         if (!chain_path(t, c, path))
             continue;
         eng_tier_prefix_t out = {.ns = c->ns, .n_tokens = len, .tier = ENG_TIER_G3, .tokens = path};
@@ -450,6 +493,9 @@ int eng__tier_init(eng_t *e, const eng_tier_params_t *p, struct eng_tiers **out,
      * callback. */
     pthread_mutex_lock(&t->map_mu);
     rc = eng_kvtier_foreach(t->g3, on_store_rec, t);
+    pc_u64map_t *m = &t->chains; /* the walk is LRU first: children may precede parents */
+    for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1))
+        chain_link(t, m->slots[i].value);
     pthread_mutex_unlock(&t->map_mu);
     eng_kvtier_set_evict_cb(t->g3, on_store_evict, t);
     if (pthread_create(&t->thread, NULL, io_main, t) != 0) {
