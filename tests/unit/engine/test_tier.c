@@ -538,6 +538,16 @@ PC_TEST(real_models_through_a_hole)
         printf("  %s: hole recomputed, %u tokens loaded, last-row rel err %.2g\n", models[mi],
                o.g3_tokens, rel);
         ASSERT_LE(rel, 1e-3);
+        /* The cost model's inputs as measured here, and what they say about one block (the
+         * min_tokens rule in tier.h rests on these figures). */
+        eng_tier_stats_t st;
+        eng_tier_stats(e, &st);
+        ASSERT_TRUE(st.load_blocks > 0 && st.prefill_tokens_per_s > 0);
+        printf("  %s: load %.1f us/block (%.2f GB/s, %zu-byte blocks), prefill %.0f tokens/s "
+               "(%.1f us/block)\n",
+               models[mi], (double)st.load_ns / (double)st.load_blocks / 1e3,
+               st.load_bytes_per_s / 1e9, eng_kvpool_block_bytes(eng_kvpool(e)),
+               st.prefill_tokens_per_s, BT / st.prefill_tokens_per_s * 1e6);
         free(ref);
         free(lg);
         eng_free(e);
