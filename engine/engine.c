@@ -48,7 +48,8 @@ eng_params_t eng_params_default(void)
                                    .min_tokens = 64,
                                    .g2_bytes = 0,
                                    .queue_bytes = 64ull << 20,
-                                   .load_always = false}};
+                                   .load_always = false,
+                                   .io_threads = 4}};
 }
 
 /* Creates e->kv for the model: with host storage for the blocks, or (storage false) block

@@ -76,6 +76,8 @@ typedef struct eng_tier_params {
                              (default 64 MiB) */
     bool load_always;     /* tests, benchmarks: load every tier block the cost model would
                              recompute (default false) */
+    uint32_t io_threads;  /* the tiers' I/O threads: reads of one prompt run in parallel
+                             (default 4; 0 = 4) */
 } eng_tier_params_t;
 
 typedef struct eng_params {

@@ -66,20 +66,35 @@ struct eng_tier_ticket {
     uint32_t first, n; /* block indices [first, first + n) */
     int32_t *tokens;   /* [(first + n) * bt] */
     int pending;       /* reads not finished; read with atomics */
-    bool queued;       /* in the read queue, not yet taken */
+    bool queued;       /* in the read queue: some entry not yet taken */
+    uint32_t cursor;   /* the next entry an I/O thread takes (t->mu) */
+    uint32_t active;   /* entries I/O threads are reading now (t->mu) */
     tent_t ent[];      /* [n] */
 };
 
 /* What the store holds, by name: one per record (built from the store's index at open, kept by
- * puts and the store's eviction callback). */
+ * puts and the store's eviction callback), plus "gone" entries: records the store dropped that
+ * are still the ancestor of a held one, kept so that every held block's whole token path can
+ * be named (in events and listings) while a block before it is in no tier (a hole). An entry
+ * counts the entries linked to it as their parent and goes when it is gone and has none. */
 typedef struct chain {
     name_t name, parent;
     uint64_t ns;
     uint32_t block_index;
     uint32_t n_tokens;
-    bool has_child; /* scratch of eng_tier_prefixes */
+    uint32_t n_children; /* entries linked to this one as their parent */
+    bool gone;           /* the store no longer holds it */
+    bool linked;         /* counted in its parent's n_children */
+    bool has_child;      /* scratch of eng_tier_prefixes */
     int32_t tokens[];
 } chain_t;
+
+/* An I/O thread's argument: reads first, then (thread 0 alone, so records land parent first,
+ * in the order they were queued) writes. */
+typedef struct io_arg {
+    struct eng_tiers *t;
+    bool writer;
+} io_arg_t;
 
 /* A tier event waiting for eng_tier_poll. */
 typedef struct tev {
@@ -106,12 +121,13 @@ struct eng_tiers {
 
     pthread_mutex_t mu;
     pthread_cond_t cv_work, cv_done;
-    pthread_t thread;
-    bool thread_started, stop;
+    pthread_t *threads;  /* [n_threads] */
+    io_arg_t io_args[2]; /* thread 0's (the writer), the others' */
+    uint32_t n_threads, n_started;
+    bool stop;
     wjob_t *wq_head, *wq_tail; /* writes, FIFO */
-    bool writing;              /* the I/O thread holds a write job */
+    uint32_t writing;          /* write jobs I/O threads hold */
     eng_tier_ticket_t *rq_head, *rq_tail;
-    eng_tier_ticket_t *reading; /* the ticket the I/O thread reads now */
     eng_tier_ticket_t *tickets; /* live tickets */
     pc_u64map_t inflight;       /* name key -> wjob_t queued or being written */
     uint64_t staged_bytes;
@@ -160,13 +176,28 @@ static int chain_names(struct eng_tiers *t, names_t *c, uint64_t ns, const int32
 
 /* ---- the chain map and events ---- */
 
+/* Counts c in its parent's children when the parent is known (map_mu held). */
+static void chain_link(struct eng_tiers *t, chain_t *c)
+{
+    if (c->linked || c->block_index == 0)
+        return;
+    chain_t *p = pc_u64map_get(&t->chains, name_key(&c->parent));
+    if (p != NULL && p->block_index + 1 == c->block_index &&
+        memcmp(p->name.b, c->parent.b, sizeof p->name.b) == 0) {
+        p->n_children++;
+        c->linked = true;
+    }
+}
+
 /* Adds a record to the chain map (map_mu held). Out of memory only loses the listing. */
 static void chain_add(struct eng_tiers *t, const eng_kvtier_rec_t *rec)
 {
     uint64_t k = name_key(&rec->name);
     chain_t *c = pc_u64map_get(&t->chains, k);
-    if (c != NULL)
+    if (c != NULL) {
+        c->gone = false;
         return;
+    }
     c = pc_malloc(sizeof *c + (size_t)rec->n_tokens * sizeof(int32_t));
     if (c == NULL)
         return;
@@ -176,8 +207,26 @@ static void chain_add(struct eng_tiers *t, const eng_kvtier_rec_t *rec)
                    .block_index = rec->block_index,
                    .n_tokens = rec->n_tokens};
     memcpy(c->tokens, rec->tokens, (size_t)rec->n_tokens * sizeof(int32_t));
-    if (pc_u64map_put(&t->chains, k, c) != 0)
+    if (pc_u64map_put(&t->chains, k, c) != 0) {
         pc_free(c);
+        return;
+    }
+    chain_link(t, c);
+}
+
+/* The store dropped c's record: c goes, and so do its gone ancestors no entry needs any more
+ * (map_mu held). */
+static void chain_forget(struct eng_tiers *t, chain_t *c)
+{
+    c->gone = true;
+    while (c != NULL && c->gone && c->n_children == 0) {
+        chain_t *p = c->linked ? pc_u64map_get(&t->chains, name_key(&c->parent)) : NULL;
+        pc_u64map_del(&t->chains, name_key(&c->name));
+        pc_free(c);
+        if (p != NULL)
+            p->n_children--;
+        c = p;
+    }
 }
 
 /* The path of chain c from block 0 into out[(c->block_index + 1) * bt] (map_mu held). Returns
@@ -216,10 +265,8 @@ static void on_store_evict(void *ud, const eng_kvtier_rec_t *rec, int reason)
             t->ev_head = ev;
         t->ev_tail = ev;
     }
-    if (c != NULL) {
-        pc_u64map_del(&t->chains, k);
-        pc_free(c);
-    }
+    if (c != NULL)
+        chain_forget(t, c);
     pthread_mutex_unlock(&t->map_mu);
 }
 
@@ -266,24 +313,30 @@ int eng_tier_prefixes(eng_t *e, eng_tier_prefix_fn fn, void *ud)
     pc_u64map_t *m = &t->chains;
     for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1))
         ((chain_t *)m->slots[i].value)->has_child = false;
+    /* Every ancestor of a held entry (through gone ones) has a child: only the ends remain. */
     for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1)) {
         const chain_t *c = m->slots[i].value;
-        if (c->block_index == 0)
+        if (c->gone)
             continue;
-        chain_t *p = pc_u64map_get(m, name_key(&c->parent));
-        if (p != NULL && memcmp(p->name.b, c->parent.b, sizeof p->name.b) == 0)
+        while (c->linked) {
+            chain_t *p = pc_u64map_get(m, name_key(&c->parent));
+            if (p == NULL || p->has_child)
+                break;
             p->has_child = true;
+            c = p;
+        }
     }
     for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1)) {
         const chain_t *c = m->slots[i].value;
-        if (c->has_child)
+        if (c->has_child || c->gone)
             continue;
         uint32_t len = (c->block_index + 1) * t->bt;
         if (pc_array_reserve(&path, &path_cap, len) != 0) {
             rc = PC_ERR_NOMEM;
             break;
         }
-        /* A chain with a missing ancestor (a hole) is listed from block 0 to the hole. */
+        /* A chain whose path is no longer known (an ancestor gone before it was linked) is not
+         * listed; holes whose tokens are known are (a read recomputes them). */
         if (!chain_path(t, c, path))
             continue;
         eng_tier_prefix_t out = {.ns = c->ns, .n_tokens = len, .tier = ENG_TIER_G3, .tokens = path};
@@ -317,7 +370,7 @@ static void io_write(struct eng_tiers *t, wjob_t *j)
     }
     pc_u64map_del(&t->inflight, name_key(&j->rec.name));
     t->staged_bytes -= t->block_bytes;
-    t->writing = false;
+    t->writing--;
     pthread_cond_broadcast(&t->cv_done);
     pthread_mutex_unlock(&t->mu);
     if (rc < 0)
@@ -343,43 +396,54 @@ static int load_block(struct eng_tiers *t, const name_t *name, const int32_t *to
     return rc;
 }
 
-static void io_read(struct eng_tiers *t, eng_tier_ticket_t *k)
+/* Takes the next block to read (t->mu held): its ticket and entry, or false. A ticket leaves
+ * the queue when its last entry is taken. */
+static bool take_read(struct eng_tiers *t, eng_tier_ticket_t **kout, uint32_t *iout)
 {
-    for (uint32_t i = 0; i < k->n; i++) {
-        tent_t *en = &k->ent[i];
-        if (en->state != ENT_PENDING)
-            continue;
-        const int32_t *tok = k->tokens + (size_t)(k->first + i) * t->bt;
-        en->state = load_block(t, &en->name, tok, en->buf) == 0 ? ENT_OK : ENT_FAIL;
-        __atomic_sub_fetch(&k->pending, 1, __ATOMIC_RELEASE);
+    while (t->rq_head != NULL) {
+        eng_tier_ticket_t *k = t->rq_head;
+        while (k->cursor < k->n && k->ent[k->cursor].state != ENT_PENDING)
+            k->cursor++;
+        if (k->cursor < k->n) {
+            *kout = k;
+            *iout = k->cursor++;
+            k->active++;
+            return true;
+        }
+        t->rq_head = k->rnext;
+        if (t->rq_head == NULL)
+            t->rq_tail = NULL;
+        k->queued = false;
     }
+    return false;
 }
 
 static void *io_main(void *arg)
 {
-    struct eng_tiers *t = arg;
+    struct eng_tiers *t = ((io_arg_t *)arg)->t;
+    bool writer = ((io_arg_t *)arg)->writer;
     pthread_mutex_lock(&t->mu);
     for (;;) {
-        if (t->rq_head != NULL) { /* reads first: a request waits on them */
-            eng_tier_ticket_t *k = t->rq_head;
-            t->rq_head = k->rnext;
-            if (t->rq_head == NULL)
-                t->rq_tail = NULL;
-            k->queued = false;
-            t->reading = k;
+        eng_tier_ticket_t *k;
+        uint32_t i;
+        if (take_read(t, &k, &i)) { /* reads first: a request waits on them */
             pthread_mutex_unlock(&t->mu);
-            io_read(t, k);
+            tent_t *en = &k->ent[i];
+            const int32_t *tok = k->tokens + (size_t)(k->first + i) * t->bt;
+            int st = load_block(t, &en->name, tok, en->buf) == 0 ? ENT_OK : ENT_FAIL;
+            __atomic_store_n(&en->state, st, __ATOMIC_RELEASE);
+            __atomic_sub_fetch(&k->pending, 1, __ATOMIC_RELEASE);
             pthread_mutex_lock(&t->mu);
-            t->reading = NULL;
+            k->active--;
             pthread_cond_broadcast(&t->cv_done);
             continue;
         }
-        if (t->wq_head != NULL) {
+        if (writer && t->wq_head != NULL) {
             wjob_t *j = t->wq_head;
             t->wq_head = j->next;
             if (t->wq_head == NULL)
                 t->wq_tail = NULL;
-            t->writing = true;
+            t->writing++;
             pthread_mutex_unlock(&t->mu);
             io_write(t, j);
             pthread_mutex_lock(&t->mu);
@@ -450,14 +514,27 @@ int eng__tier_init(eng_t *e, const eng_tier_params_t *p, struct eng_tiers **out,
      * callback. */
     pthread_mutex_lock(&t->map_mu);
     rc = eng_kvtier_foreach(t->g3, on_store_rec, t);
+    pc_u64map_t *m = &t->chains; /* the walk is LRU first: children may precede parents */
+    for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1))
+        chain_link(t, m->slots[i].value);
     pthread_mutex_unlock(&t->map_mu);
     eng_kvtier_set_evict_cb(t->g3, on_store_evict, t);
-    if (pthread_create(&t->thread, NULL, io_main, t) != 0) {
+    t->n_threads = p->io_threads > 0 ? PC_MIN(p->io_threads, 64u) : 4;
+    t->threads = pc_calloc(t->n_threads, sizeof *t->threads);
+    if (t->threads == NULL) {
         rc = PC_ERR_NOMEM;
-        snprintf(err, err_len, "engine: cannot start the tier I/O thread");
+        snprintf(err, err_len, "engine: out of memory");
         goto fail;
     }
-    t->thread_started = true;
+    for (; t->n_started < t->n_threads; t->n_started++) {
+        io_arg_t *a = &t->io_args[t->n_started == 0 ? 0 : 1];
+        *a = (io_arg_t){.t = t, .writer = t->n_started == 0};
+        if (pthread_create(&t->threads[t->n_started], NULL, io_main, a) != 0) {
+            rc = PC_ERR_NOMEM;
+            snprintf(err, err_len, "engine: cannot start the tier I/O threads");
+            goto fail;
+        }
+    }
     eng_kvtier_stats_t ks;
     eng_kvtier_stats(t->g3, &ks);
     PC_LOG(PC_LOG_INFO, "tier",
@@ -478,13 +555,15 @@ void eng__tier_free(struct eng_tiers *t)
 {
     if (t == NULL)
         return;
-    if (t->thread_started) {
+    if (t->n_started > 0) {
         pthread_mutex_lock(&t->mu);
         t->stop = true;
-        pthread_cond_signal(&t->cv_work);
+        pthread_cond_broadcast(&t->cv_work);
         pthread_mutex_unlock(&t->mu);
-        pthread_join(t->thread, NULL);
+        for (uint32_t i = 0; i < t->n_started; i++)
+            pthread_join(t->threads[i], NULL);
     }
+    pc_free(t->threads);
     PC_ASSERT(t->wq_head == NULL && t->rq_head == NULL);
     while (t->tickets != NULL)
         eng_tier_ticket_free(t->e, t->tickets);
@@ -539,7 +618,7 @@ void eng_tier_flush(eng_t *e)
     if (t == NULL)
         return;
     pthread_mutex_lock(&t->mu);
-    while (t->wq_head != NULL || t->writing)
+    while (t->wq_head != NULL || t->writing > 0)
         pthread_cond_wait(&t->cv_done, &t->mu);
     pthread_mutex_unlock(&t->mu);
 }
@@ -633,7 +712,7 @@ uint8_t eng__tier_write(eng_t *e, uint64_t ns, const int32_t *path, uint32_t dep
         else
             t->wq_head = j;
         t->wq_tail = j;
-        pthread_cond_signal(&t->cv_work);
+        pthread_cond_broadcast(&t->cv_work);
         pthread_mutex_unlock(&t->mu);
     }
     return all_held ? ENG_TIER_G3 : ENG_TIER_NONE;
@@ -714,6 +793,75 @@ static bool load_into(eng_t *e, eng_seq_t *s, const int32_t *tokens, uint32_t i,
     return true;
 }
 
+/* A ticket reading, on the I/O threads, the blocks i in [kb, m) of t->rd whose plan byte is
+ * `want` (t->rd holds the names). *out NULL when there are none. Returns 0, PC_ERR_BUSY (the
+ * staging budget) or PC_ERR_NOMEM. */
+static int ticket_new(struct eng_tiers *t, uint64_t ns, const int32_t *tokens, uint32_t kb,
+                      uint32_t m, uint8_t want, eng_tier_ticket_t **out)
+{
+    *out = NULL;
+    uint32_t bt = t->bt, first = UINT32_MAX, last = 0, count = 0;
+    for (uint32_t i = kb; i < m; i++) {
+        if (t->rd.plan[i] == want) {
+            first = PC_MIN(first, i);
+            last = i;
+            count++;
+        }
+    }
+    if (count == 0)
+        return 0;
+    uint64_t need = (uint64_t)count * t->block_bytes;
+    pthread_mutex_lock(&t->mu);
+    bool room = t->staged_bytes + need <= t->queue_bytes;
+    if (room)
+        t->staged_bytes += need; /* reserved now, so two tickets never overshoot */
+    pthread_mutex_unlock(&t->mu);
+    if (!room)
+        return PC_ERR_BUSY;
+    uint32_t nb = last - first + 1;
+    eng_tier_ticket_t *k = pc_calloc(1, sizeof *k + (size_t)nb * sizeof(tent_t));
+    int32_t *tok = pc_malloc((size_t)(last + 1) * bt * sizeof *tok);
+    int rc = k == NULL || tok == NULL ? PC_ERR_NOMEM : 0;
+    for (uint32_t i = 0; rc == 0 && i < nb; i++) {
+        tent_t *en = &k->ent[i];
+        en->name = t->rd.v[first + i];
+        en->state = t->rd.plan[first + i] == want ? ENT_PENDING : ENT_SKIP;
+        if (en->state == ENT_PENDING && (en->buf = pc_malloc(t->block_bytes)) == NULL)
+            rc = PC_ERR_NOMEM;
+    }
+    if (rc != 0) {
+        for (uint32_t i = 0; k != NULL && i < nb; i++)
+            pc_free(k->ent[i].buf);
+        pc_free(k);
+        pc_free(tok);
+        pthread_mutex_lock(&t->mu);
+        t->staged_bytes -= need;
+        pthread_mutex_unlock(&t->mu);
+        return rc;
+    }
+    memcpy(tok, tokens, (size_t)(last + 1) * bt * sizeof *tok);
+    k->ns = ns;
+    k->first = first;
+    k->n = nb;
+    k->tokens = tok;
+    k->pending = (int)count;
+    k->next = t->tickets;
+    if (t->tickets != NULL)
+        t->tickets->prev = k;
+    t->tickets = k;
+    pthread_mutex_lock(&t->mu);
+    k->queued = true;
+    if (t->rq_tail != NULL)
+        t->rq_tail->rnext = k;
+    else
+        t->rq_head = k;
+    t->rq_tail = k;
+    pthread_cond_broadcast(&t->cv_work);
+    pthread_mutex_unlock(&t->mu);
+    *out = k;
+    return 0;
+}
+
 void eng__tier_continue(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tokens, uint32_t n)
 {
     struct eng_tiers *t = e->tier;
@@ -746,8 +894,10 @@ void eng__tier_continue(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *toke
         uint32_t j = i;
         while (j <= last && t->rd.plan[j] == PL_DISK)
             j++;
+        /* The I/O threads read a run's blocks in parallel. */
+        uint32_t rounds = (j - i + t->n_threads - 1) / t->n_threads;
         if (!e->p.tier.load_always &&
-            !eng__tier_load_wins(npb, e->prefill_tps, j - i, (j - i) * bt))
+            !eng__tier_load_wins(npb, e->prefill_tps, rounds, (j - i) * bt))
             memset(t->rd.plan + i, PL_RECOMPUTE, j - i);
         i = j;
     }
@@ -756,6 +906,18 @@ void eng__tier_continue(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *toke
         last = last > kb ? last - 1 : UINT32_MAX;
     if (last == UINT32_MAX)
         return;
+    /* The disk blocks are read by the I/O threads in parallel while this thread waits (without
+     * staging room they are read here, one by one). */
+    eng_tier_ticket_t *k = NULL;
+    if (ticket_new(t, ns, tokens, kb, last + 1, PL_DISK, &k) == 0 && k != NULL) {
+        pthread_mutex_lock(&t->mu);
+        while (!eng_tier_ready(k))
+            pthread_cond_wait(&t->cv_done, &t->mu);
+        pthread_mutex_unlock(&t->mu);
+        for (uint32_t i = kb; i <= last; i++)
+            if (t->rd.plan[i] == PL_DISK)
+                t->rd.plan[i] = PL_STAGED;
+    }
     /* Holes are recomputed (attending to everything before them), loads fill fresh blocks; a
      * failed load becomes part of the next hole, and whatever fails last ends the start: the
      * caller computes the rest. */
@@ -769,11 +931,14 @@ void eng__tier_continue(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *toke
             eng_kvseq_trim(&s->kv, e->kv);
         }
         if (!recompute(e, s, tokens, i * bt))
-            return;
+            break;
+        /* A staged block whose read failed is tried once more from the disk (a bad record is
+         * gone by now: the block becomes part of the next hole). */
         const void *src = t->rd.plan[i] == PL_STAGED ? staged(t, ns, i, &t->rd.v[i]) : NULL;
         if (!load_into(e, s, tokens, i, src) && s->kv.n_tokens != i * bt)
-            return;
+            break;
     }
+    eng_tier_ticket_free(e, k);
 }
 
 /* ---- prefetch tickets ---- */
@@ -785,75 +950,19 @@ int eng_tier_prefetch(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n,
     struct eng_tiers *t = e->tier;
     if (t == NULL || n < 2)
         return 0;
-    uint32_t bt = t->bt, m = (n - 1) / bt;
-    uint32_t kb = eng__prefix_match_len(e, ns, tokens, n - 1) / bt;
+    uint32_t m = (n - 1) / t->bt;
+    uint32_t kb = eng__prefix_match_len(e, ns, tokens, n - 1) / t->bt;
     if (kb >= m)
         return 0;
     int rc = chain_names(t, &t->rd, ns, tokens, m);
     if (rc != 0)
         return rc;
-    uint32_t first = UINT32_MAX, last = 0, count = 0;
-    for (uint32_t i = kb; i < m; i++) {
+    for (uint32_t i = kb; i < m; i++)
         t->rd.plan[i] =
-            eng_kvtier_contains(t->g3, &t->rd.v[i]) == 1 && staged(t, ns, i, &t->rd.v[i]) == NULL;
-        if (t->rd.plan[i]) {
-            first = PC_MIN(first, i);
-            last = i;
-            count++;
-        }
-    }
-    if (count == 0)
-        return 0;
-    uint64_t need = (uint64_t)count * t->block_bytes;
-    pthread_mutex_lock(&t->mu);
-    bool room = t->staged_bytes + need <= t->queue_bytes;
-    if (room)
-        t->staged_bytes += need; /* reserved now, so two tickets never overshoot */
-    pthread_mutex_unlock(&t->mu);
-    if (!room)
-        return PC_ERR_BUSY;
-    uint32_t nb = last - first + 1;
-    eng_tier_ticket_t *k = pc_calloc(1, sizeof *k + (size_t)nb * sizeof(tent_t));
-    int32_t *tok = pc_malloc((size_t)(last + 1) * bt * sizeof *tok);
-    rc = k == NULL || tok == NULL ? PC_ERR_NOMEM : 0;
-    for (uint32_t i = 0; rc == 0 && i < nb; i++) {
-        tent_t *en = &k->ent[i];
-        en->name = t->rd.v[first + i];
-        en->state = t->rd.plan[first + i] ? ENT_PENDING : ENT_SKIP;
-        if (en->state == ENT_PENDING && (en->buf = pc_malloc(t->block_bytes)) == NULL)
-            rc = PC_ERR_NOMEM;
-    }
-    if (rc != 0) {
-        for (uint32_t i = 0; k != NULL && i < nb; i++)
-            pc_free(k->ent[i].buf);
-        pc_free(k);
-        pc_free(tok);
-        pthread_mutex_lock(&t->mu);
-        t->staged_bytes -= need;
-        pthread_mutex_unlock(&t->mu);
-        return rc;
-    }
-    memcpy(tok, tokens, (size_t)(last + 1) * bt * sizeof *tok);
-    k->ns = ns;
-    k->first = first;
-    k->n = nb;
-    k->tokens = tok;
-    k->pending = (int)count;
-    k->next = t->tickets;
-    if (t->tickets != NULL)
-        t->tickets->prev = k;
-    t->tickets = k;
-    pthread_mutex_lock(&t->mu);
-    k->queued = true;
-    if (t->rq_tail != NULL)
-        t->rq_tail->rnext = k;
-    else
-        t->rq_head = k;
-    t->rq_tail = k;
-    pthread_cond_signal(&t->cv_work);
-    pthread_mutex_unlock(&t->mu);
-    *out = k;
-    return 0;
+            eng_kvtier_contains(t->g3, &t->rd.v[i]) == 1 && staged(t, ns, i, &t->rd.v[i]) == NULL
+                ? PL_DISK
+                : PL_NONE;
+    return ticket_new(t, ns, tokens, kb, m, PL_DISK, out);
 }
 
 bool eng_tier_ready(const eng_tier_ticket_t *k)
@@ -878,7 +987,7 @@ void eng_tier_ticket_free(eng_t *e, eng_tier_ticket_t *k)
             t->rq_tail = prev;
         k->queued = false;
     }
-    while (t->reading == k)
+    while (k->active > 0)
         pthread_cond_wait(&t->cv_done, &t->mu);
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < k->n; i++)

@@ -154,14 +154,18 @@ typedef struct eng_tier_prefix {
 
 typedef void (*eng_tier_prefix_fn)(const eng_tier_prefix_t *p, void *ud);
 
-/* Calls fn for each maximal chain the tiers hold (a block no other block continues), with its
- * whole token path. Returns how many, or a negative error (PC_ERR_NOMEM). O(records). */
+/* Calls fn for each maximal chain the tiers hold (a block no other held block continues), with
+ * its whole token path from block 0. A chain whose earlier blocks the store dropped is still
+ * listed whole when their tokens are known (the engine keeps the tokens of dropped ancestors of
+ * held blocks): a read recomputes such a hole. fn runs under the tiers' lock and must not call
+ * the engine. Returns how many, or PC_ERR_NOMEM. O(records). */
 int eng_tier_prefixes(eng_t *e, eng_tier_prefix_fn fn, void *ud);
 
-/* Blocks the disk tier dropped (its budget) or a block that went down a tier, as events the
- * caller drains on the engine's thread: ns, the prefix through the block (when the chain is
- * still known; else tokens NULL), and the tier it is now in (ENG_TIER_NONE: gone from every
- * tier). */
+/* A block the disk tier dropped (its budget, a corrupt record found, a removal), as an event
+ * the caller drains on the engine's thread: ns, the prefix through the block (tokens NULL when
+ * its path is not known), and the tier it is now in (ENG_TIER_NONE: gone from every tier; a
+ * block leaving the pool for a tier is reported by the prefix index's eviction event, whose
+ * tier byte says where it went). */
 typedef struct eng_tier_event {
     uint64_t ns;
     uint32_t n_tokens;

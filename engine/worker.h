@@ -17,10 +17,10 @@
  *   ... eng_worker_free(w);
  *
  * Requests and events are the worker protocol's own structs (engine/wire.h): a request is an
- * eng_wire_submit_t and an event is an eng_wire_frame_t of type TOKEN, DONE, ERROR, KV_EVENT,
- * LOAD or SNAPSHOT, with exactly the field meanings that wire.h documents. The in-process gateway
- * and the TCP worker server (`kvgw worker`) therefore see the same thing, and the server encodes an
- * event with eng_wire_encode as it is.
+ * eng_wire_submit_t and an event is an eng_wire_frame_t of type PREFILL, TOKEN, DONE, ERROR,
+ * KV_EVENT, LOAD or SNAPSHOT, with exactly the field meanings that wire.h documents. The in-process
+ * gateway and the TCP worker server (`kvgw worker`) therefore see the same thing, and the server
+ * encodes an event with eng_wire_encode as it is.
  *
  * Life of a request. eng_worker_submit checks the request and queues it, or refuses it at once
  * with an error (nothing queued, no event ever follows). An accepted request produces zero or
@@ -259,6 +259,16 @@ size_t eng_worker_poll_wait(eng_worker_t *w, eng_worker_event_t *ev, size_t max,
  * sequences, free / cached (held only by the prefix index) / total KV blocks. Updated after
  * every scheduler step. */
 void eng_worker_load(eng_worker_t *w, eng_wire_load_t *out);
+
+/* KV tiers (params.engine.tier, engine/tier.h). Every accepted request gets one PREFILL event
+ * (where its prompt came from at its first admission: pool, G2, G3, recomputed holes) right
+ * before its first TOKEN, or before its DONE when it generates nothing. A queued request whose
+ * prompt continues into a lower tier waits out of the queue while the engine's I/O thread reads
+ * those blocks (eng_tier_prefetch); the scheduler keeps stepping the others, and the request
+ * returns to its place in the queue once they are staged. KV_EVENT EVICTED carries the tier
+ * the dropped blocks went to (and blocks the disk tier drops come as EVICTED tier 0); LOAD
+ * carries the tiers' figures; SNAPSHOT lists, after the pins, the prefixes held only in a
+ * lower tier (a restarted worker's disk). The tier directory's parents are created (0700). */
 
 /* Reads the at-rest key of the KV tiers (eng_tier_params.key) from a file: 64 hexadecimal
  * digits (32 bytes; white space around them is ignored), e.g. written by
