@@ -807,11 +807,29 @@ static int set_tiers(gw_cindex_t *ix, rdx_node_t *x, size_t stop, uint32_t w, in
 int gw_cindex_owner_add(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t n, uint32_t w,
                         uint32_t *n_held)
 {
-    return gw_cindex_owner_add_tier(ix, ns, tokens, n, w, GW_CINDEX_TIER_G1, n_held);
+    return gw_cindex_owner_add_tier(ix, ns, tokens, n, w, GW_CINDEX_TIER_G1, 0, n_held);
+}
+
+/* deepest_entry, or with block_tokens > 0 the entry whose edge holds tokens[n - 1] when every
+ * whole block of it lies within tokens[0..n): a tier keeps whole blocks only, and what its
+ * holder lacks of such an entry is a partial last block, which it recomputes anyway. */
+static rdx_node_t *deepest_entry_blocks(const gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens,
+                                        size_t n, uint32_t block_tokens)
+{
+    rdx_match_t m;
+    if (rdx_tree_match(ix->t, ns, tokens, n, &m) != 0)
+        return NULL;
+    if (block_tokens > 0 && m.node != NULL && m.n_matched == n && n > 0) {
+        size_t d = rdx_node_depth(m.node);
+        if (d > n && rdx_node_payload(m.node) != NULL && d / block_tokens * block_tokens <= n)
+            return m.node;
+    }
+    return m.last_entry;
 }
 
 int gw_cindex_owner_add_tier(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t n,
-                             uint32_t w, gw_cindex_tier_t tier, uint32_t *n_held)
+                             uint32_t w, gw_cindex_tier_t tier, uint32_t block_tokens,
+                             uint32_t *n_held)
 {
     if (n_held != NULL)
         *n_held = 0;
@@ -820,7 +838,7 @@ int gw_cindex_owner_add_tier(gw_cindex_t *ix, uint64_t ns, const uint32_t *token
         return PC_ERR_INVAL;
     if (w >= ix->p.n_workers)
         return PC_ERR_RANGE;
-    rdx_node_t *x = deepest_entry(ix, ns, tokens, n);
+    rdx_node_t *x = deepest_entry_blocks(ix, ns, tokens, n, block_tokens);
     if (x == NULL)
         return 0;
     int rc = set_tiers(ix, x, 0, w, tier, false);

@@ -266,12 +266,17 @@ typedef enum gw_cindex_tier {
 
 /* gw_cindex_owner_add with the tier w holds the path in: every node of the path that w did not
  * own becomes owned in that tier; a node it owned keeps the better of its tier and this one
- * (G1 < G2 < G3). gw_cindex_owner_add is this with GW_CINDEX_TIER_G1 (which never allocates).
+ * (G1 < G2 < G3). block_tokens > 0 says the tokens are whole blocks of that many tokens (a
+ * lower tier keeps nothing else): a live entry that ends less than a block beyond n, whose
+ * whole blocks all lie within tokens[0..n), counts as held too (its holder recomputes the
+ * partial last block), and *n_held is then its length. gw_cindex_owner_add is this with
+ * GW_CINDEX_TIER_G1 and block_tokens 0 (which never allocates).
  * Returns 0, PC_ERR_RANGE (w >= n_workers), PC_ERR_INVAL (a bad tier, NULL tokens with n > 0)
  * or PC_ERR_NOMEM (G2/G3 only: a node's first mark; no owner or tier changed, though nodes
  * may keep the owner bitmaps given to them before the failure, as a grown table is kept). */
 int gw_cindex_owner_add_tier(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t n,
-                             uint32_t w, gw_cindex_tier_t tier, uint32_t *n_held);
+                             uint32_t w, gw_cindex_tier_t tier, uint32_t block_tokens,
+                             uint32_t *n_held);
 
 /* Worker w moved positions [n_kept, n_tokens) of the path down to a lower tier (an EVICTED
  * event with tier 2 or 3): over the nodes gw_cindex_owner_evicted would clear, w keeps owning

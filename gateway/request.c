@@ -765,13 +765,15 @@ void gw__req_pool_event(void *ud, uint32_t worker, const eng_wire_frame_t *ev)
         /* After a (re)connect the worker lists what it holds pinned (tier 1) and, after a
          * restart, what it kept only in a lower tier (its disk): it owns those again. */
         const eng_wire_snapshot_t *sn = &ev->u.snapshot;
+        uint32_t bt = gw_pool_worker(s->pool, worker)->block_tokens;
         for (uint32_t i = 0; i < sn->n_entries; i++) {
             const eng_wire_snap_entry_t *e = &sn->entries[i];
             gw_cindex_tier_t tier = e->tier == ENG_WIRE_TIER_G2   ? GW_CINDEX_TIER_G2
                                     : e->tier == ENG_WIRE_TIER_G3 ? GW_CINDEX_TIER_G3
                                                                   : GW_CINDEX_TIER_G1;
+            /* A lower tier lists whole blocks: an entry it holds all the blocks of is held. */
             if (gw_cindex_owner_add_tier(s->ix, e->ns, e->tokens, e->n_tokens, worker, tier,
-                                         NULL) == PC_ERR_NOMEM)
+                                         tier == GW_CINDEX_TIER_G1 ? 0 : bt, NULL) == PC_ERR_NOMEM)
                 PC_LOG(PC_LOG_WARN, "serve", "worker %u: a snapshot entry in G%d not indexed: %s",
                        worker, (int)tier, pc_strerror(PC_ERR_NOMEM));
         }

@@ -81,13 +81,17 @@ async function metrics(base) {
 const sumOf = (mm, name, ...parts) => [...mm].filter(([k]) => k.startsWith(name + '{') && parts.every((p) => k.includes(p)))
   .reduce((a, [, v]) => a + v, 0);
 
-// Polls /metrics until pred(metrics) holds; fails with what it saw after timeoutMs.
+// Polls /metrics until pred(metrics) holds; fails with the worker and tier series it saw last
+// after timeoutMs.
 async function until(base, what, pred, timeoutMs = 30000) {
   const end = Date.now() + timeoutMs;
   for (;;) {
     const mm = await metrics(base);
     if (pred(mm)) return mm;
-    assert.ok(Date.now() < end, `timed out waiting for ${what}`);
+    if (Date.now() >= end) {
+      const seen = [...mm].filter(([k]) => /^kvgw_(worker|prompt)/.test(k)).map(([k, v]) => `${k} ${v}`);
+      assert.fail(`timed out waiting for ${what}; /metrics had:\n${seen.join('\n')}`);
+    }
     await sleep(100);
   }
 }

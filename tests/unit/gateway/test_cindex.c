@@ -304,10 +304,10 @@ PC_TEST(owner_tiers)
     ASSERT_EQ_U64(gw_cindex_worker_tokens(ix, 2), 0);
     /* A restarted worker 2 lists [0, 20) pinned in G1 and [0, 30) on disk, in either order:
      * the pool's part stays G1. */
-    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 30, 2, GW_CINDEX_TIER_G3, &held), 0);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 30, 2, GW_CINDEX_TIER_G3, 0, &held), 0);
     ASSERT_EQ(held, 30);
-    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 20, 2, GW_CINDEX_TIER_G1, &held), 0);
-    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 30, 2, GW_CINDEX_TIER_G3, &held), 0);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 20, 2, GW_CINDEX_TIER_G1, 0, &held), 0);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 30, 2, GW_CINDEX_TIER_G3, 0, &held), 0);
     ASSERT_EQ(gw_cindex_match(ix, 5, a, 40, 1, &m), 0);
     ASSERT_EQ(m.held[2], 30);
     ASSERT_EQ(m.held_g3[2], 10);
@@ -332,14 +332,33 @@ PC_TEST(owner_tiers)
     ASSERT_EQ(m.held_g3[1], 0);
     ASSERT_EQ(m.n_hit, 30);
     /* An insert that splits a node copies its tier marks to both halves. */
-    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 30, 3, GW_CINDEX_TIER_G2, &held), 0);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 30, 3, GW_CINDEX_TIER_G2, 0, &held), 0);
     ASSERT_EQ(gw_cindex_insert(ix, 5, a, 25, GW_CINDEX_TTL_1H, 2, 2), 0);
     ASSERT_EQ(gw_cindex_match(ix, 5, a, 40, 2, &m), 0);
     ASSERT_EQ(m.held[3], 30);
     ASSERT_EQ(m.held_g2[3], 30);
+    /* A restarted worker's disk lists whole blocks: with 8-token blocks, 16 tokens hold the
+     * entry at 20 (its blocks: [0, 16) and the partial [16, 20), which is never on disk), and 24
+     * tokens the entry at 25 (the entry whose edge holds the last listed token: the one at 30
+     * below it is not looked for). With 4-token blocks, 22 tokens leave the whole block
+     * [20, 24) of the entry at 25 out: they hold the entry at 20. Without blocks: exact. */
+    ASSERT_EQ(gw_cindex_worker_down(ix, 3), 0);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 16, 3, GW_CINDEX_TIER_G3, 8, &held), 0);
+    ASSERT_EQ(held, 20);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 24, 3, GW_CINDEX_TIER_G3, 8, &held), 0);
+    ASSERT_EQ(held, 25);
+    ASSERT_EQ(gw_cindex_match(ix, 5, a, 40, 2, &m), 0);
+    ASSERT_EQ(m.held[3], 25);
+    ASSERT_EQ(m.held_g3[3], 25);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 22, 2, GW_CINDEX_TIER_G3, 4, &held), 0);
+    ASSERT_EQ(held, 20);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 24, 1, GW_CINDEX_TIER_G3, 0, &held), 0);
+    ASSERT_EQ(held, 20);
     /* Bad arguments. */
-    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 30, 3, (gw_cindex_tier_t)0, &held), PC_ERR_INVAL);
-    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 30, 3, (gw_cindex_tier_t)4, &held), PC_ERR_INVAL);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 30, 3, (gw_cindex_tier_t)0, 0, &held),
+              PC_ERR_INVAL);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 30, 3, (gw_cindex_tier_t)4, 0, &held),
+              PC_ERR_INVAL);
     ASSERT_EQ(gw_cindex_owner_demoted(ix, 3, 5, a, 0, 30, 1), PC_ERR_INVAL);
     ASSERT_EQ(gw_cindex_owner_demoted(ix, 3, 5, a, 0, 30, 4), PC_ERR_INVAL);
     ASSERT_EQ(gw_cindex_owner_demoted(ix, 4, 5, a, 0, 30, 3), PC_ERR_RANGE);
@@ -1131,7 +1150,7 @@ static void diff_run(uint64_t seed, long n_ops, uint64_t max_tokens, model_t *m)
                 ASSERT_EQ(gw_cindex_owner_add(ix, ns, q, n, (uint32_t)w, &ha), 0);
             else
                 ASSERT_EQ(gw_cindex_owner_add_tier(ix, ns, q, n, (uint32_t)w,
-                                                   (gw_cindex_tier_t)tier, &ha),
+                                                   (gw_cindex_tier_t)tier, 0, &ha),
                           0);
             uint32_t hb = m_owner_add(m, ns, q, n, w, tier);
             if (ha != hb)
@@ -1622,7 +1641,8 @@ PC_TEST(owner_tiers_failing_allocator)
             pc_failalloc_left = k;
             pc_allocator_t prev = pc_set_allocator(&fa);
             rc = demote ? gw_cindex_owner_demoted(ix, w, ns, q, kept, n, tier)
-                        : gw_cindex_owner_add_tier(ix, ns, q, n, w, (gw_cindex_tier_t)tier, NULL);
+                        : gw_cindex_owner_add_tier(ix, ns, q, n, w, (gw_cindex_tier_t)tier,
+                                                   rnd(2) * 4, NULL);
             pc_set_allocator(&prev);
             if (rc != PC_ERR_NOMEM)
                 break;
