@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #ifdef __GLIBC__
@@ -17,6 +18,41 @@
 #include "outcome.h"
 #include "pc_json.h"
 #include "request.h"
+
+/* The tiers' counters: each the growth of one of the worker's own counters in its LOAD's tier
+ * figures (update_tier), in s->m_tier_counters by position. */
+static const struct tier_counter {
+    size_t field; /* offsetof(eng_wire_tier_load_t, the u64 counter) */
+    double scale; /* to base units */
+    const char *name, *help;
+} tier_counters[GW_OBS_TIER_COUNTERS] = {
+    {offsetof(eng_wire_tier_load_t, hits), 1, "kvgw_worker_tier_hits_total",
+     "KV blocks a lookup found in a worker's tier."},
+    {offsetof(eng_wire_tier_load_t, loads), 1, "kvgw_worker_tier_loads_total",
+     "KV blocks loaded from a tier into the pool."},
+    {offsetof(eng_wire_tier_load_t, load_bytes), 1, "kvgw_worker_tier_load_bytes_total",
+     "Bytes loaded from a tier into the pool."},
+    {offsetof(eng_wire_tier_load_t, load_us), 1e-6, "kvgw_worker_tier_load_seconds_total",
+     "Time the loads from a tier took."},
+    {offsetof(eng_wire_tier_load_t, tokens_loaded), 1,
+     "kvgw_worker_tier_recomputes_avoided_tokens_total",
+     "Prompt tokens loaded from a tier instead of prefilled."},
+    {offsetof(eng_wire_tier_load_t, writes), 1, "kvgw_worker_tier_writes_total",
+     "KV blocks written to a tier."},
+    {offsetof(eng_wire_tier_load_t, writes_dropped), 1, "kvgw_worker_tier_writes_dropped_total",
+     "KV blocks not written to a tier because its write-behind queue was full."},
+    {offsetof(eng_wire_tier_load_t, evictions), 1, "kvgw_worker_tier_evictions_total",
+     "KV blocks a tier's byte budget dropped."},
+    {offsetof(eng_wire_tier_load_t, corrupt), 1, "kvgw_worker_tier_corrupt_records_total",
+     "Tier records that failed their checks: deleted, never served."},
+};
+
+static uint64_t tier_field(const eng_wire_tier_load_t *t, size_t field)
+{
+    uint64_t v;
+    memcpy(&v, (const char *)t + field, sizeof v);
+    return v;
+}
 
 void gw__obs_setup_metrics(serve_t *s)
 {
@@ -92,27 +128,9 @@ void gw__obs_setup_metrics(serve_t *s)
         s->m, "kvgw_worker_indexed_tokens",
         "Tokens of live cache entries the gateway believes a worker holds, by tier (g1: pool).", 2,
         wt);
-    s->m_tier_hits = gw_metrics_counter(s->m, "kvgw_worker_tier_hits_total",
-                                        "KV blocks a lookup found in a worker's tier.", 2, wt);
-    s->m_tier_loads = gw_metrics_counter(s->m, "kvgw_worker_tier_loads_total",
-                                         "KV blocks loaded from a tier into the pool.", 2, wt);
-    s->m_tier_load_bytes = gw_metrics_counter(s->m, "kvgw_worker_tier_load_bytes_total",
-                                              "Bytes loaded from a tier into the pool.", 2, wt);
-    s->m_tier_load_seconds = gw_metrics_counter(s->m, "kvgw_worker_tier_load_seconds_total",
-                                                "Time the loads from a tier took.", 2, wt);
-    s->m_tier_tokens_loaded =
-        gw_metrics_counter(s->m, "kvgw_worker_tier_recomputes_avoided_tokens_total",
-                           "Prompt tokens loaded from a tier instead of prefilled.", 2, wt);
-    s->m_tier_writes = gw_metrics_counter(s->m, "kvgw_worker_tier_writes_total",
-                                          "KV blocks written to a tier.", 2, wt);
-    s->m_tier_writes_dropped = gw_metrics_counter(
-        s->m, "kvgw_worker_tier_writes_dropped_total",
-        "KV blocks not written to a tier because its write-behind queue was full.", 2, wt);
-    s->m_tier_evictions = gw_metrics_counter(s->m, "kvgw_worker_tier_evictions_total",
-                                             "KV blocks a tier's byte budget dropped.", 2, wt);
-    s->m_tier_corrupt =
-        gw_metrics_counter(s->m, "kvgw_worker_tier_corrupt_records_total",
-                           "Tier records that failed their checks: deleted, never served.", 2, wt);
+    for (size_t i = 0; i < PC_ARRAY_LEN(tier_counters); i++)
+        s->m_tier_counters[i] =
+            gw_metrics_counter(s->m, tier_counters[i].name, tier_counters[i].help, 2, wt);
     s->m_recomputed = gw_metrics_counter(
         s->m, "kvgw_worker_hole_recomputed_tokens_total",
         "Prompt tokens of holes (blocks in no tier between loaded ones) recomputed.", 1, wk);
@@ -150,15 +168,11 @@ static void update_tier(serve_t *s, const char *worker, const char *tier,
     gw_metric_set(s->m_tier_bytes, lv, (double)t->bytes);
     gw_metric_set(s->m_tier_blocks, lv, t->blocks);
     gw_metric_set(s->m_tier_bandwidth, lv, t->load_bytes_per_s);
-    add_growth(s->m_tier_hits, lv, t->hits, seen->hits, 1);
-    add_growth(s->m_tier_loads, lv, t->loads, seen->loads, 1);
-    add_growth(s->m_tier_load_bytes, lv, t->load_bytes, seen->load_bytes, 1);
-    add_growth(s->m_tier_load_seconds, lv, t->load_us, seen->load_us, 1e-6);
-    add_growth(s->m_tier_tokens_loaded, lv, t->tokens_loaded, seen->tokens_loaded, 1);
-    add_growth(s->m_tier_writes, lv, t->writes, seen->writes, 1);
-    add_growth(s->m_tier_writes_dropped, lv, t->writes_dropped, seen->writes_dropped, 1);
-    add_growth(s->m_tier_evictions, lv, t->evictions, seen->evictions, 1);
-    add_growth(s->m_tier_corrupt, lv, t->corrupt, seen->corrupt, 1);
+    for (size_t i = 0; i < PC_ARRAY_LEN(tier_counters); i++) {
+        const struct tier_counter *c = &tier_counters[i];
+        add_growth(s->m_tier_counters[i], lv, tier_field(t, c->field), tier_field(seen, c->field),
+                   c->scale);
+    }
 }
 
 void gw__obs_count_prefill(serve_t *s, uint32_t worker, const eng_wire_prefill_t *pf)

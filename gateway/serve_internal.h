@@ -34,6 +34,7 @@
 
 #define GW_SERVE_MAX_MODELS 16
 #define GW_SERVE_TICK_MS 250
+#define GW_OBS_TIER_COUNTERS 9
 
 typedef struct gw_model_rt {
     const gw_cfg_model_t *cfg;
@@ -84,9 +85,8 @@ typedef struct serve {
     /* KV tiers per worker and tier (observe.c): gauges from the latest LOAD, counters fed by
      * the growth of the worker's own counters since the previous update (tier_seen). */
     gw_metric_t *m_tier_max_bytes, *m_tier_bytes, *m_tier_blocks, *m_tier_bandwidth,
-        *m_tier_indexed_tokens, *m_tier_hits, *m_tier_loads, *m_tier_load_bytes,
-        *m_tier_load_seconds, *m_tier_tokens_loaded, *m_tier_writes, *m_tier_writes_dropped,
-        *m_tier_evictions, *m_tier_corrupt, *m_recomputed, *m_prefill_rate, *m_prompt_sources;
+        *m_tier_indexed_tokens, *m_recomputed, *m_prefill_rate, *m_prompt_sources;
+    gw_metric_t *m_tier_counters[GW_OBS_TIER_COUNTERS]; /* observe.c's tier_counters */
     eng_wire_load_t tier_seen[GW_POOL_MAX_WORKERS];
 } serve_t;
 

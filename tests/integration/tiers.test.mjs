@@ -38,6 +38,28 @@ function tempDir() {
   return d;
 }
 
+// The gateway's config: the demo model with its workers (model, YAML lines of the model's
+// mapping), then extra top-level sections.
+function config(dir, model, extra) {
+  return `listen: 127.0.0.1:0
+models:
+  - name: ${MODEL}
+    path: models/kvgw-demo.gguf
+    min_cache_tokens: 16
+    ${model}
+api_keys:
+  - {key: ${KEY}, id: key-a, tenant: tenant-a}
+admin_key: ${ADMIN}
+cache:
+  namespace_secret: tiers-test-namespace-secret
+billing:
+  ledger_dir: ${dir}/ledger
+  pricing: conf/pricing.yaml
+log:
+  access_log: "off"
+${extra}`;
+}
+
 // A system prompt of about 500 tokens, different from the first token on for every tag.
 function system(tag, cache) {
   let s = `${tag}: you are the archivist of ${tag}. `;
@@ -98,28 +120,8 @@ async function until(base, what, pred, timeoutMs = 30000) {
 
 test('in process: a prompt evicted from a tiny pool is read back from the disk tier', async () => {
   const dir = tempDir();
-  const cfg = writeConfig(dir, `listen: 127.0.0.1:0
-models:
-  - name: ${MODEL}
-    path: models/kvgw-demo.gguf
-    min_cache_tokens: 16
-    workers: 1
-    threads: 1
-    kv_cache: 512KiB
-api_keys:
-  - {key: ${KEY}, id: key-a, tenant: tenant-a}
-admin_key: ${ADMIN}
-cache:
-  namespace_secret: tiers-test-namespace-secret
-billing:
-  ledger_dir: ${dir}/ledger
-  pricing: conf/pricing.yaml
-log:
-  access_log: "off"
-kv_tiers:
-  dir: ${dir}/kv-tiers
-  max_bytes: 64MiB
-`);
+  const cfg = writeConfig(dir, config(dir, 'workers: 1\n    threads: 1\n    kv_cache: 512KiB',
+    `kv_tiers:\n  dir: ${dir}/kv-tiers\n  max_bytes: 64MiB\n`));
   const gw = await startGateway(cfg);
   procs.push(gw.proc);
   try {
@@ -196,25 +198,7 @@ test('cluster: a remote worker killed and restarted on its disk tier still serve
   const ports = [await freePort(), await freePort()];
   const tierDirs = [join(dir, 'w0-tiers'), join(dir, 'w1-tiers')];
   let ws = [await startWorker(ports[0], tierDirs[0], 'w0'), await startWorker(ports[1], tierDirs[1], 'w1')];
-  const cfg = writeConfig(dir, `listen: 127.0.0.1:0
-models:
-  - name: ${MODEL}
-    path: models/kvgw-demo.gguf
-    min_cache_tokens: 16
-    remote: [${ws[0].addr}, ${ws[1].addr}]
-api_keys:
-  - {key: ${KEY}, id: key-a, tenant: tenant-a}
-admin_key: ${ADMIN}
-workers:
-  heartbeat: 200ms
-cache:
-  namespace_secret: tiers-test-namespace-secret
-billing:
-  ledger_dir: ${dir}/ledger
-  pricing: conf/pricing.yaml
-log:
-  access_log: "off"
-`);
+  const cfg = writeConfig(dir, config(dir, `remote: [${ws[0].addr}, ${ws[1].addr}]`, 'workers:\n  heartbeat: 200ms\n'));
   const gw = await startGateway(cfg);
   procs.push(gw.proc);
   try {
