@@ -78,6 +78,11 @@ typedef struct eng_tier_params {
                              recompute (default false) */
     uint32_t io_threads;  /* the tiers' I/O threads: reads of one prompt run in parallel
                              (default 4; 0 = 4) */
+    /* Tests only (NULL otherwise): called before each disk read of a record (on an I/O thread
+     * for prefetches, or on the engine's thread), with no tier lock held, so a test can hold a
+     * read there and observe what runs while it is pending. */
+    void (*before_read)(void *ud);
+    void *before_read_ud;
 } eng_tier_params_t;
 
 typedef struct eng_params {

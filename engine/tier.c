@@ -124,6 +124,8 @@ struct eng_tiers {
     pthread_t *threads;  /* [n_threads] */
     io_arg_t io_args[2]; /* thread 0's (the writer), the others' */
     uint32_t n_threads, n_started;
+    void (*before_read)(void *ud); /* eng_tier_params.before_read (tests) */
+    void *before_read_ud;
     bool stop;
     wjob_t *wq_head, *wq_tail; /* writes, FIFO */
     uint32_t writing;          /* write jobs I/O threads hold */
@@ -382,6 +384,8 @@ static void io_write(struct eng_tiers *t, wjob_t *j)
 /* One disk load with its time in the cost model's figures. Returns the store's answer. */
 static int load_block(struct eng_tiers *t, const name_t *name, const int32_t *tokens, void *dst)
 {
+    if (t->before_read != NULL)
+        t->before_read(t->before_read_ud);
     uint64_t t0 = pc_time_mono_ns();
     int rc = eng_kvtier_get(t->g3, name, tokens, t->bt, dst, t->block_bytes);
     if (rc == 0) {
@@ -519,6 +523,8 @@ int eng__tier_init(eng_t *e, const eng_tier_params_t *p, struct eng_tiers **out,
         chain_link(t, m->slots[i].value);
     pthread_mutex_unlock(&t->map_mu);
     eng_kvtier_set_evict_cb(t->g3, on_store_evict, t);
+    t->before_read = p->before_read;
+    t->before_read_ud = p->before_read_ud;
     t->n_threads = p->io_threads > 0 ? PC_MIN(p->io_threads, 64u) : 4;
     t->threads = pc_calloc(t->n_threads, sizeof *t->threads);
     if (t->threads == NULL) {

@@ -1345,4 +1345,110 @@ PC_TEST(tier_namespaces_never_share_records)
     eng_worker_free(w);
 }
 
+/* A gate for the tier's disk reads (eng_tier_params.before_read): every read waits there until
+ * the test opens it, so "a load is pending" is a state the test holds, not a race it hopes for. */
+typedef struct read_gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t entered; /* reads that reached the gate */
+    bool open;
+} read_gate_t;
+
+static void disk_gate_hold(void *ud)
+{
+    read_gate_t *g = ud;
+    pthread_mutex_lock(&g->mu);
+    g->entered++;
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static uint32_t disk_gate_entered(read_gate_t *g)
+{
+    pthread_mutex_lock(&g->mu);
+    uint32_t n = g->entered;
+    pthread_mutex_unlock(&g->mu);
+    return n;
+}
+
+static void disk_gate_open(read_gate_t *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->open = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* A request whose prefix is on disk waits (LOADING) while its blocks are read, and the
+ * scheduler keeps decoding another request meanwhile: with every disk read held at the gate, the
+ * decoding request emits tokens and the loading one emits nothing; once the reads go on, the
+ * loaded request starts from G3 and both outputs equal cold runs. A worker that read the blocks
+ * on its scheduler thread would stop decoding at the gate (and this test would time out). */
+PC_TEST(tier_load_does_not_stall_decoding)
+{
+    enum { N = 192, OUT = 6, ND = 40, DOUT = 400 };
+    static uint32_t prompt[N], want[OUT], dprompt[ND], dwant[DOUT];
+    random_prompt(prompt, N);
+    random_prompt(dprompt, ND);
+    ASSERT_EQ(reference(prompt, N, OUT, want), 0);
+    ASSERT_EQ(reference(dprompt, ND, DOUT, dwant), 0);
+    char dir[256];
+    tier_dir(dir, sizeof dir, "async");
+    eng_worker_params_t p = tier_params(dir);
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t first;
+    eng_wire_retain_t keep = {.n_tokens = N, .ttl_ms = 3600000};
+    eng_wire_submit_t q = greedy_req(1, 9, prompt, N, OUT);
+    q.retain = &keep;
+    q.n_retain = 1;
+    PC_TEST_CALL(run_one(w, &q, &first));
+    ASSERT_TRUE(first.done);
+    eng_worker_free(w); /* the written-through records are on disk */
+
+    static read_gate_t gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false};
+    p.engine.tier.before_read = disk_gate_hold;
+    p.engine.tier.before_read_ud = &gate;
+    w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t res[2];
+    memset(res, 0, sizeof res);
+    res[0].id = 2;
+    res[1].id = 3;
+    collector_t c = {.res = res, .n_res = 2};
+    q = greedy_req(2, 9, dprompt, ND, DOUT);
+    ASSERT_EQ(submit(w, &q), 0);
+    uint64_t until = pc_time_mono_ms() + 20000;
+    while (res[0].n_tokens == 0 && !res[0].done && pc_time_mono_ms() < until)
+        drain_for(w, &c, 10);
+    ASSERT_TRUE(res[0].n_tokens > 0); /* decoding */
+    q = greedy_req(3, 9, prompt, N, OUT);
+    ASSERT_EQ(submit(w, &q), 0);
+    while (disk_gate_entered(&gate) == 0 && pc_time_mono_ms() < until)
+        drain_for(w, &c, 10);
+    ASSERT_TRUE(disk_gate_entered(&gate) > 0); /* request 3's load is pending at the gate */
+    uint32_t at_gate = res[0].n_tokens;
+    while (res[0].n_tokens < at_gate + 8 && !res[0].done && pc_time_mono_ms() < until)
+        drain_for(w, &c, 10);
+    ASSERT_TRUE(res[0].n_tokens >= at_gate + 8); /* progress while the load was pending */
+    ASSERT_EQ(res[1].n_prefill, 0);              /* and nothing from the loading request */
+    ASSERT_EQ(res[1].n_tokens, 0);
+    ASSERT_FALSE(res[1].done || res[1].failed);
+    eng_wire_load_t l;
+    eng_worker_load(w, &l);
+    ASSERT_TRUE(l.queued_requests >= 1); /* the loading request counts as waiting */
+    disk_gate_open(&gate);
+    ASSERT_TRUE(drain(w, &c, 30000));
+    ASSERT_TRUE(res[0].done && res[1].done);
+    ASSERT_MEM_EQ(res[0].tokens, dwant, DOUT * sizeof(uint32_t));
+    ASSERT_MEM_EQ(res[1].tokens, want, OUT * sizeof(uint32_t));
+    ASSERT_EQ(res[1].n_prefill, 1);
+    ASSERT_FALSE(res[1].prefill_late);
+    ASSERT_TRUE(res[1].pf.tokens_g3 > 0);
+    ASSERT_EQ(res[1].d.usage.tokens_reused, res[1].pf.tokens_g3 + res[1].pf.tokens_recomputed);
+    PC_TEST_CALL(check_idle(w));
+    eng_worker_free(w);
+}
+
 PC_TEST_MAIN()
