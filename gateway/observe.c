@@ -266,14 +266,16 @@ static void access_log(gw_req_t *q, int status)
             "\"cache_write_5m\":%u,\"cache_write_1h\":%u,\"output_tokens\":%u,"
             "\"outcome\":\"%s\",\"cache\":\"%s\",\"worker\":%d,\"ttft_ms\":%" PRId64
             ",\"duration_ms\":%" PRIu64 ",\"worker_ttft_us\":%" PRIu64
-            ",\"worker_total_us\":%" PRIu64 ",\"physical_hit\":%u}\n",
+            ",\"worker_total_us\":%" PRIu64 ",\"physical_hit\":%u,\"kv_g1\":%u,\"kv_g2\":%u,"
+            "\"kv_g3\":%u,\"kv_recomputed\":%u}\n",
             pc_time_wall_ms(), q->id, q->endpoint, status, (int)tenant.len, tenant.base,
             (int)model.len, model.base, q->usage.input_tokens, q->usage.cache_read,
             q->usage.cache_write_5m, q->usage.cache_write_1h, q->usage.output_tokens,
             q->has_outcome ? gw_outcome_name((gw_outcome_t)q->outcome) : "", q->cache_hdr,
             q->routed ? (int)q->worker : -1,
             q->t_first_ms ? (int64_t)(q->t_first_ms - q->t0_ms) : (int64_t)-1, now - q->t0_ms,
-            q->worker_ttft_us, q->worker_total_us, q->tokens_reused);
+            q->worker_ttft_us, q->worker_total_us, q->tokens_reused, q->prefill.tokens_g1,
+            q->prefill.tokens_g2, q->prefill.tokens_g3, q->prefill.tokens_recomputed);
     pc_buf_free(&tenant);
     pc_buf_free(&model);
     s->access_log_dirty = true;

@@ -921,6 +921,7 @@ static void route_and_submit(gw_req_t *q)
     q->routed = true;
     q->phys_tokens = ch.cached;
     q->has_prefill = false; /* a resubmission waits for the new worker's */
+    q->prefill = (eng_wire_prefill_t){0};
     const char *rl[] = {ch.reason};
     gw_metric_add(s->m_routes, rl, 1);
 

@@ -17,7 +17,7 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -86,7 +86,7 @@ async function ask(base, b) {
   const m = /worker_tiers=g1:(\d+),g2:(\d+),g3:(\d+),recompute:(\d+)/.exec(cache);
   assert.ok(m, `kvgw-cache has worker_tiers: ${cache}`);
   const held = /worker_cached=(\d+)/.exec(cache);
-  return { cache, worker: r.headers.get('kvgw-worker'), text: json.content.map((c) => c.text).join(''),
+  return { cache, worker: r.headers.get('kvgw-worker'), rid: r.headers.get('request-id'), text: json.content.map((c) => c.text).join(''),
     usage: json.usage, g1: Number(m[1]), g2: Number(m[2]), g3: Number(m[3]), recompute: Number(m[4]),
     workerCached: Number(held[1]) };
 }
@@ -121,7 +121,7 @@ async function until(base, what, pred, timeoutMs = 30000) {
 test('in process: a prompt evicted from a tiny pool is read back from the disk tier', async () => {
   const dir = tempDir();
   const cfg = writeConfig(dir, config(dir, 'workers: 1\n    threads: 1\n    kv_cache: 512KiB',
-    `kv_tiers:\n  dir: ${dir}/kv-tiers\n  max_bytes: 64MiB\n`));
+    `kv_tiers:\n  dir: ${dir}/kv-tiers\n  max_bytes: 64MiB\n`).replace('access_log: "off"', `access_log: ${dir}/access.log`));
   const gw = await startGateway(cfg);
   procs.push(gw.proc);
   try {
@@ -143,6 +143,13 @@ test('in process: a prompt evicted from a tiny pool is read back from the disk t
     assert.ok(again.g1 + again.g2 + again.g3 + again.recompute <= again.usage.input_tokens +
       again.usage.cache_read_input_tokens + again.usage.cache_creation_input_tokens, again.cache);
     assert.equal(again.text, first.text, 'the same answer from loaded KV as from a cold prefill');
+    // The access log says the same (written out by the gateway's 250 ms tick).
+    let line;
+    for (let i = 0; i < 50 && !line; i++, await sleep(100))
+      line = readFileSync(join(dir, 'access.log'), 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l))
+        .find((l) => l.request_id === again.rid);
+    assert.ok(line, 'the g3 read is in the access log');
+    assert.deepEqual([line.kv_g1, line.kv_g2, line.kv_g3, line.kv_recomputed], [again.g1, again.g2, again.g3, again.recompute]);
     // A stream's head waits for the worker's PREFILL report, so its kvgw-cache is complete too.
     const r = await fetch(gw.base + '/v1/messages', {
       method: 'POST',
