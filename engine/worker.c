@@ -952,10 +952,10 @@ static void admit(eng_worker_t *w)
         r->admit_order = ++w->admit_counter;
         if (r->t_admit_ns == 0)
             r->t_admit_ns = pc_time_mono_ns();
-        r->usage.tokens_reused += reused;
         w->st.tokens_reused += reused;
-        if (!r->admitted_once) { /* PREFILL reports the first admission */
+        if (!r->admitted_once) { /* PREFILL and DONE's tokens_reused report the first admission */
             r->admitted_once = true;
+            r->usage.tokens_reused = reused;
             eng_seq_origin(s, &r->origin);
         }
         eng_tier_ticket_free(w->e, r->ticket); /* its staged blocks are in the pool now */

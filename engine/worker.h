@@ -84,11 +84,12 @@
  *   ENG_WIRE_STOP_CANCELED    eng_worker_cancel reached it first.
  * DONE.text carries the text still held back at the end (empty after a stop sequence or a
  * cancellation). DONE.usage: prompt_tokens (the prompt's length), tokens_reused (prompt tokens
- * found in the worker's KV cache at admission: the physical hit), tokens_computed (prompt
- * tokens prefilled), output_tokens (generated tokens, each sent once as TOKEN). Without
- * preemption tokens_reused + tokens_computed = prompt_tokens; a preempted request is admitted
- * again and both figures then also count that admission's reuse and recomputation (its
- * generated tokens are replayed as prompt).
+ * found in the worker's KV cache at the first admission: the physical hit; never more than
+ * prompt_tokens), tokens_computed (prompt tokens prefilled), output_tokens (generated tokens,
+ * each sent once as TOKEN). Without preemption tokens_reused + tokens_computed = prompt_tokens;
+ * a preempted request is admitted again and tokens_computed then also counts that admission's
+ * recomputation (its generated tokens are replayed as prompt); its reuse there counts only in
+ * eng_worker_stats.
  *
  * ERROR events (request_id of the failed request) report failures after acceptance: an
  * engine error (PC_ERR_NOMEM, PC_ERR_INTERNAL...) or a sampler without any candidate (all

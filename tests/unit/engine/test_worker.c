@@ -395,6 +395,7 @@ PC_TEST(preemption_recompute_same_tokens)
         ASSERT_EQ(res[i].n_tokens, 40);
         ASSERT_MEM_EQ(res[i].tokens, want[i], 40 * sizeof(uint32_t));
         ASSERT_EQ(res[i].d.usage.output_tokens, 40);
+        ASSERT_TRUE(res[i].d.usage.tokens_reused <= 40); /* the first admission's (wire.h) */
         recomputed += res[i].d.usage.tokens_computed + res[i].d.usage.tokens_reused - 40;
     }
     eng_worker_stats_t st;
@@ -1241,6 +1242,18 @@ static eng_worker_params_t tier_params(const char *dir)
     return p;
 }
 
+/* Runs prompt[0..n) in namespace ns with a retain entry for all of it (written through to the
+ * disk tier). */
+static void run_retained(eng_worker_t *w, uint64_t id, uint64_t ns, const uint32_t *prompt,
+                         uint32_t n, uint32_t max_tokens, result_t *out)
+{
+    eng_wire_retain_t keep = {.n_tokens = n, .ttl_ms = 3600000};
+    eng_wire_submit_t q = greedy_req(id, ns, prompt, n, max_tokens);
+    q.retain = &keep;
+    q.n_retain = 1;
+    PC_TEST_CALL(run_one(w, &q, out));
+}
+
 /* A retained prompt is written through to the disk tier; a worker started again on the same
  * directory lists it in its SNAPSHOT (tier 3, no TTL) and serves the same prompt from disk:
  * PREFILL says g3, DONE reuses it, and the output equals a cold prefill's. */
@@ -1256,11 +1269,7 @@ PC_TEST(tier_restart_serves_from_disk)
     eng_worker_t *w = start(&p);
     ASSERT_TRUE(w != NULL);
     static result_t first, again;
-    eng_wire_retain_t keep = {.n_tokens = N, .ttl_ms = 3600000};
-    eng_wire_submit_t q = greedy_req(1, 77, prompt, N, OUT);
-    q.retain = &keep;
-    q.n_retain = 1;
-    PC_TEST_CALL(run_one(w, &q, &first));
+    PC_TEST_CALL(run_retained(w, 1, 77, prompt, N, OUT, &first));
     ASSERT_TRUE(first.done);
     ASSERT_MEM_EQ(first.tokens, want, OUT * sizeof(uint32_t));
     ASSERT_EQ(first.pf.tokens_g3, 0);
@@ -1286,7 +1295,7 @@ PC_TEST(tier_restart_serves_from_disk)
     ASSERT_TRUE(c.snap[0].n_tokens > 0 && c.snap[0].n_tokens <= N);
     ASSERT_MEM_EQ(c.snap[0].tokens, prompt, 4 * (size_t)c.snap[0].n_tokens);
 
-    q = greedy_req(2, 77, prompt, N, OUT);
+    eng_wire_submit_t q = greedy_req(2, 77, prompt, N, OUT);
     PC_TEST_CALL(run_one(w, &q, &again));
     ASSERT_TRUE(again.done);
     ASSERT_EQ(again.n_prefill, 1);
@@ -1314,11 +1323,7 @@ PC_TEST(tier_namespaces_never_share_records)
     eng_worker_t *w = start(&p);
     ASSERT_TRUE(w != NULL);
     static result_t r1, r2, r3;
-    eng_wire_retain_t keep = {.n_tokens = N, .ttl_ms = 3600000};
-    eng_wire_submit_t q = greedy_req(1, 1001, prompt, N, OUT);
-    q.retain = &keep;
-    q.n_retain = 1;
-    PC_TEST_CALL(run_one(w, &q, &r1));
+    PC_TEST_CALL(run_retained(w, 1, 1001, prompt, N, OUT, &r1));
     eng_worker_free(w);
     w = start(&p);
     ASSERT_TRUE(w != NULL);
@@ -1326,10 +1331,7 @@ PC_TEST(tier_namespaces_never_share_records)
     eng_worker_load(w, &l);
     uint32_t one_ns = l.g3.blocks;
     ASSERT_TRUE(one_ns > 0);
-    q = greedy_req(2, 1002, prompt, N, OUT);
-    q.retain = &keep;
-    q.n_retain = 1;
-    PC_TEST_CALL(run_one(w, &q, &r2));
+    PC_TEST_CALL(run_retained(w, 2, 1002, prompt, N, OUT, &r2));
     ASSERT_EQ(r2.pf.tokens_g3, 0); /* ns 1001's records are not ns 1002's */
     ASSERT_EQ(r2.d.usage.tokens_reused, 0);
     eng_worker_free(w);
@@ -1337,7 +1339,7 @@ PC_TEST(tier_namespaces_never_share_records)
     ASSERT_TRUE(w != NULL);
     eng_worker_load(w, &l);
     ASSERT_EQ(l.g3.blocks, 2 * one_ns); /* one set of records per namespace */
-    q = greedy_req(3, 1003, prompt, N, OUT);
+    eng_wire_submit_t q = greedy_req(3, 1003, prompt, N, OUT);
     PC_TEST_CALL(run_one(w, &q, &r3));
     ASSERT_EQ(r3.pf.tokens_g3, 0);
     ASSERT_EQ(r3.d.usage.tokens_reused, 0);
@@ -1399,11 +1401,7 @@ PC_TEST(tier_load_does_not_stall_decoding)
     eng_worker_t *w = start(&p);
     ASSERT_TRUE(w != NULL);
     static result_t first;
-    eng_wire_retain_t keep = {.n_tokens = N, .ttl_ms = 3600000};
-    eng_wire_submit_t q = greedy_req(1, 9, prompt, N, OUT);
-    q.retain = &keep;
-    q.n_retain = 1;
-    PC_TEST_CALL(run_one(w, &q, &first));
+    PC_TEST_CALL(run_retained(w, 1, 9, prompt, N, OUT, &first));
     ASSERT_TRUE(first.done);
     eng_worker_free(w); /* the written-through records are on disk */
 
@@ -1417,7 +1415,7 @@ PC_TEST(tier_load_does_not_stall_decoding)
     res[0].id = 2;
     res[1].id = 3;
     collector_t c = {.res = res, .n_res = 2};
-    q = greedy_req(2, 9, dprompt, ND, DOUT);
+    eng_wire_submit_t q = greedy_req(2, 9, dprompt, ND, DOUT);
     ASSERT_EQ(submit(w, &q), 0);
     uint64_t until = pc_time_mono_ms() + 20000;
     while (res[0].n_tokens == 0 && !res[0].done && pc_time_mono_ms() < until)
