@@ -6,6 +6,9 @@
 //     with N > 0, the answer is the first one's (temperature 0), a streamed answer's head carries
 //     worker_tiers as well (it waits for the worker's PREFILL), and the tier metrics count the
 //     writes, the loads and the tokens loaded instead of prefilled;
+//   - in process, with cache_control: a retained prompt pushed out of the pool by another is
+//     demoted to G3 in the gateway's index (KV_EVENT EVICTED's tier), so the router still counts
+//     the worker as its holder, and a read brings it back to G1;
 //   - cluster mode: a remote `kvgw worker --kv-tier-dir` that cached a prompt is killed (SIGKILL)
 //     and started again on the same directory; its SNAPSHOT lists what its disk kept, so the
 //     gateway knows it holds the prompt in G3 (`kvgw_worker_indexed_tokens{tier="g3"}`), routes
@@ -169,6 +172,42 @@ test('in process: a prompt evicted from a tiny pool is read back from the disk t
     assert.equal(sumOf(mm, 'kvgw_worker_tier_corrupt_records_total'), 0);
     // A CPU worker has no host-memory tier: no g2 series.
     assert.equal([...mm.keys()].filter((k) => k.includes('tier="g2"') && k.startsWith('kvgw_worker_tier_')).length, 0);
+  } finally {
+    await stopGateway(gw);
+  }
+});
+
+test('in process: retained prompts pushed out of the pool go down to G3 in the gateway\'s index', async () => {
+  const dir = tempDir();
+  const cfg = writeConfig(dir, config(dir, 'workers: 1\n    threads: 1\n    kv_cache: 512KiB',
+    `kv_tiers:\n  dir: ${dir}/kv-tiers\n  max_bytes: 64MiB\n`));
+  const gw = await startGateway(cfg);
+  procs.push(gw.proc);
+  try {
+    const w = 'worker="local-0"';
+    const first = await ask(gw.base, body('epsilon', true));
+    const entry = first.usage.cache_creation_input_tokens;
+    assert.ok(entry > 256, JSON.stringify(first.usage));
+    await until(gw.base, 'epsilon in the pool', (m) => sumOf(m, 'kvgw_worker_indexed_tokens', w, 'tier="g1"') >= entry);
+    // The pool holds one such prompt: zeta's prefill pushes epsilon out (its pin lapses under
+    // the pressure); the worker's EVICTED event says it went to G3, and the index keeps the
+    // worker as its holder there instead of forgetting it.
+    await ask(gw.base, body('zeta', true));
+    // (Counted once per token of the index: the few tokens epsilon shares with zeta, the chat
+    // template's, stay in the pool.)
+    const demoted = await until(gw.base, 'epsilon demoted to G3', (m) =>
+      sumOf(m, 'kvgw_worker_indexed_tokens', w, 'tier="g3"') > entry - 32);
+    const zeta = sumOf(demoted, 'kvgw_worker_indexed_tokens', w, 'tier="g1"');
+    assert.ok(zeta > 256, 'zeta in the pool');
+    const again = await ask(gw.base, body('epsilon', true));
+    assert.match(again.cache, /^outcome=hit; /);
+    assert.equal(again.workerCached, entry, `the router knew the worker held it: ${again.cache}`);
+    assert.ok(again.g3 >= 256, `read from the disk: ${again.cache}`);
+    assert.equal(again.text, first.text);
+    // Read back into the pool: it is in G1 again (and zeta went down in its place).
+    await until(gw.base, 'epsilon back in G1, zeta in G3', (m) =>
+      sumOf(m, 'kvgw_worker_indexed_tokens', w, 'tier="g1"') >= entry &&
+      sumOf(m, 'kvgw_worker_indexed_tokens', w, 'tier="g3"') > zeta - 32);
   } finally {
     await stopGateway(gw);
   }
