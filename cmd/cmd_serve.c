@@ -10,6 +10,7 @@
 #include "serve.h"
 
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 
 static void usage_line(FILE *f)
@@ -69,5 +70,9 @@ int kvgw_cmd_serve(int argc, char **argv)
     kvgw_progress_begin(&pr, "loading", "layers");
     sp.load_progress = kvgw_progress_cb_load;
     sp.load_progress_ud = &pr;
+    /* A client that closed its socket while its response was being written is an error return
+     * (EPIPE: the request ends as a 499), never a signal that kills the gateway: a stream whose
+     * client left between two tokens used to take the whole process down. */
+    signal(SIGPIPE, SIG_IGN);
     return gw_serve(&sp);
 }

@@ -4,7 +4,14 @@
  *
  *   kvgw worker --model FILE --listen HOST:PORT [--backend cpu|cuda|auto] [--cuda-device N]
  *               [--threads N] [--kv-tokens N] [--name NAME] [--max-queue N] [--secret-file F]
+ *               [--kv-tier-dir DIR [--kv-tier-bytes SIZE] [--kv-tier-key-file F]]
  *               [--log-level L]
+ *
+ * KV tiers (engine/tier.h): with --kv-tier-dir, KV blocks leaving the pool are kept in DIR (a
+ * byte budget, --kv-tier-bytes, default 4GiB; encrypted at rest with the key of
+ * --kv-tier-key-file, 64 hex digits in a file only its owner may read), read back instead of
+ * recomputed, and found again after a restart (the SNAPSHOT lists them). One directory per
+ * worker process: two workers must not share one.
  *
  * Backend: cpu, cuda (an error where the build or the machine has none usable, with the CUDA
  * error) or auto (the default: cuda where a device is usable, else cpu). Once the model is
@@ -23,9 +30,12 @@
  */
 #include "cli.h"
 #include "common.h"
+#include "config.h"
 #include "progress.h"
 #include "lnk_addr.h"
 #include "worker_server.h"
+
+#include <sodium.h>
 
 #include <errno.h>
 #include <signal.h>
@@ -37,7 +47,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw worker --model FILE --listen HOST:PORT [--backend cpu|cuda|auto] "
                "[--cuda-device N] [--threads N] [--kv-tokens N] [--name NAME] [--max-queue N] "
-               "[--secret-file F] [--log-level L]\n");
+               "[--secret-file F] [--kv-tier-dir DIR [--kv-tier-bytes SIZE] "
+               "[--kv-tier-key-file F]] [--log-level L]\n");
 }
 
 static void help(void)
@@ -61,6 +72,12 @@ static void help(void)
            "  --secret-file F  the link secret gateways must prove (16..1024 bytes; a trailing\n"
            "                   newline is removed); default: $KVGW_LINK_SECRET; neither = no\n"
            "                   authentication (a warning is printed)\n"
+           "  --kv-tier-dir DIR   keep KV blocks that leave the pool in DIR (created 0700),\n"
+           "                   read them back instead of recomputing, and after a restart;\n"
+           "                   one directory per worker process. Default: no tiers\n"
+           "  --kv-tier-bytes SIZE   the directory's budget, e.g. 20GiB (default 4GiB)\n"
+           "  --kv-tier-key-file F   encrypt the records at rest with this key: 64 hex digits\n"
+           "                   in a file only its owner may read (openssl rand -hex 32)\n"
            "  --log-level L    debug, info (default), warn, error or off\n");
 }
 
@@ -111,8 +128,10 @@ static void on_signal(uv_signal_t *h, int signum)
 int kvgw_cmd_worker(int argc, char **argv)
 {
     const char *model = NULL, *listen = NULL, *name = NULL, *secret_file = NULL;
-    const char *backend = "auto";
+    const char *backend = "auto", *tier_dir = NULL, *tier_key_file = NULL;
     uint64_t threads = 2, kv_tokens = 65536, max_queue = 256, cuda_device = 0;
+    uint64_t tier_bytes = 4ull << 30;
+    bool tier_bytes_set = false;
     int level = PC_LOG_INFO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -150,6 +169,16 @@ int kvgw_cmd_worker(int argc, char **argv)
         } else if (strcmp(a, "--max-queue") == 0) {
             if (kvgw_cli_parse_u64(v, 1u << 20, &max_queue) != 0 || max_queue == 0)
                 bad = "is not in 1..1048576";
+        } else if (strcmp(a, "--kv-tier-dir") == 0) {
+            tier_dir = v;
+            if (v[0] == '\0')
+                bad = "is not a directory";
+        } else if (strcmp(a, "--kv-tier-bytes") == 0) {
+            tier_bytes_set = true;
+            if (gw_config_parse_size(v, &tier_bytes) != 0 || tier_bytes < (16ull << 20))
+                bad = "is not a size of at least 16MiB (e.g. 4GiB)";
+        } else if (strcmp(a, "--kv-tier-key-file") == 0) {
+            tier_key_file = v;
         } else if (strcmp(a, "--log-level") == 0) {
             if ((level = pc_log_level_parse(v)) < 0)
                 bad = "is not debug, info, warn, error or off";
@@ -166,6 +195,11 @@ int kvgw_cmd_worker(int argc, char **argv)
     }
     if (model == NULL || listen == NULL) {
         fprintf(stderr, "kvgw worker: --model and --listen are required\n");
+        usage(stderr);
+        return KVGW_EXIT_USAGE;
+    }
+    if (tier_dir == NULL && (tier_bytes_set || tier_key_file != NULL)) {
+        fprintf(stderr, "kvgw worker: --kv-tier-bytes and --kv-tier-key-file need --kv-tier-dir\n");
         usage(stderr);
         return KVGW_EXIT_USAGE;
     }
@@ -186,6 +220,19 @@ int kvgw_cmd_worker(int argc, char **argv)
     wp.engine.n_threads = (uint32_t)threads;
     wp.engine.kv_max_tokens = kv_tokens;
     wp.max_queue = (uint32_t)max_queue;
+    static uint8_t tier_key[32];
+    if (tier_dir != NULL) {
+        wp.engine.tier.dir = tier_dir;
+        wp.engine.tier.max_bytes = tier_bytes;
+        char kerr[400];
+        if (tier_key_file != NULL) {
+            if (eng_worker_tier_key_read(tier_key_file, tier_key, kerr, sizeof kerr) != 0) {
+                fprintf(stderr, "kvgw worker: --kv-tier-key-file: %s\n", kerr);
+                return KVGW_EXIT_FAIL;
+            }
+            wp.engine.tier.key = tier_key;
+        }
+    }
     lnk_worker_server_params_t sp = lnk_worker_server_params_default();
     sp.listen = listen;
     sp.node = name;
@@ -231,6 +278,7 @@ int kvgw_cmd_worker(int argc, char **argv)
     wp.engine.load_progress_ud = &pr;
     int init_rc = lnk_worker_server_init(&loop, &sp, &wp, &m.server, err, sizeof err);
     kvgw_progress_end(&pr);
+    sodium_memzero(tier_key, sizeof tier_key); /* the engine keeps its own copy */
     if (init_rc != 0) {
         fprintf(stderr, "kvgw worker: %s\n", err);
         uv_run(&loop, UV_RUN_DEFAULT); /* the partly built server closes itself */

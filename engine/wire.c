@@ -22,14 +22,15 @@
 #include <xxhash.h>
 
 static const char *const type_names[ENG_WIRE_TYPE_MAX + 1] = {
-    [ENG_WIRE_HELLO] = "HELLO",   [ENG_WIRE_HELLO_ACK] = "HELLO_ACK",
-    [ENG_WIRE_REJECT] = "REJECT", [ENG_WIRE_HEARTBEAT] = "HEARTBEAT",
-    [ENG_WIRE_SUBMIT] = "SUBMIT", [ENG_WIRE_CANCEL] = "CANCEL",
-    [ENG_WIRE_TOKEN] = "TOKEN",   [ENG_WIRE_DONE] = "DONE",
-    [ENG_WIRE_ERROR] = "ERROR",   [ENG_WIRE_KV_EVENT] = "KV_EVENT",
-    [ENG_WIRE_LOAD] = "LOAD",     [ENG_WIRE_CHALLENGE] = "CHALLENGE",
-    [ENG_WIRE_AUTH] = "AUTH",     [ENG_WIRE_RELEASE] = "RELEASE",
-    [ENG_WIRE_DROP] = "DROP",     [ENG_WIRE_SNAPSHOT] = "SNAPSHOT",
+    [ENG_WIRE_HELLO] = "HELLO",     [ENG_WIRE_HELLO_ACK] = "HELLO_ACK",
+    [ENG_WIRE_REJECT] = "REJECT",   [ENG_WIRE_HEARTBEAT] = "HEARTBEAT",
+    [ENG_WIRE_SUBMIT] = "SUBMIT",   [ENG_WIRE_CANCEL] = "CANCEL",
+    [ENG_WIRE_TOKEN] = "TOKEN",     [ENG_WIRE_DONE] = "DONE",
+    [ENG_WIRE_ERROR] = "ERROR",     [ENG_WIRE_KV_EVENT] = "KV_EVENT",
+    [ENG_WIRE_LOAD] = "LOAD",       [ENG_WIRE_CHALLENGE] = "CHALLENGE",
+    [ENG_WIRE_AUTH] = "AUTH",       [ENG_WIRE_RELEASE] = "RELEASE",
+    [ENG_WIRE_DROP] = "DROP",       [ENG_WIRE_SNAPSHOT] = "SNAPSHOT",
+    [ENG_WIRE_PREFILL] = "PREFILL",
 };
 
 const char *eng_wire_type_name(int type)
@@ -351,6 +352,9 @@ static int decode_kv(rd_t *r, pc_buf_t *scratch, eng_wire_kv_event_t *k)
     /* enum eng_evict_reason: 1..3 (engine.h). */
     if (evicted ? (k->reason < 1 || k->reason > 3) : k->reason != 0)
         return rd_fail(r, "reason %u with kind %u", k->reason, k->kind);
+    TRY(rd_u8(r, "tier", &k->tier));
+    if (evicted ? (k->tier == ENG_WIRE_TIER_G1 || k->tier > ENG_WIRE_TIER_MAX) : k->tier != 0)
+        return rd_fail(r, "tier %u with kind %u", k->tier, k->kind);
     TRY(rd_u64(r, "ns", &k->ns));
     TRY(rd_u32(r, "n_tokens", &k->n_tokens));
     if (k->n_tokens == 0)
@@ -409,8 +413,8 @@ static int decode_snapshot(rd_t *r, pc_buf_t *scratch, eng_wire_snapshot_t *x)
     TRY(rd_u8(r, "last", &x->last));
     if (x->last > 1)
         return rd_fail(r, "last %u is not 0 or 1", x->last);
-    /* An entry is at least 8 + 8 + 8 + 4 + 4 bytes (one token). */
-    TRY(rd_count(r, "entries", 32, UINT32_MAX, &x->n_entries));
+    /* An entry is at least 8 + 8 + 8 + 1 + 4 + 4 bytes (one token). */
+    TRY(rd_count(r, "entries", 33, UINT32_MAX, &x->n_entries));
     scratch->len = 0;
     size_t ent_off = scratch_take(scratch, (size_t)x->n_entries * sizeof(eng_wire_snap_entry_t));
     if (ent_off == SIZE_MAX)
@@ -420,6 +424,12 @@ static int decode_snapshot(rd_t *r, pc_buf_t *scratch, eng_wire_snapshot_t *x)
         TRY(rd_u64(r, "entry ns", &e.ns));
         TRY(rd_u64(r, "entry prefix_fp", &e.prefix_fp));
         TRY(rd_u64(r, "entry ttl_ms", &e.ttl_ms));
+        TRY(rd_u8(r, "entry tier", &e.tier));
+        if (e.tier < ENG_WIRE_TIER_G1 || e.tier > ENG_WIRE_TIER_MAX)
+            return rd_fail(r, "entry %u: tier %u is not 1, 2 or 3", i, e.tier);
+        if (e.tier != ENG_WIRE_TIER_G1 && e.ttl_ms != 0)
+            return rd_fail(r, "entry %u: ttl_ms %llu in tier %u (only pins have one)", i,
+                           (unsigned long long)e.ttl_ms, e.tier);
         size_t off;
         TRY(rd_tokens(r, "entry tokens", scratch, &e.n_tokens, &off));
         if (e.n_tokens == 0)
@@ -434,6 +444,36 @@ static int decode_snapshot(rd_t *r, pc_buf_t *scratch, eng_wire_snapshot_t *x)
     for (uint32_t i = 0; i < x->n_entries; i++)
         ents[i].tokens = (const uint32_t *)(scratch->base + (uintptr_t)ents[i].tokens);
     x->entries = ents;
+    return 0;
+}
+
+/* One tier of LOAD (wire.h): an off tier (max_bytes 0) is all zero; bytes and blocks are both
+ * zero or both not. */
+static int decode_tier_load(rd_t *r, const char *tier, eng_wire_tier_load_t *t)
+{
+    TRY(rd_u64(r, "tier max_bytes", &t->max_bytes));
+    TRY(rd_u64(r, "tier bytes", &t->bytes));
+    TRY(rd_u32(r, "tier blocks", &t->blocks));
+    TRY(rd_u64(r, "tier hits", &t->hits));
+    TRY(rd_u64(r, "tier loads", &t->loads));
+    TRY(rd_u64(r, "tier load_bytes", &t->load_bytes));
+    TRY(rd_u64(r, "tier load_us", &t->load_us));
+    TRY(rd_u64(r, "tier tokens_loaded", &t->tokens_loaded));
+    TRY(rd_u64(r, "tier writes", &t->writes));
+    TRY(rd_u64(r, "tier writes_dropped", &t->writes_dropped));
+    TRY(rd_u64(r, "tier evictions", &t->evictions));
+    TRY(rd_u64(r, "tier corrupt", &t->corrupt));
+    TRY(rd_f32(r, "tier load_bytes_per_s", &t->load_bytes_per_s));
+    if (signbit(t->load_bytes_per_s))
+        return rd_fail(r, "%s: negative load_bytes_per_s", tier);
+    if ((t->bytes == 0) != (t->blocks == 0))
+        return rd_fail(r, "%s: %llu bytes in %u blocks", tier, (unsigned long long)t->bytes,
+                       t->blocks);
+    bool any = (t->bytes | t->hits | t->loads | t->load_bytes | t->load_us | t->tokens_loaded |
+                t->writes | t->writes_dropped | t->evictions | t->corrupt) != 0 ||
+               t->load_bytes_per_s != 0.0f;
+    if (t->max_bytes == 0 && any)
+        return rd_fail(r, "%s: figures for a tier that is off (max_bytes 0)", tier);
     return 0;
 }
 
@@ -453,6 +493,24 @@ static int decode_load(rd_t *r, eng_wire_load_t *l)
     /* signbit: -0.0 would break the canonical bytes of a "zero" too. */
     if (signbit(l->prefill_tokens_per_s) || signbit(l->decode_ms_per_token))
         return rd_fail(r, "negative rate");
+    TRY(decode_tier_load(r, "g2", &l->g2));
+    TRY(decode_tier_load(r, "g3", &l->g3));
+    return rd_u64(r, "tokens_recomputed", &l->tokens_recomputed);
+}
+
+static int decode_prefill(rd_t *r, eng_wire_prefill_t *p)
+{
+    TRY(rd_nonzero_id(r, &p->request_id));
+    TRY(rd_u32(r, "prompt_tokens", &p->prompt_tokens));
+    TRY(rd_u32(r, "tokens_g1", &p->tokens_g1));
+    TRY(rd_u32(r, "tokens_g2", &p->tokens_g2));
+    TRY(rd_u32(r, "tokens_g3", &p->tokens_g3));
+    TRY(rd_u32(r, "tokens_recomputed", &p->tokens_recomputed));
+    uint64_t sum = (uint64_t)p->tokens_g1 + p->tokens_g2 + p->tokens_g3 + p->tokens_recomputed;
+    if (sum > p->prompt_tokens)
+        return rd_fail(r, "g1 %u + g2 %u + g3 %u + recomputed %u tokens > prompt_tokens %u",
+                       p->tokens_g1, p->tokens_g2, p->tokens_g3, p->tokens_recomputed,
+                       p->prompt_tokens);
     return 0;
 }
 
@@ -497,6 +555,8 @@ static int decode_body(rd_t *r, uint8_t type, pc_buf_t *scratch, eng_wire_frame_
         return rd_u64(r, "ns", &f->u.release.ns);
     case ENG_WIRE_SNAPSHOT:
         return decode_snapshot(r, scratch, &f->u.snapshot);
+    case ENG_WIRE_PREFILL:
+        return decode_prefill(r, &f->u.prefill);
     default:
         return rd_fail(r, "unknown frame type");
     }
@@ -587,6 +647,23 @@ static void w_tokens(wr_t *w, const uint32_t *t, uint32_t n)
         w_u32(w, t[i]);
 }
 
+static void w_tier_load(wr_t *w, const eng_wire_tier_load_t *t)
+{
+    w_u64(w, t->max_bytes);
+    w_u64(w, t->bytes);
+    w_u32(w, t->blocks);
+    w_u64(w, t->hits);
+    w_u64(w, t->loads);
+    w_u64(w, t->load_bytes);
+    w_u64(w, t->load_us);
+    w_u64(w, t->tokens_loaded);
+    w_u64(w, t->writes);
+    w_u64(w, t->writes_dropped);
+    w_u64(w, t->evictions);
+    w_u64(w, t->corrupt);
+    w_f32(w, t->load_bytes_per_s);
+}
+
 static void encode_body(wr_t *w, const eng_wire_frame_t *f)
 {
     switch (f->type) {
@@ -672,6 +749,7 @@ static void encode_body(wr_t *w, const eng_wire_frame_t *f)
         const eng_wire_kv_event_t *k = &f->u.kv;
         w_u8(w, k->kind);
         w_u8(w, k->reason);
+        w_u8(w, k->tier);
         w_u64(w, k->ns);
         w_u32(w, k->n_tokens);
         w_u64(w, k->prefix_fp);
@@ -691,6 +769,9 @@ static void encode_body(wr_t *w, const eng_wire_frame_t *f)
         w_u32(w, l->total_blocks);
         w_f32(w, l->prefill_tokens_per_s);
         w_f32(w, l->decode_ms_per_token);
+        w_tier_load(w, &l->g2);
+        w_tier_load(w, &l->g3);
+        w_u64(w, l->tokens_recomputed);
         break;
     }
     case ENG_WIRE_CHALLENGE:
@@ -714,8 +795,19 @@ static void encode_body(wr_t *w, const eng_wire_frame_t *f)
             w_u64(w, e->ns);
             w_u64(w, e->prefix_fp);
             w_u64(w, e->ttl_ms);
+            w_u8(w, e->tier);
             w_tokens(w, e->tokens, e->n_tokens);
         }
+        break;
+    }
+    case ENG_WIRE_PREFILL: {
+        const eng_wire_prefill_t *p = &f->u.prefill;
+        w_u64(w, p->request_id);
+        w_u32(w, p->prompt_tokens);
+        w_u32(w, p->tokens_g1);
+        w_u32(w, p->tokens_g2);
+        w_u32(w, p->tokens_g3);
+        w_u32(w, p->tokens_recomputed);
         break;
     }
     default:

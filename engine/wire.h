@@ -10,9 +10,9 @@
  *
  *   offset  size  field
  *   0       2     magic: the bytes 'K' 'W' (0x4B 0x57)
- *   2       1     version: ENG_WIRE_VERSION (3); a frame of any other version is refused
+ *   2       1     version: ENG_WIRE_VERSION (4); a frame of any other version is refused
  *   3       1     type: enum eng_wire_type
- *   4       4     flags: u32, none defined in version 3: must be 0
+ *   4       4     flags: u32, none defined in version 4: must be 0
  *   8       4     payload length: u32, at most the receiver's max_frame (default 64 MiB)
  *   12      ...   payload
  *
@@ -42,18 +42,27 @@
  *                                 u32 prompt_tokens, u32 tokens_reused, u32 tokens_computed,
  *                                 u32 output_tokens, u64 queue_us, u64 prefill_us, u64 decode_us
  *   9     ERROR      wk -> gw   u64 request_id, i32 code, str message
- *   10    KV_EVENT   wk -> gw   u8 kind, u8 reason, u64 ns, u32 n_tokens, u64 prefix_fp,
- *                                 u32 n_kept, u64 request_id, u64 ttl_ms, arr<u32> tokens
+ *   10    KV_EVENT   wk -> gw   u8 kind, u8 reason, u8 tier, u64 ns, u32 n_tokens,
+ *                                 u64 prefix_fp, u32 n_kept, u64 request_id, u64 ttl_ms,
+ *                                 arr<u32> tokens
  *   11    LOAD       wk -> gw   u32 queued_requests, u64 queued_prefill_tokens,
  *                                 u32 running_seqs, u32 free_blocks, u32 cached_blocks,
  *                                 u32 total_blocks, f32 prefill_tokens_per_s,
- *                                 f32 decode_ms_per_token
+ *                                 f32 decode_ms_per_token, tier g2, tier g3,
+ *                                 u64 tokens_recomputed
+ *                               where tier is: u64 max_bytes, u64 bytes, u32 blocks, u64 hits,
+ *                                 u64 loads, u64 load_bytes, u64 load_us, u64 tokens_loaded,
+ *                                 u64 writes, u64 writes_dropped, u64 evictions, u64 corrupt,
+ *                                 f32 load_bytes_per_s
  *   12    CHALLENGE  wk -> gw   b32 nonce
  *   13    AUTH       gw -> wk   b32 mac
  *   14    RELEASE    gw -> wk   u64 ns, arr<u32> tokens
  *   15    DROP       gw -> wk   u64 ns
  *   16    SNAPSHOT   wk -> gw   u64 snapshot_id, u8 last (0 or 1),
- *                                 arr<{u64 ns, u64 prefix_fp, u64 ttl_ms, arr<u32> tokens}>
+ *                                 arr<{u64 ns, u64 prefix_fp, u64 ttl_ms, u8 tier,
+ *                                      arr<u32> tokens}>
+ *   17    PREFILL    wk -> gw   u64 request_id, u32 prompt_tokens, u32 tokens_g1,
+ *                                 u32 tokens_g2, u32 tokens_g3, u32 tokens_recomputed
  *
  * The fields in detail:
  *
@@ -85,7 +94,7 @@
  *     its model; a model the HELLO asks for and the worker lacks is refused only after AUTH.
  *     The secret itself never crosses the wire; both nonces make a recorded exchange useless
  *     for another connection, in either direction.
- *   Sealing (version 3). On a link with a secret, every byte after AUTH (gateway -> worker)
+ *   Sealing (since version 3). On a link with a secret, every byte after AUTH (gateway -> worker)
  *     and after CHALLENGE (worker -> gateway) travels in sealed records: each direction's
  *     frame stream, from HELLO_ACK or REJECT on, encrypted and authenticated with a key
  *     derived from the secret and both nonces (link/wire_seal.h documents the records byte by
@@ -129,7 +138,19 @@
  *     while it works; the router's input. Counts as eng_worker_load documents, and two moving
  *     averages (0 until measured, finite and >= 0): prefill_tokens_per_s (prompt tokens
  *     computed per second of step time) and decode_ms_per_token (the step time a decoding
- *     sequence waits for its next token).
+ *     sequence waits for its next token). Then the KV tiers below the pool (version 4), G2
+ *     (host memory, CUDA workers) then G3 (local disk), each: max_bytes (its byte budget; 0:
+ *     the tier is off, and then every other field of it is 0), bytes and blocks held now
+ *     (both 0 or both nonzero), and counters since the worker started: hits (blocks a lookup
+ *     found there), loads, load_bytes and load_us (blocks copied into the pool from there,
+ *     their bytes and the time the copies took), tokens_loaded (prompt tokens taken from
+ *     there instead of prefilled: the recomputes avoided), writes (blocks written to it),
+ *     writes_dropped (blocks not written because the write-behind queue was full), evictions
+ *     (blocks its budget dropped), corrupt (records that failed their checks: deleted, never
+ *     served); and load_bytes_per_s, the moving average of its load bandwidth (0 until
+ *     measured, finite and >= 0): with prefill_tokens_per_s, the inputs of the load versus
+ *     recompute cost model. tokens_recomputed: prompt tokens of holes (blocks in no tier
+ *     between blocks that were loaded) recomputed since start.
  *   RELEASE: the gateway ends a retained prefix early (its TTL ended at the gateway): the pin
  *     of tokens[0..n) (at least 1 token) in ns goes, the KV stays cached unpinned; KV_EVENT
  *     RELEASED follows when it was pinned, nothing when it was not.
@@ -137,12 +158,21 @@
  *     pin of ns is released (KV_EVENT RELEASED each) and every cached prefix of ns removed
  *     (KV_EVENT EVICTED, reason REMOVED). Requests of ns that are running go on and may cache
  *     their prompts in ns again.
- *   SNAPSHOT: the worker's pinned prefixes, sent after HELLO_ACK (resync of a new or
- *     reconnected gateway) in one or more frames with the same snapshot_id, the last with
- *     last = 1 (an empty snapshot is one frame with no entries). Each entry: ns, prefix_fp
- *     (eng_wire_prefix_fp of its tokens; the decoder checks it), ttl_ms (milliseconds left
- *     until its pin expires, at the time the snapshot was taken), tokens (at least 1). Every
- *     KV_EVENT after the snapshot's last frame applies on top of it.
+ *   SNAPSHOT: the worker's pinned prefixes, and the prefixes it holds only in a lower tier,
+ *     sent after HELLO_ACK (resync of a new or reconnected gateway) in one or more frames with
+ *     the same snapshot_id, the last with last = 1 (an empty snapshot is one frame with no
+ *     entries). Each entry: ns, prefix_fp (eng_wire_prefix_fp of its tokens; the decoder
+ *     checks it), ttl_ms (milliseconds left until its pin expires, at the time the snapshot
+ *     was taken), tier (enum eng_wire_tier: 1 pinned in the pool, as in version 3; 2 or 3
+ *     held only in G2 or G3, not pinned, ttl_ms 0: what a restarted worker found on its disk),
+ *     tokens (at least 1). Every KV_EVENT after the snapshot's last frame applies on top of it.
+ *   PREFILL: where a request's prompt came from, sent once per request right before its first
+ *     TOKEN (or before its DONE when it generates nothing; never after an ERROR): request_id,
+ *     prompt_tokens, and the prompt tokens whose KV was taken from the pool (tokens_g1), loaded
+ *     from G2 (tokens_g2) or from G3 (tokens_g3), and tokens_recomputed, the tokens of holes
+ *     (blocks in no tier) recomputed exactly between loaded blocks; the rest of the prompt was
+ *     prefilled as usual. The four sum to at most prompt_tokens. A request preempted and
+ *     admitted again reports its first admission only.
  *
  * What KV_EVENT tells the gateway. The gateway's index must learn which namespace + prefix a
  * worker holds or dropped. Both sides know prefixes as token arrays, so a prefix is named by
@@ -171,15 +201,19 @@
  *                  ns longer than n_kept. reason: enum eng_evict_reason (engine.h).
  *   RETAIN_FAILED  a retain entry of the request could not be pinned (no memory): the prefix
  *                  may be cached, but is not held; the gateway must not count on it.
+ * tier (version 4) is EVICTED's: where positions [n_kept, n_tokens) are now. 0: gone from every
+ * tier of the worker (dropped from the pool without a lower tier, or from the lowest tier that
+ * held them); 2 or 3: they left the tier above and are now held in G2 or G3 (the gateway keeps
+ * this worker as a holder of those prefixes, in that tier). Every other kind has tier 0.
  *
  * Frame validity (the decoder rejects everything else, with a reason): magic, version and
  * flags as above; a known type; payload length <= max_frame; every count and length inside the
  * payload (checked before anything is allocated, so a count can never make the decoder
  * allocate more than the payload's size); no bytes left over after the last field; strings
  * valid UTF-8 within their limits; enum fields within range; f32 fields finite; booleans and
- * reserved bits as specified; the KV_EVENT rules of the table; fingerprints that match the
- * tokens they come with. The encoding is canonical: encoding a decoded frame gives back the
- * exact bytes.
+ * reserved bits as specified; the KV_EVENT rules of the table; the tiers of KV_EVENT, SNAPSHOT and
+ * LOAD and PREFILL's sum as described above; fingerprints that match the tokens they come with. The
+ * encoding is canonical: encoding a decoded frame gives back the exact bytes.
  */
 #ifndef ENG_WIRE_H
 #define ENG_WIRE_H
@@ -191,7 +225,7 @@
 #include "pc_buf.h"
 #include "sampling.h"
 
-#define ENG_WIRE_VERSION 3
+#define ENG_WIRE_VERSION 4
 #define ENG_WIRE_HEADER_BYTES 12
 #define ENG_WIRE_MAX_FRAME_DEFAULT (64u << 20)
 #define ENG_WIRE_NAME_MAX 256
@@ -217,8 +251,9 @@ enum eng_wire_type {
     ENG_WIRE_RELEASE = 14,
     ENG_WIRE_DROP = 15,
     ENG_WIRE_SNAPSHOT = 16,
+    ENG_WIRE_PREFILL = 17,
 };
-#define ENG_WIRE_TYPE_MAX 16
+#define ENG_WIRE_TYPE_MAX 17
 
 enum eng_wire_role {
     ENG_WIRE_ROLE_GATEWAY = 1,
@@ -243,6 +278,15 @@ enum eng_wire_kv {
     ENG_WIRE_KV_RETAIN_FAILED = 4,
 };
 #define ENG_WIRE_KV_MAX 4
+
+/* Where KV is held (KV_EVENT EVICTED's and SNAPSHOT's tier). */
+enum eng_wire_tier {
+    ENG_WIRE_TIER_NONE = 0, /* in no tier (EVICTED: gone) */
+    ENG_WIRE_TIER_G1 = 1,   /* the KV pool (SNAPSHOT: pinned) */
+    ENG_WIRE_TIER_G2 = 2,   /* host memory below a device pool (CUDA) */
+    ENG_WIRE_TIER_G3 = 3,   /* the local-disk tier */
+};
+#define ENG_WIRE_TIER_MAX 3
 
 /* Strings (pc_slice_t) and arrays in decoded frames point into the decoder and stay valid until
  * its next eng_wire_decoder_next, _feed or _free call. For encoding, they point to the
@@ -321,6 +365,7 @@ typedef struct eng_wire_error { /* ERROR (request_id used) and REJECT (request_i
 typedef struct eng_wire_kv_event {
     uint8_t kind;   /* enum eng_wire_kv */
     uint8_t reason; /* enum eng_evict_reason for EVICTED, else 0 */
+    uint8_t tier;   /* EVICTED: enum eng_wire_tier 0, 2 or 3 (where the part is now); else 0 */
     uint64_t ns;
     uint32_t n_tokens;
     uint64_t prefix_fp;
@@ -331,6 +376,23 @@ typedef struct eng_wire_kv_event {
     uint32_t n_path;
 } eng_wire_kv_event_t;
 
+/* One KV tier below the pool in LOAD (all zero when the tier is off). */
+typedef struct eng_wire_tier_load {
+    uint64_t max_bytes; /* budget; 0: off */
+    uint64_t bytes;     /* held now */
+    uint32_t blocks;    /* held now */
+    uint64_t hits;      /* counters since start, in blocks unless named otherwise */
+    uint64_t loads;
+    uint64_t load_bytes;
+    uint64_t load_us;
+    uint64_t tokens_loaded; /* prompt tokens loaded instead of prefilled */
+    uint64_t writes;
+    uint64_t writes_dropped;
+    uint64_t evictions;
+    uint64_t corrupt;
+    float load_bytes_per_s; /* moving average; 0 until measured */
+} eng_wire_tier_load_t;
+
 typedef struct eng_wire_load {
     uint32_t queued_requests;
     uint64_t queued_prefill_tokens;
@@ -340,6 +402,8 @@ typedef struct eng_wire_load {
     uint32_t total_blocks;
     float prefill_tokens_per_s; /* moving average; 0 until measured */
     float decode_ms_per_token;  /* moving average; 0 until measured */
+    eng_wire_tier_load_t g2, g3;
+    uint64_t tokens_recomputed; /* hole tokens recomputed since start */
 } eng_wire_load_t;
 
 typedef struct eng_wire_auth { /* CHALLENGE (nonce) and AUTH (mac) */
@@ -356,6 +420,7 @@ typedef struct eng_wire_snap_entry {
     uint64_t ns;
     uint64_t prefix_fp;     /* eng_wire_prefix_fp(tokens, n_tokens) */
     uint64_t ttl_ms;        /* left until the pin expires, when the snapshot was taken */
+    uint8_t tier;           /* enum eng_wire_tier: 1 pinned; 2, 3 held there only (ttl_ms 0) */
     const uint32_t *tokens; /* [n_tokens] */
     uint32_t n_tokens;
 } eng_wire_snap_entry_t;
@@ -366,6 +431,14 @@ typedef struct eng_wire_snapshot {
     const eng_wire_snap_entry_t *entries; /* [n_entries] */
     uint32_t n_entries;
 } eng_wire_snapshot_t;
+
+/* Where a request's prompt came from (PREFILL). */
+typedef struct eng_wire_prefill {
+    uint64_t request_id;
+    uint32_t prompt_tokens;
+    uint32_t tokens_g1, tokens_g2, tokens_g3; /* KV taken from the pool, loaded from G2, G3 */
+    uint32_t tokens_recomputed;               /* hole tokens recomputed between loaded blocks */
+} eng_wire_prefill_t;
 
 typedef struct eng_wire_frame {
     uint8_t type; /* enum eng_wire_type */
@@ -382,6 +455,7 @@ typedef struct eng_wire_frame {
         eng_wire_auth_t auth;       /* CHALLENGE, AUTH */
         eng_wire_release_t release; /* RELEASE, DROP (ns only) */
         eng_wire_snapshot_t snapshot;
+        eng_wire_prefill_t prefill;
     } u;
 } eng_wire_frame_t;
 

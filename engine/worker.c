@@ -40,15 +40,20 @@
  * succeeded. Otherwise the logits come to the host and eng_sampler_sample picks. Both pick the
  * same token from the same logits under the same seed.
  */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
+#include <sodium.h>
 
 #include "engine.h"
 #include "gguf.h"
@@ -67,6 +72,7 @@ enum wk_state {
     WK_WAITING = 1,
     WK_PREFILL = 2,
     WK_DECODE = 3,
+    WK_LOADING = 4, /* out of the queue while its tier blocks are read (eng_tier_prefetch) */
 };
 
 typedef struct wk_retain {
@@ -102,6 +108,11 @@ typedef struct wk_req {
     eng_tok_stream_t detok;
     eng_wire_usage_t usage;
     uint32_t n_gen;
+    eng_seq_origin_t origin; /* where the prompt came from at the first admission (PREFILL) */
+    bool admitted_once;
+    bool prefill_sent;         /* PREFILL goes once, before the first TOKEN or the DONE */
+    bool load_tried;           /* its tier blocks were asked for (at most once) */
+    eng_tier_ticket_t *ticket; /* staged tier blocks, until its admission */
 } wk_req_t;
 
 /* A control operation from another thread (eng_worker_release, _drop_ns, _snapshot). */
@@ -138,6 +149,8 @@ struct eng_worker {
     char *model_name;
     uint64_t model_fp;
     uint32_t n_vocab, n_ctx, bt, total_blocks;
+    uint64_t g2_max_bytes; /* the G2 tier's budget (0: off, and always on the CPU backend) */
+    uint64_t block_bytes;  /* one KV block's bytes in the pool (G2 load figures) */
 
     pthread_t thread;
     bool thread_started;
@@ -167,6 +180,7 @@ struct eng_worker {
 
     /* Scheduler thread only. */
     wk_list_t queue, waiting, run;
+    wk_list_t loading;          /* requests whose tier blocks are being read, out of the queue */
     wk_ev_t *ev_head, *ev_tail; /* events of the step being built */
     uint32_t uncounted;         /* admissions to subtract from n_counted at the next flush */
     eng_worker_stats_t st;      /* the scheduler's counters (n_submitted excepted) */
@@ -258,6 +272,7 @@ static void req_free(eng_worker_t *w, wk_req_t *r)
     if (r == NULL)
         return;
     eng_seq_free(w->e, r->seq);
+    eng_tier_ticket_free(w->e, r->ticket);
     eng_stop_free(r->stop);
     pc_free(r->stop_ids);
     pc_free(r->tokens);
@@ -289,8 +304,24 @@ static wk_ev_t *ev_add(eng_worker_t *w, uint8_t type, const char *text, size_t t
     return ev;
 }
 
+/* PREFILL (wire.h): once per request, right before its first TOKEN or its DONE. */
+static void ev_prefill_once(eng_worker_t *w, wk_req_t *r)
+{
+    if (r->prefill_sent)
+        return;
+    r->prefill_sent = true;
+    wk_ev_t *ev = ev_add(w, ENG_WIRE_PREFILL, NULL, 0);
+    ev->f.u.prefill = (eng_wire_prefill_t){.request_id = r->id,
+                                           .prompt_tokens = r->n_prompt,
+                                           .tokens_g1 = r->origin.g1_tokens,
+                                           .tokens_g2 = r->origin.g2_tokens,
+                                           .tokens_g3 = r->origin.g3_tokens,
+                                           .tokens_recomputed = r->origin.recomputed_tokens};
+}
+
 static void ev_token(eng_worker_t *w, wk_req_t *r, uint32_t token, const char *text, size_t len)
 {
+    ev_prefill_once(w, r);
     wk_ev_t *ev = ev_add(w, ENG_WIRE_TOKEN, text, len);
     ev->f.u.token = (eng_wire_token_t){
         .request_id = r->id, .token_id = token, .text = pc_slice(EV_DATA(ev), len)};
@@ -300,13 +331,14 @@ static void ev_token(eng_worker_t *w, wk_req_t *r, uint32_t token, const char *t
  * EVICTED event) the event carries the token ids too. */
 static void ev_kv(eng_worker_t *w, uint8_t kind, uint8_t reason, uint64_t ns, const int32_t *tokens,
                   uint32_t n_tokens, uint32_t n_kept, uint64_t request_id, uint64_t ttl_ms,
-                  bool with_path)
+                  bool with_path, uint8_t tier)
 {
     size_t path = with_path && tokens != NULL ? (size_t)n_tokens * sizeof(uint32_t) : 0;
     wk_ev_t *ev = ev_add(w, ENG_WIRE_KV_EVENT, (const char *)tokens, path);
     ev->f.u.kv = (eng_wire_kv_event_t){
         .kind = kind,
         .reason = reason,
+        .tier = tier,
         .ns = ns,
         .n_tokens = n_tokens,
         .prefix_fp = tokens != NULL ? eng_wire_prefix_fp((const uint32_t *)tokens, n_tokens) : 0,
@@ -328,8 +360,60 @@ static void on_evict(const eng_evict_event_t *ev, void *ud)
     if (ev->tokens == NULL)
         PC_LOG(PC_LOG_WARN, "worker", "evicted prefix ns=%016llx n=%u reported without its path",
                (unsigned long long)ev->ns, len);
+    /* Where the dropped part went: a lower tier, or nowhere. */
+    uint8_t tier =
+        ev->tier == ENG_TIER_G2 || ev->tier == ENG_TIER_G3 ? ev->tier : ENG_WIRE_TIER_NONE;
     ev_kv(w, ENG_WIRE_KV_EVICTED, (uint8_t)ev->reason, ev->ns, ev->tokens, len, ev->n_tokens, 0, 0,
-          true);
+          true, tier);
+}
+
+/* A tier event (tier.h): the block ending at n_tokens went down a tier, or left the last tier
+ * that held it. It is KV_EVENT EVICTED of that block's positions, with the tier it is now in. */
+static void on_tier_event(const eng_tier_event_t *ev, void *ud)
+{
+    eng_worker_t *w = ud;
+    if (ev->n_tokens < w->bt || ev->n_tokens % w->bt != 0)
+        return; /* not a whole block: nothing the gateway could name */
+    uint8_t tier =
+        ev->tier == ENG_TIER_G2 || ev->tier == ENG_TIER_G3 ? ev->tier : ENG_WIRE_TIER_NONE;
+    ev_kv(w, ENG_WIRE_KV_EVICTED, ENG_EVICT_LRU, ev->ns, ev->tokens, ev->n_tokens,
+          ev->n_tokens - w->bt, 0, 0, true, tier);
+}
+
+/* The G2 and G3 figures of LOAD (wire.h: an off tier is all zero). */
+static void tier_load(eng_worker_t *w, eng_wire_load_t *out)
+{
+    eng_tier_stats_t t;
+    eng_tier_stats(w->e, &t);
+    if (t.g3_max_bytes > 0) {
+        out->g3 = (eng_wire_tier_load_t){
+            .max_bytes = t.g3_max_bytes,
+            .bytes = t.g3_blocks > 0 ? t.g3_bytes : 0,
+            .blocks = t.g3_bytes > 0 ? (uint32_t)PC_MIN(t.g3_blocks, UINT32_MAX) : 0,
+            .hits = t.hit_blocks_g3,
+            .loads = t.load_blocks,
+            .load_bytes = t.load_bytes,
+            .load_us = t.load_ns / 1000,
+            .tokens_loaded = t.hit_blocks_g3 * w->bt,
+            .writes = t.write_blocks,
+            .writes_dropped = t.write_dropped,
+            .evictions = t.evictions,
+            .corrupt = t.corrupt,
+            .load_bytes_per_s = isfinite(t.load_bytes_per_s) && t.load_bytes_per_s > 0
+                                    ? (float)t.load_bytes_per_s
+                                    : 0.0f};
+    }
+    if (w->g2_max_bytes > 0) {
+        out->g2 = (eng_wire_tier_load_t){
+            .max_bytes = w->g2_max_bytes,
+            .bytes = t.g2_blocks > 0 ? t.g2_bytes : 0,
+            .blocks = t.g2_bytes > 0 ? (uint32_t)PC_MIN(t.g2_blocks, UINT32_MAX) : 0,
+            .hits = t.hit_blocks_g2,
+            .loads = t.hit_blocks_g2,
+            .load_bytes = t.hit_blocks_g2 * w->block_bytes,
+            .tokens_loaded = t.hit_blocks_g2 * w->bt};
+    }
+    out->tokens_recomputed = t.recomputed_tokens;
 }
 
 static void load_compute(eng_worker_t *w, eng_wire_load_t *out)
@@ -339,6 +423,8 @@ static void load_compute(eng_worker_t *w, eng_wire_load_t *out)
         prefill += w->queue.v[i]->target;
     for (uint32_t i = 0; i < w->waiting.n; i++)
         prefill += w->waiting.v[i]->target;
+    for (uint32_t i = 0; i < w->loading.n; i++)
+        prefill += w->loading.v[i]->target;
     for (uint32_t i = 0; i < w->run.n; i++) {
         const wk_req_t *r = w->run.v[i];
         if (r->state == WK_PREFILL)
@@ -346,7 +432,7 @@ static void load_compute(eng_worker_t *w, eng_wire_load_t *out)
     }
     eng_kv_stats_t kv;
     eng_kv_stats(w->e, &kv);
-    *out = (eng_wire_load_t){.queued_requests = w->queue.n + w->waiting.n,
+    *out = (eng_wire_load_t){.queued_requests = w->queue.n + w->waiting.n + w->loading.n,
                              .queued_prefill_tokens = prefill,
                              .running_seqs = w->run.n,
                              .free_blocks = kv.n_free,
@@ -354,6 +440,7 @@ static void load_compute(eng_worker_t *w, eng_wire_load_t *out)
                              .total_blocks = w->total_blocks,
                              .prefill_tokens_per_s = w->prefill_tps,
                              .decode_ms_per_token = w->decode_ms};
+    tier_load(w, out);
 }
 
 static void ev_load(eng_worker_t *w, const eng_wire_load_t *l)
@@ -442,6 +529,9 @@ static void req_retire(eng_worker_t *w, wk_req_t *r, wk_ev_t *final)
     case WK_WAITING:
         list_remove(&w->waiting, r);
         break;
+    case WK_LOADING:
+        list_remove(&w->loading, r);
+        break;
     default:
         list_remove(&w->run, r);
         break;
@@ -455,6 +545,7 @@ static void req_retire(eng_worker_t *w, wk_req_t *r, wk_ev_t *final)
 static void finish_done(eng_worker_t *w, wk_req_t *r, uint8_t reason, int32_t stop_index,
                         const char *text, size_t len)
 {
+    ev_prefill_once(w, r);
     wk_ev_t *ev = ev_add(w, ENG_WIRE_DONE, text, len);
     r->usage.prompt_tokens = r->n_prompt;
     uint64_t now = pc_time_mono_ns();
@@ -527,7 +618,7 @@ static void preempt(eng_worker_t *w, wk_req_t *r)
 
 static void cancel_one(eng_worker_t *w, uint64_t id)
 {
-    wk_list_t *lists[] = {&w->run, &w->queue, &w->waiting};
+    wk_list_t *lists[] = {&w->run, &w->queue, &w->waiting, &w->loading};
     for (size_t l = 0; l < PC_ARRAY_LEN(lists); l++)
         for (uint32_t i = 0; i < lists[l]->n; i++)
             if (lists[l]->v[i]->id == id) {
@@ -545,7 +636,7 @@ static void on_pin_end(const eng_prefix_pin_t *pin, void *ud)
 {
     eng_worker_t *w = ud;
     ev_kv(w, ENG_WIRE_KV_RELEASED, 0, pin->ns, pin->tokens, pin->n_tokens, pin->n_tokens, 0, 0,
-          false);
+          false, ENG_WIRE_TIER_NONE);
 }
 
 static uint64_t ttl_left(uint64_t expiry, uint64_t now)
@@ -575,13 +666,13 @@ static void apply_retains(eng_worker_t *w, wk_req_t *r)
         if (eng_prefix_retain(w->e, r->seq, r->ns, rt->n_tokens, expiry, &until) != 0)
             goto fail;
         ev_kv(w, ENG_WIRE_KV_RETAINED, 0, r->ns, r->tokens, rt->n_tokens, rt->n_tokens, r->id,
-              ttl_left(until, pc_time_mono_ms()), false);
+              ttl_left(until, pc_time_mono_ms()), false, ENG_WIRE_TIER_NONE);
         continue;
     fail:
         PC_LOG(PC_LOG_WARN, "worker", "req=%llu: out of memory retaining %u tokens",
                (unsigned long long)r->id, rt->n_tokens);
         ev_kv(w, ENG_WIRE_KV_RETAIN_FAILED, 0, r->ns, r->tokens, rt->n_tokens, 0, r->id, rt->ttl_ms,
-              false);
+              false, ENG_WIRE_TIER_NONE);
     }
 }
 
@@ -590,24 +681,91 @@ static void apply_retains(eng_worker_t *w, wk_req_t *r)
 
 static size_t snap_entry_bytes(uint32_t n_tokens)
 {
-    return 28 + 4 * (size_t)n_tokens;
+    return 33 + 4 * (size_t)n_tokens;
 }
 
-/* Queues the SNAPSHOT events of every pin, in frames of about SNAPSHOT_FRAME_BYTES. */
+/* The prefixes the tiers below the pool hold (eng_tier_prefixes), copied for the snapshot:
+ * records of {u64 ns, u32 n_tokens, u32 tier, i32 tokens[n_tokens]} back to back. */
+typedef struct snap_tiers {
+    pc_buf_t rec;
+    size_t *at; /* [n] offsets into rec */
+    uint32_t n, cap;
+    bool oom;
+} snap_tiers_t;
+
+static void snap_tier_add(const eng_tier_prefix_t *p, void *ud)
+{
+    snap_tiers_t *t = ud;
+    if (t->oom || p->n_tokens == 0 || (p->tier != ENG_TIER_G2 && p->tier != ENG_TIER_G3))
+        return;
+    if (t->n == t->cap) {
+        uint32_t cap = t->cap ? 2 * t->cap : 64;
+        size_t *at = pc_realloc(t->at, (size_t)cap * sizeof *at);
+        if (at == NULL) {
+            t->oom = true;
+            return;
+        }
+        t->at = at;
+        t->cap = cap;
+    }
+    uint32_t head[4] = {(uint32_t)p->ns, (uint32_t)(p->ns >> 32), p->n_tokens, p->tier};
+    size_t off = t->rec.len;
+    if (pc_buf_append(&t->rec, head, sizeof head) != 0 ||
+        pc_buf_append(&t->rec, p->tokens, 4 * (size_t)p->n_tokens) != 0) {
+        t->oom = true;
+        return;
+    }
+    t->at[t->n++] = off;
+}
+
+/* Entry i of the snapshot: the pins first, then the tier-held prefixes. Copies its tokens to
+ * toks when not NULL. */
+static void snap_item(eng_worker_t *w, const snap_tiers_t *t, uint32_t n_pins, uint32_t i,
+                      uint64_t now, eng_wire_snap_entry_t *e, uint32_t *toks)
+{
+    if (i < n_pins) {
+        eng_prefix_pin_t pin;
+        eng_prefix_pin_at(w->e, i, &pin, (int32_t *)toks);
+        *e = (eng_wire_snap_entry_t){.ns = pin.ns,
+                                     .ttl_ms = ttl_left(pin.expiry, now),
+                                     .tier = ENG_WIRE_TIER_G1,
+                                     .n_tokens = pin.n_tokens};
+        return;
+    }
+    uint32_t head[4];
+    const char *r = t->rec.base + t->at[i - n_pins];
+    memcpy(head, r, sizeof head);
+    *e = (eng_wire_snap_entry_t){.ns = (uint64_t)head[0] | (uint64_t)head[1] << 32,
+                                 .tier = (uint8_t)head[3],
+                                 .n_tokens = head[2]};
+    if (toks != NULL)
+        memcpy(toks, r + sizeof head, 4 * (size_t)head[2]);
+}
+
+/* Queues the SNAPSHOT events of every pin, then of every prefix held only in a lower tier (what
+ * a restarted worker found on its disk: tier 2 or 3, ttl_ms 0), in frames of about
+ * SNAPSHOT_FRAME_BYTES. A prefix both pinned and on disk is listed as pinned, and also as held
+ * on disk: the gateway keeps the better tier while the pin lasts. */
 static void snapshot(eng_worker_t *w, uint64_t id)
 {
     uint64_t now = pc_time_mono_ms();
-    uint32_t i = 0, n_pins = eng_prefix_n_pins(w->e);
-    eng_prefix_pin_t pin;
+    snap_tiers_t tiers = {.rec = PC_BUF_INIT};
+    if (eng_tier_enabled(w->e) && (eng_tier_prefixes(w->e, snap_tier_add, &tiers) < 0 || tiers.oom))
+        PC_LOG(PC_LOG_WARN, "worker",
+               "snapshot %llu: out of memory listing the tiers' prefixes "
+               "(the snapshot lists %u of them)",
+               (unsigned long long)id, tiers.n);
+    uint32_t i = 0, n_pins = eng_prefix_n_pins(w->e), n_all = n_pins + tiers.n;
+    eng_wire_snap_entry_t e;
     do {
         uint32_t first = i;
         size_t bytes = 0, tok_bytes = 0;
-        for (; i < n_pins; i++) {
-            eng_prefix_pin_at(w->e, i, &pin, NULL);
-            if (i > first && bytes + snap_entry_bytes(pin.n_tokens) > SNAPSHOT_FRAME_BYTES)
+        for (; i < n_all; i++) {
+            snap_item(w, &tiers, n_pins, i, now, &e, NULL);
+            if (i > first && bytes + snap_entry_bytes(e.n_tokens) > SNAPSHOT_FRAME_BYTES)
                 break;
-            bytes += snap_entry_bytes(pin.n_tokens);
-            tok_bytes += 4 * (size_t)pin.n_tokens;
+            bytes += snap_entry_bytes(e.n_tokens);
+            tok_bytes += 4 * (size_t)e.n_tokens;
         }
         uint32_t n = i - first;
         size_t ent_bytes = (size_t)n * sizeof(eng_wire_snap_entry_t);
@@ -615,17 +773,16 @@ static void snapshot(eng_worker_t *w, uint64_t id)
         eng_wire_snap_entry_t *ents = (eng_wire_snap_entry_t *)ev->data;
         uint32_t *toks = (uint32_t *)(EV_DATA(ev) + ent_bytes);
         for (uint32_t k = 0; k < n; k++) {
-            eng_prefix_pin_at(w->e, first + k, &pin, (int32_t *)toks);
-            ents[k] = (eng_wire_snap_entry_t){.ns = pin.ns,
-                                              .prefix_fp = eng_wire_prefix_fp(toks, pin.n_tokens),
-                                              .ttl_ms = ttl_left(pin.expiry, now),
-                                              .tokens = toks,
-                                              .n_tokens = pin.n_tokens};
-            toks += pin.n_tokens;
+            snap_item(w, &tiers, n_pins, first + k, now, &ents[k], toks);
+            ents[k].tokens = toks;
+            ents[k].prefix_fp = eng_wire_prefix_fp(toks, ents[k].n_tokens);
+            toks += ents[k].n_tokens;
         }
         ev->f.u.snapshot = (eng_wire_snapshot_t){
-            .snapshot_id = id, .last = i == n_pins, .entries = ents, .n_entries = n};
-    } while (i < n_pins);
+            .snapshot_id = id, .last = i == n_all, .entries = ents, .n_entries = n};
+    } while (i < n_all);
+    pc_buf_free(&tiers.rec);
+    pc_free(tiers.at);
 }
 
 /* Runs a control operation on the scheduler thread. */
@@ -635,7 +792,7 @@ static void run_op(eng_worker_t *w, const wk_op_t *op)
     case WK_OP_RELEASE:
         if (eng_prefix_release(w->e, op->ns, op->tokens, op->n_tokens) == 0)
             ev_kv(w, ENG_WIRE_KV_RELEASED, 0, op->ns, op->tokens, op->n_tokens, op->n_tokens, 0, 0,
-                  false);
+                  false, ENG_WIRE_TIER_NONE);
         break;
     case WK_OP_DROP: {
         eng_prefix_release_ns(w->e, op->ns, on_pin_end, w);
@@ -693,6 +850,55 @@ static wk_req_t *prefix_owner(eng_worker_t *w, const wk_req_t *r, uint32_t n_reu
 }
 
 /* Admits queued requests, first come first served, while sequences and blocks allow. */
+/* Asynchronous tier reads (tier.h). A queued request whose prompt continues past the pool into
+ * a lower tier gets its blocks read on the engine's I/O thread while it waits out of the queue
+ * (LOADING): the scheduler keeps admitting and stepping the others, and the request goes back
+ * to the queue (at its old place: queue order is priority, then arrival) once its blocks are
+ * staged, so that its admission only copies them into the pool. A prefetch refused (the staging
+ * budget is spent) or with nothing to read leaves the request queued; eng_seq_start_cached then
+ * reads what it needs itself. */
+static void start_loads(eng_worker_t *w)
+{
+    if (!eng_tier_enabled(w->e))
+        return;
+    for (uint32_t i = 0; i < w->queue.n;) {
+        wk_req_t *r = w->queue.v[i];
+        if (r->load_tried) {
+            i++;
+            continue;
+        }
+        r->load_tried = true;
+        eng_tier_ticket_t *t = NULL;
+        if (eng_tier_prefetch(w->e, r->ns, r->tokens, r->target, &t) != 0 || t == NULL) {
+            i++;
+            continue;
+        }
+        r->ticket = t;
+        if (eng_tier_ready(t)) {
+            i++;
+            continue;
+        }
+        list_remove_at(&w->queue, i);
+        if (list_push(&w->loading, r) != 0)
+            PC_ABORT("worker: out of memory parking a loading request");
+        r->state = WK_LOADING;
+    }
+}
+
+static void finish_loads(eng_worker_t *w)
+{
+    for (uint32_t i = 0; i < w->loading.n;) {
+        wk_req_t *r = w->loading.v[i];
+        if (!eng_tier_ready(r->ticket)) {
+            i++;
+            continue;
+        }
+        list_remove_at(&w->loading, i);
+        if (queue_insert(w, r) != 0)
+            PC_ABORT("worker: out of memory requeueing a loaded request");
+    }
+}
+
 static void admit(eng_worker_t *w)
 {
     if (w->queue.n == 0)
@@ -746,8 +952,14 @@ static void admit(eng_worker_t *w)
         r->admit_order = ++w->admit_counter;
         if (r->t_admit_ns == 0)
             r->t_admit_ns = pc_time_mono_ns();
-        r->usage.tokens_reused += reused;
         w->st.tokens_reused += reused;
+        if (!r->admitted_once) { /* PREFILL and DONE's tokens_reused report the first admission */
+            r->admitted_once = true;
+            r->usage.tokens_reused = reused;
+            eng_seq_origin(s, &r->origin);
+        }
+        eng_tier_ticket_free(w->e, r->ticket); /* its staged blocks are in the pool now */
+        r->ticket = NULL;
         if (r->counted) {
             r->counted = false;
             w->uncounted++;
@@ -1079,8 +1291,10 @@ static void *sched_main(void *arg)
         bool idle = w->in_head == NULL && w->op_head == NULL && w->n_cancels == 0 &&
                     w->queue.n == 0 && w->waiting.n == 0 && w->run.n == 0;
         if (idle && !w->stopping) {
+            /* Only tier reads in flight: look again in a millisecond (the I/O thread does not
+             * wake this thread; a read takes longer than that). */
             uint64_t now = pc_time_mono_ms();
-            uint64_t until = PC_MIN(eng_prefix_next_expiry(w->e), now + 1000);
+            uint64_t until = PC_MIN(eng_prefix_next_expiry(w->e), now + (w->loading.n ? 1 : 1000));
             if (until > now) {
                 struct timespec ts;
                 clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -1132,13 +1346,16 @@ static void *sched_main(void *arg)
             pc_free(ops);
             ops = next;
         }
+        finish_loads(w);
+        start_loads(w);
         admit(w);
         if (w->p.before_step != NULL)
             w->p.before_step(w->p.before_step_ud);
         step(w);
         wake_waiters(w);
+        eng_tier_poll(w->e, on_tier_event, w);
 
-        bool active = w->queue.n + w->waiting.n + w->run.n > 0;
+        bool active = w->queue.n + w->waiting.n + w->run.n + w->loading.n > 0;
         bool send_load = false;
         if (w->p.load_interval_ms > 0) {
             now = pc_time_mono_ms();
@@ -1178,44 +1395,77 @@ static void on_evict_none(const eng_evict_event_t *ev, void *ud)
     (void)ud;
 }
 
-/* The model's fingerprint: XXH3-64 of the whole file, tensor data included, so that two models
- * with the same shapes and other weights never pass for one another. One streaming pass with
- * read() through a small buffer, not through the engine's mapping: the loader copied the
- * weights and dropped their mapped pages, and touching them again would keep the whole file
- * resident in the process (page cache reads do not count). size is the size the engine mapped;
- * a file that changed since is an error. */
-static int model_hash(const char *path, uint64_t size, uint64_t *out, char *err, size_t err_len)
+/* Creates the parent directories of the tier directory (0700: they hold KV of every tenant);
+ * the tier store creates the last level itself. NULL or "" (no tiers) does nothing. */
+static int tier_dir_parents(const char *dir, char *err, size_t err_len)
 {
-    enum { CHUNK = 1 << 20 };
+    if (dir == NULL || dir[0] == '\0')
+        return 0;
+    char buf[4096];
+    size_t n = strlen(dir);
+    if (n >= sizeof buf)
+        return pc_err_setf(err, err_len, PC_ERR_RANGE,
+                           "worker: the tier directory's path is too "
+                           "long");
+    memcpy(buf, dir, n + 1);
+    for (size_t i = 1; i < n; i++) {
+        if (buf[i] != '/')
+            continue;
+        buf[i] = '\0';
+        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+            return pc_err_setf(err, err_len, PC_ERR_IO, "worker: cannot create %s: %s", buf,
+                               strerror(errno));
+        buf[i] = '/';
+    }
+    return 0;
+}
+
+int eng_worker_tier_key_read(const char *path, uint8_t key[32], char *err, size_t err_len)
+{
+    memset(key, 0, 32);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return pc_err_setf(err, err_len, PC_ERR_IO, "cannot read the key file %s: %s", path,
+                           strerror(errno));
+    struct stat st;
+    char buf[160];
     int rc = 0;
-    char *buf = pc_malloc(CHUNK);
-    FILE *f = fopen(path, "rb");
-    if (buf == NULL || f == NULL) {
-        rc = buf == NULL ? PC_ERR_NOMEM : PC_ERR_IO;
-        set_err(err, err_len, "worker: fingerprinting %s: %s", path,
-                buf == NULL ? "out of memory" : "cannot open the file");
-        goto done;
+    ssize_t n = 0;
+    if (fstat(fd, &st) != 0) {
+        rc = pc_err_setf(err, err_len, PC_ERR_IO, "cannot stat the key file %s: %s", path,
+                         strerror(errno));
+    } else if (!S_ISREG(st.st_mode)) {
+        rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "the key file %s is not a regular file", path);
+    } else if ((st.st_mode & 077) != 0) {
+        rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
+                         "the key file %s may be read or written by group or others (mode %03o): "
+                         "chmod 600 it",
+                         path, (unsigned)(st.st_mode & 0777));
+    } else if ((n = read(fd, buf, sizeof buf)) < 0) {
+        rc = pc_err_setf(err, err_len, PC_ERR_IO, "cannot read the key file %s: %s", path,
+                         strerror(errno));
     }
-    XXH3_state_t st;
-    XXH3_INITSTATE(&st);
-    XXH3_64bits_reset(&st);
-    uint64_t total = 0;
-    size_t n;
-    while ((n = fread(buf, 1, CHUNK, f)) > 0) {
-        XXH3_64bits_update(&st, buf, n);
-        total += n;
+    close(fd);
+    if (rc == 0) {
+        size_t b = 0, e = (size_t)n;
+        while (b < e && isspace((unsigned char)buf[b]))
+            b++;
+        while (e > b && isspace((unsigned char)buf[e - 1]))
+            e--;
+        if ((size_t)n == sizeof buf || e - b != 64)
+            rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
+                             "the key file %s must hold 64 hexadecimal digits (32 bytes), not %zu "
+                             "bytes",
+                             path, (size_t)n == sizeof buf ? (size_t)st.st_size : e - b);
+        size_t bin_len = 0;
+        if (rc == 0 &&
+            (sodium_hex2bin(key, 32, buf + b, 64, NULL, &bin_len, NULL) != 0 || bin_len != 32))
+            rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
+                             "the key file %s holds something other than hexadecimal digits", path);
     }
-    if (ferror(f) || total != size) {
-        rc = PC_ERR_IO;
-        set_err(err, err_len, "worker: fingerprinting %s: %s", path,
-                ferror(f) ? "read error" : "the file changed while loading");
-        goto done;
-    }
-    *out = XXH3_64bits_digest(&st);
-done:
-    if (f != NULL)
-        fclose(f);
-    pc_free(buf);
+    sodium_memzero(buf, sizeof buf); /* the key's text must not linger on the stack */
+    if (rc != 0)
+        sodium_memzero(key, 32);
     return rc;
 }
 
@@ -1234,7 +1484,9 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
     }
     w->p = *params;
     eng_vocab_t *vocab = NULL;
-    int rc = eng_init(&params->engine, &w->e, err, err_len);
+    int rc = tier_dir_parents(params->engine.tier.dir, err, err_len);
+    if (rc == 0)
+        rc = eng_init(&params->engine, &w->e, err, err_len);
     if (rc != 0)
         goto fail;
     const eng_gguf_t *g = eng_model_gguf(w->e);
@@ -1255,6 +1507,10 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
     eng_kv_stats(w->e, &kv);
     w->bt = kv.block_tokens;
     w->total_blocks = kv.n_blocks;
+    w->block_bytes = kv.block_bytes;
+    /* G2 exists only below a device pool (the CPU backend's pool is host memory already). */
+    if (eng_tier_enabled(w->e) && strcmp(eng_backend_name_of(w->e), "cuda") == 0)
+        w->g2_max_bytes = params->engine.tier.g2_bytes;
     pc_slice_t name;
     char nerr[8];
     if (eng_gguf_get_str(g, "general.name", &name, nerr, sizeof nerr) == 0 && name.len > 0) {
@@ -1264,13 +1520,9 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
         base = base != NULL ? base + 1 : params->engine.model_path;
         w->model_name = pc_strndup(base, PC_MIN(strlen(base), ENG_WIRE_NAME_MAX));
     }
-    uint64_t t_fp = pc_time_mono_ns();
-    rc = model_hash(params->engine.model_path, eng_gguf_file_size(g), &w->model_fp, err, err_len);
+    rc = eng_model_fingerprint(w->e, &w->model_fp, err, err_len);
     if (rc != 0)
         goto fail;
-    PC_LOG(PC_LOG_INFO, "worker", "model fingerprint %016llx: XXH3 of %.1f MiB in %.0f ms",
-           (unsigned long long)w->model_fp, (double)eng_gguf_file_size(g) / (1 << 20),
-           (double)(pc_time_mono_ns() - t_fp) / 1e6);
     rc = eng_sample_ws_init(w->n_vocab, &w->ws);
     uint32_t mr = params->max_running;
     w->items = pc_calloc(mr, sizeof *w->items);
@@ -1290,6 +1542,7 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
         goto fail;
     }
     eng_set_evict_callback(w->e, on_evict, w);
+    load_compute(w, &w->load); /* the load before the first step (a restart's tier figures) */
     pthread_mutex_init(&w->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -1364,7 +1617,7 @@ void eng_worker_free(eng_worker_t *w)
         next = r->next;
         req_free(w, r);
     }
-    wk_list_t *lists[] = {&w->run, &w->queue, &w->waiting};
+    wk_list_t *lists[] = {&w->run, &w->queue, &w->waiting, &w->loading};
     for (size_t l = 0; l < PC_ARRAY_LEN(lists); l++) {
         for (uint32_t i = 0; i < lists[l]->n; i++)
             req_free(w, lists[l]->v[i]);

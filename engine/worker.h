@@ -17,10 +17,10 @@
  *   ... eng_worker_free(w);
  *
  * Requests and events are the worker protocol's own structs (engine/wire.h): a request is an
- * eng_wire_submit_t and an event is an eng_wire_frame_t of type TOKEN, DONE, ERROR, KV_EVENT,
- * LOAD or SNAPSHOT, with exactly the field meanings that wire.h documents. The in-process gateway
- * and the TCP worker server (`kvgw worker`) therefore see the same thing, and the server encodes an
- * event with eng_wire_encode as it is.
+ * eng_wire_submit_t and an event is an eng_wire_frame_t of type PREFILL, TOKEN, DONE, ERROR,
+ * KV_EVENT, LOAD or SNAPSHOT, with exactly the field meanings that wire.h documents. The in-process
+ * gateway and the TCP worker server (`kvgw worker`) therefore see the same thing, and the server
+ * encodes an event with eng_wire_encode as it is.
  *
  * Life of a request. eng_worker_submit checks the request and queues it, or refuses it at once
  * with an error (nothing queued, no event ever follows). An accepted request produces zero or
@@ -84,11 +84,12 @@
  *   ENG_WIRE_STOP_CANCELED    eng_worker_cancel reached it first.
  * DONE.text carries the text still held back at the end (empty after a stop sequence or a
  * cancellation). DONE.usage: prompt_tokens (the prompt's length), tokens_reused (prompt tokens
- * found in the worker's KV cache at admission: the physical hit), tokens_computed (prompt
- * tokens prefilled), output_tokens (generated tokens, each sent once as TOKEN). Without
- * preemption tokens_reused + tokens_computed = prompt_tokens; a preempted request is admitted
- * again and both figures then also count that admission's reuse and recomputation (its
- * generated tokens are replayed as prompt).
+ * found in the worker's KV cache at the first admission: the physical hit; never more than
+ * prompt_tokens), tokens_computed (prompt tokens prefilled), output_tokens (generated tokens,
+ * each sent once as TOKEN). Without preemption tokens_reused + tokens_computed = prompt_tokens;
+ * a preempted request is admitted again and tokens_computed then also counts that admission's
+ * recomputation (its generated tokens are replayed as prompt); its reuse there counts only in
+ * eng_worker_stats.
  *
  * ERROR events (request_id of the failed request) report failures after acceptance: an
  * engine error (PC_ERR_NOMEM, PC_ERR_INTERNAL...) or a sampler without any candidate (all
@@ -259,6 +260,25 @@ size_t eng_worker_poll_wait(eng_worker_t *w, eng_worker_event_t *ev, size_t max,
  * sequences, free / cached (held only by the prefix index) / total KV blocks. Updated after
  * every scheduler step. */
 void eng_worker_load(eng_worker_t *w, eng_wire_load_t *out);
+
+/* KV tiers (params.engine.tier, engine/tier.h). Every accepted request gets one PREFILL event
+ * (where its prompt came from at its first admission: pool, G2, G3, recomputed holes) right
+ * before its first TOKEN, or before its DONE when it generates nothing. A queued request whose
+ * prompt continues into a lower tier waits out of the queue while the engine's I/O thread reads
+ * those blocks (eng_tier_prefetch); the scheduler keeps stepping the others, and the request
+ * returns to its place in the queue once they are staged. KV_EVENT EVICTED carries the tier
+ * the dropped blocks went to (and blocks the disk tier drops come as EVICTED tier 0); LOAD
+ * carries the tiers' figures; SNAPSHOT lists, after the pins, the prefixes held only in a
+ * lower tier (a restarted worker's disk). The tier directory's parents are created (0700). */
+
+/* Reads the at-rest key of the KV tiers (eng_tier_params.key) from a file: 64 hexadecimal
+ * digits (32 bytes; white space around them is ignored), e.g. written by
+ * `openssl rand -hex 32 > key && chmod 600 key`. The file must be a regular file that neither
+ * group nor others may read or write: a key readable by every local user protects nothing.
+ * Returns 0 with key filled, PC_ERR_IO (cannot open or read it) or PC_ERR_INVAL (permissions,
+ * size or contents), with a one-line reason naming the file in err; key is left zeroed on
+ * failure and the file's bytes are wiped from memory either way. */
+int eng_worker_tier_key_read(const char *path, uint8_t key[32], char *err, size_t err_len);
 
 /* Counters since init, for tests and metrics. */
 typedef struct eng_worker_stats {

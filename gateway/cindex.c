@@ -170,6 +170,27 @@ static inline void ns_charge(cix_ns_t *s, uint64_t t)
 
 /* ---- radix callbacks -------------------------------------------------------------------- */
 
+/* Tier marks (cindex.h, Tiers): radix owner 64 + w says w holds the node in G2 only, 128 + w
+ * in G3 only; neither: in G1. */
+#define MARK_G2 64u
+#define MARK_G3 128u
+#define MAX_OWNERS (MARK_G3 + GW_CINDEX_MAX_WORKERS)
+
+static uint32_t mark_of(uint32_t w, int tier)
+{
+    return (tier == GW_CINDEX_TIER_G2 ? MARK_G2 : MARK_G3) + w;
+}
+
+/* The tier w holds node x in (w must own it). */
+static int node_tier(const gw_cindex_t *ix, const rdx_node_t *x, uint32_t w)
+{
+    if (rdx_tree_owner_has(ix->t, x, MARK_G2 + w))
+        return GW_CINDEX_TIER_G2;
+    if (rdx_tree_owner_has(ix->t, x, MARK_G3 + w))
+        return GW_CINDEX_TIER_G3;
+    return GW_CINDEX_TIER_G1;
+}
+
 /* Owner bits of a node among the valid workers. */
 static uint64_t node_owners(const gw_cindex_t *ix, const rdx_node_t *x)
 {
@@ -303,7 +324,7 @@ int gw_cindex_init(const gw_cindex_params_t *params, gw_cindex_t **out)
     ix->wmask = p.n_workers == 64 ? ~0ull : (1ull << p.n_workers) - 1;
     rdx_tree_params_t rp = rdx_tree_params_default();
     rp.vocab_size = p.vocab_size;
-    rp.max_owners = GW_CINDEX_MAX_WORKERS;
+    rp.max_owners = MAX_OWNERS;
     rp.payload_free = payload_free;
     rp.payload_split = payload_split;
     rp.on_free = on_free;
@@ -624,15 +645,27 @@ int gw_cindex_match(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t
     uint32_t k = 0;
     for (const rdx_node_t *x = m.node; x != NULL; x = rdx_node_parent(x)) {
         size_t depth = rdx_node_depth(x);
+        size_t start = depth - rdx_node_len(x);
         const cix_entry_t *e = rdx_node_payload(x);
         if (e != NULL && depth <= m.n_matched) {
             if (k < GW_CINDEX_MATCH_ENTRIES)
                 deep[k++] = (uint32_t)depth;
             out->n_entries++;
         }
+        /* A worker missing here holds nothing of what lies below: its tier counts restart. */
         uint64_t missing = ~node_owners(ix, x) & ix->wmask;
-        for (; missing != 0; missing &= missing - 1)
-            held_end[__builtin_ctzll(missing)] = (uint32_t)(depth - rdx_node_len(x));
+        for (; missing != 0; missing &= missing - 1) {
+            int w = __builtin_ctzll(missing);
+            held_end[w] = (uint32_t)start;
+            out->held_g2[w] = out->held_g3[w] = 0;
+        }
+        uint32_t in_match = (uint32_t)(PC_MIN(depth, (size_t)m.n_matched) - start);
+        for (int64_t o = rdx_tree_owner_next(ix->t, x, MARK_G2); o >= 0 && o < MAX_OWNERS;
+             o = rdx_tree_owner_next(ix->t, x, (uint32_t)o + 1)) {
+            uint32_t w = (uint32_t)o % GW_CINDEX_MAX_WORKERS;
+            if (w < ix->p.n_workers)
+                *(o < MARK_G3 ? &out->held_g2[w] : &out->held_g3[w]) += in_match;
+        }
     }
     for (uint32_t i = 0; i < k; i++)
         out->entry_len[i] = deep[k - 1 - i];
@@ -732,19 +765,83 @@ static rdx_node_t *deepest_entry(const gw_cindex_t *ix, uint64_t ns, const uint3
     return m.last_entry;
 }
 
+/* The tier w holds node x in after an add (the better tier wins) or a demotion (the worse
+ * wins) in tier t; 0: a demotion of a node w does not own, which stays unowned. */
+static int merged_tier(const gw_cindex_t *ix, const rdx_node_t *x, uint32_t w, int t, bool demote)
+{
+    if (!rdx_tree_owner_has(ix->t, x, w))
+        return demote ? 0 : t;
+    int cur = node_tier(ix, x, w);
+    return demote ? PC_MAX(cur, t) : PC_MIN(cur, t);
+}
+
+/* Applies merged_tier to w on the nodes from x up to the first one of depth <= stop. All or
+ * nothing: a first pass gives every node that gets a new mark its owner bitmap (setting and
+ * clearing the mark: the bitmap stays, which is no visible change), the only step that may
+ * allocate; the second sets owner bits and marks, which then never allocates. Returns 0 or
+ * PC_ERR_NOMEM (nothing changed). */
+static int set_tiers(gw_cindex_t *ix, rdx_node_t *x, size_t stop, uint32_t w, int t, bool demote)
+{
+    for (rdx_node_t *y = x; y != NULL && rdx_node_depth(y) > stop; y = rdx_node_parent(y)) {
+        int to = merged_tier(ix, y, w, t, demote);
+        if (to <= GW_CINDEX_TIER_G1 || rdx_tree_owner_has(ix->t, y, mark_of(w, to)))
+            continue;
+        if (rdx_tree_owner_add(ix->t, y, mark_of(w, to)) != 0)
+            return PC_ERR_NOMEM;
+        rdx_tree_owner_del(ix->t, y, mark_of(w, to));
+    }
+    for (rdx_node_t *y = x; y != NULL && rdx_node_depth(y) > stop; y = rdx_node_parent(y)) {
+        int to = merged_tier(ix, y, w, t, demote);
+        if (to == 0)
+            continue;
+        int rc = rdx_tree_owner_add(ix->t, y, w);
+        rc |= rdx_tree_owner_del(ix->t, y, MARK_G2 + w);
+        rc |= rdx_tree_owner_del(ix->t, y, MARK_G3 + w);
+        if (to > GW_CINDEX_TIER_G1)
+            rc |= rdx_tree_owner_add(ix->t, y, mark_of(w, to));
+        PC_ASSERT(rc == 0);
+    }
+    return 0;
+}
+
 int gw_cindex_owner_add(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t n, uint32_t w,
                         uint32_t *n_held)
 {
+    return gw_cindex_owner_add_tier(ix, ns, tokens, n, w, GW_CINDEX_TIER_G1, 0, n_held);
+}
+
+/* deepest_entry, or with block_tokens > 0 the entry whose edge holds tokens[n - 1] when every
+ * whole block of it lies within tokens[0..n): a tier keeps whole blocks only, and what its
+ * holder lacks of such an entry is a partial last block, which it recomputes anyway. */
+static rdx_node_t *deepest_entry_blocks(const gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens,
+                                        size_t n, uint32_t block_tokens)
+{
+    rdx_match_t m;
+    if (rdx_tree_match(ix->t, ns, tokens, n, &m) != 0)
+        return NULL;
+    if (block_tokens > 0 && m.node != NULL && m.n_matched == n && n > 0) {
+        size_t d = rdx_node_depth(m.node);
+        if (d > n && rdx_node_payload(m.node) != NULL && d / block_tokens * block_tokens <= n)
+            return m.node;
+    }
+    return m.last_entry;
+}
+
+int gw_cindex_owner_add_tier(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t n,
+                             uint32_t w, gw_cindex_tier_t tier, uint32_t block_tokens,
+                             uint32_t *n_held)
+{
     if (n_held != NULL)
         *n_held = 0;
-    if (ix == NULL || (tokens == NULL && n > 0))
+    if (ix == NULL || (tokens == NULL && n > 0) || tier < GW_CINDEX_TIER_G1 ||
+        tier > GW_CINDEX_TIER_G3)
         return PC_ERR_INVAL;
     if (w >= ix->p.n_workers)
         return PC_ERR_RANGE;
-    rdx_node_t *x = deepest_entry(ix, ns, tokens, n);
+    rdx_node_t *x = deepest_entry_blocks(ix, ns, tokens, n, block_tokens);
     if (x == NULL)
         return 0;
-    int rc = rdx_tree_owner_add_path(ix->t, x, w); /* owners < 64 never allocate */
+    int rc = set_tiers(ix, x, 0, w, tier, false);
     if (rc == 0 && n_held != NULL)
         *n_held = (uint32_t)rdx_node_depth(x);
     return rc;
@@ -757,6 +854,17 @@ int gw_cindex_owner_evicted(gw_cindex_t *ix, uint32_t w, uint64_t ns, const uint
         return PC_ERR_INVAL;
     if (w >= ix->p.n_workers)
         return PC_ERR_RANGE;
+    return gw_cindex_owner_demoted(ix, w, ns, tokens, n_kept, n_tokens, 0);
+}
+
+int gw_cindex_owner_demoted(gw_cindex_t *ix, uint32_t w, uint64_t ns, const uint32_t *tokens,
+                            size_t n_kept, size_t n_tokens, int tier)
+{
+    if (ix == NULL || n_kept > n_tokens || (tokens == NULL && n_tokens > 0) ||
+        (tier != 0 && tier != GW_CINDEX_TIER_G2 && tier != GW_CINDEX_TIER_G3))
+        return PC_ERR_INVAL;
+    if (w >= ix->p.n_workers)
+        return PC_ERR_RANGE;
     rdx_node_t *top = deepest_entry(ix, ns, tokens, n_tokens);
     if (top == NULL)
         return 0;
@@ -766,8 +874,13 @@ int gw_cindex_owner_evicted(gw_cindex_t *ix, uint32_t w, uint64_t ns, const uint
             keep = rdx_node_depth(x);
             break;
         }
-    for (rdx_node_t *x = top; x != NULL && rdx_node_depth(x) > keep; x = rdx_node_parent(x))
+    if (tier != 0)
+        return set_tiers(ix, top, keep, w, tier, true);
+    for (rdx_node_t *x = top; x != NULL && rdx_node_depth(x) > keep; x = rdx_node_parent(x)) {
         rdx_tree_owner_del(ix->t, x, w);
+        rdx_tree_owner_del(ix->t, x, MARK_G2 + w);
+        rdx_tree_owner_del(ix->t, x, MARK_G3 + w);
+    }
     return 0;
 }
 
@@ -782,8 +895,11 @@ int gw_cindex_worker_down(gw_cindex_t *ix, uint32_t w)
     for (uint32_t d = 0; d < ix->ns_n; d++) {
         rdx_iter_t it;
         rdx_iter_init(&it, ix->t, ix->ns[d].id);
-        for (rdx_node_t *x; (x = rdx_iter_next(&it)) != NULL;)
+        for (rdx_node_t *x; (x = rdx_iter_next(&it)) != NULL;) {
             rdx_tree_owner_del(ix->t, x, w);
+            rdx_tree_owner_del(ix->t, x, MARK_G2 + w);
+            rdx_tree_owner_del(ix->t, x, MARK_G3 + w);
+        }
     }
     return 0;
 }
@@ -853,6 +969,23 @@ uint64_t gw_cindex_worker_tokens(const gw_cindex_t *ix, uint32_t w)
     return rs.n_tokens;
 }
 
+uint64_t gw_cindex_worker_tier_tokens(const gw_cindex_t *ix, uint32_t w, gw_cindex_tier_t tier)
+{
+    rdx_stats_t g2, g3;
+    if (ix == NULL || w >= ix->p.n_workers || rdx_tree_owner_stats(ix->t, MARK_G2 + w, &g2) != 0 ||
+        rdx_tree_owner_stats(ix->t, MARK_G3 + w, &g3) != 0)
+        return 0;
+    switch (tier) {
+    case GW_CINDEX_TIER_G1:
+        return gw_cindex_worker_tokens(ix, w) - g2.n_tokens - g3.n_tokens;
+    case GW_CINDEX_TIER_G2:
+        return g2.n_tokens;
+    case GW_CINDEX_TIER_G3:
+        return g3.n_tokens;
+    }
+    return 0;
+}
+
 int gw_cindex_check(const gw_cindex_t *ix, char *err, size_t len)
 {
     if (ix == NULL)
@@ -894,6 +1027,16 @@ int gw_cindex_check(const gw_cindex_t *ix, char *err, size_t len)
             if ((e != NULL) != (rdx_node_is_entry(x) != 0) || (e != NULL && e->node != x))
                 return pc_err_setf(err, len, PC_ERR_INTERNAL,
                                    "cindex: entry mark without payload or the reverse");
+            for (int64_t o = rdx_tree_owner_next(ix->t, x, MARK_G2); o >= 0 && o < MAX_OWNERS;
+                 o = rdx_tree_owner_next(ix->t, x, (uint32_t)o + 1)) {
+                uint32_t w = (uint32_t)o % GW_CINDEX_MAX_WORKERS;
+                if (!rdx_tree_owner_has(ix->t, x, w) ||
+                    (o < MARK_G3 && rdx_tree_owner_has(ix->t, x, MARK_G3 + w)))
+                    return pc_err_setf(err, len, PC_ERR_INTERNAL,
+                                       "cindex: worker %u's tier mark on a node it does not own, "
+                                       "or in two tiers",
+                                       w);
+            }
             k += e != NULL;
         }
         if (k != s->n_entries)

@@ -29,6 +29,18 @@
  * is the longest prefix of the prompt whose every token is held by w. Losing the KV never
  * touches the entries: they stay logically live (billed as reads) while physically lost.
  *
+ * Tiers (issue 21). A worker holds a node of a path in one of its KV tiers: G1 its pool, G2
+ * host memory, G3 its local disk (engine/wire.h, KV_EVENT and SNAPSHOT tier bytes). An owner
+ * holds a node in G1 unless the node carries its G2 or G3 mark (never both; a mark only on a
+ * node it owns). gw_cindex_owner_add_tier merges by the best tier (a request that ran the
+ * prompt holds all of it in G1; a SNAPSHOT's disk entry never demotes what is known to be in
+ * the pool); gw_cindex_owner_demoted moves a worker's nodes down to G2 or G3 over the range
+ * gw_cindex_owner_evicted would clear (tier 0 is that eviction). gw_cindex_match_t.held_g2 /
+ * held_g3 say how much of held[w] lies in those tiers, which the router prices as loads.
+ * Marks are radix owners 64 + w (G2) and 128 + w (G3): they split, copy and account with the
+ * nodes, and the first mark on a node allocates its owner bitmap (the only allocation of the
+ * owner calls; a failed demotion changes nothing and the caller falls back to the eviction).
+ *
  *     entries [1 2 3 4] and [1 2 3 4 5 6], owner_add([1 2 3 4 5 6 7], 7, w=2):
  *
  *     (root ns)                          match([1 2 3 4 5 9]):
@@ -123,6 +135,10 @@ typedef struct gw_cindex_match {
      * (0 for workers >= n_workers); holders = the workers with held[w] > 0. */
     uint64_t holders;
     uint32_t held[GW_CINDEX_MAX_WORKERS];
+    /* Of held[w], the tokens w holds only in G2 (host memory) and only in G3 (disk); the rest,
+     * held - held_g2 - held_g3, is in its pool (G1). */
+    uint32_t held_g2[GW_CINDEX_MAX_WORKERS];
+    uint32_t held_g3[GW_CINDEX_MAX_WORKERS];
 } gw_cindex_match_t;
 
 typedef struct gw_cindex_stats {
@@ -240,6 +256,38 @@ size_t gw_cindex_drop_ns(gw_cindex_t *ix, uint64_t ns);
 int gw_cindex_owner_add(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t n, uint32_t w,
                         uint32_t *n_held);
 
+/* Where a worker holds KV (engine/wire.h's tier bytes): G1 its pool, G2 host memory, G3 its
+ * disk. */
+typedef enum gw_cindex_tier {
+    GW_CINDEX_TIER_G1 = 1,
+    GW_CINDEX_TIER_G2 = 2,
+    GW_CINDEX_TIER_G3 = 3,
+} gw_cindex_tier_t;
+
+/* gw_cindex_owner_add with the tier w holds the path in: every node of the path that w did not
+ * own becomes owned in that tier; a node it owned keeps the better of its tier and this one
+ * (G1 < G2 < G3). block_tokens > 0 says the tokens are whole blocks of that many tokens (a
+ * lower tier keeps nothing else): a live entry that ends less than a block beyond n, whose
+ * whole blocks all lie within tokens[0..n), counts as held too (its holder recomputes the
+ * partial last block), and *n_held is then its length. gw_cindex_owner_add is this with
+ * GW_CINDEX_TIER_G1 and block_tokens 0 (which never allocates).
+ * Returns 0, PC_ERR_RANGE (w >= n_workers), PC_ERR_INVAL (a bad tier, NULL tokens with n > 0)
+ * or PC_ERR_NOMEM (G2/G3 only: a node's first mark; no owner or tier changed, though nodes
+ * may keep the owner bitmaps given to them before the failure, as a grown table is kept). */
+int gw_cindex_owner_add_tier(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, size_t n,
+                             uint32_t w, gw_cindex_tier_t tier, uint32_t block_tokens,
+                             uint32_t *n_held);
+
+/* Worker w moved positions [n_kept, n_tokens) of the path down to a lower tier (an EVICTED
+ * event with tier 2 or 3): over the nodes gw_cindex_owner_evicted would clear, w keeps owning
+ * those it owns, in the worse of their tier and this one; nodes it does not own stay unowned.
+ * tier 0 is gw_cindex_owner_evicted itself. Returns 0, PC_ERR_RANGE, PC_ERR_INVAL (as
+ * gw_cindex_owner_evicted, or a tier other than 0, 2, 3) or PC_ERR_NOMEM (a node's first
+ * mark; no owner or tier changed, as for gw_cindex_owner_add_tier: the caller may clear the
+ * nodes with gw_cindex_owner_evicted instead, which never allocates). */
+int gw_cindex_owner_demoted(gw_cindex_t *ix, uint32_t w, uint64_t ns, const uint32_t *tokens,
+                            size_t n_kept, size_t n_tokens, int tier);
+
 /* Worker w dropped positions [n_kept, n_tokens) of the path tokens[0..n_tokens) (an EVICTED
  * event): w stops owning every node of that path beyond the longest live entry of length <=
  * n_kept, up to the longest live entry of length <= n_tokens (what it kept between entry
@@ -248,8 +296,9 @@ int gw_cindex_owner_add(gw_cindex_t *ix, uint64_t ns, const uint32_t *tokens, si
 int gw_cindex_owner_evicted(gw_cindex_t *ix, uint32_t w, uint64_t ns, const uint32_t *tokens,
                             size_t n_kept, size_t n_tokens);
 
-/* Worker w went down: it holds nothing any more. The entries stay logically live. O(stored
- * nodes). Returns 0, PC_ERR_RANGE or PC_ERR_INVAL. */
+/* Worker w went down: it holds nothing any more, in no tier (a restarted worker lists what
+ * its disk kept in its SNAPSHOT). The entries stay logically live. O(stored nodes). Returns 0,
+ * PC_ERR_RANGE or PC_ERR_INVAL. */
 int gw_cindex_worker_down(gw_cindex_t *ix, uint32_t w);
 
 /* ---- metering and stats ----------------------------------------------------------------- */
@@ -266,8 +315,11 @@ void gw_cindex_stats(const gw_cindex_t *ix, gw_cindex_stats_t *out);
 /* One namespace's figures: 0, or PC_ERR_NOTFOUND (nothing stored; *out zeroed). */
 int gw_cindex_ns_stats(const gw_cindex_t *ix, uint64_t ns, gw_cindex_ns_stats_t *out);
 
-/* Tokens of the stored nodes worker w owns (0 for a worker out of range). */
+/* Tokens of the stored nodes worker w owns, in any tier (0 for a worker out of range). */
 uint64_t gw_cindex_worker_tokens(const gw_cindex_t *ix, uint32_t w);
+
+/* Of those, the tokens w holds in one tier (GW_CINDEX_TIER_*; 0 for a bad tier or worker). */
+uint64_t gw_cindex_worker_tier_tokens(const gw_cindex_t *ix, uint32_t w, gw_cindex_tier_t tier);
 
 /* Checks every invariant (the radix tree's, the expiry heap, entries against tree nodes,
  * per-namespace counts). Returns 0, or PC_ERR_INTERNAL with the first violation in err. */

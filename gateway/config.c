@@ -20,6 +20,7 @@
 #include "common.h"
 #include "lnk_addr.h"
 #include "render.h"
+#include "worker.h"
 
 /* The namespace secret used when the config gives none: fine for a laptop, never for a
  * deployment (serve prints a warning). */
@@ -43,6 +44,21 @@ static int add_key(gw_config_t *c, const char *key, const char *id, const char *
     k->tenant = pc_strdup(tenant);
     c->n_keys++;
     return (k->id && k->tenant) ? 0 : PC_ERR_NOMEM;
+}
+
+/* kv_tiers' values when the section is given without them (the tiers stay off: no dir). */
+static void tiers_defaults(gw_cfg_tiers_t *t)
+{
+    t->max_bytes = 4ull << 30;
+    t->write_through = true;
+    t->min_tokens = 64;
+}
+
+static void tiers_free(gw_cfg_tiers_t *t)
+{
+    pc_free(t->dir);
+    pc_free(t->key_file);
+    sodium_memzero(t, sizeof *t);
 }
 
 int gw_config_default(gw_config_t *c)
@@ -105,6 +121,7 @@ int gw_config_default(gw_config_t *c)
     c->access_log = pc_strdup("-");
     c->log_level = pc_strdup("info");
     c->metrics_require_key = true;
+    tiers_defaults(&c->kv_tiers);
     if (!c->source || !c->listen_host || !m->name || !m->path || !m->backend || !c->ledger_dir ||
         !c->pricing_path || !c->instance_id || !c->access_log || !c->log_level)
         goto fail;
@@ -160,6 +177,7 @@ void gw_config_free(gw_config_t *c)
     pc_free(c->access_log);
     pc_free(c->log_level);
     sodium_memzero(c->namespace_secret, sizeof c->namespace_secret);
+    tiers_free(&c->kv_tiers);
     memset(c, 0, sizeof *c);
 }
 
@@ -856,6 +874,58 @@ static int server_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
     return unknown(w, v);
 }
 
+static int tiers_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
+{
+    gw_cfg_tiers_t *t = ud;
+    if (strcmp(k, "dir") == 0) {
+        int rc = get_str(w, v, &t->dir);
+        if (rc == 0 && t->dir[0] == '\0')
+            return fail_at(w, v, "must not be empty (kv_tiers: null turns the tiers off)");
+        t->dir_line = (unsigned long)v->start_mark.line + 1;
+        return rc;
+    }
+    if (strcmp(k, "max_bytes") == 0) /* at least a few blocks of any model */
+        return get_size(w, v, 16ull << 20, UINT64_MAX, &t->max_bytes);
+    if (strcmp(k, "g2_bytes") == 0)
+        return get_size(w, v, 0, UINT64_MAX, &t->g2_bytes);
+    if (strcmp(k, "write_through") == 0)
+        return get_bool(w, v, &t->write_through);
+    if (strcmp(k, "min_tokens") == 0)
+        return get_u32(w, v, 0, UINT32_MAX, &t->min_tokens);
+    if (strcmp(k, "key_file") == 0) {
+        sodium_memzero(t->key, sizeof t->key);
+        t->has_key = false;
+        if (is_null(v)) {
+            pc_free(t->key_file);
+            t->key_file = NULL;
+            return 0;
+        }
+        int rc = get_str(w, v, &t->key_file);
+        char why[320];
+        if (rc == 0 && eng_worker_tier_key_read(t->key_file, t->key, why, sizeof why) != 0)
+            return fail_at(w, v, "%s", why);
+        t->has_key = rc == 0;
+        return rc;
+    }
+    return unknown(w, v);
+}
+
+/* kv_tiers: null (off) or a mapping, which needs dir. */
+static int parse_tiers(walk_t *w, yaml_node_t *v, gw_config_t *c)
+{
+    tiers_free(&c->kv_tiers);
+    tiers_defaults(&c->kv_tiers);
+    if (is_null(v))
+        return 0;
+    yaml_node_t *at = w->key; /* the line of "kv_tiers:" */
+    int rc = each_pair(w, v, "kv_tiers", tiers_pair, &c->kv_tiers);
+    if (rc == 0 && c->kv_tiers.dir == NULL) {
+        snprintf(w->path, sizeof w->path, "kv_tiers");
+        return fail_at(w, at, "needs dir (or kv_tiers: null to turn the tiers off)");
+    }
+    return rc;
+}
+
 static int top_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
 {
     gw_config_t *c = ud;
@@ -896,6 +966,8 @@ static int top_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
         return each_pair(w, v, "metrics", metrics_pair, c);
     if (strcmp(k, "server") == 0)
         return each_pair(w, v, "server", server_pair, c);
+    if (strcmp(k, "kv_tiers") == 0)
+        return parse_tiers(w, v, c);
     return unknown(w, v);
 }
 
@@ -1142,5 +1214,36 @@ int gw_config_print(const gw_config_t *c, pc_buf_t *o)
                            c->access_log, c->log_level, c->per_tenant_metrics ? "true" : "false",
                            c->metrics_require_key ? "true" : "false",
                            c->allow_demo_secrets_on_public ? "true" : "false");
+    const gw_cfg_tiers_t *t = &c->kv_tiers;
+    if (rc == 0 && t->dir != NULL)
+        rc = pc_buf_printf(o,
+                           "kv_tiers:\n  dir: %s\n  max_bytes: %llu\n  g2_bytes: %llu\n"
+                           "  write_through: %s\n  min_tokens: %u\n  key_file: %s\n",
+                           t->dir, (unsigned long long)t->max_bytes,
+                           (unsigned long long)t->g2_bytes, t->write_through ? "true" : "false",
+                           t->min_tokens, t->key_file ? t->key_file : "null");
+    else if (rc == 0)
+        rc = pc_buf_append_cstr(o, "kv_tiers: null\n");
     return rc;
+}
+
+int gw_config_tier_dir(const gw_config_t *c, const gw_cfg_model_t *m, uint32_t worker, char *out,
+                       size_t out_len)
+{
+    if (c->kv_tiers.dir == NULL)
+        return PC_ERR_STATE;
+    bool plain = m->name[0] != '\0' && m->name[0] != '.';
+    for (const char *p = m->name; plain && *p; p++)
+        plain = isalnum((unsigned char)*p) || *p == '.' || *p == '_' || *p == '-';
+    int n;
+    if (plain) {
+        n = snprintf(out, out_len, "%s/%s/w%u", c->kv_tiers.dir, m->name, worker);
+    } else {
+        uint8_t h[16];
+        char hex[2 * sizeof h + 1];
+        crypto_generichash(h, sizeof h, (const unsigned char *)m->name, strlen(m->name), NULL, 0);
+        sodium_bin2hex(hex, sizeof hex, h, 8);
+        n = snprintf(out, out_len, "%s/m-%s/w%u", c->kv_tiers.dir, hex, worker);
+    }
+    return n < 0 || (size_t)n >= out_len ? PC_ERR_RANGE : 0;
 }

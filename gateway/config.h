@@ -65,6 +65,22 @@ typedef struct gw_cfg_key {
     char *tenant; /* organization / workspace id */
 } gw_cfg_key_t;
 
+/* kv_tiers: the KV tiers below each worker's pool (engine/tier.h), for in-process workers
+ * (remote workers take theirs from `kvgw worker`'s flags). Off when dir is NULL (`kv_tiers:
+ * null`, and the built-in default, so tests get no tiers unless they ask); conf/kvgw.yaml turns
+ * it on under var/kv-tiers. */
+typedef struct gw_cfg_tiers {
+    char *dir;           /* worker i of model m uses <dir>/<model dir name>/w<i> */
+    uint64_t max_bytes;  /* the disk tier's budget per worker */
+    uint64_t g2_bytes;   /* host-memory tier per CUDA worker (0 off; CPU workers ignore it) */
+    bool write_through;  /* retained prefixes written at retain time */
+    uint32_t min_tokens; /* shorter evicted prefixes are not written back */
+    char *key_file;      /* the at-rest key's file, or NULL (checksums only) */
+    bool has_key;
+    uint8_t key[32];        /* read from key_file at load (eng_worker_tier_key_read) */
+    unsigned long dir_line; /* where dir was given (0: built-in), for messages */
+} gw_cfg_tiers_t;
+
 typedef struct gw_config {
     char *source; /* the file it came from, or "(built-in default)" */
     char *listen_host;
@@ -132,6 +148,8 @@ typedef struct gw_config {
 
     /* server.allow_demo_secrets_on_public (default false): see gw_config_check_exposure. */
     bool allow_demo_secrets_on_public;
+
+    gw_cfg_tiers_t kv_tiers;
 } gw_config_t;
 
 /* The built-in default (what conf/kvgw.yaml spells out). Returns 0 or PC_ERR_NOMEM. */
@@ -178,6 +196,14 @@ int gw_config_check_exposure(const gw_config_t *c, const char *listen_host, char
  * given as x_api_key or as the bearer token of authorization; either header may be NULL), else
  * the HTTP status to answer: 401 when no key was given, 403 when the key is not the admin key. */
 int gw_config_metrics_auth(const gw_config_t *c, const char *x_api_key, const char *authorization);
+
+/* The tier directory of in-process worker `worker` (0-based within its model) of model m:
+ * <kv_tiers.dir>/<name>/w<worker>, where name is the model's name when it is made only of
+ * [A-Za-z0-9._-] and does not start with '.', else "m-" and 16 hex digits of its BLAKE2b (so two
+ * models, or two workers, never share a directory). Returns 0, or PC_ERR_RANGE when it
+ * does not fit out_len, or PC_ERR_STATE when tiers are off. */
+int gw_config_tier_dir(const gw_config_t *c, const gw_cfg_model_t *m, uint32_t worker, char *out,
+                       size_t out_len);
 
 /* "250ms", "30s", "5m", "1h" or an integer (milliseconds) -> *ms. Returns 0 or PC_ERR_INVAL. */
 int gw_config_parse_duration(const char *s, uint64_t *ms);

@@ -28,6 +28,18 @@ static const char *const metric_names[] = {
     "kvgw_routing_decisions_total",
     "kvgw_billing_events_total",
     "kvgw_build_info",
+    "kvgw_prompt_tokens_by_source_total",
+    "kvgw_worker_tier_max_bytes",
+    "kvgw_worker_tier_bytes",
+    "kvgw_worker_tier_blocks",
+    "kvgw_worker_tier_hits_total",
+    "kvgw_worker_tier_loads_total",
+    "kvgw_worker_tier_load_bytes_per_second",
+    "kvgw_worker_tier_writes_total",
+    "kvgw_worker_tier_evictions_total",
+    "kvgw_worker_tier_corrupt_records_total",
+    "kvgw_worker_tier_recomputes_avoided_tokens_total",
+    "kvgw_worker_hole_recomputed_tokens_total",
     NULL,
 };
 

@@ -8,7 +8,9 @@
  * as a bearer token and x-api-key, parses the Prometheus text exposition and shows the key
  * figures with small charts drawn on <canvas>: cache hit ratio (logical and physical), tokens
  * by bucket, time to first token by cache outcome, live entries and expirations, per-worker
- * queue and free KV blocks, and requests by status code.
+ * queue and free KV blocks, requests by status code, where the prompts' KV came from (pool,
+ * host memory, disk, hole recompute, prefill) and each worker's KV tiers (bytes and blocks
+ * held, hits, loads and their bandwidth, writes, evictions, corrupt records, recomputes avoided).
  *
  * The page itself holds no secret and no per-request data, so serving it needs no key; the
  * figures come from /metrics. The metric names the page parses are listed by

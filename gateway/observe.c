@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #ifdef __GLIBC__
@@ -17,6 +18,41 @@
 #include "outcome.h"
 #include "pc_json.h"
 #include "request.h"
+
+/* The tiers' counters: each the growth of one of the worker's own counters in its LOAD's tier
+ * figures (update_tier), in s->m_tier_counters by position. */
+static const struct tier_counter {
+    size_t field; /* offsetof(eng_wire_tier_load_t, the u64 counter) */
+    double scale; /* to base units */
+    const char *name, *help;
+} tier_counters[GW_OBS_TIER_COUNTERS] = {
+    {offsetof(eng_wire_tier_load_t, hits), 1, "kvgw_worker_tier_hits_total",
+     "KV blocks a lookup found in a worker's tier."},
+    {offsetof(eng_wire_tier_load_t, loads), 1, "kvgw_worker_tier_loads_total",
+     "KV blocks loaded from a tier into the pool."},
+    {offsetof(eng_wire_tier_load_t, load_bytes), 1, "kvgw_worker_tier_load_bytes_total",
+     "Bytes loaded from a tier into the pool."},
+    {offsetof(eng_wire_tier_load_t, load_us), 1e-6, "kvgw_worker_tier_load_seconds_total",
+     "Time the loads from a tier took."},
+    {offsetof(eng_wire_tier_load_t, tokens_loaded), 1,
+     "kvgw_worker_tier_recomputes_avoided_tokens_total",
+     "Prompt tokens loaded from a tier instead of prefilled."},
+    {offsetof(eng_wire_tier_load_t, writes), 1, "kvgw_worker_tier_writes_total",
+     "KV blocks written to a tier."},
+    {offsetof(eng_wire_tier_load_t, writes_dropped), 1, "kvgw_worker_tier_writes_dropped_total",
+     "KV blocks not written to a tier because its write-behind queue was full."},
+    {offsetof(eng_wire_tier_load_t, evictions), 1, "kvgw_worker_tier_evictions_total",
+     "KV blocks a tier's byte budget dropped."},
+    {offsetof(eng_wire_tier_load_t, corrupt), 1, "kvgw_worker_tier_corrupt_records_total",
+     "Tier records that failed their checks: deleted, never served."},
+};
+
+static uint64_t tier_field(const eng_wire_tier_load_t *t, size_t field)
+{
+    uint64_t v;
+    memcpy(&v, (const char *)t + field, sizeof v);
+    return v;
+}
 
 void gw__obs_setup_metrics(serve_t *s)
 {
@@ -76,8 +112,83 @@ void gw__obs_setup_metrics(serve_t *s)
     }
     s->m_ship_lag = gw_metrics_gauge(s->m, "kvgw_billing_shipper_lag_events",
                                      "Durable ledger records not yet shipped to Redis.", 0, NULL);
+    /* KV tiers (issue 21): G2 host memory, G3 local disk, per worker. */
+    const char *wt[] = {"worker", "tier"}, *ws[] = {"worker", "source"};
+    s->m_tier_max_bytes = gw_metrics_gauge(s->m, "kvgw_worker_tier_max_bytes",
+                                           "Byte budget of a worker's KV tier.", 2, wt);
+    s->m_tier_bytes = gw_metrics_gauge(s->m, "kvgw_worker_tier_bytes",
+                                       "Bytes of KV blocks a worker's tier holds.", 2, wt);
+    s->m_tier_blocks = gw_metrics_gauge(s->m, "kvgw_worker_tier_blocks",
+                                        "KV blocks a worker's tier holds.", 2, wt);
+    s->m_tier_bandwidth = gw_metrics_gauge(
+        s->m, "kvgw_worker_tier_load_bytes_per_second",
+        "Moving average of a tier's load bandwidth (the load-or-recompute cost model's input).", 2,
+        wt);
+    s->m_tier_indexed_tokens = gw_metrics_gauge(
+        s->m, "kvgw_worker_indexed_tokens",
+        "Tokens of live cache entries the gateway believes a worker holds, by tier (g1: pool).", 2,
+        wt);
+    for (size_t i = 0; i < PC_ARRAY_LEN(tier_counters); i++)
+        s->m_tier_counters[i] =
+            gw_metrics_counter(s->m, tier_counters[i].name, tier_counters[i].help, 2, wt);
+    s->m_recomputed = gw_metrics_counter(
+        s->m, "kvgw_worker_hole_recomputed_tokens_total",
+        "Prompt tokens of holes (blocks in no tier between loaded ones) recomputed.", 1, wk);
+    s->m_prefill_rate = gw_metrics_gauge(
+        s->m, "kvgw_worker_prefill_tokens_per_second",
+        "Moving average of a worker's prefill rate (the cost model's other input).", 1, wk);
+    s->m_prompt_sources = gw_metrics_counter(
+        s->m, "kvgw_prompt_tokens_by_source_total",
+        "Prompt tokens by where the worker took their KV: g1 (its pool), g2, g3 (loaded from a "
+        "tier), recompute (a hole recomputed between loaded blocks), prefill (computed).",
+        2, ws);
     const char *v[] = {KVGW_VERSION};
     gw_metric_set(s->m_build, v, 1);
+}
+
+/* Adds what a worker's counter grew by since it was last seen (a smaller value: the worker
+ * restarted, and counts from zero again). */
+static void add_growth(gw_metric_t *f, const char *const *lv, uint64_t now, uint64_t seen,
+                       double scale)
+{
+    uint64_t d = now >= seen ? now - seen : now;
+    if (d > 0)
+        gw_metric_add(f, lv, (double)d * scale);
+}
+
+/* One tier of one worker: its gauges and counters, from the latest LOAD. A tier that is off
+ * (no budget) has no series. */
+static void update_tier(serve_t *s, const char *worker, const char *tier,
+                        const eng_wire_tier_load_t *t, const eng_wire_tier_load_t *seen)
+{
+    if (t->max_bytes == 0 && seen->max_bytes == 0)
+        return;
+    const char *lv[] = {worker, tier};
+    gw_metric_set(s->m_tier_max_bytes, lv, (double)t->max_bytes);
+    gw_metric_set(s->m_tier_bytes, lv, (double)t->bytes);
+    gw_metric_set(s->m_tier_blocks, lv, t->blocks);
+    gw_metric_set(s->m_tier_bandwidth, lv, t->load_bytes_per_s);
+    for (size_t i = 0; i < PC_ARRAY_LEN(tier_counters); i++) {
+        const struct tier_counter *c = &tier_counters[i];
+        add_growth(s->m_tier_counters[i], lv, tier_field(t, c->field), tier_field(seen, c->field),
+                   c->scale);
+    }
+}
+
+void gw__obs_count_prefill(serve_t *s, uint32_t worker, const eng_wire_prefill_t *pf)
+{
+    const gw_pool_worker_t *w = gw_pool_worker(s->pool, worker);
+    if (w == NULL)
+        return;
+    uint64_t taken =
+        (uint64_t)pf->tokens_g1 + pf->tokens_g2 + pf->tokens_g3 + pf->tokens_recomputed;
+    const char *src[] = {"g1", "g2", "g3", "recompute", "prefill"};
+    uint64_t n[] = {pf->tokens_g1, pf->tokens_g2, pf->tokens_g3, pf->tokens_recomputed,
+                    pf->prompt_tokens > taken ? pf->prompt_tokens - taken : 0};
+    for (size_t i = 0; i < PC_ARRAY_LEN(src); i++) {
+        const char *lv[] = {w->name, src[i]};
+        gw_metric_add(s->m_prompt_sources, lv, (double)n[i]);
+    }
 }
 
 void gw__obs_update_gauges(serve_t *s)
@@ -93,6 +204,18 @@ void gw__obs_update_gauges(serve_t *s)
         gw_metric_set(s->m_worker_up, lv, w->up ? 1 : 0);
         gw_metric_set(s->m_worker_queue, lv, w->load.queued_requests);
         gw_metric_set(s->m_worker_free, lv, w->load.free_blocks);
+        gw_metric_set(s->m_prefill_rate, lv, w->prefill_tok_s);
+        eng_wire_load_t *seen = &s->tier_seen[i];
+        update_tier(s, w->name, "g2", &w->load.g2, &seen->g2);
+        update_tier(s, w->name, "g3", &w->load.g3, &seen->g3);
+        add_growth(s->m_recomputed, lv, w->load.tokens_recomputed, seen->tokens_recomputed, 1);
+        *seen = w->load;
+        static const char *const tiers[] = {"g1", "g2", "g3"};
+        for (int t = GW_CINDEX_TIER_G1; t <= GW_CINDEX_TIER_G3; t++) {
+            const char *tv[] = {w->name, tiers[t - 1]};
+            gw_metric_set(s->m_tier_indexed_tokens, tv,
+                          (double)gw_cindex_worker_tier_tokens(s->ix, i, (gw_cindex_tier_t)t));
+        }
     }
     gw_metric_set(s->m_inflight, NULL, (double)gw__req_n_live(s));
     if (s->shipper != NULL) {
@@ -143,14 +266,16 @@ static void access_log(gw_req_t *q, int status)
             "\"cache_write_5m\":%u,\"cache_write_1h\":%u,\"output_tokens\":%u,"
             "\"outcome\":\"%s\",\"cache\":\"%s\",\"worker\":%d,\"ttft_ms\":%" PRId64
             ",\"duration_ms\":%" PRIu64 ",\"worker_ttft_us\":%" PRIu64
-            ",\"worker_total_us\":%" PRIu64 ",\"physical_hit\":%u}\n",
+            ",\"worker_total_us\":%" PRIu64 ",\"physical_hit\":%u,\"kv_g1\":%u,\"kv_g2\":%u,"
+            "\"kv_g3\":%u,\"kv_recomputed\":%u}\n",
             pc_time_wall_ms(), q->id, q->endpoint, status, (int)tenant.len, tenant.base,
             (int)model.len, model.base, q->usage.input_tokens, q->usage.cache_read,
             q->usage.cache_write_5m, q->usage.cache_write_1h, q->usage.output_tokens,
             q->has_outcome ? gw_outcome_name((gw_outcome_t)q->outcome) : "", q->cache_hdr,
             q->routed ? (int)q->worker : -1,
             q->t_first_ms ? (int64_t)(q->t_first_ms - q->t0_ms) : (int64_t)-1, now - q->t0_ms,
-            q->worker_ttft_us, q->worker_total_us, q->tokens_reused);
+            q->worker_ttft_us, q->worker_total_us, q->tokens_reused, q->prefill.tokens_g1,
+            q->prefill.tokens_g2, q->prefill.tokens_g3, q->prefill.tokens_recomputed);
     pc_buf_free(&tenant);
     pc_buf_free(&model);
     s->access_log_dirty = true;

@@ -65,6 +65,9 @@ static void take_load(slot_t *s, const eng_wire_load_t *l)
         s->info.prefill_tok_s = l->prefill_tokens_per_s;
     if (l->decode_ms_per_token > 0)
         s->info.decode_ms_per_token = l->decode_ms_per_token;
+    const eng_wire_tier_load_t *t = l->g3.blocks > 0 ? &l->g3 : &l->g2;
+    if (t->blocks > 0 && s->info.block_tokens > 0)
+        s->info.kv_bytes_per_token = (double)t->bytes / t->blocks / s->info.block_tokens;
 }
 
 static void worker_wake(void *ud)
@@ -194,9 +197,23 @@ static void connect_remote(slot_t *s)
     p->handles_open++;
 }
 
-static int start_local(gw_pool_t *p, slot_t *s, const gw_cfg_model_t *m, char *err, size_t err_len)
+/* worker: the in-process worker's index within its model (its KV tier directory). */
+static int start_local(gw_pool_t *p, slot_t *s, const gw_cfg_model_t *m, uint32_t worker, char *err,
+                       size_t err_len)
 {
     eng_worker_params_t wp = eng_worker_params_default();
+    const gw_cfg_tiers_t *t = &p->cfg->kv_tiers;
+    char tier_dir[4096];
+    if (t->dir != NULL) {
+        if (gw_config_tier_dir(p->cfg, m, worker, tier_dir, sizeof tier_dir) != 0)
+            return pc_err_setf(err, err_len, PC_ERR_RANGE, "kv_tiers.dir: %s is too long", t->dir);
+        wp.engine.tier.dir = tier_dir;
+        wp.engine.tier.max_bytes = t->max_bytes;
+        wp.engine.tier.g2_bytes = t->g2_bytes;
+        wp.engine.tier.write_through = t->write_through;
+        wp.engine.tier.min_tokens = t->min_tokens;
+        wp.engine.tier.key = t->has_key ? t->key : NULL;
+    }
     wp.engine.model_path = m->path;
     wp.engine.n_threads = m->threads;
     wp.engine.backend = m->backend;
@@ -270,7 +287,7 @@ int gw_pool_init(uv_loop_t *loop, const gw_config_t *cfg, const gw_pool_cbs_t *c
             if (j < m->in_process) {
                 snprintf(s->info.name, sizeof s->info.name, "local-%zu", k);
                 fprintf(stderr, "kvgw: loading %s into worker %s ...\n", m->path, s->info.name);
-                rc = start_local(p, s, m, err, err_len);
+                rc = start_local(p, s, m, j, err, err_len);
             } else {
                 s->info.remote = true;
                 s->address = m->remote[j - m->in_process];

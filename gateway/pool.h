@@ -37,6 +37,10 @@ typedef struct gw_pool_worker {
     uint64_t model_fp;
     /* moving averages measured by the worker (0 until known) */
     double prefill_tok_s, decode_ms_per_token;
+    /* Bytes a token's KV takes in the worker's lower tiers (a record's bytes over its block's
+     * tokens, from the LOAD figures of a tier holding blocks; 0 until known): what a load from
+     * there reads, the router's input with the tiers' load bandwidths (load.g2, load.g3). */
+    double kv_bytes_per_token;
     uint64_t down_since_ms;
     char last_error[256];
 } gw_pool_worker_t;

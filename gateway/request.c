@@ -306,17 +306,26 @@ static void locate(const gw_req_t *q, uint32_t at, char *out, size_t cap)
     snprintf(out, cap, "end+%u", at - prev);
 }
 
+/* The kvgw-cache header: the routing decision's part once routed, and where the worker found
+ * the prompt's KV (worker_tiers) once its PREFILL arrived; the head is not sent before that
+ * (start_stream waits for it, a whole response waits for its end). */
 static void make_cache_header(gw_req_t *q)
 {
     uint32_t writes = q->usage.cache_write_5m + q->usage.cache_write_1h;
-    int k = snprintf(q->cache_hdr, sizeof q->cache_hdr,
+    size_t cap = sizeof q->cache_hdr;
+    int k = snprintf(q->cache_hdr, cap,
                      "outcome=%s; read=%u; write=%u; prompt=%u; matched=%u; worker_cached=%u",
                      gw_outcome_name((gw_outcome_t)q->outcome), q->read_tokens, writes,
                      q->plan.n_prompt, q->path_tokens, q->phys_tokens);
-    if (q->path_tokens < q->plan.n_prompt && k > 0 && (size_t)k < sizeof q->cache_hdr) {
+    if (q->path_tokens < q->plan.n_prompt && k > 0 && (size_t)k < cap) {
         char where[96];
         locate(q, q->path_tokens, where, sizeof where);
-        snprintf(q->cache_hdr + k, sizeof q->cache_hdr - (size_t)k, "; diverged=%s", where);
+        k += snprintf(q->cache_hdr + k, cap - (size_t)k, "; diverged=%s", where);
+    }
+    if (q->has_prefill && k > 0 && (size_t)k < cap) {
+        const eng_wire_prefill_t *p = &q->prefill;
+        snprintf(q->cache_hdr + k, cap - (size_t)k, "; worker_tiers=g1:%u,g2:%u,g3:%u,recompute:%u",
+                 p->tokens_g1, p->tokens_g2, p->tokens_g3, p->tokens_recomputed);
     }
 }
 
@@ -687,6 +696,7 @@ void gw__req_pool_event(void *ud, uint32_t worker, const eng_wire_frame_t *ev)
         if (q == NULL)
             return;
         first_token(q);
+        start_stream(q);
         q->n_tokens_out++;
         on_text(q, ev->u.token.text.base, ev->u.token.text.len, 1);
         return;
@@ -697,6 +707,7 @@ void gw__req_pool_event(void *ud, uint32_t worker, const eng_wire_frame_t *ev)
             return;
         const eng_wire_done_t *d = &ev->u.done;
         first_token(q);
+        start_stream(q);
         uint32_t n_more =
             d->usage.output_tokens > q->n_tokens_out ? d->usage.output_tokens - q->n_tokens_out : 0;
         on_text(q, d->text.base, d->text.len, n_more);
@@ -736,12 +747,36 @@ void gw__req_pool_event(void *ud, uint32_t worker, const eng_wire_frame_t *ev)
         request_done(q, BILL_STATUS_FAILED, &e);
         return;
     }
+    case ENG_WIRE_PREFILL: {
+        /* Where the prompt's KV came from: the kvgw-cache header's worker_tiers, and the head
+         * of a stream, which waited for it. */
+        const eng_wire_prefill_t *pf = &ev->u.prefill;
+        gw_req_t *q = find_live(s, pf->request_id);
+        if (q == NULL)
+            return;
+        q->prefill = *pf;
+        q->has_prefill = true;
+        make_cache_header(q);
+        gw__obs_count_prefill(s, worker, pf);
+        start_stream(q);
+        return;
+    }
     case ENG_WIRE_SNAPSHOT: {
-        /* After a (re)connect the worker lists what it holds pinned: it owns those again. */
+        /* After a (re)connect the worker lists what it holds pinned (tier 1) and, after a
+         * restart, what it kept only in a lower tier (its disk): it owns those again. */
         const eng_wire_snapshot_t *sn = &ev->u.snapshot;
-        for (uint32_t i = 0; i < sn->n_entries; i++)
-            gw_cindex_owner_add(s->ix, sn->entries[i].ns, sn->entries[i].tokens,
-                                sn->entries[i].n_tokens, worker, NULL);
+        uint32_t bt = gw_pool_worker(s->pool, worker)->block_tokens;
+        for (uint32_t i = 0; i < sn->n_entries; i++) {
+            const eng_wire_snap_entry_t *e = &sn->entries[i];
+            gw_cindex_tier_t tier = e->tier == ENG_WIRE_TIER_G2   ? GW_CINDEX_TIER_G2
+                                    : e->tier == ENG_WIRE_TIER_G3 ? GW_CINDEX_TIER_G3
+                                                                  : GW_CINDEX_TIER_G1;
+            /* A lower tier lists whole blocks: an entry it holds all the blocks of is held. */
+            if (gw_cindex_owner_add_tier(s->ix, e->ns, e->tokens, e->n_tokens, worker, tier,
+                                         tier == GW_CINDEX_TIER_G1 ? 0 : bt, NULL) == PC_ERR_NOMEM)
+                PC_LOG(PC_LOG_WARN, "serve", "worker %u: a snapshot entry in G%d not indexed: %s",
+                       worker, (int)tier, pc_strerror(PC_ERR_NOMEM));
+        }
         return;
     }
     case ENG_WIRE_KV_EVENT: {
@@ -751,7 +786,14 @@ void gw__req_pool_event(void *ud, uint32_t worker, const eng_wire_frame_t *ev)
             if (q != NULL && kv->n_tokens <= q->r.n_tokens)
                 gw_cindex_owner_add(s->ix, kv->ns, q->r.tokens, kv->n_tokens, worker, NULL);
         } else if (kv->kind == ENG_WIRE_KV_EVICTED && kv->n_path == kv->n_tokens) {
-            gw_cindex_owner_evicted(s->ix, worker, kv->ns, kv->tokens, kv->n_kept, kv->n_tokens);
+            /* tier 2/3: the part went down a tier and is still held there; 0: gone. A
+             * demotion the index has no memory for counts as gone (the router then expects a
+             * prefill where a load would do: slower, never wrong). */
+            if (kv->tier == ENG_WIRE_TIER_NONE ||
+                gw_cindex_owner_demoted(s->ix, worker, kv->ns, kv->tokens, kv->n_kept, kv->n_tokens,
+                                        kv->tier) != 0)
+                gw_cindex_owner_evicted(s->ix, worker, kv->ns, kv->tokens, kv->n_kept,
+                                        kv->n_tokens);
         } else if (kv->kind == ENG_WIRE_KV_RETAIN_FAILED) {
             const char *lv[] = {"retain_failed"};
             gw_metric_add(s->m_expired, lv, 1);
@@ -815,7 +857,7 @@ static void route_and_submit(gw_req_t *q)
     serve_t *s = q->s;
     size_t nw = gw_pool_n_workers(s->pool);
     gw_router_worker_t cand[GW_POOL_MAX_WORKERS];
-    uint32_t cached[GW_POOL_MAX_WORKERS];
+    gw_router_held_t held[GW_POOL_MAX_WORKERS];
     gw_cindex_match_t m;
     uint64_t now = pc_time_mono_ms();
     gw_cindex_match(s->ix, q->ns, q->r.tokens, q->r.n_tokens, now, &m);
@@ -844,7 +886,10 @@ static void route_and_submit(gw_req_t *q)
         c->prefill_tok_s = w->prefill_tok_s;
         c->decode_ms_per_token = w->decode_ms_per_token;
         c->max_prompt_tokens = w->max_prompt_tokens;
-        cached[n] = m.held[i];
+        c->kv_bytes_per_token = w->kv_bytes_per_token;
+        c->load_bytes_per_s[0] = w->load.g2.load_bytes_per_s;
+        c->load_bytes_per_s[1] = w->load.g3.load_bytes_per_s;
+        held[n] = (gw_router_held_t){m.held[i], m.held_g2[i], m.held_g3[i]};
         map[n++] = i;
     }
     /* Too long for every worker of the model, up or down: the client's error (400), decided
@@ -863,7 +908,7 @@ static void route_and_submit(gw_req_t *q)
         return;
     }
     gw_router_choice_t ch;
-    if (gw_router_pick(&s->router, cand, n, (uint32_t)q->r.n_tokens, cached, &ch) != 0 ||
+    if (gw_router_pick_held(&s->router, cand, n, (uint32_t)q->r.n_tokens, held, &ch) != 0 ||
         ch.worker < 0) {
         gw_api_error_t e;
         gw_api_error_set(&e, q->kind, 529, "no worker of model %s is available",
@@ -874,7 +919,9 @@ static void route_and_submit(gw_req_t *q)
     }
     q->worker = map[ch.worker];
     q->routed = true;
-    q->phys_tokens = cached[ch.worker];
+    q->phys_tokens = ch.cached;
+    q->has_prefill = false; /* a resubmission waits for the new worker's */
+    q->prefill = (eng_wire_prefill_t){0};
     const char *rl[] = {ch.reason};
     gw_metric_add(s->m_routes, rl, 1);
 
@@ -931,7 +978,8 @@ static void route_and_submit(gw_req_t *q)
     }
     gw__req_set_state(q, GW_REQ_RUNNING);
     live_add(q);
-    start_stream(q);
+    /* A stream's head waits for the worker's PREFILL (or its first TOKEN or DONE), so that
+     * kvgw-cache says where the prompt's KV came from. */
 }
 
 /* The thread pool's part: reads only q's own bytes (body, key, kind) and the gateway's

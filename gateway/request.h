@@ -93,9 +93,11 @@ struct gw_req {
     bool routed; /* a worker was chosen (kvgw-worker header) */
     uint32_t worker;
     uint64_t wire_id;
-    uint32_t read_tokens; /* logical hit (A) */
-    uint32_t path_tokens; /* longest prefix found in the index (live or not) */
-    uint32_t phys_tokens; /* what the chosen worker was believed to hold */
+    uint32_t read_tokens;       /* logical hit (A) */
+    uint32_t path_tokens;       /* longest prefix found in the index (live or not) */
+    uint32_t phys_tokens;       /* what the chosen worker was believed to hold (any tier) */
+    bool has_prefill;           /* the worker's PREFILL arrived: prefill says where the */
+    eng_wire_prefill_t prefill; /* prompt's KV came from (the kvgw-cache header's tiers) */
     gw_usage_t usage;
     bool entries_inserted;
     uint32_t n_tokens_out;
@@ -121,7 +123,7 @@ struct gw_req {
     int final_status;
     bool has_outcome;
     int outcome; /* gw_outcome_t, with has_outcome */
-    char cache_hdr[256];
+    char cache_hdr[320];
     bool counted;                    /* its metrics and access log line are written */
     bool client_gone;                /* the client left before the response ended (499) */
     void *job;                       /* GET /admin/v1/usage: its export job */

@@ -18,6 +18,8 @@ gw_router_params_t gw_router_params_default(void)
     p.default_prefill_tok_s = 2000.0;
     p.default_decode_ms_per_token = 20.0;
     p.chunk_tokens = 512;
+    p.default_load_bytes_per_s[0] = 10e9;
+    p.default_load_bytes_per_s[1] = 1e9;
     return p;
 }
 
@@ -28,6 +30,8 @@ int gw_router_init(gw_router_t *r, const gw_router_params_t *params)
     gw_router_params_t p = params != NULL ? *params : gw_router_params_default();
     if (!(isfinite(p.default_prefill_tok_s) && p.default_prefill_tok_s > 0) ||
         !(isfinite(p.default_decode_ms_per_token) && p.default_decode_ms_per_token >= 0) ||
+        !(isfinite(p.default_load_bytes_per_s[0]) && p.default_load_bytes_per_s[0] > 0) ||
+        !(isfinite(p.default_load_bytes_per_s[1]) && p.default_load_bytes_per_s[1] > 0) ||
         p.chunk_tokens == 0)
         return PC_ERR_INVAL;
     memset(r, 0, sizeof *r);
@@ -41,14 +45,44 @@ static double rate_or(double v, double dflt)
     return isfinite(v) && v > 0 ? v : dflt;
 }
 
+/* held cut to the prompt: tokens <= n_prompt, g3 <= tokens, g2 <= tokens - g3. */
+static gw_router_held_t held_clamp(const gw_router_held_t *h, uint32_t n_prompt)
+{
+    gw_router_held_t c;
+    c.tokens = PC_MIN(h->tokens, n_prompt);
+    c.g3 = PC_MIN(h->g3, c.tokens);
+    c.g2 = PC_MIN(h->g2, c.tokens - c.g3);
+    return c;
+}
+
 uint64_t gw_router_estimate_us(const gw_router_t *r, const gw_router_worker_t *w, uint32_t n_prompt,
                                uint32_t cached)
 {
+    gw_router_held_t h = {cached, 0, 0};
+    return gw_router_estimate_held_us(r, w, n_prompt, &h);
+}
+
+uint64_t gw_router_estimate_held_us(const gw_router_t *r, const gw_router_worker_t *w,
+                                    uint32_t n_prompt, const gw_router_held_t *held)
+{
     double tok_s = rate_or(w->prefill_tok_s, r->p.default_prefill_tok_s);
     double step_ms = rate_or(w->decode_ms_per_token, r->p.default_decode_ms_per_token);
-    uint64_t uncached = n_prompt - PC_MIN(cached, n_prompt);
+    gw_router_held_t h = held_clamp(held, n_prompt);
+    uint64_t uncached = n_prompt - h.tokens;
     uint64_t work = w->queued_prefill_tokens + uncached;
     double us = (double)work * 1e6 / tok_s;
+    /* A lower tier's token: its load, or its prefill when that is cheaper (or the size of a
+     * token's KV is not known). */
+    double prefill_us = 1e6 / tok_s;
+    uint32_t low[2] = {h.g2, h.g3};
+    for (int t = 0; t < 2; t++) {
+        double per = prefill_us;
+        if (isfinite(w->kv_bytes_per_token) && w->kv_bytes_per_token > 0)
+            per =
+                PC_MIN(per, w->kv_bytes_per_token * 1e6 /
+                                rate_or(w->load_bytes_per_s[t], r->p.default_load_bytes_per_s[t]));
+        us += (double)low[t] * per;
+    }
     if (w->running_seqs > 0) {
         uint64_t steps = (work + r->p.chunk_tokens - 1) / r->p.chunk_tokens;
         us += (double)steps * step_ms * 1000.0;
@@ -73,6 +107,15 @@ static int load_cmp(const gw_router_worker_t *a, const gw_router_worker_t *b)
 int gw_router_pick(gw_router_t *r, const gw_router_worker_t *w, size_t n, uint32_t n_prompt,
                    const uint32_t *cached_tokens, gw_router_choice_t *out)
 {
+    gw_router_held_t held[GW_ROUTER_MAX_WORKERS];
+    for (size_t i = 0; cached_tokens != NULL && i < n && i < GW_ROUTER_MAX_WORKERS; i++)
+        held[i] = (gw_router_held_t){cached_tokens[i], 0, 0};
+    return gw_router_pick_held(r, w, n, n_prompt, cached_tokens != NULL ? held : NULL, out);
+}
+
+int gw_router_pick_held(gw_router_t *r, const gw_router_worker_t *w, size_t n, uint32_t n_prompt,
+                        const gw_router_held_t *held, gw_router_choice_t *out)
+{
     if (out == NULL)
         return PC_ERR_INVAL;
     memset(out, 0, sizeof *out);
@@ -92,11 +135,11 @@ int gw_router_pick(gw_router_t *r, const gw_router_worker_t *w, size_t n, uint32
             out->status[i] = GW_ROUTER_SKIP_TOO_BIG;
             continue;
         }
-        uint32_t c = cached_tokens != NULL ? PC_MIN(cached_tokens[i], n_prompt) : 0;
-        if (c > 0)
+        gw_router_held_t h = held != NULL ? held[i] : (gw_router_held_t){0, 0, 0};
+        if (PC_MIN(h.tokens, n_prompt) > 0)
             cold = 0;
         out->status[i] = GW_ROUTER_CANDIDATE;
-        out->est[i] = gw_router_estimate_us(r, &w[i], n_prompt, c);
+        out->est[i] = gw_router_estimate_held_us(r, &w[i], n_prompt, &h);
         out->n_candidates++;
     }
     if (n_up == 0)
@@ -129,7 +172,12 @@ int gw_router_pick(gw_router_t *r, const gw_router_worker_t *w, size_t n, uint32
     }
     out->worker = best;
     out->est_us = out->est[best];
-    out->cached = cached_tokens != NULL ? PC_MIN(cached_tokens[best], n_prompt) : 0;
+    if (held != NULL) {
+        gw_router_held_t h = held_clamp(&held[best], n_prompt);
+        out->cached = h.tokens;
+        out->cached_g2 = h.g2;
+        out->cached_g3 = h.g3;
+    }
     if (out->n_candidates == 1)
         out->reason = "only_up";
     else if (out->cached > 0)

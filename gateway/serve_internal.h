@@ -34,6 +34,7 @@
 
 #define GW_SERVE_MAX_MODELS 16
 #define GW_SERVE_TICK_MS 250
+#define GW_OBS_TIER_COUNTERS 9
 
 typedef struct gw_model_rt {
     const gw_cfg_model_t *cfg;
@@ -81,12 +82,21 @@ typedef struct serve {
         *m_worker_free, *m_routes, *m_billing, *m_inflight, *m_build, *m_ship_lag;
     gw_metric_t *m_internal_errors, *m_namespaces;
     gw_metric_t *m_tenant_tokens; /* metrics.per_tenant only: bounded by the configured tenants */
+    /* KV tiers per worker and tier (observe.c): gauges from the latest LOAD, counters fed by
+     * the growth of the worker's own counters since the previous update (tier_seen). */
+    gw_metric_t *m_tier_max_bytes, *m_tier_bytes, *m_tier_blocks, *m_tier_bandwidth,
+        *m_tier_indexed_tokens, *m_recomputed, *m_prefill_rate, *m_prompt_sources;
+    gw_metric_t *m_tier_counters[GW_OBS_TIER_COUNTERS]; /* observe.c's tier_counters */
+    eng_wire_load_t tier_seen[GW_POOL_MAX_WORKERS];
 } serve_t;
 
 /* ---- observe.c --------------------------------------------------------------------------- */
 
 void gw__obs_setup_metrics(serve_t *s);
 void gw__obs_update_gauges(serve_t *s);
+/* A PREFILL frame: the prompt tokens of its request by where their KV came from
+ * (kvgw_prompt_tokens_by_source_total). */
+void gw__obs_count_prefill(serve_t *s, uint32_t worker, const eng_wire_prefill_t *pf);
 /* Counts q's request (status) in the metrics and writes its access log line, once. */
 void gw__obs_count_request(gw_req_t *q, int status);
 /* An internal failure that changed what a request delivered or billed: counted in

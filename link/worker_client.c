@@ -187,6 +187,7 @@ static void on_frame(lnk_wconn_t *w, const eng_wire_frame_t *f)
     }
     switch (f->type) {
     case ENG_WIRE_TOKEN:
+    case ENG_WIRE_PREFILL:
     case ENG_WIRE_DONE:
     case ENG_WIRE_ERROR:
     case ENG_WIRE_KV_EVENT:

@@ -6,8 +6,8 @@
  *   p.address = "127.0.0.1:7070";
  *   lnk_worker_client_connect(loop, &p, &cbs, ud, &c, err, sizeof err);
  *   ... cbs.on_ready: lnk_worker_client_submit(c, &submit);
- *   ... cbs.on_frame: SNAPSHOT (the worker's pins, first), TOKEN, DONE, ERROR, KV_EVENT,
- *       LOAD, HEARTBEAT, with the ids we chose
+ *   ... cbs.on_frame: SNAPSHOT (the worker's pins and tier-held prefixes, first), PREFILL,
+ *       TOKEN, DONE, ERROR, KV_EVENT, LOAD, HEARTBEAT, with the ids we chose
  *   ... lnk_worker_client_release / _drop: the gateway's index ends a pin / a namespace
  *   ... lnk_worker_client_close(c)  ->  cbs.on_close(c, 0, "", ud)
  *
@@ -82,9 +82,9 @@ typedef struct lnk_worker_client_cbs {
      * block_tokens, total_blocks, max_prompt_tokens for the router) is valid during the call
      * only. */
     void (*on_ready)(lnk_worker_client_t *c, const eng_wire_hello_t *ack, void *ud);
-    /* A frame from the worker after the handshake: SNAPSHOT, TOKEN, DONE, ERROR (request_id
-     * nonzero), KV_EVENT, LOAD or HEARTBEAT; valid during the call only (copy what you keep). The
-     * callback may submit, cancel and close. */
+    /* A frame from the worker after the handshake: SNAPSHOT, PREFILL, TOKEN, DONE, ERROR
+     * (request_id nonzero), KV_EVENT, LOAD or HEARTBEAT; valid during the call only (copy what you
+     * keep). The callback may submit, cancel and close. */
     void (*on_frame)(lnk_worker_client_t *c, const eng_wire_frame_t *f, void *ud);
     /* The connection ended. err: 0 after lnk_worker_client_close; the REJECT's or ERROR's code
      * (reason: "worker: " + its message; PC_ERR_PERM for a wrong or missing secret);

@@ -643,6 +643,12 @@ static void dispatch(lnk_worker_server_t *s, const eng_worker_event_t *ev)
         f.u.token.request_id = r->cid;
         send_or_close(r->conn, &f);
         return;
+    case ENG_WIRE_PREFILL:
+        if ((r = route(s, ev->u.prefill.request_id)) == NULL)
+            return;
+        f.u.prefill.request_id = r->cid;
+        send_or_close(r->conn, &f);
+        return;
     case ENG_WIRE_DONE:
     case ENG_WIRE_ERROR: {
         uint64_t wid = ev->type == ENG_WIRE_DONE ? ev->u.done.request_id : ev->u.error.request_id;

@@ -44,14 +44,13 @@
  *               is not live is ignored: its final frame is on the way). HEARTBEAT is answered
  *               with LOAD. RELEASE and DROP go to eng_worker_release / eng_worker_drop_ns.
  *               The worker's events come back through its wake callback (uv_async_send) and go
- *               out with the connection's own request ids: TOKEN, DONE, ERROR and KV_EVENT
- *               RETAIN_FAILED to the connection that submitted the request, the other KV events
- *               as under resync, LOAD to every connection past its handshake. A KV_EVENT or
- *               SNAPSHOT frame larger than a gateway's max_frame closes its connection.
- *   liveness    heartbeats both ways (wire_conn.h): the server sends one every heartbeat_ms of
- *               silence and drops a peer silent for 3 of the peer's intervals.
- *   failure     a bad frame (the decoder's reason), a frame out of place (a second HELLO, a
- *               frame only workers send, a SUBMIT reusing a live request id) closes the
+ *               out with the connection's own request ids: PREFILL, TOKEN, DONE, ERROR and
+ *               KV_EVENT RETAIN_FAILED to the connection that submitted the request, the other KV
+ * events as under resync, LOAD to every connection past its handshake. A KV_EVENT or SNAPSHOT frame
+ * larger than a gateway's max_frame closes its connection. liveness    heartbeats both ways
+ * (wire_conn.h): the server sends one every heartbeat_ms of silence and drops a peer silent for 3
+ * of the peer's intervals. failure     a bad frame (the decoder's reason), a frame out of place (a
+ * second HELLO, a frame only workers send, a SUBMIT reusing a live request id) closes the
  *               connection with ERROR (request 0) and a logged reason; a peer that stops
  *               reading is dropped when its output queue passes max_queue_bytes. Whatever
  *               ends a connection, its live requests are canceled in the worker, and events

@@ -53,6 +53,16 @@ const cases = [
     key: 'billing.fsync', why: /expected always, batch or off/,
   },
   {
+    name: 'kv_tiers without dir',
+    make: (l) => { l.push('kv_tiers:', '  max_bytes: 1GiB'); return l.length - 1; },
+    key: 'kv_tiers', why: /needs dir/,
+  },
+  {
+    name: 'kv_tiers budget too small',
+    make: (l) => { l.push('kv_tiers:', '  dir: var/t', '  max_bytes: 1KiB'); return l.length; },
+    key: 'kv_tiers.max_bytes', why: /out of range/,
+  },
+  {
     name: 'bad integer',
     make: (l) => { l.push('limits:', '  max_connections: lots'); return l.length; },
     key: 'limits.max_connections', why: /expected an integer/,

@@ -58,6 +58,9 @@ api_keys:
 admin_key: ${ADMIN}
 cache:
   namespace_secret: dashboard-test-namespace-secret
+kv_tiers:
+  dir: ${dir}/kv-tiers
+  max_bytes: 64MiB
 billing:
   ledger_dir: ${dir}/ledger
   pricing: conf/pricing.yaml
@@ -195,7 +198,7 @@ test('the dashboard shows the figures of /metrics and draws its charts', { timeo
   // (Histogram series are read by family name plus _count, _sum or _bucket.)
   const names = new Set([...pageBytes.toString('utf8').matchAll(/"(kvgw_[a-z_]+?)(?:_count|_sum|_bucket)?"/g)]
     .map((m) => m[1]));
-  assert.equal(names.size, 15);
+  assert.equal(names.size, 27);
   for (const n of names) assert.ok(new RegExp(`^# TYPE ${n} `, 'm').test(before), `/metrics has no family ${n}`);
   // So does every family the Grafana dashboard queries, but for the Redis shipper's lag, which
   // the panel names ahead of the billing module exporting it (conf/README.md says so).
@@ -282,6 +285,30 @@ test('the dashboard shows the figures of /metrics and draws its charts', { timeo
   assert.ok(lookups.length >= 2);
   for (const k of lookups) near(fig.get(`lookups.${/result="([^"]+)"/.exec(k)[1]}`), after.get(k), k);
   near(fig.get('billing.appended'), val(after, 'kvgw_billing_events_total{state="appended"}'), 'billing events');
+
+  // Where the prompts' KV came from (the workers' PREFILL frames), and the KV tiers: the disk
+  // tier is on (kv_tiers above), so a worker that reported its load since it worked has its g3
+  // row, its budget and its counters (an in-process worker reports them after its first step).
+  let sources = 0;
+  for (const src of ['g1', 'g2', 'g3', 'recompute', 'prefill']) {
+    const v = sumOf(after, 'kvgw_prompt_tokens_by_source_total', (k) => k.includes(`source="${src}"`));
+    near(fig.get(`sources.${src}`), v, `prompt tokens from ${src}`);
+    sources += v;
+  }
+  assert.ok(sources >= prompt, `every prompt token has a source: ${sources} of ${prompt}`);
+  assert.ok(fig.get('sources.g1') > 100, 'cache reads came from the pool');
+  const tiered = workers.filter((w) => val(after, `kvgw_worker_tier_max_bytes{tier="g3",worker="${w}"}`) > 0);
+  assert.ok(tiered.length >= 1, 'a worker shows its disk tier');
+  for (const w of tiered) {
+    const t = `tier="g3",worker="${w}"`, k = `${w}.g3`;
+    assert.equal(val(after, `kvgw_worker_tier_max_bytes{${t}}`), 64 * 1024 * 1024, 'the budget');
+    near(fig.get(`tier_bytes.${k}`), val(after, `kvgw_worker_tier_bytes{${t}}`), `${k} bytes`);
+    near(fig.get(`tier_blocks.${k}`), val(after, `kvgw_worker_tier_blocks{${t}}`), `${k} blocks`);
+    for (const [key, name] of [['hits', 'hits'], ['loads', 'loads'], ['writes', 'writes'], ['evictions', 'evictions'],
+                               ['corrupt', 'corrupt_records'], ['tokens_loaded', 'recomputes_avoided_tokens']])
+      near(fig.get(`tier_${key}.${k}`), val(after, `kvgw_worker_tier_${name}_total{${t}}`), `${k} ${key}`);
+  }
+  near(fig.get('tiers.hole_tokens'), sumOf(after, 'kvgw_worker_hole_recomputed_tokens_total'), 'hole tokens');
 
   // A screenshot for people (and a check that the charts were drawn: a PNG of real size).
   const png = join(BUILD_DIR, 'dashboard.png');

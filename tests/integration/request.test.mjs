@@ -9,6 +9,10 @@
 //    newline forged a whole log line (another tenant, 999,999 output tokens).
 // 3. The namespace table grew by one slot per distinct cache_salt and never shrank; namespaces
 //    now live as long as their cache entries (kvgw_namespaces gauge).
+// 4. `kvgw serve` did not ignore SIGPIPE: a streaming client that closed its socket between two
+//    tokens made the next write raise it, which killed the gateway (every tenant's requests)
+//    about once in a hundred such disconnects. The signal is ignored now, the write fails with
+//    EPIPE and the request ends as a 499.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -148,4 +152,21 @@ test('namespaces live as long as their entries (distinct salts do not grow the t
   for (const t0 = Date.now(); Date.now() - t0 < 60000; await sleep(250))
     if ((n = await metric(gw.base, 'kvgw_namespaces')) === 0) break;
   assert.equal(n, 0, 'no namespace left after expiry');
+});
+
+test('SIGPIPE (a write to a socket its client closed) does not kill the gateway', async () => {
+  gw.proc.kill('SIGPIPE');
+  await sleep(200);
+  await alive();
+  // And the real thing a few times: streams whose client leaves after their first tokens.
+  for (let i = 0; i < 5; i++) {
+    const c = new RawConn(gw.port);
+    await c.ready;
+    c.write(postBytes('/v1/messages', { model: MODEL, max_tokens: 4000, stream: true,
+      messages: [{ role: 'user', content: `a long story, number ${i}` }] }));
+    await c.until(() => (c.buf.toString('latin1').match(/event: content_block_delta/g) ?? []).length >= 2, 30000);
+    c.destroy();
+    await sleep(50);
+  }
+  await alive();
 });

@@ -60,6 +60,28 @@ static inline float wg_f32(eng_rng_t *r)
     return v;
 }
 
+/* A random LOAD tier: off (all zero) a third of the time, else random figures that keep its
+ * rules (bytes and blocks both zero or both not). */
+static inline void wire_gen_tier_load(eng_rng_t *r, eng_wire_tier_load_t *t)
+{
+    memset(t, 0, sizeof *t);
+    if (wg_below(r, 3) == 0)
+        return;
+    t->max_bytes = wg_u64(r) | 1;
+    t->blocks = wg_below(r, 2) ? (uint32_t)wg_u64(r) | 1 : 0;
+    t->bytes = t->blocks != 0 ? wg_u64(r) | 1 : 0;
+    t->hits = wg_u64(r);
+    t->loads = wg_u64(r);
+    t->load_bytes = wg_u64(r);
+    t->load_us = wg_u64(r);
+    t->tokens_loaded = wg_u64(r);
+    t->writes = wg_u64(r);
+    t->writes_dropped = wg_u64(r);
+    t->evictions = wg_u64(r);
+    t->corrupt = wg_u64(r);
+    t->load_bytes_per_s = wg_below(r, 3) ? fabsf(wg_f32(r)) : 0.0f;
+}
+
 /* A random frame of the given type that every rule of wire.h accepts. */
 static inline void wire_gen_frame(eng_rng_t *r, int type, wire_gen_t *g, eng_wire_frame_t *f)
 {
@@ -161,6 +183,7 @@ static inline void wire_gen_frame(eng_rng_t *r, int type, wire_gen_t *g, eng_wir
         switch (k->kind) {
         case ENG_WIRE_KV_EVICTED:
             k->reason = (uint8_t)(1 + wg_below(r, 3));
+            k->tier = (uint8_t)(wg_below(r, 3) == 0 ? 0 : 2 + wg_below(r, 2));
             if (wg_below(r, 3) != 0) { /* with its path */
                 k->n_tokens = 1 + wg_below(r, 300);
                 for (uint32_t i = 0; i < k->n_tokens; i++)
@@ -196,6 +219,9 @@ static inline void wire_gen_frame(eng_rng_t *r, int type, wire_gen_t *g, eng_wir
         l->cached_blocks = wg_below(r, l->total_blocks - l->free_blocks + 1);
         l->prefill_tokens_per_s = fabsf(wg_f32(r));
         l->decode_ms_per_token = wg_below(r, 3) ? fabsf(wg_f32(r)) : 0.0f;
+        wire_gen_tier_load(r, &l->g2);
+        wire_gen_tier_load(r, &l->g3);
+        l->tokens_recomputed = wg_u64(r);
         break;
     }
     case ENG_WIRE_CHALLENGE:
@@ -227,11 +253,28 @@ static inline void wire_gen_frame(eng_rng_t *r, int type, wire_gen_t *g, eng_wir
                 (eng_wire_snap_entry_t){.ns = wg_u64(r),
                                         .prefix_fp = eng_wire_prefix_fp(g->tokens + used, n),
                                         .ttl_ms = wg_u64(r),
+                                        .tier = (uint8_t)(1 + wg_below(r, 3)),
                                         .tokens = g->tokens + used,
                                         .n_tokens = n};
+            if (g->snap[i].tier != ENG_WIRE_TIER_G1) /* only pins have a TTL */
+                g->snap[i].ttl_ms = 0;
             used += n;
         }
         x->entries = g->snap;
+        break;
+    }
+    case ENG_WIRE_PREFILL: {
+        eng_wire_prefill_t *p = &f->u.prefill;
+        p->request_id = wg_u64(r) | 1;
+        p->prompt_tokens = (uint32_t)wg_u64(r);
+        uint32_t left = p->prompt_tokens;
+        p->tokens_g1 = wg_below(r, 4) ? (uint32_t)(wg_u64(r) % ((uint64_t)left + 1)) : 0;
+        left -= p->tokens_g1;
+        p->tokens_g2 = wg_below(r, 4) ? (uint32_t)(wg_u64(r) % ((uint64_t)left + 1)) : 0;
+        left -= p->tokens_g2;
+        p->tokens_g3 = (uint32_t)(wg_u64(r) % ((uint64_t)left + 1));
+        left -= p->tokens_g3;
+        p->tokens_recomputed = (uint32_t)(wg_u64(r) % ((uint64_t)left + 1));
         break;
     }
     }
@@ -250,6 +293,16 @@ static inline bool wg_slice_eq(pc_slice_t a, pc_slice_t b)
 static inline bool wg_f32_same(float a, float b)
 {
     return memcmp(&a, &b, sizeof a) == 0;
+}
+
+static inline bool wg_tier_load_eq(const eng_wire_tier_load_t *x, const eng_wire_tier_load_t *y)
+{
+    return x->max_bytes == y->max_bytes && x->bytes == y->bytes && x->blocks == y->blocks &&
+           x->hits == y->hits && x->loads == y->loads && x->load_bytes == y->load_bytes &&
+           x->load_us == y->load_us && x->tokens_loaded == y->tokens_loaded &&
+           x->writes == y->writes && x->writes_dropped == y->writes_dropped &&
+           x->evictions == y->evictions && x->corrupt == y->corrupt &&
+           wg_f32_same(x->load_bytes_per_s, y->load_bytes_per_s);
 }
 
 /* Field-by-field equality (strings and arrays by content, floats by bits). */
@@ -319,8 +372,8 @@ static inline bool wire_frame_eq(const eng_wire_frame_t *a, const eng_wire_frame
     }
     case ENG_WIRE_KV_EVENT: {
         const eng_wire_kv_event_t *x = &a->u.kv, *y = &b->u.kv;
-        return x->kind == y->kind && x->reason == y->reason && x->ns == y->ns &&
-               x->n_tokens == y->n_tokens && x->prefix_fp == y->prefix_fp &&
+        return x->kind == y->kind && x->reason == y->reason && x->tier == y->tier &&
+               x->ns == y->ns && x->n_tokens == y->n_tokens && x->prefix_fp == y->prefix_fp &&
                x->n_kept == y->n_kept && x->request_id == y->request_id && x->ttl_ms == y->ttl_ms &&
                x->n_path == y->n_path && wg_u32s_eq(x->tokens, y->tokens, x->n_path);
     }
@@ -331,7 +384,9 @@ static inline bool wire_frame_eq(const eng_wire_frame_t *a, const eng_wire_frame
                x->running_seqs == y->running_seqs && x->free_blocks == y->free_blocks &&
                x->cached_blocks == y->cached_blocks && x->total_blocks == y->total_blocks &&
                wg_f32_same(x->prefill_tokens_per_s, y->prefill_tokens_per_s) &&
-               wg_f32_same(x->decode_ms_per_token, y->decode_ms_per_token);
+               wg_f32_same(x->decode_ms_per_token, y->decode_ms_per_token) &&
+               wg_tier_load_eq(&x->g2, &y->g2) && wg_tier_load_eq(&x->g3, &y->g3) &&
+               x->tokens_recomputed == y->tokens_recomputed;
     }
     case ENG_WIRE_CHALLENGE:
     case ENG_WIRE_AUTH:
@@ -349,10 +404,17 @@ static inline bool wire_frame_eq(const eng_wire_frame_t *a, const eng_wire_frame
         for (uint32_t i = 0; i < x->n_entries; i++) {
             const eng_wire_snap_entry_t *p = &x->entries[i], *q = &y->entries[i];
             if (p->ns != q->ns || p->prefix_fp != q->prefix_fp || p->ttl_ms != q->ttl_ms ||
-                p->n_tokens != q->n_tokens || !wg_u32s_eq(p->tokens, q->tokens, p->n_tokens))
+                p->tier != q->tier || p->n_tokens != q->n_tokens ||
+                !wg_u32s_eq(p->tokens, q->tokens, p->n_tokens))
                 return false;
         }
         return true;
+    }
+    case ENG_WIRE_PREFILL: {
+        const eng_wire_prefill_t *x = &a->u.prefill, *y = &b->u.prefill;
+        return x->request_id == y->request_id && x->prompt_tokens == y->prompt_tokens &&
+               x->tokens_g1 == y->tokens_g1 && x->tokens_g2 == y->tokens_g2 &&
+               x->tokens_g3 == y->tokens_g3 && x->tokens_recomputed == y->tokens_recomputed;
     }
     }
     return false;

@@ -138,14 +138,28 @@ typedef struct result {
     size_t text_len;
     bool done, failed;
     eng_wire_done_t d; /* text slice not kept */
+    eng_wire_prefill_t pf;
+    uint32_t n_prefill;
+    bool prefill_late; /* a TOKEN or DONE came before its PREFILL: a bug */
     int err_code;
     char err_msg[256];
     bool extra_after_final; /* an event after the final one: a bug */
 } result_t;
 
+typedef struct snap_seen {
+    uint64_t ns;
+    uint8_t tier;
+    uint64_t ttl_ms;
+    uint32_t n_tokens;
+    uint32_t tokens[512];
+} snap_seen_t;
+
 typedef struct collector {
     result_t *res;
     uint32_t n_res;
+    snap_seen_t snap[16];
+    uint32_t n_snap;
+    bool snap_last;
     eng_wire_kv_event_t kv[256];
     uint32_t n_kv;
     uint32_t n_load;
@@ -164,10 +178,31 @@ static void take(collector_t *c, const eng_worker_event_t *ev)
 {
     result_t *r;
     switch (ev->type) {
+    case ENG_WIRE_PREFILL:
+        r = find(c, ev->u.prefill.request_id);
+        if (r == NULL)
+            return;
+        r->pf = ev->u.prefill;
+        r->n_prefill++;
+        break;
+    case ENG_WIRE_SNAPSHOT:
+        for (uint32_t i = 0; i < ev->u.snapshot.n_entries && c->n_snap < 16; i++) {
+            const eng_wire_snap_entry_t *e = &ev->u.snapshot.entries[i];
+            snap_seen_t *x = &c->snap[c->n_snap++];
+            x->ns = e->ns;
+            x->tier = e->tier;
+            x->ttl_ms = e->ttl_ms;
+            x->n_tokens = PC_MIN(e->n_tokens, 512);
+            memcpy(x->tokens, e->tokens, 4 * (size_t)x->n_tokens);
+        }
+        c->snap_last = c->snap_last || ev->u.snapshot.last;
+        break;
     case ENG_WIRE_TOKEN:
         r = find(c, ev->u.token.request_id);
         if (r == NULL)
             return;
+        if (r->n_prefill == 0)
+            r->prefill_late = true;
         if (r->done || r->failed)
             r->extra_after_final = true;
         if (r->n_tokens < MAX_OUT)
@@ -179,6 +214,8 @@ static void take(collector_t *c, const eng_worker_event_t *ev)
         r = find(c, ev->u.done.request_id);
         if (r == NULL)
             return;
+        if (r->n_prefill == 0)
+            r->prefill_late = true;
         if (r->done || r->failed)
             r->extra_after_final = true;
         r->done = true;
@@ -358,6 +395,7 @@ PC_TEST(preemption_recompute_same_tokens)
         ASSERT_EQ(res[i].n_tokens, 40);
         ASSERT_MEM_EQ(res[i].tokens, want[i], 40 * sizeof(uint32_t));
         ASSERT_EQ(res[i].d.usage.output_tokens, 40);
+        ASSERT_TRUE(res[i].d.usage.tokens_reused <= 40); /* the first admission's (wire.h) */
         recomputed += res[i].d.usage.tokens_computed + res[i].d.usage.tokens_reused - 40;
     }
     eng_worker_stats_t st;
@@ -530,6 +568,11 @@ PC_TEST(max_tokens_zero_prewarms)
     ASSERT_EQ(warm.d.usage.output_tokens, 0);
     ASSERT_EQ(warm.d.usage.tokens_computed, 100);
     ASSERT_EQ(warm.d.usage.tokens_reused, 0);
+    /* PREFILL comes once, before the DONE of a request that generates nothing. */
+    ASSERT_EQ(warm.n_prefill, 1);
+    ASSERT_FALSE(warm.prefill_late);
+    ASSERT_EQ(warm.pf.prompt_tokens, 100);
+    ASSERT_EQ(warm.pf.tokens_g1 + warm.pf.tokens_g2 + warm.pf.tokens_g3, 0);
     /* The same prompt again finds it cached (all but the last token) and decodes the same. */
     q = greedy_req(2, 9, prompt, 100, 10);
     PC_TEST_CALL(run_one(w, &q, &hot));
@@ -537,6 +580,12 @@ PC_TEST(max_tokens_zero_prewarms)
     ASSERT_EQ(hot.d.usage.tokens_reused, 99);
     ASSERT_EQ(hot.d.usage.tokens_computed, 1);
     ASSERT_MEM_EQ(hot.tokens, want, 10 * sizeof(uint32_t));
+    /* ... and PREFILL, before the first TOKEN, says the 99 came from the pool. */
+    ASSERT_EQ(hot.n_prefill, 1);
+    ASSERT_FALSE(hot.prefill_late);
+    ASSERT_EQ(hot.pf.prompt_tokens, 100);
+    ASSERT_EQ(hot.pf.tokens_g1, 99);
+    ASSERT_EQ(hot.pf.tokens_g2 + hot.pf.tokens_g3 + hot.pf.tokens_recomputed, 0);
     PC_TEST_CALL(check_idle(w));
     eng_worker_free(w);
 }
@@ -1108,9 +1157,11 @@ PC_TEST(stop_returns_without_waiting_for_the_step)
     /* The first step's events are still there to poll: request 1's first token. */
     eng_worker_event_t ev[8];
     size_t n = eng_worker_poll(w, ev, PC_ARRAY_LEN(ev));
-    ASSERT_TRUE(n >= 1);
-    ASSERT_EQ(ev[0].type, ENG_WIRE_TOKEN);
-    ASSERT_EQ(ev[0].u.token.request_id, 1);
+    ASSERT_TRUE(n >= 2);
+    ASSERT_EQ(ev[0].type, ENG_WIRE_PREFILL); /* where its prompt came from, then the token */
+    ASSERT_EQ(ev[0].u.prefill.request_id, 1);
+    ASSERT_EQ(ev[1].type, ENG_WIRE_TOKEN);
+    ASSERT_EQ(ev[1].u.token.request_id, 1);
     eng_worker_free(w);
     ASSERT_EQ(atomic_load(&g_stopped), 1); /* once */
 }
@@ -1165,6 +1216,237 @@ PC_TEST(model_fp_covers_the_weights)
     ASSERT_EQ_U64(fa, fa2);
     ASSERT_NE(fa, fb);
     ASSERT_NE(fa, fc);
+}
+
+/* ---- KV tiers (engine/tier.h) through the worker ------------------------------------------ */
+
+static void tier_dir(char *out, size_t n, const char *name)
+{
+    snprintf(out, n, "/tmp/kvgw-worker-tier-%d/%s/w0", (int)getpid(), name);
+}
+
+__attribute__((destructor)) static void remove_tier_dirs(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf /tmp/kvgw-worker-tier-%d", (int)getpid());
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove the tier directories\n");
+}
+
+static eng_worker_params_t tier_params(const char *dir)
+{
+    eng_worker_params_t p = wparams();
+    p.engine.tier.dir = dir;
+    p.engine.tier.max_bytes = 256u << 20;
+    p.engine.tier.write_through = true;
+    return p;
+}
+
+/* Runs prompt[0..n) in namespace ns with a retain entry for all of it (written through to the
+ * disk tier). */
+static void run_retained(eng_worker_t *w, uint64_t id, uint64_t ns, const uint32_t *prompt,
+                         uint32_t n, uint32_t max_tokens, result_t *out)
+{
+    eng_wire_retain_t keep = {.n_tokens = n, .ttl_ms = 3600000};
+    eng_wire_submit_t q = greedy_req(id, ns, prompt, n, max_tokens);
+    q.retain = &keep;
+    q.n_retain = 1;
+    PC_TEST_CALL(run_one(w, &q, out));
+}
+
+/* A retained prompt is written through to the disk tier; a worker started again on the same
+ * directory lists it in its SNAPSHOT (tier 3, no TTL) and serves the same prompt from disk:
+ * PREFILL says g3, DONE reuses it, and the output equals a cold prefill's. */
+PC_TEST(tier_restart_serves_from_disk)
+{
+    enum { N = 200, OUT = 8 };
+    static uint32_t prompt[N], want[OUT];
+    random_prompt(prompt, N);
+    ASSERT_EQ(reference(prompt, N, OUT, want), 0);
+    char dir[256];
+    tier_dir(dir, sizeof dir, "restart");
+    eng_worker_params_t p = tier_params(dir);
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t first, again;
+    PC_TEST_CALL(run_retained(w, 1, 77, prompt, N, OUT, &first));
+    ASSERT_TRUE(first.done);
+    ASSERT_MEM_EQ(first.tokens, want, OUT * sizeof(uint32_t));
+    ASSERT_EQ(first.pf.tokens_g3, 0);
+    eng_worker_free(w); /* the queued writes finish first */
+
+    w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    eng_wire_load_t l;
+    eng_worker_load(w, &l);
+    ASSERT_TRUE(l.g3.max_bytes == 256u << 20);
+    ASSERT_TRUE(l.g3.blocks > 0 && l.g3.bytes > 0);
+    ASSERT_EQ(l.g2.max_bytes, 0); /* no G2 on the CPU backend */
+    collector_t c = {0};
+    ASSERT_EQ(eng_worker_snapshot(w, 5), 0);
+    uint64_t until = pc_time_mono_ms() + 10000;
+    while (!c.snap_last && pc_time_mono_ms() < until)
+        drain_for(w, &c, 50);
+    ASSERT_TRUE(c.snap_last);
+    ASSERT_EQ(c.n_snap, 1);
+    ASSERT_EQ_U64(c.snap[0].ns, 77);
+    ASSERT_EQ(c.snap[0].tier, ENG_WIRE_TIER_G3);
+    ASSERT_EQ_U64(c.snap[0].ttl_ms, 0);
+    ASSERT_TRUE(c.snap[0].n_tokens > 0 && c.snap[0].n_tokens <= N);
+    ASSERT_MEM_EQ(c.snap[0].tokens, prompt, 4 * (size_t)c.snap[0].n_tokens);
+
+    eng_wire_submit_t q = greedy_req(2, 77, prompt, N, OUT);
+    PC_TEST_CALL(run_one(w, &q, &again));
+    ASSERT_TRUE(again.done);
+    ASSERT_EQ(again.n_prefill, 1);
+    ASSERT_FALSE(again.prefill_late);
+    ASSERT_TRUE(again.pf.tokens_g3 > 0);
+    ASSERT_EQ(again.pf.tokens_g1, 0); /* nothing in the new pool */
+    ASSERT_EQ(again.d.usage.tokens_reused, again.pf.tokens_g3 + again.pf.tokens_recomputed);
+    ASSERT_MEM_EQ(again.tokens, want, OUT * sizeof(uint32_t));
+    eng_worker_load(w, &l);
+    ASSERT_TRUE(l.g3.hits > 0 && l.g3.tokens_loaded >= again.pf.tokens_g3);
+    eng_worker_free(w);
+}
+
+/* Isolation: the same prompt retained in two namespaces is two sets of records (the namespace
+ * is in every record's name), and a third namespace finds nothing of either on disk. */
+PC_TEST(tier_namespaces_never_share_records)
+{
+    enum { N = 160, OUT = 4 };
+    static uint32_t prompt[N], want[OUT];
+    random_prompt(prompt, N);
+    ASSERT_EQ(reference(prompt, N, OUT, want), 0);
+    char dir[256];
+    tier_dir(dir, sizeof dir, "isolation");
+    eng_worker_params_t p = tier_params(dir);
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t r1, r2, r3;
+    PC_TEST_CALL(run_retained(w, 1, 1001, prompt, N, OUT, &r1));
+    eng_worker_free(w);
+    w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    eng_wire_load_t l;
+    eng_worker_load(w, &l);
+    uint32_t one_ns = l.g3.blocks;
+    ASSERT_TRUE(one_ns > 0);
+    PC_TEST_CALL(run_retained(w, 2, 1002, prompt, N, OUT, &r2));
+    ASSERT_EQ(r2.pf.tokens_g3, 0); /* ns 1001's records are not ns 1002's */
+    ASSERT_EQ(r2.d.usage.tokens_reused, 0);
+    eng_worker_free(w);
+    w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    eng_worker_load(w, &l);
+    ASSERT_EQ(l.g3.blocks, 2 * one_ns); /* one set of records per namespace */
+    eng_wire_submit_t q = greedy_req(3, 1003, prompt, N, OUT);
+    PC_TEST_CALL(run_one(w, &q, &r3));
+    ASSERT_EQ(r3.pf.tokens_g3, 0);
+    ASSERT_EQ(r3.d.usage.tokens_reused, 0);
+    ASSERT_MEM_EQ(r3.tokens, want, OUT * sizeof(uint32_t));
+    eng_worker_free(w);
+}
+
+/* A gate for the tier's disk reads (eng_tier_params.before_read): every read waits there until
+ * the test opens it, so "a load is pending" is a state the test holds, not a race it hopes for. */
+typedef struct read_gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t entered; /* reads that reached the gate */
+    bool open;
+} read_gate_t;
+
+static void disk_gate_hold(void *ud)
+{
+    read_gate_t *g = ud;
+    pthread_mutex_lock(&g->mu);
+    g->entered++;
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static uint32_t disk_gate_entered(read_gate_t *g)
+{
+    pthread_mutex_lock(&g->mu);
+    uint32_t n = g->entered;
+    pthread_mutex_unlock(&g->mu);
+    return n;
+}
+
+static void disk_gate_open(read_gate_t *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->open = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* A request whose prefix is on disk waits (LOADING) while its blocks are read, and the
+ * scheduler keeps decoding another request meanwhile: with every disk read held at the gate, the
+ * decoding request emits tokens and the loading one emits nothing; once the reads go on, the
+ * loaded request starts from G3 and both outputs equal cold runs. A worker that read the blocks
+ * on its scheduler thread would stop decoding at the gate (and this test would time out). */
+PC_TEST(tier_load_does_not_stall_decoding)
+{
+    enum { N = 192, OUT = 6, ND = 40, DOUT = 400 };
+    static uint32_t prompt[N], want[OUT], dprompt[ND], dwant[DOUT];
+    random_prompt(prompt, N);
+    random_prompt(dprompt, ND);
+    ASSERT_EQ(reference(prompt, N, OUT, want), 0);
+    ASSERT_EQ(reference(dprompt, ND, DOUT, dwant), 0);
+    char dir[256];
+    tier_dir(dir, sizeof dir, "async");
+    eng_worker_params_t p = tier_params(dir);
+    eng_worker_t *w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t first;
+    PC_TEST_CALL(run_retained(w, 1, 9, prompt, N, OUT, &first));
+    ASSERT_TRUE(first.done);
+    eng_worker_free(w); /* the written-through records are on disk */
+
+    static read_gate_t gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false};
+    p.engine.tier.before_read = disk_gate_hold;
+    p.engine.tier.before_read_ud = &gate;
+    w = start(&p);
+    ASSERT_TRUE(w != NULL);
+    static result_t res[2];
+    memset(res, 0, sizeof res);
+    res[0].id = 2;
+    res[1].id = 3;
+    collector_t c = {.res = res, .n_res = 2};
+    eng_wire_submit_t q = greedy_req(2, 9, dprompt, ND, DOUT);
+    ASSERT_EQ(submit(w, &q), 0);
+    uint64_t until = pc_time_mono_ms() + 20000;
+    while (res[0].n_tokens == 0 && !res[0].done && pc_time_mono_ms() < until)
+        drain_for(w, &c, 10);
+    ASSERT_TRUE(res[0].n_tokens > 0); /* decoding */
+    q = greedy_req(3, 9, prompt, N, OUT);
+    ASSERT_EQ(submit(w, &q), 0);
+    while (disk_gate_entered(&gate) == 0 && pc_time_mono_ms() < until)
+        drain_for(w, &c, 10);
+    ASSERT_TRUE(disk_gate_entered(&gate) > 0); /* request 3's load is pending at the gate */
+    uint32_t at_gate = res[0].n_tokens;
+    while (res[0].n_tokens < at_gate + 8 && !res[0].done && pc_time_mono_ms() < until)
+        drain_for(w, &c, 10);
+    ASSERT_TRUE(res[0].n_tokens >= at_gate + 8); /* progress while the load was pending */
+    ASSERT_EQ(res[1].n_prefill, 0);              /* and nothing from the loading request */
+    ASSERT_EQ(res[1].n_tokens, 0);
+    ASSERT_FALSE(res[1].done || res[1].failed);
+    eng_wire_load_t l;
+    eng_worker_load(w, &l);
+    ASSERT_TRUE(l.queued_requests >= 1); /* the loading request counts as waiting */
+    disk_gate_open(&gate);
+    ASSERT_TRUE(drain(w, &c, 30000));
+    ASSERT_TRUE(res[0].done && res[1].done);
+    ASSERT_MEM_EQ(res[0].tokens, dwant, DOUT * sizeof(uint32_t));
+    ASSERT_MEM_EQ(res[1].tokens, want, OUT * sizeof(uint32_t));
+    ASSERT_EQ(res[1].n_prefill, 1);
+    ASSERT_FALSE(res[1].prefill_late);
+    ASSERT_TRUE(res[1].pf.tokens_g3 > 0);
+    ASSERT_EQ(res[1].d.usage.tokens_reused, res[1].pf.tokens_g3 + res[1].pf.tokens_recomputed);
+    PC_TEST_CALL(check_idle(w));
+    eng_worker_free(w);
 }
 
 PC_TEST_MAIN()

@@ -266,6 +266,107 @@ PC_TEST(owners_evicted_and_worker_down)
     gw_cindex_free(ix);
 }
 
+/* Tiers: a worker's nodes move down to G2/G3 (EVICTED tier 2/3), a SNAPSHOT's disk entry adds
+ * owners in G3 without demoting what is in the pool, a request that ran the prompt brings it
+ * all back to G1, and the match says how much of what each worker holds is in which tier. */
+PC_TEST(owner_tiers)
+{
+    gw_cindex_params_t p = test_params();
+    gw_cindex_t *ix = mk(&p);
+    const uint32_t *a = seq(1, 40);
+    for (size_t n = 10; n <= 30; n += 10)
+        ASSERT_EQ(gw_cindex_insert(ix, 5, a, n, GW_CINDEX_TTL_1H, 0, 0), 0);
+    uint32_t held;
+    gw_cindex_match_t m;
+    ASSERT_EQ(gw_cindex_owner_add(ix, 5, a, 34, 1, &held), 0);
+    ASSERT_EQ(held, 30);
+    /* Worker 1's pool drops [12, 34) to its disk: 20 tokens (10..30) are now in G3. */
+    ASSERT_EQ(gw_cindex_owner_demoted(ix, 1, 5, a, 12, 34, GW_CINDEX_TIER_G3), 0);
+    ASSERT_EQ(gw_cindex_match(ix, 5, a, 40, 1, &m), 0);
+    ASSERT_EQ(m.held[1], 30);
+    ASSERT_EQ(m.held_g2[1], 0);
+    ASSERT_EQ(m.held_g3[1], 20);
+    ASSERT_EQ_U64(gw_cindex_worker_tier_tokens(ix, 1, GW_CINDEX_TIER_G1), 10);
+    ASSERT_EQ_U64(gw_cindex_worker_tier_tokens(ix, 1, GW_CINDEX_TIER_G3), 20);
+    ASSERT_EQ_U64(gw_cindex_worker_tokens(ix, 1), 30);
+    /* A demotion to G2 after G3 does not move it back up; the G1 part may go to G2. */
+    ASSERT_EQ(gw_cindex_owner_demoted(ix, 1, 5, a, 0, 30, GW_CINDEX_TIER_G2), 0);
+    ASSERT_EQ(gw_cindex_match(ix, 5, a, 40, 1, &m), 0);
+    ASSERT_EQ(m.held[1], 30);
+    ASSERT_EQ(m.held_g2[1], 10);
+    ASSERT_EQ(m.held_g3[1], 20);
+    /* A query that stops inside a G3 node counts only the matched part. */
+    ASSERT_EQ(gw_cindex_match(ix, 5, a, 25, 1, &m), 0);
+    ASSERT_EQ(m.held[1], 25);
+    ASSERT_EQ(m.held_g3[1], 15);
+    /* Demoting what w does not own adds nothing. */
+    ASSERT_EQ(gw_cindex_owner_demoted(ix, 2, 5, a, 0, 30, GW_CINDEX_TIER_G3), 0);
+    ASSERT_EQ_U64(gw_cindex_worker_tokens(ix, 2), 0);
+    /* A restarted worker 2 lists [0, 20) pinned in G1 and [0, 30) on disk, in either order:
+     * the pool's part stays G1. */
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 30, 2, GW_CINDEX_TIER_G3, 0, &held), 0);
+    ASSERT_EQ(held, 30);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 20, 2, GW_CINDEX_TIER_G1, 0, &held), 0);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 30, 2, GW_CINDEX_TIER_G3, 0, &held), 0);
+    ASSERT_EQ(gw_cindex_match(ix, 5, a, 40, 1, &m), 0);
+    ASSERT_EQ(m.held[2], 30);
+    ASSERT_EQ(m.held_g3[2], 10);
+    ASSERT_EQ(m.held_g2[2], 0);
+    /* Worker 1 runs the prompt again: all of it back in its pool. */
+    ASSERT_EQ(gw_cindex_owner_add(ix, 5, a, 40, 1, &held), 0);
+    ASSERT_EQ(gw_cindex_match(ix, 5, a, 40, 1, &m), 0);
+    ASSERT_EQ(m.held[1], 30);
+    ASSERT_EQ(m.held_g2[1] + m.held_g3[1], 0);
+    /* An eviction (tier 0) from G3 clears the worker there, tier marks with it. */
+    ASSERT_EQ(gw_cindex_owner_evicted(ix, 2, 5, a, 20, 30), 0);
+    ASSERT_EQ(gw_cindex_match(ix, 5, a, 40, 1, &m), 0);
+    ASSERT_EQ(m.held[2], 20);
+    ASSERT_EQ(m.held_g3[2], 0);
+    ASSERT_EQ_U64(gw_cindex_worker_tier_tokens(ix, 2, GW_CINDEX_TIER_G3), 0);
+    /* A worker down loses every tier; entries stay. */
+    ASSERT_EQ(gw_cindex_owner_demoted(ix, 1, 5, a, 0, 30, GW_CINDEX_TIER_G3), 0);
+    ASSERT_EQ(gw_cindex_worker_down(ix, 1), 0);
+    ASSERT_EQ_U64(gw_cindex_worker_tier_tokens(ix, 1, GW_CINDEX_TIER_G3), 0);
+    ASSERT_EQ(gw_cindex_match(ix, 5, a, 40, 1, &m), 0);
+    ASSERT_EQ(m.held[1], 0);
+    ASSERT_EQ(m.held_g3[1], 0);
+    ASSERT_EQ(m.n_hit, 30);
+    /* An insert that splits a node copies its tier marks to both halves. */
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 30, 3, GW_CINDEX_TIER_G2, 0, &held), 0);
+    ASSERT_EQ(gw_cindex_insert(ix, 5, a, 25, GW_CINDEX_TTL_1H, 2, 2), 0);
+    ASSERT_EQ(gw_cindex_match(ix, 5, a, 40, 2, &m), 0);
+    ASSERT_EQ(m.held[3], 30);
+    ASSERT_EQ(m.held_g2[3], 30);
+    /* A restarted worker's disk lists whole blocks: with 8-token blocks, 16 tokens hold the
+     * entry at 20 (its blocks: [0, 16) and the partial [16, 20), which is never on disk), and 24
+     * tokens the entry at 25 (the entry whose edge holds the last listed token: the one at 30
+     * below it is not looked for). With 4-token blocks, 22 tokens leave the whole block
+     * [20, 24) of the entry at 25 out: they hold the entry at 20. Without blocks: exact. */
+    ASSERT_EQ(gw_cindex_worker_down(ix, 3), 0);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 16, 3, GW_CINDEX_TIER_G3, 8, &held), 0);
+    ASSERT_EQ(held, 20);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 24, 3, GW_CINDEX_TIER_G3, 8, &held), 0);
+    ASSERT_EQ(held, 25);
+    ASSERT_EQ(gw_cindex_match(ix, 5, a, 40, 2, &m), 0);
+    ASSERT_EQ(m.held[3], 25);
+    ASSERT_EQ(m.held_g3[3], 25);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 22, 2, GW_CINDEX_TIER_G3, 4, &held), 0);
+    ASSERT_EQ(held, 20);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 24, 1, GW_CINDEX_TIER_G3, 0, &held), 0);
+    ASSERT_EQ(held, 20);
+    /* Bad arguments. */
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 30, 3, (gw_cindex_tier_t)0, 0, &held),
+              PC_ERR_INVAL);
+    ASSERT_EQ(gw_cindex_owner_add_tier(ix, 5, a, 30, 3, (gw_cindex_tier_t)4, 0, &held),
+              PC_ERR_INVAL);
+    ASSERT_EQ(gw_cindex_owner_demoted(ix, 3, 5, a, 0, 30, 1), PC_ERR_INVAL);
+    ASSERT_EQ(gw_cindex_owner_demoted(ix, 3, 5, a, 0, 30, 4), PC_ERR_INVAL);
+    ASSERT_EQ(gw_cindex_owner_demoted(ix, 4, 5, a, 0, 30, 3), PC_ERR_RANGE);
+    ASSERT_EQ_U64(gw_cindex_worker_tier_tokens(ix, 3, (gw_cindex_tier_t)0), 0);
+    CHECK(ix);
+    gw_cindex_free(ix);
+}
+
 PC_TEST(eviction_lru_under_caps)
 {
     gw_cindex_params_t p = test_params();
@@ -519,6 +620,7 @@ typedef struct model {
     mentry_t e[M_MAX];
     size_t n_e;
     mpos_t held[M_WORKERS][M_MAX * M_LEN];
+    uint8_t tier[M_WORKERS][M_MAX * M_LEN]; /* the tier of each held position */
     size_t n_held[M_WORKERS];
     struct {
         uint64_t ns, acc, last_t;
@@ -586,27 +688,52 @@ static uint64_t m_tokens(const model_t *m, uint64_t ns)
     return k;
 }
 
-static int m_held_has(const model_t *m, int w, const mpos_t *p)
+/* The slot of p among w's held positions, or -1. */
+static long m_held_find(const model_t *m, int w, const mpos_t *p)
 {
     for (size_t i = 0; i < m->n_held[w]; i++)
         if (pos_eq(&m->held[w][i], p))
-            return 1;
-    return 0;
+            return (long)i;
+    return -1;
 }
 
-static void m_held_add(model_t *m, int w, const mpos_t *p)
+static int m_held_has(const model_t *m, int w, const mpos_t *p)
 {
-    if (!m_held_has(m, w, p))
+    return m_held_find(m, w, p) >= 0;
+}
+
+/* w holds p in tier (or its better tier when it already held p). */
+static void m_held_add(model_t *m, int w, const mpos_t *p, int tier)
+{
+    long i = m_held_find(m, w, p);
+    if (i < 0) {
+        m->tier[w][m->n_held[w]] = (uint8_t)tier;
         m->held[w][m->n_held[w]++] = *p;
+    } else if (tier < m->tier[w][i]) {
+        m->tier[w][i] = (uint8_t)tier;
+    }
+}
+
+static void m_held_remove_at(model_t *m, int w, size_t i)
+{
+    size_t last = --m->n_held[w];
+    m->held[w][i] = m->held[w][last];
+    m->tier[w][i] = m->tier[w][last];
 }
 
 static void m_held_del(model_t *m, int w, const mpos_t *p)
 {
+    long i = m_held_find(m, w, p);
+    if (i >= 0)
+        m_held_remove_at(m, w, (size_t)i);
+}
+
+static uint64_t m_tier_tokens(const model_t *m, int w, int tier)
+{
+    uint64_t k = 0;
     for (size_t i = 0; i < m->n_held[w]; i++)
-        if (pos_eq(&m->held[w][i], p)) {
-            m->held[w][i] = m->held[w][--m->n_held[w]];
-            return;
-        }
+        k += m->tier[w][i] == tier;
+    return k;
 }
 
 /* Held positions that are no longer stored go. */
@@ -615,7 +742,7 @@ static void m_held_filter(model_t *m)
     for (int w = 0; w < M_WORKERS; w++)
         for (size_t i = 0; i < m->n_held[w];)
             if (!m_stored(m, &m->held[w][i]))
-                m->held[w][i] = m->held[w][--m->n_held[w]];
+                m_held_remove_at(m, w, i);
             else
                 i++;
 }
@@ -835,8 +962,11 @@ static void m_match(model_t *m, uint64_t ns, const uint32_t *q, size_t n, uint64
         uint32_t h = 0;
         while (h < out->n_matched) {
             mpos_t pp = pos_of(ns, q, h + 1);
-            if (!m_held_has(m, w, &pp))
+            long i = m_held_find(m, w, &pp);
+            if (i < 0)
                 break;
+            out->held_g2[w] += m->tier[w][i] == GW_CINDEX_TIER_G2;
+            out->held_g3[w] += m->tier[w][i] == GW_CINDEX_TIER_G3;
             h++;
         }
         out->held[w] = h;
@@ -865,23 +995,28 @@ static uint32_t m_deepest(const model_t *m, uint64_t ns, const uint32_t *q, size
     return d;
 }
 
-static uint32_t m_owner_add(model_t *m, uint64_t ns, const uint32_t *q, size_t n, int w)
+static uint32_t m_owner_add(model_t *m, uint64_t ns, const uint32_t *q, size_t n, int w, int tier)
 {
     uint32_t d = m_deepest(m, ns, q, n);
     for (uint32_t l = 1; l <= d; l++) {
         mpos_t pp = pos_of(ns, q, l);
-        m_held_add(m, w, &pp);
+        m_held_add(m, w, &pp, tier);
     }
     return d;
 }
 
-static void m_owner_evicted(model_t *m, int w, uint64_t ns, const uint32_t *q, size_t kept,
-                            size_t n)
+/* tier 0: evicted; 2, 3: held positions move down to it (never up). */
+static void m_owner_demoted(model_t *m, int w, uint64_t ns, const uint32_t *q, size_t kept,
+                            size_t n, int tier)
 {
     uint32_t a = m_deepest(m, ns, q, n), keep = m_deepest(m, ns, q, kept);
     for (uint32_t l = keep + 1; l <= a; l++) {
         mpos_t pp = pos_of(ns, q, l);
-        m_held_del(m, w, &pp);
+        long i = m_held_find(m, w, &pp);
+        if (tier == 0)
+            m_held_del(m, w, &pp);
+        else if (i >= 0 && m->tier[w][i] < tier)
+            m->tier[w][i] = (uint8_t)tier;
     }
 }
 
@@ -989,10 +1124,11 @@ static void diff_run(uint64_t seed, long n_ops, uint64_t max_tokens, model_t *m)
             m_match(m, ns, q, n, t, &b);
             if (memcmp(&a, &b, sizeof a) != 0)
                 DIFF_FAIL(name,
-                          "matched %u/%u hit %u/%u entries %u/%u holders %llx/%llx held0 %u/%u",
+                          "matched %u/%u hit %u/%u entries %u/%u holders %llx/%llx held0 %u/%u "
+                          "g2 %u/%u g3 %u/%u",
                           a.n_matched, b.n_matched, a.n_hit, b.n_hit, a.n_entries, b.n_entries,
                           (unsigned long long)a.holders, (unsigned long long)b.holders, a.held[0],
-                          b.held[0]);
+                          b.held[0], a.held_g2[0], b.held_g2[0], a.held_g3[0], b.held_g3[0]);
         } else if (op < 65) {
             name = "read";
             size_t ka = 0;
@@ -1009,16 +1145,27 @@ static void diff_run(uint64_t seed, long n_ops, uint64_t max_tokens, model_t *m)
         } else if (op < 80) {
             name = "owner_add";
             uint32_t ha = 0;
-            ASSERT_EQ(gw_cindex_owner_add(ix, ns, q, n, (uint32_t)w, &ha), 0);
-            uint32_t hb = m_owner_add(m, ns, q, n, w);
+            int tier = rnd(3) != 0 ? GW_CINDEX_TIER_G1 : (int)(2 + rnd(2));
+            if (tier == GW_CINDEX_TIER_G1)
+                ASSERT_EQ(gw_cindex_owner_add(ix, ns, q, n, (uint32_t)w, &ha), 0);
+            else
+                ASSERT_EQ(gw_cindex_owner_add_tier(ix, ns, q, n, (uint32_t)w,
+                                                   (gw_cindex_tier_t)tier, 0, &ha),
+                          0);
+            uint32_t hb = m_owner_add(m, ns, q, n, w, tier);
             if (ha != hb)
                 DIFF_FAIL(name, "held %u vs model %u", ha, hb);
             t -= 1;
         } else if (op < 86) {
             name = "owner_evicted";
             size_t kept = rnd((uint32_t)n + 1);
-            ASSERT_EQ(gw_cindex_owner_evicted(ix, (uint32_t)w, ns, q, kept, n), 0);
-            m_owner_evicted(m, w, ns, q, kept, n);
+            int tier = (int)rnd(3);
+            tier += tier > 0; /* 0, 2 or 3 */
+            if (tier == 0)
+                ASSERT_EQ(gw_cindex_owner_evicted(ix, (uint32_t)w, ns, q, kept, n), 0);
+            else
+                ASSERT_EQ(gw_cindex_owner_demoted(ix, (uint32_t)w, ns, q, kept, n, tier), 0);
+            m_owner_demoted(m, w, ns, q, kept, n, tier);
             t -= 1;
         } else if (op < 88) {
             name = "worker_down";
@@ -1076,11 +1223,19 @@ static void diff_run(uint64_t seed, long n_ops, uint64_t max_tokens, model_t *m)
             if (ns_st.n_entries != me || ns_st.n_tokens != m_tokens(m, s))
                 DIFF_FAIL(name, "namespace %llu stats", (unsigned long long)s);
         }
-        for (int k = 0; k < M_WORKERS; k++)
+        for (int k = 0; k < M_WORKERS; k++) {
             if (gw_cindex_worker_tokens(ix, (uint32_t)k) != m->n_held[k])
                 DIFF_FAIL(name, "worker %d tokens %llu vs model %zu", k,
                           (unsigned long long)gw_cindex_worker_tokens(ix, (uint32_t)k),
                           m->n_held[k]);
+            for (int tier = GW_CINDEX_TIER_G1; tier <= GW_CINDEX_TIER_G3; tier++)
+                if (gw_cindex_worker_tier_tokens(ix, (uint32_t)k, (gw_cindex_tier_t)tier) !=
+                    m_tier_tokens(m, k, tier))
+                    DIFF_FAIL(name, "worker %d tier %d tokens %llu vs model %llu", k, tier,
+                              (unsigned long long)gw_cindex_worker_tier_tokens(
+                                  ix, (uint32_t)k, (gw_cindex_tier_t)tier),
+                              (unsigned long long)m_tier_tokens(m, k, tier));
+        }
     }
     gw_cindex_free(ix);
 }
@@ -1442,3 +1597,64 @@ PC_TEST(path_entries_equal_probes)
 }
 
 PC_TEST_MAIN()
+
+/* Every worker's tier counts of every stored prefix: the observable owner state (the byte
+ * counts may differ after a failed demotion: owner bitmaps given to nodes are kept). */
+static void tier_state(gw_cindex_t *ix, const uint32_t *q, size_t n, uint64_t ns, uint32_t *out)
+{
+    for (size_t len = 1; len <= n; len++) {
+        gw_cindex_match_t m;
+        gw_cindex_match(ix, ns, q, len, ix->now, &m);
+        for (int w = 0; w < 4; w++) {
+            *out++ = m.held[w];
+            *out++ = m.held_g2[w];
+            *out++ = m.held_g3[w];
+        }
+    }
+}
+
+PC_TEST(owner_tiers_failing_allocator)
+{
+    gw_cindex_params_t p = test_params();
+    gw_cindex_t *ix = mk(&p);
+    rng_state = 91;
+    pc_allocator_t fa = pc_failalloc;
+    long failures = 0;
+    for (int i = 0; i < 400; i++) {
+        uint32_t q[24];
+        size_t n = 1 + rnd(24);
+        for (size_t k = 0; k < n; k++)
+            q[k] = rnd(3);
+        uint64_t ns = 1 + rnd(2);
+        for (size_t e = 1; e <= n; e += 1 + rnd(6))
+            ASSERT_TRUE(gw_cindex_insert(ix, ns, q, e, GW_CINDEX_TTL_1H, 0, 0) >= 0);
+        uint32_t w = rnd(4);
+        if (rnd(2) == 0)
+            ASSERT_EQ(gw_cindex_owner_add(ix, ns, q, n, w, NULL), 0);
+        static uint32_t before[24 * 12], after[24 * 12];
+        tier_state(ix, q, n, ns, before);
+        int tier = 2 + (int)rnd(2);
+        bool demote = rnd(2) == 0;
+        size_t kept = rnd((uint32_t)n);
+        int rc;
+        for (long k = 0;; k++) {
+            pc_failalloc_left = k;
+            pc_allocator_t prev = pc_set_allocator(&fa);
+            rc = demote ? gw_cindex_owner_demoted(ix, w, ns, q, kept, n, tier)
+                        : gw_cindex_owner_add_tier(ix, ns, q, n, w, (gw_cindex_tier_t)tier,
+                                                   rnd(2) * 4, NULL);
+            pc_set_allocator(&prev);
+            if (rc != PC_ERR_NOMEM)
+                break;
+            failures++;
+            tier_state(ix, q, n, ns, after);
+            if (memcmp(before, after, n * 12 * sizeof before[0]) != 0)
+                PC_TEST__FAIL("op %d: failed allocation %ld changed owners or tiers", i, k);
+            CHECK(ix);
+        }
+        ASSERT_EQ(rc, 0);
+        CHECK(ix);
+    }
+    ASSERT_TRUE(failures > 50);
+    gw_cindex_free(ix);
+}

@@ -6,6 +6,7 @@
 #include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common.h"
 #include "config.h"
@@ -39,6 +40,14 @@ PC_TEST(shipped_default_matches_builtin)
         fprintf(stderr, "  %s\n", err);
     ASSERT_EQ(rc, 0);
     ASSERT_EQ(gw_config_default(&d), 0);
+    /* The one difference on purpose: the shipped file turns the KV tiers on under var/; the
+     * built-in default leaves them off, so a test config gets them only when it asks. */
+    ASSERT_TRUE(d.kv_tiers.dir == NULL);
+    ASSERT_STR_EQ(f.kv_tiers.dir, "var/kv-tiers");
+    ASSERT_EQ_U64(f.kv_tiers.max_bytes, 4ull << 30);
+    ASSERT_TRUE(f.kv_tiers.write_through);
+    ASSERT_FALSE(f.kv_tiers.has_key);
+    d.kv_tiers.dir = pc_strdup("var/kv-tiers");
     pc_buf_t a = {0}, b = {0};
     ASSERT_EQ(gw_config_print(&f, &a), 0);
     ASSERT_EQ(gw_config_print(&d, &b), 0);
@@ -183,6 +192,94 @@ PC_TEST(secrets_from_env_and_files)
                  "t.yaml:2: api_keys[0].key: environment variable KVGW_TEST_MISSING is not set");
     expect_error("api_keys:\n  - {key: 'file:/nonexistent/kvgw', tenant: a}\n", PC_ERR_INVAL,
                  "cannot read /nonexistent/kvgw");
+}
+
+static void write_text(const char *path, const char *text, int mode)
+{
+    FILE *f = fopen(path, "w");
+    ASSERT_TRUE(f != NULL);
+    fputs(text, f);
+    fclose(f);
+    ASSERT_EQ(chmod(path, (mode_t)mode), 0);
+}
+
+/* kv_tiers: off by default and with null; on with dir and its keys; every bad value an error;
+ * the key file's rules (hex, size, permissions); each in-process worker its own directory. */
+PC_TEST(kv_tiers)
+{
+    gw_config_t c;
+    char err[512];
+    ASSERT_EQ(parse("log: {level: info}\n", &c, err, sizeof err), 0);
+    ASSERT_TRUE(c.kv_tiers.dir == NULL);
+    char dir[256];
+    ASSERT_EQ(gw_config_tier_dir(&c, &c.models[0], 0, dir, sizeof dir), PC_ERR_STATE);
+    gw_config_free(&c);
+    ASSERT_EQ(parse("kv_tiers: null\n", &c, err, sizeof err), 0);
+    ASSERT_TRUE(c.kv_tiers.dir == NULL);
+    gw_config_free(&c);
+
+    const char *key_path = pc_test_tmp_path("tier.key");
+    write_text(key_path, "00112233445566778899aabbccddeeff00112233445566778899AABBCCDDEEFF\n",
+               0600);
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml,
+             "models:\n  - {name: m1, path: x.gguf, workers: 2}\n"
+             "  - {name: 'org/model v2', path: y.gguf, workers: 1}\n"
+             "kv_tiers:\n  dir: /srv/tiers\n  max_bytes: 20GiB\n  g2_bytes: 1GiB\n"
+             "  write_through: false\n  min_tokens: 256\n  key_file: %s\n",
+             key_path);
+    int rc = parse(yaml, &c, err, sizeof err);
+    if (rc != 0)
+        fprintf(stderr, "  %s\n", err);
+    ASSERT_EQ(rc, 0);
+    ASSERT_STR_EQ(c.kv_tiers.dir, "/srv/tiers");
+    ASSERT_EQ_U64(c.kv_tiers.max_bytes, 20ull << 30);
+    ASSERT_EQ_U64(c.kv_tiers.g2_bytes, 1ull << 30);
+    ASSERT_FALSE(c.kv_tiers.write_through);
+    ASSERT_EQ(c.kv_tiers.min_tokens, 256);
+    ASSERT_TRUE(c.kv_tiers.has_key);
+    ASSERT_EQ(c.kv_tiers.key[0], 0x00);
+    ASSERT_EQ(c.kv_tiers.key[1], 0x11);
+    ASSERT_EQ(c.kv_tiers.key[31], 0xff);
+    ASSERT_EQ(gw_config_tier_dir(&c, &c.models[0], 1, dir, sizeof dir), 0);
+    ASSERT_STR_EQ(dir, "/srv/tiers/m1/w1");
+    ASSERT_EQ(gw_config_tier_dir(&c, &c.models[1], 0, dir, sizeof dir), 0);
+    ASSERT_TRUE(strncmp(dir, "/srv/tiers/m-", 13) == 0); /* no '/' or ' ' from the name */
+    ASSERT_EQ(strlen(dir), 13 + 16 + 3);
+    ASSERT_STR_EQ(dir + 13 + 16, "/w0");
+    ASSERT_EQ(gw_config_tier_dir(&c, &c.models[0], 0, dir, 12), PC_ERR_RANGE);
+    pc_buf_t out = {0};
+    ASSERT_EQ(gw_config_print(&c, &out), 0);
+    ASSERT_EQ(pc_buf_terminate(&out), 0);
+    ASSERT_TRUE(strstr(out.base, "kv_tiers:\n  dir: /srv/tiers\n") != NULL);
+    ASSERT_TRUE(strstr(out.base, "00112233") == NULL); /* the key is never printed */
+    pc_buf_free(&out);
+    gw_config_free(&c);
+
+    expect_error("kv_tiers:\n  max_bytes: 1GiB\n", PC_ERR_INVAL,
+                 "t.yaml:1: kv_tiers: needs dir (or kv_tiers: null");
+    expect_error("kv_tiers:\n  dir: ''\n", PC_ERR_INVAL,
+                 "t.yaml:2: kv_tiers.dir: must not be empty");
+    expect_error("kv_tiers:\n  dir: d\n  max_bytes: 1MiB\n", PC_ERR_INVAL,
+                 "t.yaml:3: kv_tiers.max_bytes: 1MiB is out of range");
+    expect_error("kv_tiers:\n  dir: d\n  write_through: maybe\n", PC_ERR_INVAL,
+                 "t.yaml:3: kv_tiers.write_through: expected true or false");
+    expect_error("kv_tiers:\n  dir: d\n  min_tokens: -1\n", PC_ERR_INVAL,
+                 "kv_tiers.min_tokens: expected an integer");
+    expect_error("kv_tiers:\n  dir: d\n  size: 1GiB\n", PC_ERR_INVAL,
+                 "t.yaml:3: kv_tiers.size: unknown key");
+    expect_error("kv_tiers: [d]\n", PC_ERR_INVAL, "kv_tiers: expected a mapping");
+    /* The key file: missing, readable by others, not 64 hex digits. */
+    expect_error("kv_tiers:\n  dir: d\n  key_file: /nonexistent/kvgw.key\n", PC_ERR_INVAL,
+                 "t.yaml:3: kv_tiers.key_file: cannot read the key file /nonexistent/kvgw.key");
+    write_text(key_path, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff", 0644);
+    snprintf(yaml, sizeof yaml, "kv_tiers:\n  dir: d\n  key_file: %s\n", key_path);
+    expect_error(yaml, PC_ERR_INVAL, "(mode 644): chmod 600 it");
+    write_text(key_path, "0011", 0600);
+    expect_error(yaml, PC_ERR_INVAL, "must hold 64 hexadecimal digits (32 bytes), not 4 bytes");
+    write_text(key_path, "zz112233445566778899aabbccddeeff00112233445566778899aabbccddeeff", 0600);
+    expect_error(yaml, PC_ERR_INVAL, "holds something other than hexadecimal digits");
+    remove(key_path);
 }
 
 /* listen: takes port 0 (any free port) and keeps an IPv6 host without its brackets; a redis

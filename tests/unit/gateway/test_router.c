@@ -213,7 +213,107 @@ PC_TEST(params_validated)
     p = gw_router_params_default();
     p.chunk_tokens = 0;
     ASSERT_EQ(gw_router_init(&r, &p), PC_ERR_INVAL);
+    p = gw_router_params_default();
+    p.default_load_bytes_per_s[1] = 0;
+    ASSERT_EQ(gw_router_init(&r, &p), PC_ERR_INVAL);
+    p = gw_router_params_default();
+    p.default_load_bytes_per_s[0] = INFINITY;
+    ASSERT_EQ(gw_router_init(&r, &p), PC_ERR_INVAL);
     ASSERT_EQ(gw_router_init(NULL, NULL), PC_ERR_INVAL);
+}
+
+/* A worker with a 100 kB KV per token, 1 GB/s from its disk (100 us a token) and 10 GB/s from
+ * host memory (10 us), prefilling 1000 tokens/s (1000 us a token). */
+static gw_router_worker_t tiered(void)
+{
+    gw_router_worker_t w = idle();
+    w.kv_bytes_per_token = 100e3;
+    w.load_bytes_per_s[0] = 10e9;
+    w.load_bytes_per_s[1] = 1e9;
+    return w;
+}
+
+PC_TEST(estimate_by_tier_by_hand)
+{
+    gw_router_t r = router();
+    gw_router_worker_t w = tiered();
+    /* 4000-token prompt; it holds 3000: 500 in its pool, 500 in G2, 2000 in G3. 1000 tokens
+     * prefilled (1 s) + 500 x 10 us + 2000 x 100 us. */
+    gw_router_held_t h = {3000, 500, 2000};
+    ASSERT_EQ_U64(gw_router_estimate_held_us(&r, &w, 4000, &h), 1000000 + 5000 + 200000);
+    /* All of it in the pool: only the prefill of the rest, as gw_router_estimate_us says. */
+    gw_router_held_t g1 = {3000, 0, 0};
+    ASSERT_EQ_U64(gw_router_estimate_held_us(&r, &w, 4000, &g1),
+                  gw_router_estimate_us(&r, &w, 4000, 3000));
+    ASSERT_EQ_U64(gw_router_estimate_held_us(&r, &w, 4000, &g1), 1000000);
+    /* A disk slower than the prefill (10 MB/s: 10 ms a token) costs the prefill, which the
+     * worker's cost model does instead: 1 s + 5 ms + 2000 x 1 ms. */
+    w.load_bytes_per_s[1] = 10e6;
+    ASSERT_EQ_U64(gw_router_estimate_held_us(&r, &w, 4000, &h), 1000000 + 5000 + 2000000);
+    /* Unmeasured bandwidths take the params' defaults (10 GB/s, 1 GB/s). */
+    w.load_bytes_per_s[0] = w.load_bytes_per_s[1] = 0;
+    ASSERT_EQ_U64(gw_router_estimate_held_us(&r, &w, 4000, &h), 1000000 + 5000 + 200000);
+    /* An unknown KV size prices the lower tiers as prefills: 3.5 s. */
+    w.kv_bytes_per_token = 0;
+    ASSERT_EQ_U64(gw_router_estimate_held_us(&r, &w, 4000, &h), 3500000);
+    w.kv_bytes_per_token = NAN;
+    ASSERT_EQ_U64(gw_router_estimate_held_us(&r, &w, 4000, &h), 3500000);
+    /* Counts beyond the prompt are cut, G3 first: held 9000 -> 4000, g3 3000, g2 1000. */
+    w = tiered();
+    gw_router_held_t big = {9000, 7000, 3000};
+    ASSERT_EQ_U64(gw_router_estimate_held_us(&r, &w, 4000, &big), 1000 * 10 + 3000 * 100);
+    /* Queued work and interference are unchanged by tiers: 300 queued, 2 running, ceil(1300 /
+     * 256) = 6 steps x 10 ms. */
+    w.queued_prefill_tokens = 300;
+    w.running_seqs = 2;
+    ASSERT_EQ_U64(gw_router_estimate_held_us(&r, &w, 4000, &h),
+                  1300000 + 5000 + 200000 + 6 * 10000);
+}
+
+PC_TEST(disk_hit_routing)
+{
+    gw_router_t r = router();
+    gw_router_worker_t w[3] = {tiered(), tiered(), tiered()};
+    gw_router_choice_t c;
+    /* Worker 2 holds a 4096-token prompt on its disk after a restart; the others hold nothing:
+     * 4096 x 100 us = 0.41 s beats a 4.1 s prefill. */
+    gw_router_held_t held[3] = {{0, 0, 0}, {0, 0, 0}, {4096, 0, 4096}};
+    ASSERT_EQ(gw_router_pick_held(&r, w, 3, 4096, held, &c), 0);
+    ASSERT_EQ(c.worker, 2);
+    ASSERT_STR_EQ(c.reason, "cache_hit");
+    ASSERT_EQ_U64(c.est_us, 409600);
+    ASSERT_EQ(c.cached, 4096);
+    ASSERT_EQ(c.cached_g3, 4096);
+    ASSERT_EQ(c.cached_g2, 0);
+    ASSERT_EQ_U64(c.est[0], 4096000);
+    /* Worker 0 holds it in its pool: free, it wins over the disk. */
+    held[0] = (gw_router_held_t){4096, 0, 0};
+    ASSERT_EQ(gw_router_pick_held(&r, w, 3, 4096, held, &c), 0);
+    ASSERT_EQ(c.worker, 0);
+    ASSERT_EQ_U64(c.est_us, 0);
+    ASSERT_EQ(c.cached_g3, 0);
+    /* ...until 500 tokens are queued there (0.5 s): the disk (0.41 s) wins. */
+    w[0].queued_prefill_tokens = 500;
+    ASSERT_EQ(gw_router_pick_held(&r, w, 3, 4096, held, &c), 0);
+    ASSERT_EQ(c.worker, 2);
+    /* With tiers ignored (gw_router_pick), the disk copy would count as free: the pool wins
+     * only by load, and worker 2 looked as fast as a pool hit. */
+    uint32_t cached[3] = {4096, 0, 4096};
+    ASSERT_EQ(gw_router_pick(&r, w, 3, 4096, cached, &c), 0);
+    ASSERT_EQ(c.worker, 2);
+    ASSERT_EQ_U64(c.est_us, 0);
+    /* A G2 copy (10 us a token: 41 ms) beats the G3 one. */
+    w[0].queued_prefill_tokens = 0;
+    held[0] = (gw_router_held_t){0, 0, 0};
+    held[1] = (gw_router_held_t){4096, 4096, 0};
+    ASSERT_EQ(gw_router_pick_held(&r, w, 3, 4096, held, &c), 0);
+    ASSERT_EQ(c.worker, 1);
+    ASSERT_EQ_U64(c.est_us, 40960);
+    ASSERT_EQ(c.cached_g2, 4096);
+    /* NULL held: everyone cold, by load. */
+    ASSERT_EQ(gw_router_pick_held(&r, w, 3, 4096, NULL, &c), 0);
+    ASSERT_STR_EQ(c.reason, "load");
+    ASSERT_EQ(c.cached, 0);
 }
 
 PC_TEST_MAIN()

@@ -9,13 +9,17 @@
  * SIGTERM. Every test ends with a graceful server shutdown and a loop with no handle left.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/select.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -147,6 +151,8 @@ typedef struct rq {
     eng_wire_usage_t usage;
     eng_wire_timing_t timing;
     uint32_t n_retained;
+    eng_wire_prefill_t pf; /* its PREFILL (where the prompt came from) */
+    uint32_t n_prefill;
 } rq_t;
 
 typedef struct cl {
@@ -217,6 +223,13 @@ static void cl_on_frame(lnk_worker_client_t *c, const eng_wire_frame_t *f, void 
         r->text_len += n;
         break;
     }
+    case ENG_WIRE_PREFILL:
+        id = f->u.prefill.request_id;
+        if (id == 0 || id > MAX_REQ)
+            break;
+        k->rq[id].pf = f->u.prefill;
+        k->rq[id].n_prefill++;
+        break;
     case ENG_WIRE_ERROR:
         id = f->u.error.request_id;
         if (id == 0 || id > MAX_REQ)
@@ -856,7 +869,7 @@ PC_TEST(handshake_mismatch_rejected)
     lnk_worker_client_params_t p = lnk_worker_client_params_default();
     p.version_min = ENG_WIRE_VERSION + 1;
     p.version_max = ENG_WIRE_VERSION + 2;
-    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_UNSUPPORTED, "this worker speaks 3"));
+    PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_UNSUPPORTED, "this worker speaks 4"));
     p = lnk_worker_client_params_default();
     p.model_name = "another-model";
     PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_INVAL, "'another-model' asked"));
@@ -867,18 +880,19 @@ PC_TEST(handshake_mismatch_rejected)
     p.n_vocab = N_VOCAB + 1;
     PC_TEST_CALL(expect_reject(&f, &p, PC_ERR_INVAL, "n_vocab"));
 
-    /* A frame with another version in its header (a gateway of the previous protocol, whose
-     * link is not sealed): REJECT with the decoder's reason. */
+    /* A frame with another version in its header (a gateway of the previous protocol, version 3
+     * without the KV tiers' fields, on a link without a secret): REJECT with the decoder's
+     * reason. */
     raw_t r;
     PC_TEST_CALL(raw_open(&f, &r, f.addr, true));
-    uint8_t v2[ENG_WIRE_HEADER_BYTES] = {'K', 'W', 2, ENG_WIRE_HELLO};
-    raw_send(&r, v2, sizeof v2);
+    uint8_t v3[ENG_WIRE_HEADER_BYTES] = {'K', 'W', 3, ENG_WIRE_HELLO};
+    raw_send(&r, v3, sizeof v3);
     RUN_UNTIL(&f, r.eof, 5000);
     uint32_t n;
     char why[256] = "";
     ASSERT_EQ(raw_frames(&r, ENG_WIRE_REJECT, &n, why, sizeof why), 0);
     ASSERT_EQ(n, 1);
-    ASSERT_TRUE(strstr(why, "protocol version 2, this side speaks 3") != NULL);
+    ASSERT_TRUE(strstr(why, "protocol version 3, this side speaks 4") != NULL);
     PC_TEST_CALL(raw_close(&f, &r));
 
     /* A SUBMIT before HELLO. */
@@ -1987,8 +2001,10 @@ PC_TEST(shutdown_drain_timeout_with_live_request)
     ASSERT_EQ(uv_loop_close(&f.loop), 0);
 }
 
-/* Starts `kvgw worker` on an ephemeral loopback port; its stdout's first line gives the port. */
-static void spawn_worker(pid_t *pid, char *addr, size_t addr_len)
+/* Starts `kvgw worker` on an ephemeral loopback port (with kv_tokens and, when tier_dir is not
+ * NULL, a disk tier there); its stdout's first line gives the port. */
+static void spawn_worker_with(pid_t *pid, char *addr, size_t addr_len, const char *kv_tokens,
+                              const char *tier_dir)
 {
     int fds[2];
     ASSERT_EQ(pipe(fds), 0);
@@ -1997,8 +2013,10 @@ static void spawn_worker(pid_t *pid, char *addr, size_t addr_len)
     posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
     posix_spawn_file_actions_addclose(&fa, fds[0]);
     char *argv[] = {KVGW_BIN,      "worker",    "--model", (char *)model_path(), "--listen",
-                    "127.0.0.1:0", "--threads", "1",       "--kv-tokens",        "4096",
-                    "--log-level", "warn",      NULL};
+                    "127.0.0.1:0", "--threads", "1",       "--kv-tokens",        (char *)kv_tokens,
+                    "--log-level", "warn",      NULL,      (char *)tier_dir,     NULL};
+    if (tier_dir != NULL)
+        argv[12] = "--kv-tier-dir";
     int rc = posix_spawn(pid, KVGW_BIN, &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     close(fds[1]);
@@ -2016,6 +2034,11 @@ static void spawn_worker(pid_t *pid, char *addr, size_t addr_len)
     if (strncmp(line, "listening on ", 13) != 0)
         PC_TEST__FAIL("kvgw worker printed '%s'", line);
     snprintf(addr, addr_len, "%.64s", line + 13);
+}
+
+static void spawn_worker(pid_t *pid, char *addr, size_t addr_len)
+{
+    spawn_worker_with(pid, addr, addr_len, "4096", NULL);
 }
 
 static int wait_exit(pid_t pid, int timeout_ms)
@@ -2161,6 +2184,224 @@ PC_TEST(kvgw_worker_binary_serves_and_stops_on_sigterm)
         waitpid(g_child, NULL, 0);
         g_child = -1;
     }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * `kill -9` of a `kvgw worker` with a disk tier while it writes records, and a restart on the
+ * same directory.
+ * ------------------------------------------------------------------------------------------- */
+
+#define KILL_ROUNDS 4
+#define KILL_FLOOD 12 /* prompts per round, request ids 2 .. KILL_FLOOD + 1 */
+#define KILL_KEEP 320 /* the retained prompt's tokens (20 blocks) */
+#define KILL_FLOOD_N 256
+#define KILL_MAX_FILES 64
+
+static uint64_t g_kill_rng;
+static uint32_t kill_rnd(uint32_t n)
+{
+    g_kill_rng ^= g_kill_rng << 13;
+    g_kill_rng ^= g_kill_rng >> 7;
+    g_kill_rng ^= g_kill_rng << 17;
+    return (uint32_t)(g_kill_rng % n);
+}
+
+/* The record files (DIR/xx/<name>.kvb) under dir; returns how many (at most max). */
+static uint32_t record_files(const char *dir, char (*out)[512], uint32_t max)
+{
+    uint32_t n = 0;
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL && n < max) {
+        if (strlen(de->d_name) != 2)
+            continue;
+        char sub[256];
+        snprintf(sub, sizeof sub, "%.240s/%.2s", dir, de->d_name);
+        DIR *d2 = opendir(sub);
+        if (d2 == NULL)
+            continue;
+        struct dirent *f;
+        while ((f = readdir(d2)) != NULL && n < max) {
+            size_t l = strlen(f->d_name);
+            if (l > 4 && strcmp(f->d_name + l - 4, ".kvb") == 0)
+                snprintf(out[n++], 512, "%s/%.200s", sub, f->d_name);
+        }
+        closedir(d2);
+    }
+    closedir(d);
+    return n;
+}
+
+/* Flips one byte in the middle of a record file (inside its payload): a record that rotted on
+ * disk, which every read must refuse. Returns true when a byte was flipped. */
+static bool rot_record(const char *path)
+{
+    int fd = open(path, O_RDWR);
+    if (fd < 0)
+        return false;
+    struct stat st;
+    bool ok = false;
+    if (fstat(fd, &st) == 0 && st.st_size > 2) {
+        off_t at = st.st_size / 2;
+        unsigned char b;
+        if (pread(fd, &b, 1, at) == 1) {
+            b ^= 0x5a;
+            ok = pwrite(fd, &b, 1, at) == 1;
+        }
+    }
+    close(fd);
+    return ok;
+}
+
+static void kill_prompt(uint32_t *p, uint32_t n, uint32_t round, uint32_t j)
+{
+    make_prompt(p, n, 1000 + round * 100 + j);
+    p[0] = (round * 31 + j * 7) % N_VOCAB; /* distinct from the first block on */
+}
+
+static pid_t g_kill_child = -1;
+
+static void kill_test(void)
+{
+    static char dir[256];
+    snprintf(dir, sizeof dir, "/tmp/kvgw-wnet-kill-%d/w0", (int)getpid());
+    const char *seed_env = getenv("KVGW_KILL_SEED");
+    g_kill_rng = seed_env != NULL ? strtoull(seed_env, NULL, 0) : pc_time_mono_ns() | 1;
+    fprintf(stderr, "kill test: seed %llu (KVGW_KILL_SEED replays it)\n",
+            (unsigned long long)g_kill_rng);
+
+    /* Cold references: a worker without tiers, one request at a time. */
+    static uint32_t keep[KILL_KEEP], flood[KILL_ROUNDS][KILL_FLOOD][KILL_FLOOD_N];
+    static rq_t keep_want, flood_want[KILL_ROUNDS][KILL_FLOOD];
+    make_prompt(keep, KILL_KEEP, 77);
+    eng_wire_submit_t s = greedy(1, keep, KILL_KEEP, 8);
+    PC_TEST_CALL(inproc_run(&s, &keep_want));
+    for (uint32_t r = 0; r < KILL_ROUNDS; r++)
+        for (uint32_t j = 0; j < KILL_FLOOD; j++) {
+            kill_prompt(flood[r][j], KILL_FLOOD_N, r, j);
+            s = greedy(2 + j, flood[r][j], KILL_FLOOD_N, 2);
+            PC_TEST_CALL(inproc_run(&s, &flood_want[r][j]));
+        }
+
+    fx_t f;
+    PC_TEST_CALL(fx_setup(&f, NULL));
+    static cl_t k;
+    static char keep_files[KILL_MAX_FILES][512];
+    uint32_t n_keep_files = 0;
+    uint64_t flood_g3 = 0;
+    for (uint32_t round = 0; round <= KILL_ROUNDS; round++) {
+        pid_t pid;
+        char addr[80];
+        PC_TEST_CALL(spawn_worker_with(&pid, addr, sizeof addr, "1024", dir));
+        g_kill_child = pid;
+        PC_TEST_CALL(cl_connect(&f, &k, NULL, addr));
+        RUN_UNTIL(&f, k.ready || k.closed, 10000);
+        ASSERT_TRUE(k.ready);
+
+        if (round == 0) { /* the retained prompt, written through, on disk before any kill */
+            eng_wire_retain_t ret = {.n_tokens = KILL_KEEP, .ttl_ms = 3600000};
+            s = greedy(1, keep, KILL_KEEP, 8);
+            s.retain = &ret;
+            s.n_retain = 1;
+            ASSERT_EQ(lnk_worker_client_submit(k.c, &s), 0);
+            RUN_UNTIL(&f, k.rq[1].done || k.rq[1].failed, 20000);
+            ASSERT_TRUE(k.rq[1].done);
+            ASSERT_MEM_EQ(k.rq[1].tokens, keep_want.tokens, 8 * sizeof(uint32_t));
+            uint64_t until = pc_time_mono_ms() + 10000;
+            while (k.load.g3.blocks < KILL_KEEP / 16 && pc_time_mono_ms() < until) {
+                uint32_t n0 = k.n_loads;
+                ASSERT_EQ(lnk_worker_client_ping(k.c), 0);
+                RUN_UNTIL(&f, k.n_loads > n0, 2000);
+            }
+            ASSERT_EQ(k.load.g3.blocks, KILL_KEEP / 16);
+            n_keep_files = record_files(dir, keep_files, KILL_MAX_FILES);
+            ASSERT_EQ(n_keep_files, KILL_KEEP / 16);
+        } else { /* after a kill: what was on disk is served, and only good records are */
+            memset(k.rq, 0, sizeof k.rq);
+            s = greedy(1, keep, KILL_KEEP, 8);
+            ASSERT_EQ(lnk_worker_client_submit(k.c, &s), 0);
+            for (uint32_t j = 0; j < KILL_FLOOD; j++) {
+                s = greedy(2 + j, flood[round - 1][j], KILL_FLOOD_N, 2);
+                ASSERT_EQ(lnk_worker_client_submit(k.c, &s), 0);
+            }
+            for (uint32_t id = 1; id <= KILL_FLOOD + 1; id++) {
+                RUN_UNTIL(&f, k.rq[id].done || k.rq[id].failed, 30000);
+                ASSERT_TRUE(k.rq[id].done);
+                ASSERT_EQ(k.rq[id].n_prefill, 1);
+                const rq_t *want = id == 1 ? &keep_want : &flood_want[round - 1][id - 2];
+                ASSERT_EQ(k.rq[id].n_tokens, want->n_tokens);
+                ASSERT_MEM_EQ(k.rq[id].tokens, want->tokens, want->n_tokens * sizeof(uint32_t));
+                ASSERT_EQ(k.rq[id].usage.tokens_reused, k.rq[id].pf.tokens_g1 +
+                                                            k.rq[id].pf.tokens_g3 +
+                                                            k.rq[id].pf.tokens_recomputed);
+                if (id > 1)
+                    flood_g3 += k.rq[id].pf.tokens_g3;
+            }
+            /* The retained prefix cached before the kill is a disk hit after it (one of its
+             * blocks was rotted before this start: refused, counted, recomputed). */
+            ASSERT_TRUE(k.rq[1].pf.tokens_g3 > 0);
+            ASSERT_TRUE(k.rq[1].usage.tokens_reused >= k.rq[1].pf.tokens_g3);
+            uint32_t n0 = k.n_loads;
+            ASSERT_EQ(lnk_worker_client_ping(k.c), 0);
+            RUN_UNTIL(&f, k.n_loads > n0, 2000);
+            ASSERT_TRUE(k.load.g3.corrupt >= 1);
+            fprintf(stderr,
+                    "kill test: start %u: retained prompt g3 %u recomputed %u of %u; the killed "
+                    "round's prompts %llu g3 tokens so far; %llu corrupt records refused\n",
+                    round, k.rq[1].pf.tokens_g3, k.rq[1].pf.tokens_recomputed, KILL_KEEP,
+                    (unsigned long long)flood_g3, (unsigned long long)k.load.g3.corrupt);
+            if (round == KILL_ROUNDS) {
+                PC_TEST_CALL(cl_close(&f, &k));
+                ASSERT_EQ(kill(pid, SIGTERM), 0);
+                g_kill_child = -1;
+                ASSERT_EQ(wait_exit(pid, 10000), 0);
+                break;
+            }
+        }
+        /* Prompts that evict one another (the pool holds 64 blocks): their prefixes are written
+         * back while the next ones run; SIGKILL lands after a random number of them. */
+        memset(k.rq, 0, sizeof k.rq);
+        for (uint32_t j = 0; j < KILL_FLOOD; j++) {
+            s = greedy(2 + j, flood[round][j], KILL_FLOOD_N, 2);
+            ASSERT_EQ(lnk_worker_client_submit(k.c, &s), 0);
+        }
+        uint32_t at = 1 + kill_rnd(KILL_FLOOD - 1), done = 0;
+        uint64_t until = pc_time_mono_ms() + 30000;
+        while (done < at && pc_time_mono_ms() < until) {
+            uv_run(&f.loop, UV_RUN_ONCE);
+            done = 0;
+            for (uint32_t j = 0; j < KILL_FLOOD; j++)
+                done += k.rq[2 + j].done;
+        }
+        ASSERT_TRUE(done >= at);
+        usleep(kill_rnd(3000)); /* somewhere inside the next prompt's writes */
+        ASSERT_EQ(kill(pid, SIGKILL), 0);
+        int status;
+        ASSERT_EQ(waitpid(pid, &status, 0), pid);
+        g_kill_child = -1;
+        ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+        RUN_UNTIL(&f, k.closed, 10000);
+        /* Rot one record of the retained prompt (a record that went bad on disk). */
+        ASSERT_TRUE(rot_record(keep_files[kill_rnd(n_keep_files)]));
+        fprintf(stderr, "kill test: round %u killed after %u of %u prompts\n", round, done,
+                KILL_FLOOD);
+    }
+    PC_TEST_CALL(fx_teardown(&f));
+}
+
+PC_TEST(kvgw_worker_sigkill_keeps_disk_tier)
+{
+    kill_test();
+    if (g_kill_child > 0) {
+        kill(g_kill_child, SIGKILL);
+        waitpid(g_kill_child, NULL, 0);
+        g_kill_child = -1;
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf /tmp/kvgw-wnet-kill-%d", (int)getpid());
+    ASSERT_EQ(system(cmd), 0);
 }
 
 /* ---------------------------------------------------------------------------------------------
