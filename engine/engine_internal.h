@@ -84,6 +84,9 @@ bool eng__tier_load_wins(double ns_per_block, double prefill_tps, uint32_t block
 struct eng_kvtier *eng__tier_store(eng_t *e);
 void eng__tier_block_name(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t i,
                           struct eng_kvtier_name *out);
+/* Removes every record of namespace ns from the tiers (eng_prefix_drop of a whole namespace).
+ * Returns 0 or PC_ERR_NOMEM (some may stay). */
+int eng__tier_drop_ns(eng_t *e, uint64_t ns);
 /* Continues the sequence s (its G1 match) into the tiers for tokens[0..n) (prefix.h). */
 void eng__tier_continue(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tokens, uint32_t n);
 

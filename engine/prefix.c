@@ -633,6 +633,12 @@ int eng_prefix_drop(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n)
     px->reason_now = ENG_EVICT_REMOVED;
     int rc = rdx_tree_remove_prefix(px->tree, ns, (const uint32_t *)tokens, n);
     px->reason_now = 0;
+    /* A whole namespace leaves the tiers too (a pinned prefix keeps everything, as above). */
+    if (n == 0 && e->tier != NULL && rc != PC_ERR_BUSY) {
+        int trc = eng__tier_drop_ns(e, ns);
+        if (trc != 0)
+            return trc;
+    }
     return rc;
 }
 

@@ -607,6 +607,31 @@ void eng__tier_block_name(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t
         eng_kvtier_name_next(out, tokens + (size_t)j * t->bt, t->bt, out);
 }
 
+int eng__tier_drop_ns(eng_t *e, uint64_t ns)
+{
+    struct eng_tiers *t = e->tier;
+    eng_tier_flush(e); /* a queued write of ns must not land after the drop */
+    name_t *v = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    pthread_mutex_lock(&t->map_mu);
+    pc_u64map_t *m = &t->chains;
+    for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1)) {
+        const chain_t *c = m->slots[i].value;
+        if (c->ns != ns || c->gone)
+            continue;
+        if ((rc = pc_array_reserve(&v, &cap, n + 1)) != 0)
+            break;
+        v[n++] = c->name;
+    }
+    pthread_mutex_unlock(&t->map_mu);
+    /* Outside map_mu: each removal reports through on_store_evict, which takes it. */
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        (void)eng_kvtier_remove(t->g3, &v[i]);
+    pc_free(v);
+    return rc;
+}
+
 bool eng_tier_enabled(const eng_t *e)
 {
     return e->tier != NULL;

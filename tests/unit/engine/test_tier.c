@@ -410,6 +410,18 @@ PC_TEST(namespaces_never_share_a_record)
         ASSERT_EQ(eng_kvtier_contains(eng__tier_store(e), &a), 1);
         ASSERT_EQ(eng_kvtier_contains(eng__tier_store(e), &b), 1);
     }
+    /* Dropping ns 1 (the gateway forgot it) removes its records, and only those. */
+    ASSERT_EQ(eng_prefix_release(e, 2, tok, N_PROMPT), 0);
+    int rc = eng_prefix_drop(e, 1, tok, 0);
+    ASSERT_TRUE(rc == 0 || rc == PC_ERR_NOTFOUND);
+    n = 0;
+    ASSERT_EQ(eng_kvtier_foreach(eng__tier_store(e), count_rec, &n), 0);
+    ASSERT_EQ(n, N_WHOLE);
+    for (uint32_t i = 0; i < N_WHOLE; i++) {
+        eng_kvtier_name_t b;
+        eng__tier_block_name(e, 2, tok, i, &b);
+        ASSERT_EQ(eng_kvtier_contains(eng__tier_store(e), &b), 1);
+    }
     eng_free(e);
     unlink(model);
 }
