@@ -385,7 +385,8 @@ static void flip_every_byte(const uint8_t *key)
     eng_kvtier_free(t);
     /* At open: a flip in the head is found by the scan (corrupt, or stale for the version and
      * key id fields) and the file removed; a flip in the payload is found by the get. */
-    for (size_t i = 0; i < len; i += (i < 4096 ? 1 : 97)) {
+    /* Every byte of the fields and tokens, then a stride through padding and payload. */
+    for (size_t i = 0; i < len; i += (i < 256 ? 1 : 37)) {
         uint8_t *bad = malloc(len);
         memcpy(bad, good, len);
         bad[i] ^= 0x80;
@@ -983,7 +984,15 @@ PC_TEST(corpus_seeds)
                          cuts[k]);
                 write_file(o, s, cuts[k] + 1);
             }
-            s[1 + 130] ^= 1;
+            s[0] ^= 1; /* read by the other store: stale */
+            snprintf(o, sizeof o, "%s/seed-%s-%d-otherstore", out, sealed ? "sealed" : "plain", r);
+            write_file(o, s, len + 1);
+            s[0] ^= 1;
+            s[1 + 4096 + 10] ^= 1; /* in the payload: found by the get */
+            snprintf(o, sizeof o, "%s/seed-%s-%d-flippayload", out, sealed ? "sealed" : "plain", r);
+            write_file(o, s, len + 1);
+            s[1 + 4096 + 10] ^= 1;
+            s[1 + 130] ^= 1; /* in the head: found by the scan */
             snprintf(o, sizeof o, "%s/seed-%s-%d-flip", out, sealed ? "sealed" : "plain", r);
             write_file(o, s, len + 1);
             free(s);
@@ -991,7 +1000,7 @@ PC_TEST(corpus_seeds)
         }
         rm_rf(dir);
     }
-    ASSERT_EQ(count_files(out), 20);
+    ASSERT_EQ(count_files(out), 28);
     if (out == tmp)
         rm_rf(tmp);
 }
