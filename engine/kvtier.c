@@ -1118,6 +1118,12 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
     } else if ((rc = buf_take(t, &b)) == 0) {
         int r = read_all(fd, b.p, bytes);
         if (r == -EINVAL && direct) { /* O_DIRECT refused after all: read through the cache */
+            pthread_mutex_lock(&t->mu);
+            t->direct = t->st.direct_io = 0;
+            pthread_mutex_unlock(&t->mu);
+            direct = 0;
+            PC_LOG(PC_LOG_WARN, "kvtier", "%s refuses O_DIRECT reads: reading through the cache",
+                   t->dir);
             close(fd);
             fd = open(path, O_RDONLY | O_CLOEXEC);
             r = fd >= 0 ? read_all(fd, b.p, bytes) : -EIO;

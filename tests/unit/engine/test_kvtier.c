@@ -11,6 +11,7 @@
 #include "kvtier.h"
 
 #include "common.h"
+#include "pc_failalloc.h"
 #include "pc_test.h"
 
 #include <errno.h>
@@ -861,6 +862,48 @@ PC_TEST(host_tier_budget_and_loans)
     p.key = key;
     char err[100];
     ASSERT_EQ(eng_kvtier_open(&p, &t, err, sizeof err), PC_ERR_INVAL);
+}
+
+PC_TEST(out_of_memory_changes_nothing)
+{
+    const char *dir = fresh_dir();
+    eng_kvtier_params_t p = params(dir);
+    eng_kvtier_t *t = open_ok(&p);
+    ASSERT_TRUE(t != NULL);
+    chain_t c;
+    chain_make(&c, 6, BT, 4, 10);
+    for (int i = 0; i < 5; i++)
+        ASSERT_EQ(put_block(t, &c, i), 0);
+    eng_kvtier_free(t);
+    int opened = 0, put = 0;
+    for (long k = 0; k < 40; k++) {
+        char err[200];
+        pc_failalloc_left = k;
+        pc_allocator_t prev = pc_set_allocator(&pc_failalloc);
+        int rc = eng_kvtier_open(&p, &t, err, sizeof err);
+        int prc = rc == 0 ? put_block(t, &c, 5) : 0;
+        int grc = rc == 0 ? get_block(t, &c, 2) : 0;
+        pc_set_allocator(&prev);
+        pc_failalloc_left = -1;
+        if (rc != 0) {
+            ASSERT_EQ(rc, PC_ERR_NOMEM);
+            ASSERT_TRUE(t == NULL);
+            continue;
+        }
+        opened++;
+        ASSERT_TRUE(prc == 0 || prc == 1 || prc == PC_ERR_NOMEM);
+        ASSERT_TRUE(grc == 0 || grc == PC_ERR_NOMEM);
+        put += prc == 0;
+        eng_kvtier_stats_t st;
+        eng_kvtier_stats(t, &st);
+        ASSERT_EQ(st.records, prc == PC_ERR_NOMEM && put == 0 ? 5 : 6);
+        ASSERT_EQ(count_files(dir), (int)st.records); /* a failed put left no file */
+        for (int i = 0; i < 5; i++)
+            ASSERT_EQ(get_block(t, &c, i), 0);
+        eng_kvtier_free(t);
+    }
+    ASSERT_TRUE(opened > 0 && put == 1);
+    rm_rf(dir);
 }
 
 typedef struct worker_arg {
