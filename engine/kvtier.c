@@ -243,6 +243,14 @@ static void rec_encode(const eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const
     xxh_canon(XXH3_128bits_digest(&st), buf + 144);
 }
 
+static int all_zero(const uint8_t *p, size_t n)
+{
+    uint8_t acc = 0;
+    for (size_t i = 0; i < n; i++)
+        acc |= p[i];
+    return acc == 0;
+}
+
 /* Checks a head section buf[len] (len >= its head bytes, or the call says CORRUPT) of a file of
  * file_bytes bytes and writes its fields and its clear tokens (tokens[block_tokens]). Returns
  * KVT_OK, KVT_CORRUPT or KVT_STALE (a sound record this store cannot serve). */
@@ -264,21 +272,14 @@ static int head_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len, ui
         hb != head_bytes(h->n_tokens) || pb == 0 || pb > ENG_KVTIER_MAX_PAYLOAD ||
         file_bytes != hb + align_up(pb))
         return KVT_CORRUPT;
-    if (h->n_tokens > t->p.block_tokens || pb != t->p.payload_bytes ||
-        (h->flags & 1) != (unsigned)t->encrypted ||
-        (t->encrypted && get_le64(buf + 104) != t->key_id))
-        return KVT_STALE;
-    if (len < hb)
-        return KVT_CORRUPT;
     size_t tb = 4 * (size_t)h->n_tokens;
+    if (len < hb || !all_zero(buf + KVT_FIXED + tb, hb - KVT_FIXED - tb) ||
+        (h->flags == 0 && !all_zero(buf + 104, 24)))
+        return KVT_CORRUPT; /* every byte of a record is checked, padding included */
+    /* A plain record's checksum is checked before deciding it is stale, so that a flipped
+     * byte reads as corrupt; a sealed one under another key (or none) cannot be checked. */
     uint8_t clear[4 * ENG_KVTIER_MAX_TOKENS];
-    if (t->encrypted) {
-        uint8_t nonce[24];
-        nonce_of(buf, 0, nonce);
-        if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(
-                clear, NULL, buf + KVT_FIXED, tb, buf + 128, buf, 128, nonce, t->key) != 0)
-            return KVT_CORRUPT;
-    } else {
+    if (h->flags == 0) {
         uint8_t sum[16];
         XXH3_state_t st;
         XXH3_INITSTATE(&st);
@@ -288,6 +289,17 @@ static int head_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len, ui
         xxh_canon(XXH3_128bits_digest(&st), sum);
         if (memcmp(sum, buf + 128, 16) != 0)
             return KVT_CORRUPT;
+    }
+    if (h->n_tokens > t->p.block_tokens || pb != t->p.payload_bytes ||
+        h->flags != (unsigned)t->encrypted || (t->encrypted && get_le64(buf + 104) != t->key_id))
+        return KVT_STALE;
+    if (t->encrypted) {
+        uint8_t nonce[24];
+        nonce_of(buf, 0, nonce);
+        if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(
+                clear, NULL, buf + KVT_FIXED, tb, buf + 128, buf, 128, nonce, t->key) != 0)
+            return KVT_CORRUPT;
+    } else {
         memcpy(clear, buf + KVT_FIXED, tb);
     }
     for (uint32_t i = 0; i < h->n_tokens; i++)
@@ -312,6 +324,8 @@ static int rec_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len,
         memcmp(got, tokens, 4 * (size_t)n_tokens) != 0)
         return KVT_CORRUPT;
     size_t hb = head_bytes(n_tokens), tb = 4 * (size_t)n_tokens;
+    if (!all_zero(buf + hb + t->p.payload_bytes, t->payload_pad - t->p.payload_bytes))
+        return KVT_CORRUPT;
     if (t->encrypted) {
         uint8_t nonce[24];
         nonce_of(buf, 1, nonce);
@@ -584,10 +598,8 @@ static int probe_direct(eng_kvtier_t *t)
     kvt_buf_t b = {0};
     if (fd < 0)
         return 0;
-    if (buf_take(t, &b) == 0) {
-        memset(b.p, 0, KVT_ALIGN);
-        ok = pwrite(fd, b.p, KVT_ALIGN, 0) == (ssize_t)KVT_ALIGN;
-    }
+    /* A hole, not written data: an O_DIRECT read of dirty pages would wait for writeback. */
+    ok = ftruncate(fd, KVT_ALIGN) == 0 && buf_take(t, &b) == 0;
     close(fd);
     if (ok) {
         fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
@@ -1106,6 +1118,12 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
     } else if ((rc = buf_take(t, &b)) == 0) {
         int r = read_all(fd, b.p, bytes);
         if (r == -EINVAL && direct) { /* O_DIRECT refused after all: read through the cache */
+            pthread_mutex_lock(&t->mu);
+            t->direct = t->st.direct_io = 0;
+            pthread_mutex_unlock(&t->mu);
+            direct = 0;
+            PC_LOG(PC_LOG_WARN, "kvtier", "%s refuses O_DIRECT reads: reading through the cache",
+                   t->dir);
             close(fd);
             fd = open(path, O_RDONLY | O_CLOEXEC);
             r = fd >= 0 ? read_all(fd, b.p, bytes) : -EIO;
