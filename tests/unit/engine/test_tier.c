@@ -103,6 +103,24 @@ static eng_t *open_engine(const char *model, const char *dir, bool load_always)
     return open_engine_budget(model, dir, load_always, 0);
 }
 
+/* As open_engine, with a staging queue of queue_bytes. */
+static eng_t *open_engine_queue(const char *model, const char *dir, uint64_t queue_bytes)
+{
+    eng_params_t p = eng_params_default();
+    p.model_path = model;
+    p.kv_dtype = ENG_KV_F32;
+    p.kv_block_tokens = BT;
+    p.kv_max_tokens = 256;
+    p.tier.dir = dir;
+    p.tier.min_tokens = 32;
+    p.tier.queue_bytes = queue_bytes;
+    eng_t *e = NULL;
+    char err[256];
+    if (eng_init(&p, &e, err, sizeof err) != 0)
+        fprintf(stderr, "eng_init: %s\n", err);
+    return e;
+}
+
 /* The eviction callback: the tier of the last event that dropped whole blocks of ns 7. */
 static void on_evict(const eng_evict_event_t *ev, void *ud)
 {
@@ -618,6 +636,36 @@ PC_TEST(disk_budget_evicts_reports_and_leaves_holes)
     run_check(e, 7, tok, N_PROMPT, ref, &o);
     ASSERT_EQ(o.recomputed_tokens, 6u * BT);
     ASSERT_EQ(o.g3_tokens, 6u * BT);
+    eng_free(e);
+    unlink(model);
+}
+
+PC_TEST(full_staging_queue_drops_and_counts)
+{
+    char model[256], dir[300];
+    make_model(ENG_ARCH_LLAMA, model, sizeof model);
+    new_dir(dir, sizeof dir);
+    /* Below one block: refused with the reason. */
+    ASSERT_TRUE(open_engine_queue(model, dir, 100) == NULL);
+    eng_t *e = open_engine_queue(model, dir, 8192); /* one block of this model */
+    ASSERT_TRUE(e != NULL);
+    int32_t tok[N_PROMPT];
+    for (uint32_t i = 0; i < N_PROMPT; i++)
+        tok[i] = (int32_t)rnd(N_VOCAB);
+    cache(e, 7, tok, N_PROMPT, false);
+    int tier = -1;
+    eng_set_evict_callback(e, on_evict, &tier);
+    evict_all(e); /* 12 blocks leave at once into a queue of one */
+    eng_set_evict_callback(e, NULL, NULL);
+    eng_tier_stats_t st;
+    eng_tier_stats(e, &st);
+    /* Every block was either written or dropped and counted; the queue is empty again. */
+    ASSERT_EQ(st.write_blocks + st.write_dropped, (uint64_t)N_WHOLE);
+    ASSERT_TRUE(st.write_blocks >= 1);
+    ASSERT_EQ(st.queue_bytes, 0);
+    ASSERT_EQ(st.g3_blocks, st.write_blocks);
+    /* The event says G3 only when nothing was dropped. */
+    ASSERT_EQ(tier, st.write_dropped == 0 ? ENG_TIER_G3 : ENG_TIER_NONE);
     eng_free(e);
     unlink(model);
 }
