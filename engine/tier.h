@@ -16,7 +16,7 @@
  *
  * Writes (write-back). When the prefix index evicts a prefix (LRU or pressure), every whole
  * block of it that no tier holds yet is copied to a staging buffer on the calling thread (a
- * memcpy, or the backend's device-to-host copy) and written by the engine's I/O thread. The
+ * memcpy, or the backend's device-to-host copy) and written by the engine's writer thread. The
  * staging queue is bounded (eng_tier_params.queue_bytes): a block that finds it full is not
  * written and is counted (write_dropped), so the scheduler never waits on the disk. Retained
  * prefixes are written through at retain time (write_through), so a crash loses nothing a
@@ -25,12 +25,13 @@
  * What is worth keeping. A prefix shorter than min_tokens is not written back (retained
  * prefixes always are). We chose the minimum-length rule (HiCache's 256-token prefetch
  * threshold, LMCache's min_retrieve_tokens) over "seen twice" (vLLM's store_threshold, KVBM's
- * disk frequency) because the gateway pins what customers ask to keep and write-through covers
- * those; the LRU write-back is for the opportunistic remainder, where a short prefix costs a
- * record, an open and a read for little prefill saved, while a "seen twice" rule would lose every
- * long prefix evicted after its first use (sglang#39444's complaint). Default 64 tokens (four
- * blocks): below it the per-record cost (open, read, checks) is a large share of the prefill it
- * saves on the CPU backend (test_tier prints both figures).
+ * disk frequency): the gateway pins what customers ask to keep and write-through covers those,
+ * and a "seen twice" rule would lose every long prefix evicted after its first use (the
+ * sglang#39444 complaint). Measured on this project's CPU backend (test_tier prints it), a
+ * block's disk read costs 0.3-1 ms against 1-3.5 ms to recompute it on the small test models
+ * and about 60 ms on kvgw-bench (16 tokens at ~250 tokens/s), so loads win for any length;
+ * what a short prefix costs is churn: a record, a file and budget for a prompt that is cheap
+ * to recompute. Default 64 tokens (four blocks).
  *
  * Reads. eng_seq_start_cached (prefix.h) continues its G1 match into the tiers block by block
  * along the chain: a run of blocks a tier holds is loaded into fresh pool blocks; a hole (blocks
@@ -42,16 +43,17 @@
  * (both exported in eng_tier_stats); blocks already staged by a prefetch cost only a copy.
  * A record that fails its checks is deleted, counted (corrupt) and treated as a hole.
  *
- * Async. eng_tier_prefetch starts the reads of a prompt's tier blocks on the I/O thread into
- * host staging buffers; the caller keeps stepping other sequences until eng_tier_ready, then
- * calls eng_seq_start_cached, which finds the staged blocks and only copies them.
+ * Async. eng_tier_prefetch starts the reads of a prompt's tier blocks on the I/O threads (in
+ * parallel) into host staging buffers; the caller keeps stepping other sequences until
+ * eng_tier_ready, then calls eng_seq_start_cached, which finds the staged blocks and only copies
+ * them.
  *
  * Restart. The store rebuilds its index from the directory at eng_init; eng_tier_prefixes lists
  * the longest chains it holds per namespace (for the worker's SNAPSHOT).
  *
  * Threads: every call here is made by the engine's thread (the one that calls eng_forward),
- * except eng_tier_ready, which any thread may call. The I/O thread touches only the store and
- * its own queue.
+ * except eng_tier_ready, which any thread may call. The I/O threads touch only the store and
+ * their queues.
  */
 #ifndef ENG_TIER_H
 #define ENG_TIER_H
