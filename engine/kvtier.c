@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #define XXH_INLINE_ALL
@@ -61,6 +62,7 @@ struct eng_kvtier {
     uint32_t payload_pad; /* payload bytes rounded up to KVT_ALIGN */
     size_t rec_max;       /* the largest record file */
     int direct;
+    int lock_fd; /* DISK: DIR/LOCK, flock'ed while open (-1 before) */
 
     pthread_mutex_t mu;
     pc_u64map_t map;
@@ -589,6 +591,21 @@ static int dir_make(const char *dir, char *err, size_t err_len)
     return 0;
 }
 
+/* One store per directory: two would evict each other's files behind each other's index. */
+static int dir_lock(eng_kvtier_t *t, char *err, size_t err_len)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/LOCK", t->dir);
+    t->lock_fd = open(path, O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (t->lock_fd < 0)
+        return pc_err_setf(err, err_len, pc_err_from_errno(errno), "kv tier: cannot open %s: %s",
+                           path, strerror(errno));
+    if (flock(t->lock_fd, LOCK_EX | LOCK_NB) != 0)
+        return pc_err_setf(err, err_len, errno == EWOULDBLOCK ? PC_ERR_BUSY : PC_ERR_IO,
+                           "kv tier: %s is in use by another store (%s)", t->dir, strerror(errno));
+    return 0;
+}
+
 /* Whether the directory's file system takes O_DIRECT reads (tmpfs does not). */
 static int probe_direct(eng_kvtier_t *t)
 {
@@ -822,6 +839,7 @@ int eng_kvtier_open(const eng_kvtier_params_t *p, eng_kvtier_t **out, char *err,
     t->payload_pad = (uint32_t)align_up(p->payload_bytes);
     t->rec_max = head_bytes(p->block_tokens) + t->payload_pad;
     pthread_mutex_init(&t->mu, NULL);
+    t->lock_fd = -1;
     int rc = 0;
     if (p->key != NULL) {
         static const char dom[] = "kvgw-kv-key";
@@ -842,7 +860,7 @@ int eng_kvtier_open(const eng_kvtier_params_t *p, eng_kvtier_t **out, char *err,
             rc = pc_err_setf(err, err_len, PC_ERR_NOMEM, "kv tier: out of memory");
             goto fail;
         }
-        if ((rc = dir_make(t->dir, err, err_len)) != 0)
+        if ((rc = dir_make(t->dir, err, err_len)) != 0 || (rc = dir_lock(t, err, err_len)) != 0)
             goto fail;
         t->direct = p->direct_io && probe_direct(t);
         if ((rc = scan_dir(t, err, err_len)) != 0)
@@ -868,6 +886,8 @@ void eng_kvtier_free(eng_kvtier_t *t)
     for (int i = 0; i < t->n_bufs; i++)
         pc_free(t->bufs[i].raw);
     pc_u64map_free(&t->map);
+    if (t->lock_fd >= 0)
+        close(t->lock_fd); /* and with it the flock */
     pthread_mutex_destroy(&t->mu);
     sodium_memzero(t->key, sizeof t->key);
     pc_free(t->dir);
@@ -934,8 +954,8 @@ static int put_host(eng_kvtier_t *t, kvt_ent_t *e, const void *payload)
     return rc;
 }
 
-int eng_kvtier_put(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *payload,
-                   size_t payload_bytes)
+static int put_rec(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *payload,
+                   size_t payload_bytes, int sync)
 {
     if (payload_bytes != t->p.payload_bytes || rec->n_tokens == 0 ||
         rec->n_tokens > t->p.block_tokens || rec->tokens == NULL || payload == NULL ||
@@ -981,7 +1001,7 @@ int eng_kvtier_put(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *pay
         rc = pc_err_from_errno(errno);
         goto fail_io;
     }
-    if (write_all(t, fd, b.p, e->bytes) != 0 || (t->p.fsync && fsync(fd) != 0)) {
+    if (write_all(t, fd, b.p, e->bytes) != 0 || (sync && fsync(fd) != 0)) {
         rc = PC_ERR_IO;
         goto fail_io;
     }
@@ -1011,7 +1031,7 @@ int eng_kvtier_put(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *pay
         ent_free(t, e);
         return rc;
     }
-    if (t->p.fsync)
+    if (sync)
         fsync_dir(sub);
     return 0;
 fail_io:
@@ -1028,6 +1048,18 @@ fail:
         buf_give(t, &b);
     ent_free(t, e);
     return rc;
+}
+
+int eng_kvtier_put(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *payload,
+                   size_t payload_bytes)
+{
+    return put_rec(t, rec, payload, payload_bytes, t->p.fsync);
+}
+
+int eng_kvtier_put_sync(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *payload,
+                        size_t payload_bytes)
+{
+    return put_rec(t, rec, payload, payload_bytes, 1);
 }
 
 /* Under the lock: the record asked for, if it holds exactly those tokens; counts a miss. */
