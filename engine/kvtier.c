@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -311,29 +312,31 @@ static int head_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len, ui
     return KVT_OK;
 }
 
-/* Checks a whole record buf[len] against the name and tokens asked for and writes its payload.
- * Returns KVT_OK or KVT_CORRUPT (a record holding other tokens under the right name is
- * corrupt: the name is a hash of its tokens). */
-static int rec_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len,
-                      const eng_kvtier_name_t *name, const int32_t *tokens, uint32_t n_tokens,
-                      void *payload)
+/* Checks a whole record against the name and tokens asked for and leaves its clear payload in
+ * payload. head[hb] is the record's head section; src is its payload section: either buf + hb of
+ * the same buffer (with its padding, read through a bounce buffer) or payload itself (read there
+ * directly: no padding then, and an encrypted payload is opened in place). Returns KVT_OK or
+ * KVT_CORRUPT (a record holding other tokens under the right name is corrupt: the name is a
+ * hash of its tokens). */
+static int rec_decode(const eng_kvtier_t *t, const uint8_t *head, const uint8_t *src,
+                      uint64_t file_bytes, const eng_kvtier_name_t *name, const int32_t *tokens,
+                      uint32_t n_tokens, void *payload)
 {
     kvt_head_t h;
     int32_t got[ENG_KVTIER_MAX_TOKENS];
-    if (head_decode(t, buf, len, len, &h, got) != KVT_OK)
+    size_t hb = head_bytes(n_tokens), tb = 4 * (size_t)n_tokens;
+    if (head_decode(t, head, hb, file_bytes, &h, got) != KVT_OK)
         return KVT_CORRUPT;
     if (memcmp(h.name.b, name->b, 32) != 0 || h.n_tokens != n_tokens ||
         memcmp(got, tokens, 4 * (size_t)n_tokens) != 0)
         return KVT_CORRUPT;
-    size_t hb = head_bytes(n_tokens), tb = 4 * (size_t)n_tokens;
-    if (!all_zero(buf + hb + t->p.payload_bytes, t->payload_pad - t->p.payload_bytes))
+    if (src != payload && !all_zero(src + t->p.payload_bytes, t->payload_pad - t->p.payload_bytes))
         return KVT_CORRUPT;
     if (t->encrypted) {
         uint8_t nonce[24];
-        nonce_of(buf, 1, nonce);
-        if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(payload, NULL, buf + hb,
-                                                                t->p.payload_bytes, buf + 144, buf,
-                                                                144, nonce, t->key) != 0)
+        nonce_of(head, 1, nonce);
+        if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(
+                payload, NULL, src, t->p.payload_bytes, head + 144, head, 144, nonce, t->key) != 0)
             return KVT_CORRUPT;
         return KVT_OK;
     }
@@ -341,13 +344,14 @@ static int rec_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len,
     XXH3_state_t st;
     XXH3_INITSTATE(&st);
     XXH3_128bits_reset(&st);
-    XXH3_128bits_update(&st, buf, 144);
-    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
-    XXH3_128bits_update(&st, buf + hb, t->p.payload_bytes);
+    XXH3_128bits_update(&st, head, 144);
+    XXH3_128bits_update(&st, head + KVT_FIXED, tb);
+    XXH3_128bits_update(&st, src, t->p.payload_bytes);
     xxh_canon(XXH3_128bits_digest(&st), sum);
-    if (memcmp(sum, buf + 144, 16) != 0)
+    if (memcmp(sum, head + 144, 16) != 0)
         return KVT_CORRUPT;
-    memcpy(payload, buf + hb, t->p.payload_bytes);
+    if (src != payload)
+        memcpy(payload, src, t->p.payload_bytes);
     return KVT_OK;
 }
 
@@ -562,6 +566,32 @@ static int read_all(int fd, uint8_t *buf, size_t len)
             return -errno;
         if (n == 0)
             return -EIO; /* shorter than its head says */
+        off += (size_t)n;
+    }
+    return 0;
+}
+
+/* Reads a record file of len bytes: its first hb bytes into head and the rest into rest, with
+ * one preadv when the two are apart (a short read goes on from where it stopped). Returns 0,
+ * -EIO (the file is shorter) or -errno. */
+static int read_rec(int fd, uint8_t *head, size_t hb, uint8_t *rest, size_t len)
+{
+    if (rest == head + hb)
+        return read_all(fd, head, len);
+    size_t off = 0;
+    while (off < len) {
+        struct iovec iov[2];
+        int n_iov = 0;
+        if (off < hb)
+            iov[n_iov++] = (struct iovec){head + off, hb - off};
+        iov[n_iov++] = (struct iovec){rest + (off > hb ? off - hb : 0), len - PC_MAX(off, hb)};
+        ssize_t n = preadv(fd, iov, n_iov, (off_t)off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            return -EIO;
         off += (size_t)n;
     }
     return 0;
@@ -1136,19 +1166,28 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
     pthread_mutex_lock(&t->mu);
     kvt_ent_t *e = get_find(t, name, tokens, n_tokens);
     uint64_t gen = e != NULL ? e->gen : 0, bytes = e != NULL ? e->bytes : 0;
-    int direct = t->direct, fd = -1;
-    if (e != NULL)
-        fd = open(path, O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+    int direct = t->direct;
     pthread_mutex_unlock(&t->mu);
     if (e == NULL)
         return PC_ERR_NOTFOUND;
+    /* The open runs outside the lock (a cold directory lookup is a disk read, and the other
+     * readers must not wait for it); a file an eviction unlinked meanwhile is a miss (below). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+    int open_errno = fd < 0 ? errno : 0;
     kvt_buf_t b = {0};
     int rc = 0, bad = 0;
     struct stat sb;
+    size_t hb = head_bytes(n_tokens);
+    /* The payload goes straight into the caller's buffer when it needs no padding and, for
+     * O_DIRECT, is aligned: no bounce copy, and the checksum runs over it there. */
+    uint8_t *dst = payload;
+    int into_caller =
+        t->payload_pad == t->p.payload_bytes && (!direct || (uintptr_t)payload % KVT_ALIGN == 0);
     if (fd < 0 || fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != bytes) {
         bad = 1; /* the file went, or is not the length the record says */
     } else if ((rc = buf_take(t, &b)) == 0) {
-        int r = read_all(fd, b.p, bytes);
+        uint8_t *rest = into_caller ? dst : b.p + hb;
+        int r = read_rec(fd, b.p, hb, rest, bytes);
         if (r == -EINVAL && direct) { /* O_DIRECT refused after all: read through the cache */
             pthread_mutex_lock(&t->mu);
             t->direct = t->st.direct_io = 0;
@@ -1158,7 +1197,7 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
                    t->dir);
             close(fd);
             fd = open(path, O_RDONLY | O_CLOEXEC);
-            r = fd >= 0 ? read_all(fd, b.p, bytes) : -EIO;
+            r = fd >= 0 ? read_rec(fd, b.p, hb, rest, bytes) : -EIO;
         }
         if (fd >= 0 && !direct)
             (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -1167,7 +1206,7 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
         else if (r != 0)
             rc = PC_ERR_IO;
         else
-            bad = rec_decode(t, b.p, bytes, name, tokens, n_tokens, payload) != KVT_OK;
+            bad = rec_decode(t, b.p, rest, bytes, name, tokens, n_tokens, payload) != KVT_OK;
     }
     if (fd >= 0)
         close(fd);
@@ -1177,6 +1216,10 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
     e = idx_find(t, name);
     if (e != NULL && e->gen != gen)
         e = NULL; /* another record of that name now: not the one we read */
+    if (bad && open_errno == ENOENT && e == NULL) {
+        bad = 0; /* evicted or removed before our open: a plain miss */
+        rc = PC_ERR_NOTFOUND;
+    }
     if (bad) {
         t->st.misses++;
         t->st.corrupt++;
