@@ -69,6 +69,10 @@ struct eng_tier_ticket {
     bool queued;       /* in the read queue: some entry not yet taken */
     uint32_t cursor;   /* the next entry an I/O thread takes (t->mu) */
     uint32_t active;   /* entries I/O threads are reading now (t->mu) */
+    bool borrowed;     /* the buffers are the sequence's pool blocks (eng_seq_start_cached's own
+                          loads): not staged for others, not owned, not in queue_bytes */
+    uint64_t t0_ns;    /* when it was queued: its reads' wall time feeds the bandwidth figure */
+    int ok;            /* entries read and verified (atomics) */
     tent_t ent[];      /* [n] */
 };
 
@@ -133,6 +137,7 @@ struct eng_tiers {
     uint64_t staged_bytes;
     uint64_t load_blocks, load_bytes, load_ns; /* by this file's reads (gets) */
     double ns_per_block;                       /* EWMA of a disk load's time per block */
+    double bytes_per_s; /* EWMA of a ticket's bytes over its reads' wall time (in parallel) */
 
     pthread_mutex_t map_mu;
     pc_u64map_t chains; /* name key -> chain_t */
@@ -431,9 +436,17 @@ static void *io_main(void *arg)
             tent_t *en = &k->ent[i];
             const int32_t *tok = k->tokens + (size_t)(k->first + i) * t->bt;
             int st = load_block(t, &en->name, tok, en->buf) == 0 ? ENT_OK : ENT_FAIL;
+            if (st == ENT_OK)
+                __atomic_add_fetch(&k->ok, 1, __ATOMIC_RELAXED);
             __atomic_store_n(&en->state, st, __ATOMIC_RELEASE);
-            __atomic_sub_fetch(&k->pending, 1, __ATOMIC_RELEASE);
+            bool last = __atomic_sub_fetch(&k->pending, 1, __ATOMIC_ACQ_REL) == 0;
+            uint64_t now = pc_time_mono_ns();
             pthread_mutex_lock(&t->mu);
+            int ok = __atomic_load_n(&k->ok, __ATOMIC_RELAXED);
+            if (last && ok > 0 && now > k->t0_ns) {
+                double bw = (double)ok * (double)t->block_bytes * 1e9 / (double)(now - k->t0_ns);
+                t->bytes_per_s = t->bytes_per_s > 0 ? 0.8 * t->bytes_per_s + 0.2 * bw : bw;
+            }
             k->active--;
             pthread_cond_broadcast(&t->cv_done);
             continue;
@@ -662,8 +675,9 @@ void eng_tier_stats(eng_t *e, eng_tier_stats_t *out)
     out->load_bytes = t->load_bytes;
     out->load_ns = t->load_ns;
     out->queue_bytes = t->staged_bytes;
-    out->load_bytes_per_s =
-        t->ns_per_block > 0 ? (double)t->block_bytes * 1e9 / t->ns_per_block : 0;
+    out->load_bytes_per_s = t->bytes_per_s > 0    ? t->bytes_per_s
+                            : t->ns_per_block > 0 ? (double)t->block_bytes * 1e9 / t->ns_per_block
+                                                  : 0;
     pthread_mutex_unlock(&t->mu);
     out->g3_bytes = ks.bytes;
     out->g3_blocks = ks.records;
@@ -749,7 +763,7 @@ uint8_t eng__tier_write(eng_t *e, uint64_t ns, const int32_t *path, uint32_t dep
 static const void *staged(struct eng_tiers *t, uint64_t ns, uint32_t i, const name_t *nm)
 {
     for (eng_tier_ticket_t *k = t->tickets; k != NULL; k = k->next) {
-        if (k->ns != ns || i < k->first || i >= k->first + k->n)
+        if (k->borrowed || k->ns != ns || i < k->first || i >= k->first + k->n)
             continue;
         const tent_t *en = &k->ent[i - k->first];
         if (__atomic_load_n(&en->state, __ATOMIC_ACQUIRE) == ENT_OK &&
@@ -785,14 +799,29 @@ static bool recompute(eng_t *e, eng_seq_t *s, const int32_t *tokens, uint32_t to
     return true;
 }
 
-/* Loads block i (plan how: staged src, or the disk) into a fresh pool block at the end of s,
- * which holds i * bt positions. Returns true when s then holds (i + 1) * bt. */
+/* Block i (its KV now in s's pool block i) is the sequence's: its tokens and counts. */
+static void commit_block(struct eng_tiers *t, eng_seq_t *s, const int32_t *tokens, uint32_t i)
+{
+    uint32_t bt = t->bt;
+    memcpy(s->tokens + (size_t)i * bt, tokens + (size_t)i * bt, (size_t)bt * sizeof *tokens);
+    s->kv.n_tokens += bt;
+    s->origin.g3_tokens += bt;
+    t->st.hit_blocks_g3++;
+    t->st.recompute_avoided_tokens += bt;
+}
+
+/* Loads block i (plan how: staged src, or the disk) into pool block i of s, which holds i * bt
+ * positions and either i blocks (a fresh one is added) or more (reserved ahead by the caller,
+ * whose reads may still be landing in the later ones: nothing is trimmed here then). Returns
+ * true when s then holds (i + 1) * bt. */
 static bool load_into(eng_t *e, eng_seq_t *s, const int32_t *tokens, uint32_t i, const void *src)
 {
     struct eng_tiers *t = e->tier;
     uint32_t bt = t->bt;
-    PC_ASSERT(s->kv.n_tokens == i * bt && s->kv.n_blocks == i);
-    if (eng__seq_tokens_reserve(s, (i + 1) * bt) != 0 || eng_kvseq_reserve(&s->kv, e->kv, bt) != 0)
+    PC_ASSERT(s->kv.n_tokens == i * bt && s->kv.n_blocks >= i);
+    bool fresh = s->kv.n_blocks == i;
+    if (eng__seq_tokens_reserve(s, (i + 1) * bt) != 0 ||
+        (fresh && eng_kvseq_reserve(&s->kv, e->kv, bt) != 0))
         return false;
     uint32_t b = s->kv.blocks[i];
     const int32_t *tok = tokens + (size_t)i * bt;
@@ -807,22 +836,31 @@ static bool load_into(eng_t *e, eng_seq_t *s, const int32_t *tokens, uint32_t i,
             rc = eng_kvpool_block_write(e->kv, b, t->load_buf);
     }
     if (rc != 0) {
-        eng_kvseq_trim(&s->kv, e->kv);
+        if (fresh)
+            eng_kvseq_trim(&s->kv, e->kv);
         return false;
     }
-    memcpy(s->tokens + (size_t)i * bt, tok, (size_t)bt * sizeof *tok);
-    s->kv.n_tokens += bt;
-    s->origin.g3_tokens += bt;
-    t->st.hit_blocks_g3++;
-    t->st.recompute_avoided_tokens += bt;
+    commit_block(t, s, tokens, i);
     return true;
 }
 
+/* Waits for entry en of ticket k to be read; returns its state (ENT_OK or ENT_FAIL). */
+static int ent_wait(struct eng_tiers *t, const tent_t *en)
+{
+    pthread_mutex_lock(&t->mu);
+    int st;
+    while ((st = __atomic_load_n(&en->state, __ATOMIC_ACQUIRE)) == ENT_PENDING)
+        pthread_cond_wait(&t->cv_done, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
 /* A ticket reading, on the I/O threads, the blocks i in [kb, m) of t->rd whose plan byte is
- * `want` (t->rd holds the names). *out NULL when there are none. Returns 0, PC_ERR_BUSY (the
- * staging budget) or PC_ERR_NOMEM. */
+ * `want` (t->rd holds the names). into NULL: into staging buffers of its own; else block i is
+ * read straight into pool block into[i] (a sequence's table, reserved through m). *out NULL
+ * when there are none. Returns 0, PC_ERR_BUSY (the staging budget) or PC_ERR_NOMEM. */
 static int ticket_new(struct eng_tiers *t, uint64_t ns, const int32_t *tokens, uint32_t kb,
-                      uint32_t m, uint8_t want, eng_tier_ticket_t **out)
+                      uint32_t m, uint8_t want, const uint32_t *into, eng_tier_ticket_t **out)
 {
     *out = NULL;
     uint32_t bt = t->bt, first = UINT32_MAX, last = 0, count = 0;
@@ -835,7 +873,7 @@ static int ticket_new(struct eng_tiers *t, uint64_t ns, const int32_t *tokens, u
     }
     if (count == 0)
         return 0;
-    uint64_t need = (uint64_t)count * t->block_bytes;
+    uint64_t need = into != NULL ? 0 : (uint64_t)count * t->block_bytes;
     pthread_mutex_lock(&t->mu);
     bool room = t->staged_bytes + need <= t->queue_bytes;
     if (room)
@@ -851,11 +889,15 @@ static int ticket_new(struct eng_tiers *t, uint64_t ns, const int32_t *tokens, u
         tent_t *en = &k->ent[i];
         en->name = t->rd.v[first + i];
         en->state = t->rd.plan[first + i] == want ? ENT_PENDING : ENT_SKIP;
-        if (en->state == ENT_PENDING && (en->buf = pc_malloc(t->block_bytes)) == NULL)
+        if (en->state != ENT_PENDING)
+            continue;
+        if (into != NULL)
+            en->buf = eng_kvpool_kv(t->e->kv, into[first + i], 0, 0);
+        else if ((en->buf = pc_malloc(t->block_bytes)) == NULL)
             rc = PC_ERR_NOMEM;
     }
     if (rc != 0) {
-        for (uint32_t i = 0; k != NULL && i < nb; i++)
+        for (uint32_t i = 0; k != NULL && into == NULL && i < nb; i++)
             pc_free(k->ent[i].buf);
         pc_free(k);
         pc_free(tok);
@@ -870,6 +912,8 @@ static int ticket_new(struct eng_tiers *t, uint64_t ns, const int32_t *tokens, u
     k->n = nb;
     k->tokens = tok;
     k->pending = (int)count;
+    k->borrowed = into != NULL;
+    k->t0_ns = pc_time_mono_ns();
     k->next = t->tickets;
     if (t->tickets != NULL)
         t->tickets->prev = k;
@@ -931,10 +975,25 @@ void eng__tier_continue(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *toke
         last = last > kb ? last - 1 : UINT32_MAX;
     if (last == UINT32_MAX)
         return;
-    /* The disk blocks are read by the I/O threads in parallel while this thread waits (without
-     * staging room they are read here, one by one). */
+    /* The disk blocks are read by the I/O threads in parallel. On a pool with host storage they
+     * land straight in the sequence's blocks (reserved here through the last one) while this
+     * thread recomputes the holes before them; otherwise into staging buffers, then copied
+     * (without staging room, or reserving fails: read here, one by one). */
+    uint32_t first = kb;
+    while (t->rd.plan[first] != PL_STAGED && t->rd.plan[first] != PL_DISK)
+        first++;
+    if (s->kv.n_tokens > first * bt) {
+        /* The G1 match ends inside block `first`, which a tier holds whole: take that instead. */
+        s->origin.g1_tokens = first * bt;
+        s->kv.n_tokens = first * bt;
+        eng_kvseq_trim(&s->kv, e->kv);
+    }
     eng_tier_ticket_t *k = NULL;
-    if (ticket_new(t, ns, tokens, kb, last + 1, PL_DISK, &k) == 0 && k != NULL) {
+    uint32_t end = (last + 1) * bt;
+    if (eng_kvpool_has_storage(e->kv) && eng__seq_tokens_reserve(s, end) == 0 &&
+        eng_kvseq_reserve(&s->kv, e->kv, end - s->kv.n_tokens) == 0) {
+        (void)ticket_new(t, ns, tokens, kb, last + 1, PL_DISK, s->kv.blocks, &k);
+    } else if (ticket_new(t, ns, tokens, kb, last + 1, PL_DISK, NULL, &k) == 0 && k != NULL) {
         pthread_mutex_lock(&t->mu);
         while (!eng_tier_ready(k))
             pthread_cond_wait(&t->cv_done, &t->mu);
@@ -943,27 +1002,31 @@ void eng__tier_continue(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *toke
             if (t->rd.plan[i] == PL_DISK)
                 t->rd.plan[i] = PL_STAGED;
     }
-    /* Holes are recomputed (attending to everything before them), loads fill fresh blocks; a
+    /* Holes are recomputed (attending to everything before them), loads fill the blocks; a
      * failed load becomes part of the next hole, and whatever fails last ends the start: the
      * caller computes the rest. */
     for (uint32_t i = kb; i <= last; i++) {
         if (t->rd.plan[i] != PL_STAGED && t->rd.plan[i] != PL_DISK)
             continue;
-        if (s->kv.n_tokens > i * bt) {
-            /* The G1 match ends inside block i, which a tier holds whole: take that instead. */
-            s->origin.g1_tokens = i * bt;
-            s->kv.n_tokens = i * bt;
-            eng_kvseq_trim(&s->kv, e->kv);
-        }
         if (!recompute(e, s, tokens, i * bt))
             break;
-        /* A staged block whose read failed is tried once more from the disk (a bad record is
-         * gone by now: the block becomes part of the next hole). */
+        if (k != NULL && k->borrowed && t->rd.plan[i] == PL_DISK) {
+            /* Read into pool block i by an I/O thread: wait for it; a failed read is tried
+             * once more here (a bad record is gone by now: the block joins the next hole). */
+            if (ent_wait(t, &k->ent[i - k->first]) == ENT_OK)
+                commit_block(t, s, tokens, i);
+            else if (!load_into(e, s, tokens, i, NULL) && s->kv.n_tokens != i * bt)
+                break;
+            continue;
+        }
+        /* A staged block whose read failed is tried once more from the disk. */
         const void *src = t->rd.plan[i] == PL_STAGED ? staged(t, ns, i, &t->rd.v[i]) : NULL;
         if (!load_into(e, s, tokens, i, src) && s->kv.n_tokens != i * bt)
             break;
     }
+    /* Reads still landing in reserved blocks finish before those blocks are given back. */
     eng_tier_ticket_free(e, k);
+    eng_kvseq_trim(&s->kv, e->kv);
 }
 
 /* ---- prefetch tickets ---- */
@@ -987,7 +1050,7 @@ int eng_tier_prefetch(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n,
             eng_kvtier_contains(t->g3, &t->rd.v[i]) == 1 && staged(t, ns, i, &t->rd.v[i]) == NULL
                 ? PL_DISK
                 : PL_NONE;
-    return ticket_new(t, ns, tokens, kb, m, PL_DISK, out);
+    return ticket_new(t, ns, tokens, kb, m, PL_DISK, NULL, out);
 }
 
 bool eng_tier_ready(const eng_tier_ticket_t *k)
@@ -1015,7 +1078,7 @@ void eng_tier_ticket_free(eng_t *e, eng_tier_ticket_t *k)
     while (k->active > 0)
         pthread_cond_wait(&t->cv_done, &t->mu);
     uint64_t bytes = 0;
-    for (uint32_t i = 0; i < k->n; i++)
+    for (uint32_t i = 0; !k->borrowed && i < k->n; i++)
         if (k->ent[i].buf != NULL) {
             bytes += t->block_bytes;
             pc_free(k->ent[i].buf);
