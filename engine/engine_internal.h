@@ -86,6 +86,10 @@ void eng__tier_block_name(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t
                           struct eng_kvtier_name *out);
 /* Removes every record of namespace ns from the tiers (eng_prefix_drop of a whole namespace).
  * Returns 0 or PC_ERR_NOMEM (some may stay). */
+/* Removes the disk records of every prompt of ns that starts with tokens[0..n) (n > 0), and
+ * the records before n on that path that no held record continues any more, after the queued
+ * writes. Returns 0 or PC_ERR_NOMEM. */
+int eng__tier_drop_prefix(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n);
 int eng__tier_drop_ns(eng_t *e, uint64_t ns);
 /* Continues the sequence s (its G1 match) into the tiers for tokens[0..n) (prefix.h). */
 void eng__tier_continue(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tokens, uint32_t n);

@@ -633,9 +633,10 @@ int eng_prefix_drop(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n)
     px->reason_now = ENG_EVICT_REMOVED;
     int rc = rdx_tree_remove_prefix(px->tree, ns, (const uint32_t *)tokens, n);
     px->reason_now = 0;
-    /* A whole namespace leaves the tiers too (a pinned prefix keeps everything, as above). */
-    if (n == 0 && e->tier != NULL && rc != PC_ERR_BUSY) {
-        int trc = eng__tier_drop_ns(e, ns);
+    /* The dropped prompts leave the tiers too, so that a tenant's dropped KV never comes back
+     * from disk (a pinned prefix keeps everything, as above). */
+    if (e->tier != NULL && rc != PC_ERR_BUSY) {
+        int trc = n == 0 ? eng__tier_drop_ns(e, ns) : eng__tier_drop_prefix(e, ns, tokens, n);
         if (trc != 0)
             return trc;
     }

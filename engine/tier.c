@@ -645,6 +645,66 @@ int eng__tier_drop_ns(eng_t *e, uint64_t ns)
     return rc;
 }
 
+/* Whether held entry c's path starts with tokens[0..n), n <= c's path length (map_mu held). */
+static bool chain_starts_with(struct eng_tiers *t, const chain_t *c, const int32_t *tokens,
+                              uint32_t n, int32_t *path)
+{
+    return chain_path(t, c, path) && memcmp(path, tokens, (size_t)n * sizeof *tokens) == 0;
+}
+
+int eng__tier_drop_prefix(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n)
+{
+    struct eng_tiers *t = e->tier;
+    uint32_t bt = t->bt;
+    eng_tier_flush(e); /* a queued write of the prefix must not land after the drop */
+    /* The records holding KV of a prompt that starts with tokens[0..n): every block whose end
+     * is at or past n on such a path. */
+    uint32_t from = (n + bt - 1) / bt - 1; /* the first block index ending at or past n */
+    name_t *v = NULL;
+    int32_t *path = NULL;
+    size_t nv = 0, cap = 0, path_cap = 0;
+    int rc = 0;
+    pthread_mutex_lock(&t->map_mu);
+    pc_u64map_t *m = &t->chains;
+    for (size_t i = pc_u64map_next(m, 0); rc == 0 && i < m->cap; i = pc_u64map_next(m, i + 1)) {
+        const chain_t *c = m->slots[i].value;
+        if (c->ns != ns || c->gone || c->block_index < from)
+            continue;
+        if ((rc = pc_array_reserve(&path, &path_cap, (size_t)(c->block_index + 1) * bt)) != 0)
+            break;
+        if (!chain_starts_with(t, c, tokens, n, path))
+            continue;
+        if ((rc = pc_array_reserve(&v, &cap, nv + 1)) == 0)
+            v[nv++] = c->name;
+    }
+    pthread_mutex_unlock(&t->map_mu);
+    /* Outside map_mu: each removal reports through on_store_evict, which takes it. */
+    for (size_t i = 0; rc == 0 && i < nv; i++)
+        (void)eng_kvtier_remove(t->g3, &v[i]);
+    pc_free(v);
+    pc_free(path);
+    if (rc != 0 || from == 0)
+        return rc;
+    /* Then the blocks before `from` on the dropped path that nothing held continues any more,
+     * deepest first (the pool drops the ancestors a removal leaves empty, too). */
+    names_t anc = {0};
+    if ((rc = chain_names(t, &anc, ns, tokens, from)) == 0) {
+        for (uint32_t i = from; i-- > 0;) {
+            pthread_mutex_lock(&t->map_mu);
+            const chain_t *c = pc_u64map_get(&t->chains, name_key(&anc.v[i]));
+            bool leaf = c != NULL && !c->gone && c->n_children == 0 &&
+                        memcmp(c->name.b, anc.v[i].b, sizeof c->name.b) == 0;
+            pthread_mutex_unlock(&t->map_mu);
+            if (!leaf)
+                break;
+            (void)eng_kvtier_remove(t->g3, &anc.v[i]);
+        }
+    }
+    pc_free(anc.v);
+    pc_free(anc.plan);
+    return rc;
+}
+
 bool eng_tier_enabled(const eng_t *e)
 {
     return e->tier != NULL;

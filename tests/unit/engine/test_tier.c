@@ -444,6 +444,55 @@ PC_TEST(namespaces_never_share_a_record)
     unlink(model);
 }
 
+PC_TEST(dropping_a_prefix_removes_its_records)
+{
+    char model[256], dir[300];
+    make_model(ENG_ARCH_QWEN3, model, sizeof model);
+    new_dir(dir, sizeof dir);
+    eng_t *e = open_engine(model, dir, true);
+    ASSERT_TRUE(e != NULL);
+    /* p and q share their first 40 tokens (blocks 0 and 1 whole); p is also cached in ns 2. */
+    int32_t p[N_PROMPT], q[N_PROMPT];
+    for (uint32_t i = 0; i < N_PROMPT; i++) {
+        p[i] = (int32_t)rnd(N_VOCAB);
+        q[i] = i < 40 ? p[i] : (int32_t)rnd(N_VOCAB);
+    }
+    q[40] = (p[40] + 1) % N_VOCAB;
+    static float ref_p[N_PROMPT * N_VOCAB], ref_q[N_PROMPT * N_VOCAB];
+    cold(model, p, N_PROMPT, ref_p);
+    cold(model, q, N_PROMPT, ref_q);
+    cache(e, 1, p, N_PROMPT, false);
+    cache(e, 1, q, N_PROMPT, false);
+    cache(e, 2, p, N_PROMPT, false);
+    evict_all(e);
+    int n = 0;
+    ASSERT_EQ(eng_kvtier_foreach(eng__tier_store(e), count_rec, &n), 0);
+    ASSERT_EQ(n, 3 * N_WHOLE - 2);
+    /* Dropping what starts with p[0..100) in ns 1 removes p's blocks 6.. (they end past 100)
+     * and 2..5 (nothing else continues them), keeps 0 and 1 (q continues them) and ns 2. */
+    int rc = eng_prefix_drop(e, 1, p, 100);
+    ASSERT_TRUE(rc == 0 || rc == PC_ERR_NOTFOUND);
+    n = 0;
+    ASSERT_EQ(eng_kvtier_foreach(eng__tier_store(e), count_rec, &n), 0);
+    ASSERT_EQ(n, 2 * N_WHOLE);
+    for (uint32_t i = 2; i < N_WHOLE; i++) {
+        eng_kvtier_name_t nm;
+        eng__tier_block_name(e, 1, p, i, &nm);
+        ASSERT_EQ(eng_kvtier_contains(eng__tier_store(e), &nm), 0);
+    }
+    eng_seq_origin_t o;
+    run_check(e, 1, p, N_PROMPT, ref_p, &o);
+    ASSERT_EQ(o.g3_tokens, 2u * BT); /* only what q shares comes back */
+    static float ref2[N_PROMPT * N_VOCAB];
+    memcpy(ref2, ref_p, sizeof ref2);
+    run_check(e, 2, p, N_PROMPT, ref2, &o);
+    ASSERT_EQ(o.g3_tokens, (uint32_t)N_WHOLE * BT);
+    run_check(e, 1, q, N_PROMPT, ref_q, &o);
+    ASSERT_EQ(o.g3_tokens + o.g1_tokens, (uint32_t)N_WHOLE * BT);
+    eng_free(e);
+    unlink(model);
+}
+
 PC_TEST(prefetch_stages_the_blocks)
 {
     char model[256], dir[300];
