@@ -89,7 +89,9 @@ typedef struct chain {
     uint32_t n_children; /* entries linked to this one as their parent */
     bool gone;           /* the store no longer holds it */
     bool linked;         /* counted in its parent's n_children */
+    bool orphan;         /* not linked, waiting in t->orphans for its parent to arrive */
     bool has_child;      /* scratch of eng_tier_prefixes */
+    struct chain *onext; /* the next orphan waiting for the same parent */
     int32_t tokens[];
 } chain_t;
 
@@ -140,7 +142,9 @@ struct eng_tiers {
     double bytes_per_s; /* EWMA of a ticket's bytes over its reads' wall time (in parallel) */
 
     pthread_mutex_t map_mu;
-    pc_u64map_t chains; /* name key -> chain_t */
+    pc_u64map_t chains;  /* name key -> chain_t */
+    pc_u64map_t orphans; /* parent's name key -> chain_t list (onext) of entries written before
+                            their parent (a leaf of the prefix index leaves the pool first) */
     tev_t *ev_head, *ev_tail;
 
     eng_tier_stats_t st; /* this file's counters (store's are merged in eng_tier_stats) */
@@ -181,16 +185,64 @@ static int chain_names(struct eng_tiers *t, names_t *c, uint64_t ns, const int32
 
 /* ---- the chain map and events ---- */
 
-/* Counts c in its parent's children when the parent is known (map_mu held). */
+static bool is_parent(const chain_t *p, const chain_t *c)
+{
+    return p->block_index + 1 == c->block_index &&
+           memcmp(p->name.b, c->parent.b, sizeof p->name.b) == 0;
+}
+
+/* Takes c out of the orphans waiting for its parent (map_mu held). */
+static void orphan_del(struct eng_tiers *t, chain_t *c)
+{
+    uint64_t k = name_key(&c->parent);
+    chain_t *head = pc_u64map_get(&t->orphans, k), **pp = &head;
+    while (*pp != NULL && *pp != c)
+        pp = &(*pp)->onext;
+    if (*pp == c)
+        *pp = c->onext;
+    if (head == NULL)
+        pc_u64map_del(&t->orphans, k);
+    else
+        (void)pc_u64map_put(&t->orphans, k, head); /* replaces a value: no allocation */
+    c->orphan = false;
+    c->onext = NULL;
+}
+
+/* Counts c in its parent's children when the parent is known, else leaves it with the orphans
+ * until the parent arrives (map_mu held). Out of memory only loses the link (the listing then
+ * shows the chain's two parts apart). */
 static void chain_link(struct eng_tiers *t, chain_t *c)
 {
     if (c->linked || c->block_index == 0)
         return;
     chain_t *p = pc_u64map_get(&t->chains, name_key(&c->parent));
-    if (p != NULL && p->block_index + 1 == c->block_index &&
-        memcmp(p->name.b, c->parent.b, sizeof p->name.b) == 0) {
+    if (p != NULL && is_parent(p, c)) {
+        if (c->orphan)
+            orphan_del(t, c);
         p->n_children++;
         c->linked = true;
+        return;
+    }
+    if (!c->orphan) {
+        uint64_t k = name_key(&c->parent);
+        chain_t *head = pc_u64map_get(&t->orphans, k);
+        c->onext = head;
+        if (pc_u64map_put(&t->orphans, k, c) == 0)
+            c->orphan = true;
+        else
+            c->onext = NULL;
+    }
+}
+
+/* A new entry p adopts the orphans that wait for it (map_mu held). */
+static void chain_adopt(struct eng_tiers *t, chain_t *p)
+{
+    chain_t *o = pc_u64map_get(&t->orphans, name_key(&p->name));
+    while (o != NULL) {
+        chain_t *next = o->onext;
+        if (is_parent(p, o))
+            chain_link(t, o);
+        o = next;
     }
 }
 
@@ -217,6 +269,7 @@ static void chain_add(struct eng_tiers *t, const eng_kvtier_rec_t *rec)
         return;
     }
     chain_link(t, c);
+    chain_adopt(t, c);
 }
 
 /* The store dropped c's record: c goes, and so do its gone ancestors no entry needs any more
@@ -226,6 +279,8 @@ static void chain_forget(struct eng_tiers *t, chain_t *c)
     c->gone = true;
     while (c != NULL && c->gone && c->n_children == 0) {
         chain_t *p = c->linked ? pc_u64map_get(&t->chains, name_key(&c->parent)) : NULL;
+        if (c->orphan)
+            orphan_del(t, c);
         pc_u64map_del(&t->chains, name_key(&c->name));
         pc_free(c);
         if (p != NULL)
@@ -526,10 +581,7 @@ int eng__tier_init(eng_t *e, const eng_tier_params_t *p, struct eng_tiers **out,
     /* The chains the disk holds (after a restart), then every later change through the
      * callback. */
     pthread_mutex_lock(&t->map_mu);
-    rc = eng_kvtier_foreach(t->g3, on_store_rec, t);
-    pc_u64map_t *m = &t->chains; /* the walk is LRU first: children may precede parents */
-    for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1))
-        chain_link(t, m->slots[i].value);
+    rc = eng_kvtier_foreach(t->g3, on_store_rec, t); /* LRU first: a parent adopts children */
     pthread_mutex_unlock(&t->map_mu);
     eng_kvtier_set_evict_cb(t->g3, on_store_evict, t);
     t->n_threads = p->io_threads > 0 ? PC_MIN(p->io_threads, 64u) : 4;
@@ -587,6 +639,7 @@ void eng__tier_free(struct eng_tiers *t)
     for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1))
         pc_free(m->slots[i].value);
     pc_u64map_free(m);
+    pc_u64map_free(&t->orphans);
     pc_u64map_free(&t->inflight);
     while (t->ev_head != NULL) {
         tev_t *n = t->ev_head->next;

@@ -402,6 +402,61 @@ static int count_rec(void *ud, const eng_kvtier_rec_t *rec)
     return 0;
 }
 
+typedef struct chains {
+    int n, whole; /* chains listed; of them, equal to p or q */
+    const int32_t *p, *q;
+} chains_t;
+
+static void on_chain(const eng_tier_prefix_t *pr, void *ud)
+{
+    chains_t *c = ud;
+    c->n++;
+    size_t bytes = (size_t)pr->n_tokens * sizeof(int32_t);
+    if (pr->n_tokens == (uint32_t)N_WHOLE * BT &&
+        (memcmp(pr->tokens, c->p, bytes) == 0 || memcmp(pr->tokens, c->q, bytes) == 0))
+        c->whole++;
+}
+
+PC_TEST(child_written_before_its_parent_is_linked)
+{
+    char model[256], dir[300];
+    make_model(ENG_ARCH_QWEN3, model, sizeof model);
+    new_dir(dir, sizeof dir);
+    eng_t *e = open_engine(model, dir, true);
+    ASSERT_TRUE(e != NULL);
+    /* p and q share 64 tokens: the prefix index splits them into a node of 4 blocks and two
+     * leaves; the leaves leave the pool first, so p's block 4 lands before its parent. */
+    int32_t p[N_PROMPT], q[N_PROMPT];
+    for (uint32_t i = 0; i < N_PROMPT; i++) {
+        p[i] = (int32_t)rnd(N_VOCAB);
+        q[i] = i < 64 ? p[i] : (int32_t)rnd(N_VOCAB);
+    }
+    q[64] = (p[64] + 1) % N_VOCAB;
+    cache(e, 5, p, N_PROMPT, false);
+    cache(e, 5, q, N_PROMPT, false);
+    evict_all(e);
+    chains_t c = {.p = p, .q = q};
+    ASSERT_EQ(eng_tier_prefixes(e, on_chain, &c), 2);
+    ASSERT_EQ(c.whole, 2);
+    /* The same after a restart (the index is rebuilt in LRU order: children first), and
+     * without their shared block 3 the two chains are still known whole (a read recomputes
+     * the hole). */
+    eng_free(e);
+    e = open_engine(model, dir, true);
+    ASSERT_TRUE(e != NULL);
+    c = (chains_t){.p = p, .q = q};
+    ASSERT_EQ(eng_tier_prefixes(e, on_chain, &c), 2);
+    ASSERT_EQ(c.whole, 2);
+    eng_kvtier_name_t nm;
+    eng__tier_block_name(e, 5, p, 3, &nm);
+    ASSERT_EQ(eng_kvtier_remove(eng__tier_store(e), &nm), 0);
+    c = (chains_t){.p = p, .q = q};
+    ASSERT_EQ(eng_tier_prefixes(e, on_chain, &c), 2);
+    ASSERT_EQ(c.whole, 2);
+    eng_free(e);
+    unlink(model);
+}
+
 PC_TEST(namespaces_never_share_a_record)
 {
     char model[256], dir[300];
