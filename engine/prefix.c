@@ -350,6 +350,24 @@ int eng__prefix_init(eng_t *e, struct eng_prefix **out)
     return 0;
 }
 
+void eng__prefix_shutdown(eng_t *e)
+{
+    struct eng_prefix *px = e->prefix;
+    if (px == NULL || e->tier == NULL)
+        return;
+    px->cb = NULL; /* the engine is going away: nobody to tell */
+    eng__tier_drain_begin(e);
+    while (eng__tier_drain_more(e)) {
+        size_t freed = 0;
+        px->reason_now = ENG_EVICT_LRU;
+        rdx_tree_evict(px->tree, bt_of(px), &freed);
+        px->reason_now = 0;
+        if (freed == 0)
+            break;
+    }
+    eng__tier_drain_end(e);
+}
+
 void eng__prefix_free(struct eng_prefix *px)
 {
     if (px == NULL)

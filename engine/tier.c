@@ -140,6 +140,9 @@ struct eng_tiers {
     uint64_t load_blocks, load_bytes, load_ns; /* by this file's reads (gets) */
     double ns_per_block;                       /* EWMA of a disk load's time per block */
     double bytes_per_s; /* EWMA of a ticket's bytes over its reads' wall time (in parallel) */
+    /* The shutdown drain (eng__tier_drain_begin): writes wait for room until drain_until_ns,
+     * and queue at most drain_left bytes. */
+    uint64_t drain_until_ns, drain_left;
 
     pthread_mutex_t map_mu;
     pc_u64map_t chains;  /* name key -> chain_t */
@@ -584,7 +587,7 @@ int eng__tier_init(eng_t *e, const eng_tier_params_t *p, struct eng_tiers **out,
     rc = eng_kvtier_foreach(t->g3, on_store_rec, t); /* LRU first: a parent adopts children */
     pthread_mutex_unlock(&t->map_mu);
     eng_kvtier_set_evict_cb(t->g3, on_store_evict, t);
-    t->n_threads = p->io_threads > 0 ? PC_MIN(p->io_threads, 64u) : 4;
+    t->n_threads = p->io_threads > 0 ? PC_MIN(p->io_threads, 64u) : 8;
     t->threads = pc_calloc(t->n_threads, sizeof *t->threads);
     if (t->threads == NULL) {
         rc = PC_ERR_NOMEM;
@@ -758,6 +761,37 @@ int eng__tier_drop_prefix(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t
     return rc;
 }
 
+void eng__tier_drain_begin(eng_t *e)
+{
+    struct eng_tiers *t = e->tier;
+    const eng_tier_params_t *p = &e->p.tier;
+    eng_kvtier_stats_t ks;
+    eng_kvtier_stats(t->g3, &ks);
+    pthread_mutex_lock(&t->mu);
+    t->drain_until_ns = p->shutdown_ms > 0 ? pc_time_mono_ns() + p->shutdown_ms * 1000000ull : 0;
+    t->drain_left = p->shutdown_bytes > 0 ? p->shutdown_bytes : ks.max_bytes;
+    pthread_mutex_unlock(&t->mu);
+}
+
+bool eng__tier_drain_more(eng_t *e)
+{
+    struct eng_tiers *t = e->tier;
+    pthread_mutex_lock(&t->mu);
+    bool more = t->drain_until_ns != 0 && pc_time_mono_ns() < t->drain_until_ns &&
+                t->drain_left >= t->block_bytes;
+    pthread_mutex_unlock(&t->mu);
+    return more;
+}
+
+void eng__tier_drain_end(eng_t *e)
+{
+    struct eng_tiers *t = e->tier;
+    pthread_mutex_lock(&t->mu);
+    t->drain_until_ns = 0;
+    t->drain_left = 0;
+    pthread_mutex_unlock(&t->mu);
+}
+
 bool eng_tier_enabled(const eng_t *e)
 {
     return e->tier != NULL;
@@ -798,6 +832,8 @@ void eng_tier_stats(eng_t *e, eng_tier_stats_t *out)
     out->evictions = ks.evictions;
     out->corrupt = ks.corrupt;
     out->prefill_tokens_per_s = e->prefill_tps;
+    out->prefill_mean_pos = e->prefill_pos;
+    out->attn_per_pos = eng__tier_attn_ratio(e);
 }
 
 /* ---- writes ---- */
@@ -825,6 +861,17 @@ uint8_t eng__tier_write(eng_t *e, uint64_t ns, const int32_t *path, uint32_t dep
         pthread_mutex_lock(&t->mu);
         bool queued = pc_u64map_get(&t->inflight, name_key(nm)) != NULL;
         bool room = t->staged_bytes + t->block_bytes <= t->queue_bytes;
+        /* Draining at shutdown: wait for a queued write to make room (one write's time). */
+        while (!queued && !room && t->drain_until_ns != 0 && t->drain_left >= t->block_bytes &&
+               (t->wq_head != NULL || t->writing > 0) && pc_time_mono_ns() < t->drain_until_ns) {
+            pthread_cond_wait(&t->cv_done, &t->mu);
+            room = t->staged_bytes + t->block_bytes <= t->queue_bytes;
+        }
+        if (t->drain_until_ns != 0) {
+            room = room && t->drain_left >= t->block_bytes;
+            if (room && !queued)
+                t->drain_left -= t->block_bytes;
+        }
         pthread_mutex_unlock(&t->mu);
         if (queued)
             continue;
@@ -889,12 +936,30 @@ static const void *staged(struct eng_tiers *t, uint64_t ns, uint32_t i, const na
 enum { PL_NONE = 0, PL_STAGED = 1, PL_DISK = 2, PL_RECOMPUTE = 3 };
 
 /* The cost model: true when loading `blocks` blocks from disk is expected to be faster than
- * recomputing their tokens. Unknown figures favour the load (a first load measures them). */
-bool eng__tier_load_wins(double ns_per_block, double prefill_tps, uint32_t blocks, uint32_t tokens)
+ * recomputing their tokens (at the measured rate, times recompute_scale for their positions).
+ * Unknown figures favour the load (a first load measures them). */
+bool eng__tier_load_wins(double ns_per_block, double prefill_tps, uint32_t blocks, uint32_t tokens,
+                         double recompute_scale)
 {
     if (ns_per_block <= 0 || prefill_tps <= 0)
         return true;
-    return ns_per_block * blocks < (double)tokens / prefill_tps * 1e9;
+    return ns_per_block * blocks < (double)tokens / prefill_tps * 1e9 * recompute_scale;
+}
+
+double eng__tier_attn_ratio(const eng_t *e)
+{
+    const eng_hparams_t *hp = &e->model->hp;
+    double q = (double)hp->n_head * hp->head_dim, kv = (double)hp->n_head_kv * hp->head_dim;
+    /* Per layer and token: the matrices (q, k, v, o, and the gated MLP's three) against QK and
+     * PV over each earlier position. */
+    double mats = (double)hp->n_embd * (2 * q + 2 * kv) + 3.0 * hp->n_embd * hp->n_ff;
+    return mats > 0 ? 2 * q / mats : 0;
+}
+
+double eng__tier_recompute_scale(const eng_t *e, double pos)
+{
+    double r = eng__tier_attn_ratio(e);
+    return (1 + r * pos) / (1 + r * e->prefill_pos);
 }
 
 /* Computes tokens[from, to) of s (a hole) with no logits. Returns true when done. */
@@ -1079,7 +1144,8 @@ void eng__tier_continue(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *toke
         /* The I/O threads read a run's blocks in parallel. */
         uint32_t rounds = (j - i + t->n_threads - 1) / t->n_threads;
         if (!e->p.tier.load_always &&
-            !eng__tier_load_wins(npb, e->prefill_tps, rounds, (j - i) * bt))
+            !eng__tier_load_wins(npb, e->prefill_tps, rounds, (j - i) * bt,
+                                 eng__tier_recompute_scale(e, (double)(i + j) * bt / 2)))
             memset(t->rd.plan + i, PL_RECOMPUTE, j - i);
         i = j;
     }

@@ -251,6 +251,10 @@ PC_TEST(evicted_prefix_comes_back_from_disk_with_cold_logits)
         ASSERT_EQ(st.load_blocks, (uint64_t)N_WHOLE);
         ASSERT_EQ(st.recompute_avoided_tokens, (uint64_t)N_WHOLE * BT);
         ASSERT_TRUE(st.load_bytes_per_s > 0);
+        /* The cost model's attention term: its inputs are exported, and a position deep in
+         * the context is dearer to recompute than the measured rate's. */
+        ASSERT_TRUE(st.attn_per_pos > 0 && st.prefill_mean_pos > 0);
+        ASSERT_TRUE(eng__tier_recompute_scale(e, 4096) > eng__tier_recompute_scale(e, 0));
         /* Another namespace never sees it. */
         static float ref2[N_PROMPT * N_VOCAB];
         memcpy(ref2, ref, sizeof ref2);
@@ -548,6 +552,84 @@ PC_TEST(dropping_a_prefix_removes_its_records)
     unlink(model);
 }
 
+/* As open_engine, with the shutdown write-back's bounds. */
+static eng_t *open_engine_shutdown(const char *model, const char *dir, uint32_t ms, uint64_t bytes)
+{
+    eng_params_t p = eng_params_default();
+    p.model_path = model;
+    p.kv_dtype = ENG_KV_F32;
+    p.kv_block_tokens = BT;
+    p.kv_max_tokens = 256;
+    p.tier.dir = dir;
+    p.tier.min_tokens = 32;
+    p.tier.load_always = true;
+    p.tier.shutdown_ms = ms;
+    p.tier.shutdown_bytes = bytes;
+    eng_t *e = NULL;
+    char err[256];
+    if (eng_init(&p, &e, err, sizeof err) != 0)
+        fprintf(stderr, "eng_init: %s\n", err);
+    return e;
+}
+
+PC_TEST(shutdown_writes_the_pool_back)
+{
+    char model[256], dir[300], dir0[300], dir5[300];
+    make_model(ENG_ARCH_QWEN3, model, sizeof model);
+    new_dir(dir, sizeof dir);
+    new_dir(dir0, sizeof dir0);
+    new_dir(dir5, sizeof dir5);
+    int32_t tok[N_PROMPT], small[20];
+    for (uint32_t i = 0; i < N_PROMPT; i++)
+        tok[i] = (int32_t)rnd(N_VOCAB);
+    for (uint32_t i = 0; i < 20; i++)
+        small[i] = (int32_t)rnd(N_VOCAB);
+    static float ref[N_PROMPT * N_VOCAB];
+    cold(model, tok, N_PROMPT, ref);
+    /* Cached in the pool only (unpinned, never evicted), plus one prompt below min_tokens. */
+    eng_t *e = open_engine_shutdown(model, dir, 3000, 0);
+    ASSERT_TRUE(e != NULL);
+    cache(e, 3, tok, N_PROMPT, false);
+    cache(e, 3, small, 20, false);
+    eng_tier_stats_t st;
+    eng_tier_flush(e);
+    eng_tier_stats(e, &st);
+    ASSERT_EQ(st.g3_blocks, 0);
+    size_t bb = eng_kvpool_block_bytes(eng_kvpool(e));
+    eng_free(e);
+    /* A clean restart hits all of it from the disk, with cold logits; the short one is not
+     * there (the filter). */
+    e = open_engine_shutdown(model, dir, 3000, 0);
+    ASSERT_TRUE(e != NULL);
+    eng_tier_stats(e, &st);
+    ASSERT_EQ(st.g3_blocks, (uint64_t)N_WHOLE);
+    eng_seq_origin_t o;
+    run_check(e, 3, tok, N_PROMPT, ref, &o);
+    ASSERT_EQ(o.g3_tokens, (uint32_t)N_WHOLE * BT);
+    eng_free(e);
+    /* The bounds: no time writes nothing; five blocks' bytes write five blocks. */
+    e = open_engine_shutdown(model, dir0, 0, 0);
+    ASSERT_TRUE(e != NULL);
+    cache(e, 3, tok, N_PROMPT, false);
+    eng_free(e);
+    e = open_engine_shutdown(model, dir0, 0, 0);
+    ASSERT_TRUE(e != NULL);
+    eng_tier_stats(e, &st);
+    ASSERT_EQ(st.g3_blocks, 0);
+    eng_free(e);
+    e = open_engine_shutdown(model, dir5, 3000, 5 * bb);
+    ASSERT_TRUE(e != NULL);
+    cache(e, 3, tok, N_PROMPT, false);
+    eng_free(e);
+    e = open_engine_shutdown(model, dir5, 3000, 0);
+    ASSERT_TRUE(e != NULL);
+    eng_tier_stats(e, &st);
+    ASSERT_EQ(st.g3_blocks, 5);
+    check(e);
+    eng_free(e);
+    unlink(model);
+}
+
 PC_TEST(prefetch_stages_the_blocks)
 {
     char model[256], dir[300];
@@ -777,12 +859,16 @@ PC_TEST(full_staging_queue_drops_and_counts)
 PC_TEST(cost_model)
 {
     /* 1 ms per block against 1000 tokens/s: 16 tokens take 16 ms, loading wins. */
-    ASSERT_TRUE(eng__tier_load_wins(1e6, 1000, 1, 16));
+    ASSERT_TRUE(eng__tier_load_wins(1e6, 1000, 1, 16, 1.0));
     /* 1 ms per block against 1e6 tokens/s: 16 tokens take 16 us, recomputing wins. */
-    ASSERT_FALSE(eng__tier_load_wins(1e6, 1e6, 1, 16));
+    ASSERT_FALSE(eng__tier_load_wins(1e6, 1e6, 1, 16, 1.0));
     /* Unknown figures: load (it measures them). */
-    ASSERT_TRUE(eng__tier_load_wins(0, 1e6, 1, 16));
-    ASSERT_TRUE(eng__tier_load_wins(1e6, 0, 1, 16));
+    ASSERT_TRUE(eng__tier_load_wins(0, 1e6, 1, 16, 1.0));
+    ASSERT_TRUE(eng__tier_load_wins(1e6, 0, 1, 16, 1.0));
+    /* The attention term: the same 16 tokens deep in a long prompt cost ten times the
+     * measured rate's; loading wins again. */
+    ASSERT_FALSE(eng__tier_load_wins(1e6, 1e5, 1, 16, 1.0));
+    ASSERT_TRUE(eng__tier_load_wins(1e6, 1e5, 1, 16, 10.0));
 }
 
 PC_TEST_MAIN()
