@@ -201,6 +201,29 @@ static void xxh_canon(XXH128_hash_t h, uint8_t out[16])
     memcpy(out, c.digest, 16);
 }
 
+/* The head check: XXH3-128 of bytes [0, 128) and the tb token bytes. */
+static void head_sum(const uint8_t *buf, size_t tb, uint8_t out[16])
+{
+    XXH3_state_t st;
+    XXH3_INITSTATE(&st);
+    XXH3_128bits_reset(&st);
+    XXH3_128bits_update(&st, buf, 128);
+    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
+    xxh_canon(XXH3_128bits_digest(&st), out);
+}
+
+/* The record check: XXH3-128 of bytes [0, 144), the token bytes and the payload at hb. */
+static void rec_sum(const uint8_t *buf, size_t tb, size_t hb, size_t pb, uint8_t out[16])
+{
+    XXH3_state_t st;
+    XXH3_INITSTATE(&st);
+    XXH3_128bits_reset(&st);
+    XXH3_128bits_update(&st, buf, 144);
+    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
+    XXH3_128bits_update(&st, buf + hb, pb);
+    xxh_canon(XXH3_128bits_digest(&st), out);
+}
+
 /* Writes the whole record (head, tokens, payload, padding) into buf[record size], zeroed by
  * the caller. Cannot fail. */
 static void rec_encode(const eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *payload,
@@ -232,17 +255,8 @@ static void rec_encode(const eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const
         return;
     }
     memcpy(buf + hb, payload, t->p.payload_bytes);
-    XXH3_state_t st;
-    XXH3_INITSTATE(&st);
-    XXH3_128bits_reset(&st);
-    XXH3_128bits_update(&st, buf, 128);
-    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
-    xxh_canon(XXH3_128bits_digest(&st), buf + 128);
-    XXH3_128bits_reset(&st);
-    XXH3_128bits_update(&st, buf, 144);
-    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
-    XXH3_128bits_update(&st, buf + hb, t->p.payload_bytes);
-    xxh_canon(XXH3_128bits_digest(&st), buf + 144);
+    head_sum(buf, tb, buf + 128);
+    rec_sum(buf, tb, hb, t->p.payload_bytes, buf + 144);
 }
 
 static int all_zero(const uint8_t *p, size_t n)
@@ -283,12 +297,7 @@ static int head_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len, ui
     uint8_t clear[4 * ENG_KVTIER_MAX_TOKENS];
     if (h->flags == 0) {
         uint8_t sum[16];
-        XXH3_state_t st;
-        XXH3_INITSTATE(&st);
-        XXH3_128bits_reset(&st);
-        XXH3_128bits_update(&st, buf, 128);
-        XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
-        xxh_canon(XXH3_128bits_digest(&st), sum);
+        head_sum(buf, tb, sum);
         if (memcmp(sum, buf + 128, 16) != 0)
             return KVT_CORRUPT;
     }
@@ -338,13 +347,7 @@ static int rec_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len,
         return KVT_OK;
     }
     uint8_t sum[16];
-    XXH3_state_t st;
-    XXH3_INITSTATE(&st);
-    XXH3_128bits_reset(&st);
-    XXH3_128bits_update(&st, buf, 144);
-    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
-    XXH3_128bits_update(&st, buf + hb, t->p.payload_bytes);
-    xxh_canon(XXH3_128bits_digest(&st), sum);
+    rec_sum(buf, tb, hb, t->p.payload_bytes, sum);
     if (memcmp(sum, buf + 144, 16) != 0)
         return KVT_CORRUPT;
     memcpy(payload, buf + hb, t->p.payload_bytes);
@@ -467,6 +470,17 @@ static void path_of(const eng_kvtier_t *t, const eng_kvtier_name_t *n, char *out
     snprintf(out, len, "%s/%.2s/%s.kvb", t->dir, hex, hex);
 }
 
+/* e's description for the callbacks (its tokens valid while e is). */
+static eng_kvtier_rec_t ent_rec(const kvt_ent_t *e)
+{
+    return (eng_kvtier_rec_t){.name = e->name,
+                              .parent = e->parent,
+                              .ns = e->ns,
+                              .block_index = e->block_index,
+                              .n_tokens = e->n_tokens,
+                              .tokens = e->tokens};
+}
+
 /* Removes e from the index (and its file), reports it, frees it. */
 static void idx_drop(eng_kvtier_t *t, kvt_ent_t *e, int reason)
 {
@@ -493,12 +507,7 @@ static void idx_drop(eng_kvtier_t *t, kvt_ent_t *e, int reason)
             PC_LOG(PC_LOG_WARN, "kvtier", "cannot remove %s: %s", path, strerror(errno));
     }
     if (t->evict_fn != NULL) {
-        eng_kvtier_rec_t r = {.name = e->name,
-                              .parent = e->parent,
-                              .ns = e->ns,
-                              .block_index = e->block_index,
-                              .n_tokens = e->n_tokens,
-                              .tokens = e->tokens};
+        eng_kvtier_rec_t r = ent_rec(e);
         t->evict_fn(t->evict_ud, &r, reason);
     }
     ent_free(t, e);
@@ -1218,12 +1227,7 @@ int eng_kvtier_foreach(eng_kvtier_t *t, eng_kvtier_foreach_fn fn, void *ud)
     int rc = 0;
     pthread_mutex_lock(&t->mu);
     for (kvt_ent_t *e = t->lru_head; e != NULL && rc == 0; e = e->next) {
-        eng_kvtier_rec_t r = {.name = e->name,
-                              .parent = e->parent,
-                              .ns = e->ns,
-                              .block_index = e->block_index,
-                              .n_tokens = e->n_tokens,
-                              .tokens = e->tokens};
+        eng_kvtier_rec_t r = ent_rec(e);
         rc = fn(ud, &r);
     }
     pthread_mutex_unlock(&t->mu);

@@ -13,6 +13,7 @@
 #include "common.h"
 #include "pc_failalloc.h"
 #include "pc_test.h"
+#include "pc_testutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -166,24 +167,6 @@ static int count_files(const char *dir)
     if (nftw(dir, count_one, 16, FTW_PHYS) != 0)
         return -1;
     return n_files_seen;
-}
-
-static uint8_t *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)n + 1);
-    if (b != NULL && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return b;
 }
 
 static void write_file(const char *path, const uint8_t *b, size_t len)
@@ -370,7 +353,7 @@ static void flip_every_byte(const uint8_t *key)
     char path[400];
     path_of(dir, &c.names[1], path, sizeof path);
     size_t len;
-    uint8_t *good = read_file(path, &len);
+    uint8_t *good = pc_test_slurp(path, &len);
     ASSERT_TRUE(good != NULL);
     ASSERT_EQ(len, 8192);
     uint64_t corrupt = 0;
@@ -395,7 +378,7 @@ static void flip_every_byte(const uint8_t *key)
     ASSERT_EQ(get_block(t, &c, 0), 0); /* the other record was never touched */
     ASSERT_EQ(get_block(t, &c, 1), 0);
     free(good);
-    good = read_file(path, &len); /* the last put's file (a sealed one has a fresh nonce) */
+    good = pc_test_slurp(path, &len); /* the last put's file (a sealed one has a fresh nonce) */
     eng_kvtier_free(t);
     /* At open: a flip in the head is found by the scan (corrupt, or stale for the version and
      * key id fields) and the file removed; a flip in the payload is found by the get. */
@@ -495,7 +478,7 @@ PC_TEST(torn_writes_leave_nothing_and_torn_files_are_never_served)
     char path[400], sub[400];
     path_of(dir_copy, &c.names[1], path, sizeof path);
     size_t len;
-    uint8_t *good = read_file(path, &len);
+    uint8_t *good = pc_test_slurp(path, &len);
     ASSERT_TRUE(good != NULL);
     eng_kvtier_free(t);
     /* A machine crash: the record's final file holds only its first k bytes (the page cache
@@ -748,7 +731,7 @@ PC_TEST(encryption_at_rest)
     char path[400];
     path_of(dir, &c.names[1], path, sizeof path);
     size_t len;
-    uint8_t *f = read_file(path, &len);
+    uint8_t *f = pc_test_slurp(path, &len);
     ASSERT_TRUE(f != NULL);
     uint8_t pay[PB];
     payload_of(&c.names[1], pay);
@@ -768,7 +751,7 @@ PC_TEST(encryption_at_rest)
     ASSERT_EQ(put_block(tp, &c, 1), 0);
     char ppath[400];
     path_of(dir2, &c.names[1], ppath, sizeof ppath);
-    f = read_file(ppath, &len);
+    f = pc_test_slurp(ppath, &len);
     uint8_t le0[4] = {(uint8_t)c.tokens[1][0], (uint8_t)(c.tokens[1][0] >> 8),
                       (uint8_t)(c.tokens[1][0] >> 16), (uint8_t)(c.tokens[1][0] >> 24)};
     ASSERT_TRUE(contains_bytes(f, len, le0, 4));
@@ -792,11 +775,11 @@ PC_TEST(encryption_at_rest)
     ASSERT_EQ(put_block(t, &c, 0), 0);
     eng_kvtier_free(t);
     path_of(dir, &c.names[0], path, sizeof path);
-    f = read_file(path, &len);
+    f = pc_test_slurp(path, &len);
     p.key = key2;
     t = open_ok(&p); /* removes it as stale */
     ASSERT_EQ(put_block(t, &c, 0), 0);
-    uint8_t *g = read_file(path, &len);
+    uint8_t *g = pc_test_slurp(path, &len);
     memcpy(f + 104, g + 104, 8); /* key2's id over key's record */
     write_file(path, f, len);
     free(f);
@@ -994,7 +977,7 @@ PC_TEST(corpus_seeds)
     const char *out = getenv("KVGW_KVTIER_CORPUS");
     char tmp[300];
     if (out == NULL) { /* still checked: into a scratch directory */
-        snprintf(tmp, sizeof tmp, "%s", fresh_dir());
+        snprintf(tmp, sizeof tmp, "%s", pc_test_tmp_path("seeds"));
         ASSERT_EQ(mkdir(tmp, 0700), 0);
         out = tmp;
     }
@@ -1029,7 +1012,7 @@ PC_TEST(corpus_seeds)
             char path[400], o[600];
             path_of(dir, names[r], path, sizeof path);
             size_t len;
-            uint8_t *f = read_file(path, &len);
+            uint8_t *f = pc_test_slurp(path, &len);
             ASSERT_TRUE(f != NULL);
             uint8_t *s = malloc(len + 1);
             s[0] = (uint8_t)sealed;
