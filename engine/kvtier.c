@@ -1147,7 +1147,7 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
     uint64_t gen = e != NULL ? e->gen : 0, bytes = e != NULL ? e->bytes : 0;
     int direct = t->direct, fd = -1;
     if (e != NULL)
-        fd = open(path, O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | (direct ? O_DIRECT : 0));
     pthread_mutex_unlock(&t->mu);
     if (e == NULL)
         return PC_ERR_NOTFOUND;
@@ -1166,7 +1166,7 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
             PC_LOG(PC_LOG_WARN, "kvtier", "%s refuses O_DIRECT reads: reading through the cache",
                    t->dir);
             close(fd);
-            fd = open(path, O_RDONLY | O_CLOEXEC);
+            fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
             r = fd >= 0 ? read_all(fd, b.p, bytes) : -EIO;
         }
         if (fd >= 0 && !direct)
