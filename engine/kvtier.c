@@ -178,7 +178,7 @@ uint64_t eng_kvtier_record_bytes(const eng_kvtier_t *t, uint32_t n_tokens)
 
 /* ---- the record's bytes ---- */
 
-enum { KVT_OK = 0, KVT_CORRUPT = 1, KVT_STALE = 2 };
+enum { KVT_OK = 0, KVT_CORRUPT = 1, KVT_STALE = 2, KVT_SKIP = 3 /* unreadable now: left alone */ };
 
 typedef struct kvt_head {
     uint32_t flags;
@@ -513,28 +513,30 @@ static void idx_drop(eng_kvtier_t *t, kvt_ent_t *e, int reason)
     ent_free(t, e);
 }
 
-/* Evicts least recently used records (never lent ones) until need more bytes fit. 0, or
- * PC_ERR_NOSPACE with nothing evicted when they cannot. */
-static int idx_make_room(eng_kvtier_t *t, uint64_t need)
+/* Whether need more bytes can fit once unlent records are evicted. */
+static int idx_room_possible(const eng_kvtier_t *t, uint64_t need)
 {
     if (need > t->p.max_bytes)
-        return PC_ERR_NOSPACE;
+        return 0;
     uint64_t room = t->p.max_bytes >= t->bytes ? t->p.max_bytes - t->bytes : 0;
-    for (kvt_ent_t *e = t->lru_head; e != NULL && room < need; e = e->next)
+    for (const kvt_ent_t *e = t->lru_head; e != NULL && room < need; e = e->next)
         if (e->refs == 0)
             room += e->bytes;
-    if (room < need)
-        return PC_ERR_NOSPACE;
+    return room >= need;
+}
+
+/* Evicts least recently used records (never lent ones, never keep) while over the budget. */
+static void idx_evict_over(eng_kvtier_t *t, const kvt_ent_t *keep)
+{
     kvt_ent_t *e = t->lru_head;
-    while (t->bytes + need > t->p.max_bytes && e != NULL) {
+    while (t->bytes > t->p.max_bytes && e != NULL) {
         kvt_ent_t *next = e->next;
-        if (e->refs == 0) {
+        if (e->refs == 0 && e != keep) {
             t->st.evictions++;
             idx_drop(t, e, 1);
         }
         e = next;
     }
-    return 0;
 }
 
 /* ---- files ---- */
@@ -657,15 +659,15 @@ static int parse_hex_name(const char *s, eng_kvtier_name_t *n)
     return 0;
 }
 
-/* Reads the head section of path into a new entry: KVT_OK and *out, KVT_CORRUPT, KVT_STALE, or
- * a negative error (memory). */
+/* Reads the head section of path into a new entry: KVT_OK and *out, KVT_CORRUPT, KVT_STALE,
+ * KVT_SKIP (cannot be opened now: not ours to judge), or a negative error (memory). */
 static int scan_file(eng_kvtier_t *t, const char *path, const eng_kvtier_name_t *fname,
                      uint8_t *buf, kvt_ent_t **out)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     struct stat sb;
     if (fd < 0)
-        return KVT_CORRUPT;
+        return errno == ELOOP ? KVT_CORRUPT : KVT_SKIP; /* a symlink is not ours */
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
         return KVT_CORRUPT;
@@ -761,6 +763,10 @@ static int scan_dir(eng_kvtier_t *t, char *err, size_t err_len)
                                  pc_strerror(r));
                 closedir(sd);
                 goto done;
+            }
+            if (r == KVT_SKIP) {
+                PC_LOG(PC_LOG_WARN, "kvtier", "cannot read %s: left alone", path);
+                continue;
             }
             if (r != KVT_OK) {
                 if (r == KVT_CORRUPT)
@@ -930,16 +936,29 @@ static kvt_ent_t *ent_new(const eng_kvtier_rec_t *rec)
     return e;
 }
 
-/* Under the lock: a record of that name is held already (made most recent), or room is made
- * for e. Returns 1, 0 or PC_ERR_NOSPACE. */
-static int put_admit(eng_kvtier_t *t, kvt_ent_t *e)
+/* Under the lock: adds e, or finds a record of its name held already (made most recent). DISK:
+ * renames tmp to path first. Evicts only once nothing can fail any more, so a failed put leaves
+ * the store as it was. Returns 0, 1, PC_ERR_NOSPACE, PC_ERR_IO or PC_ERR_NOMEM. */
+static int put_admit(eng_kvtier_t *t, kvt_ent_t *e, const char *tmp, const char *path)
 {
     kvt_ent_t *old = idx_find(t, &e->name);
     if (old != NULL) {
         lru_touch(t, old);
         return 1;
     }
-    return idx_make_room(t, e->bytes);
+    if (!idx_room_possible(t, e->bytes))
+        return PC_ERR_NOSPACE;
+    if (tmp != NULL && rename(tmp, path) != 0)
+        return PC_ERR_IO;
+    if (idx_add(t, e) != 0) {
+        if (tmp != NULL)
+            (void)unlink(path);
+        return PC_ERR_NOMEM;
+    }
+    idx_evict_over(t, e);
+    t->st.writes++;
+    t->st.write_bytes += t->p.payload_bytes;
+    return 0;
 }
 
 static int put_host(eng_kvtier_t *t, kvt_ent_t *e, const void *payload)
@@ -952,11 +971,7 @@ static int put_host(eng_kvtier_t *t, kvt_ent_t *e, const void *payload)
     }
     memcpy(e->host, payload, t->p.payload_bytes);
     pthread_mutex_lock(&t->mu);
-    int rc = put_admit(t, e);
-    if (rc == 0 && (rc = idx_add(t, e)) == 0) {
-        t->st.writes++;
-        t->st.write_bytes += t->p.payload_bytes;
-    }
+    int rc = put_admit(t, e, NULL, NULL);
     pthread_mutex_unlock(&t->mu);
     if (rc != 0)
         ent_free(t, e);
@@ -1011,7 +1026,7 @@ static int put_rec(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *pay
         goto fail_io;
     }
     if (write_all(t, fd, b.p, e->bytes) != 0 || (sync && fsync(fd) != 0)) {
-        rc = PC_ERR_IO;
+        rc = errno == ENOSPC || errno == EDQUOT ? PC_ERR_NOSPACE : PC_ERR_IO;
         goto fail_io;
     }
     if (close(fd) != 0) {
@@ -1023,17 +1038,9 @@ static int put_rec(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *pay
     buf_give(t, &b);
 
     pthread_mutex_lock(&t->mu);
-    rc = put_admit(t, e);
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = PC_ERR_IO;
-    if (rc == 0 && (rc = idx_add(t, e)) != 0)
-        (void)unlink(path);
-    if (rc == 0) {
-        t->st.writes++;
-        t->st.write_bytes += t->p.payload_bytes;
-    } else if (rc == PC_ERR_IO) {
+    rc = put_admit(t, e, tmp, path);
+    if (rc == PC_ERR_IO)
         t->st.write_errors++;
-    }
     pthread_mutex_unlock(&t->mu);
     if (rc != 0) {
         (void)unlink(tmp);
@@ -1145,16 +1152,20 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
     pthread_mutex_lock(&t->mu);
     kvt_ent_t *e = get_find(t, name, tokens, n_tokens);
     uint64_t gen = e != NULL ? e->gen : 0, bytes = e != NULL ? e->bytes : 0;
-    int direct = t->direct, fd = -1;
-    if (e != NULL)
+    int direct = t->direct, fd = -1, open_errno = 0;
+    if (e != NULL) {
         fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | (direct ? O_DIRECT : 0));
+        open_errno = errno;
+    }
     pthread_mutex_unlock(&t->mu);
     if (e == NULL)
         return PC_ERR_NOTFOUND;
     kvt_buf_t b = {0};
     int rc = 0, bad = 0;
     struct stat sb;
-    if (fd < 0 || fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != bytes) {
+    if (fd < 0 && open_errno != ENOENT && open_errno != ELOOP) {
+        rc = PC_ERR_IO; /* EMFILE, EACCES, ...: the record may be sound */
+    } else if (fd < 0 || fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != bytes) {
         bad = 1; /* the file went, or is not the length the record says */
     } else if ((rc = buf_take(t, &b)) == 0) {
         int r = read_all(fd, b.p, bytes);

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -912,6 +913,56 @@ PC_TEST(out_of_memory_changes_nothing)
         eng_kvtier_free(t);
     }
     ASSERT_TRUE(opened > 0 && put == 1);
+    rm_rf(dir);
+}
+
+PC_TEST(unreadable_is_not_corrupt_and_symlinks_are_not_followed)
+{
+    const char *dir = fresh_dir();
+    eng_kvtier_params_t p = params(dir);
+    eng_kvtier_t *t = open_ok(&p);
+    ASSERT_TRUE(t != NULL);
+    chain_t c;
+    chain_make(&c, 2, BT, 1, 11);
+    ASSERT_EQ(put_block(t, &c, 0), 0);
+    ASSERT_EQ(put_block(t, &c, 1), 0);
+    /* Out of file descriptors: the get fails, the record is not judged, and later is served. */
+    struct rlimit old, low;
+    ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+    low = old;
+    low.rlim_cur = 3;
+    ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+    int rc = get_block(t, &c, 0);
+    ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+    ASSERT_EQ(rc, PC_ERR_IO);
+    eng_kvtier_stats_t st;
+    eng_kvtier_stats(t, &st);
+    ASSERT_EQ(st.corrupt, 0);
+    ASSERT_EQ(get_block(t, &c, 0), 0);
+    eng_kvtier_free(t);
+    /* A record's name that is a symlink (to a sound record elsewhere) is removed at the scan;
+     * its target is left alone. */
+    char path[400], target[400];
+    path_of(dir, &c.names[1], path, sizeof path);
+    snprintf(target, sizeof target, "%s.target", dir);
+    ASSERT_EQ(rename(path, target), 0);
+    ASSERT_EQ(symlink(target, path), 0);
+    t = open_ok(&p);
+    ASSERT_TRUE(t != NULL);
+    eng_kvtier_stats(t, &st);
+    ASSERT_EQ(st.records, 1);
+    ASSERT_EQ(st.corrupt, 1);
+    struct stat sb;
+    ASSERT_TRUE(lstat(path, &sb) != 0);
+    ASSERT_TRUE(file_exists(target));
+    /* And one planted after the open is not followed by a get. */
+    ASSERT_EQ(put_block(t, &c, 1), 0);
+    ASSERT_EQ(unlink(path), 0);
+    ASSERT_EQ(symlink(target, path), 0);
+    ASSERT_EQ(get_block(t, &c, 1), PC_ERR_NOTFOUND);
+    ASSERT_TRUE(file_exists(target));
+    eng_kvtier_free(t);
+    unlink(target);
     rm_rf(dir);
 }
 
