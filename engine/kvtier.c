@@ -129,6 +129,22 @@ void eng_kvtier_name_next(const eng_kvtier_name_t *prev, const int32_t *tokens, 
     crypto_generichash_final(&st, out->b, sizeof out->b);
 }
 
+uint32_t eng_kvtier_chain(const eng_kvtier_ident_t *id, const int32_t *tokens, uint32_t n_tokens,
+                          eng_kvtier_name_t *names, uint32_t max_names)
+{
+    eng_kvtier_name_t prev;
+    uint32_t n = 0, bt = id->block_tokens;
+    if (bt == 0)
+        return 0;
+    eng_kvtier_seed(id, &prev);
+    for (uint32_t at = 0; at < n_tokens && n < max_names; at += bt, n++) {
+        uint32_t k = n_tokens - at < bt ? n_tokens - at : bt;
+        eng_kvtier_name_next(&prev, tokens + at, k, &names[n]);
+        prev = names[n];
+    }
+    return n;
+}
+
 char *eng_kvtier_name_hex(const eng_kvtier_name_t *name, char hex[65])
 {
     static const char d[] = "0123456789abcdef";

@@ -115,6 +115,11 @@ void eng_kvtier_seed(const eng_kvtier_ident_t *id, eng_kvtier_name_t *out);
 void eng_kvtier_name_next(const eng_kvtier_name_t *prev, const int32_t *tokens, uint32_t n_tokens,
                           eng_kvtier_name_t *out);
 
+/* The names of the blocks of tokens[n_tokens] cut every id->block_tokens tokens (the last block
+ * may be partial), at most max_names of them, into names[]; returns how many were written. */
+uint32_t eng_kvtier_chain(const eng_kvtier_ident_t *id, const int32_t *tokens, uint32_t n_tokens,
+                          eng_kvtier_name_t *names, uint32_t max_names);
+
 /* Lowercase hex of a name into hex[65] (NUL-terminated); returns hex. */
 char *eng_kvtier_name_hex(const eng_kvtier_name_t *name, char hex[65]);
 

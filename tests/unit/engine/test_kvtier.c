@@ -248,6 +248,20 @@ PC_TEST(names_chain_over_every_input)
     char hex[65];
     eng_kvtier_name_hex(&n0, hex);
     ASSERT_EQ(strlen(hex), 64);
+    /* eng_kvtier_chain is the loop of name_next over the blocks, the last one partial. */
+    chain_t c;
+    chain_make(&c, 4, 5, 42, 12);
+    int32_t flat[3 * BT + 5];
+    for (int i = 0; i < 4; i++)
+        memcpy(flat + i * BT, c.tokens[i], 4 * c.n_tokens[i]);
+    eng_kvtier_ident_t cid = {
+        .model_fp = 0x1234, .kv_dtype = 1, .layout_version = 1, .block_tokens = BT, .ns = 42};
+    eng_kvtier_name_t got[8];
+    ASSERT_EQ(eng_kvtier_chain(&cid, flat, 3 * BT + 5, got, 8), 4);
+    for (int i = 0; i < 4; i++)
+        ASSERT_MEM_EQ(got[i].b, c.names[i].b, 32);
+    ASSERT_EQ(eng_kvtier_chain(&cid, flat, 3 * BT + 5, got, 2), 2);
+    ASSERT_EQ(eng_kvtier_chain(&cid, flat, 0, got, 8), 0);
 }
 
 PC_TEST(put_get_roundtrip_and_refusals)
