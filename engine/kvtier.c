@@ -837,7 +837,8 @@ done:
 
 eng_kvtier_params_t eng_kvtier_params_default(void)
 {
-    return (eng_kvtier_params_t){.kind = ENG_KVTIER_DISK, .max_bytes = 1ull << 30, .direct_io = 1};
+    return (eng_kvtier_params_t){
+        .kind = ENG_KVTIER_DISK, .max_bytes = 1ull << 30, .direct_io = 1, .io_threads = 4};
 }
 
 int eng_kvtier_open(const eng_kvtier_params_t *p, eng_kvtier_t **out, char *err, size_t err_len)
@@ -858,6 +859,9 @@ int eng_kvtier_open(const eng_kvtier_params_t *p, eng_kvtier_t **out, char *err,
     if (p->kind == ENG_KVTIER_HOST && p->key != NULL)
         return pc_err_setf(err, err_len, PC_ERR_INVAL,
                            "kv tier: encryption at rest is for the disk tier only");
+    if (p->io_threads == 0 || p->io_threads > ENG_KVTIER_MAX_IO_THREADS)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL, "kv tier: io_threads %u not in 1..%d",
+                           p->io_threads, ENG_KVTIER_MAX_IO_THREADS);
     if ((p->host_alloc == NULL) != (p->host_free == NULL))
         return pc_err_setf(err, err_len, PC_ERR_INVAL,
                            "kv tier: host_alloc and host_free go together");
@@ -1112,7 +1116,8 @@ static void count_hit(eng_kvtier_t *t, kvt_ent_t *e, uint64_t t0)
     t->st.hits++;
     t->st.loads++;
     t->st.load_bytes += t->p.payload_bytes;
-    t->st.load_ns += pc_time_mono_ns() - t0;
+    if (t0 != 0)
+        t->st.load_ns += pc_time_mono_ns() - t0;
     if (e != NULL)
         lru_touch(t, e);
 }
@@ -1155,14 +1160,16 @@ static int get_host(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_
     return 0;
 }
 
-int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t *tokens,
-                   uint32_t n_tokens, void *payload, size_t payload_bytes)
+/* eng_kvtier_get; timed = 0 leaves load_ns to the caller (eng_kvtier_get_many counts its wall
+ * time once, not the sum of its parallel reads). */
+static int get_one(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t *tokens,
+                   uint32_t n_tokens, void *payload, size_t payload_bytes, int timed)
 {
     if (payload_bytes != t->p.payload_bytes || n_tokens == 0 || n_tokens > t->p.block_tokens)
         return payload_bytes != t->p.payload_bytes ? PC_ERR_INVAL : PC_ERR_NOTFOUND;
     if (t->p.kind == ENG_KVTIER_HOST)
         return get_host(t, name, tokens, n_tokens, payload);
-    uint64_t t0 = pc_time_mono_ns();
+    uint64_t t0 = timed ? pc_time_mono_ns() : 0;
     char path[4200];
     path_of(t, name, path, sizeof path);
     pthread_mutex_lock(&t->mu);
@@ -1228,6 +1235,56 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
     if (bad)
         PC_LOG(PC_LOG_WARN, "kvtier", "bad record %s: deleted, not served", path);
     return rc;
+}
+
+int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t *tokens,
+                   uint32_t n_tokens, void *payload, size_t payload_bytes)
+{
+    return get_one(t, name, tokens, n_tokens, payload, payload_bytes, 1);
+}
+
+typedef struct kvt_many {
+    eng_kvtier_t *t;
+    eng_kvtier_read_t *reads;
+    uint32_t n, next; /* next: the next read to take (atomic) */
+} kvt_many_t;
+
+static void *many_run(void *ud)
+{
+    kvt_many_t *m = ud;
+    for (;;) {
+        uint32_t i = __atomic_fetch_add(&m->next, 1, __ATOMIC_RELAXED);
+        if (i >= m->n)
+            return NULL;
+        eng_kvtier_read_t *r = &m->reads[i];
+        r->rc =
+            get_one(m->t, &r->name, r->tokens, r->n_tokens, r->payload, m->t->p.payload_bytes, 0);
+    }
+}
+
+uint32_t eng_kvtier_get_many(eng_kvtier_t *t, eng_kvtier_read_t *reads, uint32_t n)
+{
+    uint64_t t0 = pc_time_mono_ns();
+    kvt_many_t m = {.t = t, .reads = reads, .n = n};
+    pthread_t th[ENG_KVTIER_MAX_IO_THREADS];
+    uint32_t want = t->p.kind == ENG_KVTIER_DISK ? t->p.io_threads : 1, n_th = 0;
+    if (want > n)
+        want = n;
+    for (; n_th + 1 < want; n_th++) /* the caller is one of them */
+        if (pthread_create(&th[n_th], NULL, many_run, &m) != 0)
+            break; /* fewer in flight, same results */
+    many_run(&m);
+    for (uint32_t i = 0; i < n_th; i++)
+        pthread_join(th[i], NULL);
+    uint32_t served = 0;
+    for (uint32_t i = 0; i < n; i++)
+        served += reads[i].rc == 0;
+    if (served > 0 && t->p.kind == ENG_KVTIER_DISK) {
+        pthread_mutex_lock(&t->mu);
+        t->st.load_ns += pc_time_mono_ns() - t0;
+        pthread_mutex_unlock(&t->mu);
+    }
+    return served;
 }
 
 int eng_kvtier_contains(eng_kvtier_t *t, const eng_kvtier_name_t *name)

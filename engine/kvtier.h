@@ -72,9 +72,9 @@
  * reads and writes run outside it (a get reads a file it opened under the lock, which an
  * eviction may unlink meanwhile: the open file stays whole). Gets from several threads read in
  * parallel: one get is one synchronous read of a 4096-aligned record, bound by the disk's
- * latency, so a reader that wants the disk's bandwidth keeps a few gets in flight (measured on
- * 128 KiB blocks: 4 threads of gets reached about 0.8x of a sequential O_DIRECT read, 1 thread
- * about 0.4x).
+ * latency, so a reader that wants the disk's bandwidth keeps a few gets in flight, which
+ * eng_kvtier_get_many does (measured on 128 KiB blocks: 4 reads in flight reached about 0.8x of
+ * a sequential O_DIRECT read of the same disk, 1 about 0.4x).
  *
  * Costs: the index holds about 200 bytes and the token ids per record in memory; an open reads
  * every record's head section (4 KiB). After a reopen the LRU order is the files' modification
@@ -92,6 +92,7 @@
 #define ENG_KVTIER_FORMAT 1
 #define ENG_KVTIER_MAX_TOKENS 4096        /* most tokens a record (one block) can hold */
 #define ENG_KVTIER_MAX_PAYLOAD (1u << 30) /* most payload bytes a record can hold */
+#define ENG_KVTIER_MAX_IO_THREADS 16
 
 typedef struct eng_kvtier eng_kvtier_t;
 
@@ -134,14 +135,15 @@ enum eng_kvtier_kind {
 typedef ssize_t (*eng_kvtier_write_fn)(void *ud, int fd, const void *buf, size_t len, uint64_t off);
 
 typedef struct eng_kvtier_params {
-    enum eng_kvtier_kind kind;    /* default ENG_KVTIER_DISK */
-    const char *dir;              /* DISK: the store's directory (created 0700 if absent) */
-    uint64_t max_bytes;           /* byte budget (default 1 GiB) */
-    uint32_t payload_bytes;       /* every record's payload size (eng_kvpool_block_bytes), > 0 */
-    uint32_t block_tokens;        /* most tokens per record (the pool's block_tokens), > 0 */
-    const uint8_t *key;           /* NULL, or ENG_KVTIER_KEY_BYTES bytes: encrypt at rest (DISK) */
-    int direct_io;                /* 1 (default): read with O_DIRECT where possible; 0: never */
-    int fsync;                    /* 1: every put is eng_kvtier_put_sync */
+    enum eng_kvtier_kind kind; /* default ENG_KVTIER_DISK */
+    const char *dir;           /* DISK: the store's directory (created 0700 if absent) */
+    uint64_t max_bytes;        /* byte budget (default 1 GiB) */
+    uint32_t payload_bytes;    /* every record's payload size (eng_kvpool_block_bytes), > 0 */
+    uint32_t block_tokens;     /* most tokens per record (the pool's block_tokens), > 0 */
+    const uint8_t *key;        /* NULL, or ENG_KVTIER_KEY_BYTES bytes: encrypt at rest (DISK) */
+    int direct_io;             /* 1 (default): read with O_DIRECT where possible; 0: never */
+    int fsync;                 /* 1: every put is eng_kvtier_put_sync */
+    uint32_t io_threads;       /* reads in flight in eng_kvtier_get_many (default 4, at most 16) */
     eng_kvtier_write_fn write_fn; /* NULL = pwrite */
     void *write_ud;
     /* HOST: a record's payload buffer (NULL = pc_malloc / pc_free); may return NULL. */
@@ -194,6 +196,21 @@ int eng_kvtier_put_sync(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void
 int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t *tokens,
                    uint32_t n_tokens, void *payload, size_t payload_bytes);
 
+/* One read of eng_kvtier_get_many. */
+typedef struct eng_kvtier_read {
+    eng_kvtier_name_t name;
+    const int32_t *tokens; /* [n_tokens], the tokens the record must hold */
+    uint32_t n_tokens;
+    void *payload; /* [params.payload_bytes], written when rc is 0 */
+    int rc;        /* out: as eng_kvtier_get */
+} eng_kvtier_read_t;
+
+/* The gets of reads[n], with up to params.io_threads of them in flight (threads of this call,
+ * joined before it returns; the caller's thread is one): a run of blocks loads at the disk's
+ * bandwidth rather than its latency. Returns how many were served; each read's rc says which.
+ * load_ns counts this call's wall time once. */
+uint32_t eng_kvtier_get_many(eng_kvtier_t *t, eng_kvtier_read_t *reads, uint32_t n);
+
 /* 1 when a record of that name is in the index, else 0. No I/O, no LRU change, no counters. */
 int eng_kvtier_contains(eng_kvtier_t *t, const eng_kvtier_name_t *name);
 
@@ -225,7 +242,7 @@ typedef struct eng_kvtier_stats {
     uint64_t hits, misses; /* gets (and host refs) found and served / not served */
     uint64_t loads;        /* records read and verified (= hits) */
     uint64_t load_bytes;   /* payload bytes served */
-    uint64_t load_ns;      /* time spent in reads, checks and copies of served gets */
+    uint64_t load_ns;      /* wall time of served gets (a get_many once): load_bytes / load_ns */
     uint64_t writes;       /* records written */
     uint64_t write_bytes;  /* payload bytes written */
     uint64_t write_errors; /* puts that failed in I/O */

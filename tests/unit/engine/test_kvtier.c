@@ -930,6 +930,64 @@ PC_TEST(out_of_memory_changes_nothing)
     rm_rf(dir);
 }
 
+PC_TEST(get_many_reads_in_parallel_with_each_get_checked)
+{
+    const char *dir = fresh_dir();
+    for (uint32_t io = 1; io <= 8; io *= 2) {
+        eng_kvtier_params_t p = params(dir);
+        p.io_threads = io;
+        eng_kvtier_t *t = open_ok(&p);
+        ASSERT_TRUE(t != NULL);
+        chain_t c;
+        chain_make(&c, 24, BT, 6, 13);
+        for (int i = 0; i < 20; i++) /* 20..23 never stored */
+            ASSERT_EQ(put_block(t, &c, i), 0);
+        char path[400];
+        path_of(dir, &c.names[7], path, sizeof path); /* 7: flipped on disk */
+        size_t len;
+        uint8_t *f = pc_test_slurp(path, &len);
+        f[5000] ^= 1;
+        write_file(path, f, len);
+        free(f);
+        int32_t other[BT];
+        memcpy(other, c.tokens[3], sizeof other);
+        other[0]++;
+        eng_kvtier_read_t r[24];
+        static uint8_t out[24][PB];
+        for (int i = 0; i < 24; i++)
+            r[i] = (eng_kvtier_read_t){.name = c.names[i],
+                                       .tokens = i == 3 ? other : c.tokens[i],
+                                       .n_tokens = BT,
+                                       .payload = out[i],
+                                       .rc = 12345};
+        ASSERT_EQ(eng_kvtier_get_many(t, r, 24), 18);
+        for (int i = 0; i < 24; i++) {
+            int want = i == 3 || i == 7 || i >= 20 ? PC_ERR_NOTFOUND : 0;
+            ASSERT_EQ(r[i].rc, want);
+            if (want == 0) {
+                uint8_t pay[PB];
+                payload_of(&c.names[i], pay);
+                ASSERT_MEM_EQ(out[i], pay, PB);
+            }
+        }
+        eng_kvtier_stats_t st;
+        eng_kvtier_stats(t, &st);
+        ASSERT_EQ(st.hits, 18);
+        ASSERT_EQ(st.misses, 6);
+        ASSERT_EQ(st.corrupt, 1);
+        ASSERT_EQ(st.load_bytes, 18 * PB);
+        ASSERT_TRUE(st.load_ns > 0);
+        ASSERT_EQ(eng_kvtier_get_many(t, r, 0), 0);
+        eng_kvtier_free(t);
+        rm_rf(dir);
+    }
+    eng_kvtier_params_t p = params(dir);
+    p.io_threads = ENG_KVTIER_MAX_IO_THREADS + 1;
+    eng_kvtier_t *t = NULL;
+    char err[200];
+    ASSERT_EQ(eng_kvtier_open(&p, &t, err, sizeof err), PC_ERR_INVAL);
+}
+
 PC_TEST(unreadable_is_not_corrupt_and_symlinks_are_not_followed)
 {
     const char *dir = fresh_dir();
