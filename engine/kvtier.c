@@ -23,7 +23,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -61,6 +63,7 @@ struct eng_kvtier {
     uint32_t payload_pad; /* payload bytes rounded up to KVT_ALIGN */
     size_t rec_max;       /* the largest record file */
     int direct;
+    int lock_fd; /* DISK: DIR/LOCK, flock'ed while open (-1 before) */
 
     pthread_mutex_t mu;
     pc_u64map_t map;
@@ -127,6 +130,22 @@ void eng_kvtier_name_next(const eng_kvtier_name_t *prev, const int32_t *tokens, 
     crypto_generichash_final(&st, out->b, sizeof out->b);
 }
 
+uint32_t eng_kvtier_chain(const eng_kvtier_ident_t *id, const int32_t *tokens, uint32_t n_tokens,
+                          eng_kvtier_name_t *names, uint32_t max_names)
+{
+    eng_kvtier_name_t prev;
+    uint32_t n = 0, bt = id->block_tokens;
+    if (bt == 0)
+        return 0;
+    eng_kvtier_seed(id, &prev);
+    for (uint32_t at = 0; at < n_tokens && n < max_names; at += bt, n++) {
+        uint32_t k = n_tokens - at < bt ? n_tokens - at : bt;
+        eng_kvtier_name_next(&prev, tokens + at, k, &names[n]);
+        prev = names[n];
+    }
+    return n;
+}
+
 char *eng_kvtier_name_hex(const eng_kvtier_name_t *name, char hex[65])
 {
     static const char d[] = "0123456789abcdef";
@@ -176,7 +195,7 @@ uint64_t eng_kvtier_record_bytes(const eng_kvtier_t *t, uint32_t n_tokens)
 
 /* ---- the record's bytes ---- */
 
-enum { KVT_OK = 0, KVT_CORRUPT = 1, KVT_STALE = 2 };
+enum { KVT_OK = 0, KVT_CORRUPT = 1, KVT_STALE = 2, KVT_SKIP = 3 /* unreadable now: left alone */ };
 
 typedef struct kvt_head {
     uint32_t flags;
@@ -197,6 +216,30 @@ static void xxh_canon(XXH128_hash_t h, uint8_t out[16])
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, h);
     memcpy(out, c.digest, 16);
+}
+
+/* The head check: XXH3-128 of bytes [0, 128) and the tb token bytes. */
+static void head_sum(const uint8_t *buf, size_t tb, uint8_t out[16])
+{
+    XXH3_state_t st;
+    XXH3_INITSTATE(&st);
+    XXH3_128bits_reset(&st);
+    XXH3_128bits_update(&st, buf, 128);
+    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
+    xxh_canon(XXH3_128bits_digest(&st), out);
+}
+
+/* The record check: XXH3-128 of bytes [0, 144), the token bytes and the payload. */
+static void rec_sum(const uint8_t *buf, size_t tb, const uint8_t *payload, size_t pb,
+                    uint8_t out[16])
+{
+    XXH3_state_t st;
+    XXH3_INITSTATE(&st);
+    XXH3_128bits_reset(&st);
+    XXH3_128bits_update(&st, buf, 144);
+    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
+    XXH3_128bits_update(&st, payload, pb);
+    xxh_canon(XXH3_128bits_digest(&st), out);
 }
 
 /* Writes the whole record (head, tokens, payload, padding) into buf[record size], zeroed by
@@ -230,17 +273,16 @@ static void rec_encode(const eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const
         return;
     }
     memcpy(buf + hb, payload, t->p.payload_bytes);
-    XXH3_state_t st;
-    XXH3_INITSTATE(&st);
-    XXH3_128bits_reset(&st);
-    XXH3_128bits_update(&st, buf, 128);
-    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
-    xxh_canon(XXH3_128bits_digest(&st), buf + 128);
-    XXH3_128bits_reset(&st);
-    XXH3_128bits_update(&st, buf, 144);
-    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
-    XXH3_128bits_update(&st, buf + hb, t->p.payload_bytes);
-    xxh_canon(XXH3_128bits_digest(&st), buf + 144);
+    head_sum(buf, tb, buf + 128);
+    rec_sum(buf, tb, buf + hb, t->p.payload_bytes, buf + 144);
+}
+
+static int all_zero(const uint8_t *p, size_t n)
+{
+    uint8_t acc = 0;
+    for (size_t i = 0; i < n; i++)
+        acc |= p[i];
+    return acc == 0;
 }
 
 /* Checks a head section buf[len] (len >= its head bytes, or the call says CORRUPT) of a file of
@@ -264,14 +306,22 @@ static int head_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len, ui
         hb != head_bytes(h->n_tokens) || pb == 0 || pb > ENG_KVTIER_MAX_PAYLOAD ||
         file_bytes != hb + align_up(pb))
         return KVT_CORRUPT;
-    if (h->n_tokens > t->p.block_tokens || pb != t->p.payload_bytes ||
-        (h->flags & 1) != (unsigned)t->encrypted ||
-        (t->encrypted && get_le64(buf + 104) != t->key_id))
-        return KVT_STALE;
-    if (len < hb)
-        return KVT_CORRUPT;
     size_t tb = 4 * (size_t)h->n_tokens;
+    if (len < hb || !all_zero(buf + KVT_FIXED + tb, hb - KVT_FIXED - tb) ||
+        (h->flags == 0 && !all_zero(buf + 104, 24)))
+        return KVT_CORRUPT; /* every byte of a record is checked, padding included */
+    /* A plain record's checksum is checked before deciding it is stale, so that a flipped
+     * byte reads as corrupt; a sealed one under another key (or none) cannot be checked. */
     uint8_t clear[4 * ENG_KVTIER_MAX_TOKENS];
+    if (h->flags == 0) {
+        uint8_t sum[16];
+        head_sum(buf, tb, sum);
+        if (memcmp(sum, buf + 128, 16) != 0)
+            return KVT_CORRUPT;
+    }
+    if (h->n_tokens > t->p.block_tokens || pb != t->p.payload_bytes ||
+        h->flags != (unsigned)t->encrypted || (t->encrypted && get_le64(buf + 104) != t->key_id))
+        return KVT_STALE;
     if (t->encrypted) {
         uint8_t nonce[24];
         nonce_of(buf, 0, nonce);
@@ -279,15 +329,6 @@ static int head_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len, ui
                 clear, NULL, buf + KVT_FIXED, tb, buf + 128, buf, 128, nonce, t->key) != 0)
             return KVT_CORRUPT;
     } else {
-        uint8_t sum[16];
-        XXH3_state_t st;
-        XXH3_INITSTATE(&st);
-        XXH3_128bits_reset(&st);
-        XXH3_128bits_update(&st, buf, 128);
-        XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
-        xxh_canon(XXH3_128bits_digest(&st), sum);
-        if (memcmp(sum, buf + 128, 16) != 0)
-            return KVT_CORRUPT;
         memcpy(clear, buf + KVT_FIXED, tb);
     }
     for (uint32_t i = 0; i < h->n_tokens; i++)
@@ -297,41 +338,40 @@ static int head_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len, ui
     return KVT_OK;
 }
 
-/* Checks a whole record buf[len] against the name and tokens asked for and writes its payload.
- * Returns KVT_OK or KVT_CORRUPT (a record holding other tokens under the right name is
- * corrupt: the name is a hash of its tokens). */
-static int rec_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len,
-                      const eng_kvtier_name_t *name, const int32_t *tokens, uint32_t n_tokens,
-                      void *payload)
+/* Checks a whole record against the name and tokens asked for and leaves its clear payload in
+ * payload. head[hb] is the record's head section; src is its payload section: either buf + hb of
+ * the same buffer (with its padding, read through a bounce buffer) or payload itself (read there
+ * directly: no padding then, and an encrypted payload is opened in place). Returns KVT_OK or
+ * KVT_CORRUPT (a record holding other tokens under the right name is corrupt: the name is a
+ * hash of its tokens). */
+static int rec_decode(const eng_kvtier_t *t, const uint8_t *head, const uint8_t *src,
+                      uint64_t file_bytes, const eng_kvtier_name_t *name, const int32_t *tokens,
+                      uint32_t n_tokens, void *payload)
 {
     kvt_head_t h;
     int32_t got[ENG_KVTIER_MAX_TOKENS];
-    if (head_decode(t, buf, len, len, &h, got) != KVT_OK)
+    size_t hb = head_bytes(n_tokens), tb = 4 * (size_t)n_tokens;
+    if (head_decode(t, head, hb, file_bytes, &h, got) != KVT_OK)
         return KVT_CORRUPT;
     if (memcmp(h.name.b, name->b, 32) != 0 || h.n_tokens != n_tokens ||
         memcmp(got, tokens, 4 * (size_t)n_tokens) != 0)
         return KVT_CORRUPT;
-    size_t hb = head_bytes(n_tokens), tb = 4 * (size_t)n_tokens;
+    if (src != payload && !all_zero(src + t->p.payload_bytes, t->payload_pad - t->p.payload_bytes))
+        return KVT_CORRUPT;
     if (t->encrypted) {
         uint8_t nonce[24];
-        nonce_of(buf, 1, nonce);
-        if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(payload, NULL, buf + hb,
-                                                                t->p.payload_bytes, buf + 144, buf,
-                                                                144, nonce, t->key) != 0)
+        nonce_of(head, 1, nonce);
+        if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(
+                payload, NULL, src, t->p.payload_bytes, head + 144, head, 144, nonce, t->key) != 0)
             return KVT_CORRUPT;
         return KVT_OK;
     }
     uint8_t sum[16];
-    XXH3_state_t st;
-    XXH3_INITSTATE(&st);
-    XXH3_128bits_reset(&st);
-    XXH3_128bits_update(&st, buf, 144);
-    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
-    XXH3_128bits_update(&st, buf + hb, t->p.payload_bytes);
-    xxh_canon(XXH3_128bits_digest(&st), sum);
-    if (memcmp(sum, buf + 144, 16) != 0)
+    rec_sum(head, tb, src, t->p.payload_bytes, sum);
+    if (memcmp(sum, head + 144, 16) != 0)
         return KVT_CORRUPT;
-    memcpy(payload, buf + hb, t->p.payload_bytes);
+    if (src != payload)
+        memcpy(payload, src, t->p.payload_bytes);
     return KVT_OK;
 }
 
@@ -451,6 +491,17 @@ static void path_of(const eng_kvtier_t *t, const eng_kvtier_name_t *n, char *out
     snprintf(out, len, "%s/%.2s/%s.kvb", t->dir, hex, hex);
 }
 
+/* e's description for the callbacks (its tokens valid while e is). */
+static eng_kvtier_rec_t ent_rec(const kvt_ent_t *e)
+{
+    return (eng_kvtier_rec_t){.name = e->name,
+                              .parent = e->parent,
+                              .ns = e->ns,
+                              .block_index = e->block_index,
+                              .n_tokens = e->n_tokens,
+                              .tokens = e->tokens};
+}
+
 /* Removes e from the index (and its file), reports it, frees it. */
 static void idx_drop(eng_kvtier_t *t, kvt_ent_t *e, int reason)
 {
@@ -477,39 +528,36 @@ static void idx_drop(eng_kvtier_t *t, kvt_ent_t *e, int reason)
             PC_LOG(PC_LOG_WARN, "kvtier", "cannot remove %s: %s", path, strerror(errno));
     }
     if (t->evict_fn != NULL) {
-        eng_kvtier_rec_t r = {.name = e->name,
-                              .parent = e->parent,
-                              .ns = e->ns,
-                              .block_index = e->block_index,
-                              .n_tokens = e->n_tokens,
-                              .tokens = e->tokens};
+        eng_kvtier_rec_t r = ent_rec(e);
         t->evict_fn(t->evict_ud, &r, reason);
     }
     ent_free(t, e);
 }
 
-/* Evicts least recently used records (never lent ones) until need more bytes fit. 0, or
- * PC_ERR_NOSPACE with nothing evicted when they cannot. */
-static int idx_make_room(eng_kvtier_t *t, uint64_t need)
+/* Whether need more bytes can fit once unlent records are evicted. */
+static int idx_room_possible(const eng_kvtier_t *t, uint64_t need)
 {
     if (need > t->p.max_bytes)
-        return PC_ERR_NOSPACE;
+        return 0;
     uint64_t room = t->p.max_bytes >= t->bytes ? t->p.max_bytes - t->bytes : 0;
-    for (kvt_ent_t *e = t->lru_head; e != NULL && room < need; e = e->next)
+    for (const kvt_ent_t *e = t->lru_head; e != NULL && room < need; e = e->next)
         if (e->refs == 0)
             room += e->bytes;
-    if (room < need)
-        return PC_ERR_NOSPACE;
+    return room >= need;
+}
+
+/* Evicts least recently used records (never lent ones, never keep) while over the budget. */
+static void idx_evict_over(eng_kvtier_t *t, const kvt_ent_t *keep)
+{
     kvt_ent_t *e = t->lru_head;
-    while (t->bytes + need > t->p.max_bytes && e != NULL) {
+    while (t->bytes > t->p.max_bytes && e != NULL) {
         kvt_ent_t *next = e->next;
-        if (e->refs == 0) {
+        if (e->refs == 0 && e != keep) {
             t->st.evictions++;
             idx_drop(t, e, 1);
         }
         e = next;
     }
-    return 0;
 }
 
 /* ---- files ---- */
@@ -551,6 +599,32 @@ static int read_all(int fd, uint8_t *buf, size_t len)
     return 0;
 }
 
+/* Reads a record file of len bytes: its first hb bytes into head and the rest into rest, with
+ * one preadv when the two are apart (a short read goes on from where it stopped). Returns 0,
+ * -EIO (the file is shorter) or -errno. */
+static int read_rec(int fd, uint8_t *head, size_t hb, uint8_t *rest, size_t len)
+{
+    if (rest == head + hb)
+        return read_all(fd, head, len);
+    size_t off = 0;
+    while (off < len) {
+        struct iovec iov[2];
+        int n_iov = 0;
+        if (off < hb)
+            iov[n_iov++] = (struct iovec){head + off, hb - off};
+        iov[n_iov++] = (struct iovec){rest + (off > hb ? off - hb : 0), len - PC_MAX(off, hb)};
+        ssize_t n = preadv(fd, iov, n_iov, (off_t)off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            return -EIO;
+        off += (size_t)n;
+    }
+    return 0;
+}
+
 static void fsync_dir(const char *dir)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -575,6 +649,21 @@ static int dir_make(const char *dir, char *err, size_t err_len)
     return 0;
 }
 
+/* One store per directory: two would evict each other's files behind each other's index. */
+static int dir_lock(eng_kvtier_t *t, char *err, size_t err_len)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/LOCK", t->dir);
+    t->lock_fd = open(path, O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (t->lock_fd < 0)
+        return pc_err_setf(err, err_len, pc_err_from_errno(errno), "kv tier: cannot open %s: %s",
+                           path, strerror(errno));
+    if (flock(t->lock_fd, LOCK_EX | LOCK_NB) != 0)
+        return pc_err_setf(err, err_len, errno == EWOULDBLOCK ? PC_ERR_BUSY : PC_ERR_IO,
+                           "kv tier: %s is in use by another store (%s)", t->dir, strerror(errno));
+    return 0;
+}
+
 /* Whether the directory's file system takes O_DIRECT reads (tmpfs does not). */
 static int probe_direct(eng_kvtier_t *t)
 {
@@ -584,10 +673,8 @@ static int probe_direct(eng_kvtier_t *t)
     kvt_buf_t b = {0};
     if (fd < 0)
         return 0;
-    if (buf_take(t, &b) == 0) {
-        memset(b.p, 0, KVT_ALIGN);
-        ok = pwrite(fd, b.p, KVT_ALIGN, 0) == (ssize_t)KVT_ALIGN;
-    }
+    /* A hole, not written data: an O_DIRECT read of dirty pages would wait for writeback. */
+    ok = ftruncate(fd, KVT_ALIGN) == 0 && buf_take(t, &b) == 0;
     close(fd);
     if (ok) {
         fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
@@ -619,15 +706,15 @@ static int parse_hex_name(const char *s, eng_kvtier_name_t *n)
     return 0;
 }
 
-/* Reads the head section of path into a new entry: KVT_OK and *out, KVT_CORRUPT, KVT_STALE, or
- * a negative error (memory). */
+/* Reads the head section of path into a new entry: KVT_OK and *out, KVT_CORRUPT, KVT_STALE,
+ * KVT_SKIP (cannot be opened now: not ours to judge), or a negative error (memory). */
 static int scan_file(eng_kvtier_t *t, const char *path, const eng_kvtier_name_t *fname,
                      uint8_t *buf, kvt_ent_t **out)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     struct stat sb;
     if (fd < 0)
-        return KVT_CORRUPT;
+        return errno == ELOOP ? KVT_CORRUPT : KVT_SKIP; /* a symlink is not ours */
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
         return KVT_CORRUPT;
@@ -724,6 +811,10 @@ static int scan_dir(eng_kvtier_t *t, char *err, size_t err_len)
                 closedir(sd);
                 goto done;
             }
+            if (r == KVT_SKIP) {
+                PC_LOG(PC_LOG_WARN, "kvtier", "cannot read %s: left alone", path);
+                continue;
+            }
             if (r != KVT_OK) {
                 if (r == KVT_CORRUPT)
                     t->st.corrupt++;
@@ -777,7 +868,8 @@ done:
 
 eng_kvtier_params_t eng_kvtier_params_default(void)
 {
-    return (eng_kvtier_params_t){.kind = ENG_KVTIER_DISK, .max_bytes = 1ull << 30, .direct_io = 1};
+    return (eng_kvtier_params_t){
+        .kind = ENG_KVTIER_DISK, .max_bytes = 1ull << 30, .direct_io = 1, .io_threads = 4};
 }
 
 int eng_kvtier_open(const eng_kvtier_params_t *p, eng_kvtier_t **out, char *err, size_t err_len)
@@ -798,6 +890,9 @@ int eng_kvtier_open(const eng_kvtier_params_t *p, eng_kvtier_t **out, char *err,
     if (p->kind == ENG_KVTIER_HOST && p->key != NULL)
         return pc_err_setf(err, err_len, PC_ERR_INVAL,
                            "kv tier: encryption at rest is for the disk tier only");
+    if (p->io_threads == 0 || p->io_threads > ENG_KVTIER_MAX_IO_THREADS)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL, "kv tier: io_threads %u not in 1..%d",
+                           p->io_threads, ENG_KVTIER_MAX_IO_THREADS);
     if ((p->host_alloc == NULL) != (p->host_free == NULL))
         return pc_err_setf(err, err_len, PC_ERR_INVAL,
                            "kv tier: host_alloc and host_free go together");
@@ -810,6 +905,7 @@ int eng_kvtier_open(const eng_kvtier_params_t *p, eng_kvtier_t **out, char *err,
     t->payload_pad = (uint32_t)align_up(p->payload_bytes);
     t->rec_max = head_bytes(p->block_tokens) + t->payload_pad;
     pthread_mutex_init(&t->mu, NULL);
+    t->lock_fd = -1;
     int rc = 0;
     if (p->key != NULL) {
         static const char dom[] = "kvgw-kv-key";
@@ -830,7 +926,7 @@ int eng_kvtier_open(const eng_kvtier_params_t *p, eng_kvtier_t **out, char *err,
             rc = pc_err_setf(err, err_len, PC_ERR_NOMEM, "kv tier: out of memory");
             goto fail;
         }
-        if ((rc = dir_make(t->dir, err, err_len)) != 0)
+        if ((rc = dir_make(t->dir, err, err_len)) != 0 || (rc = dir_lock(t, err, err_len)) != 0)
             goto fail;
         t->direct = p->direct_io && probe_direct(t);
         if ((rc = scan_dir(t, err, err_len)) != 0)
@@ -856,6 +952,8 @@ void eng_kvtier_free(eng_kvtier_t *t)
     for (int i = 0; i < t->n_bufs; i++)
         pc_free(t->bufs[i].raw);
     pc_u64map_free(&t->map);
+    if (t->lock_fd >= 0)
+        close(t->lock_fd); /* and with it the flock */
     pthread_mutex_destroy(&t->mu);
     sodium_memzero(t->key, sizeof t->key);
     pc_free(t->dir);
@@ -889,16 +987,29 @@ static kvt_ent_t *ent_new(const eng_kvtier_rec_t *rec)
     return e;
 }
 
-/* Under the lock: a record of that name is held already (made most recent), or room is made
- * for e. Returns 1, 0 or PC_ERR_NOSPACE. */
-static int put_admit(eng_kvtier_t *t, kvt_ent_t *e)
+/* Under the lock: adds e, or finds a record of its name held already (made most recent). DISK:
+ * renames tmp to path first. Evicts only once nothing can fail any more, so a failed put leaves
+ * the store as it was. Returns 0, 1, PC_ERR_NOSPACE, PC_ERR_IO or PC_ERR_NOMEM. */
+static int put_admit(eng_kvtier_t *t, kvt_ent_t *e, const char *tmp, const char *path)
 {
     kvt_ent_t *old = idx_find(t, &e->name);
     if (old != NULL) {
         lru_touch(t, old);
         return 1;
     }
-    return idx_make_room(t, e->bytes);
+    if (!idx_room_possible(t, e->bytes))
+        return PC_ERR_NOSPACE;
+    if (tmp != NULL && rename(tmp, path) != 0)
+        return PC_ERR_IO;
+    if (idx_add(t, e) != 0) {
+        if (tmp != NULL)
+            (void)unlink(path);
+        return PC_ERR_NOMEM;
+    }
+    idx_evict_over(t, e);
+    t->st.writes++;
+    t->st.write_bytes += t->p.payload_bytes;
+    return 0;
 }
 
 static int put_host(eng_kvtier_t *t, kvt_ent_t *e, const void *payload)
@@ -911,19 +1022,15 @@ static int put_host(eng_kvtier_t *t, kvt_ent_t *e, const void *payload)
     }
     memcpy(e->host, payload, t->p.payload_bytes);
     pthread_mutex_lock(&t->mu);
-    int rc = put_admit(t, e);
-    if (rc == 0 && (rc = idx_add(t, e)) == 0) {
-        t->st.writes++;
-        t->st.write_bytes += t->p.payload_bytes;
-    }
+    int rc = put_admit(t, e, NULL, NULL);
     pthread_mutex_unlock(&t->mu);
     if (rc != 0)
         ent_free(t, e);
     return rc;
 }
 
-int eng_kvtier_put(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *payload,
-                   size_t payload_bytes)
+static int put_rec(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *payload,
+                   size_t payload_bytes, int sync)
 {
     if (payload_bytes != t->p.payload_bytes || rec->n_tokens == 0 ||
         rec->n_tokens > t->p.block_tokens || rec->tokens == NULL || payload == NULL ||
@@ -969,8 +1076,8 @@ int eng_kvtier_put(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *pay
         rc = pc_err_from_errno(errno);
         goto fail_io;
     }
-    if (write_all(t, fd, b.p, e->bytes) != 0 || (t->p.fsync && fsync(fd) != 0)) {
-        rc = PC_ERR_IO;
+    if (write_all(t, fd, b.p, e->bytes) != 0 || (sync && fsync(fd) != 0)) {
+        rc = errno == ENOSPC || errno == EDQUOT ? PC_ERR_NOSPACE : PC_ERR_IO;
         goto fail_io;
     }
     if (close(fd) != 0) {
@@ -982,24 +1089,16 @@ int eng_kvtier_put(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *pay
     buf_give(t, &b);
 
     pthread_mutex_lock(&t->mu);
-    rc = put_admit(t, e);
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = PC_ERR_IO;
-    if (rc == 0 && (rc = idx_add(t, e)) != 0)
-        (void)unlink(path);
-    if (rc == 0) {
-        t->st.writes++;
-        t->st.write_bytes += t->p.payload_bytes;
-    } else if (rc == PC_ERR_IO) {
+    rc = put_admit(t, e, tmp, path);
+    if (rc == PC_ERR_IO)
         t->st.write_errors++;
-    }
     pthread_mutex_unlock(&t->mu);
     if (rc != 0) {
         (void)unlink(tmp);
         ent_free(t, e);
         return rc;
     }
-    if (t->p.fsync)
+    if (sync)
         fsync_dir(sub);
     return 0;
 fail_io:
@@ -1016,6 +1115,18 @@ fail:
         buf_give(t, &b);
     ent_free(t, e);
     return rc;
+}
+
+int eng_kvtier_put(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *payload,
+                   size_t payload_bytes)
+{
+    return put_rec(t, rec, payload, payload_bytes, t->p.fsync);
+}
+
+int eng_kvtier_put_sync(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *payload,
+                        size_t payload_bytes)
+{
+    return put_rec(t, rec, payload, payload_bytes, 1);
 }
 
 /* Under the lock: the record asked for, if it holds exactly those tokens; counts a miss. */
@@ -1036,7 +1147,8 @@ static void count_hit(eng_kvtier_t *t, kvt_ent_t *e, uint64_t t0)
     t->st.hits++;
     t->st.loads++;
     t->st.load_bytes += t->p.payload_bytes;
-    t->st.load_ns += pc_time_mono_ns() - t0;
+    if (t0 != 0)
+        t->st.load_ns += pc_time_mono_ns() - t0;
     if (e != NULL)
         lru_touch(t, e);
 }
@@ -1079,36 +1191,55 @@ static int get_host(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_
     return 0;
 }
 
-int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t *tokens,
-                   uint32_t n_tokens, void *payload, size_t payload_bytes)
+/* eng_kvtier_get; timed = 0 leaves load_ns to the caller (eng_kvtier_get_many counts its wall
+ * time once, not the sum of its parallel reads). */
+static int get_one(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t *tokens,
+                   uint32_t n_tokens, void *payload, size_t payload_bytes, int timed)
 {
     if (payload_bytes != t->p.payload_bytes || n_tokens == 0 || n_tokens > t->p.block_tokens)
         return payload_bytes != t->p.payload_bytes ? PC_ERR_INVAL : PC_ERR_NOTFOUND;
     if (t->p.kind == ENG_KVTIER_HOST)
         return get_host(t, name, tokens, n_tokens, payload);
-    uint64_t t0 = pc_time_mono_ns();
+    uint64_t t0 = timed ? pc_time_mono_ns() : 0;
     char path[4200];
     path_of(t, name, path, sizeof path);
     pthread_mutex_lock(&t->mu);
     kvt_ent_t *e = get_find(t, name, tokens, n_tokens);
     uint64_t gen = e != NULL ? e->gen : 0, bytes = e != NULL ? e->bytes : 0;
-    int direct = t->direct, fd = -1;
-    if (e != NULL)
-        fd = open(path, O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+    int direct = t->direct;
     pthread_mutex_unlock(&t->mu);
     if (e == NULL)
         return PC_ERR_NOTFOUND;
+    /* The open runs outside the lock (a cold directory lookup is a disk read, and the other
+     * readers must not wait for it); a file an eviction unlinked meanwhile is a miss (below). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | (direct ? O_DIRECT : 0));
+    int open_errno = fd < 0 ? errno : 0;
     kvt_buf_t b = {0};
     int rc = 0, bad = 0;
     struct stat sb;
-    if (fd < 0 || fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != bytes) {
+    size_t hb = head_bytes(n_tokens);
+    /* The payload goes straight into the caller's buffer when it needs no padding and, for
+     * O_DIRECT, is aligned: no bounce copy, and the checksum runs over it there. */
+    uint8_t *dst = payload;
+    int into_caller =
+        t->payload_pad == t->p.payload_bytes && (!direct || (uintptr_t)payload % KVT_ALIGN == 0);
+    if (fd < 0 && open_errno != ENOENT && open_errno != ELOOP) {
+        rc = PC_ERR_IO; /* EMFILE, EACCES, ...: the record may be sound */
+    } else if (fd < 0 || fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != bytes) {
         bad = 1; /* the file went, or is not the length the record says */
     } else if ((rc = buf_take(t, &b)) == 0) {
-        int r = read_all(fd, b.p, bytes);
+        uint8_t *rest = into_caller ? dst : b.p + hb;
+        int r = read_rec(fd, b.p, hb, rest, bytes);
         if (r == -EINVAL && direct) { /* O_DIRECT refused after all: read through the cache */
+            pthread_mutex_lock(&t->mu);
+            t->direct = t->st.direct_io = 0;
+            pthread_mutex_unlock(&t->mu);
+            direct = 0;
+            PC_LOG(PC_LOG_WARN, "kvtier", "%s refuses O_DIRECT reads: reading through the cache",
+                   t->dir);
             close(fd);
-            fd = open(path, O_RDONLY | O_CLOEXEC);
-            r = fd >= 0 ? read_all(fd, b.p, bytes) : -EIO;
+            fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+            r = fd >= 0 ? read_rec(fd, b.p, hb, rest, bytes) : -EIO;
         }
         if (fd >= 0 && !direct)
             (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -1117,7 +1248,7 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
         else if (r != 0)
             rc = PC_ERR_IO;
         else
-            bad = rec_decode(t, b.p, bytes, name, tokens, n_tokens, payload) != KVT_OK;
+            bad = rec_decode(t, b.p, rest, bytes, name, tokens, n_tokens, payload) != KVT_OK;
     }
     if (fd >= 0)
         close(fd);
@@ -1127,6 +1258,10 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
     e = idx_find(t, name);
     if (e != NULL && e->gen != gen)
         e = NULL; /* another record of that name now: not the one we read */
+    if (bad && open_errno == ENOENT && e == NULL) {
+        bad = 0; /* evicted or removed before our open: a plain miss */
+        rc = PC_ERR_NOTFOUND;
+    }
     if (bad) {
         t->st.misses++;
         t->st.corrupt++;
@@ -1142,6 +1277,56 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
     if (bad)
         PC_LOG(PC_LOG_WARN, "kvtier", "bad record %s: deleted, not served", path);
     return rc;
+}
+
+int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t *tokens,
+                   uint32_t n_tokens, void *payload, size_t payload_bytes)
+{
+    return get_one(t, name, tokens, n_tokens, payload, payload_bytes, 1);
+}
+
+typedef struct kvt_many {
+    eng_kvtier_t *t;
+    eng_kvtier_read_t *reads;
+    uint32_t n, next; /* next: the next read to take (atomic) */
+} kvt_many_t;
+
+static void *many_run(void *ud)
+{
+    kvt_many_t *m = ud;
+    for (;;) {
+        uint32_t i = __atomic_fetch_add(&m->next, 1, __ATOMIC_RELAXED);
+        if (i >= m->n)
+            return NULL;
+        eng_kvtier_read_t *r = &m->reads[i];
+        r->rc =
+            get_one(m->t, &r->name, r->tokens, r->n_tokens, r->payload, m->t->p.payload_bytes, 0);
+    }
+}
+
+uint32_t eng_kvtier_get_many(eng_kvtier_t *t, eng_kvtier_read_t *reads, uint32_t n)
+{
+    uint64_t t0 = pc_time_mono_ns();
+    kvt_many_t m = {.t = t, .reads = reads, .n = n};
+    pthread_t th[ENG_KVTIER_MAX_IO_THREADS];
+    uint32_t want = t->p.kind == ENG_KVTIER_DISK ? t->p.io_threads : 1, n_th = 0;
+    if (want > n)
+        want = n;
+    for (; n_th + 1 < want; n_th++) /* the caller is one of them */
+        if (pthread_create(&th[n_th], NULL, many_run, &m) != 0)
+            break; /* fewer in flight, same results */
+    many_run(&m);
+    for (uint32_t i = 0; i < n_th; i++)
+        pthread_join(th[i], NULL);
+    uint32_t served = 0;
+    for (uint32_t i = 0; i < n; i++)
+        served += reads[i].rc == 0;
+    if (served > 0 && t->p.kind == ENG_KVTIER_DISK) {
+        pthread_mutex_lock(&t->mu);
+        t->st.load_ns += pc_time_mono_ns() - t0;
+        pthread_mutex_unlock(&t->mu);
+    }
+    return served;
 }
 
 int eng_kvtier_contains(eng_kvtier_t *t, const eng_kvtier_name_t *name)
@@ -1168,12 +1353,7 @@ int eng_kvtier_foreach(eng_kvtier_t *t, eng_kvtier_foreach_fn fn, void *ud)
     int rc = 0;
     pthread_mutex_lock(&t->mu);
     for (kvt_ent_t *e = t->lru_head; e != NULL && rc == 0; e = e->next) {
-        eng_kvtier_rec_t r = {.name = e->name,
-                              .parent = e->parent,
-                              .ns = e->ns,
-                              .block_index = e->block_index,
-                              .n_tokens = e->n_tokens,
-                              .tokens = e->tokens};
+        eng_kvtier_rec_t r = ent_rec(e);
         rc = fn(ud, &r);
     }
     pthread_mutex_unlock(&t->mu);

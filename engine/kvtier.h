@@ -43,21 +43,24 @@
  *   head   pb  payload (encrypted: its ciphertext), then zero padding to a multiple of 4096
  *
  * Encryption (a 32-byte key in the params) is XChaCha20-Poly1305 (libsodium); a file then has
- * no token id or payload byte in the clear. A record is checked as a whole on every get: magic,
+ * no token id or payload byte in the clear. Its cost, measured on this project's build machine
+ * (AMD EPYC, one core): 85 us to seal or open a 128 KiB block (1.5 GB/s), against 9 us to check
+ * and copy a plain one (XXH3-128, 14 GB/s). A record is checked as a whole on every get: magic,
  * version, the name asked for, the chain (name = H(parent | tokens), or H(seed | tokens) is the
  * caller's business for block 0), the tokens the caller expects, the sizes, the file's length,
  * the checks or tags. A record that fails is deleted, counted in corrupt, and the get answers
  * PC_ERR_NOTFOUND: a bad record is never served.
  *
  * On disk: DIR/xx/<64 hex of the name>.kvb, xx the name's first byte in hex; directories 0700,
- * files 0600. A put writes DIR/xx/.<hex>.<n>.tmp and renames it over the final name; no fsync
- * unless params.fsync (a worker crash keeps the page cache; a file torn by a machine crash fails
- * its checks). Reads use O_DIRECT where the file system takes it (else plain reads and
- * posix_fadvise DONTNEED, so the page cache does not keep a second copy). eng_kvtier_open
- * rebuilds the index by scanning DIR (each record's head section only): temp files are
- * deleted, so are records whose head fails its checks (corrupt) and records this store cannot
- * serve (stale: another format version, payload size, block size or key); the LRU order is
- * the files' modification times.
+ * files 0600. DIR/LOCK is flock'ed while a store is open: one store per directory (a second
+ * open answers PC_ERR_BUSY), so give every worker its own. A put writes DIR/xx/.<hex>.<n>.tmp and
+ * renames it over the final name; no fsync unless eng_kvtier_put_sync or params.fsync (a worker
+ * crash keeps the page cache; a file torn by a machine crash fails its checks). Reads use O_DIRECT
+ * where the file system takes it (else plain reads and posix_fadvise DONTNEED, so the page cache
+ * does not keep a second copy). eng_kvtier_open rebuilds the index by scanning DIR (each record's
+ * head section only): temp files are deleted, so are records whose head fails its checks (corrupt)
+ * and records this store cannot serve (stale: another format version, payload size, block size or
+ * key); the LRU order is the files' modification times.
  *
  * In memory (G2, params.kind = ENG_KVTIER_HOST): the same API and budget, no files; each
  * record's payload sits in a buffer from params.host_alloc (e.g. cudaHostAlloc, so copies to
@@ -68,8 +71,19 @@
  * or put) to make room, never one lent out by eng_kvtier_host_ref.
  *
  * Threads: every function may be called from any thread; one mutex guards the index, and file
- * reads and writes run outside it (a get reads a file it opened under the lock, which an
- * eviction may unlink meanwhile: the open file stays whole).
+ * opens, reads and writes run outside it (a get opens the file after looking it up: one an
+ * eviction unlinked meanwhile is a miss, and an open file stays whole). Gets from several
+ * threads read in parallel: one get is one synchronous preadv of a record (its head into a
+ * buffer of the store's, its payload straight into the caller's buffer when that is 4096-aligned
+ * and the payload a multiple of 4096, else through the buffer and a copy), bound by the disk's
+ * latency, so a reader that wants the disk's bandwidth keeps a few gets in flight, which
+ * eng_kvtier_get_many does (measured on 128 KiB blocks, page cache dropped: 1 thread of gets
+ * about 0.2 GB/s, 8 threads 0.35-0.55 GB/s, against 0.53 GB/s for a sequential 1 MiB O_DIRECT
+ * read of the same disk).
+ *
+ * Costs: the index holds about 200 bytes and the token ids per record in memory; an open reads
+ * every record's head section (4 KiB). After a reopen the LRU order is the files' modification
+ * times (last put), not the last gets before the restart.
  */
 #ifndef ENG_KVTIER_H
 #define ENG_KVTIER_H
@@ -83,6 +97,7 @@
 #define ENG_KVTIER_FORMAT 1
 #define ENG_KVTIER_MAX_TOKENS 4096        /* most tokens a record (one block) can hold */
 #define ENG_KVTIER_MAX_PAYLOAD (1u << 30) /* most payload bytes a record can hold */
+#define ENG_KVTIER_MAX_IO_THREADS 16
 
 typedef struct eng_kvtier eng_kvtier_t;
 
@@ -106,6 +121,11 @@ void eng_kvtier_seed(const eng_kvtier_ident_t *id, eng_kvtier_name_t *out);
 void eng_kvtier_name_next(const eng_kvtier_name_t *prev, const int32_t *tokens, uint32_t n_tokens,
                           eng_kvtier_name_t *out);
 
+/* The names of the blocks of tokens[n_tokens] cut every id->block_tokens tokens (the last block
+ * may be partial), at most max_names of them, into names[]; returns how many were written. */
+uint32_t eng_kvtier_chain(const eng_kvtier_ident_t *id, const int32_t *tokens, uint32_t n_tokens,
+                          eng_kvtier_name_t *names, uint32_t max_names);
+
 /* Lowercase hex of a name into hex[65] (NUL-terminated); returns hex. */
 char *eng_kvtier_name_hex(const eng_kvtier_name_t *name, char hex[65]);
 
@@ -120,14 +140,15 @@ enum eng_kvtier_kind {
 typedef ssize_t (*eng_kvtier_write_fn)(void *ud, int fd, const void *buf, size_t len, uint64_t off);
 
 typedef struct eng_kvtier_params {
-    enum eng_kvtier_kind kind;    /* default ENG_KVTIER_DISK */
-    const char *dir;              /* DISK: the store's directory (created 0700 if absent) */
-    uint64_t max_bytes;           /* byte budget (default 1 GiB) */
-    uint32_t payload_bytes;       /* every record's payload size (eng_kvpool_block_bytes), > 0 */
-    uint32_t block_tokens;        /* most tokens per record (the pool's block_tokens), > 0 */
-    const uint8_t *key;           /* NULL, or ENG_KVTIER_KEY_BYTES bytes: encrypt at rest (DISK) */
-    int direct_io;                /* 1 (default): read with O_DIRECT where possible; 0: never */
-    int fsync;                    /* 1: fsync each record and its directory before it counts */
+    enum eng_kvtier_kind kind; /* default ENG_KVTIER_DISK */
+    const char *dir;           /* DISK: the store's directory (created 0700 if absent) */
+    uint64_t max_bytes;        /* byte budget (default 1 GiB) */
+    uint32_t payload_bytes;    /* every record's payload size (eng_kvpool_block_bytes), > 0 */
+    uint32_t block_tokens;     /* most tokens per record (the pool's block_tokens), > 0 */
+    const uint8_t *key;        /* NULL, or ENG_KVTIER_KEY_BYTES bytes: encrypt at rest (DISK) */
+    int direct_io;             /* 1 (default): read with O_DIRECT where possible; 0: never */
+    int fsync;                 /* 1: every put is eng_kvtier_put_sync */
+    uint32_t io_threads;       /* reads in flight in eng_kvtier_get_many (default 4, at most 16) */
     eng_kvtier_write_fn write_fn; /* NULL = pwrite */
     void *write_ud;
     /* HOST: a record's payload buffer (NULL = pc_malloc / pc_free); may return NULL. */
@@ -140,7 +161,8 @@ eng_kvtier_params_t eng_kvtier_params_default(void);
 
 /* Opens (DISK: creates, or scans and recovers) a store. Returns 0 and *out, or an error with a
  * reason in err: PC_ERR_INVAL (bad params), PC_ERR_IO / PC_ERR_PERM (the directory),
- * PC_ERR_NOMEM. A directory with looser modes than 0700 is tightened. */
+ * PC_ERR_BUSY (another store has the directory open), PC_ERR_NOMEM. A directory with looser modes
+ * than 0700 is tightened. */
 int eng_kvtier_open(const eng_kvtier_params_t *p, eng_kvtier_t **out, char *err, size_t err_len);
 
 /* Frees the store's memory (DISK: the files stay). NULL is a no-op. No call may be running. */
@@ -166,13 +188,33 @@ typedef struct eng_kvtier_rec {
 int eng_kvtier_put(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *payload,
                    size_t payload_bytes);
 
+/* As eng_kvtier_put, and the record is durable before it returns: its file and its directory
+ * are fsync'ed (for what a machine crash must not lose, e.g. retained prefixes). */
+int eng_kvtier_put_sync(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *payload,
+                        size_t payload_bytes);
+
 /* Reads the record `name` into payload[payload_bytes] after checking everything (top of
  * file), including that it holds exactly tokens[n_tokens]; makes it most recent. Returns 0,
  * PC_ERR_NOTFOUND (absent, or bad: deleted and counted corrupt; or holding other tokens: left
  * alone), PC_ERR_INVAL (payload_bytes), PC_ERR_IO, PC_ERR_NOMEM. payload is unspecified after a
- * failure. */
+ * failure. A 4096-aligned payload buffer is read into directly (no copy; see Threads). */
 int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t *tokens,
                    uint32_t n_tokens, void *payload, size_t payload_bytes);
+
+/* One read of eng_kvtier_get_many. */
+typedef struct eng_kvtier_read {
+    eng_kvtier_name_t name;
+    const int32_t *tokens; /* [n_tokens], the tokens the record must hold */
+    uint32_t n_tokens;
+    void *payload; /* [params.payload_bytes], written when rc is 0 */
+    int rc;        /* out: as eng_kvtier_get */
+} eng_kvtier_read_t;
+
+/* The gets of reads[n], with up to params.io_threads of them in flight (threads of this call,
+ * joined before it returns; the caller's thread is one): a run of blocks loads at the disk's
+ * bandwidth rather than its latency. Returns how many were served; each read's rc says which.
+ * load_ns counts this call's wall time once. */
+uint32_t eng_kvtier_get_many(eng_kvtier_t *t, eng_kvtier_read_t *reads, uint32_t n);
 
 /* 1 when a record of that name is in the index, else 0. No I/O, no LRU change, no counters. */
 int eng_kvtier_contains(eng_kvtier_t *t, const eng_kvtier_name_t *name);
@@ -205,7 +247,7 @@ typedef struct eng_kvtier_stats {
     uint64_t hits, misses; /* gets (and host refs) found and served / not served */
     uint64_t loads;        /* records read and verified (= hits) */
     uint64_t load_bytes;   /* payload bytes served */
-    uint64_t load_ns;      /* time spent in reads, checks and copies of served gets */
+    uint64_t load_ns;      /* wall time of served gets (a get_many once): load_bytes / load_ns */
     uint64_t writes;       /* records written */
     uint64_t write_bytes;  /* payload bytes written */
     uint64_t write_errors; /* puts that failed in I/O */

@@ -103,6 +103,24 @@ static eng_t *open_engine(const char *model, const char *dir, bool load_always)
     return open_engine_budget(model, dir, load_always, 0);
 }
 
+/* As open_engine, with a staging queue of queue_bytes. */
+static eng_t *open_engine_queue(const char *model, const char *dir, uint64_t queue_bytes)
+{
+    eng_params_t p = eng_params_default();
+    p.model_path = model;
+    p.kv_dtype = ENG_KV_F32;
+    p.kv_block_tokens = BT;
+    p.kv_max_tokens = 256;
+    p.tier.dir = dir;
+    p.tier.min_tokens = 32;
+    p.tier.queue_bytes = queue_bytes;
+    eng_t *e = NULL;
+    char err[256];
+    if (eng_init(&p, &e, err, sizeof err) != 0)
+        fprintf(stderr, "eng_init: %s\n", err);
+    return e;
+}
+
 /* The eviction callback: the tier of the last event that dropped whole blocks of ns 7. */
 static void on_evict(const eng_evict_event_t *ev, void *ud)
 {
@@ -233,6 +251,10 @@ PC_TEST(evicted_prefix_comes_back_from_disk_with_cold_logits)
         ASSERT_EQ(st.load_blocks, (uint64_t)N_WHOLE);
         ASSERT_EQ(st.recompute_avoided_tokens, (uint64_t)N_WHOLE * BT);
         ASSERT_TRUE(st.load_bytes_per_s > 0);
+        /* The cost model's attention term: its inputs are exported, and a position deep in
+         * the context is dearer to recompute than the measured rate's. */
+        ASSERT_TRUE(st.attn_per_pos > 0 && st.prefill_mean_pos > 0);
+        ASSERT_TRUE(eng__tier_recompute_scale(e, 4096) > eng__tier_recompute_scale(e, 0));
         /* Another namespace never sees it. */
         static float ref2[N_PROMPT * N_VOCAB];
         memcpy(ref2, ref, sizeof ref2);
@@ -384,6 +406,61 @@ static int count_rec(void *ud, const eng_kvtier_rec_t *rec)
     return 0;
 }
 
+typedef struct chains {
+    int n, whole; /* chains listed; of them, equal to p or q */
+    const int32_t *p, *q;
+} chains_t;
+
+static void on_chain(const eng_tier_prefix_t *pr, void *ud)
+{
+    chains_t *c = ud;
+    c->n++;
+    size_t bytes = (size_t)pr->n_tokens * sizeof(int32_t);
+    if (pr->n_tokens == (uint32_t)N_WHOLE * BT &&
+        (memcmp(pr->tokens, c->p, bytes) == 0 || memcmp(pr->tokens, c->q, bytes) == 0))
+        c->whole++;
+}
+
+PC_TEST(child_written_before_its_parent_is_linked)
+{
+    char model[256], dir[300];
+    make_model(ENG_ARCH_QWEN3, model, sizeof model);
+    new_dir(dir, sizeof dir);
+    eng_t *e = open_engine(model, dir, true);
+    ASSERT_TRUE(e != NULL);
+    /* p and q share 64 tokens: the prefix index splits them into a node of 4 blocks and two
+     * leaves; the leaves leave the pool first, so p's block 4 lands before its parent. */
+    int32_t p[N_PROMPT], q[N_PROMPT];
+    for (uint32_t i = 0; i < N_PROMPT; i++) {
+        p[i] = (int32_t)rnd(N_VOCAB);
+        q[i] = i < 64 ? p[i] : (int32_t)rnd(N_VOCAB);
+    }
+    q[64] = (p[64] + 1) % N_VOCAB;
+    cache(e, 5, p, N_PROMPT, false);
+    cache(e, 5, q, N_PROMPT, false);
+    evict_all(e);
+    chains_t c = {.p = p, .q = q};
+    ASSERT_EQ(eng_tier_prefixes(e, on_chain, &c), 2);
+    ASSERT_EQ(c.whole, 2);
+    /* The same after a restart (the index is rebuilt in LRU order: children first), and
+     * without their shared block 3 the two chains are still known whole (a read recomputes
+     * the hole). */
+    eng_free(e);
+    e = open_engine(model, dir, true);
+    ASSERT_TRUE(e != NULL);
+    c = (chains_t){.p = p, .q = q};
+    ASSERT_EQ(eng_tier_prefixes(e, on_chain, &c), 2);
+    ASSERT_EQ(c.whole, 2);
+    eng_kvtier_name_t nm;
+    eng__tier_block_name(e, 5, p, 3, &nm);
+    ASSERT_EQ(eng_kvtier_remove(eng__tier_store(e), &nm), 0);
+    c = (chains_t){.p = p, .q = q};
+    ASSERT_EQ(eng_tier_prefixes(e, on_chain, &c), 2);
+    ASSERT_EQ(c.whole, 2);
+    eng_free(e);
+    unlink(model);
+}
+
 PC_TEST(namespaces_never_share_a_record)
 {
     char model[256], dir[300];
@@ -410,6 +487,145 @@ PC_TEST(namespaces_never_share_a_record)
         ASSERT_EQ(eng_kvtier_contains(eng__tier_store(e), &a), 1);
         ASSERT_EQ(eng_kvtier_contains(eng__tier_store(e), &b), 1);
     }
+    /* Dropping ns 1 (the gateway forgot it) removes its records, and only those. */
+    ASSERT_EQ(eng_prefix_release(e, 2, tok, N_PROMPT), 0);
+    int rc = eng_prefix_drop(e, 1, tok, 0);
+    ASSERT_TRUE(rc == 0 || rc == PC_ERR_NOTFOUND);
+    n = 0;
+    ASSERT_EQ(eng_kvtier_foreach(eng__tier_store(e), count_rec, &n), 0);
+    ASSERT_EQ(n, N_WHOLE);
+    for (uint32_t i = 0; i < N_WHOLE; i++) {
+        eng_kvtier_name_t b;
+        eng__tier_block_name(e, 2, tok, i, &b);
+        ASSERT_EQ(eng_kvtier_contains(eng__tier_store(e), &b), 1);
+    }
+    eng_free(e);
+    unlink(model);
+}
+
+PC_TEST(dropping_a_prefix_removes_its_records)
+{
+    char model[256], dir[300];
+    make_model(ENG_ARCH_QWEN3, model, sizeof model);
+    new_dir(dir, sizeof dir);
+    eng_t *e = open_engine(model, dir, true);
+    ASSERT_TRUE(e != NULL);
+    /* p and q share their first 40 tokens (blocks 0 and 1 whole); p is also cached in ns 2. */
+    int32_t p[N_PROMPT], q[N_PROMPT];
+    for (uint32_t i = 0; i < N_PROMPT; i++) {
+        p[i] = (int32_t)rnd(N_VOCAB);
+        q[i] = i < 40 ? p[i] : (int32_t)rnd(N_VOCAB);
+    }
+    q[40] = (p[40] + 1) % N_VOCAB;
+    static float ref_p[N_PROMPT * N_VOCAB], ref_q[N_PROMPT * N_VOCAB];
+    cold(model, p, N_PROMPT, ref_p);
+    cold(model, q, N_PROMPT, ref_q);
+    cache(e, 1, p, N_PROMPT, false);
+    cache(e, 1, q, N_PROMPT, false);
+    cache(e, 2, p, N_PROMPT, false);
+    evict_all(e);
+    int n = 0;
+    ASSERT_EQ(eng_kvtier_foreach(eng__tier_store(e), count_rec, &n), 0);
+    ASSERT_EQ(n, 3 * N_WHOLE - 2);
+    /* Dropping what starts with p[0..100) in ns 1 removes p's blocks 6.. (they end past 100)
+     * and 2..5 (nothing else continues them), keeps 0 and 1 (q continues them) and ns 2. */
+    int rc = eng_prefix_drop(e, 1, p, 100);
+    ASSERT_TRUE(rc == 0 || rc == PC_ERR_NOTFOUND);
+    n = 0;
+    ASSERT_EQ(eng_kvtier_foreach(eng__tier_store(e), count_rec, &n), 0);
+    ASSERT_EQ(n, 2 * N_WHOLE);
+    for (uint32_t i = 2; i < N_WHOLE; i++) {
+        eng_kvtier_name_t nm;
+        eng__tier_block_name(e, 1, p, i, &nm);
+        ASSERT_EQ(eng_kvtier_contains(eng__tier_store(e), &nm), 0);
+    }
+    eng_seq_origin_t o;
+    run_check(e, 1, p, N_PROMPT, ref_p, &o);
+    ASSERT_EQ(o.g3_tokens, 2u * BT); /* only what q shares comes back */
+    static float ref2[N_PROMPT * N_VOCAB];
+    memcpy(ref2, ref_p, sizeof ref2);
+    run_check(e, 2, p, N_PROMPT, ref2, &o);
+    ASSERT_EQ(o.g3_tokens, (uint32_t)N_WHOLE * BT);
+    run_check(e, 1, q, N_PROMPT, ref_q, &o);
+    ASSERT_EQ(o.g3_tokens + o.g1_tokens, (uint32_t)N_WHOLE * BT);
+    eng_free(e);
+    unlink(model);
+}
+
+/* As open_engine, with the shutdown write-back's bounds. */
+static eng_t *open_engine_shutdown(const char *model, const char *dir, uint32_t ms, uint64_t bytes)
+{
+    eng_params_t p = eng_params_default();
+    p.model_path = model;
+    p.kv_dtype = ENG_KV_F32;
+    p.kv_block_tokens = BT;
+    p.kv_max_tokens = 256;
+    p.tier.dir = dir;
+    p.tier.min_tokens = 32;
+    p.tier.load_always = true;
+    p.tier.shutdown_ms = ms;
+    p.tier.shutdown_bytes = bytes;
+    eng_t *e = NULL;
+    char err[256];
+    if (eng_init(&p, &e, err, sizeof err) != 0)
+        fprintf(stderr, "eng_init: %s\n", err);
+    return e;
+}
+
+PC_TEST(shutdown_writes_the_pool_back)
+{
+    char model[256], dir[300], dir0[300], dir5[300];
+    make_model(ENG_ARCH_QWEN3, model, sizeof model);
+    new_dir(dir, sizeof dir);
+    new_dir(dir0, sizeof dir0);
+    new_dir(dir5, sizeof dir5);
+    int32_t tok[N_PROMPT], small[20];
+    for (uint32_t i = 0; i < N_PROMPT; i++)
+        tok[i] = (int32_t)rnd(N_VOCAB);
+    for (uint32_t i = 0; i < 20; i++)
+        small[i] = (int32_t)rnd(N_VOCAB);
+    static float ref[N_PROMPT * N_VOCAB];
+    cold(model, tok, N_PROMPT, ref);
+    /* Cached in the pool only (unpinned, never evicted), plus one prompt below min_tokens. */
+    eng_t *e = open_engine_shutdown(model, dir, 3000, 0);
+    ASSERT_TRUE(e != NULL);
+    cache(e, 3, tok, N_PROMPT, false);
+    cache(e, 3, small, 20, false);
+    eng_tier_stats_t st;
+    eng_tier_flush(e);
+    eng_tier_stats(e, &st);
+    ASSERT_EQ(st.g3_blocks, 0);
+    size_t bb = eng_kvpool_block_bytes(eng_kvpool(e));
+    eng_free(e);
+    /* A clean restart hits all of it from the disk, with cold logits; the short one is not
+     * there (the filter). */
+    e = open_engine_shutdown(model, dir, 3000, 0);
+    ASSERT_TRUE(e != NULL);
+    eng_tier_stats(e, &st);
+    ASSERT_EQ(st.g3_blocks, (uint64_t)N_WHOLE);
+    eng_seq_origin_t o;
+    run_check(e, 3, tok, N_PROMPT, ref, &o);
+    ASSERT_EQ(o.g3_tokens, (uint32_t)N_WHOLE * BT);
+    eng_free(e);
+    /* The bounds: no time writes nothing; five blocks' bytes write five blocks. */
+    e = open_engine_shutdown(model, dir0, 0, 0);
+    ASSERT_TRUE(e != NULL);
+    cache(e, 3, tok, N_PROMPT, false);
+    eng_free(e);
+    e = open_engine_shutdown(model, dir0, 0, 0);
+    ASSERT_TRUE(e != NULL);
+    eng_tier_stats(e, &st);
+    ASSERT_EQ(st.g3_blocks, 0);
+    eng_free(e);
+    e = open_engine_shutdown(model, dir5, 3000, 5 * bb);
+    ASSERT_TRUE(e != NULL);
+    cache(e, 3, tok, N_PROMPT, false);
+    eng_free(e);
+    e = open_engine_shutdown(model, dir5, 3000, 0);
+    ASSERT_TRUE(e != NULL);
+    eng_tier_stats(e, &st);
+    ASSERT_EQ(st.g3_blocks, 5);
+    check(e);
     eng_free(e);
     unlink(model);
 }
@@ -610,15 +826,49 @@ PC_TEST(disk_budget_evicts_reports_and_leaves_holes)
     unlink(model);
 }
 
+PC_TEST(full_staging_queue_drops_and_counts)
+{
+    char model[256], dir[300];
+    make_model(ENG_ARCH_LLAMA, model, sizeof model);
+    new_dir(dir, sizeof dir);
+    /* Below one block: refused with the reason. */
+    ASSERT_TRUE(open_engine_queue(model, dir, 100) == NULL);
+    eng_t *e = open_engine_queue(model, dir, 8192); /* one block of this model */
+    ASSERT_TRUE(e != NULL);
+    int32_t tok[N_PROMPT];
+    for (uint32_t i = 0; i < N_PROMPT; i++)
+        tok[i] = (int32_t)rnd(N_VOCAB);
+    cache(e, 7, tok, N_PROMPT, false);
+    int tier = -1;
+    eng_set_evict_callback(e, on_evict, &tier);
+    evict_all(e); /* 12 blocks leave at once into a queue of one */
+    eng_set_evict_callback(e, NULL, NULL);
+    eng_tier_stats_t st;
+    eng_tier_stats(e, &st);
+    /* Every block was either written or dropped and counted; the queue is empty again. */
+    ASSERT_EQ(st.write_blocks + st.write_dropped, (uint64_t)N_WHOLE);
+    ASSERT_TRUE(st.write_blocks >= 1);
+    ASSERT_EQ(st.queue_bytes, 0);
+    ASSERT_EQ(st.g3_blocks, st.write_blocks);
+    /* The event says G3 only when nothing was dropped. */
+    ASSERT_EQ(tier, st.write_dropped == 0 ? ENG_TIER_G3 : ENG_TIER_NONE);
+    eng_free(e);
+    unlink(model);
+}
+
 PC_TEST(cost_model)
 {
     /* 1 ms per block against 1000 tokens/s: 16 tokens take 16 ms, loading wins. */
-    ASSERT_TRUE(eng__tier_load_wins(1e6, 1000, 1, 16));
+    ASSERT_TRUE(eng__tier_load_wins(1e6, 1000, 1, 16, 1.0));
     /* 1 ms per block against 1e6 tokens/s: 16 tokens take 16 us, recomputing wins. */
-    ASSERT_FALSE(eng__tier_load_wins(1e6, 1e6, 1, 16));
+    ASSERT_FALSE(eng__tier_load_wins(1e6, 1e6, 1, 16, 1.0));
     /* Unknown figures: load (it measures them). */
-    ASSERT_TRUE(eng__tier_load_wins(0, 1e6, 1, 16));
-    ASSERT_TRUE(eng__tier_load_wins(1e6, 0, 1, 16));
+    ASSERT_TRUE(eng__tier_load_wins(0, 1e6, 1, 16, 1.0));
+    ASSERT_TRUE(eng__tier_load_wins(1e6, 0, 1, 16, 1.0));
+    /* The attention term: the same 16 tokens deep in a long prompt cost ten times the
+     * measured rate's; loading wins again. */
+    ASSERT_FALSE(eng__tier_load_wins(1e6, 1e5, 1, 16, 1.0));
+    ASSERT_TRUE(eng__tier_load_wins(1e6, 1e5, 1, 16, 10.0));
 }
 
 PC_TEST_MAIN()
