@@ -41,7 +41,7 @@ function usage(code) {
 
 function parseArgs(argv) {
     const o = {
-        model: null, tokens: null, text: null, nTokens: 1024, kv: ["f32", "f16", "q8_0"],
+        model: null, tokens: null, text: null, nTokens: 1024, kv: ["f32", "f16", "f16:fa", "q8_0"],
         top: 10, threads: 2, kvgw: null, kvgwKv: ["f32", "f16", "q8_0"], kvgwGemm: "f32",
         saveTokens: null, bench: false, prefill: 512, decode: 64, json: null,
     };
