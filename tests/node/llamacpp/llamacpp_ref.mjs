@@ -349,6 +349,7 @@ async function main() {
                     continue;
                 }
                 runs[`kvgw ${kv}`] = r.recs;
+                addWant(r.recs); // later kvgw runs are compared with this one's top-N
             }
         }
     } finally {
