@@ -850,5 +850,6 @@ PC_TEST(sampler_radix_repeats_and_mixes_rows)
 }
 
 #include "test_krn_gpu_e2e.h"
+#include "test_krn_gpu_xfer.h"
 
 PC_TEST_MAIN()
