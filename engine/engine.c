@@ -36,7 +36,14 @@ eng_params_t eng_params_default(void)
                           .gemm = ENG_GEMM_AUTO,
                           .backend = "cpu",
                           .cuda_device = 0,
-                          .host_sampling = false};
+                          .host_sampling = false,
+                          .tier = {.dir = NULL,
+                                   .max_bytes = 0,
+                                   .key = NULL,
+                                   .write_through = true,
+                                   .min_tokens = 64,
+                                   .g2_bytes = 0,
+                                   .queue_bytes = 64ull << 20}};
 }
 
 /* Creates e->kv for the model: with host storage for the blocks, or (storage false) block

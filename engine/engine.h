@@ -61,6 +61,21 @@ enum eng_gemm_mode {
                           AVX512-BF16 (F32 elsewhere) */
 };
 
+/* The KV tiers below the pool (tier.h). Off unless dir is set. */
+typedef struct eng_tier_params {
+    const char *dir;      /* the disk tier's directory (created 0700), or NULL / "": no tiers.
+                             Not kept past eng_init */
+    uint64_t max_bytes;   /* its byte budget (LRU eviction of records); 0 = 1 GiB */
+    const uint8_t *key;   /* [32] at-rest key (XChaCha20-Poly1305), or NULL: checksums only;
+                             copied at eng_init */
+    bool write_through;   /* write retained prefixes at retain time (default true) */
+    uint32_t min_tokens;  /* write back evicted prefixes of at least this many tokens
+                             (default 64; tier.h says why) */
+    uint64_t g2_bytes;    /* host-memory tier of the CUDA backend (0: off; CPU: ignored) */
+    uint64_t queue_bytes; /* staging budget of queued writes and prefetched reads
+                             (default 64 MiB) */
+} eng_tier_params_t;
+
 typedef struct eng_params {
     const char *model_path;
     uint32_t n_threads;         /* compute threads, default 2 */
@@ -86,6 +101,7 @@ typedef struct eng_params {
                             eng_init returns PC_ERR_UNSUPPORTED with the reason. Not kept. */
     eng_load_progress_fn load_progress; /* model loading progress; NULL: none */
     void *load_progress_ud;
+    eng_tier_params_t tier; /* KV tiers (tier.h); default off */
 } eng_params_t;
 
 eng_params_t eng_params_default(void);
@@ -190,6 +206,8 @@ int eng_check(eng_t *e, char *err, size_t err_len);
 
 /* The prefix index (token prefixes -> KV blocks, pins and their expiry). */
 #include "prefix.h"
+/* The KV tiers below the pool (host memory, disk). */
+#include "tier.h"
 
 /* What the CUDA backends of this process did, summed over every backend object since the
  * process started (CUDA builds only; counters only grow, so a benchmark reads them before and

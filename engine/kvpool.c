@@ -204,6 +204,30 @@ void *eng_kvpool_kv(const eng_kvpool_t *pool, uint32_t block, uint32_t layer, ui
     return pool->data + idx * pool->head_elems * pool->elem_bytes;
 }
 
+int eng_kvpool_block_read(const eng_kvpool_t *pool, uint32_t b, void *dst)
+{
+    PC_ASSERT(b < pool->n_blocks);
+    if (pool->data != NULL) {
+        memcpy(dst, pool->data + (size_t)b * pool->block_bytes, pool->block_bytes);
+        return 0;
+    }
+    if (pool->hooks.read_block == NULL)
+        return PC_ERR_UNSUPPORTED;
+    return pool->hooks.read_block(pool->hooks.ud, b, dst);
+}
+
+int eng_kvpool_block_write(eng_kvpool_t *pool, uint32_t b, const void *src)
+{
+    PC_ASSERT(b < pool->n_blocks);
+    if (pool->data != NULL) {
+        memcpy(pool->data + (size_t)b * pool->block_bytes, src, pool->block_bytes);
+        return 0;
+    }
+    if (pool->hooks.write_block == NULL)
+        return PC_ERR_UNSUPPORTED;
+    return pool->hooks.write_block(pool->hooks.ud, b, src);
+}
+
 void eng_kvpool_copy(eng_kvpool_t *pool, uint32_t dst, uint32_t src, uint32_t n_tokens)
 {
     PC_ASSERT(dst < pool->n_blocks && src < pool->n_blocks && n_tokens <= pool->block_tokens);

@@ -70,6 +70,11 @@ void eng_kvpool_set_evict(eng_kvpool_t *pool, eng_kvpool_evict_fn fn, void *ud);
 typedef struct eng_kvpool_hooks {
     void (*on_alloc)(void *ud, uint32_t block);
     void (*on_copy)(void *ud, uint32_t dst, uint32_t src, uint32_t n_tokens);
+    /* A whole block's bytes (eng_kvpool_block_bytes, the pool's layout) to host memory dst, and
+     * from host memory src into the block (the KV tiers' write-back and loads). Return 0 or a
+     * negative error. Needed by a mirror of a no_storage pool for tiers; may be NULL. */
+    int (*read_block)(void *ud, uint32_t block, void *dst);
+    int (*write_block)(void *ud, uint32_t block, const void *src);
     void *ud;
 } eng_kvpool_hooks_t;
 
@@ -95,6 +100,13 @@ uint32_t eng_kvpool_refcount(const eng_kvpool_t *pool, uint32_t block);
 /* Copies the first n_tokens positions of src into dst (every layer and head): through the
  * on_copy hook, then in host memory unless the pool is no_storage. */
 void eng_kvpool_copy(eng_kvpool_t *pool, uint32_t dst, uint32_t src, uint32_t n_tokens);
+
+/* Copies the whole block b (block_bytes, every layer and head) to host memory dst, or host
+ * memory src into it: memcpy with host storage, else through the mirror's read_block /
+ * write_block hook. Return 0, or PC_ERR_UNSUPPORTED (no storage and no hook) or the hook's
+ * error. */
+int eng_kvpool_block_read(const eng_kvpool_t *pool, uint32_t b, void *dst);
+int eng_kvpool_block_write(eng_kvpool_t *pool, uint32_t b, const void *src);
 
 /* The K part of (block, layer, kv head): [head_dim][block_tokens]; V follows it:
  * [block_tokens][head_dim]. Valid until eng_kvpool_free. NULL for a no_storage pool. */

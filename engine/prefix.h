@@ -65,6 +65,9 @@ typedef struct eng_evict_event {
     const int32_t *tokens; /* [n_tokens + n_dropped] the removed prefix's token path (for
                               naming it, e.g. eng_wire_prefix_fp); valid during the callback
                               only; NULL if memory for it ran out */
+    uint8_t tier;          /* enum eng_tier (tier.h): where the dropped blocks went:
+                              ENG_TIER_G3 (or G2) when every whole block of the dropped part is
+                              held or queued there, else ENG_TIER_NONE (gone) */
 } eng_evict_event_t;
 
 typedef void (*eng_evict_fn)(const eng_evict_event_t *ev, void *ud);
@@ -74,9 +77,12 @@ typedef void (*eng_evict_fn)(const eng_evict_event_t *ev, void *ud);
 void eng_set_evict_callback(eng_t *e, eng_evict_fn fn, void *ud);
 
 /* Starts the empty sequence s from the longest prefix of tokens[0..n) cached in namespace ns,
- * reusing at most n - 1 tokens (the last token is always computed, for its logits). Sets
- * *n_reused; the caller then runs eng_forward on tokens[*n_reused .. n). Returns 0,
- * PC_ERR_STATE (s is not empty) or PC_ERR_NOMEM (s stays empty). */
+ * reusing at most n - 1 tokens (the last token is always computed, for its logits). With tiers
+ * (tier.h) the match continues past the pool into G2/G3 block by block: loads, exact hole
+ * recompute (an eng_forward inside this call) and the cost model; eng_seq_origin says where the
+ * positions came from. Sets *n_reused; the caller then runs eng_forward on
+ * tokens[*n_reused .. n). Returns 0, PC_ERR_STATE (s is not empty) or PC_ERR_NOMEM (s stays
+ * empty). A tier read or a hole recompute that fails only shortens *n_reused. */
 int eng_seq_start_cached(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tokens, uint32_t n,
                          uint32_t *n_reused);
 

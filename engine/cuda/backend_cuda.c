@@ -375,6 +375,29 @@ static void hook_copy(void *ud, uint32_t dst, uint32_t src, uint32_t n_tokens)
         c->err = PC_ERR_INTERNAL;
 }
 
+/* The KV tiers' block transfers (kvpool.h read_block / write_block): one whole block between
+ * the device pool and host memory, synchronously on the compute stream (the CUDA G2 tier brings
+ * its own overlapped path). */
+static int hook_read_block(void *ud, uint32_t block, void *dst)
+{
+    cuda_be_t *c = ud;
+    size_t bb = krn_kv_block_bytes(&c->kv);
+    if (krn_copy_d2h(c->ctx, dst, (const uint8_t *)c->kv.base + (size_t)block * bb, bb) != 0 ||
+        krn_ctx_sync(c->ctx) != 0)
+        return PC_ERR_INTERNAL;
+    return 0;
+}
+
+static int hook_write_block(void *ud, uint32_t block, const void *src)
+{
+    cuda_be_t *c = ud;
+    size_t bb = krn_kv_block_bytes(&c->kv);
+    if (krn_copy_h2d(c->ctx, (uint8_t *)c->kv.base + (size_t)block * bb, src, bb) != 0 ||
+        krn_ctx_sync(c->ctx) != 0)
+        return PC_ERR_INTERNAL;
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Weights
  * ------------------------------------------------------------------------------------------- */
@@ -1544,7 +1567,11 @@ int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_
         goto fail;
     }
     c->pool = kv;
-    eng_kvpool_hooks_t hooks = {.on_alloc = hook_alloc, .on_copy = hook_copy, .ud = c};
+    eng_kvpool_hooks_t hooks = {.on_alloc = hook_alloc,
+                                .on_copy = hook_copy,
+                                .read_block = hook_read_block,
+                                .write_block = hook_write_block,
+                                .ud = c};
     eng_kvpool_set_hooks(kv, &hooks);
     *out = &c->base;
     return 0;
