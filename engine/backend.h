@@ -171,6 +171,33 @@ bool eng_backend_has_kv_xfer(const eng_backend_t *be);
 int eng_backend_host_alloc(eng_backend_t *be, size_t n_bytes, void **out);
 void eng_backend_host_free(eng_backend_t *be, void *p);
 
+/*
+ * The G2 tier's memory: fixed-size pieces (one record's payload each) carved from large chunks
+ * of eng_backend_host_alloc memory (pinned on cuda), taken as needed up to max_bytes and kept
+ * until eng_host_slab_free. Pinning memory costs about a millisecond per call and freeing
+ * pinned memory synchronizes the whole device, so a tier that allocated a record at a time
+ * would stall every step; pieces go back to the slab's free list instead. Pieces are aligned
+ * to 4096 bytes (O_DIRECT reads from the disk tier can land in them). Thread-safe (a mutex):
+ * the tier store may take and return pieces from any thread.
+ */
+typedef struct eng_host_slab eng_host_slab_t;
+
+/* A slab of piece_bytes pieces (rounded up to 4096) over at most max_bytes. Nothing is
+ * allocated yet. Returns 0, PC_ERR_INVAL (piece_bytes 0, or max_bytes below one piece) or
+ * PC_ERR_NOMEM. be must outlive the slab. */
+int eng_host_slab_init(eng_backend_t *be, size_t piece_bytes, uint64_t max_bytes,
+                       eng_host_slab_t **out);
+/* Returns every chunk to the backend. Every piece must have been put back or be unused from
+ * now on. NULL is a no-op. */
+void eng_host_slab_free(eng_host_slab_t *s);
+/* A piece, or NULL when max_bytes is spent or memory ran out (the caller evicts or goes
+ * without). The shape of kvtier.h's host_alloc: bytes above the piece size get NULL. */
+void *eng_host_slab_alloc(void *slab, size_t bytes);
+/* Puts a piece back (kvtier.h's host_free; bytes unused). NULL is a no-op. */
+void eng_host_slab_release(void *slab, void *piece, size_t bytes);
+/* Pieces handed out now, and bytes taken from the backend so far. */
+void eng_host_slab_usage(eng_host_slab_t *s, uint64_t *pieces_used, uint64_t *bytes_reserved);
+
 /* Convenience wrappers over the table. eng_backend_free(NULL) is a no-op. */
 static inline const char *eng_backend_name(const eng_backend_t *be)
 {
