@@ -18,8 +18,12 @@
 #include "pc_assert.h"
 #include "pc_err.h"
 #include "pc_log.h"
+#include "pc_time.h"
 #include "pc_vec.h"
 #include "sampling.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 eng_params_t eng_params_default(void)
 {
@@ -43,7 +47,8 @@ eng_params_t eng_params_default(void)
                                    .write_through = true,
                                    .min_tokens = 64,
                                    .g2_bytes = 0,
-                                   .queue_bytes = 64ull << 20}};
+                                   .queue_bytes = 64ull << 20,
+                                   .load_always = false}};
 }
 
 /* Creates e->kv for the model: with host storage for the blocks, or (storage false) block
@@ -171,6 +176,11 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
         }
     }
     e->cpu_isa = isa;
+    e->model_path = pc_strdup(p->model_path);
+    if (e->model_path == NULL) {
+        pc_free(e);
+        return PC_ERR_NOMEM;
+    }
     eng_model_params_t mp = eng_model_params_default();
     mp.weights_f32 = p->weights_f32;
     mp.copy_weights = strcmp(backend, "cuda") != 0; /* host copies help only the CPU backend */
@@ -201,6 +211,17 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
         snprintf(err, err_len, "engine: cannot create the prefix index: %s", pc_strerror(rc));
         goto fail;
     }
+    e->model_size = eng_gguf_file_size(e->model->_gguf);
+    if (p->tier.dir != NULL && p->tier.dir[0] != '\0') {
+        uint64_t fp;
+        rc = eng_model_fingerprint(e, &fp, err, err_len);
+        if (rc == 0)
+            rc = eng__tier_init(e, &p->tier, &e->tier, err, err_len);
+        if (rc != 0)
+            goto fail;
+    }
+    e->p.tier.dir = NULL; /* not kept: the caller's string and key (the store copied them) */
+    e->p.tier.key = NULL;
     *out = e;
     return 0;
 
@@ -214,7 +235,11 @@ void eng_free(eng_t *e)
     if (e == NULL)
         return;
     PC_ASSERT(e->seqs == NULL);
-    eng__prefix_free(e->prefix); /* releases the cached blocks before the pool goes */
+    /* The index goes first (its cached blocks are released before the pool, and it reports no
+     * write-back to a freed tier: destroying the tree evicts nothing); the tiers then finish
+     * their queued writes. */
+    eng__prefix_free(e->prefix);
+    eng__tier_free(e->tier);
     eng_backend_free(e->be);
     eng_kvpool_free(e->kv);
     eng_model_free(e->model);
@@ -222,7 +247,58 @@ void eng_free(eng_t *e)
     pc_free(e->fwd_item);
     pc_free(e->orig_tokens);
     pc_free(e->blk_mark);
+    pc_free(e->model_path);
     pc_free(e);
+}
+
+/* XXH3-64 of the whole file, tensor data included. One streaming pass with read() through a
+ * small buffer, not through the engine's mapping: the loader copied the weights and dropped
+ * their mapped pages, and touching them again would keep the whole file resident in the
+ * process (page cache reads do not count). A file whose size changed since it was loaded is an
+ * error. */
+int eng_model_fingerprint(eng_t *e, uint64_t *out, char *err, size_t err_len)
+{
+    if (e->has_fp) {
+        *out = e->model_fp;
+        return 0;
+    }
+    enum { CHUNK = 1 << 20 };
+    int rc = 0;
+    uint64_t t0 = pc_time_mono_ns();
+    char *buf = pc_malloc(CHUNK);
+    FILE *f = fopen(e->model_path, "rb");
+    if (buf == NULL || f == NULL) {
+        rc = buf == NULL ? PC_ERR_NOMEM : PC_ERR_IO;
+        snprintf(err, err_len, "engine: fingerprinting %s: %s", e->model_path,
+                 buf == NULL ? "out of memory" : "cannot open the file");
+        goto done;
+    }
+    XXH3_state_t st;
+    XXH3_INITSTATE(&st);
+    XXH3_64bits_reset(&st);
+    uint64_t total = 0;
+    size_t n;
+    while ((n = fread(buf, 1, CHUNK, f)) > 0) {
+        XXH3_64bits_update(&st, buf, n);
+        total += n;
+    }
+    if (ferror(f) || total != e->model_size) {
+        rc = PC_ERR_IO;
+        snprintf(err, err_len, "engine: fingerprinting %s: %s", e->model_path,
+                 ferror(f) ? "read error" : "the file changed while loading");
+        goto done;
+    }
+    e->model_fp = XXH3_64bits_digest(&st);
+    e->has_fp = true;
+    *out = e->model_fp;
+    PC_LOG(PC_LOG_INFO, "engine", "model fingerprint %016llx: XXH3 of %.1f MiB in %.0f ms",
+           (unsigned long long)e->model_fp, (double)total / (1 << 20),
+           (double)(pc_time_mono_ns() - t0) / 1e6);
+done:
+    if (f != NULL)
+        fclose(f);
+    pc_free(buf);
+    return rc;
 }
 
 const eng_hparams_t *eng_hparams(const eng_t *e)
@@ -330,6 +406,11 @@ void eng_seq_free(eng_t *e, eng_seq_t *s)
         s->next->prev = s->prev;
     e->n_seqs--;
     pc_free(s);
+}
+
+void eng_seq_origin(const eng_seq_t *s, eng_seq_origin_t *out)
+{
+    *out = s->origin;
 }
 
 uint32_t eng_seq_n_tokens(const eng_seq_t *s)
@@ -451,6 +532,8 @@ static int forward_steps(eng_t *e, const eng_batch_item_t *items, uint32_t n_ite
                 break; /* the budget is spent */
             }
         }
+        uint32_t step_tokens = e->p.max_batch_tokens - budget;
+        uint64_t t_step = pc_time_mono_ns();
         if (tokens != NULL)
             rc = e->be->iface->forward_sample(e->be, e->model, e->kv, e->fwd, n, srows + row_out,
                                               tokens + row_out);
@@ -459,6 +542,14 @@ static int forward_steps(eng_t *e, const eng_batch_item_t *items, uint32_t n_ite
                                        rows ? logits + row_out * n_vocab : NULL);
         if (rc != 0)
             goto fail;
+        /* The tiers' cost model weighs loads against this rate (prefill-sized steps only:
+         * decode steps measure something else). */
+        if (step_tokens >= 64) {
+            double dt = (double)(pc_time_mono_ns() - t_step) / 1e9;
+            double tps = dt > 0 ? step_tokens / dt : 0;
+            if (tps > 0)
+                e->prefill_tps = e->prefill_tps > 0 ? 0.8 * e->prefill_tps + 0.2 * tps : tps;
+        }
         row_out += rows;
         for (uint32_t i = 0; i < n; i++) { /* commit: these positions now hold KV */
             eng_seq_t *sq = items[e->fwd_item[i]].seq;

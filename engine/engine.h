@@ -74,6 +74,8 @@ typedef struct eng_tier_params {
     uint64_t g2_bytes;    /* host-memory tier of the CUDA backend (0: off; CPU: ignored) */
     uint64_t queue_bytes; /* staging budget of queued writes and prefetched reads
                              (default 64 MiB) */
+    bool load_always;     /* tests, benchmarks: load every tier block the cost model would
+                             recompute (default false) */
 } eng_tier_params_t;
 
 typedef struct eng_params {

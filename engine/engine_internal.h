@@ -9,14 +9,18 @@
 #include "kvpool.h"
 #include "model.h"
 
-struct eng_prefix; /* prefix.c */
+struct eng_prefix;      /* prefix.c */
+struct eng_tiers;       /* tier.c */
+struct eng_kvtier;      /* kvtier.h */
+struct eng_kvtier_name; /* kvtier.h */
 
 struct eng_seq {
     eng_kvseq_t kv;
     int32_t *tokens; /* [kv.n_tokens] the tokens whose KV the sequence holds */
     size_t tokens_cap;
     eng_seq_t *prev, *next;
-    uint32_t mark; /* scratch for duplicate detection in eng_forward */
+    uint32_t mark;           /* scratch for duplicate detection in eng_forward */
+    eng_seq_origin_t origin; /* where eng_seq_start_cached found its positions */
 };
 
 struct eng {
@@ -33,8 +37,14 @@ struct eng {
     uint32_t *fwd_item;    /* [fwd_cap] the item of each fwd entry */
     uint32_t *orig_tokens; /* [fwd_cap] each item's n_tokens before the call */
     uint32_t fwd_cap;
-    uint32_t cpu_isa;  /* enum eng_cpu_isa: the CPU backend's path, resolved at init */
-    uint8_t *blk_mark; /* [n_blocks] scratch of eng_kv_stats */
+    uint32_t cpu_isa;       /* enum eng_cpu_isa: the CPU backend's path, resolved at init */
+    uint8_t *blk_mark;      /* [n_blocks] scratch of eng_kv_stats */
+    struct eng_tiers *tier; /* the KV tiers (tier.c), or NULL without */
+    char *model_path;       /* a copy, for the fingerprint */
+    uint64_t model_size;    /* the file's size when it was loaded */
+    uint64_t model_fp;      /* eng_model_fingerprint, once has_fp */
+    bool has_fp;
+    double prefill_tps; /* measured prefill rate (EWMA over steps of >= 64 tokens), 0: none */
 };
 
 /* The KV pool (kvpool.h), for the engine's own tests and checks; valid until eng_free. */
@@ -51,5 +61,30 @@ void eng__prefix_free(struct eng_prefix *px);
 void eng__prefix_count_refs(const struct eng_prefix *px, uint32_t *refs);
 /* Checks the radix tree's invariants. */
 int eng__prefix_check(const struct eng_prefix *px, char *err, size_t err_len);
+
+/* The longest prefix of tokens[0..n) cached in ns (G1), in tokens, without touching the LRU. */
+uint32_t eng__prefix_match_len(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n);
+
+/* The KV tiers (tier.c). init opens the store under p->dir and starts the I/O thread: 0, or an
+ * error with the reason in err. free(NULL) is a no-op; it waits for queued writes. */
+int eng__tier_init(eng_t *e, const eng_tier_params_t *p, struct eng_tiers **out, char *err,
+                   size_t err_len);
+void eng__tier_free(struct eng_tiers *t);
+/* Write-back of a prefix leaving the index: path[depth] its tokens, table[] the blocks of block
+ * indices table_first.. (the node's payload). Queues the whole blocks from index table_first
+ * on that no tier holds; `filter` applies min_tokens. Returns the enum eng_tier the dropped
+ * blocks are now held in (ENG_TIER_NONE when some whole block is not). */
+uint8_t eng__tier_write(eng_t *e, uint64_t ns, const int32_t *path, uint32_t depth,
+                        const uint32_t *table, uint32_t table_first, bool filter);
+/* The cost model: true when loading `blocks` disk blocks (ns_per_block each, measured) is
+ * expected to be faster than recomputing their `tokens` at prefill_tps; unknown figures (0)
+ * favour the load, which measures them. */
+bool eng__tier_load_wins(double ns_per_block, double prefill_tps, uint32_t blocks, uint32_t tokens);
+/* Tests: the tier store, and the name of block i of tokens in ns (tokens holds (i + 1) * bt). */
+struct eng_kvtier *eng__tier_store(eng_t *e);
+void eng__tier_block_name(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t i,
+                          struct eng_kvtier_name *out);
+/* Continues the sequence s (its G1 match) into the tiers for tokens[0..n) (prefix.h). */
+void eng__tier_continue(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tokens, uint32_t n);
 
 #endif

@@ -265,12 +265,15 @@ static void on_free(const rdx_free_event_t *ev, void *ud)
     if (px->reason_now == 0 || ev->reason == RDX_FREE_DESTROY)
         return;
     px->stats.n_evicted++;
-    if (px->cb == NULL)
+    bool write_back =
+        px->e->tier != NULL && px->reason_now != ENG_EVICT_REMOVED && ev->payload != NULL;
+    if (px->cb == NULL && !write_back)
         return;
     eng_evict_event_t e = {.ns = ev->ns,
                            .n_tokens = (uint32_t)(ev->depth - ev->len),
                            .n_dropped = ev->len,
-                           .reason = px->reason_now};
+                           .reason = px->reason_now,
+                           .tier = ENG_TIER_NONE};
     /* The node and its ancestors are still linked (removal is bottom-up), so its path can be
      * read; without memory for it the event goes out without the path. */
     if (ev->depth > px->evict_cap) {
@@ -283,7 +286,15 @@ static void on_free(const rdx_free_event_t *ev, void *ud)
     if (ev->depth <= px->evict_cap && ev->node != NULL &&
         rdx_node_prefix(px->tree, ev->node, px->evict_path) == ev->depth)
         e.tokens = (const int32_t *)px->evict_path;
-    px->cb(&e, px->cb_ud);
+    /* Write-back: the payload's blocks still hold the node's KV (they are unreferenced after
+     * this callback), so the tiers copy the whole ones before the pool reuses them. */
+    if (write_back && e.tokens != NULL) {
+        const px_payload_t *p = ev->payload;
+        e.tier = eng__tier_write(px->e, ev->ns, e.tokens, (uint32_t)ev->depth, p->blocks,
+                                 p->pos0 / bt_of(px), true);
+    }
+    if (px->cb != NULL)
+        px->cb(&e, px->cb_ud);
 }
 
 /* The KV pool's eviction hook: LRU leaves first, then, under hard pressure, pins. */
@@ -376,16 +387,18 @@ void eng_set_evict_callback(eng_t *e, eng_evict_fn fn, void *ud)
     e->prefix->cb_ud = ud;
 }
 
-int eng_seq_start_cached(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tokens, uint32_t n,
-                         uint32_t *n_reused)
+uint32_t eng__prefix_match_len(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n)
+{
+    rdx_match_t m;
+    rdx_tree_match(e->prefix->tree, ns, (const uint32_t *)tokens, n, &m);
+    return (uint32_t)m.n_matched;
+}
+
+/* Shares the longest G1 match of tokens[0..n - 1) with the empty sequence s. Returns 0 or
+ * PC_ERR_NOMEM (s stays empty). */
+static int start_g1(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tokens, uint32_t n)
 {
     struct eng_prefix *px = e->prefix;
-    *n_reused = 0;
-    if (s->kv.n_tokens != 0 || s->kv.n_blocks != 0)
-        return PC_ERR_STATE;
-    px->stats.n_lookups++;
-    if (n < 2)
-        return 0;
     rdx_match_t m;
     rdx_tree_match(px->tree, ns, (const uint32_t *)tokens, n - 1, &m);
     uint32_t k = (uint32_t)m.n_matched;
@@ -417,7 +430,27 @@ int eng_seq_start_cached(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tok
     memcpy(s->tokens, tokens, k * sizeof *tokens);
     rdx_tree_touch(px->tree, m.node, ++px->clock, 0);
     px->stats.n_hit_tokens += k;
-    *n_reused = k;
+    s->origin.g1_tokens = k;
+    return 0;
+}
+
+int eng_seq_start_cached(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tokens, uint32_t n,
+                         uint32_t *n_reused)
+{
+    struct eng_prefix *px = e->prefix;
+    *n_reused = 0;
+    if (s->kv.n_tokens != 0 || s->kv.n_blocks != 0)
+        return PC_ERR_STATE;
+    s->origin = (eng_seq_origin_t){0};
+    px->stats.n_lookups++;
+    if (n < 2)
+        return 0;
+    int rc = start_g1(e, s, ns, tokens, n);
+    if (rc != 0)
+        return rc;
+    if (e->tier != NULL)
+        eng__tier_continue(e, s, ns, tokens, n);
+    *n_reused = s->kv.n_tokens;
     return 0;
 }
 
@@ -504,6 +537,10 @@ int eng_prefix_retain(eng_t *e, eng_seq_t *s, uint64_t ns, uint32_t n, uint64_t 
     }
     if (until != NULL)
         *until = pin->expiry;
+    /* Write-through: what a customer pays to keep survives the pool and the process (blocks a
+     * tier holds already are skipped). */
+    if (e->tier != NULL && e->p.tier.write_through)
+        eng__tier_write(e, ns, s->tokens, n, s->kv.blocks, 0, false);
     return 0;
 }
 

@@ -47,9 +47,6 @@
 #include <string.h>
 #include <time.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "engine.h"
 #include "gguf.h"
 #include "pc_alloc.h"
@@ -1178,47 +1175,6 @@ static void on_evict_none(const eng_evict_event_t *ev, void *ud)
     (void)ud;
 }
 
-/* The model's fingerprint: XXH3-64 of the whole file, tensor data included, so that two models
- * with the same shapes and other weights never pass for one another. One streaming pass with
- * read() through a small buffer, not through the engine's mapping: the loader copied the
- * weights and dropped their mapped pages, and touching them again would keep the whole file
- * resident in the process (page cache reads do not count). size is the size the engine mapped;
- * a file that changed since is an error. */
-static int model_hash(const char *path, uint64_t size, uint64_t *out, char *err, size_t err_len)
-{
-    enum { CHUNK = 1 << 20 };
-    int rc = 0;
-    char *buf = pc_malloc(CHUNK);
-    FILE *f = fopen(path, "rb");
-    if (buf == NULL || f == NULL) {
-        rc = buf == NULL ? PC_ERR_NOMEM : PC_ERR_IO;
-        set_err(err, err_len, "worker: fingerprinting %s: %s", path,
-                buf == NULL ? "out of memory" : "cannot open the file");
-        goto done;
-    }
-    XXH3_state_t st;
-    XXH3_INITSTATE(&st);
-    XXH3_64bits_reset(&st);
-    uint64_t total = 0;
-    size_t n;
-    while ((n = fread(buf, 1, CHUNK, f)) > 0) {
-        XXH3_64bits_update(&st, buf, n);
-        total += n;
-    }
-    if (ferror(f) || total != size) {
-        rc = PC_ERR_IO;
-        set_err(err, err_len, "worker: fingerprinting %s: %s", path,
-                ferror(f) ? "read error" : "the file changed while loading");
-        goto done;
-    }
-    *out = XXH3_64bits_digest(&st);
-done:
-    if (f != NULL)
-        fclose(f);
-    pc_free(buf);
-    return rc;
-}
-
 int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char *err,
                     size_t err_len)
 {
@@ -1264,13 +1220,9 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
         base = base != NULL ? base + 1 : params->engine.model_path;
         w->model_name = pc_strndup(base, PC_MIN(strlen(base), ENG_WIRE_NAME_MAX));
     }
-    uint64_t t_fp = pc_time_mono_ns();
-    rc = model_hash(params->engine.model_path, eng_gguf_file_size(g), &w->model_fp, err, err_len);
+    rc = eng_model_fingerprint(w->e, &w->model_fp, err, err_len);
     if (rc != 0)
         goto fail;
-    PC_LOG(PC_LOG_INFO, "worker", "model fingerprint %016llx: XXH3 of %.1f MiB in %.0f ms",
-           (unsigned long long)w->model_fp, (double)eng_gguf_file_size(g) / (1 << 20),
-           (double)(pc_time_mono_ns() - t_fp) / 1e6);
     rc = eng_sample_ws_init(w->n_vocab, &w->ws);
     uint32_t mr = params->max_running;
     w->items = pc_calloc(mr, sizeof *w->items);
