@@ -1,8 +1,9 @@
 /*
  * test_krn_gpu_xfer.h — the G2 tier's transfers, part of test_krn_gpu.c (label gpu): krn_xfer's
  * copy stream (ordering after the compute stream, fences, the event ring past its size, bad
- * input), and the cuda backend's kv_to_host / kv_from_host through the engine
- * (test_xfer_case.h, the same case the cpu backend passes in test_backend_xfer).
+ * input), the cuda backend's kv_to_host / kv_from_host through the engine (test_xfer_case.h,
+ * the same case the cpu backend passes in test_backend_xfer), and the G2 slab's pinned pieces
+ * as transfer buffers.
  */
 #include "test_xfer_case.h"
 
@@ -98,6 +99,33 @@ PC_TEST(e2e_tier_transfers_overlap_and_match_cold)
         ASSERT_TRUE(e != NULL);
         ASSERT_TRUE(eng_backend_has_kv_xfer(e->be));
         xfer_case(e, 1e-3);
+        /* The G2 slab's pieces are the backend's pinned memory: a block saved into one and
+         * loaded back from another piece's copy round-trips exactly. */
+        eng_kvpool_t *kv = eng_kvpool(e);
+        size_t bb = eng_kvpool_block_bytes(kv);
+        eng_host_slab_t *slab = NULL;
+        ASSERT_EQ(eng_host_slab_init(e->be, bb, 8 * bb, &slab), 0);
+        uint8_t *a = eng_host_slab_alloc(slab, bb), *b = eng_host_slab_alloc(slab, bb);
+        ASSERT_TRUE(a != NULL && b != NULL);
+        int32_t tok[48];
+        for (int i = 0; i < 48; i++)
+            tok[i] = xc_token(eng_n_vocab(e));
+        eng_seq_t *s = xc_run(e, tok, 48, NULL);
+        ASSERT_TRUE(s != NULL);
+        uint32_t blk = s->kv.blocks[1], fresh;
+        uint64_t f;
+        ASSERT_EQ(eng_backend_kv_to_host(e->be, kv, &blk, 1, a, &f), 0);
+        ASSERT_EQ(eng_backend_kv_fence(e->be, f, true), 1);
+        ASSERT_EQ(eng_kvpool_alloc(kv, &fresh), 0);
+        ASSERT_EQ(eng_backend_kv_from_host(e->be, kv, &fresh, 1, a, &f), 0);
+        ASSERT_EQ(eng_backend_kv_to_host(e->be, kv, &fresh, 1, b, &f), 0);
+        ASSERT_EQ(eng_backend_kv_fence(e->be, f, true), 1);
+        ASSERT_MEM_EQ(a, b, bb);
+        eng_kvpool_unref(kv, fresh);
+        eng_seq_free(e, s);
+        eng_host_slab_release(slab, a, bb);
+        eng_host_slab_release(slab, b, bb);
+        eng_host_slab_free(slab);
         eng_free(e);
         if (pc_test__state)
             break;
