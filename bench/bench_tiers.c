@@ -292,6 +292,7 @@ static void print_origin(const char *what, double s, const eng_seq_origin_t *o)
 {
     printf("%-28s %9.1f ms   g1 %5u  g2 %5u  g3 %5u  recomputed %5u tokens\n", what, s * 1e3,
            o->g1_tokens, o->g2_tokens, o->g3_tokens, o->recomputed_tokens);
+    fflush(stdout); /* a long run shows its progress through a pipe too */
 }
 
 static eng_t *engine(const cfg_t *c, uint64_t kv_tokens, const char *tier_dir, char *err,
@@ -346,6 +347,9 @@ static int pressure(const cfg_t *c, eng_t *e, const int32_t *prefixes, float *lo
         }
         /* The write-back of this round is on disk before the next one reads it. */
         eng_tier_flush(e);
+        printf("pressure, %s: round %u of %u done\n", eng_tier_enabled(e) ? "disk tier" : "no tier",
+               round + 1, c->p_rounds);
+        fflush(stdout);
     }
     qsort(ttft, measured, sizeof *ttft, cmp_double);
     *median_s =
@@ -657,6 +661,7 @@ int bench_tiers_main(int argc, char **argv)
                    "median TTFT %.1f ms, hit tokens %.3f\n",
                    with ? "disk tier" : "no tier", c.p_prefixes, c.p_tokens, c.p_pool, c.p_rounds,
                    med[with] * 1e3, hit[with]);
+            fflush(stdout);
             if (with) {
                 eng_tier_stats_t tp;
                 eng_tier_stats(e, &tp);
