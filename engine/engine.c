@@ -48,7 +48,10 @@ eng_params_t eng_params_default(void)
                                    .min_tokens = 64,
                                    .g2_bytes = 0,
                                    .queue_bytes = 64ull << 20,
-                                   .load_always = false}};
+                                   .load_always = false,
+                                   .io_threads = 8,
+                                   .shutdown_ms = 3000,
+                                   .shutdown_bytes = 0}};
 }
 
 /* Creates e->kv for the model: with host storage for the blocks, or (storage false) block
@@ -235,6 +238,8 @@ void eng_free(eng_t *e)
     if (e == NULL)
         return;
     PC_ASSERT(e->seqs == NULL);
+    /* Orderly shutdown: what the pool caches goes to the disk tier (bounded; tier.h). */
+    eng__prefix_shutdown(e);
     /* The index goes first (its cached blocks are released before the pool, and it reports no
      * write-back to a freed tier: destroying the tree evicts nothing); the tiers then finish
      * their queued writes. */
@@ -547,8 +552,16 @@ static int forward_steps(eng_t *e, const eng_batch_item_t *items, uint32_t n_ite
         if (step_tokens >= 64) {
             double dt = (double)(pc_time_mono_ns() - t_step) / 1e9;
             double tps = dt > 0 ? step_tokens / dt : 0;
-            if (tps > 0)
-                e->prefill_tps = e->prefill_tps > 0 ? 0.8 * e->prefill_tps + 0.2 * tps : tps;
+            double pos_sum = 0;
+            for (uint32_t i = 0; i < n; i++)
+                pos_sum += (double)e->fwd[i].n_tokens *
+                           ((double)e->fwd[i].pos0 + (double)e->fwd[i].n_tokens / 2);
+            double pos = pos_sum / step_tokens;
+            if (tps > 0) {
+                bool first = e->prefill_tps <= 0;
+                e->prefill_tps = first ? tps : 0.8 * e->prefill_tps + 0.2 * tps;
+                e->prefill_pos = first ? pos : 0.8 * e->prefill_pos + 0.2 * pos;
+            }
         }
         row_out += rows;
         for (uint32_t i = 0; i < n; i++) { /* commit: these positions now hold KV */

@@ -76,6 +76,13 @@ typedef struct eng_tier_params {
                              (default 64 MiB) */
     bool load_always;     /* tests, benchmarks: load every tier block the cost model would
                              recompute (default false) */
+    uint32_t io_threads;  /* the tiers' I/O threads: reads of one prompt run in parallel
+                             (default 8; 0 = 8) */
+    /* Orderly shutdown (eng_free): the unpinned prefixes still in the pool are written back
+     * (least recently used first, min_tokens applies) for at most shutdown_ms milliseconds
+     * and shutdown_bytes bytes (0 = the disk budget), so a clean restart keeps every hit. */
+    uint32_t shutdown_ms;    /* default 3000; 0 = write nothing at shutdown */
+    uint64_t shutdown_bytes; /* default 0 */
 } eng_tier_params_t;
 
 typedef struct eng_params {

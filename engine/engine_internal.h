@@ -45,6 +45,7 @@ struct eng {
     uint64_t model_fp;      /* eng_model_fingerprint, once has_fp */
     bool has_fp;
     double prefill_tps; /* measured prefill rate (EWMA over steps of >= 64 tokens), 0: none */
+    double prefill_pos; /* the mean position of those steps' tokens (EWMA alongside) */
 };
 
 /* The KV pool (kvpool.h), for the engine's own tests and checks; valid until eng_free. */
@@ -57,6 +58,9 @@ int eng__seq_tokens_reserve(eng_seq_t *s, uint32_t n);
  * installs itself as the KV pool's eviction hook. */
 int eng__prefix_init(eng_t *e, struct eng_prefix **out);
 void eng__prefix_free(struct eng_prefix *px);
+/* eng_free's write-back of the unpinned prefixes still in the pool to the disk tier, within
+ * the tier's shutdown bounds (eng_tier_params); no eviction events are reported. */
+void eng__prefix_shutdown(eng_t *e);
 /* Adds the references the index holds to refs[n_blocks] (for eng_check). */
 void eng__prefix_count_refs(const struct eng_prefix *px, uint32_t *refs);
 /* Checks the radix tree's invariants. */
@@ -79,11 +83,31 @@ uint8_t eng__tier_write(eng_t *e, uint64_t ns, const int32_t *path, uint32_t dep
 /* The cost model: true when loading `blocks` disk blocks (ns_per_block each, measured) is
  * expected to be faster than recomputing their `tokens` at prefill_tps; unknown figures (0)
  * favour the load, which measures them. */
-bool eng__tier_load_wins(double ns_per_block, double prefill_tps, uint32_t blocks, uint32_t tokens);
+bool eng__tier_load_wins(double ns_per_block, double prefill_tps, uint32_t blocks, uint32_t tokens,
+                         double recompute_scale);
+/* The attention term of the cost model: a token at position p costs (1 + r * p) units, r the
+ * attention's multiply-adds per earlier position over the layer matrices' per token (from the
+ * model's shapes). Returns how much dearer tokens around position `pos` are than the measured
+ * rate's (prefill_pos): (1 + r * pos) / (1 + r * prefill_pos). */
+double eng__tier_attn_ratio(const eng_t *e);
+double eng__tier_recompute_scale(const eng_t *e, double pos);
 /* Tests: the tier store, and the name of block i of tokens in ns (tokens holds (i + 1) * bt). */
 struct eng_kvtier *eng__tier_store(eng_t *e);
 void eng__tier_block_name(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t i,
                           struct eng_kvtier_name *out);
+/* Removes every record of namespace ns from the tiers (eng_prefix_drop of a whole namespace).
+ * Returns 0 or PC_ERR_NOMEM (some may stay). */
+/* Removes the disk records of every prompt of ns that starts with tokens[0..n) (n > 0), and
+ * the records before n on that path that no held record continues any more, after the queued
+ * writes. Returns 0 or PC_ERR_NOMEM. */
+int eng__tier_drop_prefix(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n);
+/* The shutdown drain: begin sets the deadline and byte bound and makes writes wait for
+ * staging room instead of dropping; more says whether both bounds still allow writing; end
+ * clears them. */
+void eng__tier_drain_begin(eng_t *e);
+bool eng__tier_drain_more(eng_t *e);
+void eng__tier_drain_end(eng_t *e);
+int eng__tier_drop_ns(eng_t *e, uint64_t ns);
 /* Continues the sequence s (its G1 match) into the tiers for tokens[0..n) (prefix.h). */
 void eng__tier_continue(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tokens, uint32_t n);
 

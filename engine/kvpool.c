@@ -26,6 +26,7 @@ struct eng_kvpool {
     size_t block_bytes; /* n_layer * n_head_kv * head_elems * elem_bytes */
     bool poison;
     uint8_t *data;      /* [n_blocks][block_bytes], or NULL (no_storage) */
+    void *data_raw;     /* the allocation data lies in (data is its first 4096-aligned byte) */
     uint32_t *refcount; /* [n_blocks] */
     uint32_t *free_ids; /* stack [n_blocks] */
     uint32_t n_free;
@@ -77,11 +78,14 @@ int eng_kvpool_init(const eng_kvpool_params_t *p, uint32_t n_layer, uint32_t n_h
     pool->block_bytes = block_bytes;
     pool->poison = p->poison;
     if (!p->no_storage) {
-        pool->data = pc_malloc((size_t)n_blocks * block_bytes);
-        if (pool->data == NULL) {
+        /* Page-aligned, so that a block of a 4096-multiple size can be the target of an
+         * O_DIRECT read (the disk tier loads straight into the pool). */
+        pool->data_raw = pc_malloc((size_t)n_blocks * block_bytes + 4095);
+        if (pool->data_raw == NULL) {
             eng_kvpool_free(pool);
             return PC_ERR_NOMEM;
         }
+        pool->data = (uint8_t *)(((uintptr_t)pool->data_raw + 4095) & ~(uintptr_t)4095);
     }
     pool->refcount = pc_calloc(n_blocks, sizeof *pool->refcount);
     pool->free_ids = pc_malloc(n_blocks * sizeof *pool->free_ids);
@@ -101,7 +105,7 @@ void eng_kvpool_free(eng_kvpool_t *pool)
 {
     if (pool == NULL)
         return;
-    pc_free(pool->data);
+    pc_free(pool->data_raw);
     pc_free(pool->refcount);
     pc_free(pool->free_ids);
     pc_free(pool);

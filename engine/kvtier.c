@@ -23,7 +23,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -61,6 +63,7 @@ struct eng_kvtier {
     uint32_t payload_pad; /* payload bytes rounded up to KVT_ALIGN */
     size_t rec_max;       /* the largest record file */
     int direct;
+    int lock_fd; /* DISK: DIR/LOCK, flock'ed while open (-1 before) */
 
     pthread_mutex_t mu;
     pc_u64map_t map;
@@ -243,6 +246,14 @@ static void rec_encode(const eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const
     xxh_canon(XXH3_128bits_digest(&st), buf + 144);
 }
 
+static int all_zero(const uint8_t *p, size_t n)
+{
+    uint8_t acc = 0;
+    for (size_t i = 0; i < n; i++)
+        acc |= p[i];
+    return acc == 0;
+}
+
 /* Checks a head section buf[len] (len >= its head bytes, or the call says CORRUPT) of a file of
  * file_bytes bytes and writes its fields and its clear tokens (tokens[block_tokens]). Returns
  * KVT_OK, KVT_CORRUPT or KVT_STALE (a sound record this store cannot serve). */
@@ -264,21 +275,14 @@ static int head_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len, ui
         hb != head_bytes(h->n_tokens) || pb == 0 || pb > ENG_KVTIER_MAX_PAYLOAD ||
         file_bytes != hb + align_up(pb))
         return KVT_CORRUPT;
-    if (h->n_tokens > t->p.block_tokens || pb != t->p.payload_bytes ||
-        (h->flags & 1) != (unsigned)t->encrypted ||
-        (t->encrypted && get_le64(buf + 104) != t->key_id))
-        return KVT_STALE;
-    if (len < hb)
-        return KVT_CORRUPT;
     size_t tb = 4 * (size_t)h->n_tokens;
+    if (len < hb || !all_zero(buf + KVT_FIXED + tb, hb - KVT_FIXED - tb) ||
+        (h->flags == 0 && !all_zero(buf + 104, 24)))
+        return KVT_CORRUPT; /* every byte of a record is checked, padding included */
+    /* A plain record's checksum is checked before deciding it is stale, so that a flipped
+     * byte reads as corrupt; a sealed one under another key (or none) cannot be checked. */
     uint8_t clear[4 * ENG_KVTIER_MAX_TOKENS];
-    if (t->encrypted) {
-        uint8_t nonce[24];
-        nonce_of(buf, 0, nonce);
-        if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(
-                clear, NULL, buf + KVT_FIXED, tb, buf + 128, buf, 128, nonce, t->key) != 0)
-            return KVT_CORRUPT;
-    } else {
+    if (h->flags == 0) {
         uint8_t sum[16];
         XXH3_state_t st;
         XXH3_INITSTATE(&st);
@@ -288,6 +292,17 @@ static int head_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len, ui
         xxh_canon(XXH3_128bits_digest(&st), sum);
         if (memcmp(sum, buf + 128, 16) != 0)
             return KVT_CORRUPT;
+    }
+    if (h->n_tokens > t->p.block_tokens || pb != t->p.payload_bytes ||
+        h->flags != (unsigned)t->encrypted || (t->encrypted && get_le64(buf + 104) != t->key_id))
+        return KVT_STALE;
+    if (t->encrypted) {
+        uint8_t nonce[24];
+        nonce_of(buf, 0, nonce);
+        if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(
+                clear, NULL, buf + KVT_FIXED, tb, buf + 128, buf, 128, nonce, t->key) != 0)
+            return KVT_CORRUPT;
+    } else {
         memcpy(clear, buf + KVT_FIXED, tb);
     }
     for (uint32_t i = 0; i < h->n_tokens; i++)
@@ -297,27 +312,31 @@ static int head_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len, ui
     return KVT_OK;
 }
 
-/* Checks a whole record buf[len] against the name and tokens asked for and writes its payload.
- * Returns KVT_OK or KVT_CORRUPT (a record holding other tokens under the right name is
- * corrupt: the name is a hash of its tokens). */
-static int rec_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len,
-                      const eng_kvtier_name_t *name, const int32_t *tokens, uint32_t n_tokens,
-                      void *payload)
+/* Checks a whole record against the name and tokens asked for and leaves its clear payload in
+ * payload. head[hb] is the record's head section; src is its payload section: either buf + hb of
+ * the same buffer (with its padding, read through a bounce buffer) or payload itself (read there
+ * directly: no padding then, and an encrypted payload is opened in place). Returns KVT_OK or
+ * KVT_CORRUPT (a record holding other tokens under the right name is corrupt: the name is a
+ * hash of its tokens). */
+static int rec_decode(const eng_kvtier_t *t, const uint8_t *head, const uint8_t *src,
+                      uint64_t file_bytes, const eng_kvtier_name_t *name, const int32_t *tokens,
+                      uint32_t n_tokens, void *payload)
 {
     kvt_head_t h;
     int32_t got[ENG_KVTIER_MAX_TOKENS];
-    if (head_decode(t, buf, len, len, &h, got) != KVT_OK)
+    size_t hb = head_bytes(n_tokens), tb = 4 * (size_t)n_tokens;
+    if (head_decode(t, head, hb, file_bytes, &h, got) != KVT_OK)
         return KVT_CORRUPT;
     if (memcmp(h.name.b, name->b, 32) != 0 || h.n_tokens != n_tokens ||
         memcmp(got, tokens, 4 * (size_t)n_tokens) != 0)
         return KVT_CORRUPT;
-    size_t hb = head_bytes(n_tokens), tb = 4 * (size_t)n_tokens;
+    if (src != payload && !all_zero(src + t->p.payload_bytes, t->payload_pad - t->p.payload_bytes))
+        return KVT_CORRUPT;
     if (t->encrypted) {
         uint8_t nonce[24];
-        nonce_of(buf, 1, nonce);
-        if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(payload, NULL, buf + hb,
-                                                                t->p.payload_bytes, buf + 144, buf,
-                                                                144, nonce, t->key) != 0)
+        nonce_of(head, 1, nonce);
+        if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(
+                payload, NULL, src, t->p.payload_bytes, head + 144, head, 144, nonce, t->key) != 0)
             return KVT_CORRUPT;
         return KVT_OK;
     }
@@ -325,13 +344,14 @@ static int rec_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len,
     XXH3_state_t st;
     XXH3_INITSTATE(&st);
     XXH3_128bits_reset(&st);
-    XXH3_128bits_update(&st, buf, 144);
-    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
-    XXH3_128bits_update(&st, buf + hb, t->p.payload_bytes);
+    XXH3_128bits_update(&st, head, 144);
+    XXH3_128bits_update(&st, head + KVT_FIXED, tb);
+    XXH3_128bits_update(&st, src, t->p.payload_bytes);
     xxh_canon(XXH3_128bits_digest(&st), sum);
-    if (memcmp(sum, buf + 144, 16) != 0)
+    if (memcmp(sum, head + 144, 16) != 0)
         return KVT_CORRUPT;
-    memcpy(payload, buf + hb, t->p.payload_bytes);
+    if (src != payload)
+        memcpy(payload, src, t->p.payload_bytes);
     return KVT_OK;
 }
 
@@ -551,6 +571,32 @@ static int read_all(int fd, uint8_t *buf, size_t len)
     return 0;
 }
 
+/* Reads a record file of len bytes: its first hb bytes into head and the rest into rest, with
+ * one preadv when the two are apart (a short read goes on from where it stopped). Returns 0,
+ * -EIO (the file is shorter) or -errno. */
+static int read_rec(int fd, uint8_t *head, size_t hb, uint8_t *rest, size_t len)
+{
+    if (rest == head + hb)
+        return read_all(fd, head, len);
+    size_t off = 0;
+    while (off < len) {
+        struct iovec iov[2];
+        int n_iov = 0;
+        if (off < hb)
+            iov[n_iov++] = (struct iovec){head + off, hb - off};
+        iov[n_iov++] = (struct iovec){rest + (off > hb ? off - hb : 0), len - PC_MAX(off, hb)};
+        ssize_t n = preadv(fd, iov, n_iov, (off_t)off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            return -EIO;
+        off += (size_t)n;
+    }
+    return 0;
+}
+
 static void fsync_dir(const char *dir)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -575,6 +621,21 @@ static int dir_make(const char *dir, char *err, size_t err_len)
     return 0;
 }
 
+/* One store per directory: two would evict each other's files behind each other's index. */
+static int dir_lock(eng_kvtier_t *t, char *err, size_t err_len)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/LOCK", t->dir);
+    t->lock_fd = open(path, O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (t->lock_fd < 0)
+        return pc_err_setf(err, err_len, pc_err_from_errno(errno), "kv tier: cannot open %s: %s",
+                           path, strerror(errno));
+    if (flock(t->lock_fd, LOCK_EX | LOCK_NB) != 0)
+        return pc_err_setf(err, err_len, errno == EWOULDBLOCK ? PC_ERR_BUSY : PC_ERR_IO,
+                           "kv tier: %s is in use by another store (%s)", t->dir, strerror(errno));
+    return 0;
+}
+
 /* Whether the directory's file system takes O_DIRECT reads (tmpfs does not). */
 static int probe_direct(eng_kvtier_t *t)
 {
@@ -584,10 +645,8 @@ static int probe_direct(eng_kvtier_t *t)
     kvt_buf_t b = {0};
     if (fd < 0)
         return 0;
-    if (buf_take(t, &b) == 0) {
-        memset(b.p, 0, KVT_ALIGN);
-        ok = pwrite(fd, b.p, KVT_ALIGN, 0) == (ssize_t)KVT_ALIGN;
-    }
+    /* A hole, not written data: an O_DIRECT read of dirty pages would wait for writeback. */
+    ok = ftruncate(fd, KVT_ALIGN) == 0 && buf_take(t, &b) == 0;
     close(fd);
     if (ok) {
         fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
@@ -810,6 +869,7 @@ int eng_kvtier_open(const eng_kvtier_params_t *p, eng_kvtier_t **out, char *err,
     t->payload_pad = (uint32_t)align_up(p->payload_bytes);
     t->rec_max = head_bytes(p->block_tokens) + t->payload_pad;
     pthread_mutex_init(&t->mu, NULL);
+    t->lock_fd = -1;
     int rc = 0;
     if (p->key != NULL) {
         static const char dom[] = "kvgw-kv-key";
@@ -830,7 +890,7 @@ int eng_kvtier_open(const eng_kvtier_params_t *p, eng_kvtier_t **out, char *err,
             rc = pc_err_setf(err, err_len, PC_ERR_NOMEM, "kv tier: out of memory");
             goto fail;
         }
-        if ((rc = dir_make(t->dir, err, err_len)) != 0)
+        if ((rc = dir_make(t->dir, err, err_len)) != 0 || (rc = dir_lock(t, err, err_len)) != 0)
             goto fail;
         t->direct = p->direct_io && probe_direct(t);
         if ((rc = scan_dir(t, err, err_len)) != 0)
@@ -856,6 +916,8 @@ void eng_kvtier_free(eng_kvtier_t *t)
     for (int i = 0; i < t->n_bufs; i++)
         pc_free(t->bufs[i].raw);
     pc_u64map_free(&t->map);
+    if (t->lock_fd >= 0)
+        close(t->lock_fd); /* and with it the flock */
     pthread_mutex_destroy(&t->mu);
     sodium_memzero(t->key, sizeof t->key);
     pc_free(t->dir);
@@ -922,8 +984,8 @@ static int put_host(eng_kvtier_t *t, kvt_ent_t *e, const void *payload)
     return rc;
 }
 
-int eng_kvtier_put(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *payload,
-                   size_t payload_bytes)
+static int put_rec(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *payload,
+                   size_t payload_bytes, int sync)
 {
     if (payload_bytes != t->p.payload_bytes || rec->n_tokens == 0 ||
         rec->n_tokens > t->p.block_tokens || rec->tokens == NULL || payload == NULL ||
@@ -969,7 +1031,7 @@ int eng_kvtier_put(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *pay
         rc = pc_err_from_errno(errno);
         goto fail_io;
     }
-    if (write_all(t, fd, b.p, e->bytes) != 0 || (t->p.fsync && fsync(fd) != 0)) {
+    if (write_all(t, fd, b.p, e->bytes) != 0 || (sync && fsync(fd) != 0)) {
         rc = PC_ERR_IO;
         goto fail_io;
     }
@@ -999,7 +1061,7 @@ int eng_kvtier_put(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *pay
         ent_free(t, e);
         return rc;
     }
-    if (t->p.fsync)
+    if (sync)
         fsync_dir(sub);
     return 0;
 fail_io:
@@ -1016,6 +1078,18 @@ fail:
         buf_give(t, &b);
     ent_free(t, e);
     return rc;
+}
+
+int eng_kvtier_put(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *payload,
+                   size_t payload_bytes)
+{
+    return put_rec(t, rec, payload, payload_bytes, t->p.fsync);
+}
+
+int eng_kvtier_put_sync(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *payload,
+                        size_t payload_bytes)
+{
+    return put_rec(t, rec, payload, payload_bytes, 1);
 }
 
 /* Under the lock: the record asked for, if it holds exactly those tokens; counts a miss. */
@@ -1092,23 +1166,38 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
     pthread_mutex_lock(&t->mu);
     kvt_ent_t *e = get_find(t, name, tokens, n_tokens);
     uint64_t gen = e != NULL ? e->gen : 0, bytes = e != NULL ? e->bytes : 0;
-    int direct = t->direct, fd = -1;
-    if (e != NULL)
-        fd = open(path, O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+    int direct = t->direct;
     pthread_mutex_unlock(&t->mu);
     if (e == NULL)
         return PC_ERR_NOTFOUND;
+    /* The open runs outside the lock (a cold directory lookup is a disk read, and the other
+     * readers must not wait for it); a file an eviction unlinked meanwhile is a miss (below). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+    int open_errno = fd < 0 ? errno : 0;
     kvt_buf_t b = {0};
     int rc = 0, bad = 0;
     struct stat sb;
+    size_t hb = head_bytes(n_tokens);
+    /* The payload goes straight into the caller's buffer when it needs no padding and, for
+     * O_DIRECT, is aligned: no bounce copy, and the checksum runs over it there. */
+    uint8_t *dst = payload;
+    int into_caller =
+        t->payload_pad == t->p.payload_bytes && (!direct || (uintptr_t)payload % KVT_ALIGN == 0);
     if (fd < 0 || fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != bytes) {
         bad = 1; /* the file went, or is not the length the record says */
     } else if ((rc = buf_take(t, &b)) == 0) {
-        int r = read_all(fd, b.p, bytes);
+        uint8_t *rest = into_caller ? dst : b.p + hb;
+        int r = read_rec(fd, b.p, hb, rest, bytes);
         if (r == -EINVAL && direct) { /* O_DIRECT refused after all: read through the cache */
+            pthread_mutex_lock(&t->mu);
+            t->direct = t->st.direct_io = 0;
+            pthread_mutex_unlock(&t->mu);
+            direct = 0;
+            PC_LOG(PC_LOG_WARN, "kvtier", "%s refuses O_DIRECT reads: reading through the cache",
+                   t->dir);
             close(fd);
             fd = open(path, O_RDONLY | O_CLOEXEC);
-            r = fd >= 0 ? read_all(fd, b.p, bytes) : -EIO;
+            r = fd >= 0 ? read_rec(fd, b.p, hb, rest, bytes) : -EIO;
         }
         if (fd >= 0 && !direct)
             (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -1117,7 +1206,7 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
         else if (r != 0)
             rc = PC_ERR_IO;
         else
-            bad = rec_decode(t, b.p, bytes, name, tokens, n_tokens, payload) != KVT_OK;
+            bad = rec_decode(t, b.p, rest, bytes, name, tokens, n_tokens, payload) != KVT_OK;
     }
     if (fd >= 0)
         close(fd);
@@ -1127,6 +1216,10 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
     e = idx_find(t, name);
     if (e != NULL && e->gen != gen)
         e = NULL; /* another record of that name now: not the one we read */
+    if (bad && open_errno == ENOENT && e == NULL) {
+        bad = 0; /* evicted or removed before our open: a plain miss */
+        rc = PC_ERR_NOTFOUND;
+    }
     if (bad) {
         t->st.misses++;
         t->st.corrupt++;

@@ -350,6 +350,24 @@ int eng__prefix_init(eng_t *e, struct eng_prefix **out)
     return 0;
 }
 
+void eng__prefix_shutdown(eng_t *e)
+{
+    struct eng_prefix *px = e->prefix;
+    if (px == NULL || e->tier == NULL)
+        return;
+    px->cb = NULL; /* the engine is going away: nobody to tell */
+    eng__tier_drain_begin(e);
+    while (eng__tier_drain_more(e)) {
+        size_t freed = 0;
+        px->reason_now = ENG_EVICT_LRU;
+        rdx_tree_evict(px->tree, bt_of(px), &freed);
+        px->reason_now = 0;
+        if (freed == 0)
+            break;
+    }
+    eng__tier_drain_end(e);
+}
+
 void eng__prefix_free(struct eng_prefix *px)
 {
     if (px == NULL)
@@ -633,6 +651,13 @@ int eng_prefix_drop(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n)
     px->reason_now = ENG_EVICT_REMOVED;
     int rc = rdx_tree_remove_prefix(px->tree, ns, (const uint32_t *)tokens, n);
     px->reason_now = 0;
+    /* The dropped prompts leave the tiers too, so that a tenant's dropped KV never comes back
+     * from disk (a pinned prefix keeps everything, as above). */
+    if (e->tier != NULL && rc != PC_ERR_BUSY) {
+        int trc = n == 0 ? eng__tier_drop_ns(e, ns) : eng__tier_drop_prefix(e, ns, tokens, n);
+        if (trc != 0)
+            return trc;
+    }
     return rc;
 }
 

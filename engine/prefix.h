@@ -135,9 +135,11 @@ uint32_t eng_prefix_n_pins(const eng_t *e);
  * ([out->n_tokens] room) and out->tokens then points to it, else out->tokens is NULL. */
 void eng_prefix_pin_at(const eng_t *e, uint32_t i, eng_prefix_pin_t *out, int32_t *tokens);
 
-/* Removes every cached prefix of ns that starts with tokens[0..n) (n = 0: the namespace).
- * Returns 0, PC_ERR_NOTFOUND or PC_ERR_BUSY (one is pinned; nothing removed). A lapsed pin goes
- * with its prefix. */
+/* Removes every cached prefix of ns that starts with tokens[0..n) (n = 0: the namespace), in
+ * the pool and in the KV tiers (after the queued tier writes): every record of a prompt that
+ * starts with tokens[0..n), and the records before n on that path that no other held record
+ * continues. Returns 0, PC_ERR_NOTFOUND (nothing in the pool; the tiers' records are removed all
+ * the same) or PC_ERR_BUSY (one is pinned; nothing removed). A lapsed pin goes with its prefix. */
 int eng_prefix_drop(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n);
 
 typedef struct eng_prefix_stats {

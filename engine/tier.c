@@ -66,20 +66,41 @@ struct eng_tier_ticket {
     uint32_t first, n; /* block indices [first, first + n) */
     int32_t *tokens;   /* [(first + n) * bt] */
     int pending;       /* reads not finished; read with atomics */
-    bool queued;       /* in the read queue, not yet taken */
+    bool queued;       /* in the read queue: some entry not yet taken */
+    uint32_t cursor;   /* the next entry an I/O thread takes (t->mu) */
+    uint32_t active;   /* entries I/O threads are reading now (t->mu) */
+    bool borrowed;     /* the buffers are the sequence's pool blocks (eng_seq_start_cached's own
+                          loads): not staged for others, not owned, not in queue_bytes */
+    uint64_t t0_ns;    /* when it was queued: its reads' wall time feeds the bandwidth figure */
+    int ok;            /* entries read and verified (atomics) */
     tent_t ent[];      /* [n] */
 };
 
 /* What the store holds, by name: one per record (built from the store's index at open, kept by
- * puts and the store's eviction callback). */
+ * puts and the store's eviction callback), plus "gone" entries: records the store dropped that
+ * are still the ancestor of a held one, kept so that every held block's whole token path can
+ * be named (in events and listings) while a block before it is in no tier (a hole). An entry
+ * counts the entries linked to it as their parent and goes when it is gone and has none. */
 typedef struct chain {
     name_t name, parent;
     uint64_t ns;
     uint32_t block_index;
     uint32_t n_tokens;
-    bool has_child; /* scratch of eng_tier_prefixes */
+    uint32_t n_children; /* entries linked to this one as their parent */
+    bool gone;           /* the store no longer holds it */
+    bool linked;         /* counted in its parent's n_children */
+    bool orphan;         /* not linked, waiting in t->orphans for its parent to arrive */
+    bool has_child;      /* scratch of eng_tier_prefixes */
+    struct chain *onext; /* the next orphan waiting for the same parent */
     int32_t tokens[];
 } chain_t;
+
+/* An I/O thread's argument: reads first, then (thread 0 alone, so records land parent first,
+ * in the order they were queued) writes. */
+typedef struct io_arg {
+    struct eng_tiers *t;
+    bool writer;
+} io_arg_t;
 
 /* A tier event waiting for eng_tier_poll. */
 typedef struct tev {
@@ -106,20 +127,27 @@ struct eng_tiers {
 
     pthread_mutex_t mu;
     pthread_cond_t cv_work, cv_done;
-    pthread_t thread;
-    bool thread_started, stop;
+    pthread_t *threads;  /* [n_threads] */
+    io_arg_t io_args[2]; /* thread 0's (the writer), the others' */
+    uint32_t n_threads, n_started;
+    bool stop;
     wjob_t *wq_head, *wq_tail; /* writes, FIFO */
-    bool writing;              /* the I/O thread holds a write job */
+    uint32_t writing;          /* write jobs I/O threads hold */
     eng_tier_ticket_t *rq_head, *rq_tail;
-    eng_tier_ticket_t *reading; /* the ticket the I/O thread reads now */
     eng_tier_ticket_t *tickets; /* live tickets */
     pc_u64map_t inflight;       /* name key -> wjob_t queued or being written */
     uint64_t staged_bytes;
     uint64_t load_blocks, load_bytes, load_ns; /* by this file's reads (gets) */
     double ns_per_block;                       /* EWMA of a disk load's time per block */
+    double bytes_per_s; /* EWMA of a ticket's bytes over its reads' wall time (in parallel) */
+    /* The shutdown drain (eng__tier_drain_begin): writes wait for room until drain_until_ns,
+     * and queue at most drain_left bytes. */
+    uint64_t drain_until_ns, drain_left;
 
     pthread_mutex_t map_mu;
-    pc_u64map_t chains; /* name key -> chain_t */
+    pc_u64map_t chains;  /* name key -> chain_t */
+    pc_u64map_t orphans; /* parent's name key -> chain_t list (onext) of entries written before
+                            their parent (a leaf of the prefix index leaves the pool first) */
     tev_t *ev_head, *ev_tail;
 
     eng_tier_stats_t st; /* this file's counters (store's are merged in eng_tier_stats) */
@@ -160,13 +188,76 @@ static int chain_names(struct eng_tiers *t, names_t *c, uint64_t ns, const int32
 
 /* ---- the chain map and events ---- */
 
+static bool is_parent(const chain_t *p, const chain_t *c)
+{
+    return p->block_index + 1 == c->block_index &&
+           memcmp(p->name.b, c->parent.b, sizeof p->name.b) == 0;
+}
+
+/* Takes c out of the orphans waiting for its parent (map_mu held). */
+static void orphan_del(struct eng_tiers *t, chain_t *c)
+{
+    uint64_t k = name_key(&c->parent);
+    chain_t *head = pc_u64map_get(&t->orphans, k), **pp = &head;
+    while (*pp != NULL && *pp != c)
+        pp = &(*pp)->onext;
+    if (*pp == c)
+        *pp = c->onext;
+    if (head == NULL)
+        pc_u64map_del(&t->orphans, k);
+    else
+        (void)pc_u64map_put(&t->orphans, k, head); /* replaces a value: no allocation */
+    c->orphan = false;
+    c->onext = NULL;
+}
+
+/* Counts c in its parent's children when the parent is known, else leaves it with the orphans
+ * until the parent arrives (map_mu held). Out of memory only loses the link (the listing then
+ * shows the chain's two parts apart). */
+static void chain_link(struct eng_tiers *t, chain_t *c)
+{
+    if (c->linked || c->block_index == 0)
+        return;
+    chain_t *p = pc_u64map_get(&t->chains, name_key(&c->parent));
+    if (p != NULL && is_parent(p, c)) {
+        if (c->orphan)
+            orphan_del(t, c);
+        p->n_children++;
+        c->linked = true;
+        return;
+    }
+    if (!c->orphan) {
+        uint64_t k = name_key(&c->parent);
+        chain_t *head = pc_u64map_get(&t->orphans, k);
+        c->onext = head;
+        if (pc_u64map_put(&t->orphans, k, c) == 0)
+            c->orphan = true;
+        else
+            c->onext = NULL;
+    }
+}
+
+/* A new entry p adopts the orphans that wait for it (map_mu held). */
+static void chain_adopt(struct eng_tiers *t, chain_t *p)
+{
+    chain_t *o = pc_u64map_get(&t->orphans, name_key(&p->name));
+    while (o != NULL) {
+        chain_t *next = o->onext;
+        if (is_parent(p, o))
+            chain_link(t, o);
+        o = next;
+    }
+}
+
 /* Adds a record to the chain map (map_mu held). Out of memory only loses the listing. */
 static void chain_add(struct eng_tiers *t, const eng_kvtier_rec_t *rec)
 {
     uint64_t k = name_key(&rec->name);
     chain_t *c = pc_u64map_get(&t->chains, k);
-    if (c != NULL)
+    if (c != NULL) {
+        c->gone = false;
         return;
+    }
     c = pc_malloc(sizeof *c + (size_t)rec->n_tokens * sizeof(int32_t));
     if (c == NULL)
         return;
@@ -176,8 +267,29 @@ static void chain_add(struct eng_tiers *t, const eng_kvtier_rec_t *rec)
                    .block_index = rec->block_index,
                    .n_tokens = rec->n_tokens};
     memcpy(c->tokens, rec->tokens, (size_t)rec->n_tokens * sizeof(int32_t));
-    if (pc_u64map_put(&t->chains, k, c) != 0)
+    if (pc_u64map_put(&t->chains, k, c) != 0) {
         pc_free(c);
+        return;
+    }
+    chain_link(t, c);
+    chain_adopt(t, c);
+}
+
+/* The store dropped c's record: c goes, and so do its gone ancestors no entry needs any more
+ * (map_mu held). */
+static void chain_forget(struct eng_tiers *t, chain_t *c)
+{
+    c->gone = true;
+    while (c != NULL && c->gone && c->n_children == 0) {
+        chain_t *p = c->linked ? pc_u64map_get(&t->chains, name_key(&c->parent)) : NULL;
+        if (c->orphan)
+            orphan_del(t, c);
+        pc_u64map_del(&t->chains, name_key(&c->name));
+        pc_free(c);
+        if (p != NULL)
+            p->n_children--;
+        c = p;
+    }
 }
 
 /* The path of chain c from block 0 into out[(c->block_index + 1) * bt] (map_mu held). Returns
@@ -216,10 +328,8 @@ static void on_store_evict(void *ud, const eng_kvtier_rec_t *rec, int reason)
             t->ev_head = ev;
         t->ev_tail = ev;
     }
-    if (c != NULL) {
-        pc_u64map_del(&t->chains, k);
-        pc_free(c);
-    }
+    if (c != NULL)
+        chain_forget(t, c);
     pthread_mutex_unlock(&t->map_mu);
 }
 
@@ -266,24 +376,30 @@ int eng_tier_prefixes(eng_t *e, eng_tier_prefix_fn fn, void *ud)
     pc_u64map_t *m = &t->chains;
     for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1))
         ((chain_t *)m->slots[i].value)->has_child = false;
+    /* Every ancestor of a held entry (through gone ones) has a child: only the ends remain. */
     for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1)) {
         const chain_t *c = m->slots[i].value;
-        if (c->block_index == 0)
+        if (c->gone)
             continue;
-        chain_t *p = pc_u64map_get(m, name_key(&c->parent));
-        if (p != NULL && memcmp(p->name.b, c->parent.b, sizeof p->name.b) == 0)
+        while (c->linked) {
+            chain_t *p = pc_u64map_get(m, name_key(&c->parent));
+            if (p == NULL || p->has_child)
+                break;
             p->has_child = true;
+            c = p;
+        }
     }
     for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1)) {
         const chain_t *c = m->slots[i].value;
-        if (c->has_child)
+        if (c->has_child || c->gone)
             continue;
         uint32_t len = (c->block_index + 1) * t->bt;
         if (pc_array_reserve(&path, &path_cap, len) != 0) {
             rc = PC_ERR_NOMEM;
             break;
         }
-        /* A chain with a missing ancestor (a hole) is listed from block 0 to the hole. */
+        /* A chain whose path is no longer known (an ancestor gone before it was linked) is not
+         * listed; holes whose tokens are known are (a read recomputes them). */
         if (!chain_path(t, c, path))
             continue;
         eng_tier_prefix_t out = {.ns = c->ns, .n_tokens = len, .tier = ENG_TIER_G3, .tokens = path};
@@ -317,7 +433,7 @@ static void io_write(struct eng_tiers *t, wjob_t *j)
     }
     pc_u64map_del(&t->inflight, name_key(&j->rec.name));
     t->staged_bytes -= t->block_bytes;
-    t->writing = false;
+    t->writing--;
     pthread_cond_broadcast(&t->cv_done);
     pthread_mutex_unlock(&t->mu);
     if (rc < 0)
@@ -343,43 +459,62 @@ static int load_block(struct eng_tiers *t, const name_t *name, const int32_t *to
     return rc;
 }
 
-static void io_read(struct eng_tiers *t, eng_tier_ticket_t *k)
+/* Takes the next block to read (t->mu held): its ticket and entry, or false. A ticket leaves
+ * the queue when its last entry is taken. */
+static bool take_read(struct eng_tiers *t, eng_tier_ticket_t **kout, uint32_t *iout)
 {
-    for (uint32_t i = 0; i < k->n; i++) {
-        tent_t *en = &k->ent[i];
-        if (en->state != ENT_PENDING)
-            continue;
-        const int32_t *tok = k->tokens + (size_t)(k->first + i) * t->bt;
-        en->state = load_block(t, &en->name, tok, en->buf) == 0 ? ENT_OK : ENT_FAIL;
-        __atomic_sub_fetch(&k->pending, 1, __ATOMIC_RELEASE);
+    while (t->rq_head != NULL) {
+        eng_tier_ticket_t *k = t->rq_head;
+        while (k->cursor < k->n && k->ent[k->cursor].state != ENT_PENDING)
+            k->cursor++;
+        if (k->cursor < k->n) {
+            *kout = k;
+            *iout = k->cursor++;
+            k->active++;
+            return true;
+        }
+        t->rq_head = k->rnext;
+        if (t->rq_head == NULL)
+            t->rq_tail = NULL;
+        k->queued = false;
     }
+    return false;
 }
 
 static void *io_main(void *arg)
 {
-    struct eng_tiers *t = arg;
+    struct eng_tiers *t = ((io_arg_t *)arg)->t;
+    bool writer = ((io_arg_t *)arg)->writer;
     pthread_mutex_lock(&t->mu);
     for (;;) {
-        if (t->rq_head != NULL) { /* reads first: a request waits on them */
-            eng_tier_ticket_t *k = t->rq_head;
-            t->rq_head = k->rnext;
-            if (t->rq_head == NULL)
-                t->rq_tail = NULL;
-            k->queued = false;
-            t->reading = k;
+        eng_tier_ticket_t *k;
+        uint32_t i;
+        if (take_read(t, &k, &i)) { /* reads first: a request waits on them */
             pthread_mutex_unlock(&t->mu);
-            io_read(t, k);
+            tent_t *en = &k->ent[i];
+            const int32_t *tok = k->tokens + (size_t)(k->first + i) * t->bt;
+            int st = load_block(t, &en->name, tok, en->buf) == 0 ? ENT_OK : ENT_FAIL;
+            if (st == ENT_OK)
+                __atomic_add_fetch(&k->ok, 1, __ATOMIC_RELAXED);
+            __atomic_store_n(&en->state, st, __ATOMIC_RELEASE);
+            bool last = __atomic_sub_fetch(&k->pending, 1, __ATOMIC_ACQ_REL) == 0;
+            uint64_t now = pc_time_mono_ns();
             pthread_mutex_lock(&t->mu);
-            t->reading = NULL;
+            int ok = __atomic_load_n(&k->ok, __ATOMIC_RELAXED);
+            if (last && ok > 0 && now > k->t0_ns) {
+                double bw = (double)ok * (double)t->block_bytes * 1e9 / (double)(now - k->t0_ns);
+                t->bytes_per_s = t->bytes_per_s > 0 ? 0.8 * t->bytes_per_s + 0.2 * bw : bw;
+            }
+            k->active--;
             pthread_cond_broadcast(&t->cv_done);
             continue;
         }
-        if (t->wq_head != NULL) {
+        if (writer && t->wq_head != NULL) {
             wjob_t *j = t->wq_head;
             t->wq_head = j->next;
             if (t->wq_head == NULL)
                 t->wq_tail = NULL;
-            t->writing = true;
+            t->writing++;
             pthread_mutex_unlock(&t->mu);
             io_write(t, j);
             pthread_mutex_lock(&t->mu);
@@ -449,15 +584,25 @@ int eng__tier_init(eng_t *e, const eng_tier_params_t *p, struct eng_tiers **out,
     /* The chains the disk holds (after a restart), then every later change through the
      * callback. */
     pthread_mutex_lock(&t->map_mu);
-    rc = eng_kvtier_foreach(t->g3, on_store_rec, t);
+    rc = eng_kvtier_foreach(t->g3, on_store_rec, t); /* LRU first: a parent adopts children */
     pthread_mutex_unlock(&t->map_mu);
     eng_kvtier_set_evict_cb(t->g3, on_store_evict, t);
-    if (pthread_create(&t->thread, NULL, io_main, t) != 0) {
+    t->n_threads = p->io_threads > 0 ? PC_MIN(p->io_threads, 64u) : 8;
+    t->threads = pc_calloc(t->n_threads, sizeof *t->threads);
+    if (t->threads == NULL) {
         rc = PC_ERR_NOMEM;
-        snprintf(err, err_len, "engine: cannot start the tier I/O thread");
+        snprintf(err, err_len, "engine: out of memory");
         goto fail;
     }
-    t->thread_started = true;
+    for (; t->n_started < t->n_threads; t->n_started++) {
+        io_arg_t *a = &t->io_args[t->n_started == 0 ? 0 : 1];
+        *a = (io_arg_t){.t = t, .writer = t->n_started == 0};
+        if (pthread_create(&t->threads[t->n_started], NULL, io_main, a) != 0) {
+            rc = PC_ERR_NOMEM;
+            snprintf(err, err_len, "engine: cannot start the tier I/O threads");
+            goto fail;
+        }
+    }
     eng_kvtier_stats_t ks;
     eng_kvtier_stats(t->g3, &ks);
     PC_LOG(PC_LOG_INFO, "tier",
@@ -478,13 +623,15 @@ void eng__tier_free(struct eng_tiers *t)
 {
     if (t == NULL)
         return;
-    if (t->thread_started) {
+    if (t->n_started > 0) {
         pthread_mutex_lock(&t->mu);
         t->stop = true;
-        pthread_cond_signal(&t->cv_work);
+        pthread_cond_broadcast(&t->cv_work);
         pthread_mutex_unlock(&t->mu);
-        pthread_join(t->thread, NULL);
+        for (uint32_t i = 0; i < t->n_started; i++)
+            pthread_join(t->threads[i], NULL);
     }
+    pc_free(t->threads);
     PC_ASSERT(t->wq_head == NULL && t->rq_head == NULL);
     while (t->tickets != NULL)
         eng_tier_ticket_free(t->e, t->tickets);
@@ -495,6 +642,7 @@ void eng__tier_free(struct eng_tiers *t)
     for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1))
         pc_free(m->slots[i].value);
     pc_u64map_free(m);
+    pc_u64map_free(&t->orphans);
     pc_u64map_free(&t->inflight);
     while (t->ev_head != NULL) {
         tev_t *n = t->ev_head->next;
@@ -528,6 +676,122 @@ void eng__tier_block_name(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t
         eng_kvtier_name_next(out, tokens + (size_t)j * t->bt, t->bt, out);
 }
 
+int eng__tier_drop_ns(eng_t *e, uint64_t ns)
+{
+    struct eng_tiers *t = e->tier;
+    eng_tier_flush(e); /* a queued write of ns must not land after the drop */
+    name_t *v = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    pthread_mutex_lock(&t->map_mu);
+    pc_u64map_t *m = &t->chains;
+    for (size_t i = pc_u64map_next(m, 0); i < m->cap; i = pc_u64map_next(m, i + 1)) {
+        const chain_t *c = m->slots[i].value;
+        if (c->ns != ns || c->gone)
+            continue;
+        if ((rc = pc_array_reserve(&v, &cap, n + 1)) != 0)
+            break;
+        v[n++] = c->name;
+    }
+    pthread_mutex_unlock(&t->map_mu);
+    /* Outside map_mu: each removal reports through on_store_evict, which takes it. */
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        (void)eng_kvtier_remove(t->g3, &v[i]);
+    pc_free(v);
+    return rc;
+}
+
+/* Whether held entry c's path starts with tokens[0..n), n <= c's path length (map_mu held). */
+static bool chain_starts_with(struct eng_tiers *t, const chain_t *c, const int32_t *tokens,
+                              uint32_t n, int32_t *path)
+{
+    return chain_path(t, c, path) && memcmp(path, tokens, (size_t)n * sizeof *tokens) == 0;
+}
+
+int eng__tier_drop_prefix(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n)
+{
+    struct eng_tiers *t = e->tier;
+    uint32_t bt = t->bt;
+    eng_tier_flush(e); /* a queued write of the prefix must not land after the drop */
+    /* The records holding KV of a prompt that starts with tokens[0..n): every block whose end
+     * is at or past n on such a path. */
+    uint32_t from = (n + bt - 1) / bt - 1; /* the first block index ending at or past n */
+    name_t *v = NULL;
+    int32_t *path = NULL;
+    size_t nv = 0, cap = 0, path_cap = 0;
+    int rc = 0;
+    pthread_mutex_lock(&t->map_mu);
+    pc_u64map_t *m = &t->chains;
+    for (size_t i = pc_u64map_next(m, 0); rc == 0 && i < m->cap; i = pc_u64map_next(m, i + 1)) {
+        const chain_t *c = m->slots[i].value;
+        if (c->ns != ns || c->gone || c->block_index < from)
+            continue;
+        if ((rc = pc_array_reserve(&path, &path_cap, (size_t)(c->block_index + 1) * bt)) != 0)
+            break;
+        if (!chain_starts_with(t, c, tokens, n, path))
+            continue;
+        if ((rc = pc_array_reserve(&v, &cap, nv + 1)) == 0)
+            v[nv++] = c->name;
+    }
+    pthread_mutex_unlock(&t->map_mu);
+    /* Outside map_mu: each removal reports through on_store_evict, which takes it. */
+    for (size_t i = 0; rc == 0 && i < nv; i++)
+        (void)eng_kvtier_remove(t->g3, &v[i]);
+    pc_free(v);
+    pc_free(path);
+    if (rc != 0 || from == 0)
+        return rc;
+    /* Then the blocks before `from` on the dropped path that nothing held continues any more,
+     * deepest first (the pool drops the ancestors a removal leaves empty, too). */
+    names_t anc = {0};
+    if ((rc = chain_names(t, &anc, ns, tokens, from)) == 0) {
+        for (uint32_t i = from; i-- > 0;) {
+            pthread_mutex_lock(&t->map_mu);
+            const chain_t *c = pc_u64map_get(&t->chains, name_key(&anc.v[i]));
+            bool leaf = c != NULL && !c->gone && c->n_children == 0 &&
+                        memcmp(c->name.b, anc.v[i].b, sizeof c->name.b) == 0;
+            pthread_mutex_unlock(&t->map_mu);
+            if (!leaf)
+                break;
+            (void)eng_kvtier_remove(t->g3, &anc.v[i]);
+        }
+    }
+    pc_free(anc.v);
+    pc_free(anc.plan);
+    return rc;
+}
+
+void eng__tier_drain_begin(eng_t *e)
+{
+    struct eng_tiers *t = e->tier;
+    const eng_tier_params_t *p = &e->p.tier;
+    eng_kvtier_stats_t ks;
+    eng_kvtier_stats(t->g3, &ks);
+    pthread_mutex_lock(&t->mu);
+    t->drain_until_ns = p->shutdown_ms > 0 ? pc_time_mono_ns() + p->shutdown_ms * 1000000ull : 0;
+    t->drain_left = p->shutdown_bytes > 0 ? p->shutdown_bytes : ks.max_bytes;
+    pthread_mutex_unlock(&t->mu);
+}
+
+bool eng__tier_drain_more(eng_t *e)
+{
+    struct eng_tiers *t = e->tier;
+    pthread_mutex_lock(&t->mu);
+    bool more = t->drain_until_ns != 0 && pc_time_mono_ns() < t->drain_until_ns &&
+                t->drain_left >= t->block_bytes;
+    pthread_mutex_unlock(&t->mu);
+    return more;
+}
+
+void eng__tier_drain_end(eng_t *e)
+{
+    struct eng_tiers *t = e->tier;
+    pthread_mutex_lock(&t->mu);
+    t->drain_until_ns = 0;
+    t->drain_left = 0;
+    pthread_mutex_unlock(&t->mu);
+}
+
 bool eng_tier_enabled(const eng_t *e)
 {
     return e->tier != NULL;
@@ -539,7 +803,7 @@ void eng_tier_flush(eng_t *e)
     if (t == NULL)
         return;
     pthread_mutex_lock(&t->mu);
-    while (t->wq_head != NULL || t->writing)
+    while (t->wq_head != NULL || t->writing > 0)
         pthread_cond_wait(&t->cv_done, &t->mu);
     pthread_mutex_unlock(&t->mu);
 }
@@ -558,8 +822,9 @@ void eng_tier_stats(eng_t *e, eng_tier_stats_t *out)
     out->load_bytes = t->load_bytes;
     out->load_ns = t->load_ns;
     out->queue_bytes = t->staged_bytes;
-    out->load_bytes_per_s =
-        t->ns_per_block > 0 ? (double)t->block_bytes * 1e9 / t->ns_per_block : 0;
+    out->load_bytes_per_s = t->bytes_per_s > 0    ? t->bytes_per_s
+                            : t->ns_per_block > 0 ? (double)t->block_bytes * 1e9 / t->ns_per_block
+                                                  : 0;
     pthread_mutex_unlock(&t->mu);
     out->g3_bytes = ks.bytes;
     out->g3_blocks = ks.records;
@@ -567,6 +832,8 @@ void eng_tier_stats(eng_t *e, eng_tier_stats_t *out)
     out->evictions = ks.evictions;
     out->corrupt = ks.corrupt;
     out->prefill_tokens_per_s = e->prefill_tps;
+    out->prefill_mean_pos = e->prefill_pos;
+    out->attn_per_pos = eng__tier_attn_ratio(e);
 }
 
 /* ---- writes ---- */
@@ -594,6 +861,17 @@ uint8_t eng__tier_write(eng_t *e, uint64_t ns, const int32_t *path, uint32_t dep
         pthread_mutex_lock(&t->mu);
         bool queued = pc_u64map_get(&t->inflight, name_key(nm)) != NULL;
         bool room = t->staged_bytes + t->block_bytes <= t->queue_bytes;
+        /* Draining at shutdown: wait for a queued write to make room (one write's time). */
+        while (!queued && !room && t->drain_until_ns != 0 && t->drain_left >= t->block_bytes &&
+               (t->wq_head != NULL || t->writing > 0) && pc_time_mono_ns() < t->drain_until_ns) {
+            pthread_cond_wait(&t->cv_done, &t->mu);
+            room = t->staged_bytes + t->block_bytes <= t->queue_bytes;
+        }
+        if (t->drain_until_ns != 0) {
+            room = room && t->drain_left >= t->block_bytes;
+            if (room && !queued)
+                t->drain_left -= t->block_bytes;
+        }
         pthread_mutex_unlock(&t->mu);
         if (queued)
             continue;
@@ -633,7 +911,7 @@ uint8_t eng__tier_write(eng_t *e, uint64_t ns, const int32_t *path, uint32_t dep
         else
             t->wq_head = j;
         t->wq_tail = j;
-        pthread_cond_signal(&t->cv_work);
+        pthread_cond_broadcast(&t->cv_work);
         pthread_mutex_unlock(&t->mu);
     }
     return all_held ? ENG_TIER_G3 : ENG_TIER_NONE;
@@ -645,7 +923,7 @@ uint8_t eng__tier_write(eng_t *e, uint64_t ns, const int32_t *path, uint32_t dep
 static const void *staged(struct eng_tiers *t, uint64_t ns, uint32_t i, const name_t *nm)
 {
     for (eng_tier_ticket_t *k = t->tickets; k != NULL; k = k->next) {
-        if (k->ns != ns || i < k->first || i >= k->first + k->n)
+        if (k->borrowed || k->ns != ns || i < k->first || i >= k->first + k->n)
             continue;
         const tent_t *en = &k->ent[i - k->first];
         if (__atomic_load_n(&en->state, __ATOMIC_ACQUIRE) == ENT_OK &&
@@ -658,12 +936,30 @@ static const void *staged(struct eng_tiers *t, uint64_t ns, uint32_t i, const na
 enum { PL_NONE = 0, PL_STAGED = 1, PL_DISK = 2, PL_RECOMPUTE = 3 };
 
 /* The cost model: true when loading `blocks` blocks from disk is expected to be faster than
- * recomputing their tokens. Unknown figures favour the load (a first load measures them). */
-bool eng__tier_load_wins(double ns_per_block, double prefill_tps, uint32_t blocks, uint32_t tokens)
+ * recomputing their tokens (at the measured rate, times recompute_scale for their positions).
+ * Unknown figures favour the load (a first load measures them). */
+bool eng__tier_load_wins(double ns_per_block, double prefill_tps, uint32_t blocks, uint32_t tokens,
+                         double recompute_scale)
 {
     if (ns_per_block <= 0 || prefill_tps <= 0)
         return true;
-    return ns_per_block * blocks < (double)tokens / prefill_tps * 1e9;
+    return ns_per_block * blocks < (double)tokens / prefill_tps * 1e9 * recompute_scale;
+}
+
+double eng__tier_attn_ratio(const eng_t *e)
+{
+    const eng_hparams_t *hp = &e->model->hp;
+    double q = (double)hp->n_head * hp->head_dim, kv = (double)hp->n_head_kv * hp->head_dim;
+    /* Per layer and token: the matrices (q, k, v, o, and the gated MLP's three) against QK and
+     * PV over each earlier position. */
+    double mats = (double)hp->n_embd * (2 * q + 2 * kv) + 3.0 * hp->n_embd * hp->n_ff;
+    return mats > 0 ? 2 * q / mats : 0;
+}
+
+double eng__tier_recompute_scale(const eng_t *e, double pos)
+{
+    double r = eng__tier_attn_ratio(e);
+    return (1 + r * pos) / (1 + r * e->prefill_pos);
 }
 
 /* Computes tokens[from, to) of s (a hole) with no logits. Returns true when done. */
@@ -681,14 +977,29 @@ static bool recompute(eng_t *e, eng_seq_t *s, const int32_t *tokens, uint32_t to
     return true;
 }
 
-/* Loads block i (plan how: staged src, or the disk) into a fresh pool block at the end of s,
- * which holds i * bt positions. Returns true when s then holds (i + 1) * bt. */
+/* Block i (its KV now in s's pool block i) is the sequence's: its tokens and counts. */
+static void commit_block(struct eng_tiers *t, eng_seq_t *s, const int32_t *tokens, uint32_t i)
+{
+    uint32_t bt = t->bt;
+    memcpy(s->tokens + (size_t)i * bt, tokens + (size_t)i * bt, (size_t)bt * sizeof *tokens);
+    s->kv.n_tokens += bt;
+    s->origin.g3_tokens += bt;
+    t->st.hit_blocks_g3++;
+    t->st.recompute_avoided_tokens += bt;
+}
+
+/* Loads block i (plan how: staged src, or the disk) into pool block i of s, which holds i * bt
+ * positions and either i blocks (a fresh one is added) or more (reserved ahead by the caller,
+ * whose reads may still be landing in the later ones: nothing is trimmed here then). Returns
+ * true when s then holds (i + 1) * bt. */
 static bool load_into(eng_t *e, eng_seq_t *s, const int32_t *tokens, uint32_t i, const void *src)
 {
     struct eng_tiers *t = e->tier;
     uint32_t bt = t->bt;
-    PC_ASSERT(s->kv.n_tokens == i * bt && s->kv.n_blocks == i);
-    if (eng__seq_tokens_reserve(s, (i + 1) * bt) != 0 || eng_kvseq_reserve(&s->kv, e->kv, bt) != 0)
+    PC_ASSERT(s->kv.n_tokens == i * bt && s->kv.n_blocks >= i);
+    bool fresh = s->kv.n_blocks == i;
+    if (eng__seq_tokens_reserve(s, (i + 1) * bt) != 0 ||
+        (fresh && eng_kvseq_reserve(&s->kv, e->kv, bt) != 0))
         return false;
     uint32_t b = s->kv.blocks[i];
     const int32_t *tok = tokens + (size_t)i * bt;
@@ -703,15 +1014,99 @@ static bool load_into(eng_t *e, eng_seq_t *s, const int32_t *tokens, uint32_t i,
             rc = eng_kvpool_block_write(e->kv, b, t->load_buf);
     }
     if (rc != 0) {
-        eng_kvseq_trim(&s->kv, e->kv);
+        if (fresh)
+            eng_kvseq_trim(&s->kv, e->kv);
         return false;
     }
-    memcpy(s->tokens + (size_t)i * bt, tok, (size_t)bt * sizeof *tok);
-    s->kv.n_tokens += bt;
-    s->origin.g3_tokens += bt;
-    t->st.hit_blocks_g3++;
-    t->st.recompute_avoided_tokens += bt;
+    commit_block(t, s, tokens, i);
     return true;
+}
+
+/* Waits for entry en of ticket k to be read; returns its state (ENT_OK or ENT_FAIL). */
+static int ent_wait(struct eng_tiers *t, const tent_t *en)
+{
+    pthread_mutex_lock(&t->mu);
+    int st;
+    while ((st = __atomic_load_n(&en->state, __ATOMIC_ACQUIRE)) == ENT_PENDING)
+        pthread_cond_wait(&t->cv_done, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+/* A ticket reading, on the I/O threads, the blocks i in [kb, m) of t->rd whose plan byte is
+ * `want` (t->rd holds the names). into NULL: into staging buffers of its own; else block i is
+ * read straight into pool block into[i] (a sequence's table, reserved through m). *out NULL
+ * when there are none. Returns 0, PC_ERR_BUSY (the staging budget) or PC_ERR_NOMEM. */
+static int ticket_new(struct eng_tiers *t, uint64_t ns, const int32_t *tokens, uint32_t kb,
+                      uint32_t m, uint8_t want, const uint32_t *into, eng_tier_ticket_t **out)
+{
+    *out = NULL;
+    uint32_t bt = t->bt, first = UINT32_MAX, last = 0, count = 0;
+    for (uint32_t i = kb; i < m; i++) {
+        if (t->rd.plan[i] == want) {
+            first = PC_MIN(first, i);
+            last = i;
+            count++;
+        }
+    }
+    if (count == 0)
+        return 0;
+    uint64_t need = into != NULL ? 0 : (uint64_t)count * t->block_bytes;
+    pthread_mutex_lock(&t->mu);
+    bool room = t->staged_bytes + need <= t->queue_bytes;
+    if (room)
+        t->staged_bytes += need; /* reserved now, so two tickets never overshoot */
+    pthread_mutex_unlock(&t->mu);
+    if (!room)
+        return PC_ERR_BUSY;
+    uint32_t nb = last - first + 1;
+    eng_tier_ticket_t *k = pc_calloc(1, sizeof *k + (size_t)nb * sizeof(tent_t));
+    int32_t *tok = pc_malloc((size_t)(last + 1) * bt * sizeof *tok);
+    int rc = k == NULL || tok == NULL ? PC_ERR_NOMEM : 0;
+    for (uint32_t i = 0; rc == 0 && i < nb; i++) {
+        tent_t *en = &k->ent[i];
+        en->name = t->rd.v[first + i];
+        en->state = t->rd.plan[first + i] == want ? ENT_PENDING : ENT_SKIP;
+        if (en->state != ENT_PENDING)
+            continue;
+        if (into != NULL)
+            en->buf = eng_kvpool_kv(t->e->kv, into[first + i], 0, 0);
+        else if ((en->buf = pc_malloc(t->block_bytes)) == NULL)
+            rc = PC_ERR_NOMEM;
+    }
+    if (rc != 0) {
+        for (uint32_t i = 0; k != NULL && into == NULL && i < nb; i++)
+            pc_free(k->ent[i].buf);
+        pc_free(k);
+        pc_free(tok);
+        pthread_mutex_lock(&t->mu);
+        t->staged_bytes -= need;
+        pthread_mutex_unlock(&t->mu);
+        return rc;
+    }
+    memcpy(tok, tokens, (size_t)(last + 1) * bt * sizeof *tok);
+    k->ns = ns;
+    k->first = first;
+    k->n = nb;
+    k->tokens = tok;
+    k->pending = (int)count;
+    k->borrowed = into != NULL;
+    k->t0_ns = pc_time_mono_ns();
+    k->next = t->tickets;
+    if (t->tickets != NULL)
+        t->tickets->prev = k;
+    t->tickets = k;
+    pthread_mutex_lock(&t->mu);
+    k->queued = true;
+    if (t->rq_tail != NULL)
+        t->rq_tail->rnext = k;
+    else
+        t->rq_head = k;
+    t->rq_tail = k;
+    pthread_cond_broadcast(&t->cv_work);
+    pthread_mutex_unlock(&t->mu);
+    *out = k;
+    return 0;
 }
 
 void eng__tier_continue(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *tokens, uint32_t n)
@@ -746,8 +1141,11 @@ void eng__tier_continue(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *toke
         uint32_t j = i;
         while (j <= last && t->rd.plan[j] == PL_DISK)
             j++;
+        /* The I/O threads read a run's blocks in parallel. */
+        uint32_t rounds = (j - i + t->n_threads - 1) / t->n_threads;
         if (!e->p.tier.load_always &&
-            !eng__tier_load_wins(npb, e->prefill_tps, j - i, (j - i) * bt))
+            !eng__tier_load_wins(npb, e->prefill_tps, rounds, (j - i) * bt,
+                                 eng__tier_recompute_scale(e, (double)(i + j) * bt / 2)))
             memset(t->rd.plan + i, PL_RECOMPUTE, j - i);
         i = j;
     }
@@ -756,24 +1154,58 @@ void eng__tier_continue(eng_t *e, eng_seq_t *s, uint64_t ns, const int32_t *toke
         last = last > kb ? last - 1 : UINT32_MAX;
     if (last == UINT32_MAX)
         return;
-    /* Holes are recomputed (attending to everything before them), loads fill fresh blocks; a
+    /* The disk blocks are read by the I/O threads in parallel. On a pool with host storage they
+     * land straight in the sequence's blocks (reserved here through the last one) while this
+     * thread recomputes the holes before them; otherwise into staging buffers, then copied
+     * (without staging room, or reserving fails: read here, one by one). */
+    uint32_t first = kb;
+    while (t->rd.plan[first] != PL_STAGED && t->rd.plan[first] != PL_DISK)
+        first++;
+    if (s->kv.n_tokens > first * bt) {
+        /* The G1 match ends inside block `first`, which a tier holds whole: take that instead. */
+        s->origin.g1_tokens = first * bt;
+        s->kv.n_tokens = first * bt;
+        eng_kvseq_trim(&s->kv, e->kv);
+    }
+    eng_tier_ticket_t *k = NULL;
+    uint32_t end = (last + 1) * bt;
+    if (eng_kvpool_has_storage(e->kv) && eng__seq_tokens_reserve(s, end) == 0 &&
+        eng_kvseq_reserve(&s->kv, e->kv, end - s->kv.n_tokens) == 0) {
+        (void)ticket_new(t, ns, tokens, kb, last + 1, PL_DISK, s->kv.blocks, &k);
+    } else if (ticket_new(t, ns, tokens, kb, last + 1, PL_DISK, NULL, &k) == 0 && k != NULL) {
+        pthread_mutex_lock(&t->mu);
+        while (!eng_tier_ready(k))
+            pthread_cond_wait(&t->cv_done, &t->mu);
+        pthread_mutex_unlock(&t->mu);
+        for (uint32_t i = kb; i <= last; i++)
+            if (t->rd.plan[i] == PL_DISK)
+                t->rd.plan[i] = PL_STAGED;
+    }
+    /* Holes are recomputed (attending to everything before them), loads fill the blocks; a
      * failed load becomes part of the next hole, and whatever fails last ends the start: the
      * caller computes the rest. */
     for (uint32_t i = kb; i <= last; i++) {
         if (t->rd.plan[i] != PL_STAGED && t->rd.plan[i] != PL_DISK)
             continue;
-        if (s->kv.n_tokens > i * bt) {
-            /* The G1 match ends inside block i, which a tier holds whole: take that instead. */
-            s->origin.g1_tokens = i * bt;
-            s->kv.n_tokens = i * bt;
-            eng_kvseq_trim(&s->kv, e->kv);
-        }
         if (!recompute(e, s, tokens, i * bt))
-            return;
+            break;
+        if (k != NULL && k->borrowed && t->rd.plan[i] == PL_DISK) {
+            /* Read into pool block i by an I/O thread: wait for it; a failed read is tried
+             * once more here (a bad record is gone by now: the block joins the next hole). */
+            if (ent_wait(t, &k->ent[i - k->first]) == ENT_OK)
+                commit_block(t, s, tokens, i);
+            else if (!load_into(e, s, tokens, i, NULL) && s->kv.n_tokens != i * bt)
+                break;
+            continue;
+        }
+        /* A staged block whose read failed is tried once more from the disk. */
         const void *src = t->rd.plan[i] == PL_STAGED ? staged(t, ns, i, &t->rd.v[i]) : NULL;
         if (!load_into(e, s, tokens, i, src) && s->kv.n_tokens != i * bt)
-            return;
+            break;
     }
+    /* Reads still landing in reserved blocks finish before those blocks are given back. */
+    eng_tier_ticket_free(e, k);
+    eng_kvseq_trim(&s->kv, e->kv);
 }
 
 /* ---- prefetch tickets ---- */
@@ -785,75 +1217,19 @@ int eng_tier_prefetch(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n,
     struct eng_tiers *t = e->tier;
     if (t == NULL || n < 2)
         return 0;
-    uint32_t bt = t->bt, m = (n - 1) / bt;
-    uint32_t kb = eng__prefix_match_len(e, ns, tokens, n - 1) / bt;
+    uint32_t m = (n - 1) / t->bt;
+    uint32_t kb = eng__prefix_match_len(e, ns, tokens, n - 1) / t->bt;
     if (kb >= m)
         return 0;
     int rc = chain_names(t, &t->rd, ns, tokens, m);
     if (rc != 0)
         return rc;
-    uint32_t first = UINT32_MAX, last = 0, count = 0;
-    for (uint32_t i = kb; i < m; i++) {
+    for (uint32_t i = kb; i < m; i++)
         t->rd.plan[i] =
-            eng_kvtier_contains(t->g3, &t->rd.v[i]) == 1 && staged(t, ns, i, &t->rd.v[i]) == NULL;
-        if (t->rd.plan[i]) {
-            first = PC_MIN(first, i);
-            last = i;
-            count++;
-        }
-    }
-    if (count == 0)
-        return 0;
-    uint64_t need = (uint64_t)count * t->block_bytes;
-    pthread_mutex_lock(&t->mu);
-    bool room = t->staged_bytes + need <= t->queue_bytes;
-    if (room)
-        t->staged_bytes += need; /* reserved now, so two tickets never overshoot */
-    pthread_mutex_unlock(&t->mu);
-    if (!room)
-        return PC_ERR_BUSY;
-    uint32_t nb = last - first + 1;
-    eng_tier_ticket_t *k = pc_calloc(1, sizeof *k + (size_t)nb * sizeof(tent_t));
-    int32_t *tok = pc_malloc((size_t)(last + 1) * bt * sizeof *tok);
-    rc = k == NULL || tok == NULL ? PC_ERR_NOMEM : 0;
-    for (uint32_t i = 0; rc == 0 && i < nb; i++) {
-        tent_t *en = &k->ent[i];
-        en->name = t->rd.v[first + i];
-        en->state = t->rd.plan[first + i] ? ENT_PENDING : ENT_SKIP;
-        if (en->state == ENT_PENDING && (en->buf = pc_malloc(t->block_bytes)) == NULL)
-            rc = PC_ERR_NOMEM;
-    }
-    if (rc != 0) {
-        for (uint32_t i = 0; k != NULL && i < nb; i++)
-            pc_free(k->ent[i].buf);
-        pc_free(k);
-        pc_free(tok);
-        pthread_mutex_lock(&t->mu);
-        t->staged_bytes -= need;
-        pthread_mutex_unlock(&t->mu);
-        return rc;
-    }
-    memcpy(tok, tokens, (size_t)(last + 1) * bt * sizeof *tok);
-    k->ns = ns;
-    k->first = first;
-    k->n = nb;
-    k->tokens = tok;
-    k->pending = (int)count;
-    k->next = t->tickets;
-    if (t->tickets != NULL)
-        t->tickets->prev = k;
-    t->tickets = k;
-    pthread_mutex_lock(&t->mu);
-    k->queued = true;
-    if (t->rq_tail != NULL)
-        t->rq_tail->rnext = k;
-    else
-        t->rq_head = k;
-    t->rq_tail = k;
-    pthread_cond_signal(&t->cv_work);
-    pthread_mutex_unlock(&t->mu);
-    *out = k;
-    return 0;
+            eng_kvtier_contains(t->g3, &t->rd.v[i]) == 1 && staged(t, ns, i, &t->rd.v[i]) == NULL
+                ? PL_DISK
+                : PL_NONE;
+    return ticket_new(t, ns, tokens, kb, m, PL_DISK, NULL, out);
 }
 
 bool eng_tier_ready(const eng_tier_ticket_t *k)
@@ -878,10 +1254,10 @@ void eng_tier_ticket_free(eng_t *e, eng_tier_ticket_t *k)
             t->rq_tail = prev;
         k->queued = false;
     }
-    while (t->reading == k)
+    while (k->active > 0)
         pthread_cond_wait(&t->cv_done, &t->mu);
     uint64_t bytes = 0;
-    for (uint32_t i = 0; i < k->n; i++)
+    for (uint32_t i = 0; !k->borrowed && i < k->n; i++)
         if (k->ent[i].buf != NULL) {
             bytes += t->block_bytes;
             pc_free(k->ent[i].buf);

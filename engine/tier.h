@@ -16,21 +16,30 @@
  *
  * Writes (write-back). When the prefix index evicts a prefix (LRU or pressure), every whole
  * block of it that no tier holds yet is copied to a staging buffer on the calling thread (a
- * memcpy, or the backend's device-to-host copy) and written by the engine's I/O thread. The
+ * memcpy, or the backend's device-to-host copy) and written by the engine's writer thread. The
  * staging queue is bounded (eng_tier_params.queue_bytes): a block that finds it full is not
  * written and is counted (write_dropped), so the scheduler never waits on the disk. Retained
  * prefixes are written through at retain time (write_through), so a crash loses nothing a
- * customer paid to keep.
+ * customer paid to keep. Records land parent first in queue order, except that a prefix-index
+ * leaf leaves the pool before its parent node: such a record is linked to its parent when that
+ * arrives, so listings and events keep its whole path.
+ *
+ * Shutdown. eng_free (the worker's orderly shutdown) first writes back the unpinned prefixes
+ * still in the pool, least recently used first, under the min_tokens filter, waiting for
+ * staging room instead of dropping, for at most eng_tier_params.shutdown_ms and shutdown_bytes
+ * (then the queued writes finish: at most queue_bytes more). A clean restart so keeps every hit
+ * that fit; a crash keeps what was already written (and the retained prefixes).
  *
  * What is worth keeping. A prefix shorter than min_tokens is not written back (retained
  * prefixes always are). We chose the minimum-length rule (HiCache's 256-token prefetch
  * threshold, LMCache's min_retrieve_tokens) over "seen twice" (vLLM's store_threshold, KVBM's
- * disk frequency) because the gateway pins what customers ask to keep and write-through covers
- * those; the LRU write-back is for the opportunistic remainder, where a short prefix costs a
- * record, an open and a read for little prefill saved, while a "seen twice" rule would lose every
- * long prefix evicted after its first use (sglang#39444's complaint). Default 64 tokens (four
- * blocks): below it the per-record cost (open, read, checks) is a large share of the prefill it
- * saves on the CPU backend (test_tier prints both figures).
+ * disk frequency): the gateway pins what customers ask to keep and write-through covers those,
+ * and a "seen twice" rule would lose every long prefix evicted after its first use (the
+ * sglang#39444 complaint). Measured on this project's CPU backend (test_tier prints it), a
+ * block's disk read costs 0.3-1 ms against 1-3.5 ms to recompute it on the small test models
+ * and about 60 ms on kvgw-bench (16 tokens at ~250 tokens/s), so loads win for any length;
+ * what a short prefix costs is churn: a record, a file and budget for a prompt that is cheap
+ * to recompute. Default 64 tokens (four blocks).
  *
  * Reads. eng_seq_start_cached (prefix.h) continues its G1 match into the tiers block by block
  * along the chain: a run of blocks a tier holds is loaded into fresh pool blocks; a hole (blocks
@@ -38,20 +47,35 @@
  * tokens at its position, attending to the blocks before it, no logits), and the blocks after
  * it are loaded. The KV of position t depends only on tokens <= t, so the result equals a cold
  * prefill within the backend's tolerance. Per run, a cost model decides load vs recompute:
- * load_ns = bytes / measured load bandwidth, recompute_ns = tokens / measured prefill rate
- * (both exported in eng_tier_stats); blocks already staged by a prefetch cost only a copy.
+ * load_ns = ceil(blocks / io_threads) * the measured time of one block's read (the I/O threads
+ * read a run in parallel), recompute_ns = tokens / the measured prefill rate * (1 + r * p) /
+ * (1 + r * p_m): the attention term, with p the run's mean position, p_m the mean position the
+ * rate was measured at, and r the attention's work per earlier position over the layer
+ * matrices' per token, from the model's shapes (inputs exported in eng_tier_stats). Blocks
+ * already staged by a prefetch cost only a copy.
+ *
+ * Load speed. A read is one preadv per record (head and payload; O_DIRECT where the file
+ * system takes it, the open outside the store's lock) straight into the sequence's pool block
+ * on a host-memory pool (no bounce copy, the checksum runs there), with io_threads reads in
+ * flight while the engine's thread recomputes the holes before them. Measured here on
+ * kvgw-bench (128 KiB blocks, page cache dropped; a virtio disk doing 0.53 GB/s of sequential
+ * 1 MiB O_DIRECT reads): one read at a time reaches about 0.2 GB/s, eight in flight 0.4-0.55
+ * GB/s, so io_threads defaults to 8.
  * A record that fails its checks is deleted, counted (corrupt) and treated as a hole.
  *
- * Async. eng_tier_prefetch starts the reads of a prompt's tier blocks on the I/O thread into
- * host staging buffers; the caller keeps stepping other sequences until eng_tier_ready, then
- * calls eng_seq_start_cached, which finds the staged blocks and only copies them.
+ * Async. eng_tier_prefetch starts the reads of a prompt's tier blocks on the I/O threads (in
+ * parallel) into host staging buffers; the caller keeps stepping other sequences until
+ * eng_tier_ready, then calls eng_seq_start_cached, which finds the staged blocks and only copies
+ * them.
  *
  * Restart. The store rebuilds its index from the directory at eng_init; eng_tier_prefixes lists
  * the longest chains it holds per namespace (for the worker's SNAPSHOT).
  *
  * Threads: every call here is made by the engine's thread (the one that calls eng_forward),
- * except eng_tier_ready, which any thread may call. The I/O thread touches only the store and
- * its own queue.
+ * except eng_tier_ready, which any thread may call. In particular a ticket is freed on the
+ * engine's thread (eng_seq_start_cached reads the live tickets without a lock); a thread that
+ * waits for eng_tier_ready hands the ticket back to the engine's thread to free it. The I/O
+ * threads touch only the store and their queues.
  */
 #ifndef ENG_TIER_H
 #define ENG_TIER_H
@@ -111,8 +135,14 @@ typedef struct eng_tier_stats {
     uint64_t recomputed_tokens;        /* hole tokens recomputed by eng_seq_start_cached */
     uint64_t recompute_avoided_tokens; /* tokens loaded from a tier instead of prefilled */
     uint64_t queue_bytes;              /* staged write bytes waiting for the I/O thread now */
-    double load_bytes_per_s;           /* the cost model: measured (EWMA) tier load bandwidth */
+    double load_bytes_per_s;           /* measured (EWMA) load bandwidth: a prompt's blocks read
+                                          in parallel over the wall time of their reads (one
+                                          block's size over its read time until then) */
     double prefill_tokens_per_s;       /* and the measured (EWMA) prefill rate */
+    double prefill_mean_pos;           /* the mean position of the tokens that rate was
+                                          measured on (EWMA alongside) */
+    double attn_per_pos;               /* r: a token at position p costs (1 + r * p) units of
+                                          work (the attention term; from the model's shapes) */
 } eng_tier_stats_t;
 
 void eng_tier_stats(eng_t *e, eng_tier_stats_t *out);
@@ -139,7 +169,7 @@ int eng_tier_prefetch(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n,
 bool eng_tier_ready(const eng_tier_ticket_t *t);
 
 /* Releases the ticket and its staging buffers (waiting for its reads if they still run). NULL
- * is a no-op. */
+ * is a no-op. The engine's thread only (see Threads above). */
 void eng_tier_ticket_free(eng_t *e, eng_tier_ticket_t *t);
 
 /* ---- what the tiers hold ---- */
@@ -154,14 +184,18 @@ typedef struct eng_tier_prefix {
 
 typedef void (*eng_tier_prefix_fn)(const eng_tier_prefix_t *p, void *ud);
 
-/* Calls fn for each maximal chain the tiers hold (a block no other block continues), with its
- * whole token path. Returns how many, or a negative error (PC_ERR_NOMEM). O(records). */
+/* Calls fn for each maximal chain the tiers hold (a block no other held block continues), with
+ * its whole token path from block 0. A chain whose earlier blocks the store dropped is still
+ * listed whole when their tokens are known (the engine keeps the tokens of dropped ancestors of
+ * held blocks): a read recomputes such a hole. fn runs under the tiers' lock and must not call
+ * the engine. Returns how many, or PC_ERR_NOMEM. O(records). */
 int eng_tier_prefixes(eng_t *e, eng_tier_prefix_fn fn, void *ud);
 
-/* Blocks the disk tier dropped (its budget) or a block that went down a tier, as events the
- * caller drains on the engine's thread: ns, the prefix through the block (when the chain is
- * still known; else tokens NULL), and the tier it is now in (ENG_TIER_NONE: gone from every
- * tier). */
+/* A block the disk tier dropped (its budget, a corrupt record found, a removal), as an event
+ * the caller drains on the engine's thread: ns, the prefix through the block (tokens NULL when
+ * its path is not known), and the tier it is now in (ENG_TIER_NONE: gone from every tier; a
+ * block leaving the pool for a tier is reported by the prefix index's eviction event, whose
+ * tier byte says where it went). */
 typedef struct eng_tier_event {
     uint64_t ns;
     uint32_t n_tokens;
