@@ -56,7 +56,7 @@ typedef struct cfg {
     uint32_t threads, prefix, n_new;
     uint32_t p_prefixes, p_tokens, p_pool, p_rounds;
     uint32_t seq_mib, reps;
-    bool pressure;
+    bool pressure, load_always;
 } cfg_t;
 
 static void usage(FILE *f)
@@ -65,13 +65,19 @@ static void usage(FILE *f)
                "[--new N]\n"
                "                        [--pressure-prefixes N] [--pressure-tokens N] "
                "[--pressure-pool N]\n"
-               "                        [--pressure-rounds N] [--seq-mib N] [--no-pressure] "
-               "[--quick]\n");
+               "                        [--pressure-rounds N] [--seq-mib N] [--repeat N] "
+               "[--no-pressure]\n"
+               "                        [--load-always] [--quick]\n");
+    fprintf(f, "  --repeat       repetitions of the one-prefix runs, each in its own namespace;\n"
+               "                 the figures are the best (default 2)\n");
+    fprintf(f, "  --load-always  load every tier block the cost model would recompute (default:\n"
+               "                 the cost model decides, as in production)\n");
     fprintf(f, "  --dir     where the disk tiers and the sequential-read file go (default var/"
                "bench-tiers);\n"
                "            a fresh subdirectory per run, removed at the end\n");
     fprintf(f, "  --quick   small sizes (prefix 256, 8 prefixes of 128 tokens in a pool of 2,\n"
-               "            a 16 MiB sequential file): a check that every path runs\n");
+               "            a 16 MiB sequential file) and --load-always: a check that every path\n"
+               "            runs (on a small model the cost model rightly recomputes instead)\n");
 }
 
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
@@ -306,6 +312,7 @@ static eng_t *engine(const cfg_t *c, uint64_t kv_tokens, const char *tier_dir, c
     if (tier_dir != NULL) {
         p.tier.dir = tier_dir;
         p.tier.max_bytes = (uint64_t)16 << 30;
+        p.tier.load_always = c->load_always;
     }
     eng_t *e = NULL;
     if (eng_init(&p, &e, err, err_len) != 0)
@@ -409,7 +416,12 @@ int bench_tiers_main(int argc, char **argv)
             c.pressure = false;
             continue;
         }
+        if (strcmp(a, "--load-always") == 0) {
+            c.load_always = true;
+            continue;
+        }
         if (strcmp(a, "--quick") == 0) {
+            c.load_always = true;
             c.prefix = 256;
             c.n_new = 16;
             c.p_prefixes = 8;
