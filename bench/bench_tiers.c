@@ -19,8 +19,10 @@
  *                               store rebuilds its index from the files), page cache dropped
  *   ttft_ms_hole_4096           the same after deleting the record of the middle block: one
  *                               block recomputed exactly, the blocks around it loaded
- *   disk_read_gb_s              the tier's load bandwidth in the disk run (eng_tier_stats:
- *                               bytes loaded / load time)
+ *   disk_read_gb_s              the tier's load bandwidth in the (first) disk run: a prompt's
+ *                               parallel reads over their wall time (eng_tier_stats
+ *                               load_bytes_per_s); disk_read_gb_s_per_reader is the bytes over
+ *                               the reads' summed time (one reader's)
  *   disk_seq_read_gb_s          the same directory's disk read sequentially by this benchmark:
  *                               a --seq-mib file written, synced, dropped from the page cache,
  *                               read with O_DIRECT in 4 MiB requests (the limit)
@@ -534,7 +536,7 @@ int bench_tiers_main(int argc, char **argv)
 
     /* Each repetition in its own namespace (ns_r = 42 + 2r; its filler in ns_r + 1), so each
      * cold run is cold; every figure is the best repetition. */
-    double cold = 1e30, g1 = 1e30, disk = 1e30, after = 1e30, hole = 1e30;
+    double cold = 1e30, g1 = 1e30, disk = 1e30, after = 1e30, hole = 1e30, disk_gbs = -1;
     uint64_t load_bytes = 0, load_ns = 0;
     eng_tier_stats_t ts0, ts1;
     for (uint32_t rep = 0; rep < c.reps; rep++) {
@@ -571,8 +573,13 @@ int bench_tiers_main(int argc, char **argv)
         eng_tier_stats(e, &ts1);
         load_bytes += ts1.load_bytes - ts0.load_bytes;
         load_ns += ts1.load_ns - ts0.load_ns;
+        /* The tier's measured wall bandwidth of a prompt's parallel reads is an average over
+         * prompts: after the first disk run of this engine it is that run's own. */
+        if (rep == 0)
+            disk_gbs = ts1.load_bytes_per_s / 1e9;
     }
-    double disk_gbs = load_ns > 0 ? (double)load_bytes / (double)load_ns : -1;
+    /* Each read's own time, summed over the parallel readers: one reader's bandwidth. */
+    double reader_gbs = load_ns > 0 ? (double)load_bytes / (double)load_ns : -1;
 
     /* Restart: a new engine on the same directory. */
     eng_tier_flush(e);
@@ -641,12 +648,14 @@ int bench_tiers_main(int argc, char **argv)
     bench_report_add(&r, "ttft_ms_recompute_4096", cold * 1e3, "cold");
     bench_report_add(&r, "ttft_ms_after_restart_4096", after * 1e3, "target <= 1.5 x disk");
     bench_report_add(&r, "ttft_ms_hole_4096", hole * 1e3, "1 block recomputed");
-    bench_report_add(&r, "disk_read_gb_s", disk_gbs, "target >= 0.5 x seq");
+    bench_report_add(&r, "disk_read_gb_s", disk_gbs, "parallel reads, wall; target >= 0.5 x seq");
     bench_report_add(&r, "disk_seq_read_gb_s", seq, direct ? "O_DIRECT, 4 MiB" : "buffered");
     bench_report_add(&r, "disk_speedup_vs_recompute", cold / disk, "target >= 10");
     bench_report_add(&r, "restart_over_disk", after / disk, "target <= 1.5");
     bench_report_add(&r, "disk_read_fraction_of_seq", seq > 0 ? disk_gbs / seq : -1,
                      "target >= 0.5");
+    bench_report_add(&r, "disk_read_gb_s_per_reader", reader_gbs,
+                     "one read at a time: bytes / summed read time");
     bench_report_add(&r, "engine_init_s", init_s, "model load + fingerprint + store open");
     bench_report_add(&r, "restart_init_s", restart_init_s, "the same, index rebuilt from disk");
     bench_report_add(&r, "prefill_tokens_per_s_model", ts2.prefill_tokens_per_s,
