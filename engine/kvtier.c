@@ -130,6 +130,22 @@ void eng_kvtier_name_next(const eng_kvtier_name_t *prev, const int32_t *tokens, 
     crypto_generichash_final(&st, out->b, sizeof out->b);
 }
 
+uint32_t eng_kvtier_chain(const eng_kvtier_ident_t *id, const int32_t *tokens, uint32_t n_tokens,
+                          eng_kvtier_name_t *names, uint32_t max_names)
+{
+    eng_kvtier_name_t prev;
+    uint32_t n = 0, bt = id->block_tokens;
+    if (bt == 0)
+        return 0;
+    eng_kvtier_seed(id, &prev);
+    for (uint32_t at = 0; at < n_tokens && n < max_names; at += bt, n++) {
+        uint32_t k = n_tokens - at < bt ? n_tokens - at : bt;
+        eng_kvtier_name_next(&prev, tokens + at, k, &names[n]);
+        prev = names[n];
+    }
+    return n;
+}
+
 char *eng_kvtier_name_hex(const eng_kvtier_name_t *name, char hex[65])
 {
     static const char d[] = "0123456789abcdef";
@@ -179,7 +195,7 @@ uint64_t eng_kvtier_record_bytes(const eng_kvtier_t *t, uint32_t n_tokens)
 
 /* ---- the record's bytes ---- */
 
-enum { KVT_OK = 0, KVT_CORRUPT = 1, KVT_STALE = 2 };
+enum { KVT_OK = 0, KVT_CORRUPT = 1, KVT_STALE = 2, KVT_SKIP = 3 /* unreadable now: left alone */ };
 
 typedef struct kvt_head {
     uint32_t flags;
@@ -200,6 +216,30 @@ static void xxh_canon(XXH128_hash_t h, uint8_t out[16])
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, h);
     memcpy(out, c.digest, 16);
+}
+
+/* The head check: XXH3-128 of bytes [0, 128) and the tb token bytes. */
+static void head_sum(const uint8_t *buf, size_t tb, uint8_t out[16])
+{
+    XXH3_state_t st;
+    XXH3_INITSTATE(&st);
+    XXH3_128bits_reset(&st);
+    XXH3_128bits_update(&st, buf, 128);
+    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
+    xxh_canon(XXH3_128bits_digest(&st), out);
+}
+
+/* The record check: XXH3-128 of bytes [0, 144), the token bytes and the payload. */
+static void rec_sum(const uint8_t *buf, size_t tb, const uint8_t *payload, size_t pb,
+                    uint8_t out[16])
+{
+    XXH3_state_t st;
+    XXH3_INITSTATE(&st);
+    XXH3_128bits_reset(&st);
+    XXH3_128bits_update(&st, buf, 144);
+    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
+    XXH3_128bits_update(&st, payload, pb);
+    xxh_canon(XXH3_128bits_digest(&st), out);
 }
 
 /* Writes the whole record (head, tokens, payload, padding) into buf[record size], zeroed by
@@ -233,17 +273,8 @@ static void rec_encode(const eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const
         return;
     }
     memcpy(buf + hb, payload, t->p.payload_bytes);
-    XXH3_state_t st;
-    XXH3_INITSTATE(&st);
-    XXH3_128bits_reset(&st);
-    XXH3_128bits_update(&st, buf, 128);
-    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
-    xxh_canon(XXH3_128bits_digest(&st), buf + 128);
-    XXH3_128bits_reset(&st);
-    XXH3_128bits_update(&st, buf, 144);
-    XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
-    XXH3_128bits_update(&st, buf + hb, t->p.payload_bytes);
-    xxh_canon(XXH3_128bits_digest(&st), buf + 144);
+    head_sum(buf, tb, buf + 128);
+    rec_sum(buf, tb, buf + hb, t->p.payload_bytes, buf + 144);
 }
 
 static int all_zero(const uint8_t *p, size_t n)
@@ -284,12 +315,7 @@ static int head_decode(const eng_kvtier_t *t, const uint8_t *buf, size_t len, ui
     uint8_t clear[4 * ENG_KVTIER_MAX_TOKENS];
     if (h->flags == 0) {
         uint8_t sum[16];
-        XXH3_state_t st;
-        XXH3_INITSTATE(&st);
-        XXH3_128bits_reset(&st);
-        XXH3_128bits_update(&st, buf, 128);
-        XXH3_128bits_update(&st, buf + KVT_FIXED, tb);
-        xxh_canon(XXH3_128bits_digest(&st), sum);
+        head_sum(buf, tb, sum);
         if (memcmp(sum, buf + 128, 16) != 0)
             return KVT_CORRUPT;
     }
@@ -341,13 +367,7 @@ static int rec_decode(const eng_kvtier_t *t, const uint8_t *head, const uint8_t 
         return KVT_OK;
     }
     uint8_t sum[16];
-    XXH3_state_t st;
-    XXH3_INITSTATE(&st);
-    XXH3_128bits_reset(&st);
-    XXH3_128bits_update(&st, head, 144);
-    XXH3_128bits_update(&st, head + KVT_FIXED, tb);
-    XXH3_128bits_update(&st, src, t->p.payload_bytes);
-    xxh_canon(XXH3_128bits_digest(&st), sum);
+    rec_sum(head, tb, src, t->p.payload_bytes, sum);
     if (memcmp(sum, head + 144, 16) != 0)
         return KVT_CORRUPT;
     if (src != payload)
@@ -471,6 +491,17 @@ static void path_of(const eng_kvtier_t *t, const eng_kvtier_name_t *n, char *out
     snprintf(out, len, "%s/%.2s/%s.kvb", t->dir, hex, hex);
 }
 
+/* e's description for the callbacks (its tokens valid while e is). */
+static eng_kvtier_rec_t ent_rec(const kvt_ent_t *e)
+{
+    return (eng_kvtier_rec_t){.name = e->name,
+                              .parent = e->parent,
+                              .ns = e->ns,
+                              .block_index = e->block_index,
+                              .n_tokens = e->n_tokens,
+                              .tokens = e->tokens};
+}
+
 /* Removes e from the index (and its file), reports it, frees it. */
 static void idx_drop(eng_kvtier_t *t, kvt_ent_t *e, int reason)
 {
@@ -497,39 +528,36 @@ static void idx_drop(eng_kvtier_t *t, kvt_ent_t *e, int reason)
             PC_LOG(PC_LOG_WARN, "kvtier", "cannot remove %s: %s", path, strerror(errno));
     }
     if (t->evict_fn != NULL) {
-        eng_kvtier_rec_t r = {.name = e->name,
-                              .parent = e->parent,
-                              .ns = e->ns,
-                              .block_index = e->block_index,
-                              .n_tokens = e->n_tokens,
-                              .tokens = e->tokens};
+        eng_kvtier_rec_t r = ent_rec(e);
         t->evict_fn(t->evict_ud, &r, reason);
     }
     ent_free(t, e);
 }
 
-/* Evicts least recently used records (never lent ones) until need more bytes fit. 0, or
- * PC_ERR_NOSPACE with nothing evicted when they cannot. */
-static int idx_make_room(eng_kvtier_t *t, uint64_t need)
+/* Whether need more bytes can fit once unlent records are evicted. */
+static int idx_room_possible(const eng_kvtier_t *t, uint64_t need)
 {
     if (need > t->p.max_bytes)
-        return PC_ERR_NOSPACE;
+        return 0;
     uint64_t room = t->p.max_bytes >= t->bytes ? t->p.max_bytes - t->bytes : 0;
-    for (kvt_ent_t *e = t->lru_head; e != NULL && room < need; e = e->next)
+    for (const kvt_ent_t *e = t->lru_head; e != NULL && room < need; e = e->next)
         if (e->refs == 0)
             room += e->bytes;
-    if (room < need)
-        return PC_ERR_NOSPACE;
+    return room >= need;
+}
+
+/* Evicts least recently used records (never lent ones, never keep) while over the budget. */
+static void idx_evict_over(eng_kvtier_t *t, const kvt_ent_t *keep)
+{
     kvt_ent_t *e = t->lru_head;
-    while (t->bytes + need > t->p.max_bytes && e != NULL) {
+    while (t->bytes > t->p.max_bytes && e != NULL) {
         kvt_ent_t *next = e->next;
-        if (e->refs == 0) {
+        if (e->refs == 0 && e != keep) {
             t->st.evictions++;
             idx_drop(t, e, 1);
         }
         e = next;
     }
-    return 0;
 }
 
 /* ---- files ---- */
@@ -678,15 +706,15 @@ static int parse_hex_name(const char *s, eng_kvtier_name_t *n)
     return 0;
 }
 
-/* Reads the head section of path into a new entry: KVT_OK and *out, KVT_CORRUPT, KVT_STALE, or
- * a negative error (memory). */
+/* Reads the head section of path into a new entry: KVT_OK and *out, KVT_CORRUPT, KVT_STALE,
+ * KVT_SKIP (cannot be opened now: not ours to judge), or a negative error (memory). */
 static int scan_file(eng_kvtier_t *t, const char *path, const eng_kvtier_name_t *fname,
                      uint8_t *buf, kvt_ent_t **out)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     struct stat sb;
     if (fd < 0)
-        return KVT_CORRUPT;
+        return errno == ELOOP ? KVT_CORRUPT : KVT_SKIP; /* a symlink is not ours */
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
         return KVT_CORRUPT;
@@ -783,6 +811,10 @@ static int scan_dir(eng_kvtier_t *t, char *err, size_t err_len)
                 closedir(sd);
                 goto done;
             }
+            if (r == KVT_SKIP) {
+                PC_LOG(PC_LOG_WARN, "kvtier", "cannot read %s: left alone", path);
+                continue;
+            }
             if (r != KVT_OK) {
                 if (r == KVT_CORRUPT)
                     t->st.corrupt++;
@@ -836,7 +868,8 @@ done:
 
 eng_kvtier_params_t eng_kvtier_params_default(void)
 {
-    return (eng_kvtier_params_t){.kind = ENG_KVTIER_DISK, .max_bytes = 1ull << 30, .direct_io = 1};
+    return (eng_kvtier_params_t){
+        .kind = ENG_KVTIER_DISK, .max_bytes = 1ull << 30, .direct_io = 1, .io_threads = 4};
 }
 
 int eng_kvtier_open(const eng_kvtier_params_t *p, eng_kvtier_t **out, char *err, size_t err_len)
@@ -857,6 +890,9 @@ int eng_kvtier_open(const eng_kvtier_params_t *p, eng_kvtier_t **out, char *err,
     if (p->kind == ENG_KVTIER_HOST && p->key != NULL)
         return pc_err_setf(err, err_len, PC_ERR_INVAL,
                            "kv tier: encryption at rest is for the disk tier only");
+    if (p->io_threads == 0 || p->io_threads > ENG_KVTIER_MAX_IO_THREADS)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL, "kv tier: io_threads %u not in 1..%d",
+                           p->io_threads, ENG_KVTIER_MAX_IO_THREADS);
     if ((p->host_alloc == NULL) != (p->host_free == NULL))
         return pc_err_setf(err, err_len, PC_ERR_INVAL,
                            "kv tier: host_alloc and host_free go together");
@@ -951,16 +987,29 @@ static kvt_ent_t *ent_new(const eng_kvtier_rec_t *rec)
     return e;
 }
 
-/* Under the lock: a record of that name is held already (made most recent), or room is made
- * for e. Returns 1, 0 or PC_ERR_NOSPACE. */
-static int put_admit(eng_kvtier_t *t, kvt_ent_t *e)
+/* Under the lock: adds e, or finds a record of its name held already (made most recent). DISK:
+ * renames tmp to path first. Evicts only once nothing can fail any more, so a failed put leaves
+ * the store as it was. Returns 0, 1, PC_ERR_NOSPACE, PC_ERR_IO or PC_ERR_NOMEM. */
+static int put_admit(eng_kvtier_t *t, kvt_ent_t *e, const char *tmp, const char *path)
 {
     kvt_ent_t *old = idx_find(t, &e->name);
     if (old != NULL) {
         lru_touch(t, old);
         return 1;
     }
-    return idx_make_room(t, e->bytes);
+    if (!idx_room_possible(t, e->bytes))
+        return PC_ERR_NOSPACE;
+    if (tmp != NULL && rename(tmp, path) != 0)
+        return PC_ERR_IO;
+    if (idx_add(t, e) != 0) {
+        if (tmp != NULL)
+            (void)unlink(path);
+        return PC_ERR_NOMEM;
+    }
+    idx_evict_over(t, e);
+    t->st.writes++;
+    t->st.write_bytes += t->p.payload_bytes;
+    return 0;
 }
 
 static int put_host(eng_kvtier_t *t, kvt_ent_t *e, const void *payload)
@@ -973,11 +1022,7 @@ static int put_host(eng_kvtier_t *t, kvt_ent_t *e, const void *payload)
     }
     memcpy(e->host, payload, t->p.payload_bytes);
     pthread_mutex_lock(&t->mu);
-    int rc = put_admit(t, e);
-    if (rc == 0 && (rc = idx_add(t, e)) == 0) {
-        t->st.writes++;
-        t->st.write_bytes += t->p.payload_bytes;
-    }
+    int rc = put_admit(t, e, NULL, NULL);
     pthread_mutex_unlock(&t->mu);
     if (rc != 0)
         ent_free(t, e);
@@ -1032,7 +1077,7 @@ static int put_rec(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *pay
         goto fail_io;
     }
     if (write_all(t, fd, b.p, e->bytes) != 0 || (sync && fsync(fd) != 0)) {
-        rc = PC_ERR_IO;
+        rc = errno == ENOSPC || errno == EDQUOT ? PC_ERR_NOSPACE : PC_ERR_IO;
         goto fail_io;
     }
     if (close(fd) != 0) {
@@ -1044,17 +1089,9 @@ static int put_rec(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void *pay
     buf_give(t, &b);
 
     pthread_mutex_lock(&t->mu);
-    rc = put_admit(t, e);
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = PC_ERR_IO;
-    if (rc == 0 && (rc = idx_add(t, e)) != 0)
-        (void)unlink(path);
-    if (rc == 0) {
-        t->st.writes++;
-        t->st.write_bytes += t->p.payload_bytes;
-    } else if (rc == PC_ERR_IO) {
+    rc = put_admit(t, e, tmp, path);
+    if (rc == PC_ERR_IO)
         t->st.write_errors++;
-    }
     pthread_mutex_unlock(&t->mu);
     if (rc != 0) {
         (void)unlink(tmp);
@@ -1110,7 +1147,8 @@ static void count_hit(eng_kvtier_t *t, kvt_ent_t *e, uint64_t t0)
     t->st.hits++;
     t->st.loads++;
     t->st.load_bytes += t->p.payload_bytes;
-    t->st.load_ns += pc_time_mono_ns() - t0;
+    if (t0 != 0)
+        t->st.load_ns += pc_time_mono_ns() - t0;
     if (e != NULL)
         lru_touch(t, e);
 }
@@ -1153,14 +1191,16 @@ static int get_host(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_
     return 0;
 }
 
-int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t *tokens,
-                   uint32_t n_tokens, void *payload, size_t payload_bytes)
+/* eng_kvtier_get; timed = 0 leaves load_ns to the caller (eng_kvtier_get_many counts its wall
+ * time once, not the sum of its parallel reads). */
+static int get_one(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t *tokens,
+                   uint32_t n_tokens, void *payload, size_t payload_bytes, int timed)
 {
     if (payload_bytes != t->p.payload_bytes || n_tokens == 0 || n_tokens > t->p.block_tokens)
         return payload_bytes != t->p.payload_bytes ? PC_ERR_INVAL : PC_ERR_NOTFOUND;
     if (t->p.kind == ENG_KVTIER_HOST)
         return get_host(t, name, tokens, n_tokens, payload);
-    uint64_t t0 = pc_time_mono_ns();
+    uint64_t t0 = timed ? pc_time_mono_ns() : 0;
     char path[4200];
     path_of(t, name, path, sizeof path);
     pthread_mutex_lock(&t->mu);
@@ -1172,7 +1212,7 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
         return PC_ERR_NOTFOUND;
     /* The open runs outside the lock (a cold directory lookup is a disk read, and the other
      * readers must not wait for it); a file an eviction unlinked meanwhile is a miss (below). */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | (direct ? O_DIRECT : 0));
     int open_errno = fd < 0 ? errno : 0;
     kvt_buf_t b = {0};
     int rc = 0, bad = 0;
@@ -1183,7 +1223,9 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
     uint8_t *dst = payload;
     int into_caller =
         t->payload_pad == t->p.payload_bytes && (!direct || (uintptr_t)payload % KVT_ALIGN == 0);
-    if (fd < 0 || fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != bytes) {
+    if (fd < 0 && open_errno != ENOENT && open_errno != ELOOP) {
+        rc = PC_ERR_IO; /* EMFILE, EACCES, ...: the record may be sound */
+    } else if (fd < 0 || fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != bytes) {
         bad = 1; /* the file went, or is not the length the record says */
     } else if ((rc = buf_take(t, &b)) == 0) {
         uint8_t *rest = into_caller ? dst : b.p + hb;
@@ -1196,7 +1238,7 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
             PC_LOG(PC_LOG_WARN, "kvtier", "%s refuses O_DIRECT reads: reading through the cache",
                    t->dir);
             close(fd);
-            fd = open(path, O_RDONLY | O_CLOEXEC);
+            fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
             r = fd >= 0 ? read_rec(fd, b.p, hb, rest, bytes) : -EIO;
         }
         if (fd >= 0 && !direct)
@@ -1237,6 +1279,56 @@ int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t
     return rc;
 }
 
+int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t *tokens,
+                   uint32_t n_tokens, void *payload, size_t payload_bytes)
+{
+    return get_one(t, name, tokens, n_tokens, payload, payload_bytes, 1);
+}
+
+typedef struct kvt_many {
+    eng_kvtier_t *t;
+    eng_kvtier_read_t *reads;
+    uint32_t n, next; /* next: the next read to take (atomic) */
+} kvt_many_t;
+
+static void *many_run(void *ud)
+{
+    kvt_many_t *m = ud;
+    for (;;) {
+        uint32_t i = __atomic_fetch_add(&m->next, 1, __ATOMIC_RELAXED);
+        if (i >= m->n)
+            return NULL;
+        eng_kvtier_read_t *r = &m->reads[i];
+        r->rc =
+            get_one(m->t, &r->name, r->tokens, r->n_tokens, r->payload, m->t->p.payload_bytes, 0);
+    }
+}
+
+uint32_t eng_kvtier_get_many(eng_kvtier_t *t, eng_kvtier_read_t *reads, uint32_t n)
+{
+    uint64_t t0 = pc_time_mono_ns();
+    kvt_many_t m = {.t = t, .reads = reads, .n = n};
+    pthread_t th[ENG_KVTIER_MAX_IO_THREADS];
+    uint32_t want = t->p.kind == ENG_KVTIER_DISK ? t->p.io_threads : 1, n_th = 0;
+    if (want > n)
+        want = n;
+    for (; n_th + 1 < want; n_th++) /* the caller is one of them */
+        if (pthread_create(&th[n_th], NULL, many_run, &m) != 0)
+            break; /* fewer in flight, same results */
+    many_run(&m);
+    for (uint32_t i = 0; i < n_th; i++)
+        pthread_join(th[i], NULL);
+    uint32_t served = 0;
+    for (uint32_t i = 0; i < n; i++)
+        served += reads[i].rc == 0;
+    if (served > 0 && t->p.kind == ENG_KVTIER_DISK) {
+        pthread_mutex_lock(&t->mu);
+        t->st.load_ns += pc_time_mono_ns() - t0;
+        pthread_mutex_unlock(&t->mu);
+    }
+    return served;
+}
+
 int eng_kvtier_contains(eng_kvtier_t *t, const eng_kvtier_name_t *name)
 {
     pthread_mutex_lock(&t->mu);
@@ -1261,12 +1353,7 @@ int eng_kvtier_foreach(eng_kvtier_t *t, eng_kvtier_foreach_fn fn, void *ud)
     int rc = 0;
     pthread_mutex_lock(&t->mu);
     for (kvt_ent_t *e = t->lru_head; e != NULL && rc == 0; e = e->next) {
-        eng_kvtier_rec_t r = {.name = e->name,
-                              .parent = e->parent,
-                              .ns = e->ns,
-                              .block_index = e->block_index,
-                              .n_tokens = e->n_tokens,
-                              .tokens = e->tokens};
+        eng_kvtier_rec_t r = ent_rec(e);
         rc = fn(ud, &r);
     }
     pthread_mutex_unlock(&t->mu);

@@ -43,7 +43,9 @@
  *   head   pb  payload (encrypted: its ciphertext), then zero padding to a multiple of 4096
  *
  * Encryption (a 32-byte key in the params) is XChaCha20-Poly1305 (libsodium); a file then has
- * no token id or payload byte in the clear. A record is checked as a whole on every get: magic,
+ * no token id or payload byte in the clear. Its cost, measured on this project's build machine
+ * (AMD EPYC, one core): 85 us to seal or open a 128 KiB block (1.5 GB/s), against 9 us to check
+ * and copy a plain one (XXH3-128, 14 GB/s). A record is checked as a whole on every get: magic,
  * version, the name asked for, the chain (name = H(parent | tokens), or H(seed | tokens) is the
  * caller's business for block 0), the tokens the caller expects, the sizes, the file's length,
  * the checks or tags. A record that fails is deleted, counted in corrupt, and the get answers
@@ -74,9 +76,10 @@
  * threads read in parallel: one get is one synchronous preadv of a record (its head into a
  * buffer of the store's, its payload straight into the caller's buffer when that is 4096-aligned
  * and the payload a multiple of 4096, else through the buffer and a copy), bound by the disk's
- * latency, so a reader that wants the disk's bandwidth keeps a few gets in flight (measured on
- * 128 KiB blocks, page cache dropped: 1 thread of gets about 0.2 GB/s, 8 threads 0.35-0.55
- * GB/s, against 0.53 GB/s for a sequential 1 MiB O_DIRECT read of the same disk).
+ * latency, so a reader that wants the disk's bandwidth keeps a few gets in flight, which
+ * eng_kvtier_get_many does (measured on 128 KiB blocks, page cache dropped: 1 thread of gets
+ * about 0.2 GB/s, 8 threads 0.35-0.55 GB/s, against 0.53 GB/s for a sequential 1 MiB O_DIRECT
+ * read of the same disk).
  *
  * Costs: the index holds about 200 bytes and the token ids per record in memory; an open reads
  * every record's head section (4 KiB). After a reopen the LRU order is the files' modification
@@ -94,6 +97,7 @@
 #define ENG_KVTIER_FORMAT 1
 #define ENG_KVTIER_MAX_TOKENS 4096        /* most tokens a record (one block) can hold */
 #define ENG_KVTIER_MAX_PAYLOAD (1u << 30) /* most payload bytes a record can hold */
+#define ENG_KVTIER_MAX_IO_THREADS 16
 
 typedef struct eng_kvtier eng_kvtier_t;
 
@@ -117,6 +121,11 @@ void eng_kvtier_seed(const eng_kvtier_ident_t *id, eng_kvtier_name_t *out);
 void eng_kvtier_name_next(const eng_kvtier_name_t *prev, const int32_t *tokens, uint32_t n_tokens,
                           eng_kvtier_name_t *out);
 
+/* The names of the blocks of tokens[n_tokens] cut every id->block_tokens tokens (the last block
+ * may be partial), at most max_names of them, into names[]; returns how many were written. */
+uint32_t eng_kvtier_chain(const eng_kvtier_ident_t *id, const int32_t *tokens, uint32_t n_tokens,
+                          eng_kvtier_name_t *names, uint32_t max_names);
+
 /* Lowercase hex of a name into hex[65] (NUL-terminated); returns hex. */
 char *eng_kvtier_name_hex(const eng_kvtier_name_t *name, char hex[65]);
 
@@ -131,14 +140,15 @@ enum eng_kvtier_kind {
 typedef ssize_t (*eng_kvtier_write_fn)(void *ud, int fd, const void *buf, size_t len, uint64_t off);
 
 typedef struct eng_kvtier_params {
-    enum eng_kvtier_kind kind;    /* default ENG_KVTIER_DISK */
-    const char *dir;              /* DISK: the store's directory (created 0700 if absent) */
-    uint64_t max_bytes;           /* byte budget (default 1 GiB) */
-    uint32_t payload_bytes;       /* every record's payload size (eng_kvpool_block_bytes), > 0 */
-    uint32_t block_tokens;        /* most tokens per record (the pool's block_tokens), > 0 */
-    const uint8_t *key;           /* NULL, or ENG_KVTIER_KEY_BYTES bytes: encrypt at rest (DISK) */
-    int direct_io;                /* 1 (default): read with O_DIRECT where possible; 0: never */
-    int fsync;                    /* 1: every put is eng_kvtier_put_sync */
+    enum eng_kvtier_kind kind; /* default ENG_KVTIER_DISK */
+    const char *dir;           /* DISK: the store's directory (created 0700 if absent) */
+    uint64_t max_bytes;        /* byte budget (default 1 GiB) */
+    uint32_t payload_bytes;    /* every record's payload size (eng_kvpool_block_bytes), > 0 */
+    uint32_t block_tokens;     /* most tokens per record (the pool's block_tokens), > 0 */
+    const uint8_t *key;        /* NULL, or ENG_KVTIER_KEY_BYTES bytes: encrypt at rest (DISK) */
+    int direct_io;             /* 1 (default): read with O_DIRECT where possible; 0: never */
+    int fsync;                 /* 1: every put is eng_kvtier_put_sync */
+    uint32_t io_threads;       /* reads in flight in eng_kvtier_get_many (default 4, at most 16) */
     eng_kvtier_write_fn write_fn; /* NULL = pwrite */
     void *write_ud;
     /* HOST: a record's payload buffer (NULL = pc_malloc / pc_free); may return NULL. */
@@ -191,6 +201,21 @@ int eng_kvtier_put_sync(eng_kvtier_t *t, const eng_kvtier_rec_t *rec, const void
 int eng_kvtier_get(eng_kvtier_t *t, const eng_kvtier_name_t *name, const int32_t *tokens,
                    uint32_t n_tokens, void *payload, size_t payload_bytes);
 
+/* One read of eng_kvtier_get_many. */
+typedef struct eng_kvtier_read {
+    eng_kvtier_name_t name;
+    const int32_t *tokens; /* [n_tokens], the tokens the record must hold */
+    uint32_t n_tokens;
+    void *payload; /* [params.payload_bytes], written when rc is 0 */
+    int rc;        /* out: as eng_kvtier_get */
+} eng_kvtier_read_t;
+
+/* The gets of reads[n], with up to params.io_threads of them in flight (threads of this call,
+ * joined before it returns; the caller's thread is one): a run of blocks loads at the disk's
+ * bandwidth rather than its latency. Returns how many were served; each read's rc says which.
+ * load_ns counts this call's wall time once. */
+uint32_t eng_kvtier_get_many(eng_kvtier_t *t, eng_kvtier_read_t *reads, uint32_t n);
+
 /* 1 when a record of that name is in the index, else 0. No I/O, no LRU change, no counters. */
 int eng_kvtier_contains(eng_kvtier_t *t, const eng_kvtier_name_t *name);
 
@@ -222,7 +247,7 @@ typedef struct eng_kvtier_stats {
     uint64_t hits, misses; /* gets (and host refs) found and served / not served */
     uint64_t loads;        /* records read and verified (= hits) */
     uint64_t load_bytes;   /* payload bytes served */
-    uint64_t load_ns;      /* time spent in reads, checks and copies of served gets */
+    uint64_t load_ns;      /* wall time of served gets (a get_many once): load_bytes / load_ns */
     uint64_t writes;       /* records written */
     uint64_t write_bytes;  /* payload bytes written */
     uint64_t write_errors; /* puts that failed in I/O */

@@ -13,6 +13,7 @@
 #include "common.h"
 #include "pc_failalloc.h"
 #include "pc_test.h"
+#include "pc_testutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -168,24 +170,6 @@ static int count_files(const char *dir)
     return n_files_seen;
 }
 
-static uint8_t *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)n + 1);
-    if (b != NULL && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
 static void write_file(const char *path, const uint8_t *b, size_t len)
 {
     FILE *f = fopen(path, "wb");
@@ -264,6 +248,20 @@ PC_TEST(names_chain_over_every_input)
     char hex[65];
     eng_kvtier_name_hex(&n0, hex);
     ASSERT_EQ(strlen(hex), 64);
+    /* eng_kvtier_chain is the loop of name_next over the blocks, the last one partial. */
+    chain_t c;
+    chain_make(&c, 4, 5, 42, 12);
+    int32_t flat[3 * BT + 5];
+    for (int i = 0; i < 4; i++)
+        memcpy(flat + i * BT, c.tokens[i], 4 * c.n_tokens[i]);
+    eng_kvtier_ident_t cid = {
+        .model_fp = 0x1234, .kv_dtype = 1, .layout_version = 1, .block_tokens = BT, .ns = 42};
+    eng_kvtier_name_t got[8];
+    ASSERT_EQ(eng_kvtier_chain(&cid, flat, 3 * BT + 5, got, 8), 4);
+    for (int i = 0; i < 4; i++)
+        ASSERT_MEM_EQ(got[i].b, c.names[i].b, 32);
+    ASSERT_EQ(eng_kvtier_chain(&cid, flat, 3 * BT + 5, got, 2), 2);
+    ASSERT_EQ(eng_kvtier_chain(&cid, flat, 0, got, 8), 0);
 }
 
 PC_TEST(put_get_roundtrip_and_refusals)
@@ -370,7 +368,7 @@ static void flip_every_byte(const uint8_t *key)
     char path[400];
     path_of(dir, &c.names[1], path, sizeof path);
     size_t len;
-    uint8_t *good = read_file(path, &len);
+    uint8_t *good = pc_test_slurp(path, &len);
     ASSERT_TRUE(good != NULL);
     ASSERT_EQ(len, 8192);
     uint64_t corrupt = 0;
@@ -395,7 +393,7 @@ static void flip_every_byte(const uint8_t *key)
     ASSERT_EQ(get_block(t, &c, 0), 0); /* the other record was never touched */
     ASSERT_EQ(get_block(t, &c, 1), 0);
     free(good);
-    good = read_file(path, &len); /* the last put's file (a sealed one has a fresh nonce) */
+    good = pc_test_slurp(path, &len); /* the last put's file (a sealed one has a fresh nonce) */
     eng_kvtier_free(t);
     /* At open: a flip in the head is found by the scan (corrupt, or stale for the version and
      * key id fields) and the file removed; a flip in the payload is found by the get. */
@@ -462,6 +460,17 @@ static ssize_t cut_write(void *ud, int fd, const void *buf, size_t len, uint64_t
     return pwrite(fd, buf, n, (off_t)off);
 }
 
+/* The cut offsets of an 8192-byte record: every byte of the head's fields and tokens and around
+ * the section boundaries, a stride of 61 between. */
+static size_t next_cut(size_t k)
+{
+    if (k < 256 || (k >= 4090 && k < 4100) || k >= 8185)
+        return k + 1;
+    if (k < 4090)
+        return k + 61 < 4090 ? k + 61 : 4090;
+    return k + 61 < 8185 ? k + 61 : 8185;
+}
+
 PC_TEST(torn_writes_leave_nothing_and_torn_files_are_never_served)
 {
     const char *dir = fresh_dir();
@@ -480,7 +489,9 @@ PC_TEST(torn_writes_leave_nothing_and_torn_files_are_never_served)
     ASSERT_TRUE(cut.calls > 8192 / 777);
     ASSERT_EQ(get_block(t, &c, 0), 0);
     /* A write that fails at any offset: the put fails, no file stays, the index is as it was. */
-    for (size_t k = 0; k < 8192; k += 61) {
+    size_t n_cuts = 0;
+    for (size_t k = 0; k < 8192; k = next_cut(k)) {
+        n_cuts++;
         cut.cut = k;
         ASSERT_EQ(put_block(t, &c, 1), PC_ERR_IO);
         ASSERT_FALSE(eng_kvtier_contains(t, &c.names[1]));
@@ -489,13 +500,13 @@ PC_TEST(torn_writes_leave_nothing_and_torn_files_are_never_served)
     eng_kvtier_stats_t st;
     eng_kvtier_stats(t, &st);
     ASSERT_EQ(st.records, 1);
-    ASSERT_EQ(st.write_errors, (8192 + 60) / 61);
+    ASSERT_EQ(st.write_errors, n_cuts);
     cut.cut = SIZE_MAX;
     ASSERT_EQ(put_block(t, &c, 1), 0);
     char path[400], sub[400];
     path_of(dir_copy, &c.names[1], path, sizeof path);
     size_t len;
-    uint8_t *good = read_file(path, &len);
+    uint8_t *good = pc_test_slurp(path, &len);
     ASSERT_TRUE(good != NULL);
     eng_kvtier_free(t);
     /* A machine crash: the record's final file holds only its first k bytes (the page cache
@@ -505,7 +516,7 @@ PC_TEST(torn_writes_leave_nothing_and_torn_files_are_never_served)
     *strrchr(sub, '/') = '\0';
     char tmp[500];
     snprintf(tmp, sizeof tmp, "%s/.%s.99.1.tmp", sub, strrchr(path, '/') + 1);
-    for (size_t k = 0; k < len; k += (k < 200 ? 1 : 157)) {
+    for (size_t k = 0; k < len; k = next_cut(k)) {
         write_file(path, good, k);
         write_file(tmp, good, len);
         t = open_ok(&p);
@@ -748,7 +759,7 @@ PC_TEST(encryption_at_rest)
     char path[400];
     path_of(dir, &c.names[1], path, sizeof path);
     size_t len;
-    uint8_t *f = read_file(path, &len);
+    uint8_t *f = pc_test_slurp(path, &len);
     ASSERT_TRUE(f != NULL);
     uint8_t pay[PB];
     payload_of(&c.names[1], pay);
@@ -768,7 +779,7 @@ PC_TEST(encryption_at_rest)
     ASSERT_EQ(put_block(tp, &c, 1), 0);
     char ppath[400];
     path_of(dir2, &c.names[1], ppath, sizeof ppath);
-    f = read_file(ppath, &len);
+    f = pc_test_slurp(ppath, &len);
     uint8_t le0[4] = {(uint8_t)c.tokens[1][0], (uint8_t)(c.tokens[1][0] >> 8),
                       (uint8_t)(c.tokens[1][0] >> 16), (uint8_t)(c.tokens[1][0] >> 24)};
     ASSERT_TRUE(contains_bytes(f, len, le0, 4));
@@ -792,11 +803,11 @@ PC_TEST(encryption_at_rest)
     ASSERT_EQ(put_block(t, &c, 0), 0);
     eng_kvtier_free(t);
     path_of(dir, &c.names[0], path, sizeof path);
-    f = read_file(path, &len);
+    f = pc_test_slurp(path, &len);
     p.key = key2;
     t = open_ok(&p); /* removes it as stale */
     ASSERT_EQ(put_block(t, &c, 0), 0);
-    uint8_t *g = read_file(path, &len);
+    uint8_t *g = pc_test_slurp(path, &len);
     memcpy(f + 104, g + 104, 8); /* key2's id over key's record */
     write_file(path, f, len);
     free(f);
@@ -919,6 +930,114 @@ PC_TEST(out_of_memory_changes_nothing)
     rm_rf(dir);
 }
 
+PC_TEST(get_many_reads_in_parallel_with_each_get_checked)
+{
+    const char *dir = fresh_dir();
+    for (uint32_t io = 1; io <= 8; io *= 2) {
+        eng_kvtier_params_t p = params(dir);
+        p.io_threads = io;
+        eng_kvtier_t *t = open_ok(&p);
+        ASSERT_TRUE(t != NULL);
+        chain_t c;
+        chain_make(&c, 24, BT, 6, 13);
+        for (int i = 0; i < 20; i++) /* 20..23 never stored */
+            ASSERT_EQ(put_block(t, &c, i), 0);
+        char path[400];
+        path_of(dir, &c.names[7], path, sizeof path); /* 7: flipped on disk */
+        size_t len;
+        uint8_t *f = pc_test_slurp(path, &len);
+        f[5000] ^= 1;
+        write_file(path, f, len);
+        free(f);
+        int32_t other[BT];
+        memcpy(other, c.tokens[3], sizeof other);
+        other[0]++;
+        eng_kvtier_read_t r[24];
+        static uint8_t out[24][PB];
+        for (int i = 0; i < 24; i++)
+            r[i] = (eng_kvtier_read_t){.name = c.names[i],
+                                       .tokens = i == 3 ? other : c.tokens[i],
+                                       .n_tokens = BT,
+                                       .payload = out[i],
+                                       .rc = 12345};
+        ASSERT_EQ(eng_kvtier_get_many(t, r, 24), 18);
+        for (int i = 0; i < 24; i++) {
+            int want = i == 3 || i == 7 || i >= 20 ? PC_ERR_NOTFOUND : 0;
+            ASSERT_EQ(r[i].rc, want);
+            if (want == 0) {
+                uint8_t pay[PB];
+                payload_of(&c.names[i], pay);
+                ASSERT_MEM_EQ(out[i], pay, PB);
+            }
+        }
+        eng_kvtier_stats_t st;
+        eng_kvtier_stats(t, &st);
+        ASSERT_EQ(st.hits, 18);
+        ASSERT_EQ(st.misses, 6);
+        ASSERT_EQ(st.corrupt, 1);
+        ASSERT_EQ(st.load_bytes, 18 * PB);
+        ASSERT_TRUE(st.load_ns > 0);
+        ASSERT_EQ(eng_kvtier_get_many(t, r, 0), 0);
+        eng_kvtier_free(t);
+        rm_rf(dir);
+    }
+    eng_kvtier_params_t p = params(dir);
+    p.io_threads = ENG_KVTIER_MAX_IO_THREADS + 1;
+    eng_kvtier_t *t = NULL;
+    char err[200];
+    ASSERT_EQ(eng_kvtier_open(&p, &t, err, sizeof err), PC_ERR_INVAL);
+}
+
+PC_TEST(unreadable_is_not_corrupt_and_symlinks_are_not_followed)
+{
+    const char *dir = fresh_dir();
+    eng_kvtier_params_t p = params(dir);
+    eng_kvtier_t *t = open_ok(&p);
+    ASSERT_TRUE(t != NULL);
+    chain_t c;
+    chain_make(&c, 2, BT, 1, 11);
+    ASSERT_EQ(put_block(t, &c, 0), 0);
+    ASSERT_EQ(put_block(t, &c, 1), 0);
+    /* Out of file descriptors: the get fails, the record is not judged, and later is served. */
+    struct rlimit old, low;
+    ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+    low = old;
+    low.rlim_cur = 3;
+    ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+    int rc = get_block(t, &c, 0);
+    ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+    ASSERT_EQ(rc, PC_ERR_IO);
+    eng_kvtier_stats_t st;
+    eng_kvtier_stats(t, &st);
+    ASSERT_EQ(st.corrupt, 0);
+    ASSERT_EQ(get_block(t, &c, 0), 0);
+    eng_kvtier_free(t);
+    /* A record's name that is a symlink (to a sound record elsewhere) is removed at the scan;
+     * its target is left alone. */
+    char path[400], target[400];
+    path_of(dir, &c.names[1], path, sizeof path);
+    snprintf(target, sizeof target, "%s.target", dir);
+    ASSERT_EQ(rename(path, target), 0);
+    ASSERT_EQ(symlink(target, path), 0);
+    t = open_ok(&p);
+    ASSERT_TRUE(t != NULL);
+    eng_kvtier_stats(t, &st);
+    ASSERT_EQ(st.records, 1);
+    ASSERT_EQ(st.corrupt, 1);
+    struct stat sb;
+    ASSERT_TRUE(lstat(path, &sb) != 0);
+    ASSERT_TRUE(file_exists(target));
+    /* And one planted after the open is not followed by a get. */
+    ASSERT_EQ(put_block(t, &c, 1), 0);
+    ASSERT_EQ(unlink(path), 0);
+    ASSERT_EQ(symlink(target, path), 0);
+    ASSERT_EQ(get_block(t, &c, 1), PC_ERR_NOTFOUND);
+    ASSERT_TRUE(file_exists(target));
+    eng_kvtier_free(t);
+    unlink(target);
+    rm_rf(dir);
+}
+
 typedef struct worker_arg {
     eng_kvtier_t *t;
     const chain_t *c;
@@ -994,7 +1113,7 @@ PC_TEST(corpus_seeds)
     const char *out = getenv("KVGW_KVTIER_CORPUS");
     char tmp[300];
     if (out == NULL) { /* still checked: into a scratch directory */
-        snprintf(tmp, sizeof tmp, "%s", fresh_dir());
+        snprintf(tmp, sizeof tmp, "%s", pc_test_tmp_path("seeds"));
         ASSERT_EQ(mkdir(tmp, 0700), 0);
         out = tmp;
     }
@@ -1029,7 +1148,7 @@ PC_TEST(corpus_seeds)
             char path[400], o[600];
             path_of(dir, names[r], path, sizeof path);
             size_t len;
-            uint8_t *f = read_file(path, &len);
+            uint8_t *f = pc_test_slurp(path, &len);
             ASSERT_TRUE(f != NULL);
             uint8_t *s = malloc(len + 1);
             s[0] = (uint8_t)sealed;
