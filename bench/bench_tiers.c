@@ -85,10 +85,8 @@ static void usage(FILE *f)
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
 static void random_tokens(int32_t *t, uint32_t n, uint32_t n_vocab)
 {
-    for (uint32_t i = 0; i < n; i++) {
-        g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-        t[i] = (int32_t)(g_rng % n_vocab);
-    }
+    for (uint32_t i = 0; i < n; i++)
+        t[i] = (int32_t)(bench_rand(&g_rng) % n_vocab);
 }
 
 /* ---------------------------------------------------------------------------------------------
