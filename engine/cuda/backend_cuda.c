@@ -382,7 +382,8 @@ static int hook_read_block(void *ud, uint32_t block, void *dst)
 {
     cuda_be_t *c = ud;
     size_t bb = krn_kv_block_bytes(&c->kv);
-    if (krn_copy_d2h(c->ctx, dst, (const uint8_t *)c->kv.base + (size_t)block * bb, bb) != 0 ||
+    if (order_blocks(c, &block, 1) != 0 ||
+        krn_copy_d2h(c->ctx, dst, (const uint8_t *)c->kv.base + (size_t)block * bb, bb) != 0 ||
         krn_ctx_sync(c->ctx) != 0)
         return PC_ERR_INTERNAL;
     return 0;
@@ -392,7 +393,8 @@ static int hook_write_block(void *ud, uint32_t block, const void *src)
 {
     cuda_be_t *c = ud;
     size_t bb = krn_kv_block_bytes(&c->kv);
-    if (krn_copy_h2d(c->ctx, (uint8_t *)c->kv.base + (size_t)block * bb, src, bb) != 0 ||
+    if (order_blocks(c, &block, 1) != 0 ||
+        krn_copy_h2d(c->ctx, (uint8_t *)c->kv.base + (size_t)block * bb, src, bb) != 0 ||
         krn_ctx_sync(c->ctx) != 0)
         return PC_ERR_INTERNAL;
     return 0;
