@@ -27,6 +27,15 @@ void bench_report_add(bench_report_t *r, const char *key, double value, const ch
 /* Prints the table and then the JSON line to stdout. */
 void bench_report_print(const bench_report_t *r);
 
+/* xorshift64: the next pseudo-random value of *state (never 0). The benchmarks' token ids come
+ * from it (deterministic across runs). */
+static inline uint64_t bench_rand(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return *state = x;
+}
+
 /* Monotonic wall time and the process's CPU time (all threads), in seconds. On a shared machine
  * wall time alone hides how much of the cores a benchmark actually got: benchmarks report
  * cpu / (wall x threads) as cpu_share beside their figures. */
@@ -50,6 +59,7 @@ int bench_worker_main(int argc, char **argv);
 int bench_ledger_main(int argc, char **argv);
 int bench_gateway_main(int argc, char **argv);
 int bench_link_main(int argc, char **argv);
+int bench_tiers_main(int argc, char **argv);
 
 /* ns per TOKEN frame of the sealed worker link (encode, seal, open, decode; the best of five
  * passes of n_frames), or -1 on a failure: kvgw bench link's headline, also printed by kvgw

@@ -292,10 +292,8 @@ int bench_engine_main(int argc, char **argv)
     enum { N_MAX = 4096 };
     int32_t *tok = pc_xmalloc(N_MAX * sizeof *tok);
     uint64_t x = 0x2545F4914F6CDD1Dull;
-    for (uint32_t i = 0; i < N_MAX; i++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        tok[i] = (int32_t)(x % hp->n_vocab);
-    }
+    for (uint32_t i = 0; i < N_MAX; i++)
+        tok[i] = (int32_t)(bench_rand(&x) % hp->n_vocab);
     float *logits = pc_xmalloc((size_t)hp->n_vocab * sizeof *logits);
     bench_report_t r;
     bench_report_init(&r, "engine");

@@ -43,10 +43,8 @@ static void usage(FILE *f)
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static void random_tokens(uint32_t *t, uint32_t n, uint32_t n_vocab)
 {
-    for (uint32_t i = 0; i < n; i++) {
-        g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-        t[i] = (uint32_t)(g_rng % n_vocab);
-    }
+    for (uint32_t i = 0; i < n; i++)
+        t[i] = (uint32_t)(bench_rand(&g_rng) % n_vocab);
 }
 
 typedef struct track {

@@ -18,6 +18,7 @@ static const kvgw_cmd_t bench_cmds[] = {
     {"ledger", bench_ledger_main, "usage ledger: durable events/s (fsync=batch), added latency"},
     {"gateway", bench_gateway_main, "gateway over HTTP: cached vs cold TTFT, overhead, wrk"},
     {"link", bench_link_main, "worker link: cost of sealing (encrypt + MAC) per frame"},
+    {"tiers", bench_tiers_main, "KV tiers: TTFT from pool, disk, restart, hole; pressure"},
 };
 #define N_BENCH_CMDS (sizeof bench_cmds / sizeof bench_cmds[0])
 

@@ -73,6 +73,29 @@ typedef struct eng_backend_i {
                           const struct eng_sample_row *rows, int32_t *tokens);
     /* (optional) Waits for queued work; the CPU backend is synchronous. */
     void (*synchronize)(eng_backend_t *be);
+    /* (optional) KV tier transfers (the G2 host tier), for a backend whose KV blocks live in its
+     * own memory: whole blocks between the backend's pool and host memory laid out as
+     * [n][block_bytes] (blocks[i] <-> host + i * block_bytes), enqueued on the backend's copy
+     * stream without waiting, after the steps enqueued so far; *fence says when they are done
+     * (kv_fence). The backend orders its own later work after a transfer that touches its
+     * blocks (a step, a copy-on-write copy, a poisoning), so the engine may unreference, reuse
+     * or compute with a block right after enqueuing; only the host memory must stay valid (to
+     * the device: unchanged) until the fence is done. host should come from host_alloc (pinned)
+     * for the copies to overlap. Return 0, PC_ERR_INVAL (a block out of range; nothing
+     * enqueued) or PC_ERR_INTERNAL. NULL on the CPU backend, whose blocks are the pool's host
+     * memory: eng_backend_kv_to_host copies them there. */
+    int (*kv_to_host)(eng_backend_t *be, const uint32_t *blocks, uint32_t n, void *host,
+                      uint64_t *fence);
+    int (*kv_from_host)(eng_backend_t *be, const uint32_t *blocks, uint32_t n, const void *host,
+                        uint64_t *fence);
+    /* (optional, with kv_to_host) 1 when every transfer up to fence is done, 0 while one is in
+     * flight; with wait, blocks until it is done. PC_ERR_INVAL (a fence not issued) or
+     * PC_ERR_INTERNAL (a failed copy). Fence 0 is always done. */
+    int (*kv_fence)(eng_backend_t *be, uint64_t fence, bool wait);
+    /* (optional) Host memory the transfers run from asynchronously (pinned, cudaHostAlloc): the
+     * G2 tier's memory. Returns 0 or PC_ERR_NOMEM; host_free(NULL) is a no-op. */
+    int (*host_alloc)(eng_backend_t *be, size_t n_bytes, void **out);
+    void (*host_free)(eng_backend_t *be, void *p);
 } eng_backend_i;
 
 struct eng_backend {
@@ -123,6 +146,57 @@ int eng_backend_cuda_init(const struct eng_model *model, struct eng_kvpool *kv,
                           size_t err_len);
 
 /* eng_cuda_stats_t and eng_cuda_stats_get (what the CUDA backends did): engine.h. */
+
+/*
+ * KV tier transfers over every backend (backend_xfer.c): the backend's kv_to_host /
+ * kv_from_host where it has them (cuda: the copy stream), else a copy from or to the pool's
+ * host memory (cpu: done on return, fence 0). kv is the pool the backend computes with. Same
+ * contract and returns as the table's entries: the host memory stays valid until
+ * eng_backend_kv_fence(be, *fence, ...) says done. One thread at a time, the engine's (the
+ * thread that runs forward steps): the I/O between host memory and disk runs elsewhere.
+ */
+int eng_backend_kv_to_host(eng_backend_t *be, struct eng_kvpool *kv, const uint32_t *blocks,
+                           uint32_t n, void *host, uint64_t *fence);
+int eng_backend_kv_from_host(eng_backend_t *be, struct eng_kvpool *kv, const uint32_t *blocks,
+                             uint32_t n, const void *host, uint64_t *fence);
+/* 1 done, 0 in flight (never with wait), or a negative error; backends without a copy stream:
+ * 1 for fence 0, PC_ERR_INVAL otherwise. */
+int eng_backend_kv_fence(eng_backend_t *be, uint64_t fence, bool wait);
+/* True when the backend keeps KV blocks in its own memory and has a copy stream to host memory
+ * (a G2 host tier is worth having); false on the CPU backend, whose pool is host memory. */
+bool eng_backend_has_kv_xfer(const eng_backend_t *be);
+/* Host memory for the transfers (the G2 tier's): the backend's pinned memory where it has it,
+ * else pc_malloc'ed memory aligned to 4096 bytes (so O_DIRECT reads can target it). Returns 0
+ * or PC_ERR_NOMEM; eng_backend_host_free(be, NULL) is a no-op. */
+int eng_backend_host_alloc(eng_backend_t *be, size_t n_bytes, void **out);
+void eng_backend_host_free(eng_backend_t *be, void *p);
+
+/*
+ * The G2 tier's memory: fixed-size pieces (one record's payload each) carved from large chunks
+ * of eng_backend_host_alloc memory (pinned on cuda), taken as needed up to max_bytes and kept
+ * until eng_host_slab_free. Pinning memory costs about a millisecond per call and freeing
+ * pinned memory synchronizes the whole device, so a tier that allocated a record at a time
+ * would stall every step; pieces go back to the slab's free list instead. Pieces are aligned
+ * to 4096 bytes (O_DIRECT reads from the disk tier can land in them). Thread-safe (a mutex):
+ * the tier store may take and return pieces from any thread.
+ */
+typedef struct eng_host_slab eng_host_slab_t;
+
+/* A slab of piece_bytes pieces (rounded up to 4096) over at most max_bytes. Nothing is
+ * allocated yet. Returns 0, PC_ERR_INVAL (piece_bytes 0, or max_bytes below one piece) or
+ * PC_ERR_NOMEM. be must outlive the slab. */
+int eng_host_slab_init(eng_backend_t *be, size_t piece_bytes, uint64_t max_bytes,
+                       eng_host_slab_t **out);
+/* Returns every chunk to the backend. Every piece must have been put back or be unused from
+ * now on. NULL is a no-op. */
+void eng_host_slab_free(eng_host_slab_t *s);
+/* A piece, or NULL when max_bytes is spent or memory ran out (the caller evicts or goes
+ * without). The shape of kvtier.h's host_alloc: bytes above the piece size get NULL. */
+void *eng_host_slab_alloc(void *slab, size_t bytes);
+/* Puts a piece back (kvtier.h's host_free; bytes unused). NULL is a no-op. */
+void eng_host_slab_release(void *slab, void *piece, size_t bytes);
+/* Pieces handed out now, and bytes taken from the backend so far. */
+void eng_host_slab_usage(eng_host_slab_t *s, uint64_t *pieces_used, uint64_t *bytes_reserved);
 
 /* Convenience wrappers over the table. eng_backend_free(NULL) is a no-op. */
 static inline const char *eng_backend_name(const eng_backend_t *be)

@@ -632,6 +632,49 @@ int krn_blocks_to_host(krn_ctx_t *ctx, const krn_kv_t *kv, const int32_t *ids, i
 int krn_blocks_from_host(krn_ctx_t *ctx, const krn_kv_t *kv, const int32_t *ids, int32_t n,
                          const void *host);
 
+/*
+ * Block transfers on their own stream (the G2 host tier of KV tiering), overlapped with the
+ * context's compute. A krn_xfer owns a copy stream beside the context's stream and a ring of
+ * KRN_XFER_RING events. Each transfer is ordered after the work enqueued on the context's stream
+ * so far (the copy stream waits on an event recorded there: a block the last step wrote is
+ * copied after it was written) and gets a fence: a number that grows by one per transfer,
+ * starting at 1 (fence 0 is always done). The context's stream does not wait for transfers
+ * unless told to (krn_xfer_order): steps of other sequences run while the copies do.
+ *
+ * Host memory must be pinned (krn_host_alloc) for the copies to be asynchronous, and must stay
+ * valid (and, for a transfer to the device, unchanged) until the fence is done. The caller must
+ * not let a step write a block a transfer reads, or read a block a transfer writes, before the
+ * fence is done, or order the context's stream after the fence with krn_xfer_order.
+ *
+ * A krn_xfer is used by one thread at a time (the thread that enqueues the context's steps:
+ * an event recorded on a stream another thread is capturing would join that capture).
+ */
+#define KRN_XFER_RING 256
+typedef struct krn_xfer krn_xfer_t;
+
+/* Creates the copy stream and its events on ctx's device. Returns 0, PC_ERR_NOMEM or
+ * PC_ERR_INTERNAL. */
+int krn_xfer_init(krn_ctx_t *ctx, krn_xfer_t **out);
+/* Waits for every transfer, then releases the stream and the events; NULL is a no-op. */
+void krn_xfer_free(krn_xfer_t *x);
+/* Enqueues the copies of whole blocks between kv's pool and host laid out as [n][block_bytes]
+ * (to_host: block ids[i] -> host + i * block_bytes; else the reverse) and sets *fence. Returns
+ * 0, PC_ERR_INVAL (a block id out of range, n < 0; nothing enqueued) or PC_ERR_INTERNAL. */
+int krn_xfer_blocks(krn_xfer_t *x, const krn_kv_t *kv, const int32_t *ids, int32_t n, void *host,
+                    bool to_host, uint64_t *fence);
+/* 1 when every transfer up to fence is done, 0 while one is in flight; PC_ERR_INVAL for a fence
+ * not issued yet, PC_ERR_INTERNAL for a failed copy. Never blocks. */
+int krn_xfer_query(krn_xfer_t *x, uint64_t fence);
+/* Blocks the calling thread until every transfer up to fence is done. Returns 0, PC_ERR_INVAL
+ * or PC_ERR_INTERNAL. */
+int krn_xfer_wait(krn_xfer_t *x, uint64_t fence);
+/* Makes the context's stream wait (on the device, the host does not block) until every
+ * transfer up to fence is done: the next step reads blocks a transfer wrote, or writes blocks a
+ * transfer reads. Returns 0, PC_ERR_INVAL or PC_ERR_INTERNAL. */
+int krn_xfer_order(krn_xfer_t *x, uint64_t fence);
+/* The last fence issued (0 before the first transfer). */
+uint64_t krn_xfer_last(const krn_xfer_t *x);
+
 int krn_embed(krn_ctx_t *ctx, const krn_embed_args_t *a);
 int krn_rmsnorm(krn_ctx_t *ctx, const krn_rmsnorm_args_t *a);
 int krn_qk_norm(krn_ctx_t *ctx, const krn_rmsnorm_args_t *a);

@@ -75,6 +75,15 @@
  * and poisoning here. The host pool's memory is not used by this backend: the engine creates it
  * without storage (kvpool.h no_storage), so no host copy of the KV budget exists.
  *
+ * KV tiers (G2, the host tier): kv_to_host / kv_from_host move whole blocks between the device
+ * pool and pinned host memory (host_alloc) on a copy stream of their own (krn_xfer, created on
+ * first use), each transfer ordered after the compute enqueued before it and marked by a fence.
+ * blk_fence[b] is the last fence that touched block b; a step, a copy-on-write copy or a
+ * poisoning that touches a block whose fence is not done first makes the compute stream wait
+ * for it on the device (krn_xfer_order): a block being saved is not overwritten by its next
+ * owner, a block being loaded is not read early. Everything else overlaps: the host enqueues and
+ * returns, steps of other sequences run while the copies do.
+ *
  * Sampling: forward_sample keeps the logits on the device and runs krn_sample over them (the
  * engine's exact rules, the request's PRNG draw passed in), so only token ids cross to the
  * host; forward copies the logits for host sampling.
@@ -212,6 +221,10 @@ typedef struct cuda_be {
     step_dev_t dev; /* this step's device lists */
     /* Decode graphs by row count (1 .. KRN_GRAPH_MAX_ROWS). */
     graph_slot_t *graph_slots;
+    /* KV tier transfers: the copy stream (NULL until the first) and the last fence per block,
+     * [n_blocks]. */
+    krn_xfer_t *xfer;
+    uint64_t *blk_fence;
 } cuda_be_t;
 
 /* The process-wide counters (eng_cuda_stats_get), added to with atomic adds. */
@@ -278,6 +291,7 @@ static void cuda_free(eng_backend_t *be)
     if (c->pool != NULL)
         eng_kvpool_set_hooks(c->pool, NULL);
     if (c->ctx != NULL) {
+        krn_xfer_free(c->xfer);
         krn_ctx_sync(c->ctx);
         graphs_reset(c);
         krn_host_free(c->ctx, c->stage);
@@ -306,6 +320,7 @@ static void cuda_free(eng_backend_t *be)
     pc_free(c->pseqs);
     pc_free(c->srows);
     pc_free(c->graph_slots);
+    pc_free(c->blk_fence);
     pc_free(c);
 }
 
@@ -364,11 +379,24 @@ static void cuda_synchronize(eng_backend_t *be)
  * The KV pool mirror's hooks
  * ------------------------------------------------------------------------------------------- */
 
+/* Makes the compute stream wait for the transfers still touching blocks[n] (see the top). */
+static int order_blocks(cuda_be_t *c, const uint32_t *blocks, uint32_t n)
+{
+    if (c->xfer == NULL)
+        return 0;
+    uint64_t f = 0;
+    for (uint32_t i = 0; i < n; i++)
+        f = PC_MAX(f, c->blk_fence[blocks[i]]);
+    return f == 0 ? 0 : krn_xfer_order(c->xfer, f);
+}
+
 static void hook_alloc(void *ud, uint32_t block)
 {
     cuda_be_t *c = ud;
     if (!c->p.kv_poison)
         return;
+    if (order_blocks(c, &block, 1) != 0)
+        c->err = PC_ERR_INTERNAL;
     size_t bb = krn_kv_block_bytes(&c->kv);
     if (krn_memset(c->ctx, (uint8_t *)c->kv.base + (size_t)block * bb, 0xff, bb) != 0)
         c->err = PC_ERR_INTERNAL;
@@ -378,6 +406,9 @@ static void hook_copy(void *ud, uint32_t dst, uint32_t src, uint32_t n_tokens)
 {
     cuda_be_t *c = ud;
     int32_t h[3] = {(int32_t)src, (int32_t)dst, (int32_t)n_tokens};
+    uint32_t both[2] = {src, dst};
+    if (order_blocks(c, both, 2) != 0)
+        c->err = PC_ERR_INTERNAL;
     krn_block_copy_args_t a = {
         .kv = c->kv, .src = c->d_copy, .dst = c->d_copy + 1, .n_tokens = c->d_copy + 2, .n = 1};
     /* The host array lives on this stack frame: wait for the copy before returning. */
@@ -393,7 +424,8 @@ static int hook_read_block(void *ud, uint32_t block, void *dst)
 {
     cuda_be_t *c = ud;
     size_t bb = krn_kv_block_bytes(&c->kv);
-    if (krn_copy_d2h(c->ctx, dst, (const uint8_t *)c->kv.base + (size_t)block * bb, bb) != 0 ||
+    if (order_blocks(c, &block, 1) != 0 ||
+        krn_copy_d2h(c->ctx, dst, (const uint8_t *)c->kv.base + (size_t)block * bb, bb) != 0 ||
         krn_ctx_sync(c->ctx) != 0)
         return PC_ERR_INTERNAL;
     return 0;
@@ -403,7 +435,8 @@ static int hook_write_block(void *ud, uint32_t block, const void *src)
 {
     cuda_be_t *c = ud;
     size_t bb = krn_kv_block_bytes(&c->kv);
-    if (krn_copy_h2d(c->ctx, (uint8_t *)c->kv.base + (size_t)block * bb, src, bb) != 0 ||
+    if (order_blocks(c, &block, 1) != 0 ||
+        krn_copy_h2d(c->ctx, (uint8_t *)c->kv.base + (size_t)block * bb, src, bb) != 0 ||
         krn_ctx_sync(c->ctx) != 0)
         return PC_ERR_INTERNAL;
     return 0;
@@ -1232,6 +1265,9 @@ static int cuda_step(cuda_be_t *c, const eng_fwd_seq_t *seqs, uint32_t n_seqs, f
         decode = decode && sq->n_tokens == 1;
     }
     int rc;
+    for (uint32_t s = 0; s < n_seqs; s++)
+        if ((rc = order_blocks(c, seqs[s].blocks, seqs[s].n_blocks)) != 0)
+            return rc;
     if ((rc = pc_array_reserve(&c->tables, &c->tables_cap, (size_t)n_seqs * sh.max_blocks)) != 0 ||
         (rc = pc_array_reserve(&c->pseqs, &c->pseqs_cap, n_seqs)) != 0)
         return rc;
@@ -1353,6 +1389,89 @@ static int cuda_forward_sample(eng_backend_t *be, const eng_model_t *model, eng_
     return rc == PC_ERR_UNSUPPORTED ? PC_ERR_INTERNAL : rc;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * KV tier transfers (G2)
+ * ------------------------------------------------------------------------------------------- */
+
+enum { XFER_IDS_CHUNK = 256 }; /* block ids converted per krn_xfer_blocks call */
+
+static int cuda_kv_xfer(cuda_be_t *c, const uint32_t *blocks, uint32_t n, void *host, bool to_host,
+                        uint64_t *fence)
+{
+    *fence = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (blocks[i] >= (uint32_t)c->kv.n_blocks)
+            return PC_ERR_INVAL;
+    if (c->err != 0)
+        return c->err;
+    int rc;
+    if (c->xfer == NULL) {
+        uint64_t *bf = pc_calloc((size_t)c->kv.n_blocks, sizeof *bf);
+        if (bf == NULL)
+            return PC_ERR_NOMEM;
+        if ((rc = krn_xfer_init(c->ctx, &c->xfer)) != 0) {
+            pc_free(bf);
+            return rc;
+        }
+        c->blk_fence = bf;
+    }
+    /* A transfer into the device also waits for transfers still reading its blocks (a block
+     * saved, then freed and reused for a load): one copy stream runs them in order. */
+    size_t bb = krn_kv_block_bytes(&c->kv);
+    int32_t ids[XFER_IDS_CHUNK];
+    for (uint32_t i0 = 0; i0 < n; i0 += XFER_IDS_CHUNK) {
+        uint32_t m = PC_MIN((uint32_t)XFER_IDS_CHUNK, n - i0);
+        for (uint32_t i = 0; i < m; i++)
+            ids[i] = (int32_t)blocks[i0 + i];
+        uint64_t f;
+        rc = krn_xfer_blocks(c->xfer, &c->kv, ids, (int32_t)m, (uint8_t *)host + (size_t)i0 * bb,
+                             to_host, &f);
+        if (rc != 0)
+            return rc;
+        for (uint32_t i = 0; i < m; i++)
+            c->blk_fence[blocks[i0 + i]] = f;
+        *fence = f;
+    }
+    return 0;
+}
+
+static int cuda_kv_to_host(eng_backend_t *be, const uint32_t *blocks, uint32_t n, void *host,
+                           uint64_t *fence)
+{
+    return cuda_kv_xfer(be->ctx, blocks, n, host, true, fence);
+}
+
+static int cuda_kv_from_host(eng_backend_t *be, const uint32_t *blocks, uint32_t n,
+                             const void *host, uint64_t *fence)
+{
+    return cuda_kv_xfer(be->ctx, blocks, n, (void *)host, false, fence);
+}
+
+static int cuda_kv_fence(eng_backend_t *be, uint64_t fence, bool wait)
+{
+    cuda_be_t *c = be->ctx;
+    if (fence == 0)
+        return 1;
+    if (c->xfer == NULL)
+        return PC_ERR_INVAL;
+    if (!wait)
+        return krn_xfer_query(c->xfer, fence);
+    int rc = krn_xfer_wait(c->xfer, fence);
+    return rc == 0 ? 1 : rc;
+}
+
+static int cuda_host_alloc(eng_backend_t *be, size_t n_bytes, void **out)
+{
+    cuda_be_t *c = be->ctx;
+    return krn_host_alloc(c->ctx, n_bytes, out);
+}
+
+static void cuda_host_free(eng_backend_t *be, void *p)
+{
+    cuda_be_t *c = be->ctx;
+    krn_host_free(c->ctx, p);
+}
+
 static const eng_backend_i cuda_iface = {
     .name = cuda_name,
     .free = cuda_free,
@@ -1362,6 +1481,11 @@ static const eng_backend_i cuda_iface = {
     .forward = cuda_forward,
     .forward_sample = cuda_forward_sample,
     .synchronize = cuda_synchronize,
+    .kv_to_host = cuda_kv_to_host,
+    .kv_from_host = cuda_kv_from_host,
+    .kv_fence = cuda_kv_fence,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
 };
 
 int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_cuda_params_t *p,

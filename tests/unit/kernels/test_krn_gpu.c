@@ -852,5 +852,6 @@ PC_TEST(sampler_radix_repeats_and_mixes_rows)
 
 #include "test_krn_gpu_e2e.h"
 #include "test_krn_gpu_quant.h" /* after e2e: it uses eng_testmodel.h */
+#include "test_krn_gpu_xfer.h"
 
 PC_TEST_MAIN()
