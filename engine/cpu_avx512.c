@@ -302,6 +302,46 @@ AVX512 static inline __m512 exp512(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
+/* Each row's online-softmax step over its chunk's raw scores sv[r] (16 keys per vector, finite
+ * in every lane): m, l, corr, n_valid and the weights p (zero past the row's last visible key;
+ * all zero with corr 1 for a row that sees none of the chunk). */
+AVX512 static inline void softmax4(__m512 sv[4][4], eng_attn_row_t *rows, uint32_t n_rows,
+                                   uint32_t start, uint32_t n_keys)
+{
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (uint32_t r = 0; r < n_rows; r++) {
+        eng_attn_row_t *row = &rows[r];
+        if (row->pos < start) {
+            row->corr = 1.0f;
+            row->n_valid = 0;
+            for (uint32_t c = 0; c < 4; c++)
+                _mm512_storeu_ps(row->p + 16 * c, _mm512_setzero_ps());
+            continue;
+        }
+        uint32_t n_valid = PC_MIN(n_keys, row->pos - start + 1);
+        __mmask16 mk[4];
+        __m512 x[4], vmax = ninf;
+        for (uint32_t c = 0; c < 4; c++) {
+            uint32_t nv = n_valid > 16 * c ? PC_MIN(16, n_valid - 16 * c) : 0;
+            mk[c] = (__mmask16)(nv >= 16 ? 0xffff : (1u << nv) - 1);
+            x[c] = _mm512_mask_mov_ps(ninf, mk[c], sv[r][c]);
+            vmax = _mm512_max_ps(vmax, x[c]);
+        }
+        float bmax = _mm512_reduce_max_ps(vmax);
+        float m_new = row->m > bmax ? row->m : bmax;
+        __m512 mn = _mm512_set1_ps(m_new), sum = _mm512_setzero_ps();
+        for (uint32_t c = 0; c < 4; c++) {
+            __m512 pc = _mm512_maskz_mov_ps(mk[c], exp512(_mm512_sub_ps(x[c], mn)));
+            _mm512_storeu_ps(row->p + 16 * c, pc);
+            sum = _mm512_add_ps(sum, pc);
+        }
+        row->corr = expf(row->m - m_new); /* 0 for the first chunk (m = -inf) */
+        row->l = row->l * row->corr + _mm512_reduce_add_ps(sum);
+        row->m = m_new;
+        row->n_valid = n_valid;
+    }
+}
+
 /* Scores of up to four rows against a chunk's keys (kt [hd][ENG_ATTN_CHUNK], F32, finite in every
  * lane), then each row's online-softmax step: m, l, corr, n_valid and the weights p (zero past
  * the row's last visible key, and all zero for a row that sees none of the chunk, with corr 1).
@@ -338,38 +378,7 @@ AVX512 void eng__avx512_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_
     }
     __m512 sv[4][4] = {
         {s00, s01, s02, s03}, {s10, s11, s12, s13}, {s20, s21, s22, s23}, {s30, s31, s32, s33}};
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    for (uint32_t r = 0; r < n_rows; r++) {
-        eng_attn_row_t *row = &rows[r];
-        if (row->pos < start) {
-            row->corr = 1.0f;
-            row->n_valid = 0;
-            for (uint32_t c = 0; c < 4; c++)
-                _mm512_storeu_ps(row->p + 16 * c, _mm512_setzero_ps());
-            continue;
-        }
-        uint32_t n_valid = PC_MIN(n_keys, row->pos - start + 1);
-        __mmask16 mk[4];
-        __m512 x[4], vmax = ninf;
-        for (uint32_t c = 0; c < 4; c++) {
-            uint32_t nv = n_valid > 16 * c ? PC_MIN(16, n_valid - 16 * c) : 0;
-            mk[c] = (__mmask16)(nv >= 16 ? 0xffff : (1u << nv) - 1);
-            x[c] = _mm512_mask_mov_ps(ninf, mk[c], sv[r][c]);
-            vmax = _mm512_max_ps(vmax, x[c]);
-        }
-        float bmax = _mm512_reduce_max_ps(vmax);
-        float m_new = row->m > bmax ? row->m : bmax;
-        __m512 mn = _mm512_set1_ps(m_new), sum = _mm512_setzero_ps();
-        for (uint32_t c = 0; c < 4; c++) {
-            __m512 pc = _mm512_maskz_mov_ps(mk[c], exp512(_mm512_sub_ps(x[c], mn)));
-            _mm512_storeu_ps(row->p + 16 * c, pc);
-            sum = _mm512_add_ps(sum, pc);
-        }
-        row->corr = expf(row->m - m_new); /* 0 for the first chunk (m = -inf) */
-        row->l = row->l * row->corr + _mm512_reduce_add_ps(sum);
-        row->m = m_new;
-        row->n_valid = n_valid;
-    }
+    softmax4(sv, rows, n_rows, start, n_keys);
 }
 
 /* o = o * corr + p . V for up to four rows (vb [ENG_ATTN_CHUNK][hd], F32; only the first
@@ -438,6 +447,79 @@ AVX512 void eng__avx512_attn_values4(const float *vb, uint32_t hd, eng_attn_row_
         _mm512_storeu_ps(r2->o + c, a2);
         _mm512_storeu_ps(r1->o + c, a1);
         _mm512_storeu_ps(r0->o + c, a0);
+    }
+}
+
+/* q8_0 KV (cpu_simd.h): the integer dot products of the AVX2 path (a q8_0 block is 256 bits;
+ * AVX-512F has no 512-bit byte products), then the 512-bit softmax step. */
+AVX512 void eng__avx512_attn_q8_scores4(const uint8_t *const *krow, uint32_t nb,
+                                        eng_attn_row_t *rows, uint32_t n_rows, uint32_t start,
+                                        uint32_t n_keys)
+{
+    eng__avx2_attn_q8_dots4(krow, nb, rows, n_rows, n_keys);
+    __m512 sv[4][4];
+    for (uint32_t r = 0; r < 4; r++)
+        for (uint32_t c = 0; c < 4; c++)
+            sv[r][c] = _mm512_loadu_ps(rows[PC_MIN(r, n_rows - 1)].p + 16 * c);
+    softmax4(sv, rows, n_rows, start, n_keys);
+}
+
+/* o = o * corr + p . V with V as q8_0: one q8_0 block (32 columns, two vectors) at a time, each
+ * key's block converted once in registers (VPMOVSXBD, VCVTDQ2PS, times d) for the four rows. */
+AVX512 void eng__avx512_attn_q8_values4(const uint8_t *const *vrow, uint32_t hd,
+                                        eng_attn_row_t *rows, uint32_t n_rows)
+{
+    uint32_t nj = 0;
+    for (uint32_t r = 0; r < n_rows; r++)
+        nj = PC_MAX(nj, rows[r].n_valid);
+    if (nj == 0)
+        return; /* corr is 1 for every row: nothing changes */
+    eng_attn_row_t *r0 = &rows[0], *r1 = &rows[PC_MIN(1, n_rows - 1)];
+    eng_attn_row_t *r2 = &rows[PC_MIN(2, n_rows - 1)], *r3 = &rows[PC_MIN(3, n_rows - 1)];
+    const float *p0 = r0->p, *p1 = r1->p, *p2 = r2->p, *p3 = r3->p;
+    __m512 f0 = _mm512_set1_ps(r0->corr), f1 = _mm512_set1_ps(r1->corr);
+    __m512 f2 = _mm512_set1_ps(r2->corr), f3 = _mm512_set1_ps(r3->corr);
+    for (uint32_t c = 0; c < hd; c += ENG_QK8_0) {
+        size_t off = (size_t)(c / ENG_QK8_0) * ENG_Q8_0_BYTES;
+        __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(r0->o + c), f0);
+        __m512 b0 = _mm512_mul_ps(_mm512_loadu_ps(r0->o + c + 16), f0);
+        __m512 a1 = _mm512_mul_ps(_mm512_loadu_ps(r1->o + c), f1);
+        __m512 b1 = _mm512_mul_ps(_mm512_loadu_ps(r1->o + c + 16), f1);
+        __m512 a2 = _mm512_mul_ps(_mm512_loadu_ps(r2->o + c), f2);
+        __m512 b2 = _mm512_mul_ps(_mm512_loadu_ps(r2->o + c + 16), f2);
+        __m512 a3 = _mm512_mul_ps(_mm512_loadu_ps(r3->o + c), f3);
+        __m512 b3 = _mm512_mul_ps(_mm512_loadu_ps(r3->o + c + 16), f3);
+        for (uint32_t j = 0; j < nj; j++) {
+            const uint8_t *vb = vrow[j] + off;
+            uint16_t h;
+            memcpy(&h, vb, 2);
+            __m512 dv = _mm512_set1_ps(_cvtsh_ss(h));
+            __m512 v0 = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(vb + 2)))),
+                dv);
+            __m512 v1 = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(vb + 18)))),
+                dv);
+            __m512 w0 = _mm512_set1_ps(p0[j]), w1 = _mm512_set1_ps(p1[j]);
+            __m512 w2 = _mm512_set1_ps(p2[j]), w3 = _mm512_set1_ps(p3[j]);
+            a0 = _mm512_fmadd_ps(w0, v0, a0);
+            b0 = _mm512_fmadd_ps(w0, v1, b0);
+            a1 = _mm512_fmadd_ps(w1, v0, a1);
+            b1 = _mm512_fmadd_ps(w1, v1, b1);
+            a2 = _mm512_fmadd_ps(w2, v0, a2);
+            b2 = _mm512_fmadd_ps(w2, v1, b2);
+            a3 = _mm512_fmadd_ps(w3, v0, a3);
+            b3 = _mm512_fmadd_ps(w3, v1, b3);
+        }
+        /* Stores in reverse: a row repeated past n_rows is row 0, stored last. */
+        _mm512_storeu_ps(r3->o + c, a3);
+        _mm512_storeu_ps(r3->o + c + 16, b3);
+        _mm512_storeu_ps(r2->o + c, a2);
+        _mm512_storeu_ps(r2->o + c + 16, b2);
+        _mm512_storeu_ps(r1->o + c, a1);
+        _mm512_storeu_ps(r1->o + c + 16, b1);
+        _mm512_storeu_ps(r0->o + c, a0);
+        _mm512_storeu_ps(r0->o + c + 16, b0);
     }
 }
 

@@ -73,6 +73,8 @@ typedef struct eng_attn_args {
     uint32_t layer;
     uint32_t n_head, n_head_kv, head_dim, block_tokens;
     bool kv_f16;
+    bool kv_q8_0;      /* q8_0 K and V (kvpool.h), read as stored: the query is quantized once
+                          per task row, scores are integer dot products; kv_f16 is then false */
     bool simd;         /* false: the portable path whatever isa says */
     eng_cpu_isa_t isa; /* with simd: the path (AUTO, the zero value, is the best one) */
 } eng_attn_args_t;
@@ -86,7 +88,9 @@ size_t eng__attention_scratch_floats(uint32_t head_dim, uint32_t block_tokens, u
 
 /* The attention of one task's rows over positions [0, pos] of each row, into a->out. scratch
  * holds eng__attention_scratch_floats() floats. The AVX-512 and AVX2 paths take 64 keys (whole
- * blocks) at a time; the portable path one block at a time (and any block size). */
+ * blocks) at a time; the portable path one block at a time (and any block size). q8_0 KV is
+ * never converted to a copy: every path reads the blocks 64 keys at a time through one pointer
+ * per key (any block size). */
 void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float *scratch);
 
 #endif

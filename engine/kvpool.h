@@ -30,7 +30,7 @@
  * transposed q8_0 K (blocks of 32 positions of one dimension) would requantize a block at every
  * write into it and make the quantized KV depend on the step boundaries.
  *
-  * Blocks are reference-counted. A block is either free (refcount 0, on the free list) or
+ * Blocks are reference-counted. A block is either free (refcount 0, on the free list) or
  * referenced by one or more owners: sequences (eng_kvseq_t block tables) and the prefix index.
  * A sequence writes only into blocks it owns alone: eng_kvseq_reserve copies a shared, partially
  * filled last block before the sequence writes into it (copy-on-write). Full shared blocks are

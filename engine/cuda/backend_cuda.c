@@ -1243,6 +1243,12 @@ int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_
         snprintf(err, err_len, "cuda backend: invalid parameters");
         return PC_ERR_INVAL;
     }
+    if (eng_kvpool_dtype(kv) != ENG_KV_F16 && eng_kvpool_dtype(kv) != ENG_KV_F32) {
+        /* q8_0 KV has CPU kernels only so far (issue 23's CUDA part is to come). */
+        snprintf(err, err_len, "cuda backend: KV dtype %s is not supported (f16 or f32)",
+                 eng_kv_dtype_name(eng_kvpool_dtype(kv)));
+        return PC_ERR_UNSUPPORTED;
+    }
     krn_plan_params_t pp = {.n_head = (int32_t)hp->n_head,
                             .n_head_kv = (int32_t)hp->n_head_kv,
                             .head_dim = (int32_t)hp->head_dim};
