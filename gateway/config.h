@@ -52,6 +52,8 @@ typedef struct gw_cfg_model {
     uint32_t threads;        /* CPU threads per worker */
     uint64_t kv_bytes;       /* KV pool per worker; 0 = the engine's default */
     char *backend;           /* "cpu", "cuda" or "auto" */
+    uint32_t kv_dtype;       /* the in-process workers' KV element type, an enum eng_kv_dtype
+                                (f16 default, f32, q8_0) */
     char **remote;           /* [n_remote] "host:port" of `kvgw worker` processes */
     unsigned long path_line; /* where path was given (0: built-in), for file errors */
     size_t n_remote;

@@ -200,6 +200,7 @@ static int start_local(gw_pool_t *p, slot_t *s, const gw_cfg_model_t *m, char *e
     wp.engine.model_path = m->path;
     wp.engine.n_threads = m->threads;
     wp.engine.backend = m->backend;
+    wp.engine.kv_dtype = (enum eng_kv_dtype)m->kv_dtype;
     if (m->kv_bytes) {
         wp.engine.kv_max_bytes = m->kv_bytes;
         wp.engine.kv_max_tokens = 0;
