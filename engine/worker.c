@@ -137,6 +137,8 @@ struct eng_worker {
     eng_sample_ws_t *ws;
     char *model_name;
     uint64_t model_fp;
+    enum eng_kv_dtype kv_dtype;
+    uint64_t kv_bytes_per_token;
     uint32_t n_vocab, n_ctx, bt, total_blocks;
 
     pthread_t thread;
@@ -1268,9 +1270,22 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
     rc = model_hash(params->engine.model_path, eng_gguf_file_size(g), &w->model_fp, err, err_len);
     if (rc != 0)
         goto fail;
-    PC_LOG(PC_LOG_INFO, "worker", "model fingerprint %016llx: XXH3 of %.1f MiB in %.0f ms",
+    if (kv.dtype != ENG_KV_F16) {
+        /* The KV dtype names cached prefixes too: KV of two dtypes never mixes. */
+        uint8_t fpb[8 + 8] = {0};
+        const char *dn = eng_kv_dtype_name(kv.dtype);
+        memcpy(fpb, &w->model_fp, 8);
+        memcpy(fpb + 8, dn, PC_MIN(strlen(dn), 8));
+        w->model_fp = XXH3_64bits(fpb, sizeof fpb);
+    }
+    w->kv_dtype = kv.dtype;
+    w->kv_bytes_per_token = kv.bytes_per_token;
+    PC_LOG(PC_LOG_INFO, "worker",
+           "model fingerprint %016llx: XXH3 of %.1f MiB in %.0f ms; KV %s, %llu bytes per token, "
+           "%llu tokens",
            (unsigned long long)w->model_fp, (double)eng_gguf_file_size(g) / (1 << 20),
-           (double)(pc_time_mono_ns() - t_fp) / 1e6);
+           (double)(pc_time_mono_ns() - t_fp) / 1e6, eng_kv_dtype_name(kv.dtype),
+           (unsigned long long)kv.bytes_per_token, (unsigned long long)kv.capacity_tokens);
     rc = eng_sample_ws_init(w->n_vocab, &w->ws);
     uint32_t mr = params->max_running;
     w->items = pc_calloc(mr, sizeof *w->items);
@@ -1408,6 +1423,9 @@ void eng_worker_info(const eng_worker_t *w, eng_worker_info_t *out)
                                .total_blocks = w->total_blocks,
                                .max_prompt_tokens = PC_MIN(w->n_ctx, w->total_blocks * w->bt),
                                .backend = eng_backend_name_of(w->e),
+                               .kv_dtype = eng_kv_dtype_name(w->kv_dtype),
+                               .kv_bytes_per_token = w->kv_bytes_per_token,
+                               .kv_capacity_tokens = (uint64_t)w->total_blocks * w->bt,
                                .backend_note = eng_backend_note_of(w->e)};
 }
 

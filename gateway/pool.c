@@ -227,6 +227,7 @@ static int start_local(gw_pool_t *p, slot_t *s, const gw_cfg_model_t *m, char *e
     s->info.max_prompt_tokens = in.max_prompt_tokens;
     s->info.n_ctx = in.n_ctx;
     s->info.model_fp = in.model_fp;
+    snprintf(s->info.kv_dtype, sizeof s->info.kv_dtype, "%s", in.kv_dtype);
     eng_worker_load(s->w, &s->info.load);
     return 0;
 }
