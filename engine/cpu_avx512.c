@@ -10,6 +10,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "cpu.h"
 #include "cpu_simd.h"
 #include "gguf.h"
 #include "half.h"
@@ -17,6 +18,7 @@
 
 #define AVX512 __attribute__((target("avx512f,f16c,fma")))
 #define AVX512BF16 __attribute__((target("avx512f,avx512bf16,f16c,fma")))
+#define AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 /* 16 halves at p as 16 floats. */
 #define HALF16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(p)))
 /* Rows of x per group in the GEMV. */
@@ -450,13 +452,96 @@ AVX512 void eng__avx512_attn_values4(const float *vb, uint32_t hd, eng_attn_row_
     }
 }
 
-/* q8_0 KV (cpu_simd.h): the integer dot products of the AVX2 path (a q8_0 block is 256 bits;
- * AVX-512F has no 512-bit byte products), then the 512-bit softmax step. */
+/* The four rows' sums of one key pair's lanes (lanes 0-7 key j, 8-15 key j + 1) into p. */
+AVX512VNNI static inline void q8_pair_store(__m512 a0, __m512 a1, __m512 a2, __m512 a3,
+                                            eng_attn_row_t *rows, uint32_t n_rows, uint32_t j,
+                                            bool two)
+{
+#define LO(a) _mm512_castps512_ps256(a)
+#define HI(a) _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))
+    __m256 l = _mm256_hadd_ps(_mm256_hadd_ps(LO(a0), LO(a1)), _mm256_hadd_ps(LO(a2), LO(a3)));
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(HI(a0), HI(a1)), _mm256_hadd_ps(HI(a2), HI(a3)));
+#undef LO
+#undef HI
+    float sl[4], sh[4];
+    _mm_storeu_ps(sl, _mm_add_ps(_mm256_castps256_ps128(l), _mm256_extractf128_ps(l, 1)));
+    _mm_storeu_ps(sh, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    for (uint32_t r = 0; r < n_rows; r++) {
+        rows[r].p[j] = sl[r];
+        if (two)
+            rows[r].p[j + 1] = sh[r];
+    }
+}
+
+/* eng__avx2_attn_q8_dots4 with AVX512-VNNI: two keys' blocks in one vector against the query's
+ * block in both halves, VPDPBUSD on k + 128 (unsigned) times q, started from -128 * (q's groups of
+ * four) so each int32 lane is exactly its four q . k products; then scaled by d_q d_k in F32. A
+ * third of the AVX2 kernel's instructions per product (measured: prefill 512 attention). */
+AVX512VNNI static void q8_dots4_vnni(const uint8_t *const *krow, uint32_t nb, eng_attn_row_t *rows,
+                                     uint32_t n_rows, uint32_t n_keys)
+{
+    enum { NB_MAX = 16 };
+    __m512i qz[4][NB_MAX], cz[4][NB_MAX];
+    __m512 dqv[4][NB_MAX];
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    for (uint32_t r = 0; r < 4; r++) {
+        const uint8_t *qr = rows[PC_MIN(r, n_rows - 1)].qq;
+        for (uint32_t b = 0; b < nb; b++) {
+            const uint8_t *qb = qr + (size_t)b * ENG_Q8_0_BYTES;
+            uint16_t h;
+            memcpy(&h, qb, 2);
+            dqv[r][b] = _mm512_set1_ps(_cvtsh_ss(h));
+            qz[r][b] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const void *)(qb + 2)));
+            cz[r][b] =
+                _mm512_sub_epi32(_mm512_setzero_si512(),
+                                 _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, qz[r][b]));
+        }
+    }
+    for (uint32_t j = 0; j < n_keys; j += 2) {
+        bool two = j + 1 < n_keys;
+        const uint8_t *k0 = krow[j], *k1 = krow[two ? j + 1 : j];
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (uint32_t b = 0; b < nb; b++) {
+            const uint8_t *b0 = k0 + (size_t)b * ENG_Q8_0_BYTES,
+                          *b1 = k1 + (size_t)b * ENG_Q8_0_BYTES;
+            uint16_t h0, h1;
+            memcpy(&h0, b0, 2);
+            memcpy(&h1, b1, 2);
+            __m512i ku =
+                _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(
+                                                        _mm256_loadu_si256((const void *)(b0 + 2))),
+                                                    _mm256_loadu_si256((const void *)(b1 + 2)), 1),
+                                 bias);
+            __m512 dk = _mm512_castpd_ps(_mm512_insertf64x4(
+                _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(_cvtsh_ss(h0)))),
+                _mm256_castps_pd(_mm256_set1_ps(_cvtsh_ss(h1))), 1));
+#define VNNI_ROW(r, acc)                                                                           \
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cz[r][b], ku, qz[r][b])),         \
+                          _mm512_mul_ps(dk, dqv[r][b]), acc)
+            VNNI_ROW(0, a0);
+            VNNI_ROW(1, a1);
+            VNNI_ROW(2, a2);
+            VNNI_ROW(3, a3);
+#undef VNNI_ROW
+        }
+        q8_pair_store(a0, a1, a2, a3, rows, n_rows, j, two);
+    }
+    for (uint32_t r = 0; r < n_rows; r++)
+        for (uint32_t j = n_keys; j < ENG_ATTN_CHUNK; j++)
+            rows[r].p[j] = 0;
+}
+
+/* q8_0 KV (cpu_simd.h): the integer dot products (VPDPBUSD where the CPU has AVX512-VNNI, else
+ * the AVX2 path's: AVX-512F alone has no 512-bit byte products), then the 512-bit softmax
+ * step. */
 AVX512 void eng__avx512_attn_q8_scores4(const uint8_t *const *krow, uint32_t nb,
                                         eng_attn_row_t *rows, uint32_t n_rows, uint32_t start,
                                         uint32_t n_keys)
 {
-    eng__avx2_attn_q8_dots4(krow, nb, rows, n_rows, n_keys);
+    if (nb <= 16 && eng__cpu_has_avx512_vnni())
+        q8_dots4_vnni(krow, nb, rows, n_rows, n_keys);
+    else
+        eng__avx2_attn_q8_dots4(krow, nb, rows, n_rows, n_keys);
     __m512 sv[4][4];
     for (uint32_t r = 0; r < 4; r++)
         for (uint32_t c = 0; c < 4; c++)

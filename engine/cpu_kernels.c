@@ -340,7 +340,7 @@ size_t eng__attention_scratch_floats(uint32_t head_dim, uint32_t block_tokens, u
  * through per-key row pointers. */
 static void attention_q8_0(const eng_attn_args_t *a, const eng_attn_task_t *task,
                            eng_attn_row_t *rows, uint32_t n_rows, uint32_t n_keys_total,
-                           uint8_t *qbuf, eng_cpu_isa_t isa)
+                           uint8_t *qbuf, float *vtile, eng_cpu_isa_t isa)
 {
     const eng_kvpool_t *pool = a->kvpool;
     uint32_t hd = a->head_dim, bt = a->block_tokens, nb = hd / ENG_QK8_0;
@@ -368,16 +368,32 @@ static void attention_q8_0(const eng_attn_args_t *a, const eng_attn_task_t *task
             continue;
         }
 #if defined(__x86_64__) || defined(__i386__)
+        /* Several row groups (prefill): the chunk's V converted once (d * q, exact in F32) for
+         * all of them, and the F32 value kernel, whose products and sums are then those of the
+         * q8_0 value kernel bit for bit (same values, same order): a task's result does not
+         * depend on how many rows it has. */
+        bool stage_v = n_rows > 4;
+        if (stage_v)
+            for (uint32_t j = 0; j < n_keys; j++)
+                eng_kv_q8_0_dequantize(vrow[j], hd, vtile + (size_t)j * hd);
         for (uint32_t r = 0; r < n_rows; r += 4) {
             uint32_t nr = PC_MIN(4, n_rows - r);
             if (isa == ENG_CPU_ISA_AVX512) {
                 eng__avx512_attn_q8_scores4(krow, nb, rows + r, nr, start, n_keys);
-                eng__avx512_attn_q8_values4(vrow, hd, rows + r, nr);
+                if (stage_v)
+                    eng__avx512_attn_values4(vtile, hd, rows + r, nr);
+                else
+                    eng__avx512_attn_q8_values4(vrow, hd, rows + r, nr);
             } else {
                 eng__avx2_attn_q8_scores4(krow, nb, rows + r, nr, start, n_keys);
-                eng__avx2_attn_q8_values4(vrow, hd, rows + r, nr);
+                if (stage_v)
+                    eng__avx2_attn_values4(vtile, hd, rows + r, nr);
+                else
+                    eng__avx2_attn_q8_values4(vrow, hd, rows + r, nr);
             }
         }
+#else
+        (void)vtile;
 #endif
     }
 }
@@ -420,8 +436,8 @@ void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float
     uint32_t n_keys_total = max_pos + 1;
     if (a->kv_q8_0) {
         /* The queries' q8_0 blocks take the place of the F32 key tile (n_rows x hd x 34/32
-         * bytes, well within hd x 64 floats). */
-        attention_q8_0(a, task, rows, n_rows, n_keys_total, (uint8_t *)kt, isa);
+         * bytes, well within hd x 64 floats); the value tile is V's, as for F16. */
+        attention_q8_0(a, task, rows, n_rows, n_keys_total, (uint8_t *)kt, vb, isa);
         goto normalize;
     }
     for (uint32_t start = 0; start < n_keys_total; start += keys) {

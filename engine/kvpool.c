@@ -40,14 +40,25 @@ void eng_kv_q8_0_quantize(const float *x, uint32_t n, uint8_t *dst)
     PC_ASSERT(n % ENG_QK8_0 == 0);
     for (uint32_t b = 0; b < n / ENG_QK8_0; b++, x += ENG_QK8_0, dst += ENG_KV_Q8_0_BYTES) {
         float amax = 0;
-        for (uint32_t j = 0; j < ENG_QK8_0; j++)
-            amax = fmaxf(amax, fabsf(x[j]));
+        for (uint32_t j = 0; j < ENG_QK8_0; j++) {
+            float a = fabsf(x[j]);
+            amax = a > amax ? a : amax;
+        }
         float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         uint16_t dh = eng_f32_to_f16(d);
         memcpy(dst, &dh, 2);
         int8_t *q = (int8_t *)(dst + 2);
-        for (uint32_t j = 0; j < ENG_QK8_0; j++)
-            q[j] = (int8_t)roundf(x[j] * id);
+        /* roundf (halves away from zero) without the libm call, so the loop vectorizes: the
+         * truncation and its exact remainder (|v| <= 127 up to the rounding of id: the amax
+         * element may land a few ulps above 127). A NaN lane (never from a finite row) becomes
+         * 0. */
+        for (uint32_t j = 0; j < ENG_QK8_0; j++) {
+            float v = x[j] * id;
+            v = v >= -128.0f && v <= 128.0f ? v : 0.0f;
+            int32_t t = (int32_t)v;
+            float fr = v - (float)t;
+            q[j] = (int8_t)(t + (fr >= 0.5f) - (fr <= -0.5f));
+        }
     }
 }
 
