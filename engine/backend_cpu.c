@@ -255,8 +255,8 @@ static void stage_qkv(const rows_ctx_t *r, uint32_t i0, uint32_t i1)
             if (kvt == ENG_KV_Q8_0) {
                 /* Quantized in the same pass, per position: the bytes depend only on this row. */
                 uint8_t *kd = dst;
-                eng_kv_q8_0_quantize(kh, hd, kd + (size_t)slot * rb);
-                eng_kv_q8_0_quantize(vh, hd, kd + (size_t)(bt + slot) * rb);
+                eng__q8_0_quantize_isa(kh, hd, kd + (size_t)slot * rb, c->isa);
+                eng__q8_0_quantize_isa(vh, hd, kd + (size_t)(bt + slot) * rb, c->isa);
             } else if (kvt == ENG_KV_F16) {
                 /* K is stored transposed ([hd][bt]): converted in pieces, then scattered. */
                 uint16_t *kd = dst, kh16[64];

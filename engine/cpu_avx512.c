@@ -608,4 +608,38 @@ AVX512 void eng__avx512_attn_q8_values4(const uint8_t *const *vrow, uint32_t hd,
     }
 }
 
+/* eng_kv_q8_0_quantize (kvpool.h) in vectors, with the same bytes: the same IEEE operations
+ * on each element (|x| max, x * id, truncation and its exact remainder), only side by side. */
+AVX512 void eng__avx512_q8_0_quantize(const float *x, uint32_t n, uint8_t *dst)
+{
+    const __m512 lim = _mm512_set1_ps(128.0f), half = _mm512_set1_ps(0.5f);
+    for (uint32_t b = 0; b < n / ENG_QK8_0; b++, x += ENG_QK8_0, dst += ENG_Q8_0_BYTES) {
+        __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        /* NaN lanes count as 0, as the scalar loop's comparison skips them. */
+        __m512 a0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x0, x0, _CMP_ORD_Q), _mm512_abs_ps(x0));
+        __m512 a1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x1, x1, _CMP_ORD_Q), _mm512_abs_ps(x1));
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t dh = eng_f32_to_f16(d);
+        memcpy(dst, &dh, 2);
+        __m512 idv = _mm512_set1_ps(id);
+        __m128i q[2];
+        for (int h = 0; h < 2; h++) {
+            __m512 v = _mm512_mul_ps(h ? x1 : x0, idv);
+            __mmask16 ok = _mm512_cmp_ps_mask(_mm512_abs_ps(v), lim, _CMP_LE_OQ); /* NaN: 0 */
+            v = _mm512_maskz_mov_ps(ok, v);
+            __m512i t = _mm512_cvttps_epi32(v);
+            __m512 fr = _mm512_sub_ps(v, _mm512_cvtepi32_ps(t));
+            __mmask16 up = _mm512_cmp_ps_mask(fr, half, _CMP_GE_OQ);
+            __mmask16 dn =
+                _mm512_cmp_ps_mask(fr, _mm512_sub_ps(_mm512_setzero_ps(), half), _CMP_LE_OQ);
+            t = _mm512_mask_add_epi32(t, up, t, _mm512_set1_epi32(1));
+            t = _mm512_mask_sub_epi32(t, dn, t, _mm512_set1_epi32(1));
+            q[h] = _mm512_cvtepi32_epi8(t);
+        }
+        _mm_storeu_si128((void *)(dst + 2), q[0]);
+        _mm_storeu_si128((void *)(dst + 18), q[1]);
+    }
+}
+
 #endif

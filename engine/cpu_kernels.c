@@ -335,6 +335,17 @@ size_t eng__attention_scratch_floats(uint32_t head_dim, uint32_t block_tokens, u
     return 2 * keys * head_dim + (size_t)max_rows * (head_dim + ENG_ATTN_CHUNK);
 }
 
+void eng__q8_0_quantize_isa(const float *x, uint32_t n, uint8_t *dst, eng_cpu_isa_t isa)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (eng__cpu_isa_clamp(isa) == ENG_CPU_ISA_AVX512) {
+        eng__avx512_q8_0_quantize(x, n, dst);
+        return;
+    }
+#endif
+    eng_kv_q8_0_quantize(x, n, dst);
+}
+
 /* The q8_0 KV path of eng__attention over the task's rows (set up, o zeroed): each row's query
  * quantized once into qbuf, then the keys ENG_ATTN_CHUNK at a time on every path, read in place
  * through per-key row pointers. */
@@ -347,7 +358,7 @@ static void attention_q8_0(const eng_attn_args_t *a, const eng_attn_task_t *task
     size_t rb = eng_kvpool_row_bytes(pool);
     (void)nb; /* the SIMD paths' */
     for (uint32_t r = 0; r < n_rows; r++) {
-        eng_kv_q8_0_quantize(rows[r].q, hd, qbuf + (size_t)r * rb);
+        eng__q8_0_quantize_isa(rows[r].q, hd, qbuf + (size_t)r * rb, isa);
         rows[r].qq = qbuf + (size_t)r * rb;
     }
     const uint32_t *blocks = a->blocks[task->seq];

@@ -57,6 +57,9 @@ void eng__bf16_pack(const eng_weight_t *w, uint16_t *dst);
 /* True when the CPU has AVX512-BF16. */
 bool eng__cpu_has_bf16(void);
 
+/* eng_kv_q8_0_quantize (kvpool.h) on the fastest kernel of isa: the same bytes on every path. */
+void eng__q8_0_quantize_isa(const float *x, uint32_t n, uint8_t *dst, eng_cpu_isa_t isa);
+
 /* One attention task's geometry. */
 typedef struct eng_attn_task {
     uint32_t seq; /* index into the seqs of the batch */

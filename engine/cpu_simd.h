@@ -145,6 +145,9 @@ void eng__avx512_attn_q8_values4(const uint8_t *const *vrow, uint32_t hd, eng_at
 void eng__port_attn_q8_chunk(const uint8_t *const *krow, const uint8_t *const *vrow, uint32_t hd,
                              eng_attn_row_t *row, uint32_t start, uint32_t n_keys);
 
+/* eng_kv_q8_0_quantize (kvpool.h) on the AVX-512 path: the same bytes for every input. */
+void eng__avx512_q8_0_quantize(const float *x, uint32_t n, uint8_t *dst);
+
 /* Element-wise rows: y = x / rms(x) * w (y may be x), and g = silu(g) * u. */
 void eng__avx2_rmsnorm(const float *x, const float *w, float *y, uint32_t n, float eps);
 void eng__port_rmsnorm(const float *x, const float *w, float *y, uint32_t n, float eps);
