@@ -19,6 +19,12 @@
  * its AVX-512 kernels on an AVX-512 machine whatever --isa says. To measure an AVX2-only
  * machine's prefill on an AVX-512 one, run with OPENBLAS_CORETYPE=Haswell as well.
  *
+ * --kv-dtype q8_0 (or f32) measures that KV dtype beside F16 in the same process, alternating
+ * the two engines round by round like --isa all: every figure gets the suffix _f16 or _q8_0,
+ * with the KV figures (kv_bytes_per_token, pool_tokens_per_gib: what 1 GiB of pool holds) and
+ * decode_tokens_per_s_ctx8192 (the --decode single tokens that end at position 8191, where
+ * attention reads the most KV), and the ratios of the two (q8_0 over f16).
+ *
  * For comparison, llama.cpp measured on the same shape and machine: prefill ~1,350 tokens/s
  * (512) and ~930 (2048), decode ~90 tokens/s; its server with the prompt cache: cold 4096-token
  * TTFT ~5.5-6.0 s, cached-4032 TTFT ~140-160 ms.
@@ -35,7 +41,7 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvgw bench engine [--model FILE] [--threads N] [--kv-dtype f16|f32] "
+    fprintf(f, "usage: kvgw bench engine [--model FILE] [--threads N] [--kv-dtype f16|f32|q8_0] "
                "[--weights-f32] [--gemm auto|f32|bf16] [--bf16] [--decode N] [--quick]\n"
                "                         [--isa avx512|avx2|portable|auto|all] [--rounds N]\n");
     fprintf(f, "  --isa    the CPU kernels' path (default: KVGW_CPU_ISA, else the best this CPU\n"
@@ -45,6 +51,8 @@ static void usage(FILE *f)
             "  --gemm   prefill GEMM precision (default auto: BF16 for F16 weights on CPUs with\n"
             "           AVX512-BF16; logits move by ~1e-2); --bf16 is --gemm bf16\n");
     fprintf(f, "  --quick  prefill 512 and decode only (no 2048 prefill, no TTFT)\n");
+    fprintf(f, "  --kv-dtype  f32 or q8_0: that KV dtype beside f16 in the same run (suffixes\n"
+               "           _f16 and _q8_0), with decode at context 8192; f16 alone by default\n");
 }
 
 /* Computes tokens[0..n) in a new sequence (LAST logits); returns seconds, or -1. With ns != 0,
@@ -77,10 +85,13 @@ static double prefill(eng_t *e, const int32_t *tokens, uint32_t n, float *logits
 }
 
 /* Figures of one path over the rounds: the best and the worst. */
-enum { F_P512, F_CPU512, F_P2048, F_DEC, F_DEC_GB, F_COLD, F_WARM, F_N };
+enum { F_P512, F_CPU512, F_P2048, F_DEC, F_DEC_GB, F_COLD, F_WARM, F_DEC8K, F_N };
+
+/* The context of decode_tokens_per_s_ctx8192. */
+#define CTX_LONG 8192
 
 typedef struct isa_run {
-    const char *isa; /* its name */
+    const char *isa; /* its name: the figures' suffix, or the KV dtype's name in a KV run */
     eng_t *e;
     double lo[F_N], hi[F_N];
     bool have[F_N];
@@ -96,8 +107,29 @@ static void fig_add(isa_run_t *r, int f, double v)
 }
 
 /* One round of one path: every figure once. Returns 0 or -1. */
+/* Single tokens after an n_ctx-token prompt: tokens/s, or -1. */
+static double decode_after(eng_t *e, const int32_t *tok, uint32_t n_ctx, uint32_t n_decode,
+                           float *logits)
+{
+    eng_seq_t *s = NULL;
+    if (prefill(e, tok, n_ctx, logits, 0, 0, NULL, &s) < 0)
+        return -1;
+    double td = bench_now_s();
+    for (uint32_t i = 0; i < n_decode; i++) {
+        eng_batch_item_t it = {
+            .seq = s, .tokens = tok + n_ctx + i, .n_tokens = 1, .logits = ENG_LOGITS_LAST};
+        if (eng_forward(e, &it, 1, logits) != 0) {
+            eng_seq_free(e, s);
+            return -1;
+        }
+    }
+    td = bench_now_s() - td;
+    eng_seq_free(e, s);
+    return n_decode / td;
+}
+
 static int measure(isa_run_t *run, const int32_t *tok, float *logits, uint32_t n_decode, bool quick,
-                   double decode_bytes, uint64_t ns)
+                   bool long_ctx, double decode_bytes, uint64_t ns)
 {
     eng_t *e = run->e;
     enum { N_MAX = 4096, N_CACHED = 4032 };
@@ -114,22 +146,19 @@ static int measure(isa_run_t *run, const int32_t *tok, float *logits, uint32_t n
             return -1;
         fig_add(run, F_P2048, 2048 / t2048);
     }
-    eng_seq_t *s = NULL;
-    if (prefill(e, tok, 512, logits, 0, 0, NULL, &s) < 0)
+    double dec = decode_after(e, tok, 512, n_decode, logits);
+    if (dec < 0)
         return -1;
-    double td = bench_now_s();
-    for (uint32_t i = 0; i < n_decode; i++) {
-        eng_batch_item_t it = {
-            .seq = s, .tokens = tok + 512 + i, .n_tokens = 1, .logits = ENG_LOGITS_LAST};
-        if (eng_forward(e, &it, 1, logits) != 0) {
-            eng_seq_free(e, s);
+    fig_add(run, F_DEC, dec);
+    fig_add(run, F_DEC_GB, decode_bytes * dec / 1e9);
+    if (long_ctx) {
+        /* The prompt stops n_decode short of 8192, so the last token decoded sits at position
+         * 8191 (the bench model's context is 8192). */
+        double dec8k = decode_after(e, tok, CTX_LONG - n_decode, n_decode, logits);
+        if (dec8k < 0)
             return -1;
-        }
+        fig_add(run, F_DEC8K, dec8k);
     }
-    td = bench_now_s() - td;
-    eng_seq_free(e, s);
-    fig_add(run, F_DEC, n_decode / td);
-    fig_add(run, F_DEC_GB, decode_bytes * n_decode / td / 1e9);
     if (quick)
         return 0;
     /* TTFT: cold (nothing cached; the run caches its first 4032 tokens), then the same prompt
@@ -232,10 +261,8 @@ int bench_engine_main(int argc, char **argv)
             }
             isa_arg = v;
         } else if (strcmp(a, "--kv-dtype") == 0) {
-            if (strcmp(v, "f16") == 0 || strcmp(v, "f32") == 0) {
-                p.kv_dtype = v[1] == '1' ? ENG_KV_F16 : ENG_KV_F32;
-            } else {
-                fprintf(stderr, "kvgw bench engine: --kv-dtype: '%s' is not f16 or f32\n", v);
+            if (eng_kv_dtype_parse(v, &p.kv_dtype) != 0) {
+                fprintf(stderr, "kvgw bench engine: --kv-dtype: '%s' is not f16, f32 or q8_0\n", v);
                 return 2;
             }
         } else {
@@ -249,8 +276,20 @@ int bench_engine_main(int argc, char **argv)
     p.kv_max_tokens = 16384;
     p.max_batch_tokens = 512;
     bool all = isa_arg != NULL && strcmp(isa_arg, "all") == 0;
+    /* A KV run: f16 and the dtype asked for, as two runs of the same path. */
+    bool kv_cmp = p.kv_dtype != ENG_KV_F16;
+    enum eng_kv_dtype kv_dt[2] = {ENG_KV_F16, p.kv_dtype};
+    if (all && kv_cmp) {
+        fprintf(stderr, "kvgw bench engine: --isa all measures one KV dtype (f16)\n");
+        return 2;
+    }
     if (rounds == 0)
-        rounds = all ? 2 : 1;
+        rounds = all || kv_cmp ? 2 : 1;
+    if (kv_cmp && n_decode >= CTX_LONG / 2) {
+        fprintf(stderr, "kvgw bench engine: --decode must stay below %u with --kv-dtype\n",
+                CTX_LONG / 2);
+        return 2;
+    }
 
     /* The paths to run: one engine each, all loaded before the first round. */
     static const char *const ladder[] = {"avx512", "avx2", "portable"};
@@ -260,8 +299,10 @@ int bench_engine_main(int argc, char **argv)
     char err[512];
     int ret = 1;
     double load_s = 0;
-    for (uint32_t i = 0; i < (all ? 3u : 1u); i++) {
+    for (uint32_t i = 0; i < (all || kv_cmp ? (kv_cmp ? 2u : 3u) : 1u); i++) {
         p.cpu_isa = all ? ladder[i] : isa_arg;
+        if (kv_cmp)
+            p.kv_dtype = kv_dt[i];
         eng_t *e = NULL;
         double t0 = bench_now_s();
         int rc = eng_init(&p, &e, err, sizeof err);
@@ -277,19 +318,20 @@ int bench_engine_main(int argc, char **argv)
         if (n_runs == 0)
             load_s = bench_now_s() - t0;
         runs[n_runs].e = e;
-        runs[n_runs].isa = eng_cpu_isa_name_of(e);
+        runs[n_runs].isa = kv_cmp ? eng_kv_dtype_name(kv_dt[i]) : eng_cpu_isa_name_of(e);
         n_runs++;
     }
     if (n_runs == 0)
         goto fail;
     const eng_hparams_t *hp = eng_hparams(runs[0].e);
-    printf("engine: %s, %u layers, width %u, %u/%u heads, FFN %u, vocab %u; %u threads, KV %s\n",
+    printf("engine: %s, %u layers, width %u, %u/%u heads, FFN %u, vocab %u; %u threads, KV %s%s\n",
            model, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_ff, hp->n_vocab,
-           threads, p.kv_dtype == ENG_KV_F16 ? "f16" : "f32");
+           threads, kv_cmp ? "f16 and " : "", eng_kv_dtype_name(p.kv_dtype));
     for (uint32_t i = 0; i < n_runs; i++)
-        printf("isa %s: GEMM %s\n", runs[i].isa, eng_gemm_name_of(runs[i].e));
+        printf("%s %s: path %s, GEMM %s\n", kv_cmp ? "kv" : "isa", runs[i].isa,
+               eng_cpu_isa_name_of(runs[i].e), eng_gemm_name_of(runs[i].e));
 
-    enum { N_MAX = 4096 };
+    enum { N_MAX = CTX_LONG + 1024 };
     int32_t *tok = pc_xmalloc(N_MAX * sizeof *tok);
     uint64_t x = 0x2545F4914F6CDD1Dull;
     for (uint32_t i = 0; i < N_MAX; i++)
@@ -310,11 +352,11 @@ int bench_engine_main(int argc, char **argv)
             goto fail_run;
     for (int round = 0; round < rounds; round++)
         for (uint32_t i = 0; i < n_runs; i++)
-            if (measure(&runs[i], tok, logits, n_decode, quick, decode_bytes,
+            if (measure(&runs[i], tok, logits, n_decode, quick, kv_cmp, decode_bytes,
                         42 + (uint64_t)round * 8 + i) != 0)
                 goto fail_run;
 
-    bool sfx = n_runs > 1;
+    bool sfx = n_runs > 1 || kv_cmp;
     if (!sfx)
         printf("isa: %s\n", runs[0].isa);
     for (uint32_t i = 0; i < n_runs; i++) {
@@ -328,6 +370,8 @@ int bench_engine_main(int argc, char **argv)
         report_fig(&r, u, sfx, F_DEC, "decode_tokens_per_s", "after 512 tokens; llama.cpp ~90",
                    false, rounds);
         report_fig(&r, u, sfx, F_DEC_GB, "decode_gb_s", "weights streamed", false, rounds);
+        report_fig(&r, u, sfx, F_DEC8K, "decode_tokens_per_s_ctx8192",
+                   "single tokens ending at context 8192", false, rounds);
         report_fig(&r, u, sfx, F_COLD, "ttft_ms_cold_4096", "llama.cpp ~5500-6000", true, rounds);
         report_fig(&r, u, sfx, F_WARM, "ttft_ms_cached_4032_of_4096", "llama.cpp ~140-160", true,
                    rounds);
@@ -338,9 +382,35 @@ int bench_engine_main(int argc, char **argv)
         }
     }
     bench_report_add(&r, "decode_weight_mb_per_token", decode_bytes / 1e6, "F16 matrices");
-    eng_kv_stats_t kv;
-    eng_kv_stats(runs[0].e, &kv);
-    bench_report_add(&r, "kv_bytes_per_token", (double)kv.block_bytes / kv.block_tokens, NULL);
+    for (uint32_t i = 0; i < (kv_cmp ? n_runs : 1u); i++) {
+        eng_kv_stats_t kv;
+        eng_kv_stats(runs[i].e, &kv);
+        char key[64];
+        snprintf(key, sizeof key, "kv_bytes_per_token%s%s", kv_cmp ? "_" : "",
+                 kv_cmp ? runs[i].isa : "");
+        bench_report_add(&r, key, (double)kv.bytes_per_token, "K and V, every layer");
+        snprintf(key, sizeof key, "pool_tokens_per_gib%s%s", kv_cmp ? "_" : "",
+                 kv_cmp ? runs[i].isa : "");
+        bench_report_add(&r, key, (double)(1u << 30) / (double)kv.bytes_per_token,
+                         "positions 1 GiB of KV pool holds");
+    }
+    if (kv_cmp && n_runs == 2) {
+        /* The targets of issue 23 for q8_0: bytes 34/64 (0.531), decode at 8192 >= 1.2x,
+         * prefill >= 0.95x. Ratios of the best rounds. */
+        eng_kv_stats_t k0, k1;
+        eng_kv_stats(runs[0].e, &k0);
+        eng_kv_stats(runs[1].e, &k1);
+        char key[64];
+        snprintf(key, sizeof key, "kv_bytes_ratio_%s_f16", runs[1].isa);
+        bench_report_add(&r, key, (double)k1.bytes_per_token / (double)k0.bytes_per_token,
+                         "q8_0 target 34/64 = 0.531");
+        snprintf(key, sizeof key, "decode_ctx8192_ratio_%s_f16", runs[1].isa);
+        bench_report_add(&r, key, runs[1].hi[F_DEC8K] / runs[0].hi[F_DEC8K], "target >= 1.2");
+        snprintf(key, sizeof key, "decode_ratio_%s_f16", runs[1].isa);
+        bench_report_add(&r, key, runs[1].hi[F_DEC] / runs[0].hi[F_DEC], "context 512");
+        snprintf(key, sizeof key, "prefill_512_ratio_%s_f16", runs[1].isa);
+        bench_report_add(&r, key, runs[1].hi[F_P512] / runs[0].hi[F_P512], "target >= 0.95");
+    }
     bench_report_add(&r, "peak_rss_mib", (double)pc_rss_peak_bytes() / (1 << 20), NULL);
     /* Last, so that its buffer stays out of the peak RSS above. */
     double stream = bench_stream_read_gb_s(threads, (size_t)512 << 20);

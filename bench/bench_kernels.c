@@ -15,6 +15,10 @@
  *   decode_splitkv_b{1,64}_ctx{4k,32k}_gb_per_s and _pct_peak
  *                               the same grid on the split-KV decode kernel (krn_decode.cu,
  *                               splits planned for twice the SM count)
+ *   decode_splitkv_q8_0_b{1,64}_ctx{4k,32k}_{gb_per_s,pct_peak,speedup_vs_f16}
+ *                               the same grid on a q8_0 KV pool (issue 23: the kernel reads the
+ *                               34-byte blocks in place): KV bytes moved per second, and the
+ *                               F16 kernel's time over the q8_0 one's (bytes alone: 64/34)
  *   sample_b{1,64}_us           krn_sample over a 152064-token vocabulary (Qwen's), top_k 50,
  *                               top_p 0.9, temperature 0.8: microseconds per step (the
  *                               multi-pass kernel, krn_sample_radix)
@@ -58,9 +62,10 @@
  *   ttft_ms_cold / ttft_ms_cached   4096-token prompt, cold and with 4032 tokens cached
  *   e2e_load_s                  eng_init with the weights' upload
  *   --model FILE picks the model (default models/kvgw-bench.gguf); --tag T names its figures
- *   e2e_T_... and ttft_T_...; --e2e-only skips the kernel benchmarks; --e2e-decode runs only
- *   the end-to-end decode figures (load, decode), for quick comparison runs of the step's paths
- *   (scripts/gpu-check.sh: KVGW_CUDA_DECODE=attn, tag decattn).
+ *   e2e_T_... and ttft_T_...; --kv-dtype q8_0 (with --tag q8_0) runs the end-to-end engine on
+ *   a q8_0 KV pool (issue 23), its figures beside the F16 run's; --e2e-only skips the kernel
+ * benchmarks; --e2e-decode runs only the end-to-end decode figures (load, decode), for quick
+ * comparison runs of the step's paths (scripts/gpu-check.sh: KVGW_CUDA_DECODE=attn, tag decattn).
  * Without CUDA in the build, or without a device, it says so on stderr and prints the JSON line
  * with no figures, exit status 0 (nothing to measure is not a failure of the benchmark).
  */
@@ -81,7 +86,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw bench kernels [--model FILE] [--iters N] [--no-e2e | --e2e-only] "
-               "[--e2e-decode] [--tag NAME]\n");
+               "[--e2e-decode] [--tag NAME] [--kv-dtype f16|f32|q8_0]\n");
 }
 
 #ifdef KVGW_HAVE_CUDA
@@ -217,7 +222,7 @@ static double bench_attention(krn_ctx_t *c, int32_t nh, int32_t nkv, int32_t n_s
                          .part_o = d_po,
                          .part_ml = d_pml};
     BK_TIME(krn_attention(c, &a), iters, sec);
-    *bytes = (double)n_seqs * ctx * nkv * hd * 2 * 2;
+    *bytes = (double)n_seqs * ctx * nkv * 2 * (double)krn_kv_row_bytes(&kv);
     double pairs = 0; /* causal (query, key) pairs per head */
     for (int32_t j = 0; j < n_new; j++)
         pairs += ctx - n_new + j + 1;
@@ -236,10 +241,10 @@ fail:
 }
 
 /* The split-KV decode kernel (krn_decode_attention) over n_seqs single-token rows at
- * context ctx, splits planned for n_sm SMs; seconds per call (kernel and merge), or -1.
- * *bytes is the KV it must read. */
-static double bench_decode(krn_ctx_t *c, int32_t nh, int32_t nkv, int32_t n_seqs, int32_t ctx,
-                           int32_t n_sm, int iters, double *bytes)
+ * context ctx on a pool of dtype (KRN_F16 or KRN_Q8_0), splits planned for n_sm SMs; seconds
+ * per call (kernel and merge), or -1. *bytes is the KV it must read. */
+static double bench_decode(krn_ctx_t *c, enum krn_dtype dtype, int32_t nh, int32_t nkv,
+                           int32_t n_seqs, int32_t ctx, int32_t n_sm, int iters, double *bytes)
 {
     const int32_t hd = 128, bt = 16;
     int32_t max_blocks = (ctx + bt - 1) / bt, width = nh * hd;
@@ -248,7 +253,7 @@ static double bench_decode(krn_ctx_t *c, int32_t nh, int32_t nkv, int32_t n_seqs
                    .n_head_kv = nkv,
                    .head_dim = hd,
                    .block_tokens = bt,
-                   .dtype = KRN_F16};
+                   .dtype = dtype};
     size_t pool_bytes = krn_kv_block_bytes(&kv) * (size_t)kv.n_blocks;
     int32_t split = krn_decode_split_tokens(n_sm, n_seqs, nkv, bt, ctx, 0);
     int32_t max_splits = split > 0 ? (ctx - 1) / split + 1 : 0;
@@ -271,7 +276,8 @@ static double bench_decode(krn_ctx_t *c, int32_t nh, int32_t nkv, int32_t n_seqs
     for (size_t i = 0; i < (size_t)n_seqs * width; i++)
         q[i] = bk_unif() * 0.1f;
     BK_CHECK(krn_dev_alloc(c, pool_bytes, &d_pool));
-    BK_CHECK(krn_memset(c, d_pool, 0x2e, pool_bytes)); /* finite F16 0x2e2e */
+    /* finite F16 0x2e2e (q8_0: that scale, quants 46) */
+    BK_CHECK(krn_memset(c, d_pool, 0x2e, pool_bytes));
     BK_CHECK(krn_dev_alloc(c, sizeof *tables * (size_t)n_seqs * max_blocks, &d_tables));
     BK_CHECK(krn_dev_alloc(c, sizeof *pos * (size_t)n_seqs, &d_pos));
     BK_CHECK(krn_dev_alloc(c, sizeof *seq * (size_t)n_seqs, &d_seq));
@@ -299,7 +305,7 @@ static double bench_decode(krn_ctx_t *c, int32_t nh, int32_t nkv, int32_t n_seqs
                            .part_o = d_po,
                            .part_ml = d_pml};
     BK_TIME(krn_decode_attention(c, &a), iters, sec);
-    *bytes = (double)n_seqs * ctx * nkv * hd * 2 * 2;
+    *bytes = (double)n_seqs * ctx * nkv * 2 * (double)krn_kv_row_bytes(&kv);
 fail:
     free(tables);
     free(pos);
@@ -512,11 +518,13 @@ done:
 /* The engine on the cuda backend: prefill, decode at batch 1, 16 and 64, TTFT cold vs
  * cached, with the backend's launches and host time per step. Figures are named e2e_<tag>_...
  * and ttft_<tag>_... (no tag: e2e_..., ttft_ms_...). */
-static int bench_e2e(const char *model, const char *tag, bool decode_only, bench_report_t *rep)
+static int bench_e2e(const char *model, const char *tag, bool decode_only,
+                     enum eng_kv_dtype kv_dtype, bench_report_t *rep)
 {
     eng_params_t p = eng_params_default();
     p.model_path = model;
     p.backend = "cuda";
+    p.kv_dtype = kv_dtype;
     p.kv_max_tokens = 65536; /* 64 sequences of 512 + decode, and the 4096-token TTFT prompt */
     p.max_batch_tokens = 2048;
     eng_t *e = NULL;
@@ -528,9 +536,9 @@ static int bench_e2e(const char *model, const char *tag, bool decode_only, bench
         return rc;
     }
     t_load = bench_now_s() - t_load;
-    printf("end to end: %s (%s), loaded in %.1f s; step path: KVGW_CUDA_FUSED=%s "
+    printf("end to end: %s (%s), KV %s, loaded in %.1f s; step path: KVGW_CUDA_FUSED=%s "
            "KVGW_CUDA_PACKED=%s KVGW_CUDA_GRAPHS=%s KVGW_CUDA_DECODE=%s\n",
-           model, tag[0] ? tag : "default tag", t_load,
+           model, tag[0] ? tag : "default tag", eng_kv_dtype_name(kv_dtype), t_load,
            getenv("KVGW_CUDA_FUSED") ? getenv("KVGW_CUDA_FUSED") : "1",
            getenv("KVGW_CUDA_PACKED") ? getenv("KVGW_CUDA_PACKED") : "1",
            getenv("KVGW_CUDA_GRAPHS") ? getenv("KVGW_CUDA_GRAPHS") : "1",
@@ -635,6 +643,7 @@ int bench_kernels_main(int argc, char **argv)
     int iters = 20;
     bool e2e = true, e2e_only = false, e2e_decode = false;
     const char *tag = "";
+    enum eng_kv_dtype kv_dtype = ENG_KV_F16; /* the end-to-end engine's KV */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
@@ -660,6 +669,13 @@ int bench_kernels_main(int argc, char **argv)
                     usage(stderr);
                     return 2;
                 }
+        } else if (strcmp(argv[i], "--kv-dtype") == 0 && i + 1 < argc) {
+            if (eng_kv_dtype_parse(argv[++i], &kv_dtype) != 0) {
+                fprintf(stderr, "kvgw bench kernels: --kv-dtype: '%s' is not f16, f32 or q8_0\n",
+                        argv[i]);
+                usage(stderr);
+                return 2;
+            }
         } else if (strcmp(argv[i], "--no-e2e") == 0) {
             e2e = false;
         } else {
@@ -685,7 +701,7 @@ int bench_kernels_main(int argc, char **argv)
     if (peak > 0)
         bench_report_add(&rep, "device_peak_gb_per_s", peak, info.name);
     if (e2e_only) {
-        if (!e2e || bench_e2e(model, tag, e2e_decode, &rep) != 0)
+        if (!e2e || bench_e2e(model, tag, e2e_decode, kv_dtype, &rep) != 0)
             fprintf(stderr, "kvgw bench kernels: end-to-end part skipped\n");
         bench_report_print(&rep);
         return 0;
@@ -722,13 +738,15 @@ int bench_kernels_main(int argc, char **argv)
                 bench_report_add(&rep, key, 100.0 * gbs / peak, "target >= 70");
             }
         }
-    /* The same grid on the split-KV decode kernel (krn_decode.cu). */
+    /* The same grid on the split-KV decode kernel (krn_decode.cu), F16 then q8_0 KV. */
+    double f16_s[2][2] = {{0}};
     for (int bi = 0; bi < 2; bi++)
         for (int ci = 0; ci < 2; ci++) {
-            s = bench_decode(c, 64, 8, grid_b[bi], grid_ctx[ci], info.n_sm > 0 ? info.n_sm : 1,
-                             iters, &bytes);
+            s = bench_decode(c, KRN_F16, 64, 8, grid_b[bi], grid_ctx[ci],
+                             info.n_sm > 0 ? info.n_sm : 1, iters, &bytes);
             if (s <= 0)
                 continue;
+            f16_s[bi][ci] = s;
             char key[64], note[96];
             double gbs = bytes / s * 1e-9;
             snprintf(note, sizeof note, "split-KV kernel, batch %d x %dK, %.1f us", grid_b[bi],
@@ -740,6 +758,32 @@ int bench_kernels_main(int argc, char **argv)
                 snprintf(key, sizeof key, "decode_splitkv_b%d_ctx%dk_pct_peak", grid_b[bi],
                          grid_ctx[ci] / 1024);
                 bench_report_add(&rep, key, 100.0 * gbs / peak, "target >= 70");
+            }
+        }
+    for (int bi = 0; bi < 2; bi++)
+        for (int ci = 0; ci < 2; ci++) {
+            s = bench_decode(c, KRN_Q8_0, 64, 8, grid_b[bi], grid_ctx[ci],
+                             info.n_sm > 0 ? info.n_sm : 1, iters, &bytes);
+            if (s <= 0)
+                continue;
+            char key[64], note[112];
+            double gbs = bytes / s * 1e-9;
+            snprintf(note, sizeof note,
+                     "split-KV kernel, q8_0 KV (34/64 of F16's bytes), %.0f MB, %.1f us",
+                     bytes * 1e-6, s * 1e6);
+            snprintf(key, sizeof key, "decode_splitkv_q8_0_b%d_ctx%dk_gb_per_s", grid_b[bi],
+                     grid_ctx[ci] / 1024);
+            bench_report_add(&rep, key, gbs, note);
+            if (peak > 0) {
+                snprintf(key, sizeof key, "decode_splitkv_q8_0_b%d_ctx%dk_pct_peak", grid_b[bi],
+                         grid_ctx[ci] / 1024);
+                bench_report_add(&rep, key, 100.0 * gbs / peak, "KV bytes moved / peak");
+            }
+            if (f16_s[bi][ci] > 0) {
+                snprintf(key, sizeof key, "decode_splitkv_q8_0_b%d_ctx%dk_speedup_vs_f16",
+                         grid_b[bi], grid_ctx[ci] / 1024);
+                bench_report_add(&rep, key, f16_s[bi][ci] / s,
+                                 "F16 time / q8_0 time, same shape (ideal 64/34 = 1.88)");
             }
         }
     for (int bi = 0; bi < 2; bi++) {
@@ -834,7 +878,7 @@ int bench_kernels_main(int argc, char **argv)
         bench_report_add(&rep, "qgemm_q4_k_m512_tflop_per_s", 2.0 * 512 * 14336 * 4096 / qs * 1e-12,
                          "dequantize to F16 in 64 MiB chunks + cuBLAS");
     krn_ctx_free(c);
-    if (e2e && bench_e2e(model, tag, e2e_decode, &rep) != 0)
+    if (e2e && bench_e2e(model, tag, e2e_decode, kv_dtype, &rep) != 0)
         fprintf(stderr, "kvgw bench kernels: end-to-end part skipped\n");
 #else
     (void)model;

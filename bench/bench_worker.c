@@ -14,6 +14,13 @@
  * that prefix plus 64 new tokens measures its TTFT alone, then again submitted together with a
  * cold 4096-token request (submitted first). llama.cpp's server: ~1.0 s alone, 26 s beside the
  * cold one. Target: beside <= 2x alone.
+ *
+ * --kv-dtype q8_0 (or f32) runs workload 3 instead, for f16 and that dtype one after the other
+ * in the same process: a worker whose KV pool has a fixed byte budget (--kv-budget, default
+ * 96 MiB: 12,288 f16 positions of the bench model) and N = 16 requests of --kv-prompt tokens
+ * (default 1024) + --gen tokens, more than f16's pool holds at once, so the budget binds.
+ * Figures per dtype (suffix _f16, _q8_0): kv_bytes_per_token, pool_tokens_per_gib, the pool's
+ * tokens, tokens_per_s_aggregate_n16_kv_bound, the median TTFT, preemptions; and the ratios.
  */
 #include "bench.h"
 #include "common.h"
@@ -28,13 +35,17 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw bench worker [--model FILE] [--threads N] [--concurrency N[,N...]] "
                "[--prompt N] [--gen N] [--step-tokens N] [--gemm auto|f32|bf16] [--bf16] "
-               "[--no-mixed] [--temperature T]\n");
+               "[--no-mixed] [--temperature T] [--kv-dtype f16|f32|q8_0] [--kv-budget MIB] "
+               "[--kv-prompt N]\n");
     fprintf(f, "  --concurrency  request counts to run (default 1,4,16)\n");
     fprintf(f, "  --step-tokens  the scheduler's tokens per step (default: the worker's)\n");
     fprintf(
         f, "  --gemm         prefill GEMM precision (default auto: BF16 for F16 weights on\n"
            "                 CPUs with AVX512-BF16; logits move by ~1e-2); --bf16 = --gemm bf16\n");
     fprintf(f, "  --no-mixed     skip the cached-prefix-beside-a-cold-prefill case\n");
+    fprintf(f, "  --kv-dtype     f32 or q8_0: the KV-bound workload (N=16) for f16 and that dtype\n"
+               "                 under one KV byte budget (--kv-budget MiB, default 96;\n"
+               "                 --kv-prompt N tokens per request, default 1024)\n");
     fprintf(f,
             "  --temperature  sampling temperature of every request (default 0: greedy; 1 shows\n"
             "                 what the CPU sampler costs per token, kvgw bench sampler)\n");
@@ -149,6 +160,73 @@ static int parse_list(const char *s, uint32_t *c, int max)
     return n;
 }
 
+/* Workload 3 for one KV dtype: a worker with a KV pool of budget bytes, n requests of n_prompt
+ * + n_gen tokens submitted at once. Adds the figures with the dtype's suffix; *tps gets the
+ * aggregate tokens/s. Returns 0 or -1. */
+static int kv_bound_run(eng_worker_params_t p, enum eng_kv_dtype dt, uint64_t budget, uint32_t n,
+                        uint32_t n_prompt, uint32_t n_gen, float temperature, bench_report_t *r,
+                        double *tps, double *ttft_med, uint64_t *cap)
+{
+    p.engine.kv_dtype = dt;
+    p.engine.kv_max_tokens = 0;
+    p.engine.kv_max_bytes = budget;
+    char err[512];
+    eng_worker_t *w = NULL;
+    if (eng_worker_init(&p, &w, err, sizeof err) != 0) {
+        fprintf(stderr, "kvgw bench worker: %s\n", err);
+        return -1;
+    }
+    eng_worker_info_t info;
+    eng_worker_info(w, &info);
+    const char *dn = info.kv_dtype;
+    printf("kv %s: %llu bytes per token, pool %llu tokens in %.0f MiB; %u x (%u + %u) tokens\n", dn,
+           (unsigned long long)info.kv_bytes_per_token, (unsigned long long)info.kv_capacity_tokens,
+           (double)budget / (1 << 20), n, n_prompt, n_gen);
+    uint32_t *tok = pc_xmalloc((size_t)n * n_prompt * sizeof *tok);
+    track_t *t = pc_xcalloc(n, sizeof *t);
+    double *ttft = pc_xcalloc(n, sizeof *ttft);
+    int ret = -1;
+    g_rng = 0x5DEECE66Dull; /* the same prompts for every dtype */
+    random_tokens(tok, n * n_prompt, info.n_vocab);
+    uint64_t id = 1;
+    for (uint32_t i = 0; i < n; i++)
+        if (submit(w, temperature, &t[i], id++, 100 + i, tok + (size_t)i * n_prompt, n_prompt,
+                   n_gen) != 0)
+            goto done;
+    if (wait_all(w, t, n) != 0)
+        goto done;
+    double t_end = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        t_end = PC_MAX(t_end, t[i].t_done);
+        ttft[i] = t[i].t_first - t[i].t_submit;
+    }
+    *tps = (double)n * n_gen / (t_end - t[0].t_submit);
+    *ttft_med = median(ttft, n) * 1e3;
+    *cap = info.kv_capacity_tokens;
+    eng_worker_stats_t st;
+    eng_worker_stats(w, &st);
+    char key[80];
+    snprintf(key, sizeof key, "kv_bytes_per_token_%s", dn);
+    bench_report_add(r, key, (double)info.kv_bytes_per_token, "K and V, every layer");
+    snprintf(key, sizeof key, "pool_tokens_per_gib_%s", dn);
+    bench_report_add(r, key, (double)(1u << 30) / (double)info.kv_bytes_per_token, NULL);
+    snprintf(key, sizeof key, "pool_tokens_%s", dn);
+    bench_report_add(r, key, (double)info.kv_capacity_tokens, "the budget's positions");
+    snprintf(key, sizeof key, "tokens_per_s_aggregate_n%u_kv_bound_%s", n, dn);
+    bench_report_add(r, key, *tps, "generated tokens / wall time");
+    snprintf(key, sizeof key, "ttft_ms_median_n%u_kv_bound_%s", n, dn);
+    bench_report_add(r, key, *ttft_med, NULL);
+    snprintf(key, sizeof key, "preemptions_%s", dn);
+    bench_report_add(r, key, (double)st.n_preempted, NULL);
+    ret = 0;
+done:
+    pc_free(tok);
+    pc_free(t);
+    pc_free(ttft);
+    eng_worker_free(w);
+    return ret;
+}
+
 int bench_worker_main(int argc, char **argv)
 {
     const char *model = "models/kvgw-bench.gguf";
@@ -159,6 +237,10 @@ int bench_worker_main(int argc, char **argv)
     bool mixed = true;
     enum eng_gemm_mode gemm = ENG_GEMM_AUTO;
     const char *gemm_name = "auto";
+    enum eng_kv_dtype kv_dt = ENG_KV_F16;
+    uint64_t kv_budget_mib = 96;
+    uint32_t kv_prompt = 1024;
+    bool gen_set = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -197,6 +279,12 @@ int bench_worker_main(int argc, char **argv)
             n_prompt = (uint32_t)n;
         } else if (strcmp(a, "--gen") == 0 && n >= 1 && n <= 4096) {
             n_gen = (uint32_t)n;
+            gen_set = true;
+        } else if (strcmp(a, "--kv-dtype") == 0 && eng_kv_dtype_parse(v, &kv_dt) == 0) {
+        } else if (strcmp(a, "--kv-budget") == 0 && n >= 1 && n <= (1 << 20)) {
+            kv_budget_mib = (uint64_t)n;
+        } else if (strcmp(a, "--kv-prompt") == 0 && n >= 1 && n <= 8192) {
+            kv_prompt = (uint32_t)n;
         } else if (strcmp(a, "--step-tokens") == 0 && n >= 1 && n <= 65536) {
             step_tokens = (uint32_t)n;
         } else if (strcmp(a, "--temperature") == 0 && strtof(v, NULL) >= 0 &&
@@ -217,6 +305,27 @@ int bench_worker_main(int argc, char **argv)
     p.load_interval_ms = 0;
     if (step_tokens > 0)
         p.step_tokens = step_tokens;
+    if (kv_dt != ENG_KV_F16) {
+        /* Workload 3: f16 then the dtype asked for, under the same byte budget. */
+        bench_report_t kr;
+        bench_report_init(&kr, "worker");
+        double tps[2], ttft_med[2];
+        uint64_t cap[2];
+        enum eng_kv_dtype dts[2] = {ENG_KV_F16, kv_dt};
+        for (int i = 0; i < 2; i++)
+            if (kv_bound_run(p, dts[i], kv_budget_mib << 20, 16, kv_prompt, gen_set ? n_gen : 32,
+                             temperature, &kr, &tps[i], &ttft_med[i], &cap[i]) != 0)
+                return 1;
+        char key[80];
+        snprintf(key, sizeof key, "pool_tokens_ratio_%s_f16", eng_kv_dtype_name(kv_dt));
+        bench_report_add(&kr, key, (double)cap[1] / (double)cap[0], "q8_0: 64/34 = 1.88");
+        snprintf(key, sizeof key, "tokens_per_s_n16_kv_bound_ratio_%s_f16",
+                 eng_kv_dtype_name(kv_dt));
+        bench_report_add(&kr, key, tps[1] / tps[0], NULL);
+        bench_report_add(&kr, "peak_rss_mib", (double)pc_rss_peak_bytes() / (1 << 20), NULL);
+        bench_report_print(&kr);
+        return 0;
+    }
     char err[512];
     eng_worker_t *w = NULL;
     if (eng_worker_init(&p, &w, err, sizeof err) != 0) {

@@ -3,7 +3,7 @@
  * so anyone can compare the engine with another implementation.
  *
  *   kvgw eval --model FILE --tokens FILE --logits OUT [--prefix-cached N] [--threads N]
- *             [--kv-dtype f16|f32]
+ *             [--kv-dtype f16|f32|q8_0]
  *
  * --tokens names a JSON array of token ids. OUT receives raw little-endian float32 logits,
  * [n_tokens][n_vocab], row i being the distribution after tokens[0..i]. With --prefix-cached N
@@ -27,7 +27,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw eval --model FILE --tokens FILE --logits OUT [--prefix-cached N] "
-               "[--threads N] [--kv-dtype f16|f32] [--gemm auto|f32|bf16]\n");
+               "[--threads N] [--kv-dtype f16|f32|q8_0] [--gemm auto|f32|bf16]\n");
 }
 
 static void help(void)
@@ -38,7 +38,8 @@ static void help(void)
            "  --prefix-cached N  compute and cache the first N tokens, then compute the rest\n"
            "                     in a new sequence that reuses them (the cache path)\n"
            "  --threads N        compute threads (default 2)\n"
-           "  --kv-dtype T       KV cache element type, f16 (default) or f32\n"
+           "  --kv-dtype T       KV cache element type: f16 (default), f32, or q8_0 (ggml's\n"
+           "                     8-bit blocks, 34/64 of f16's bytes; head size a multiple of 32)\n"
            "  --gemm M           prefill GEMM precision: auto (default: bf16 for F16/BF16/Q8_0\n"
            "                     weights on CPUs with AVX512-BF16, logits within ~1e-2 of f32),\n"
            "                     f32 (exact F32 products), or bf16\n");
@@ -142,12 +143,8 @@ int kvgw_cmd_eval(int argc, char **argv)
             }
             threads = (uint32_t)n;
         } else if (strcmp(a, "--kv-dtype") == 0) {
-            if (strcmp(v, "f16") == 0) {
-                kv = ENG_KV_F16;
-            } else if (strcmp(v, "f32") == 0) {
-                kv = ENG_KV_F32;
-            } else {
-                fprintf(stderr, "kvgw eval: --kv-dtype: '%s' is not f16 or f32\n", v);
+            if (eng_kv_dtype_parse(v, &kv) != 0) {
+                fprintf(stderr, "kvgw eval: --kv-dtype: '%s' is not f16, f32 or q8_0\n", v);
                 usage(stderr);
                 return KVGW_EXIT_USAGE;
             }

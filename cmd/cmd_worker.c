@@ -3,7 +3,8 @@
  * a model and serves the worker API over TCP with the worker protocol (worker_server.h).
  *
  *   kvgw worker --model FILE --listen HOST:PORT [--backend cpu|cuda|auto] [--cuda-device N]
- *               [--threads N] [--kv-tokens N] [--name NAME] [--max-queue N] [--secret-file F]
+ *               [--threads N] [--kv-tokens N] [--kv-dtype f16|f32|q8_0] [--name NAME]
+ *               [--max-queue N] [--secret-file F]
  *               [--kv-tier-dir DIR [--kv-tier-bytes SIZE] [--kv-tier-key-file F]]
  *               [--log-level L]
  *
@@ -46,9 +47,9 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw worker --model FILE --listen HOST:PORT [--backend cpu|cuda|auto] "
-               "[--cuda-device N] [--threads N] [--kv-tokens N] [--name NAME] [--max-queue N] "
-               "[--secret-file F] [--kv-tier-dir DIR [--kv-tier-bytes SIZE] "
-               "[--kv-tier-key-file F]] [--log-level L]\n");
+               "[--cuda-device N] [--threads N] [--kv-tokens N] [--kv-dtype f16|f32|q8_0] "
+               "[--name NAME] [--max-queue N] [--secret-file F] [--kv-tier-dir DIR "
+               "[--kv-tier-bytes SIZE] [--kv-tier-key-file F]] [--log-level L]\n");
 }
 
 static void help(void)
@@ -67,6 +68,8 @@ static void help(void)
            "  --cuda-device N  the GPU of the cuda backend (default 0)\n"
            "  --threads N      compute threads (default 2)\n"
            "  --kv-tokens N    KV cache budget in tokens (default 65536)\n"
+           "  --kv-dtype T     KV cache element type: f16 (default), f32, or q8_0 (34/64 of\n"
+           "                   f16's bytes; the cpu backend; part of the model fingerprint)\n"
            "  --name NAME      this worker's name in the handshake and logs (default: host name)\n"
            "  --max-queue N    requests waiting for admission before \"overloaded\" (default 256)\n"
            "  --secret-file F  the link secret gateways must prove (16..1024 bytes; a trailing\n"
@@ -132,6 +135,7 @@ int kvgw_cmd_worker(int argc, char **argv)
     uint64_t threads = 2, kv_tokens = 65536, max_queue = 256, cuda_device = 0;
     uint64_t tier_bytes = 4ull << 30;
     bool tier_bytes_set = false;
+    enum eng_kv_dtype kv_dtype = ENG_KV_F16;
     int level = PC_LOG_INFO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -166,6 +170,9 @@ int kvgw_cmd_worker(int argc, char **argv)
         } else if (strcmp(a, "--kv-tokens") == 0) {
             if (kvgw_cli_parse_u64(v, UINT32_MAX, &kv_tokens) != 0 || kv_tokens == 0)
                 bad = "is not a token count";
+        } else if (strcmp(a, "--kv-dtype") == 0) {
+            if (eng_kv_dtype_parse(v, &kv_dtype) != 0)
+                bad = "is not f16, f32 or q8_0";
         } else if (strcmp(a, "--max-queue") == 0) {
             if (kvgw_cli_parse_u64(v, 1u << 20, &max_queue) != 0 || max_queue == 0)
                 bad = "is not in 1..1048576";
@@ -219,6 +226,7 @@ int kvgw_cmd_worker(int argc, char **argv)
     wp.engine.cuda_device = (int)cuda_device;
     wp.engine.n_threads = (uint32_t)threads;
     wp.engine.kv_max_tokens = kv_tokens;
+    wp.engine.kv_dtype = kv_dtype;
     wp.max_queue = (uint32_t)max_queue;
     static uint8_t tier_key[32];
     if (tier_dir != NULL) {
@@ -295,6 +303,8 @@ int kvgw_cmd_worker(int argc, char **argv)
     else
         fprintf(stderr, "kvgw worker: backend %s (auto: CUDA device %d is usable)\n", in.backend,
                 (int)cuda_device);
+    fprintf(stderr, "kvgw worker: KV %s, %llu bytes per token, %llu tokens\n", in.kv_dtype,
+            (unsigned long long)in.kv_bytes_per_token, (unsigned long long)in.kv_capacity_tokens);
     uv_signal_init(&loop, &m.sigint);
     uv_signal_init(&loop, &m.sigterm);
     m.sigint.data = m.sigterm.data = &m;

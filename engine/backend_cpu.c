@@ -116,7 +116,7 @@ static bool cpu_supports(const eng_backend_t *be, enum eng_backend_op op, uint32
     case ENG_BACKEND_OP_MATMUL:
         return eng_quant_type_computed(type);
     case ENG_BACKEND_OP_KV:
-        return type == ENG_KV_F16 || type == ENG_KV_F32;
+        return type == ENG_KV_F16 || type == ENG_KV_F32 || type == ENG_KV_Q8_0;
     }
     return false;
 }
@@ -220,7 +220,8 @@ static void stage_qkv(const rows_ctx_t *r, uint32_t i0, uint32_t i1)
     uint32_t hd = hp->head_dim, nq = hp->n_head * hd, nk = hp->n_head_kv * hd;
     uint32_t half = hp->rope_dim / 2, bt = eng_kvpool_block_tokens(r->kv);
     bool neox = hp->rope_style == ENG_ROPE_NEOX;
-    bool f16 = eng_kvpool_dtype(r->kv) == ENG_KV_F16;
+    enum eng_kv_dtype kvt = eng_kvpool_dtype(r->kv);
+    size_t rb = eng_kvpool_row_bytes(r->kv);
     float scale = 1.0f / sqrtf((float)hd);
     for (uint32_t i = i0; i < i1; i++) {
         float *q = c->q + (size_t)i * nq, *k = c->k + (size_t)i * nk, *v = c->v + (size_t)i * nk;
@@ -250,7 +251,12 @@ static void stage_qkv(const rows_ctx_t *r, uint32_t i0, uint32_t i1)
                 rmsnorm_row(c->isa, kh, L->k_norm, kh, hd, hp->rms_eps);
             rope_head(c->isa, kh, cs, sn, hp->rope_dim, neox);
             void *dst = eng_kvpool_kv(r->kv, block, r->layer, h);
-            if (f16) {
+            if (kvt == ENG_KV_Q8_0) {
+                /* Quantized in the same pass, per position: the bytes depend only on this row. */
+                uint8_t *kd = dst;
+                eng__q8_0_quantize_isa(kh, hd, kd + (size_t)slot * rb, c->isa);
+                eng__q8_0_quantize_isa(vh, hd, kd + (size_t)(bt + slot) * rb, c->isa);
+            } else if (kvt == ENG_KV_F16) {
                 /* K is stored transposed ([hd][bt]): converted in pieces, then scattered. */
                 uint16_t *kd = dst, kh16[64];
                 for (uint32_t d0 = 0; d0 < hd; d0 += 64) {
@@ -393,6 +399,7 @@ static int cpu_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t
                                   .head_dim = hd,
                                   .block_tokens = bt,
                                   .kv_f16 = eng_kvpool_dtype(kv) == ENG_KV_F16,
+                                  .kv_q8_0 = eng_kvpool_dtype(kv) == ENG_KV_Q8_0,
                                   .simd = true,
                                   .isa = c->isa}};
         eng__pool_run(c->pool, attn_task, &ar, n_tasks);

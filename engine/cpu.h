@@ -60,6 +60,9 @@ void eng__f32_to_f16_row(const float *src, uint16_t *dst, size_t n, bool simd);
 
 /* True when the CPU has AVX-512F (and F16C/FMA, implied on every AVX-512 CPU). */
 bool eng__cpu_has_avx512(void);
+/* True when the CPU has AVX512-VNNI with AVX512-BW and -VL (the AVX-512 path's q8_0 KV scores
+ * then use VPDPBUSD on two keys per vector). */
+bool eng__cpu_has_avx512_vnni(void);
 /* True when the CPU has AVX2, FMA and F16C. */
 bool eng__cpu_has_avx2(void);
 

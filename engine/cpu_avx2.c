@@ -408,6 +408,44 @@ AVX2 static inline float hmax8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* Each row's online-softmax step over the raw scores of a chunk in its p (finite in every
+ * lane): m, l, corr, n_valid and the weights p (zero past the row's last visible key; all zero
+ * with corr 1 for a row that sees none of the chunk). */
+AVX2 static void softmax4(eng_attn_row_t *rows, uint32_t n_rows, uint32_t start, uint32_t n_keys)
+{
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (uint32_t r = 0; r < n_rows; r++) {
+        eng_attn_row_t *row = &rows[r];
+        if (row->pos < start) {
+            row->corr = 1.0f;
+            row->n_valid = 0;
+            memset(row->p, 0, ENG_ATTN_CHUNK * sizeof(float));
+            continue;
+        }
+        uint32_t n_valid = PC_MIN(n_keys, row->pos - start + 1);
+        __m256 x[8], mk[8], vmax = ninf;
+        for (uint32_t c = 0; c < 8; c++) {
+            __m256i lane = _mm256_add_epi32(iota, _mm256_set1_epi32((int)(8 * c)));
+            mk[c] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)n_valid), lane));
+            x[c] = _mm256_blendv_ps(ninf, _mm256_loadu_ps(row->p + 8 * c), mk[c]);
+            vmax = _mm256_max_ps(vmax, x[c]);
+        }
+        float bmax = hmax8(vmax);
+        float m_new = row->m > bmax ? row->m : bmax;
+        __m256 mn = _mm256_set1_ps(m_new), sum = _mm256_setzero_ps();
+        for (uint32_t c = 0; c < 8; c++) {
+            __m256 pc = _mm256_and_ps(mk[c], exp256(_mm256_sub_ps(x[c], mn)));
+            _mm256_storeu_ps(row->p + 8 * c, pc);
+            sum = _mm256_add_ps(sum, pc);
+        }
+        row->corr = expf(row->m - m_new); /* 0 for the first chunk (m = -inf) */
+        row->l = row->l * row->corr + hsum8(sum);
+        row->m = m_new;
+        row->n_valid = n_valid;
+    }
+}
+
 AVX2 void eng__avx2_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_t *rows,
                                  uint32_t n_rows, uint32_t start, uint32_t n_keys)
 {
@@ -440,37 +478,7 @@ AVX2 void eng__avx2_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_t *r
             _mm256_storeu_ps(rows[r].p + kb + 8, bv[r]);
         }
     }
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    for (uint32_t r = 0; r < n_rows; r++) {
-        eng_attn_row_t *row = &rows[r];
-        if (row->pos < start) {
-            row->corr = 1.0f;
-            row->n_valid = 0;
-            memset(row->p, 0, ENG_ATTN_CHUNK * sizeof(float));
-            continue;
-        }
-        uint32_t n_valid = PC_MIN(n_keys, row->pos - start + 1);
-        __m256 x[8], mk[8], vmax = ninf;
-        for (uint32_t c = 0; c < 8; c++) {
-            __m256i lane = _mm256_add_epi32(iota, _mm256_set1_epi32((int)(8 * c)));
-            mk[c] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)n_valid), lane));
-            x[c] = _mm256_blendv_ps(ninf, _mm256_loadu_ps(row->p + 8 * c), mk[c]);
-            vmax = _mm256_max_ps(vmax, x[c]);
-        }
-        float bmax = hmax8(vmax);
-        float m_new = row->m > bmax ? row->m : bmax;
-        __m256 mn = _mm256_set1_ps(m_new), sum = _mm256_setzero_ps();
-        for (uint32_t c = 0; c < 8; c++) {
-            __m256 pc = _mm256_and_ps(mk[c], exp256(_mm256_sub_ps(x[c], mn)));
-            _mm256_storeu_ps(row->p + 8 * c, pc);
-            sum = _mm256_add_ps(sum, pc);
-        }
-        row->corr = expf(row->m - m_new); /* 0 for the first chunk (m = -inf) */
-        row->l = row->l * row->corr + hsum8(sum);
-        row->m = m_new;
-        row->n_valid = n_valid;
-    }
+    softmax4(rows, n_rows, start, n_keys);
 }
 
 AVX2 void eng__avx2_attn_values4(const float *vb, uint32_t hd, eng_attn_row_t *rows,
@@ -522,6 +530,133 @@ AVX2 void eng__avx2_attn_values4(const float *vb, uint32_t hd, eng_attn_row_t *r
         _mm256_storeu_ps(r0->o + c + 8, b0);
     }
 }
+
+/* q8_0 KV (cpu_simd.h). A block's 32 quants are one 256-bit vector: the product with the query's
+ * is ggml's sign trick (|k| as unsigned bytes times q with k's sign, VPMADDUBSW, then pairs summed
+ * to int32 by VPMADDWD), exact since |q|, |k| <= 127; the int32 lanes are scaled by d_q d_k in
+ * F32. Four rows share each key's loads; the four rows' lanes of a key are summed together by
+ * three horizontal adds. */
+AVX2 void eng__avx2_attn_q8_dots4(const uint8_t *const *krow, uint32_t nb, eng_attn_row_t *rows,
+                                  uint32_t n_rows, uint32_t n_keys)
+{
+    enum { NB_MAX = 32 };
+    PC_ASSERT(nb >= 1 && nb <= NB_MAX && n_rows >= 1 && n_rows <= 4);
+    const uint8_t *qr[4];
+    float dq[4][NB_MAX];
+    for (uint32_t r = 0; r < 4; r++) {
+        qr[r] = rows[PC_MIN(r, n_rows - 1)].qq;
+        for (uint32_t b = 0; b < nb; b++) {
+            uint16_t h;
+            memcpy(&h, qr[r] + (size_t)b * ENG_Q8_0_BYTES, 2);
+            dq[r][b] = _cvtsh_ss(h);
+        }
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (uint32_t j = 0; j < n_keys; j++) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const uint8_t *kr = krow[j];
+        for (uint32_t b = 0; b < nb; b++) {
+            const uint8_t *kb = kr + (size_t)b * ENG_Q8_0_BYTES;
+            uint16_t h;
+            memcpy(&h, kb, 2);
+            float dk = _cvtsh_ss(h);
+            __m256i k = _mm256_loadu_si256((const void *)(kb + 2));
+            __m256i ak = _mm256_sign_epi8(k, k);
+#define Q8_ROW(r, acc)                                                                             \
+    do {                                                                                           \
+        __m256i q = _mm256_loadu_si256((const void *)(qr[r] + (size_t)b * ENG_Q8_0_BYTES + 2));    \
+        __m256i p16 = _mm256_maddubs_epi16(ak, _mm256_sign_epi8(q, k));                            \
+        __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));                              \
+        acc = _mm256_fmadd_ps(pf, _mm256_set1_ps(dk * dq[r][b]), acc);                             \
+    } while (0)
+            Q8_ROW(0, a0);
+            Q8_ROW(1, a1);
+            Q8_ROW(2, a2);
+            Q8_ROW(3, a3);
+#undef Q8_ROW
+        }
+        /* [a0 a1 a2 a3] lanes summed: one score per row. */
+        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+        __m128 sc = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        float sv[4];
+        _mm_storeu_ps(sv, sc);
+        for (uint32_t r = 0; r < n_rows; r++)
+            rows[r].p[j] = sv[r];
+    }
+    for (uint32_t r = 0; r < n_rows; r++)
+        for (uint32_t j = n_keys; j < ENG_ATTN_CHUNK; j++)
+            rows[r].p[j] = 0;
+}
+
+AVX2 void eng__avx2_attn_q8_scores4(const uint8_t *const *krow, uint32_t nb, eng_attn_row_t *rows,
+                                    uint32_t n_rows, uint32_t start, uint32_t n_keys)
+{
+    eng__avx2_attn_q8_dots4(krow, nb, rows, n_rows, n_keys);
+    softmax4(rows, n_rows, start, n_keys);
+}
+
+/* Sixteen int8 quants at p as eight + eight F32 lanes times d. */
+#define Q8_TO_PS(lo, hi, p, dv)                                                                    \
+    do {                                                                                           \
+        __m128i qv = _mm_loadu_si128((const void *)(p));                                           \
+        lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qv)), dv);                      \
+        hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(qv, 8))), dv);   \
+    } while (0)
+
+AVX2 void eng__avx2_attn_q8_values4(const uint8_t *const *vrow, uint32_t hd, eng_attn_row_t *rows,
+                                    uint32_t n_rows)
+{
+    uint32_t nj = 0;
+    for (uint32_t r = 0; r < n_rows; r++)
+        nj = PC_MAX(nj, rows[r].n_valid);
+    if (nj == 0)
+        return; /* corr is 1 for every row: nothing changes */
+    eng_attn_row_t *r0 = &rows[0], *r1 = &rows[PC_MIN(1, n_rows - 1)];
+    eng_attn_row_t *r2 = &rows[PC_MIN(2, n_rows - 1)], *r3 = &rows[PC_MIN(3, n_rows - 1)];
+    const float *p0 = r0->p, *p1 = r1->p, *p2 = r2->p, *p3 = r3->p;
+    __m256 f0 = _mm256_set1_ps(r0->corr), f1 = _mm256_set1_ps(r1->corr);
+    __m256 f2 = _mm256_set1_ps(r2->corr), f3 = _mm256_set1_ps(r3->corr);
+    for (uint32_t c = 0; c < hd; c += 16) {
+        size_t off = (size_t)(c / ENG_QK8_0) * ENG_Q8_0_BYTES; /* the q8_0 block of column c */
+        size_t qoff = off + 2 + c % ENG_QK8_0;
+        __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(r0->o + c), f0);
+        __m256 b0 = _mm256_mul_ps(_mm256_loadu_ps(r0->o + c + 8), f0);
+        __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(r1->o + c), f1);
+        __m256 b1 = _mm256_mul_ps(_mm256_loadu_ps(r1->o + c + 8), f1);
+        __m256 a2 = _mm256_mul_ps(_mm256_loadu_ps(r2->o + c), f2);
+        __m256 b2 = _mm256_mul_ps(_mm256_loadu_ps(r2->o + c + 8), f2);
+        __m256 a3 = _mm256_mul_ps(_mm256_loadu_ps(r3->o + c), f3);
+        __m256 b3 = _mm256_mul_ps(_mm256_loadu_ps(r3->o + c + 8), f3);
+        for (uint32_t j = 0; j < nj; j++) {
+            uint16_t h;
+            memcpy(&h, vrow[j] + off, 2);
+            __m256 v0, v1;
+            Q8_TO_PS(v0, v1, vrow[j] + qoff, _mm256_set1_ps(_cvtsh_ss(h)));
+            __m256 w = _mm256_broadcast_ss(p0 + j);
+            a0 = _mm256_fmadd_ps(w, v0, a0);
+            b0 = _mm256_fmadd_ps(w, v1, b0);
+            w = _mm256_broadcast_ss(p1 + j);
+            a1 = _mm256_fmadd_ps(w, v0, a1);
+            b1 = _mm256_fmadd_ps(w, v1, b1);
+            w = _mm256_broadcast_ss(p2 + j);
+            a2 = _mm256_fmadd_ps(w, v0, a2);
+            b2 = _mm256_fmadd_ps(w, v1, b2);
+            w = _mm256_broadcast_ss(p3 + j);
+            a3 = _mm256_fmadd_ps(w, v0, a3);
+            b3 = _mm256_fmadd_ps(w, v1, b3);
+        }
+        /* Stores in reverse: a row repeated past n_rows is row 0, stored last. */
+        _mm256_storeu_ps(r3->o + c, a3);
+        _mm256_storeu_ps(r3->o + c + 8, b3);
+        _mm256_storeu_ps(r2->o + c, a2);
+        _mm256_storeu_ps(r2->o + c + 8, b2);
+        _mm256_storeu_ps(r1->o + c, a1);
+        _mm256_storeu_ps(r1->o + c + 8, b1);
+        _mm256_storeu_ps(r0->o + c, a0);
+        _mm256_storeu_ps(r0->o + c + 8, b0);
+    }
+}
+#undef Q8_TO_PS
 
 /* ---------------------------------------------------------------------------------------------
  * Element-wise

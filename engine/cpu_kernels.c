@@ -337,6 +337,80 @@ size_t eng__attention_scratch_floats(uint32_t head_dim, uint32_t block_tokens, u
     return 2 * keys * head_dim + (size_t)max_rows * (head_dim + ENG_ATTN_CHUNK);
 }
 
+void eng__q8_0_quantize_isa(const float *x, uint32_t n, uint8_t *dst, eng_cpu_isa_t isa)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (eng__cpu_isa_clamp(isa) == ENG_CPU_ISA_AVX512) {
+        eng__avx512_q8_0_quantize(x, n, dst);
+        return;
+    }
+#endif
+    eng_kv_q8_0_quantize(x, n, dst);
+}
+
+/* The q8_0 KV path of eng__attention over the task's rows (set up, o zeroed): each row's query
+ * quantized once into qbuf, then the keys ENG_ATTN_CHUNK at a time on every path, read in place
+ * through per-key row pointers. */
+static void attention_q8_0(const eng_attn_args_t *a, const eng_attn_task_t *task,
+                           eng_attn_row_t *rows, uint32_t n_rows, uint32_t n_keys_total,
+                           uint8_t *qbuf, float *vtile, eng_cpu_isa_t isa)
+{
+    const eng_kvpool_t *pool = a->kvpool;
+    uint32_t hd = a->head_dim, bt = a->block_tokens, nb = hd / ENG_QK8_0;
+    size_t rb = eng_kvpool_row_bytes(pool);
+    (void)nb; /* the SIMD paths' */
+    for (uint32_t r = 0; r < n_rows; r++) {
+        eng__q8_0_quantize_isa(rows[r].q, hd, qbuf + (size_t)r * rb, isa);
+        rows[r].qq = qbuf + (size_t)r * rb;
+    }
+    const uint32_t *blocks = a->blocks[task->seq];
+    const uint8_t *krow[ENG_ATTN_CHUNK], *vrow[ENG_ATTN_CHUNK];
+    for (uint32_t start = 0; start < n_keys_total; start += ENG_ATTN_CHUNK) {
+        uint32_t n_keys = PC_MIN(ENG_ATTN_CHUNK, n_keys_total - start);
+        const uint8_t *base = NULL;
+        for (uint32_t j = 0; j < n_keys; j++) {
+            uint32_t pos = start + j, slot = pos % bt;
+            if (j == 0 || slot == 0)
+                base = eng_kvpool_kv(pool, blocks[pos / bt], a->layer, task->kv_head);
+            krow[j] = base + (size_t)slot * rb;
+            vrow[j] = base + (size_t)(bt + slot) * rb;
+        }
+        if (isa == ENG_CPU_ISA_PORTABLE) {
+            for (uint32_t r = 0; r < n_rows; r++)
+                eng__port_attn_q8_chunk(krow, vrow, hd, &rows[r], start, n_keys);
+            continue;
+        }
+#if defined(__x86_64__) || defined(__i386__)
+        /* Several row groups (prefill): the chunk's V converted once (d * q, exact in F32) for
+         * all of them, and the F32 value kernel, whose products and sums are then those of the
+         * q8_0 value kernel bit for bit (same values, same order): a task's result does not
+         * depend on how many rows it has. */
+        bool stage_v = n_rows > 4;
+        if (stage_v)
+            for (uint32_t j = 0; j < n_keys; j++)
+                eng_kv_q8_0_dequantize(vrow[j], hd, vtile + (size_t)j * hd);
+        for (uint32_t r = 0; r < n_rows; r += 4) {
+            uint32_t nr = PC_MIN(4, n_rows - r);
+            if (isa == ENG_CPU_ISA_AVX512) {
+                eng__avx512_attn_q8_scores4(krow, nb, rows + r, nr, start, n_keys);
+                if (stage_v)
+                    eng__avx512_attn_values4(vtile, hd, rows + r, nr);
+                else
+                    eng__avx512_attn_q8_values4(vrow, hd, rows + r, nr);
+            } else {
+                eng__avx2_attn_q8_scores4(krow, nb, rows + r, nr, start, n_keys);
+                if (stage_v)
+                    eng__avx2_attn_values4(vtile, hd, rows + r, nr);
+                else
+                    eng__avx2_attn_q8_values4(vrow, hd, rows + r, nr);
+            }
+        }
+#else
+        (void)vtile;
+#endif
+    }
+}
+
 void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float *scratch)
 {
     const eng_kvpool_t *pool = a->kvpool;
@@ -361,6 +435,7 @@ void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float
         for (uint32_t g = 0; g < group; g++, r++) {
             uint32_t h = task->kv_head * group + g;
             rows[r].q = a->q + (size_t)t * q_stride + (size_t)h * hd;
+            rows[r].qq = NULL;
             rows[r].o = obuf + (size_t)r * hd;
             rows[r].p = pbuf + (size_t)r * ENG_ATTN_CHUNK;
             rows[r].m = -INFINITY;
@@ -372,6 +447,12 @@ void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float
     }
     const uint32_t *blocks = a->blocks[task->seq];
     uint32_t n_keys_total = max_pos + 1;
+    if (a->kv_q8_0) {
+        /* The queries' q8_0 blocks take the place of the F32 key tile (n_rows x hd x 34/32
+         * bytes, well within hd x 64 floats); the value tile is V's, as for F16. */
+        attention_q8_0(a, task, rows, n_rows, n_keys_total, (uint8_t *)kt, vb, isa);
+        goto normalize;
+    }
     for (uint32_t start = 0; start < n_keys_total; start += keys) {
         uint32_t n_keys = PC_MIN(keys, n_keys_total - start);
         for (uint32_t col = 0; col < n_keys; col += bt) {
@@ -400,6 +481,7 @@ void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float
         }
 #endif
     }
+normalize:
     for (uint32_t t = task->t0, r = 0; t < task->t1; t++) {
         for (uint32_t g = 0; g < group; g++, r++) {
             uint32_t h = task->kv_head * group + g;

@@ -57,6 +57,9 @@ void eng__bf16_pack(const eng_weight_t *w, uint16_t *dst);
 /* True when the CPU has AVX512-BF16. */
 bool eng__cpu_has_bf16(void);
 
+/* eng_kv_q8_0_quantize (kvpool.h) on the fastest kernel of isa: the same bytes on every path. */
+void eng__q8_0_quantize_isa(const float *x, uint32_t n, uint8_t *dst, eng_cpu_isa_t isa);
+
 /* One attention task's geometry. */
 typedef struct eng_attn_task {
     uint32_t seq; /* index into the seqs of the batch */
@@ -73,6 +76,8 @@ typedef struct eng_attn_args {
     uint32_t layer;
     uint32_t n_head, n_head_kv, head_dim, block_tokens;
     bool kv_f16;
+    bool kv_q8_0;      /* q8_0 K and V (kvpool.h), read as stored: the query is quantized once
+                          per task row, scores are integer dot products; kv_f16 is then false */
     bool simd;         /* false: the portable path whatever isa says */
     eng_cpu_isa_t isa; /* with simd: the path (AUTO, the zero value, is the best one) */
 } eng_attn_args_t;
@@ -86,7 +91,9 @@ size_t eng__attention_scratch_floats(uint32_t head_dim, uint32_t block_tokens, u
 
 /* The attention of one task's rows over positions [0, pos] of each row, into a->out. scratch
  * holds eng__attention_scratch_floats() floats. The AVX-512 and AVX2 paths take 64 keys (whole
- * blocks) at a time; the portable path one block at a time (and any block size). */
+ * blocks) at a time; the portable path one block at a time (and any block size). q8_0 KV is
+ * never converted to a copy: every path reads the blocks 64 keys at a time through one pointer
+ * per key (any block size). */
 void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float *scratch);
 
 #endif

@@ -218,3 +218,66 @@ void eng__port_rope(float *x, const float *cs, const float *sn, uint32_t rope_di
         x[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
     }
 }
+
+/* The int8 dot product of two q8_0 blocks' quants, exact in int32 (8 independent lanes). */
+static inline int32_t dot_q8(const int8_t *x, const int8_t *y)
+{
+    int32_t a[8] = {0};
+    for (uint32_t i = 0; i < ENG_QK8_0; i += 8)
+        for (uint32_t j = 0; j < 8; j++)
+            a[j] += (int32_t)x[i + j] * (int32_t)y[i + j];
+    return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+}
+
+static inline float q8_scale(const uint8_t *blk)
+{
+    uint16_t dh;
+    memcpy(&dh, blk, 2);
+    return eng_f16_to_f32(dh);
+}
+
+void eng__port_attn_q8_chunk(const uint8_t *const *krow, const uint8_t *const *vrow, uint32_t hd,
+                             eng_attn_row_t *row, uint32_t start, uint32_t n_keys)
+{
+    if (row->pos < start)
+        return;
+    uint32_t nb = hd / ENG_QK8_0;
+    uint32_t n_valid = n_keys < row->pos - start + 1 ? n_keys : row->pos - start + 1;
+    float s[ENG_ATTN_CHUNK];
+    PC_ASSERT(n_valid <= ENG_ATTN_CHUNK);
+    for (uint32_t j = 0; j < n_valid; j++) {
+        float acc = 0;
+        for (uint32_t b = 0; b < nb; b++) {
+            const uint8_t *qb = row->qq + (size_t)b * ENG_Q8_0_BYTES;
+            const uint8_t *kb = krow[j] + (size_t)b * ENG_Q8_0_BYTES;
+            int32_t d = dot_q8((const int8_t *)(qb + 2), (const int8_t *)(kb + 2));
+            acc += q8_scale(qb) * q8_scale(kb) * (float)d;
+        }
+        s[j] = acc;
+    }
+    float bmax = -INFINITY;
+    for (uint32_t j = 0; j < n_valid; j++)
+        bmax = s[j] > bmax ? s[j] : bmax;
+    float m_new = row->m > bmax ? row->m : bmax;
+    float corr = expf(row->m - m_new);
+    float sum = 0;
+    for (uint32_t j = 0; j < n_valid; j++) {
+        s[j] = expf(s[j] - m_new);
+        sum += s[j];
+    }
+    row->l = row->l * corr + sum;
+    row->m = m_new;
+    float *o = row->o;
+    for (uint32_t d = 0; d < hd; d++)
+        o[d] *= corr;
+    for (uint32_t j = 0; j < n_valid; j++) {
+        for (uint32_t b = 0; b < nb; b++) {
+            const uint8_t *vb = vrow[j] + (size_t)b * ENG_Q8_0_BYTES;
+            float w = s[j] * q8_scale(vb);
+            const int8_t *q = (const int8_t *)(vb + 2);
+            float *ob = o + (size_t)b * ENG_QK8_0;
+            for (uint32_t d = 0; d < ENG_QK8_0; d++)
+                ob[d] += w * (float)q[d];
+        }
+    }
+}

@@ -88,6 +88,7 @@ void eng__avx512_gemm_bf16_block(const uint32_t *a /* [M][kp] pairs */, uint32_t
  * and n_valid, the chunk's keys the row sees. */
 typedef struct eng_attn_row {
     const float *q;
+    const uint8_t *qq; /* q as head_dim / 32 q8_0 blocks (the q8_0 KV path only) */
     float *o;
     float *p;
     float m, l, corr;
@@ -110,6 +111,35 @@ void eng__avx2_attn_values4(const float *vb, uint32_t hd, eng_attn_row_t *rows, 
  * n_slots valid) against one row: the portable path, for any block size. */
 void eng__port_attn_block(const float *kt, const float *vb, uint32_t hd, uint32_t bt,
                           eng_attn_row_t *row, uint32_t block_start, uint32_t n_slots);
+
+/* q8_0 KV (kvpool.h): krow[j] / vrow[j] point at key j's K / V row of nb = head_dim / 32 q8_0
+ * blocks, for j < n_keys <= ENG_ATTN_CHUNK (the keys of a chunk may lie in several KV blocks:
+ * one pointer per key, so any block size works). Each row's query is rows[r].qq (q8_0, quantized
+ * once per step); a score is sum over blocks of d_q d_k (q . k), the int8 dot product exact in
+ * int32, like ggml's vec_dot_q8_0_q8_0. */
+/* Raw scores of up to four rows (rows past n_rows repeat row 0 and store first) into p[0,
+ * n_keys), zero past n_keys. The AVX-512 path uses it too: a q8_0 block is 256 bits, and
+ * AVX-512F (the path's feature set) has no 512-bit byte products (those are AVX512-BW/VNNI). */
+void eng__avx2_attn_q8_dots4(const uint8_t *const *krow, uint32_t nb, eng_attn_row_t *rows,
+                             uint32_t n_rows, uint32_t n_keys);
+/* The scores and the online-softmax step, as eng__avx2_attn_scores4 / eng__avx512_attn_scores4
+ * do for F32 keys. */
+void eng__avx2_attn_q8_scores4(const uint8_t *const *krow, uint32_t nb, eng_attn_row_t *rows,
+                               uint32_t n_rows, uint32_t start, uint32_t n_keys);
+void eng__avx512_attn_q8_scores4(const uint8_t *const *krow, uint32_t nb, eng_attn_row_t *rows,
+                                 uint32_t n_rows, uint32_t start, uint32_t n_keys);
+/* o = o * corr + p . V for up to four rows, V read as q8_0 (d * q converted in registers; only
+ * the first max(n_valid) rows are read). */
+void eng__avx2_attn_q8_values4(const uint8_t *const *vrow, uint32_t hd, eng_attn_row_t *rows,
+                               uint32_t n_rows);
+void eng__avx512_attn_q8_values4(const uint8_t *const *vrow, uint32_t hd, eng_attn_row_t *rows,
+                                 uint32_t n_rows);
+/* One row against a chunk of n_keys q8_0 keys starting at position start: the portable path. */
+void eng__port_attn_q8_chunk(const uint8_t *const *krow, const uint8_t *const *vrow, uint32_t hd,
+                             eng_attn_row_t *row, uint32_t start, uint32_t n_keys);
+
+/* eng_kv_q8_0_quantize (kvpool.h) on the AVX-512 path: the same bytes for every input. */
+void eng__avx512_q8_0_quantize(const float *x, uint32_t n, uint8_t *dst);
 
 /* Element-wise rows: y = x / rms(x) * w (y may be x), and g = silu(g) * u. */
 void eng__avx2_rmsnorm(const float *x, const float *w, float *y, uint32_t n, float eps);

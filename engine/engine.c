@@ -25,6 +25,31 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+const char *eng_kv_dtype_name(enum eng_kv_dtype t)
+{
+    switch (t) {
+    case ENG_KV_F16:
+        return "f16";
+    case ENG_KV_F32:
+        return "f32";
+    case ENG_KV_Q8_0:
+        return "q8_0";
+    }
+    return "?";
+}
+
+int eng_kv_dtype_parse(const char *s, enum eng_kv_dtype *out)
+{
+    static const enum eng_kv_dtype all[] = {ENG_KV_F16, ENG_KV_F32, ENG_KV_Q8_0};
+    for (size_t i = 0; s != NULL && i < PC_ARRAY_LEN(all); i++) {
+        if (strcmp(s, eng_kv_dtype_name(all[i])) == 0) {
+            *out = all[i];
+            return 0;
+        }
+    }
+    return PC_ERR_INVAL;
+}
+
 eng_params_t eng_params_default(void)
 {
     return (eng_params_t){.model_path = NULL,
@@ -143,6 +168,10 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
         snprintf(err, err_len, "engine: invalid parameters (model path, threads 1..256, batch)");
         return PC_ERR_INVAL;
     }
+    if (p->kv_dtype != ENG_KV_F16 && p->kv_dtype != ENG_KV_F32 && p->kv_dtype != ENG_KV_Q8_0) {
+        snprintf(err, err_len, "engine: invalid KV dtype %d (f16, f32 or q8_0)", (int)p->kv_dtype);
+        return PC_ERR_INVAL;
+    }
     if (p->gemm != ENG_GEMM_AUTO && p->gemm != ENG_GEMM_F32 && p->gemm != ENG_GEMM_BF16) {
         snprintf(err, err_len, "engine: invalid GEMM mode %d (auto, f32 or bf16)", (int)p->gemm);
         return PC_ERR_INVAL;
@@ -192,6 +221,14 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
     int rc = eng_model_load(p->model_path, &mp, &e->model, err, err_len);
     if (rc != 0)
         goto fail;
+    if (p->kv_dtype == ENG_KV_Q8_0 && e->model->hp.head_dim % ENG_QK8_0 != 0) {
+        snprintf(err, err_len,
+                 "engine: KV dtype q8_0 needs a head size that is a multiple of 32 (this model's "
+                 "is %u); use f16 or f32",
+                 e->model->hp.head_dim);
+        rc = PC_ERR_UNSUPPORTED;
+        goto fail;
+    }
     /* Host KV memory only for the CPU backend: a cuda backend's pool lives on its device. */
     bool kv_storage = true;
 #ifdef KVGW_HAVE_CUDA
@@ -203,6 +240,12 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
     rc = make_backend(e, backend, err, err_len);
     if (rc != 0)
         goto fail;
+    if (!e->be->iface->supports(e->be, ENG_BACKEND_OP_KV, (uint32_t)p->kv_dtype)) {
+        snprintf(err, err_len, "engine: the %s backend does not support KV dtype %s",
+                 eng_backend_name(e->be), eng_kv_dtype_name(p->kv_dtype));
+        rc = PC_ERR_UNSUPPORTED;
+        goto fail;
+    }
     e->blk_mark = pc_calloc(eng_kvpool_n_blocks(e->kv), 1);
     if (e->blk_mark == NULL) {
         rc = PC_ERR_NOMEM;
@@ -337,7 +380,11 @@ void eng_kv_stats(eng_t *e, eng_kv_stats_t *out)
                             .n_blocks = n_blocks,
                             .n_free = eng_kvpool_n_free(e->kv),
                             .n_cached = n_cached,
-                            .block_bytes = eng_kvpool_block_bytes(e->kv)};
+                            .block_bytes = eng_kvpool_block_bytes(e->kv),
+                            .dtype = eng_kvpool_dtype(e->kv),
+                            .bytes_per_token =
+                                eng_kvpool_block_bytes(e->kv) / eng_kvpool_block_tokens(e->kv),
+                            .capacity_tokens = (uint64_t)n_blocks * eng_kvpool_block_tokens(e->kv)};
 }
 const char *eng_backend_name_of(const eng_t *e)
 {

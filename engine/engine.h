@@ -29,11 +29,19 @@
 
 struct eng_sample_row; /* sampling.h */
 
-/* The element type of the KV cache. */
+/* The element type of the KV cache. ENG_KV_Q8_0 is ggml's q8_0 block (an F16 scale d and 32
+ * int8 quants q, value d * q; 34 bytes per 32 values, 34/64 of F16's bytes), quantized per
+ * token along head_dim (kvpool.h has the layout); it needs head_dim % 32 == 0. */
 enum eng_kv_dtype {
     ENG_KV_F16 = 0,
     ENG_KV_F32 = 1,
+    ENG_KV_Q8_0 = 2,
 };
+
+/* "f16", "f32" or "q8_0" (a static string; "?" for a value outside the enum). */
+const char *eng_kv_dtype_name(enum eng_kv_dtype t);
+/* Parses "f16", "f32" or "q8_0" into *out. Returns 0 or PC_ERR_INVAL (*out unchanged). */
+int eng_kv_dtype_parse(const char *s, enum eng_kv_dtype *out);
 
 /* Which logits a sequence of the batch wants. */
 enum eng_logits_mode {
@@ -146,6 +154,11 @@ typedef struct eng_kv_stats {
     uint32_t n_cached;     /* blocks only the prefix index holds (used by no live sequence):
                               what eviction can free */
     size_t block_bytes;    /* bytes of one block's K and V over every layer */
+    enum eng_kv_dtype dtype;
+    uint64_t bytes_per_token; /* block_bytes / block_tokens: K and V of one position, every
+                                 layer (F16 2 x n_layer x n_head_kv x head_dim x 2 bytes; q8_0
+                                 34/64 of that) */
+    uint64_t capacity_tokens; /* n_blocks x block_tokens: the positions the pool holds */
 } eng_kv_stats_t;
 
 /* Fills *out. O(n_blocks + the live sequences' blocks), for n_cached. */

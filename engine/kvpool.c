@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "half.h"
 #include "pc_alloc.h"
 #include "pc_assert.h"
 #include "pc_err.h"
@@ -21,9 +22,9 @@ struct eng_kvpool {
     enum eng_kv_dtype dtype;
     uint32_t n_layer, n_head_kv, head_dim;
     uint32_t n_blocks;
-    size_t elem_bytes;
-    size_t head_elems;  /* 2 * head_dim * block_tokens: one (layer, head) slice of a block */
-    size_t block_bytes; /* n_layer * n_head_kv * head_elems * elem_bytes */
+    size_t row_bytes;   /* one position's K (or V) of one (layer, head) */
+    size_t head_bytes;  /* 2 * block_tokens * row_bytes: one (layer, head) slice of a block */
+    size_t block_bytes; /* n_layer * n_head_kv * head_bytes */
     bool poison;
     uint8_t *data;      /* [n_blocks][block_bytes], or NULL (no_storage) */
     void *data_raw;     /* the allocation data lies in (data is its first 4096-aligned byte) */
@@ -35,6 +36,46 @@ struct eng_kvpool {
     eng_kvpool_hooks_t hooks; /* a mirror's (cuda backend), or all NULL */
 };
 
+void eng_kv_q8_0_quantize(const float *x, uint32_t n, uint8_t *dst)
+{
+    PC_ASSERT(n % ENG_QK8_0 == 0);
+    for (uint32_t b = 0; b < n / ENG_QK8_0; b++, x += ENG_QK8_0, dst += ENG_KV_Q8_0_BYTES) {
+        float amax = 0;
+        for (uint32_t j = 0; j < ENG_QK8_0; j++) {
+            float a = fabsf(x[j]);
+            amax = a > amax ? a : amax;
+        }
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t dh = eng_f32_to_f16(d);
+        memcpy(dst, &dh, 2);
+        int8_t *q = (int8_t *)(dst + 2);
+        /* roundf (halves away from zero) without the libm call, so the loop vectorizes: the
+         * truncation and its exact remainder (|v| <= 127 up to the rounding of id: the amax
+         * element may land a few ulps above 127). A NaN lane (never from a finite row) becomes
+         * 0. */
+        for (uint32_t j = 0; j < ENG_QK8_0; j++) {
+            float v = x[j] * id;
+            v = v >= -128.0f && v <= 128.0f ? v : 0.0f;
+            int32_t t = (int32_t)v;
+            float fr = v - (float)t;
+            q[j] = (int8_t)(t + (fr >= 0.5f) - (fr <= -0.5f));
+        }
+    }
+}
+
+void eng_kv_q8_0_dequantize(const uint8_t *src, uint32_t n, float *y)
+{
+    PC_ASSERT(n % ENG_QK8_0 == 0);
+    for (uint32_t b = 0; b < n / ENG_QK8_0; b++, src += ENG_KV_Q8_0_BYTES, y += ENG_QK8_0) {
+        uint16_t dh;
+        memcpy(&dh, src, 2);
+        float d = eng_f16_to_f32(dh);
+        const int8_t *q = (const int8_t *)(src + 2);
+        for (uint32_t j = 0; j < ENG_QK8_0; j++)
+            y[j] = d * (float)q[j];
+    }
+}
+
 eng_kvpool_params_t eng_kvpool_params_default(void)
 {
     return (eng_kvpool_params_t){.block_tokens = ENG_KV_BLOCK_TOKENS_DEFAULT,
@@ -45,16 +86,41 @@ eng_kvpool_params_t eng_kvpool_params_default(void)
                                  .no_storage = false};
 }
 
+/* Bytes of one position's K of one head, or 0 for a dtype that cannot hold head_dim. */
+static size_t row_bytes_of(enum eng_kv_dtype dtype, uint32_t head_dim)
+{
+    switch (dtype) {
+    case ENG_KV_F16:
+        return (size_t)head_dim * 2;
+    case ENG_KV_F32:
+        return (size_t)head_dim * 4;
+    case ENG_KV_Q8_0:
+        return head_dim % ENG_QK8_0 == 0 ? (size_t)(head_dim / ENG_QK8_0) * ENG_KV_Q8_0_BYTES : 0;
+    }
+    return 0;
+}
+
+size_t eng_kvpool_block_bytes_for(enum eng_kv_dtype dtype, uint32_t block_tokens, uint32_t n_layer,
+                                  uint32_t n_head_kv, uint32_t head_dim)
+{
+    size_t row = row_bytes_of(dtype, head_dim);
+    if (row == 0 || block_tokens == 0 || n_layer == 0 || n_head_kv == 0)
+        return 0;
+    return (size_t)n_layer * n_head_kv * 2 * block_tokens * row;
+}
+
 int eng_kvpool_init(const eng_kvpool_params_t *p, uint32_t n_layer, uint32_t n_head_kv,
                     uint32_t head_dim, eng_kvpool_t **out)
 {
     *out = NULL;
     if (p->block_tokens == 0 || p->block_tokens > 4096 || n_layer == 0 || n_head_kv == 0 ||
-        head_dim == 0 || (p->dtype != ENG_KV_F16 && p->dtype != ENG_KV_F32))
+        head_dim == 0 || head_dim > 65536 || n_layer > 65536 || n_head_kv > 65536)
         return PC_ERR_INVAL;
-    size_t elem = p->dtype == ENG_KV_F16 ? 2 : 4;
-    size_t head_elems = (size_t)2 * head_dim * p->block_tokens;
-    size_t block_bytes = (size_t)n_layer * n_head_kv * head_elems * elem;
+    size_t row_bytes = row_bytes_of(p->dtype, head_dim);
+    if (row_bytes == 0)
+        return PC_ERR_INVAL;
+    size_t head_bytes = 2 * (size_t)p->block_tokens * row_bytes;
+    size_t block_bytes = (size_t)n_layer * n_head_kv * head_bytes;
     uint64_t n_blocks = UINT64_MAX;
     if (p->max_tokens > 0)
         n_blocks = p->max_tokens / p->block_tokens;
@@ -73,8 +139,8 @@ int eng_kvpool_init(const eng_kvpool_params_t *p, uint32_t n_layer, uint32_t n_h
     pool->n_head_kv = n_head_kv;
     pool->head_dim = head_dim;
     pool->n_blocks = (uint32_t)n_blocks;
-    pool->elem_bytes = elem;
-    pool->head_elems = head_elems;
+    pool->row_bytes = row_bytes;
+    pool->head_bytes = head_bytes;
     pool->block_bytes = block_bytes;
     pool->poison = p->poison;
     if (!p->no_storage) {
@@ -149,11 +215,22 @@ size_t eng_kvpool_block_bytes(const eng_kvpool_t *pool)
 {
     return pool->block_bytes;
 }
+size_t eng_kvpool_row_bytes(const eng_kvpool_t *pool)
+{
+    return pool->row_bytes;
+}
 
 static void poison_block(eng_kvpool_t *pool, uint32_t b)
 {
     uint8_t *p = pool->data + (size_t)b * pool->block_bytes;
-    if (pool->dtype == ENG_KV_F16) {
+    if (pool->dtype == ENG_KV_Q8_0) {
+        /* Every q8_0 block's scale a NaN (quants 0): a stray read makes NaN scores. */
+        for (size_t i = 0; i < pool->block_bytes; i += ENG_KV_Q8_0_BYTES) {
+            uint16_t nan16 = 0x7e00;
+            memcpy(p + i, &nan16, 2);
+            memset(p + i + 2, 0, ENG_KV_Q8_0_BYTES - 2);
+        }
+    } else if (pool->dtype == ENG_KV_F16) {
         uint16_t *h = (uint16_t *)p;
         for (size_t i = 0; i < pool->block_bytes / 2; i++)
             h[i] = 0x7e00; /* F16 quiet NaN */
@@ -205,7 +282,7 @@ void *eng_kvpool_kv(const eng_kvpool_t *pool, uint32_t block, uint32_t layer, ui
     if (pool->data == NULL)
         return NULL;
     size_t idx = ((size_t)block * pool->n_layer + layer) * pool->n_head_kv + head;
-    return pool->data + idx * pool->head_elems * pool->elem_bytes;
+    return pool->data + idx * pool->head_bytes;
 }
 
 int eng_kvpool_block_read(const eng_kvpool_t *pool, uint32_t b, void *dst)
@@ -246,11 +323,17 @@ void eng_kvpool_copy(eng_kvpool_t *pool, uint32_t dst, uint32_t src, uint32_t n_
         return;
     }
     /* Poisoned pools copy only the valid positions, so unwritten slots stay NaN. */
-    size_t e = pool->elem_bytes, bt = pool->block_tokens, hd = pool->head_dim;
+    size_t bt = pool->block_tokens, hd = pool->head_dim, rb = pool->row_bytes;
+    size_t e = pool->dtype == ENG_KV_F16 ? 2 : 4;
     for (uint32_t l = 0; l < pool->n_layer; l++) {
         for (uint32_t h = 0; h < pool->n_head_kv; h++) {
             uint8_t *d = eng_kvpool_kv(pool, dst, l, h);
             const uint8_t *s = eng_kvpool_kv(pool, src, l, h);
+            if (pool->dtype == ENG_KV_Q8_0) { /* K then V: per-position rows */
+                memcpy(d, s, n_tokens * rb);
+                memcpy(d + bt * rb, s + bt * rb, n_tokens * rb);
+                continue;
+            }
             for (size_t i = 0; i < hd; i++) /* K rows: one per dimension */
                 memcpy(d + i * bt * e, s + i * bt * e, n_tokens * e);
             memcpy(d + hd * bt * e, s + hd * bt * e, (size_t)n_tokens * hd * e); /* V */

@@ -6,12 +6,29 @@
  * number of tokens or of bytes): the pool never allocates KV memory afterwards. A no_storage
  * pool allocates none at all and only does the accounting, for a backend that keeps the
  * blocks' contents in its own memory (the cuda backend, through the hooks). Block layout,
- * for block b, layer l, KV head h (elements of the pool's dtype, F16 or F32):
+ * for block b, layer l, KV head h, with F16 or F32 elements:
  *
- *   base + ((b * n_layer + l) * n_head_kv + h) * 2 * head_dim * block_tokens
+ *   base + ((b * n_layer + l) * n_head_kv + h) * 2 * head_dim * block_tokens * elem_bytes
  *     K:  [head_dim][block_tokens]   transposed: one row holds a dimension of every token, so
  *                                    16 scores are one vector of FMAs over head_dim
  *     V:  [block_tokens][head_dim]   follows K
+ *
+ * With ENG_KV_Q8_0 (head_dim a multiple of 32), K and V are both per-token rows of head_dim / 32
+ * q8_0 blocks (ggml's block_q8_0: F16 scale d, then 32 int8 quants; value = d * q):
+ *
+ *   base + ((b * n_layer + l) * n_head_kv + h) * 2 * block_tokens * row_bytes,
+ *   row_bytes = head_dim / 32 * 34
+ *     K:  [block_tokens][head_dim / 32] q8_0 blocks
+ *     V:  [block_tokens][head_dim / 32] q8_0 blocks, follows K
+ *
+ * K is not transposed here, because a q8_0 block must run along one token's head dimensions:
+ * (1) each position's row is quantized alone, once, when it is written, so its bytes do not
+ * depend on how the prompt was split into steps or which positions came from a cached prefix
+ * (cached equals cold, bit for bit), and (2) a score is then an integer dot product of the
+ * query, quantized once per step to q8_0 too, with K's int8 quants, 32 products per block and
+ * one scale multiply, as ggml's vec_dot_q8_0_q8_0 (llama.cpp's -ctk q8_0 on the CPU). A
+ * transposed q8_0 K (blocks of 32 positions of one dimension) would requantize a block at every
+ * write into it and make the quantized KV depend on the step boundaries.
  *
  * Blocks are reference-counted. A block is either free (refcount 0, on the free list) or
  * referenced by one or more owners: sequences (eng_kvseq_t block tables) and the prefix index.
@@ -34,6 +51,16 @@
 #include "engine.h" /* enum eng_kv_dtype */
 
 #define ENG_KV_BLOCK_TOKENS_DEFAULT 16
+/* Bytes of a q8_0 KV block: an F16 scale and ENG_QK8_0 (32) int8 quants. */
+#define ENG_KV_Q8_0_BYTES 34
+
+/* Quantizes x[n] (n a multiple of 32) into n / 32 q8_0 blocks at dst, as ggml's
+ * quantize_row_q8_0_ref: per block amax = max |x|, d = amax / 127, q = round(x / d) (half away
+ * from zero), d stored as F16 (0 for an all-zero block). The one quantizer of the KV cache and of
+ * the attention's query on every ISA path, so the bytes never depend on the path. */
+void eng_kv_q8_0_quantize(const float *x, uint32_t n, uint8_t *dst);
+/* The inverse: n / 32 q8_0 blocks at src into y[n] as d * q (exact in F32). */
+void eng_kv_q8_0_dequantize(const uint8_t *src, uint32_t n, float *y);
 
 typedef struct eng_kvpool_params {
     uint32_t block_tokens;   /* tokens per block, default 16 */
@@ -55,8 +82,10 @@ typedef struct eng_kvpool eng_kvpool_t;
  * blocks). Returns the number of blocks that became free. */
 typedef uint32_t (*eng_kvpool_evict_fn)(void *ud, uint32_t n_blocks);
 
-/* Creates a pool for a model shape. Returns 0, PC_ERR_INVAL (no budget, or a budget below one
- * block) or PC_ERR_NOMEM. */
+/* Creates a pool for a model shape. The number of blocks is the budget over the dtype's block
+ * bytes (a byte budget holds 64/34 as many q8_0 positions as F16 ones). Returns 0, PC_ERR_INVAL
+ * (no budget, a budget below one block, an unknown dtype, q8_0 with head_dim % 32 != 0) or
+ * PC_ERR_NOMEM. */
 int eng_kvpool_init(const eng_kvpool_params_t *p, uint32_t n_layer, uint32_t n_head_kv,
                     uint32_t head_dim, eng_kvpool_t **out);
 void eng_kvpool_free(eng_kvpool_t *pool);
@@ -87,6 +116,14 @@ enum eng_kv_dtype eng_kvpool_dtype(const eng_kvpool_t *pool);
 uint32_t eng_kvpool_n_blocks(const eng_kvpool_t *pool);
 uint32_t eng_kvpool_n_free(const eng_kvpool_t *pool);
 size_t eng_kvpool_block_bytes(const eng_kvpool_t *pool);
+/* Bytes of one position's K (or V) of one (layer, KV head): head_dim x 2 or 4, or head_dim / 32
+ * x 34 for q8_0. */
+size_t eng_kvpool_row_bytes(const eng_kvpool_t *pool);
+/* Bytes of one block of dtype for a model shape (every layer and KV head, K and V), or 0 when
+ * the dtype is unknown or cannot hold the shape (q8_0 with head_dim % 32 != 0). What
+ * eng_kvpool_init sizes the pool by. */
+size_t eng_kvpool_block_bytes_for(enum eng_kv_dtype dtype, uint32_t block_tokens, uint32_t n_layer,
+                                  uint32_t n_head_kv, uint32_t head_dim);
 
 /* Takes a free block (refcount 1), evicting through the hook when none is free. Returns 0,
  * or PC_ERR_NOSPACE (nothing changed). */
@@ -109,7 +146,8 @@ int eng_kvpool_block_read(const eng_kvpool_t *pool, uint32_t b, void *dst);
 int eng_kvpool_block_write(eng_kvpool_t *pool, uint32_t b, const void *src);
 
 /* The K part of (block, layer, kv head): [head_dim][block_tokens]; V follows it:
- * [block_tokens][head_dim]. Valid until eng_kvpool_free. NULL for a no_storage pool. */
+ * [block_tokens][head_dim] (q8_0: K [block_tokens] rows of eng_kvpool_row_bytes, V the same
+ * after it). Valid until eng_kvpool_free. NULL for a no_storage pool. */
 void *eng_kvpool_kv(const eng_kvpool_t *pool, uint32_t block, uint32_t layer, uint32_t head);
 
 /* Accounting check: expected_refs[n_blocks] holds the references the owners know of. Returns 0

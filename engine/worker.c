@@ -148,6 +148,8 @@ struct eng_worker {
     eng_sample_ws_t *ws;
     char *model_name;
     uint64_t model_fp;
+    enum eng_kv_dtype kv_dtype;
+    uint64_t kv_bytes_per_token;
     uint32_t n_vocab, n_ctx, bt, total_blocks;
     uint64_t g2_max_bytes; /* the G2 tier's budget (0: off, and always on the CPU backend) */
     uint64_t block_bytes;  /* one KV block's bytes in the pool (G2 load figures) */
@@ -1523,6 +1525,21 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
     rc = eng_model_fingerprint(w->e, &w->model_fp, err, err_len);
     if (rc != 0)
         goto fail;
+    if (kv.dtype != ENG_KV_F16) {
+        /* The KV dtype names cached prefixes too: KV of two dtypes never mixes. */
+        uint8_t fpb[8 + 8] = {0};
+        const char *dn = eng_kv_dtype_name(kv.dtype);
+        memcpy(fpb, &w->model_fp, 8);
+        memcpy(fpb + 8, dn, PC_MIN(strlen(dn), 8));
+        w->model_fp = XXH3_64bits(fpb, sizeof fpb);
+    }
+    w->kv_dtype = kv.dtype;
+    w->kv_bytes_per_token = kv.bytes_per_token;
+    PC_LOG(PC_LOG_INFO, "worker",
+           "model fingerprint %016llx (with the KV dtype); KV %s, %llu bytes per token, %llu "
+           "tokens",
+           (unsigned long long)w->model_fp, eng_kv_dtype_name(kv.dtype),
+           (unsigned long long)kv.bytes_per_token, (unsigned long long)kv.capacity_tokens);
     rc = eng_sample_ws_init(w->n_vocab, &w->ws);
     uint32_t mr = params->max_running;
     w->items = pc_calloc(mr, sizeof *w->items);
@@ -1661,6 +1678,9 @@ void eng_worker_info(const eng_worker_t *w, eng_worker_info_t *out)
                                .total_blocks = w->total_blocks,
                                .max_prompt_tokens = PC_MIN(w->n_ctx, w->total_blocks * w->bt),
                                .backend = eng_backend_name_of(w->e),
+                               .kv_dtype = eng_kv_dtype_name(w->kv_dtype),
+                               .kv_bytes_per_token = w->kv_bytes_per_token,
+                               .kv_capacity_tokens = (uint64_t)w->total_blocks * w->bt,
                                .backend_note = eng_backend_note_of(w->e)};
 }
 

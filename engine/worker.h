@@ -155,15 +155,21 @@ typedef struct eng_worker_info {
     const char *model_name; /* the GGUF general.name, or the file's base name */
     uint64_t model_fp;      /* XXH3-64 of the whole GGUF file: header, metadata, tensor
                                table and every tensor's data, so other weights of the same
-                               shapes give another fingerprint (computed once at init) */
+                               shapes give another fingerprint (computed once at init); with
+                               a KV dtype other than f16, XXH3-64 of 16 bytes: that hash (u64
+                               LE) and the dtype's name ("q8_0") zero-padded, so workers whose cached KV
+                               differs never      pass for one another (f16's stays the file's hash) */
     uint32_t n_vocab;
-    uint32_t n_ctx;             /* the longest sequence: prompt + generated tokens */
-    uint32_t block_tokens;      /* KV block size */
-    uint32_t total_blocks;      /* KV pool size */
-    uint32_t max_prompt_tokens; /* the longest prompt that fits the pool and the context */
-    const char *backend;        /* the engine backend that runs: "cpu" or "cuda" */
-    const char *backend_note;   /* why backend "auto" runs on the CPU ("cuda unavailable:
-                                   <reason>"), or "" (eng_backend_note_of) */
+    uint32_t n_ctx;              /* the longest sequence: prompt + generated tokens */
+    uint32_t block_tokens;       /* KV block size */
+    uint32_t total_blocks;       /* KV pool size */
+    uint32_t max_prompt_tokens;  /* the longest prompt that fits the pool and the context */
+    const char *backend;         /* the engine backend that runs: "cpu" or "cuda" */
+    const char *kv_dtype;        /* the KV cache's element type: "f16", "f32" or "q8_0" */
+    uint64_t kv_bytes_per_token; /* K and V of one position, every layer */
+    uint64_t kv_capacity_tokens; /* total_blocks x block_tokens: the positions the pool holds */
+    const char *backend_note;    /* why backend "auto" runs on the CPU ("cuda unavailable:
+                                    <reason>"), or "" (eng_backend_note_of) */
 } eng_worker_info_t;
 
 /* Loads the model (params->engine) and its tokenizer from the same GGUF, and starts the

@@ -18,6 +18,7 @@
 
 #include "billing.h"
 #include "common.h"
+#include "engine.h"
 #include "lnk_addr.h"
 #include "render.h"
 #include "worker.h"
@@ -484,6 +485,13 @@ static int model_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
         return get_u32(w, v, 1, 1024, &m->threads);
     if (strcmp(k, "kv_cache") == 0)
         return get_size(w, v, 0, UINT64_MAX, &m->kv_bytes);
+    if (strcmp(k, "kv_dtype") == 0) {
+        enum eng_kv_dtype t;
+        if (scalar(v) == NULL || eng_kv_dtype_parse(scalar(v), &t) != 0)
+            return fail_at(w, v, "expected f16, f32 or q8_0");
+        m->kv_dtype = (uint32_t)t;
+        return 0;
+    }
     if (strcmp(k, "backend") == 0) {
         const char *s = scalar(v);
         if (s == NULL || (strcmp(s, "cpu") && strcmp(s, "cuda") && strcmp(s, "auto")))
@@ -1159,10 +1167,12 @@ int gw_config_print(const gw_config_t *c, pc_buf_t *o)
         rc = pc_buf_printf(o,
                            "  - name: %s\n    path: %s\n    min_cache_tokens: %u\n"
                            "    auto_cache_ttl: %s\n    context_tokens: %u\n    workers: %u\n"
-                           "    threads: %u\n    kv_cache: %llu\n    backend: %s\n    remote: [",
+                           "    threads: %u\n    kv_cache: %llu\n    kv_dtype: %s\n"
+                           "    backend: %s\n    remote: [",
                            m->name, m->path, m->min_cache_tokens, ttl_name(m->auto_ttl_ms),
                            m->context_tokens, m->in_process, m->threads,
-                           (unsigned long long)m->kv_bytes, m->backend);
+                           (unsigned long long)m->kv_bytes,
+                           eng_kv_dtype_name((enum eng_kv_dtype)m->kv_dtype), m->backend);
         for (size_t j = 0; rc == 0 && j < m->n_remote; j++)
             rc = pc_buf_printf(o, "%s%s", j ? ", " : "", m->remote[j]);
         if (rc == 0)

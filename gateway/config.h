@@ -54,6 +54,8 @@ typedef struct gw_cfg_model {
     char *backend;           /* "cpu", "cuda" or "auto" */
     int chat_format;         /* an eng_render_family_t (engine/render.h); 0: detect it from
                                 the model's chat template */
+    uint32_t kv_dtype;       /* the in-process workers' KV element type, an enum eng_kv_dtype
+                                (f16 default, f32, q8_0) */
     char **remote;           /* [n_remote] "host:port" of `kvgw worker` processes */
     unsigned long path_line; /* where path was given (0: built-in), for file errors */
     size_t n_remote;

@@ -95,6 +95,13 @@ void gw__obs_setup_metrics(serve_t *s)
                                          "Requests waiting for admission on the worker.", 1, wk);
     s->m_worker_free = gw_metrics_gauge(s->m, "kvgw_worker_free_kv_blocks",
                                         "Free KV blocks on the worker.", 1, wk);
+    s->m_worker_kv_tokens =
+        gw_metrics_gauge(s->m, "kvgw_worker_kv_capacity_tokens",
+                         "Tokens the worker's KV pool holds (its blocks x block size).", 1, wk);
+    const char *wk_dt[] = {"worker", "dtype"};
+    s->m_worker_kv_dtype =
+        gw_metrics_gauge(s->m, "kvgw_worker_kv_dtype",
+                         "1 for the KV cache element type an in-process worker runs.", 2, wk_dt);
     s->m_routes = gw_metrics_counter(s->m, "kvgw_routing_decisions_total",
                                      "Routing decisions by reason.", 1, rea);
     s->m_billing = gw_metrics_counter(s->m, "kvgw_billing_events_total",
@@ -215,6 +222,11 @@ void gw__obs_update_gauges(serve_t *s)
             const char *tv[] = {w->name, tiers[t - 1]};
             gw_metric_set(s->m_tier_indexed_tokens, tv,
                           (double)gw_cindex_worker_tier_tokens(s->ix, i, (gw_cindex_tier_t)t));
+        }
+        gw_metric_set(s->m_worker_kv_tokens, lv, (double)w->total_blocks * w->block_tokens);
+        if (w->kv_dtype[0] != '\0') {
+            const char *dv[] = {w->name, w->kv_dtype};
+            gw_metric_set(s->m_worker_kv_dtype, dv, 1);
         }
     }
     gw_metric_set(s->m_inflight, NULL, (double)gw__req_n_live(s));

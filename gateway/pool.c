@@ -217,6 +217,7 @@ static int start_local(gw_pool_t *p, slot_t *s, const gw_cfg_model_t *m, uint32_
     wp.engine.model_path = m->path;
     wp.engine.n_threads = m->threads;
     wp.engine.backend = m->backend;
+    wp.engine.kv_dtype = (enum eng_kv_dtype)m->kv_dtype;
     if (m->kv_bytes) {
         wp.engine.kv_max_bytes = m->kv_bytes;
         wp.engine.kv_max_tokens = 0;
@@ -243,6 +244,7 @@ static int start_local(gw_pool_t *p, slot_t *s, const gw_cfg_model_t *m, uint32_
     s->info.max_prompt_tokens = in.max_prompt_tokens;
     s->info.n_ctx = in.n_ctx;
     s->info.model_fp = in.model_fp;
+    snprintf(s->info.kv_dtype, sizeof s->info.kv_dtype, "%s", in.kv_dtype);
     eng_worker_load(s->w, &s->info.load);
     return 0;
 }

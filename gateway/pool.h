@@ -35,6 +35,8 @@ typedef struct gw_pool_worker {
     eng_wire_load_t load; /* the latest LOAD (or a fresh eng_worker_load) */
     uint32_t block_tokens, total_blocks, max_prompt_tokens, n_ctx;
     uint64_t model_fp;
+    char kv_dtype[8]; /* in-process: the KV dtype ("f16", "f32", "q8_0"); remote: "" (the
+                         handshake does not carry it; its model_fp does) */
     /* moving averages measured by the worker (0 until known) */
     double prefill_tok_s, decode_ms_per_token;
     /* Bytes a token's KV takes in the worker's lower tiers (a record's bytes over its block's

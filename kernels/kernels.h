@@ -25,6 +25,21 @@
  *     V: [block_tokens][head_dim]   (follows K)
  *
  * Position p of a sequence lives in block block_table[p / block_tokens], slot p % block_tokens.
+ *
+ * A KRN_Q8_0 pool (head_dim a multiple of 32) holds ggml's q8_0 blocks, as the engine's
+ * ENG_KV_Q8_0 pool does: K and V are both per-token rows of head_dim / 32 blocks of 34 bytes
+ * (an F16 scale d, then 32 int8 quants q; value = d * q), K not transposed:
+ *
+ *   base + ((b * n_layer + l) * n_head_kv + h) * 2 * block_tokens * row_bytes   bytes,
+ *   row_bytes = head_dim / 32 * 34
+ *     K: [block_tokens] rows        V: [block_tokens] rows (follows K)
+ *
+ * Each row is quantized alone when it is written (krn_q8_0_quantize_block, the bytes of the
+ * engine's eng_kv_q8_0_quantize), so the same K/V give the same bytes on the CPU and the GPU,
+ * and the blocks move between the host pool, the device pool and the KV tiers unchanged. The
+ * attention kernels read the blocks in place (no dequantized copy of the cache) and quantize
+ * each query head to q8_0 too, as the CPU attention does: a score is then sum over blocks of
+ * d_q * d_k * (exact integer dot of the quants).
  */
 #ifndef KRN_KERNELS_H
 #define KRN_KERNELS_H
@@ -42,13 +57,19 @@ enum krn_dtype {
     KRN_F32 = 0,
     KRN_F16 = 1,
     KRN_BF16 = 2,
+    KRN_Q8_0 = 3, /* KV pools only: ggml's q8_0 blocks (layout above) */
 };
 
-/* Bytes of one element of dtype t (4 or 2). */
+/* Bytes of one element of dtype t (4 or 2; not for KRN_Q8_0, whose unit is a 34-byte block
+ * of 32 values: krn_kv_row_bytes). */
 static inline size_t krn_dtype_size(enum krn_dtype t)
 {
     return t == KRN_F32 ? 4 : 2;
 }
+
+/* Values of one q8_0 block, and its bytes (F16 scale + 32 int8 quants). */
+#define KRN_QK8_0 32
+#define KRN_Q8_0_BYTES 34
 
 /* IEEE half and bfloat16 conversions on the host (round to nearest even on the way down; NaN
  * stays NaN). Exact for every half and bfloat16 value on the way up. */
@@ -56,6 +77,15 @@ float krn_f16_to_f32(uint16_t h);
 uint16_t krn_f32_to_f16(float f);
 float krn_bf16_to_f32(uint16_t h);
 uint16_t krn_f32_to_bf16(float f);
+
+/* q8_0 on the host (kernels/ref/krn_ref_kv.c): x[n] (n a multiple of 32) into n / 32 blocks at
+ * dst, as ggml's quantize_row_q8_0_ref and the engine's eng_kv_q8_0_quantize, byte for byte:
+ * per block amax = max |x| (NaN skipped), d = amax / 127, q = round(x / d) half away from
+ * zero (x * (1 / d), a NaN or out-of-range product 0), d stored as F16 (0 for an all-zero
+ * block). The kernels quantize with the same steps (krn_hostdev.h). The inverse writes d * q
+ * (exact in F32). */
+void krn_q8_0_quantize(const float *x, int32_t n, uint8_t *dst);
+void krn_q8_0_dequantize(const uint8_t *src, int32_t n, float *y);
 
 /* The paged KV pool (layout above). */
 typedef struct krn_kv {
@@ -65,15 +95,36 @@ typedef struct krn_kv {
     int32_t n_head_kv;
     int32_t head_dim;
     int32_t block_tokens;
-    enum krn_dtype dtype; /* KRN_F16 or KRN_F32 */
+    enum krn_dtype dtype; /* KRN_F16, KRN_F32 or KRN_Q8_0 */
 } krn_kv_t;
 
-/* Elements of one (block, layer, head) slice: K then V. */
+/* Bytes of one position's K (or V) row of one (layer, head): head_dim x 2 or 4, or head_dim /
+ * 32 x 34 for q8_0. */
+static inline size_t krn_kv_row_bytes(const krn_kv_t *kv)
+{
+    if (kv->dtype == KRN_Q8_0)
+        return (size_t)(kv->head_dim / KRN_QK8_0) * KRN_Q8_0_BYTES;
+    return (size_t)kv->head_dim * krn_dtype_size(kv->dtype);
+}
+/* Bytes of one (block, layer, head) slice: K then V, block_tokens rows each. */
+static inline size_t krn_kv_slice_bytes(const krn_kv_t *kv)
+{
+    return (size_t)2 * (size_t)kv->block_tokens * krn_kv_row_bytes(kv);
+}
+/* Byte offset of the slice of (block, layer, head), every dtype. */
+static inline int64_t krn_kv_slice_byte_offset(const krn_kv_t *kv, int32_t block, int32_t layer,
+                                               int32_t head)
+{
+    return (((int64_t)block * kv->n_layer + layer) * kv->n_head_kv + head) *
+           (int64_t)krn_kv_slice_bytes(kv);
+}
+
+/* Elements of one (block, layer, head) slice of an F16 or F32 pool: K then V. */
 static inline int64_t krn_kv_slice_elems(const krn_kv_t *kv)
 {
     return (int64_t)2 * kv->head_dim * kv->block_tokens;
 }
-/* Element offset of the slice of (block, layer, head). */
+/* Element offset of the slice of (block, layer, head) of an F16 or F32 pool. */
 static inline int64_t krn_kv_slice_offset(const krn_kv_t *kv, int32_t block, int32_t layer,
                                           int32_t head)
 {
@@ -82,8 +133,7 @@ static inline int64_t krn_kv_slice_offset(const krn_kv_t *kv, int32_t block, int
 /* Bytes of one block (every layer and head). */
 static inline size_t krn_kv_block_bytes(const krn_kv_t *kv)
 {
-    return (size_t)kv->n_layer * (size_t)kv->n_head_kv * (size_t)krn_kv_slice_elems(kv) *
-           krn_dtype_size(kv->dtype);
+    return (size_t)kv->n_layer * (size_t)kv->n_head_kv * krn_kv_slice_bytes(kv);
 }
 
 /* ---------------------------------------------------------------------------------------------

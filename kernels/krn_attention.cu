@@ -18,6 +18,12 @@
  *              When krn_attn_use_tc holds (F16 pool, head_dim a multiple of 16, ...), this
  *              kernel skips the tasks of more than one token and krn_attention_tc
  *              (krn_attn_tc.cu) runs them on tensor cores; KVGW_CUDA_ATTN=simt keeps them here.
+ *              A q8_0 pool (kernels.h) runs on this kernel for every task (the tensor-core one
+ *              takes F16 pools only): the CTA quantizes its queries once (krn_q8_0_quantize_f,
+ *              the quants kept as floats in Q, the scales after pos), stages each chunk's K as
+ *              its raw q8_0 rows in K's room and its V as d * q, and a score is
+ *              krn_q8_0_score (exact integer dots of the quants, scaled per block), as the CPU
+ *              attention computes it. Shared memory: krn_attn_smem_bytes_of.
  *   merge      grid n_merges, 128 threads: thread d merges dimension d (strided) of every
  *              row-head of the unit across its splits, in split order.
  */
@@ -30,10 +36,12 @@
 #define ATT_THREADS KRN_ATTN_THREADS
 #define ATT_OREG (KRN_ATTN_MAX_TILE / ATT_THREADS)
 
-/* skip_multi: leave the tasks of more than one token to the tensor-core kernel. */
+/* skip_multi: leave the tasks of more than one token to the tensor-core kernel. KT: __half or
+ * float, or uint8_t for a q8_0 pool (see the file's comment). */
 template <typename KT>
 __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(krn_attn_args_t a, int skip_multi)
 {
+    constexpr bool Q8 = sizeof(KT) == 1;
     extern __shared__ float smem[];
     const krn_attn_task_t t = a.tasks[blockIdx.x];
     if (skip_multi && t.n_rows > 1)
@@ -54,13 +62,23 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(krn_attn_args_t a, in
     float *sl = sm + r_max;                  /* [r_max] running sum */
     float *sc = sl + r_max;                  /* [r_max] this chunk's rescale factor */
     int32_t *spos = (int32_t *)(sc + r_max); /* [r_max] each row's position */
+    /* q8_0: [r_max][hd / 32] the query's scales (sq holds its quants, sk the chunk's raw K
+     * rows, sv its V dequantized) */
+    float *sqd = (float *)(spos + r_max);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const KT *kvb = (const KT *)a.kv.base;
+    const int32_t KD = hd / KRN_QK8_0;
+    const int32_t rb = KD * KRN_Q8_0_BYTES; /* q8_0: bytes of a K or V row */
 
     for (int32_t i = tid; i < R * hd; i += ATT_THREADS) {
         int32_t rr = i / hd, d = i % hd;
         int64_t row = t.row0 + rr / group, head = (int64_t)t.kv_head * group + rr % group;
         sq[i] = a.q[row * qw + head * hd + d];
+    }
+    if constexpr (Q8) { /* each 32-value block of the queries, quantized in place */
+        __syncthreads();
+        for (int32_t b = tid; b < R * KD; b += ATT_THREADS)
+            krn_q8_0_quantize_f(sq + b * KRN_QK8_0, sq + b * KRN_QK8_0, &sqd[b]);
     }
     for (int32_t rr = tid; rr < R; rr += ATT_THREADS) {
         sm[rr] = -INFINITY;
@@ -78,18 +96,34 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(krn_attn_args_t a, in
         int32_t n = bt - slot0;
         n = n < C ? n : C;
         n = n < t.kv1 - p0 ? n : t.kv1 - p0;
-        const int64_t base =
-            (((int64_t)table[p0 / bt] * a.kv.n_layer + a.layer) * a.kv.n_head_kv + t.kv_head) *
-            (2 * (int64_t)hd * bt);
+        const int64_t slice =
+            ((int64_t)table[p0 / bt] * a.kv.n_layer + a.layer) * a.kv.n_head_kv + t.kv_head;
         __syncthreads(); /* the previous chunk is done with sk, sv, ss; sq and spos are ready */
-        for (int32_t i = tid; i < hd * C; i += ATT_THREADS) {
-            int32_t d = i / C, j = i % C;
-            sk[i] = j < n ? krn_ld(kvb, base + (int64_t)d * bt + slot0 + j) : 0.0f;
-        }
-        for (int32_t i = tid; i < C * hd; i += ATT_THREADS) {
-            int32_t j = i / hd, d = i % hd;
-            sv[i] =
-                j < n ? krn_ld(kvb, base + (int64_t)hd * bt + (int64_t)(slot0 + j) * hd + d) : 0.0f;
+        if constexpr (Q8) {
+            /* The chunk's K rows, raw (2-byte words: the blocks are 2-byte aligned), and its V
+             * as d * q; only slots < n are read. */
+            const uint8_t *sb = (const uint8_t *)kvb + slice * 2 * bt * rb;
+            const uint16_t *kr = (const uint16_t *)(sb + (int64_t)slot0 * rb);
+            uint16_t *skw = (uint16_t *)sk;
+            for (int32_t i = tid; i < n * rb / 2; i += ATT_THREADS)
+                skw[i] = kr[i];
+            for (int32_t i = tid; i < C * hd; i += ATT_THREADS) {
+                int32_t j = i / hd, d = i % hd;
+                const uint8_t *vb =
+                    sb + (int64_t)(bt + slot0 + j) * rb + (int64_t)(d / KRN_QK8_0) * KRN_Q8_0_BYTES;
+                sv[i] = j < n ? krn_q8_0_d_of(vb) * (float)(int8_t)vb[2 + d % KRN_QK8_0] : 0.0f;
+            }
+        } else {
+            const int64_t base = slice * (2 * (int64_t)hd * bt);
+            for (int32_t i = tid; i < hd * C; i += ATT_THREADS) {
+                int32_t d = i / C, j = i % C;
+                sk[i] = j < n ? krn_ld(kvb, base + (int64_t)d * bt + slot0 + j) : 0.0f;
+            }
+            for (int32_t i = tid; i < C * hd; i += ATT_THREADS) {
+                int32_t j = i / hd, d = i % hd;
+                sv[i] = j < n ? krn_ld(kvb, base + (int64_t)hd * bt + (int64_t)(slot0 + j) * hd + d)
+                              : 0.0f;
+            }
         }
         __syncthreads();
         for (int32_t i = tid; i < R * C; i += ATT_THREADS) {
@@ -98,8 +132,11 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_kernel(krn_attn_args_t a, in
             if (j < n && p0 + j <= spos[rr]) {
                 const float *qr = sq + rr * hd;
                 float acc = 0.0f;
-                for (int32_t d = 0; d < hd; d++)
-                    acc = fmaf(qr[d], sk[d * C + j], acc);
+                if constexpr (Q8)
+                    acc = krn_q8_0_score(qr, sqd + rr * KD, (const uint8_t *)sk + j * rb, hd);
+                else
+                    for (int32_t d = 0; d < hd; d++)
+                        acc = fmaf(qr[d], sk[d * C + j], acc);
                 s = acc;
             }
             ss[i] = s;
@@ -192,7 +229,9 @@ int krn_attention(krn_ctx_t *c, const krn_attn_args_t *a)
     if (kv->n_head_kv <= 0 || a->n_head <= 0 || a->n_head % kv->n_head_kv != 0 ||
         kv->head_dim <= 0 || kv->head_dim % 2 != 0 || kv->head_dim > KRN_ATTN_MAX_HEAD_DIM ||
         kv->block_tokens <= 0 || a->layer < 0 || a->layer >= kv->n_layer || a->n_tasks < 0 ||
-        a->n_merges < 0 || (kv->dtype != KRN_F16 && kv->dtype != KRN_F32))
+        a->n_merges < 0 ||
+        (kv->dtype != KRN_F16 && kv->dtype != KRN_F32 && kv->dtype != KRN_Q8_0) ||
+        (kv->dtype == KRN_Q8_0 && kv->head_dim % KRN_QK8_0 != 0))
         return PC_ERR_INVAL;
     KRN_ENTER(c);
     /* The multi-token tasks go to the tensor-core kernel when it takes the shape (and
@@ -201,9 +240,14 @@ int krn_attention(krn_ctx_t *c, const krn_attn_args_t *a)
     /* Above 48 KiB of dynamic shared memory (head_dim 64 and up) a kernel must opt in, for
      * every instantiation, before its launch; the attribute is per function, so it is set on
      * each call (cheap) rather than cached in a global. */
-    size_t smem = krn_attn_smem_bytes(kv->head_dim);
+    size_t smem = krn_attn_smem_bytes_of(kv->head_dim, kv->dtype);
     if (a->n_tasks > 0) {
-        if (kv->dtype == KRN_F16) {
+        if (kv->dtype == KRN_Q8_0) {
+            KRN_CUDA_CHECK(cudaFuncSetAttribute(
+                attn_kernel<uint8_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            attn_kernel<uint8_t>
+                <<<(unsigned)a->n_tasks, ATT_THREADS, smem, c->stream>>>(*a, tc ? 1 : 0);
+        } else if (kv->dtype == KRN_F16) {
             KRN_CUDA_CHECK(cudaFuncSetAttribute(
                 attn_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
             attn_kernel<__half>

@@ -20,6 +20,7 @@
 #include <stdio.h>
 
 #include "kernels.h"
+#include "krn_hostdev.h"
 #include "pc_err.h"
 
 struct krn_ctx {
@@ -98,6 +99,24 @@ __device__ __forceinline__ void krn_st(__half *p, int64_t i, float v)
 __device__ __forceinline__ void krn_st(float *p, int64_t i, float v)
 {
     p[i] = v;
+}
+
+/* Stores one q8_0 block (34 bytes at dst, 2-byte aligned) from a whole warp, lane i holding
+ * value i: the steps of krn_q8_0_quantize (krn_hostdev.h), so the bytes are the host's. The
+ * block's |max| skips NaN as the host's does (a NaN lane counts as 0). */
+__device__ __forceinline__ void krn_q8_0_store_warp(uint8_t *dst, float x)
+{
+    const int lane = threadIdx.x % 32;
+    float amax = fabsf(x) > 0.0f ? fabsf(x) : 0.0f;
+    for (int off = 16; off > 0; off /= 2)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float d = krn_q8_0_scale(amax), id = krn_q8_0_inv(d);
+    dst[2 + lane] = (uint8_t)krn_q8_0_quant(x, id);
+    if (lane == 0) {
+        const uint16_t bits = krn_q8_0_d_bits(d);
+        dst[0] = (uint8_t)(bits & 0xff);
+        dst[1] = (uint8_t)(bits >> 8);
+    }
 }
 
 /* Block-wide reductions for blocks of up to 1024 threads (a multiple of 32). Every thread gets

@@ -18,6 +18,11 @@
  *           slot. Dynamic shared memory: krn_decode_smem_bytes (krn_hostdev.h).
  *   merge   grid (n_rows, n_head), 128 threads over head_dim: the row's splits in order.
  *
+ * A q8_0 pool (kernels.h) is staged the same way (its slice is K's rows then V's, 34-byte
+ * blocks): the CTA quantizes its group's queries once (a thread per 32-value block, the quants
+ * kept as floats with their scales), a score is krn_q8_0_score over the staged K row (exact
+ * integer dots of the quants, scaled per block), and lane l reads value l of each V block.
+ *
  * Only the slots of positions <= the row's position are used: a block's slice is copied whole
  * (slots past the written positions may hold anything, NaN in tests), but masked slots get a
  * score of -inf and are skipped in the V sum, so they never reach the output.
@@ -28,9 +33,13 @@
 
 #define DEC_MAX_O 64 /* accumulators per lane: group * head_dim / 32 */
 
+/* KT: __half or float elements, or uint8_t for a q8_0 pool (rows of 34-byte blocks, read in
+ * place: scores by krn_q8_0_score against the query quantized once per CTA, V as d * q). */
 template <typename KT>
 __global__ void __launch_bounds__(128) decode_kernel(krn_decode_args_t a, int32_t n_warps)
 {
+    constexpr bool Q8 = sizeof(KT) == 1;
+    constexpr enum krn_dtype DT = Q8 ? KRN_Q8_0 : sizeof(KT) == 4 ? KRN_F32 : KRN_F16;
     extern __shared__ uint4 dsm[];
     const int32_t hd = a.kv.head_dim, bt = a.kv.block_tokens;
     const int32_t group = a.n_head / a.kv.n_head_kv, kh = blockIdx.y;
@@ -44,13 +53,15 @@ __global__ void __launch_bounds__(128) decode_kernel(krn_decode_args_t a, int32_
         return; /* this row has fewer splits */
     const int32_t p1 = min(p0 + a.split_tokens, pos + 1);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int32_t words = krn_decode_slice_words(hd, bt, (int32_t)sizeof(KT));
+    const int32_t words = (int32_t)(krn_decode_slice_bytes(hd, bt, DT) / 16);
     const int32_t qw = a.n_head * hd, KD = hd / 32;
+    const size_t rb = (size_t)KD * KRN_Q8_0_BYTES; /* q8_0: bytes of a K or V row */
 
-    /* Shared memory (krn_decode_smem_bytes): q, the staging (later the warps' o), per warp the
-     * scores and m, l, corr. */
-    float *sq = (float *)dsm; /* [group][hd] */
-    uint4 *stage = (uint4 *)(sq + group * hd);
+    /* Shared memory (krn_decode_smem_of): q, (q8_0) its scales, the staging (later the warps'
+     * o), per warp the scores and m, l, corr. */
+    float *sq = (float *)dsm;     /* [group][hd] (q8_0: the quants) */
+    float *sqd = sq + group * hd; /* q8_0: [group][hd / 32] the query's scales */
+    uint4 *stage = (uint4 *)(sqd + krn_decode_qd_floats(hd, group, DT));
     size_t stage_bytes = (size_t)n_warps * words * 16;
     size_t comb_bytes = (size_t)n_warps * group * hd * sizeof(float);
     float *wsm = (float *)((char *)stage + (stage_bytes > comb_bytes ? stage_bytes : comb_bytes));
@@ -60,6 +71,11 @@ __global__ void __launch_bounds__(128) decode_kernel(krn_decode_args_t a, int32_
 
     for (int32_t i = tid; i < group * hd; i += blockDim.x)
         sq[i] = a.q[(int64_t)r * qw + (int64_t)kh * group * hd + i];
+    if constexpr (Q8) { /* each 32-value block of the group's queries, quantized in place */
+        __syncthreads();
+        for (int32_t b = tid; b < group * KD; b += blockDim.x)
+            krn_q8_0_quantize_f(sq + b * KRN_QK8_0, sq + b * KRN_QK8_0, &sqd[b]);
+    }
     for (int32_t g = lane; g < group; g += 32) {
         s_m[g] = -INFINITY;
         s_l[g] = 0.0f;
@@ -81,8 +97,8 @@ __global__ void __launch_bounds__(128) decode_kernel(krn_decode_args_t a, int32_
         if (block < 0 || block >= a.kv.n_blocks)
             continue; /* the host checked its tables; never a stray read */
         const int64_t base = (((int64_t)block * a.kv.n_layer + a.layer) * a.kv.n_head_kv + kh) *
-                             (2 * (int64_t)hd * bt);
-        const uint4 *src = (const uint4 *)((const KT *)a.kv.base + base);
+                             (int64_t)words * 16; /* bytes */
+        const uint4 *src = (const uint4 *)((const uint8_t *)a.kv.base + base);
         __syncwarp(); /* the previous block is done with the staging */
         for (int32_t i = lane; i < words; i += 32)
             wst[i] = src[i];
@@ -93,8 +109,11 @@ __global__ void __launch_bounds__(128) decode_kernel(krn_decode_args_t a, int32_
             if (j < n) {
                 const float *qg = sq + g * hd;
                 float acc = 0.0f;
-                for (int32_t d = 0; d < hd; d++)
-                    acc = fmaf(qg[d], krn_ld(kst, (int64_t)d * bt + j), acc);
+                if constexpr (Q8)
+                    acc = krn_q8_0_score(qg, sqd + g * KD, (const uint8_t *)wst + j * rb, hd);
+                else
+                    for (int32_t d = 0; d < hd; d++)
+                        acc = fmaf(qg[d], krn_ld(kst, (int64_t)d * bt + j), acc);
                 s = acc;
             }
             ssc[i] = s;
@@ -130,8 +149,17 @@ __global__ void __launch_bounds__(128) decode_kernel(krn_decode_args_t a, int32_
             if (g < group) {
                 const float *pg = ssc + g * bt;
                 float acc = o[i] * s_c[g];
-                for (int32_t j = 0; j < n; j++)
-                    acc = fmaf(pg[j], krn_ld(vst, (int64_t)j * hd + d), acc);
+                if constexpr (Q8) {
+                    /* Lane l reads quant l of block i % KD of each V row (d = that block's
+                     * lane-th value). */
+                    const uint8_t *vb =
+                        (const uint8_t *)wst + (size_t)bt * rb + (size_t)(i % KD) * KRN_Q8_0_BYTES;
+                    for (int32_t j = 0; j < n; j++, vb += rb)
+                        acc = fmaf(pg[j], krn_q8_0_d_of(vb) * (float)(int8_t)vb[2 + lane], acc);
+                } else {
+                    for (int32_t j = 0; j < n; j++)
+                        acc = fmaf(pg[j], krn_ld(vst, (int64_t)j * hd + d), acc);
+                }
                 o[i] = acc;
             }
         }
@@ -202,11 +230,16 @@ int krn_decode_attention(krn_ctx_t *c, const krn_decode_args_t *a)
     if (a->n_rows == 0)
         return 0;
     KRN_ENTER(c);
-    const int32_t eb = (int32_t)krn_dtype_size(kv->dtype), group = a->n_head / kv->n_head_kv;
-    const int32_t warps = krn_decode_warps(kv->head_dim, kv->block_tokens, eb);
-    const size_t smem = krn_decode_smem_bytes(kv->head_dim, kv->block_tokens, eb, group);
+    const int32_t group = a->n_head / kv->n_head_kv;
+    const int32_t warps =
+        krn_decode_warps_of(krn_decode_slice_bytes(kv->head_dim, kv->block_tokens, kv->dtype));
+    const size_t smem = krn_decode_smem_of(kv->head_dim, kv->block_tokens, kv->dtype, group);
     dim3 grid((unsigned)((int64_t)a->n_rows * a->max_splits), (unsigned)kv->n_head_kv);
-    if (kv->dtype == KRN_F16) {
+    if (kv->dtype == KRN_Q8_0) {
+        KRN_CUDA_CHECK(cudaFuncSetAttribute(
+            decode_kernel<uint8_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        decode_kernel<uint8_t><<<grid, (unsigned)warps * 32, smem, c->stream>>>(*a, warps);
+    } else if (kv->dtype == KRN_F16) {
         KRN_CUDA_CHECK(cudaFuncSetAttribute(
             decode_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         decode_kernel<__half><<<grid, (unsigned)warps * 32, smem, c->stream>>>(*a, warps);

@@ -12,7 +12,8 @@
  *                     one head of one row into shared memory (+ bias), normalizes it (block
  *                     reduction), rotates pairs i, i + threads, ... (angles in double, as
  *                     krn_rope), scales, then stores: q heads to q_out, KV heads to the pool
- *                     with their V row
+ *                     with their V row (a q8_0 pool: quantized a warp per 32-value block,
+ *                     krn_q8_0_store_warp, the bytes of krn_q8_0_quantize)
  *   swiglu_convert    grid-stride over n_rows * width, 256 threads
  */
 #include "krn_cuda.cuh"
@@ -156,12 +157,26 @@ template <typename KT> __global__ void qkv_rope_kv_kernel(KT *base, qkv_params p
     int32_t block = p.block_tables[(int64_t)p.row_seq[r] * p.max_blocks + bi];
     if (block < 0 || block >= p.n_blocks)
         return;
-    int64_t slice = (((int64_t)block * p.n_layer + p.layer) * p.n_head_kv + h) * 2 * hd * p.bt;
     const float *vs = p.v_in + r * p.ld_kv + (int64_t)h * hd;
-    for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
-        float v = p.bv != NULL ? vs[d] + p.bv[(int64_t)h * hd + d] : vs[d];
-        krn_st(base, slice + (int64_t)d * p.bt + slot, xs[d]);
-        krn_st(base, slice + (int64_t)hd * p.bt + (int64_t)slot * hd + d, v);
+    if constexpr (sizeof(KT) == 1) {
+        /* q8_0: d = tid + 128 i, so a warp holds one 32-value block of K and of V (hd is a
+         * multiple of 32: whole warps leave the loop together). */
+        int64_t rb = (int64_t)(hd / KRN_QK8_0) * KRN_Q8_0_BYTES;
+        uint8_t *sl = (uint8_t *)base +
+                      (((int64_t)block * p.n_layer + p.layer) * p.n_head_kv + h) * 2 * p.bt * rb;
+        for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+            float v = p.bv != NULL ? vs[d] + p.bv[(int64_t)h * hd + d] : vs[d];
+            int64_t off = (int64_t)(d / KRN_QK8_0) * KRN_Q8_0_BYTES;
+            krn_q8_0_store_warp(sl + (int64_t)slot * rb + off, xs[d]);
+            krn_q8_0_store_warp(sl + (int64_t)(p.bt + slot) * rb + off, v);
+        }
+    } else {
+        int64_t slice = (((int64_t)block * p.n_layer + p.layer) * p.n_head_kv + h) * 2 * hd * p.bt;
+        for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+            float v = p.bv != NULL ? vs[d] + p.bv[(int64_t)h * hd + d] : vs[d];
+            krn_st(base, slice + (int64_t)d * p.bt + slot, xs[d]);
+            krn_st(base, slice + (int64_t)hd * p.bt + (int64_t)slot * hd + d, v);
+        }
     }
 }
 
@@ -187,7 +202,12 @@ int krn_qkv_rope_kv(krn_ctx_t *c, const krn_qkv_rope_kv_args_t *a)
         a->n_head,  kv->n_head_kv,   hd,          kv->n_blocks,    kv->n_layer,
         a->layer,   kv->block_tokens};
     dim3 grid((unsigned)a->n_rows, (unsigned)(a->n_head + kv->n_head_kv));
-    if (kv->dtype == KRN_F16)
+    if (kv->dtype == KRN_Q8_0) {
+        if (hd % KRN_QK8_0 != 0)
+            return PC_ERR_INVAL;
+        qkv_rope_kv_kernel<uint8_t>
+            <<<grid, KRN_QKV_THREADS, 0, c->stream>>>((uint8_t *)kv->base, p);
+    } else if (kv->dtype == KRN_F16)
         qkv_rope_kv_kernel<__half><<<grid, KRN_QKV_THREADS, 0, c->stream>>>((__half *)kv->base, p);
     else if (kv->dtype == KRN_F32)
         qkv_rope_kv_kernel<float><<<grid, KRN_QKV_THREADS, 0, c->stream>>>((float *)kv->base, p);

@@ -27,6 +27,10 @@
 
 #include "kernels.h"
 
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+#endif
+
 #ifndef KRN_HD
 #ifdef __CUDACC__
 #define KRN_HD __host__ __device__ __forceinline__
@@ -63,6 +67,17 @@ KRN_HD size_t krn_attn_smem_bytes(int32_t head_dim)
     size_t r = (size_t)krn_attn_max_rows(head_dim), c = (size_t)krn_attn_chunk(head_dim);
     size_t hd = (size_t)head_dim;
     return sizeof(float) * (r * hd + 2 * c * hd + r * c + 3 * r) + sizeof(int32_t) * r;
+}
+
+/* The same for a pool of dtype t: a q8_0 CTA also keeps its query's scales, [r_max][head_dim /
+ * 32] floats after pos (its query tile holds the quants as floats, its K tile the chunk's raw
+ * q8_0 rows, C x head_dim / 32 x 34 bytes, in the K tile's room). */
+KRN_HD size_t krn_attn_smem_bytes_of(int32_t head_dim, enum krn_dtype t)
+{
+    size_t extra = t == KRN_Q8_0 ? sizeof(float) * (size_t)krn_attn_max_rows(head_dim) *
+                                       (size_t)(head_dim / KRN_QK8_0)
+                                 : 0;
+    return krn_attn_smem_bytes(head_dim) + extra;
 }
 
 /*
@@ -239,31 +254,171 @@ KRN_HD float krn_tc_prob(float s, float m)
     return exp2f((s - m) * 1.4426950408889634f);
 }
 
-/* The split-KV decode kernel (krn_decode.cu): 16-byte words of one block's K+V slice, which a
- * warp stages in shared memory. */
+/* The split-KV decode kernel (krn_decode.cu). Bytes of one block's K+V slice of a pool of dtype
+ * t (kernels.h's layouts), which a warp stages in shared memory. */
+KRN_HD int64_t krn_decode_slice_bytes(int32_t head_dim, int32_t block_tokens, enum krn_dtype t)
+{
+    if (t == KRN_Q8_0)
+        return (int64_t)2 * block_tokens * (head_dim / KRN_QK8_0) * KRN_Q8_0_BYTES;
+    return (int64_t)2 * head_dim * block_tokens * (t == KRN_F32 ? 4 : 2);
+}
+/* 16-byte words of an F16 or F32 slice (elem_bytes 2 or 4). */
 KRN_HD int32_t krn_decode_slice_words(int32_t head_dim, int32_t block_tokens, int32_t elem_bytes)
 {
     return (int32_t)((int64_t)2 * head_dim * block_tokens * elem_bytes / 16);
 }
-/* Warps of a decode CTA: 4, fewer when 4 block slices would not fit 64 KiB of staging. */
-KRN_HD int32_t krn_decode_warps(int32_t head_dim, int32_t block_tokens, int32_t elem_bytes)
+/* Warps of a decode CTA staging slices of slice_bytes: 4, fewer when 4 slices would not fit 64
+ * KiB of staging. */
+KRN_HD int32_t krn_decode_warps_of(int64_t slice_bytes)
 {
-    int64_t slice = (int64_t)2 * head_dim * block_tokens * elem_bytes;
-    int64_t w = slice > 0 ? ((int64_t)64 << 10) / slice : 0;
+    int64_t w = slice_bytes > 0 ? ((int64_t)64 << 10) / slice_bytes : 0;
     return w >= 4 ? 4 : (int32_t)w;
 }
+KRN_HD int32_t krn_decode_warps(int32_t head_dim, int32_t block_tokens, int32_t elem_bytes)
+{
+    return krn_decode_warps_of((int64_t)2 * head_dim * block_tokens * elem_bytes);
+}
+/* Floats of a q8_0 decode CTA's query scales, [group][head_dim / 32] rounded up to 4 floats
+ * (the staging after them stays 16-byte aligned); 0 for other pools. */
+KRN_HD int32_t krn_decode_qd_floats(int32_t head_dim, int32_t group, enum krn_dtype t)
+{
+    return t == KRN_Q8_0 ? (group * (head_dim / KRN_QK8_0) + 3) / 4 * 4 : 0;
+}
 /* Dynamic shared memory of a decode CTA, laid out as the kernel carves it:
- *   q [group][hd] | stage: max(warps slices, warps * group * hd floats) | per warp:
- *   scores [group][bt], m, l, corr [group]                                     (floats) */
+ *   q [group][hd] | q8_0 only: query scales (krn_decode_qd_floats) | stage: max(warps
+ *   slices, warps * group * hd floats) | per warp: scores [group][bt], m, l, corr [group]
+ *   (floats; a q8_0 CTA keeps its query's quants in q) */
+KRN_HD size_t krn_decode_smem_of(int32_t head_dim, int32_t block_tokens, enum krn_dtype t,
+                                 int32_t group)
+{
+    int64_t slice = krn_decode_slice_bytes(head_dim, block_tokens, t);
+    size_t w = (size_t)krn_decode_warps_of(slice);
+    size_t comb = w * (size_t)group * head_dim * sizeof(float);
+    size_t stage = w * (size_t)slice > comb ? w * (size_t)slice : comb;
+    return sizeof(float) *
+               ((size_t)group * head_dim + (size_t)krn_decode_qd_floats(head_dim, group, t)) +
+           stage + sizeof(float) * w * ((size_t)group * block_tokens + 3 * (size_t)group);
+}
+/* krn_decode_smem_of for an F16 (elem_bytes 2) or F32 (4) pool. */
 KRN_HD size_t krn_decode_smem_bytes(int32_t head_dim, int32_t block_tokens, int32_t elem_bytes,
                                     int32_t group)
 {
-    size_t w = (size_t)krn_decode_warps(head_dim, block_tokens, elem_bytes);
-    size_t slice = (size_t)2 * head_dim * block_tokens * elem_bytes;
-    size_t comb = w * (size_t)group * head_dim * sizeof(float);
-    size_t stage = w * slice > comb ? w * slice : comb;
-    return sizeof(float) * (size_t)group * head_dim + stage +
-           sizeof(float) * w * ((size_t)group * block_tokens + 3 * (size_t)group);
+    return krn_decode_smem_of(head_dim, block_tokens, elem_bytes == 4 ? KRN_F32 : KRN_F16, group);
+}
+
+/*
+ * q8_0 KV (kernels.h): the steps of quantizing one block of 32 values, shared by the host
+ * quantizer (krn_q8_0_quantize, the references), the KV write kernels (a warp per block, lane
+ * i holding value i) and the attention kernels' query quantization (a thread per block), so
+ * every one of them writes the bytes of the engine's eng_kv_q8_0_quantize. The device forms
+ * use the _rn intrinsics so that nvcc cannot fuse the product into a neighbouring add.
+ */
+/* The scale of a block whose largest |value| is amax, as F32 (before its F16 rounding). */
+KRN_HD float krn_q8_0_scale(float amax)
+{
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(amax, 127.0f);
+#else
+    return amax / 127.0f;
+#endif
+}
+/* The multiplier of the values: 1 / d, 0 for an all-zero block. d is the F32 scale (the
+ * quants are computed with it; the block stores its F16 rounding, as ggml does). */
+KRN_HD float krn_q8_0_inv(float d)
+{
+#ifdef __CUDA_ARCH__
+    return d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+#else
+    return d != 0.0f ? 1.0f / d : 0.0f;
+#endif
+}
+/* The quant of x: round(x * id), halves away from zero; a NaN or out-of-range product is 0. */
+KRN_HD int8_t krn_q8_0_quant(float x, float id)
+{
+#ifdef __CUDA_ARCH__
+    float v = __fmul_rn(x, id);
+#else
+    float v = x * id;
+#endif
+    v = v >= -128.0f && v <= 128.0f ? v : 0.0f;
+    return (int8_t)(int32_t)roundf(v);
+}
+/* The F16 bits of the stored scale, and the F32 value of stored F16 bits. */
+KRN_HD uint16_t krn_q8_0_d_bits(float d)
+{
+#ifdef __CUDA_ARCH__
+    return __half_as_ushort(__float2half_rn(d));
+#else
+    return krn_f32_to_f16(d);
+#endif
+}
+KRN_HD float krn_hd_f16_to_f32(uint16_t bits)
+{
+#ifdef __CUDA_ARCH__
+    return __half2float(__ushort_as_half(bits));
+#else
+    return krn_f16_to_f32(bits);
+#endif
+}
+/* The stored scale of the q8_0 block at blk (2-byte aligned), as F32. */
+KRN_HD float krn_q8_0_d_of(const uint8_t *blk)
+{
+    return krn_hd_f16_to_f32((uint16_t)(blk[0] | (blk[1] << 8)));
+}
+/* One block x[32] quantized, with its quants as floats (qf[32], integers in [-128, 127]) and its
+ * stored scale as F32 (*d_out): the attention's query, whose products with K's quants are then
+ * exact in F32 (|sum| <= 32 x 128 x 128 < 2^24). */
+KRN_HD void krn_q8_0_quantize_f(const float *x, float *qf, float *d_out)
+{
+    float amax = 0.0f;
+    for (int32_t i = 0; i < KRN_QK8_0; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    float d = krn_q8_0_scale(amax), id = krn_q8_0_inv(d);
+    for (int32_t i = 0; i < KRN_QK8_0; i++)
+        qf[i] = (float)krn_q8_0_quant(x[i], id);
+    *d_out = krn_hd_f16_to_f32(krn_q8_0_d_bits(d));
+}
+
+/* The score of a query head against one q8_0 K row (head_dim / 32 blocks at krow): per block
+ * the exact integer dot of the quants (qf holds the query's quants as floats, qd[head_dim /
+ * 32] its scales, from krn_q8_0_quantize_f), times d_q * d_k, summed over the blocks in order:
+ * the CPU attention's q8_0 score. */
+KRN_HD float krn_q8_0_score(const float *qf, const float *qd, const uint8_t *krow, int32_t head_dim)
+{
+    float acc = 0.0f;
+    for (int32_t b = 0; b < head_dim / KRN_QK8_0; b++) {
+        const uint8_t *kb = krow + (size_t)b * KRN_Q8_0_BYTES;
+        const float *qb = qf + (size_t)b * KRN_QK8_0;
+        float s = 0.0f;
+        for (int32_t i = 0; i < KRN_QK8_0; i++)
+            s += qb[i] * (float)(int8_t)kb[2 + i];
+        acc += qd[b] * krn_q8_0_d_of(kb) * s;
+    }
+    return acc;
+}
+
+/* The value of K (is_v false) or V at (slot, dimension d) of a slice (its first byte), any
+ * dtype of the pool: what the references and the tests read. */
+KRN_HD float krn_kv_value(const krn_kv_t *kv, const uint8_t *slice, bool is_v, int32_t slot,
+                          int32_t d)
+{
+    int32_t hd = kv->head_dim, bt = kv->block_tokens;
+    if (kv->dtype == KRN_Q8_0) {
+        const uint8_t *blk =
+            slice + (size_t)((is_v ? bt : 0) + slot) * (size_t)(hd / KRN_QK8_0) * KRN_Q8_0_BYTES +
+            (size_t)(d / KRN_QK8_0) * KRN_Q8_0_BYTES;
+        return krn_q8_0_d_of(blk) * (float)(int8_t)blk[2 + d % KRN_QK8_0];
+    }
+    int64_t e = is_v ? (int64_t)hd * bt + (int64_t)slot * hd + d : (int64_t)d * bt + slot;
+    if (kv->dtype == KRN_F16) {
+        const uint8_t *p = slice + e * 2;
+        return krn_hd_f16_to_f32((uint16_t)(p[0] | (p[1] << 8))); /* an F16 value */
+    }
+    float f;
+    memcpy(&f, slice + e * 4, sizeof f);
+    return f;
 }
 
 /* A logit as a candidate's weight sees it: +inf counts as the largest finite float. */

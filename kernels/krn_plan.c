@@ -198,12 +198,12 @@ int krn_decode_check(const krn_kv_t *kv, int32_t n_head)
 {
     if (kv->n_head_kv <= 0 || n_head <= 0 || n_head % kv->n_head_kv != 0 || kv->head_dim <= 0 ||
         kv->head_dim % 32 != 0 || kv->head_dim > KRN_ATTN_MAX_HEAD_DIM || kv->block_tokens <= 0 ||
-        (kv->dtype != KRN_F16 && kv->dtype != KRN_F32))
+        (kv->dtype != KRN_F16 && kv->dtype != KRN_F32 && kv->dtype != KRN_Q8_0))
         return PC_ERR_INVAL;
-    int32_t group = n_head / kv->n_head_kv, eb = (int32_t)krn_dtype_size(kv->dtype);
-    int64_t slice = (int64_t)2 * kv->head_dim * kv->block_tokens * eb;
+    int32_t group = n_head / kv->n_head_kv;
+    int64_t slice = krn_decode_slice_bytes(kv->head_dim, kv->block_tokens, kv->dtype);
     if (group > 16 || group * kv->head_dim > 2048 || slice % 16 != 0 || slice > (64 << 10) ||
-        krn_decode_warps(kv->head_dim, kv->block_tokens, eb) < 1)
+        krn_decode_warps_of(slice) < 1)
         return PC_ERR_INVAL;
     return 0;
 }

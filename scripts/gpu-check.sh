@@ -12,7 +12,9 @@
 #      sampler, GEMMs, prefill attention, and the engine end to end on models/kvgw-bench.gguf
 #      when it exists or scripts/models.sh can write it; --no-e2e otherwise), then the end-to-end
 #      part again on the bench model with the previous decode path (KVGW_CUDA_DECODE=attn, decode
-#      figures only: e2e_decattn_decode_*, against e2e_decode_* of the split-KV decode kernel)
+#      figures only: e2e_decattn_decode_*, against e2e_decode_* of the split-KV decode kernel),
+#      on a q8_0 KV pool (issue 23: e2e_q8_0_*; the kernel grid's decode_splitkv_q8_0_* are in
+#      the main run)
 #      and with the host-overhead work switched off (KVGW_CUDA_GRAPHS=0: figures e2e_nographs_*;
 #      KVGW_CUDA_FUSED=0 KVGW_CUDA_PACKED=0: e2e_unfused_*) for the before/after of launches and
 #      host time per step, and on the quantized bench models when they exist
@@ -194,6 +196,11 @@ if [ $do_bench -eq 1 ]; then
         KVGW_CUDA_DECODE=attn step bench-decattn "$kvgw" bench kernels --e2e-only --e2e-decode \
             --tag decattn
     fi
+    # q8_0 KV end to end (issue 23): e2e_q8_0_* beside the F16 e2e_* figures; the kernel-level
+    # q8_0 figures (decode_splitkv_q8_0_*) are in the main run.
+    if [ ${#e2e[@]} -eq 0 ] && [ $SECONDS -lt "$budget" ]; then
+        step bench-q8_0 "$kvgw" bench kernels --e2e-only --kv-dtype q8_0 --tag q8_0
+    fi
     if [ ${#e2e[@]} -eq 0 ] && [ $SECONDS -lt "$budget" ]; then
         KVGW_CUDA_GRAPHS=0 step bench-nographs "$kvgw" bench kernels --e2e-only --tag nographs
         KVGW_CUDA_FUSED=0 KVGW_CUDA_PACKED=0 step bench-unfused "$kvgw" bench kernels \
@@ -218,7 +225,8 @@ if [ $do_bench -eq 1 ]; then
         step bench-big "$kvgw" bench kernels --e2e-only --model "$big" --tag big
     fi
     # Every figure of the runs in one file.
-    for f in bench bench-decattn bench-nographs bench-unfused bench-q4_k_m bench-q4_0 bench-big; do
+    for f in bench bench-decattn bench-q8_0 bench-nographs bench-unfused bench-q4_k_m bench-q4_0 \
+        bench-big; do
         [ -f "$logs/$f.log" ] && grep '^{' "$logs/$f.log" | tail -n 1
     done >"$out/bench_all.jsonl"
 fi

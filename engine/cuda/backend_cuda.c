@@ -351,7 +351,8 @@ static bool cuda_supports(const eng_backend_t *be, enum eng_backend_op op, uint3
         return type == ENG_GGML_TYPE_F32 || type == ENG_GGML_TYPE_F16 ||
                type == ENG_GGML_TYPE_BF16 || qtype_of(type) != 0;
     case ENG_BACKEND_OP_KV:
-        return type == ENG_KV_F16 || type == ENG_KV_F32;
+        /* q8_0: the engine's blocks, written and read in place by the kernels (kernels.h). */
+        return type == ENG_KV_F16 || type == ENG_KV_F32 || type == ENG_KV_Q8_0;
     }
     return false;
 }
@@ -1498,6 +1499,11 @@ int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_
         snprintf(err, err_len, "cuda backend: invalid parameters");
         return PC_ERR_INVAL;
     }
+    if (!cuda_supports(NULL, ENG_BACKEND_OP_KV, (uint32_t)eng_kvpool_dtype(kv))) {
+        snprintf(err, err_len, "cuda backend: KV dtype %s is not supported (f16, f32 or q8_0)",
+                 eng_kv_dtype_name(eng_kvpool_dtype(kv)));
+        return PC_ERR_UNSUPPORTED;
+    }
     krn_plan_params_t pp = {.n_head = (int32_t)hp->n_head,
                             .n_head_kv = (int32_t)hp->n_head_kv,
                             .head_dim = (int32_t)hp->head_dim};
@@ -1555,7 +1561,9 @@ int eng_backend_cuda_init(const eng_model_t *model, eng_kvpool_t *kv, const eng_
                        .n_head_kv = (int32_t)hp->n_head_kv,
                        .head_dim = (int32_t)hp->head_dim,
                        .block_tokens = (int32_t)p->block_tokens,
-                       .dtype = eng_kvpool_dtype(kv) == ENG_KV_F16 ? KRN_F16 : KRN_F32};
+                       .dtype = eng_kvpool_dtype(kv) == ENG_KV_F16    ? KRN_F16
+                                : eng_kvpool_dtype(kv) == ENG_KV_Q8_0 ? KRN_Q8_0
+                                                                      : KRN_F32};
     PC_ASSERT(krn_kv_block_bytes(&c->kv) == eng_kvpool_block_bytes(kv));
     size_t block_bytes = krn_kv_block_bytes(&c->kv);
     size_t pool_bytes = block_bytes * (size_t)c->kv.n_blocks;

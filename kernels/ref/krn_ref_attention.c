@@ -5,20 +5,16 @@
  * does not share. The tests check it against a dense double-precision softmax attention.
  *
  * Only positions [kv0, kv1) of a task are read: slots past the written positions may hold NaN.
+ * A q8_0 pool is read in place: each query head quantized once (krn_q8_0_quantize_f), scores
+ * by krn_q8_0_score, V as d * q.
  */
 #include <math.h>
 
 #include "kernels.h"
+#include "krn_hostdev.h"
 #include "krn_softmax_merge.h"
 #include "pc_alloc.h"
 #include "pc_err.h"
-
-static float kv_load(const krn_kv_t *kv, int64_t off)
-{
-    if (kv->dtype == KRN_F16)
-        return krn_f16_to_f32(((const uint16_t *)kv->base)[off]);
-    return ((const float *)kv->base)[off];
-}
 
 /* One row-head's running state over [kv0, kv1). */
 static void run_row(const krn_attn_args_t *a, const krn_attn_task_t *t, const float *q, int32_t pos,
@@ -30,12 +26,17 @@ static void run_row(const krn_attn_args_t *a, const krn_attn_task_t *t, const fl
     for (int32_t d = 0; d < hd; d++)
         o[d] = 0;
     const int32_t *table = a->block_tables + (int64_t)t->seq * a->max_blocks;
+    float qf[KRN_ATTN_MAX_HEAD_DIM], qd[KRN_ATTN_MAX_HEAD_DIM / KRN_QK8_0];
+    bool q8 = kv->dtype == KRN_Q8_0;
+    for (int32_t b = 0; q8 && b < hd / KRN_QK8_0; b++) /* the query, quantized once */
+        krn_q8_0_quantize_f(q + b * KRN_QK8_0, qf + b * KRN_QK8_0, &qd[b]);
     /* One block at a time, as a tile: the scores of the tile, then one update. */
     for (int32_t p0 = t->kv0; p0 < t->kv1;) {
         int32_t slot0 = p0 % bt, n = bt - slot0;
         if (n > t->kv1 - p0)
             n = t->kv1 - p0;
-        int64_t base = krn_kv_slice_offset(kv, table[p0 / bt], a->layer, t->kv_head);
+        const uint8_t *slice = (const uint8_t *)kv->base +
+                               krn_kv_slice_byte_offset(kv, table[p0 / bt], a->layer, t->kv_head);
         float s[4096];
         float tmax = -INFINITY;
         for (int32_t j = 0; j < n; j++) {
@@ -43,8 +44,12 @@ static void run_row(const krn_attn_args_t *a, const krn_attn_task_t *t, const fl
             if (p0 + j > pos)
                 continue; /* causal: never read */
             float acc = 0;
-            for (int32_t d = 0; d < hd; d++)
-                acc += q[d] * kv_load(kv, base + (int64_t)d * bt + slot0 + j);
+            if (q8)
+                acc =
+                    krn_q8_0_score(qf, qd, slice + (size_t)(slot0 + j) * krn_kv_row_bytes(kv), hd);
+            else
+                for (int32_t d = 0; d < hd; d++)
+                    acc += q[d] * krn_kv_value(kv, slice, false, slot0 + j, d);
             s[j] = acc;
             tmax = acc > tmax ? acc : tmax;
         }
@@ -58,7 +63,7 @@ static void run_row(const krn_attn_args_t *a, const krn_attn_task_t *t, const fl
                 continue;
             sum += p;
             for (int32_t d = 0; d < hd; d++)
-                o[d] += p * kv_load(kv, base + (int64_t)hd * bt + (int64_t)(slot0 + j) * hd + d);
+                o[d] += p * krn_kv_value(kv, slice, true, slot0 + j, d);
         }
         l = l * c + sum;
         m = mn;
@@ -73,7 +78,9 @@ int krn_ref_attention(const krn_attn_args_t *a)
     const krn_kv_t *kv = &a->kv;
     if (kv->n_head_kv <= 0 || a->n_head <= 0 || a->n_head % kv->n_head_kv != 0 ||
         kv->head_dim <= 0 || kv->head_dim > KRN_ATTN_MAX_HEAD_DIM || kv->block_tokens <= 0 ||
-        kv->block_tokens > 4096 || a->layer < 0 || a->layer >= kv->n_layer)
+        kv->block_tokens > 4096 || a->layer < 0 || a->layer >= kv->n_layer ||
+        (kv->dtype != KRN_F16 && kv->dtype != KRN_F32 && kv->dtype != KRN_Q8_0) ||
+        (kv->dtype == KRN_Q8_0 && kv->head_dim % KRN_QK8_0 != 0))
         return PC_ERR_INVAL;
     int32_t hd = kv->head_dim, group = a->n_head / kv->n_head_kv, width = a->n_head * hd;
     float o[KRN_ATTN_MAX_HEAD_DIM];

@@ -5,19 +5,15 @@
  * The kernel also splits a split's blocks over warps, which only changes rounding.
  *
  * Only positions [0, pos] of a row are read: slots past the written positions may hold NaN.
+ * A q8_0 pool is read in place as krn_ref_attention reads it (query quantized once per head,
+ * krn_q8_0_score, V as d * q).
  */
 #include <math.h>
 
 #include "kernels.h"
+#include "krn_hostdev.h"
 #include "krn_softmax_merge.h"
 #include "pc_err.h"
-
-static float kv_load(const krn_kv_t *kv, int64_t off)
-{
-    if (kv->dtype == KRN_F16)
-        return krn_f16_to_f32(((const uint16_t *)kv->base)[off]);
-    return ((const float *)kv->base)[off];
-}
 
 /* The state (o, m, l) of one query head over positions [p0, p1). */
 static void run_split(const krn_decode_args_t *a, const int32_t *table, int32_t kv_head,
@@ -28,16 +24,25 @@ static void run_split(const krn_decode_args_t *a, const int32_t *table, int32_t 
     float m = -INFINITY, l = 0;
     for (int32_t d = 0; d < hd; d++)
         o[d] = 0;
+    float qf[KRN_ATTN_MAX_HEAD_DIM], qd[KRN_ATTN_MAX_HEAD_DIM / KRN_QK8_0];
+    bool q8 = kv->dtype == KRN_Q8_0;
+    for (int32_t b = 0; q8 && b < hd / KRN_QK8_0; b++) /* the query, quantized once */
+        krn_q8_0_quantize_f(q + b * KRN_QK8_0, qf + b * KRN_QK8_0, &qd[b]);
     for (int32_t p = p0; p < p1;) {
         int32_t slot0 = p % bt, n = bt - slot0;
         n = n < p1 - p ? n : p1 - p;
-        int64_t base = krn_kv_slice_offset(kv, table[p / bt], a->layer, kv_head);
+        const uint8_t *slice = (const uint8_t *)kv->base +
+                               krn_kv_slice_byte_offset(kv, table[p / bt], a->layer, kv_head);
         float s[4096];
         float tmax = -INFINITY;
         for (int32_t j = 0; j < n; j++) {
             float acc = 0;
-            for (int32_t d = 0; d < hd; d++)
-                acc += q[d] * kv_load(kv, base + (int64_t)d * bt + slot0 + j);
+            if (q8)
+                acc =
+                    krn_q8_0_score(qf, qd, slice + (size_t)(slot0 + j) * krn_kv_row_bytes(kv), hd);
+            else
+                for (int32_t d = 0; d < hd; d++)
+                    acc += q[d] * krn_kv_value(kv, slice, false, slot0 + j, d);
             s[j] = acc;
             tmax = acc > tmax ? acc : tmax;
         }
@@ -47,9 +52,8 @@ static void run_split(const krn_decode_args_t *a, const int32_t *table, int32_t 
         for (int32_t j = 0; j < n; j++) {
             float pj = krn_sm_prob(s[j], mn);
             sum += pj;
-            int64_t vb = base + (int64_t)hd * bt + (int64_t)(slot0 + j) * hd;
             for (int32_t d = 0; d < hd; d++)
-                o[d] += pj * kv_load(kv, vb + d);
+                o[d] += pj * krn_kv_value(kv, slice, true, slot0 + j, d);
         }
         l = l * c + sum;
         m = mn;

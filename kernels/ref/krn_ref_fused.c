@@ -53,7 +53,8 @@ int krn_ref_qkv_rope_kv(const krn_qkv_rope_kv_args_t *a)
         hd > KRN_ATTN_MAX_HEAD_DIM || a->layer < 0 || a->layer >= kv->n_layer ||
         kv->block_tokens <= 0 || a->max_blocks <= 0 || a->rope_dim <= 0 || a->rope_dim % 2 != 0 ||
         a->rope_dim > hd || a->ld_q < (int64_t)a->n_head * hd || a->ld_kv < (int64_t)nkv * hd ||
-        (kv->dtype != KRN_F32 && kv->dtype != KRN_F16) ||
+        (kv->dtype != KRN_F32 && kv->dtype != KRN_F16 && kv->dtype != KRN_Q8_0) ||
+        (kv->dtype == KRN_Q8_0 && hd % KRN_QK8_0 != 0) ||
         (a->style != KRN_ROPE_NORM && a->style != KRN_ROPE_NEOX))
         return PC_ERR_INVAL;
     float x[KRN_ATTN_MAX_HEAD_DIM];
@@ -100,6 +101,17 @@ int krn_ref_qkv_rope_kv(const krn_qkv_rope_kv_args_t *a)
                 krn_ref_qk_norm(&nrm);
             rp.post_scale = 1.0f;
             krn_ref_rope(&rp);
+            if (kv->dtype == KRN_Q8_0) { /* the rows quantized, as krn_ref_kv_write */
+                float vq[KRN_ATTN_MAX_HEAD_DIM];
+                for (int32_t d = 0; d < hd; d++)
+                    vq[d] = a->bv != NULL ? vs[d] + a->bv[(int64_t)h * hd + d] : vs[d];
+                uint8_t *sl =
+                    (uint8_t *)kv->base + krn_kv_slice_byte_offset(kv, block, a->layer, h);
+                size_t rb = krn_kv_row_bytes(kv);
+                krn_q8_0_quantize(x, hd, sl + (size_t)slot * rb);
+                krn_q8_0_quantize(vq, hd, sl + (size_t)(bt + slot) * rb);
+                continue;
+            }
             int64_t slice = krn_kv_slice_offset(kv, block, a->layer, h);
             for (int32_t d = 0; d < hd; d++) {
                 float v = a->bv != NULL ? vs[d] + a->bv[(int64_t)h * hd + d] : vs[d];

@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "config.h"
+#include "engine.h"
 #include "pc_test.h"
 #include "pc_testutil.h"
 #include "render.h"
@@ -503,6 +504,32 @@ PC_TEST(metrics_need_the_admin_key)
     gw_config_free(&c);
     PC_TEST_CALL(expect_error("metrics:\n  require_key: yes please\n", PC_ERR_INVAL,
                               "t.yaml:2: metrics.require_key: expected true or false"));
+}
+
+PC_TEST(kv_dtype_per_model)
+{
+    /* f16 by default; f32 and q8_0 by name, printed back; anything else names the key. */
+    gw_config_t c;
+    char err[512] = "";
+    ASSERT_EQ(parse("models:\n  - {name: a, path: a, workers: 1}\n"
+                    "  - {name: b, path: b, workers: 1, kv_dtype: q8_0}\n"
+                    "  - {name: c, path: c, workers: 1, kv_dtype: f32}\n",
+                    &c, err, sizeof err),
+              0);
+    ASSERT_EQ(c.models[0].kv_dtype, ENG_KV_F16);
+    ASSERT_EQ(c.models[1].kv_dtype, ENG_KV_Q8_0);
+    ASSERT_EQ(c.models[2].kv_dtype, ENG_KV_F32);
+    pc_buf_t o = {0};
+    ASSERT_EQ(gw_config_print(&c, &o), 0);
+    ASSERT_EQ(pc_buf_terminate(&o), 0);
+    ASSERT_TRUE(strstr(pc_buf_slice(&o).base, "kv_dtype: q8_0") != NULL);
+    ASSERT_TRUE(strstr(pc_buf_slice(&o).base, "kv_dtype: f16") != NULL);
+    pc_buf_free(&o);
+    gw_config_free(&c);
+    expect_error("models:\n  - name: m\n    path: m.gguf\n    workers: 1\n    kv_dtype: q4_0\n",
+                 PC_ERR_INVAL, "t.yaml:5: models[0].kv_dtype: expected f16, f32 or q8_0");
+    expect_error("models:\n  - {name: m, path: a, workers: 1, kv_dtype: [q8_0]}\n", PC_ERR_INVAL,
+                 "models[0].kv_dtype: expected f16, f32 or q8_0");
 }
 
 PC_TEST(empty_file_is_the_default)

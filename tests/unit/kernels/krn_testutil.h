@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "krn_hostdev.h" /* krn_kv_value, the q8_0 steps */
 
 typedef struct kt_rng {
     uint64_t s;
@@ -137,17 +138,31 @@ static inline int kt_attn_make(kt_attn_t *t, kt_rng_t *r, int32_t n_head, int32_
             t->row_pos[row] = ctx[s] + j;
             t->row_seq[row] = s;
         }
-        /* K/V of every position up to the last new one, in every layer. */
+        /* K/V of every position up to the last new one, in every layer (q8_0: each row
+         * quantized, krn_q8_0_quantize). */
+        float kr[KRN_ATTN_MAX_HEAD_DIM], vr[KRN_ATTN_MAX_HEAD_DIM];
         for (int32_t p = 0; p < ctx[s] + new_tokens[s]; p++) {
             int32_t b = t->tables[(int64_t)s * max_blocks + p / bt], slot = p % bt;
             for (int32_t l = 0; l < n_layer; l++)
                 for (int32_t h = 0; h < n_head_kv; h++) {
+                    for (int32_t d = 0; d < head_dim; d++) {
+                        kr[d] = kt_unif(r) * 2;
+                        vr[d] = kt_unif(r) * 2;
+                    }
+                    if (dt == KRN_Q8_0) {
+                        uint8_t *sl =
+                            (uint8_t *)t->kv.base + krn_kv_slice_byte_offset(&t->kv, b, l, h);
+                        size_t rb = krn_kv_row_bytes(&t->kv);
+                        krn_q8_0_quantize(kr, head_dim, sl + (size_t)slot * rb);
+                        krn_q8_0_quantize(vr, head_dim, sl + (size_t)(bt + slot) * rb);
+                        continue;
+                    }
                     int64_t base = krn_kv_slice_offset(&t->kv, b, l, h);
                     for (int32_t d = 0; d < head_dim; d++) {
-                        kt_store(&t->kv, base + (int64_t)d * bt + slot, kt_unif(r) * 2);
+                        kt_store(&t->kv, base + (int64_t)d * bt + slot, kr[d]);
                         kt_store(&t->kv,
                                  base + (int64_t)head_dim * bt + (int64_t)slot * head_dim + d,
-                                 kt_unif(r) * 2);
+                                 vr[d]);
                     }
                 }
         }
@@ -155,25 +170,44 @@ static inline int kt_attn_make(kt_attn_t *t, kt_rng_t *r, int32_t n_head, int32_
     return 0;
 }
 
-/* Dense causal softmax attention in double over the scenario's pool: out[n_rows][width]. */
+/* K (is_v false) or V of (block, layer, head) at (slot, d), any pool dtype. */
+static inline float kt_kv_get(const krn_kv_t *kv, int32_t b, int32_t l, int32_t h, bool is_v,
+                              int32_t slot, int32_t d)
+{
+    return krn_kv_value(kv, (const uint8_t *)kv->base + krn_kv_slice_byte_offset(kv, b, l, h), is_v,
+                        slot, d);
+}
+
+/* Dense causal softmax attention in double over the scenario's pool: out[n_rows][width]. A
+ * q8_0 pool is read as d * q, with each query head quantized to q8_0 first (as the kernels
+ * do): the dense result differs from theirs only by F32 rounding. */
 static inline void kt_attn_dense(const kt_attn_t *t, double *out)
 {
     const krn_kv_t *kv = &t->kv;
     int32_t hd = kv->head_dim, bt = kv->block_tokens, group = t->n_head / kv->n_head_kv;
     int32_t width = t->n_head * hd;
+    float qq[KRN_ATTN_MAX_HEAD_DIM];
     for (int32_t row = 0; row < t->n_rows; row++) {
         int32_t pos = t->row_pos[row], s = t->row_seq[row];
         double *sc = malloc(sizeof *sc * (size_t)(pos + 1));
         for (int32_t h = 0; h < t->n_head; h++) {
             int32_t kh = h / group;
             const float *q = t->q + (int64_t)row * width + (int64_t)h * hd;
+            if (kv->dtype == KRN_Q8_0) {
+                for (int32_t b = 0; b < hd / KRN_QK8_0; b++) {
+                    float qd;
+                    krn_q8_0_quantize_f(q + b * KRN_QK8_0, qq + b * KRN_QK8_0, &qd);
+                    for (int32_t i = 0; i < KRN_QK8_0; i++)
+                        qq[b * KRN_QK8_0 + i] *= qd;
+                }
+                q = qq;
+            }
             double mx = -INFINITY, sum = 0;
             for (int32_t p = 0; p <= pos; p++) {
                 int32_t b = t->tables[(int64_t)s * t->max_blocks + p / bt];
-                int64_t base = krn_kv_slice_offset(kv, b, t->layer, kh);
                 double acc = 0;
                 for (int32_t d = 0; d < hd; d++)
-                    acc += (double)q[d] * kt_load(kv, base + (int64_t)d * bt + p % bt);
+                    acc += (double)q[d] * kt_kv_get(kv, b, t->layer, kh, false, p % bt, d);
                 sc[p] = acc;
                 mx = acc > mx ? acc : mx;
             }
@@ -184,10 +218,8 @@ static inline void kt_attn_dense(const kt_attn_t *t, double *out)
                 o[d] = 0;
             for (int32_t p = 0; p <= pos; p++) {
                 int32_t b = t->tables[(int64_t)s * t->max_blocks + p / bt];
-                int64_t base = krn_kv_slice_offset(kv, b, t->layer, kh) + (int64_t)hd * bt +
-                               (int64_t)(p % bt) * hd;
                 for (int32_t d = 0; d < hd; d++)
-                    o[d] += sc[p] / sum * kt_load(kv, base + d);
+                    o[d] += sc[p] / sum * kt_kv_get(kv, b, t->layer, kh, true, p % bt, d);
             }
         }
         free(sc);

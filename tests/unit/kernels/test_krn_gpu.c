@@ -280,6 +280,24 @@ static void attn_case(kt_rng_t *r, int32_t n_head, int32_t n_head_kv, int32_t hd
     kv2.base = host2;
     for (int32_t i = 0; i < t.n_rows; i++) {
         int32_t p = t.row_pos[i], b = t.tables[(int64_t)t.row_seq[i] * max_blocks + p / bt];
+        if (dt == KRN_Q8_0) {
+            /* k/v as d * q: quantizing them again gives the same bytes (d * 127 and d * q are
+             * exact in F32, so the scale and every quant come back), so the pools compare
+             * bit for bit. The rows are poisoned again as whole q8_0 rows. */
+            size_t rb = krn_kv_row_bytes(&t.kv);
+            for (int32_t h = 0; h < n_head_kv; h++) {
+                for (int32_t d = 0; d < hd; d++) {
+                    k[(int64_t)i * wk + h * hd + d] =
+                        kt_kv_get(&t.kv, b, t.layer, h, false, p % bt, d);
+                    v[(int64_t)i * wk + h * hd + d] =
+                        kt_kv_get(&t.kv, b, t.layer, h, true, p % bt, d);
+                }
+                uint8_t *sl = host2 + krn_kv_slice_byte_offset(&t.kv, b, t.layer, h);
+                memset(sl + (size_t)(p % bt) * rb, 0xff, rb);
+                memset(sl + (size_t)(bt + p % bt) * rb, 0xff, rb);
+            }
+            continue;
+        }
         for (int32_t h = 0; h < n_head_kv; h++) {
             int64_t base = krn_kv_slice_offset(&t.kv, b, t.layer, h);
             for (int32_t d = 0; d < hd; d++) {
@@ -374,8 +392,10 @@ PC_TEST(attention_and_kv_write_match_reference)
     } shapes[] = {{4, 4, 16, 16}, {8, 2, 64, 16},  {32, 8, 128, 16}, {16, 1, 128, 32},
                   {12, 4, 96, 8}, {8, 8, 256, 16}, {64, 1, 64, 64},  {6, 2, 32, 5}};
     for (size_t i = 0; i < PC_ARRAY_LEN(shapes); i++) {
-        for (int dt = 0; dt < 2; dt++) {
-            enum krn_dtype kd = dt ? KRN_F16 : KRN_F32;
+        for (int dt = 0; dt < 3; dt++) {
+            enum krn_dtype kd = dt == 2 ? KRN_Q8_0 : dt ? KRN_F16 : KRN_F32;
+            if (kd == KRN_Q8_0 && shapes[i].hd % KRN_QK8_0 != 0)
+                continue; /* no q8_0 form */
             int32_t bt = shapes[i].bt;
             /* Prefill chunks, then decode with and without splits. */
             PC_TEST_CALL(attn_case(&r, shapes[i].nh, shapes[i].nkv, shapes[i].hd, bt, kd, 3,
@@ -530,10 +550,20 @@ PC_TEST(decode_attention_matches_reference)
         int32_t nh, nkv, hd, bt;
         enum krn_dtype dt;
         int32_t n_seqs, max_blocks;
-    } cases[] = {{64, 8, 128, 16, KRN_F16, 1, 130}, {64, 8, 128, 16, KRN_F16, 9, 40},
-                 {32, 8, 128, 16, KRN_F32, 4, 30},  {8, 1, 32, 16, KRN_F16, 3, 20},
-                 {16, 16, 64, 8, KRN_F32, 5, 25},   {32, 2, 256, 16, KRN_F16, 2, 20},
-                 {4, 4, 32, 5, KRN_F32, 3, 11},     {8, 2, 256, 32, KRN_F32, 2, 6}};
+    } cases[] = {{64, 8, 128, 16, KRN_F16, 1, 130},
+                 {64, 8, 128, 16, KRN_F16, 9, 40},
+                 {32, 8, 128, 16, KRN_F32, 4, 30},
+                 {8, 1, 32, 16, KRN_F16, 3, 20},
+                 {16, 16, 64, 8, KRN_F32, 5, 25},
+                 {32, 2, 256, 16, KRN_F16, 2, 20},
+                 {4, 4, 32, 5, KRN_F32, 3, 11},
+                 {8, 2, 256, 32, KRN_F32, 2, 6},
+                 /* q8_0 pools (the engine's blocks, read in place) */
+                 {64, 8, 128, 16, KRN_Q8_0, 1, 130},
+                 {64, 8, 128, 16, KRN_Q8_0, 9, 40},
+                 {8, 1, 32, 16, KRN_Q8_0, 3, 20},
+                 {32, 2, 256, 16, KRN_Q8_0, 2, 20},
+                 {16, 16, 64, 8, KRN_Q8_0, 5, 25}};
     for (size_t ci = 0; ci < PC_ARRAY_LEN(cases); ci++) {
         int32_t ctx[16], nt[16], bt = cases[ci].bt, mb = cases[ci].max_blocks;
         for (int32_t s = 0; s < cases[ci].n_seqs; s++) {
@@ -605,15 +635,19 @@ PC_TEST(block_copies_match_reference)
     kt_rng_t r = {24};
     /* The second shape has more (layer, head) slices than gridDim.y takes (65535). */
     const int32_t shapes[][4] = {{3, 2, 24, 16}, {300, 256, 2, 2}};
-    for (int si = 0; si < 4; si++) {
-        int dt = si % 2;
-        const int32_t *sh = shapes[si / 2];
+    /* q8_0 pools (head_dim a multiple of 32): rows of 34-byte blocks. */
+    const int32_t q8_shapes[][4] = {{3, 2, 64, 16}, {300, 256, 32, 1}};
+    for (int si = 0; si < 6; si++) {
+        int dt = si % 3;
+        const int32_t *sh = dt == 2 ? q8_shapes[si / 3] : shapes[si / 3];
         krn_kv_t kv = {.n_blocks = 20,
                        .n_layer = sh[0],
                        .n_head_kv = sh[1],
                        .head_dim = sh[2],
                        .block_tokens = sh[3],
-                       .dtype = dt ? KRN_F16 : KRN_F32};
+                       .dtype = dt == 2 ? KRN_Q8_0
+                                : dt    ? KRN_F16
+                                        : KRN_F32};
         size_t bb = krn_kv_block_bytes(&kv), bytes = bb * 20;
         uint8_t *h = malloc(bytes), *back = malloc(bytes);
         for (size_t i = 0; i < bytes; i++)

@@ -136,6 +136,44 @@ PC_TEST(cuda_engine_logits_match_cpu_engine)
     }
 }
 
+/* q8_0 KV on both engines (head_dim 32: the wide models): the cuda engine's logits against
+ * the cpu engine's over a prefill longer than one step and a few decode steps (prefill on the
+ * SIMT kernel, decode on the split-KV kernel, both reading q8_0 in place). */
+PC_TEST(cuda_engine_q8_0_kv_logits_match_cpu_engine)
+{
+    NEED_GPU();
+    const struct {
+        enum eng_arch arch;
+        uint32_t dtype;
+    } cases[] = {{ENG_ARCH_LLAMA, ENG_GGML_TYPE_F16}, {ENG_ARCH_QWEN2, ENG_GGML_TYPE_F32}};
+    kt_rng_t r = {37};
+    enum { NP = 300, ND = 6 };
+    int32_t toks[NP + ND];
+    for (int i = 0; i < NP + ND; i++)
+        toks[i] = (int32_t)kt_below(&r, E2E_VOCAB);
+    for (size_t ci = 0; ci < PC_ARRAY_LEN(cases); ci++) {
+        char path[256];
+        e2e_model_ex(cases[ci].arch, cases[ci].dtype, true, path, sizeof path);
+        eng_t *cpu = e2e_engine(path, "cpu", ENG_KV_Q8_0),
+              *gpu = e2e_engine(path, "cuda", ENG_KV_Q8_0);
+        ASSERT_TRUE(cpu != NULL && gpu != NULL);
+        ASSERT_STR_EQ(eng_backend_name_of(gpu), "cuda");
+        size_t n = (size_t)(NP + ND) * E2E_VOCAB;
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        ASSERT_EQ(e2e_run(cpu, toks, NP, ND, a), 0);
+        ASSERT_EQ(e2e_run(gpu, toks, NP, ND, b), 0);
+        double err = kt_rel_err_f(b, a, (int64_t)n);
+        char msg[256];
+        ASSERT_EQ(eng_check(gpu, msg, sizeof msg), 0);
+        eng_free(cpu);
+        eng_free(gpu);
+        free(a);
+        free(b);
+        unlink(path);
+        ASSERT_LE(err, 1e-2);
+    }
+}
+
 /* The cuda engine with KVGW_CUDA_DECODE set to `decode` (NULL: unset) while it is created. */
 static eng_t *e2e_engine_decode(const char *path, enum eng_kv_dtype kvt, const char *decode)
 {
