@@ -54,6 +54,8 @@
 #include <unistd.h>
 
 #include <sodium.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "engine.h"
 #include "gguf.h"

@@ -329,15 +329,15 @@ static int32_t qtype_of(uint32_t type)
 {
     switch (type) {
     case ENG_GGML_TYPE_Q4_0:
-        return KRN_Q4_0;
+        return KRN_QT_Q4_0;
     case ENG_GGML_TYPE_Q8_0:
-        return KRN_Q8_0;
+        return KRN_QT_Q8_0;
     case ENG_GGML_TYPE_Q4_K:
-        return KRN_Q4_K;
+        return KRN_QT_Q4_K;
     case ENG_GGML_TYPE_Q5_K:
-        return KRN_Q5_K;
+        return KRN_QT_Q5_K;
     case ENG_GGML_TYPE_Q6_K:
-        return KRN_Q6_K;
+        return KRN_QT_Q6_K;
     default:
         return 0;
     }

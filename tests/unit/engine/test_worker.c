@@ -1447,36 +1447,37 @@ PC_TEST(tier_load_does_not_stall_decoding)
     ASSERT_EQ(res[1].d.usage.tokens_reused, res[1].pf.tokens_g3 + res[1].pf.tokens_recomputed);
     PC_TEST_CALL(check_idle(w));
     eng_worker_free(w);
-    PC_TEST(kv_dtype_in_info_and_fingerprint)
-    {
-        /* The demo model (head size 32) with F16 and q8_0 KV under the same byte budget: the info
-         * names the dtype, the pool holds 64/34 as many tokens, and the fingerprints differ, so KV
-         * cached by one never passes for the other's. */
-        const char *demo = "models/kvgw-demo.gguf";
-        if (access(demo, R_OK) != 0)
-            PC_SKIP("models/kvgw-demo.gguf is missing (scripts/models.sh)");
-        eng_worker_info_t in[2];
-        uint64_t fp[2];
-        for (int i = 0; i < 2; i++) {
-            eng_worker_params_t p = wparams();
-            p.engine.model_path = demo;
-            p.engine.kv_dtype = i == 0 ? ENG_KV_F16 : ENG_KV_Q8_0;
-            p.engine.kv_max_tokens = 0;
-            p.engine.kv_max_bytes = 8u << 20;
-            eng_worker_t *w = start(&p);
-            ASSERT_TRUE(w != NULL);
-            eng_worker_info(w, &in[i]);
-            fp[i] = in[i].model_fp;
-            ASSERT_EQ_U64(in[i].kv_capacity_tokens,
-                          (uint64_t)in[i].total_blocks * in[i].block_tokens);
-            eng_worker_free(w);
-        }
-        ASSERT_STR_EQ(in[0].kv_dtype, "f16");
-        ASSERT_STR_EQ(in[1].kv_dtype, "q8_0");
-        ASSERT_EQ_U64(in[1].kv_bytes_per_token * 64, in[0].kv_bytes_per_token * 34);
-        ASSERT_TRUE(in[1].kv_capacity_tokens * 34 >= in[0].kv_capacity_tokens * 64 - 64 * 16);
-        ASSERT_NE(fp[0], fp[1]);
-        ASSERT_TRUE(fp[0] != 0 && fp[1] != 0);
-    }
+}
 
-    PC_TEST_MAIN()
+PC_TEST(kv_dtype_in_info_and_fingerprint)
+{
+    /* The demo model (head size 32) with F16 and q8_0 KV under the same byte budget: the info
+     * names the dtype, the pool holds 64/34 as many tokens, and the fingerprints differ, so KV
+     * cached by one never passes for the other's. */
+    const char *demo = "models/kvgw-demo.gguf";
+    if (access(demo, R_OK) != 0)
+        PC_SKIP("models/kvgw-demo.gguf is missing (scripts/models.sh)");
+    eng_worker_info_t in[2];
+    uint64_t fp[2];
+    for (int i = 0; i < 2; i++) {
+        eng_worker_params_t p = wparams();
+        p.engine.model_path = demo;
+        p.engine.kv_dtype = i == 0 ? ENG_KV_F16 : ENG_KV_Q8_0;
+        p.engine.kv_max_tokens = 0;
+        p.engine.kv_max_bytes = 8u << 20;
+        eng_worker_t *w = start(&p);
+        ASSERT_TRUE(w != NULL);
+        eng_worker_info(w, &in[i]);
+        fp[i] = in[i].model_fp;
+        ASSERT_EQ_U64(in[i].kv_capacity_tokens, (uint64_t)in[i].total_blocks * in[i].block_tokens);
+        eng_worker_free(w);
+    }
+    ASSERT_STR_EQ(in[0].kv_dtype, "f16");
+    ASSERT_STR_EQ(in[1].kv_dtype, "q8_0");
+    ASSERT_EQ_U64(in[1].kv_bytes_per_token * 64, in[0].kv_bytes_per_token * 34);
+    ASSERT_TRUE(in[1].kv_capacity_tokens * 34 >= in[0].kv_capacity_tokens * 64 - 64 * 16);
+    ASSERT_NE(fp[0], fp[1]);
+    ASSERT_TRUE(fp[0] != 0 && fp[1] != 0);
+}
+
+PC_TEST_MAIN()

@@ -336,10 +336,10 @@ static inline uint16_t kt_half_rand(kt_rng_t *r)
 static inline void kt_qlayout(int32_t t, int32_t *half0, int32_t *n_half, int32_t *sc0,
                               int32_t *n_sc)
 {
-    *half0 = t == KRN_Q6_K ? 208 : 0;
-    *n_half = t == KRN_Q4_K || t == KRN_Q5_K ? 2 : 1;
-    *sc0 = t == KRN_Q6_K ? 192 : t == KRN_Q4_K || t == KRN_Q5_K ? 4 : 0;
-    *n_sc = t == KRN_Q6_K ? 16 : t == KRN_Q4_K || t == KRN_Q5_K ? 12 : 0;
+    *half0 = t == KRN_QT_Q6_K ? 208 : 0;
+    *n_half = t == KRN_QT_Q4_K || t == KRN_QT_Q5_K ? 2 : 1;
+    *sc0 = t == KRN_QT_Q6_K ? 192 : t == KRN_QT_Q4_K || t == KRN_QT_Q5_K ? 4 : 0;
+    *n_sc = t == KRN_QT_Q6_K ? 16 : t == KRN_QT_Q4_K || t == KRN_QT_Q5_K ? 12 : 0;
 }
 static inline void kt_qblocks(kt_rng_t *r, int32_t t, int64_t n_blocks, uint8_t *out, bool edges)
 {
@@ -355,7 +355,7 @@ static inline void kt_qblocks(kt_rng_t *r, int32_t t, int64_t n_blocks, uint8_t 
                    : quant && kind == 4 ? 0
                                         : (uint8_t)kt_below(r, 256);
             if (!quant && kind == 1)
-                p[i] = t == KRN_Q6_K ? 0x80 : 0xff; /* int8 -128; 6-bit 63 */
+                p[i] = t == KRN_QT_Q6_K ? 0x80 : 0xff; /* int8 -128; 6-bit 63 */
         }
         for (int32_t k = 0; k < nh && kind != 0; k++) {
             uint16_t h = kind == 1 ? 0x7bff : kind == 2 ? 0x0001 : kt_half_rand(r);

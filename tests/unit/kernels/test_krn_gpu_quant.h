@@ -8,7 +8,7 @@
  * against the reference GEMM over the same dequantized halves it hands cuBLAS.
  */
 
-static const int32_t g_qtypes[] = {KRN_Q4_0, KRN_Q8_0, KRN_Q4_K, KRN_Q5_K, KRN_Q6_K};
+static const int32_t g_qtypes[] = {KRN_QT_Q4_0, KRN_QT_Q8_0, KRN_QT_Q4_K, KRN_QT_Q5_K, KRN_QT_Q6_K};
 
 /* Element i of a host F32/F16/BF16 array, as F32. */
 static float q_elem(const void *p, int64_t i, enum krn_dtype t)
@@ -187,7 +187,7 @@ PC_TEST(quant_matmul_matches_reference_on_both_paths)
     void *dx = up(x, sizeof x), *dy = up(y, sizeof y), *dw = up(w, sizeof w),
          *ds = dev_filled(512, 0);
     krn_qmatmul_args_t a = {.w = dw,
-                            .qtype = KRN_Q4_K,
+                            .qtype = KRN_QT_Q4_K,
                             .x = dx,
                             .x_dtype = KRN_F32,
                             .y = dy,

@@ -25,7 +25,7 @@
 #include "pc_test.h"
 #include "quant.h" /* the engine's reference dequantization */
 
-static const int32_t k_types[] = {KRN_Q4_0, KRN_Q8_0, KRN_Q4_K, KRN_Q5_K, KRN_Q6_K};
+static const int32_t k_types[] = {KRN_QT_Q4_0, KRN_QT_Q8_0, KRN_QT_Q4_K, KRN_QT_Q5_K, KRN_QT_Q6_K};
 #define N_TYPES 5
 
 PC_TEST(sizes_match_the_engines_ggml_table)
@@ -146,7 +146,7 @@ static void scale_min(int j, const uint8_t *q, int *d, int *m)
 static void decode_block(int32_t t, const uint8_t *b, float *want32, double *want64)
 {
     switch (t) {
-    case KRN_Q4_0: {
+    case KRN_QT_Q4_0: {
         float d = half_at(b);
         for (int j = 0; j < 16; j++) {
             int x0 = (b[2 + j] & 0x0F) - 8, x1 = (b[2 + j] >> 4) - 8;
@@ -157,7 +157,7 @@ static void decode_block(int32_t t, const uint8_t *b, float *want32, double *wan
         }
         break;
     }
-    case KRN_Q8_0: {
+    case KRN_QT_Q8_0: {
         float d = half_at(b);
         for (int j = 0; j < 32; j++) {
             want32[j] = (float)(int8_t)b[2 + j] * d;
@@ -165,9 +165,9 @@ static void decode_block(int32_t t, const uint8_t *b, float *want32, double *wan
         }
         break;
     }
-    case KRN_Q4_K:
-    case KRN_Q5_K: {
-        const bool q5 = t == KRN_Q5_K;
+    case KRN_QT_Q4_K:
+    case KRN_QT_Q5_K: {
+        const bool q5 = t == KRN_QT_Q5_K;
         const float d = half_at(b), min = half_at(b + 2);
         const uint8_t *sc = b + 4, *qh = b + 16, *q = b + (q5 ? 48 : 16);
         int is = 0, sh = 0;
@@ -187,7 +187,7 @@ static void decode_block(int32_t t, const uint8_t *b, float *want32, double *wan
         }
         break;
     }
-    case KRN_Q6_K: {
+    case KRN_QT_Q6_K: {
         const float d = half_at(b + 208);
         const uint8_t *ql = b, *qh = b + 128;
         const int8_t *sc = (const int8_t *)(b + 192);
@@ -236,7 +236,7 @@ PC_TEST(dequant_matches_ggml_loops_and_float64_over_random_and_edge_blocks)
                 /* Each F32 rounding is within half an ulp of its exact operands: at most 3
                  * roundings (d * sc, dmin * m, the difference; d * sc * q for Q6_K). */
                 double tol = 4.0 * FLT_EPSILON * fabs(w64[e]) + 1e-30;
-                if (t == KRN_Q4_K || t == KRN_Q5_K) {
+                if (t == KRN_QT_Q4_K || t == KRN_QT_Q5_K) {
                     int s, m;
                     scale_min(e / 32, w + (size_t)b * bb + 4, &s, &m);
                     tol += 4.0 * FLT_EPSILON * fabs((double)half_at(w + (size_t)b * bb + 2) * m);
@@ -386,7 +386,7 @@ PC_TEST(dequant_and_qmatmul_refuse_bad_arguments)
                             .n_rows = 1,
                             .n_wrows = 1,
                             .n_in = 256,
-                            .qtype = KRN_Q4_K,
+                            .qtype = KRN_QT_Q4_K,
                             .dtype = KRN_F32};
     ASSERT_EQ(krn_ref_dequant(&d), 0);
     krn_dequant_args_t b = d;
@@ -402,7 +402,7 @@ PC_TEST(dequant_and_qmatmul_refuse_bad_arguments)
     b.dtype = (enum krn_dtype)7;
     ASSERT_EQ(krn_ref_dequant(&b), PC_ERR_INVAL);
     krn_qmatmul_args_t m = {
-        .w = w, .qtype = KRN_Q4_K, .x = x, .x_dtype = KRN_F32, .y = y, .M = 1, .N = 2, .K = 256};
+        .w = w, .qtype = KRN_QT_Q4_K, .x = x, .x_dtype = KRN_F32, .y = y, .M = 1, .N = 2, .K = 256};
     ASSERT_EQ(krn_ref_qmatmul(&m), 0);
     krn_qmatmul_args_t mb = m;
     mb.K = 128;
