@@ -207,6 +207,10 @@ AVX512 static void gemv_f16_rows8(const uint16_t *wr, const float *xg, uint32_t 
  * hardware prefetcher follows a single stream per thread best. */
 AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
 {
+    if (eng__gemv_int8(c->wtype)) {
+        eng__gemv_q(c, n0, n1, eng__avx512_dot_q);
+        return;
+    }
     if (c->wtype != ENG_GGML_TYPE_F16) { /* F32, BF16 and Q8_0 weights: the AVX2 kernels
                                             (every AVX-512 CPU runs them) already stream at the
                                             read bandwidth */
@@ -277,6 +281,164 @@ AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
         }
     }
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Quantized rows (the integer dot products of cpu_avx2.c, 64 bytes at a time): Q4_0 with
+ * VPDPBUSD (unsigned quants times signed activation bytes, four products per int32 lane); the
+ * K-quants with VPMADDUBSW and VPDPWSSD, which multiplies each pair's int16 sum by its
+ * sub-block's scale and accumulates in int32 in one instruction.
+ * ------------------------------------------------------------------------------------------- */
+
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")))
+#define LOAD256(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
+#define LOAD512(p) _mm512_loadu_si512((const void *)(p))
+/* A 512-bit vector of two 256-bit halves. */
+#define HALVES(lo, hi) _mm512_inserti64x4(_mm512_castsi256_si512(lo), (hi), 1)
+
+/* Q4_0 x Q8_0: per block, sum q a - 8 sum a, both with VPDPBUSD on 32 bytes. */
+VNNI static float dot512_q4_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t *x, uint32_t K)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8);
+    __m256 acc = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < K / ENG_QK4_0; b++, w++, x++) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)w->qs);
+        __m256i q = _mm256_and_si256(
+            _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), lo4);
+        __m256i a = LOAD256(x->qs), z = _mm256_setzero_si256();
+        __m256i s = _mm256_sub_epi32(_mm256_dpbusd_epi32(z, q, a), _mm256_dpbusd_epi32(z, eight, a));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w->d) * _cvtsh_ss(x->d)),
+                              _mm256_cvtepi32_ps(s), acc);
+    }
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Q4_K (hb false) or Q5_K (hb true) x Q8_K. A 64-byte load of qs holds sub-blocks 4i and
+ * 4i + 2 in its low nibbles and 4i + 1, 4i + 3 in its high ones (32 bytes each); their
+ * activations are gathered from two 32-byte loads, their scales broadcast per half. */
+VNNI static inline __attribute__((always_inline)) float
+dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t K)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
+    const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
+    const uint8_t *w = wv;
+    __m512 acc = _mm512_setzero_ps();
+    float mins = 0;
+    for (uint32_t b = 0; b < K / ENG_QK_K; b++, w += wb, x++) {
+        const eng_block_q4_k_t *w4 = (const eng_block_q4_k_t *)(const void *)w;
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++)
+            eng_quant_k4_scale_min(w4->scales, j, &sc[j], &mn[j]);
+        const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
+        __m512i qh = hb ? _mm512_broadcast_i64x4(
+                              LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh))
+                        : _mm512_setzero_si512();
+        const int8_t *a = x->qs;
+        __m512i sumi = _mm512_setzero_si512();
+        for (int i = 0; i < 2; i++) {
+            __m512i v = LOAD512(qs + 64 * i);
+            __m512i q[2] = {_mm512_and_si512(v, lo4),
+                            _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4)};
+            for (int h = 0; h < 2; h++) { /* h: the low (sub-blocks 4i, 4i + 2) or high nibbles */
+                int s0 = 4 * i + h, s1 = s0 + 2;
+                if (hb) {
+                    __m512i m = HALVES(_mm256_set1_epi8((char)(1 << s0)),
+                                       _mm256_set1_epi8((char)(1 << s1)));
+                    q[h] = _mm512_mask_add_epi8(q[h], _mm512_test_epi8_mask(qh, m), q[h], b16);
+                }
+                __m512i av = HALVES(LOAD256(a + 32 * s0), LOAD256(a + 32 * s1));
+                __m512i sv = HALVES(_mm256_set1_epi16(sc[s0]), _mm256_set1_epi16(sc[s1]));
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[h], av), sv);
+            }
+        }
+        int msum = 0;
+        for (int j = 0; j < 8; j++)
+            msum += mn[j] * (x->bsums[2 * j] + x->bsums[2 * j + 1]);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(x->d * _cvtsh_ss(w4->d)), _mm512_cvtepi32_ps(sumi),
+                              acc);
+        mins += x->d * _cvtsh_ss(w4->dmin) * (float)msum;
+    }
+    return _mm512_reduce_add_ps(acc) - mins;
+}
+
+/* Q6_K x Q8_K: 64 elements per product (a 64-byte load of ql gives 64 low nibbles, its high
+ * nibbles the next 64), the two high bits of each from qh shifted per half, the scales of the
+ * four sub-blocks of 16 spread over the int16 lanes by VPERMW. */
+/* Lane l of product s (of the four 64-element products of a super-block) takes the scale of
+ * sub-block 4 s + l / 8. */
+#define Q6_LANES(s)                                                                                \
+    {4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s),                       \
+     4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1,    \
+     4 * (s) + 1, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2,    \
+     4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3,    \
+     4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3}
+static const int16_t q6_lanes[4][32] = {Q6_LANES(0), Q6_LANES(1), Q6_LANES(2), Q6_LANES(3)};
+#undef Q6_LANES
+
+VNNI static float dot512_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t *x, uint32_t K)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = HALVES(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
+    const __m512i shr = HALVES(_mm256_setzero_si256(), _mm256_set1_epi16(2));
+    __m512i idx[4] = {LOAD512(q6_lanes[0]), LOAD512(q6_lanes[1]), LOAD512(q6_lanes[2]),
+                      LOAD512(q6_lanes[3])};
+    __m512 acc = _mm512_setzero_ps();
+    for (uint32_t b = 0; b < K / ENG_QK_K; b++, w++, x++) {
+        __m256i sc16 =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)w->scales));
+        __m512i sc = _mm512_castsi256_si512(sc16);
+        __m256i off = _mm256_madd_epi16(LOAD256(x->bsums), sc16); /* sum_j sc_j bsum_j */
+        __m512i sumi = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512i l = LOAD512(w->ql + 64 * h);
+            __m512i qh = _mm512_broadcast_i64x4(LOAD256(w->qh + 32 * h));
+            __m512i qa = _mm512_or_si512(_mm512_and_si512(l, lo4),
+                                         _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
+            __m512i qb =
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), lo4),
+                                _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+            __m512i pa = _mm512_maddubs_epi16(qa, LOAD512(x->qs + 128 * h));
+            __m512i pb = _mm512_maddubs_epi16(qb, LOAD512(x->qs + 128 * h + 64));
+            sumi = _mm512_dpwssd_epi32(sumi, pa, _mm512_permutexvar_epi16(idx[2 * h], sc));
+            sumi = _mm512_dpwssd_epi32(sumi, pb, _mm512_permutexvar_epi16(idx[2 * h + 1], sc));
+        }
+        __m512i offv = _mm512_castsi256_si512(_mm256_slli_epi32(off, 5));
+        offv = _mm512_inserti64x4(offv, _mm256_setzero_si256(), 1);
+        sumi = _mm512_sub_epi32(sumi, offv);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(x->d * _cvtsh_ss(w->d)), _mm512_cvtepi32_ps(sumi),
+                              acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+#undef LOAD256
+#undef LOAD512
+#undef HALVES
+
+VNNI static float dot512_q(uint32_t wtype, const void *w, const void *xq, uint32_t K)
+{
+    switch (wtype) {
+    case ENG_GGML_TYPE_Q4_0:
+        return dot512_q4_0(w, xq, K);
+    case ENG_GGML_TYPE_Q4_K:
+        return dot512_q45_k(false, w, xq, K);
+    case ENG_GGML_TYPE_Q5_K:
+        return dot512_q45_k(true, w, xq, K);
+    case ENG_GGML_TYPE_Q6_K:
+        return dot512_q6_k(w, xq, K);
+    default:
+        PC_ABORT("weight type %u has no integer dot product", wtype);
+    }
+}
+
+float eng__avx512_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K)
+{
+    if (!eng__cpu_has_avx512_vnni())
+        return eng__avx2_dot_q(wtype, w, xq, K);
+    return dot512_q(wtype, w, xq, K);
+}
+#undef VNNI
 
 /* ---------------------------------------------------------------------------------------------
  * Attention

@@ -22,7 +22,7 @@
 #define ENG_X86 1
 #endif
 
-enum { F_AVX2 = 1, F_AVX512 = 2, F_BF16 = 4 };
+enum { F_AVX2 = 1, F_AVX512 = 2, F_BF16 = 4, F_VNNI = 8 };
 
 static unsigned cpu_features_probe(void)
 {
@@ -44,6 +44,8 @@ static unsigned cpu_features_probe(void)
     f |= F_AVX2;
     if ((b & (1u << 16)) && (xlo & 0xe6) == 0xe6) /* AVX512F, with the ZMM state saved */
         f |= F_AVX512;
+    if ((f & F_AVX512) && (b & (1u << 30)) && (c & (1u << 11))) /* AVX512BW, AVX512_VNNI */
+        f |= F_VNNI;
     __cpuid_count(7, 1, a, b, c, d);
     if ((f & F_AVX512) && (a & (1u << 5))) /* AVX512_BF16 */
         f |= F_BF16;
@@ -69,6 +71,11 @@ bool eng__cpu_has_avx2(void)
 bool eng__cpu_has_avx512(void)
 {
     return (cpu_features() & F_AVX512) != 0;
+}
+
+bool eng__cpu_has_avx512_vnni(void)
+{
+    return (cpu_features() & F_VNNI) != 0;
 }
 
 bool eng__cpu_has_bf16(void)

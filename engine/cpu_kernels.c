@@ -73,6 +73,8 @@ typedef struct matmul_ctx {
     const uint16_t *a_bf16; /* x as BF16 rows, when the BF16 path runs */
     eng_cpu_isa_t isa;      /* resolved: never AUTO, always one the CPU runs */
     bool gemv;              /* the GEMV kernel of isa, not sgemm */
+    const void *xq;         /* with gemv and an eng__gemv_int8 type: x quantized (gemv_quantize) */
+    size_t xq_stride;
     bool gemm;              /* the AVX2 register-tile GEMM, not F32 tiles and sgemm */
     uint32_t tile;          /* output columns per task */
 } matmul_ctx_t;
@@ -84,6 +86,8 @@ static eng_gemv_t gemv_args(const matmul_ctx_t *c)
     return (eng_gemv_t){.w = c->w->data,
                         .wtype = c->w->type,
                         .x = c->x,
+                        .xq = c->xq,
+                        .xq_stride = c->xq_stride,
                         .M = c->M,
                         .K = c->K,
                         .y = c->y,
@@ -109,7 +113,7 @@ static void gemv_run(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
     }
 }
 
-/* Rows [n0, n1) of w (F16, BF16 or Q8_0) as F32 rows into dst. */
+/* Rows [n0, n1) of w (F16, BF16 or a quantized type) as F32 rows into dst. */
 static void weight_rows_to_f32(const eng_weight_t *w, uint32_t n0, uint32_t n1, float *dst,
                                eng_cpu_isa_t isa)
 {
@@ -126,7 +130,9 @@ static void weight_rows_to_f32(const eng_weight_t *w, uint32_t n0, uint32_t n1, 
         eng__port_q8_0_to_f32((const uint8_t *)src, dst, n);
         return;
     default:
-        PC_ABORT("weight type %u has no F32 tiles", w->type);
+        PC_ASSERT(eng_quant_type_is_quant(w->type));
+        eng_quant_row_to_f32(w->type, src, dst, n);
+        return;
     }
 }
 
@@ -238,6 +244,35 @@ static void matmul_setup(matmul_ctx_t *c, uint32_t n_threads, const float *x, ui
         c->tile = 16;
 }
 
+/* x[M][K] quantized once for the integer GEMVs of the products in c[0..n) that take it, into buf
+ * (room for M rows of both dot types: Q8_K rows first, then Q8_0 ones); each product's xq points
+ * at its dot type's rows. */
+static void gemv_quantize(matmul_ctx_t *c, uint32_t n, const float *x, uint32_t M, uint32_t K,
+                          void *buf)
+{
+    size_t sk = eng_quant_row_bytes(ENG_GGML_TYPE_Q8_K, K);
+    size_t s0 = eng_quant_row_bytes(ENG_GGML_TYPE_Q8_0, K);
+    char *q8k = buf, *q80 = q8k + (size_t)M * sk;
+    bool done_k = false, done_0 = false;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!c[i].gemv || !eng__gemv_int8(c[i].w->type))
+            continue;
+        bool k = eng_quant_dot_type(c[i].w->type) == ENG_GGML_TYPE_Q8_K;
+        bool *done = k ? &done_k : &done_0;
+        char *dst = k ? q8k : q80;
+        size_t stride = k ? sk : s0;
+        for (uint32_t m = 0; m < M && !*done; m++) {
+            if (k)
+                eng_quant_act_q8_k(x + (size_t)m * K, (eng_block_q8_k_t *)(dst + m * stride), K);
+            else
+                eng_quant_act_q8_0(x + (size_t)m * K, (eng_block_q8_0_t *)(dst + m * stride), K);
+        }
+        *done = true;
+        c[i].xq = dst;
+        c[i].xq_stride = stride;
+    }
+}
+
 /* Several products over one pool run: task t belongs to the first product whose task range
  * holds it. One run instead of several saves a synchronization per product and lets the
  * threads that finish one product's last tiles go on with the next product's. */
@@ -279,6 +314,11 @@ void eng__matmul_n(eng_pool_t *pool, const float *x, uint32_t M, const eng_weigh
                      use_bf16 ? a_bf16 : NULL, isa);
         mm.task0[i + 1] = mm.task0[i] + (mm.c[i].N + mm.c[i].tile - 1) / mm.c[i].tile;
     }
+    /* tmp[0] holds x quantized: below ENG_GEMV_MAX_M rows no task converts tiles into tmp. The
+     * two formats take at most 292 / 256 + 34 / 32 bytes per element, well within its
+     * ENG_CPU_WTILE floats per element. */
+    if (M < ENG_GEMV_MAX_M)
+        gemv_quantize(mm.c, n, x, M, w[0]->n_in, tmp[0]);
     if (n == 1)
         eng__pool_run(pool, matmul_task, &mm.c[0], mm.task0[1]);
     else

@@ -96,10 +96,19 @@ void eng__port_q8_0_to_f32(const uint8_t *src, float *dst, size_t n)
  * Q8_0 blocks. */
 #define PORT_KCHUNK 256
 
+float eng__port_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K)
+{
+    return eng_quant_vec_dot(wtype, w, xq, K);
+}
+
 void eng__port_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
 {
     uint32_t K = g->K, M = g->M;
     PC_ASSERT(M <= ENG_GEMV_MAX_M);
+    if (eng__gemv_int8(g->wtype)) {
+        eng__gemv_q(g, n0, n1, eng__port_dot_q);
+        return;
+    }
     PC_ASSERT(g->wtype != ENG_GGML_TYPE_Q8_0 || K % ENG_QK8_0 == 0);
     size_t rb = eng__gemv_row_bytes(g->wtype, K);
     float wbuf[PORT_KCHUNK];
