@@ -290,9 +290,8 @@ AVX2 static inline int kq_min_sum(const uint8_t mn[8], const int16_t *bsums)
 
 /* Q4_K (hb false) or Q5_K (hb true) x Q8_K. The two blocks share their first fields (d, dmin,
  * scales); Q5_K's qh sits where Q4_K's qs begins. */
-AVX2 static inline __attribute__((always_inline)) float dot_q45_k(const bool hb, const void *wv,
-                                                                  const eng_block_q8_k_t *x,
-                                                                  uint32_t K)
+AVX2 static inline __attribute__((always_inline)) float
+dot_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t K)
 {
     const __m256i lo4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10);
     const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
@@ -306,8 +305,8 @@ AVX2 static inline __attribute__((always_inline)) float dot_q45_k(const bool hb,
             eng_quant_k4_scale_min(w4->scales, j, &sc[j], &mn[j]);
         const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
         const int8_t *a = x->qs;
-        __m256i qh = hb ? LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh)
-                        : _mm256_setzero_si256();
+        __m256i qh =
+            hb ? LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh) : _mm256_setzero_si256();
         __m256i sumi = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             __m256i v = LOAD256(qs + 32 * c);
@@ -326,8 +325,8 @@ AVX2 static inline __attribute__((always_inline)) float dot_q45_k(const bool hb,
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c])));
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1])));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->d)), _mm256_cvtepi32_ps(sumi),
-                              acc);
+        acc =
+            _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->d)), _mm256_cvtepi32_ps(sumi), acc);
         mins += x->d * _cvtsh_ss(w4->dmin) * (float)kq_min_sum(mn, x->bsums);
     }
     return hsum8(acc) - mins;
@@ -358,15 +357,15 @@ AVX2 static float dot_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t *x,
             };
             for (int i = 0; i < 4; i++) { /* 32 elements: sub-blocks 8h + 2i and 8h + 2i + 1 */
                 int j = 8 * h + 2 * i;
-                __m256i s = _mm256_insertf128_si256(_mm256_set1_epi16(sc[j]),
-                                                    _mm_set1_epi16(sc[j + 1]), 1);
+                __m256i s =
+                    _mm256_insertf128_si256(_mm256_set1_epi16(sc[j]), _mm_set1_epi16(sc[j + 1]), 1);
                 __m256i p = _mm256_maddubs_epi16(q[i], LOAD256(a + 128 * h + 32 * i));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
             }
         }
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w->d)), _mm256_cvtepi32_ps(sumi),
-                              acc);
+        acc =
+            _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w->d)), _mm256_cvtepi32_ps(sumi), acc);
     }
     return hsum8(acc);
 }

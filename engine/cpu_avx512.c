@@ -305,7 +305,8 @@ VNNI static float dot512_q4_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t 
         __m256i q = _mm256_and_si256(
             _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), lo4);
         __m256i a = LOAD256(x->qs), z = _mm256_setzero_si256();
-        __m256i s = _mm256_sub_epi32(_mm256_dpbusd_epi32(z, q, a), _mm256_dpbusd_epi32(z, eight, a));
+        __m256i s =
+            _mm256_sub_epi32(_mm256_dpbusd_epi32(z, q, a), _mm256_dpbusd_epi32(z, eight, a));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w->d) * _cvtsh_ss(x->d)),
                               _mm256_cvtepi32_ps(s), acc);
     }
@@ -332,9 +333,9 @@ dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t 
         for (int j = 0; j < 8; j++)
             eng_quant_k4_scale_min(w4->scales, j, &sc[j], &mn[j]);
         const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
-        __m512i qh = hb ? _mm512_broadcast_i64x4(
-                              LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh))
-                        : _mm512_setzero_si512();
+        __m512i qh =
+            hb ? _mm512_broadcast_i64x4(LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh))
+               : _mm512_setzero_si512();
         const int8_t *a = x->qs;
         __m512i sumi = _mm512_setzero_si512();
         for (int i = 0; i < 2; i++) {
@@ -356,8 +357,8 @@ dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t 
         int msum = 0;
         for (int j = 0; j < 8; j++)
             msum += mn[j] * (x->bsums[2 * j] + x->bsums[2 * j + 1]);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(x->d * _cvtsh_ss(w4->d)), _mm512_cvtepi32_ps(sumi),
-                              acc);
+        acc =
+            _mm512_fmadd_ps(_mm512_set1_ps(x->d * _cvtsh_ss(w4->d)), _mm512_cvtepi32_ps(sumi), acc);
         mins += x->d * _cvtsh_ss(w4->dmin) * (float)msum;
     }
     return _mm512_reduce_add_ps(acc) - mins;
@@ -369,11 +370,13 @@ dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t 
 /* Lane l of product s (of the four 64-element products of a super-block) takes the scale of
  * sub-block 4 s + l / 8. */
 #define Q6_LANES(s)                                                                                \
-    {4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s),                       \
-     4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1,    \
-     4 * (s) + 1, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2,    \
-     4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3,    \
-     4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3}
+    {                                                                                              \
+        4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s) + 1,       \
+            4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1,          \
+            4 * (s) + 1, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2,          \
+            4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3,          \
+            4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3                        \
+    }
 static const int16_t q6_lanes[4][32] = {Q6_LANES(0), Q6_LANES(1), Q6_LANES(2), Q6_LANES(3)};
 #undef Q6_LANES
 
@@ -396,9 +399,8 @@ VNNI static float dot512_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t 
             __m512i qh = _mm512_broadcast_i64x4(LOAD256(w->qh + 32 * h));
             __m512i qa = _mm512_or_si512(_mm512_and_si512(l, lo4),
                                          _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
-            __m512i qb =
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), lo4),
-                                _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+            __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), lo4),
+                                         _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
             __m512i pa = _mm512_maddubs_epi16(qa, LOAD512(x->qs + 128 * h));
             __m512i pb = _mm512_maddubs_epi16(qb, LOAD512(x->qs + 128 * h + 64));
             sumi = _mm512_dpwssd_epi32(sumi, pa, _mm512_permutexvar_epi16(idx[2 * h], sc));
@@ -407,8 +409,8 @@ VNNI static float dot512_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t 
         __m512i offv = _mm512_castsi256_si512(_mm256_slli_epi32(off, 5));
         offv = _mm512_inserti64x4(offv, _mm256_setzero_si256(), 1);
         sumi = _mm512_sub_epi32(sumi, offv);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(x->d * _cvtsh_ss(w->d)), _mm512_cvtepi32_ps(sumi),
-                              acc);
+        acc =
+            _mm512_fmadd_ps(_mm512_set1_ps(x->d * _cvtsh_ss(w->d)), _mm512_cvtepi32_ps(sumi), acc);
     }
     return _mm512_reduce_add_ps(acc);
 }

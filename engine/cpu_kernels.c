@@ -75,8 +75,8 @@ typedef struct matmul_ctx {
     bool gemv;              /* the GEMV kernel of isa, not sgemm */
     const void *xq;         /* with gemv and an eng__gemv_int8 type: x quantized (gemv_quantize) */
     size_t xq_stride;
-    bool gemm;              /* the AVX2 register-tile GEMM, not F32 tiles and sgemm */
-    uint32_t tile;          /* output columns per task */
+    bool gemm;     /* the AVX2 register-tile GEMM, not F32 tiles and sgemm */
+    uint32_t tile; /* output columns per task */
 } matmul_ctx_t;
 
 /* The GEMV / register-tile GEMM arguments of the whole product (the kernels take the column

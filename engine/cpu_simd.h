@@ -46,13 +46,13 @@ void eng__avx2_f16_rows_to_f32(const uint16_t *src, size_t ss, float *dst, size_
  * type (quant.h: Q8_0 for Q4_0, Q8_K for the K-quants), in integer dot products. K is a multiple
  * of the type's block (32 for Q8_0 and Q4_0, 256 for the K-quants). */
 typedef struct eng_gemv {
-    const void *w;     /* [N] rows of K elements of wtype */
-    uint32_t wtype;    /* ENG_GGML_TYPE_F32, _F16, _BF16, _Q8_0, _Q4_0, _Q4_K, _Q5_K or _Q6_K */
-    const float *x;    /* [M][K] */
-    const void *xq;    /* [M] rows of xq_stride bytes: x quantized, for the eng__gemv_int8 types */
-    size_t xq_stride;  /* eng_quant_row_bytes(eng_quant_dot_type(wtype), K) */
-    uint32_t M, K;     /* M <= ENG_GEMV_MAX_M (the GEMVs; the GEMMs take any M) */
-    float *y;          /* [M][ldy] */
+    const void *w;    /* [N] rows of K elements of wtype */
+    uint32_t wtype;   /* ENG_GGML_TYPE_F32, _F16, _BF16, _Q8_0, _Q4_0, _Q4_K, _Q5_K or _Q6_K */
+    const float *x;   /* [M][K] */
+    const void *xq;   /* [M] rows of xq_stride bytes: x quantized, for the eng__gemv_int8 types */
+    size_t xq_stride; /* eng_quant_row_bytes(eng_quant_dot_type(wtype), K) */
+    uint32_t M, K;    /* M <= ENG_GEMV_MAX_M (the GEMVs; the GEMMs take any M) */
+    float *y;         /* [M][ldy] */
     uint32_t ldy;
     bool accumulate;
 } eng_gemv_t;
