@@ -280,14 +280,6 @@ AVX2 static float dot_q4_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t *x,
     return hsum8(acc);
 }
 
-/* sum_j m[j] * (bsums[2j] + bsums[2j + 1]): the mins' share of a Q4_K / Q5_K super-block. */
-AVX2 static inline int kq_min_sum(const uint8_t mn[8], const int16_t *bsums)
-{
-    __m128i m8 = _mm_loadl_epi64((const __m128i *)(const void *)mn);
-    __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* each min twice */
-    return hsum_i32x8(_mm256_madd_epi16(LOAD256(bsums), m16));
-}
-
 /* Q4_K (hb false) or Q5_K (hb true) x Q8_K. The two blocks share their first fields (d, dmin,
  * scales); Q5_K's qh sits where Q4_K's qs begins. */
 AVX2 static inline __attribute__((always_inline)) float
@@ -296,13 +288,18 @@ dot_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t K)
     const __m256i lo4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10);
     const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
     const uint8_t *w = wv;
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0;
+    __m256 acc = _mm256_setzero_ps(), accm = acc;
     for (uint32_t b = 0; b < K / ENG_QK_K; b++, w += wb, x++) {
         const eng_block_q4_k_t *w4 = (const eng_block_q4_k_t *)(const void *)w;
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++)
-            eng_quant_k4_scale_min(w4->scales, j, &sc[j], &mn[j]);
+        uint8_t sm[16];
+        eng__k4_unpack(w4->scales, sm);
+        __m128i s8 = _mm_loadu_si128((const __m128i *)(const void *)sm), m8 = _mm_srli_si128(s8, 8);
+        /* The mins' share: sum_j m_j (bsums[2j] + bsums[2j + 1]), each min taken twice. */
+        __m256i mq =
+            _mm256_madd_epi16(LOAD256(x->bsums), _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)));
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->dmin)), _mm256_cvtepi32_ps(mq),
+                               accm);
+        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(s8)); /* scale j: lane j */
         const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
         const int8_t *a = x->qs;
         __m256i qh =
@@ -322,14 +319,18 @@ dot_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t K)
             }
             __m256i plo = _mm256_maddubs_epi16(lo, LOAD256(a + 64 * c));
             __m256i phi = _mm256_maddubs_epi16(hi, LOAD256(a + 64 * c + 32));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c])));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1])));
+            /* Scale j broadcast to every int16 lane: bytes 2j, 2j + 1 of each 128-bit half. */
+            __m256i s0 =
+                _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * c)));
+            __m256i s1 = _mm256_shuffle_epi8(
+                sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1))));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, s0));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, s1));
         }
         acc =
             _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->d)), _mm256_cvtepi32_ps(sumi), acc);
-        mins += x->d * _cvtsh_ss(w4->dmin) * (float)kq_min_sum(mn, x->bsums);
     }
-    return hsum8(acc) - mins;
+    return hsum8(_mm256_sub_ps(acc, accm));
 }
 
 /* Q6_K x Q8_K: sum_j sc_j (sum q a - 32 bsum_j) over the sixteen sub-blocks of 16. */

@@ -326,12 +326,18 @@ dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t 
     const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
     const uint8_t *w = wv;
     __m512 acc = _mm512_setzero_ps();
-    float mins = 0;
+    __m256 accm = _mm256_setzero_ps();
     for (uint32_t b = 0; b < K / ENG_QK_K; b++, w += wb, x++) {
         const eng_block_q4_k_t *w4 = (const eng_block_q4_k_t *)(const void *)w;
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++)
-            eng_quant_k4_scale_min(w4->scales, j, &sc[j], &mn[j]);
+        uint8_t sm[16];
+        eng__k4_unpack(w4->scales, sm);
+        __m128i s8 = _mm_loadu_si128((const __m128i *)(const void *)sm), m8 = _mm_srli_si128(s8, 8);
+        /* The mins' share: sum_j m_j (bsums[2j] + bsums[2j + 1]), each min taken twice. */
+        __m256i mq =
+            _mm256_madd_epi16(LOAD256(x->bsums), _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)));
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->dmin)), _mm256_cvtepi32_ps(mq),
+                               accm);
+        __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(s8)); /* scale j: lane j */
         const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
         __m512i qh =
             hb ? _mm512_broadcast_i64x4(LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh))
@@ -350,18 +356,22 @@ dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t 
                     q[h] = _mm512_mask_add_epi8(q[h], _mm512_test_epi8_mask(qh, m), q[h], b16);
                 }
                 __m512i av = HALVES(LOAD256(a + 32 * s0), LOAD256(a + 32 * s1));
-                __m512i sv = HALVES(_mm256_set1_epi16(sc[s0]), _mm256_set1_epi16(sc[s1]));
+                __m512i sv = _mm512_permutexvar_epi16(
+                    HALVES(_mm256_set1_epi16((short)s0), _mm256_set1_epi16((short)s1)), sc16);
                 sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[h], av), sv);
             }
         }
-        int msum = 0;
-        for (int j = 0; j < 8; j++)
-            msum += mn[j] * (x->bsums[2 * j] + x->bsums[2 * j + 1]);
         acc =
             _mm512_fmadd_ps(_mm512_set1_ps(x->d * _cvtsh_ss(w4->d)), _mm512_cvtepi32_ps(sumi), acc);
-        mins += x->d * _cvtsh_ss(w4->dmin) * (float)msum;
     }
-    return _mm512_reduce_add_ps(acc) - mins;
+    __m256 r = _mm256_sub_ps(
+        _mm256_add_ps(_mm512_castps512_ps256(acc),
+                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1))),
+        accm);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
 }
 
 /* Q6_K x Q8_K: 64 elements per product (a 64-byte load of ql gives 64 low nibbles, its high

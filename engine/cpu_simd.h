@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "gguf.h"
 #include "quant.h"
@@ -101,6 +102,19 @@ static inline void eng__gemv_q(const eng_gemv_t *g, uint32_t n0, uint32_t n1,
             *yp = g->accumulate ? *yp + s : s;
         }
     }
+}
+
+/* A Q4_K / Q5_K block's packed scales[12] as out[16]: the eight 6-bit scales, then the eight
+ * mins (eng_quant_k4_scale_min for j = 0..7, four bytes at a time). */
+static inline void eng__k4_unpack(const uint8_t *scales, uint8_t out[16])
+{
+    uint32_t u[3], v[4];
+    memcpy(u, scales, 12);
+    v[0] = u[0] & 0x3f3f3f3fu;
+    v[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    v[2] = u[1] & 0x3f3f3f3fu;
+    v[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    memcpy(out, v, 16);
 }
 
 /* True when the CPU has AVX512-BW and AVX512-VNNI (the AVX-512 integer dot products). */
