@@ -446,6 +446,10 @@ static int pack_panels(cpu_be_t *c, bool skip_f32)
         for (size_t i = 0; i < ENG_CPU_LAYER_MATS; i++) {
             if (skip_f32 && ws[i]->file_type == ENG_GGML_TYPE_F32)
                 continue;
+            /* Q4_0 and the K-quants keep their blocks: whole-matrix panels would take 3.5 to 4.5
+             * times their bytes. Their prefill dequantizes tiles (cpu_kernels.c). */
+            if (eng__gemv_int8(ws[i]->type))
+                continue;
             size_t n = eng__bf16_packed_elems(ws[i]->n_in, ws[i]->n_out);
             uint16_t *dst = pc_pages_alloc(&c->panel_mem, n * sizeof *dst);
             if (dst == NULL)
