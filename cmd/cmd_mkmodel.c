@@ -25,7 +25,8 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw mkmodel [--arch llama|qwen2|qwen3] [--layers N] [--dim D] [--heads H] "
-               "[--kv-heads K] [--ff F] [--dtype f32|f16|bf16|q8_0] --tokenizer tokenizer.json "
+               "[--kv-heads K] [--ff F] [--dtype f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m] "
+               "--tokenizer tokenizer.json "
                "[--tokenizer-config tokenizer_config.json] [--seed S] --out FILE\n");
 }
 
@@ -43,7 +44,9 @@ static void help(void)
            "  --kv-heads K           key/value heads, dividing H (default %" PRIu32 ")\n"
            "  --ff F                 feed-forward width (default %" PRIu32 ")\n"
            "  --head-dim N           head size when not D / H (written as key_length)\n"
-           "  --dtype T              weight matrices: f32 (default), f16, bf16 or q8_0;\n"
+           "  --dtype T              weight matrices: f32 (default), f16, bf16, q8_0, q4_0,\n"
+           "                         q4_k, q5_k, q6_k, or q4_k_m (llama.cpp's mix: Q6_K for\n"
+           "                         the output head and some attn_v / ffn_down, Q4_K else);\n"
            "                         norms and biases are always f32\n"
            "  --ctx N                training context length (default %" PRIu32 ")\n"
            "  --rope-theta F         RoPE base frequency (default %g)\n"
@@ -136,16 +139,8 @@ int kvgw_cmd_mkmodel(int argc, char **argv)
             else
                 return bad(opt, val, "expected llama, qwen2 or qwen3");
         } else if (strcmp(opt, "--dtype") == 0) {
-            if (strcmp(val, "f32") == 0)
-                p.dtype = ENG_GGML_TYPE_F32;
-            else if (strcmp(val, "f16") == 0)
-                p.dtype = ENG_GGML_TYPE_F16;
-            else if (strcmp(val, "bf16") == 0)
-                p.dtype = ENG_GGML_TYPE_BF16;
-            else if (strcmp(val, "q8_0") == 0)
-                p.dtype = ENG_GGML_TYPE_Q8_0;
-            else
-                return bad(opt, val, "expected f32, f16, bf16 or q8_0");
+            if (eng_mkmodel_dtype_parse(val, &p.dtype) != 0)
+                return bad(opt, val, "expected one of " ENG_MKMODEL_DTYPES);
         } else if (strcmp(opt, "--seed") == 0) {
             if (kvgw_cli_parse_u64(val, UINT64_MAX, &p.seed) != 0)
                 return bad(opt, val, "expected an unsigned integer");
@@ -217,6 +212,6 @@ int kvgw_cmd_mkmodel(int argc, char **argv)
     printf("wrote %s: %s, %" PRIu32 " layers, dim %" PRIu32 ", %" PRIu32 "/%" PRIu32
            " heads, ff %" PRIu32 ", vocab %" PRIu32 ", %s%s, %.1f MiB in %.2f s\n",
            out, eng_arch_name(p.arch), p.n_layer, p.n_embd, p.n_head, p.n_head_kv, p.n_ff, n_vocab,
-           eng_ggml_type_name(p.dtype), p.tied ? ", tied" : "", mb, secs);
+           eng_mkmodel_dtype_name(p.dtype), p.tied ? ", tied" : "", mb, secs);
     return KVGW_EXIT_OK;
 }

@@ -114,8 +114,7 @@ static bool cpu_supports(const eng_backend_t *be, enum eng_backend_op op, uint32
     switch (op) {
     case ENG_BACKEND_OP_FORWARD:
     case ENG_BACKEND_OP_MATMUL:
-        return type == ENG_GGML_TYPE_F32 || type == ENG_GGML_TYPE_F16 ||
-               type == ENG_GGML_TYPE_BF16 || type == ENG_GGML_TYPE_Q8_0;
+        return eng_quant_type_computed(type);
     case ENG_BACKEND_OP_KV:
         return type == ENG_KV_F16 || type == ENG_KV_F32;
     }

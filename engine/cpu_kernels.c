@@ -126,9 +126,6 @@ static void weight_rows_to_f32(const eng_weight_t *w, uint32_t n0, uint32_t n1, 
     case ENG_GGML_TYPE_BF16:
         eng__port_bf16_to_f32((const uint16_t *)src, dst, n);
         return;
-    case ENG_GGML_TYPE_Q8_0:
-        eng__port_q8_0_to_f32((const uint8_t *)src, dst, n);
-        return;
     default:
         PC_ASSERT(eng_quant_type_is_quant(w->type));
         eng_quant_row_to_f32(w->type, src, dst, n);
@@ -175,7 +172,8 @@ static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
                     1.0f, c->x, (int)c->K, wp, (int)c->K, beta, c->y + n0, (int)c->N);
         return;
     }
-    /* F16 on the other paths, BF16 and Q8_0 on every path: the tile's rows converted to F32,
+    /* F16 on the other paths, BF16 and the quantized types on every path: the tile's rows
+     * converted to F32,
      * then the AVX2 GEMM or sgemm over them. */
     float *t = c->tmp[thread];
     weight_rows_to_f32(c->w, n0, n1, t, c->isa);

@@ -1,9 +1,9 @@
 /*
  * cpu_kernels.h — the CPU backend's compute kernels (engine-internal).
  *
- * Weights are F32, F16, BF16 or Q8_0, as the model stores them. Below ENG_GEMV_MAX_M rows of x
- * (decode) every type is multiplied directly by the path's GEMV kernel, which reads each weight
- * once in its own format. From it on (prefill), on the AVX2 path F16 weights go to the AVX2
+ * Weights are F32, F16, BF16 or quantized (quant.h), as the model stores them. Below ENG_GEMV_MAX_M
+ * rows of x (decode) every type is multiplied directly by the path's GEMV kernel, which reads each
+ * weight once in its own format. From it on (prefill), on the AVX2 path F16 weights go to the AVX2
  * register-tile GEMM as stored; otherwise non-F32 weights are converted tile by tile into a
  * per-thread F32 buffer, multiplied by that GEMM (AVX2) or by OpenBLAS sgemm (one
  * single-threaded call per slice of output columns on each pool thread; OpenBLAS is set to one

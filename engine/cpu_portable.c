@@ -80,20 +80,8 @@ void eng__port_bf16_to_f32(const uint16_t *src, float *dst, size_t n)
     }
 }
 
-void eng__port_q8_0_to_f32(const uint8_t *src, float *dst, size_t n)
-{
-    for (size_t b = 0; b < n / ENG_QK8_0; b++, src += ENG_Q8_0_BYTES, dst += ENG_QK8_0) {
-        uint16_t dh;
-        memcpy(&dh, src, 2);
-        float d = eng_f16_to_f32(dh);
-        const int8_t *q = (const int8_t *)(src + 2);
-        for (uint32_t j = 0; j < ENG_QK8_0; j++)
-            dst[j] = d * (float)q[j];
-    }
-}
-
 /* Weights converted per piece of a row: small enough for the stack and L1, a whole number of
- * Q8_0 blocks. */
+ * blocks of every quantized type (a K-quant super-block is 256). */
 #define PORT_KCHUNK 256
 
 float eng__port_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K)
@@ -109,7 +97,8 @@ void eng__port_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
         eng__gemv_q(g, n0, n1, eng__port_dot_q);
         return;
     }
-    PC_ASSERT(g->wtype != ENG_GGML_TYPE_Q8_0 || K % ENG_QK8_0 == 0);
+    PC_ASSERT(K % eng_ggml_type_block_size(g->wtype) == 0);
+    _Static_assert(PORT_KCHUNK % ENG_QK_K == 0, "a chunk holds whole blocks");
     size_t rb = eng__gemv_row_bytes(g->wtype, K);
     float wbuf[PORT_KCHUNK];
     float acc[ENG_GEMV_MAX_M][8];
@@ -127,12 +116,11 @@ void eng__port_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
             case ENG_GGML_TYPE_BF16:
                 eng__port_bf16_to_f32((const uint16_t *)wr + k0, wbuf, kn);
                 break;
-            case ENG_GGML_TYPE_Q8_0:
-                eng__port_q8_0_to_f32(
-                    (const uint8_t *)wr + (size_t)(k0 / ENG_QK8_0) * ENG_Q8_0_BYTES, wbuf, kn);
+            case ENG_GGML_TYPE_F32:
+                w = (const float *)wr + k0;
                 break;
             default:
-                w = (const float *)wr + k0;
+                eng_quant_row_to_f32(g->wtype, wr + eng_quant_row_bytes(g->wtype, k0), wbuf, kn);
                 break;
             }
             uint32_t k8 = kn & ~7u;

@@ -23,11 +23,10 @@ void eng__avx2_f16_to_f32(const uint16_t *src, float *dst, size_t n);
 void eng__avx2_f32_to_f16(const float *src, uint16_t *dst, size_t n);
 void eng__port_f16_to_f32(const uint16_t *src, float *dst, size_t n);
 void eng__port_f32_to_f16(const float *src, uint16_t *dst, size_t n);
-/* BF16 values src[n] -> dst[n] (exact), and n elements of Q8_0 blocks (n a multiple of 32,
- * src at a block boundary) -> dst[n] as d * q (exact in F32): the portable loops every path uses
- * for the prefill's weight tiles and the model's row reads (the GEMVs convert in registers). */
+/* BF16 values src[n] -> dst[n] (exact): the portable loop every path uses for the prefill's
+ * weight tiles and the model's row reads (the GEMVs convert in registers). Quantized rows go
+ * through quant.h's eng_quant_row_to_f32. */
 void eng__port_bf16_to_f32(const uint16_t *src, float *dst, size_t n);
-void eng__port_q8_0_to_f32(const uint8_t *src, float *dst, size_t n);
 
 /* rows x n halves (row strides ss and ds elements) to F32: the keys of a KV block, one short
  * row per head dimension, converted without a call per row. */
@@ -59,7 +58,7 @@ typedef struct eng_gemv {
 } eng_gemv_t;
 
 /* Bytes of a Q8_0 block (an F16 scale and 32 int8 quants). */
-#define ENG_Q8_0_BYTES 34
+#define ENG_Q8_0_BYTES ((uint32_t)sizeof(eng_block_q8_0_t))
 
 /* Bytes of one weight row of K elements of wtype (quant.h's table). */
 static inline size_t eng__gemv_row_bytes(uint32_t wtype, uint32_t K)

@@ -28,71 +28,8 @@
 #endif
 
 /* ---------------------------------------------------------------------------------------------
- * Type tables
+ * Type tables (the tensor types' table is quant.c's)
  * ------------------------------------------------------------------------------------------- */
-
-typedef struct ggml_type_info {
-    const char *name;
-    uint32_t block_size;
-    uint32_t block_bytes;
-} ggml_type_info_t;
-
-/* ggml's type traits (ggml.c type_traits[]): elements per block and bytes per block. */
-static const ggml_type_info_t ggml_types[ENG_GGML_TYPE_COUNT] = {
-    [ENG_GGML_TYPE_F32] = {"F32", 1, 4},
-    [ENG_GGML_TYPE_F16] = {"F16", 1, 2},
-    [ENG_GGML_TYPE_Q4_0] = {"Q4_0", 32, 18},
-    [ENG_GGML_TYPE_Q4_1] = {"Q4_1", 32, 20},
-    [ENG_GGML_TYPE_Q5_0] = {"Q5_0", 32, 22},
-    [ENG_GGML_TYPE_Q5_1] = {"Q5_1", 32, 24},
-    [ENG_GGML_TYPE_Q8_0] = {"Q8_0", 32, 34},
-    [ENG_GGML_TYPE_Q8_1] = {"Q8_1", 32, 36},
-    [ENG_GGML_TYPE_Q2_K] = {"Q2_K", 256, 84},
-    [ENG_GGML_TYPE_Q3_K] = {"Q3_K", 256, 110},
-    [ENG_GGML_TYPE_Q4_K] = {"Q4_K", 256, 144},
-    [ENG_GGML_TYPE_Q5_K] = {"Q5_K", 256, 176},
-    [ENG_GGML_TYPE_Q6_K] = {"Q6_K", 256, 210},
-    [ENG_GGML_TYPE_Q8_K] = {"Q8_K", 256, 292},
-    [ENG_GGML_TYPE_IQ2_XXS] = {"IQ2_XXS", 256, 66},
-    [ENG_GGML_TYPE_IQ2_XS] = {"IQ2_XS", 256, 74},
-    [ENG_GGML_TYPE_IQ3_XXS] = {"IQ3_XXS", 256, 98},
-    [ENG_GGML_TYPE_IQ1_S] = {"IQ1_S", 256, 50},
-    [ENG_GGML_TYPE_IQ4_NL] = {"IQ4_NL", 32, 18},
-    [ENG_GGML_TYPE_IQ3_S] = {"IQ3_S", 256, 110},
-    [ENG_GGML_TYPE_IQ2_S] = {"IQ2_S", 256, 82},
-    [ENG_GGML_TYPE_IQ4_XS] = {"IQ4_XS", 256, 136},
-    [ENG_GGML_TYPE_I8] = {"I8", 1, 1},
-    [ENG_GGML_TYPE_I16] = {"I16", 1, 2},
-    [ENG_GGML_TYPE_I32] = {"I32", 1, 4},
-    [ENG_GGML_TYPE_I64] = {"I64", 1, 8},
-    [ENG_GGML_TYPE_F64] = {"F64", 1, 8},
-    [ENG_GGML_TYPE_IQ1_M] = {"IQ1_M", 256, 56},
-    [ENG_GGML_TYPE_BF16] = {"BF16", 1, 2},
-    [ENG_GGML_TYPE_TQ1_0] = {"TQ1_0", 256, 54},
-    [ENG_GGML_TYPE_TQ2_0] = {"TQ2_0", 256, 66},
-    [ENG_GGML_TYPE_MXFP4] = {"MXFP4", 32, 17},
-};
-
-const char *eng_ggml_type_name(uint32_t type)
-{
-    return type < ENG_GGML_TYPE_COUNT ? ggml_types[type].name : NULL;
-}
-
-uint32_t eng_ggml_type_block_size(uint32_t type)
-{
-    return type < ENG_GGML_TYPE_COUNT ? ggml_types[type].block_size : 0;
-}
-
-uint32_t eng_ggml_type_block_bytes(uint32_t type)
-{
-    return type < ENG_GGML_TYPE_COUNT ? ggml_types[type].block_bytes : 0;
-}
-
-bool eng_ggml_type_supported(uint32_t type)
-{
-    return type == ENG_GGML_TYPE_F32 || type == ENG_GGML_TYPE_F16 || type == ENG_GGML_TYPE_BF16 ||
-           type == ENG_GGML_TYPE_Q8_0;
-}
 
 static const char *const vtype_names[ENG_GGUF_VTYPE_COUNT] = {
     "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64",
@@ -495,7 +432,7 @@ static int parse_tensors(parser_t *p, uint64_t n_tensors)
         if (t->ne[0] % bs != 0)
             return perr(p, at,
                         "ne[0] = %" PRId64 " is not a multiple of the %s block size %" PRIu32,
-                        t->ne[0], ggml_types[type].name, bs);
+                        t->ne[0], eng_ggml_type_name(type), bs);
         uint64_t n_blocks = (uint64_t)n_el / bs;
         if (n_blocks > UINT64_MAX / bb)
             return perr(p, at, "data size overflows");

@@ -42,10 +42,10 @@
  *   "gguf: offset 1234: metadata key #7 'general.name': string length 999999 exceeds file size"
  * in the caller's err buffer.
  *
- * Tensor types: every ggml type id is known (name, block size, bytes per block) so any valid
- * file opens, but the engine computes only ENG_GGML_TYPE_F32, F16, BF16 and Q8_0
- * (eng_ggml_type_supported); the model loader reports the others as
- * "unsupported tensor type Q4_K in tensor blk.0.attn_q.weight".
+ * Tensor types: every ggml type id is known (name, block size, bytes per block: the table is
+ * quant.c's) so any valid file opens, but the engine computes only F32, F16, BF16, Q8_0, Q4_0,
+ * Q4_K, Q5_K and Q6_K (eng_ggml_type_supported; the block layouts are in quant.h); the model
+ * loader reports the others as "unsupported tensor type Q2_K in tensor blk.0.attn_q.weight".
  *
  * Lifetime: every pointer an accessor returns (values, strings, tensor data, names) points into
  * the eng_gguf_t or its mapping and stays valid until eng_gguf_free. An open eng_gguf_t is
@@ -132,7 +132,7 @@ const char *eng_ggml_type_name(uint32_t type);
 uint32_t eng_ggml_type_block_size(uint32_t type);
 uint32_t eng_ggml_type_block_bytes(uint32_t type);
 
-/* True for the types the engine computes with: F32, F16, BF16, Q8_0. */
+/* True for the types the engine computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K. */
 bool eng_ggml_type_supported(uint32_t type);
 
 /* The name of a metadata value type ("u32", "string", "array"), or "?" for an unknown tag. */

@@ -65,10 +65,10 @@ const char *eng_arch_name(enum eng_arch arch);
 int eng_hparams_from_gguf(const eng_gguf_t *g, eng_hparams_t *out, char *err, size_t err_len);
 
 /* Checks that every tensor the architecture needs exists with the shape hp implies and a type
- * the engine computes with (weights: F32/F16/BF16/Q8_0; norms and biases: F32), and that the
- * file has no unexpected blk.* tensors. Returns 0, PC_ERR_FORMAT ("tensor blk.3.ffn_up.weight
- * missing", "tensor blk.0.attn_k.weight has shape [256, 256], expected [256, 64]") or
- * PC_ERR_UNSUPPORTED ("unsupported tensor type Q4_K in tensor blk.0.attn_q.weight"). */
+ * the engine computes with (weights: F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q5_K/Q6_K; norms and biases: F32),
+ * and that the file has no unexpected blk.* tensors. Returns 0, PC_ERR_FORMAT ("tensor
+ * blk.3.ffn_up.weight missing", "tensor blk.0.attn_k.weight has shape [256, 256], expected [256,
+ * 64]") or PC_ERR_UNSUPPORTED ("unsupported tensor type Q4_K in tensor blk.0.attn_q.weight"). */
 int eng_hparams_check_tensors(const eng_gguf_t *g, const eng_hparams_t *hp, char *err,
                               size_t err_len);
 

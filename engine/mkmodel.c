@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "gguf.h"
+#include "quant.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -18,7 +19,12 @@
 /* llama.cpp's general.file_type values (enum llama_ftype). */
 #define FTYPE_ALL_F32 0
 #define FTYPE_MOSTLY_F16 1
+#define FTYPE_MOSTLY_Q4_0 2
 #define FTYPE_MOSTLY_Q8_0 7
+#define FTYPE_MOSTLY_Q4_K_S 14 /* llama.cpp's names: "mostly Q4_K" files are its Q4_K_S */
+#define FTYPE_MOSTLY_Q4_K_M 15
+#define FTYPE_MOSTLY_Q5_K_S 16
+#define FTYPE_MOSTLY_Q6_K 18
 #define FTYPE_MOSTLY_BF16 32
 
 #define CHUNK_ELEMS (1u << 20) /* elements generated per write */
@@ -168,7 +174,40 @@ static int build_plan(const eng_mkmodel_params_t *p, uint32_t n_vocab, plan_t *p
     if (!p->tied)
         ADD("output.weight", dt, 2, e, n_vocab, INIT_NORMAL, emb_sd);
 #undef ADD
+    /* A mix (Q4_K_M) picks each matrix's type by its name and layer. */
+    for (size_t i = 0; i < pl->n; i++)
+        if (pl->t[i].n_dims == 2)
+            pl->t[i].type = eng_quant_mix_type(dt, pl->t[i].name, p->n_layer, p->tied);
     return 0;
+}
+
+_Static_assert(ENG_MKMODEL_Q4_K_M == ENG_QUANT_MIX_Q4_K_M, "one id for the Q4_K_M mix");
+
+static const struct {
+    const char *name;
+    uint32_t dtype;
+} dtypes[] = {
+    {"f32", ENG_GGML_TYPE_F32},   {"f16", ENG_GGML_TYPE_F16},   {"bf16", ENG_GGML_TYPE_BF16},
+    {"q8_0", ENG_GGML_TYPE_Q8_0}, {"q4_0", ENG_GGML_TYPE_Q4_0}, {"q4_k", ENG_GGML_TYPE_Q4_K},
+    {"q5_k", ENG_GGML_TYPE_Q5_K}, {"q6_k", ENG_GGML_TYPE_Q6_K}, {"q4_k_m", ENG_MKMODEL_Q4_K_M},
+};
+
+const char *eng_mkmodel_dtype_name(uint32_t dtype)
+{
+    for (size_t i = 0; i < PC_ARRAY_LEN(dtypes); i++)
+        if (dtypes[i].dtype == dtype)
+            return dtypes[i].name;
+    return NULL;
+}
+
+int eng_mkmodel_dtype_parse(const char *name, uint32_t *dtype)
+{
+    for (size_t i = 0; i < PC_ARRAY_LEN(dtypes); i++)
+        if (strcmp(dtypes[i].name, name) == 0) {
+            *dtype = dtypes[i].dtype;
+            return 0;
+        }
+    return PC_ERR_INVAL;
 }
 
 /* Llama 3.1's RoPE scaling as llama.cpp stores it: per frequency pair, the divisor of the
@@ -187,8 +226,9 @@ static float rope_factor(uint32_t i, uint32_t rope_dim, float theta)
     return 1.0f / ((1.0f - smooth) / factor + smooth);
 }
 
-/* Converts n floats (n a multiple of 32 for Q8_0) to `type` into dst; returns bytes written. */
-static size_t convert(uint32_t type, const float *src, size_t n, uint8_t *dst)
+/* Converts n floats (whole rows, so whole blocks of a quantized type) to `type` into dst; the
+ * bytes written go to *n_out. Returns 0 or PC_ERR_RANGE (a value the type cannot hold). */
+static int convert(uint32_t type, const float *src, size_t n, uint8_t *dst, size_t *n_out)
 {
     switch (type) {
     case ENG_GGML_TYPE_F16:
@@ -196,32 +236,22 @@ static size_t convert(uint32_t type, const float *src, size_t n, uint8_t *dst)
             uint16_t h = eng_f32_to_f16(src[i]);
             memcpy(dst + 2 * i, &h, 2);
         }
-        return 2 * n;
+        *n_out = 2 * n;
+        return 0;
     case ENG_GGML_TYPE_BF16:
         for (size_t i = 0; i < n; i++) {
             uint16_t h = eng_f32_to_bf16(src[i]);
             memcpy(dst + 2 * i, &h, 2);
         }
-        return 2 * n;
-    case ENG_GGML_TYPE_Q8_0: {
-        /* ggml's quantize_row_q8_0_ref: d = amax / 127 stored as F16, q = round(x / d). */
-        size_t out = 0;
-        for (size_t b = 0; b < n; b += ENG_QK8_0) {
-            float amax = 0.0f;
-            for (size_t j = 0; j < ENG_QK8_0; j++)
-                amax = fmaxf(amax, fabsf(src[b + j]));
-            float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            uint16_t dh = eng_f32_to_f16(d);
-            memcpy(dst + out, &dh, 2);
-            for (size_t j = 0; j < ENG_QK8_0; j++)
-                dst[out + 2 + j] = (uint8_t)(int8_t)roundf(src[b + j] * id);
-            out += 2 + ENG_QK8_0;
-        }
-        return out;
-    }
-    default:
+        *n_out = 2 * n;
+        return 0;
+    case ENG_GGML_TYPE_F32:
         memcpy(dst, src, 4 * n);
-        return 4 * n;
+        *n_out = 4 * n;
+        return 0;
+    default:
+        *n_out = eng_quant_row_bytes(type, n);
+        return eng_quantize_row(type, src, dst, n);
     }
 }
 
@@ -251,9 +281,12 @@ static int write_tensor(eng_gguf_writer_t *w, const eng_mkmodel_params_t *p, con
                 break;
             }
         }
-        size_t nb = convert(t->type, fbuf, n, obuf);
-        int rc = eng_gguf_writer_tensor_write(w, obuf, nb, err, err_len);
+        size_t nb;
+        int rc = convert(t->type, fbuf, n, obuf, &nb);
         if (rc != 0)
+            return pc_err_setf(err, err_len, rc, "mkmodel: tensor %s: a weight does not fit %s",
+                               t->name, eng_ggml_type_name(t->type));
+        if ((rc = eng_gguf_writer_tensor_write(w, obuf, nb, err, err_len)) != 0)
             return rc;
         done += n;
     }
@@ -271,7 +304,13 @@ static int set_hparams(eng_gguf_writer_t *w, const eng_mkmodel_params_t *p, uint
     uint32_t ftype = p->dtype == ENG_GGML_TYPE_F16    ? FTYPE_MOSTLY_F16
                      : p->dtype == ENG_GGML_TYPE_BF16 ? FTYPE_MOSTLY_BF16
                      : p->dtype == ENG_GGML_TYPE_Q8_0 ? FTYPE_MOSTLY_Q8_0
+                     : p->dtype == ENG_GGML_TYPE_Q4_0 ? FTYPE_MOSTLY_Q4_0
+                     : p->dtype == ENG_GGML_TYPE_Q4_K ? FTYPE_MOSTLY_Q4_K_S
+                     : p->dtype == ENG_GGML_TYPE_Q5_K ? FTYPE_MOSTLY_Q5_K_S
+                     : p->dtype == ENG_GGML_TYPE_Q6_K ? FTYPE_MOSTLY_Q6_K
+                     : p->dtype == ENG_MKMODEL_Q4_K_M ? FTYPE_MOSTLY_Q4_K_M
                                                       : FTYPE_ALL_F32;
+    bool quant = p->dtype == ENG_MKMODEL_Q4_K_M || eng_quant_type_is_quant(p->dtype);
     char key[96];
     int rc;
 #define K(sfx) (snprintf(key, sizeof key, "%s.%s", arch, sfx), key)
@@ -279,8 +318,7 @@ static int set_hparams(eng_gguf_writer_t *w, const eng_mkmodel_params_t *p, uint
         (rc =
              eng_gguf_writer_set_str(w, "general.name", p->name != NULL ? p->name : "kvgw-test")) ||
         (rc = eng_gguf_writer_set_u32(w, "general.file_type", ftype)) ||
-        (p->dtype == ENG_GGML_TYPE_Q8_0 &&
-         (rc = eng_gguf_writer_set_u32(w, "general.quantization_version", 2))) ||
+        (quant && (rc = eng_gguf_writer_set_u32(w, "general.quantization_version", 2))) ||
         (rc = eng_gguf_writer_set_u32(w, K("vocab_size"), n_vocab)) ||
         (rc = eng_gguf_writer_set_u32(w, K("context_length"), p->n_ctx)) ||
         (rc = eng_gguf_writer_set_u32(w, K("embedding_length"), p->n_embd)) ||
@@ -332,16 +370,18 @@ int eng_mkmodel_check(const eng_mkmodel_params_t *p, char *err, size_t err_len)
     if (hd % 2 != 0 || hd > 1024)
         return pc_err_setf(err, err_len, PC_ERR_INVAL,
                            "mkmodel: head size %" PRIu32 " must be even and <= 1024", hd);
-    if (p->dtype != ENG_GGML_TYPE_F32 && p->dtype != ENG_GGML_TYPE_F16 &&
-        p->dtype != ENG_GGML_TYPE_BF16 && p->dtype != ENG_GGML_TYPE_Q8_0)
+    const char *dname = eng_mkmodel_dtype_name(p->dtype);
+    if (dname == NULL)
         return pc_err_setf(
-            err, err_len, PC_ERR_INVAL, "mkmodel: dtype %s not supported (f32, f16, bf16, q8_0)",
+            err, err_len, PC_ERR_INVAL, "mkmodel: dtype %s not supported (" ENG_MKMODEL_DTYPES ")",
             eng_ggml_type_name(p->dtype) != NULL ? eng_ggml_type_name(p->dtype) : "?");
-    if (p->dtype == ENG_GGML_TYPE_Q8_0 && (p->n_embd % ENG_QK8_0 != 0 || p->n_ff % ENG_QK8_0 != 0 ||
-                                           (p->n_head * hd) % ENG_QK8_0 != 0))
-        return pc_err_setf(
-            err, err_len, PC_ERR_INVAL,
-            "mkmodel: q8_0 needs dim, ff and heads * head size to be multiples of 32");
+    /* Every matrix's input width (ne[0]) holds whole blocks of its type. */
+    uint32_t bs = p->dtype == ENG_MKMODEL_Q4_K_M ? ENG_QK_K : eng_ggml_type_block_size(p->dtype);
+    if (p->n_embd % bs != 0 || p->n_ff % bs != 0 || (p->n_head * hd) % bs != 0)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "mkmodel: %s needs dim, ff and heads * head size to be multiples "
+                           "of %" PRIu32,
+                           dname, bs);
     if (!(p->rope_theta > 0.0f && p->rope_theta < 1e12f))
         return pc_err_setf(err, err_len, PC_ERR_INVAL, "mkmodel: rope theta %g not in (0, 1e12)",
                            (double)p->rope_theta);

@@ -35,7 +35,8 @@ typedef struct eng_mkmodel_params {
     uint32_t n_ff;
     uint32_t head_dim; /* 0: n_embd / n_head; otherwise written as attention.key_length */
     uint32_t n_ctx;    /* <arch>.context_length */
-    uint32_t dtype;    /* weight matrices: ENG_GGML_TYPE_F32, F16, BF16 or Q8_0 */
+    uint32_t dtype;    /* weight matrices: ENG_GGML_TYPE_F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K,
+                          Q6_K, or ENG_MKMODEL_Q4_K_M */
     float rope_theta;
     float rms_eps;
     bool tied;       /* no output.weight: logits use token_embd.weight */
@@ -49,13 +50,25 @@ typedef struct eng_mkmodel_params {
     void *progress_ud;
 } eng_mkmodel_params_t;
 
+/* The dtype of llama.cpp's Q4_K_M mix: the output head (output.weight, or token_embd.weight when
+ * tied) Q6_K; attn_v and ffn_down Q6_K in the first and last eighth of the layers and every third
+ * layer between; every other matrix Q4_K (engine/quant.h, eng_quant_mix_type). */
+#define ENG_MKMODEL_Q4_K_M 0x10000u
+
+/* The command-line name of a dtype ("f16", "q4_k", "q4_k_m"), NULL for one mkmodel does not
+ * write; and the dtype of a name: 0 or PC_ERR_INVAL. The names, in order, are listed in
+ * ENG_MKMODEL_DTYPES. */
+#define ENG_MKMODEL_DTYPES "f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m"
+const char *eng_mkmodel_dtype_name(uint32_t dtype);
+int eng_mkmodel_dtype_parse(const char *name, uint32_t *dtype);
+
 /* llama, 2 layers, width 256, 8 heads, 2 KV heads, FFN 704, context 8192, F32, theta 500000,
  * eps 1e-5, untied, seed 1. */
 eng_mkmodel_params_t eng_mkmodel_params_default(void);
 
 /* Checks the shape (counts >= 1 and bounded, n_head % n_head_kv, n_embd % n_head unless
- * head_dim is given, even head size, Q8_0 block divisibility, a supported dtype). Returns 0 or
- * PC_ERR_INVAL with a one-line reason in err. */
+ * head_dim is given, even head size, block divisibility of every matrix's input width for a
+ * quantized dtype, a supported dtype). Returns 0 or PC_ERR_INVAL with a one-line reason in err. */
 int eng_mkmodel_check(const eng_mkmodel_params_t *p, char *err, size_t err_len);
 
 /* Writes the model to path (through "<path>.tmp", renamed at the end, so an existing file is

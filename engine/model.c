@@ -14,6 +14,7 @@
 
 #include "cpu.h"      /* the row conversions to F32 */
 #include "cpu_simd.h" /* eng__gemv_row_bytes */
+#include "quant.h"
 #include "pc_alloc.h"
 #include "pc_assert.h"
 #include "pc_err.h"
@@ -61,11 +62,10 @@ static void tensor_to_f32(const eng_gguf_tensor_t *t, float *dst)
     case ENG_GGML_TYPE_BF16:
         eng__port_bf16_to_f32(t->data, dst, (size_t)n);
         break;
-    case ENG_GGML_TYPE_Q8_0:
-        eng__port_q8_0_to_f32(t->data, dst, (size_t)n);
-        break;
     default:
-        PC_ABORT("tensor %s: type %u not convertible", t->name, t->type);
+        PC_ASSERT(eng_quant_type_is_quant(t->type));
+        eng_quant_row_to_f32(t->type, t->data, dst, (size_t)n);
+        break;
     }
 }
 
@@ -119,17 +119,16 @@ static int load_weight(eng_model_t *m, const eng_model_params_t *p, const char *
     w->n_in = (uint32_t)t->ne[0];
     w->n_out = (uint32_t)t->ne[1];
     w->file_type = t->type;
-    if (t->type == ENG_GGML_TYPE_Q8_0 && w->n_in % ENG_QK8_0 != 0) {
-        snprintf(err, err_len, "model: Q8_0 tensor %s has rows of %u elements, not whole blocks",
-                 t->name, w->n_in);
+    uint32_t bs = eng_ggml_type_block_size(t->type);
+    if (bs > 1 && w->n_in % bs != 0) {
+        snprintf(err, err_len, "model: %s tensor %s has rows of %u elements, not whole blocks",
+                 eng_ggml_type_name(t->type), t->name, w->n_in);
         return PC_ERR_FORMAT;
     }
     /* Kept as stored (a backend that computes with another layout makes it at its init), unless
      * the parameters ask for F32. */
-    bool keep = t->type == ENG_GGML_TYPE_F32 ||
-                ((t->type == ENG_GGML_TYPE_F16 || t->type == ENG_GGML_TYPE_BF16 ||
-                  t->type == ENG_GGML_TYPE_Q8_0) &&
-                 !p->weights_f32);
+    bool keep =
+        t->type == ENG_GGML_TYPE_F32 || (eng_quant_type_computed(t->type) && !p->weights_f32);
     if (keep) {
         w->type = t->type;
         w->data = t->data;
@@ -280,10 +279,9 @@ void eng_weight_row_f32(const eng_weight_t *w, uint32_t row, float *dst)
     case ENG_GGML_TYPE_BF16:
         eng__port_bf16_to_f32((const uint16_t *)src, dst, w->n_in);
         return;
-    case ENG_GGML_TYPE_Q8_0:
-        eng__port_q8_0_to_f32((const uint8_t *)src, dst, w->n_in);
-        return;
     default:
-        PC_ABORT("weight type %u", w->type);
+        PC_ASSERT(eng_quant_type_is_quant(w->type));
+        eng_quant_row_to_f32(w->type, src, dst, w->n_in);
+        return;
     }
 }

@@ -3,8 +3,9 @@
  * public API).
  *
  * Weight matrices are row-major [n_out][n_in] (GGUF's ne[0] = n_in varies fastest), stored as
- * F32, F16, BF16 or Q8_0 (rows of n_in / 32 blocks of 34 bytes), each kept as the file has it
- * and used in place from the file mapping (or copied to huge pages, copy_weights), so decode
+ * F32, F16, BF16 or a quantized type of quant.h (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K: rows of whole
+ * blocks), each kept as the file has it and used in place from the file mapping (or copied to
+ * huge pages, copy_weights), so decode
  * reads each weight's own bytes; with weights_f32 every matrix is converted to F32 at load. Norm
  * weights and biases are F32 (eng_hparams_check_tensors guarantees it). The token embedding
  * table doubles as the output head when the model ties them.
@@ -28,7 +29,7 @@
 #include "hparams.h"
 
 /* A weight matrix: n_out rows of n_in elements of `type` (ENG_GGML_TYPE_F32, _F16, _BF16 or
- * _Q8_0; eng__gemv_row_bytes() gives a row's bytes). */
+ * a quantized type; eng__gemv_row_bytes() gives a row's bytes). */
 typedef struct eng_weight {
     uint32_t type;
     uint32_t file_type; /* the tensor's type in the file (enum eng_ggml_type) */
@@ -66,7 +67,7 @@ typedef struct eng_model {
 } eng_model_t;
 
 typedef struct eng_model_params {
-    bool weights_f32;  /* convert F16, BF16 and Q8_0 weights to F32 at load (default: keep
+    bool weights_f32;  /* convert F16, BF16 and quantized weights to F32 at load (default: keep
                           every matrix as stored) */
     bool copy_weights; /* copy the matrices out of the file mapping into anonymous memory
                           on transparent huge pages (when the kernel has them): decode

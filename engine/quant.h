@@ -146,8 +146,9 @@ static inline void eng_quant_k4_scale_min(const uint8_t *scales, int j, uint8_t 
 /* ---------------------------------------------------------------------------------------------
  * Activation quantization (ggml's quantize_row_q8_0 / quantize_row_q8_K): x[n] -> dst blocks.
  *   Q8_0: per 32, d = amax / 127, q = round(x / d), d stored as F16 (the product uses the F16 d).
- *   Q8_K: per 256, d = max / -128 where max is the element of largest magnitude (its sign kept),
- *         q = min(127, round(x / d)), bsums filled; an all-zero block has d = 0.
+ *   Q8_K: per 256, d = max / -127 where max is the element of largest magnitude (its sign kept),
+ *         q = round(x / d) in -127..127 (never -128: a quant can be negated), bsums filled; an
+ *         all-zero block has d = 0 and zero quants.
  * x must be finite.
  * ------------------------------------------------------------------------------------------- */
 
@@ -180,10 +181,12 @@ float eng_quant_vec_dot(uint32_t type, const void *w, const void *a, size_t n);
 int eng_quantize_row(uint32_t type, const float *x, void *dst, size_t n);
 
 /* The type of tensor `name` (GGUF naming: "blk.3.attn_v.weight", "output.weight") in a file of
- * the mix `ftype` for a model of n_layer layers: for ENG_QUANT_MIX_Q4_K_M, llama.cpp's Q4_K_M
- * rule (output.weight Q6_K; attn_v and ffn_down Q6_K in the first and last eighth of the layers
- * and every third layer between, Q4_K elsewhere); for a plain weight type, that type. */
+ * the mix `mix` for a model of n_layer layers (tied: token_embd.weight is also the output head):
+ * for ENG_QUANT_MIX_Q4_K_M, llama.cpp's Q4_K_M rule (llama_tensor_get_type): the output head
+ * (output.weight, or token_embd.weight when tied) Q6_K; attn_v and ffn_down Q6_K in the first and
+ * last eighth of the layers and every third layer between (use_more_bits), Q4_K elsewhere. For a
+ * plain weight type, that type. */
 #define ENG_QUANT_MIX_Q4_K_M 0x10000u
-uint32_t eng_quant_mix_type(uint32_t mix, const char *name, uint32_t n_layer);
+uint32_t eng_quant_mix_type(uint32_t mix, const char *name, uint32_t n_layer, bool tied);
 
 #endif

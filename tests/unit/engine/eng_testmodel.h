@@ -4,7 +4,8 @@
  *
  * The models come from the real generator (engine/mkmodel.c) with a synthetic vocabulary of
  * n_vocab plain tokens, so they are small and fast. The reference reads the GGUF file directly
- * (F32 weights only), keeps no KV cache and recomputes the whole sequence: every position's
+ * (F32 weights, or any type the engine computes, dequantized by quant.c's reference to the exact
+ * values the file holds), keeps no KV cache and recomputes the whole sequence: every position's
  * logits in one pass, with textbook formulas (its own RoPE, softmax, RMSNorm) that share no code
  * with the engine.
  */
@@ -21,6 +22,7 @@
 #include "hparams.h"
 #include "mkmodel.h"
 #include "pc_alloc.h"
+#include "quant.h"
 #include "vocab.h"
 
 /* Writes a model with arch/shape from p and a synthetic vocabulary into a temporary file whose
@@ -53,16 +55,19 @@ typedef struct tm_ref {
     eng_hparams_t hp;
 } tm_ref_t;
 
-/* A tensor's elements as doubles (F32 tensors only); NULL when absent. Caller frees. */
+/* A tensor's elements as doubles (its exact values: quantized types through quant.c's reference
+ * dequantization, which test_quant checks against llama.cpp's); NULL when absent. Caller frees. */
 static double *tm_tensor(const tm_ref_t *r, const char *name)
 {
     const eng_gguf_tensor_t *t = eng_gguf_tensor_find(r->g, name);
-    if (t == NULL || t->type != ENG_GGML_TYPE_F32)
+    if (t == NULL || !eng_quant_type_computed(t->type))
         return NULL;
     double *d = malloc((size_t)t->n_elements * sizeof *d);
-    const float *f = t->data;
+    float *f = malloc((size_t)t->n_elements * sizeof *f);
+    eng_quant_row_to_f32(t->type, t->data, f, (size_t)t->n_elements);
     for (int64_t i = 0; i < t->n_elements; i++)
         d[i] = f[i];
+    free(f);
     return d;
 }
 

@@ -967,9 +967,9 @@ PC_TEST(hparams_errors)
     eng_gguf_free(g2);
 
     edit_t e;
-    e = (edit_t){.retype_tensor = "blk.0.attn_q.weight", .retype = ENG_GGML_TYPE_Q4_K};
+    e = (edit_t){.retype_tensor = "blk.0.attn_q.weight", .retype = ENG_GGML_TYPE_Q2_K};
     PC_TEST_CALL(expect_hparams_error(
-        g, &e, PC_ERR_UNSUPPORTED, "unsupported tensor type Q4_K in tensor blk.0.attn_q.weight"));
+        g, &e, PC_ERR_UNSUPPORTED, "unsupported tensor type Q2_K in tensor blk.0.attn_q.weight"));
     e = (edit_t){.retype_tensor = "blk.0.ffn_norm.weight", .retype = ENG_GGML_TYPE_F16};
     PC_TEST_CALL(expect_hparams_error(
         g, &e, PC_ERR_UNSUPPORTED, "unsupported tensor type F16 in tensor blk.0.ffn_norm.weight"));
