@@ -300,11 +300,9 @@ int bench_engine_main(int argc, char **argv)
     bench_report_t r;
     bench_report_init(&r, "engine");
     bench_report_add(&r, "model_load_s", load_s, "mmap + checks (+ conversions)");
-    /* Decode is bound by streaming the weights once per token: the roofline beside it. */
-    double q_dim = (double)hp->n_head * hp->head_dim, kv_dim = (double)hp->n_head_kv * hp->head_dim;
-    double decode_bytes =
-        2.0 * ((double)hp->n_layer * hp->n_embd * (2 * q_dim + 2 * kv_dim) +
-               3.0 * hp->n_layer * hp->n_embd * hp->n_ff + (double)hp->n_vocab * hp->n_embd);
+    /* Decode is bound by streaming the weights once per token (at the bytes per weight of the
+     * types the model holds): the roofline beside it. */
+    double decode_bytes = eng_decode_weight_bytes(runs[0].e);
 
     /* Warm-up: touches the weights once so the first figure does not pay the page faults. */
     for (uint32_t i = 0; i < n_runs; i++)
@@ -339,7 +337,8 @@ int bench_engine_main(int argc, char **argv)
             bench_report_add(&r, key, u->lo[F_COLD] / u->lo[F_WARM], "llama.cpp 36-39x");
         }
     }
-    bench_report_add(&r, "decode_weight_mb_per_token", decode_bytes / 1e6, "F16 matrices");
+    bench_report_add(&r, "decode_weight_mb_per_token", decode_bytes / 1e6,
+                     "the matrices at the model's types");
     eng_kv_stats_t kv;
     eng_kv_stats(runs[0].e, &kv);
     bench_report_add(&r, "kv_bytes_per_token", (double)kv.block_bytes / kv.block_tokens, NULL);
