@@ -45,21 +45,41 @@ size_t eng__bf16_packed_elems(uint32_t n_in, uint32_t n_out)
     return (size_t)bf16_panels(n_out) * ((n_in + 1) / 2) * 32;
 }
 
-void eng__bf16_pack(const eng_weight_t *w, uint16_t *dst)
+/* Rows [n0, n1) of w as BF16 panels from dst on (panel 0 holds rows n0 .. n0 + 15; n0 is a
+ * multiple of 16), each row through row (K + 1 floats) and pairs (K + 1 halves); avx512_bf16
+ * converts with VCVTNE2PS2BF16 (same rounding as eng_f32_to_bf16 on finite values). Lanes of rows
+ * past n1 are not written. */
+static void bf16_pack_rows(const eng_weight_t *w, uint32_t n0, uint32_t n1, uint16_t *dst,
+                           float *row, uint16_t *pairs, bool avx512_bf16)
 {
-    uint32_t kp = (w->n_in + 1) / 2;
-    float *row = pc_xmalloc(((size_t)w->n_in + 1) * sizeof *row); /* load time: dies on OOM */
-    memset(dst, 0, eng__bf16_packed_elems(w->n_in, w->n_out) * sizeof *dst);
-    for (uint32_t n = 0; n < w->n_out; n++) {
+    uint32_t K = w->n_in, kp = (K + 1) / 2;
+    for (uint32_t n = n0; n < n1; n++) {
         eng_weight_row_f32(w, n, row);
-        row[w->n_in] = 0;
-        uint16_t *panel = dst + (size_t)(n / 16) * kp * 32;
+        row[K] = 0;
+#if defined(__x86_64__) || defined(__i386__)
+        if (avx512_bf16)
+            eng__avx512_to_bf16_rows(row, 1, 2 * kp, pairs);
+        else
+#endif
+            for (uint32_t k = 0; k < 2 * kp; k++)
+                pairs[k] = eng_f32_to_bf16(row[k]);
+        uint16_t *panel = dst + (size_t)((n - n0) / 16) * kp * 32 + ((n - n0) % 16) * 2;
         for (uint32_t j = 0; j < kp; j++) {
-            panel[(size_t)j * 32 + (n % 16) * 2] = eng_f32_to_bf16(row[2 * j]);
-            panel[(size_t)j * 32 + (n % 16) * 2 + 1] = eng_f32_to_bf16(row[2 * j + 1]);
+            panel[(size_t)j * 32] = pairs[2 * j];
+            panel[(size_t)j * 32 + 1] = pairs[2 * j + 1];
         }
     }
+}
+
+void eng__bf16_pack(const eng_weight_t *w, uint16_t *dst)
+{
+    /* load time: dies on OOM */
+    float *row = pc_xmalloc(((size_t)w->n_in + 2) * sizeof *row);
+    uint16_t *pairs = pc_xmalloc(((size_t)w->n_in + 2) * sizeof *pairs);
+    memset(dst, 0, eng__bf16_packed_elems(w->n_in, w->n_out) * sizeof *dst);
+    bf16_pack_rows(w, 0, w->n_out, dst, row, pairs, false);
     pc_free(row);
+    pc_free(pairs);
 }
 
 typedef struct matmul_ctx {
@@ -145,8 +165,25 @@ static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
     if (c->a_bf16 != NULL) {
         /* Tiles are whole panel pairs: n0 is a multiple of 32. */
         uint32_t kp = (c->K + 1) / 2;
+        const uint16_t *panels = c->w_bf16;
+        uint32_t p0 = 0; /* the panel of row 0 in panels */
+        if (panels == NULL) {
+            /* Q4_0 and the K-quants: this tile's panels, dequantized into tmp (in cache while
+             * every row block of x passes over them), then the row and pair scratch. */
+            uint16_t *tp = (uint16_t *)(void *)c->tmp[thread];
+            size_t elems = (size_t)bf16_panels(n1 - n0) * kp * 32;
+            float *row = (float *)(void *)(tp + elems);
+            PC_ASSERT(n1 - n0 <= ENG_CPU_WTILE && elems % 32 == 0);
+            bf16_pack_rows(c->w, n0, n1, tp, row, (uint16_t *)(void *)(row + 2 * kp + 2), true);
+            uint32_t n_pad = bf16_panels(n1 - n0) * 16;
+            for (uint32_t r = n1 - n0; r < n_pad; r++) /* lanes of no row: zero */
+                for (uint32_t j = 0; j < kp; j++)
+                    memset(tp + (size_t)(r / 16) * kp * 32 + (size_t)j * 32 + (r % 16) * 2, 0, 4);
+            panels = tp;
+            p0 = n0 / 16;
+        }
         for (uint32_t n = n0; n < n1; n += 32) {
-            const uint16_t *b0 = c->w_bf16 + (size_t)(n / 16) * kp * 32;
+            const uint16_t *b0 = panels + (size_t)(n / 16 - p0) * kp * 32;
             for (uint32_t m0 = 0; m0 < c->M; m0 += 8)
                 eng__avx512_gemm_bf16_block((const uint32_t *)c->a_bf16, c->M, m0, kp, b0,
                                             b0 + (size_t)kp * 32, c->y, c->N, n, PC_MIN(32, n1 - n),
@@ -209,7 +246,7 @@ static void matmul_setup(matmul_ctx_t *c, uint32_t n_threads, const float *x, ui
                         .accumulate = accumulate,
                         .tmp = tmp,
                         .isa = isa};
-    if (a_bf16 != NULL && w_bf16 != NULL) {
+    if (a_bf16 != NULL && (w_bf16 != NULL || eng__gemv_int8(w->type))) {
         c->a_bf16 = a_bf16;
         c->w_bf16 = w_bf16;
         c->tile = 128;
@@ -301,7 +338,7 @@ void eng__matmul_n(eng_pool_t *pool, const float *x, uint32_t M, const eng_weigh
     matmul_multi_t mm = {.n = n};
     for (uint32_t i = 0; i < n; i++) {
         const uint16_t *panels = w_bf16 != NULL ? w_bf16[i] : NULL;
-        bool use_bf16 = bf16 && panels != NULL;
+        bool use_bf16 = bf16 && (panels != NULL || eng__gemv_int8(w[i]->type));
         if (use_bf16 && !x_bf16) { /* x is the same for every product: convert it once */
 #if defined(__x86_64__) || defined(__i386__)
             eng__avx512_to_bf16_rows(x, M, w[i]->n_in, a_bf16);

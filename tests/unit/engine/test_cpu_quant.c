@@ -6,7 +6,9 @@
  *     over random blocks with scales of every magnitude, all-zero blocks and extreme scales;
  *   - the decode GEMV (x quantized once, odd row counts, a slice of output rows, (+)=) and the
  *     whole product eng__matmul (the GEMV below ENG_GEMV_MAX_M rows, tiles dequantized to F32
- *     from it on) against double precision over the dequantized weights.
+ *     from it on) against double precision over the dequantized weights;
+ *   - with AVX512-BF16, the prefill GEMM on BF16 panels of tiles dequantized in cache against
+ *     the same GEMM on the whole matrix packed, and against double precision.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -372,6 +374,55 @@ PC_TEST(matmul_q_matches_reference)
             free((void *)w[j].data), free(wd[j]);
     }
     free(t0), free(t1), free(x), free(xd), free(y[0]), free(y[1]), free(y0);
+    eng__pool_free(pool);
+}
+
+/* From 32 rows on, with AVX512-BF16, quantized weights take the BF16 GEMM on panels of each tile
+ * dequantized in cache: bit for bit what the same GEMM gives on the whole matrix packed
+ * (eng__bf16_pack), and within F32 rounding of a double-precision product of the BF16-rounded
+ * x and dequantized weights. N = 150 ends in a partial tile and a partial panel pair. */
+PC_TEST(matmul_q_bf16_tiles)
+{
+    if (!eng__cpu_isa_runs(ENG_CPU_ISA_AVX512) || !eng__cpu_has_bf16())
+        PC_SKIP("no AVX512-BF16 on this CPU");
+    uint32_t Ms[] = {32, 45};
+    enum { N = 150, K = 512, MMAX = 45 };
+    eng_pool_t *pool;
+    ASSERT_EQ(eng__pool_init(2, &pool), 0);
+    float *t0 = malloc((size_t)ENG_CPU_WTILE * K * 4), *t1 = malloc((size_t)ENG_CPU_WTILE * K * 4);
+    float *const tmp[2] = {t0, t1};
+    float *x = rnd_x(MMAX, K), *wd = malloc((size_t)N * K * sizeof *wd);
+    uint16_t *abf = malloc((size_t)MMAX * (K + 2) * sizeof *abf);
+    uint16_t *panels = malloc(eng__bf16_packed_elems(K, N) * sizeof *panels);
+    float *y = malloc((size_t)MMAX * N * 4), *yp = malloc((size_t)MMAX * N * 4);
+    for (size_t ti = 0; ti < PC_ARRAY_LEN(qtypes); ti++) {
+        uint32_t t = qtypes[ti];
+        size_t rb = eng_quant_row_bytes(t, K);
+        void *data = rnd_rows(t, N, K, false);
+        eng_weight_t w = {.type = t, .file_type = t, .n_in = K, .n_out = N, .data = data};
+        for (uint32_t n = 0; n < N; n++)
+            eng_quant_row_to_f32(t, (const uint8_t *)data + n * rb, wd + (size_t)n * K, K);
+        eng__bf16_pack(&w, panels);
+        for (size_t mi = 0; mi < PC_ARRAY_LEN(Ms); mi++) {
+            uint32_t M = Ms[mi];
+            eng__matmul(pool, x, M, &w, NULL, y, false, tmp, abf, ENG_CPU_ISA_AVX512);
+            eng__matmul(pool, x, M, &w, panels, yp, false, tmp, abf, ENG_CPU_ISA_AVX512);
+            ASSERT_MEM_EQ(y, yp, (size_t)M * N * sizeof *y);
+            for (uint32_t m = 0; m < M; m++) {
+                for (uint32_t n = 0; n < N; n++) {
+                    double r = 0, mag = 0;
+                    for (uint32_t k = 0; k < K; k++) {
+                        double p = (double)eng_bf16_to_f32(eng_f32_to_bf16(wd[(size_t)n * K + k])) *
+                                   eng_bf16_to_f32(eng_f32_to_bf16(x[(size_t)m * K + k]));
+                        r += p, mag += fabs(p);
+                    }
+                    ASSERT_LE(fabs(y[(size_t)m * N + n] - r), 1e-5 * mag);
+                }
+            }
+        }
+        free(data);
+    }
+    free(t0), free(t1), free(x), free(wd), free(abf), free(panels), free(y), free(yp);
     eng__pool_free(pool);
 }
 
