@@ -295,79 +295,112 @@ AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
 /* A 512-bit vector of two 256-bit halves. */
 #define HALVES(lo, hi) _mm512_inserti64x4(_mm512_castsi256_si512(lo), (hi), 1)
 
-/* Q4_0 x Q8_0: per block, sum q a - 8 sum a, both with VPDPBUSD on 32 bytes. */
-VNNI static float dot512_q4_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t *x, uint32_t K)
+/* Q4_0 x Q8_0, two blocks per 512-bit step: q = [low nibbles, high nibbles] of each block's 16
+ * bytes (elements 0-15, 16-31), sum q a - 8 sum a by VPDPBUSD (lanes 0-7 block 0, 8-15 block 1),
+ * both blocks' scales d_w d_x converted together and spread over their lanes by VPERMPS. Two
+ * accumulators: one FMA chain would bound the loop. */
+VNNI static inline __m512 q4_0_pair(const eng_block_q4_0_t *w, const eng_block_q8_0_t *x,
+                                    __m512 acc)
 {
-    const __m256i lo4 = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8);
-    __m256 acc = _mm256_setzero_ps();
-    for (uint32_t b = 0; b < K / ENG_QK4_0; b++, w++, x++) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)w->qs);
-        __m256i q = _mm256_and_si256(
-            _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), lo4);
-        __m256i a = LOAD256(x->qs), z = _mm256_setzero_si256();
-        __m256i s =
-            _mm256_sub_epi32(_mm256_dpbusd_epi32(z, q, a), _mm256_dpbusd_epi32(z, eight, a));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w->d) * _cvtsh_ss(x->d)),
-                              _mm256_cvtepi32_ps(s), acc);
-    }
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+    const __m512i z = _mm512_setzero_si512();
+    __m256i v = _mm256_loadu2_m128i((const __m128i *)(const void *)w[1].qs,
+                                    (const __m128i *)(const void *)w[0].qs);
+    __m512i t = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
+    __m512i q = _mm512_and_si512(_mm512_shuffle_i64x2(t, t, _MM_SHUFFLE(3, 1, 2, 0)), lo4);
+    __m512i a = HALVES(LOAD256(x[0].qs), LOAD256(x[1].qs));
+    __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(z, q, a), _mm512_dpbusd_epi32(z, eight, a));
+    uint64_t h = (uint64_t)w[0].d | (uint64_t)w[1].d << 16 | (uint64_t)x[0].d << 32 |
+                 (uint64_t)x[1].d << 48; /* in integer registers: no store to reload */
+    __m128 f = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h));
+    __m128 d = _mm_mul_ps(f, _mm_movehl_ps(f, f)); /* d_w0 d_x0, d_w1 d_x1 */
+    __m512 dv =
+        _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                              _mm512_castps128_ps512(d));
+    return _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(s), acc);
 }
 
-/* Q4_K (hb false) or Q5_K (hb true) x Q8_K. A 64-byte load of qs holds sub-blocks 4i and
- * 4i + 2 in its low nibbles and 4i + 1, 4i + 3 in its high ones (32 bytes each); their
- * activations are gathered from two 32-byte loads, their scales broadcast per half. */
+VNNI static float dot512_q4_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t *x, uint32_t K)
+{
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    uint32_t nb = K / ENG_QK4_0, b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        acc0 = q4_0_pair(w + b, x + b, acc0);
+        acc1 = q4_0_pair(w + b + 2, x + b + 2, acc1);
+    }
+    if (b + 2 <= nb) {
+        acc0 = q4_0_pair(w + b, x + b, acc0);
+        b += 2;
+    }
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    if (b < nb) /* an odd block count: the last one alone */
+        r += eng__avx2_dot_q(ENG_GGML_TYPE_Q4_0, w + b, x + b, ENG_QK4_0);
+    return r;
+}
+
+/* eng__k4_unpack in a register (bytes 0-7 the scales, 8-15 the mins): the 12 scale bytes as
+ * dwords u0 u1 u2 rearranged, shifted and masked per dword lane, no store and reload. */
+VNNI static inline __m128i k4_unpack128(const uint8_t *scales)
+{
+    __m128i u = _mm_maskz_loadu_epi8(0x0fff, scales);
+    __m128i s = _mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)); /* u0 u2 u1 u2 */
+    __m128i lo = _mm_and_si128(_mm_srlv_epi32(s, _mm_setr_epi32(0, 0, 0, 4)),
+                               _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    __m128i t = _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0)); /* u0 u0 u1 u1 */
+    __m128i hi = _mm_and_si128(_mm_srli_epi32(t, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
+}
+
+/* Q4_K (hb false) or Q5_K (hb true) x Q8_K, 256 bits wide (measured faster on Zen 4 than
+ * 512-bit steps, whose sub-block pairs need their activations and scales gathered per half):
+ * per 64 elements the low nibbles (sub-block 2c) and high ones (2c + 1) times their
+ * activations by VPMADDUBSW, times their scales and summed in int32 by VPDPWSSD (two chains). */
 VNNI static inline __attribute__((always_inline)) float
 dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t K)
 {
-    const __m512i lo4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10);
     const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
     const uint8_t *w = wv;
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (uint32_t b = 0; b < K / ENG_QK_K; b++, w += wb, x++) {
         const eng_block_q4_k_t *w4 = (const eng_block_q4_k_t *)(const void *)w;
-        uint8_t sm[16];
-        eng__k4_unpack(w4->scales, sm);
-        __m128i s8 = _mm_loadu_si128((const __m128i *)(const void *)sm), m8 = _mm_srli_si128(s8, 8);
+        __m128i sm = k4_unpack128(w4->scales);
         /* The mins' share: sum_j m_j (bsums[2j] + bsums[2j + 1]), each min taken twice. */
         __m256i mq =
-            _mm256_madd_epi16(LOAD256(x->bsums), _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)));
+            _mm256_madd_epi16(LOAD256(x->bsums), _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm)));
         accm = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->dmin)), _mm256_cvtepi32_ps(mq),
                                accm);
-        __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(s8)); /* scale j: lane j */
+        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)); /* scale j: lane j */
         const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
-        __m512i qh =
-            hb ? _mm512_broadcast_i64x4(LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh))
-               : _mm512_setzero_si512();
         const int8_t *a = x->qs;
-        __m512i sumi = _mm512_setzero_si512();
-        for (int i = 0; i < 2; i++) {
-            __m512i v = LOAD512(qs + 64 * i);
-            __m512i q[2] = {_mm512_and_si512(v, lo4),
-                            _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4)};
-            for (int h = 0; h < 2; h++) { /* h: the low (sub-blocks 4i, 4i + 2) or high nibbles */
-                int s0 = 4 * i + h, s1 = s0 + 2;
-                if (hb) {
-                    __m512i m = HALVES(_mm256_set1_epi8((char)(1 << s0)),
-                                       _mm256_set1_epi8((char)(1 << s1)));
-                    q[h] = _mm512_mask_add_epi8(q[h], _mm512_test_epi8_mask(qh, m), q[h], b16);
-                }
-                __m512i av = HALVES(LOAD256(a + 32 * s0), LOAD256(a + 32 * s1));
-                __m512i sv = _mm512_permutexvar_epi16(
-                    HALVES(_mm256_set1_epi16((short)s0), _mm256_set1_epi16((short)s1)), sc16);
-                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[h], av), sv);
+        __m256i qh =
+            hb ? LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh) : _mm256_setzero_si256();
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i v = LOAD256(qs + 32 * c);
+            __m256i lo = _mm256_and_si256(v, lo4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            if (hb) { /* bit 2c of qh[l] is element l's fifth bit, bit 2c + 1 element 32 + l's */
+                lo = _mm256_mask_add_epi8(
+                    lo, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * c)))), lo, b16);
+                hi = _mm256_mask_add_epi8(
+                    hi, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(2 << (2 * c)))), hi, b16);
             }
+            __m256i plo = _mm256_maddubs_epi16(lo, LOAD256(a + 64 * c));
+            __m256i phi = _mm256_maddubs_epi16(hi, LOAD256(a + 64 * c + 32));
+            /* Scale j broadcast to every int16 lane: bytes 2j, 2j + 1 of each 128-bit half. */
+            s0 = _mm256_dpwssd_epi32(
+                s0, plo,
+                _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * c))));
+            s1 = _mm256_dpwssd_epi32(
+                s1, phi,
+                _mm256_shuffle_epi8(sc16,
+                                    _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1)))));
         }
-        acc =
-            _mm512_fmadd_ps(_mm512_set1_ps(x->d * _cvtsh_ss(w4->d)), _mm512_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->d)),
+                              _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc);
     }
-    __m256 r = _mm256_sub_ps(
-        _mm256_add_ps(_mm512_castps512_ps256(acc),
-                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1))),
-        accm);
+    __m256 r = _mm256_sub_ps(acc, accm);
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
