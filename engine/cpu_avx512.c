@@ -205,9 +205,13 @@ AVX512 static void gemv_f16_rows8(const uint16_t *wr, const float *xg, uint32_t 
  * engine` prints both); software prefetch (T0/T1/T2, 1-16 KiB ahead, with 4 KiB
  * and with 2 MiB pages) and four interleaved weight rows were all slower or no faster, since the
  * hardware prefetcher follows a single stream per thread best. */
+static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
+
 AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
 {
     if (eng__gemv_int8(c->wtype)) {
+        if (c->wtype == ENG_GGML_TYPE_Q4_0 && q4_0_gemv_vbmi(c, n0, n1))
+            return;
         eng__gemv_q(c, n0, n1, eng__avx512_dot_q);
         return;
     }
@@ -337,6 +341,74 @@ VNNI static float dot512_q4_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t 
         r += eng__avx2_dot_q(ENG_GGML_TYPE_Q4_0, w + b, x + b, ENG_QK4_0);
     return r;
 }
+
+/* The Q4_0 GEMV of one activation row (decode), with AVX512-VBMI: x is prepared once per call,
+ * per pair of blocks, as VPDPBUSD takes it (the 64 activation bytes, the -8 sum a share as the
+ * accumulator's start, d_x spread over each block's lanes), and each weight pair is one masked
+ * 36-byte load, its nibbles and scales placed by VPERMB / VPERMW: four vector operations per pair
+ * fewer than q4_0_pair, which works on one row alone. */
+#define VBMI                                                                                       \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,f16c,fma")))
+#define Q40_MAX_PAIRS 128 /* K <= 8192: 24 KiB of prepared x on the stack */
+typedef struct q40_pair {
+    int8_t a[64];     /* blocks 2p, 2p + 1 */
+    int32_t init[16]; /* -8 (sum of a[4i .. 4i + 3]) */
+    float dx[16];     /* lanes 0-7: block 2p's d, 8-15: block 2p + 1's */
+} q40_pair_t;
+
+VBMI static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
+{
+    uint32_t nb = g->K / ENG_QK4_0, np = nb / 2;
+    if (g->M != 1 || np == 0 || np > Q40_MAX_PAIRS || !eng__cpu_has_avx512_vbmi())
+        return false;
+    _Alignas(64) q40_pair_t xp[Q40_MAX_PAIRS];
+    const eng_block_q8_0_t *x = g->xq;
+    const __m512i z = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
+    const __m512i two = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (uint32_t p = 0; p < np; p++) {
+        __m512i a = HALVES(LOAD256(x[2 * p].qs), LOAD256(x[2 * p + 1].qs));
+        _mm512_store_si512(xp[p].a, a);
+        _mm512_store_si512(
+            xp[p].init, _mm512_sub_epi32(z, _mm512_slli_epi32(_mm512_dpbusd_epi32(z, ones, a), 3)));
+        __m128 d =
+            _mm_cvtph_ps(_mm_cvtsi32_si128((int)(x[2 * p].d | (uint32_t)x[2 * p + 1].d << 16)));
+        _mm512_store_ps(xp[p].dx, _mm512_permutexvar_ps(two, _mm512_castps128_ps512(d)));
+    }
+    /* Pair bytes: d0 (0-1), qs0 (2-17), d1 (18-19), qs1 (20-35). q: qs0 twice, then qs1 twice,
+     * every second copy shifted down 4 bits: low and high nibbles in element order. */
+    uint8_t qi[64];
+    uint16_t di[32];
+    for (int i = 0; i < 64; i++)
+        qi[i] = (uint8_t)((i < 32 ? 2 : 20) + i % 16);
+    for (int i = 0; i < 32; i++)
+        di[i] = i < 8 ? 0 : 9; /* d0 is word 0, d1 word 9 */
+    const __m512i qidx = LOAD512(qi), didx = LOAD512(di);
+    const __mmask32 hi_words = 0xff00ff00u; /* words 8-15 and 24-31: the high nibbles */
+    const __m512i lo4 = _mm512_set1_epi8(0x0f);
+    const __mmask64 m36 = (1ull << 36) - 1;
+    size_t rb = eng__gemv_row_bytes(g->wtype, g->K);
+    for (uint32_t n = n0; n < n1; n++) {
+        const uint8_t *w = (const uint8_t *)g->w + (size_t)n * rb;
+        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (uint32_t p = 0; p < np; p++) {
+            __m512i v = _mm512_maskz_loadu_epi8(m36, w + 36 * (size_t)p);
+            __m512i t = _mm512_permutexvar_epi8(qidx, v);
+            __m512i q = _mm512_and_si512(_mm512_mask_srli_epi16(t, hi_words, t, 4), lo4);
+            __m512i s =
+                _mm512_dpbusd_epi32(_mm512_load_si512(xp[p].init), q, _mm512_load_si512(xp[p].a));
+            __m512 d = _mm512_mul_ps(
+                _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(didx, v))),
+                _mm512_load_ps(xp[p].dx));
+            acc[p & 1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[p & 1]);
+        }
+        float r = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+        if (nb % 2) /* an odd block count: the last one alone */
+            r += eng__avx2_dot_q(ENG_GGML_TYPE_Q4_0, w + 36 * (size_t)np, x + 2 * np, ENG_QK4_0);
+        g->y[n] = g->accumulate ? g->y[n] + r : r;
+    }
+    return true;
+}
+#undef VBMI
 
 /* eng__k4_unpack in a register (bytes 0-7 the scales, 8-15 the mins): the 12 scale bytes as
  * dwords u0 u1 u2 rearranged, shifted and masked per dword lane, no store and reload. */

@@ -118,6 +118,8 @@ static inline void eng__k4_unpack(const uint8_t *scales, uint8_t out[16])
 
 /* True when the CPU has AVX512-BW and AVX512-VNNI (the AVX-512 integer dot products). */
 bool eng__cpu_has_avx512_vnni(void);
+/* True when the CPU also has AVX512-VBMI (VPERMB): the Q4_0 GEMV's one-load block pairs. */
+bool eng__cpu_has_avx512_vbmi(void);
 
 /* The same product for any M (prefill) on the AVX2 path: register tiles of four rows of x by
  * three weight rows, F16 converted in registers, no packing. The caller keeps [n0, n1) small
