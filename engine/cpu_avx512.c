@@ -356,6 +356,21 @@ typedef struct q40_pair {
     float dx[16];     /* lanes 0-7: block 2p's d, 8-15: block 2p + 1's */
 } q40_pair_t;
 
+/* acc + one weight pair (36 bytes at w) times its prepared activations. */
+VBMI static inline __m512 q4_0_pair_x(const uint8_t *w, const q40_pair_t *xp, __m512i qidx,
+                                      __m512i didx, __mmask32 hi_words, __m512 acc)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0f);
+    __m512i v = _mm512_maskz_loadu_epi8((1ull << 36) - 1, w);
+    __m512i t = _mm512_permutexvar_epi8(qidx, v);
+    __m512i q = _mm512_and_si512(_mm512_mask_srli_epi16(t, hi_words, t, 4), lo4);
+    __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(xp->init), q, _mm512_load_si512(xp->a));
+    __m512 d =
+        _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(didx, v))),
+                      _mm512_load_ps(xp->dx));
+    return _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc);
+}
+
 VBMI static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
 {
     uint32_t nb = g->K / ENG_QK4_0, np = nb / 2;
@@ -384,24 +399,18 @@ VBMI static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
         di[i] = i < 8 ? 0 : 9; /* d0 is word 0, d1 word 9 */
     const __m512i qidx = LOAD512(qi), didx = LOAD512(di);
     const __mmask32 hi_words = 0xff00ff00u; /* words 8-15 and 24-31: the high nibbles */
-    const __m512i lo4 = _mm512_set1_epi8(0x0f);
-    const __mmask64 m36 = (1ull << 36) - 1;
     size_t rb = eng__gemv_row_bytes(g->wtype, g->K);
     for (uint32_t n = n0; n < n1; n++) {
         const uint8_t *w = (const uint8_t *)g->w + (size_t)n * rb;
-        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-        for (uint32_t p = 0; p < np; p++) {
-            __m512i v = _mm512_maskz_loadu_epi8(m36, w + 36 * (size_t)p);
-            __m512i t = _mm512_permutexvar_epi8(qidx, v);
-            __m512i q = _mm512_and_si512(_mm512_mask_srli_epi16(t, hi_words, t, 4), lo4);
-            __m512i s =
-                _mm512_dpbusd_epi32(_mm512_load_si512(xp[p].init), q, _mm512_load_si512(xp[p].a));
-            __m512 d = _mm512_mul_ps(
-                _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(didx, v))),
-                _mm512_load_ps(xp[p].dx));
-            acc[p & 1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[p & 1]);
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+        uint32_t p = 0;
+        for (; p + 2 <= np; p += 2) { /* two chains, in registers (an indexed pair spills) */
+            acc0 = q4_0_pair_x(w + 36 * (size_t)p, &xp[p], qidx, didx, hi_words, acc0);
+            acc1 = q4_0_pair_x(w + 36 * (size_t)p + 36, &xp[p + 1], qidx, didx, hi_words, acc1);
         }
-        float r = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+        if (p < np)
+            acc0 = q4_0_pair_x(w + 36 * (size_t)p, &xp[p], qidx, didx, hi_words, acc0);
+        float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
         if (nb % 2) /* an odd block count: the last one alone */
             r += eng__avx2_dot_q(ENG_GGML_TYPE_Q4_0, w + 36 * (size_t)np, x + 2 * np, ENG_QK4_0);
         g->y[n] = g->accumulate ? g->y[n] + r : r;
