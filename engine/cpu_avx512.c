@@ -564,6 +564,118 @@ float eng__avx512_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t 
         return eng__avx2_dot_q(wtype, w, xq, K);
     return dot512_q(wtype, w, xq, K);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Quantized rows to F32 (prefill tiles): quant.c's reference arithmetic, operation for operation
+ * (the same products and differences, each rounded once), sixteen elements per instruction.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Sixteen unsigned bytes (of which the low nibble, or the byte) as floats. */
+#define U8X16_PS(v) _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v))
+
+VNNI static void deq_q4_0(const eng_block_q4_0_t *b, float *dst, size_t n)
+{
+    const __m128i lo4 = _mm_set1_epi8(0x0f);
+    const __m512i eight = _mm512_set1_epi32(8);
+    for (size_t i = 0; i < n / ENG_QK4_0; i++, b++, dst += ENG_QK4_0) {
+        __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)b->qs);
+        __m512i lo = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(v, lo4)), eight);
+        __m512i hi =
+            _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), lo4)), eight);
+        _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
+        _mm512_storeu_ps(dst + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
+    }
+}
+
+/* Q4_K (hb false) or Q5_K: d_j q - m_j per sub-block j of 32. */
+VNNI static inline __attribute__((always_inline)) void deq_q45_k(const bool hb, const void *src,
+                                                                 float *dst, size_t n)
+{
+    const __m128i lo4 = _mm_set1_epi8(0x0f), b16 = _mm_set1_epi8(0x10);
+    const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
+    const uint8_t *w = src;
+    for (size_t i = 0; i < n / ENG_QK_K; i++, w += wb) {
+        const eng_block_q4_k_t *w4 = (const eng_block_q4_k_t *)(const void *)w;
+        const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
+        const uint8_t *qh = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qh : NULL;
+        float d = _cvtsh_ss(w4->d), dmin = _cvtsh_ss(w4->dmin);
+        uint8_t sm[16];
+        _mm_storeu_si128((__m128i *)(void *)sm, k4_unpack128(w4->scales));
+        for (int j = 0; j < 8; j++, dst += 32) { /* sub-block j: nibbles of qs[32 (j / 2) ..] */
+            __m512 dj = _mm512_set1_ps(d * sm[j]), mj = _mm512_set1_ps(dmin * sm[8 + j]);
+            for (int h = 0; h < 2; h++) {
+                __m128i v =
+                    _mm_loadu_si128((const __m128i *)(const void *)(qs + 32 * (j / 2) + 16 * h));
+                __m128i q = _mm_and_si128(j % 2 ? _mm_srli_epi16(v, 4) : v, lo4);
+                if (hb) {
+                    __m128i u = _mm_set1_epi8((char)(1 << j));
+                    __m128i hv = _mm_loadu_si128((const __m128i *)(const void *)(qh + 16 * h));
+                    q = _mm_or_si128(q,
+                                     _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hv, u), u), b16));
+                }
+                _mm512_storeu_ps(dst + 16 * h, _mm512_sub_ps(_mm512_mul_ps(dj, U8X16_PS(q)), mj));
+            }
+        }
+    }
+}
+
+/* Q6_K: (d sc) (q - 32) per sub-block of 16. */
+VNNI static void deq_q6_k(const eng_block_q6_k_t *b, float *dst, size_t n)
+{
+    const __m128i lo4 = _mm_set1_epi8(0x0f), m3 = _mm_set1_epi8(3);
+    const __m512i k32 = _mm512_set1_epi32(32);
+    for (size_t i = 0; i < n / ENG_QK_K; i++, b++) {
+        float d = _cvtsh_ss(b->d);
+        for (int half = 0; half < 2; half++, dst += 128) {
+            const uint8_t *ql = b->ql + 64 * half, *qh = b->qh + 32 * half;
+            const int8_t *sc = b->scales + 8 * half;
+            for (int c = 0; c < 2; c++) { /* elements l = 16 c .. 16 c + 15 of each quarter */
+                __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(ql + 16 * c));
+                __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(ql + 32 + 16 * c));
+                __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(qh + 16 * c));
+                __m128i q[4] = {_mm_and_si128(a, lo4), _mm_and_si128(e, lo4),
+                                _mm_and_si128(_mm_srli_epi16(a, 4), lo4),
+                                _mm_and_si128(_mm_srli_epi16(e, 4), lo4)};
+                for (int k = 0; k < 4; k++) {
+                    __m128i hk = _mm_and_si128(_mm_srli_epi16(h, 2 * k), m3);
+                    __m128i v = _mm_or_si128(q[k], _mm_slli_epi16(hk, 4));
+                    __m512 qf = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(v), k32));
+                    __m512 ds = _mm512_set1_ps(d * sc[c + 2 * k]);
+                    _mm512_storeu_ps(dst + 32 * k + 16 * c, _mm512_mul_ps(ds, qf));
+                }
+            }
+        }
+    }
+}
+#undef U8X16_PS
+
+static bool quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n);
+
+bool eng__avx512_quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n)
+{
+    return eng__cpu_has_avx512_vnni() && quant_row_to_f32(type, src, dst, n);
+}
+
+VNNI static bool quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n)
+{
+    switch (type) {
+    case ENG_GGML_TYPE_Q4_0:
+        deq_q4_0(src, dst, n);
+        return true;
+    case ENG_GGML_TYPE_Q4_K:
+        deq_q45_k(false, src, dst, n);
+        return true;
+    case ENG_GGML_TYPE_Q5_K:
+        deq_q45_k(true, src, dst, n);
+        return true;
+    case ENG_GGML_TYPE_Q6_K:
+        deq_q6_k(src, dst, n);
+        return true;
+    default:
+        return false;
+    }
+}
 #undef VNNI
 
 /* ---------------------------------------------------------------------------------------------

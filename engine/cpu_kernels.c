@@ -53,8 +53,15 @@ static void bf16_pack_rows(const eng_weight_t *w, uint32_t n0, uint32_t n1, uint
                            float *row, uint16_t *pairs, bool avx512_bf16)
 {
     uint32_t K = w->n_in, kp = (K + 1) / 2;
+    size_t rb = eng__gemv_row_bytes(w->type, K);
     for (uint32_t n = n0; n < n1; n++) {
-        eng_weight_row_f32(w, n, row);
+        bool done = false;
+#if defined(__x86_64__) || defined(__i386__)
+        done = avx512_bf16 &&
+               eng__avx512_quant_row_to_f32(w->type, (const char *)w->data + n * rb, row, K);
+#endif
+        if (!done)
+            eng_weight_row_f32(w, n, row);
         row[K] = 0;
 #if defined(__x86_64__) || defined(__i386__)
         if (avx512_bf16)
@@ -64,10 +71,8 @@ static void bf16_pack_rows(const eng_weight_t *w, uint32_t n0, uint32_t n1, uint
             for (uint32_t k = 0; k < 2 * kp; k++)
                 pairs[k] = eng_f32_to_bf16(row[k]);
         uint16_t *panel = dst + (size_t)((n - n0) / 16) * kp * 32 + ((n - n0) % 16) * 2;
-        for (uint32_t j = 0; j < kp; j++) {
-            panel[(size_t)j * 32] = pairs[2 * j];
-            panel[(size_t)j * 32 + 1] = pairs[2 * j + 1];
-        }
+        for (uint32_t j = 0; j < kp; j++) /* one pair: one 32-bit move */
+            memcpy(panel + (size_t)j * 32, pairs + 2 * j, 2 * sizeof *pairs);
     }
 }
 

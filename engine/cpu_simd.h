@@ -87,6 +87,11 @@ float eng__avx512_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t 
 float eng__avx2_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K);
 float eng__port_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K);
 
+/* A row of n elements of Q4_0, Q4_K, Q5_K or Q6_K to F32 with AVX-512 (BW, VNNI): bit for bit
+ * eng_quant_row_to_f32 (NaN payloads aside). Returns false, writing nothing, for another type or
+ * on a CPU without those extensions. */
+bool eng__avx512_quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n);
+
 /* The GEMV of an eng__gemv_int8 type through one path's dot product: row by row of w, each row
  * (L1-resident after its first use) against every row of xq. */
 static inline void eng__gemv_q(const eng_gemv_t *g, uint32_t n0, uint32_t n1,

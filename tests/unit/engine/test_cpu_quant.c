@@ -381,6 +381,42 @@ PC_TEST(matmul_q_matches_reference)
     eng__pool_free(pool);
 }
 
+/* The AVX-512 dequantization of prefill tiles: bit for bit quant.h's reference, random and
+ * extreme blocks (NaN from an infinite scale times zero compares as NaN). */
+PC_TEST(dequant_avx512_matches_reference)
+{
+    if (!eng__cpu_isa_runs(ENG_CPU_ISA_AVX512) || !eng__cpu_has_avx512_vnni())
+        PC_SKIP("no AVX512-VNNI on this CPU");
+    enum { ROWS = 9, K = 1024 };
+    float *a = malloc(K * sizeof *a), *b = malloc(K * sizeof *b);
+    for (size_t ti = 0; ti < PC_ARRAY_LEN(qtypes); ti++) {
+        uint32_t t = qtypes[ti];
+        size_t rb = eng_quant_row_bytes(t, K);
+        for (int extreme = 0; extreme < 2; extreme++) {
+            uint8_t *w = rnd_rows(t, ROWS, K, extreme == 1);
+            for (uint32_t r = 0; r < ROWS; r++) {
+                eng_quant_row_to_f32(t, w + r * rb, a, K);
+                memset(b, 0xff, K * sizeof *b);
+                ASSERT_TRUE(eng__avx512_quant_row_to_f32(t, w + r * rb, b, K));
+                for (uint32_t k = 0; k < K; k++) {
+                    uint32_t ua, ub;
+                    memcpy(&ua, &a[k], 4), memcpy(&ub, &b[k], 4);
+                    if (isnan(a[k]) && isnan(b[k]))
+                        continue;
+                    if (ua != ub)
+                        fprintf(stderr, "  %s row %u k %u: %.9g vs %.9g\n", eng_ggml_type_name(t),
+                                r, k, b[k], a[k]);
+                    ASSERT_EQ(ua, ub);
+                }
+            }
+            free(w);
+        }
+    }
+    float q8[32] = {0};
+    ASSERT_FALSE(eng__avx512_quant_row_to_f32(ENG_GGML_TYPE_F16, q8, a, 32)); /* not its type */
+    free(a), free(b);
+}
+
 /* From 32 rows on, with AVX512-BF16, quantized weights take the BF16 GEMM on panels of each tile
  * dequantized in cache: bit for bit what the same GEMM gives on the whole matrix packed
  * (eng__bf16_pack), and within F32 rounding of a double-precision product of the BF16-rounded
