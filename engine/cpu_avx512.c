@@ -85,6 +85,44 @@ AVX512BF16 void eng__avx512_to_bf16_rows(const float *x, uint32_t M, uint32_t K,
     }
 }
 
+/* One BF16 panel (cpu_kernels.h) from 16 F32 rows of 2 kp floats (rows[i] NULL: zeros), kp a
+ * multiple of 16: per 16 pairs, each row's pairs converted into one register, the 16 x 16 words
+ * transposed in registers (32-bit, then 64-bit unpacks, then 128-bit lane shuffles), one 64-byte
+ * store per pair of columns. */
+AVX512BF16 void eng__avx512_bf16_panel(const float *const rows[16], uint32_t kp, uint16_t *panel)
+{
+    for (uint32_t j = 0; j < kp; j += 16) {
+        __m512i r[16], t[16];
+        for (int i = 0; i < 16; i++)
+            r[i] = rows[i] == NULL
+                       ? _mm512_setzero_si512()
+                       : (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(rows[i] + 2 * j + 16),
+                                                      _mm512_loadu_ps(rows[i] + 2 * j));
+        for (int i = 0; i < 16; i += 2) {
+            t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+            t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+        }
+        /* Group g (rows 4g .. 4g + 3): r[4g + c], lane L = their words 4L + c. */
+        for (int g = 0; g < 4; g++) {
+            r[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+            r[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+            r[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+            r[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+        }
+        for (int c = 0; c < 4; c++) { /* word 4L + c of every row: lane L of the four groups */
+            __m512i v0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44);
+            __m512i v1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xee);
+            __m512i v2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44);
+            __m512i v3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xee);
+            uint16_t *o = panel + (size_t)(j + c) * 32;
+            _mm512_storeu_si512((void *)o, _mm512_shuffle_i32x4(v0, v2, 0x88));
+            _mm512_storeu_si512((void *)(o + 4 * 32), _mm512_shuffle_i32x4(v0, v2, 0xdd));
+            _mm512_storeu_si512((void *)(o + 8 * 32), _mm512_shuffle_i32x4(v1, v3, 0x88));
+            _mm512_storeu_si512((void *)(o + 12 * 32), _mm512_shuffle_i32x4(v1, v3, 0xdd));
+        }
+    }
+}
+
 /* C[M][32 columns of panel pair pp] (+)= A . B for an 8-row block (rows past M repeat the last
  * one and are not stored). */
 AVX512BF16 void eng__avx512_gemm_bf16_block(const uint32_t *a /* [M][kp] pairs */, uint32_t M,

@@ -45,46 +45,46 @@ size_t eng__bf16_packed_elems(uint32_t n_in, uint32_t n_out)
     return (size_t)bf16_panels(n_out) * ((n_in + 1) / 2) * 32;
 }
 
-/* Rows [n0, n1) of w as BF16 panels from dst on (panel 0 holds rows n0 .. n0 + 15; n0 is a
- * multiple of 16), each row through row (K + 1 floats) and pairs (K + 1 halves); avx512_bf16
- * converts with VCVTNE2PS2BF16 (same rounding as eng_f32_to_bf16 on finite values). Lanes of rows
- * past n1 are not written. */
-static void bf16_pack_rows(const eng_weight_t *w, uint32_t n0, uint32_t n1, uint16_t *dst,
-                           float *row, uint16_t *pairs, bool avx512_bf16)
+/* Rows [n0, n1) of w as the BF16 panels of a tile at dst, with AVX512-BF16: the panels of rows
+ * up to the even panel count, rows past n1 zero; 16 rows at a time dequantized into rows (room for
+ * 16 K floats), then transposed into their panel in registers. K a multiple of 32. */
+#if defined(__x86_64__) || defined(__i386__)
+static void bf16_pack_tile_avx512(const eng_weight_t *w, uint32_t n0, uint32_t n1, uint16_t *dst,
+                                  float *rows)
 {
     uint32_t K = w->n_in, kp = (K + 1) / 2;
     size_t rb = eng__gemv_row_bytes(w->type, K);
-    for (uint32_t n = n0; n < n1; n++) {
-        bool done = false;
-#if defined(__x86_64__) || defined(__i386__)
-        done = avx512_bf16 &&
-               eng__avx512_quant_row_to_f32(w->type, (const char *)w->data + n * rb, row, K);
-#endif
-        if (!done)
-            eng_weight_row_f32(w, n, row);
-        row[K] = 0;
-#if defined(__x86_64__) || defined(__i386__)
-        if (avx512_bf16)
-            eng__avx512_to_bf16_rows(row, 1, 2 * kp, pairs);
-        else
-#endif
-            for (uint32_t k = 0; k < 2 * kp; k++)
-                pairs[k] = eng_f32_to_bf16(row[k]);
-        uint16_t *panel = dst + (size_t)((n - n0) / 16) * kp * 32 + ((n - n0) % 16) * 2;
-        for (uint32_t j = 0; j < kp; j++) /* one pair: one 32-bit move */
-            memcpy(panel + (size_t)j * 32, pairs + 2 * j, 2 * sizeof *pairs);
+    for (uint32_t p = 0; p < bf16_panels(n1 - n0); p++) {
+        const float *r[16];
+        for (uint32_t i = 0; i < 16; i++) {
+            uint32_t n = n0 + 16 * p + i;
+            float *row = rows + (size_t)i * 2 * kp;
+            r[i] = n < n1 ? row : NULL;
+            if (n >= n1)
+                continue;
+            if (!eng__avx512_quant_row_to_f32(w->type, (const char *)w->data + n * rb, row, K))
+                eng_weight_row_f32(w, n, row);
+        }
+        eng__avx512_bf16_panel(r, kp, dst + (size_t)p * kp * 32);
     }
 }
+#endif
 
 void eng__bf16_pack(const eng_weight_t *w, uint16_t *dst)
 {
-    /* load time: dies on OOM */
-    float *row = pc_xmalloc(((size_t)w->n_in + 2) * sizeof *row);
-    uint16_t *pairs = pc_xmalloc(((size_t)w->n_in + 2) * sizeof *pairs);
+    uint32_t kp = (w->n_in + 1) / 2;
+    float *row = pc_xmalloc(((size_t)w->n_in + 1) * sizeof *row); /* load time: dies on OOM */
     memset(dst, 0, eng__bf16_packed_elems(w->n_in, w->n_out) * sizeof *dst);
-    bf16_pack_rows(w, 0, w->n_out, dst, row, pairs, false);
+    for (uint32_t n = 0; n < w->n_out; n++) {
+        eng_weight_row_f32(w, n, row);
+        row[w->n_in] = 0;
+        uint16_t *panel = dst + (size_t)(n / 16) * kp * 32;
+        for (uint32_t j = 0; j < kp; j++) {
+            panel[(size_t)j * 32 + (n % 16) * 2] = eng_f32_to_bf16(row[2 * j]);
+            panel[(size_t)j * 32 + (n % 16) * 2 + 1] = eng_f32_to_bf16(row[2 * j + 1]);
+        }
+    }
     pc_free(row);
-    pc_free(pairs);
 }
 
 typedef struct matmul_ctx {
@@ -179,11 +179,8 @@ static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
             size_t elems = (size_t)bf16_panels(n1 - n0) * kp * 32;
             float *row = (float *)(void *)(tp + elems);
             PC_ASSERT(n1 - n0 <= ENG_CPU_WTILE && elems % 32 == 0);
-            bf16_pack_rows(c->w, n0, n1, tp, row, (uint16_t *)(void *)(row + 2 * kp + 2), true);
-            uint32_t n_pad = bf16_panels(n1 - n0) * 16;
-            for (uint32_t r = n1 - n0; r < n_pad; r++) /* lanes of no row: zero */
-                for (uint32_t j = 0; j < kp; j++)
-                    memset(tp + (size_t)(r / 16) * kp * 32 + (size_t)j * 32 + (r % 16) * 2, 0, 4);
+            PC_ASSERT(kp % 16 == 0); /* K of Q4_0 and the K-quants: a multiple of 32 */
+            bf16_pack_tile_avx512(c->w, n0, n1, tp, row);
             panels = tp;
             p0 = n0 / 16;
         }

@@ -136,6 +136,9 @@ void eng__avx2_gemm(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
  * 8-row block at m0 (rows past M repeat the last one and are not stored; n_valid <= 32 columns
  * from n0 are stored). */
 void eng__avx512_to_bf16_rows(const float *x, uint32_t M, uint32_t K, uint16_t *dst);
+/* One BF16 panel (cpu_kernels.h's layout: [kp][16 rows][2]) from 16 F32 rows of 2 kp floats
+ * (NULL: a row of zeros); kp a multiple of 16. AVX512-BF16 only. */
+void eng__avx512_bf16_panel(const float *const rows[16], uint32_t kp, uint16_t *panel);
 void eng__avx512_gemm_bf16_block(const uint32_t *a /* [M][kp] pairs */, uint32_t M, uint32_t m0,
                                  uint32_t kp, const uint16_t *b0, const uint16_t *b1, float *y,
                                  uint32_t ldy, uint32_t n0, uint32_t n_valid, bool accumulate);
