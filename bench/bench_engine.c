@@ -13,7 +13,9 @@
  * the paths round by round (--rounds N), and prints each figure per path (suffix _avx2, ...) as
  * the best round, with the range over the rounds beside it: on a shared machine the rounds see
  * different loads, and alternating puts every path under the same ones. The roofline
- * (stream_read_gb_s, decode_tokens_per_s_roofline) is measured in the same run.
+ * (stream_read_gb_s, decode_tokens_per_s_roofline) is measured in the same run, at the bytes per
+ * weight of the types the model holds (eng_decode_weight_bytes: a Q4_K_M or Q4_0 file's blocks,
+ * F16, or F32 with --weights-f32).
  *
  * OpenBLAS picks its own kernels by cpuid when it loads: the F32 sgemm of the prefill path runs
  * its AVX-512 kernels on an AVX-512 machine whatever --isa says. To measure an AVX2-only
