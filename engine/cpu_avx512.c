@@ -244,8 +244,6 @@ AVX512 static void gemv_f16_rows8(const uint16_t *wr, const float *xg, uint32_t 
  * and with 2 MiB pages) and four interleaved weight rows were all slower or no faster, since the
  * hardware prefetcher follows a single stream per thread best. */
 static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
-static void q4_k_gemv_rows2(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
-static void q5_k_gemv_rows2(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
 static void q6_k_gemv_rows2(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
 
 AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
@@ -253,20 +251,9 @@ AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
     if (eng__gemv_int8(c->wtype)) {
         if (c->wtype == ENG_GGML_TYPE_Q4_0 && q4_0_gemv_vbmi(c, n0, n1))
             return;
-        if (c->M == 1 && eng__cpu_has_avx512_vnni()) { /* decode: two weight rows at a time */
-            switch (c->wtype) {
-            case ENG_GGML_TYPE_Q4_K:
-                q4_k_gemv_rows2(c, n0, n1);
-                return;
-            case ENG_GGML_TYPE_Q5_K:
-                q5_k_gemv_rows2(c, n0, n1);
-                return;
-            case ENG_GGML_TYPE_Q6_K:
-                q6_k_gemv_rows2(c, n0, n1);
-                return;
-            default:
-                break;
-            }
+        if (c->wtype == ENG_GGML_TYPE_Q6_K && c->M == 1 && eng__cpu_has_avx512_vnni()) {
+            q6_k_gemv_rows2(c, n0, n1);
+            return;
         }
         eng__gemv_q(c, n0, n1, eng__avx512_dot_q);
         return;
@@ -491,106 +478,57 @@ VNNI static inline __m128i k4_unpack128(const uint8_t *scales)
 /* Q4_K (hb false) or Q5_K (hb true) x Q8_K, 256 bits wide (measured faster on Zen 4 than
  * 512-bit steps, whose sub-block pairs need their activations and scales gathered per half):
  * per 64 elements the low nibbles (sub-block 2c) and high ones (2c + 1) times their
- * activations by VPMADDUBSW, times their scales and summed in int32 by VPDPWSSD (two chains).
- * One super-block w (at its byte address) into *acc (the scaled products) and *accm (the mins'
- * share, subtracted at the end). */
-VNNI static inline __attribute__((always_inline)) void
-q45_k_sb(const bool hb, const uint8_t *w, const eng_block_q8_k_t *x, __m256 *accp, __m256 *accmp)
+ * activations by VPMADDUBSW, times their scales and summed in int32 by VPDPWSSD (two chains). */
+VNNI static inline __attribute__((always_inline)) float
+dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t K)
 {
     const __m256i lo4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10);
-    __m256 acc = *accp, accm = *accmp;
-    const eng_block_q4_k_t *w4 = (const eng_block_q4_k_t *)(const void *)w;
-    __m128i sm = k4_unpack128(w4->scales);
-    /* The mins' share: sum_j m_j (bsums[2j] + bsums[2j + 1]), each min taken twice. */
-    __m256i mq =
-        _mm256_madd_epi16(LOAD256(x->bsums), _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm)));
-    accm =
-        _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->dmin)), _mm256_cvtepi32_ps(mq), accm);
-    __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)); /* scale j: lane j */
-    const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
-    const int8_t *a = x->qs;
-    __m256i qh =
-        hb ? LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh) : _mm256_setzero_si256();
-    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-    for (int c = 0; c < 4; c++) {
-        __m256i v = LOAD256(qs + 32 * c);
-        __m256i lo = _mm256_and_si256(v, lo4);
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-        if (hb) { /* bit 2c of qh[l] is element l's fifth bit, bit 2c + 1 element 32 + l's */
-            lo = _mm256_mask_add_epi8(
-                lo, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * c)))), lo, b16);
-            hi = _mm256_mask_add_epi8(
-                hi, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(2 << (2 * c)))), hi, b16);
+    const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
+    const uint8_t *w = wv;
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < K / ENG_QK_K; b++, w += wb, x++) {
+        const eng_block_q4_k_t *w4 = (const eng_block_q4_k_t *)(const void *)w;
+        __m128i sm = k4_unpack128(w4->scales);
+        /* The mins' share: sum_j m_j (bsums[2j] + bsums[2j + 1]), each min taken twice. */
+        __m256i mq =
+            _mm256_madd_epi16(LOAD256(x->bsums), _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm)));
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->dmin)), _mm256_cvtepi32_ps(mq),
+                               accm);
+        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)); /* scale j: lane j */
+        const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
+        const int8_t *a = x->qs;
+        __m256i qh =
+            hb ? LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh) : _mm256_setzero_si256();
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i v = LOAD256(qs + 32 * c);
+            __m256i lo = _mm256_and_si256(v, lo4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            if (hb) { /* bit 2c of qh[l] is element l's fifth bit, bit 2c + 1 element 32 + l's */
+                lo = _mm256_mask_add_epi8(
+                    lo, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * c)))), lo, b16);
+                hi = _mm256_mask_add_epi8(
+                    hi, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(2 << (2 * c)))), hi, b16);
+            }
+            __m256i plo = _mm256_maddubs_epi16(lo, LOAD256(a + 64 * c));
+            __m256i phi = _mm256_maddubs_epi16(hi, LOAD256(a + 64 * c + 32));
+            /* Scale j broadcast to every int16 lane: bytes 2j, 2j + 1 of each 128-bit half. */
+            s0 = _mm256_dpwssd_epi32(
+                s0, plo,
+                _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * c))));
+            s1 = _mm256_dpwssd_epi32(
+                s1, phi,
+                _mm256_shuffle_epi8(sc16,
+                                    _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1)))));
         }
-        __m256i plo = _mm256_maddubs_epi16(lo, LOAD256(a + 64 * c));
-        __m256i phi = _mm256_maddubs_epi16(hi, LOAD256(a + 64 * c + 32));
-        /* Scale j broadcast to every int16 lane: bytes 2j, 2j + 1 of each 128-bit half. */
-        s0 = _mm256_dpwssd_epi32(
-            s0, plo,
-            _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * c))));
-        s1 = _mm256_dpwssd_epi32(
-            s1, phi,
-            _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1)))));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->d)),
+                              _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc);
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->d)),
-                          _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc);
-    *accp = acc, *accmp = accm;
-}
-
-VNNI static inline __attribute__((always_inline)) float q45_k_sum(__m256 acc, __m256 accm)
-{
     __m256 r = _mm256_sub_ps(acc, accm);
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
-}
-
-VNNI static inline __attribute__((always_inline)) float
-dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t K)
-{
-    const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (uint32_t b = 0; b < K / ENG_QK_K; b++)
-        q45_k_sb(hb, (const uint8_t *)wv + b * wb, x + b, &acc, &accm);
-    return q45_k_sum(acc, accm);
-}
-
-/* The Q4_K / Q5_K GEMV of one activation row, two weight rows at a time (as q6_k_gemv_rows2). */
-VNNI static inline __attribute__((always_inline)) void
-q45_k_gemv_rows2(const bool hb, const eng_gemv_t *g, uint32_t n0, uint32_t n1)
-{
-    const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
-    size_t rb = eng__gemv_row_bytes(g->wtype, g->K);
-    const eng_block_q8_k_t *x = g->xq;
-    uint32_t nb = g->K / ENG_QK_K;
-    for (uint32_t n = n0; n < n1; n += 2) {
-        const uint8_t *w0 = (const uint8_t *)g->w + (size_t)n * rb;
-        float r[2];
-        if (n + 1 == n1) {
-            r[0] = dot512_q45_k(hb, w0, x, g->K);
-        } else {
-            __m256 a0 = _mm256_setzero_ps(), m0 = a0, a1 = a0, m1 = a0;
-            for (uint32_t b = 0; b < nb; b++) {
-                q45_k_sb(hb, w0 + b * wb, x + b, &a0, &m0);
-                q45_k_sb(hb, w0 + rb + b * wb, x + b, &a1, &m1);
-            }
-            r[0] = q45_k_sum(a0, m0);
-            r[1] = q45_k_sum(a1, m1);
-        }
-        for (uint32_t i = 0; i < 2 && n + i < n1; i++)
-            g->y[n + i] = g->accumulate ? g->y[n + i] + r[i] : r[i];
-    }
-}
-
-VNNI static void q4_k_gemv_rows2(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
-{
-    q45_k_gemv_rows2(false, g, n0, n1);
-}
-
-VNNI static void q5_k_gemv_rows2(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
-{
-    q45_k_gemv_rows2(true, g, n0, n1);
 }
 
 /* Q6_K x Q8_K: 64 elements per product (a 64-byte load of ql gives 64 low nibbles, its high
