@@ -244,17 +244,12 @@ AVX512 static void gemv_f16_rows8(const uint16_t *wr, const float *xg, uint32_t 
  * and with 2 MiB pages) and four interleaved weight rows were all slower or no faster, since the
  * hardware prefetcher follows a single stream per thread best. */
 static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
-static void q6_k_gemv_rows2(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
 
 AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
 {
     if (eng__gemv_int8(c->wtype)) {
         if (c->wtype == ENG_GGML_TYPE_Q4_0 && q4_0_gemv_vbmi(c, n0, n1))
             return;
-        if (c->wtype == ENG_GGML_TYPE_Q6_K && c->M == 1 && eng__cpu_has_avx512_vnni()) {
-            q6_k_gemv_rows2(c, n0, n1);
-            return;
-        }
         eng__gemv_q(c, n0, n1, eng__avx512_dot_q);
         return;
     }
@@ -547,82 +542,39 @@ dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t 
 static const int16_t q6_lanes[4][32] = {Q6_LANES(0), Q6_LANES(1), Q6_LANES(2), Q6_LANES(3)};
 #undef Q6_LANES
 
-typedef struct q6_consts {
-    __m512i lo4, m30, shl, shr, idx[4];
-} q6_consts_t;
-
-VNNI static inline __attribute__((always_inline)) q6_consts_t q6_consts(void)
-{
-    return (q6_consts_t){.lo4 = _mm512_set1_epi8(0x0f),
-                         .m30 = _mm512_set1_epi8(0x30),
-                         .shl = HALVES(_mm256_set1_epi16(4), _mm256_set1_epi16(2)),
-                         .shr = HALVES(_mm256_setzero_si256(), _mm256_set1_epi16(2)),
-                         .idx = {LOAD512(q6_lanes[0]), LOAD512(q6_lanes[1]), LOAD512(q6_lanes[2]),
-                                 LOAD512(q6_lanes[3])}};
-}
-
-/* acc + one super-block w times x. */
-VNNI static inline __attribute__((always_inline)) __m512
-q6_k_sb(const q6_consts_t *k, const eng_block_q6_k_t *w, const eng_block_q8_k_t *x, __m512 acc)
-{
-    __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)w->scales));
-    __m512i sc = _mm512_castsi256_si512(sc16);
-    __m256i off = _mm256_madd_epi16(LOAD256(x->bsums), sc16); /* sum_j sc_j bsum_j */
-    __m512i sumi = _mm512_setzero_si512();
-    for (int h = 0; h < 2; h++) {
-        __m512i l = LOAD512(w->ql + 64 * h);
-        __m512i qh = _mm512_broadcast_i64x4(LOAD256(w->qh + 32 * h));
-        __m512i qa = _mm512_or_si512(_mm512_and_si512(l, k->lo4),
-                                     _mm512_and_si512(_mm512_sllv_epi16(qh, k->shl), k->m30));
-        __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), k->lo4),
-                                     _mm512_and_si512(_mm512_srlv_epi16(qh, k->shr), k->m30));
-        __m512i pa = _mm512_maddubs_epi16(qa, LOAD512(x->qs + 128 * h));
-        __m512i pb = _mm512_maddubs_epi16(qb, LOAD512(x->qs + 128 * h + 64));
-        sumi = _mm512_dpwssd_epi32(sumi, pa, _mm512_permutexvar_epi16(k->idx[2 * h], sc));
-        sumi = _mm512_dpwssd_epi32(sumi, pb, _mm512_permutexvar_epi16(k->idx[2 * h + 1], sc));
-    }
-    __m512i offv = _mm512_castsi256_si512(_mm256_slli_epi32(off, 5));
-    offv = _mm512_inserti64x4(offv, _mm256_setzero_si256(), 1);
-    sumi = _mm512_sub_epi32(sumi, offv);
-    return _mm512_fmadd_ps(_mm512_set1_ps(x->d * _cvtsh_ss(w->d)), _mm512_cvtepi32_ps(sumi), acc);
-}
-
 VNNI static float dot512_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t *x, uint32_t K)
 {
-    q6_consts_t k = q6_consts();
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = HALVES(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
+    const __m512i shr = HALVES(_mm256_setzero_si256(), _mm256_set1_epi16(2));
+    __m512i idx[4] = {LOAD512(q6_lanes[0]), LOAD512(q6_lanes[1]), LOAD512(q6_lanes[2]),
+                      LOAD512(q6_lanes[3])};
     __m512 acc = _mm512_setzero_ps();
-    for (uint32_t b = 0; b < K / ENG_QK_K; b++)
-        acc = q6_k_sb(&k, w + b, x + b, acc);
-    return _mm512_reduce_add_ps(acc);
-}
-
-/* The Q6_K GEMV of one activation row, two weight rows at a time: two independent chains, whose
- * reductions overlap (a short row, the output head's K = 1024, spends a fifth of its time in the
- * reduction and the call when alone). */
-VNNI static void q6_k_gemv_rows2(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
-{
-    q6_consts_t k = q6_consts();
-    size_t rb = eng__gemv_row_bytes(g->wtype, g->K);
-    const eng_block_q8_k_t *x = g->xq;
-    uint32_t nb = g->K / ENG_QK_K, n = n0;
-    float r[2];
-    for (; n < n1; n += 2) {
-        const eng_block_q6_k_t *w0 = (const void *)((const char *)g->w + (size_t)n * rb);
-        if (n + 1 == n1) {
-            r[0] = dot512_q6_k(w0, x, g->K);
-        } else {
-            const eng_block_q6_k_t *w1 = (const void *)((const char *)w0 + rb);
-            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-            for (uint32_t b = 0; b < nb; b++) {
-                a0 = q6_k_sb(&k, w0 + b, x + b, a0);
-                a1 = q6_k_sb(&k, w1 + b, x + b, a1);
-            }
-            r[0] = _mm512_reduce_add_ps(a0);
-            r[1] = _mm512_reduce_add_ps(a1);
+    for (uint32_t b = 0; b < K / ENG_QK_K; b++, w++, x++) {
+        __m256i sc16 =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)w->scales));
+        __m512i sc = _mm512_castsi256_si512(sc16);
+        __m256i off = _mm256_madd_epi16(LOAD256(x->bsums), sc16); /* sum_j sc_j bsum_j */
+        __m512i sumi = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512i l = LOAD512(w->ql + 64 * h);
+            __m512i qh = _mm512_broadcast_i64x4(LOAD256(w->qh + 32 * h));
+            __m512i qa = _mm512_or_si512(_mm512_and_si512(l, lo4),
+                                         _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
+            __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), lo4),
+                                         _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+            __m512i pa = _mm512_maddubs_epi16(qa, LOAD512(x->qs + 128 * h));
+            __m512i pb = _mm512_maddubs_epi16(qb, LOAD512(x->qs + 128 * h + 64));
+            sumi = _mm512_dpwssd_epi32(sumi, pa, _mm512_permutexvar_epi16(idx[2 * h], sc));
+            sumi = _mm512_dpwssd_epi32(sumi, pb, _mm512_permutexvar_epi16(idx[2 * h + 1], sc));
         }
-        for (uint32_t i = 0; i < 2 && n + i < n1; i++)
-            g->y[n + i] = g->accumulate ? g->y[n + i] + r[i] : r[i];
+        __m512i offv = _mm512_castsi256_si512(_mm256_slli_epi32(off, 5));
+        offv = _mm512_inserti64x4(offv, _mm256_setzero_si256(), 1);
+        sumi = _mm512_sub_epi32(sumi, offv);
+        acc =
+            _mm512_fmadd_ps(_mm512_set1_ps(x->d * _cvtsh_ss(w->d)), _mm512_cvtepi32_ps(sumi), acc);
     }
+    return _mm512_reduce_add_ps(acc);
 }
 #undef LOAD256
 #undef LOAD512
