@@ -13,7 +13,9 @@
  * the paths round by round (--rounds N), and prints each figure per path (suffix _avx2, ...) as
  * the best round, with the range over the rounds beside it: on a shared machine the rounds see
  * different loads, and alternating puts every path under the same ones. The roofline
- * (stream_read_gb_s, decode_tokens_per_s_roofline) is measured in the same run.
+ * (stream_read_gb_s, decode_tokens_per_s_roofline) is measured in the same run, at the bytes per
+ * weight of the types the model holds (eng_decode_weight_bytes: a Q4_K_M or Q4_0 file's blocks,
+ * F16, or F32 with --weights-f32).
  *
  * OpenBLAS picks its own kernels by cpuid when it loads: the F32 sgemm of the prefill path runs
  * its AVX-512 kernels on an AVX-512 machine whatever --isa says. To measure an AVX2-only
@@ -340,11 +342,9 @@ int bench_engine_main(int argc, char **argv)
     bench_report_t r;
     bench_report_init(&r, "engine");
     bench_report_add(&r, "model_load_s", load_s, "mmap + checks (+ conversions)");
-    /* Decode is bound by streaming the weights once per token: the roofline beside it. */
-    double q_dim = (double)hp->n_head * hp->head_dim, kv_dim = (double)hp->n_head_kv * hp->head_dim;
-    double decode_bytes =
-        2.0 * ((double)hp->n_layer * hp->n_embd * (2 * q_dim + 2 * kv_dim) +
-               3.0 * hp->n_layer * hp->n_embd * hp->n_ff + (double)hp->n_vocab * hp->n_embd);
+    /* Decode is bound by streaming the weights once per token (at the bytes per weight of the
+     * types the model holds): the roofline beside it. */
+    double decode_bytes = eng_decode_weight_bytes(runs[0].e);
 
     /* Warm-up: touches the weights once so the first figure does not pay the page faults. */
     for (uint32_t i = 0; i < n_runs; i++)
@@ -381,7 +381,8 @@ int bench_engine_main(int argc, char **argv)
             bench_report_add(&r, key, u->lo[F_COLD] / u->lo[F_WARM], "llama.cpp 36-39x");
         }
     }
-    bench_report_add(&r, "decode_weight_mb_per_token", decode_bytes / 1e6, "F16 matrices");
+    bench_report_add(&r, "decode_weight_mb_per_token", decode_bytes / 1e6,
+                     "the matrices at the model's types");
     for (uint32_t i = 0; i < (kv_cmp ? n_runs : 1u); i++) {
         eng_kv_stats_t kv;
         eng_kv_stats(runs[i].e, &kv);

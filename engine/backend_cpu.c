@@ -66,7 +66,7 @@ typedef struct cpu_be {
      * layer_mats() order, NULL where not packed; the panels live on panel_mem. */
     const uint16_t **panels;
     pc_pages_t panel_mem;
-    bool has_bf16;          /* at least one matrix has panels */
+    bool has_bf16;          /* the BF16 GEMM runs: a matrix has panels or is quantized */
     float **attn_scratch;   /* [n_threads] */
     eng_attn_task_t *tasks; /* attention tasks, grown on demand */
     size_t tasks_cap;
@@ -452,6 +452,13 @@ static int pack_panels(cpu_be_t *c, bool skip_f32)
         for (size_t i = 0; i < ENG_CPU_LAYER_MATS; i++) {
             if (skip_f32 && ws[i]->file_type == ENG_GGML_TYPE_F32)
                 continue;
+            /* Q4_0 and the K-quants keep their blocks: whole-matrix panels would take 3.5 to 4.5
+             * times their bytes. Their prefill runs the BF16 GEMM too, on panels of each tile
+             * dequantized in cache (cpu_kernels.c). */
+            if (eng__gemv_int8(ws[i]->type)) {
+                c->has_bf16 = true;
+                continue;
+            }
             size_t n = eng__bf16_packed_elems(ws[i]->n_in, ws[i]->n_out);
             uint16_t *dst = pc_pages_alloc(&c->panel_mem, n * sizeof *dst);
             if (dst == NULL)

@@ -242,10 +242,162 @@ AVX2 static inline __attribute__((always_inline)) void gemv_t(const uint32_t t, 
     }
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Quantized rows: integer dot products of Q4_0 / Q4_K / Q5_K / Q6_K weight rows with one
+ * activation row quantized once (Q8_0 for Q4_0, Q8_K for the K-quants; the block layouts are in
+ * quant.h). Each weight byte is loaded once; its nibbles (and high bits) are widened to unsigned
+ * bytes and multiplied by the signed activation bytes with VPMADDUBSW (pairs of products stay
+ * within int16: at most 2 * 63 * 128), then by the sub-block's scale with VPMADDWD, summed in
+ * int32 over the block and scaled into F32 once per block. The offsets of the formats (Q4_0's
+ * -8, Q6_K's -32, the K-quants' mins) go through the activation block sums.
+ * ------------------------------------------------------------------------------------------- */
+
+AVX2 static inline int hsum_i32x8(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+#define LOAD256(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
+
+/* Q4_0 x Q8_0: per block, sum (q - 8) a = sum q a - 8 sum a, both from VPMADDUBSW. */
+AVX2 static float dot_q4_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t *x, uint32_t K)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < K / ENG_QK4_0; b++, w++, x++) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)w->qs);
+        __m256i q = _mm256_and_si256(
+            _mm256_insertf128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), lo4);
+        __m256i a = LOAD256(x->qs);
+        __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, a), _mm256_maddubs_epi16(eight, a));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w->d) * _cvtsh_ss(x->d)),
+                              _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
+    }
+    return hsum8(acc);
+}
+
+/* Q4_K (hb false) or Q5_K (hb true) x Q8_K. The two blocks share their first fields (d, dmin,
+ * scales); Q5_K's qh sits where Q4_K's qs begins. */
+AVX2 static inline __attribute__((always_inline)) float
+dot_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t K)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10);
+    const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
+    const uint8_t *w = wv;
+    __m256 acc = _mm256_setzero_ps(), accm = acc;
+    for (uint32_t b = 0; b < K / ENG_QK_K; b++, w += wb, x++) {
+        const eng_block_q4_k_t *w4 = (const eng_block_q4_k_t *)(const void *)w;
+        uint8_t sm[16];
+        eng__k4_unpack(w4->scales, sm);
+        __m128i s8 = _mm_loadu_si128((const __m128i *)(const void *)sm), m8 = _mm_srli_si128(s8, 8);
+        /* The mins' share: sum_j m_j (bsums[2j] + bsums[2j + 1]), each min taken twice. */
+        __m256i mq =
+            _mm256_madd_epi16(LOAD256(x->bsums), _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)));
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->dmin)), _mm256_cvtepi32_ps(mq),
+                               accm);
+        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(s8)); /* scale j: lane j */
+        const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
+        const int8_t *a = x->qs;
+        __m256i qh =
+            hb ? LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh) : _mm256_setzero_si256();
+        __m256i sumi = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i v = LOAD256(qs + 32 * c);
+            __m256i lo = _mm256_and_si256(v, lo4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            if (hb) { /* bit 2c of qh[l] is element l's fifth bit, bit 2c + 1 element 32 + l's */
+                __m256i m0 = _mm256_set1_epi8((char)(1 << (2 * c)));
+                __m256i m1 = _mm256_set1_epi8((char)(2 << (2 * c)));
+                lo = _mm256_or_si256(
+                    lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m0), m0), b16));
+                hi = _mm256_or_si256(
+                    hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m1), m1), b16));
+            }
+            __m256i plo = _mm256_maddubs_epi16(lo, LOAD256(a + 64 * c));
+            __m256i phi = _mm256_maddubs_epi16(hi, LOAD256(a + 64 * c + 32));
+            /* Scale j broadcast to every int16 lane: bytes 2j, 2j + 1 of each 128-bit half. */
+            __m256i s0 =
+                _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * c)));
+            __m256i s1 = _mm256_shuffle_epi8(
+                sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1))));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, s0));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, s1));
+        }
+        acc =
+            _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->d)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(_mm256_sub_ps(acc, accm));
+}
+
+/* Q6_K x Q8_K: sum_j sc_j (sum q a - 32 bsum_j) over the sixteen sub-blocks of 16. */
+AVX2 static float dot_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t *x, uint32_t K)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < K / ENG_QK_K; b++, w++, x++) {
+        const int8_t *sc = w->scales, *a = x->qs;
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)sc));
+        __m256i off = _mm256_madd_epi16(LOAD256(x->bsums), sc16); /* sum_j sc_j bsum_j */
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w->ql + 64 * h, *qhp = w->qh + 32 * h;
+            __m256i l0 = LOAD256(ql), l1 = LOAD256(ql + 32), qh = LOAD256(qhp);
+            __m256i q[4] = {
+                _mm256_or_si256(_mm256_and_si256(l0, lo4),
+                                _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+                _mm256_or_si256(_mm256_and_si256(l1, lo4),
+                                _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
+                                _mm256_and_si256(qh, m30)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)),
+            };
+            for (int i = 0; i < 4; i++) { /* 32 elements: sub-blocks 8h + 2i and 8h + 2i + 1 */
+                int j = 8 * h + 2 * i;
+                __m256i s =
+                    _mm256_insertf128_si256(_mm256_set1_epi16(sc[j]), _mm_set1_epi16(sc[j + 1]), 1);
+                __m256i p = _mm256_maddubs_epi16(q[i], LOAD256(a + 128 * h + 32 * i));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+            }
+        }
+        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
+        acc =
+            _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w->d)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(acc);
+}
+#undef LOAD256
+
+AVX2 float eng__avx2_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K)
+{
+    switch (wtype) {
+    case ENG_GGML_TYPE_Q4_0:
+        return dot_q4_0(w, xq, K);
+    case ENG_GGML_TYPE_Q4_K:
+        return dot_q45_k(false, w, xq, K);
+    case ENG_GGML_TYPE_Q5_K:
+        return dot_q45_k(true, w, xq, K);
+    case ENG_GGML_TYPE_Q6_K:
+        return dot_q6_k(w, xq, K);
+    default:
+        PC_ABORT("weight type %u has no integer dot product", wtype);
+    }
+}
+
 AVX2 void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
 {
     PC_ASSERT(g->M <= ENG_GEMV_MAX_M);
     switch (g->wtype) {
+    case ENG_GGML_TYPE_Q4_0:
+    case ENG_GGML_TYPE_Q4_K:
+    case ENG_GGML_TYPE_Q5_K:
+    case ENG_GGML_TYPE_Q6_K:
+        eng__gemv_q(g, n0, n1, eng__avx2_dot_q);
+        return;
     case ENG_GGML_TYPE_F16:
         gemv_t(ENG_GGML_TYPE_F16, g, n0, n1);
         return;

@@ -87,6 +87,44 @@ AVX512BF16 void eng__avx512_to_bf16_rows(const float *x, uint32_t M, uint32_t K,
     }
 }
 
+/* One BF16 panel (cpu_kernels.h) from 16 F32 rows of 2 kp floats (rows[i] NULL: zeros), kp a
+ * multiple of 16: per 16 pairs, each row's pairs converted into one register, the 16 x 16 words
+ * transposed in registers (32-bit, then 64-bit unpacks, then 128-bit lane shuffles), one 64-byte
+ * store per pair of columns. */
+AVX512BF16 void eng__avx512_bf16_panel(const float *const rows[16], uint32_t kp, uint16_t *panel)
+{
+    for (uint32_t j = 0; j < kp; j += 16) {
+        __m512i r[16], t[16];
+        for (int i = 0; i < 16; i++)
+            r[i] = rows[i] == NULL
+                       ? _mm512_setzero_si512()
+                       : (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(rows[i] + 2 * j + 16),
+                                                      _mm512_loadu_ps(rows[i] + 2 * j));
+        for (int i = 0; i < 16; i += 2) {
+            t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+            t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+        }
+        /* Group g (rows 4g .. 4g + 3): r[4g + c], lane L = their words 4L + c. */
+        for (int g = 0; g < 4; g++) {
+            r[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+            r[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+            r[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+            r[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+        }
+        for (int c = 0; c < 4; c++) { /* word 4L + c of every row: lane L of the four groups */
+            __m512i v0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44);
+            __m512i v1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xee);
+            __m512i v2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44);
+            __m512i v3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xee);
+            uint16_t *o = panel + (size_t)(j + c) * 32;
+            _mm512_storeu_si512((void *)o, _mm512_shuffle_i32x4(v0, v2, 0x88));
+            _mm512_storeu_si512((void *)(o + 4 * 32), _mm512_shuffle_i32x4(v0, v2, 0xdd));
+            _mm512_storeu_si512((void *)(o + 8 * 32), _mm512_shuffle_i32x4(v1, v3, 0x88));
+            _mm512_storeu_si512((void *)(o + 12 * 32), _mm512_shuffle_i32x4(v1, v3, 0xdd));
+        }
+    }
+}
+
 /* C[M][32 columns of panel pair pp] (+)= A . B for an 8-row block (rows past M repeat the last
  * one and are not stored). */
 AVX512BF16 void eng__avx512_gemm_bf16_block(const uint32_t *a /* [M][kp] pairs */, uint32_t M,
@@ -207,8 +245,16 @@ AVX512 static void gemv_f16_rows8(const uint16_t *wr, const float *xg, uint32_t 
  * engine` prints both); software prefetch (T0/T1/T2, 1-16 KiB ahead, with 4 KiB
  * and with 2 MiB pages) and four interleaved weight rows were all slower or no faster, since the
  * hardware prefetcher follows a single stream per thread best. */
+static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
+
 AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
 {
+    if (eng__gemv_int8(c->wtype)) {
+        if (c->wtype == ENG_GGML_TYPE_Q4_0 && q4_0_gemv_vbmi(c, n0, n1))
+            return;
+        eng__gemv_q(c, n0, n1, eng__avx512_dot_q);
+        return;
+    }
     if (c->wtype != ENG_GGML_TYPE_F16) { /* F32, BF16 and Q8_0 weights: the AVX2 kernels
                                             (every AVX-512 CPU runs them) already stream at the
                                             read bandwidth */
@@ -279,6 +325,398 @@ AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
         }
     }
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Quantized rows (the integer dot products of cpu_avx2.c, 64 bytes at a time): Q4_0 with
+ * VPDPBUSD (unsigned quants times signed activation bytes, four products per int32 lane); the
+ * K-quants with VPMADDUBSW and VPDPWSSD, which multiplies each pair's int16 sum by its
+ * sub-block's scale and accumulates in int32 in one instruction.
+ * ------------------------------------------------------------------------------------------- */
+
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")))
+#define LOAD256(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
+#define LOAD512(p) _mm512_loadu_si512((const void *)(p))
+/* A 512-bit vector of two 256-bit halves. */
+#define HALVES(lo, hi) _mm512_inserti64x4(_mm512_castsi256_si512(lo), (hi), 1)
+
+/* Q4_0 x Q8_0, two blocks per 512-bit step: q = [low nibbles, high nibbles] of each block's 16
+ * bytes (elements 0-15, 16-31), sum q a - 8 sum a by VPDPBUSD (lanes 0-7 block 0, 8-15 block 1),
+ * both blocks' scales d_w d_x converted together and spread over their lanes by VPERMPS. Two
+ * accumulators: one FMA chain would bound the loop. */
+VNNI static inline __m512 q4_0_pair(const eng_block_q4_0_t *w, const eng_block_q8_0_t *x,
+                                    __m512 acc)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+    const __m512i z = _mm512_setzero_si512();
+    __m256i v = _mm256_loadu2_m128i((const __m128i *)(const void *)w[1].qs,
+                                    (const __m128i *)(const void *)w[0].qs);
+    __m512i t = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
+    __m512i q = _mm512_and_si512(_mm512_shuffle_i64x2(t, t, _MM_SHUFFLE(3, 1, 2, 0)), lo4);
+    __m512i a = HALVES(LOAD256(x[0].qs), LOAD256(x[1].qs));
+    __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(z, q, a), _mm512_dpbusd_epi32(z, eight, a));
+    uint64_t h = (uint64_t)w[0].d | (uint64_t)w[1].d << 16 | (uint64_t)x[0].d << 32 |
+                 (uint64_t)x[1].d << 48; /* in integer registers: no store to reload */
+    __m128 f = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h));
+    __m128 d = _mm_mul_ps(f, _mm_movehl_ps(f, f)); /* d_w0 d_x0, d_w1 d_x1 */
+    __m512 dv =
+        _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                              _mm512_castps128_ps512(d));
+    return _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(s), acc);
+}
+
+VNNI static float dot512_q4_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t *x, uint32_t K)
+{
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    uint32_t nb = K / ENG_QK4_0, b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        acc0 = q4_0_pair(w + b, x + b, acc0);
+        acc1 = q4_0_pair(w + b + 2, x + b + 2, acc1);
+    }
+    if (b + 2 <= nb) {
+        acc0 = q4_0_pair(w + b, x + b, acc0);
+        b += 2;
+    }
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    if (b < nb) /* an odd block count: the last one alone */
+        r += eng__avx2_dot_q(ENG_GGML_TYPE_Q4_0, w + b, x + b, ENG_QK4_0);
+    return r;
+}
+
+/* The Q4_0 GEMV of one activation row (decode), with AVX512-VBMI: x is prepared once per call,
+ * per pair of blocks, as VPDPBUSD takes it (the 64 activation bytes, the -8 sum a share as the
+ * accumulator's start, d_x spread over each block's lanes), and each weight pair is one masked
+ * 36-byte load, its nibbles and scales placed by VPERMB / VPERMW: four vector operations per pair
+ * fewer than q4_0_pair, which works on one row alone. */
+#define VBMI                                                                                       \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,f16c,fma")))
+#define Q40_MAX_PAIRS 128 /* K <= 8192: 24 KiB of prepared x on the stack */
+typedef struct q40_pair {
+    int8_t a[64];     /* blocks 2p, 2p + 1 */
+    int32_t init[16]; /* -8 (sum of a[4i .. 4i + 3]) */
+    float dx[16];     /* lanes 0-7: block 2p's d, 8-15: block 2p + 1's */
+} q40_pair_t;
+
+/* acc + one weight pair (36 bytes at w) times its prepared activations. */
+VBMI static inline __m512 q4_0_pair_x(const uint8_t *w, const q40_pair_t *xp, __m512i qidx,
+                                      __m512i didx, __mmask32 hi_words, __m512 acc)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0f);
+    __m512i v = _mm512_maskz_loadu_epi8((1ull << 36) - 1, w);
+    __m512i t = _mm512_permutexvar_epi8(qidx, v);
+    __m512i q = _mm512_and_si512(_mm512_mask_srli_epi16(t, hi_words, t, 4), lo4);
+    __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(xp->init), q, _mm512_load_si512(xp->a));
+    __m512 d =
+        _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(didx, v))),
+                      _mm512_load_ps(xp->dx));
+    return _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc);
+}
+
+VBMI static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
+{
+    uint32_t nb = g->K / ENG_QK4_0, np = nb / 2;
+    if (g->M != 1 || np == 0 || np > Q40_MAX_PAIRS || !eng__cpu_has_avx512_vbmi())
+        return false;
+    _Alignas(64) q40_pair_t xp[Q40_MAX_PAIRS];
+    const eng_block_q8_0_t *x = g->xq;
+    const __m512i z = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
+    const __m512i two = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (uint32_t p = 0; p < np; p++) {
+        __m512i a = HALVES(LOAD256(x[2 * p].qs), LOAD256(x[2 * p + 1].qs));
+        _mm512_store_si512(xp[p].a, a);
+        _mm512_store_si512(
+            xp[p].init, _mm512_sub_epi32(z, _mm512_slli_epi32(_mm512_dpbusd_epi32(z, ones, a), 3)));
+        __m128 d =
+            _mm_cvtph_ps(_mm_cvtsi32_si128((int)(x[2 * p].d | (uint32_t)x[2 * p + 1].d << 16)));
+        _mm512_store_ps(xp[p].dx, _mm512_permutexvar_ps(two, _mm512_castps128_ps512(d)));
+    }
+    /* Pair bytes: d0 (0-1), qs0 (2-17), d1 (18-19), qs1 (20-35). q: qs0 twice, then qs1 twice,
+     * every second copy shifted down 4 bits: low and high nibbles in element order. */
+    uint8_t qi[64];
+    uint16_t di[32];
+    for (int i = 0; i < 64; i++)
+        qi[i] = (uint8_t)((i < 32 ? 2 : 20) + i % 16);
+    for (int i = 0; i < 32; i++)
+        di[i] = i < 8 ? 0 : 9; /* d0 is word 0, d1 word 9 */
+    const __m512i qidx = LOAD512(qi), didx = LOAD512(di);
+    const __mmask32 hi_words = 0xff00ff00u; /* words 8-15 and 24-31: the high nibbles */
+    size_t rb = eng__gemv_row_bytes(g->wtype, g->K);
+    for (uint32_t n = n0; n < n1; n++) {
+        const uint8_t *w = (const uint8_t *)g->w + (size_t)n * rb;
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+        uint32_t p = 0;
+        for (; p + 2 <= np; p += 2) { /* two chains, in registers (an indexed pair spills) */
+            acc0 = q4_0_pair_x(w + 36 * (size_t)p, &xp[p], qidx, didx, hi_words, acc0);
+            acc1 = q4_0_pair_x(w + 36 * (size_t)p + 36, &xp[p + 1], qidx, didx, hi_words, acc1);
+        }
+        if (p < np)
+            acc0 = q4_0_pair_x(w + 36 * (size_t)p, &xp[p], qidx, didx, hi_words, acc0);
+        float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+        if (nb % 2) /* an odd block count: the last one alone */
+            r += eng__avx2_dot_q(ENG_GGML_TYPE_Q4_0, w + 36 * (size_t)np, x + 2 * np, ENG_QK4_0);
+        g->y[n] = g->accumulate ? g->y[n] + r : r;
+    }
+    return true;
+}
+#undef VBMI
+
+/* eng__k4_unpack in a register (bytes 0-7 the scales, 8-15 the mins): the 12 scale bytes as
+ * dwords u0 u1 u2 rearranged, shifted and masked per dword lane, no store and reload. */
+VNNI static inline __m128i k4_unpack128(const uint8_t *scales)
+{
+    __m128i u = _mm_maskz_loadu_epi8(0x0fff, scales);
+    __m128i s = _mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)); /* u0 u2 u1 u2 */
+    __m128i lo = _mm_and_si128(_mm_srlv_epi32(s, _mm_setr_epi32(0, 0, 0, 4)),
+                               _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    __m128i t = _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0)); /* u0 u0 u1 u1 */
+    __m128i hi = _mm_and_si128(_mm_srli_epi32(t, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
+}
+
+/* Q4_K (hb false) or Q5_K (hb true) x Q8_K, 256 bits wide (measured faster on Zen 4 than
+ * 512-bit steps, whose sub-block pairs need their activations and scales gathered per half):
+ * per 64 elements the low nibbles (sub-block 2c) and high ones (2c + 1) times their
+ * activations by VPMADDUBSW, times their scales and summed in int32 by VPDPWSSD (two chains). */
+VNNI static inline __attribute__((always_inline)) float
+dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t K)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10);
+    const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
+    const uint8_t *w = wv;
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < K / ENG_QK_K; b++, w += wb, x++) {
+        const eng_block_q4_k_t *w4 = (const eng_block_q4_k_t *)(const void *)w;
+        __m128i sm = k4_unpack128(w4->scales);
+        /* The mins' share: sum_j m_j (bsums[2j] + bsums[2j + 1]), each min taken twice. */
+        __m256i mq =
+            _mm256_madd_epi16(LOAD256(x->bsums), _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm)));
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->dmin)), _mm256_cvtepi32_ps(mq),
+                               accm);
+        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)); /* scale j: lane j */
+        const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
+        const int8_t *a = x->qs;
+        __m256i qh =
+            hb ? LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh) : _mm256_setzero_si256();
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i v = LOAD256(qs + 32 * c);
+            __m256i lo = _mm256_and_si256(v, lo4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            if (hb) { /* bit 2c of qh[l] is element l's fifth bit, bit 2c + 1 element 32 + l's */
+                lo = _mm256_mask_add_epi8(
+                    lo, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * c)))), lo, b16);
+                hi = _mm256_mask_add_epi8(
+                    hi, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(2 << (2 * c)))), hi, b16);
+            }
+            __m256i plo = _mm256_maddubs_epi16(lo, LOAD256(a + 64 * c));
+            __m256i phi = _mm256_maddubs_epi16(hi, LOAD256(a + 64 * c + 32));
+            /* Scale j broadcast to every int16 lane: bytes 2j, 2j + 1 of each 128-bit half. */
+            s0 = _mm256_dpwssd_epi32(
+                s0, plo,
+                _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * c))));
+            s1 = _mm256_dpwssd_epi32(
+                s1, phi,
+                _mm256_shuffle_epi8(sc16,
+                                    _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1)))));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->d)),
+                              _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc);
+    }
+    __m256 r = _mm256_sub_ps(acc, accm);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Q6_K x Q8_K: 64 elements per product (a 64-byte load of ql gives 64 low nibbles, its high
+ * nibbles the next 64), the two high bits of each from qh shifted per half, the scales of the
+ * four sub-blocks of 16 spread over the int16 lanes by VPERMW. */
+/* Lane l of product s (of the four 64-element products of a super-block) takes the scale of
+ * sub-block 4 s + l / 8. */
+#define Q6_LANES(s)                                                                                \
+    {                                                                                              \
+        4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s), 4 * (s) + 1,       \
+            4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1, 4 * (s) + 1,          \
+            4 * (s) + 1, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2,          \
+            4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 2, 4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3,          \
+            4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3, 4 * (s) + 3                        \
+    }
+static const int16_t q6_lanes[4][32] = {Q6_LANES(0), Q6_LANES(1), Q6_LANES(2), Q6_LANES(3)};
+#undef Q6_LANES
+
+VNNI static float dot512_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t *x, uint32_t K)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = HALVES(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
+    const __m512i shr = HALVES(_mm256_setzero_si256(), _mm256_set1_epi16(2));
+    __m512i idx[4] = {LOAD512(q6_lanes[0]), LOAD512(q6_lanes[1]), LOAD512(q6_lanes[2]),
+                      LOAD512(q6_lanes[3])};
+    __m512 acc = _mm512_setzero_ps();
+    for (uint32_t b = 0; b < K / ENG_QK_K; b++, w++, x++) {
+        __m256i sc16 =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)w->scales));
+        __m512i sc = _mm512_castsi256_si512(sc16);
+        __m256i off = _mm256_madd_epi16(LOAD256(x->bsums), sc16); /* sum_j sc_j bsum_j */
+        __m512i sumi = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512i l = LOAD512(w->ql + 64 * h);
+            __m512i qh = _mm512_broadcast_i64x4(LOAD256(w->qh + 32 * h));
+            __m512i qa = _mm512_or_si512(_mm512_and_si512(l, lo4),
+                                         _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
+            __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), lo4),
+                                         _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+            __m512i pa = _mm512_maddubs_epi16(qa, LOAD512(x->qs + 128 * h));
+            __m512i pb = _mm512_maddubs_epi16(qb, LOAD512(x->qs + 128 * h + 64));
+            sumi = _mm512_dpwssd_epi32(sumi, pa, _mm512_permutexvar_epi16(idx[2 * h], sc));
+            sumi = _mm512_dpwssd_epi32(sumi, pb, _mm512_permutexvar_epi16(idx[2 * h + 1], sc));
+        }
+        __m512i offv = _mm512_castsi256_si512(_mm256_slli_epi32(off, 5));
+        offv = _mm512_inserti64x4(offv, _mm256_setzero_si256(), 1);
+        sumi = _mm512_sub_epi32(sumi, offv);
+        acc =
+            _mm512_fmadd_ps(_mm512_set1_ps(x->d * _cvtsh_ss(w->d)), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+#undef LOAD256
+#undef LOAD512
+#undef HALVES
+
+VNNI static float dot512_q(uint32_t wtype, const void *w, const void *xq, uint32_t K)
+{
+    switch (wtype) {
+    case ENG_GGML_TYPE_Q4_0:
+        return dot512_q4_0(w, xq, K);
+    case ENG_GGML_TYPE_Q4_K:
+        return dot512_q45_k(false, w, xq, K);
+    case ENG_GGML_TYPE_Q5_K:
+        return dot512_q45_k(true, w, xq, K);
+    case ENG_GGML_TYPE_Q6_K:
+        return dot512_q6_k(w, xq, K);
+    default:
+        PC_ABORT("weight type %u has no integer dot product", wtype);
+    }
+}
+
+float eng__avx512_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K)
+{
+    if (!eng__cpu_has_avx512_vnni())
+        return eng__avx2_dot_q(wtype, w, xq, K);
+    return dot512_q(wtype, w, xq, K);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Quantized rows to F32 (prefill tiles): quant.c's reference arithmetic, operation for operation
+ * (the same products and differences, each rounded once), sixteen elements per instruction.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Sixteen unsigned bytes (of which the low nibble, or the byte) as floats. */
+#define U8X16_PS(v) _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v))
+
+VNNI static void deq_q4_0(const eng_block_q4_0_t *b, float *dst, size_t n)
+{
+    const __m128i lo4 = _mm_set1_epi8(0x0f);
+    const __m512i eight = _mm512_set1_epi32(8);
+    for (size_t i = 0; i < n / ENG_QK4_0; i++, b++, dst += ENG_QK4_0) {
+        __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)b->qs);
+        __m512i lo = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(v, lo4)), eight);
+        __m512i hi =
+            _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), lo4)), eight);
+        _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
+        _mm512_storeu_ps(dst + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
+    }
+}
+
+/* Q4_K (hb false) or Q5_K: d_j q - m_j per sub-block j of 32. */
+VNNI static inline __attribute__((always_inline)) void deq_q45_k(const bool hb, const void *src,
+                                                                 float *dst, size_t n)
+{
+    const __m128i lo4 = _mm_set1_epi8(0x0f), b16 = _mm_set1_epi8(0x10);
+    const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
+    const uint8_t *w = src;
+    for (size_t i = 0; i < n / ENG_QK_K; i++, w += wb) {
+        const eng_block_q4_k_t *w4 = (const eng_block_q4_k_t *)(const void *)w;
+        const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
+        const uint8_t *qh = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qh : NULL;
+        float d = _cvtsh_ss(w4->d), dmin = _cvtsh_ss(w4->dmin);
+        uint8_t sm[16];
+        _mm_storeu_si128((__m128i *)(void *)sm, k4_unpack128(w4->scales));
+        for (int j = 0; j < 8; j++, dst += 32) { /* sub-block j: nibbles of qs[32 (j / 2) ..] */
+            __m512 dj = _mm512_set1_ps(d * sm[j]), mj = _mm512_set1_ps(dmin * sm[8 + j]);
+            for (int h = 0; h < 2; h++) {
+                __m128i v =
+                    _mm_loadu_si128((const __m128i *)(const void *)(qs + 32 * (j / 2) + 16 * h));
+                __m128i q = _mm_and_si128(j % 2 ? _mm_srli_epi16(v, 4) : v, lo4);
+                if (hb) {
+                    __m128i u = _mm_set1_epi8((char)(1 << j));
+                    __m128i hv = _mm_loadu_si128((const __m128i *)(const void *)(qh + 16 * h));
+                    q = _mm_or_si128(q,
+                                     _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hv, u), u), b16));
+                }
+                _mm512_storeu_ps(dst + 16 * h, _mm512_sub_ps(_mm512_mul_ps(dj, U8X16_PS(q)), mj));
+            }
+        }
+    }
+}
+
+/* Q6_K: (d sc) (q - 32) per sub-block of 16. */
+VNNI static void deq_q6_k(const eng_block_q6_k_t *b, float *dst, size_t n)
+{
+    const __m128i lo4 = _mm_set1_epi8(0x0f), m3 = _mm_set1_epi8(3);
+    const __m512i k32 = _mm512_set1_epi32(32);
+    for (size_t i = 0; i < n / ENG_QK_K; i++, b++) {
+        float d = _cvtsh_ss(b->d);
+        for (int half = 0; half < 2; half++, dst += 128) {
+            const uint8_t *ql = b->ql + 64 * half, *qh = b->qh + 32 * half;
+            const int8_t *sc = b->scales + 8 * half;
+            for (int c = 0; c < 2; c++) { /* elements l = 16 c .. 16 c + 15 of each quarter */
+                __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(ql + 16 * c));
+                __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(ql + 32 + 16 * c));
+                __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(qh + 16 * c));
+                __m128i q[4] = {_mm_and_si128(a, lo4), _mm_and_si128(e, lo4),
+                                _mm_and_si128(_mm_srli_epi16(a, 4), lo4),
+                                _mm_and_si128(_mm_srli_epi16(e, 4), lo4)};
+                for (int k = 0; k < 4; k++) {
+                    __m128i hk = _mm_and_si128(_mm_srli_epi16(h, 2 * k), m3);
+                    __m128i v = _mm_or_si128(q[k], _mm_slli_epi16(hk, 4));
+                    __m512 qf = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(v), k32));
+                    __m512 ds = _mm512_set1_ps(d * sc[c + 2 * k]);
+                    _mm512_storeu_ps(dst + 32 * k + 16 * c, _mm512_mul_ps(ds, qf));
+                }
+            }
+        }
+    }
+}
+#undef U8X16_PS
+
+static bool quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n);
+
+bool eng__avx512_quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n)
+{
+    return eng__cpu_has_avx512_vnni() && quant_row_to_f32(type, src, dst, n);
+}
+
+VNNI static bool quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n)
+{
+    switch (type) {
+    case ENG_GGML_TYPE_Q4_0:
+        deq_q4_0(src, dst, n);
+        return true;
+    case ENG_GGML_TYPE_Q4_K:
+        deq_q45_k(false, src, dst, n);
+        return true;
+    case ENG_GGML_TYPE_Q5_K:
+        deq_q45_k(true, src, dst, n);
+        return true;
+    case ENG_GGML_TYPE_Q6_K:
+        deq_q6_k(src, dst, n);
+        return true;
+    default:
+        return false;
+    }
+}
+#undef VNNI
 
 /* ---------------------------------------------------------------------------------------------
  * Attention

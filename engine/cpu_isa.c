@@ -22,7 +22,7 @@
 #define ENG_X86 1
 #endif
 
-enum { F_AVX2 = 1, F_AVX512 = 2, F_BF16 = 4, F_VNNI = 8 };
+enum { F_AVX2 = 1, F_AVX512 = 2, F_BF16 = 4, F_VNNI = 8, F_VBMI = 16 };
 
 static unsigned cpu_features_probe(void)
 {
@@ -47,6 +47,8 @@ static unsigned cpu_features_probe(void)
     /* AVX512_VNNI with AVX512BW and AVX512VL: the q8_0 KV scores' VPDPBUSD. */
     if ((f & F_AVX512) && (b & (1u << 30)) && (b & (1u << 31)) && (c & (1u << 11)))
         f |= F_VNNI;
+    if ((f & F_VNNI) && (c & (1u << 1))) /* AVX512_VBMI */
+        f |= F_VBMI;
     __cpuid_count(7, 1, a, b, c, d);
     if ((f & F_AVX512) && (a & (1u << 5))) /* AVX512_BF16 */
         f |= F_BF16;
@@ -77,6 +79,11 @@ bool eng__cpu_has_avx512(void)
 bool eng__cpu_has_avx512_vnni(void)
 {
     return (cpu_features() & F_VNNI) != 0;
+}
+
+bool eng__cpu_has_avx512_vbmi(void)
+{
+    return (cpu_features() & F_VBMI) != 0;
 }
 
 bool eng__cpu_has_bf16(void)

@@ -45,6 +45,31 @@ size_t eng__bf16_packed_elems(uint32_t n_in, uint32_t n_out)
     return (size_t)bf16_panels(n_out) * ((n_in + 1) / 2) * 32;
 }
 
+/* Rows [n0, n1) of w as the BF16 panels of a tile at dst, with AVX512-BF16: the panels of rows
+ * up to the even panel count, rows past n1 zero; 16 rows at a time dequantized into rows (room for
+ * 16 K floats), then transposed into their panel in registers. K a multiple of 32. */
+#if defined(__x86_64__) || defined(__i386__)
+static void bf16_pack_tile_avx512(const eng_weight_t *w, uint32_t n0, uint32_t n1, uint16_t *dst,
+                                  float *rows)
+{
+    uint32_t K = w->n_in, kp = (K + 1) / 2;
+    size_t rb = eng__gemv_row_bytes(w->type, K);
+    for (uint32_t p = 0; p < bf16_panels(n1 - n0); p++) {
+        const float *r[16];
+        for (uint32_t i = 0; i < 16; i++) {
+            uint32_t n = n0 + 16 * p + i;
+            float *row = rows + (size_t)i * 2 * kp;
+            r[i] = n < n1 ? row : NULL;
+            if (n >= n1)
+                continue;
+            if (!eng__avx512_quant_row_to_f32(w->type, (const char *)w->data + n * rb, row, K))
+                eng_weight_row_f32(w, n, row);
+        }
+        eng__avx512_bf16_panel(r, kp, dst + (size_t)p * kp * 32);
+    }
+}
+#endif
+
 void eng__bf16_pack(const eng_weight_t *w, uint16_t *dst)
 {
     uint32_t kp = (w->n_in + 1) / 2;
@@ -73,8 +98,10 @@ typedef struct matmul_ctx {
     const uint16_t *a_bf16; /* x as BF16 rows, when the BF16 path runs */
     eng_cpu_isa_t isa;      /* resolved: never AUTO, always one the CPU runs */
     bool gemv;              /* the GEMV kernel of isa, not sgemm */
-    bool gemm;              /* the AVX2 register-tile GEMM, not F32 tiles and sgemm */
-    uint32_t tile;          /* output columns per task */
+    const void *xq;         /* with gemv and an eng__gemv_int8 type: x quantized (gemv_quantize) */
+    size_t xq_stride;
+    bool gemm;     /* the AVX2 register-tile GEMM, not F32 tiles and sgemm */
+    uint32_t tile; /* output columns per task */
 } matmul_ctx_t;
 
 /* The GEMV / register-tile GEMM arguments of the whole product (the kernels take the column
@@ -84,6 +111,8 @@ static eng_gemv_t gemv_args(const matmul_ctx_t *c)
     return (eng_gemv_t){.w = c->w->data,
                         .wtype = c->w->type,
                         .x = c->x,
+                        .xq = c->xq,
+                        .xq_stride = c->xq_stride,
                         .M = c->M,
                         .K = c->K,
                         .y = c->y,
@@ -94,9 +123,7 @@ static eng_gemv_t gemv_args(const matmul_ctx_t *c)
 static void gemv_run(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
 {
     eng_gemv_t g = gemv_args(c);
-    /* Q4_0 and the K-quants have only the portable GEMV so far. */
-    bool simd = !eng_quant_type_is_quant(g.wtype) || g.wtype == ENG_GGML_TYPE_Q8_0;
-    switch (simd ? c->isa : ENG_CPU_ISA_PORTABLE) {
+    switch (c->isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case ENG_CPU_ISA_AVX512:
         eng__avx512_gemv(&g, n0, n1);
@@ -143,8 +170,22 @@ static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
     if (c->a_bf16 != NULL) {
         /* Tiles are whole panel pairs: n0 is a multiple of 32. */
         uint32_t kp = (c->K + 1) / 2;
+        const uint16_t *panels = c->w_bf16;
+        uint32_t p0 = 0; /* the panel of row 0 in panels */
+        if (panels == NULL) {
+            /* Q4_0 and the K-quants: this tile's panels, dequantized into tmp (in cache while
+             * every row block of x passes over them), then the row and pair scratch. */
+            uint16_t *tp = (uint16_t *)(void *)c->tmp[thread];
+            size_t elems = (size_t)bf16_panels(n1 - n0) * kp * 32;
+            float *row = (float *)(void *)(tp + elems);
+            PC_ASSERT(n1 - n0 <= ENG_CPU_WTILE && elems % 32 == 0);
+            PC_ASSERT(kp % 16 == 0); /* K of Q4_0 and the K-quants: a multiple of 32 */
+            bf16_pack_tile_avx512(c->w, n0, n1, tp, row);
+            panels = tp;
+            p0 = n0 / 16;
+        }
         for (uint32_t n = n0; n < n1; n += 32) {
-            const uint16_t *b0 = c->w_bf16 + (size_t)(n / 16) * kp * 32;
+            const uint16_t *b0 = panels + (size_t)(n / 16 - p0) * kp * 32;
             for (uint32_t m0 = 0; m0 < c->M; m0 += 8)
                 eng__avx512_gemm_bf16_block((const uint32_t *)c->a_bf16, c->M, m0, kp, b0,
                                             b0 + (size_t)kp * 32, c->y, c->N, n, PC_MIN(32, n1 - n),
@@ -207,7 +248,7 @@ static void matmul_setup(matmul_ctx_t *c, uint32_t n_threads, const float *x, ui
                         .accumulate = accumulate,
                         .tmp = tmp,
                         .isa = isa};
-    if (a_bf16 != NULL && w_bf16 != NULL) {
+    if (a_bf16 != NULL && (w_bf16 != NULL || eng__gemv_int8(w->type))) {
         c->a_bf16 = a_bf16;
         c->w_bf16 = w_bf16;
         c->tile = 128;
@@ -240,6 +281,35 @@ static void matmul_setup(matmul_ctx_t *c, uint32_t n_threads, const float *x, ui
         c->tile = 16;
 }
 
+/* x[M][K] quantized once for the integer GEMVs of the products in c[0..n) that take it, into buf
+ * (room for M rows of both dot types: Q8_K rows first, then Q8_0 ones); each product's xq points
+ * at its dot type's rows. */
+static void gemv_quantize(matmul_ctx_t *c, uint32_t n, const float *x, uint32_t M, uint32_t K,
+                          void *buf)
+{
+    size_t sk = eng_quant_row_bytes(ENG_GGML_TYPE_Q8_K, K);
+    size_t s0 = eng_quant_row_bytes(ENG_GGML_TYPE_Q8_0, K);
+    char *q8k = buf, *q80 = q8k + (size_t)M * sk;
+    bool done_k = false, done_0 = false;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!c[i].gemv || !eng__gemv_int8(c[i].w->type))
+            continue;
+        bool k = eng_quant_dot_type(c[i].w->type) == ENG_GGML_TYPE_Q8_K;
+        bool *done = k ? &done_k : &done_0;
+        char *dst = k ? q8k : q80;
+        size_t stride = k ? sk : s0;
+        for (uint32_t m = 0; m < M && !*done; m++) {
+            if (k)
+                eng_quant_act_q8_k(x + (size_t)m * K, (eng_block_q8_k_t *)(dst + m * stride), K);
+            else
+                eng_quant_act_q8_0(x + (size_t)m * K, (eng_block_q8_0_t *)(dst + m * stride), K);
+        }
+        *done = true;
+        c[i].xq = dst;
+        c[i].xq_stride = stride;
+    }
+}
+
 /* Several products over one pool run: task t belongs to the first product whose task range
  * holds it. One run instead of several saves a synchronization per product and lets the
  * threads that finish one product's last tiles go on with the next product's. */
@@ -270,7 +340,7 @@ void eng__matmul_n(eng_pool_t *pool, const float *x, uint32_t M, const eng_weigh
     matmul_multi_t mm = {.n = n};
     for (uint32_t i = 0; i < n; i++) {
         const uint16_t *panels = w_bf16 != NULL ? w_bf16[i] : NULL;
-        bool use_bf16 = bf16 && panels != NULL;
+        bool use_bf16 = bf16 && (panels != NULL || eng__gemv_int8(w[i]->type));
         if (use_bf16 && !x_bf16) { /* x is the same for every product: convert it once */
 #if defined(__x86_64__) || defined(__i386__)
             eng__avx512_to_bf16_rows(x, M, w[i]->n_in, a_bf16);
@@ -281,6 +351,11 @@ void eng__matmul_n(eng_pool_t *pool, const float *x, uint32_t M, const eng_weigh
                      use_bf16 ? a_bf16 : NULL, isa);
         mm.task0[i + 1] = mm.task0[i] + (mm.c[i].N + mm.c[i].tile - 1) / mm.c[i].tile;
     }
+    /* tmp[0] holds x quantized: below ENG_GEMV_MAX_M rows no task converts tiles into tmp. The
+     * two formats take at most 292 / 256 + 34 / 32 bytes per element, well within its
+     * ENG_CPU_WTILE floats per element. */
+    if (M < ENG_GEMV_MAX_M)
+        gemv_quantize(mm.c, n, x, M, w[0]->n_in, tmp[0]);
     if (n == 1)
         eng__pool_run(pool, matmul_task, &mm.c[0], mm.task0[1]);
     else

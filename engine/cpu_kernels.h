@@ -7,8 +7,11 @@
  * register-tile GEMM as stored; otherwise non-F32 weights are converted tile by tile into a
  * per-thread F32 buffer, multiplied by that GEMM (AVX2) or by OpenBLAS sgemm (one
  * single-threaded call per slice of output columns on each pool thread; OpenBLAS is set to one
- * thread). Every function takes the ISA path (cpu.h) to run; AUTO is the best the CPU runs, and
- * a path the CPU cannot run is lowered to the best it can.
+ * thread). With the BF16 GEMM (below), Q4_0 and K-quant weights are instead dequantized tile by
+ * tile into BF16 panels in that buffer, in cache while every row block of x passes over them
+ * (no whole-matrix copy: their blocks stay the only stored form). Every function takes the ISA path
+ * (cpu.h) to run; AUTO is the best the CPU runs, and a path the CPU cannot run is lowered to the
+ * best it can.
  *
  * Attention runs over the paged KV cache, one task per (sequence, KV head, run of query
  * tokens), block by block with an online softmax (FlashAttention's recurrence), so no score
@@ -29,7 +32,8 @@
 
 /* y[M][N] = x[M][K] . w^T, or y += that with accumulate. tmp[thread] points at
  * ENG_CPU_WTILE * K floats per pool thread. With a_bf16 (room for M * (K + 1) halves) and
- * w_bf16 (w's BF16 panels, eng__bf16_pack; the backend's own layout, not the model's) set, products
+ * w_bf16 (w's BF16 panels, eng__bf16_pack; the backend's own layout, not the model's) set, or w
+ * of Q4_0 or a K-quant (panels made per tile), products
  * of at least 32 rows (prefill) run as BF16 dot products with F32 accumulation (x rounded to BF16):
  * twice the FMA rate of F32 on CPUs with AVX512-BF16. Fewer rows (decode) take the GEMV on the
  * weights as stored. */

@@ -84,10 +84,19 @@ void eng__port_bf16_to_f32(const uint16_t *src, float *dst, size_t n)
  * blocks of every quantized type (a K-quant super-block is 256). */
 #define PORT_KCHUNK 256
 
+float eng__port_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K)
+{
+    return eng_quant_vec_dot(wtype, w, xq, K);
+}
+
 void eng__port_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
 {
     uint32_t K = g->K, M = g->M;
     PC_ASSERT(M <= ENG_GEMV_MAX_M);
+    if (eng__gemv_int8(g->wtype)) {
+        eng__gemv_q(g, n0, n1, eng__port_dot_q);
+        return;
+    }
     PC_ASSERT(K % eng_ggml_type_block_size(g->wtype) == 0);
     _Static_assert(PORT_KCHUNK % ENG_QK_K == 0, "a chunk holds whole blocks");
     size_t rb = eng__gemv_row_bytes(g->wtype, K);

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "gguf.h"
 #include "quant.h"
@@ -39,16 +40,19 @@ void eng__avx2_f16_rows_to_f32(const uint16_t *src, size_t ss, float *dst, size_
 
 /* A small product y[m][n] (+)= x[m] . w[n] for the rows n in [n0, n1) of w and every m < M:
  * memory bound, one pass over those weight rows, each converted once in registers and applied to
- * the rows of x in groups. w is stored as the model keeps it: F32, F16, BF16 or a quantized type
- * of quant.h (wtype, an enum eng_ggml_type; rows of eng__gemv_row_bytes() bytes, K a multiple of
- * the type's block size). The AVX paths take F32, F16, BF16 and Q8_0; the other quantized types
- * run on the portable path only (eng__port_gemv). */
+ * the rows of x in groups. w is stored as the model keeps it (wtype, an enum eng_ggml_type; rows
+ * of eng__gemv_row_bytes() bytes): F32, F16, BF16 and Q8_0 rows meet x in F32; Q4_0, Q4_K, Q5_K
+ * and Q6_K rows (eng__gemv_int8) meet xq, the rows of x quantized once to the weight type's dot
+ * type (quant.h: Q8_0 for Q4_0, Q8_K for the K-quants), in integer dot products. K is a multiple
+ * of the type's block (32 for Q8_0 and Q4_0, 256 for the K-quants). */
 typedef struct eng_gemv {
-    const void *w;  /* [N] rows of K elements of wtype */
-    uint32_t wtype; /* ENG_GGML_TYPE_F32, _F16, _BF16 or a quantized type */
-    const float *x; /* [M][K] */
-    uint32_t M, K;  /* M <= ENG_GEMV_MAX_M (the GEMVs; the GEMMs take any M) */
-    float *y;       /* [M][ldy] */
+    const void *w;    /* [N] rows of K elements of wtype */
+    uint32_t wtype;   /* ENG_GGML_TYPE_F32, _F16, _BF16, _Q8_0, _Q4_0, _Q4_K, _Q5_K or _Q6_K */
+    const float *x;   /* [M][K] */
+    const void *xq;   /* [M] rows of xq_stride bytes: x quantized, for the eng__gemv_int8 types */
+    size_t xq_stride; /* eng_quant_row_bytes(eng_quant_dot_type(wtype), K) */
+    uint32_t M, K;    /* M <= ENG_GEMV_MAX_M (the GEMVs; the GEMMs take any M) */
+    float *y;         /* [M][ldy] */
     uint32_t ldy;
     bool accumulate;
 } eng_gemv_t;
@@ -56,15 +60,71 @@ typedef struct eng_gemv {
 /* Bytes of a Q8_0 block (an F16 scale and 32 int8 quants). */
 #define ENG_Q8_0_BYTES ((uint32_t)sizeof(eng_block_q8_0_t))
 
-/* Bytes of one weight row of K elements of wtype (quant.c's type table). */
+/* Bytes of one weight row of K elements of wtype (quant.h's table). */
 static inline size_t eng__gemv_row_bytes(uint32_t wtype, uint32_t K)
 {
     return eng_quant_row_bytes(wtype, K);
 }
 
+/* True for the weight types whose products take x quantized (eng_gemv_t.xq): Q4_0, Q4_K, Q5_K
+ * and Q6_K. Q8_0 keeps F32 activations (its products stay as exact as before). */
+static inline bool eng__gemv_int8(uint32_t wtype)
+{
+    return wtype == ENG_GGML_TYPE_Q4_0 || wtype == ENG_GGML_TYPE_Q4_K ||
+           wtype == ENG_GGML_TYPE_Q5_K || wtype == ENG_GGML_TYPE_Q6_K;
+}
+
 void eng__avx512_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
 void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
 void eng__port_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
+
+/* One weight row w of an eng__gemv_int8 type (K elements) times one activation row xq (its dot
+ * type): integer products per block, scaled into F32 once per block. The AVX-512 one uses
+ * AVX512-BW and VNNI (VPDPBUSD, VPDPWSSD) and falls back to the AVX2 one on CPUs without them;
+ * the portable one is quant.h's reference (eng_quant_vec_dot). The paths sum the blocks in
+ * different orders: they agree to float rounding, not bit for bit. */
+float eng__avx512_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K);
+float eng__avx2_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K);
+float eng__port_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K);
+
+/* A row of n elements of Q4_0, Q4_K, Q5_K or Q6_K to F32 with AVX-512 (BW, VNNI): bit for bit
+ * eng_quant_row_to_f32 (NaN payloads aside). Returns false, writing nothing, for another type or
+ * on a CPU without those extensions. */
+bool eng__avx512_quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n);
+
+/* The GEMV of an eng__gemv_int8 type through one path's dot product: row by row of w, each row
+ * (L1-resident after its first use) against every row of xq. */
+static inline void eng__gemv_q(const eng_gemv_t *g, uint32_t n0, uint32_t n1,
+                               float (*dot)(uint32_t, const void *, const void *, uint32_t))
+{
+    size_t rb = eng__gemv_row_bytes(g->wtype, g->K);
+    for (uint32_t n = n0; n < n1; n++) {
+        const void *wr = (const char *)g->w + (size_t)n * rb;
+        for (uint32_t m = 0; m < g->M; m++) {
+            float s = dot(g->wtype, wr, (const char *)g->xq + (size_t)m * g->xq_stride, g->K);
+            float *yp = &g->y[(size_t)m * g->ldy + n];
+            *yp = g->accumulate ? *yp + s : s;
+        }
+    }
+}
+
+/* A Q4_K / Q5_K block's packed scales[12] as out[16]: the eight 6-bit scales, then the eight
+ * mins (eng_quant_k4_scale_min for j = 0..7, four bytes at a time). */
+static inline void eng__k4_unpack(const uint8_t *scales, uint8_t out[16])
+{
+    uint32_t u[3], v[4];
+    memcpy(u, scales, 12);
+    v[0] = u[0] & 0x3f3f3f3fu;
+    v[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    v[2] = u[1] & 0x3f3f3f3fu;
+    v[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    memcpy(out, v, 16);
+}
+
+/* True when the CPU has AVX512-BW and AVX512-VNNI (the AVX-512 integer dot products). */
+bool eng__cpu_has_avx512_vnni(void);
+/* True when the CPU also has AVX512-VBMI (VPERMB): the Q4_0 GEMV's one-load block pairs. */
+bool eng__cpu_has_avx512_vbmi(void);
 
 /* The same product for any M (prefill) on the AVX2 path: register tiles of four rows of x by
  * three weight rows, F16 converted in registers, no packing. The caller keeps [n0, n1) small
@@ -76,6 +136,9 @@ void eng__avx2_gemm(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
  * 8-row block at m0 (rows past M repeat the last one and are not stored; n_valid <= 32 columns
  * from n0 are stored). */
 void eng__avx512_to_bf16_rows(const float *x, uint32_t M, uint32_t K, uint16_t *dst);
+/* One BF16 panel (cpu_kernels.h's layout: [kp][16 rows][2]) from 16 F32 rows of 2 kp floats
+ * (NULL: a row of zeros); kp a multiple of 16. AVX512-BF16 only. */
+void eng__avx512_bf16_panel(const float *const rows[16], uint32_t kp, uint16_t *panel);
 void eng__avx512_gemm_bf16_block(const uint32_t *a /* [M][kp] pairs */, uint32_t M, uint32_t m0,
                                  uint32_t kp, const uint16_t *b0, const uint16_t *b1, float *y,
                                  uint32_t ldy, uint32_t n0, uint32_t n_valid, bool accumulate);

@@ -20,6 +20,7 @@
 #include "pc_log.h"
 #include "pc_time.h"
 #include "pc_vec.h"
+#include "quant.h"
 #include "sampling.h"
 
 #define XXH_INLINE_ALL
@@ -360,6 +361,23 @@ uint32_t eng_n_vocab(const eng_t *e)
 const eng_gguf_t *eng_model_gguf(const eng_t *e)
 {
     return e->model->_gguf;
+}
+static double weight_bytes(const eng_weight_t *w)
+{
+    return (double)eng_quant_row_bytes(w->type, w->n_in) * w->n_out;
+}
+
+double eng_decode_weight_bytes(const eng_t *e)
+{
+    const eng_model_t *m = e->model;
+    double b = weight_bytes(&m->output);
+    for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+        const eng_layer_t *y = &m->layers[l];
+        b += weight_bytes(&y->wq) + weight_bytes(&y->wk) + weight_bytes(&y->wv) +
+             weight_bytes(&y->wo) + weight_bytes(&y->w_gate) + weight_bytes(&y->w_up) +
+             weight_bytes(&y->w_down);
+    }
+    return b;
 }
 eng_kvpool_t *eng_kvpool(eng_t *e)
 {

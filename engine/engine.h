@@ -146,6 +146,12 @@ uint32_t eng_n_vocab(const eng_t *e);
  * only; valid until eng_free. */
 const eng_gguf_t *eng_model_gguf(const eng_t *e);
 
+/* Bytes of the weight matrices one decode step reads: every layer's attention and FFN matrices
+ * and the output head, each at the type the model holds it in (a quantized file's own blocks,
+ * F16 or F32 after --weights-f32), the token embedding not counted (one row per token). What
+ * bounds decode on a memory-bound machine. */
+double eng_decode_weight_bytes(const eng_t *e);
+
 /* The KV pool's geometry and occupancy. */
 typedef struct eng_kv_stats {
     uint32_t block_tokens; /* tokens per block */

@@ -23,6 +23,7 @@
 
 #include "cpu_kernels.h"
 #include "engine.h"
+#include "gguf.h"
 #include "eng_testmodel.h"
 #include "model.h"
 #include "pc_err.h"
@@ -165,6 +166,42 @@ PC_TEST(weights_kept_quantized)
     ASSERT_EQ(m->layers[0].wq.file_type, ENG_GGML_TYPE_Q4_K);
     eng_model_free(m);
     unlink(path);
+}
+
+/* eng_decode_weight_bytes: the file's bytes of the matrices one decode step reads (every blk.*
+ * matrix and the head: output.weight, or token_embd.weight when tied), or 4 bytes per weight
+ * when the engine holds them as F32 (weights_f32). */
+static void check_decode_bytes(uint32_t dtype, bool tied)
+{
+    char path[256];
+    make_model(dtype, tied, path, sizeof path);
+    for (int f32 = 0; f32 < 2; f32++) {
+        eng_params_t p = eng_params_default();
+        p.model_path = path;
+        p.weights_f32 = f32 == 1;
+        eng_t *e = NULL;
+        char err[256];
+        ASSERT_EQ(eng_init(&p, &e, err, sizeof err), 0);
+        const eng_gguf_t *g = eng_model_gguf(e);
+        double want = 0;
+        for (uint64_t i = 0; i < eng_gguf_n_tensors(g); i++) {
+            const eng_gguf_tensor_t *t = eng_gguf_tensor_at(g, i);
+            bool head = strcmp(t->name, tied ? "token_embd.weight" : "output.weight") == 0;
+            if (t->n_dims == 2 && (head || strncmp(t->name, "blk.", 4) == 0))
+                want += f32 == 1 ? 4.0 * (double)t->n_elements : (double)t->n_bytes;
+        }
+        ASSERT_TRUE(want > 0);
+        ASSERT_EQ(eng_decode_weight_bytes(e), want);
+        eng_free(e);
+    }
+    unlink(path);
+}
+
+PC_TEST(decode_weight_bytes_at_file_types)
+{
+    PC_TEST_CALL(check_decode_bytes(ENG_MKMODEL_Q4_K_M, false));
+    PC_TEST_CALL(check_decode_bytes(ENG_GGML_TYPE_Q4_0, true));
+    PC_TEST_CALL(check_decode_bytes(ENG_GGML_TYPE_F16, false));
 }
 
 PC_TEST(q4_0_vs_float64)

@@ -1,0 +1,469 @@
+/*
+ * test_cpu_quant.c — the CPU kernels on quantized weights (Q4_0, Q4_K, Q5_K, Q6_K), on every ISA
+ * path this CPU runs (avx512, avx2, portable):
+ *   - the integer dot products (eng__*_dot_q) against the portable one (quant.h's reference)
+ *     and against a double-precision product of the dequantized weight and activation rows,
+ *     over random blocks with scales of every magnitude, all-zero blocks and extreme scales;
+ *   - the decode GEMV (x quantized once, odd row counts, a slice of output rows, (+)=) and the
+ *     whole product eng__matmul (the GEMV below ENG_GEMV_MAX_M rows, tiles dequantized to F32
+ *     from it on) against double precision over the dequantized weights;
+ *   - with AVX512-BF16, the prefill GEMM on BF16 panels of tiles dequantized in cache against
+ *     the same GEMM on the whole matrix packed, and against double precision.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "cpu_kernels.h"
+#include "cpu_simd.h"
+#include "gguf.h"
+#include "half.h"
+#include "pc_assert.h"
+#include "pc_test.h"
+#include "quant.h"
+
+static uint64_t g_rng = 0x2545f4914f6cdd1dull;
+
+static uint32_t rnd(void)
+{
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 32);
+}
+
+static float unif(void) /* [-1, 1) */
+{
+    return (float)((double)rnd() * 0x1.0p-31 - 1);
+}
+
+static const eng_cpu_isa_t paths[] = {ENG_CPU_ISA_AVX512, ENG_CPU_ISA_AVX2, ENG_CPU_ISA_PORTABLE};
+static const uint32_t qtypes[] = {ENG_GGML_TYPE_Q4_0, ENG_GGML_TYPE_Q4_K, ENG_GGML_TYPE_Q5_K,
+                                  ENG_GGML_TYPE_Q6_K};
+
+static float dot_isa(eng_cpu_isa_t isa, uint32_t t, const void *w, const void *xq, uint32_t K)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (isa == ENG_CPU_ISA_AVX512)
+        return eng__avx512_dot_q(t, w, xq, K);
+    if (isa == ENG_CPU_ISA_AVX2)
+        return eng__avx2_dot_q(t, w, xq, K);
+#endif
+    return eng__port_dot_q(t, w, xq, K);
+}
+
+static void gemv_isa(eng_cpu_isa_t isa, const eng_gemv_t *g, uint32_t n0, uint32_t n1)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (isa == ENG_CPU_ISA_AVX512) {
+        eng__avx512_gemv(g, n0, n1);
+        return;
+    }
+    if (isa == ENG_CPU_ISA_AVX2) {
+        eng__avx2_gemv(g, n0, n1);
+        return;
+    }
+#endif
+    eng__port_gemv(g, n0, n1);
+}
+
+/* An F16 scale: mostly ordinary magnitudes, sometimes zero, subnormal or the largest finite
+ * half (kind = 0 ordinary, 1 zero, 2 tiny, 3 huge). */
+static uint16_t rnd_scale(int kind)
+{
+    switch (kind) {
+    case 1:
+        return 0;
+    case 2:
+        return (uint16_t)(1 + rnd() % 0x3ff); /* subnormal */
+    case 3:
+        return 0x7bff; /* 65504 */
+    default:
+        return eng_f32_to_f16((unif() * 0.5f + 1.0f) * ldexpf(1.0f, -(int)(rnd() % 12)));
+    }
+}
+
+/* n_rows rows of K elements of type t with random bytes and random finite scales: every bit
+ * pattern of quants, scales and high bits is a valid block, so only the F16 fields are chosen.
+ * Block b of the whole matrix is all zero when b % 7 == 3; its scales are extreme when
+ * b % 11 == 5 (with extreme true). */
+static void *rnd_rows(uint32_t t, uint32_t n_rows, uint32_t K, bool extreme)
+{
+    size_t rb = eng_quant_row_bytes(t, K), nb = K / eng_ggml_type_block_size(t) * (size_t)n_rows;
+    size_t bb = eng_quant_row_bytes(t, eng_ggml_type_block_size(t));
+    uint8_t *w = malloc(rb * n_rows);
+    for (size_t i = 0; i < rb * n_rows; i++)
+        w[i] = (uint8_t)rnd();
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *blk = w + b * bb;
+        if (b % 7 == 3) {
+            memset(blk, 0, bb);
+            continue;
+        }
+        int kind = extreme && b % 11 == 5 ? 1 + (int)(rnd() % 3) : 0;
+        uint16_t d = rnd_scale(kind), dmin = rnd_scale(kind);
+        switch (t) {
+        case ENG_GGML_TYPE_Q4_0:
+            memcpy(blk + offsetof(eng_block_q4_0_t, d), &d, 2);
+            break;
+        case ENG_GGML_TYPE_Q4_K:
+        case ENG_GGML_TYPE_Q5_K:
+            memcpy(blk + offsetof(eng_block_q4_k_t, d), &d, 2);
+            memcpy(blk + offsetof(eng_block_q4_k_t, dmin), &dmin, 2);
+            break;
+        default:
+            memcpy(blk + offsetof(eng_block_q6_k_t, d), &d, 2);
+            break;
+        }
+    }
+    return w;
+}
+
+/* Activation rows: values of mixed magnitudes (and a few all-zero blocks of 256). */
+static float *rnd_x(uint32_t M, uint32_t K)
+{
+    float *x = malloc((size_t)M * K * sizeof *x);
+    for (size_t i = 0; i < (size_t)M * K; i++)
+        x[i] = (i / 256) % 5 == 4 ? 0.0f : unif() * ldexpf(1.0f, (int)(rnd() % 8) - 4);
+    return x;
+}
+
+/* x[K] quantized to t's dot type into xq, and that quantized row dequantized into xd[K]. */
+static void quant_act(uint32_t t, const float *x, uint32_t K, void *xq, float *xd)
+{
+    if (eng_quant_dot_type(t) == ENG_GGML_TYPE_Q8_K) {
+        eng_quant_act_q8_k(x, xq, K);
+        eng_dequant_q8_k(xq, xd, K);
+    } else {
+        eng_quant_act_q8_0(x, xq, K);
+        eng_dequant_q8_0(xq, xd, K);
+    }
+}
+
+/* sum w[k] x[k] in double, and the sum of the magnitudes of the terms. */
+static double dot_ref(const float *w, const float *x, uint32_t K, double *mag)
+{
+    double s = 0, m = 0;
+    for (uint32_t k = 0; k < K; k++) {
+        double p = (double)w[k] * x[k];
+        s += p;
+        m += fabs(p);
+    }
+    *mag = m;
+    return s;
+}
+
+/* Every path's dot product equals the double-precision product of the dequantized rows to float
+ * rounding (the blocks' integer sums are exact; the scale products and the sum over blocks are
+ * float), and the portable reference. */
+PC_TEST(dot_q_matches_reference_and_portable)
+{
+    uint32_t Ks[] = {256, 512, 1024, 2816, 4096};
+    enum { ROWS = 37 };
+    for (size_t ti = 0; ti < PC_ARRAY_LEN(qtypes); ti++) {
+        uint32_t t = qtypes[ti];
+        for (size_t ki = 0; ki < PC_ARRAY_LEN(Ks); ki++) {
+            uint32_t K = Ks[ki];
+            size_t rb = eng_quant_row_bytes(t, K);
+            uint8_t *w = rnd_rows(t, ROWS, K, true);
+            float *x = rnd_x(1, K), *xd = malloc(K * sizeof *xd), *wd = malloc(K * sizeof *wd);
+            void *xq = malloc(eng_quant_row_bytes(eng_quant_dot_type(t), K));
+            quant_act(t, x, K, xq, xd);
+            for (uint32_t r = 0; r < ROWS; r++) {
+                const uint8_t *wr = w + r * rb;
+                eng_quant_row_to_f32(t, wr, wd, K);
+                double mag, ref = dot_ref(wd, xd, K, &mag);
+                float port = eng__port_dot_q(t, wr, xq, K);
+                double tol = 1e-5 * mag + 1e-30;
+                if (!(fabs(port - ref) <= tol))
+                    fprintf(stderr, "  portable %s K=%u row %u: %.9g vs %.9g\n",
+                            eng_ggml_type_name(t), K, r, port, ref);
+                ASSERT_LE(fabs(port - ref), tol);
+                for (size_t pi = 0; pi < PC_ARRAY_LEN(paths); pi++) {
+                    if (!eng__cpu_isa_runs(paths[pi]))
+                        continue;
+                    float v = dot_isa(paths[pi], t, wr, xq, K);
+                    if (!(fabs(v - ref) <= tol && fabs(v - port) <= tol))
+                        fprintf(stderr, "  %s %s K=%u row %u: %.9g vs ref %.9g, portable %.9g\n",
+                                eng__cpu_isa_name(paths[pi]), eng_ggml_type_name(t), K, r, v, ref,
+                                port);
+                    ASSERT_LE(fabs(v - ref), tol);
+                    ASSERT_LE(fabs(v - port), tol);
+                }
+            }
+            free(w), free(x), free(xd), free(wd), free(xq);
+        }
+    }
+}
+
+/* Every single-bit change of a weight row (each quant, scale, min and high bit, one at a time)
+ * gives the same result on every path as on the portable reference: a kernel that read a field
+ * from the wrong place, or skipped one, would disagree on the flip of that field's bits. */
+PC_TEST(dot_q_sees_every_field)
+{
+    enum { K = 512 };
+    for (size_t ti = 0; ti < PC_ARRAY_LEN(qtypes); ti++) {
+        uint32_t t = qtypes[ti];
+        size_t rb = eng_quant_row_bytes(t, K);
+        uint8_t *w = rnd_rows(t, 1, K, false), *w2 = malloc(rb);
+        float *x = rnd_x(1, K), *xd = malloc(K * sizeof *xd);
+        for (uint32_t k = 0; k < K; k++)
+            x[k] = 0.5f + unif() * 0.25f; /* no zero blocks here */
+        void *xq = malloc(eng_quant_row_bytes(eng_quant_dot_type(t), K));
+        quant_act(t, x, K, xq, xd);
+        for (size_t byte = 0; byte < rb; byte++) {
+            memcpy(w2, w, rb);
+            w2[byte] ^= (uint8_t)(1u << (byte % 8));
+            float port = eng__port_dot_q(t, w2, xq, K);
+            if (!isfinite(port))
+                continue; /* a flipped F16 exponent bit */
+            float wd[K];
+            eng_quant_row_to_f32(t, w2, wd, K);
+            double mag;
+            dot_ref(wd, xd, K, &mag);
+            for (size_t pi = 0; pi < PC_ARRAY_LEN(paths); pi++) {
+                if (!eng__cpu_isa_runs(paths[pi]))
+                    continue;
+                float v = dot_isa(paths[pi], t, w2, xq, K);
+                double tol = 1e-5 * mag + 1e-30;
+                if (!(fabs(v - port) <= tol))
+                    fprintf(stderr, "  %s %s byte %zu: %.9g vs portable %.9g\n",
+                            eng__cpu_isa_name(paths[pi]), eng_ggml_type_name(t), byte, v, port);
+                ASSERT_LE(fabs(v - port), tol);
+            }
+        }
+        free(w), free(w2), free(x), free(xd), free(xq);
+    }
+}
+
+/* The GEMV on a slice [N0, N1) of output rows, odd row counts of x, (+)=, every path, against
+ * double precision over the dequantized weights and the quantized-then-dequantized activations;
+ * rows outside the slice are never written. */
+PC_TEST(gemv_q_matches_reference)
+{
+    /* Q4_0 only: 32 and 96 (an odd block count: the AVX-512 one-row GEMV's last block alone);
+     * 8448 is past that GEMV's prepared pairs (K <= 8192: the plain dot products run). */
+    uint32_t Ks[] = {32, 96, 256, 768, 1280, 8448};
+    uint32_t Ms[] = {1, 2, 3, 5, 9, 31};
+    enum { N = 19, N0 = 2, N1 = 17, MMAX = 31 };
+    for (size_t ti = 0; ti < PC_ARRAY_LEN(qtypes); ti++) {
+        uint32_t t = qtypes[ti];
+        for (size_t ki = 0; ki < PC_ARRAY_LEN(Ks); ki++) {
+            uint32_t K = Ks[ki];
+            if (K % eng_ggml_type_block_size(t) != 0)
+                continue;
+            size_t rb = eng_quant_row_bytes(t, K);
+            size_t xs = eng_quant_row_bytes(eng_quant_dot_type(t), K);
+            uint8_t *w = rnd_rows(t, N, K, false);
+            float *wd = malloc((size_t)N * K * sizeof *wd);
+            for (uint32_t n = 0; n < N; n++)
+                eng_quant_row_to_f32(t, w + n * rb, wd + (size_t)n * K, K);
+            float *x = rnd_x(MMAX, K), *xd = malloc((size_t)MMAX * K * sizeof *xd);
+            uint8_t *xq = malloc(xs * MMAX);
+            for (uint32_t m = 0; m < MMAX; m++)
+                quant_act(t, x + (size_t)m * K, K, xq + m * xs, xd + (size_t)m * K);
+            for (size_t mi = 0; mi < PC_ARRAY_LEN(Ms); mi++) {
+                uint32_t M = Ms[mi];
+                float y[MMAX * N], y0[MMAX * N];
+                for (size_t i = 0; i < PC_ARRAY_LEN(y0); i++)
+                    y0[i] = unif();
+                for (int acc = 0; acc < 2; acc++) {
+                    for (size_t pi = 0; pi < PC_ARRAY_LEN(paths); pi++) {
+                        if (!eng__cpu_isa_runs(paths[pi]))
+                            continue;
+                        memcpy(y, y0, sizeof y);
+                        eng_gemv_t g = {.w = w,
+                                        .wtype = t,
+                                        .x = x,
+                                        .xq = xq,
+                                        .xq_stride = xs,
+                                        .M = M,
+                                        .K = K,
+                                        .y = y,
+                                        .ldy = N,
+                                        .accumulate = acc == 1};
+                        gemv_isa(paths[pi], &g, N0, N1);
+                        for (uint32_t m = 0; m < M; m++) {
+                            for (uint32_t n = 0; n < N; n++) {
+                                size_t i = (size_t)m * N + n;
+                                if (n < N0 || n >= N1) {
+                                    ASSERT_EQ(y[i], y0[i]);
+                                    continue;
+                                }
+                                double mag,
+                                    r = dot_ref(wd + (size_t)n * K, xd + (size_t)m * K, K, &mag);
+                                r += acc ? y0[i] : 0;
+                                double tol = 1e-5 * (mag + (acc ? fabs(y0[i]) : 0)) + 1e-30;
+                                if (!(fabs(y[i] - r) <= tol))
+                                    fprintf(stderr, "  %s %s K=%u M=%u m=%u n=%u: %g vs %g\n",
+                                            eng__cpu_isa_name(paths[pi]), eng_ggml_type_name(t), K,
+                                            M, m, n, y[i], r);
+                                ASSERT_LE(fabs(y[i] - r), tol);
+                            }
+                        }
+                        for (size_t i = (size_t)M * N; i < PC_ARRAY_LEN(y); i++)
+                            ASSERT_EQ(y[i], y0[i]); /* rows past M untouched */
+                    }
+                }
+            }
+            free(w), free(wd), free(x), free(xd), free(xq);
+        }
+    }
+}
+
+/* eng__matmul end to end on quantized weights: below ENG_GEMV_MAX_M rows the GEMV on x
+ * quantized once (checked against the quantized activations), from it on tiles dequantized to
+ * F32 (checked against x itself); output counts around the task tiles, every path. Two products
+ * of different dot types in one run (eng__matmul_n) share x. */
+PC_TEST(matmul_q_matches_reference)
+{
+    uint32_t Ms[] = {1, 7, 31, 32, 45};
+    enum { N = 150, K = 512, MMAX = 45 };
+    eng_pool_t *pool;
+    ASSERT_EQ(eng__pool_init(2, &pool), 0);
+    float *t0 = malloc((size_t)ENG_CPU_WTILE * K * 4), *t1 = malloc((size_t)ENG_CPU_WTILE * K * 4);
+    float *const tmp[2] = {t0, t1};
+    float *x = rnd_x(MMAX, K), *xd = malloc((size_t)MMAX * K * sizeof *xd);
+    float *y[2] = {malloc((size_t)MMAX * N * 4), malloc((size_t)MMAX * N * 4)};
+    float *y0 = malloc((size_t)MMAX * N * 4), *wd[2];
+    eng_weight_t w[2];
+    for (size_t i = 0; i < (size_t)MMAX * N; i++)
+        y0[i] = unif();
+    for (size_t ti = 0; ti < PC_ARRAY_LEN(qtypes); ti++) {
+        /* Pairs (Q4_0, Q4_K), (Q4_K, Q5_K), (Q5_K, Q6_K), (Q6_K, Q4_0). */
+        uint32_t ts[2] = {qtypes[ti], qtypes[(ti + 1) % PC_ARRAY_LEN(qtypes)]};
+        for (int j = 0; j < 2; j++) {
+            size_t rb = eng_quant_row_bytes(ts[j], K);
+            void *data = rnd_rows(ts[j], N, K, false);
+            w[j] = (eng_weight_t){
+                .type = ts[j], .file_type = ts[j], .n_in = K, .n_out = N, .data = data};
+            wd[j] = malloc((size_t)N * K * sizeof(float));
+            for (uint32_t n = 0; n < N; n++)
+                eng_quant_row_to_f32(ts[j], (const uint8_t *)data + n * rb, wd[j] + (size_t)n * K,
+                                     K);
+        }
+        for (size_t mi = 0; mi < PC_ARRAY_LEN(Ms); mi++) {
+            uint32_t M = Ms[mi];
+            for (size_t pi = 0; pi < PC_ARRAY_LEN(paths); pi++) {
+                if (!eng__cpu_isa_runs(paths[pi]))
+                    continue;
+                memcpy(y[0], y0, (size_t)MMAX * N * 4);
+                memcpy(y[1], y0, (size_t)MMAX * N * 4);
+                const eng_weight_t *wp[2] = {&w[0], &w[1]};
+                eng__matmul_n(pool, x, M, wp, NULL, y, 2, true, tmp, NULL, paths[pi]);
+                for (int j = 0; j < 2; j++) {
+                    uint8_t xq[2 * K];
+                    for (uint32_t m = 0; m < M; m++) {
+                        const float *xr = x + (size_t)m * K;
+                        if (M < ENG_GEMV_MAX_M) { /* the GEMV sees x quantized */
+                            quant_act(ts[j], xr, K, xq, xd);
+                            xr = xd;
+                        }
+                        for (uint32_t n = 0; n < N; n++) {
+                            size_t i = (size_t)m * N + n;
+                            double mag, r = dot_ref(wd[j] + (size_t)n * K, xr, K, &mag) + y0[i];
+                            double tol = 1e-5 * (mag + fabs(y0[i]));
+                            if (!(fabs(y[j][i] - r) <= tol))
+                                fprintf(stderr, "  %s %s M=%u m=%u n=%u: %g vs %g\n",
+                                        eng__cpu_isa_name(paths[pi]), eng_ggml_type_name(ts[j]), M,
+                                        m, n, y[j][i], r);
+                            ASSERT_LE(fabs(y[j][i] - r), tol);
+                        }
+                    }
+                    for (size_t i = (size_t)M * N; i < (size_t)MMAX * N; i++)
+                        ASSERT_EQ(y[j][i], y0[i]);
+                }
+            }
+        }
+        for (int j = 0; j < 2; j++)
+            free((void *)w[j].data), free(wd[j]);
+    }
+    free(t0), free(t1), free(x), free(xd), free(y[0]), free(y[1]), free(y0);
+    eng__pool_free(pool);
+}
+
+/* The AVX-512 dequantization of prefill tiles: bit for bit quant.h's reference, random and
+ * extreme blocks (NaN from an infinite scale times zero compares as NaN). */
+PC_TEST(dequant_avx512_matches_reference)
+{
+    if (!eng__cpu_isa_runs(ENG_CPU_ISA_AVX512) || !eng__cpu_has_avx512_vnni())
+        PC_SKIP("no AVX512-VNNI on this CPU");
+    enum { ROWS = 9, K = 1024 };
+    float *a = malloc(K * sizeof *a), *b = malloc(K * sizeof *b);
+    for (size_t ti = 0; ti < PC_ARRAY_LEN(qtypes); ti++) {
+        uint32_t t = qtypes[ti];
+        size_t rb = eng_quant_row_bytes(t, K);
+        for (int extreme = 0; extreme < 2; extreme++) {
+            uint8_t *w = rnd_rows(t, ROWS, K, extreme == 1);
+            for (uint32_t r = 0; r < ROWS; r++) {
+                eng_quant_row_to_f32(t, w + r * rb, a, K);
+                memset(b, 0xff, K * sizeof *b);
+                ASSERT_TRUE(eng__avx512_quant_row_to_f32(t, w + r * rb, b, K));
+                for (uint32_t k = 0; k < K; k++) {
+                    uint32_t ua, ub;
+                    memcpy(&ua, &a[k], 4), memcpy(&ub, &b[k], 4);
+                    if (isnan(a[k]) && isnan(b[k]))
+                        continue;
+                    if (ua != ub)
+                        fprintf(stderr, "  %s row %u k %u: %.9g vs %.9g\n", eng_ggml_type_name(t),
+                                r, k, b[k], a[k]);
+                    ASSERT_EQ(ua, ub);
+                }
+            }
+            free(w);
+        }
+    }
+    float q8[32] = {0};
+    ASSERT_FALSE(eng__avx512_quant_row_to_f32(ENG_GGML_TYPE_F16, q8, a, 32)); /* not its type */
+    free(a), free(b);
+}
+
+/* From 32 rows on, with AVX512-BF16, quantized weights take the BF16 GEMM on panels of each tile
+ * dequantized in cache: bit for bit what the same GEMM gives on the whole matrix packed
+ * (eng__bf16_pack), and within F32 rounding of a double-precision product of the BF16-rounded
+ * x and dequantized weights. N = 150 ends in a partial tile and a partial panel pair. */
+PC_TEST(matmul_q_bf16_tiles)
+{
+    if (!eng__cpu_isa_runs(ENG_CPU_ISA_AVX512) || !eng__cpu_has_bf16())
+        PC_SKIP("no AVX512-BF16 on this CPU");
+    uint32_t Ms[] = {32, 45};
+    enum { N = 150, K = 512, MMAX = 45 };
+    eng_pool_t *pool;
+    ASSERT_EQ(eng__pool_init(2, &pool), 0);
+    float *t0 = malloc((size_t)ENG_CPU_WTILE * K * 4), *t1 = malloc((size_t)ENG_CPU_WTILE * K * 4);
+    float *const tmp[2] = {t0, t1};
+    float *x = rnd_x(MMAX, K), *wd = malloc((size_t)N * K * sizeof *wd);
+    uint16_t *abf = malloc((size_t)MMAX * (K + 2) * sizeof *abf);
+    uint16_t *panels = malloc(eng__bf16_packed_elems(K, N) * sizeof *panels);
+    float *y = malloc((size_t)MMAX * N * 4), *yp = malloc((size_t)MMAX * N * 4);
+    for (size_t ti = 0; ti < PC_ARRAY_LEN(qtypes); ti++) {
+        uint32_t t = qtypes[ti];
+        size_t rb = eng_quant_row_bytes(t, K);
+        void *data = rnd_rows(t, N, K, false);
+        eng_weight_t w = {.type = t, .file_type = t, .n_in = K, .n_out = N, .data = data};
+        for (uint32_t n = 0; n < N; n++)
+            eng_quant_row_to_f32(t, (const uint8_t *)data + n * rb, wd + (size_t)n * K, K);
+        eng__bf16_pack(&w, panels);
+        for (size_t mi = 0; mi < PC_ARRAY_LEN(Ms); mi++) {
+            uint32_t M = Ms[mi];
+            eng__matmul(pool, x, M, &w, NULL, y, false, tmp, abf, ENG_CPU_ISA_AVX512);
+            eng__matmul(pool, x, M, &w, panels, yp, false, tmp, abf, ENG_CPU_ISA_AVX512);
+            ASSERT_MEM_EQ(y, yp, (size_t)M * N * sizeof *y);
+            for (uint32_t m = 0; m < M; m++) {
+                for (uint32_t n = 0; n < N; n++) {
+                    double r = 0, mag = 0;
+                    for (uint32_t k = 0; k < K; k++) {
+                        double p = (double)eng_bf16_to_f32(eng_f32_to_bf16(wd[(size_t)n * K + k])) *
+                                   eng_bf16_to_f32(eng_f32_to_bf16(x[(size_t)m * K + k]));
+                        r += p, mag += fabs(p);
+                    }
+                    ASSERT_LE(fabs(y[(size_t)m * N + n] - r), 1e-5 * mag);
+                }
+            }
+        }
+        free(data);
+    }
+    free(t0), free(t1), free(x), free(wd), free(abf), free(panels), free(y), free(yp);
+    eng__pool_free(pool);
+}
+
+PC_TEST_MAIN()
