@@ -25,7 +25,8 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw mkmodel [--arch llama|qwen2|qwen3] [--layers N] [--dim D] [--heads H] "
-               "[--kv-heads K] [--ff F] [--dtype f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m] "
+               "[--kv-heads K] [--ff F] [--dtype "
+               "f32|f16|bf16|q8_0|q4_0|q5_0|q5_1|q4_k|q5_k|q6_k|q4_k_m|q5_k_m] "
                "--tokenizer tokenizer.json "
                "[--tokenizer-config tokenizer_config.json] [--seed S] --out FILE\n");
 }
@@ -45,8 +46,10 @@ static void help(void)
            "  --ff F                 feed-forward width (default %" PRIu32 ")\n"
            "  --head-dim N           head size when not D / H (written as key_length)\n"
            "  --dtype T              weight matrices: f32 (default), f16, bf16, q8_0, q4_0,\n"
-           "                         q4_k, q5_k, q6_k, or q4_k_m (llama.cpp's mix: Q6_K for\n"
-           "                         the output head and some attn_v / ffn_down, Q4_K else);\n"
+           "                         q5_0, q5_1, q4_k, q5_k, q6_k, or q4_k_m / q5_k_m\n"
+           "                         (llama.cpp's mixes: Q6_K for the output head and some\n"
+           "                         attn_v / ffn_down, Q4_K / Q5_K else; rows that are not\n"
+           "                         whole 256s Q5_0 / Q5_1 / Q8_0 as llama.cpp does);\n"
            "                         norms and biases are always f32\n"
            "  --ctx N                training context length (default %" PRIu32 ")\n"
            "  --rope-theta F         RoPE base frequency (default %g)\n"

@@ -123,6 +123,10 @@ static eng_gemv_t gemv_args(const matmul_ctx_t *c)
 static void gemv_run(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
 {
     eng_gemv_t g = gemv_args(c);
+    if (eng__gemv_int8(g.wtype) && !eng__gemv_int8_simd(g.wtype)) {
+        eng__port_gemv(&g, n0, n1);
+        return;
+    }
     switch (c->isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case ENG_CPU_ISA_AVX512:

@@ -21,9 +21,12 @@
 #define FTYPE_MOSTLY_F16 1
 #define FTYPE_MOSTLY_Q4_0 2
 #define FTYPE_MOSTLY_Q8_0 7
+#define FTYPE_MOSTLY_Q5_0 8
+#define FTYPE_MOSTLY_Q5_1 9
 #define FTYPE_MOSTLY_Q4_K_S 14 /* llama.cpp's names: "mostly Q4_K" files are its Q4_K_S */
 #define FTYPE_MOSTLY_Q4_K_M 15
 #define FTYPE_MOSTLY_Q5_K_S 16
+#define FTYPE_MOSTLY_Q5_K_M 17
 #define FTYPE_MOSTLY_Q6_K 18
 #define FTYPE_MOSTLY_BF16 32
 
@@ -174,22 +177,25 @@ static int build_plan(const eng_mkmodel_params_t *p, uint32_t n_vocab, plan_t *p
     if (!p->tied)
         ADD("output.weight", dt, 2, e, n_vocab, INIT_NORMAL, emb_sd);
 #undef ADD
-    /* A mix (Q4_K_M) picks each matrix's type by its name and layer. */
+    /* A mix (Q4_K_M, Q5_K_M) picks each matrix's type by its name, layer and row length. */
     for (size_t i = 0; i < pl->n; i++)
         if (pl->t[i].n_dims == 2)
-            pl->t[i].type = eng_quant_mix_type(dt, pl->t[i].name, p->n_layer, p->tied);
+            pl->t[i].type = eng_quant_mix_tensor_type(dt, pl->t[i].name, p->n_layer, p->tied,
+                                                      (uint64_t)pl->t[i].ne[0]);
     return 0;
 }
 
 _Static_assert(ENG_MKMODEL_Q4_K_M == ENG_QUANT_MIX_Q4_K_M, "one id for the Q4_K_M mix");
+_Static_assert(ENG_MKMODEL_Q5_K_M == ENG_QUANT_MIX_Q5_K_M, "one id for the Q5_K_M mix");
 
 static const struct {
     const char *name;
     uint32_t dtype;
 } dtypes[] = {
-    {"f32", ENG_GGML_TYPE_F32},   {"f16", ENG_GGML_TYPE_F16},   {"bf16", ENG_GGML_TYPE_BF16},
-    {"q8_0", ENG_GGML_TYPE_Q8_0}, {"q4_0", ENG_GGML_TYPE_Q4_0}, {"q4_k", ENG_GGML_TYPE_Q4_K},
-    {"q5_k", ENG_GGML_TYPE_Q5_K}, {"q6_k", ENG_GGML_TYPE_Q6_K}, {"q4_k_m", ENG_MKMODEL_Q4_K_M},
+    {"f32", ENG_GGML_TYPE_F32},   {"f16", ENG_GGML_TYPE_F16},     {"bf16", ENG_GGML_TYPE_BF16},
+    {"q8_0", ENG_GGML_TYPE_Q8_0}, {"q4_0", ENG_GGML_TYPE_Q4_0},   {"q4_k", ENG_GGML_TYPE_Q4_K},
+    {"q5_0", ENG_GGML_TYPE_Q5_0}, {"q5_1", ENG_GGML_TYPE_Q5_1},   {"q5_k", ENG_GGML_TYPE_Q5_K},
+    {"q6_k", ENG_GGML_TYPE_Q6_K}, {"q4_k_m", ENG_MKMODEL_Q4_K_M}, {"q5_k_m", ENG_MKMODEL_Q5_K_M},
 };
 
 const char *eng_mkmodel_dtype_name(uint32_t dtype)
@@ -305,12 +311,16 @@ static int set_hparams(eng_gguf_writer_t *w, const eng_mkmodel_params_t *p, uint
                      : p->dtype == ENG_GGML_TYPE_BF16 ? FTYPE_MOSTLY_BF16
                      : p->dtype == ENG_GGML_TYPE_Q8_0 ? FTYPE_MOSTLY_Q8_0
                      : p->dtype == ENG_GGML_TYPE_Q4_0 ? FTYPE_MOSTLY_Q4_0
+                     : p->dtype == ENG_GGML_TYPE_Q5_0 ? FTYPE_MOSTLY_Q5_0
+                     : p->dtype == ENG_GGML_TYPE_Q5_1 ? FTYPE_MOSTLY_Q5_1
                      : p->dtype == ENG_GGML_TYPE_Q4_K ? FTYPE_MOSTLY_Q4_K_S
                      : p->dtype == ENG_GGML_TYPE_Q5_K ? FTYPE_MOSTLY_Q5_K_S
                      : p->dtype == ENG_GGML_TYPE_Q6_K ? FTYPE_MOSTLY_Q6_K
                      : p->dtype == ENG_MKMODEL_Q4_K_M ? FTYPE_MOSTLY_Q4_K_M
+                     : p->dtype == ENG_MKMODEL_Q5_K_M ? FTYPE_MOSTLY_Q5_K_M
                                                       : FTYPE_ALL_F32;
-    bool quant = p->dtype == ENG_MKMODEL_Q4_K_M || eng_quant_type_is_quant(p->dtype);
+    bool mix = p->dtype == ENG_MKMODEL_Q4_K_M || p->dtype == ENG_MKMODEL_Q5_K_M;
+    bool quant = mix || eng_quant_type_is_quant(p->dtype);
     char key[96];
     int rc;
 #define K(sfx) (snprintf(key, sizeof key, "%s.%s", arch, sfx), key)
@@ -375,8 +385,10 @@ int eng_mkmodel_check(const eng_mkmodel_params_t *p, char *err, size_t err_len)
         return pc_err_setf(
             err, err_len, PC_ERR_INVAL, "mkmodel: dtype %s not supported (" ENG_MKMODEL_DTYPES ")",
             eng_ggml_type_name(p->dtype) != NULL ? eng_ggml_type_name(p->dtype) : "?");
-    /* Every matrix's input width (ne[0]) holds whole blocks of its type. */
-    uint32_t bs = p->dtype == ENG_MKMODEL_Q4_K_M ? ENG_QK_K : eng_ggml_type_block_size(p->dtype);
+    /* Every matrix's input width (ne[0]) holds whole blocks of its type (a mix falls back to
+     * blocks of 32 where a width is not whole super-blocks, as llama.cpp's does). */
+    bool mix = p->dtype == ENG_MKMODEL_Q4_K_M || p->dtype == ENG_MKMODEL_Q5_K_M;
+    uint32_t bs = mix ? ENG_QK4_0 : eng_ggml_type_block_size(p->dtype);
     if (p->n_embd % bs != 0 || p->n_ff % bs != 0 || (p->n_head * hd) % bs != 0)
         return pc_err_setf(err, err_len, PC_ERR_INVAL,
                            "mkmodel: %s needs dim, ff and heads * head size to be multiples "

@@ -35,8 +35,8 @@ typedef struct eng_mkmodel_params {
     uint32_t n_ff;
     uint32_t head_dim; /* 0: n_embd / n_head; otherwise written as attention.key_length */
     uint32_t n_ctx;    /* <arch>.context_length */
-    uint32_t dtype;    /* weight matrices: ENG_GGML_TYPE_F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K,
-                          Q6_K, or ENG_MKMODEL_Q4_K_M */
+    uint32_t dtype;    /* weight matrices: ENG_GGML_TYPE_F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1,
+                          Q4_K, Q5_K, Q6_K, ENG_MKMODEL_Q4_K_M or ENG_MKMODEL_Q5_K_M */
     float rope_theta;
     float rms_eps;
     bool tied;       /* no output.weight: logits use token_embd.weight */
@@ -54,11 +54,16 @@ typedef struct eng_mkmodel_params {
  * tied) Q6_K; attn_v and ffn_down Q6_K in the first and last eighth of the layers and every third
  * layer between; every other matrix Q4_K (engine/quant.h, eng_quant_mix_type). */
 #define ENG_MKMODEL_Q4_K_M 0x10000u
+/* llama.cpp's Q5_K_M: the same with Q5_K for Q4_K. Both mixes give a matrix whose rows are not
+ * whole super-blocks of 256 llama.cpp's fallback type (Q5_0, Q5_1 or Q8_0:
+ * eng_quant_mix_tensor_type), so they need widths that are multiples of 32 only. */
+#define ENG_MKMODEL_Q5_K_M 0x10001u
 
 /* The command-line name of a dtype ("f16", "q4_k", "q4_k_m"), NULL for one mkmodel does not
  * write; and the dtype of a name: 0 or PC_ERR_INVAL. The names, in order, are listed in
  * ENG_MKMODEL_DTYPES. */
-#define ENG_MKMODEL_DTYPES "f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m"
+#define ENG_MKMODEL_DTYPES                                                                         \
+    "f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, q5_k_m"
 const char *eng_mkmodel_dtype_name(uint32_t dtype);
 int eng_mkmodel_dtype_parse(const char *name, uint32_t *dtype);
 

@@ -34,8 +34,8 @@ static const type_info_t types[ENG_GGML_TYPE_COUNT] = {
     [ENG_GGML_TYPE_F16] = {"F16", 1, 2},
     [ENG_GGML_TYPE_Q4_0] = {"Q4_0", ENG_QK4_0, sizeof(eng_block_q4_0_t)},
     [ENG_GGML_TYPE_Q4_1] = {"Q4_1", 32, 20},
-    [ENG_GGML_TYPE_Q5_0] = {"Q5_0", 32, 22},
-    [ENG_GGML_TYPE_Q5_1] = {"Q5_1", 32, 24},
+    [ENG_GGML_TYPE_Q5_0] = {"Q5_0", ENG_QK4_0, sizeof(eng_block_q5_0_t)},
+    [ENG_GGML_TYPE_Q5_1] = {"Q5_1", ENG_QK4_0, sizeof(eng_block_q5_1_t)},
     [ENG_GGML_TYPE_Q8_0] = {"Q8_0", ENG_QK8_0, sizeof(eng_block_q8_0_t)},
     [ENG_GGML_TYPE_Q8_1] = {"Q8_1", 32, 36},
     [ENG_GGML_TYPE_Q2_K] = {"Q2_K", 256, 84},
@@ -93,8 +93,9 @@ size_t eng_quant_row_bytes(uint32_t type, uint64_t n)
 
 bool eng_quant_type_is_quant(uint32_t type)
 {
-    return type == ENG_GGML_TYPE_Q8_0 || type == ENG_GGML_TYPE_Q4_0 || type == ENG_GGML_TYPE_Q4_K ||
-           type == ENG_GGML_TYPE_Q5_K || type == ENG_GGML_TYPE_Q6_K;
+    return type == ENG_GGML_TYPE_Q8_0 || type == ENG_GGML_TYPE_Q4_0 || type == ENG_GGML_TYPE_Q5_0 ||
+           type == ENG_GGML_TYPE_Q5_1 || type == ENG_GGML_TYPE_Q4_K || type == ENG_GGML_TYPE_Q5_K ||
+           type == ENG_GGML_TYPE_Q6_K;
 }
 
 bool eng_quant_type_computed(uint32_t type)
@@ -107,6 +108,8 @@ uint32_t eng_quant_dot_type(uint32_t type)
 {
     switch (type) {
     case ENG_GGML_TYPE_Q4_0:
+    case ENG_GGML_TYPE_Q5_0:
+    case ENG_GGML_TYPE_Q5_1:
     case ENG_GGML_TYPE_Q8_0:
         return ENG_GGML_TYPE_Q8_0;
     case ENG_GGML_TYPE_Q4_K:
@@ -130,6 +133,39 @@ void eng_dequant_q4_0(const eng_block_q4_0_t *src, float *dst, size_t n)
         for (int j = 0; j < ENG_QK4_0 / 2; j++) {
             dst[j] = (float)((src[b].qs[j] & 0xF) - 8) * d;
             dst[j + ENG_QK4_0 / 2] = (float)((src[b].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+/* Q5_0 / Q5_1's 5-bit level of element j < 16 (hi: element j + 16) from a block's qh and qs. */
+static inline int q5_level(const uint8_t qh4[4], const uint8_t *qs, int j, bool hi)
+{
+    uint32_t qh;
+    memcpy(&qh, qh4, sizeof qh);
+    return hi ? (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)
+              : (qs[j] & 0xF) | (((qh >> j) << 4) & 0x10);
+}
+
+void eng_dequant_q5_0(const eng_block_q5_0_t *src, float *dst, size_t n)
+{
+    PC_ASSERT(n % ENG_QK4_0 == 0);
+    for (size_t b = 0; b < n / ENG_QK4_0; b++, dst += ENG_QK4_0) {
+        float d = eng_f16_to_f32(src[b].d);
+        for (int j = 0; j < ENG_QK4_0 / 2; j++) {
+            dst[j] = (float)(q5_level(src[b].qh, src[b].qs, j, false) - 16) * d;
+            dst[j + ENG_QK4_0 / 2] = (float)(q5_level(src[b].qh, src[b].qs, j, true) - 16) * d;
+        }
+    }
+}
+
+void eng_dequant_q5_1(const eng_block_q5_1_t *src, float *dst, size_t n)
+{
+    PC_ASSERT(n % ENG_QK4_0 == 0);
+    for (size_t b = 0; b < n / ENG_QK4_0; b++, dst += ENG_QK4_0) {
+        float d = eng_f16_to_f32(src[b].d), m = eng_f16_to_f32(src[b].m);
+        for (int j = 0; j < ENG_QK4_0 / 2; j++) {
+            dst[j] = (float)q5_level(src[b].qh, src[b].qs, j, false) * d + m;
+            dst[j + ENG_QK4_0 / 2] = (float)q5_level(src[b].qh, src[b].qs, j, true) * d + m;
         }
     }
 }
@@ -237,6 +273,12 @@ void eng_quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n)
     case ENG_GGML_TYPE_Q4_0:
         eng_dequant_q4_0(src, dst, n);
         break;
+    case ENG_GGML_TYPE_Q5_0:
+        eng_dequant_q5_0(src, dst, n);
+        break;
+    case ENG_GGML_TYPE_Q5_1:
+        eng_dequant_q5_1(src, dst, n);
+        break;
     case ENG_GGML_TYPE_Q4_K:
         eng_dequant_q4_k(src, dst, n);
         break;
@@ -316,6 +358,40 @@ float eng_vec_dot_q4_0_q8_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t *a
             s += ((w[b].qs[j] >> 4) - 8) * a[b].qs[j + ENG_QK4_0 / 2];
         }
         sum += (float)s * (eng_f16_to_f32(w[b].d) * eng_f16_to_f32(a[b].d));
+    }
+    return sum;
+}
+
+float eng_vec_dot_q5_0_q8_0(const eng_block_q5_0_t *w, const eng_block_q8_0_t *a, size_t n)
+{
+    PC_ASSERT(n % ENG_QK4_0 == 0);
+    float sum = 0.0f;
+    for (size_t b = 0; b < n / ENG_QK4_0; b++) {
+        int32_t s = 0;
+        for (int j = 0; j < ENG_QK4_0 / 2; j++) {
+            s += (q5_level(w[b].qh, w[b].qs, j, false) - 16) * a[b].qs[j];
+            s += (q5_level(w[b].qh, w[b].qs, j, true) - 16) * a[b].qs[j + ENG_QK4_0 / 2];
+        }
+        sum += (float)s * (eng_f16_to_f32(w[b].d) * eng_f16_to_f32(a[b].d));
+    }
+    return sum;
+}
+
+/* d_w d_a <q_w, q_a> + m_w d_a sum(q_a) per block (ggml takes the second term's d_a sum(q_a)
+ * from Q8_1's precomputed s; here it is summed beside the product). */
+float eng_vec_dot_q5_1_q8_0(const eng_block_q5_1_t *w, const eng_block_q8_0_t *a, size_t n)
+{
+    PC_ASSERT(n % ENG_QK4_0 == 0);
+    float sum = 0.0f;
+    for (size_t b = 0; b < n / ENG_QK4_0; b++) {
+        int32_t s = 0, sa = 0;
+        for (int j = 0; j < ENG_QK4_0 / 2; j++) {
+            s += q5_level(w[b].qh, w[b].qs, j, false) * a[b].qs[j];
+            s += q5_level(w[b].qh, w[b].qs, j, true) * a[b].qs[j + ENG_QK4_0 / 2];
+            sa += a[b].qs[j] + a[b].qs[j + ENG_QK4_0 / 2];
+        }
+        float da = eng_f16_to_f32(a[b].d);
+        sum += (float)s * (eng_f16_to_f32(w[b].d) * da) + eng_f16_to_f32(w[b].m) * (da * (float)sa);
     }
     return sum;
 }
@@ -417,6 +493,10 @@ float eng_quant_vec_dot(uint32_t type, const void *w, const void *a, size_t n)
     switch (type) {
     case ENG_GGML_TYPE_Q4_0:
         return eng_vec_dot_q4_0_q8_0(w, a, n);
+    case ENG_GGML_TYPE_Q5_0:
+        return eng_vec_dot_q5_0_q8_0(w, a, n);
+    case ENG_GGML_TYPE_Q5_1:
+        return eng_vec_dot_q5_1_q8_0(w, a, n);
     case ENG_GGML_TYPE_Q8_0:
         return eng_vec_dot_q8_0_q8_0(w, a, n);
     case ENG_GGML_TYPE_Q4_K:
@@ -489,6 +569,83 @@ static int quantize_q4_0(const float *x, eng_block_q4_0_t *y, size_t n)
             int q1 = clampi((int)lrintf(x[j + ENG_QK4_0 / 2] * id) + 8, 0, 15);
             y[b].qs[j] = (uint8_t)(q0 | (q1 << 4));
         }
+    }
+    return 0;
+}
+
+/* Q5_0 / Q5_1's packing of 32 levels (0..31) into qh and qs. */
+static void q5_pack(const int q[ENG_QK4_0], uint8_t qh4[4], uint8_t *qs)
+{
+    uint32_t qh = 0;
+    for (int j = 0; j < ENG_QK4_0 / 2; j++) {
+        qs[j] = (uint8_t)((q[j] & 0xF) | ((q[j + ENG_QK4_0 / 2] & 0xF) << 4));
+        qh |= (uint32_t)(q[j] >> 4) << j;
+        qh |= (uint32_t)(q[j + ENG_QK4_0 / 2] >> 4) << (j + ENG_QK4_0 / 2);
+    }
+    memcpy(qh4, &qh, sizeof qh);
+}
+
+/* As Q4_0, with 32 levels: d = amax / 16 rounded up, negative when the largest magnitude is
+ * positive (it maps to level -16). */
+static int quantize_q5_0(const float *x, eng_block_q5_0_t *y, size_t n)
+{
+    for (size_t b = 0; b < n / ENG_QK4_0; b++, x += ENG_QK4_0) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < ENG_QK4_0; j++)
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        uint16_t dh;
+        float d;
+        if (!f16_up(amax / 16.0f, &dh, &d))
+            return PC_ERR_RANGE;
+        if (max > 0.0f) {
+            dh |= 0x8000;
+            d = -d;
+        }
+        y[b].d = dh;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int q[ENG_QK4_0];
+        for (int j = 0; j < ENG_QK4_0; j++)
+            q[j] = clampi((int)lrintf(x[j] * id) + 16, 0, 31);
+        q5_pack(q, y[b].qh, y[b].qs);
+    }
+    return 0;
+}
+
+/* The F16 nearest to v that is not above it (so a min never rises above the block's minimum). */
+static bool f16_down(float v, uint16_t *out, float *back)
+{
+    uint16_t h = eng_f32_to_f16(v);
+    if (eng_f16_to_f32(h) > v)
+        h = (h & 0x8000) ? (uint16_t)(h + 1) : (uint16_t)(h - 1);
+    float f = eng_f16_to_f32(h);
+    if (!isfinite(f))
+        return false;
+    *out = h;
+    *back = f;
+    return true;
+}
+
+/* m = the block's minimum rounded down in F16, d = (max - m) / 31 rounded up; levels to nearest.
+ */
+static int quantize_q5_1(const float *x, eng_block_q5_1_t *y, size_t n)
+{
+    for (size_t b = 0; b < n / ENG_QK4_0; b++, x += ENG_QK4_0) {
+        float mn = x[0], mx = x[0];
+        for (int j = 1; j < ENG_QK4_0; j++) {
+            mn = fminf(mn, x[j]);
+            mx = fmaxf(mx, x[j]);
+        }
+        float m, d;
+        if (!f16_down(mn, &y[b].m, &m) || !f16_up((mx - m) / 31.0f, &y[b].d, &d))
+            return PC_ERR_RANGE;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int q[ENG_QK4_0];
+        for (int j = 0; j < ENG_QK4_0; j++)
+            q[j] = clampi((int)lrintf((x[j] - m) * id), 0, 31);
+        q5_pack(q, y[b].qh, y[b].qs);
     }
     return 0;
 }
@@ -646,6 +803,10 @@ int eng_quantize_row(uint32_t type, const float *x, void *dst, size_t n)
     switch (type) {
     case ENG_GGML_TYPE_Q4_0:
         return quantize_q4_0(x, dst, n);
+    case ENG_GGML_TYPE_Q5_0:
+        return quantize_q5_0(x, dst, n);
+    case ENG_GGML_TYPE_Q5_1:
+        return quantize_q5_1(x, dst, n);
     case ENG_GGML_TYPE_Q8_0:
         return quantize_q8_0(x, dst, n);
     case ENG_GGML_TYPE_Q4_K:
@@ -661,7 +822,8 @@ int eng_quantize_row(uint32_t type, const float *x, void *dst, size_t n)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * The Q4_K_M mix (llama.cpp's llama_tensor_get_type for LLAMA_FTYPE_MOSTLY_Q4_K_M)
+ * The Q4_K_M / Q5_K_M mixes (llama.cpp's llama_tensor_get_type for LLAMA_FTYPE_MOSTLY_Q4_K_M
+ * and _Q5_K_M)
  * ------------------------------------------------------------------------------------------- */
 
 /* llama.cpp's use_more_bits: the first and last eighth of the layers, and every third between. */
@@ -672,7 +834,7 @@ static bool use_more_bits(uint32_t i, uint32_t n)
 
 uint32_t eng_quant_mix_type(uint32_t mix, const char *name, uint32_t n_layer, bool tied)
 {
-    if (mix != ENG_QUANT_MIX_Q4_K_M)
+    if (mix != ENG_QUANT_MIX_Q4_K_M && mix != ENG_QUANT_MIX_Q5_K_M)
         return mix;
     if (strcmp(name, "output.weight") == 0 || (tied && strcmp(name, "token_embd.weight") == 0))
         return ENG_GGML_TYPE_Q6_K;
@@ -682,5 +844,23 @@ uint32_t eng_quant_mix_type(uint32_t mix, const char *name, uint32_t n_layer, bo
         (strcmp(rest, "attn_v.weight") == 0 || strcmp(rest, "ffn_down.weight") == 0) &&
         use_more_bits(layer, n_layer))
         return ENG_GGML_TYPE_Q6_K;
-    return ENG_GGML_TYPE_Q4_K;
+    return mix == ENG_QUANT_MIX_Q5_K_M ? ENG_GGML_TYPE_Q5_K : ENG_GGML_TYPE_Q4_K;
+}
+
+uint32_t eng_quant_mix_tensor_type(uint32_t mix, const char *name, uint32_t n_layer, bool tied,
+                                   uint64_t n_in)
+{
+    uint32_t t = eng_quant_mix_type(mix, name, n_layer, tied);
+    if (n_in % ENG_QK_K == 0)
+        return t;
+    switch (t) {
+    case ENG_GGML_TYPE_Q4_K:
+        return ENG_GGML_TYPE_Q5_0;
+    case ENG_GGML_TYPE_Q5_K:
+        return ENG_GGML_TYPE_Q5_1;
+    case ENG_GGML_TYPE_Q6_K:
+        return ENG_GGML_TYPE_Q8_0;
+    default:
+        return t;
+    }
 }

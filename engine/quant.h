@@ -9,6 +9,11 @@
  *
  *   Q4_0  (32 elements, 18 bytes)   u16 d | u8 qs[16]
  *         element j < 16 = d * ((qs[j] & 15) - 8), element j + 16 = d * ((qs[j] >> 4) - 8)
+ *   Q5_0  (32 elements, 22 bytes)   u16 d | u8 qh[4] | u8 qs[16]
+ *         as Q4_0 with a fifth bit: bit j of qh (read as a little-endian u32) is the high bit of
+ *         element j; element = d * (q - 16), q in 0..31.
+ *   Q5_1  (32 elements, 24 bytes)   u16 d | u16 m | u8 qh[4] | u8 qs[16]
+ *         as Q5_0 with a min instead of the offset: element = d * q + m.
  *   Q8_0  (32 elements, 34 bytes)   u16 d | i8 qs[32]                element j = d * qs[j]
  *   Q4_K  (256 elements, 144 bytes) u16 d | u16 dmin | u8 scales[12] | u8 qs[128]
  *         8 sub-blocks of 32, each with a 6-bit scale sc and a 6-bit min m packed in scales[]
@@ -27,11 +32,12 @@
  *         j = d * qs[j]; bsums[i] = the sum of qs[16 i .. 16 i + 15].
  *
  * Products. A quantized weight row is multiplied by an activation row quantized once to its
- * "dot type" (eng_quant_dot_type: Q8_0 for Q4_0 and Q8_0, Q8_K for the K-quants) with integer
- * arithmetic like ggml's: per block, the weight's and the activation's quants are multiplied and
- * summed in int32 (the K-quants' mins through bsums), then scaled by the two blocks' scales in
- * float and accumulated in float in block order. The reference functions here (portable C) are
- * the oracle the SIMD and CUDA paths are tested against.
+ * "dot type" (eng_quant_dot_type: Q8_0 for Q4_0, Q5_0, Q5_1 and Q8_0, Q8_K for the K-quants)
+ * with integer arithmetic like ggml's: per block, the weight's and the activation's quants are
+ * multiplied and summed in int32 (the K-quants' mins through bsums, Q5_1's min through the sum
+ * of the activation's quants: ggml's Q8_1 carries that sum), then scaled by the two blocks'
+ * scales in float and accumulated in float in block order. The reference functions here (portable
+ * C) are the oracle the SIMD and CUDA paths are tested against.
  *
  * Every function takes n as a multiple of the type's block size (asserted) and reads or writes
  * exactly eng_quant_row_bytes(type, n) bytes; pointers need no alignment beyond a byte. No state:
@@ -54,6 +60,21 @@ typedef struct eng_block_q4_0 {
     uint16_t d; /* F16 */
     uint8_t qs[ENG_QK4_0 / 2];
 } eng_block_q4_0_t;
+
+/* Q5_0 and Q5_1 are what llama.cpp's quantizer writes instead of Q4_K and Q5_K for a tensor
+ * whose rows are not whole super-blocks of 256 (llama_tensor_get_type's fallback). */
+typedef struct eng_block_q5_0 {
+    uint16_t d; /* F16 */
+    uint8_t qh[4];
+    uint8_t qs[ENG_QK4_0 / 2];
+} eng_block_q5_0_t;
+
+typedef struct eng_block_q5_1 {
+    uint16_t d; /* F16 */
+    uint16_t m; /* F16 */
+    uint8_t qh[4];
+    uint8_t qs[ENG_QK4_0 / 2];
+} eng_block_q5_1_t;
 
 typedef struct eng_block_q8_0 {
     uint16_t d; /* F16 */
@@ -89,6 +110,8 @@ typedef struct eng_block_q8_k {
 } eng_block_q8_k_t;
 
 _Static_assert(sizeof(eng_block_q4_0_t) == 18, "Q4_0 block is 18 bytes");
+_Static_assert(sizeof(eng_block_q5_0_t) == 22, "Q5_0 block is 22 bytes");
+_Static_assert(sizeof(eng_block_q5_1_t) == 24, "Q5_1 block is 24 bytes");
 _Static_assert(sizeof(eng_block_q8_0_t) == 34, "Q8_0 block is 34 bytes");
 _Static_assert(sizeof(eng_block_q4_k_t) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(eng_block_q5_k_t) == 176, "Q5_K block is 176 bytes");
@@ -104,15 +127,15 @@ _Static_assert(sizeof(eng_block_q8_k_t) == 292, "Q8_K block is 292 bytes");
  */
 size_t eng_quant_row_bytes(uint32_t type, uint64_t n);
 
-/* True for the weight types the engine computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K,
- * Q6_K (gguf.h's eng_ggml_type_supported). */
+/* True for the weight types the engine computes with: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1,
+ * Q4_K, Q5_K, Q6_K (gguf.h's eng_ggml_type_supported). */
 bool eng_quant_type_computed(uint32_t type);
 
-/* True for the block-quantized ones among them (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K). */
+/* True for the block-quantized ones among them (Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K). */
 bool eng_quant_type_is_quant(uint32_t type);
 
-/* The activation format a weight type's integer dot product takes: ENG_GGML_TYPE_Q8_0 for Q4_0
- * and Q8_0, ENG_GGML_TYPE_Q8_K for Q4_K, Q5_K and Q6_K; 0 (F32) for the others. */
+/* The activation format a weight type's integer dot product takes: ENG_GGML_TYPE_Q8_0 for Q4_0,
+ * Q5_0, Q5_1 and Q8_0, ENG_GGML_TYPE_Q8_K for Q4_K, Q5_K and Q6_K; 0 (F32) for the others. */
 uint32_t eng_quant_dot_type(uint32_t type);
 
 /* ---------------------------------------------------------------------------------------------
@@ -123,6 +146,8 @@ uint32_t eng_quant_dot_type(uint32_t type);
 
 void eng_quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n);
 void eng_dequant_q4_0(const eng_block_q4_0_t *src, float *dst, size_t n);
+void eng_dequant_q5_0(const eng_block_q5_0_t *src, float *dst, size_t n);
+void eng_dequant_q5_1(const eng_block_q5_1_t *src, float *dst, size_t n);
 void eng_dequant_q8_0(const eng_block_q8_0_t *src, float *dst, size_t n);
 void eng_dequant_q4_k(const eng_block_q4_k_t *src, float *dst, size_t n);
 void eng_dequant_q5_k(const eng_block_q5_k_t *src, float *dst, size_t n);
@@ -161,6 +186,8 @@ void eng_quant_act_q8_k(const float *x, eng_block_q8_k_t *dst, size_t n);
  * ------------------------------------------------------------------------------------------- */
 
 float eng_vec_dot_q4_0_q8_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t *a, size_t n);
+float eng_vec_dot_q5_0_q8_0(const eng_block_q5_0_t *w, const eng_block_q8_0_t *a, size_t n);
+float eng_vec_dot_q5_1_q8_0(const eng_block_q5_1_t *w, const eng_block_q8_0_t *a, size_t n);
 float eng_vec_dot_q8_0_q8_0(const eng_block_q8_0_t *w, const eng_block_q8_0_t *a, size_t n);
 float eng_vec_dot_q4_k_q8_k(const eng_block_q4_k_t *w, const eng_block_q8_k_t *a, size_t n);
 float eng_vec_dot_q5_k_q8_k(const eng_block_q5_k_t *w, const eng_block_q8_k_t *a, size_t n);
@@ -173,9 +200,10 @@ float eng_quant_vec_dot(uint32_t type, const void *w, const void *a, size_t n);
  * Weight quantizers (kvgw's own, following the formats' definitions): x[n] -> dst. Each block's
  * scales are rounded up in F16 / 6 bits / int8 so that every element lies inside its sub-block's
  * representable range, then each element is rounded to the nearest level: the error of an
- * element is at most half its sub-block's step (Q4_0: the step, for the one level its signed
- * range lacks). Returns 0, or PC_ERR_RANGE (dst unspecified) when an element is not finite or a
- * scale does not fit F16. Q8_0 is ggml's quantize_row_q8_0_ref.
+ * element is at most half its sub-block's step (Q4_0 and Q5_0: the step, for the one level their
+ * signed range lacks; Q5_1's min is rounded down in F16 so that no element lies below it).
+ * Returns 0, or PC_ERR_RANGE (dst unspecified) when an element is not finite or a scale does not
+ * fit F16. Q8_0 is ggml's quantize_row_q8_0_ref.
  * ------------------------------------------------------------------------------------------- */
 
 int eng_quantize_row(uint32_t type, const float *x, void *dst, size_t n);
@@ -184,9 +212,17 @@ int eng_quantize_row(uint32_t type, const float *x, void *dst, size_t n);
  * the mix `mix` for a model of n_layer layers (tied: token_embd.weight is also the output head):
  * for ENG_QUANT_MIX_Q4_K_M, llama.cpp's Q4_K_M rule (llama_tensor_get_type): the output head
  * (output.weight, or token_embd.weight when tied) Q6_K; attn_v and ffn_down Q6_K in the first and
- * last eighth of the layers and every third layer between (use_more_bits), Q4_K elsewhere. For a
- * plain weight type, that type. */
+ * last eighth of the layers and every third layer between (use_more_bits), Q4_K elsewhere;
+ * ENG_QUANT_MIX_Q5_K_M the same with Q5_K for Q4_K. For a plain weight type, that type. */
 #define ENG_QUANT_MIX_Q4_K_M 0x10000u
+#define ENG_QUANT_MIX_Q5_K_M 0x10001u
 uint32_t eng_quant_mix_type(uint32_t mix, const char *name, uint32_t n_layer, bool tied);
+
+/* eng_quant_mix_type for a tensor whose rows hold n_in elements, with llama.cpp's fallback for
+ * rows that are not whole super-blocks of 256 (llama_tensor_get_type): Q4_K becomes Q5_0, Q5_K
+ * Q5_1 and Q6_K Q8_0 (blocks of 32). So a small model of llama.cpp's shapes (FF 352, dim 128)
+ * gets the very types llama-quantize gives it. */
+uint32_t eng_quant_mix_tensor_type(uint32_t mix, const char *name, uint32_t n_layer, bool tied,
+                                   uint64_t n_in);
 
 #endif

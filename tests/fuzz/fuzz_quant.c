@@ -23,7 +23,8 @@
 static volatile float sink;
 
 static const uint32_t types[] = {ENG_GGML_TYPE_Q4_0, ENG_GGML_TYPE_Q8_0, ENG_GGML_TYPE_Q4_K,
-                                 ENG_GGML_TYPE_Q5_K, ENG_GGML_TYPE_Q6_K};
+                                 ENG_GGML_TYPE_Q5_K, ENG_GGML_TYPE_Q6_K, ENG_GGML_TYPE_Q5_0,
+                                 ENG_GGML_TYPE_Q5_1};
 
 /* rows x K elements of type t at data (exactly eng_quant_row_bytes(t, rows * K) bytes). */
 static void exercise(uint32_t t, const void *data, size_t rows, size_t K)

@@ -39,7 +39,7 @@ static int32_t rnd_token(void)
     return (int32_t)((rng_state >> 8) % N_VOCAB);
 }
 
-static void make_model(uint32_t dtype, bool tied, char *path, size_t len)
+static void make_model_ff(uint32_t dtype, bool tied, uint32_t n_ff, char *path, size_t len)
 {
     eng_mkmodel_params_t p = eng_mkmodel_params_default();
     p.arch = ENG_ARCH_LLAMA;
@@ -47,7 +47,7 @@ static void make_model(uint32_t dtype, bool tied, char *path, size_t len)
     p.n_embd = 256;
     p.n_head = 4;
     p.n_head_kv = 2;
-    p.n_ff = 512;
+    p.n_ff = n_ff;
     p.n_ctx = 4096;
     p.dtype = dtype;
     p.tied = tied;
@@ -59,6 +59,11 @@ static void make_model(uint32_t dtype, bool tied, char *path, size_t len)
         fprintf(stderr, "mkmodel failed: %s\n", err);
         abort();
     }
+}
+
+static void make_model(uint32_t dtype, bool tied, char *path, size_t len)
+{
+    make_model_ff(dtype, tied, 512, path, len);
 }
 
 static const char *const isas[] = {"avx512", "avx2", "portable"};
@@ -90,10 +95,10 @@ static void check_top1(const float *got, const float *ref, uint32_t n_rows)
 }
 
 /* Prefill N tokens (every position's logits), then a chunk and single decode tokens. */
-static void run_type(uint32_t dtype, bool tied)
+static void run_model(uint32_t dtype, bool tied, uint32_t n_ff)
 {
     char path[256];
-    make_model(dtype, tied, path, sizeof path);
+    make_model_ff(dtype, tied, n_ff, path, sizeof path);
     enum { N = 52, P = 36 }; /* P >= 32: prefill takes the GEMM (BF16 where the CPU has it) */
     int32_t toks[N];
     for (int i = 0; i < N; i++)
@@ -142,6 +147,11 @@ static void run_type(uint32_t dtype, bool tied)
     free(lg);
     free(ref);
     unlink(path);
+}
+
+static void run_type(uint32_t dtype, bool tied)
+{
+    run_model(dtype, tied, 512);
 }
 
 /* The matrices are kept as stored, at the file's bytes per weight. */
@@ -227,6 +237,40 @@ PC_TEST(q6_k_vs_float64)
 PC_TEST(q4_k_m_vs_float64)
 {
     run_type(ENG_MKMODEL_Q4_K_M, false);
+}
+
+PC_TEST(q5_0_vs_float64)
+{
+    run_type(ENG_GGML_TYPE_Q5_0, true);
+}
+
+PC_TEST(q5_1_vs_float64)
+{
+    run_type(ENG_GGML_TYPE_Q5_1, false);
+}
+
+/* The types llama.cpp's quantizer gives this shape (FF 352: ffn_down's rows are not whole
+ * super-blocks), as its Q4_K_M and Q5_K_M files of our demo and qwen test models have them: a
+ * quantized token embedding (Q6_K, tied: also the output head), Q4_K / Q5_K, Q6_K, and the
+ * fallbacks Q5_0 / Q5_1 and Q8_0 in one model. */
+PC_TEST(llama_cpp_mixes_vs_float64)
+{
+    char path[256];
+    make_model_ff(ENG_MKMODEL_Q4_K_M, true, 352, path, sizeof path);
+    eng_model_params_t mp = eng_model_params_default();
+    eng_model_t *m;
+    char err[256];
+    ASSERT_EQ(eng_model_load(path, &mp, &m, err, sizeof err), 0);
+    ASSERT_EQ(m->tok_embd.type, ENG_GGML_TYPE_Q6_K);
+    ASSERT_EQ(m->output.data, m->tok_embd.data);
+    ASSERT_EQ(m->layers[0].w_down.type, ENG_GGML_TYPE_Q5_0);
+    ASSERT_EQ(m->layers[1].w_down.type, ENG_GGML_TYPE_Q8_0);
+    ASSERT_EQ(m->layers[1].wv.type, ENG_GGML_TYPE_Q6_K);
+    ASSERT_EQ(m->layers[0].w_up.type, ENG_GGML_TYPE_Q4_K);
+    eng_model_free(m);
+    unlink(path);
+    run_model(ENG_MKMODEL_Q4_K_M, true, 352);
+    run_model(ENG_MKMODEL_Q5_K_M, true, 352);
 }
 
 PC_TEST_MAIN()

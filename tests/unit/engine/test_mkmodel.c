@@ -262,12 +262,13 @@ PC_TEST(bad_parameters)
     ASSERT_TRUE(strstr(err, "multiples of 32") != NULL);
     p = small_params(ENG_GGML_TYPE_Q2_K);
     ASSERT_EQ(eng_mkmodel_check(&p, err, sizeof err), PC_ERR_INVAL);
-    ASSERT_STR_EQ(err, "mkmodel: dtype Q2_K not supported (f32, f16, bf16, q8_0, q4_0, q4_k, "
-                       "q5_k, q6_k, q4_k_m)");
-    p = small_params(ENG_MKMODEL_Q4_K_M); /* dim 64: not whole super-blocks of 256 */
+    ASSERT_STR_EQ(err, "mkmodel: dtype Q2_K not supported (f32, f16, bf16, q8_0, q4_0, q5_0, "
+                       "q5_1, q4_k, q5_k, q6_k, q4_k_m, q5_k_m)");
+    p = small_params(ENG_MKMODEL_Q4_K_M); /* dim 64: llama.cpp's fallback to blocks of 32 */
+    ASSERT_EQ(eng_mkmodel_check(&p, err, sizeof err), 0);
+    p.n_ff = 100;
     ASSERT_EQ(eng_mkmodel_check(&p, err, sizeof err), PC_ERR_INVAL);
-    ASSERT_STR_EQ(err,
-                  "mkmodel: q4_k_m needs dim, ff and heads * head size to be multiples of 256");
+    ASSERT_STR_EQ(err, "mkmodel: q4_k_m needs dim, ff and heads * head size to be multiples of 32");
     p = small_params(ENG_GGML_TYPE_F32);
     p.n_embd = 60;
     p.n_head = 4;

@@ -23,8 +23,9 @@
 #include "pc_test.h"
 #include "quant.h"
 
-static const uint32_t qtypes[] = {ENG_GGML_TYPE_Q4_0, ENG_GGML_TYPE_Q8_0, ENG_GGML_TYPE_Q4_K,
-                                  ENG_GGML_TYPE_Q5_K, ENG_GGML_TYPE_Q6_K};
+static const uint32_t qtypes[] = {ENG_GGML_TYPE_Q4_0, ENG_GGML_TYPE_Q5_0, ENG_GGML_TYPE_Q5_1,
+                                  ENG_GGML_TYPE_Q8_0, ENG_GGML_TYPE_Q4_K, ENG_GGML_TYPE_Q5_K,
+                                  ENG_GGML_TYPE_Q6_K};
 #define N_QTYPES (sizeof qtypes / sizeof qtypes[0])
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -90,6 +91,20 @@ static double ref_elem(uint32_t t, const void *row, size_t e)
         int q = i < 16 ? b->qs[i] & 15 : b->qs[i - 16] >> 4;
         return f16(b->d) * (q - 8);
     }
+    case ENG_GGML_TYPE_Q5_0:
+    case ENG_GGML_TYPE_Q5_1: {
+        /* Element i: nibble i % 16 (low for i < 16) with bit i of qh (as a u32) on top. */
+        bool one = t == ENG_GGML_TYPE_Q5_1;
+        const uint8_t *b = (const uint8_t *)row + e / 32 * (one ? 24 : 22);
+        uint16_t d, m = 0;
+        memcpy(&d, b, 2);
+        if (one)
+            memcpy(&m, b + 2, 2);
+        const uint8_t *qh = b + (one ? 4 : 2), *qs = qh + 4;
+        size_t i = e % 32;
+        int q = (i < 16 ? qs[i] & 15 : qs[i - 16] >> 4) | (((qh[i / 8] >> (i % 8)) & 1) << 4);
+        return one ? f16(d) * q + f16(m) : f16(d) * (q - 16);
+    }
     case ENG_GGML_TYPE_Q8_0: {
         const eng_block_q8_0_t *b = (const eng_block_q8_0_t *)row + e / 32;
         return f16(b->d) * b->qs[e % 32];
@@ -152,6 +167,7 @@ static void *rnd_blocks(uint32_t t, size_t n)
             break;
         case ENG_GGML_TYPE_Q4_K:
         case ENG_GGML_TYPE_Q5_K:
+        case ENG_GGML_TYPE_Q5_1:
             memcpy(blk + 2, &dmin, 2);
             memcpy(blk, &d, 2);
             break;
@@ -165,6 +181,9 @@ static void *rnd_blocks(uint32_t t, size_t n)
 PC_TEST(type_table)
 {
     ASSERT_EQ(eng_ggml_type_block_bytes(ENG_GGML_TYPE_Q4_0), 18);
+    ASSERT_EQ(eng_ggml_type_block_bytes(ENG_GGML_TYPE_Q5_0), 22);
+    ASSERT_EQ(eng_ggml_type_block_bytes(ENG_GGML_TYPE_Q5_1), 24);
+    ASSERT_EQ(eng_quant_dot_type(ENG_GGML_TYPE_Q5_1), ENG_GGML_TYPE_Q8_0);
     ASSERT_EQ(eng_ggml_type_block_bytes(ENG_GGML_TYPE_Q4_K), 144);
     ASSERT_EQ(eng_ggml_type_block_bytes(ENG_GGML_TYPE_Q5_K), 176);
     ASSERT_EQ(eng_ggml_type_block_bytes(ENG_GGML_TYPE_Q6_K), 210);
@@ -192,13 +211,11 @@ PC_TEST(type_table)
  * once or twice (the K-quants' d * sc * q - dmin * m), so within 2^-22 of the larger term. */
 PC_TEST(dequant_random_blocks_vs_float64)
 {
-    const uint32_t types[] = {ENG_GGML_TYPE_Q4_0, ENG_GGML_TYPE_Q8_0, ENG_GGML_TYPE_Q4_K,
-                              ENG_GGML_TYPE_Q5_K, ENG_GGML_TYPE_Q6_K};
     const size_t n = 256 * 16;
     float *out = malloc(n * sizeof *out);
     for (int rep = 0; rep < 20; rep++)
-        for (size_t ti = 0; ti < 5; ti++) {
-            uint32_t t = types[ti];
+        for (size_t ti = 0; ti < N_QTYPES; ti++) {
+            uint32_t t = qtypes[ti];
             void *blocks = rnd_blocks(t, n);
             eng_quant_row_to_f32(t, blocks, out, n);
             for (size_t e = 0; e < n; e++) {
@@ -212,6 +229,13 @@ PC_TEST(dequant_random_blocks_vs_float64)
                     memcpy(&d, blk, 2);
                     memcpy(&dm, blk + 2, 2);
                     tol = ldexp(fabs(f16(d)) * 63 * 31 + fabs(f16(dm)) * 63, -23);
+                }
+                if (t == ENG_GGML_TYPE_Q5_1) { /* d q + m: two roundings of terms up to 31 |d| */
+                    const uint8_t *blk = (const uint8_t *)blocks + e / 32 * 24;
+                    uint16_t d, m;
+                    memcpy(&d, blk, 2);
+                    memcpy(&m, blk + 2, 2);
+                    tol = ldexp(fabs(f16(d)) * 31 + fabs(f16(m)), -23);
                 }
                 if (!(fabs((double)out[e] - want) <= tol)) {
                     fprintf(stderr, "  %s element %zu: got %.9g, float64 %.9g\n",
@@ -337,7 +361,7 @@ PC_TEST(dot_products_vs_float64)
             for (size_t b = 0; b < nb; b++) {
                 uint16_t d = eng_f32_to_f16((float)(rnd_unit() * 0.02 - 0.01));
                 memcpy((uint8_t *)w + b * bb + (t == ENG_GGML_TYPE_Q6_K ? 208 : 0), &d, 2);
-                if (t == ENG_GGML_TYPE_Q4_K || t == ENG_GGML_TYPE_Q5_K) {
+                if (t == ENG_GGML_TYPE_Q4_K || t == ENG_GGML_TYPE_Q5_K || t == ENG_GGML_TYPE_Q5_1) {
                     uint16_t dm = eng_f32_to_f16((float)(rnd_unit() * 0.01));
                     memcpy((uint8_t *)w + b * bb + 2, &dm, 2);
                 }
@@ -382,6 +406,32 @@ static void check_round_trip(uint32_t t, const float *x, size_t n)
             bound = fabs(x[e]) > amax * (7.5 / 8) ? step : step / 2;
             /* d rounded up in F16: one unit in the last place (2^-24 among subnormals). */
             ASSERT_LE(step, amax / 8 * (1 + ldexp(1, -10)) + ldexp(1, -24));
+            break;
+        }
+        case ENG_GGML_TYPE_Q5_0: {
+            uint16_t d;
+            memcpy(&d, blk, 2);
+            step = fabs(f16(d));
+            double amax = 0;
+            for (size_t i = 0; i < bs; i++)
+                amax = fmax(amax, fabs((double)xb[i]));
+            bound = fabs(x[e]) > amax * (15.5 / 16) ? step : step / 2;
+            ASSERT_LE(step, amax / 16 * (1 + ldexp(1, -10)) + ldexp(1, -24));
+            break;
+        }
+        case ENG_GGML_TYPE_Q5_1: {
+            const eng_block_q5_1_t *b = (const eng_block_q5_1_t *)blk;
+            step = f16(b->d);
+            bound = step / 2;
+            double lo = INFINITY, hi = -INFINITY;
+            for (size_t i = 0; i < bs; i++) {
+                lo = fmin(lo, (double)xb[i]);
+                hi = fmax(hi, (double)xb[i]);
+            }
+            /* m at most one F16 unit below the minimum; d rounded up by one unit. */
+            ASSERT_LE(f16(b->m), lo);
+            ASSERT_LE(lo - f16(b->m), fabs(lo) * ldexp(1, -10) + ldexp(1, -24));
+            ASSERT_LE(step, (hi - f16(b->m)) / 31 * (1 + ldexp(1, -10)) + ldexp(1, -24));
             break;
         }
         case ENG_GGML_TYPE_Q8_0: {
@@ -497,6 +547,22 @@ PC_TEST(q4_k_m_mix)
     }
     ASSERT_EQ(eng_quant_mix_type(ENG_GGML_TYPE_Q5_K, "output.weight", 8, false),
               ENG_GGML_TYPE_Q5_K);
+    /* Q5_K_M: Q5_K for Q4_K. llama.cpp's fallback for rows that are not whole 256s, as its
+     * quantizer wrote a 2-layer model of dim 256, FF 704, tied (layer 0's ffn_down Q5_0 and
+     * layer 1's Q8_0; token_embd Q6_K). */
+    const uint32_t M5 = ENG_QUANT_MIX_Q5_K_M;
+    ASSERT_EQ(eng_quant_mix_type(M5, "blk.1.attn_q.weight", 8, false), ENG_GGML_TYPE_Q5_K);
+    ASSERT_EQ(eng_quant_mix_type(M5, "blk.0.ffn_down.weight", 8, false), Q6);
+    ASSERT_EQ(eng_quant_mix_tensor_type(M, "blk.0.ffn_down.weight", 2, true, 704),
+              ENG_GGML_TYPE_Q5_0);
+    ASSERT_EQ(eng_quant_mix_tensor_type(M, "blk.1.ffn_down.weight", 2, true, 704),
+              ENG_GGML_TYPE_Q8_0);
+    ASSERT_EQ(eng_quant_mix_tensor_type(M5, "blk.0.ffn_down.weight", 2, true, 704),
+              ENG_GGML_TYPE_Q5_1);
+    ASSERT_EQ(eng_quant_mix_tensor_type(M, "token_embd.weight", 2, true, 256), Q6);
+    ASSERT_EQ(eng_quant_mix_tensor_type(M, "blk.0.ffn_up.weight", 2, true, 256), Q4);
+    ASSERT_EQ(eng_quant_mix_tensor_type(ENG_GGML_TYPE_Q4_K, "blk.0.ffn_down.weight", 2, true, 704),
+              ENG_GGML_TYPE_Q5_0);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -557,8 +623,11 @@ PC_TEST(quant_vectors)
         seen[t->type]++;
         n_checked++;
     }
+    /* The file holds every type but Q5_0 / Q5_1 (llama.cpp writes those only where rows are not
+     * whole super-blocks: test_forward_quant's llama_cpp_mixes). */
     for (size_t ti = 0; ti < N_QTYPES; ti++)
-        ASSERT_TRUE(seen[qtypes[ti]] > 0);
+        if (qtypes[ti] != ENG_GGML_TYPE_Q5_0 && qtypes[ti] != ENG_GGML_TYPE_Q5_1)
+            ASSERT_TRUE(seen[qtypes[ti]] > 0);
     fprintf(stderr, "  %d llama.cpp tensors dequantized bit for bit\n", n_checked);
     eng_gguf_free(g);
 }
