@@ -39,7 +39,11 @@
  * into the pool block (eng_backend_kv_from_host; on CUDA the compute stream orders its steps
  * after the copy) and given back once its fence is done. Eviction events say ENG_TIER_G2 when
  * every dropped block went to G2 (ENG_TIER_G3 when each is in G2 or G3); a block G2 drops is
- * reported through eng_tier_poll with the tier it is now in (G3 or none).
+ * reported through eng_tier_poll with the tier it is now in (G3 or none). The cost model's G2
+ * figure is the copy time per block: measured exactly on CPU (a memcpy); on CUDA from a
+ * start's first copy to its last fence when that is done by the end of the start (an upper
+ * bound; never a fence seen later, which would time other steps); untimed counts as unknown,
+ * and unknown favours the copy.
  *
  * Shutdown. eng_free (the worker's orderly shutdown) first writes back the unpinned prefixes
  * still in the pool, least recently used first, under the min_tokens filter, waiting for
@@ -168,8 +172,9 @@ typedef struct eng_tier_stats {
     uint64_t g2_write_dropped; /* blocks that could not go to G2 (no staging piece, a failed
                                   copy): they went to G3's queue instead (or were dropped) */
     uint64_t g2_load_blocks;   /* blocks copied from G2 into the pool */
-    uint64_t g2_load_bytes, g2_load_ns; /* and their bytes and copy time (on CUDA: from the
-                                           enqueue to the fence seen done, an upper bound) */
+    uint64_t g2_load_bytes, g2_load_ns; /* and their bytes, and the copy time measured (on
+                                           CUDA only for a start whose copies were done by its
+                                           end: first enqueue to then, an upper bound) */
     double g2_load_bytes_per_s; /* measured (EWMA) G2 copy bandwidth: the cost model's input */
     uint64_t g2_evictions;      /* blocks G2 dropped for its budget */
     uint64_t g2_spilled;        /* of those, blocks queued down to G3 (or already held there) */
