@@ -259,6 +259,13 @@ int eng_init(const eng_params_t *p, eng_t **out, char *err, size_t err_len)
         goto fail;
     }
     e->model_size = eng_gguf_file_size(e->model->_gguf);
+    if (p->tier.g2_bytes > 0 && (p->tier.dir == NULL || p->tier.dir[0] == '\0')) {
+        rc = PC_ERR_INVAL;
+        snprintf(err, err_len,
+                 "engine: the host-memory KV tier (g2_bytes) needs the disk tier's "
+                 "directory (the tiers are off without it)");
+        goto fail;
+    }
     if (p->tier.dir != NULL && p->tier.dir[0] != '\0') {
         uint64_t fp;
         rc = eng_model_fingerprint(e, &fp, err, err_len);

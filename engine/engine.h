@@ -79,7 +79,9 @@ typedef struct eng_tier_params {
     bool write_through;   /* write retained prefixes at retain time (default true) */
     uint32_t min_tokens;  /* write back evicted prefixes of at least this many tokens
                              (default 64; tier.h says why) */
-    uint64_t g2_bytes;    /* host-memory tier of the CUDA backend (0: off; CPU: ignored) */
+    uint64_t g2_bytes;    /* the host-memory tier G2 (tier.h), in front of the disk tier
+                             (0: off, the default; needs dir). Pinned memory on CUDA; on CPU
+                             it only adds a second level of host memory */
     uint64_t queue_bytes; /* staging budget of queued writes and prefetched reads
                              (default 64 MiB) */
     bool load_always;     /* tests, benchmarks: load every tier block the cost model would

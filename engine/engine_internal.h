@@ -91,8 +91,9 @@ bool eng__tier_load_wins(double ns_per_block, double prefill_tps, uint32_t block
  * rate's (prefill_pos): (1 + r * pos) / (1 + r * prefill_pos). */
 double eng__tier_attn_ratio(const eng_t *e);
 double eng__tier_recompute_scale(const eng_t *e, double pos);
-/* Tests: the tier store, and the name of block i of tokens in ns (tokens holds (i + 1) * bt). */
+/* Tests: the tier stores, and the name of block i of tokens in ns (tokens holds (i + 1) * bt). */
 struct eng_kvtier *eng__tier_store(eng_t *e);
+struct eng_kvtier *eng__tier_store_g2(eng_t *e); /* G2's store, or NULL */
 void eng__tier_block_name(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t i,
                           struct eng_kvtier_name *out);
 /* Removes every record of namespace ns from the tiers (eng_prefix_drop of a whole namespace).

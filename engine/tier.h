@@ -4,9 +4,12 @@
  * store (engine/kvtier.h: records, names, the budget).
  *
  *   G1  the KV pool (device memory on CUDA, host memory on CPU): engine/prefix.h's index.
- *   G2  host memory for the CUDA backend (pinned buffers); off on the CPU backend, whose pool
- *       already is host memory.
- *   G3  a local directory with a byte budget, every backend.
+ *   G2  host memory (eng_tier_params.g2_bytes; pinned buffers on CUDA, copied on the backend's
+ *       copy stream, overlapped with compute). Meant for the CUDA backend; allowed on the CPU
+ *       backend when configured (default 0 there): its pool is host memory already, so G2 only
+ *       helps there as a larger second level in front of the disk.
+ *   G3  a local directory with a byte budget, every backend. G2 sits in front of it: the
+ *       tiers are on when G3's directory is set.
  *
  * Names. A tier holds whole blocks, one record per block, named by a chain: name_0 = H(seed,
  * tokens of block 0), name_i = H(name_{i-1}, tokens of block i), where the seed hashes the model
@@ -23,6 +26,24 @@
  * customer paid to keep. Records land parent first in queue order, except that a prefix-index
  * leaf leaves the pool before its parent node: such a record is linked to its parent when that
  * arrives, so listings and events keep its whole path.
+ *
+ * G2. With g2_bytes > 0, a block an eviction writes back goes to G2 first: it is copied out of
+ * the pool into a pinned staging piece (eng_backend_kv_to_host: the copy stream on CUDA, a
+ * memcpy on CPU) and inserted into G2's store once eng_backend_kv_fence says the copy is done,
+ * checked without waiting at the engine's next tier call (the scheduler never waits for it).
+ * G2 has its own LRU budget: a block it evicts to make room goes down to G3 through the write
+ * queue (write-back; the min_tokens filter was applied when it left G1), or vanishes when the
+ * queue is full. Write-through (retained prefixes) and the shutdown drain go straight to G3,
+ * and the drain also writes G2's blocks down (G2 is memory: nothing of it survives a restart).
+ * A read takes a G2 block before a disk copy: the record is lent (eng_kvtier_host_ref), copied
+ * into the pool block (eng_backend_kv_from_host; on CUDA the compute stream orders its steps
+ * after the copy) and given back once its fence is done. Eviction events say ENG_TIER_G2 when
+ * every dropped block went to G2 (ENG_TIER_G3 when each is in G2 or G3); a block G2 drops is
+ * reported through eng_tier_poll with the tier it is now in (G3 or none). The cost model's G2
+ * figure is the copy time per block: measured exactly on CPU (a memcpy); on CUDA from a
+ * start's first copy to its last fence when that is done by the end of the start (an upper
+ * bound; never a fence seen later, which would time other steps); untimed counts as unknown,
+ * and unknown favours the copy.
  *
  * Shutdown. eng_free (the worker's orderly shutdown) first writes back the unpinned prefixes
  * still in the pool, least recently used first, under the min_tokens filter, waiting for
@@ -46,7 +67,9 @@
  * no tier holds, followed by blocks one does) is recomputed exactly (a forward of the hole's
  * tokens at its position, attending to the blocks before it, no logits), and the blocks after
  * it are loaded. The KV of position t depends only on tokens <= t, so the result equals a cold
- * prefill within the backend's tolerance. Per run, a cost model decides load vs recompute:
+ * prefill within the backend's tolerance. A block G2 holds is copied from there (G2 before
+ * G3, block by block). Per run, a cost model decides load vs recompute (a G2 run at G2's
+ * measured time per block, copies one after another; a disk run as follows):
  * load_ns = ceil(blocks / io_threads) * the measured time of one block's read (the I/O threads
  * read a run in parallel), recompute_ns = tokens / the measured prefill rate * (1 + r * p) /
  * (1 + r * p_m): the attention term, with p the run's mean position, p_m the mean position the
@@ -120,7 +143,7 @@ void eng_seq_origin(const eng_seq_t *s, eng_seq_origin_t *out);
 typedef struct eng_tier_stats {
     uint64_t g3_bytes, g3_blocks;          /* held in the disk tier now */
     uint64_t g3_max_bytes;                 /* its budget */
-    uint64_t g2_bytes, g2_blocks;          /* held in host memory (CUDA G2) now */
+    uint64_t g2_bytes, g2_blocks;          /* held in host memory (G2) now */
     uint64_t hit_blocks_g2, hit_blocks_g3; /* blocks served to sequences from each tier */
     uint64_t miss_blocks;         /* blocks looked for past the G1 match and found nowhere */
     uint64_t load_blocks;         /* blocks read from the disk tier (prefetch included) */
@@ -143,6 +166,18 @@ typedef struct eng_tier_stats {
                                           measured on (EWMA alongside) */
     double attn_per_pos;               /* r: a token at position p costs (1 + r * p) units of
                                           work (the attention term; from the model's shapes) */
+    /* G2 (all zero without it). */
+    uint64_t g2_max_bytes;     /* its budget (eng_tier_params.g2_bytes) */
+    uint64_t g2_write_blocks;  /* blocks inserted (copied out of the pool) */
+    uint64_t g2_write_dropped; /* blocks that could not go to G2 (no staging piece, a failed
+                                  copy): they went to G3's queue instead (or were dropped) */
+    uint64_t g2_load_blocks;   /* blocks copied from G2 into the pool */
+    uint64_t g2_load_bytes, g2_load_ns; /* and their bytes, and the copy time measured (on
+                                           CUDA only for a start whose copies were done by its
+                                           end: first enqueue to then, an upper bound) */
+    double g2_load_bytes_per_s; /* measured (EWMA) G2 copy bandwidth: the cost model's input */
+    uint64_t g2_evictions;      /* blocks G2 dropped for its budget */
+    uint64_t g2_spilled;        /* of those, blocks queued down to G3 (or already held there) */
 } eng_tier_stats_t;
 
 void eng_tier_stats(eng_t *e, eng_tier_stats_t *out);

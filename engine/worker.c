@@ -413,9 +413,16 @@ static void tier_load(eng_worker_t *w, eng_wire_load_t *out)
             .bytes = t.g2_blocks > 0 ? t.g2_bytes : 0,
             .blocks = t.g2_bytes > 0 ? (uint32_t)PC_MIN(t.g2_blocks, UINT32_MAX) : 0,
             .hits = t.hit_blocks_g2,
-            .loads = t.hit_blocks_g2,
-            .load_bytes = t.hit_blocks_g2 * w->block_bytes,
-            .tokens_loaded = t.hit_blocks_g2 * w->bt};
+            .loads = t.g2_load_blocks,
+            .load_bytes = t.g2_load_bytes,
+            .load_us = t.g2_load_ns / 1000,
+            .tokens_loaded = t.hit_blocks_g2 * w->bt,
+            .writes = t.g2_write_blocks,
+            .writes_dropped = t.g2_write_dropped,
+            .evictions = t.g2_evictions,
+            .load_bytes_per_s = isfinite(t.g2_load_bytes_per_s) && t.g2_load_bytes_per_s > 0
+                                    ? (float)t.g2_load_bytes_per_s
+                                    : 0.0f};
     }
     out->tokens_recomputed = t.recomputed_tokens;
 }
@@ -1512,8 +1519,9 @@ int eng_worker_init(const eng_worker_params_t *params, eng_worker_t **out, char 
     w->bt = kv.block_tokens;
     w->total_blocks = kv.n_blocks;
     w->block_bytes = kv.block_bytes;
-    /* G2 exists only below a device pool (the CPU backend's pool is host memory already). */
-    if (eng_tier_enabled(w->e) && strcmp(eng_backend_name_of(w->e), "cuda") == 0)
+    /* G2 where configured (engine/tier.h: on the CPU backend the pool is host memory already,
+     * so G2 there is only a larger second level). */
+    if (eng_tier_enabled(w->e))
         w->g2_max_bytes = params->engine.tier.g2_bytes;
     pc_slice_t name;
     char nerr[8];

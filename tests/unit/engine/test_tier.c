@@ -5,7 +5,12 @@
  * counted and recomputed; a fresh engine on the same directory (a restart) hits and lists the
  * prefix; two namespaces never share a record; retained prefixes are written through; a
  * prefetch stages the blocks so the start only copies; the cost model picks the cheaper side.
- * The KV accounting (eng_check) holds after every step. Runs on a llama and a qwen3 model.
+ * The host-memory tier G2 (allowed on the CPU backend when configured, which is what makes it
+ * testable here): an evicted prefix lands in G2 and comes back from there with cold logits and
+ * no disk read; G2 over its budget spills its oldest blocks to the disk, where a later read
+ * finds them; a hole in G2 with the later blocks on disk is recomputed alone; a restart lists
+ * nothing from G2 (the shutdown wrote it down). The KV accounting (eng_check) holds after
+ * every step. Runs on a llama and a qwen3 model.
  */
 #include <fcntl.h>
 #include <stdlib.h>
@@ -101,6 +106,26 @@ static eng_t *open_engine_budget(const char *model, const char *dir, bool load_a
 static eng_t *open_engine(const char *model, const char *dir, bool load_always)
 {
     return open_engine_budget(model, dir, load_always, 0);
+}
+
+/* As open_engine (load_always), with a G2 tier of g2_blocks blocks of this model (8 KiB). */
+static eng_t *open_engine_g2(const char *model, const char *dir, uint64_t g2_bytes)
+{
+    eng_params_t p = eng_params_default();
+    p.model_path = model;
+    p.kv_dtype = ENG_KV_F32;
+    p.kv_block_tokens = BT;
+    p.kv_max_tokens = 256;
+    p.kv_poison = true;
+    p.tier.dir = dir;
+    p.tier.min_tokens = 32;
+    p.tier.load_always = true;
+    p.tier.g2_bytes = g2_bytes;
+    eng_t *e = NULL;
+    char err[256];
+    if (eng_init(&p, &e, err, sizeof err) != 0)
+        fprintf(stderr, "eng_init: %s\n", err);
+    return e;
 }
 
 /* As open_engine, with a staging queue of queue_bytes. */
@@ -345,7 +370,9 @@ typedef struct listed {
     int n;
     uint64_t ns;
     uint32_t n_tokens;
-    bool same;
+    bool same;      /* the path is want's and the tier G3 */
+    bool path_same; /* the path is want's */
+    uint8_t tier;
     const int32_t *want;
 } listed_t;
 
@@ -355,8 +382,9 @@ static void on_prefix(const eng_tier_prefix_t *p, void *ud)
     l->n++;
     l->ns = p->ns;
     l->n_tokens = p->n_tokens;
-    l->same = p->tier == ENG_TIER_G3 &&
-              memcmp(p->tokens, l->want, (size_t)p->n_tokens * sizeof(int32_t)) == 0;
+    l->tier = p->tier;
+    l->path_same = memcmp(p->tokens, l->want, (size_t)p->n_tokens * sizeof(int32_t)) == 0;
+    l->same = p->tier == ENG_TIER_G3 && l->path_same;
 }
 
 PC_TEST(restart_hits_and_lists_the_prefix)
@@ -852,6 +880,226 @@ PC_TEST(full_staging_queue_drops_and_counts)
     ASSERT_EQ(st.g3_blocks, st.write_blocks);
     /* The event says G3 only when nothing was dropped. */
     ASSERT_EQ(tier, st.write_dropped == 0 ? ENG_TIER_G3 : ENG_TIER_NONE);
+    eng_free(e);
+    unlink(model);
+}
+
+#define G2_BLOCK 8192 /* a KV block of the test models (F32, 2 layers) */
+
+typedef struct g2evs {
+    int n, g3, none; /* events; of them, with the prefix's path and tier G3 / none */
+    const int32_t *want;
+} g2evs_t;
+
+static void on_g2_event(const eng_tier_event_t *ev, void *ud)
+{
+    g2evs_t *v = ud;
+    v->n++;
+    if (ev->ns != 7 || ev->tokens == NULL ||
+        memcmp(ev->tokens, v->want, (size_t)ev->n_tokens * sizeof(int32_t)) != 0)
+        return;
+    v->g3 += ev->tier == ENG_TIER_G3;
+    v->none += ev->tier == ENG_TIER_NONE;
+}
+
+PC_TEST(g2_needs_the_disk_tier_and_one_block)
+{
+    char model[256], dir[300];
+    make_model(ENG_ARCH_LLAMA, model, sizeof model);
+    new_dir(dir, sizeof dir);
+    ASSERT_TRUE(open_engine_g2(model, NULL, 64 * G2_BLOCK) == NULL);
+    ASSERT_TRUE(open_engine_g2(model, dir, G2_BLOCK - 1) == NULL);
+    eng_t *e = open_engine_g2(model, dir, G2_BLOCK);
+    ASSERT_TRUE(e != NULL);
+    eng_tier_stats_t st;
+    eng_tier_stats(e, &st);
+    ASSERT_EQ(st.g2_max_bytes, (uint64_t)G2_BLOCK);
+    eng_free(e);
+    unlink(model);
+}
+
+PC_TEST(evicted_prefix_comes_back_from_g2_with_cold_logits)
+{
+    for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
+        char model[256], dir[300];
+        make_model(archs[a], model, sizeof model);
+        new_dir(dir, sizeof dir);
+        eng_t *e = open_engine_g2(model, dir, 64 * G2_BLOCK);
+        ASSERT_TRUE(e != NULL);
+        ASSERT_EQ(eng_kvpool_block_bytes(e->kv), (size_t)G2_BLOCK);
+        int32_t tok[N_PROMPT];
+        for (uint32_t i = 0; i < N_PROMPT; i++)
+            tok[i] = (int32_t)rnd(N_VOCAB);
+        static float ref[N_PROMPT * N_VOCAB];
+        cold(model, tok, N_PROMPT, ref);
+        cache(e, 7, tok, N_PROMPT, false);
+        int tier = -1;
+        eng_set_evict_callback(e, on_evict, &tier);
+        evict_all(e);
+        eng_set_evict_callback(e, NULL, NULL);
+        ASSERT_EQ(tier, ENG_TIER_G2); /* reported as gone down to host memory */
+        eng_tier_stats_t st;
+        eng_tier_stats(e, &st);
+        ASSERT_EQ(st.g2_write_blocks, (uint64_t)N_WHOLE);
+        ASSERT_EQ(st.g2_blocks, (uint64_t)N_WHOLE);
+        ASSERT_EQ(st.g2_bytes, (uint64_t)N_WHOLE * G2_BLOCK);
+        ASSERT_EQ(st.write_blocks, 0); /* nothing went to the disk */
+        ASSERT_EQ(st.g3_blocks, 0);
+        /* Listed as held in G2; nothing to read ahead from the disk. */
+        listed_t l = {.want = tok};
+        ASSERT_EQ(eng_tier_prefixes(e, on_prefix, &l), 1);
+        ASSERT_EQ(l.tier, ENG_TIER_G2);
+        ASSERT_EQ(l.n_tokens, (uint32_t)N_WHOLE * BT);
+        ASSERT_TRUE(l.path_same);
+        eng_tier_ticket_t *k = NULL;
+        ASSERT_EQ(eng_tier_prefetch(e, 7, tok, N_PROMPT, &k), 0);
+        ASSERT_TRUE(k == NULL);
+        eng_seq_origin_t o;
+        run_check(e, 7, tok, N_PROMPT, ref, &o);
+        ASSERT_EQ(o.g1_tokens, 0);
+        ASSERT_EQ(o.g2_tokens, (uint32_t)N_WHOLE * BT);
+        ASSERT_EQ(o.g3_tokens, 0);
+        ASSERT_EQ(o.recomputed_tokens, 0);
+        eng_tier_stats(e, &st);
+        ASSERT_EQ(st.hit_blocks_g2, (uint64_t)N_WHOLE);
+        ASSERT_EQ(st.g2_load_blocks, (uint64_t)N_WHOLE);
+        ASSERT_EQ(st.g2_load_bytes, (uint64_t)N_WHOLE * G2_BLOCK);
+        ASSERT_EQ(st.load_blocks, 0); /* no disk read */
+        ASSERT_TRUE(st.g2_load_bytes_per_s > 0);
+        ASSERT_EQ(st.g2_blocks, (uint64_t)N_WHOLE); /* still held, given back after the copy */
+        ASSERT_EQ(st.g2_evictions, 0);
+        /* Every record was given back: G2 can drop them all. */
+        eng_kvtier_name_t nm;
+        for (uint32_t i = 0; i < N_WHOLE; i++) {
+            eng__tier_block_name(e, 7, tok, i, &nm);
+            ASSERT_EQ(eng_kvtier_remove(eng__tier_store_g2(e), &nm), 0);
+        }
+        g2evs_t v = {.want = tok};
+        ASSERT_EQ(eng_tier_poll(e, on_g2_event, &v), N_WHOLE);
+        ASSERT_EQ(v.none, N_WHOLE); /* gone from every tier, each with its path */
+        eng_free(e);
+        unlink(model);
+    }
+}
+
+PC_TEST(g2_over_budget_spills_to_disk_and_a_later_read_comes_from_there)
+{
+    char model[256], dir[300];
+    make_model(ENG_ARCH_LLAMA, model, sizeof model);
+    new_dir(dir, sizeof dir);
+    eng_t *e = open_engine_g2(model, dir, 6 * G2_BLOCK); /* room for 6 of the 12 blocks */
+    ASSERT_TRUE(e != NULL);
+    int32_t tok[N_PROMPT];
+    for (uint32_t i = 0; i < N_PROMPT; i++)
+        tok[i] = (int32_t)rnd(N_VOCAB);
+    static float ref[N_PROMPT * N_VOCAB];
+    cold(model, tok, N_PROMPT, ref);
+    cache(e, 7, tok, N_PROMPT, false);
+    evict_all(e);
+    eng_tier_stats_t st;
+    eng_tier_stats(e, &st);
+    ASSERT_EQ(st.g2_write_blocks, (uint64_t)N_WHOLE);
+    ASSERT_EQ(st.g2_blocks, 6);
+    ASSERT_EQ(st.g2_evictions, 6);
+    ASSERT_EQ(st.g2_spilled, 6);
+    ASSERT_EQ(st.write_blocks, 6); /* the 6 oldest went down to the disk */
+    ASSERT_EQ(st.g3_blocks, 6);
+    /* Each block G2 dropped is an event naming its whole prefix, now in G3. */
+    g2evs_t v = {.want = tok};
+    ASSERT_EQ(eng_tier_poll(e, on_g2_event, &v), 6);
+    ASSERT_EQ(v.g3, 6);
+    listed_t l = {.want = tok};
+    ASSERT_EQ(eng_tier_prefixes(e, on_prefix, &l), 1);
+    ASSERT_EQ(l.tier, ENG_TIER_G3); /* not every block in G2 */
+    ASSERT_TRUE(l.path_same);
+    eng_seq_origin_t o;
+    run_check(e, 7, tok, N_PROMPT, ref, &o);
+    ASSERT_EQ(o.g3_tokens, 6u * BT); /* blocks 0..5 from the disk */
+    ASSERT_EQ(o.g2_tokens, 6u * BT); /* blocks 6..11 from G2 */
+    ASSERT_EQ(o.recomputed_tokens, 0);
+    eng_tier_stats(e, &st);
+    ASSERT_EQ(st.load_blocks, 6);
+    ASSERT_EQ(st.hit_blocks_g3, 6);
+    ASSERT_EQ(st.hit_blocks_g2, 6);
+    eng_free(e);
+    unlink(model);
+}
+
+PC_TEST(g2_hole_with_later_blocks_on_disk_is_recomputed_alone)
+{
+    for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
+        char model[256], dir[300];
+        make_model(archs[a], model, sizeof model);
+        new_dir(dir, sizeof dir);
+        eng_t *e = open_engine_g2(model, dir, 64 * G2_BLOCK);
+        ASSERT_TRUE(e != NULL);
+        int32_t tok[N_PROMPT];
+        for (uint32_t i = 0; i < N_PROMPT; i++)
+            tok[i] = (int32_t)rnd(N_VOCAB);
+        static float ref[N_PROMPT * N_VOCAB];
+        cold(model, tok, N_PROMPT, ref);
+        /* Retained: written through to the disk; released and evicted: into G2 as well. */
+        cache(e, 7, tok, N_PROMPT, true);
+        ASSERT_EQ(eng_prefix_release(e, 7, tok, N_PROMPT), 0);
+        evict_all(e);
+        eng_tier_stats_t st;
+        eng_tier_stats(e, &st);
+        ASSERT_EQ(st.g2_blocks, (uint64_t)N_WHOLE);
+        ASSERT_EQ(st.g3_blocks, (uint64_t)N_WHOLE);
+        /* Blocks 0..4 in G2 only, block 5 in no tier, blocks 6..11 on disk only. */
+        eng_kvtier_name_t nm;
+        for (uint32_t i = 0; i < N_WHOLE; i++) {
+            eng__tier_block_name(e, 7, tok, i, &nm);
+            if (i >= 5)
+                ASSERT_EQ(eng_kvtier_remove(eng__tier_store_g2(e), &nm), 0);
+            if (i <= 5)
+                ASSERT_EQ(eng_kvtier_remove(eng__tier_store(e), &nm), 0);
+        }
+        eng_seq_origin_t o;
+        run_check(e, 7, tok, N_PROMPT, ref, &o);
+        ASSERT_EQ(o.g2_tokens, 5u * BT);
+        ASSERT_EQ(o.recomputed_tokens, (uint32_t)BT);
+        ASSERT_EQ(o.g3_tokens, 6u * BT);
+        eng_tier_stats(e, &st);
+        ASSERT_EQ(st.recomputed_tokens, (uint64_t)BT);
+        ASSERT_EQ(st.load_blocks, 6);
+        eng_free(e);
+        unlink(model);
+    }
+}
+
+PC_TEST(g2_is_written_down_at_shutdown_and_a_restart_lists_nothing_from_it)
+{
+    char model[256], dir[300];
+    make_model(ENG_ARCH_QWEN3, model, sizeof model);
+    new_dir(dir, sizeof dir);
+    eng_t *e = open_engine_g2(model, dir, 64 * G2_BLOCK);
+    ASSERT_TRUE(e != NULL);
+    int32_t tok[N_PROMPT];
+    for (uint32_t i = 0; i < N_PROMPT; i++)
+        tok[i] = (int32_t)rnd(N_VOCAB);
+    static float ref[N_PROMPT * N_VOCAB];
+    cold(model, tok, N_PROMPT, ref);
+    cache(e, 7, tok, N_PROMPT, false);
+    evict_all(e);
+    eng_tier_stats_t st;
+    eng_tier_stats(e, &st);
+    ASSERT_EQ(st.g2_blocks, (uint64_t)N_WHOLE);
+    ASSERT_EQ(st.g3_blocks, 0);
+    eng_free(e); /* the orderly shutdown writes G2's blocks to the disk */
+
+    e = open_engine_g2(model, dir, 64 * G2_BLOCK);
+    ASSERT_TRUE(e != NULL);
+    eng_tier_stats(e, &st);
+    ASSERT_EQ(st.g2_blocks, 0);
+    ASSERT_EQ(st.g3_blocks, (uint64_t)N_WHOLE);
+    listed_t l = {.want = tok};
+    ASSERT_EQ(eng_tier_prefixes(e, on_prefix, &l), 1);
+    ASSERT_TRUE(l.same); /* tier G3 */
+    eng_seq_origin_t o;
+    run_check(e, 7, tok, N_PROMPT, ref, &o);
+    ASSERT_EQ(o.g3_tokens, (uint32_t)N_WHOLE * BT);
+    ASSERT_EQ(o.g2_tokens, 0);
     eng_free(e);
     unlink(model);
 }

@@ -1281,7 +1281,7 @@ PC_TEST(tier_restart_serves_from_disk)
     eng_worker_load(w, &l);
     ASSERT_TRUE(l.g3.max_bytes == 256u << 20);
     ASSERT_TRUE(l.g3.blocks > 0 && l.g3.bytes > 0);
-    ASSERT_EQ(l.g2.max_bytes, 0); /* no G2 on the CPU backend */
+    ASSERT_EQ(l.g2.max_bytes, 0); /* no G2 configured */
     collector_t c = {0};
     ASSERT_EQ(eng_worker_snapshot(w, 5), 0);
     uint64_t until = pc_time_mono_ms() + 10000;
