@@ -854,7 +854,7 @@ int bench_kernels_main(int argc, char **argv)
     tf = bench_gemm(c, KRN_BF16, 4096, 14336, 4096, iters);
     if (tf > 0)
         bench_report_add(&rep, "gemm_bf16_ffn_tflop_per_s", tf, "4096 x 14336 x 4096");
-    const enum krn_qtype qts[] = {KRN_Q4_0, KRN_Q8_0, KRN_Q4_K, KRN_Q5_K, KRN_Q6_K};
+    const enum krn_qtype qts[] = {KRN_QT_Q4_0, KRN_QT_Q8_0, KRN_QT_Q4_K, KRN_QT_Q5_K, KRN_QT_Q6_K};
     const char *const qnames[] = {"q4_0", "q8_0", "q4_k", "q5_k", "q6_k"};
     for (size_t qi = 0; qi < sizeof qts / sizeof *qts; qi++) {
         for (int32_t m = 1; m <= KRN_QGEMV_MAX_ROWS; m += KRN_QGEMV_MAX_ROWS - 1) {
@@ -873,7 +873,7 @@ int bench_kernels_main(int argc, char **argv)
             }
         }
     }
-    double qs = bench_qmatmul(c, KRN_Q4_K, 512, 14336, 4096, iters);
+    double qs = bench_qmatmul(c, KRN_QT_Q4_K, 512, 14336, 4096, iters);
     if (qs > 0)
         bench_report_add(&rep, "qgemm_q4_k_m512_tflop_per_s", 2.0 * 512 * 14336 * 4096 / qs * 1e-12,
                          "dequantize to F16 in 64 MiB chunks + cuBLAS");

@@ -460,11 +460,11 @@ typedef struct krn_gemm_args {
  * The enum values are ggml's type ids (the GGUF tensor type).
  * ------------------------------------------------------------------------------------------- */
 enum krn_qtype {
-    KRN_Q4_0 = 2,
-    KRN_Q8_0 = 8,
-    KRN_Q4_K = 12,
-    KRN_Q5_K = 13,
-    KRN_Q6_K = 14,
+    KRN_QT_Q4_0 = 2,
+    KRN_QT_Q8_0 = 8,
+    KRN_QT_Q4_K = 12,
+    KRN_QT_Q5_K = 13,
+    KRN_QT_Q6_K = 14,
 };
 
 /* Elements and bytes of one block of t; 0 for a value that is not a krn_qtype. */

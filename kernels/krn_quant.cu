@@ -176,16 +176,16 @@ int krn_dequant(krn_ctx_t *c, const krn_dequant_args_t *a)
     const int64_t rb = krn_qtype_row_bytes(a->qtype, a->n_in);
     const unsigned grid = krn_grid_for((int64_t)a->n_rows * (a->n_in / 8), 256);
     switch (a->qtype) {
-    case KRN_Q4_0:
-        return dequant_launch<KRN_Q4_0>(c, a, rb, grid);
-    case KRN_Q8_0:
-        return dequant_launch<KRN_Q8_0>(c, a, rb, grid);
-    case KRN_Q4_K:
-        return dequant_launch<KRN_Q4_K>(c, a, rb, grid);
-    case KRN_Q5_K:
-        return dequant_launch<KRN_Q5_K>(c, a, rb, grid);
-    case KRN_Q6_K:
-        return dequant_launch<KRN_Q6_K>(c, a, rb, grid);
+    case KRN_QT_Q4_0:
+        return dequant_launch<KRN_QT_Q4_0>(c, a, rb, grid);
+    case KRN_QT_Q8_0:
+        return dequant_launch<KRN_QT_Q8_0>(c, a, rb, grid);
+    case KRN_QT_Q4_K:
+        return dequant_launch<KRN_QT_Q4_K>(c, a, rb, grid);
+    case KRN_QT_Q5_K:
+        return dequant_launch<KRN_QT_Q5_K>(c, a, rb, grid);
+    case KRN_QT_Q6_K:
+        return dequant_launch<KRN_QT_Q6_K>(c, a, rb, grid);
     }
     return PC_ERR_INVAL;
 }
@@ -217,16 +217,16 @@ int krn_qgemv(krn_ctx_t *c, const krn_qmatmul_args_t *a)
     KRN_ENTER(c);
     const int64_t rb = krn_qtype_row_bytes(a->qtype, a->K);
     switch (a->qtype) {
-    case KRN_Q4_0:
-        return qgemv_launch<KRN_Q4_0>(c, a, rb);
-    case KRN_Q8_0:
-        return qgemv_launch<KRN_Q8_0>(c, a, rb);
-    case KRN_Q4_K:
-        return qgemv_launch<KRN_Q4_K>(c, a, rb);
-    case KRN_Q5_K:
-        return qgemv_launch<KRN_Q5_K>(c, a, rb);
-    case KRN_Q6_K:
-        return qgemv_launch<KRN_Q6_K>(c, a, rb);
+    case KRN_QT_Q4_0:
+        return qgemv_launch<KRN_QT_Q4_0>(c, a, rb);
+    case KRN_QT_Q8_0:
+        return qgemv_launch<KRN_QT_Q8_0>(c, a, rb);
+    case KRN_QT_Q4_K:
+        return qgemv_launch<KRN_QT_Q4_K>(c, a, rb);
+    case KRN_QT_Q5_K:
+        return qgemv_launch<KRN_QT_Q5_K>(c, a, rb);
+    case KRN_QT_Q6_K:
+        return qgemv_launch<KRN_QT_Q6_K>(c, a, rb);
     }
     return PC_ERR_INVAL;
 }

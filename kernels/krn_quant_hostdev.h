@@ -36,12 +36,11 @@ int krn__qmatmul_check(const krn_qmatmul_args_t *a);
 }
 #endif
 
-/* Block geometry (ggml's QK4_0, QK8_0, QK_K and sizeof of each block struct). */
+/* Block geometry (ggml's QK4_0, QK8_0, QK_K and sizeof of each block struct; KRN_QK8_0 and
+ * KRN_Q8_0_BYTES are kernels.h's, shared with the q8_0 KV pool). */
 #define KRN_QK4_0 32
-#define KRN_QK8_0 32
 #define KRN_QK_K 256
 #define KRN_Q4_0_BYTES 18
-#define KRN_Q8_0_BYTES 34
 #define KRN_Q4_K_BYTES 144
 #define KRN_Q5_K_BYTES 176
 #define KRN_Q6_K_BYTES 210
@@ -49,13 +48,13 @@ int krn__qmatmul_check(const krn_qmatmul_args_t *a);
 KRN_HD int32_t krn_q_block_elems(int32_t t)
 {
     switch (t) {
-    case KRN_Q4_0:
+    case KRN_QT_Q4_0:
         return KRN_QK4_0;
-    case KRN_Q8_0:
+    case KRN_QT_Q8_0:
         return KRN_QK8_0;
-    case KRN_Q4_K:
-    case KRN_Q5_K:
-    case KRN_Q6_K:
+    case KRN_QT_Q4_K:
+    case KRN_QT_Q5_K:
+    case KRN_QT_Q6_K:
         return KRN_QK_K;
     default:
         return 0;
@@ -65,15 +64,15 @@ KRN_HD int32_t krn_q_block_elems(int32_t t)
 KRN_HD int32_t krn_q_block_bytes(int32_t t)
 {
     switch (t) {
-    case KRN_Q4_0:
+    case KRN_QT_Q4_0:
         return KRN_Q4_0_BYTES;
-    case KRN_Q8_0:
+    case KRN_QT_Q8_0:
         return KRN_Q8_0_BYTES;
-    case KRN_Q4_K:
+    case KRN_QT_Q4_K:
         return KRN_Q4_K_BYTES;
-    case KRN_Q5_K:
+    case KRN_QT_Q5_K:
         return KRN_Q5_K_BYTES;
-    case KRN_Q6_K:
+    case KRN_QT_Q6_K:
         return KRN_Q6_K_BYTES;
     default:
         return 0;
@@ -151,7 +150,7 @@ KRN_HD void krn_q_group8_affine(int32_t t, const uint8_t *row, int64_t g, float 
 {
     *scale = *offset = 0.0f; /* an unknown t: zeros (and gcc sees both always set) */
     switch (t) {
-    case KRN_Q4_0: {
+    case KRN_QT_Q4_0: {
         const uint8_t *b = row + (g / 4) * KRN_Q4_0_BYTES;
         const int32_t e0 = (int32_t)(g % 4) * 8, sh = e0 >= 16 ? 4 : 0;
         const uint8_t *qs = b + 2 + (e0 & 15);
@@ -161,7 +160,7 @@ KRN_HD void krn_q_group8_affine(int32_t t, const uint8_t *row, int64_t g, float 
             q[i] = krn_q_i2f((uint32_t)(qs[i] >> sh) & 15, 8);
         break;
     }
-    case KRN_Q8_0: {
+    case KRN_QT_Q8_0: {
         const uint8_t *b = row + (g / 4) * KRN_Q8_0_BYTES;
         const uint8_t *qs = b + 2 + (g % 4) * 8;
         *scale = krn_q_half(b);
@@ -170,9 +169,9 @@ KRN_HD void krn_q_group8_affine(int32_t t, const uint8_t *row, int64_t g, float 
             q[i] = krn_q_i2f((uint32_t)(qs[i] ^ 0x80), 128); /* (int8 + 128) - 128 */
         break;
     }
-    case KRN_Q4_K:
-    case KRN_Q5_K: {
-        const int32_t bytes = t == KRN_Q4_K ? KRN_Q4_K_BYTES : KRN_Q5_K_BYTES;
+    case KRN_QT_Q4_K:
+    case KRN_QT_Q5_K: {
+        const int32_t bytes = t == KRN_QT_Q4_K ? KRN_Q4_K_BYTES : KRN_Q5_K_BYTES;
         const uint8_t *b = row + (g / 32) * bytes;
         const int32_t e0 = (int32_t)(g % 32) * 8, s = e0 / 32, l0 = e0 % 32, sh = (s & 1) * 4;
         uint8_t sc, m;
@@ -180,16 +179,16 @@ KRN_HD void krn_q_group8_affine(int32_t t, const uint8_t *row, int64_t g, float 
         *scale = krn_q_mul(krn_q_half(b), (float)sc);
         *offset = krn_q_mul(krn_q_half(b + 2), (float)m);
         const uint8_t *qh = b + 16 + l0;
-        const uint8_t *qs = b + (t == KRN_Q4_K ? 16 : 48) + 32 * (s / 2) + l0;
+        const uint8_t *qs = b + (t == KRN_QT_Q4_K ? 16 : 48) + 32 * (s / 2) + l0;
         for (int i = 0; i < 8; i++) {
             uint32_t v = (uint32_t)(qs[i] >> sh) & 15;
-            if (t == KRN_Q5_K)
+            if (t == KRN_QT_Q5_K)
                 v |= ((uint32_t)(qh[i] >> s) & 1) << 4;
             q[i] = krn_q_i2f(v, 0);
         }
         break;
     }
-    case KRN_Q6_K: {
+    case KRN_QT_Q6_K: {
         const uint8_t *b = row + (g / 32) * KRN_Q6_K_BYTES;
         const int32_t e0 = (int32_t)(g % 32) * 8;
         const int32_t n = e0 / 128, k = (e0 % 128) / 32, l0 = e0 % 32;
@@ -230,7 +229,7 @@ KRN_HD void krn_q_group8(int32_t t, const uint8_t *row, int64_t g, float *out)
 KRN_HD float krn_q_dot8(int32_t t, const float *q, float scale, float offset, const float *x,
                         float acc)
 {
-    const bool mins = t == KRN_Q4_K || t == KRN_Q5_K; /* the only types with an offset */
+    const bool mins = t == KRN_QT_Q4_K || t == KRN_QT_Q5_K; /* the only types with an offset */
     float sq = 0.0f, sx = 0.0f;
     for (int k = 0; k < 8; k++) {
         sq = fmaf(q[k], x[k], sq);

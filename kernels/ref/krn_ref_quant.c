@@ -37,15 +37,15 @@ int64_t krn_qtype_row_bytes(int32_t t, int64_t n_in)
 const char *krn_qtype_name(int32_t t)
 {
     switch (t) {
-    case KRN_Q4_0:
+    case KRN_QT_Q4_0:
         return "Q4_0";
-    case KRN_Q8_0:
+    case KRN_QT_Q8_0:
         return "Q8_0";
-    case KRN_Q4_K:
+    case KRN_QT_Q4_K:
         return "Q4_K";
-    case KRN_Q5_K:
+    case KRN_QT_Q5_K:
         return "Q5_K";
-    case KRN_Q6_K:
+    case KRN_QT_Q6_K:
         return "Q6_K";
     default:
         return "?";
