@@ -252,14 +252,6 @@ AVX2 static inline __attribute__((always_inline)) void gemv_t(const uint32_t t, 
  * -8, Q6_K's -32, the K-quants' mins) go through the activation block sums.
  * ------------------------------------------------------------------------------------------- */
 
-AVX2 static inline int hsum_i32x8(__m256i v)
-{
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(s);
-}
-
 #define LOAD256(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
 
 /* Q4_0 x Q8_0: per block, sum (q - 8) a = sum q a - 8 sum a, both from VPMADDUBSW. */
