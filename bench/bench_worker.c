@@ -18,7 +18,9 @@
  * --kv-dtype q8_0 (or f32) runs workload 3 instead, for f16 and that dtype one after the other
  * in the same process: a worker whose KV pool has a fixed byte budget (--kv-budget, default
  * 96 MiB: 12,288 f16 positions of the bench model) and N = 16 requests of --kv-prompt tokens
- * (default 1024) + --gen tokens, more than f16's pool holds at once, so the budget binds.
+ * (default 1024) + --gen tokens (default 128 here: decode-heavy, so the batch the pool admits
+ * matters), more than f16's pool holds at once (10 requests; q8_0's holds all 16), so the budget
+ * binds.
  * Figures per dtype (suffix _f16, _q8_0): kv_bytes_per_token, pool_tokens_per_gib, the pool's
  * tokens, tokens_per_s_aggregate_n16_kv_bound, the median TTFT, preemptions; and the ratios.
  */
@@ -313,7 +315,7 @@ int bench_worker_main(int argc, char **argv)
         uint64_t cap[2];
         enum eng_kv_dtype dts[2] = {ENG_KV_F16, kv_dt};
         for (int i = 0; i < 2; i++)
-            if (kv_bound_run(p, dts[i], kv_budget_mib << 20, 16, kv_prompt, gen_set ? n_gen : 32,
+            if (kv_bound_run(p, dts[i], kv_budget_mib << 20, 16, kv_prompt, gen_set ? n_gen : 128,
                              temperature, &kr, &tps[i], &ttft_med[i], &cap[i]) != 0)
                 return 1;
         char key[80];

@@ -145,6 +145,26 @@ void eng__port_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
     }
 }
 
+/* The online-softmax step of one row over the raw scores s[0, n_valid) of a block or chunk:
+ * s becomes the weights, m and l move on, o is scaled by the correction. */
+static void port_softmax_step(eng_attn_row_t *row, float *s, uint32_t n_valid, uint32_t hd)
+{
+    float bmax = -INFINITY;
+    for (uint32_t j = 0; j < n_valid; j++)
+        bmax = s[j] > bmax ? s[j] : bmax;
+    float m_new = row->m > bmax ? row->m : bmax;
+    float corr = expf(row->m - m_new);
+    float sum = 0;
+    for (uint32_t j = 0; j < n_valid; j++) {
+        s[j] = expf(s[j] - m_new);
+        sum += s[j];
+    }
+    row->l = row->l * corr + sum;
+    row->m = m_new;
+    for (uint32_t d = 0; d < hd; d++)
+        row->o[d] *= corr;
+}
+
 void eng__port_attn_block(const float *kt, const float *vb, uint32_t hd, uint32_t bt,
                           eng_attn_row_t *row, uint32_t block_start, uint32_t n_slots)
 {
@@ -162,22 +182,9 @@ void eng__port_attn_block(const float *kt, const float *vb, uint32_t hd, uint32_
         for (uint32_t j = 0; j < n_valid; j++)
             s[j] += qd * kd[j];
     }
-    float bmax = -INFINITY;
-    for (uint32_t j = 0; j < n_valid; j++)
-        bmax = s[j] > bmax ? s[j] : bmax;
-    float m_new = row->m > bmax ? row->m : bmax;
-    float corr = expf(row->m - m_new);
-    float sum = 0;
-    for (uint32_t j = 0; j < n_valid; j++) {
-        s[j] = expf(s[j] - m_new);
-        sum += s[j];
-    }
-    row->l = row->l * corr + sum;
-    row->m = m_new;
+    port_softmax_step(row, s, n_valid, hd);
     /* Values: key-major, the inner loop over independent output dimensions. */
     float *o = row->o;
-    for (uint32_t d = 0; d < hd; d++)
-        o[d] *= corr;
     for (uint32_t j = 0; j < n_valid; j++) {
         float pj = s[j];
         const float *vj = vb + (size_t)j * hd;
@@ -264,21 +271,8 @@ void eng__port_attn_q8_chunk(const uint8_t *const *krow, const uint8_t *const *v
         }
         s[j] = acc;
     }
-    float bmax = -INFINITY;
-    for (uint32_t j = 0; j < n_valid; j++)
-        bmax = s[j] > bmax ? s[j] : bmax;
-    float m_new = row->m > bmax ? row->m : bmax;
-    float corr = expf(row->m - m_new);
-    float sum = 0;
-    for (uint32_t j = 0; j < n_valid; j++) {
-        s[j] = expf(s[j] - m_new);
-        sum += s[j];
-    }
-    row->l = row->l * corr + sum;
-    row->m = m_new;
+    port_softmax_step(row, s, n_valid, hd);
     float *o = row->o;
-    for (uint32_t d = 0; d < hd; d++)
-        o[d] *= corr;
     for (uint32_t j = 0; j < n_valid; j++) {
         for (uint32_t b = 0; b < nb; b++) {
             const uint8_t *vb = vrow[j] + (size_t)b * ENG_Q8_0_BYTES;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cpu_simd.h"
 #include "half.h"
 #include "pc_alloc.h"
 #include "pc_assert.h"
@@ -66,14 +67,7 @@ void eng_kv_q8_0_quantize(const float *x, uint32_t n, uint8_t *dst)
 void eng_kv_q8_0_dequantize(const uint8_t *src, uint32_t n, float *y)
 {
     PC_ASSERT(n % ENG_QK8_0 == 0);
-    for (uint32_t b = 0; b < n / ENG_QK8_0; b++, src += ENG_KV_Q8_0_BYTES, y += ENG_QK8_0) {
-        uint16_t dh;
-        memcpy(&dh, src, 2);
-        float d = eng_f16_to_f32(dh);
-        const int8_t *q = (const int8_t *)(src + 2);
-        for (uint32_t j = 0; j < ENG_QK8_0; j++)
-            y[j] = d * (float)q[j];
-    }
+    eng__port_q8_0_to_f32(src, y, n); /* the weights' Q8_0 is the same block */
 }
 
 eng_kvpool_params_t eng_kvpool_params_default(void)
