@@ -16,6 +16,7 @@
 #include "pc_alloc.h"
 #include "pc_assert.h"
 #include "pc_err.h"
+#include "quant.h"
 #include "pc_vec.h"
 
 struct eng_kvpool {
@@ -67,7 +68,7 @@ void eng_kv_q8_0_quantize(const float *x, uint32_t n, uint8_t *dst)
 void eng_kv_q8_0_dequantize(const uint8_t *src, uint32_t n, float *y)
 {
     PC_ASSERT(n % ENG_QK8_0 == 0);
-    eng__port_q8_0_to_f32(src, y, n); /* the weights' Q8_0 is the same block */
+    eng_dequant_q8_0((const eng_block_q8_0_t *)src, y, n); /* the weights' Q8_0 block */
 }
 
 eng_kvpool_params_t eng_kvpool_params_default(void)

@@ -81,26 +81,39 @@ static void make_model(enum eng_arch arch, char *path, size_t len)
     }
 }
 
-/* An engine whose pool holds 256 tokens (16 blocks), with a disk tier in dir of max_bytes (0:
- * the default). */
-static eng_t *open_engine_budget(const char *model, const char *dir, bool load_always,
-                                 uint64_t max_bytes)
+/* The tests' engine parameters: model, F32 KV in 16-token blocks, a pool of 256 tokens (16
+ * blocks), the disk tier in dir for prefixes of 32 tokens and more. */
+static eng_params_t tier_params(const char *model, const char *dir)
 {
     eng_params_t p = eng_params_default();
     p.model_path = model;
     p.kv_dtype = ENG_KV_F32;
     p.kv_block_tokens = BT;
     p.kv_max_tokens = 256;
-    p.kv_poison = true;
     p.tier.dir = dir;
     p.tier.min_tokens = 32;
-    p.tier.load_always = load_always;
-    p.tier.max_bytes = max_bytes;
+    return p;
+}
+
+/* eng_init on p; NULL (with the reason on stderr) when it fails. */
+static eng_t *open_params(const eng_params_t *p)
+{
     eng_t *e = NULL;
     char err[256];
-    if (eng_init(&p, &e, err, sizeof err) != 0)
+    if (eng_init(p, &e, err, sizeof err) != 0)
         fprintf(stderr, "eng_init: %s\n", err);
     return e;
+}
+
+/* A poisoning engine (tier_params) with a disk budget of max_bytes (0: the default). */
+static eng_t *open_engine_budget(const char *model, const char *dir, bool load_always,
+                                 uint64_t max_bytes)
+{
+    eng_params_t p = tier_params(model, dir);
+    p.kv_poison = true;
+    p.tier.load_always = load_always;
+    p.tier.max_bytes = max_bytes;
+    return open_params(&p);
 }
 
 static eng_t *open_engine(const char *model, const char *dir, bool load_always)
@@ -108,42 +121,22 @@ static eng_t *open_engine(const char *model, const char *dir, bool load_always)
     return open_engine_budget(model, dir, load_always, 0);
 }
 
-/* As open_engine (load_always), with a G2 tier of g2_blocks blocks of this model (8 KiB). */
+/* As open_engine (load_always), with a G2 tier of g2_bytes. */
 static eng_t *open_engine_g2(const char *model, const char *dir, uint64_t g2_bytes)
 {
-    eng_params_t p = eng_params_default();
-    p.model_path = model;
-    p.kv_dtype = ENG_KV_F32;
-    p.kv_block_tokens = BT;
-    p.kv_max_tokens = 256;
+    eng_params_t p = tier_params(model, dir);
     p.kv_poison = true;
-    p.tier.dir = dir;
-    p.tier.min_tokens = 32;
     p.tier.load_always = true;
     p.tier.g2_bytes = g2_bytes;
-    eng_t *e = NULL;
-    char err[256];
-    if (eng_init(&p, &e, err, sizeof err) != 0)
-        fprintf(stderr, "eng_init: %s\n", err);
-    return e;
+    return open_params(&p);
 }
 
 /* As open_engine, with a staging queue of queue_bytes. */
 static eng_t *open_engine_queue(const char *model, const char *dir, uint64_t queue_bytes)
 {
-    eng_params_t p = eng_params_default();
-    p.model_path = model;
-    p.kv_dtype = ENG_KV_F32;
-    p.kv_block_tokens = BT;
-    p.kv_max_tokens = 256;
-    p.tier.dir = dir;
-    p.tier.min_tokens = 32;
+    eng_params_t p = tier_params(model, dir);
     p.tier.queue_bytes = queue_bytes;
-    eng_t *e = NULL;
-    char err[256];
-    if (eng_init(&p, &e, err, sizeof err) != 0)
-        fprintf(stderr, "eng_init: %s\n", err);
-    return e;
+    return open_params(&p);
 }
 
 /* The eviction callback: the tier of the last event that dropped whole blocks of ns 7. */
@@ -200,6 +193,25 @@ static void evict_all(eng_t *e)
     eng_tier_flush(e);
 }
 
+/* tokens[0..n) drawn at random. */
+static void random_tokens(int32_t *tokens, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        tokens[i] = (int32_t)rnd(N_VOCAB);
+}
+
+/* Caches tokens[0..n) in ns 7 (unpinned), then pushes everything out of the pool (evict_all).
+ * Returns the tier the eviction of whole blocks of ns 7 reported (on_evict), or -1. */
+static int cache_and_evict(eng_t *e, const int32_t *tokens, uint32_t n)
+{
+    int tier = -1;
+    cache(e, 7, tokens, n, false);
+    eng_set_evict_callback(e, on_evict, &tier);
+    evict_all(e);
+    eng_set_evict_callback(e, NULL, NULL);
+    return tier;
+}
+
 /* Starts tokens[0..n) from the cache and tiers in ns, computes the rest with every row's
  * logits, compares the rows past the reused positions with ref; *o gets the origin. */
 static void run_check(eng_t *e, uint64_t ns, const int32_t *tokens, uint32_t n, const float *ref,
@@ -251,15 +263,10 @@ PC_TEST(evicted_prefix_comes_back_from_disk_with_cold_logits)
         eng_t *e = open_engine(model, dir, true);
         ASSERT_TRUE(e != NULL);
         int32_t tok[N_PROMPT];
-        for (uint32_t i = 0; i < N_PROMPT; i++)
-            tok[i] = (int32_t)rnd(N_VOCAB);
+        random_tokens(tok, N_PROMPT);
         static float ref[N_PROMPT * N_VOCAB];
         cold(model, tok, N_PROMPT, ref);
-        cache(e, 7, tok, N_PROMPT, false);
-        int tier = -1;
-        eng_set_evict_callback(e, on_evict, &tier);
-        evict_all(e);
-        eng_set_evict_callback(e, NULL, NULL);
+        int tier = cache_and_evict(e, tok, N_PROMPT);
         ASSERT_EQ(tier, ENG_TIER_G3); /* reported as gone down to the disk */
         eng_tier_stats_t st;
         eng_tier_stats(e, &st);
@@ -299,12 +306,10 @@ PC_TEST(hole_is_recomputed_exactly_and_alone)
         eng_t *e = open_engine(model, dir, true);
         ASSERT_TRUE(e != NULL);
         int32_t tok[N_PROMPT];
-        for (uint32_t i = 0; i < N_PROMPT; i++)
-            tok[i] = (int32_t)rnd(N_VOCAB);
+        random_tokens(tok, N_PROMPT);
         static float ref[N_PROMPT * N_VOCAB];
         cold(model, tok, N_PROMPT, ref);
-        cache(e, 7, tok, N_PROMPT, false);
-        evict_all(e);
+        cache_and_evict(e, tok, N_PROMPT);
         /* Block 5 leaves every tier: a hole between blocks 0..4 and 6..11. */
         eng_kvtier_name_t nm;
         eng__tier_block_name(e, 7, tok, 5, &nm);
@@ -338,12 +343,10 @@ PC_TEST(corrupt_record_is_recomputed_and_counted)
     eng_t *e = open_engine(model, dir, true);
     ASSERT_TRUE(e != NULL);
     int32_t tok[N_PROMPT];
-    for (uint32_t i = 0; i < N_PROMPT; i++)
-        tok[i] = (int32_t)rnd(N_VOCAB);
+    random_tokens(tok, N_PROMPT);
     static float ref[N_PROMPT * N_VOCAB];
     cold(model, tok, N_PROMPT, ref);
-    cache(e, 7, tok, N_PROMPT, false);
-    evict_all(e);
+    cache_and_evict(e, tok, N_PROMPT);
     /* One payload byte of block 3 flips on disk. */
     char path[512];
     record_path(e, dir, 7, tok, 3, path, sizeof path);
@@ -396,8 +399,7 @@ PC_TEST(restart_hits_and_lists_the_prefix)
         eng_t *e = open_engine(model, dir, true);
         ASSERT_TRUE(e != NULL);
         int32_t tok[N_PROMPT];
-        for (uint32_t i = 0; i < N_PROMPT; i++)
-            tok[i] = (int32_t)rnd(N_VOCAB);
+        random_tokens(tok, N_PROMPT);
         static float ref[N_PROMPT * N_VOCAB];
         cold(model, tok, N_PROMPT, ref);
         /* Retained: written through at once, no eviction needed. */
@@ -497,8 +499,7 @@ PC_TEST(namespaces_never_share_a_record)
     eng_t *e = open_engine(model, dir, true);
     ASSERT_TRUE(e != NULL);
     int32_t tok[N_PROMPT];
-    for (uint32_t i = 0; i < N_PROMPT; i++)
-        tok[i] = (int32_t)rnd(N_VOCAB);
+    random_tokens(tok, N_PROMPT);
     /* Retained in ns 1, then in ns 2 (whose prefill pushes ns 1's pin out of the small pool:
      * its blocks are on disk already). */
     cache(e, 1, tok, N_PROMPT, true);
@@ -583,21 +584,11 @@ PC_TEST(dropping_a_prefix_removes_its_records)
 /* As open_engine, with the shutdown write-back's bounds. */
 static eng_t *open_engine_shutdown(const char *model, const char *dir, uint32_t ms, uint64_t bytes)
 {
-    eng_params_t p = eng_params_default();
-    p.model_path = model;
-    p.kv_dtype = ENG_KV_F32;
-    p.kv_block_tokens = BT;
-    p.kv_max_tokens = 256;
-    p.tier.dir = dir;
-    p.tier.min_tokens = 32;
+    eng_params_t p = tier_params(model, dir);
     p.tier.load_always = true;
     p.tier.shutdown_ms = ms;
     p.tier.shutdown_bytes = bytes;
-    eng_t *e = NULL;
-    char err[256];
-    if (eng_init(&p, &e, err, sizeof err) != 0)
-        fprintf(stderr, "eng_init: %s\n", err);
-    return e;
+    return open_params(&p);
 }
 
 PC_TEST(shutdown_writes_the_pool_back)
@@ -608,8 +599,7 @@ PC_TEST(shutdown_writes_the_pool_back)
     new_dir(dir0, sizeof dir0);
     new_dir(dir5, sizeof dir5);
     int32_t tok[N_PROMPT], small[20];
-    for (uint32_t i = 0; i < N_PROMPT; i++)
-        tok[i] = (int32_t)rnd(N_VOCAB);
+    random_tokens(tok, N_PROMPT);
     for (uint32_t i = 0; i < 20; i++)
         small[i] = (int32_t)rnd(N_VOCAB);
     static float ref[N_PROMPT * N_VOCAB];
@@ -666,12 +656,10 @@ PC_TEST(prefetch_stages_the_blocks)
     eng_t *e = open_engine(model, dir, true);
     ASSERT_TRUE(e != NULL);
     int32_t tok[N_PROMPT];
-    for (uint32_t i = 0; i < N_PROMPT; i++)
-        tok[i] = (int32_t)rnd(N_VOCAB);
+    random_tokens(tok, N_PROMPT);
     static float ref[N_PROMPT * N_VOCAB];
     cold(model, tok, N_PROMPT, ref);
-    cache(e, 7, tok, N_PROMPT, false);
-    evict_all(e);
+    cache_and_evict(e, tok, N_PROMPT);
     eng_tier_ticket_t *k = NULL;
     ASSERT_EQ(eng_tier_prefetch(e, 7, tok, N_PROMPT, &k), 0);
     ASSERT_TRUE(k != NULL);
@@ -707,8 +695,7 @@ PC_TEST(short_prefixes_are_filtered)
     int32_t tok[24];
     for (int i = 0; i < 24; i++)
         tok[i] = (int32_t)rnd(N_VOCAB);
-    cache(e, 7, tok, 24, false);
-    evict_all(e);
+    cache_and_evict(e, tok, 24);
     eng_tier_stats_t st;
     eng_tier_stats(e, &st);
     ASSERT_EQ(st.write_blocks, 0);
@@ -825,12 +812,10 @@ PC_TEST(disk_budget_evicts_reports_and_leaves_holes)
     e = open_engine_budget(model, dir, true, 6 * rec);
     ASSERT_TRUE(e != NULL);
     int32_t tok[N_PROMPT];
-    for (uint32_t i = 0; i < N_PROMPT; i++)
-        tok[i] = (int32_t)rnd(N_VOCAB);
+    random_tokens(tok, N_PROMPT);
     static float ref[N_PROMPT * N_VOCAB];
     cold(model, tok, N_PROMPT, ref);
-    cache(e, 7, tok, N_PROMPT, false);
-    evict_all(e);
+    cache_and_evict(e, tok, N_PROMPT);
     eng_tier_stats_t st;
     eng_tier_stats(e, &st);
     ASSERT_EQ(st.write_blocks, (uint64_t)N_WHOLE);
@@ -864,13 +849,8 @@ PC_TEST(full_staging_queue_drops_and_counts)
     eng_t *e = open_engine_queue(model, dir, 8192); /* one block of this model */
     ASSERT_TRUE(e != NULL);
     int32_t tok[N_PROMPT];
-    for (uint32_t i = 0; i < N_PROMPT; i++)
-        tok[i] = (int32_t)rnd(N_VOCAB);
-    cache(e, 7, tok, N_PROMPT, false);
-    int tier = -1;
-    eng_set_evict_callback(e, on_evict, &tier);
-    evict_all(e); /* 12 blocks leave at once into a queue of one */
-    eng_set_evict_callback(e, NULL, NULL);
+    random_tokens(tok, N_PROMPT);
+    int tier = cache_and_evict(e, tok, N_PROMPT); /* 12 blocks leave at once into a queue of one */
     eng_tier_stats_t st;
     eng_tier_stats(e, &st);
     /* Every block was either written or dropped and counted; the queue is empty again. */
@@ -928,15 +908,10 @@ PC_TEST(evicted_prefix_comes_back_from_g2_with_cold_logits)
         ASSERT_TRUE(e != NULL);
         ASSERT_EQ(eng_kvpool_block_bytes(e->kv), (size_t)G2_BLOCK);
         int32_t tok[N_PROMPT];
-        for (uint32_t i = 0; i < N_PROMPT; i++)
-            tok[i] = (int32_t)rnd(N_VOCAB);
+        random_tokens(tok, N_PROMPT);
         static float ref[N_PROMPT * N_VOCAB];
         cold(model, tok, N_PROMPT, ref);
-        cache(e, 7, tok, N_PROMPT, false);
-        int tier = -1;
-        eng_set_evict_callback(e, on_evict, &tier);
-        evict_all(e);
-        eng_set_evict_callback(e, NULL, NULL);
+        int tier = cache_and_evict(e, tok, N_PROMPT);
         ASSERT_EQ(tier, ENG_TIER_G2); /* reported as gone down to host memory */
         eng_tier_stats_t st;
         eng_tier_stats(e, &st);
@@ -990,12 +965,10 @@ PC_TEST(g2_over_budget_spills_to_disk_and_a_later_read_comes_from_there)
     eng_t *e = open_engine_g2(model, dir, 6 * G2_BLOCK); /* room for 6 of the 12 blocks */
     ASSERT_TRUE(e != NULL);
     int32_t tok[N_PROMPT];
-    for (uint32_t i = 0; i < N_PROMPT; i++)
-        tok[i] = (int32_t)rnd(N_VOCAB);
+    random_tokens(tok, N_PROMPT);
     static float ref[N_PROMPT * N_VOCAB];
     cold(model, tok, N_PROMPT, ref);
-    cache(e, 7, tok, N_PROMPT, false);
-    evict_all(e);
+    cache_and_evict(e, tok, N_PROMPT);
     eng_tier_stats_t st;
     eng_tier_stats(e, &st);
     ASSERT_EQ(st.g2_write_blocks, (uint64_t)N_WHOLE);
@@ -1034,8 +1007,7 @@ PC_TEST(g2_hole_with_later_blocks_on_disk_is_recomputed_alone)
         eng_t *e = open_engine_g2(model, dir, 64 * G2_BLOCK);
         ASSERT_TRUE(e != NULL);
         int32_t tok[N_PROMPT];
-        for (uint32_t i = 0; i < N_PROMPT; i++)
-            tok[i] = (int32_t)rnd(N_VOCAB);
+        random_tokens(tok, N_PROMPT);
         static float ref[N_PROMPT * N_VOCAB];
         cold(model, tok, N_PROMPT, ref);
         /* Retained: written through to the disk; released and evicted: into G2 as well. */
@@ -1076,12 +1048,10 @@ PC_TEST(g2_is_written_down_at_shutdown_and_a_restart_lists_nothing_from_it)
     eng_t *e = open_engine_g2(model, dir, 64 * G2_BLOCK);
     ASSERT_TRUE(e != NULL);
     int32_t tok[N_PROMPT];
-    for (uint32_t i = 0; i < N_PROMPT; i++)
-        tok[i] = (int32_t)rnd(N_VOCAB);
+    random_tokens(tok, N_PROMPT);
     static float ref[N_PROMPT * N_VOCAB];
     cold(model, tok, N_PROMPT, ref);
-    cache(e, 7, tok, N_PROMPT, false);
-    evict_all(e);
+    cache_and_evict(e, tok, N_PROMPT);
     eng_tier_stats_t st;
     eng_tier_stats(e, &st);
     ASSERT_EQ(st.g2_blocks, (uint64_t)N_WHOLE);
