@@ -180,47 +180,38 @@ void eng_dequant_q8_0(const eng_block_q8_0_t *src, float *dst, size_t n)
     }
 }
 
+/* One Q4_K or Q5_K super-block (qh NULL for Q4_K: no fifth bits) into dst[256], ggml's
+ * dequantize_row_q4_K / _q5_K arithmetic. */
+static void dequant_k45(uint16_t d16, uint16_t dmin16, const uint8_t *scales, const uint8_t *ql,
+                        const uint8_t *qh, float *dst)
+{
+    float d = eng_f16_to_f32(d16), dmin = eng_f16_to_f32(dmin16);
+    unsigned u1 = 1, u2 = 2;
+    for (int j = 0; j < 8; j += 2, ql += 32, u1 <<= 2, u2 <<= 2) {
+        uint8_t sc, m;
+        eng_quant_k4_scale_min(scales, j, &sc, &m);
+        float d1 = d * sc, m1 = dmin * m;
+        eng_quant_k4_scale_min(scales, j + 1, &sc, &m);
+        float d2 = d * sc, m2 = dmin * m;
+        for (int l = 0; l < 32; l++)
+            *dst++ = d1 * (float)((ql[l] & 0xF) + (qh != NULL && (qh[l] & u1) ? 16 : 0)) - m1;
+        for (int l = 0; l < 32; l++)
+            *dst++ = d2 * (float)((ql[l] >> 4) + (qh != NULL && (qh[l] & u2) ? 16 : 0)) - m2;
+    }
+}
+
 void eng_dequant_q4_k(const eng_block_q4_k_t *src, float *dst, size_t n)
 {
     PC_ASSERT(n % ENG_QK_K == 0);
-    for (size_t b = 0; b < n / ENG_QK_K; b++) {
-        const eng_block_q4_k_t *x = &src[b];
-        float d = eng_f16_to_f32(x->d), dmin = eng_f16_to_f32(x->dmin);
-        const uint8_t *q = x->qs;
-        for (int j = 0; j < 8; j += 2, q += 32) {
-            uint8_t sc, m;
-            eng_quant_k4_scale_min(x->scales, j, &sc, &m);
-            float d1 = d * sc, m1 = dmin * m;
-            eng_quant_k4_scale_min(x->scales, j + 1, &sc, &m);
-            float d2 = d * sc, m2 = dmin * m;
-            for (int l = 0; l < 32; l++)
-                *dst++ = d1 * (float)(q[l] & 0xF) - m1;
-            for (int l = 0; l < 32; l++)
-                *dst++ = d2 * (float)(q[l] >> 4) - m2;
-        }
-    }
+    for (size_t b = 0; b < n / ENG_QK_K; b++, dst += ENG_QK_K)
+        dequant_k45(src[b].d, src[b].dmin, src[b].scales, src[b].qs, NULL, dst);
 }
 
 void eng_dequant_q5_k(const eng_block_q5_k_t *src, float *dst, size_t n)
 {
     PC_ASSERT(n % ENG_QK_K == 0);
-    for (size_t b = 0; b < n / ENG_QK_K; b++) {
-        const eng_block_q5_k_t *x = &src[b];
-        float d = eng_f16_to_f32(x->d), dmin = eng_f16_to_f32(x->dmin);
-        const uint8_t *ql = x->qs, *qh = x->qh;
-        unsigned u1 = 1, u2 = 2;
-        for (int j = 0; j < 8; j += 2, ql += 32, u1 <<= 2, u2 <<= 2) {
-            uint8_t sc, m;
-            eng_quant_k4_scale_min(x->scales, j, &sc, &m);
-            float d1 = d * sc, m1 = dmin * m;
-            eng_quant_k4_scale_min(x->scales, j + 1, &sc, &m);
-            float d2 = d * sc, m2 = dmin * m;
-            for (int l = 0; l < 32; l++)
-                *dst++ = d1 * (float)((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
-            for (int l = 0; l < 32; l++)
-                *dst++ = d2 * (float)((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
-        }
-    }
+    for (size_t b = 0; b < n / ENG_QK_K; b++, dst += ENG_QK_K)
+        dequant_k45(src[b].d, src[b].dmin, src[b].scales, src[b].qs, src[b].qh, dst);
 }
 
 void eng_dequant_q6_k(const eng_block_q6_k_t *src, float *dst, size_t n)
@@ -411,28 +402,35 @@ float eng_vec_dot_q8_0_q8_0(const eng_block_q8_0_t *w, const eng_block_q8_0_t *a
 
 /* The K-quants: sum_j sc_j * <q_w, q_a>_j in int32 (scaled levels), the mins through the
  * activation's bsums, then d * d_a * sumi - dmin * d_a * summ per super-block. */
+/* One Q4_K or Q5_K super-block (qh NULL for Q4_K) against its Q8_K activation block. */
+static float dot_k45(uint16_t d, uint16_t dmin, const uint8_t *scales, const uint8_t *q4,
+                     const uint8_t *qh, const eng_block_q8_k_t *a)
+{
+    const int8_t *q8 = a->qs;
+    int32_t sumi = 0, summ = 0;
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        eng_quant_k4_scale_min(scales, j, &sc, &m);
+        const uint8_t *q = q4 + 32 * (j / 2);
+        int shift = 4 * (j & 1);
+        int32_t s = 0;
+        for (int l = 0; l < 32; l++) {
+            int v = ((q[l] >> shift) & 0xF) | (qh != NULL ? ((qh[l] >> j) & 1) << 4 : 0);
+            s += v * q8[32 * j + l];
+        }
+        sumi += sc * s;
+        summ += m * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+    }
+    float da = a->d;
+    return eng_f16_to_f32(d) * da * (float)sumi - eng_f16_to_f32(dmin) * da * (float)summ;
+}
+
 float eng_vec_dot_q4_k_q8_k(const eng_block_q4_k_t *w, const eng_block_q8_k_t *a, size_t n)
 {
     PC_ASSERT(n % ENG_QK_K == 0);
     float sum = 0.0f;
-    for (size_t b = 0; b < n / ENG_QK_K; b++) {
-        const eng_block_q4_k_t *x = &w[b];
-        const int8_t *q8 = a[b].qs;
-        int32_t sumi = 0, summ = 0;
-        for (int j = 0; j < 8; j++) {
-            uint8_t sc, m;
-            eng_quant_k4_scale_min(x->scales, j, &sc, &m);
-            const uint8_t *q4 = x->qs + 32 * (j / 2);
-            int shift = 4 * (j & 1);
-            int32_t s = 0;
-            for (int l = 0; l < 32; l++)
-                s += ((q4[l] >> shift) & 0xF) * q8[32 * j + l];
-            sumi += sc * s;
-            summ += m * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
-        }
-        float da = a[b].d;
-        sum += eng_f16_to_f32(x->d) * da * (float)sumi - eng_f16_to_f32(x->dmin) * da * (float)summ;
-    }
+    for (size_t b = 0; b < n / ENG_QK_K; b++)
+        sum += dot_k45(w[b].d, w[b].dmin, w[b].scales, w[b].qs, NULL, &a[b]);
     return sum;
 }
 
@@ -440,26 +438,8 @@ float eng_vec_dot_q5_k_q8_k(const eng_block_q5_k_t *w, const eng_block_q8_k_t *a
 {
     PC_ASSERT(n % ENG_QK_K == 0);
     float sum = 0.0f;
-    for (size_t b = 0; b < n / ENG_QK_K; b++) {
-        const eng_block_q5_k_t *x = &w[b];
-        const int8_t *q8 = a[b].qs;
-        int32_t sumi = 0, summ = 0;
-        for (int j = 0; j < 8; j++) {
-            uint8_t sc, m;
-            eng_quant_k4_scale_min(x->scales, j, &sc, &m);
-            const uint8_t *q4 = x->qs + 32 * (j / 2);
-            int shift = 4 * (j & 1);
-            int32_t s = 0;
-            for (int l = 0; l < 32; l++) {
-                int q = ((q4[l] >> shift) & 0xF) | (((x->qh[l] >> j) & 1) << 4);
-                s += q * q8[32 * j + l];
-            }
-            sumi += sc * s;
-            summ += m * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
-        }
-        float da = a[b].d;
-        sum += eng_f16_to_f32(x->d) * da * (float)sumi - eng_f16_to_f32(x->dmin) * da * (float)summ;
-    }
+    for (size_t b = 0; b < n / ENG_QK_K; b++)
+        sum += dot_k45(w[b].d, w[b].dmin, w[b].scales, w[b].qs, w[b].qh, &a[b]);
     return sum;
 }
 
