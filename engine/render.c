@@ -302,6 +302,20 @@ static pc_slice_t trim(pc_slice_t s)
     return pc_slice(s.base + b, e - b);
 }
 
+/* v printed as the templates' tojson prints it (style), copied into the arena. */
+static int json_out(emitter_t *e, const json_t *v, enum eng__json_style style, pc_slice_t *out)
+{
+    e->json.len = 0;
+    int rc = eng__json_write(&e->json, v, style);
+    if (rc != 0)
+        return rc;
+    char *p = pc_arena_strndup(e->arena, e->json.base != NULL ? e->json.base : "", e->json.len);
+    if (p == NULL)
+        return PC_ERR_NOMEM;
+    *out = pc_slice(p, e->json.len);
+    return 0;
+}
+
 /* A tool definition as the templates' `tool | tojson` sees it:
  * {"type": "function", "function": {"name", "description"?, "parameters"?}}. */
 static int tool_json(emitter_t *e, const eng_chat_tool_t *t, size_t i, pc_slice_t *out)
@@ -326,18 +340,9 @@ static int tool_json(emitter_t *e, const eng_chat_tool_t *t, size_t i, pc_slice_
         (params != NULL && json_object_set(fn, "parameters", params) != 0) ||
         json_object_set(root, "function", fn) != 0)
         goto fail;
-    e->json.len = 0;
-    rc = eng__json_write(&e->json, root,
-                         e->r->family == ENG_RENDER_FAMILY_LLAMA3 ? ENG__JSON_PY_INDENT4
-                                                                  : ENG__JSON_PY);
-    if (rc != 0)
-        goto fail;
-    rc = PC_ERR_NOMEM;
-    char *p = pc_arena_strndup(e->arena, e->json.base, e->json.len);
-    if (p == NULL)
-        goto fail;
-    *out = pc_slice(p, e->json.len);
-    rc = 0;
+    rc = json_out(e, root,
+                  e->r->family == ENG_RENDER_FAMILY_LLAMA3 ? ENG__JSON_PY_INDENT4 : ENG__JSON_PY,
+                  out);
 fail:
     json_decref(params);
     json_decref(fn);
@@ -357,16 +362,9 @@ static int call_args(emitter_t *e, const eng_chat_block_t *b, size_t mi, size_t 
     if (v == NULL)
         return pc_err_setf(e->err, e->err_len, PC_ERR_INVAL,
                            "messages.%zu.content.%zu: input is not JSON", mi, bi);
-    e->json.len = 0;
-    int rc = eng__json_write(&e->json, v, ENG__JSON_PY);
+    int rc = json_out(e, v, ENG__JSON_PY, out);
     json_decref(v);
-    if (rc != 0)
-        return rc;
-    char *p = pc_arena_strndup(e->arena, e->json.base != NULL ? e->json.base : "", e->json.len);
-    if (p == NULL)
-        return PC_ERR_NOMEM;
-    *out = pc_slice(p, e->json.len);
-    return 0;
+    return rc;
 }
 
 static turn_t block_turn(const eng_chat_msg_t *m, const eng_chat_block_t *b)
@@ -642,16 +640,9 @@ static int json_str(emitter_t *e, pc_slice_t s, pc_slice_t *out)
     json_t *v = json_stringn(s.base, s.len);
     if (v == NULL)
         return PC_ERR_NOMEM;
-    e->json.len = 0;
-    int rc = eng__json_write(&e->json, v, ENG__JSON_PY);
+    int rc = json_out(e, v, ENG__JSON_PY, out);
     json_decref(v);
-    if (rc != 0)
-        return rc;
-    char *p = pc_arena_strndup(e->arena, e->json.base, e->json.len);
-    if (p == NULL)
-        return PC_ERR_NOMEM;
-    *out = pc_slice(p, e->json.len);
-    return 0;
+    return rc;
 }
 
 /* A tool as the v3 template prints it: string fields raw between quotes, the rest tojson. */
@@ -671,14 +662,11 @@ static int mistral_tool(emitter_t *e, const eng_chat_tool_t *t, size_t i)
         if (v == NULL)
             return pc_err_setf(e->err, e->err_len, PC_ERR_INVAL,
                                "tools.%zu: input_schema is not JSON", i);
-        e->json.len = 0;
-        rc = eng__json_write(&e->json, v, ENG__JSON_PY);
+        pc_slice_t params;
+        rc = json_out(e, v, ENG__JSON_PY, &params);
         json_decref(v);
-        char *p = rc == 0 ? pc_arena_strndup(e->arena, e->json.base, e->json.len) : NULL;
-        if (rc != 0 || p == NULL)
-            return rc != 0 ? rc : PC_ERR_NOMEM;
-        if ((rc = scaffold(e, ", \"parameters\": ")) != 0 ||
-            (rc = content(e, pc_slice(p, e->json.len))) != 0)
+        if (rc != 0 || (rc = scaffold(e, ", \"parameters\": ")) != 0 ||
+            (rc = content(e, params)) != 0)
             return rc;
     }
     return scaffold(e, "}}");
