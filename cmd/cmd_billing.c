@@ -96,7 +96,7 @@ static int cmd_export(int argc, char **argv)
     bill_export_params_t xp = bill_export_params_default();
     const char *dirs[64], *out = NULL, *pricing = NULL, *prefix = NULL;
     size_t n_dirs = 0;
-    bill_redis_params_t rp = {.timeout_ms = 5000}; /* the address from --redis */
+    bill_redis_params_t rp = bill_redis_params_default(); /* the address from --redis */
     bool stats = false, redis = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
