@@ -68,6 +68,9 @@ typedef struct serve {
     bill_pricing_t *pricing;
     bill_ledger_t *ledger;
     bill_shipper_t *shipper; /* NULL without Redis */
+    /* GET /admin/v1/usage (admin.c): whether ?scope=cluster is the default (gw_serve sets it
+     * when a registry is configured; else the default is local). */
+    bool usage_cluster_default;
     bill_idgen_t idgen;
     uv_async_t ledger_wake;
     uv_timer_t tick;
