@@ -28,6 +28,7 @@ typedef struct export_job {
     char tenant[128];
     bool cluster;
     bill_redis_params_t rp; /* scope=cluster: the Redis of the shipper */
+    bill_redis_addr_t sentinels[BILL_REDIS_MAX_SENTINELS]; /* rp's, with Sentinel */
     uv_work_t work;
     pc_buf_t out; /* filled by the step (thread pool), sent on the loop */
     int rc;
@@ -128,7 +129,7 @@ static void open_work(uv_work_t *w)
         .ledger_dirs = &dir,
         .n_ledgers = 1,
         .redis = j->cluster ? &j->rp : NULL,
-        .redis_prefix = NULL, /* the shipper's default prefix, "kvgw" */
+        .redis_prefix = j->q->s->cfg.redis_prefix, /* the shipper's (redis.prefix) */
     };
     j->rc = bill_export_open_sources(&src, &j->xp, &j->x, j->err, sizeof j->err);
 }
@@ -228,7 +229,7 @@ bool gw__admin_usage(gw_req_t *q, const char *query)
         }
         cluster = v[0] == 'c';
     }
-    if (cluster && s->cfg.redis_host == NULL) {
+    if (cluster && !gw_config_has_redis(&s->cfg)) {
         gw__req_respond_errorf(q, 400, "%s",
                                "scope=cluster needs Redis (redis: in the config); scope=local is "
                                "this gateway's ledger");
@@ -252,12 +253,11 @@ bool gw__admin_usage(gw_req_t *q, const char *query)
     xp.ud = j;
     j->xp = xp;
     j->cluster = cluster;
-    if (cluster) {
-        j->rp = bill_redis_params_default();
-        snprintf(j->rp.address.host, sizeof j->rp.address.host, "%s", s->cfg.redis_host);
-        j->rp.address.port = s->cfg.redis_port;
-        j->rp.password = s->cfg.redis_password;
-        j->rp.timeout_ms = s->cfg.redis_timeout_ms;
+    if (cluster &&
+        gw__serve_redis_params(&s->cfg, &j->rp, j->sentinels, j->err, sizeof j->err) != 0) {
+        gw__req_respond_errorf(q, 500, "redis: %s", j->err);
+        pc_free(j);
+        return false;
     }
     j->q = q;
     j->work.data = j;

@@ -177,7 +177,7 @@ test('written through A, billed as a read through B, exactly; both decisions sha
   assert.equal(ev.length, 1, JSON.stringify(rows));
   assert.equal(ev[0].usage.cache_read_tokens, written);
   assert.equal(ev[0].usage.cache_write_5m_tokens, 0);
-  if ('registry' in ev[0]) assert.equal(ev[0].registry, 'shared');
+  assert.equal(ev[0].registry, 'shared');
 });
 
 test('a gateway with another namespace secret is refused at start', () => {
