@@ -2,7 +2,8 @@
 // redis-server (a temporary directory, a random port), one `kvgw worker`, two `kvgw serve` (A
 // and B) with the registry on. A prompt written through A is billed as a read through B with
 // the exact token counts (the response, the kvgw-cache header, the access log and B's ledger),
-// both decisions say registry=shared; a third gateway whose namespace secret differs, and one
+// both decisions say registry=shared; the same new prompt sent to A and B at once bills one
+// write and one read of it; a third gateway whose namespace secret differs, and one
 // that reuses A's live instance id, are refused at start with a clear message. The big suite
 // (three gateways, both SDKs, races, failures) is scaleout*.test.mjs.
 //
@@ -68,7 +69,9 @@ function startWorker() {
   });
 }
 
-function config(name, { secret = SECRET, lease = '2s', instance = name } = {}) {
+// registry.timeout is generous here: a claim past it is decided locally (and may bill a second
+// write), which a loaded 2-core CI machine must not turn into a flaky race below.
+function config(name, { secret = SECRET, lease = '3s', instance = name } = {}) {
   return writeConfig(dir, `listen: 127.0.0.1:0
 models:
   - name: ${MODEL}
@@ -92,6 +95,7 @@ redis:
 registry:
   enabled: true
   lease: ${lease}
+  timeout: 2s
 log:
   access_log: ${dir}/access-${name}.log
 `, `${name}.yaml`);
@@ -139,6 +143,21 @@ async function ask(gw, sys) {
 }
 
 const metricsOf = async (gw) => (await fetch(gw.base + '/metrics', { headers: { authorization: 'Bearer sk-test-admin' } })).text();
+
+test('the same new prompt on A and B at once: exactly one write, the other a read of it', async () => {
+  for (let round = 0; round < 3; round++) {
+    const sys = system(`race ${round}`);
+    const [a, b] = await Promise.all([ask(gwA, sys), ask(gwB, sys)]);
+    const w = [a, b].map((x) => x.j.usage.cache_creation_input_tokens);
+    const r = [a, b].map((x) => x.j.usage.cache_read_input_tokens);
+    const writer = w[0] > 0 ? 0 : 1;
+    assert.ok(w[writer] > 100, JSON.stringify([a.j.usage, b.j.usage]));
+    assert.equal(w[1 - writer], 0, 'one write only: ' + JSON.stringify([a.j.usage, b.j.usage]));
+    assert.equal(r[writer], 0);
+    assert.equal(r[1 - writer], w[writer], 'the other reads exactly what was written');
+    for (const x of [a, b]) assert.match(x.cache, /registry=shared/);
+  }
+});
 
 test('written through A, billed as a read through B, exactly; both decisions shared', async () => {
   const sys = system('one');
