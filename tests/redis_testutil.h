@@ -36,7 +36,7 @@ typedef struct rt_server {
 static pid_t rt__pids[16];
 static int rt__n_pids;
 
-static int rt_free_port(void)
+static inline int rt_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -50,7 +50,7 @@ static int rt_free_port(void)
     return ntohs(a.sin_port);
 }
 
-static redisContext *rt_connect(int port)
+static inline redisContext *rt_connect(int port)
 {
     struct timeval tv = {2, 0};
     redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
@@ -63,7 +63,7 @@ static redisContext *rt_connect(int port)
 }
 
 /* One command on a fresh connection; the reply (free it) or NULL. */
-static redisReply *rt_cmd(int port, const char *fmt, ...)
+static inline redisReply *rt_cmd(int port, const char *fmt, ...)
 {
     redisContext *c = rt_connect(port);
     if (c == NULL)
@@ -76,16 +76,17 @@ static redisReply *rt_cmd(int port, const char *fmt, ...)
     return r;
 }
 
-static bool rt_ping(int port)
+static inline bool rt_ping(int port)
 {
-    redisReply *r = rt_cmd(port, "PING");
-    bool ok = r != NULL && r->type == REDIS_REPLY_STATUS;
+    redisReply *r = rt_cmd(port, "PING"); /* any answer (NOAUTH too): the server is serving */
+    bool ok = r != NULL && (r->type == REDIS_REPLY_STATUS || r->type == REDIS_REPLY_ERROR) &&
+              (r->type == REDIS_REPLY_STATUS || strncmp(r->str, "LOADING", 7) != 0);
     if (r != NULL)
         freeReplyObject(r);
     return ok;
 }
 
-static bool rt__wait_ping(int port)
+static inline bool rt__wait_ping(int port)
 {
     for (int i = 0; i < 400; i++) { /* up to 20 s */
         if (rt_ping(port))
@@ -95,7 +96,7 @@ static bool rt__wait_ping(int port)
     return false;
 }
 
-static pid_t rt__spawn(const char *bin, char **argv)
+static inline pid_t rt__spawn(const char *bin, char **argv)
 {
     pid_t pid = fork();
     if (pid == 0) {
@@ -111,7 +112,7 @@ static pid_t rt__spawn(const char *bin, char **argv)
 }
 
 /* Starts (or restarts, same port and dir when s->port != 0) a redis-server. */
-static int rt_start(rt_server_t *s, const char *name, const char *extra)
+static inline int rt_start(rt_server_t *s, const char *name, const char *extra)
 {
     if (s->port == 0) {
         s->port = rt_free_port();
@@ -136,7 +137,7 @@ static int rt_start(rt_server_t *s, const char *name, const char *extra)
 }
 
 /* A sentinel monitoring 127.0.0.1:master_port as "mymaster", quorum 1, fast timeouts. */
-static int rt_sentinel(rt_server_t *s, const char *name, int master_port)
+static inline int rt_sentinel(rt_server_t *s, const char *name, int master_port)
 {
     s->port = rt_free_port();
     snprintf(s->dir, sizeof s->dir, "%s", pc_test_tmp_path(name));
@@ -159,7 +160,7 @@ static int rt_sentinel(rt_server_t *s, const char *name, int master_port)
     return s->pid > 0 && rt__wait_ping(s->port) ? 0 : -1;
 }
 
-static void rt_stop(rt_server_t *s, int sig)
+static inline void rt_stop(rt_server_t *s, int sig)
 {
     if (s->pid <= 0)
         return;
@@ -189,7 +190,7 @@ __attribute__((destructor)) static void rt__cleanup(void)
     }
 }
 
-static bool rt_installed(void)
+static inline bool rt_installed(void)
 {
     return access(RT_REDIS_BIN, X_OK) == 0;
 }
