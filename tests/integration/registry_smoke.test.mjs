@@ -4,7 +4,8 @@
 // the exact token counts (the response, the kvgw-cache header, the access log and B's ledger),
 // both decisions say registry=shared; the same new prompt sent to A and B at once bills one
 // write and one read of it; a third gateway whose namespace secret differs, and one
-// that reuses A's live instance id, are refused at start with a clear message. The big suite
+// that reuses A's live instance id, are refused at start with a clear message; with Redis
+// stopped A keeps serving, its decisions marked registry: local (header, ledger). The big suite
 // (three gateways, both SDKs, races, failures) is scaleout*.test.mjs.
 //
 // Run: KVGW_BIN=build/bin/kvgw node --test tests/integration/registry_smoke.test.mjs (repository
@@ -213,4 +214,24 @@ test('a second gateway with a live gateway\'s instance id is refused at start', 
   assert.match(r.stderr, /kvgw serve: refusing to start: registry: .*billing\.instance_id gw-a is in use by a live gateway/);
   assert.doesNotMatch(r.stdout, /listening on/);
   assert.equal(gwA.proc.exitCode, null, 'A keeps serving');
+});
+
+test('Redis stopped: A keeps serving from its own view, its decisions marked local', async () => {
+  const redisProc = procs.find((p) => p.spawnfile === 'redis-server');
+  redisProc.kill('SIGTERM');
+  await new Promise((r) => redisProc.once('exit', r));
+  await waitFor('A to see Redis down', async () => (await (await fetch(gwA.base + '/healthz')).json()).registry === 'down');
+  const x = await ask(gwA, system('while redis is down'));
+  assert.ok(x.j.usage.cache_creation_input_tokens > 100, JSON.stringify(x.j.usage));
+  assert.match(x.cache, /outcome=write; .*registry=local/);
+  const y = await ask(gwA, system('while redis is down')); // the replica still serves its own write
+  assert.equal(y.j.usage.cache_read_input_tokens, x.j.usage.cache_creation_input_tokens);
+  assert.match(y.cache, /registry=local/);
+  const m = await metricsOf(gwA);
+  assert.match(m, /^kvgw_registry_up 0$/m);
+  assert.match(m, /^kvgw_registry_decisions_total\{registry="local"\} [2-9]/m);
+  const { code } = await stopGateway(gwA);
+  assert.equal(code, 0, gwA.stderr());
+  const rows = exportJsonl(join(dir, 'ledger-gw-a')).filter((r) => r.request_id === x.id || r.request_id === y.id);
+  assert.deepEqual(rows.map((r) => r.registry), ['local', 'local']);
 });
