@@ -39,7 +39,9 @@
  * the temporary directory removed on every exit path, on SIGINT/SIGTERM/SIGHUP (a thread waits
  * for them), and the children get PR_SET_PDEATHSIG so that even a SIGKILL of the benchmark
  * takes them down (only the directory, /tmp/kvgw-bench-cluster.*, stays then). The table, then
- * one JSON line last (bench.h); a phase that failed leaves its figures null and exit status 1.
+ * one JSON line last (bench.h). Exit status 1 when a phase failed or its premise did not hold
+ * (a measured request not billed a read; a round's write not seen by the other gateway's feed
+ * within 5 s or not billed a read there): ctest bench_cluster_quick (label bench) runs it small.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -807,8 +809,6 @@ static int phase_added(cluster_t *cl, bench_report_t *rep, int n_req, int client
     }
     for (int g = 0; g < N_GW; g++)
         pc_free(logs[g]);
-    if (failed > 0)
-        fprintf(stderr, "kvgw bench cluster: %d of %d requests failed\n", failed, n_req);
     char note[96];
     snprintf(note, sizeof note, "%d cached-prefix requests over 3 gateways, %d clients", n_add[0],
              clients);
@@ -827,14 +827,22 @@ static int phase_added(cluster_t *cl, bench_report_t *rep, int n_req, int client
     pc_free(add[1]);
     pc_free(L.res);
     pc_free(sys);
-    return failed == n_req ? -1 : 0;
+    /* The figures' premise: every request answered and billed a read of the cached prefix. */
+    if (failed > 0 || n_read[0] < n_sent[0] || n_read[1] < n_sent[1]) {
+        fprintf(stderr,
+                "kvgw bench cluster: %d of %d requests failed; billed a read: %d of %d shared, "
+                "%d of %d single\n",
+                failed, n_req, n_read[0], n_sent[0], n_read[1], n_sent[1]);
+        return -1;
+    }
+    return 0;
 }
 
 /* Phase 2: how soon a write through one gateway reaches another's replica. */
 static int phase_visible(cluster_t *cl, bench_report_t *rep, int rounds, int prompt_tokens)
 {
     double *vis = pc_xcalloc((size_t)rounds, sizeof(double));
-    int n_vis = 0, n_replica = 0, n_lost = 0, failed = 0;
+    int n_vis = 0, n_replica = 0, n_lost = 0, n_unread = 0, failed = 0;
     uint64_t seed = 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
     for (int r = 0; r < rounds; r++) {
         int a = r % N_SHARED, b = (r + 1) % N_SHARED;
@@ -890,7 +898,9 @@ static int phase_visible(cluster_t *cl, bench_report_t *rep, int rounds, int pro
         one_request(cl->gw_port[b], body, &x);
         pc_free(body);
         double claims1 = metric_of(cl->gw_port[b], "kvgw_registry_claims_total", NULL, NULL, NULL);
-        if (x.status == 200 && x.read > 0 && claims1 == claims0)
+        if (x.status != 200 || x.read <= 0)
+            n_unread++;
+        else if (claims1 == claims0)
             n_replica++;
         pc_free(sys);
     }
@@ -903,9 +913,13 @@ static int phase_visible(cluster_t *cl, bench_report_t *rep, int rounds, int pro
     bench_report_add(rep, "cross_gateway_not_visible", done > 0 ? n_lost : NAN,
                      "rounds not seen within 5 s");
     pc_free(vis);
-    if (failed > 0)
-        fprintf(stderr, "kvgw bench cluster: %d of %d visibility rounds failed\n", failed, rounds);
-    return failed == rounds ? -1 : 0;
+    /* The figure's premise: every write seen by B's replica and billed as a read there. */
+    if (failed > 0 || n_lost > 0 || n_unread > 0)
+        fprintf(stderr,
+                "kvgw bench cluster: of %d visibility rounds %d failed, %d not seen by the other "
+                "gateway's feed within 5 s, %d not billed a read there\n",
+                rounds, failed, n_lost, n_unread);
+    return failed > 0 || n_lost > 0 || n_unread > 0 ? -1 : 0;
 }
 
 /* Phase 3: count_tokens throughput with wrk on one gateway and on the three at once. */
