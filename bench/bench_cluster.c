@@ -369,6 +369,9 @@ static double metric_sum(const char *text, const char *name, const char *need1, 
 {
     char type[128];
     snprintf(type, sizeof type, "# TYPE %s ", name);
+    size_t fl = strlen(name); /* a histogram's _count is exported under its family's TYPE */
+    if (fl > 6 && strcmp(name + fl - 6, "_count") == 0)
+        snprintf(type, sizeof type, "# TYPE %.*s ", (int)(fl - 6), name);
     if (strstr(text, type) == NULL)
         return NAN;
     size_t nl = strlen(name);
@@ -715,14 +718,29 @@ static double pct(double *v, int n, double p)
     return v[i < 0 ? 0 : i >= n ? n - 1 : i];
 }
 
-/* The registry's ops of the shared gateways so far (every op but the lease), NAN without. */
-static double registry_ops(cluster_t *cl)
+static const char *const reg_ops[] = {"claim", "commit", "read", "release"};
+#define N_REG_OPS 4
+
+/* The registry's ops of the shared gateways so far, by op (the background lease left out);
+ * NAN without a registry. */
+static void registry_ops(cluster_t *cl, double out[N_REG_OPS])
 {
-    double s = 0;
-    for (int i = 0; i < N_SHARED; i++)
-        s +=
-            metric_of(cl->gw_port[i], "kvgw_registry_op_seconds_count", NULL, NULL, "op=\"lease\"");
-    return s;
+    for (int o = 0; o < N_REG_OPS; o++)
+        out[o] = 0;
+    for (int i = 0; i < N_SHARED; i++) {
+        pc_buf_t t = PC_BUF_INIT;
+        if (get_metrics(cl->gw_port[i], &t) != 0) {
+            for (int o = 0; o < N_REG_OPS; o++)
+                out[o] = NAN;
+            return;
+        }
+        for (int o = 0; o < N_REG_OPS; o++) {
+            char lab[32];
+            snprintf(lab, sizeof lab, "op=\"%s\"", reg_ops[o]);
+            out[o] += metric_sum(t.base, "kvgw_registry_op_seconds_count", lab, NULL, NULL);
+        }
+        pc_buf_free(&t);
+    }
 }
 
 /* Phase 1: gateway-added latency, shared vs single, and the registry's ops per request. */
@@ -762,7 +780,8 @@ static int phase_added(cluster_t *cl, bench_report_t *rep, int n_req, int client
         pc_free(sys);
         return -1;
     }
-    double ops0 = registry_ops(cl);
+    double ops0[N_REG_OPS], ops1[N_REG_OPS];
+    registry_ops(cl, ops0);
     load_t L = {
         .cl = cl, .sys = sys, .n = n_req, .res = pc_xcalloc((size_t)n_req, sizeof(result_t))};
     atomic_init(&L.next, 0);
@@ -773,7 +792,7 @@ static int phase_added(cluster_t *cl, bench_report_t *rep, int n_req, int client
             started++;
     for (int i = 0; i < started; i++)
         pthread_join(th[i], NULL);
-    double ops1 = registry_ops(cl);
+    registry_ops(cl, ops1);
 
     /* The worker's own times from the access logs (written out every 250 ms). */
     double *add[2] = {pc_xcalloc((size_t)n_req, sizeof(double)),
@@ -821,8 +840,14 @@ static int phase_added(cluster_t *cl, bench_report_t *rep, int n_req, int client
                      "requests billed a read (kvgw-cache), want 1");
     bench_report_add(rep, "cached_fraction_single", n_sent[1] ? (double)n_read[1] / n_sent[1] : NAN,
                      NULL);
-    bench_report_add(rep, "registry_ops_per_request", n_sent[0] ? (ops1 - ops0) / n_sent[0] : NAN,
-                     "kvgw_registry_op_seconds_count but leases, per shared request");
+    double ops = 0;
+    char by_op[96] = "";
+    for (int o = 0, k = 0; o < N_REG_OPS; o++) {
+        ops += ops1[o] - ops0[o];
+        k += snprintf(by_op + k, sizeof by_op - (size_t)k, "%s%s %.0f", o ? ", " : "", reg_ops[o],
+                      ops1[o] - ops0[o]);
+    }
+    bench_report_add(rep, "registry_ops_per_request", n_sent[0] ? ops / n_sent[0] : NAN, by_op);
     pc_free(add[0]);
     pc_free(add[1]);
     pc_free(L.res);
