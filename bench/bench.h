@@ -60,6 +60,7 @@ int bench_ledger_main(int argc, char **argv);
 int bench_gateway_main(int argc, char **argv);
 int bench_link_main(int argc, char **argv);
 int bench_tiers_main(int argc, char **argv);
+int bench_cluster_main(int argc, char **argv);
 
 /* ns per TOKEN frame of the sealed worker link (encode, seal, open, decode; the best of five
  * passes of n_frames), or -1 on a failure: kvgw bench link's headline, also printed by kvgw

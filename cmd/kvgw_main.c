@@ -19,6 +19,7 @@ static const kvgw_cmd_t bench_cmds[] = {
     {"gateway", bench_gateway_main, "gateway over HTTP: cached vs cold TTFT, overhead, wrk"},
     {"link", bench_link_main, "worker link: cost of sealing (encrypt + MAC) per frame"},
     {"tiers", bench_tiers_main, "KV tiers: TTFT from pool, disk, restart, hole; pressure"},
+    {"cluster", bench_cluster_main, "3 gateways sharing a cache over Redis: added latency, feed"},
 };
 #define N_BENCH_CMDS (sizeof bench_cmds / sizeof bench_cmds[0])
 

