@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <string.h>
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -372,7 +373,10 @@ void gw__obs_internal_error(serve_t *s, const char *site, const char *fmt, ...)
 }
 
 /* One JSON object per line; the strings a client chose (the model) and the configuration's
- * (the tenant) are JSON-escaped, so no byte of theirs can end the line. */
+ * (the tenant) are JSON-escaped, so no byte of theirs can end the line. A line reaches the file
+ * whole: it is formatted first, and the stdio buffer is flushed before a line that would not fit
+ * in what is left of it (stdio would otherwise write the part that fits, and a reader tailing
+ * the file would see half a line until the next tick). */
 static void access_log(gw_req_t *q, int status)
 {
     serve_t *s = q->s;
@@ -391,27 +395,42 @@ static void access_log(gw_req_t *q, int status)
         gw__obs_internal_error(s, "access_log", "request %s: access log line not written", q->id);
         return;
     }
-    fprintf(s->access_log,
-            "{\"ts\":%" PRIu64 ",\"request_id\":\"%s\",\"endpoint\":\"%s\",\"status\":%d,"
-            "\"tenant\":%.*s,\"model\":%.*s,\"input_tokens\":%u,\"cache_read\":%u,"
-            "\"cache_write_5m\":%u,\"cache_write_1h\":%u,\"output_tokens\":%u,"
-            "\"outcome\":\"%s\",\"cache\":\"%s\",\"worker\":%d,\"ttft_ms\":%" PRId64
-            ",\"duration_ms\":%" PRIu64 ",\"worker_ttft_us\":%" PRIu64
-            ",\"worker_total_us\":%" PRIu64 ",\"physical_hit\":%u,\"kv_g1\":%u,\"kv_g2\":%u,"
-            "\"kv_g3\":%u,\"kv_recomputed\":%u%s%s%s}\n",
-            pc_time_wall_ms(), q->id, q->endpoint, status, (int)tenant.len, tenant.base,
-            (int)model.len, model.base, q->usage.input_tokens, q->usage.cache_read,
-            q->usage.cache_write_5m, q->usage.cache_write_1h, q->usage.output_tokens,
-            q->has_outcome ? gw_outcome_name((gw_outcome_t)q->outcome) : "", q->cache_hdr,
-            q->routed ? (int)q->worker : -1,
-            q->t_first_ms ? (int64_t)(q->t_first_ms - q->t0_ms) : (int64_t)-1, now - q->t0_ms,
-            q->worker_ttft_us, q->worker_total_us, q->tokens_reused, q->prefill.tokens_g1,
-            q->prefill.tokens_g2, q->prefill.tokens_g3, q->prefill.tokens_recomputed,
-            q->registry != BILL_REGISTRY_NONE ? ",\"registry\":\"" : "",
-            q->registry != BILL_REGISTRY_NONE ? bill_registry_name(q->registry) : "",
-            q->registry != BILL_REGISTRY_NONE ? "\"" : "");
+    pc_buf_t line = {0};
+    rc = pc_buf_printf(
+        &line,
+        "{\"ts\":%" PRIu64 ",\"request_id\":\"%s\",\"endpoint\":\"%s\",\"status\":%d,"
+        "\"tenant\":%.*s,\"model\":%.*s,\"input_tokens\":%u,\"cache_read\":%u,"
+        "\"cache_write_5m\":%u,\"cache_write_1h\":%u,\"output_tokens\":%u,"
+        "\"outcome\":\"%s\",\"cache\":\"%s\",\"worker\":%d,\"ttft_ms\":%" PRId64
+        ",\"duration_ms\":%" PRIu64 ",\"worker_ttft_us\":%" PRIu64 ",\"worker_total_us\":%" PRIu64
+        ",\"physical_hit\":%u,\"kv_g1\":%u,\"kv_g2\":%u,"
+        "\"kv_g3\":%u,\"kv_recomputed\":%u%s%s%s}\n",
+        pc_time_wall_ms(), q->id, q->endpoint, status, (int)tenant.len, tenant.base, (int)model.len,
+        model.base, q->usage.input_tokens, q->usage.cache_read, q->usage.cache_write_5m,
+        q->usage.cache_write_1h, q->usage.output_tokens,
+        q->has_outcome ? gw_outcome_name((gw_outcome_t)q->outcome) : "", q->cache_hdr,
+        q->routed ? (int)q->worker : -1,
+        q->t_first_ms ? (int64_t)(q->t_first_ms - q->t0_ms) : (int64_t)-1, now - q->t0_ms,
+        q->worker_ttft_us, q->worker_total_us, q->tokens_reused, q->prefill.tokens_g1,
+        q->prefill.tokens_g2, q->prefill.tokens_g3, q->prefill.tokens_recomputed,
+        q->registry != BILL_REGISTRY_NONE ? ",\"registry\":\"" : "",
+        q->registry != BILL_REGISTRY_NONE ? bill_registry_name(q->registry) : "",
+        q->registry != BILL_REGISTRY_NONE ? "\"" : "");
     pc_buf_free(&tenant);
     pc_buf_free(&model);
+    if (rc != 0) {
+        pc_buf_free(&line);
+        gw__obs_internal_error(s, "access_log", "request %s: access log line not written", q->id);
+        return;
+    }
+    size_t cap = __fbufsize(s->access_log); /* stdout's may be smaller than ours */
+    if (s->access_log_pending + line.len > (cap > 0 ? cap : GW_ACCESS_LOG_BUF)) {
+        fflush(s->access_log);
+        s->access_log_pending = 0;
+    }
+    fwrite(line.base, 1, line.len, s->access_log);
+    s->access_log_pending += line.len;
+    pc_buf_free(&line);
     s->access_log_dirty = true;
 }
 
@@ -532,6 +551,7 @@ void gw__obs_on_tick(uv_timer_t *t)
     if (s->access_log_dirty) {
         s->access_log_dirty = false;
         fflush(s->access_log);
+        s->access_log_pending = 0;
     }
     if (pc_time_wall_ms() - s->last_storage_ms >= s->cfg.storage_interval_ms)
         gw__obs_meter_storage(s);
@@ -553,7 +573,7 @@ FILE *gw__obs_open_access_log(const char *path)
 {
     FILE *f = fopen(path, "a");
     if (f != NULL)
-        setvbuf(f, NULL, _IOFBF, 64 << 10);
+        setvbuf(f, NULL, _IOFBF, GW_ACCESS_LOG_BUF);
     return f;
 }
 
@@ -577,5 +597,6 @@ void gw__obs_on_sighup(uv_signal_t *h, int sig)
     fclose(s->access_log); /* flushes the lines written so far into the old file */
     s->access_log = f;
     s->access_log_dirty = false;
+    s->access_log_pending = 0;
     PC_LOG(PC_LOG_INFO, "serve", "SIGHUP: reopened the access log %s", s->cfg.access_log);
 }

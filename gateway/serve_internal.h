@@ -79,9 +79,10 @@ typedef struct serve {
     gw_req_t *live;       /* requests on a worker (iteration: worker down, gauges) */
     pc_u64map_t live_map; /* the same requests by wire id (worker events) */
     gw_req_t *durable_head, *durable_tail;
-    FILE *access_log;      /* lines are buffered and flushed by the tick, not per request */
-    bool access_log_dirty; /* a line was written since the last flush */
-    size_t freed_large;    /* body bytes of large requests freed since the last malloc_trim */
+    FILE *access_log;          /* lines are buffered and flushed by the tick, not per request */
+    bool access_log_dirty;     /* a line was written since the last flush */
+    size_t access_log_pending; /* bytes handed to stdio since its last flush */
+    size_t freed_large;        /* body bytes of large requests freed since the last malloc_trim */
     bool stopping;
     bool http_closed;
     int exit_code;
@@ -181,6 +182,9 @@ void gw__obs_on_tick(uv_timer_t *t);
 void gw__obs_meter_storage(serve_t *s);
 /* cindex params.on_drop: metrics, the workers' pins, the namespace's entry count. */
 void gw__obs_on_entry_drop(const gw_cindex_drop_t *ev, void *ud);
+/* The access log's stdio buffer: lines are flushed by the tick, or before a line that would
+ * not fit (so the file only ever holds whole lines). */
+#define GW_ACCESS_LOG_BUF (64u << 10)
 FILE *gw__obs_open_access_log(const char *path);
 /* registry params.on_op: the op_seconds histogram. */
 void gw__obs_registry_op(gw_registry_opkind_t op, double seconds, void *ud);
