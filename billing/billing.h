@@ -165,6 +165,25 @@ enum bill_status {
 /* "completed", "stopped", "failed", "cancelled", "disconnected"; NULL when out of range. */
 const char *bill_status_name(int status);
 
+/* How the cache part of a usage event was decided when several gateways share one cache
+ * (docs/ARCHITECTURE.md, scale-out): without a registry (one gateway, or records written before
+ * the field existed), with the shared registry in Redis, or from this gateway's local view alone
+ * because Redis did not answer in time (its reads and writes may differ from what the other
+ * gateways saw). Storage events: shared when the meter lease was held with Redis, local while
+ * metering on without it, none without a registry. */
+enum bill_registry {
+    BILL_REGISTRY_NONE = 0,
+    BILL_REGISTRY_SHARED = 1,
+    BILL_REGISTRY_LOCAL = 2,
+    BILL_REGISTRY_COUNT = 3,
+};
+
+/* "none", "shared", "local"; NULL when out of range. */
+const char *bill_registry_name(int registry);
+
+/* The inverse: the enum value, or -1 when s is none of the names. */
+int bill_registry_parse(const char *s);
+
 /* A usage or storage event. Plain data with fixed-size strings, so it is copied by value and the
  * ledger owns its own copy the moment bill_ledger_append returns. Strings are NUL-terminated,
  * printable ASCII or UTF-8 without control characters, at most BILL_STR_MAX - 1 bytes.
@@ -175,8 +194,9 @@ const char *bill_status_name(int status);
  * Storage events: event_id, ns, tenant, model required; [start_ms, end_ms) is the metering
  * window, token_ms the cached tokens x time integrated over it; only cost[STORAGE] is set. */
 typedef struct bill_event {
-    uint8_t kind;   /* enum bill_event_kind */
-    uint8_t status; /* enum bill_status (usage events; 0 for storage) */
+    uint8_t kind;     /* enum bill_event_kind */
+    uint8_t status;   /* enum bill_status (usage events; 0 for storage) */
+    uint8_t registry; /* enum bill_registry */
     char event_id[BILL_STR_MAX];
     char request_id[BILL_STR_MAX];
     char tenant[BILL_STR_MAX];
@@ -199,8 +219,8 @@ void bill_event_init(bill_event_t *ev, int kind);
  * s is too long or holds control characters; the field is then left unchanged. */
 int bill_event_set_str(char dst[BILL_STR_MAX], const char *s);
 
-/* Checks every field (required strings, kind, status, start <= end, logical >= physical hits,
- * logical hits <= read). 0 or PC_ERR_INVAL with the reason in err. */
+/* Checks every field (required strings, kind, status, registry, start <= end, logical >= physical
+ * hits, logical hits <= read). 0 or PC_ERR_INVAL with the reason in err. */
 int bill_event_validate(const bill_event_t *ev, char *err, size_t err_len);
 
 /* Fills ev->cost_nusd from the price of ev->model at ev->start_ms. PC_ERR_NOTFOUND for an unknown
@@ -214,11 +234,16 @@ uint64_t bill_event_total_nusd(const bill_event_t *ev);
 uint64_t bill_event_quantity(const bill_event_t *ev);
 
 /* Binary encoding of an event: the ledger record payload, documented byte by byte in ledger.h.
- * encode writes at most BILL_EVENT_MAX_ENCODED bytes and returns the length; decode checks every
- * field (as bill_event_validate) and fails with PC_ERR_FORMAT on any malformed input. */
-#define BILL_EVENT_MAX_ENCODED (4 + 6 * BILL_STR_MAX + 8 * 16)
+ * The payload has a format version, the ledger record's version byte: 1 (before the registry
+ * field), 2 (the current one: format 1 followed by the registry byte). encode writes the current
+ * format, at most BILL_EVENT_MAX_ENCODED bytes, and returns the length; decode reads the current
+ * format, decode_format the given one (format 1 reads as registry none). Both check every field
+ * (as bill_event_validate) and fail with PC_ERR_FORMAT on any malformed input or unknown format. */
+#define BILL_EVENT_FORMAT 2
+#define BILL_EVENT_MAX_ENCODED (4 + 6 * BILL_STR_MAX + 8 * 16 + 1)
 size_t bill_event_encode(const bill_event_t *ev, uint8_t *buf);
 int bill_event_decode(const uint8_t *buf, size_t len, bill_event_t *ev);
+int bill_event_decode_format(const uint8_t *buf, size_t len, int format, bill_event_t *ev);
 
 /* Unique event ids: "<16 hex random per generator>-<16 hex counter>". The random half is drawn
  * from the kernel (getrandom) at init, so ids never repeat across restarts. Not thread-safe: one

@@ -20,6 +20,21 @@ static const char *const status_names[BILL_STATUS_COUNT] = {
     "completed", "stopped", "failed", "cancelled", "disconnected",
 };
 
+static const char *const registry_names[BILL_REGISTRY_COUNT] = {"none", "shared", "local"};
+
+const char *bill_registry_name(int registry)
+{
+    return registry >= 0 && registry < BILL_REGISTRY_COUNT ? registry_names[registry] : NULL;
+}
+
+int bill_registry_parse(const char *s)
+{
+    for (int i = 0; s != NULL && i < BILL_REGISTRY_COUNT; i++)
+        if (strcmp(s, registry_names[i]) == 0)
+            return i;
+    return -1;
+}
+
 const char *bill_bucket_name(int bucket)
 {
     return bucket >= 0 && bucket < BILL_BUCKET_COUNT ? bucket_names[bucket] : NULL;
@@ -112,6 +127,9 @@ int bill_event_validate(const bill_event_t *ev, char *err, size_t err_len)
     if (ev->start_ms > ev->end_ms)
         return pc_err_setf(err, err_len, PC_ERR_INVAL, "billing: event %s ends before it starts",
                            ev->event_id);
+    if (ev->registry >= BILL_REGISTRY_COUNT)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL, "billing: event %s: bad registry %u",
+                           ev->event_id, ev->registry);
     if (ev->kind == BILL_EVENT_USAGE) {
         if (ev->request_id[0] == '\0')
             return pc_err_setf(err, err_len, PC_ERR_INVAL,
@@ -258,6 +276,7 @@ size_t bill_event_encode(const bill_event_t *ev, uint8_t *buf)
     p = put_u64(p, ev->token_ms);
     for (int b = 0; b < BILL_BUCKET_COUNT; b++)
         p = put_u64(p, ev->cost_nusd[b]);
+    *p++ = ev->registry; /* format 2 */
     return (size_t)(p - buf);
 }
 
@@ -279,9 +298,14 @@ static int get_str(const uint8_t **p, const uint8_t *end, char dst[BILL_STR_MAX]
 
 int bill_event_decode(const uint8_t *buf, size_t len, bill_event_t *ev)
 {
+    return bill_event_decode_format(buf, len, BILL_EVENT_FORMAT, ev);
+}
+
+int bill_event_decode_format(const uint8_t *buf, size_t len, int format, bill_event_t *ev)
+{
     const uint8_t *p = buf, *end = buf + len;
     memset(ev, 0, sizeof *ev);
-    if (len < 2)
+    if (len < 2 || format < 1 || format > BILL_EVENT_FORMAT)
         return PC_ERR_FORMAT;
     ev->kind = *p++;
     ev->status = *p++;
@@ -289,7 +313,8 @@ int bill_event_decode(const uint8_t *buf, size_t len, bill_event_t *ev)
     for (int i = 0; i < 6; i++)
         if (get_str(&p, end, strs[i]) != 0)
             return PC_ERR_FORMAT;
-    if ((size_t)(end - p) != 16 * 8)
+    size_t tail = format >= 2 ? 1 : 0; /* format 2: the registry byte */
+    if ((size_t)(end - p) != 16 * 8 + tail)
         return PC_ERR_FORMAT;
     uint64_t *u64s[10] = {&ev->start_ms,         &ev->end_ms,           &ev->usage.n_uncached,
                           &ev->usage.n_write_5m, &ev->usage.n_write_1h, &ev->usage.n_read,
@@ -299,6 +324,7 @@ int bill_event_decode(const uint8_t *buf, size_t len, bill_event_t *ev)
         *u64s[i] = get_u64(p);
     for (int b = 0; b < BILL_BUCKET_COUNT; b++, p += 8)
         ev->cost_nusd[b] = get_u64(p);
+    ev->registry = tail ? *p : BILL_REGISTRY_NONE; /* format 1 predates the registry */
     return bill_event_validate(ev, NULL, 0) == 0 ? 0 : PC_ERR_FORMAT;
 }
 

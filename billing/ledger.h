@@ -30,12 +30,13 @@
  *
  *   segment header, 16 bytes:
  *     0   8  magic "KVGWLEDG"
- *     8   4  segment format version, 1
+ *     8   4  segment format version: 2 (1 in ledgers written before the registry field)
  *     12  4  CRC32C of bytes 0..12
  *   then records, back to back until the end of the file:
  *     0   4  payload length N (1 .. BILL_LEDGER_MAX_PAYLOAD)
  *     4   4  CRC32C of bytes 8 .. 20+N (version, kind, reserved, seq and payload)
- *     8   1  record format version, 1
+ *     8   1  record format version: the payload's format (BILL_EVENT_FORMAT), 2; 1 in older
+ *              records (their payload lacks the last byte below and reads as registry none)
  *     9   1  record kind: 1 usage event, 2 storage event (the same as payload byte 0)
  *     10  2  reserved, 0
  *     12  8  seq
@@ -56,6 +57,14 @@
  *              .  8  token_ms (storage)
  *              .  48 cost in nano-USD of each bucket: uncached, write 5m, write 1h, read,
  *                    output, storage (6 x 8)
+ *              .  1  registry (enum bill_registry), record format 2 only
+ *
+ * Versions. Readers (this code) read both record formats, in segments of either version. The
+ * writer appends format-2 records only to a version-2 segment: at open, when the last segment is
+ * a version-1 one, it is sealed and a new segment starts (an empty one is rewritten in place).
+ * So a ledger that holds a format-2 record has a version-2 segment after it, which an older kvgw
+ * refuses to open ("bad segment header") instead of taking the records it cannot read for a
+ * torn tail and cutting them; downgrading after an upgrade needs the ledger exported first.
  *
  * Time index: one sidecar file <dir>/ledger-<first seq, 20 digits>.idx per sealed segment (one
  * that a later segment follows), so an export over [from, to) reads only the segments that can

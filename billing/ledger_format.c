@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #define SEG_MAGIC "KVGWLEDG"
-#define SEG_VERSION 1
 
 static ssize_t io_write(void *ud, int fd, const void *buf, size_t len)
 {
@@ -103,14 +102,20 @@ int bill__seg_list(const char *dir, uint64_t **out, size_t *n_out)
 void bill__seg_header(uint8_t h[BILL_LEDGER_SEGMENT_HEADER])
 {
     memcpy(h, SEG_MAGIC, 8);
-    put_u32(h + 8, SEG_VERSION);
+    put_u32(h + 8, BILL__SEG_VERSION);
     put_u32(h + 12, bill_crc32c(0, h, 12));
 }
 
 bool bill__seg_header_ok(const uint8_t h[BILL_LEDGER_SEGMENT_HEADER])
 {
-    return memcmp(h, SEG_MAGIC, 8) == 0 && get_u32(h + 8) == SEG_VERSION &&
+    uint32_t v = get_u32(h + 8);
+    return memcmp(h, SEG_MAGIC, 8) == 0 && v >= 1 && v <= BILL__SEG_VERSION &&
            get_u32(h + 12) == bill_crc32c(0, h, 12);
+}
+
+uint32_t bill__seg_header_version(const uint8_t h[BILL_LEDGER_SEGMENT_HEADER])
+{
+    return get_u32(h + 8);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -324,13 +329,14 @@ int bill__record_read(FILE *f, bill_event_t *ev, uint64_t *seq, size_t *rec_len,
     if (got < BILL_LEDGER_RECORD_HEADER)
         return BILL__REC_TORN;
     uint32_t len = get_u32(buf);
-    if (len == 0 || len > BILL_LEDGER_MAX_PAYLOAD || buf[8] != BILL__REC_VERSION)
+    if (len == 0 || len > BILL_LEDGER_MAX_PAYLOAD || buf[8] < 1 || buf[8] > BILL__REC_VERSION)
         return BILL__REC_TORN;
     if (fread(buf + BILL_LEDGER_RECORD_HEADER, 1, len, f) != len)
         return BILL__REC_TORN;
     if (get_u32(buf + 4) != bill_crc32c(0, buf + 8, 12 + (size_t)len))
         return BILL__REC_TORN;
-    if (bill_event_decode(buf + BILL_LEDGER_RECORD_HEADER, len, ev) != 0 || buf[9] != ev->kind) {
+    if (bill_event_decode_format(buf + BILL_LEDGER_RECORD_HEADER, len, buf[8], ev) != 0 ||
+        buf[9] != ev->kind) {
         *bad_payload = true;
         return BILL__REC_TORN;
     }

@@ -14,8 +14,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* The record frame's format version (byte 8 of a record header). */
-#define BILL__REC_VERSION 1
+/* The record frame's format version (byte 8 of a record header): the payload's event format
+ * (BILL_EVENT_FORMAT). Appends write the current one; readers accept every version from 1 on. */
+#define BILL__REC_VERSION BILL_EVENT_FORMAT
+
+/* The segment header's format version: 2 for segments that may hold version-2 records. Readers
+ * accept 1 and 2; the writer creates version 2 and never appends to a version-1 segment (an
+ * older kvgw refuses a version-2 segment instead of cutting its new records as a torn tail). */
+#define BILL__SEG_VERSION 2
 
 /* Little-endian integers, as every field on disk is. */
 static inline void put_u32(uint8_t *p, uint32_t v)
@@ -50,11 +56,14 @@ extern const bill_ledger_io_t bill__ledger_default_io;
 int bill__ledger_err_from_errno(int e);
 
 /* Segments: "ledger-<first seq, 20 digits>.seg" into buf[n]; the first seqs of every segment in
- * dir, ascending (*out owned by the caller, pc_free); a fresh segment header; its check. */
+ * dir, ascending (*out owned by the caller, pc_free); a fresh segment header (the current
+ * version); its check. */
 void bill__seg_name(char *buf, size_t n, uint64_t first_seq);
 int bill__seg_list(const char *dir, uint64_t **out, size_t *n_out);
 void bill__seg_header(uint8_t h[BILL_LEDGER_SEGMENT_HEADER]);
 bool bill__seg_header_ok(const uint8_t h[BILL_LEDGER_SEGMENT_HEADER]);
+/* The version of a header that passed bill__seg_header_ok. */
+uint32_t bill__seg_header_version(const uint8_t h[BILL_LEDGER_SEGMENT_HEADER]);
 
 /* The time index of one segment: start it empty, fold one record frame in, compare two. */
 void bill__idx_init(bill_ledger_index_t *ix, uint64_t first_seq);

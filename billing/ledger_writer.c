@@ -183,6 +183,7 @@ struct bill_ledger {
     int lock_fd;
     int seg_fd;
     uint64_t seg_bytes;         /* current segment's size (written and good) */
+    uint32_t seg_version;       /* the open segment's header version, at open */
     bill_ledger_index_t cur_ix; /* the current segment's time index so far (writer thread) */
     bool cur_ix_ok;             /* false if a record could not be indexed: write no sidecar */
 
@@ -354,10 +355,13 @@ static int recover_segment(bill_ledger_t *l, uint64_t first, bool last, uint64_t
             goto done;
         }
         l->st.torn_bytes_truncated += (uint64_t)sb.st_size;
+        l->seg_version = BILL__SEG_VERSION;
         good = sizeof h;
         goto done;
     }
     good = sizeof h;
+    if (last)
+        l->seg_version = bill__seg_header_version(h);
     bill_event_t ev;
     for (;;) {
         uint64_t seq;
@@ -592,6 +596,7 @@ out:
 }
 
 static void *writer_main(void *arg);
+static void seal_index(bill_ledger_t *l, const bill_ledger_index_t *ix);
 
 int bill_ledger_open(const bill_ledger_params_t *p, bill_ledger_t **out, char *err, size_t err_len)
 {
@@ -684,6 +689,29 @@ int bill_ledger_open(const bill_ledger_params_t *p, bill_ledger_t **out, char *e
                              l->dir);
             goto fail;
         }
+    } else if (l->seg_version < BILL__SEG_VERSION) {
+        /* An older format's open segment: seal it and go on in a current one (ledger.h,
+         * Versions). One without records is rewritten under its own name. */
+        bool has_records = next > segs[n_segs - 1];
+        bill_ledger_index_t sealed = l->cur_ix;
+        bool sealed_ok = has_records && l->cur_ix_ok && sealed.seg_bytes == l->seg_bytes;
+        rc = create_segment(l, next);
+        if (rc != 0) {
+            rc = pc_err_setf(err, err_len, rc,
+                             "ledger: cannot start a version-%d segment in %s after the older "
+                             "format's segment",
+                             BILL__SEG_VERSION, l->dir);
+            goto fail;
+        }
+        if (!has_records)
+            l->st.n_segments--; /* the same file, rewritten */
+        if (sealed_ok)
+            seal_index(l, &sealed);
+        PC_LOG(PC_LOG_INFO, "ledger",
+               "%s: segment format %u sealed, appending to a version-%d "
+               "segment from seq %" PRIu64,
+               l->dir, l->seg_version, BILL__SEG_VERSION, next);
+        l->seg_version = BILL__SEG_VERSION;
     }
     l->next_seq = next;
     atomic_store(&l->durable_seq, next - 1);

@@ -1,19 +1,18 @@
 /*
  * shipper.c — the ledger -> Redis shipper (contract and key layout in shipper.h).
  *
- * One connection, one batch in flight: a batch of up to `batch` records is read on the thread
- * pool, then sent as pipelined EVALSHA calls of the shipping script, under one deadline timer.
- * Replies arrive in order; each confirms its record's seq as the cursor. Any error, lost
- * connection or missed deadline drops the connection (never from inside a hiredis callback:
- * the drop runs from a timer) and reconnects with backoff; a reconnect re-reads the cursor from
- * Redis and restarts the reader there, so the script's seq check makes every replay a no-op.
+ * One connection (billing/redisconn.h: deadlines, backoff, Sentinel), one batch in flight: a batch
+ * of up to `batch` records is read on the thread pool, then sent as pipelined EVALSHA calls of the
+ * shipping script, each reply due within timeout_ms. Replies arrive in order; each confirms its
+ * record's seq as the cursor. Any error reply, lost connection or missed deadline drops the
+ * connection and reconnects with backoff (possibly to a new primary); each connection re-reads
+ * the cursor from Redis (on_up) and restarts the reader there, so the script's seq check makes
+ * every replay a no-op.
  */
 #include "shipper.h"
 #include "common.h"
 #include "ledger.h"
 
-#include <hiredis/adapters/libuv.h>
-#include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -55,19 +54,16 @@ bill_shipper_params_t bill_shipper_params_default(void)
 struct bill_shipper {
     uv_loop_t *loop;
     bill_shipper_params_t p;
-    char *dir, *host, *password;
+    char *dir;
     char instance[BILL_STR_MAX];
     char stream_key[256], cursor_key[256], keys_key[256], usage_prefix[256];
 
-    redisAsyncContext *ac;
-    bool ready;  /* connected, script loaded, cursor known */
-    bool failed; /* drop the connection at the next deadline tick */
+    bill_redis_t *rc; /* the connection (redisconn.h): reconnects, deadlines, Sentinel */
+    bool ready;       /* connected, script loaded, cursor known */
     char sha[48];
     uint64_t cursor; /* confirmed by Redis */
 
-    uv_timer_t timer;    /* reconnect or poll */
-    uv_timer_t deadline; /* connect / batch deadline; 0-timeout to drop from outside callbacks */
-    uint32_t retry_ms;
+    uv_timer_t timer; /* poll, or retry after a ledger read error */
 
     /* The batch: read on the thread pool, then in flight. */
     uv_work_t work;
@@ -84,16 +80,14 @@ struct bill_shipper {
 
     bill_shipper_stats_t st;
     bool stopping;
+    bool rc_open;
     int handles_open;
     void (*on_closed)(void *ud);
     void *closed_ud;
 };
 
 static void pump(bill_shipper_t *s);
-static void connect_now(bill_shipper_t *s);
-
 static void on_timer(uv_timer_t *t);
-static void on_deadline(uv_timer_t *t);
 
 static void schedule(bill_shipper_t *s, uint32_t ms)
 {
@@ -101,115 +95,61 @@ static void schedule(bill_shipper_t *s, uint32_t ms)
         uv_timer_start(&s->timer, on_timer, ms, 0);
 }
 
-/* Marks the connection bad; the deadline timer drops it on the next loop turn. */
-static void fail_soon(bill_shipper_t *s)
+static void on_timer(uv_timer_t *t)
 {
-    s->failed = true;
-    if (!s->stopping)
-        uv_timer_start(&s->deadline, on_deadline, 0, 0);
+    pump(t->data);
 }
 
-static void drop_conn(bill_shipper_t *s)
+/* Something is wrong with what Redis answered: drop the connection; the reconnect re-reads the
+ * cursor (redisconn calls on_down, then on_up). */
+static void fail_conn(bill_shipper_t *s, const char *why)
 {
-    redisAsyncContext *ac = s->ac;
-    s->ac = NULL;
     s->ready = false;
-    s->failed = false;
+    bill_redis_reconnect(s->rc, why);
+}
+
+static void on_down(bill_redis_t *rc, const char *reason, void *ud)
+{
+    bill_shipper_t *s = ud;
+    (void)rc;
+    (void)reason; /* redisconn logged it */
+    s->ready = false;
+    s->st.connected = false;
     if (!s->working) /* else the worker thread owns the batch until after_read */
         s->n_batch = s->n_acked = 0;
     s->reader_reset = true;
-    s->st.connected = false;
-    if (ac != NULL)
-        redisAsyncFree(ac); /* pending callbacks get NULL replies for a context no longer ours */
-    uv_timer_stop(&s->deadline);
-    if (!s->stopping) {
-        schedule(s, s->retry_ms);
-        s->retry_ms = s->retry_ms * 2 > s->p.retry_max_ms ? s->p.retry_max_ms : s->retry_ms * 2;
-    }
 }
 
-static void on_deadline(uv_timer_t *t)
+/* A reply to one of the setup commands or a shipping call. status < 0: the connection went away
+ * (on_down follows and resets). */
+static bool reply_ok(bill_shipper_t *s, redisReply *r, int status, const char *what)
 {
-    bill_shipper_t *s = t->data;
-    if (!s->failed) {
-        s->st.n_timeouts++;
-        PC_LOG(PC_LOG_WARN, "shipper", "Redis %s:%d did not answer within %u ms; reconnecting",
-               s->host, s->p.port, s->p.timeout_ms);
-    }
-    drop_conn(s);
-}
-
-static void on_timer(uv_timer_t *t)
-{
-    bill_shipper_t *s = t->data;
-    if (s->ac == NULL)
-        connect_now(s);
-    else
-        pump(s);
-}
-
-static void on_connect(const redisAsyncContext *c, int status)
-{
-    bill_shipper_t *s = c->data;
-    if (c != s->ac)
-        return;
-    if (status != REDIS_OK) {
-        /* hiredis frees the context after this callback. */
-        s->st.n_errors++;
-        PC_LOG(PC_LOG_WARN, "shipper", "cannot connect to Redis %s:%d: %s", s->host, s->p.port,
-               c->errstr);
-        s->ac = NULL;
-        drop_conn(s);
-    }
-}
-
-static void on_disconnect(const redisAsyncContext *c, int status)
-{
-    bill_shipper_t *s = c->data;
-    if (c != s->ac)
-        return;
-    s->st.n_errors++;
-    PC_LOG(PC_LOG_WARN, "shipper", "Redis %s:%d connection lost: %s", s->host, s->p.port,
-           c->errstr[0] ? c->errstr : "closed");
-    s->ac = NULL; /* freed by hiredis after this callback */
-    drop_conn(s);
-}
-
-/* A reply to one of the setup commands or a shipping call; NULL replies come for a context being
- * freed and are ignored (the drop already handled it). */
-static bool reply_ok(bill_shipper_t *s, redisAsyncContext *c, redisReply *r, const char *what)
-{
-    if (c != s->ac || r == NULL || s->failed)
+    if (status != 0 || s->stopping)
         return false;
     if (r->type == REDIS_REPLY_ERROR) {
         s->st.n_errors++;
         PC_LOG(PC_LOG_WARN, "shipper", "Redis %s failed: %s", what, r->str);
-        fail_soon(s);
+        fail_conn(s, "an error reply");
         return false;
     }
     return true;
 }
 
-static void on_auth(redisAsyncContext *c, void *reply, void *priv)
-{
-    reply_ok(priv, c, reply, "AUTH");
-}
-
-static void on_script(redisAsyncContext *c, void *reply, void *priv)
+static void on_script(bill_redis_t *rc, redisReply *r, int status, void *priv)
 {
     bill_shipper_t *s = priv;
-    redisReply *r = reply;
-    if (reply_ok(s, c, r, "SCRIPT LOAD") && r->type == REDIS_REPLY_STRING && r->len < 48) {
+    (void)rc;
+    if (reply_ok(s, r, status, "SCRIPT LOAD") && r->type == REDIS_REPLY_STRING && r->len < 48) {
         memcpy(s->sha, r->str, r->len);
         s->sha[r->len] = '\0';
     }
 }
 
-static void on_cursor(redisAsyncContext *c, void *reply, void *priv)
+static void on_cursor(bill_redis_t *rc, redisReply *r, int status, void *priv)
 {
     bill_shipper_t *s = priv;
-    redisReply *r = reply;
-    if (!reply_ok(s, c, r, "GET cursor"))
+    (void)rc;
+    if (!reply_ok(s, r, status, "GET cursor"))
         return;
     uint64_t v = 0;
     if (r->type == REDIS_REPLY_STRING) {
@@ -217,12 +157,12 @@ static void on_cursor(redisAsyncContext *c, void *reply, void *priv)
         v = strtoull(r->str, &end, 10);
         if (*end != '\0') {
             PC_LOG(PC_LOG_ERROR, "shipper", "bad cursor '%s' in %s", r->str, s->cursor_key);
-            fail_soon(s);
+            fail_conn(s, "a bad cursor");
             return;
         }
     }
     if (s->sha[0] == '\0') {
-        fail_soon(s);
+        fail_conn(s, "no script sha");
         return;
     }
     s->cursor = v;
@@ -230,43 +170,23 @@ static void on_cursor(redisAsyncContext *c, void *reply, void *priv)
     s->ready = true;
     s->st.connected = true;
     s->st.n_connects++;
-    s->retry_ms = s->p.retry_min_ms;
     s->reader_reset = true;
-    uv_timer_stop(&s->deadline);
-    PC_LOG(PC_LOG_INFO, "shipper", "connected to Redis %s:%d, shipping %s from seq %" PRIu64,
-           s->host, s->p.port, s->instance, v + 1);
+    PC_LOG(PC_LOG_INFO, "shipper", "shipping %s from seq %" PRIu64, s->instance, v + 1);
     pump(s);
 }
 
-static void connect_now(bill_shipper_t *s)
+/* A new connection: load the script and read the cursor (pipelined). */
+static void on_up(bill_redis_t *rc, void *ud)
 {
-    if (s->stopping || s->ac != NULL)
-        return;
-    redisAsyncContext *ac = redisAsyncConnect(s->host, s->p.port);
-    if (ac == NULL || ac->err) {
-        s->st.n_errors++;
-        PC_LOG(PC_LOG_WARN, "shipper", "cannot connect to Redis %s:%d: %s", s->host, s->p.port,
-               ac != NULL ? ac->errstr : "out of memory");
-        if (ac != NULL)
-            redisAsyncFree(ac);
-        drop_conn(s);
-        return;
-    }
-    ac->data = s;
-    s->ac = ac;
+    bill_shipper_t *s = ud;
     s->sha[0] = '\0';
-    if (redisLibuvAttach(ac, s->loop) != REDIS_OK) {
-        s->st.n_errors++;
-        drop_conn(s);
-        return;
-    }
-    redisAsyncSetConnectCallback(ac, on_connect);
-    redisAsyncSetDisconnectCallback(ac, on_disconnect);
-    uv_timer_start(&s->deadline, on_deadline, s->p.timeout_ms, 0);
-    if (s->password != NULL)
-        redisAsyncCommand(ac, on_auth, s, "AUTH %s", s->password);
-    redisAsyncCommand(ac, on_script, s, "SCRIPT LOAD %s", ship_script);
-    redisAsyncCommand(ac, on_cursor, s, "GET %s", s->cursor_key);
+    const char *av1[3] = {"SCRIPT", "LOAD", ship_script};
+    size_t al1[3] = {6, 4, sizeof ship_script - 1};
+    const char *av2[2] = {"GET", s->cursor_key};
+    size_t al2[2] = {3, strlen(s->cursor_key)};
+    if (bill_redis_send(rc, 0, on_script, s, 3, av1, al1) != 0 ||
+        bill_redis_send(rc, 0, on_cursor, s, 2, av2, al2) != 0)
+        fail_conn(s, "cannot send the setup commands");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -302,11 +222,11 @@ static void work_read(uv_work_t *w)
 
 static void finish_close(bill_shipper_t *s);
 
-static void on_reply(redisAsyncContext *c, void *reply, void *priv)
+static void on_reply(bill_redis_t *rc, redisReply *r, int status, void *priv)
 {
     bill_shipper_t *s = priv;
-    redisReply *r = reply;
-    if (!reply_ok(s, c, r, "shipping script"))
+    (void)rc;
+    if (!s->ready || !reply_ok(s, r, status, "shipping script"))
         return;
     if (s->n_acked >= s->n_batch)
         return;
@@ -318,7 +238,6 @@ static void on_reply(redisAsyncContext *c, void *reply, void *priv)
     s->st.shipped_seq = s->cursor;
     if (s->n_acked == s->n_batch) {
         s->n_batch = s->n_acked = 0;
-        uv_timer_stop(&s->deadline);
         pump(s);
     }
 }
@@ -386,7 +305,10 @@ static void send_event(bill_shipper_t *s, const bill_event_t *ev, uint64_t seq)
     }
 #undef ARG
 #undef NUM
-    redisAsyncCommandArgv(s->ac, on_reply, s, n, argv, argl);
+    /* Each reply within the batch deadline; a miss drops the connection (redisconn). A refused
+     * send means the connection is going down: on_down resets the batch. */
+    if (bill_redis_send(s->rc, s->p.timeout_ms, on_reply, s, n, argv, argl) != 0)
+        fail_conn(s, "cannot send");
 }
 
 static void after_read(uv_work_t *w, int status)
@@ -415,14 +337,13 @@ static void after_read(uv_work_t *w, int status)
         return;
     }
     s->n_acked = 0;
-    for (size_t i = 0; i < s->n_batch; i++)
+    for (size_t i = 0; i < s->n_batch && s->ready; i++)
         send_event(s, &s->evs[i], s->seqs[i]);
-    uv_timer_start(&s->deadline, on_deadline, s->p.timeout_ms, 0);
 }
 
 static void pump(bill_shipper_t *s)
 {
-    if (!s->ready || s->working || s->n_batch > 0 || s->stopping || s->failed)
+    if (!s->ready || s->working || s->n_batch > 0 || s->stopping)
         return;
     uint64_t limit = s->p.durable_seq != NULL ? s->p.durable_seq(s->p.durable_ud) : UINT64_MAX;
     uint64_t from = s->cursor + 1;
@@ -451,6 +372,10 @@ void bill_shipper_kick(bill_shipper_t *s)
 void bill_shipper_stats(const bill_shipper_t *s, bill_shipper_stats_t *out)
 {
     *out = s->st;
+    bill_redis_stats_t rs;
+    bill_redis_stats(s->rc, &rs);
+    out->n_timeouts += rs.n_timeouts;
+    out->n_errors += rs.n_errors;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -463,8 +388,6 @@ static void shipper_free(bill_shipper_t *s)
     pc_free(s->evs);
     pc_free(s->seqs);
     pc_free(s->dir);
-    pc_free(s->host);
-    pc_free(s->password);
     pc_free(s);
 }
 
@@ -472,22 +395,40 @@ int bill_shipper_start(uv_loop_t *loop, const bill_shipper_params_t *p, bill_shi
                        char *err, size_t err_len)
 {
     *out = NULL;
-    if (loop == NULL || p == NULL || p->ledger_dir == NULL || p->port <= 0 || p->port > 65535 ||
-        p->batch == 0 || p->timeout_ms == 0)
+    if (loop == NULL || p == NULL || p->ledger_dir == NULL ||
+        (p->conn == NULL && (p->port <= 0 || p->port > 65535 || p->timeout_ms == 0)) ||
+        p->batch == 0)
         return pc_err_setf(err, err_len, PC_ERR_INVAL,
                            "shipper: ledger_dir, a port, batch > 0 and timeout_ms > 0 are needed");
+    bill_redis_params_t rp;
+    if (p->conn != NULL) {
+        rp = *p->conn;
+    } else {
+        rp = bill_redis_params_default();
+        if (p->host != NULL && snprintf(rp.address.host, sizeof rp.address.host, "%s", p->host) >=
+                                   (int)sizeof rp.address.host)
+            return pc_err_setf(err, err_len, PC_ERR_INVAL, "shipper: host name too long");
+        rp.address.port = p->port;
+        rp.password = p->password;
+        rp.timeout_ms = p->timeout_ms;
+    }
+    rp.retry_min_ms = p->retry_min_ms;
+    rp.retry_max_ms = p->retry_max_ms;
+    rp.name = "shipper";
+    int rc = bill_redis_params_check(&rp, err, err_len);
+    if (rc != 0)
+        return rc;
     bill_shipper_t *s = pc_calloc(1, sizeof *s);
     if (s == NULL)
         return PC_ERR_NOMEM;
     s->loop = loop;
     s->p = *p;
+    s->p.conn = NULL;
+    s->p.timeout_ms = rp.timeout_ms;
     s->dir = pc_strdup(p->ledger_dir);
-    s->host = pc_strdup(p->host != NULL ? p->host : "127.0.0.1");
-    s->password = p->password != NULL ? pc_strdup(p->password) : NULL;
     s->evs = pc_calloc(p->batch, sizeof *s->evs);
     s->seqs = pc_calloc(p->batch, sizeof *s->seqs);
-    if (s->dir == NULL || s->host == NULL || (p->password != NULL && s->password == NULL) ||
-        s->evs == NULL || s->seqs == NULL) {
+    if (s->dir == NULL || s->evs == NULL || s->seqs == NULL) {
         shipper_free(s);
         return PC_ERR_NOMEM;
     }
@@ -510,17 +451,30 @@ int bill_shipper_start(uv_loop_t *loop, const bill_shipper_params_t *p, bill_shi
     snprintf(s->cursor_key, sizeof s->cursor_key, "%s:cursor:%s", prefix, s->instance);
     snprintf(s->keys_key, sizeof s->keys_key, "%s:usage_keys", prefix);
     snprintf(s->usage_prefix, sizeof s->usage_prefix, "%s:usage:", prefix);
-    s->retry_ms = p->retry_min_ms ? p->retry_min_ms : 100;
-    if (s->p.retry_max_ms < s->retry_ms)
-        s->p.retry_max_ms = s->retry_ms;
+    if (s->p.retry_max_ms == 0)
+        s->p.retry_max_ms = 5000;
+    rp.on_up = on_up;
+    rp.on_down = on_down;
+    rp.ud = s;
+    rc = bill_redis_start(loop, &rp, &s->rc, err, err_len);
+    if (rc != 0) {
+        shipper_free(s);
+        return rc;
+    }
+    s->rc_open = true;
     uv_timer_init(loop, &s->timer);
-    uv_timer_init(loop, &s->deadline);
-    s->timer.data = s->deadline.data = s;
-    s->handles_open = 2;
+    s->timer.data = s;
+    s->handles_open = 1;
     s->reader_reset = true;
-    schedule(s, 0);
     *out = s;
     return 0;
+}
+
+static void on_rc_closed(void *ud)
+{
+    bill_shipper_t *s = ud;
+    s->rc_open = false;
+    finish_close(s);
 }
 
 static void on_handle_closed(uv_handle_t *h)
@@ -532,7 +486,7 @@ static void on_handle_closed(uv_handle_t *h)
 
 static void finish_close(bill_shipper_t *s)
 {
-    if (s->handles_open > 0 || s->working)
+    if (s->handles_open > 0 || s->working || s->rc_open)
         return;
     void (*cb)(void *) = s->on_closed;
     void *ud = s->closed_ud;
@@ -548,13 +502,8 @@ void bill_shipper_stop(bill_shipper_t *s, void (*on_closed)(void *ud), void *ud)
     s->stopping = true;
     s->on_closed = on_closed;
     s->closed_ud = ud;
-    redisAsyncContext *ac = s->ac;
-    s->ac = NULL;
     s->ready = false;
-    if (ac != NULL)
-        redisAsyncFree(ac);
+    bill_redis_stop(s->rc, on_rc_closed, s);
     uv_timer_stop(&s->timer);
-    uv_timer_stop(&s->deadline);
     uv_close((uv_handle_t *)&s->timer, on_handle_closed);
-    uv_close((uv_handle_t *)&s->deadline, on_handle_closed);
 }

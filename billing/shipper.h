@@ -23,14 +23,16 @@
  *   PREFIX:usage_keys                set of every usage hash key written
  *
  * Redis down or slow: every command batch has a deadline (timeout_ms); past it the connection is
- * dropped and retried with backoff. The gateway keeps serving, the ledger keeps growing, and the
- * shipper catches up from the cursor once Redis answers again. Ledger reads run on the libuv
- * thread pool, never on the loop.
+ * dropped and retried with backoff. The connection is redisconn.h's: with Sentinel it follows a
+ * failover to the new primary (and the cursor is re-read there). The gateway keeps serving, the
+ * ledger keeps growing, and the shipper catches up from the cursor once Redis answers again. Ledger
+ * reads run on the libuv thread pool, never on the loop.
  */
 #ifndef BILL_SHIPPER_H
 #define BILL_SHIPPER_H
 
 #include "billing.h"
+#include "redisconn.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -49,6 +51,10 @@ typedef struct bill_shipper_params {
     uint32_t poll_ms;      /* when caught up, look at the ledger again after this, default 100 */
     uint32_t retry_min_ms; /* reconnect backoff, default 100, doubling to retry_max_ms */
     uint32_t retry_max_ms; /* default 5000 */
+    /* Optional: the connection (a fixed address or Sentinel, redisconn.h), copied at start.
+     * When set it replaces host, port, password and timeout_ms above (its timeout_ms is then the
+     * batch deadline); its callbacks are the shipper's own: leave them NULL. */
+    const bill_redis_params_t *conn;
     /* Optional: the highest seq that may be shipped (the ledger's durable seq), so Redis never
      * holds an event that a power loss could take out of the ledger. Called on the loop. */
     uint64_t (*durable_seq)(void *ud);

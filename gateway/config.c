@@ -119,12 +119,18 @@ int gw_config_default(gw_config_t *c)
     c->instance_id = pc_strdup("gw1");
     c->redis_port = 6379;
     c->redis_timeout_ms = 1000;
+    c->redis_prefix = pc_strdup("kvgw");
+    c->registry_timeout_ms = 50;
+    c->registry_claim_ttl_ms = 30000;
+    c->registry_lease_ms = 10000;
+    c->registry_feed_maxlen = 100000;
+    c->registry_replay_max = 65536;
     c->access_log = pc_strdup("-");
     c->log_level = pc_strdup("info");
     c->metrics_require_key = true;
     tiers_defaults(&c->kv_tiers);
     if (!c->source || !c->listen_host || !m->name || !m->path || !m->backend || !c->ledger_dir ||
-        !c->pricing_path || !c->instance_id || !c->access_log || !c->log_level)
+        !c->pricing_path || !c->instance_id || !c->access_log || !c->log_level || !c->redis_prefix)
         goto fail;
     return 0;
 fail:
@@ -171,6 +177,11 @@ void gw_config_free(gw_config_t *c)
     pc_free(c->pricing_path);
     pc_free(c->instance_id);
     pc_free(c->redis_host);
+    for (size_t i = 0; i < c->n_redis_sentinels; i++)
+        pc_free(c->redis_sentinels[i]);
+    pc_free(c->redis_sentinels);
+    pc_free(c->redis_master_name);
+    pc_free(c->redis_prefix);
     if (c->redis_password) {
         sodium_memzero(c->redis_password, strlen(c->redis_password));
         pc_free(c->redis_password);
@@ -784,7 +795,9 @@ static int billing_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
             ok = isalnum((unsigned char)s[i]) || s[i] == '_' || s[i] == '.' || s[i] == '-';
         if (!ok)
             return fail_at(w, v, "expected 1-%d characters of A-Z a-z 0-9 _ . -", BILL_STR_MAX - 1);
-        return get_str(w, v, &c->instance_id);
+        int rc = get_str(w, v, &c->instance_id);
+        c->instance_id_set = rc == 0;
+        return rc;
     }
     if (strcmp(k, "fsync") == 0) {
         const char *s = scalar(v);
@@ -837,16 +850,168 @@ static int billing_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
     return unknown(w, v);
 }
 
+/* Where the keys checked together were given (0: not given), for the cross-key checks at
+ * the end of gw_config_parse. */
+typedef struct cfg_lines {
+    unsigned long redis, redis_address, redis_sentinels, redis_master_name;
+    unsigned long registry, registry_timeout; /* registry: the line of registry.enabled */
+} cfg_lines_t;
+
+typedef struct cfg_ctx {
+    gw_config_t *c;
+    cfg_lines_t lines;
+} cfg_ctx_t;
+
+static unsigned long line_of(yaml_node_t *n)
+{
+    return n ? (unsigned long)n->start_mark.line + 1 : 0;
+}
+
+#define GW_CONFIG_MAX_SENTINELS 16
+
+static int get_sentinels(walk_t *w, yaml_node_t *v, gw_config_t *c)
+{
+    if (v->type != YAML_SEQUENCE_NODE || v->data.sequence.items.start == v->data.sequence.items.top)
+        return fail_at(w, v, "expected a non-empty list of HOST:PORT");
+    for (size_t i = 0; i < c->n_redis_sentinels; i++)
+        pc_free(c->redis_sentinels[i]);
+    c->n_redis_sentinels = 0;
+    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
+         it++) {
+        yaml_node_t *e = yaml_document_get_node(w->doc, *it);
+        lnk_addr_t a;
+        char why[200];
+        if (scalar(e) == NULL)
+            return fail_at(w, e, "expected HOST:PORT");
+        if (lnk_addr_parse(scalar(e), 0, &a, why, sizeof why) != 0)
+            return fail_at(w, e, "%s", why);
+        if (c->n_redis_sentinels + 1 > GW_CONFIG_MAX_SENTINELS)
+            return fail_at(w, e, "at most %d sentinels", GW_CONFIG_MAX_SENTINELS);
+        for (size_t j = 0; j < c->n_redis_sentinels; j++)
+            if (strcmp(c->redis_sentinels[j], scalar(e)) == 0)
+                return fail_at(w, e, "sentinel %s appears twice", scalar(e));
+        char **r = pc_reallocarray(c->redis_sentinels, c->n_redis_sentinels + 1, sizeof *r);
+        if (r == NULL)
+            return PC_ERR_NOMEM;
+        c->redis_sentinels = r;
+        if ((r[c->n_redis_sentinels] = pc_strdup(scalar(e))) == NULL)
+            return PC_ERR_NOMEM;
+        c->n_redis_sentinels++;
+    }
+    return 0;
+}
+
+/* A Sentinel master name or a key prefix: 1-32 of [A-Za-z0-9_.-] (a prefix is followed by ':'
+ * in every key, so it must not hold one itself). */
+static int get_name(walk_t *w, yaml_node_t *v, char **out)
+{
+    const char *s = scalar(v);
+    size_t n = s && !is_null(v) ? strlen(s) : 0;
+    bool ok = n >= 1 && n <= 32;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = isalnum((unsigned char)s[i]) || s[i] == '_' || s[i] == '.' || s[i] == '-';
+    if (!ok)
+        return fail_at(w, v, "expected 1-32 characters of A-Z a-z 0-9 _ . -");
+    return get_str(w, v, out);
+}
+
 static int redis_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
 {
-    gw_config_t *c = ud;
-    if (strcmp(k, "address") == 0)
+    cfg_ctx_t *x = ud;
+    gw_config_t *c = x->c;
+    if (strcmp(k, "address") == 0) {
+        x->lines.redis_address = line_of(v);
         return get_addr(w, v, 0, &c->redis_host, &c->redis_port);
+    }
+    if (strcmp(k, "sentinels") == 0) {
+        x->lines.redis_sentinels = line_of(v);
+        return get_sentinels(w, v, c);
+    }
+    if (strcmp(k, "master_name") == 0) {
+        x->lines.redis_master_name = line_of(v);
+        return get_name(w, v, &c->redis_master_name);
+    }
+    if (strcmp(k, "prefix") == 0)
+        return get_name(w, v, &c->redis_prefix);
     if (strcmp(k, "password") == 0)
         return get_secret(w, v, &c->redis_password);
     if (strcmp(k, "timeout") == 0)
         return get_ms(w, v, 10, 600000, &c->redis_timeout_ms);
     return unknown(w, v);
+}
+
+static int registry_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
+{
+    cfg_ctx_t *x = ud;
+    gw_config_t *c = x->c;
+    if (strcmp(k, "enabled") == 0) {
+        x->lines.registry = line_of(v);
+        return get_bool(w, v, &c->registry_enabled);
+    }
+    if (strcmp(k, "timeout") == 0) {
+        x->lines.registry_timeout = line_of(v);
+        return get_ms(w, v, 1, 10000, &c->registry_timeout_ms);
+    }
+    if (strcmp(k, "claim_ttl") == 0)
+        return get_ms(w, v, 1000, 3600000, &c->registry_claim_ttl_ms);
+    if (strcmp(k, "lease") == 0)
+        return get_ms(w, v, 1000, 600000, &c->registry_lease_ms);
+    if (strcmp(k, "feed_maxlen") == 0)
+        return get_u32(w, v, 1000, 100000000, &c->registry_feed_maxlen);
+    if (strcmp(k, "replay_max") == 0)
+        return get_u32(w, v, 0, 10000000, &c->registry_replay_max);
+    return unknown(w, v);
+}
+
+/* The settings that only make sense together (config.h), after the whole file was read. */
+static int check_cluster(const char *name, const gw_config_t *c, const cfg_lines_t *ln, char *err,
+                         size_t err_len)
+{
+    if (c->redis_host != NULL && c->n_redis_sentinels > 0)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "%s:%lu: redis.sentinels: give either redis.address (one server) or "
+                           "redis.sentinels (Sentinel finds the primary), not both",
+                           name, ln->redis_sentinels);
+    if (c->n_redis_sentinels > 0 && c->redis_master_name == NULL)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "%s:%lu: redis.sentinels: needs redis.master_name (the name the "
+                           "sentinels monitor the primary under)",
+                           name, ln->redis_sentinels);
+    if (c->redis_master_name != NULL && c->n_redis_sentinels == 0)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "%s:%lu: redis.master_name: only means something with redis.sentinels",
+                           name, ln->redis_master_name);
+    if (ln->redis != 0 && !gw_config_has_redis(c))
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "%s:%lu: redis: needs address or sentinels (or redis: null for none)",
+                           name, ln->redis);
+    if (!c->registry_enabled)
+        return 0;
+    if (!gw_config_has_redis(c))
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "%s:%lu: registry.enabled: the registry lives in Redis: set "
+                           "redis.address or redis.sentinels",
+                           name, ln->registry);
+    if (c->namespace_secret_is_default)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "%s:%lu: registry.enabled: needs cache.namespace_secret (the built-in "
+                           "demo secret is refused with a registry: every gateway must derive "
+                           "the same namespaces from the same real secret)",
+                           name, ln->registry);
+    if (!c->instance_id_set)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "%s:%lu: registry.enabled: needs an explicit billing.instance_id, "
+                           "unique per gateway (it names the gateway's registration, claims and "
+                           "ledger stream in Redis)",
+                           name, ln->registry);
+    if (c->registry_timeout_ms >= c->registry_claim_ttl_ms ||
+        c->registry_timeout_ms >= c->registry_lease_ms)
+        return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                           "%s:%lu: registry.timeout: %ums must be below registry.claim_ttl "
+                           "(%ums) and registry.lease (%ums)",
+                           name, ln->registry_timeout ? ln->registry_timeout : ln->registry,
+                           c->registry_timeout_ms, c->registry_claim_ttl_ms, c->registry_lease_ms);
+    return 0;
 }
 
 static int log_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
@@ -936,7 +1101,8 @@ static int parse_tiers(walk_t *w, yaml_node_t *v, gw_config_t *c)
 
 static int top_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
 {
-    gw_config_t *c = ud;
+    cfg_ctx_t *x = ud;
+    gw_config_t *c = x->c;
     if (strcmp(k, "listen") == 0)
         return get_addr(w, v, LNK_ADDR_PORT_ZERO, &c->listen_host, &c->listen_port);
     if (strcmp(k, "models") == 0)
@@ -966,8 +1132,14 @@ static int top_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
         return each_pair(w, v, "cache", cache_pair, c);
     if (strcmp(k, "billing") == 0)
         return each_pair(w, v, "billing", billing_pair, c);
-    if (strcmp(k, "redis") == 0)
-        return is_null(v) ? 0 : each_pair(w, v, "redis", redis_pair, c);
+    if (strcmp(k, "redis") == 0) {
+        if (is_null(v))
+            return 0;
+        x->lines.redis = line_of(w->key);
+        return each_pair(w, v, "redis", redis_pair, x);
+    }
+    if (strcmp(k, "registry") == 0)
+        return is_null(v) ? 0 : each_pair(w, v, "registry", registry_pair, x);
     if (strcmp(k, "log") == 0)
         return each_pair(w, v, "log", log_pair, c);
     if (strcmp(k, "metrics") == 0)
@@ -1002,9 +1174,12 @@ int gw_config_parse(const char *name, const char *yaml, size_t len, gw_config_t 
         return rc;
     }
     walk_t w = {.doc = &doc, .name = name, .err = err, .err_len = err_len};
+    cfg_ctx_t x = {.c = &c};
     yaml_node_t *root = yaml_document_get_root_node(&doc);
     if (root != NULL && !is_null(root))
-        rc = each_pair(&w, root, "", top_pair, &c);
+        rc = each_pair(&w, root, "", top_pair, &x);
+    if (rc == 0)
+        rc = check_cluster(name, &c, &x.lines, err, err_len);
     if (rc == 0 && c.metrics_require_key && !c.has_admin_key)
         rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
                          "%s: metrics.require_key: /metrics needs the admin key, and admin_key is "
@@ -1212,11 +1387,27 @@ int gw_config_print(const gw_config_t *c, pc_buf_t *o)
             (unsigned long long)c->segment_bytes, c->ledger_full_check ? "full" : "index",
             c->storage_interval_ms);
     if (rc == 0 && c->redis_host)
-        rc = pc_buf_printf(o, "redis:\n  address: %s:%d\n  password: %s\n  timeout: %ums\n",
-                           c->redis_host, c->redis_port, c->redis_password ? "<set>" : "<none>",
-                           c->redis_timeout_ms);
-    else if (rc == 0)
+        rc = pc_buf_printf(o, "redis:\n  address: %s:%d\n", c->redis_host, c->redis_port);
+    else if (rc == 0 && c->n_redis_sentinels > 0) {
+        rc = pc_buf_append_cstr(o, "redis:\n  sentinels: [");
+        for (size_t i = 0; rc == 0 && i < c->n_redis_sentinels; i++)
+            rc = pc_buf_printf(o, "%s'%s'", i ? ", " : "", c->redis_sentinels[i]);
+        if (rc == 0)
+            rc = pc_buf_printf(o, "]\n  master_name: %s\n", c->redis_master_name);
+    } else if (rc == 0)
         rc = pc_buf_append_cstr(o, "redis: null\n");
+    if (rc == 0 && gw_config_has_redis(c))
+        rc = pc_buf_printf(o, "  password: %s\n  prefix: %s\n  timeout: %ums\n",
+                           c->redis_password ? "<set>" : "<none>", c->redis_prefix,
+                           c->redis_timeout_ms);
+    if (rc == 0 && c->registry_enabled)
+        rc = pc_buf_printf(o,
+                           "registry:\n  enabled: true\n  timeout: %ums\n  claim_ttl: %ums\n"
+                           "  lease: %ums\n  feed_maxlen: %u\n  replay_max: %u\n",
+                           c->registry_timeout_ms, c->registry_claim_ttl_ms, c->registry_lease_ms,
+                           c->registry_feed_maxlen, c->registry_replay_max);
+    else if (rc == 0)
+        rc = pc_buf_append_cstr(o, "registry: null\n");
     if (rc == 0)
         rc = pc_buf_printf(o,
                            "log:\n  access_log: %s\n  level: %s\nmetrics:\n  per_tenant: %s\n"

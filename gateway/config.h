@@ -13,6 +13,12 @@
  *   - API keys are kept only as SHA-256 digests (a key may also be given as its digest,
  *     "sha256:<64 hex>"), so the process never holds a client's key after loading.
  *   - Relative paths are taken relative to the directory kvgw was started in.
+ *   - Settings that only make sense together are checked together at load, each error naming
+ *     the line of the key at fault: redis.address and redis.sentinels exclude each other,
+ *     sentinels need master_name; registry.enabled needs redis, cache.namespace_secret (not the
+ *     demo secret: every gateway must derive the same namespaces from a real one) and an
+ *     explicit billing.instance_id, and registry.timeout must be below registry.claim_ttl and
+ *     registry.lease.
  *
  * Memory: a gw_config_t owns all its strings; gw_config_free releases them.
  */
@@ -136,13 +142,27 @@ typedef struct gw_config {
     char *pricing_path;
     unsigned long pricing_line; /* 0: built-in */
     uint32_t storage_interval_ms;
-    char *instance_id; /* names this gateway's ledger stream in Redis */
+    char *instance_id;    /* names this gateway's ledger stream in Redis */
+    bool instance_id_set; /* given in the file (a registry needs one per gateway) */
 
-    /* Redis (optional) */
-    char *redis_host; /* NULL: no Redis */
+    /* Redis (optional): one address, or Sentinel (sentinels + master_name); never both. */
+    char *redis_host; /* NULL: no address (no Redis, or Sentinel) */
     int redis_port;
+    char **redis_sentinels; /* [n_redis_sentinels] "HOST:PORT" of the sentinels */
+    size_t n_redis_sentinels;
+    char *redis_master_name; /* the primary's name at the sentinels; NULL without Sentinel */
     char *redis_password;
+    char *redis_prefix; /* every key kvgw writes starts with "PREFIX:" (default "kvgw") */
     uint32_t redis_timeout_ms;
+
+    /* registry: many gateways, one cache (gateway/registry.h). Needs redis, a namespace secret
+     * of its own and an explicit billing.instance_id (checked at load with file:line). */
+    bool registry_enabled;
+    uint32_t registry_timeout_ms;   /* a claim's deadline; past it the decision is local */
+    uint32_t registry_claim_ttl_ms; /* a claim's life in Redis (its claimant died: it expires) */
+    uint32_t registry_lease_ms;     /* the registration's and the storage meter's lease */
+    uint32_t registry_feed_maxlen;  /* the change feed's approximate length (XADD MAXLEN ~) */
+    uint32_t registry_replay_max;   /* commits/reads kept while Redis is down, replayed after */
 
     /* logs */
     char *access_log; /* "-" stdout, "off", or a file path */
@@ -153,6 +173,12 @@ typedef struct gw_config {
 
     gw_cfg_tiers_t kv_tiers;
 } gw_config_t;
+
+/* Redis is configured (an address or sentinels). */
+static inline bool gw_config_has_redis(const gw_config_t *c)
+{
+    return c->redis_host != NULL || c->n_redis_sentinels > 0;
+}
 
 /* The built-in default (what conf/kvgw.yaml spells out). Returns 0 or PC_ERR_NOMEM. */
 int gw_config_default(gw_config_t *out);

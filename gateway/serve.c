@@ -417,6 +417,7 @@ static int serve_run(serve_t *s, const gw_serve_params_t *params)
         sp.port = s->cfg.redis_port;
         sp.password = s->cfg.redis_password;
         sp.timeout_ms = s->cfg.redis_timeout_ms;
+        sp.prefix = s->cfg.redis_prefix;
         sp.durable_seq = shipper_durable;
         sp.durable_ud = s;
         if ((rc = bill_shipper_start(s->loop, &sp, &s->shipper, err, sizeof err)) != 0) {

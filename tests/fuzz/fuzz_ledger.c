@@ -2,12 +2,14 @@
  * fuzz_ledger.c — libFuzzer target for ledger replay (billing/ledger_*.c): the bytes become a
  * segment file, then a reader replays it and the ledger's recovery opens it.
  *
- * Byte 0 picks the mode: even, the rest follows a valid segment header (records only); odd, the
- * rest is the whole file, header included. Properties: every record the reader returns has a
- * payload that re-encodes to a decodable, equal event; the reader ends with "end of data" or a
- * FORMAT error with a reason; recovery either refuses with PC_ERR_FORMAT or opens, after which a
- * reader returns the same records and ends cleanly (a torn tail was cut, never a good record).
- * Anything else (a crash, a sanitizer report, a broken property) aborts.
+ * Byte 0 picks the mode: even, the rest follows a valid segment header (records only; bit 1
+ * picks the header's version, 1 or 2: the format before the registry field and the current one,
+ * so old and new records are read in both); odd, the rest is the whole file, header included.
+ * Properties: every record the reader returns has a payload that re-encodes to a decodable, equal
+ * event; the reader ends with "end of data" or a FORMAT error with a reason; recovery either
+ * refuses with PC_ERR_FORMAT or opens, after which a reader returns the same records and ends
+ * cleanly (a torn tail was cut, never a good record). Anything else (a crash, a sanitizer report, a
+ * broken property) aborts.
  */
 #include "common.h"
 #include "ledger.h"
@@ -31,7 +33,7 @@ __attribute__((destructor)) static void remove_dir(void)
     }
 }
 
-static void write_segment(const uint8_t *data, size_t size, int with_header)
+static void write_segment(const uint8_t *data, size_t size, int with_header, uint8_t version)
 {
     char path[400];
     snprintf(path, sizeof path, "%s/ledger-00000000000000000001.seg", dir);
@@ -41,7 +43,7 @@ static void write_segment(const uint8_t *data, size_t size, int with_header)
     if (with_header) {
         uint8_t h[16];
         memcpy(h, "KVGWLEDG", 8);
-        h[8] = 1, h[9] = h[10] = h[11] = 0;
+        h[8] = version, h[9] = h[10] = h[11] = 0;
         uint32_t crc = bill_crc32c(0, h, 12);
         for (int i = 0; i < 4; i++)
             h[12 + i] = (uint8_t)(crc >> (8 * i));
@@ -87,10 +89,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         pc_log_set_level(PC_LOG_OFF);
     }
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "rm -f %s/ledger-*.seg %s/INSTANCE %s/LOCK", dir, dir, dir);
+    snprintf(cmd, sizeof cmd, "rm -f %s/ledger-* %s/INSTANCE %s/LOCK", dir, dir, dir);
     if (system(cmd) != 0)
         abort();
-    write_segment(data + 1, size - 1, !(data[0] & 1));
+    write_segment(data + 1, size - 1, !(data[0] & 1), (data[0] & 2) ? 2 : 1);
     long before = replay();
     bill_ledger_params_t p = bill_ledger_params_default();
     p.dir = dir;

@@ -109,7 +109,49 @@ const cases = [
     make: (l) => { const i = l.indexOf('  fsync: batch'); l.splice(i + 1, 0, '  instance_id: gw/one'); return i + 2; },
     key: 'billing.instance_id', why: /expected 1-63 characters of A-Z a-z 0-9 _ \. -/,
   },
+  // Issue 22: the cluster settings that only make sense together (many gateways, one cache).
+  {
+    name: 'registry without redis',
+    make: (l) => { inst(l); l.push('registry:', '  enabled: true'); return l.length; },
+    key: 'registry.enabled', why: /the registry lives in Redis: set redis\.address or redis\.sentinels/,
+  },
+  {
+    name: 'registry with the demo namespace secret',
+    make: (l) => { inst(l); l[l.findIndex((x) => x.startsWith('  namespace_secret:'))] = '  accounting: token'; l.push('redis:', '  address: 127.0.0.1:1', 'registry:', '  enabled: true'); return l.length; },
+    key: 'registry.enabled', why: /needs cache\.namespace_secret \(the built-in demo secret is refused with a registry/,
+  },
+  {
+    name: 'registry without an explicit instance id',
+    make: (l) => { l.push('redis:', '  address: 127.0.0.1:1', 'registry:', '  enabled: true'); return l.length; },
+    key: 'registry.enabled', why: /needs an explicit billing\.instance_id, unique per gateway/,
+  },
+  {
+    name: 'registry timeout not below claim_ttl',
+    make: (l) => { inst(l); l.push('redis:', '  address: 127.0.0.1:1', 'registry:', '  enabled: true', '  claim_ttl: 2s', '  timeout: 5s'); return l.length; },
+    key: 'registry.timeout', why: /5000ms must be below registry\.claim_ttl \(2000ms\)/,
+  },
+  {
+    name: 'redis address and sentinels both',
+    make: (l) => { l.push('redis:', '  address: 127.0.0.1:1', '  sentinels: [127.0.0.1:26379]', '  master_name: kvgw'); return l.length - 1; },
+    key: 'redis.sentinels', why: /give either redis\.address \(one server\) or redis\.sentinels/,
+  },
+  {
+    name: 'sentinels without master_name',
+    make: (l) => { l.push('redis:', '  sentinels: [127.0.0.1:26379, 127.0.0.1:26380]'); return l.length; },
+    key: 'redis.sentinels', why: /needs redis\.master_name/,
+  },
+  {
+    name: 'redis prefix with a colon',
+    make: (l) => { l.push('redis:', '  address: 127.0.0.1:1', '  prefix: "kv:gw"'); return l.length; },
+    key: 'redis.prefix', why: /expected 1-32 characters of A-Z a-z 0-9 _ \. -/,
+  },
 ];
+
+// billing.instance_id, which the registry needs (the harness's config leaves the default).
+function inst(l) {
+  const i = l.indexOf('  fsync: batch');
+  l.splice(i + 1, 0, '  instance_id: gw-test-a');
+}
 
 for (const c of cases) {
   test(`${c.name}: check-config and serve exit 1 with file:line: key`, () => {

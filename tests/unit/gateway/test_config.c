@@ -87,6 +87,8 @@ PC_TEST(cluster_example_loads)
     ASSERT_STR_EQ(c.link_secret, "a-link-secret-for-the-test");
     ASSERT_FALSE(c.namespace_secret_is_default);
     ASSERT_TRUE(c.redis_host != NULL);
+    ASSERT_TRUE(c.registry_enabled);
+    ASSERT_TRUE(c.instance_id_set);
     ASSERT_TRUE(gw_config_key_find(&c, "sk-cluster-demo", 15) != NULL);
     ASSERT_TRUE(gw_config_is_admin(&c, "sk-cluster-admin", 16));
     gw_config_free(&c);
@@ -297,6 +299,76 @@ PC_TEST(addresses)
     ASSERT_STR_EQ(c.redis_host, "redis-1.example");
     ASSERT_EQ(c.redis_port, 6380);
     gw_config_free(&c);
+}
+
+/* Redis and the registry: the settings checked together, each naming the line at fault. */
+PC_TEST(cluster_checks)
+{
+#define SECRET "cache:\n  namespace_secret: a-real-namespace-secret\n"
+#define INST "billing:\n  instance_id: gw-a\n"
+    expect_error("redis:\n  address: r:6379\n  sentinels: [s1:26379]\n  master_name: m\n",
+                 PC_ERR_INVAL, "t.yaml:3: redis.sentinels: give either redis.address");
+    expect_error("redis:\n  sentinels: [s1:26379, s2:26379]\n", PC_ERR_INVAL,
+                 "t.yaml:2: redis.sentinels: needs redis.master_name");
+    expect_error("redis:\n  address: r:1\n  master_name: m\n", PC_ERR_INVAL,
+                 "t.yaml:3: redis.master_name: only means something with redis.sentinels");
+    expect_error("redis:\n  sentinels: [s1:26379, s1:26379]\n  master_name: m\n", PC_ERR_INVAL,
+                 "t.yaml:2: redis.sentinels: sentinel s1:26379 appears twice");
+    expect_error("redis:\n  sentinels: [s1]\n  master_name: m\n", PC_ERR_INVAL,
+                 "t.yaml:2: redis.sentinels: 's1' has no port");
+    expect_error("redis:\n  prefix: 'kv:gw'\n", PC_ERR_INVAL,
+                 "t.yaml:2: redis.prefix: expected 1-32 characters");
+    expect_error("redis:\n  timeout: 1s\n", PC_ERR_INVAL,
+                 "t.yaml:1: redis: needs address or sentinels");
+    expect_error("registry:\n  enabled: true\n" SECRET INST, PC_ERR_INVAL,
+                 "t.yaml:2: registry.enabled: the registry lives in Redis");
+    expect_error("registry:\n  enabled: true\nredis:\n  address: r:1\n" INST, PC_ERR_INVAL,
+                 "t.yaml:2: registry.enabled: needs cache.namespace_secret");
+    expect_error("registry:\n  enabled: true\nredis:\n  address: r:1\n" SECRET, PC_ERR_INVAL,
+                 "t.yaml:2: registry.enabled: needs an explicit billing.instance_id");
+    expect_error("redis:\n  address: r:1\n" SECRET INST
+                 "registry:\n  enabled: true\n  claim_ttl: 1s\n  timeout: 1s\n",
+                 PC_ERR_INVAL, "t.yaml:10: registry.timeout: 1000ms must be below");
+    expect_error("registry:\n  enabled: yes\n", PC_ERR_INVAL,
+                 "t.yaml:2: registry.enabled: expected true or false");
+    expect_error("registry:\n  feed_maxlen: 10\n", PC_ERR_INVAL,
+                 "t.yaml:2: registry.feed_maxlen: 10 is out of range");
+    expect_error("registry:\n  colour: red\n", PC_ERR_INVAL, "t.yaml:2: registry.colour: unknown");
+
+    gw_config_t c;
+    char err[512] = "";
+    /* Off by default (and with registry: null); the defaults of the design. */
+    ASSERT_EQ(parse("registry: null\n", &c, err, sizeof err), 0);
+    ASSERT_FALSE(c.registry_enabled);
+    ASSERT_EQ(c.registry_timeout_ms, 50u);
+    ASSERT_EQ(c.registry_claim_ttl_ms, 30000u);
+    ASSERT_EQ(c.registry_lease_ms, 10000u);
+    ASSERT_EQ(c.registry_feed_maxlen, 100000u);
+    ASSERT_EQ(c.registry_replay_max, 65536u);
+    ASSERT_STR_EQ(c.redis_prefix, "kvgw");
+    ASSERT_FALSE(c.instance_id_set);
+    gw_config_free(&c);
+    const char *ok = "redis:\n  sentinels: [s1:26379, '[::1]:26380']\n  master_name: kvgw-main\n"
+                     "  prefix: kvgw-test\n" SECRET INST
+                     "registry:\n  enabled: true\n  timeout: 20ms\n  replay_max: 0\n";
+    ASSERT_EQ(parse(ok, &c, err, sizeof err), 0);
+    ASSERT_TRUE(c.registry_enabled);
+    ASSERT_TRUE(gw_config_has_redis(&c));
+    ASSERT_TRUE(c.redis_host == NULL);
+    ASSERT_EQ(c.n_redis_sentinels, 2u);
+    ASSERT_STR_EQ(c.redis_sentinels[1], "[::1]:26380");
+    ASSERT_STR_EQ(c.redis_master_name, "kvgw-main");
+    ASSERT_STR_EQ(c.redis_prefix, "kvgw-test");
+    ASSERT_EQ(c.registry_timeout_ms, 20u);
+    ASSERT_EQ(c.registry_replay_max, 0u);
+    pc_buf_t b = {0};
+    ASSERT_EQ(gw_config_print(&c, &b), 0);
+    ASSERT_TRUE(strstr(b.base, "sentinels: ['s1:26379', '[::1]:26380']") != NULL);
+    ASSERT_TRUE(strstr(b.base, "registry:\n  enabled: true\n  timeout: 20ms\n") != NULL);
+    pc_buf_free(&b);
+    gw_config_free(&c);
+#undef SECRET
+#undef INST
 }
 
 PC_TEST(ledger_open_check)
