@@ -265,10 +265,24 @@ uint64_t bill_day_start_ms(uint64_t ms);
 void bill_time_str(uint64_t ms, char *buf);
 
 /* ---------------------------------------------------------------------------------------------
- * Exports: the ledger (never Redis) as CSV, JSON lines or FOCUS 1.0 CSV, per event or grouped per
- * tenant x model x UTC day x bucket. Amounts are exact decimal USD strings with 9 decimals. The
- * writer is streaming: output goes to a chunk callback a chunk at a time (at most chunk_bytes
- * plus one row), memory stays bounded by the number of groups, never by the number of events.
+ * Exports: usage as CSV, JSON lines or FOCUS 1.0 CSV, per event or grouped per tenant x model x
+ * UTC day x bucket. Amounts are exact decimal USD strings with 9 decimals. The writer is
+ * streaming: output goes to a chunk callback a chunk at a time (at most chunk_bytes plus one row),
+ * memory stays bounded by the number of groups and of sources, never by the number of events.
+ * Per-event rows carry the event's registry and the instance (gateway) whose ledger holds it.
+ *
+ * Sources. One ledger (bill_export_open), or the merged view of several gateways
+ * (bill_export_open_sources): ledgers, one per instance, and the streams the shipper wrote to
+ * Redis (shipper.h) for every other instance found there (PREFIX:gws and the PREFIX:ledger:*
+ * streams); a ledger is the record, so an instance's stream is read only when its ledger is not
+ * given. Every event is exported once, in the order of a k-way merge of the sources by (end_ms,
+ * instance, seq): each source is read in seq order, which is its end-time order but for a
+ * gateway's wall clock stepping back, and only each source's next event is held. The same event
+ * id in two sources (at the same end time, as a copy would be) fails the export (PC_ERR_FORMAT),
+ * as do two ledgers of one instance (PC_ERR_INVAL). A stream entry is checked as a ledger record
+ * is; entries shipped before the registry field lack per-bucket costs and fail the export
+ * (export that instance from its ledger). Redis is read with blocking commands, each under the
+ * connection's timeout: like ledger reads, open and steps run off the gateway's loop.
  *
  *   bill_export_params_t xp = bill_export_params_default();
  *   xp.format = BILL_EXPORT_FOCUS; xp.chunk = send_chunk; xp.ud = conn;
@@ -324,6 +338,27 @@ typedef struct bill_export bill_export_t;
 /* Opens an export over the ledger in dir. Strings in p are copied. PC_ERR_INVAL for bad params. */
 int bill_export_open(const char *dir, const bill_export_params_t *p, bill_export_t **out, char *err,
                      size_t err_len);
+
+struct bill_redis_params; /* redisconn.h */
+
+/* The inputs of a merged export (see Sources). */
+typedef struct bill_export_sources {
+    const char *const *ledger_dirs; /* [n_ledgers] ledger directories, one per instance */
+    size_t n_ledgers;
+    const struct bill_redis_params *redis; /* NULL: no Redis; else the primary to read */
+    const char *redis_prefix;              /* the shipper's key prefix, default "kvgw" */
+} bill_export_sources_t;
+
+/* Opens a merged export (at least one ledger or Redis). Connects to Redis and lists its instances
+ * now (blocking). PC_ERR_INVAL (bad params, an instance's ledger twice), PC_ERR_NOTFOUND (not a
+ * ledger), PC_ERR_UPSTREAM (Redis), PC_ERR_FORMAT (a bad instance id in Redis), with the reason. */
+int bill_export_open_sources(const bill_export_sources_t *src, const bill_export_params_t *p,
+                             bill_export_t **out, char *err, size_t err_len);
+
+/* The export's sources: their count, and the instance id of the i-th (NULL past the end) with
+ * *from_redis (may be NULL) telling whether it is read from its Redis stream. */
+size_t bill_export_n_sources(const bill_export_t *x);
+const char *bill_export_source(const bill_export_t *x, size_t i, bool *from_redis);
 
 /* Processes up to max_records ledger records. 0: more to do; 1: done, all output delivered;
  * negative: failed (PC_ERR_FORMAT for a damaged ledger, PC_ERR_CANCELED, PC_ERR_NOMEM, ...). */

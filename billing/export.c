@@ -11,6 +11,7 @@
 #include "billing.h"
 #include "common.h"
 #include "ledger.h"
+#include "usage_internal.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -78,11 +79,33 @@ typedef struct group {
     bill_totals_t t;
 } group_t;
 
+/* One input: a ledger (r) or an instance's shipped stream in Redis (st), each read in seq order.
+ * NEED: its next wanted event is to be read; HEAD: that event (ev, seq) is in the heap. */
+enum { SRC_NEED, SRC_HEAD, SRC_DONE };
+typedef struct source {
+    char instance[BILL_STR_MAX];
+    const char *where; /* the ledger directory or the stream key, for messages */
+    bill_ledger_reader_t *r;
+    bill__stream_t st;
+    int state;
+    bill_event_t ev;
+    uint64_t seq;
+} source_t;
+
 struct bill_export {
     bill_export_params_t p;
     char tenant[BILL_STR_MAX];
     char provider[BILL_STR_MAX];
-    bill_ledger_reader_t *r;
+    source_t *src;
+    size_t n_src;
+    char **dirs;         /* copies of the ledger directories */
+    redisContext *redis; /* the streams' connection, or NULL */
+    size_t *heap;        /* sources in HEAD state, a binary min-heap by (end, instance, seq) */
+    size_t n_heap;
+    size_t *need; /* sources in NEED state (a stack) */
+    size_t n_need;
+    uint64_t dup_end_ms; /* the end time of the events whose ids are in dup_ids */
+    pc_strmap_t dup_ids; /* event id -> source, of the events emitted with end_ms dup_end_ms */
     pc_buf_t out;
     PC_VEC(group_t) groups;  /* in order of first appearance until group_rows sorts them */
     pc_strmap_t group_index; /* group_key() -> position in groups */
@@ -120,7 +143,7 @@ static const char *csv_header =
     "uncached_input_tokens,cache_write_5m_tokens,cache_write_1h_tokens,cache_read_tokens,"
     "output_tokens,logical_hit_tokens,physical_hit_tokens,storage_token_ms,"
     "cost_uncached_input_usd,cost_cache_write_5m_usd,cost_cache_write_1h_usd,cost_cache_read_usd,"
-    "cost_output_usd,cost_cache_storage_usd,cost_total_usd\n";
+    "cost_output_usd,cost_cache_storage_usd,cost_total_usd,registry,instance\n";
 
 static const char *csv_group_header = "day,tenant,model,bucket,quantity,unit,events,cost_usd\n";
 
@@ -152,7 +175,7 @@ static uint64_t event_quantity(const bill_event_t *ev, int b)
     }
 }
 
-static int csv_row(bill_export_t *x, const bill_event_t *ev, uint64_t seq)
+static int csv_row(bill_export_t *x, const bill_event_t *ev, uint64_t seq, const char *instance)
 {
     pc_buf_t *b = &x->out;
     char t0[32], t1[32], m[BILL_BUCKET_COUNT + 1][32];
@@ -172,19 +195,21 @@ static int csv_row(bill_export_t *x, const bill_event_t *ev, uint64_t seq)
     rc = rc ? rc : csv_str(b, ev->model);
     rc = rc ? rc : pc_buf_append(b, ",", 1);
     rc = rc ? rc : csv_str(b, ev->ns);
-    rc = rc ? rc
-            : pc_buf_printf(
-                  b,
-                  ",%s,%s,%s,%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64
-                  ",%" PRIu64 ",%" PRIu64 ",%s,%s,%s,%s,%s,%s,%s\n",
-                  t0, t1, ev->kind == BILL_EVENT_USAGE ? bill_status_name(ev->status) : "",
-                  ev->usage.n_uncached, ev->usage.n_write_5m, ev->usage.n_write_1h,
-                  ev->usage.n_read, ev->usage.n_output, ev->n_hit_logical, ev->n_hit_physical,
-                  ev->token_ms, m[0], m[1], m[2], m[3], m[4], m[5], m[6]);
-    return rc;
+    rc =
+        rc ? rc
+           : pc_buf_printf(b,
+                           ",%s,%s,%s,%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64
+                           ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%s,%s,%s,%s,%s,%s,%s,%s,",
+                           t0, t1, ev->kind == BILL_EVENT_USAGE ? bill_status_name(ev->status) : "",
+                           ev->usage.n_uncached, ev->usage.n_write_5m, ev->usage.n_write_1h,
+                           ev->usage.n_read, ev->usage.n_output, ev->n_hit_logical,
+                           ev->n_hit_physical, ev->token_ms, m[0], m[1], m[2], m[3], m[4], m[5],
+                           m[6], bill_registry_name(ev->registry));
+    rc = rc ? rc : csv_str(b, instance);
+    return rc ? rc : pc_buf_append(b, "\n", 1);
 }
 
-static int jsonl_row(bill_export_t *x, const bill_event_t *ev, uint64_t seq)
+static int jsonl_row(bill_export_t *x, const bill_event_t *ev, uint64_t seq, const char *instance)
 {
     pc_buf_t *b = &x->out;
     char t0[32], t1[32], m[32];
@@ -221,8 +246,11 @@ static int jsonl_row(bill_export_t *x, const bill_event_t *ev, uint64_t seq)
         rc = pc_buf_printf(b, "\"%s\":\"%s\",", bill_bucket_name(i),
                            bill_nusd_str(ev->cost_nusd[i], m));
     rc = rc ? rc
-            : pc_buf_printf(b, "\"total\":\"%s\"}}\n", bill_nusd_str(bill_event_total_nusd(ev), m));
-    return rc;
+            : pc_buf_printf(b, "\"total\":\"%s\"},\"registry\":\"%s\",\"instance\":",
+                            bill_nusd_str(bill_event_total_nusd(ev), m),
+                            bill_registry_name(ev->registry));
+    rc = rc ? rc : pc_json_cstr(b, instance, 0);
+    return rc ? rc : pc_buf_append(b, "}\n", 2);
 }
 
 /* The first day of the month of ms and of the next month, for FOCUS billing periods. */
@@ -253,7 +281,7 @@ static void mtokh_str(uint64_t token_ms, char *buf)
 /* One FOCUS row: a bucket of one event (group NULL) or of one group (ev NULL). */
 static int focus_row(bill_export_t *x, const char *tenant, const char *model, int bucket,
                      uint64_t start_ms, uint64_t end_ms, uint64_t qty, uint64_t cost,
-                     const bill_event_t *ev)
+                     const bill_event_t *ev, const char *instance)
 {
     pc_buf_t *b = &x->out;
     char cs[32], ps[32], pe[32], c0[32], c1[32], pq[40], unit_price[40] = "", sku_price[160];
@@ -328,8 +356,11 @@ static int focus_row(bill_export_t *x, const char *tenant, const char *model, in
         rc = rc ? rc : pc_buf_append_cstr(&tags, ",\"api_key_id\":");
         rc = rc ? rc : pc_json_cstr(&tags, ev->api_key_id, 0);
         rc = rc ? rc
-                : pc_buf_printf(&tags, ",\"status\":\"%s\"}",
-                                ev->kind == BILL_EVENT_USAGE ? bill_status_name(ev->status) : "");
+                : pc_buf_printf(&tags, ",\"status\":\"%s\",\"registry\":\"%s\",\"instance\":",
+                                ev->kind == BILL_EVENT_USAGE ? bill_status_name(ev->status) : "",
+                                bill_registry_name(ev->registry));
+        rc = rc ? rc : pc_json_cstr(&tags, instance, 0);
+        rc = rc ? rc : pc_buf_append(&tags, "}", 1);
         rc = rc ? rc : pc_buf_terminate(&tags);
         rc = rc ? rc : csv_str(b, tags.base);
         pc_buf_free(&tags);
@@ -337,20 +368,20 @@ static int focus_row(bill_export_t *x, const char *tenant, const char *model, in
     return rc ? rc : pc_buf_append(b, "\n", 1);
 }
 
-static int event_row(bill_export_t *x, const bill_event_t *ev, uint64_t seq)
+static int event_row(bill_export_t *x, const bill_event_t *ev, uint64_t seq, const char *instance)
 {
     switch (x->p.format) {
     case BILL_EXPORT_CSV:
-        return csv_row(x, ev, seq);
+        return csv_row(x, ev, seq, instance);
     case BILL_EXPORT_JSONL:
-        return jsonl_row(x, ev, seq);
+        return jsonl_row(x, ev, seq, instance);
     default:
         for (int bkt = 0; bkt < BILL_BUCKET_COUNT; bkt++) {
             uint64_t q = event_quantity(ev, bkt);
             if (q == 0 && ev->cost_nusd[bkt] == 0)
                 continue;
             int rc = focus_row(x, ev->tenant, ev->model, bkt, ev->start_ms, ev->end_ms, q,
-                               ev->cost_nusd[bkt], ev);
+                               ev->cost_nusd[bkt], ev, instance);
             if (rc != 0)
                 return rc;
         }
@@ -442,7 +473,7 @@ static int group_rows(bill_export_t *x)
                                         bill_bucket_name(bkt), q, unit, g->t.n_events, cost);
             } else {
                 rc = focus_row(x, g->tenant, g->model, bkt, g->day_ms, g->day_ms + 86400000u, q, c,
-                               NULL);
+                               NULL, NULL);
             }
             if (rc == 0)
                 rc = flush(x, false);
@@ -453,35 +484,207 @@ static int group_rows(bill_export_t *x)
     return 0;
 }
 
-int bill_export_open(const char *dir, const bill_export_params_t *p, bill_export_t **out, char *err,
-                     size_t err_len)
+/* ---------------------------------------------------------------------------------------------
+ * Sources and their merge
+ * ------------------------------------------------------------------------------------------- */
+
+/* The merged order: end time, then instance, then seq. */
+static bool src_less(const bill_export_t *x, size_t a, size_t b)
+{
+    const source_t *s = &x->src[a], *t = &x->src[b];
+    if (s->ev.end_ms != t->ev.end_ms)
+        return s->ev.end_ms < t->ev.end_ms;
+    int c = strcmp(s->instance, t->instance);
+    return c != 0 ? c < 0 : s->seq < t->seq;
+}
+
+static void heap_push(bill_export_t *x, size_t i)
+{
+    size_t k = x->n_heap++;
+    x->heap[k] = i;
+    while (k > 0 && src_less(x, x->heap[k], x->heap[(k - 1) / 2])) {
+        size_t p = (k - 1) / 2, t = x->heap[p];
+        x->heap[p] = x->heap[k];
+        x->heap[k] = t;
+        k = p;
+    }
+}
+
+static size_t heap_pop(bill_export_t *x)
+{
+    size_t top = x->heap[0];
+    x->heap[0] = x->heap[--x->n_heap];
+    for (size_t k = 0;;) {
+        size_t l = 2 * k + 1, r = l + 1, m = k;
+        if (l < x->n_heap && src_less(x, x->heap[l], x->heap[m]))
+            m = l;
+        if (r < x->n_heap && src_less(x, x->heap[r], x->heap[m]))
+            m = r;
+        if (m == k)
+            break;
+        size_t t = x->heap[m];
+        x->heap[m] = x->heap[k];
+        x->heap[k] = t;
+        k = m;
+    }
+    return top;
+}
+
+/* Reads one record of source i (NEED): a wanted event goes to the heap, an unwanted one is
+ * dropped (the source stays NEED), the end makes it DONE. 0 or a read error. */
+static int src_read_one(bill_export_t *x, size_t i, char *err, size_t err_len)
+{
+    source_t *s = &x->src[i];
+    int rc = s->r != NULL ? bill_ledger_reader_next(s->r, &s->ev, &s->seq, err, err_len)
+                          : bill__stream_next(&s->st, &s->ev, &s->seq, err, err_len);
+    if (rc < 0)
+        return rc;
+    x->n_need--;
+    if (rc == 1) {
+        s->state = SRC_DONE;
+        return 0;
+    }
+    const bill_event_t *ev = &s->ev;
+    if (ev->start_ms < x->p.from_ms || ev->start_ms >= x->p.to_ms ||
+        (x->p.tenant != NULL && strcmp(ev->tenant, x->p.tenant) != 0)) {
+        x->need[x->n_need++] = i;
+        return 0;
+    }
+    s->state = SRC_HEAD;
+    heap_push(x, i);
+    return 0;
+}
+
+/* An event id seen in two sources among the events of one end time: the same event twice (a
+ * ledger copied under another instance id, a stream holding another instance's events). Refused:
+ * an export counts every event once or fails. The same event has the same end time wherever it
+ * is, so remembering the ids of one end time at a time finds it in bounded memory. */
+static int dup_check(bill_export_t *x, size_t i, char *err, size_t err_len)
+{
+    const source_t *s = &x->src[i];
+    if (s->ev.end_ms != x->dup_end_ms) {
+        pc_strmap_free(&x->dup_ids);
+        memset(&x->dup_ids, 0, sizeof x->dup_ids);
+        x->dup_end_ms = s->ev.end_ms;
+    }
+    uint64_t *at;
+    int rc = pc_strmap_insert(&x->dup_ids, s->ev.event_id, strlen(s->ev.event_id), i, &at);
+    if (rc < 0)
+        return pc_err_setf(err, err_len, rc, "export: %s", pc_strerror(rc));
+    if (rc == 0 || *at == i) /* one ledger's own records: its dedup window decided */
+        return 0;
+    return pc_err_setf(err, err_len, PC_ERR_FORMAT,
+                       "export: event %s is in %s (instance %s) and in %s (instance %s): "
+                       "refusing to count it twice",
+                       s->ev.event_id, x->src[*at].where, x->src[*at].instance, s->where,
+                       s->instance);
+}
+
+static int source_add(bill_export_t *x, const char *instance, const char *where)
+{
+    source_t *s = &x->src[x->n_src];
+    memset(s, 0, sizeof *s);
+    if (bill_event_set_str(s->instance, instance) != 0)
+        return PC_ERR_INVAL;
+    s->where = where;
+    s->state = SRC_NEED;
+    x->need[x->n_need++] = x->n_src++;
+    return 0;
+}
+
+int bill_export_open_sources(const bill_export_sources_t *src, const bill_export_params_t *p,
+                             bill_export_t **out, char *err, size_t err_len)
 {
     *out = NULL;
-    if (dir == NULL || p == NULL || p->chunk == NULL || p->format < 0 ||
-        p->format > BILL_EXPORT_FOCUS || p->group < 0 || p->group > BILL_GROUP_DAY ||
-        p->from_ms > p->to_ms || p->chunk_bytes == 0)
+    if (src == NULL || (src->n_ledgers > 0 && src->ledger_dirs == NULL) ||
+        (src->n_ledgers == 0 && src->redis == NULL) || p == NULL || p->chunk == NULL ||
+        p->format < 0 || p->format > BILL_EXPORT_FOCUS || p->group < 0 ||
+        p->group > BILL_GROUP_DAY || p->from_ms > p->to_ms || p->chunk_bytes == 0)
         return pc_err_setf(err, err_len, PC_ERR_INVAL,
-                           "export: bad parameters (format, group, chunk callback, from <= to)");
+                           "export: bad parameters (a ledger or Redis, format, group, chunk "
+                           "callback, from <= to)");
     bill_export_t *x = pc_calloc(1, sizeof *x);
     if (x == NULL)
         return PC_ERR_NOMEM;
     x->p = *p;
+    int rc = 0;
+    char(*insts)[BILL_STR_MAX] = NULL;
+    size_t n_insts = 0;
     if ((p->tenant != NULL && bill_event_set_str(x->tenant, p->tenant) != 0) ||
         bill_event_set_str(x->provider, p->provider != NULL ? p->provider : "kvgw") != 0) {
-        pc_free(x);
-        return pc_err_setf(err, err_len, PC_ERR_INVAL, "export: bad tenant or provider name");
+        rc = pc_err_setf(err, err_len, PC_ERR_INVAL, "export: bad tenant or provider name");
+        goto fail;
     }
     x->p.tenant = p->tenant != NULL ? x->tenant : NULL;
-    int rc = bill_ledger_reader_open(dir, 1, &x->r, err, err_len);
-    if (rc != 0) {
-        pc_free(x);
-        return rc;
+    const char *prefix = src->redis_prefix != NULL ? src->redis_prefix : "kvgw";
+    if (src->redis != NULL) {
+        if ((rc = bill__redis_connect(src->redis, &x->redis, err, err_len)) != 0 ||
+            (rc = bill__redis_instances(x->redis, prefix, &insts, &n_insts, err, err_len)) != 0)
+            goto fail;
     }
-    /* An unbounded range has nothing to skip (except empty segments): no index look-ups. */
-    if (!p->scan_all && (p->from_ms != 0 || p->to_ms != UINT64_MAX))
-        (void)bill_ledger_reader_set_time_range(x->r, p->from_ms, p->to_ms); /* from <= to */
+    size_t cap = src->n_ledgers + n_insts;
+    x->src = pc_calloc(cap, sizeof *x->src);
+    x->heap = pc_calloc(cap, sizeof *x->heap);
+    x->need = pc_calloc(cap, sizeof *x->need);
+    x->dirs = pc_calloc(src->n_ledgers + 1, sizeof *x->dirs);
+    if (x->src == NULL || x->heap == NULL || x->need == NULL || x->dirs == NULL) {
+        rc = PC_ERR_NOMEM;
+        goto fail;
+    }
+    bool ranged = !p->scan_all && (p->from_ms != 0 || p->to_ms != UINT64_MAX);
+    for (size_t i = 0; i < src->n_ledgers; i++) {
+        char inst[BILL_STR_MAX];
+        const char *dir = src->ledger_dirs[i];
+        if ((x->dirs[i] = pc_strdup(dir)) == NULL) {
+            rc = PC_ERR_NOMEM;
+            goto fail;
+        }
+        if (bill_ledger_read_instance(dir, inst) != 0) {
+            rc = pc_err_setf(err, err_len, PC_ERR_NOTFOUND,
+                             "export: %s is not a ledger (no valid INSTANCE)", dir);
+            goto fail;
+        }
+        for (size_t k = 0; k < x->n_src; k++)
+            if (strcmp(x->src[k].instance, inst) == 0) {
+                rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
+                                 "export: %s and %s are both the ledger of instance %s",
+                                 x->src[k].where, dir, inst);
+                goto fail;
+            }
+        if ((rc = source_add(x, inst, x->dirs[i])) != 0 ||
+            (rc = bill_ledger_reader_open(dir, 1, &x->src[x->n_src - 1].r, err, err_len)) != 0)
+            goto fail;
+        /* An unbounded range has nothing to skip (except empty segments): no index look-ups. */
+        if (ranged)
+            (void)bill_ledger_reader_set_time_range(x->src[x->n_src - 1].r, p->from_ms, p->to_ms);
+    }
+    /* The streams of the instances whose ledger was not given (a ledger is the record). */
+    size_t n_ledgers = x->n_src;
+    for (size_t i = 0; i < n_insts; i++) {
+        bool given = false;
+        for (size_t k = 0; k < n_ledgers; k++)
+            given |= strcmp(x->src[k].instance, insts[i]) == 0;
+        if (given)
+            continue;
+        source_t *s = &x->src[x->n_src];
+        if ((rc = source_add(x, insts[i], s->st.key)) != 0)
+            goto fail;
+        bill__stream_init(&s->st, x->redis, prefix, insts[i]);
+    }
+    pc_free(insts);
     *out = x;
     return 0;
+fail:
+    pc_free(insts);
+    bill_export_free(x);
+    return rc;
+}
+
+int bill_export_open(const char *dir, const bill_export_params_t *p, bill_export_t **out, char *err,
+                     size_t err_len)
+{
+    bill_export_sources_t src = {.ledger_dirs = &dir, .n_ledgers = dir != NULL ? 1 : 0};
+    return bill_export_open_sources(&src, p, out, err, err_len);
 }
 
 int bill_export_step(bill_export_t *x, size_t max_records, char *err, size_t err_len)
@@ -498,29 +701,36 @@ int bill_export_step(bill_export_t *x, size_t max_records, char *err, size_t err
         if (rc != 0)
             return rc;
     }
-    bill_event_t ev;
-    uint64_t seq;
-    for (size_t i = 0; i < max_records; i++) {
-        rc = bill_ledger_reader_next(x->r, &ev, &seq, err, err_len);
-        if (rc < 0)
-            return rc;
-        if (rc == 1)
-            break;
-        if (ev.start_ms < x->p.from_ms || ev.start_ms >= x->p.to_ms ||
-            (x->p.tenant != NULL && strcmp(ev.tenant, x->p.tenant) != 0))
+    /* Every source's next wanted event is in the heap before the smallest is taken; each record
+     * read counts against max_records, so a step is bounded however few records are wanted. */
+    size_t budget = max_records;
+    while (budget > 0) {
+        if (x->n_need > 0) {
+            budget--;
+            if ((rc = src_read_one(x, x->need[x->n_need - 1], err, err_len)) != 0)
+                return rc;
             continue;
-        rc = x->p.group == BILL_GROUP_DAY ? group_add(x, &ev) : event_row(x, &ev, seq);
+        }
+        if (x->n_heap == 0)
+            break;
+        size_t i = heap_pop(x);
+        source_t *s = &x->src[i];
+        rc = dup_check(x, i, err, err_len);
+        if (rc != 0)
+            return rc;
+        rc = x->p.group == BILL_GROUP_DAY ? group_add(x, &s->ev)
+                                          : event_row(x, &s->ev, s->seq, s->instance);
         if (rc == 0)
             rc = flush(x, false);
         if (rc != 0)
             return pc_err_setf(err, err_len, rc, "export: %s", pc_strerror(rc));
+        s->state = SRC_NEED;
+        x->need[x->n_need++] = i;
     }
-    if (rc != 1)
+    if (x->n_need > 0 || x->n_heap > 0)
         return 0;
     if (x->p.group == BILL_GROUP_DAY)
         rc = group_rows(x);
-    else
-        rc = 0;
     if (rc == 0)
         rc = flush(x, true);
     if (rc != 0)
@@ -533,7 +743,19 @@ void bill_export_free(bill_export_t *x)
 {
     if (x == NULL)
         return;
-    bill_ledger_reader_free(x->r);
+    for (size_t i = 0; i < x->n_src; i++) {
+        bill_ledger_reader_free(x->src[i].r);
+        bill__stream_free(&x->src[i].st);
+    }
+    for (size_t i = 0; x->dirs != NULL && x->dirs[i] != NULL; i++)
+        pc_free(x->dirs[i]);
+    pc_free(x->dirs);
+    pc_free(x->src);
+    pc_free(x->heap);
+    pc_free(x->need);
+    if (x->redis != NULL)
+        redisFree(x->redis);
+    pc_strmap_free(&x->dup_ids);
     pc_buf_free(&x->out);
     pc_vec_free(&x->groups);
     pc_strmap_free(&x->group_index);
@@ -542,12 +764,33 @@ void bill_export_free(bill_export_t *x)
 
 void bill_export_segments(const bill_export_t *x, uint64_t *n_read, uint64_t *n_skipped)
 {
-    bill_ledger_reader_stats_t st;
-    bill_ledger_reader_stats(x->r, &st);
+    uint64_t r = 0, k = 0;
+    for (size_t i = 0; i < x->n_src; i++) {
+        if (x->src[i].r == NULL)
+            continue;
+        bill_ledger_reader_stats_t st;
+        bill_ledger_reader_stats(x->src[i].r, &st);
+        r += st.n_segments_read;
+        k += st.n_segments_skipped;
+    }
     if (n_read != NULL)
-        *n_read = st.n_segments_read;
+        *n_read = r;
     if (n_skipped != NULL)
-        *n_skipped = st.n_segments_skipped;
+        *n_skipped = k;
+}
+
+size_t bill_export_n_sources(const bill_export_t *x)
+{
+    return x->n_src;
+}
+
+const char *bill_export_source(const bill_export_t *x, size_t i, bool *from_redis)
+{
+    if (i >= x->n_src)
+        return NULL;
+    if (from_redis != NULL)
+        *from_redis = x->src[i].r == NULL;
+    return x->src[i].instance;
 }
 
 int bill_export_run(const char *dir, const bill_export_params_t *p, char *err, size_t err_len)

@@ -34,6 +34,18 @@ int bill__ledger_err_from_errno(int e)
 {
     return e == ENOSPC || e == EDQUOT ? PC_ERR_NOSPACE : PC_ERR_IO;
 }
+bool bill__instance_ok(const char *s)
+{
+    size_t n = strnlen(s, BILL_STR_MAX);
+    if (n == 0 || n >= BILL_STR_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+              (s[i] >= '0' && s[i] <= '9') || s[i] == '_' || s[i] == '.' || s[i] == '-'))
+            return false;
+    return true;
+}
+
 void bill__seg_name(char *buf, size_t n, uint64_t first_seq)
 {
     snprintf(buf, n, "ledger-%020" PRIu64 ".seg", first_seq);

@@ -49,6 +49,9 @@ static inline uint64_t get_u64le(const uint8_t *p)
     return v;
 }
 
+/* An instance id: 1..63 characters of [A-Za-z0-9_.-] (it becomes part of Redis key names). */
+bool bill__instance_ok(const char *s);
+
 /* write(2) and fdatasync(2): the hooks a ledger uses when its params give none. */
 extern const bill_ledger_io_t bill__ledger_default_io;
 

@@ -420,19 +420,6 @@ done:
     return rc;
 }
 
-/* An instance id: 1..63 characters of [A-Za-z0-9_.-] (it becomes part of Redis key names). */
-static bool instance_ok(const char *s)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n >= BILL_STR_MAX)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
-              (s[i] >= '0' && s[i] <= '9') || s[i] == '_' || s[i] == '.' || s[i] == '-'))
-            return false;
-    return true;
-}
-
 /* Writes INSTANCE (the given id, or 16 random hex digits) atomically: temp file, sync, rename. */
 static int write_instance(bill_ledger_t *l, const char *want)
 {
@@ -471,7 +458,7 @@ int bill_ledger_read_instance(const char *dir, char out[BILL_STR_MAX])
     buf[n] = '\0';
     if (n > 0 && buf[n - 1] == '\n')
         buf[--n] = '\0';
-    if (!instance_ok(buf))
+    if (!bill__instance_ok(buf))
         return PC_ERR_FORMAT;
     memcpy(out, buf, n + 1);
     return 0;
@@ -649,7 +636,7 @@ int bill_ledger_open(const bill_ledger_params_t *p, bill_ledger_t **out, char *e
                          "ledger: %s is in use by another process (%s)", l->dir, strerror(e));
         goto fail;
     }
-    if (p->instance != NULL && !instance_ok(p->instance)) {
+    if (p->instance != NULL && !bill__instance_ok(p->instance)) {
         rc = pc_err_setf(err, err_len, PC_ERR_INVAL,
                          "ledger: instance id '%s' must be 1-63 characters of A-Z a-z 0-9 _ . -",
                          p->instance);

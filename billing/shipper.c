@@ -244,9 +244,9 @@ static void on_reply(bill_redis_t *rc, redisReply *r, int status, void *priv)
 
 static void send_event(bill_shipper_t *s, const bill_event_t *ev, uint64_t seq)
 {
-    char day[16], usage_key[512], nums[40][24];
-    const char *argv[80];
-    size_t argl[80];
+    char day[16], usage_key[512], nums[48][24], cost_names[BILL_BUCKET_COUNT][40];
+    const char *argv[128];
+    size_t argl[128];
     int n = 0, k = 0;
 #define ARG(str) (argv[n] = (str), argl[n] = strlen(argv[n]), n++)
 #define NUM(v) (snprintf(nums[k], sizeof nums[k], "%" PRIu64, (uint64_t)(v)), ARG(nums[k++]))
@@ -262,8 +262,10 @@ static void send_event(bill_shipper_t *s, const bill_event_t *ev, uint64_t seq)
     ARG(s->cursor_key);
     ARG(usage_key);
     ARG(s->keys_key);
+    for (int b = 0; b < BILL_BUCKET_COUNT; b++)
+        snprintf(cost_names[b], sizeof cost_names[b], "cost_%s_nusd", bill_bucket_name(b));
     NUM(seq);
-    NUM(10 + BILL_BUCKET_COUNT + 1);
+    NUM(14 + 2 * BILL_BUCKET_COUNT + 1);
     ARG("event_id");
     ARG(ev->event_id);
     ARG("kind");
@@ -290,8 +292,20 @@ static void send_event(bill_shipper_t *s, const bill_event_t *ev, uint64_t seq)
     }
     ARG("cost_nusd");
     NUM(bill_event_total_nusd(ev));
+    /* What a merged export needs to rebuild the event exactly (bill_export over Redis). */
+    ARG("registry");
+    ARG(bill_registry_name(ev->registry));
+    ARG("ns");
+    ARG(ev->ns);
+    ARG("hit_logical");
+    NUM(ev->n_hit_logical);
+    ARG("hit_physical");
+    NUM(ev->n_hit_physical);
+    for (int b = 0; b < BILL_BUCKET_COUNT; b++) {
+        ARG(cost_names[b]);
+        NUM(ev->cost_nusd[b]);
+    }
     /* Counter increments. */
-    char cost_names[BILL_BUCKET_COUNT][40];
     ARG("events");
     ARG("1");
     ARG("cost_nusd");
@@ -299,7 +313,6 @@ static void send_event(bill_shipper_t *s, const bill_event_t *ev, uint64_t seq)
     for (int b = 0; b < BILL_BUCKET_COUNT; b++) {
         ARG(bill_bucket_name(b));
         NUM(q[b]);
-        snprintf(cost_names[b], sizeof cost_names[b], "cost_%s_nusd", bill_bucket_name(b));
         ARG(cost_names[b]);
         NUM(ev->cost_nusd[b]);
     }

@@ -16,7 +16,10 @@
  * Keys (PREFIX default "kvgw", INSTANCE = the ledger's INSTANCE id or the configured one):
  *   PREFIX:ledger:INSTANCE           stream; fields event_id kind status tenant model day
  *                                    request_id api_key_id start_ms end_ms, the six bucket
- *                                    quantities by bucket name, cost_nusd (total)
+ *                                    quantities by bucket name, cost_nusd (total), registry
+ *                                    (none|shared|local), ns, hit_logical, hit_physical and
+ *                                    cost_<bucket>_nusd for each bucket (entries shipped by
+ *                                    kvgw before the registry field lack these last ones)
  *   PREFIX:cursor:INSTANCE           string: the last seq shipped
  *   PREFIX:usage:TENANT:YYYY-MM-DD   hash: events, cost_nusd, <bucket> (quantity) and
  *                                    cost_<bucket>_nusd for each of the six buckets
