@@ -115,7 +115,9 @@ typedef struct bill_verify_report {
     uint64_t n_pending;     /* above the cursor: not shipped yet (not a difference) */
     uint64_t n_differences; /* each printed to out */
     uint64_t n_segments_read;
-    uint64_t n_segments_skipped; /* by the ledgers' time index (a day range only) */
+    uint64_t n_segments_skipped;              /* by the ledgers' time index (a day range only) */
+    uint64_t n_registry[BILL_REGISTRY_COUNT]; /* ledger events by their registry decision */
+    uint64_t n_instances_missing;             /* instances in Redis whose ledger was not given */
 } bill_verify_report_t;
 
 /* Reconciles n ledgers (one per gateway instance sharing the Redis) with Redis: each stream
@@ -125,8 +127,11 @@ typedef struct bill_verify_report {
  * are compared (and only their unexplained keys reported), and each stream only against the
  * ledger segments read: those that the time index says can hold events of those days (ledger.h),
  * so verifying a day costs about a day of ledger. PC_ERR_INVAL for a range that is not whole days.
- * Differences are printed one per line to out. Returns 0 when the comparison ran (differences or
- * not), an error when it could not (Redis unreachable, damaged ledger) with the reason in err. */
+ * Differences are printed one per line to out. Instances that shipped to Redis (PREFIX:gws and
+ * the PREFIX:ledger:* streams) but whose ledger was not given are printed as MISSING lines and
+ * counted apart (their counters then show as differences too). Returns 0 when the comparison
+ * ran (differences or not), an error when it could not (Redis unreachable, damaged ledger, a bad
+ * instance id in Redis) with the reason in err. */
 int bill_verify(const char *const *ledger_dirs, size_t n, const bill_verify_params_t *p, FILE *out,
                 bill_verify_report_t *rep, char *err, size_t err_len);
 

@@ -11,45 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
-/* Plain blocking hiredis to the fixed address. Sentinel-aware connects come with
- * bill_redis_connect_sync (redisconn.c); until it is linked here, sentinels are refused with a
- * clear error rather than ignored. */
 int bill__redis_connect(const bill_redis_params_t *p, redisContext **out, char *err, size_t err_len)
 {
-    *out = NULL;
-    if (p->n_sentinels > 0)
-        return pc_err_setf(err, err_len, PC_ERR_INVAL,
-                           "redis: reading usage through Sentinel is not supported by this build; "
-                           "give the primary's address");
-    if (p->address.host[0] == '\0' || p->address.port <= 0 || p->address.port > 65535 ||
-        p->timeout_ms == 0)
-        return pc_err_setf(err, err_len, PC_ERR_INVAL, "redis: bad address or timeout");
-    struct timeval tv = {(time_t)(p->timeout_ms / 1000),
-                         (suseconds_t)(p->timeout_ms % 1000) * 1000};
-    redisContext *c = redisConnectWithTimeout(p->address.host, p->address.port, tv);
-    if (c == NULL || c->err) {
-        int rc =
-            pc_err_setf(err, err_len, PC_ERR_UPSTREAM, "redis: cannot connect to %s:%d: %s",
-                        p->address.host, p->address.port, c != NULL ? c->errstr : "out of memory");
-        redisFree(c);
-        return rc;
-    }
-    redisSetTimeout(c, tv);
-    if (p->password != NULL) {
-        redisReply *r = redisCommand(c, "AUTH %s", p->password);
-        bool ok = r != NULL && r->type != REDIS_REPLY_ERROR;
-        if (r != NULL)
-            freeReplyObject(r);
-        if (!ok) {
-            redisFree(c);
-            return pc_err_setf(err, err_len, PC_ERR_PERM, "redis: AUTH refused by %s:%d",
-                               p->address.host, p->address.port);
-        }
-    }
-    *out = c;
-    return 0;
+    return bill_redis_connect_sync(p, out, err, err_len); /* Sentinel-aware, AUTH, ROLE */
 }
 
 /* ---------------------------------------------------------------------------------------------

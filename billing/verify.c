@@ -6,6 +6,7 @@
 #include "common.h"
 #include "ledger.h"
 #include "shipper.h"
+#include "usage_internal.h"
 
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
@@ -195,6 +196,7 @@ static int verify_ledger(redisContext *c, const char *dir, const bill_verify_par
     uint64_t seq, last_seq = 0;
     while ((rc = bill_ledger_reader_next(rd, &ev, &seq, err, err_len)) == 0) {
         rep->n_events++;
+        rep->n_registry[ev.registry]++;         /* < BILL_REGISTRY_COUNT: the reader validated it */
         if (ranged(p) && seq != last_seq + 1) { /* segments skipped: the stream from here on */
             stream_seek(&it, seq - 1);
             have = false;
@@ -304,6 +306,40 @@ static void compare_counter(redisContext *c, const char *key, const bill_totals_
     }
 }
 
+/* The instances that shipped to Redis without their ledger among ledger_dirs: one MISSING line
+ * each. */
+static int missing_instances(redisContext *c, const char *const *ledger_dirs, size_t n,
+                             const char *prefix, FILE *out, bill_verify_report_t *rep, char *err,
+                             size_t err_len)
+{
+    char(*insts)[BILL_STR_MAX];
+    size_t n_insts;
+    int rc = bill__redis_instances(c, prefix, &insts, &n_insts, err, err_len);
+    if (rc != 0)
+        return rc;
+    for (size_t i = 0; i < n_insts; i++) {
+        bool given = false;
+        for (size_t k = 0; k < n && !given; k++) {
+            char inst[BILL_STR_MAX];
+            given =
+                bill_ledger_read_instance(ledger_dirs[k], inst) == 0 && strcmp(inst, insts[i]) == 0;
+        }
+        if (given)
+            continue;
+        rep->n_instances_missing++;
+        redisReply *r = redisCommand(c, "XLEN %s:ledger:%s", prefix, insts[i]);
+        fprintf(out,
+                "MISSING instance %s: Redis holds %lld shipped events of it (%s:ledger:%s) but its "
+                "ledger was not given (--ledger)\n",
+                insts[i], r != NULL && r->type == REDIS_REPLY_INTEGER ? r->integer : 0LL, prefix,
+                insts[i]);
+        if (r != NULL)
+            freeReplyObject(r);
+    }
+    pc_free(insts);
+    return 0;
+}
+
 int bill_verify(const char *const *ledger_dirs, size_t n, const bill_verify_params_t *p, FILE *out,
                 bill_verify_report_t *rep, char *err, size_t err_len)
 {
@@ -342,6 +378,8 @@ int bill_verify(const char *const *ledger_dirs, size_t n, const bill_verify_para
         if (rc != 0)
             goto done;
     }
+    if ((rc = missing_instances(c, ledger_dirs, n, prefix, out, rep, err, err_len)) != 0)
+        goto done;
     /* Every counter the ledgers explain. */
     for (size_t i = 0; i < exp.v.len; i++) {
         const counter_t *ct = &exp.v.base[i];

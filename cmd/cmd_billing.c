@@ -2,20 +2,23 @@
  * cmd_billing.c — `kvgw billing export|verify` (DESIGN.md §6): the ledger as CSV, JSON lines or
  * FOCUS for finance, and the reconciliation of the ledger against Redis.
  *
- *   kvgw billing export [--ledger DIR] [--from T] [--to T] [--tenant ID] [--format csv|jsonl|focus]
+ *   kvgw billing export [--ledger DIR]... [--redis HOST:PORT [--password-env VAR] [--prefix P]]
+ *                       [--from T] [--to T] [--tenant ID] [--format csv|jsonl|focus]
  *                       [--group none|day] [--pricing FILE] [--out FILE] [--no-index] [--stats]
  *   kvgw billing verify [--ledger DIR]... [--redis HOST:PORT [--password-env VAR] [--prefix P]
  *                       [--from DAY] [--to DAY]]
  *
  * Times are RFC 3339 UTC ("2025-06-01", "2025-06-01T12:00:00Z") or epoch milliseconds; --from is
- * inclusive, --to exclusive. Exports read the ledger only, never Redis, and only the segments that
- * the ledger's time index (ledger.h) says can hold events of the range; --no-index reads them all
- * (the output is the same), --stats tells on stderr how many segments were read and skipped.
+ * inclusive, --to exclusive. Exports read the ledgers, and only the segments that the ledger's
+ * time index (ledger.h) says can hold events of the range; --no-index reads them all (the output
+ * is the same), --stats tells on stderr how many segments were read and skipped. Several
+ * --ledger and --redis give the merged view of several gateways (billing.h, Sources).
  */
 #include "billing.h"
 #include "cli.h"
 #include "common.h"
 #include "ledger.h"
+#include "redisconn.h"
 #include "shipper.h"
 
 #include <errno.h>
@@ -25,7 +28,9 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvgw billing export [--ledger DIR] [--from TIME] [--to TIME] [--tenant ID]\n"
+    fprintf(f, "usage: kvgw billing export [--ledger DIR]... [--redis HOST:PORT "
+               "[--password-env VAR] [--prefix P]]\n"
+               "                           [--from TIME] [--to TIME] [--tenant ID]\n"
                "                           [--format csv|jsonl|focus] [--group none|day]\n"
                "                           [--pricing FILE] [--out FILE] [--no-index] [--stats]\n"
                "       kvgw billing verify [--ledger DIR]... [--redis HOST:PORT "
@@ -45,6 +50,11 @@ static void help(void)
            "(sealed segments have a small .idx sidecar, rebuilt from the data when missing or\n"
            "wrong); --no-index reads every segment, with the same output; --stats prints the\n"
            "segments read and skipped to stderr.\n"
+           "Several --ledger (one per gateway instance) and --redis (the usage every other\n"
+           "instance shipped there, found in PREFIX:gws and the PREFIX:ledger:* streams) give the\n"
+           "merged view of a cluster: every event once, ordered by end time, instance and seq;\n"
+           "the same event in two sources, or two ledgers of one instance, fail the export.\n"
+           "Rows carry the event's registry decision (none, shared, local) and its instance.\n"
            "\nverify: without --from/--to, first reads and checks every record of every segment\n"
            "of each ledger (one --ledger per gateway instance), the seq continuity across\n"
            "segments and each time-index sidecar against its segment, printing each problem as\n"
@@ -54,7 +64,9 @@ static void help(void)
            "ledger up to its cursor, and the shared per-tenant per-day counters against the sum\n"
            "of every ledger. Prints each difference; exit status 1 when there is a problem or a\n"
            "difference. --from/--to (UTC dates, --to exclusive; need --redis) limit it to the\n"
-           "counters of those days and to the ledger segments that can hold their events.\n");
+           "counters of those days and to the ledger segments that can hold their events.\n"
+           "Instances that shipped to Redis but whose ledger was not given are printed as\n"
+           "MISSING (exit status 1). The events are counted by registry decision.\n");
 }
 
 static int write_chunk(void *ud, const char *data, size_t len)
@@ -62,11 +74,30 @@ static int write_chunk(void *ud, const char *data, size_t len)
     return fwrite(data, 1, len, ud) == len ? 0 : -1;
 }
 
+/* HOST:PORT into a Redis address; false (with the message printed) when it is not one. */
+static bool parse_redis(const char *cmd, const char *v, bill_redis_addr_t *a)
+{
+    const char *colon = strrchr(v, ':');
+    char *end;
+    long port = colon != NULL ? strtol(colon + 1, &end, 10) : 0;
+    if (colon == NULL || colon == v || *end != '\0' || port <= 0 || port > 65535 ||
+        (size_t)(colon - v) >= sizeof a->host) {
+        fprintf(stderr, "%s: --redis wants HOST:PORT, not '%s'\n", cmd, v);
+        return false;
+    }
+    memcpy(a->host, v, (size_t)(colon - v));
+    a->host[colon - v] = '\0';
+    a->port = (int)port;
+    return true;
+}
+
 static int cmd_export(int argc, char **argv)
 {
     bill_export_params_t xp = bill_export_params_default();
-    const char *dir = "var/ledger", *out = NULL, *pricing = NULL;
-    bool stats = false;
+    const char *dirs[64], *out = NULL, *pricing = NULL, *prefix = NULL;
+    size_t n_dirs = 0;
+    bill_redis_params_t rp = bill_redis_params_default(); /* the address from --redis */
+    bool stats = false, redis = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -85,7 +116,22 @@ static int cmd_export(int argc, char **argv)
         if (v == NULL)
             return KVGW_EXIT_USAGE;
         if (strcmp(a, "--ledger") == 0) {
-            dir = v;
+            if (n_dirs == sizeof dirs / sizeof dirs[0]) {
+                fprintf(stderr, "kvgw billing export: too many --ledger\n");
+                return KVGW_EXIT_USAGE;
+            }
+            dirs[n_dirs++] = v;
+        } else if (strcmp(a, "--redis") == 0) {
+            if (!parse_redis("kvgw billing export", v, &rp.address))
+                return KVGW_EXIT_USAGE;
+            redis = true;
+        } else if (strcmp(a, "--password-env") == 0) {
+            if ((rp.password = getenv(v)) == NULL) {
+                fprintf(stderr, "kvgw billing export: environment variable %s is not set\n", v);
+                return KVGW_EXIT_USAGE;
+            }
+        } else if (strcmp(a, "--prefix") == 0) {
+            prefix = v;
         } else if (strcmp(a, "--out") == 0) {
             out = v;
         } else if (strcmp(a, "--pricing") == 0) {
@@ -121,6 +167,16 @@ static int cmd_export(int argc, char **argv)
         fprintf(stderr, "kvgw billing export: --from is after --to\n");
         return KVGW_EXIT_USAGE;
     }
+    if (!redis && (prefix != NULL || rp.password != NULL)) {
+        fprintf(stderr, "kvgw billing export: --prefix and --password-env need --redis\n");
+        return KVGW_EXIT_USAGE;
+    }
+    if (n_dirs == 0 && !redis)
+        dirs[n_dirs++] = "var/ledger";
+    bill_export_sources_t src = {.ledger_dirs = dirs,
+                                 .n_ledgers = n_dirs,
+                                 .redis = redis ? &rp : NULL,
+                                 .redis_prefix = prefix};
     char err[512] = "";
     bill_pricing_t *pr = NULL;
     if (pricing != NULL && bill_pricing_load(pricing, &pr, err, sizeof err) != 0) {
@@ -137,18 +193,25 @@ static int cmd_export(int argc, char **argv)
     xp.chunk = write_chunk;
     xp.ud = f;
     bill_export_t *x = NULL;
-    int rc = bill_export_open(dir, &xp, &x, err, sizeof err);
+    int rc = bill_export_open_sources(&src, &xp, &x, err, sizeof err);
     if (rc == 0) {
         while ((rc = bill_export_step(x, 4096, err, sizeof err)) == 0)
             ;
         rc = rc == 1 ? 0 : rc;
         uint64_t n_read, n_skipped;
         bill_export_segments(x, &n_read, &n_skipped);
-        if (stats)
+        if (stats) {
             fprintf(stderr,
                     "kvgw billing export: %llu ledger segments read, %llu skipped by the time "
                     "index\n",
                     (unsigned long long)n_read, (unsigned long long)n_skipped);
+            for (size_t i = 0; i < bill_export_n_sources(x); i++) {
+                bool from_redis;
+                const char *inst = bill_export_source(x, i, &from_redis);
+                fprintf(stderr, "kvgw billing export: instance %s from its %s\n", inst,
+                        from_redis ? "Redis stream" : "ledger");
+            }
+        }
         bill_export_free(x);
     }
     if (fflush(f) != 0 && rc == 0)
@@ -184,17 +247,11 @@ static int cmd_verify(int argc, char **argv)
             }
             dirs[n_dirs++] = v;
         } else if (strcmp(a, "--redis") == 0) {
-            const char *colon = strrchr(v, ':');
-            char *end;
-            long port = colon != NULL ? strtol(colon + 1, &end, 10) : 0;
-            if (colon == NULL || colon == v || *end != '\0' || port <= 0 || port > 65535 ||
-                (size_t)(colon - v) >= sizeof vp.host) {
-                fprintf(stderr, "kvgw billing verify: --redis wants HOST:PORT, not '%s'\n", v);
+            bill_redis_addr_t ra;
+            if (!parse_redis("kvgw billing verify", v, &ra))
                 return KVGW_EXIT_USAGE;
-            }
-            memcpy(vp.host, v, (size_t)(colon - v));
-            vp.host[colon - v] = '\0';
-            vp.port = (int)port;
+            snprintf(vp.host, sizeof vp.host, "%s", ra.host);
+            vp.port = ra.port;
         } else if (strcmp(a, "--password-env") == 0) {
             vp.password = getenv(v);
             if (vp.password == NULL) {
@@ -274,10 +331,18 @@ static int cmd_verify(int argc, char **argv)
     printf("verify: %llu ledger events, %llu shipped, %llu not yet shipped, %llu differences\n",
            (unsigned long long)rep.n_events, (unsigned long long)rep.n_shipped,
            (unsigned long long)rep.n_pending, (unsigned long long)rep.n_differences);
+    printf("verify: registry decisions: %llu none, %llu shared, %llu local\n",
+           (unsigned long long)rep.n_registry[BILL_REGISTRY_NONE],
+           (unsigned long long)rep.n_registry[BILL_REGISTRY_SHARED],
+           (unsigned long long)rep.n_registry[BILL_REGISTRY_LOCAL]);
+    if (rep.n_instances_missing > 0)
+        printf("verify: %llu instances shipped to Redis without their ledger given (MISSING "
+               "above): not reconciled\n",
+               (unsigned long long)rep.n_instances_missing);
     if (vp.from_ms != 0 || vp.to_ms != UINT64_MAX)
         printf("verify: day range: %llu ledger segments read, %llu skipped by the time index\n",
                (unsigned long long)rep.n_segments_read, (unsigned long long)rep.n_segments_skipped);
-    return rep.n_differences == 0 ? KVGW_EXIT_OK : KVGW_EXIT_FAIL;
+    return rep.n_differences == 0 && rep.n_instances_missing == 0 ? KVGW_EXIT_OK : KVGW_EXIT_FAIL;
 }
 
 int kvgw_cmd_billing(int argc, char **argv)
