@@ -214,4 +214,9 @@ test('kvgw billing verify: Redis (the primary now) agrees with the three ledgers
   assert.equal(new Set(ids).size, ids.length, 'no request billed twice');
   const billed = new Set(ids);
   for (const r of all) assert.ok(billed.has(r.rid), `${r.rid} received in full, not billed`);
+  // `kvgw billing export --redis` (every instance's shipped stream) gives the same rows.
+  const fromRedis = mergedExport([], ['--redis', `127.0.0.1:${port}`, '--prefix', PREFIX]);
+  assert.equal(fromRedis.length, rows.length, 'as many rows from Redis as in the three ledgers');
+  const byEvent = new Map(fromRedis.map((r) => [r.event_id, r]));
+  for (const r of rows) assert.deepEqual(byEvent.get(r.event_id), r, `${r.event_id}: the same row from Redis`);
 });
