@@ -618,7 +618,7 @@ int bill_export_open_sources(const bill_export_sources_t *src, const bill_export
     x->p.tenant = p->tenant != NULL ? x->tenant : NULL;
     const char *prefix = src->redis_prefix != NULL ? src->redis_prefix : "kvgw";
     if (src->redis != NULL) {
-        if ((rc = bill__redis_connect(src->redis, &x->redis, err, err_len)) != 0 ||
+        if ((rc = bill_redis_connect_sync(src->redis, &x->redis, err, err_len)) != 0 ||
             (rc = bill__redis_instances(x->redis, prefix, &insts, &n_insts, err, err_len)) != 0)
             goto fail;
     }

@@ -1,7 +1,8 @@
 /*
  * usage_internal.h — reading the usage the shipper wrote to Redis (shipper.h's key layout), for
- * the merged export (export.c) and verify (verify.c). Blocking hiredis with a timeout on every
- * command: CLIs and the admin export's thread-pool steps, never the gateway's loop.
+ * the merged export (export.c) and verify (verify.c), over a blocking connection
+ * (bill_redis_connect_sync) whose every command has a timeout: CLIs and the admin export's
+ * thread-pool steps, never the gateway's loop.
  *
  * Bounds: instance ids are checked (1-63 of [A-Za-z0-9_.-], as the ledger's INSTANCE) and at most
  * BILL__MAX_INSTANCES are listed; a stream is read BILL__STREAM_PAGE entries per XRANGE, so an
@@ -21,11 +22,6 @@
 
 #define BILL__MAX_INSTANCES 4096
 #define BILL__STREAM_PAGE 128
-
-/* A blocking connection to the primary of p (AUTH, every command bounded by p->timeout_ms).
- * 0 and *out (redisFree), or PC_ERR_UPSTREAM / PC_ERR_PERM / PC_ERR_INVAL with the reason. */
-int bill__redis_connect(const bill_redis_params_t *p, redisContext **out, char *err,
-                        size_t err_len);
 
 /* Every instance that shipped usage under prefix: the members of PREFIX:gws (the registry's
  * gateways) and the INSTANCE of every PREFIX:ledger:INSTANCE key (SCAN), each once, sorted.

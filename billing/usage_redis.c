@@ -12,11 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int bill__redis_connect(const bill_redis_params_t *p, redisContext **out, char *err, size_t err_len)
-{
-    return bill_redis_connect_sync(p, out, err, err_len); /* Sentinel-aware, AUTH, ROLE */
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Instances
  * ------------------------------------------------------------------------------------------- */
