@@ -30,6 +30,11 @@
 uint64_t gw_namespace_of(const uint8_t key[GW_NS_KEY_BYTES], const char *tenant, pc_slice_t model,
                          bool has_salt, pc_slice_t salt);
 
+/* What several gateways compare to know they derive the same namespaces (the registry's
+ * PREFIX:nssecret): keyed BLAKE2b-256 of "kvgw-registry-secret-check" under key. It reveals
+ * nothing of the key; equal keys give equal checks. */
+void gw_namespace_secret_check(const uint8_t key[GW_NS_KEY_BYTES], uint8_t out[32]);
+
 typedef struct gw_ns_info {
     uint64_t ns;
     const char *tenant; /* borrowed: the configuration's string, which outlives the table */

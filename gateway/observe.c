@@ -151,6 +151,82 @@ void gw__obs_setup_metrics(serve_t *s)
         2, ws);
     const char *v[] = {KVGW_VERSION};
     gw_metric_set(s->m_build, v, 1);
+    /* Many gateways, one cache (issue 22): every gateway names itself; the registry's series
+     * exist only with a registry. */
+    const char *inst[] = {"instance_id"};
+    s->m_gw_info = gw_metrics_gauge(s->m, "kvgw_gateway_info",
+                                    "This gateway's billing.instance_id (value 1).", 1, inst);
+    const char *iv[] = {s->cfg.instance_id};
+    gw_metric_set(s->m_gw_info, iv, 1);
+    if (!s->cfg.registry_enabled)
+        return;
+    static const double opb[] = {0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01,
+                                 0.025,  0.05,   0.1,   0.25,  0.5,   1};
+    const char *reg[] = {"registry"}, *op[] = {"op"}, *opk[] = {"op", "kind"},
+               *tr[] = {"type", "result"};
+    s->m_reg_up =
+        gw_metrics_gauge(s->m, "kvgw_registry_up",
+                         "1 when the registry is connected, registered and not fenced.", 0, NULL);
+    s->m_reg_degraded = gw_metrics_counter(s->m, "kvgw_registry_degraded_seconds_total",
+                                           "Time spent without the registry (Redis down or "
+                                           "fenced): decisions were local.",
+                                           0, NULL);
+    s->m_reg_decisions = gw_metrics_counter(
+        s->m, "kvgw_registry_decisions_total",
+        "Billing decisions by how they were made: shared (with Redis) or local (without).", 1, reg);
+    s->m_reg_claims =
+        gw_metrics_counter(s->m, "kvgw_registry_claims_total",
+                           "Claims by result (won, waited, live, timeout, error).", 1, res);
+    s->m_reg_op = gw_metrics_histogram(s->m, "kvgw_registry_op_seconds",
+                                       "Registry operations' latency, send to answer.", 1, op, opb,
+                                       PC_ARRAY_LEN(opb));
+    s->m_reg_errors = gw_metrics_counter(s->m, "kvgw_registry_errors_total",
+                                         "Registry operations that failed, by op and kind "
+                                         "(timeout, error, fenced).",
+                                         2, opk);
+    s->m_reg_feed = gw_metrics_counter(s->m, "kvgw_registry_feed_events_total",
+                                       "Change feed events by type (w: written, r: read) and "
+                                       "result (applied, skipped: our own, rejected).",
+                                       2, tr);
+    s->m_reg_feed_lag =
+        gw_metrics_gauge(s->m, "kvgw_registry_feed_lag_seconds",
+                         "Now minus the time of the last applied feed event.", 0, NULL);
+    s->m_reg_feed_gaps = gw_metrics_counter(
+        s->m, "kvgw_registry_feed_gaps_total",
+        "Feed entries trimmed before this gateway read them (hits lost, never bills).", 0, NULL);
+    s->m_reg_replay_pending =
+        gw_metrics_gauge(s->m, "kvgw_registry_replay_pending",
+                         "Commits, reads and releases queued for Redis (replayed after an "
+                         "outage).",
+                         0, NULL);
+    s->m_reg_replay_dropped =
+        gw_metrics_counter(s->m, "kvgw_registry_replay_dropped_total",
+                           "Queued registry operations dropped for registry.replay_max.", 0, NULL);
+    s->m_reg_failovers =
+        gw_metrics_counter(s->m, "kvgw_registry_failovers_total",
+                           "Redis primary changes followed through Sentinel.", 0, NULL);
+    s->m_reg_meter = gw_metrics_gauge(
+        s->m, "kvgw_registry_storage_meter",
+        "1 on the gateway that holds the storage-meter lease (it bills cache storage).", 0, NULL);
+}
+
+static const char *const reg_op_names[GW_REGISTRY_OPS] = {"claim", "commit", "read", "release",
+                                                          "lease"};
+
+void gw__obs_registry_op(gw_registry_opkind_t op, double seconds, void *ud)
+{
+    serve_t *s = ud;
+    if (s->m_reg_op == NULL || (unsigned)op >= GW_REGISTRY_OPS || !(seconds >= 0))
+        return;
+    const char *lv[] = {reg_op_names[op]};
+    gw_metric_observe(s->m_reg_op, lv, seconds);
+}
+
+void gw__obs_registry_decision(serve_t *s, bool shared)
+{
+    const char *lv[] = {shared ? "shared" : "local"};
+    if (s->m_reg_decisions != NULL)
+        gw_metric_add(s->m_reg_decisions, lv, 1);
 }
 
 /* Adds what a worker's counter grew by since it was last seen (a smaller value: the worker
@@ -198,6 +274,47 @@ void gw__obs_count_prefill(serve_t *s, uint32_t worker, const eng_wire_prefill_t
     }
 }
 
+/* The registry's figures: its counters by their growth since the last update (reg_seen). */
+static void update_registry(serve_t *s)
+{
+    static const char *const claim_res[GW_REGISTRY_CLAIM_RESULTS] = {"won", "waited", "live",
+                                                                     "timeout", "error"};
+    static const char *const err_kind[GW_REGISTRY_ERR_KINDS] = {"timeout", "error", "fenced"};
+    static const char *const feed_t[2] = {"w", "r"}, *const feed_r[3] = {"applied", "skipped",
+                                                                         "rejected"};
+    gw_registry_stats_t st;
+    gw_registry_stats(s->reg, &st);
+    gw_registry_stats_t *seen = &s->reg_seen;
+    gw_metric_set(s->m_reg_up, NULL, st.state == GW_REGISTRY_UP ? 1 : 0);
+    add_growth(s->m_reg_degraded, NULL, st.degraded_ms, seen->degraded_ms, 1e-3);
+    for (int i = 0; i < GW_REGISTRY_CLAIM_RESULTS; i++) {
+        const char *lv[] = {claim_res[i]};
+        add_growth(s->m_reg_claims, lv, st.claims[i], seen->claims[i], 1);
+    }
+    for (int o = 0; o < GW_REGISTRY_OPS; o++)
+        for (int k = 0; k < GW_REGISTRY_ERR_KINDS; k++) {
+            const char *lv[] = {reg_op_names[o], err_kind[k]};
+            add_growth(s->m_reg_errors, lv, st.errors[o][k], seen->errors[o][k], 1);
+        }
+    for (int t = 0; t < 2; t++)
+        for (int r = 0; r < 3; r++) {
+            const char *lv[] = {feed_t[t], feed_r[r]};
+            add_growth(s->m_reg_feed, lv, st.feed[t][r], seen->feed[t][r], 1);
+        }
+    uint64_t wall = pc_time_wall_ms();
+    gw_metric_set(s->m_reg_feed_lag, NULL,
+                  st.feed_last_event_wall_ms != 0 && wall > st.feed_last_event_wall_ms
+                      ? (double)(wall - st.feed_last_event_wall_ms) / 1000.0
+                      : 0);
+    add_growth(s->m_reg_feed_gaps, NULL, st.feed_gaps, seen->feed_gaps, 1);
+    gw_metric_set(s->m_reg_replay_pending, NULL, (double)st.replay_pending);
+    add_growth(s->m_reg_replay_dropped, NULL, st.replay_dropped, seen->replay_dropped, 1);
+    add_growth(s->m_reg_failovers, NULL, st.failovers, seen->failovers, 1);
+    gw_metric_set(s->m_reg_meter, NULL,
+                  gw_registry_meter(s->reg) != GW_REGISTRY_METER_NONE ? 1 : 0);
+    *seen = st;
+}
+
 void gw__obs_update_gauges(serve_t *s)
 {
     gw_cindex_stats_t st;
@@ -230,6 +347,8 @@ void gw__obs_update_gauges(serve_t *s)
         }
     }
     gw_metric_set(s->m_inflight, NULL, (double)gw__req_n_live(s));
+    if (s->reg != NULL)
+        update_registry(s);
     if (s->shipper != NULL) {
         bill_shipper_stats_t ss;
         bill_shipper_stats(s->shipper, &ss);
@@ -279,7 +398,7 @@ static void access_log(gw_req_t *q, int status)
             "\"outcome\":\"%s\",\"cache\":\"%s\",\"worker\":%d,\"ttft_ms\":%" PRId64
             ",\"duration_ms\":%" PRIu64 ",\"worker_ttft_us\":%" PRIu64
             ",\"worker_total_us\":%" PRIu64 ",\"physical_hit\":%u,\"kv_g1\":%u,\"kv_g2\":%u,"
-            "\"kv_g3\":%u,\"kv_recomputed\":%u}\n",
+            "\"kv_g3\":%u,\"kv_recomputed\":%u%s%s%s}\n",
             pc_time_wall_ms(), q->id, q->endpoint, status, (int)tenant.len, tenant.base,
             (int)model.len, model.base, q->usage.input_tokens, q->usage.cache_read,
             q->usage.cache_write_5m, q->usage.cache_write_1h, q->usage.output_tokens,
@@ -287,7 +406,10 @@ static void access_log(gw_req_t *q, int status)
             q->routed ? (int)q->worker : -1,
             q->t_first_ms ? (int64_t)(q->t_first_ms - q->t0_ms) : (int64_t)-1, now - q->t0_ms,
             q->worker_ttft_us, q->worker_total_us, q->tokens_reused, q->prefill.tokens_g1,
-            q->prefill.tokens_g2, q->prefill.tokens_g3, q->prefill.tokens_recomputed);
+            q->prefill.tokens_g2, q->prefill.tokens_g3, q->prefill.tokens_recomputed,
+            q->registry != BILL_REGISTRY_NONE ? ",\"registry\":\"" : "",
+            q->registry != BILL_REGISTRY_NONE ? bill_registry_name(q->registry) : "",
+            q->registry != BILL_REGISTRY_NONE ? "\"" : "");
     pc_buf_free(&tenant);
     pc_buf_free(&model);
     s->access_log_dirty = true;
@@ -328,6 +450,7 @@ void gw__obs_on_entry_drop(const gw_cindex_drop_t *ev, void *ud)
 typedef struct storage_ctx {
     serve_t *s;
     uint64_t from, to;
+    uint8_t registry; /* enum bill_registry of the events */
 } storage_ctx_t;
 
 static void storage_cb(uint64_t ns, uint64_t token_ms, void *ud)
@@ -347,6 +470,7 @@ static void storage_cb(uint64_t ns, uint64_t token_ms, void *ud)
     const char *tenant = info->tenant, *model = s->models[info->model].cfg->name;
     bill_event_t ev;
     bill_event_init(&ev, BILL_EVENT_STORAGE);
+    ev.registry = c->registry;
     bill_idgen_next(&s->idgen, ev.event_id);
     snprintf(ev.ns, sizeof ev.ns, "%016" PRIx64, ns);
     bill_event_set_str(ev.tenant, tenant);
@@ -373,11 +497,27 @@ static void storage_cb(uint64_t ns, uint64_t token_ms, void *ud)
                                pc_strerror(rc));
 }
 
+/* Not the meter's holder: the integral is taken and dropped (another gateway bills it). */
+static void storage_discard(uint64_t ns, uint64_t token_ms, void *ud)
+{
+    (void)ns;
+    (void)token_ms;
+    (void)ud;
+}
+
 void gw__obs_meter_storage(serve_t *s)
 {
     uint64_t now = pc_time_wall_ms();
-    storage_ctx_t c = {s, s->last_storage_ms, now};
-    gw_cindex_storage_take(s->ix, pc_time_mono_ms(), storage_cb, &c);
+    storage_ctx_t c = {s, s->last_storage_ms, now, BILL_REGISTRY_NONE};
+    /* With a registry every replica holds every gateway's entries: exactly one gateway, the
+     * holder of the meter lease, bills their storage (registry: local while it keeps metering
+     * through a Redis outage within its lease). */
+    gw_registry_meter_t meter = s->reg != NULL ? gw_registry_meter(s->reg) : GW_REGISTRY_METER_NONE;
+    if (s->reg != NULL)
+        c.registry = meter == GW_REGISTRY_METER_LOCAL ? BILL_REGISTRY_LOCAL : BILL_REGISTRY_SHARED;
+    gw_cindex_storage_take(
+        s->ix, pc_time_mono_ms(),
+        s->reg == NULL || meter != GW_REGISTRY_METER_NONE ? storage_cb : storage_discard, &c);
     s->last_storage_ms = now;
     gw_ns_tab_sweep(&s->ns); /* their last storage is taken: nothing accrues without entries */
 }

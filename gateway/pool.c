@@ -59,6 +59,7 @@ struct gw_pool {
 static void take_load(slot_t *s, const eng_wire_load_t *l)
 {
     s->info.load = *l;
+    s->info.submitted_prefill_tokens = 0; /* the worker's queue counts them now */
     if (l->total_blocks)
         s->info.total_blocks = l->total_blocks;
     if (l->prefill_tokens_per_s > 0)
@@ -113,6 +114,7 @@ static void cl_ready(lnk_worker_client_t *c, const eng_wire_hello_t *ack, void *
     s->info.max_prompt_tokens = ack->max_prompt_tokens ? ack->max_prompt_tokens : ack->n_ctx;
     s->info.last_error[0] = '\0';
     snprintf(s->info.address, sizeof s->info.address, "%s", lnk_worker_client_peer(c));
+    snprintf(s->info.node, sizeof s->info.node, "%.*s", (int)ack->node.len, ack->node.base);
     s->fail_logged_ms = 0;
     s->fails_unlogged = 0;
     PC_LOG(PC_LOG_INFO, "pool", "worker %s up at %s (%.*s, %u-token blocks)", s->info.name,
@@ -326,7 +328,8 @@ bool gw_pool_model_up(const gw_pool_t *p, uint32_t model)
     return false;
 }
 
-int gw_pool_submit(gw_pool_t *p, uint32_t i, const eng_wire_submit_t *rq, char *err, size_t err_len)
+int gw_pool_submit(gw_pool_t *p, uint32_t i, const eng_wire_submit_t *rq, uint32_t prefill_tokens,
+                   char *err, size_t err_len)
 {
     slot_t *s = &p->slots[i];
     if (!s->info.up || p->closing)
@@ -338,6 +341,8 @@ int gw_pool_submit(gw_pool_t *p, uint32_t i, const eng_wire_submit_t *rq, char *
         return rc;
     }
     int rc = lnk_worker_client_submit(s->client, rq);
+    if (rc == 0)
+        s->info.submitted_prefill_tokens += prefill_tokens;
     if (rc != 0)
         pc_err_setf(err, err_len, rc == PC_ERR_STATE ? PC_ERR_UPSTREAM : rc,
                     "worker %s: submit failed: %s", s->info.name, pc_strerror(rc));

@@ -30,9 +30,18 @@ typedef struct gw_pool_worker {
     uint32_t model;   /* index into the config's models */
     char name[272];   /* "local-0" or the remote address as configured (a host name or IP) */
     char address[80]; /* remote: the IP:PORT connected to (a name resolved); "" while down */
+    /* remote: the worker's own name from its HELLO_ACK (`kvgw worker --name`, default its host
+     * name); "" before the first handshake. Kept while it is down (its identity across
+     * gateways, gateway/serve.c gw__serve_worker_id). */
+    char node[ENG_WIRE_NAME_MAX + 1];
     bool remote;
     bool up;
     eng_wire_load_t load; /* the latest LOAD (or a fresh eng_worker_load) */
+    /* remote: the prefill tokens this gateway submitted since that LOAD (gw_pool_submit's
+     * estimate), which the LOAD cannot show yet; the worker's own queue (LOAD) covers every
+     * gateway's requests. The router adds the two. In-process: 0 (its load is read afresh
+     * after each submit). */
+    uint64_t submitted_prefill_tokens;
     uint32_t block_tokens, total_blocks, max_prompt_tokens, n_ctx;
     uint64_t model_fp;
     char kv_dtype[8]; /* in-process: the KV dtype ("f16", "f32", "q8_0"); remote: "" (the
@@ -68,10 +77,13 @@ const gw_pool_worker_t *gw_pool_worker(const gw_pool_t *p, uint32_t i);
 /* Whether any worker of the model is up. */
 bool gw_pool_model_up(const gw_pool_t *p, uint32_t model);
 
-/* Queues a request on worker i. Returns 0, or an error with a reason in err (nothing queued,
- * no event will follow): the worker's refusals (eng_worker_submit), PC_ERR_UPSTREAM (down). */
-int gw_pool_submit(gw_pool_t *p, uint32_t i, const eng_wire_submit_t *rq, char *err,
-                   size_t err_len);
+/* Queues a request on worker i; prefill_tokens is the caller's estimate of the prompt tokens the
+ * worker will prefill (the prompt less what it holds), counted in the worker's
+ * submitted_prefill_tokens until its next LOAD. Returns 0, or an error with a reason in err
+ * (nothing queued, no event will follow): the worker's refusals (eng_worker_submit),
+ * PC_ERR_UPSTREAM (down). */
+int gw_pool_submit(gw_pool_t *p, uint32_t i, const eng_wire_submit_t *rq, uint32_t prefill_tokens,
+                   char *err, size_t err_len);
 /* Cancels a request on worker i (its final event still follows). */
 int gw_pool_cancel(gw_pool_t *p, uint32_t i, uint64_t request_id);
 /* Asks worker i to unpin a retained prefix (the gateway's entry expired) or to drop a whole

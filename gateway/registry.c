@@ -547,8 +547,10 @@ static int send_script(gw_registry_t *r, bill_redis_t *c, int script, uint32_t d
 
 static bool is_error(const redisReply *rp, const char *code)
 {
+    /* Redis 7 prefixes a script's redis.error_reply("CODE") with "ERR ". */
     return rp->type == REDIS_REPLY_ERROR && rp->str != NULL &&
-           strncmp(rp->str, code, strlen(code)) == 0;
+           (strncmp(rp->str, code, strlen(code)) == 0 ||
+            (strncmp(rp->str, "ERR ", 4) == 0 && strncmp(rp->str + 4, code, strlen(code)) == 0));
 }
 
 /* An error reply to a script: FENCED moves the registry to FENCED; NOSCRIPT (someone flushed the

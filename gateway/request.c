@@ -13,18 +13,19 @@
 
 /* ---- states ------------------------------------------------------------------------------ */
 
-static const char *const state_names[] = {"NEW",     "PREPARING", "RUNNING",
-                                          "DURABLE", "EXPORTING", "DONE"};
+static const char *const state_names[] = {"NEW",       "PREPARING", "RUNNING", "DURABLE",
+                                          "EXPORTING", "DONE",      "CLAIMING"};
 
 /* allowed[from] has bit `to` set for each edge of the diagram in request.h. */
 #define B(x) (1u << (x))
 static const unsigned allowed[] = {
     [GW_REQ_NEW] = B(GW_REQ_PREPARING) | B(GW_REQ_EXPORTING) | B(GW_REQ_DONE),
-    [GW_REQ_PREPARING] = B(GW_REQ_RUNNING) | B(GW_REQ_DONE),
+    [GW_REQ_PREPARING] = B(GW_REQ_RUNNING) | B(GW_REQ_CLAIMING) | B(GW_REQ_DONE),
     [GW_REQ_RUNNING] = B(GW_REQ_RUNNING) | B(GW_REQ_DURABLE) | B(GW_REQ_DONE),
     [GW_REQ_DURABLE] = B(GW_REQ_DONE),
     [GW_REQ_EXPORTING] = B(GW_REQ_DONE),
     [GW_REQ_DONE] = 0,
+    [GW_REQ_CLAIMING] = B(GW_REQ_RUNNING) | B(GW_REQ_DONE),
 };
 #undef B
 
@@ -173,12 +174,28 @@ static gw_req_t *find_live(serve_t *s, uint64_t wire_id)
     return pc_u64map_get(&s->live_map, wire_id);
 }
 
+/* Our claims of a request that ends without having written its entries (it failed or was
+ * cancelled before its first token, or never reached a worker): released, so that another
+ * request may write them now instead of after claim_ttl. */
+static void release_claims(gw_req_t *q)
+{
+    if (q->fence == 0 || q->n_mine == 0 || q->s->reg == NULL)
+        return;
+    int rc = gw_registry_release(q->s->reg, q->ns, q->r.tokens, q->mine, q->n_mine, q->fence);
+    if (rc < 0)
+        PC_LOG(PC_LOG_WARN, "registry", "request %s: claims not released (%s): they expire", q->id,
+               pc_strerror(rc));
+    q->fence = 0;
+    q->n_mine = 0;
+}
+
 void gw__req_free(gw_req_t *q)
 {
     serve_t *s = q->s;
     gw__req_set_state(q, GW_REQ_DONE);
     if (q->client_gone) /* logged now, with the usage the worker reported */
         gw__obs_count_request(q, 499);
+    release_claims(q);
     live_remove(q);
     pc_buf_free(&q->text);
     pc_buf_free(&q->pending);
@@ -188,7 +205,7 @@ void gw__req_free(gw_req_t *q)
     pc_free((void *)q->body.base);
     pc_arena_close(&q->arena);
     pc_free(q);
-    if (s->http_closed && s->live == NULL && s->durable_head == NULL)
+    if (s->http_closed && s->live == NULL && s->durable_head == NULL && s->n_claiming == 0)
         uv_stop(s->loop);
 }
 
@@ -322,6 +339,9 @@ static void make_cache_header(gw_req_t *q)
         locate(q, q->path_tokens, where, sizeof where);
         k += snprintf(q->cache_hdr + k, cap - (size_t)k, "; diverged=%s", where);
     }
+    if (q->registry != BILL_REGISTRY_NONE && k > 0 && (size_t)k < cap)
+        k += snprintf(q->cache_hdr + k, cap - (size_t)k, "; registry=%s",
+                      bill_registry_name(q->registry));
     if (q->has_prefill && k > 0 && (size_t)k < cap) {
         const eng_wire_prefill_t *p = &q->prefill;
         snprintf(q->cache_hdr + k, cap - (size_t)k, "; worker_tiers=g1:%u,g2:%u,g3:%u,recompute:%u",
@@ -343,6 +363,7 @@ static int bill_request(gw_req_t *q, int status)
     bill_event_set_str(ev.api_key_id, q->key->id);
     bill_event_set_str(ev.model, q->model->cfg->name);
     snprintf(ev.ns, sizeof ev.ns, "%016" PRIx64, q->ns);
+    ev.registry = q->registry;
     ev.start_ms = q->wall0_ms;
     ev.end_ms = pc_time_wall_ms();
     if (ev.end_ms < ev.start_ms)
@@ -508,6 +529,39 @@ static gw_api_resp_t resp_of(gw_req_t *q)
     return r;
 }
 
+/* The entries q wrote (kept[0..n)), now in Redis for every gateway: written with our claims'
+ * fence (the claims go), or with fence 0 after a local decision. Claims we hold on points that
+ * were not written are released. Fire-and-forget (queued through an outage, replayed). */
+static void commit_entries(gw_req_t *q, const gw_cache_bp_t *kept, size_t n)
+{
+    serve_t *s = q->s;
+    gw_registry_point_t pts[GW_CACHEPLAN_MAX_BPS];
+    for (size_t i = 0; i < n; i++)
+        pts[i] = (gw_registry_point_t){
+            kept[i].n_tokens, kept[i].ttl == ENG_CHAT_TTL_1H ? GW_CINDEX_TTL_1H : GW_CINDEX_TTL_5M,
+            true};
+    char wid[GW_REGISTRY_NAME_MAX + 1];
+    int rc = 0;
+    if (n > 0)
+        rc = gw_registry_commit(s->reg, q->ns, q->r.tokens, pts, n, q->fence, q->wall0_ms,
+                                gw__serve_worker_id(s, q->worker, wid, sizeof wid));
+    if (rc < 0)
+        gw__obs_internal_error(s, "registry_commit",
+                               "request %s: %zu cache entries not sent to the registry: %s", q->id,
+                               n, pc_strerror(rc));
+    /* What the commit covered is no longer ours to release; the rest is. */
+    uint32_t left = 0;
+    for (uint32_t i = 0; i < q->n_mine; i++) {
+        bool written = false;
+        for (size_t j = 0; j < n && !written; j++)
+            written = rc == 0 && pts[j].n_tokens == q->mine[i].n_tokens;
+        if (!written)
+            q->mine[left++] = q->mine[i];
+    }
+    q->n_mine = left;
+    release_claims(q);
+}
+
 /* Inserts the plan's entries once the prompt's prefill is done (readable by others now). An
  * entry that could not be written is not billed as a write: its tokens are billed as uncached
  * input (the usage is recomputed from the entries that exist). */
@@ -561,6 +615,8 @@ static void insert_entries(gw_req_t *q)
     /* The worker that prefilled the prompt holds its KV. */
     if (n_kept > 0 || q->read_tokens > 0)
         gw_cindex_owner_add(s->ix, q->ns, q->r.tokens, q->r.n_tokens, q->worker, NULL);
+    if (s->reg != NULL)
+        commit_entries(q, kept, n_kept);
 }
 
 /* The worker finished q (DONE), failed it (ERROR, worker down) or it was cancelled. */
@@ -852,24 +908,32 @@ static uint32_t anthropic_hit(gw_req_t *q, uint64_t now)
     return gw_cacheplan_anthropic_hit_sorted(&q->plan, lens, n);
 }
 
-static void route_and_submit(gw_req_t *q)
+/* The replica's view of q's prompt at now: the match (m) and the logical hit (q->read_tokens,
+ * unless the decision was made already). */
+static void local_view(gw_req_t *q, uint64_t now, gw_cindex_match_t *m)
 {
     serve_t *s = q->s;
-    size_t nw = gw_pool_n_workers(s->pool);
-    gw_router_worker_t cand[GW_POOL_MAX_WORKERS];
-    gw_router_held_t held[GW_POOL_MAX_WORKERS];
-    gw_cindex_match_t m;
-    uint64_t now = pc_time_mono_ms();
-    gw_cindex_match(s->ix, q->ns, q->r.tokens, q->r.n_tokens, now, &m);
-    q->path_tokens = m.n_matched;
-    q->read_tokens = s->cfg.accounting == GW_ACCOUNTING_ANTHROPIC ? anthropic_hit(q, now) : m.n_hit;
+    gw_cindex_match(s->ix, q->ns, q->r.tokens, q->r.n_tokens, now, m);
+    q->path_tokens = m->n_matched;
+    if (q->decided)
+        return;
+    q->read_tokens =
+        s->cfg.accounting == GW_ACCOUNTING_ANTHROPIC ? anthropic_hit(q, now) : m->n_hit;
     /* A hit shorter than the model's minimum cacheable length (typically the chat template's
      * opening tokens, shared by every prompt of the namespace) is no read: nothing that short
      * is ever written, so it is billed as uncached input. */
     if (q->read_tokens < q->model->cfg->min_cache_tokens)
         q->read_tokens = 0;
-    if (q->read_tokens > 0) /* reads refresh the entries they cover, for free */
-        gw_cindex_read(s->ix, q->ns, q->r.tokens, q->read_tokens, now, NULL);
+}
+
+/* Chooses q's worker (q->worker, q->phys_tokens) from the match. Returns false when it answered q
+ * with an error and freed it (too long for every worker, none available). */
+static bool pick_worker(gw_req_t *q, const gw_cindex_match_t *m)
+{
+    serve_t *s = q->s;
+    size_t nw = gw_pool_n_workers(s->pool);
+    gw_router_worker_t cand[GW_POOL_MAX_WORKERS];
+    gw_router_held_t held[GW_POOL_MAX_WORKERS];
     size_t n = 0;
     uint32_t map[GW_POOL_MAX_WORKERS];
     for (uint32_t i = 0; i < nw; i++) {
@@ -879,7 +943,9 @@ static void route_and_submit(gw_req_t *q)
         gw_router_worker_t *c = &cand[n];
         memset(c, 0, sizeof *c);
         c->up = w->up;
-        c->queued_prefill_tokens = w->load.queued_prefill_tokens;
+        /* The worker's own queue (its LOAD covers every gateway's requests) and what this
+         * gateway sent it since that LOAD. */
+        c->queued_prefill_tokens = w->load.queued_prefill_tokens + w->submitted_prefill_tokens;
         c->running_seqs = w->load.running_seqs;
         c->free_blocks = w->load.free_blocks;
         c->total_blocks = w->total_blocks;
@@ -889,7 +955,7 @@ static void route_and_submit(gw_req_t *q)
         c->kv_bytes_per_token = w->kv_bytes_per_token;
         c->load_bytes_per_s[0] = w->load.g2.load_bytes_per_s;
         c->load_bytes_per_s[1] = w->load.g3.load_bytes_per_s;
-        held[n] = (gw_router_held_t){m.held[i], m.held_g2[i], m.held_g3[i]};
+        held[n] = (gw_router_held_t){m->held[i], m->held_g2[i], m->held_g3[i]};
         map[n++] = i;
     }
     /* Too long for every worker of the model, up or down: the client's error (400), decided
@@ -905,7 +971,7 @@ static void route_and_submit(gw_req_t *q)
         }
         gw__req_respond_error(q, &e);
         gw__req_free(q);
-        return;
+        return false;
     }
     gw_router_choice_t ch;
     if (gw_router_pick_held(&s->router, cand, n, (uint32_t)q->r.n_tokens, held, &ch) != 0 ||
@@ -915,22 +981,76 @@ static void route_and_submit(gw_req_t *q)
                          q->model->cfg->name);
         gw__req_respond_error(q, &e);
         gw__req_free(q);
-        return;
+        return false;
     }
     q->worker = map[ch.worker];
     q->routed = true;
     q->phys_tokens = ch.cached;
-    q->has_prefill = false; /* a resubmission waits for the new worker's */
-    q->prefill = (eng_wire_prefill_t){0};
     const char *rl[] = {ch.reason};
     gw_metric_add(s->m_routes, rl, 1);
+    return true;
+}
 
+/* Refreshes in Redis the live entries q reads (fire-and-forget): every entry of the replica
+ * that ends within the read, in calls of at most GW_REGISTRY_MAX_POINTS (TTL class 5m: Redis
+ * keeps the longer class an entry has). The feed carries the read to the other replicas. */
+static void registry_read(gw_req_t *q, uint64_t now)
+{
+    serve_t *s = q->s;
+    uint32_t stack[GW_REGISTRY_MAX_POINTS];
+    uint32_t *lens = stack;
+    size_t n = gw_cindex_path_entries(s->ix, q->ns, q->r.tokens, q->read_tokens, now, lens,
+                                      PC_ARRAY_LEN(stack));
+    if (n > PC_ARRAY_LEN(stack)) {
+        if ((lens = pc_arena_alloc(&q->arena, n * sizeof *lens)) == NULL) {
+            gw__obs_internal_error(s, "registry_read", "request %s: read of %zu entries not sent",
+                                   q->id, n);
+            return;
+        }
+        gw_cindex_path_entries(s->ix, q->ns, q->r.tokens, q->read_tokens, now, lens, n);
+    }
+    uint64_t wall = pc_time_wall_ms();
+    for (size_t i = 0; i < n; i += GW_REGISTRY_MAX_POINTS) {
+        gw_registry_point_t pts[GW_REGISTRY_MAX_POINTS];
+        size_t k = PC_MIN(n - i, (size_t)GW_REGISTRY_MAX_POINTS);
+        for (size_t j = 0; j < k; j++)
+            pts[j] = (gw_registry_point_t){lens[i + j], GW_CINDEX_TTL_5M, false};
+        int rc = gw_registry_read(s->reg, q->ns, q->r.tokens, pts[k - 1].n_tokens, pts, k, wall);
+        if (rc < 0)
+            gw__obs_internal_error(s, "registry_read", "request %s: read not sent: %s", q->id,
+                                   pc_strerror(rc));
+    }
+}
+
+/* The decision, made once: reads refresh the entries they cover (for free), the usage buckets,
+ * the outcome. */
+static void decide(gw_req_t *q)
+{
+    serve_t *s = q->s;
+    uint64_t now = pc_time_mono_ms();
+    if (q->read_tokens > 0) {
+        gw_cindex_read(s->ix, q->ns, q->r.tokens, q->read_tokens, now, NULL);
+        if (s->reg != NULL)
+            registry_read(q, now);
+    }
     gw_usage_compute(&q->plan, (uint32_t)q->r.n_tokens, q->read_tokens, &q->usage);
     q->outcome = (int)gw_outcome_classify(q->usage.cache_read,
                                           q->usage.cache_write_5m + q->usage.cache_write_1h);
     q->has_outcome = true;
     const char *lk[] = {gw_outcome_name((gw_outcome_t)q->outcome)};
     gw_metric_add(s->m_lookups, lk, 1);
+    if (s->reg != NULL) {
+        q->decided = true; /* a resubmission keeps it: the claims were made for it */
+        gw__obs_registry_decision(s, q->registry == BILL_REGISTRY_SHARED);
+    }
+}
+
+/* Submits q to q->worker (state RUNNING, in the live map). On failure it answers and frees q. */
+static void submit(gw_req_t *q)
+{
+    serve_t *s = q->s;
+    q->has_prefill = false; /* a resubmission waits for the new worker's */
+    q->prefill = (eng_wire_prefill_t){0};
     make_cache_header(q);
 
     /* Retain the plan's entries and refresh the pin of what was read. */
@@ -959,8 +1079,10 @@ static void route_and_submit(gw_req_t *q)
     rq.stops = q->api->stop;
     rq.n_stops = (uint32_t)q->api->n_stop;
     char err[256];
+    uint32_t prefill =
+        q->r.n_tokens > q->phys_tokens ? (uint32_t)q->r.n_tokens - q->phys_tokens : 0;
     int rc = pc_u64map_put(&s->live_map, q->wire_id, q);
-    if (rc == 0 && (rc = gw_pool_submit(s->pool, q->worker, &rq, err, sizeof err)) != 0)
+    if (rc == 0 && (rc = gw_pool_submit(s->pool, q->worker, &rq, prefill, err, sizeof err)) != 0)
         pc_u64map_del(&s->live_map, q->wire_id);
     else if (rc != 0)
         snprintf(err, sizeof err, "out of memory");
@@ -980,6 +1102,120 @@ static void route_and_submit(gw_req_t *q)
     live_add(q);
     /* A stream's head waits for the worker's PREFILL (or its first TOKEN or DONE), so that
      * kvgw-cache says where the prompt's KV came from. */
+}
+
+/* The registry answered q's claim (or its deadline passed, or it failed): the decision. LIVE
+ * points go into the replica and are read from it; a point another request claimed is read
+ * (that request writes it, and the worker shares its prefill within the namespace) and q goes
+ * to that request's worker when this gateway is connected to it; our own claims (MINE) are
+ * committed at the first token or released. Anything but an answer: the local view decides. */
+static void on_claim(const gw_registry_claim_result_t *res, void *ud)
+{
+    gw_req_t *q = ud;
+    serve_t *s = q->s;
+    q->claim = NULL;
+    s->n_claiming--;
+    uint64_t now = pc_time_mono_ms();
+    uint32_t other_read = 0;
+    int other_worker = -1;
+    if (res->status == GW_REGISTRY_ST_OK) {
+        q->registry = BILL_REGISTRY_SHARED;
+        gw_registry_feed_point_t live[GW_REGISTRY_MAX_POINTS];
+        size_t n_live = 0;
+        for (size_t i = 0; i < res->n_points; i++) {
+            const gw_registry_point_result_t *p = &res->points[i];
+            if (p->state == GW_REGISTRY_PT_LIVE) {
+                live[n_live++] = (gw_registry_feed_point_t){p->n_tokens, p->ttl, p->expiry_wall_ms};
+            } else if (p->state == GW_REGISTRY_PT_OTHER) {
+                other_read = PC_MAX(other_read, p->n_tokens);
+                int w = gw__serve_worker_by_id(s, p->worker, q->model->index);
+                if (w >= 0)
+                    other_worker = w;
+            } else if (p->state == GW_REGISTRY_PT_MINE && q->n_mine < PC_ARRAY_LEN(q->mine)) {
+                q->mine[q->n_mine++] = (gw_registry_point_t){p->n_tokens, 0, true};
+                q->fence = res->fence;
+            }
+        }
+        for (uint32_t i = 0; i < q->n_mine; i++) /* the TTL class the plan asked for */
+            for (size_t j = 0; j < q->plan.n_bps; j++)
+                if (q->plan.bps[j].n_tokens == q->mine[i].n_tokens)
+                    q->mine[i].ttl =
+                        q->plan.bps[j].ttl == ENG_CHAT_TTL_1H ? GW_CINDEX_TTL_1H : GW_CINDEX_TTL_5M;
+        if (n_live > 0) {
+            int rc = gw__serve_replica_write(s, q->ns, q->key->tenant, q->model->index, q->r.tokens,
+                                             live, n_live, now);
+            if (rc < 0) /* those points stay unread here: billed as written, never as more */
+                gw__obs_internal_error(s, "replica_insert",
+                                       "request %s: live entries from the registry not indexed: "
+                                       "%s",
+                                       q->id, pc_strerror(rc));
+        }
+    } else {
+        q->registry = BILL_REGISTRY_LOCAL;
+    }
+    gw_cindex_match_t m;
+    local_view(q, now, &m);
+    if (other_read > q->read_tokens)
+        q->read_tokens = other_read;
+    const gw_pool_worker_t *ow =
+        other_worker >= 0 ? gw_pool_worker(s->pool, (uint32_t)other_worker) : NULL;
+    if (ow != NULL && ow->index != q->worker && ow->up &&
+        (ow->max_prompt_tokens == 0 || q->r.n_tokens <= ow->max_prompt_tokens)) {
+        q->worker = (uint32_t)other_worker;
+        q->phys_tokens = m.held[other_worker];
+        const char *rl[] = {"claim"};
+        gw_metric_add(s->m_routes, rl, 1);
+    }
+    decide(q);
+    submit(q);
+}
+
+/* With a registry: claims the points of q's plan that it would write and the replica does not
+ * hold (one round trip; q waits in CLAIMING). Returns true when the claim is in flight; false
+ * when the decision is q's own to make now (q->registry says how: shared when Redis is up and
+ * nothing needs agreeing, local when it is down or the claim could not be sent). */
+static bool start_claim(gw_req_t *q)
+{
+    serve_t *s = q->s;
+    q->registry = s->reg_state == GW_REGISTRY_UP ? BILL_REGISTRY_SHARED : BILL_REGISTRY_LOCAL;
+    gw_registry_point_t pts[GW_CACHEPLAN_MAX_BPS];
+    size_t n = 0;
+    for (size_t i = 0; i < q->plan.n_bps && n < PC_ARRAY_LEN(pts); i++)
+        if (q->plan.bps[i].n_tokens > q->read_tokens)
+            pts[n++] = (gw_registry_point_t){
+                q->plan.bps[i].n_tokens,
+                q->plan.bps[i].ttl == ENG_CHAT_TTL_1H ? GW_CINDEX_TTL_1H : GW_CINDEX_TTL_5M, true};
+    if (n == 0)
+        return false;
+    char wid[GW_REGISTRY_NAME_MAX + 1];
+    int rc = gw_registry_claim(s->reg, q->ns, q->r.tokens, q->r.n_tokens, pts, n,
+                               gw__serve_worker_id(s, q->worker, wid, sizeof wid), on_claim, q,
+                               &q->claim);
+    if (rc != 0) {
+        q->registry = BILL_REGISTRY_LOCAL;
+        if (rc < 0)
+            PC_LOG(PC_LOG_WARN, "registry", "request %s: claim not sent (%s): decided locally",
+                   q->id, pc_strerror(rc));
+        return false;
+    }
+    s->n_claiming++;
+    gw__req_set_state(q, GW_REQ_CLAIMING);
+    return true;
+}
+
+static void route_and_submit(gw_req_t *q)
+{
+    serve_t *s = q->s;
+    gw_cindex_match_t m;
+    local_view(q, pc_time_mono_ms(), &m);
+    if (!pick_worker(q, &m))
+        return;
+    if (!q->decided) {
+        if (s->reg != NULL && start_claim(q))
+            return; /* on_claim decides and submits */
+        decide(q);
+    }
+    submit(q);
 }
 
 /* The thread pool's part: reads only q's own bytes (body, key, kind) and the gateway's
@@ -1083,6 +1319,14 @@ static void on_abort(gw_http_req_t *r, void *data)
     q->client_gone = true;
     if (q->state == GW_REQ_RUNNING)
         gw_pool_cancel(q->s->pool, q->worker, q->wire_id);
+    if (q->state == GW_REQ_CLAIMING) {
+        /* No callback follows; a claim Redis grants after this is released by the registry. */
+        gw_registry_cancel(q->s->reg, q->claim);
+        q->claim = NULL;
+        q->s->n_claiming--;
+        gw__req_free(q);
+        return;
+    }
     /* PREPARING: prepare_done frees it; DURABLE: finish_response sees http == NULL. */
 }
 

@@ -11,22 +11,38 @@
  *
  * States (q->state; gw__req_set_state asserts each transition's from-state):
  *
- *      NEW ──────── simple endpoint, auth error, refused ─────────────────────┐
- *       │ \                                                                    │
- *       │  └── admin export ──► EXPORTING ── export done / client gone ──────►│
- *       │ body copied, prepare queued                                          │
- *       ▼                                                                      │
- *   PREPARING (thread pool) ── bad request, count_tokens, client gone, ───────►│
- *       │                      no price, no ledger, no worker                  │
- *       │ routed, submitted (in the live map by wire id)                       │
- *       ▼                                                                      ▼
- *    RUNNING ─┬─ worker down before the first token: resubmitted (RUNNING)   DONE
- *       │     └─ DONE / ERROR / down: billed; client gone or not billed ─────►  ▲
- *       │ billed, final bytes held                                             │
- *       ▼                                                                      │
- *    DURABLE ── the ledger made its usage event durable (or failed: error) ───┘
+ *      NEW ──────── simple endpoint, auth error, refused ─────────────────────────┐
+ *       │ \                                                                        │
+ *       │  └── admin export ──► EXPORTING ── export done / client gone ──────────►│
+ *       │ body copied, prepare queued                                              │
+ *       ▼                                                                          │
+ *   PREPARING (thread pool) ── bad request, count_tokens, client gone, ───────────►│
+ *       │  \                   no price, no ledger, no worker, too long            │
+ *       │   └─ registry, the plan writes what the replica lacks: routed,           │
+ *       │      claim sent ──► CLAIMING ── client gone: claim cancelled ───────────►│
+ *       │                        │        (a claim granted later is released)      │
+ *       │ routed, submitted      │ answer, deadline or error: decided, routed      │
+ *       │ (live map, wire id)    │ (to the claimant's worker), submitted;          │
+ *       │                        │ submit refused: answered ──────────────────────►│
+ *       ▼                        │                                                 │
+ *    RUNNING ◄───────────────────┘                                                 ▼
+ *       ├─ worker down before the first token: resubmitted (RUNNING)             DONE
+ *       ├─ DONE / ERROR / down: billed; client gone or not billed ─────────────►  ▲
+ *       │ billed, final bytes held                                                 │
+ *       ▼                                                                          │
+ *    DURABLE ── the ledger made its usage event durable (or failed: error) ───────┘
  *
  * DONE is the request freed (gw__req_free); nothing refers to it afterwards.
+ *
+ * With a registry (gateway/registry.h; docs/ARCHITECTURE.md, "Many gateways, one cache") the
+ * billing decision is made once, before the submit: from the local replica alone when the plan
+ * writes nothing it does not already hold (no Redis on the path; its reads are refreshed in Redis
+ * fire-and-forget), else after the claim (CLAIMING: LIVE points are inserted into the replica and
+ * read, points claimed by another request are read and the request goes to that request's worker
+ * when this gateway has it, our own claims are committed at the first token or released when the
+ * request fails before it). The decision is kept through a resubmission. Its usage event says
+ * registry: shared (Redis answered, or was up and not needed) or local (Redis down, or past
+ * registry.timeout: this gateway's view alone).
  *
  * Per-API behaviour (Anthropic messages, count_tokens, OpenAI chat completions) is a table of
  * operations (gw_req_ops_t), chosen once by the path; every result of its renderers is checked.
@@ -48,6 +64,7 @@ typedef enum gw_req_state {
     GW_REQ_DURABLE,
     GW_REQ_EXPORTING,
     GW_REQ_DONE,
+    GW_REQ_CLAIMING, /* waiting for the registry's claim (q->claim) */
 } gw_req_state_t;
 
 /* What differs between the APIs. The stream functions append complete events to b and return 0
@@ -99,6 +116,12 @@ struct gw_req {
     bool has_prefill;           /* the worker's PREFILL arrived: prefill says where the */
     eng_wire_prefill_t prefill; /* prompt's KV came from (the kvgw-cache header's tiers) */
     gw_usage_t usage;
+    bool decided;            /* usage and read_tokens are final (kept on a resubmission) */
+    uint8_t registry;        /* enum bill_registry: none, shared or local */
+    gw_registry_op_t *claim; /* CLAIMING: the claim in flight */
+    uint64_t fence;          /* our claims' fencing value (0: we hold none) */
+    uint32_t n_mine;         /* of the plan's breakpoints, those we claimed: mine[0..n) */
+    gw_registry_point_t mine[GW_CACHEPLAN_MAX_BPS];
     bool entries_inserted;
     uint32_t n_tokens_out;
     uint32_t tokens_reused;   /* the worker's physical hit (DONE) */

@@ -17,6 +17,7 @@
 #include "dashboard.h"
 #include "gguf.h"
 #include "hparams.h"
+#include "lnk_addr.h"
 #include "request.h"
 #include "vocab.h"
 
@@ -126,7 +127,16 @@ static void on_request(gw_http_req_t *r, void *ud)
 
     if (get && strcmp(path, "/healthz") == 0) {
         q->endpoint = "health";
-        gw__req_respond(q, 200, "application/json", "{\"status\":\"ok\"}", 15);
+        if (s->reg != NULL) {
+            /* Degraded (Redis down, fenced) still serves: from this gateway's own view. */
+            static const char *const st[] = {"down", "up", "fenced"};
+            char b[64];
+            int n =
+                snprintf(b, sizeof b, "{\"status\":\"ok\",\"registry\":\"%s\"}", st[s->reg_state]);
+            gw__req_respond(q, 200, "application/json", b, (size_t)n);
+        } else {
+            gw__req_respond(q, 200, "application/json", "{\"status\":\"ok\"}", 15);
+        }
     } else if (get && strcmp(path, "/dashboard") == 0) {
         /* The page itself holds no data: it reads /metrics (the admin key is kept in the URL
          * fragment, which never reaches the server). */
@@ -208,6 +218,249 @@ static void on_request(gw_http_req_t *r, void *ud)
     gw__req_free(q);
 }
 
+/* ---- the registry (many gateways, one cache) --------------------------------------------- */
+
+/* A worker's own name is usable as its identity when it is printable ASCII without spaces and
+ * fits the registry's names. */
+static bool node_usable(const char *node)
+{
+    size_t n = strlen(node);
+    if (n == 0 || n > GW_REGISTRY_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)node[i] <= 0x20 || (unsigned char)node[i] >= 0x7f)
+            return false;
+    return true;
+}
+
+const char *gw__serve_worker_id(const serve_t *s, uint32_t i, char *buf, size_t cap)
+{
+    const gw_pool_worker_t *w = gw_pool_worker(s->pool, i);
+    if (!w->remote) {
+        snprintf(buf, cap, "%s/%s", s->cfg.instance_id, w->name);
+        return buf;
+    }
+    bool unique = node_usable(w->node);
+    for (uint32_t j = 0; unique && j < gw_pool_n_workers(s->pool); j++)
+        unique = j == i || strcmp(gw_pool_worker(s->pool, j)->node, w->node) != 0;
+    snprintf(buf, cap, "%s", unique ? w->node : w->name);
+    return buf;
+}
+
+int gw__serve_worker_by_id(const serve_t *s, const char *id, uint32_t model)
+{
+    char buf[GW_REGISTRY_NAME_MAX + 1];
+    for (uint32_t i = 0; s->pool != NULL && i < gw_pool_n_workers(s->pool); i++)
+        if (gw_pool_worker(s->pool, i)->model == model &&
+            strcmp(gw__serve_worker_id(s, i, buf, sizeof buf), id) == 0)
+            return (int)i;
+    return -1;
+}
+
+bool gw__serve_ns_owner(const serve_t *s, uint64_t ns, const char **tenant, uint32_t *model)
+{
+    const gw_ns_info_t *info = gw_ns_tab_lookup(&s->ns, ns);
+    if (info != NULL) {
+        *tenant = info->tenant;
+        *model = info->model;
+        return true;
+    }
+    const gw_ns_owner_t *o = pc_u64map_get(&s->ns_owners, ns);
+    if (o == NULL)
+        return false;
+    *tenant = o->tenant;
+    *model = o->model;
+    return true;
+}
+
+/* Every namespace derived without a cache_salt, tenant x model, with its owner: a feed event
+ * names a namespace only, and an entry needs its owner (storage billing). */
+static int build_ns_owners(serve_t *s)
+{
+    size_t n = s->cfg.n_keys * s->n_models;
+    s->ns_owner_tab = pc_calloc(n ? n : 1, sizeof *s->ns_owner_tab);
+    if (s->ns_owner_tab == NULL)
+        return PC_ERR_NOMEM;
+    size_t k = 0;
+    for (size_t i = 0; i < s->cfg.n_keys; i++)
+        for (uint32_t m = 0; m < s->n_models; m++) {
+            uint64_t ns =
+                gw_namespace_of(s->cfg.namespace_secret, s->cfg.keys[i].tenant,
+                                pc_slice_cstr(s->models[m].cfg->name), false, (pc_slice_t){0});
+            if (pc_u64map_get(&s->ns_owners, ns) != NULL) /* another key of the same tenant */
+                continue;
+            s->ns_owner_tab[k] = (gw_ns_owner_t){s->cfg.keys[i].tenant, m};
+            if (pc_u64map_put(&s->ns_owners, ns, &s->ns_owner_tab[k++]) != 0)
+                return PC_ERR_NOMEM;
+        }
+    return 0;
+}
+
+int gw__serve_replica_write(serve_t *s, uint64_t ns, const char *tenant, uint32_t model,
+                            const uint32_t *tokens, const gw_registry_feed_point_t *points,
+                            size_t n_points, uint64_t now_ms)
+{
+    size_t i = 0;
+    while (i < n_points) {
+        /* A run of points with the same start (expiry - TTL: one commit's points share it) in
+         * one walk down the path. */
+        gw_cindex_point_t pts[GW_REGISTRY_MAX_POINTS];
+        int res[GW_REGISTRY_MAX_POINTS];
+        size_t n = 0;
+        uint64_t start = 0;
+        for (; i < n_points && n < PC_ARRAY_LEN(pts); i++) {
+            const gw_registry_feed_point_t *p = &points[i];
+            if (p->ttl >= GW_CINDEX_TTL_COUNT)
+                return PC_ERR_INVAL;
+            uint64_t ttl_ms = p->ttl == GW_CINDEX_TTL_1H ? s->cfg.ttl_1h_ms : s->cfg.ttl_5m_ms;
+            uint64_t exp = gw__mono_of_wall(p->expiry_wall_ms);
+            if (exp <= now_ms)
+                continue; /* already past here */
+            /* A start after now (a clock ahead of ours) counts as now: never beyond now + TTL. */
+            uint64_t st = exp > ttl_ms ? exp - ttl_ms : 0;
+            if (n > 0 && st != start)
+                break;
+            start = st;
+            pts[n++] = (gw_cindex_point_t){p->n_tokens, (gw_cindex_ttl_t)p->ttl};
+        }
+        if (n == 0)
+            continue;
+        size_t n_ref = 0;
+        while (n_ref < n && gw_ns_tab_ref(&s->ns, ns, tenant, model) == 0)
+            n_ref++;
+        if (n_ref < n) {
+            while (n_ref-- > 0)
+                gw_ns_tab_unref(&s->ns, ns);
+            return PC_ERR_NOMEM;
+        }
+        int rc = gw_cindex_insert_path(s->ix, ns, tokens, pts, n, start, now_ms, res);
+        for (size_t j = 0; j < n; j++)
+            if (res[j] != 0) /* 0 new (keeps its count); extended, past or failed: given back */
+                gw_ns_tab_unref(&s->ns, ns);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Another gateway's event: its entries into the replica (and the worker that holds them, when
+ * this gateway has it), or its read (every replica's expiries follow every gateway's reads). An
+ * entry of a namespace whose owner this gateway cannot name (a salted namespace it never served)
+ * is left out: a request of it here finds the entry through the claim instead. */
+static int on_feed(const gw_registry_feed_event_t *ev, void *ud)
+{
+    serve_t *s = ud;
+    uint64_t now = pc_time_mono_ms();
+    if (ev->type == 'r')
+        return gw_cindex_read(s->ix, ev->ns, ev->tokens, ev->n_tokens,
+                              gw__mono_of_wall(ev->now_wall_ms), NULL);
+    const char *tenant;
+    uint32_t model;
+    if (!gw__serve_ns_owner(s, ev->ns, &tenant, &model))
+        return 0;
+    int rc = gw__serve_replica_write(s, ev->ns, tenant, model, ev->tokens, ev->points, ev->n_points,
+                                     now);
+    if (rc < 0)
+        return rc;
+    int w = gw__serve_worker_by_id(s, ev->worker, model);
+    if (w >= 0 && gw_pool_worker(s->pool, (uint32_t)w)->up)
+        gw_cindex_owner_add(s->ix, ev->ns, ev->tokens, ev->n_tokens, (uint32_t)w, NULL);
+    return 0;
+}
+
+static void on_registry_state(gw_registry_state_t state, const char *reason, void *ud)
+{
+    serve_t *s = ud;
+    static const char *const names[] = {"down", "up", "fenced"};
+    s->reg_state = state;
+    PC_LOG(state == GW_REGISTRY_UP ? PC_LOG_INFO : PC_LOG_WARN, "registry", "%s: %s%s",
+           names[state], reason,
+           state == GW_REGISTRY_UP ? "" : " (billing decisions are local until it is up)");
+}
+
+/* The config's Redis as redisconn's params (sent: room for the sentinels). */
+static int redis_params(const gw_config_t *c, bill_redis_params_t *p,
+                        bill_redis_addr_t sent[BILL_REDIS_MAX_SENTINELS], char *err, size_t err_len)
+{
+    *p = bill_redis_params_default();
+    if (c->redis_host != NULL) {
+        snprintf(p->address.host, sizeof p->address.host, "%s", c->redis_host);
+        p->address.port = c->redis_port;
+    }
+    size_t n = PC_MIN(c->n_redis_sentinels, (size_t)BILL_REDIS_MAX_SENTINELS);
+    for (size_t i = 0; i < n; i++) {
+        lnk_addr_t a;
+        if (lnk_addr_parse(c->redis_sentinels[i], 0, &a, err, err_len) != 0)
+            return PC_ERR_INVAL;
+        snprintf(sent[i].host, sizeof sent[i].host, "%s", a.host);
+        sent[i].port = a.port;
+    }
+    p->sentinels = sent;
+    p->n_sentinels = n;
+    p->master_name = c->redis_master_name;
+    p->password = c->redis_password;
+    p->timeout_ms = c->redis_timeout_ms;
+    return 0;
+}
+
+/* Starts the registry: the blocking start-up checks (namespace secret, duplicate instance), then
+ * its connections in the background. Returns 0 or SERVE_EXIT_FAIL with the reason printed. */
+static int start_registry(serve_t *s)
+{
+    char err[512];
+    bill_redis_addr_t sent[BILL_REDIS_MAX_SENTINELS];
+    gw_registry_params_t rp = gw_registry_params_default();
+    if (redis_params(&s->cfg, &rp.redis, sent, err, sizeof err) != 0 || build_ns_owners(s) != 0) {
+        fprintf(stderr, "kvgw serve: registry: %s\n", err);
+        return SERVE_EXIT_FAIL;
+    }
+    rp.prefix = s->cfg.redis_prefix;
+    rp.instance = s->cfg.instance_id;
+    gw_namespace_secret_check(s->cfg.namespace_secret, rp.secret_check);
+    rp.timeout_ms = s->cfg.registry_timeout_ms;
+    rp.claim_ttl_ms = s->cfg.registry_claim_ttl_ms;
+    rp.lease_ms = s->cfg.registry_lease_ms;
+    rp.feed_maxlen = s->cfg.registry_feed_maxlen;
+    rp.replay_max = s->cfg.registry_replay_max;
+    rp.ttl_ms[GW_CINDEX_TTL_5M] = s->cfg.ttl_5m_ms;
+    rp.ttl_ms[GW_CINDEX_TTL_1H] = s->cfg.ttl_1h_ms;
+    rp.on_feed = on_feed;
+    rp.on_state = on_registry_state;
+    rp.on_op = gw__obs_registry_op;
+    rp.ud = s;
+    int rc = gw_registry_start(s->loop, &rp, &s->reg, err, sizeof err);
+    if (rc == PC_ERR_PERM) {
+        fprintf(stderr,
+                "kvgw serve: refusing to start: registry: %s (cache.namespace_secret must be the "
+                "same on every gateway that shares redis.prefix %s)\n",
+                err, s->cfg.redis_prefix);
+        return SERVE_EXIT_FAIL;
+    }
+    if (rc == PC_ERR_EXISTS) {
+        fprintf(stderr,
+                "kvgw serve: refusing to start: registry: %s (billing.instance_id %s is in use "
+                "by a live gateway: give each gateway its own)\n",
+                err, s->cfg.instance_id);
+        return SERVE_EXIT_FAIL;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "kvgw serve: registry: %s\n", err);
+        return SERVE_EXIT_FAIL;
+    }
+    s->reg_state = gw_registry_state(s->reg);
+    if (s->reg_state != GW_REGISTRY_UP)
+        fprintf(stderr,
+                "kvgw: warning: registry: Redis is not reachable; serving from this gateway's "
+                "own view (registry: local) until it is\n");
+    return 0;
+}
+
+static void registry_closed(void *ud)
+{
+    serve_t *s = ud;
+    s->reg = NULL;
+}
+
 /* ---- shutdown and signals ---------------------------------------------------------------- */
 
 /* The HTTP server closed after the shutdown: no request can arrive any more. The loop ends
@@ -218,13 +471,13 @@ static void all_closed(void *ud)
     serve_t *s = ud;
     s->http_closed = true;
     PC_LOG(PC_LOG_INFO, "serve", "HTTP closed; %s",
-           s->live || s->durable_head ? "finishing requests" : "stopping");
+           s->live || s->durable_head || s->n_claiming ? "finishing requests" : "stopping");
     uv_timer_stop(&s->tick);
     uv_close((uv_handle_t *)&s->tick, NULL);
     uv_close((uv_handle_t *)&s->sig_int, NULL);
     uv_close((uv_handle_t *)&s->sig_term, NULL);
     uv_close((uv_handle_t *)&s->sig_hup, NULL);
-    if (s->live == NULL && s->durable_head == NULL)
+    if (s->live == NULL && s->durable_head == NULL && s->n_claiming == 0)
         uv_stop(s->loop);
 }
 
@@ -409,14 +662,17 @@ static int serve_run(serve_t *s, const gw_serve_params_t *params)
         fprintf(stderr, "kvgw serve: ledger: %s\n", err);
         return SERVE_EXIT_FAIL;
     }
-    if (s->cfg.redis_host != NULL) {
+    if (gw_config_has_redis(&s->cfg)) {
+        bill_redis_addr_t sent[BILL_REDIS_MAX_SENTINELS];
+        bill_redis_params_t conn;
+        if (redis_params(&s->cfg, &conn, sent, err, sizeof err) != 0) {
+            fprintf(stderr, "kvgw serve: redis: %s\n", err);
+            return SERVE_EXIT_FAIL;
+        }
         bill_shipper_params_t sp = bill_shipper_params_default();
+        sp.conn = &conn; /* an address or Sentinel */
         sp.ledger_dir = s->cfg.ledger_dir;
         sp.instance = s->cfg.instance_id;
-        sp.host = s->cfg.redis_host;
-        sp.port = s->cfg.redis_port;
-        sp.password = s->cfg.redis_password;
-        sp.timeout_ms = s->cfg.redis_timeout_ms;
         sp.prefix = s->cfg.redis_prefix;
         sp.durable_seq = shipper_durable;
         sp.durable_ud = s;
@@ -444,6 +700,8 @@ static int serve_run(serve_t *s, const gw_serve_params_t *params)
         fprintf(stderr, "kvgw serve: workers: %s\n", err);
         return SERVE_EXIT_FAIL;
     }
+    if (s->cfg.registry_enabled && (rc = start_registry(s)) != 0)
+        return rc;
     gw_http_params_t hp = gw_http_params_default();
     hp.host = s->cfg.listen_host;
     hp.port = s->cfg.listen_port;
@@ -554,6 +812,12 @@ int gw_serve(const gw_serve_params_t *p)
      * ledger with a final storage window, close every handle. */
     if (s->ix && s->ledger && s->pricing)
         gw__obs_meter_storage(s);
+    if (s->reg) { /* its registration and meter lease go now, not after a lease */
+        gw_registry_stop(s->reg, registry_closed, s);
+        while (s->reg != NULL && uv_run(&loop, UV_RUN_ONCE) != 0) {
+        }
+        s->reg = NULL;
+    }
     if (s->pool)
         gw_pool_shutdown(s->pool, NULL, NULL);
     if (s->shipper) { /* it resumes from its cursor in Redis at the next start */
@@ -588,6 +852,8 @@ int gw_serve(const gw_serve_params_t *p)
     uv_loop_close(&loop);
     gw_config_free(&s->cfg);
     gw_ns_tab_free(&s->ns);
+    pc_u64map_free(&s->ns_owners);
+    pc_free(s->ns_owner_tab);
     pc_u64map_free(&s->live_map);
     pc_free(s);
     if (code == 0)

@@ -26,6 +26,7 @@
 #include "metrics.h"
 #include "ns.h"
 #include "pool.h"
+#include "registry.h"
 #include "render.h"
 #include "router.h"
 #include "shipper.h"
@@ -46,6 +47,14 @@ typedef struct gw_model_rt {
 } gw_model_rt_t;
 
 typedef struct gw_req gw_req_t;
+
+/* Who owns a namespace that was derived without a cache_salt (tenant x model, precomputed at
+ * start when a registry is configured): the change feed names namespaces only, and an entry
+ * needs its owner in the namespace table (storage billing). */
+typedef struct gw_ns_owner {
+    const char *tenant; /* the configuration's string */
+    uint32_t model;
+} gw_ns_owner_t;
 
 typedef struct serve {
     uv_loop_t *loop;
@@ -75,6 +84,13 @@ typedef struct serve {
     int exit_code;
     uint64_t last_storage_ms;
     gw_ns_tab_t ns; /* namespaces with cache entries (storage billing's owners) */
+    /* The registry (many gateways, one cache): NULL without `registry: enabled`. */
+    gw_registry_t *reg;
+    gw_registry_state_t reg_state; /* the latest on_state */
+    size_t n_claiming;             /* requests in CLAIMING (the loop runs until they end) */
+    gw_registry_stats_t reg_seen;  /* its counters as last added to the metrics */
+    pc_u64map_t ns_owners;         /* unsalted ns -> gw_ns_owner_t* (ns_owner_tab) */
+    gw_ns_owner_t *ns_owner_tab;
     /* metrics (observe.c) */
     gw_metrics_t *m;
     gw_metric_t *m_requests, *m_duration, *m_ttft, *m_tokens, *m_hit_tokens, *m_lookups;
@@ -88,8 +104,47 @@ typedef struct serve {
     gw_metric_t *m_tier_max_bytes, *m_tier_bytes, *m_tier_blocks, *m_tier_bandwidth,
         *m_tier_indexed_tokens, *m_recomputed, *m_prefill_rate, *m_prompt_sources;
     gw_metric_t *m_tier_counters[GW_OBS_TIER_COUNTERS]; /* observe.c's tier_counters */
+    /* the registry (observe.c; the names are fixed for Grafana) */
+    gw_metric_t *m_gw_info, *m_reg_up, *m_reg_degraded, *m_reg_decisions, *m_reg_claims, *m_reg_op,
+        *m_reg_errors, *m_reg_feed, *m_reg_feed_lag, *m_reg_feed_gaps, *m_reg_replay_pending,
+        *m_reg_replay_dropped, *m_reg_failovers, *m_reg_meter;
     eng_wire_load_t tier_seen[GW_POOL_MAX_WORKERS];
 } serve_t;
+
+/* ---- serve.c: the registry's side of the wiring ------------------------------------------ */
+
+/* Worker i's identity across gateways (what claims and the feed name it by): its own name from
+ * HELLO_ACK when it gave a usable one (printable, no spaces, at most GW_REGISTRY_NAME_MAX bytes)
+ * that no other worker of this gateway also gives, else its address as configured. In-process
+ * workers are this gateway's alone: "INSTANCE/local-N", which no other gateway matches. Written
+ * to buf (cap bytes); returns buf. */
+const char *gw__serve_worker_id(const serve_t *s, uint32_t i, char *buf, size_t cap);
+
+/* The worker of model `model` whose identity is id, or -1 (this gateway is not connected to it). */
+int gw__serve_worker_by_id(const serve_t *s, const char *id, uint32_t model);
+
+/* The owner (tenant, model) of ns: the namespace table's record, else the unsalted namespaces of
+ * the configuration. Returns false when unknown (a salted namespace this gateway never served). */
+bool gw__serve_ns_owner(const serve_t *s, uint64_t ns, const char **tenant, uint32_t *model);
+
+/* The monotonic time (the index's clock) of a wall-clock time (Redis's and the feed's), converted
+ * at the boundary with wall_now - mono_now; 0 when it lies before the monotonic epoch. */
+static inline uint64_t gw__mono_of_wall(uint64_t wall_ms)
+{
+    uint64_t wall = pc_time_wall_ms(), mono = pc_time_mono_ms();
+    if (wall_ms >= wall)
+        return mono + (wall_ms - wall);
+    return wall - wall_ms < mono ? mono - (wall - wall_ms) : 0;
+}
+
+/* Writes the entries points[0..n) (strictly increasing lengths, expiries in wall-clock ms) of
+ * the prefix tokens of ns, owned by (tenant, model), into the index as the registry knows them:
+ * each with the expiry Redis gave it (never beyond now + its TTL class), and counted in the
+ * namespace table. Points already past are skipped. Returns 0 or the first error (a token out of
+ * the vocabulary, out of memory); what was written before it stays. */
+int gw__serve_replica_write(serve_t *s, uint64_t ns, const char *tenant, uint32_t model,
+                            const uint32_t *tokens, const gw_registry_feed_point_t *points,
+                            size_t n_points, uint64_t now_ms);
 
 /* ---- observe.c --------------------------------------------------------------------------- */
 
@@ -116,6 +171,10 @@ void gw__obs_meter_storage(serve_t *s);
 /* cindex params.on_drop: metrics, the workers' pins, the namespace's entry count. */
 void gw__obs_on_entry_drop(const gw_cindex_drop_t *ev, void *ud);
 FILE *gw__obs_open_access_log(const char *path);
+/* registry params.on_op: the op_seconds histogram. */
+void gw__obs_registry_op(gw_registry_opkind_t op, double seconds, void *ud);
+/* One billing decision of a request with a registry (registry: shared or local). */
+void gw__obs_registry_decision(serve_t *s, bool shared);
 void gw__obs_on_sighup(uv_signal_t *h, int sig);
 
 /* ---- admin.c ----------------------------------------------------------------------------- */

@@ -1,0 +1,197 @@
+// registry_smoke.test.mjs — many gateways, one cache (issue 22), the quick check: a real
+// redis-server (a temporary directory, a random port), one `kvgw worker`, two `kvgw serve` (A
+// and B) with the registry on. A prompt written through A is billed as a read through B with
+// the exact token counts (the response, the kvgw-cache header, the access log and B's ledger),
+// both decisions say registry=shared; a third gateway whose namespace secret differs, and one
+// that reuses A's live instance id, are refused at start with a clear message. The big suite
+// (three gateways, both SDKs, races, failures) is scaleout*.test.mjs.
+//
+// Run: KVGW_BIN=build/bin/kvgw node --test tests/integration/registry_smoke.test.mjs (repository
+// root; CTest does this as gateway_registry_smoke).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync, readFileSync, existsSync } from 'node:fs';
+import { createConnection } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { BIN, MODEL, KEY, startGateway, stopGateway, writeConfig, exportJsonl, sleep } from './harness.mjs';
+
+const SECRET = 'registry-smoke-namespace-secret';
+const procs = [];
+let dir, redisPort, workerPort, gwA, gwB;
+
+// A real redis-server on a random free port (it picks none itself: try a few).
+async function startRedis() {
+  for (let attempt = 0; attempt < 20; attempt++) {
+    const port = 20000 + Math.floor(Math.random() * 30000);
+    const p = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir,
+      '--save', '', '--appendonly', 'no', '--maxmemory-policy', 'noeviction'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    p.stdout.on('data', (d) => { out += d; });
+    const ok = await new Promise((resolve) => {
+      p.on('exit', () => resolve(false));
+      const t = setInterval(() => {
+        if (/Ready to accept connections/.test(out)) { clearInterval(t); resolve(true); }
+      }, 50);
+    });
+    if (ok) { procs.push(p); return port; }
+  }
+  throw new Error('no redis-server started');
+}
+
+// One command over RESP (for the test's own look at Redis); resolves to the raw reply text.
+function redis(...args) {
+  return new Promise((resolve, reject) => {
+    const s = createConnection(redisPort, '127.0.0.1');
+    let buf = '';
+    s.on('data', (d) => { buf += d; if (buf.endsWith('\r\n')) { s.end(); resolve(buf); } });
+    s.on('error', reject);
+    s.write(`*${args.length}\r\n` + args.map((a) => `$${Buffer.byteLength(a)}\r\n${a}\r\n`).join(''));
+  });
+}
+
+function startWorker() {
+  const p = spawn(BIN, ['worker', '--model', 'models/kvgw-demo.gguf', '--listen', '127.0.0.1:0', '--threads', '1', '--name', 'smoke-w1'],
+    { stdio: ['ignore', 'pipe', 'pipe'] });
+  procs.push(p);
+  let err = '';
+  p.stderr.on('data', (d) => { err += d; });
+  return new Promise((resolve, reject) => {
+    let out = '';
+    p.stdout.on('data', (d) => {
+      out += d;
+      const m = out.match(/listening on 127\.0\.0\.1:(\d+)/);
+      if (m) resolve(Number(m[1]));
+    });
+    p.on('exit', (code) => reject(new Error(`worker exited ${code}:\n${err}`)));
+  });
+}
+
+function config(name, { secret = SECRET, lease = '2s', instance = name } = {}) {
+  return writeConfig(dir, `listen: 127.0.0.1:0
+models:
+  - name: ${MODEL}
+    path: models/kvgw-demo.gguf
+    min_cache_tokens: 16
+    remote: ['127.0.0.1:${workerPort}']
+api_keys:
+  - {key: ${KEY}, id: key-a, tenant: tenant-a}
+admin_key: sk-test-admin
+workers:
+  heartbeat: 200ms
+cache:
+  namespace_secret: ${secret}
+billing:
+  ledger_dir: ${dir}/ledger-${name}
+  instance_id: ${instance}
+  fsync: batch
+redis:
+  address: 127.0.0.1:${redisPort}
+  prefix: smoke
+registry:
+  enabled: true
+  lease: ${lease}
+log:
+  access_log: ${dir}/access-${name}.log
+`, `${name}.yaml`);
+}
+
+async function waitFor(what, fn) {
+  for (let i = 0; ; i++) {
+    if (await fn()) return;
+    if (i > 600) throw new Error(`gave up waiting for ${what}`);
+    await sleep(100);
+  }
+}
+
+before(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'kvgw-regsmoke-'));
+  redisPort = await startRedis();
+  workerPort = await startWorker();
+  gwA = await startGateway(config('gw-a'));
+  gwB = await startGateway(config('gw-b'));
+  for (const g of [gwA, gwB])
+    await waitFor('/readyz', async () => (await fetch(g.base + '/readyz')).status === 200);
+});
+
+after(async () => {
+  for (const g of [gwA, gwB]) if (g && g.proc.exitCode === null) await stopGateway(g);
+  for (const p of procs) if (p.exitCode === null) p.kill('SIGKILL');
+  rmSync(dir, { recursive: true, force: true });
+});
+
+function system(tag) {
+  let s = `You are the registry smoke assistant ${tag}. `;
+  for (let i = 0; i < 30; i++) s += `Rule ${i}: answer briefly and cite section ${i}. `;
+  return [{ type: 'text', text: s, cache_control: { type: 'ephemeral' } }];
+}
+
+async function ask(gw, sys) {
+  const r = await fetch(gw.base + '/v1/messages', {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-api-key': KEY, 'anthropic-version': '2023-06-01' },
+    body: JSON.stringify({ model: MODEL, max_tokens: 3, system: sys, messages: [{ role: 'user', content: 'What is rule 3?' }] }),
+  });
+  const j = await r.json();
+  assert.equal(r.status, 200, JSON.stringify(j));
+  return { j, cache: r.headers.get('kvgw-cache'), id: r.headers.get('request-id') };
+}
+
+const metricsOf = async (gw) => (await fetch(gw.base + '/metrics', { headers: { authorization: 'Bearer sk-test-admin' } })).text();
+
+test('written through A, billed as a read through B, exactly; both decisions shared', async () => {
+  const sys = system('one');
+  const a = await ask(gwA, sys);
+  const written = a.j.usage.cache_creation_input_tokens;
+  assert.ok(written > 100, JSON.stringify(a.j.usage));
+  assert.equal(a.j.usage.cache_read_input_tokens, 0);
+  assert.match(a.cache, /outcome=write; .*registry=shared/);
+
+  const b = await ask(gwB, sys);
+  assert.equal(b.j.usage.cache_read_input_tokens, written, JSON.stringify(b.j.usage));
+  assert.equal(b.j.usage.cache_creation_input_tokens, 0);
+  assert.equal(b.j.usage.input_tokens, a.j.usage.input_tokens);
+  assert.match(b.cache, new RegExp(`outcome=hit; read=${written}; write=0; .*registry=shared`));
+
+  // Redis holds the entry under the configured prefix; B's access log says how it decided.
+  assert.match(await redis('KEYS', 'smoke:e:*'), /smoke:e:[0-9a-f]{16}:[0-9a-f]{32}/);
+  const logB = join(dir, 'access-gw-b.log');
+  await waitFor('B\'s access log line', () => existsSync(logB) && readFileSync(logB, 'utf8').includes(b.id));
+  const line = JSON.parse(readFileSync(logB, 'utf8').split('\n').find((l) => l.includes(b.id)));
+  assert.equal(line.registry, 'shared');
+  assert.equal(line.cache_read, written);
+
+  const m = await metricsOf(gwB);
+  assert.match(m, /^kvgw_registry_up 1$/m);
+  assert.match(m, /^kvgw_registry_decisions_total\{registry="shared"\} [1-9]/m);
+  assert.match(m, /^kvgw_gateway_info\{instance_id="gw-b"\} 1$/m);
+  assert.deepEqual(await (await fetch(gwB.base + '/healthz')).json(), { status: 'ok', registry: 'up' });
+
+  // B's ledger: the read, exact, once.
+  const { code } = await stopGateway(gwB);
+  assert.equal(code, 0, gwB.stderr());
+  const rows = exportJsonl(join(dir, 'ledger-gw-b'));
+  assert.ok(rows !== null, 'kvgw billing export is built');
+  const ev = rows.filter((r) => r.request_id === b.id);
+  assert.equal(ev.length, 1, JSON.stringify(rows));
+  assert.equal(ev[0].usage.cache_read_tokens, written);
+  assert.equal(ev[0].usage.cache_write_5m_tokens, 0);
+  if ('registry' in ev[0]) assert.equal(ev[0].registry, 'shared');
+});
+
+test('a gateway with another namespace secret is refused at start', () => {
+  const r = spawnSync(BIN, ['serve', '--config', config('gw-c', { secret: 'another-namespace-secret-entirely' })],
+    { encoding: 'utf8', timeout: 60000 });
+  assert.equal(r.status, 1, r.stderr);
+  assert.match(r.stderr, /kvgw serve: refusing to start: registry: .*cache\.namespace_secret must be the same on every gateway that shares redis\.prefix smoke/);
+  assert.doesNotMatch(r.stdout, /listening on/);
+});
+
+test('a second gateway with a live gateway\'s instance id is refused at start', () => {
+  const r = spawnSync(BIN, ['serve', '--config', config('gw-a2', { instance: 'gw-a' })], { encoding: 'utf8', timeout: 60000 });
+  assert.equal(r.status, 1, r.stderr);
+  assert.match(r.stderr, /kvgw serve: refusing to start: registry: .*billing\.instance_id gw-a is in use by a live gateway/);
+  assert.doesNotMatch(r.stdout, /listening on/);
+  assert.equal(gwA.proc.exitCode, null, 'A keeps serving');
+});
