@@ -11,7 +11,7 @@
 // Conditions are waited for with bounded polling (waitFor), never with fixed sleeps standing in
 // for "long enough".
 import { spawn, spawnSync, execFile } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createWriteStream, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import net from 'node:net';
@@ -62,8 +62,16 @@ export function freePort() {
 
 // Spawns cmd and resolves {proc, match, out(), err()} once stdout (or stderr) matches pattern;
 // rejects if the process exits first or timeoutMs passes (then it is killed).
-export function spawnUntil(cmd, args, pattern, { env = {}, timeoutMs = 60000, cwd } = {}) {
+// With log, everything the process writes is appended to that file as well (the cluster's
+// directory keeps each process's log: KVGW_KEEP_TEST_DIR=1 keeps the directory).
+export function spawnUntil(cmd, args, pattern, { env = {}, timeoutMs = 60000, cwd, log = null } = {}) {
   const proc = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env }, cwd });
+  if (log) {
+    const f = createWriteStream(log, { flags: 'a' });
+    proc.stdout.on('data', (d) => f.write(d));
+    proc.stderr.on('data', (d) => f.write(d));
+    proc.once('close', () => f.end());
+  }
   live.add(proc);
   proc.once('exit', () => live.delete(proc));
   let out = '', err = '';
@@ -163,7 +171,7 @@ export class RedisServer {
   }
 
   async spawn() {
-    const r = await spawnUntil('redis-server', this.args(), /Ready to accept connections/, { timeoutMs: 30000 });
+    const r = await spawnUntil('redis-server', this.args(), /Ready to accept connections/, { timeoutMs: 30000, log: join(this.dir, 'redis.log') });
     this.proc = r.proc;
     this.proc.stdout.resume();
   }
@@ -217,7 +225,7 @@ sentinel failover-timeout ${MASTER} 20000
 sentinel parallel-syncs ${MASTER} 1
 `);
         try {
-          const r = await spawnUntil('redis-sentinel', [conf], /\+monitor master/, { timeoutMs: 30000 });
+          const r = await spawnUntil('redis-sentinel', [conf], /\+monitor master/, { timeoutMs: 30000, log: join(d, 'sentinel.log') });
           r.proc.stdout.resume();
           this.procs.push(r.proc);
           this.ports.push(port);
@@ -255,9 +263,9 @@ sentinel parallel-syncs ${MASTER} 1
 
 // ---- kvgw ------------------------------------------------------------------------------------
 
-export async function startWorker(name, { threads = 1 } = {}) {
+export async function startWorker(name, { threads = 1, log = null } = {}) {
   const r = await spawnUntil(BIN, ['worker', '--model', 'models/kvgw-demo.gguf', '--listen', '127.0.0.1:0',
-    '--threads', String(threads), '--name', name], /listening on (127\.0\.0\.1:\d+)/, { env: { KVGW_LINK_SECRET: LINK_SECRET } });
+    '--threads', String(threads), '--name', name], /listening on (127\.0\.0\.1:\d+)/, { env: { KVGW_LINK_SECRET: LINK_SECRET }, log });
   r.proc.stdout.resume();
   return { name, proc: r.proc, addr: r.match[1], err: r.err };
 }
@@ -299,9 +307,9 @@ ${extra}`;
 }
 
 // Starts `kvgw serve` on cfgPath; resolves to a gateway handle once it listens.
-export async function startGateway(name, cfgPath, { env = {} } = {}) {
+export async function startGateway(name, cfgPath, { env = {}, log = null } = {}) {
   const r = await spawnUntil(BIN, ['serve', '--config', cfgPath], /listening on (http:\/\/127\.0\.0\.1:\d+)/,
-    { env: { KVGW_TEST_LINK_SECRET: LINK_SECRET, ...env } });
+    { env: { KVGW_TEST_LINK_SECRET: LINK_SECRET, ...env }, log });
   r.proc.stdout.resume();
   return { name, proc: r.proc, base: r.match[1], err: r.err, cfgPath };
 }
@@ -336,8 +344,9 @@ export class Cluster {
 
   async start() {
     this.dir = mkdtempSync(join(tmpdir(), `kvgw-scaleout-${this.tag}-`));
+    if (process.env.KVGW_KEEP_TEST_DIR) console.log(`cluster ${this.tag}: ${this.dir} (kept)`);
     this.redis = await new RedisServer(join(this.dir, 'redis')).start();
-    const workers = Promise.all(Array.from({ length: this.nWorkers }, (_, i) => startWorker(`${this.tag}-w${i + 1}`)));
+    const workers = Promise.all(Array.from({ length: this.nWorkers }, (_, i) => startWorker(`${this.tag}-w${i + 1}`, { log: join(this.dir, `worker-${i + 1}.log`) })));
     if (this.sentinel) {
       this.replica = await new RedisServer(join(this.dir, 'replica'), { replicaOf: this.redis.port }).start();
       await waitFor('the replica to sync', async () => /master_link_status:up/.test(await this.replica.cli('INFO', 'replication')));
@@ -365,7 +374,7 @@ export class Cluster {
       ttl5mMs: this.ttl5mMs, registry: this.registry, ...opts,
     }));
     if (opts.expectRefusal) return refusedGateway(cfg);
-    const g = await startGateway(name.toUpperCase(), cfg);
+    const g = await startGateway(name.toUpperCase(), cfg, { log: join(d, 'kvgw.log') });
     g.instance = `gw-${name}`;
     g.ledger = join(d, 'ledger');
     g.dir = d;

@@ -107,14 +107,15 @@ async function checkOutage(results, down, up, back, what) {
 }
 
 // A prefix written through one gateway while Redis was away reaches Redis once it is back
-// (replayed) and is read through another gateway.
+// (replayed) and is read through the next gateway.
 async function checkReplayed(results, down, up, what) {
   await waitFor('the replay queues to drain', async () => (await sum('kvgw_registry_replay_pending')) === 0, { timeoutMs: 30000, stepMs: 100 });
   assert.equal(await sum('kvgw_registry_replay_dropped_total'), 0, 'nothing dropped from the replay queues');
-  const w = results.find((r) => r.complete && r.t0 >= down && r.t1 < up && r.usage.cache_creation_input_tokens > 0 && r.gw === 'A');
-  assert.ok(w, `${what}: A wrote while Redis was away`);
-  const r = await message(B, w.body);
-  assert.equal(r.usage.cache_read_input_tokens, w.usage.cache_creation_input_tokens, `${what}: B reads what A wrote while Redis was away`);
+  const w = results.find((r) => r.complete && r.t0 >= down && r.t1 < up && r.usage.cache_creation_input_tokens > 0);
+  assert.ok(w, `${what}: a prefix was written while Redis was away`);
+  const other = cluster.gws[(cluster.gws.findIndex((g) => g.name === w.gw) + 1) % 3];
+  const r = await message(other, w.body);
+  assert.equal(r.usage.cache_read_input_tokens, w.usage.cache_creation_input_tokens, `${what}: ${other.name} reads what ${w.gw} wrote while Redis was away`);
 }
 
 test('Redis paused (SIGSTOP) mid-load, then resumed: served, billed once, degraded decisions marked local', async () => {
@@ -213,7 +214,7 @@ test('kvgw billing verify: Redis (the primary now) agrees with the three ledgers
   const ids = rows.map((r) => r.request_id);
   assert.equal(new Set(ids).size, ids.length, 'no request billed twice');
   const billed = new Set(ids);
-  for (const r of all) assert.ok(billed.has(r.rid), `${r.rid} received in full, not billed`);
+  for (const r of all) if (r.complete) assert.ok(billed.has(r.rid), `${r.rid} received in full, not billed`);
   // `kvgw billing export --redis` (every instance's shipped stream) gives the same rows.
   const fromRedis = mergedExport([], ['--redis', `127.0.0.1:${port}`, '--prefix', PREFIX]);
   assert.equal(fromRedis.length, rows.length, 'as many rows from Redis as in the three ledgers');
