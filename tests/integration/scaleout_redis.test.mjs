@@ -126,9 +126,12 @@ test('Redis paused (SIGSTOP) mid-load, then resumed: served, billed once, degrad
     await waitFor('6 responses before the pause', () => res.filter((r) => r.complete).length >= 6 || failed(), { stepMs: 10 });
     cluster.redis.pause();
     down = Date.now();
-    await waitFor('3 writes decided while Redis is paused', () => writesSince(res, down) >= 3 || failed(), { timeoutMs: 60000, stepMs: 20 });
-    up = Date.now();
-    cluster.redis.resume();
+    try {
+      await waitFor('3 writes decided while Redis is paused', () => writesSince(res, down) >= 3 || failed(), { timeoutMs: 60000, stepMs: 20 });
+    } finally {
+      up = Date.now();
+      cluster.redis.resume();
+    }
     await allUp();
     back = Date.now();
     await waitFor('3 writes after Redis returned', () => writesSince(res, back) >= 3 || failed(), { timeoutMs: 60000, stepMs: 20 });
@@ -146,10 +149,16 @@ test('Redis stopped (SHUTDOWN) mid-load, then restarted: served, billed once, de
     await waitFor('6 responses before the stop', () => res.filter((r) => r.complete).length >= 6 || failed(), { stepMs: 10 });
     await cluster.redis.stop();
     down = Date.now();
-    await waitFor('3 writes decided while Redis is stopped', () => writesSince(res, down) >= 3 || failed(), { timeoutMs: 60000, stepMs: 20 });
-    for (const g of cluster.gws) assert.equal((await metrics(g)).value('kvgw_registry_up'), 0, `${g.name}: registry down while Redis is stopped`);
-    up = Date.now();
-    await cluster.redis.restart();
+    try {
+      await waitFor('3 writes decided while Redis is stopped', () => writesSince(res, down) >= 3 || failed(), { timeoutMs: 60000, stepMs: 20 });
+      await waitFor('every gateway to see its registry down', async () => {
+        for (const g of cluster.gws) if ((await metrics(g)).value('kvgw_registry_up') !== 0) return false;
+        return true;
+      }, { timeoutMs: 30000, stepMs: 50 });
+    } finally {
+      up = Date.now();
+      await cluster.redis.restart();
+    }
     await allUp();
     back = Date.now();
     await waitFor('3 writes after Redis returned', () => writesSince(res, back) >= 3 || failed(), { timeoutMs: 60000, stepMs: 20 });
@@ -205,10 +214,13 @@ test('kvgw billing verify: Redis (the primary now) agrees with the three ledgers
   const port = await cluster.sentinels.currentMaster();
   const args = ['billing', 'verify', '--ledger', A.ledger, '--ledger', B.ledger, '--ledger', C.ledger,
     '--redis', `127.0.0.1:${port}`, '--prefix', PREFIX];
-  // The shippers catch up in the background: verify agrees once they have (a bounded wait).
-  let last;
-  await waitFor('kvgw billing verify to pass', () => { last = kvgw(args); return last.code === 0; }, { timeoutMs: 30000, stepMs: 500 })
-    .catch((e) => assert.fail(`${e.message}\n${last.stdout}\n${last.stderr}`));
+  // The shippers catch up in the background: wait (bounded) until every instance's shipped
+  // stream holds as many events as the three ledgers, then verify.
+  const nLedger = mergedExport(ledgers()).length;
+  await waitFor('the shippers to ship every ledger event', () => mergedExport([], ['--redis', `127.0.0.1:${port}`, '--prefix', PREFIX]).length >= nLedger,
+    { timeoutMs: 30000, stepMs: 250 });
+  const v = kvgw(args);
+  assert.equal(v.code, 0, `kvgw billing verify:\n${v.stdout}\n${v.stderr}`);
   // And the merged export holds every request answered in full exactly once.
   const rows = mergedExport(ledgers());
   const ids = rows.map((r) => r.request_id);
