@@ -233,6 +233,48 @@ test('a gateway with another namespace secret is refused at start, the cluster u
   assert.equal((await message(A, { model: MODEL, max_tokens: 1, messages: [{ role: 'user', content: 'still A' }] })).status, 200, 'A still serves');
 });
 
+test('a stale gateway is fenced: A frozen past its lease, replaced, then resumed, mutates nothing', async () => {
+  const reg = `${PREFIX}:gw:gw-a`;
+  const fenced = async (g) => {
+    const m = await metrics(g);
+    let n = 0;
+    for (const line of m.text.split('\n')) if (/^kvgw_registry_errors_total\{.*kind="fenced"/.test(line)) n += Number(line.split(' ').pop());
+    return { up: m.value('kvgw_registry_up'), fenced: n };
+  };
+  A.proc.kill('SIGSTOP'); // a partition or a VM freeze: A can neither renew nor notice
+  let A2;
+  try {
+    await waitFor('A\'s registration to lapse', async () => (await cluster.redis.cli('EXISTS', reg)) === '0', { timeoutMs: 30000, stepMs: 100 });
+    // Its replacement takes the instance id (its own ledger directory: the old one is locked).
+    A2 = await cluster.startGateway('a2', { instance: 'gw-a' });
+    cluster.gws.push(A2);
+    await cluster.ready(A2);
+  } finally {
+    A.proc.kill('SIGCONT');
+  }
+  const nonce = await cluster.redis.cli('GET', reg);
+  assert.ok(nonce);
+  await waitFor('the resumed A to find itself fenced', async () => { const f = await fenced(A); return f.up === 0 && f.fenced > 0; }, { timeoutMs: 30000, stepMs: 100 });
+  assert.equal(await cluster.redis.cli('GET', reg), nonce, 'the replacement\'s registration stands');
+  // A still serves, deciding locally, and writes nothing to Redis: B does not read its prefix.
+  await waitFor('A ready again (its worker links)', async () => (await fetch(A.base + '/readyz')).status === 200, { stepMs: 100 });
+  const body = { model: MODEL, max_tokens: 1, system: system(`fenced-${process.pid}`), messages: [{ role: 'user', content: 'x' }] };
+  const wa = await message(A, body);
+  assert.ok(wa.complete && wa.usage.cache_creation_input_tokens > 0);
+  const rows = new Map(mergedExport(ledgers()).map((x) => [x.request_id, x]));
+  assert.equal(rows.get(wa.rid)?.registry, 'local', 'a fenced gateway\'s decision is local');
+  const wb = await message(B, body);
+  assert.equal(wb.usage.cache_read_input_tokens, 0, 'the fenced A committed nothing that B could read');
+  assert.equal(wb.usage.cache_creation_input_tokens, wa.usage.cache_creation_input_tokens);
+  // The replacement leaves; once its registration is gone A registers again and is up.
+  await kill(A2.proc, 'SIGTERM');
+  cluster.gws.splice(cluster.gws.indexOf(A2), 1);
+  await waitFor('A to register again', async () => (await fenced(A)).up === 1, { timeoutMs: 30000, stepMs: 100 });
+  assert.notEqual(await cluster.redis.cli('GET', reg), nonce, 'A\'s own registration');
+  const again = await message(C, body);
+  assert.equal(again.usage.cache_creation_input_tokens, 0, 'C reads the prefix B wrote');
+});
+
 // A long stream on g; resolves once its first text delta arrived (so it is surely in flight),
 // with done: a promise of whether it reached message_stop.
 async function longStream(g) {
