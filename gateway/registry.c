@@ -545,12 +545,14 @@ static int send_script(gw_registry_t *r, bill_redis_t *c, int script, uint32_t d
     return bill_redis_send(c, deadline_ms, cb, priv, argc + 2, av, al);
 }
 
+/* An error reply with our code. Redis 7 puts "ERR " in front of a script's error_reply whose text
+ * is not a known code, older versions do not: both are accepted. */
 static bool is_error(const redisReply *rp, const char *code)
 {
-    /* Redis 7 prefixes a script's redis.error_reply("CODE") with "ERR ". */
-    return rp->type == REDIS_REPLY_ERROR && rp->str != NULL &&
-           (strncmp(rp->str, code, strlen(code)) == 0 ||
-            (strncmp(rp->str, "ERR ", 4) == 0 && strncmp(rp->str + 4, code, strlen(code)) == 0));
+    if (rp->type != REDIS_REPLY_ERROR || rp->str == NULL)
+        return false;
+    const char *s = strncmp(rp->str, "ERR ", 4) == 0 ? rp->str + 4 : rp->str;
+    return strncmp(s, code, strlen(code)) == 0;
 }
 
 /* An error reply to a script: FENCED moves the registry to FENCED; NOSCRIPT (someone flushed the

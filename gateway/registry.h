@@ -266,7 +266,8 @@ typedef void (*gw_registry_claim_cb)(const gw_registry_claim_result_t *res, void
 /* Asks Redis about the points of tokens (n_tokens >= the longest point) in namespace ns for a
  * request that would run on `worker` (its name, see ARCHITECTURE: the worker's HELLO_ACK name or
  * its address). Returns 0 and *op (cb runs exactly once unless gw_registry_cancel(op) first; op
- * is valid until then), GW_REGISTRY_REFUSED_DOWN as a positive soft outcome (state not UP: decide
+ * is valid until then), GW_REGISTRY_REFUSED_DOWN as a positive soft outcome (state not UP, or
+ * the connection between a drop and its scripts' reload, or stopping: decide
  * locally, no callback; counted), PC_ERR_INVAL (no points, more than GW_REGISTRY_MAX_POINTS, not
  * increasing, beyond n_tokens or max_event_tokens, a bad TTL class, a bad worker name) or
  * PC_ERR_NOMEM (no callback for these). */

@@ -16,6 +16,7 @@ pkgs=(
     build-essential cmake pkg-config git ca-certificates
     libuv1-dev node-llhttp libhiredis-dev libxxhash-dev libjansson-dev libpcre2-dev
     libopenblas-dev libyaml-dev libicu-dev libsodium-dev redis-server redis-tools
+    redis-sentinel
     clang libclang-rt-14-dev llvm clang-format gcc-aarch64-linux-gnu libc6-dev-arm64-cross
     curl jq wrk
 )
