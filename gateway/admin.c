@@ -1,20 +1,34 @@
 /*
- * admin.c — GET /admin/v1/usage: the ledger exported, streamed (serve_internal.h).
+ * admin.c — GET /admin/v1/usage: the usage exported, streamed (serve_internal.h).
  */
 #include <string.h>
 
+#include "redisconn.h"
 #include "request.h"
 
-/* ---- GET /admin/v1/usage: the ledger exported, streamed ------------------------------------
+/* ---- GET /admin/v1/usage: the usage exported, streamed ------------------------------------
  *
  * Query: from, to (RFC 3339 or epoch ms; [from, to) by event start), tenant, format (csv, jsonl,
- * focus; default csv), group (none, day). The export reads ledger files, so each step runs on
- * the thread pool; its output goes to the client between steps, and the next step waits while
- * the client does not read (on_drain). Memory stays bounded by one step's output. */
+ * focus; default csv), group (none, day), scope (local, cluster). scope=local is this gateway's
+ * ledger. scope=cluster (the default when a registry is configured, s->usage_cluster_default;
+ * needs Redis) is the merged view of every gateway (billing.h, Sources): this gateway's own
+ * events from its ledger (the record, shipped or not, so none is missing or doubled) and every
+ * other instance's from the stream it shipped to Redis, merged by end time.
+ *
+ * Opening the export (listing the ledger, connecting to Redis and listing its instances) and
+ * each step run on the thread pool, never on the loop: the response's head is sent when the open
+ * succeeded (else an error: 502 when Redis cannot be read), its output goes to the client between
+ * steps, and the next step waits while the client does not read (on_drain). Memory stays bounded
+ * by one step's output and one pending event (one Redis page) per source. */
 
 typedef struct export_job {
     gw_req_t *q;
     bill_export_t *x;
+    bill_export_params_t xp;
+    char tenant[128];
+    bool cluster;
+    bill_redis_params_t rp; /* scope=cluster: the Redis of the shipper */
+    bill_redis_addr_t sentinels[BILL_REDIS_MAX_SENTINELS]; /* rp's, with Sentinel */
     uv_work_t work;
     pc_buf_t out; /* filled by the step (thread pool), sent on the loop */
     int rc;
@@ -66,7 +80,7 @@ static void export_abort(gw_http_req_t *r, void *data)
     q->http = NULL;
     q->client_gone = true;
     export_job_t *j = q->job;
-    if (j->waiting_drain) /* no step in flight: free now; else export_step_done frees it */
+    if (j->waiting_drain) /* no work in flight: free now; else its done callback frees it */
         export_job_free(j);
 }
 
@@ -104,6 +118,57 @@ static void export_step_done(uv_work_t *w, int status)
     gw_http_stream_end(q->http);
     q->http = NULL;
     export_job_free(j);
+}
+
+/* Thread pool: opens the export (ledger listing, Redis connect and instance listing). */
+static void open_work(uv_work_t *w)
+{
+    export_job_t *j = w->data;
+    const char *dir = j->q->s->cfg.ledger_dir;
+    bill_export_sources_t src = {
+        .ledger_dirs = &dir,
+        .n_ledgers = 1,
+        .redis = j->cluster ? &j->rp : NULL,
+        .redis_prefix = j->q->s->cfg.redis_prefix, /* the shipper's (redis.prefix) */
+    };
+    j->rc = bill_export_open_sources(&src, &j->xp, &j->x, j->err, sizeof j->err);
+}
+
+static void open_done(uv_work_t *w, int status)
+{
+    (void)status;
+    export_job_t *j = w->data;
+    gw_req_t *q = j->q;
+    if (q->http == NULL) { /* the client left while it opened */
+        export_job_free(j);
+        return;
+    }
+    if (j->rc != 0) {
+        int code = j->rc == PC_ERR_UPSTREAM || j->rc == PC_ERR_PERM || j->rc == PC_ERR_FORMAT ? 502
+                   : j->rc == PC_ERR_NOMEM                                                    ? 500
+                                                                                              : 400;
+        if (code == 502)
+            PC_LOG(PC_LOG_WARN, "admin", "usage export (scope=cluster): %s", j->err);
+        gw__req_respond_errorf(q, code, "%s", j->err[0] ? j->err : pc_strerror(j->rc));
+        export_job_free(j);
+        return;
+    }
+    gw_http_header_t h[4];
+    size_t n = 0;
+    h[n++] = (gw_http_header_t){"content-type", j->xp.format == BILL_EXPORT_JSONL
+                                                    ? "application/x-ndjson"
+                                                    : "text/csv; charset=utf-8"};
+    h[n++] = (gw_http_header_t){"request-id", q->id};
+    h[n++] = (gw_http_header_t){"kvgw-usage-scope", j->cluster ? "cluster" : "local"};
+    if (gw_http_stream_begin(q->http, 200, h, n) != 0) {
+        gw_http_req_on_abort(q->http, NULL);
+        gw_http_req_on_drain(q->http, NULL);
+        q->http = NULL;
+        q->client_gone = true;
+        export_job_free(j);
+        return;
+    }
+    export_next(j);
 }
 
 /* Copies query parameter name's (undecoded) value into out; false when absent. */
@@ -146,8 +211,7 @@ bool gw__admin_usage(gw_req_t *q, const char *query)
         }
         xp.to_ms = ms;
     }
-    if (query_param(query, "tenant", tenant, sizeof tenant))
-        xp.tenant = tenant;
+    bool has_tenant = query_param(query, "tenant", tenant, sizeof tenant);
     if (query_param(query, "format", v, sizeof v) &&
         (xp.format = bill_export_format_parse(v)) < 0) {
         gw__req_respond_errorf(q, 400, "format: expected csv, jsonl or focus, got %s", v);
@@ -157,40 +221,50 @@ bool gw__admin_usage(gw_req_t *q, const char *query)
         gw__req_respond_errorf(q, 400, "group: expected none or day, got %s", v);
         return false;
     }
+    bool cluster = s->usage_cluster_default;
+    if (query_param(query, "scope", v, sizeof v)) {
+        if (strcmp(v, "cluster") != 0 && strcmp(v, "local") != 0) {
+            gw__req_respond_errorf(q, 400, "scope: expected local or cluster, got %s", v);
+            return false;
+        }
+        cluster = v[0] == 'c';
+    }
+    if (cluster && !gw_config_has_redis(&s->cfg)) {
+        gw__req_respond_errorf(q, 400, "%s",
+                               "scope=cluster needs Redis (redis: in the config); scope=local is "
+                               "this gateway's ledger");
+        return false;
+    }
+    if (xp.from_ms > xp.to_ms) {
+        gw__req_respond_errorf(q, 400, "%s", "from is after to");
+        return false;
+    }
     export_job_t *j = pc_calloc(1, sizeof *j);
     if (j == NULL) {
         gw__req_respond_errorf(q, 500, "%s", "out of memory");
         return false;
     }
+    if (has_tenant) {
+        memcpy(j->tenant, tenant, sizeof j->tenant);
+        xp.tenant = j->tenant;
+    }
     xp.pricing = s->pricing;
     xp.chunk = export_chunk;
     xp.ud = j;
-    char err[256];
-    if (bill_export_open(s->cfg.ledger_dir, &xp, &j->x, err, sizeof err) != 0) {
+    j->xp = xp;
+    j->cluster = cluster;
+    if (cluster &&
+        gw__serve_redis_params(&s->cfg, &j->rp, j->sentinels, j->err, sizeof j->err) != 0) {
+        gw__req_respond_errorf(q, 500, "redis: %s", j->err);
         pc_free(j);
-        gw__req_respond_errorf(q, 400, "%s", err);
         return false;
     }
     j->q = q;
     j->work.data = j;
     q->job = j;
     gw__req_set_state(q, GW_REQ_EXPORTING);
-    gw_http_header_t h[4];
-    size_t n = 0;
-    h[n++] = (gw_http_header_t){"content-type", xp.format == BILL_EXPORT_JSONL
-                                                    ? "application/x-ndjson"
-                                                    : "text/csv; charset=utf-8"};
-    h[n++] = (gw_http_header_t){"request-id", q->id};
     gw_http_req_on_abort(q->http, export_abort);
     gw_http_req_on_drain(q->http, export_drain);
-    if (gw_http_stream_begin(q->http, 200, h, n) != 0) {
-        gw_http_req_on_abort(q->http, NULL);
-        gw_http_req_on_drain(q->http, NULL);
-        bill_export_free(j->x);
-        pc_free(j);
-        q->job = NULL;
-        return false;
-    }
-    export_next(j);
+    uv_queue_work(s->loop, &j->work, open_work, open_done);
     return true;
 }

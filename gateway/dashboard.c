@@ -40,6 +40,9 @@ static const char *const metric_names[] = {
     "kvgw_worker_tier_corrupt_records_total",
     "kvgw_worker_tier_recomputes_avoided_tokens_total",
     "kvgw_worker_hole_recomputed_tokens_total",
+    "kvgw_registry_up",
+    "kvgw_registry_decisions_total",
+    "kvgw_registry_feed_lag_seconds",
     NULL,
 };
 

@@ -378,9 +378,9 @@ static void on_registry_state(gw_registry_state_t state, const char *reason, voi
            state == GW_REGISTRY_UP ? "" : " (billing decisions are local until it is up)");
 }
 
-/* The config's Redis as redisconn's params (sent: room for the sentinels). */
-static int redis_params(const gw_config_t *c, bill_redis_params_t *p,
-                        bill_redis_addr_t sent[BILL_REDIS_MAX_SENTINELS], char *err, size_t err_len)
+int gw__serve_redis_params(const gw_config_t *c, bill_redis_params_t *p,
+                           bill_redis_addr_t sent[BILL_REDIS_MAX_SENTINELS], char *err,
+                           size_t err_len)
 {
     *p = bill_redis_params_default();
     if (c->redis_host != NULL) {
@@ -410,7 +410,8 @@ static int start_registry(serve_t *s)
     char err[512];
     bill_redis_addr_t sent[BILL_REDIS_MAX_SENTINELS];
     gw_registry_params_t rp = gw_registry_params_default();
-    if (redis_params(&s->cfg, &rp.redis, sent, err, sizeof err) != 0 || build_ns_owners(s) != 0) {
+    if (gw__serve_redis_params(&s->cfg, &rp.redis, sent, err, sizeof err) != 0 ||
+        build_ns_owners(s) != 0) {
         fprintf(stderr, "kvgw serve: registry: %s\n", err);
         return SERVE_EXIT_FAIL;
     }
@@ -665,7 +666,7 @@ static int serve_run(serve_t *s, const gw_serve_params_t *params)
     if (gw_config_has_redis(&s->cfg)) {
         bill_redis_addr_t sent[BILL_REDIS_MAX_SENTINELS];
         bill_redis_params_t conn;
-        if (redis_params(&s->cfg, &conn, sent, err, sizeof err) != 0) {
+        if (gw__serve_redis_params(&s->cfg, &conn, sent, err, sizeof err) != 0) {
             fprintf(stderr, "kvgw serve: redis: %s\n", err);
             return SERVE_EXIT_FAIL;
         }
@@ -702,6 +703,7 @@ static int serve_run(serve_t *s, const gw_serve_params_t *params)
     }
     if (s->cfg.registry_enabled && (rc = start_registry(s)) != 0)
         return rc;
+    s->usage_cluster_default = s->cfg.registry_enabled; /* /admin/v1/usage: the merged view */
     gw_http_params_t hp = gw_http_params_default();
     hp.host = s->cfg.listen_host;
     hp.port = s->cfg.listen_port;

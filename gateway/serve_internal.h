@@ -68,6 +68,9 @@ typedef struct serve {
     bill_pricing_t *pricing;
     bill_ledger_t *ledger;
     bill_shipper_t *shipper; /* NULL without Redis */
+    /* GET /admin/v1/usage (admin.c): whether ?scope=cluster is the default (gw_serve sets it
+     * when a registry is configured; else the default is local). */
+    bool usage_cluster_default;
     bill_idgen_t idgen;
     uv_async_t ledger_wake;
     uv_timer_t tick;
@@ -122,6 +125,14 @@ const char *gw__serve_worker_id(const serve_t *s, uint32_t i, char *buf, size_t 
 
 /* The worker of model `model` whose identity is id, or -1 (this gateway is not connected to it). */
 int gw__serve_worker_by_id(const serve_t *s, const char *id, uint32_t model);
+
+/* The config's Redis (an address or Sentinel) as redisconn's params; sent is the room for the
+ * sentinels' addresses, which p points into (it must live as long as p). Returns 0, or
+ * PC_ERR_INVAL with the reason in err (a sentinel address that does not parse: config.c refuses
+ * it first). */
+int gw__serve_redis_params(const gw_config_t *c, bill_redis_params_t *p,
+                           bill_redis_addr_t sent[BILL_REDIS_MAX_SENTINELS], char *err,
+                           size_t err_len);
 
 /* The owner (tenant, model) of ns: the namespace table's record, else the unsalted namespaces of
  * the configuration. Returns false when unknown (a salted namespace this gateway never served). */

@@ -198,15 +198,23 @@ test('the dashboard shows the figures of /metrics and draws its charts', { timeo
   // (Histogram series are read by family name plus _count, _sum or _bucket.)
   const names = new Set([...pageBytes.toString('utf8').matchAll(/"(kvgw_[a-z_]+?)(?:_count|_sum|_bucket)?"/g)]
     .map((m) => m[1]));
-  assert.equal(names.size, 27);
-  for (const n of names) assert.ok(new RegExp(`^# TYPE ${n} `, 'm').test(before), `/metrics has no family ${n}`);
+  assert.equal(names.size, 30);
+  // The registry's families (kvgw_registry_*) exist only on a gateway with a registry, which
+  // this one is not: the page shows its registry card only when they are there.
+  for (const n of names) {
+    if (n.startsWith('kvgw_registry_')) {
+      assert.ok(!new RegExp(`^# TYPE ${n} `, 'm').test(before), `${n} without a registry`);
+      continue;
+    }
+    assert.ok(new RegExp(`^# TYPE ${n} `, 'm').test(before), `/metrics has no family ${n}`);
+  }
   // So does every family the Grafana dashboard queries, but for the Redis shipper's lag, which
   // the panel names ahead of the billing module exporting it (conf/README.md says so).
   const grafana = readFileSync('conf/grafana/kvgw-dashboard.json', 'utf8');
   const gnames = new Set([...grafana.matchAll(/\b(kvgw_[a-z_]+?)(?:_count|_sum|_bucket)?\b/g)].map((m) => m[1]));
   assert.ok(gnames.size >= 14);
   for (const n of gnames) {
-    if (n === 'kvgw_billing_shipper_lag_events') continue;
+    if (n === 'kvgw_billing_shipper_lag_events' || n.startsWith('kvgw_registry_')) continue;
     assert.ok(new RegExp(`^# TYPE ${n} `, 'm').test(before), `conf/grafana/kvgw-dashboard.json queries ${n}, which /metrics lacks`);
   }
 
@@ -241,6 +249,9 @@ test('the dashboard shows the figures of /metrics and draws its charts', { timeo
     total += shown;
   }
   near(fig.get('requests'), total, 'requests (sum over endpoint and code)');
+  // No registry here: its card stays hidden and its figures unset.
+  assert.match(dom, /<div class="card" id="card-registry" hidden="">/);
+  assert.ok(Number.isNaN(fig.get('registry.up')), 'no registry figure without a registry');
   near(fig.get('requests.messages.400'), 1, 'the refused request');
   near(fig.get('requests.chat_completions.200'), 1, 'the OpenAI request');
 

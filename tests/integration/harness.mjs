@@ -206,7 +206,9 @@ export function crc32c(buf) {
   return (c ^ 0xffffffff) >>> 0;
 }
 
-function decodeEvent(p) {
+// A record's payload; version 2 (billing/ledger.h) adds the registry byte after the costs,
+// version 1 reads as registry 0 (none).
+function decodeEvent(p, version = 2) {
   let o = 0;
   const ev = { kind: p[o++], status: p[o++] };
   for (const name of ['event_id', 'request_id', 'tenant', 'api_key_id', 'model', 'ns']) {
@@ -215,11 +217,14 @@ function decodeEvent(p) {
     ev[name] = p.subarray(o, o + n).toString('latin1');
     o += n;
   }
-  if (p.length - o !== 16 * 8) throw new Error(`payload tail is ${p.length - o} bytes, not 128`);
+  const tail = 16 * 8 + (version >= 2 ? 1 : 0);
+  if (p.length - o !== tail) throw new Error(`payload tail is ${p.length - o} bytes, not ${tail}`);
   const f = ['start_ms', 'end_ms', 'uncached', 'write_5m', 'write_1h', 'read', 'output', 'hit_logical', 'hit_physical', 'token_ms'];
   for (const name of f) { ev[name] = Number(p.readBigUInt64LE(o)); o += 8; }
   ev.cost_nusd = [];
   for (let i = 0; i < 6; i++) { ev.cost_nusd.push(p.readBigUInt64LE(o)); o += 8; }
+  ev.registry = version >= 2 ? p[o] : 0;
+  if (ev.registry > 2) throw new Error('bad registry ' + ev.registry);
   return ev;
 }
 
@@ -236,7 +241,8 @@ export function readLedger(dir, { allowTornTail = false } = {}) {
     const b = readFileSync(join(dir, name));
     const where = (o) => `${name}@${o}`;
     if (b.length < 16 || b.subarray(0, 8).toString('latin1') !== 'KVGWLEDG') throw new Error(where(0) + ': bad segment header');
-    if (b.readUInt32LE(8) !== 1) throw new Error(where(8) + ': segment version ' + b.readUInt32LE(8));
+    const segVersion = b.readUInt32LE(8);
+    if (segVersion !== 1 && segVersion !== 2) throw new Error(where(8) + ': segment version ' + segVersion);
     if (crc32c(b.subarray(0, 12)) !== b.readUInt32LE(12)) throw new Error(where(12) + ': segment header CRC');
     const first = BigInt(name.slice(7, 27));
     if (expect !== null && first !== expect) throw new Error(`${name}: starts at seq ${first}, expected ${expect}`);
@@ -251,12 +257,12 @@ export function readLedger(dir, { allowTornTail = false } = {}) {
       const n = b.readUInt32LE(o);
       if (n < 1 || n > 65536 || b.length - o < 20 + n) { if (bad(`record length ${n} past the end`)) break; }
       if (crc32c(b.subarray(o + 8, o + 20 + n)) !== b.readUInt32LE(o + 4)) { if (bad('record CRC')) break; }
-      if (b[o + 8] !== 1) throw new Error(where(o) + ': record version ' + b[o + 8]);
+      if (b[o + 8] !== 1 && b[o + 8] !== 2) throw new Error(where(o) + ': record version ' + b[o + 8]);
       const seq = b.readBigUInt64LE(o + 12);
       if (expect === null) expect = seq;
       if (seq !== expect) throw new Error(where(o) + `: seq ${seq}, expected ${expect}`);
       expect = seq + 1n;
-      const ev = decodeEvent(b.subarray(o + 20, o + 20 + n));
+      const ev = decodeEvent(b.subarray(o + 20, o + 20 + n), b[o + 8]);
       if (ev.kind !== b[o + 9]) throw new Error(where(o) + ': record kind differs from the payload');
       ev.seq = seq;
       events.push(ev);

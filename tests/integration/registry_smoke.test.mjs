@@ -2,8 +2,10 @@
 // redis-server (a temporary directory, a random port), one `kvgw worker`, two `kvgw serve` (A
 // and B) with the registry on. A prompt written through A is billed as a read through B with
 // the exact token counts (the response, the kvgw-cache header, the access log and B's ledger),
-// both decisions say registry=shared; a third gateway whose namespace secret differs, and one
-// that reuses A's live instance id, are refused at start with a clear message. The big suite
+// both decisions say registry=shared; the same new prompt sent to A and B at once bills one
+// write and one read of it; a third gateway whose namespace secret differs, and one
+// that reuses A's live instance id, are refused at start with a clear message; with Redis
+// stopped A keeps serving, its decisions marked registry: local (header, ledger). The big suite
 // (three gateways, both SDKs, races, failures) is scaleout*.test.mjs.
 //
 // Run: KVGW_BIN=build/bin/kvgw node --test tests/integration/registry_smoke.test.mjs (repository
@@ -68,7 +70,9 @@ function startWorker() {
   });
 }
 
-function config(name, { secret = SECRET, lease = '2s', instance = name } = {}) {
+// registry.timeout is generous here: a claim past it is decided locally (and may bill a second
+// write), which a loaded 2-core CI machine must not turn into a flaky race below.
+function config(name, { secret = SECRET, lease = '3s', instance = name } = {}) {
   return writeConfig(dir, `listen: 127.0.0.1:0
 models:
   - name: ${MODEL}
@@ -92,6 +96,7 @@ redis:
 registry:
   enabled: true
   lease: ${lease}
+  timeout: 2s
 log:
   access_log: ${dir}/access-${name}.log
 `, `${name}.yaml`);
@@ -140,6 +145,21 @@ async function ask(gw, sys) {
 
 const metricsOf = async (gw) => (await fetch(gw.base + '/metrics', { headers: { authorization: 'Bearer sk-test-admin' } })).text();
 
+test('the same new prompt on A and B at once: exactly one write, the other a read of it', async () => {
+  for (let round = 0; round < 3; round++) {
+    const sys = system(`race ${round}`);
+    const [a, b] = await Promise.all([ask(gwA, sys), ask(gwB, sys)]);
+    const w = [a, b].map((x) => x.j.usage.cache_creation_input_tokens);
+    const r = [a, b].map((x) => x.j.usage.cache_read_input_tokens);
+    const writer = w[0] > 0 ? 0 : 1;
+    assert.ok(w[writer] > 100, JSON.stringify([a.j.usage, b.j.usage]));
+    assert.equal(w[1 - writer], 0, 'one write only: ' + JSON.stringify([a.j.usage, b.j.usage]));
+    assert.equal(r[writer], 0);
+    assert.equal(r[1 - writer], w[writer], 'the other reads exactly what was written');
+    for (const x of [a, b]) assert.match(x.cache, /registry=shared/);
+  }
+});
+
 test('written through A, billed as a read through B, exactly; both decisions shared', async () => {
   const sys = system('one');
   const a = await ask(gwA, sys);
@@ -177,7 +197,7 @@ test('written through A, billed as a read through B, exactly; both decisions sha
   assert.equal(ev.length, 1, JSON.stringify(rows));
   assert.equal(ev[0].usage.cache_read_tokens, written);
   assert.equal(ev[0].usage.cache_write_5m_tokens, 0);
-  if ('registry' in ev[0]) assert.equal(ev[0].registry, 'shared');
+  assert.equal(ev[0].registry, 'shared');
 });
 
 test('a gateway with another namespace secret is refused at start', () => {
@@ -194,4 +214,24 @@ test('a second gateway with a live gateway\'s instance id is refused at start', 
   assert.match(r.stderr, /kvgw serve: refusing to start: registry: .*billing\.instance_id gw-a is in use by a live gateway/);
   assert.doesNotMatch(r.stdout, /listening on/);
   assert.equal(gwA.proc.exitCode, null, 'A keeps serving');
+});
+
+test('Redis stopped: A keeps serving from its own view, its decisions marked local', async () => {
+  const redisProc = procs.find((p) => p.spawnfile === 'redis-server');
+  redisProc.kill('SIGTERM');
+  await new Promise((r) => redisProc.once('exit', r));
+  await waitFor('A to see Redis down', async () => (await (await fetch(gwA.base + '/healthz')).json()).registry === 'down');
+  const x = await ask(gwA, system('while redis is down'));
+  assert.ok(x.j.usage.cache_creation_input_tokens > 100, JSON.stringify(x.j.usage));
+  assert.match(x.cache, /outcome=write; .*registry=local/);
+  const y = await ask(gwA, system('while redis is down')); // the replica still serves its own write
+  assert.equal(y.j.usage.cache_read_input_tokens, x.j.usage.cache_creation_input_tokens);
+  assert.match(y.cache, /registry=local/);
+  const m = await metricsOf(gwA);
+  assert.match(m, /^kvgw_registry_up 0$/m);
+  assert.match(m, /^kvgw_registry_decisions_total\{registry="local"\} [2-9]/m);
+  const { code } = await stopGateway(gwA);
+  assert.equal(code, 0, gwA.stderr());
+  const rows = exportJsonl(join(dir, 'ledger-gw-a')).filter((r) => r.request_id === x.id || r.request_id === y.id);
+  assert.deepEqual(rows.map((r) => r.registry), ['local', 'local']);
 });

@@ -359,4 +359,174 @@ PC_TEST(storage_emit_checks_everything_first)
     bill_pricing_free(p);
 }
 
+/* ---- the merged view of several gateways' ledgers ---------------------------------------- */
+
+static int merge_append(bill_ledger_t *l, const char *id, const char *inst, int i, uint64_t end)
+{
+    bill_event_t ev;
+    bill_event_init(&ev, BILL_EVENT_USAGE);
+    snprintf(ev.event_id, BILL_STR_MAX, "%s", id);
+    snprintf(ev.request_id, BILL_STR_MAX, "req-%s-%d", inst, i);
+    bill_event_set_str(ev.tenant, "acme");
+    bill_event_set_str(ev.model, "m1");
+    ev.end_ms = end;
+    ev.start_ms = end - 100;
+    ev.usage.n_uncached = 10 + (uint64_t)i;
+    ev.cost_nusd[BILL_BUCKET_UNCACHED] = 1000 + (uint64_t)i;
+    ev.registry = (uint8_t)(i % BILL_REGISTRY_COUNT);
+    uint64_t seq;
+    return bill_ledger_append(l, &ev, &seq);
+}
+
+/* A ledger of instance inst with n events: ids "<inst>-<i>", end times end_of(i); with dup_id,
+ * first a copy of another instance's event (its id, end time dup_end). */
+static int merge_ledger(const char *dir, const char *inst, int n, uint64_t (*end_of)(int),
+                        const char *dup_id, uint64_t dup_end)
+{
+    bill_ledger_params_t lp = bill_ledger_params_default();
+    lp.dir = dir;
+    lp.instance = inst;
+    lp.fsync = BILL_FSYNC_OFF;
+    bill_ledger_t *l;
+    char err[256], id[BILL_STR_MAX];
+    if (bill_ledger_open(&lp, &l, err, sizeof err) != 0)
+        return -1;
+    int rc = dup_id != NULL ? merge_append(l, dup_id, inst, 0, dup_end) : 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        snprintf(id, sizeof id, "%s-%d", inst, i);
+        rc = merge_append(l, id, inst, i, end_of(i));
+    }
+    int rc2 = bill_ledger_close(l);
+    return rc != 0 ? rc : rc2;
+}
+
+/* a: every 3 ms; b: every 2 ms; c: every 5 ms, so end times tie across instances. */
+static uint64_t end_a(int i)
+{
+    return DAY0 + 3 * (uint64_t)i;
+}
+static uint64_t end_b(int i)
+{
+    return DAY0 + 2 * (uint64_t)i;
+}
+static uint64_t end_c(int i)
+{
+    return DAY0 + 5 * (uint64_t)i;
+}
+static uint64_t end_d(int i)
+{
+    return DAY0 + 20 + (uint64_t)i;
+}
+
+static int merged_run(const char *const *dirs, size_t n, sink_t *s, char *err, size_t err_len)
+{
+    memset(s, 0, sizeof *s);
+    s->fail_after = -1;
+    bill_export_params_t xp = bill_export_params_default();
+    xp.format = BILL_EXPORT_JSONL;
+    xp.chunk = on_chunk;
+    xp.ud = s;
+    bill_export_sources_t src = {.ledger_dirs = dirs, .n_ledgers = n};
+    bill_export_t *x;
+    int rc = bill_export_open_sources(&src, &xp, &x, err, err_len);
+    if (rc != 0)
+        return rc;
+    while ((rc = bill_export_step(x, 7, err, err_len)) == 0) /* small steps: resumed merges */
+        ;
+    bill_export_free(x);
+    pc_buf_terminate(&s->all);
+    return rc == 1 ? 0 : rc;
+}
+
+PC_TEST(merged_ledgers_every_event_once_in_end_instance_seq_order)
+{
+    char da[600], db[600], dc[600];
+    snprintf(da, sizeof da, "%s", pc_test_tmp_path("merge_a"));
+    snprintf(db, sizeof db, "%s", pc_test_tmp_path("merge_b"));
+    snprintf(dc, sizeof dc, "%s", pc_test_tmp_path("merge_c"));
+    ASSERT_EQ(merge_ledger(da, "gw-a", 40, end_a, NULL, 0), 0);
+    ASSERT_EQ(merge_ledger(db, "gw-b", 60, end_b, NULL, 0), 0);
+    ASSERT_EQ(merge_ledger(dc, "gw-c", 25, end_c, NULL, 0), 0);
+    const char *dirs[3] = {dc, da, db}; /* the order given does not matter */
+    sink_t s;
+    char err[256] = "";
+    ASSERT_EQ(merged_run(dirs, 3, &s, err, sizeof err), 0);
+    int n = 0, per[3] = {0}, reg[BILL_REGISTRY_COUNT] = {0};
+    uint64_t prev_end = 0, prev_seq = 0;
+    char prev_inst[64] = "";
+    char *save, *line = strtok_r(s.all.base, "\n", &save);
+    for (; line != NULL; line = strtok_r(NULL, "\n", &save), n++) {
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        ASSERT_TRUE(o != NULL);
+        const char *inst = json_string_value(json_object_get(o, "instance"));
+        const char *end = json_string_value(json_object_get(o, "end"));
+        const char *id = json_string_value(json_object_get(o, "event_id"));
+        const char *r = json_string_value(json_object_get(o, "registry"));
+        uint64_t seq = (uint64_t)json_integer_value(json_object_get(o, "seq"));
+        ASSERT_TRUE(inst != NULL && end != NULL && id != NULL && r != NULL);
+        uint64_t end_ms;
+        ASSERT_EQ(bill_parse_time_ms(end, &end_ms), 0);
+        /* Ordered by (end, instance, seq). */
+        int c = strcmp(prev_inst, inst);
+        ASSERT_TRUE(end_ms > prev_end ||
+                    (end_ms == prev_end && (c < 0 || (c == 0 && seq > prev_seq))));
+        /* The event is its instance's event number seq - 1. */
+        char want[80];
+        snprintf(want, sizeof want, "%s-%" PRIu64, inst, seq - 1);
+        ASSERT_STR_EQ(id, want);
+        per[inst[3] - 'a']++;
+        ASSERT_TRUE(bill_registry_parse(r) == (int)((seq - 1) % BILL_REGISTRY_COUNT));
+        reg[bill_registry_parse(r)]++;
+        prev_end = end_ms;
+        prev_seq = seq;
+        snprintf(prev_inst, sizeof prev_inst, "%s", inst);
+        json_decref(o);
+    }
+    ASSERT_EQ(n, 125);
+    ASSERT_EQ(per[0], 40);
+    ASSERT_EQ(per[1], 60);
+    ASSERT_EQ(per[2], 25);
+    ASSERT_TRUE(reg[0] > 0 && reg[1] > 0 && reg[2] > 0);
+    pc_buf_free(&s.all);
+
+    /* Per-day totals of the merge equal the sum of the three ledgers' own. */
+    uint64_t sum = 0;
+    for (int i = 0; i < 3; i++) {
+        sink_t one;
+        ASSERT_EQ(merged_run(&dirs[i], 1, &one, err, sizeof err), 0);
+        for (char *p = one.all.base; (p = strstr(p, "\"total\":\"")) != NULL; p += 9) {
+            char amount[40];
+            snprintf(amount, sizeof amount, "%.*s", (int)strcspn(p + 9, "\""), p + 9);
+            sum += usd(amount);
+        }
+        pc_buf_free(&one.all);
+    }
+    ASSERT_EQ_U64(sum, 40 * 1000 + 39 * 40 / 2 + 60 * 1000 + 59 * 60 / 2 + 25 * 1000 + 24 * 25 / 2);
+}
+
+PC_TEST(merged_ledgers_refuse_duplicates_loudly)
+{
+    char da[600], dd[600];
+    snprintf(da, sizeof da, "%s", pc_test_tmp_path("dup_a"));
+    snprintf(dd, sizeof dd, "%s", pc_test_tmp_path("dup_d"));
+    ASSERT_EQ(merge_ledger(da, "gw-a", 10, end_a, NULL, 0), 0);
+    /* gw-d holds a copy of gw-a's event 4 (same id, same end time). */
+    ASSERT_EQ(merge_ledger(dd, "gw-d", 10, end_d, "gw-a-4", end_a(4)), 0);
+    sink_t s;
+    char err[256] = "";
+    const char *dirs[2] = {da, dd};
+    ASSERT_EQ(merged_run(dirs, 2, &s, err, sizeof err), PC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(err, "gw-a-4") != NULL && strstr(err, "twice") != NULL);
+    pc_buf_free(&s.all);
+    /* One instance's ledger given twice. */
+    const char *twice[2] = {da, da};
+    ASSERT_EQ(merged_run(twice, 2, &s, err, sizeof err), PC_ERR_INVAL);
+    ASSERT_TRUE(strstr(err, "instance gw-a") != NULL);
+    /* Without the copy, both export. */
+    const char *one[1] = {dd};
+    ASSERT_EQ(merged_run(one, 1, &s, err, sizeof err), 0);
+    pc_buf_free(&s.all);
+}
+
 PC_TEST_MAIN()

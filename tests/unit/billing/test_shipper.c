@@ -9,6 +9,7 @@
 #include "ledger.h"
 #include "pc_test.h"
 #include "pc_testutil.h"
+#include "redisconn.h"
 #include "shipper.h"
 
 #include <arpa/inet.h>
@@ -364,6 +365,215 @@ PC_TEST(ship_through_outages_and_verify)
         uv_run(&c.loop, UV_RUN_ONCE);
     uv_run(&c.loop, UV_RUN_DEFAULT);
     ASSERT_EQ(uv_loop_close(&c.loop), 0);
+    redis_kill(SIGKILL);
+}
+
+static int write_to(void *ud, const char *data, size_t len)
+{
+    return fwrite(data, 1, len, ud) == len ? 0 : 1;
+}
+
+/* ---- the merged export from Redis -------------------------------------------------------- */
+
+static void fill_instance(const char *dir, const char *inst, uint64_t n)
+{
+    bill_ledger_params_t lp = bill_ledger_params_default();
+    lp.dir = dir;
+    lp.instance = inst;
+    lp.fsync = BILL_FSYNC_OFF;
+    bill_ledger_t *l;
+    if (bill_ledger_open(&lp, &l, NULL, 0) != 0)
+        return;
+    for (uint64_t i = 0; i < n; i++) {
+        bill_event_t ev;
+        uint64_t seq;
+        bill_event_init(&ev, i % 25 == 24 ? BILL_EVENT_STORAGE : BILL_EVENT_USAGE);
+        snprintf(ev.event_id, BILL_STR_MAX, "%s-%" PRIu64, inst, i);
+        bill_event_set_str(ev.tenant, i % 3 ? "acme" : "te,\"na\"nt");
+        bill_event_set_str(ev.model, "kvgw-demo");
+        bill_event_set_str(ev.ns, "00112233aabbccdd");
+        ev.start_ms = 1735689600000ull + i * 7 + (uint64_t)(inst[3] - 'a');
+        ev.end_ms = ev.start_ms + 5; /* ties across instances */
+        ev.registry = (uint8_t)(i % BILL_REGISTRY_COUNT);
+        if (ev.kind == BILL_EVENT_USAGE) {
+            snprintf(ev.request_id, BILL_STR_MAX, "req-%" PRIu64, i);
+            bill_event_set_str(ev.api_key_id, "key1");
+            ev.status = (uint8_t)(i % BILL_STATUS_COUNT);
+            ev.usage = (bill_usage_t){i % 97, i % 13, i % 7, i % 101, 1 + i % 5};
+            ev.n_hit_logical = ev.usage.n_read;
+            ev.n_hit_physical = ev.usage.n_read / 2;
+            for (int b = 0; b < BILL_BUCKET_STORAGE; b++)
+                ev.cost_nusd[b] = (i * 7919 + (uint64_t)b * 104729) % 1000003;
+        } else {
+            ev.token_ms = i * 1000;
+            ev.cost_nusd[BILL_BUCKET_STORAGE] = i;
+        }
+        bill_ledger_append(l, &ev, &seq);
+    }
+    bill_ledger_close(l);
+}
+
+/* The merged export as one string (NULL on failure, with err). */
+static char *export_all(const char *const *dirs, size_t n, bool redis, int format, char *err,
+                        size_t err_len, int *rc_out)
+{
+    char *text = NULL;
+    size_t len;
+    FILE *f = open_memstream(&text, &len);
+    bill_export_params_t xp = bill_export_params_default();
+    xp.format = format;
+    xp.chunk = write_to;
+    xp.ud = f;
+    bill_redis_params_t rp = bill_redis_params_default();
+    snprintf(rp.address.host, sizeof rp.address.host, "127.0.0.1");
+    rp.address.port = g_port;
+    bill_export_sources_t src = {.ledger_dirs = dirs, .n_ledgers = n, .redis = redis ? &rp : NULL};
+    bill_export_t *x;
+    int rc = bill_export_open_sources(&src, &xp, &x, err, err_len);
+    if (rc == 0) {
+        while ((rc = bill_export_step(x, 50, err, err_len)) == 0)
+            ;
+        rc = rc == 1 ? 0 : rc;
+        bill_export_free(x);
+    }
+    fclose(f);
+    *rc_out = rc;
+    if (rc != 0) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+PC_TEST(export_from_redis_merges_every_instance)
+{
+    if (access(REDIS_BIN, X_OK) != 0)
+        PC_SKIP("redis-server not installed (scripts/setup.sh installs it)");
+    g_port = free_port();
+    snprintf(g_rdir, sizeof g_rdir, "%s", pc_test_tmp_path("redis2"));
+    mkdir(g_rdir, 0700);
+    ASSERT_EQ(redis_start(), 0);
+    const char *inst[3] = {"gw-a", "gw-b", "gw-c"};
+    const uint64_t n[3] = {300, 200, 120};
+    char dir[3][512];
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    bill_shipper_t *sh[3];
+    char err[512] = "";
+    for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "merge-%s", inst[i]);
+        snprintf(dir[i], sizeof dir[i], "%s", pc_test_tmp_path(name));
+        fill_instance(dir[i], inst[i], n[i]);
+        bill_shipper_params_t sp = bill_shipper_params_default();
+        sp.port = g_port;
+        sp.poll_ms = 10;
+        sp.ledger_dir = dir[i];
+        ASSERT_EQ(bill_shipper_start(&loop, &sp, &sh[i], err, sizeof err), 0);
+    }
+    for (bool done = false; !done;) { /* until every record is shipped (ctest's timeout bounds) */
+        uv_run(&loop, UV_RUN_ONCE);
+        done = true;
+        for (int i = 0; i < 3; i++) {
+            bill_shipper_stats_t st;
+            bill_shipper_stats(sh[i], &st);
+            done &= st.shipped_seq == n[i];
+        }
+    }
+    int closed = 0;
+    for (int i = 0; i < 3; i++)
+        bill_shipper_stop(sh[i], on_closed, &closed);
+    while (closed < 3)
+        uv_run(&loop, UV_RUN_ONCE);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    ASSERT_EQ(uv_loop_close(&loop), 0);
+    /* A registered gateway that shipped nothing yet: listed, contributes nothing. */
+    redisContext *rc = redis_connect();
+    ASSERT_TRUE(rc != NULL);
+    redisReply *r = redisCommand(rc, "SADD kvgw:gws gw-a gw-z");
+    freeReplyObject(r);
+
+    /* The three ledgers merged, from Redis alone, and from one ledger plus Redis: the same bytes,
+     * in every format. */
+    const char *dirs[3] = {dir[0], dir[1], dir[2]};
+    for (int format = BILL_EXPORT_CSV; format <= BILL_EXPORT_FOCUS; format++) {
+        int erc;
+        char *ledgers = export_all(dirs, 3, false, format, err, sizeof err, &erc);
+        ASSERT_TRUE(ledgers != NULL);
+        char *from_redis = export_all(NULL, 0, true, format, err, sizeof err, &erc);
+        if (from_redis == NULL)
+            fprintf(stderr, "  %s\n", err);
+        ASSERT_TRUE(from_redis != NULL);
+        ASSERT_STR_EQ(from_redis, ledgers);
+        char *mixed = export_all(&dirs[1], 1, true, format, err, sizeof err, &erc);
+        ASSERT_TRUE(mixed != NULL);
+        ASSERT_STR_EQ(mixed, ledgers);
+        if (format == BILL_EXPORT_JSONL) {
+            ASSERT_TRUE(strstr(ledgers, "\"registry\":\"shared\",\"instance\":\"gw-c\"") != NULL);
+            size_t lines = 0;
+            for (const char *p = ledgers; (p = strchr(p, '\n')) != NULL; p++)
+                lines++;
+            ASSERT_EQ_U64(lines, n[0] + n[1] + n[2]);
+        }
+        free(ledgers);
+        free(from_redis);
+        free(mixed);
+    }
+
+    /* verify with one ledger: the other instances are MISSING; events counted by registry. */
+    bill_verify_params_t vp = bill_verify_params_default();
+    vp.port = g_port;
+    bill_verify_report_t rep;
+    char *text = NULL;
+    size_t len;
+    FILE *f = open_memstream(&text, &len);
+    ASSERT_EQ(bill_verify(dirs, 1, &vp, f, &rep, err, sizeof err), 0);
+    fclose(f);
+    ASSERT_EQ_U64(rep.n_instances_missing, 3);
+    ASSERT_TRUE(strstr(text, "MISSING instance gw-b: Redis holds 200 shipped events") != NULL);
+    ASSERT_TRUE(strstr(text, "MISSING instance gw-z: Redis holds 0") != NULL);
+    ASSERT_EQ_U64(rep.n_registry[0] + rep.n_registry[1] + rep.n_registry[2], n[0]);
+    ASSERT_EQ_U64(rep.n_registry[BILL_REGISTRY_LOCAL], n[0] / 3);
+    free(text);
+    f = open_memstream(&text, &len);
+    ASSERT_EQ(bill_verify(dirs, 3, &vp, f, &rep, err, sizeof err), 0);
+    fclose(f);
+    ASSERT_EQ_U64(rep.n_instances_missing, 1); /* gw-z */
+    ASSERT_EQ_U64(rep.n_differences, 0);
+    free(text);
+
+    /* Another instance's stream holding a copy of gw-a's first event: refused, loudly. */
+    r = redisCommand(rc, "XRANGE kvgw:ledger:gw-a - + COUNT 1");
+    ASSERT_TRUE(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 1);
+    redisReply *kv = r->element[0]->element[1];
+    const char *argv[80] = {"XADD", "kvgw:ledger:gw-dup", "1-0"};
+    size_t argl[80] = {4, 18, 3}, argc = 3;
+    for (size_t i = 0; i < kv->elements && argc < 80; i++, argc++) {
+        argv[argc] = kv->element[i]->str;
+        argl[argc] = kv->element[i]->len;
+    }
+    redisReply *w = redisCommandArgv(rc, (int)argc, argv, argl);
+    ASSERT_TRUE(w != NULL && w->type == REDIS_REPLY_STRING);
+    freeReplyObject(w);
+    freeReplyObject(r);
+    int erc;
+    ASSERT_TRUE(export_all(NULL, 0, true, BILL_EXPORT_CSV, err, sizeof err, &erc) == NULL);
+    ASSERT_EQ(erc, PC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(err, "gw-a-0") != NULL && strstr(err, "twice") != NULL);
+    r = redisCommand(rc, "DEL kvgw:ledger:gw-dup");
+    freeReplyObject(r);
+    /* An entry that is not a shipped event (an older shipper's fields only, or a forged one). */
+    r = redisCommand(rc, "XADD kvgw:ledger:gw-c 9999-0 event_id x kind usage");
+    freeReplyObject(r);
+    ASSERT_TRUE(export_all(NULL, 0, true, BILL_EXPORT_CSV, err, sizeof err, &erc) == NULL);
+    ASSERT_EQ(erc, PC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(err, "9999-0 lacks field") != NULL);
+    r = redisCommand(rc, "XADD kvgw:ledger:bad:name 1-0 a b");
+    freeReplyObject(r);
+    ASSERT_TRUE(export_all(NULL, 0, true, BILL_EXPORT_CSV, err, sizeof err, &erc) == NULL);
+    ASSERT_EQ(erc, PC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(err, "not an instance id") != NULL);
+    redisFree(rc);
     redis_kill(SIGKILL);
 }
 

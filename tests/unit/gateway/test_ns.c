@@ -4,6 +4,7 @@
  * a failing allocator. The map under it (common/pc_u64map.c) is tested in
  * tests/unit/common/test_pc_u64map.c.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +60,25 @@ PC_TEST(namespace_parts_are_framed)
     k2[0] ^= 1;
     pc_slice_t m = {"m", 1}, s = {"", 0};
     ASSERT_NE(gw_namespace_of(k2, "a", m, false, s), gw_namespace_of(KEY, "a", m, false, s));
+}
+
+/* The registry's secret check (PREFIX:nssecret): keyed BLAKE2b-256 of a fixed label, the
+ * known answer computed independently (Python's hashlib.blake2b(..., key=KEY, digest_size=32));
+ * another key, another check. */
+PC_TEST(secret_check_known_answer)
+{
+    static const char want[] = "b7cca2b49cc525ae2075ef73bbdeb5f3829d51fb4883c8237af73a763a817b51";
+    uint8_t out[32], other[32];
+    gw_namespace_secret_check(KEY, out);
+    char hex[65];
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", out[i]);
+    ASSERT_STR_EQ(hex, want);
+    uint8_t key2[GW_NS_KEY_BYTES];
+    memcpy(key2, KEY, sizeof key2);
+    key2[GW_NS_KEY_BYTES - 1] ^= 1;
+    gw_namespace_secret_check(key2, other);
+    ASSERT_TRUE(memcmp(out, other, sizeof out) != 0);
 }
 
 PC_TEST(ns_table_follows_entries)
