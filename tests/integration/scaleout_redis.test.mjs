@@ -15,7 +15,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  Cluster, MODEL, PREFIX, message, system, metrics, mergedExport, usageMismatch, waitFor, kvgw, redisCli,
+  Cluster, MODEL, PREFIX, ADMIN, message, system, metrics, mergedExport, usageMismatch, waitFor, kvgw, redisCli,
 } from './cluster_harness.mjs';
 
 const cluster = new Cluster('redis', { sentinel: true });
@@ -234,4 +234,12 @@ test('kvgw billing verify: Redis (the primary now) agrees with the three ledgers
   assert.equal(fromRedis.length, rows.length, 'as many rows from Redis as in the three ledgers');
   const byEvent = new Map(fromRedis.map((r) => [r.event_id, r]));
   for (const r of rows) assert.deepEqual(byEvent.get(r.event_id), r, `${r.event_id}: the same row from Redis`);
+  // /admin/v1/usage?scope=cluster on every gateway (through the new primary): the same rows.
+  for (const g of cluster.gws) {
+    const r = await fetch(`${g.base}/admin/v1/usage?scope=cluster&format=jsonl`, { headers: { authorization: `Bearer ${ADMIN}` } });
+    const text = await r.text();
+    assert.equal(r.status, 200, text);
+    const view = text.split('\n').filter(Boolean).map((l) => JSON.parse(l));
+    assert.deepEqual(view, rows, `${g.name}'s cluster view is the merged export`);
+  }
 });
