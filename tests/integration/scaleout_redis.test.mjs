@@ -7,15 +7,16 @@
 //     `registry: local` and those made after it returned `registry: shared`; what was written
 //     meanwhile reaches Redis (replayed) and is read through another gateway;
 //   - SENTINEL FAILOVER mid-load: the gateways follow the new primary, the requests after it are
-//     billed as shared, the new primary holds the registrations and the entries;
-//   - at the end `kvgw billing verify` reconciles Redis (the new primary) with the three ledgers.
+//     billed as shared, the new primary holds the registrations and the entries; a write made
+//     between the promotion and the old primary's demotion is lost (a known bug, a todo test);
+//   - at the end `kvgw billing verify` reconciles Redis (the new primary) with every ledger.
 //
 // Run by CTest (tests/integration/CMakeLists.txt): KVGW_BIN=build/bin/kvgw node --test
 // tests/integration/scaleout_redis.test.mjs from the repository root.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  Cluster, MODEL, PREFIX, ADMIN, message, system, metrics, mergedExport, usageMismatch, waitFor, kvgw, redisCli,
+  Cluster, MODEL, PREFIX, ADMIN, message, system, metrics, mergedExport, usageMismatch, waitFor, kvgw, redisCli, kill,
 } from './cluster_harness.mjs';
 
 const cluster = new Cluster('redis', { sentinel: true });
@@ -29,7 +30,8 @@ before(async () => {
 
 after(async () => { await cluster.stop(); });
 
-const ledgers = () => [A.ledger, B.ledger, C.ledger];
+const extraLedgers = []; // gateways started by a test and gone since
+const ledgers = () => [A.ledger, B.ledger, C.ledger, ...extraLedgers];
 const sum = async (name) => { let s = 0; for (const g of cluster.gws) s += (await metrics(g)).value(name); return s; };
 
 // Three clients sending requests round robin over A, B and C while during(results) runs: two in
@@ -168,6 +170,9 @@ test('Redis stopped (SHUTDOWN) mid-load, then restarted: served, billed once, de
   await checkReplayed(results, down, up, 'SHUTDOWN');
 });
 
+let windowWrite = null;
+const windowBody = { model: MODEL, max_tokens: 1, system: system(`failover-window-${process.pid}`), messages: [{ role: 'user', content: 'x' }] };
+
 test('Sentinel failover mid-load: the gateways follow the new primary, billed as shared', async () => {
   await allUp();
   const oldPort = cluster.redis.port, newPort = cluster.replica.port;
@@ -177,6 +182,9 @@ test('Sentinel failover mid-load: the gateways follow the new primary, billed as
     const t0 = Date.now();
     await cluster.sentinels.failover();
     await waitFor('the sentinels to name the new primary', async () => (await cluster.sentinels.currentMaster()) === newPort, { timeoutMs: 60000, stepMs: 100 });
+    // A write in the window between the promotion and the old primary's demotion (checked by the
+    // test after the next one).
+    if (/^master/.test(await redisCli(oldPort, 'ROLE'))) windowWrite = await message(A, windowBody);
     // The old primary is demoted by the sentinels (their INFO period, up to ~10 s); each gateway
     // then finds the new one through them.
     await waitFor('every gateway to follow the new primary', async () => {
@@ -212,12 +220,35 @@ test('Sentinel failover mid-load: the gateways follow the new primary, billed as
   for (const g of cluster.gws) assert.ok(await redisCli(newPort, 'GET', `${PREFIX}:gw:${g.instance}`), `${g.instance} registered on the new primary`);
 });
 
-test('kvgw billing verify: Redis (the primary now) agrees with the three ledgers', async () => {
+// KNOWN BUG (reported to the lead, s-reg's redisconn): after SENTINEL FAILOVER the gateways stay
+// on the old primary until the sentinels demote it (their 10 s INFO period), because they follow
+// only a ROLE check of the server they are on. A write committed meanwhile lands on the old
+// primary and is lost when it resyncs from the new one: a gateway whose replica lacks it (a
+// restarted or added one) bills that prefix as a second write while the others bill reads.
+// Marked todo until redisconn also asks the sentinels (or subscribes to +switch-master); it then
+// passes and the todo goes.
+test('a write committed between the promotion and the demotion is not lost', { todo: 'the gateways follow the sentinels only after the old primary is demoted' }, async () => {
+  assert.ok(windowWrite, 'a write landed in the failover window');
+  assert.ok(windowWrite.complete && windowWrite.usage.cache_creation_input_tokens > 0);
+  const D = await cluster.startGateway('d');
+  cluster.gws.push(D);
+  extraLedgers.push(D.ledger);
+  try {
+    await cluster.ready(D);
+    const r = await message(D, windowBody);
+    assert.equal(r.usage.cache_read_input_tokens, windowWrite.usage.cache_creation_input_tokens, 'a fresh gateway reads the prefix written in the window');
+  } finally {
+    await kill(D.proc, 'SIGTERM');
+    cluster.gws.splice(cluster.gws.indexOf(D), 1);
+  }
+});
+
+test('kvgw billing verify: Redis (the primary now) agrees with every ledger', async () => {
   const port = await cluster.sentinels.currentMaster();
-  const args = ['billing', 'verify', '--ledger', A.ledger, '--ledger', B.ledger, '--ledger', C.ledger,
+  const args = ['billing', 'verify', ...ledgers().flatMap((l) => ['--ledger', l]),
     '--redis', `127.0.0.1:${port}`, '--prefix', PREFIX];
   // The shippers catch up in the background: wait (bounded) until every instance's shipped
-  // stream holds as many events as the three ledgers, then verify.
+  // stream holds as many events as the ledgers, then verify.
   const nLedger = mergedExport(ledgers()).length;
   await waitFor('the shippers to ship every ledger event', () => mergedExport([], ['--redis', `127.0.0.1:${port}`, '--prefix', PREFIX]).length >= nLedger,
     { timeoutMs: 30000, stepMs: 250 });
@@ -231,7 +262,7 @@ test('kvgw billing verify: Redis (the primary now) agrees with the three ledgers
   for (const r of all) if (r.complete) assert.ok(billed.has(r.rid), `${r.rid} received in full, not billed`);
   // `kvgw billing export --redis` (every instance's shipped stream) gives the same rows.
   const fromRedis = mergedExport([], ['--redis', `127.0.0.1:${port}`, '--prefix', PREFIX]);
-  assert.equal(fromRedis.length, rows.length, 'as many rows from Redis as in the three ledgers');
+  assert.equal(fromRedis.length, rows.length, 'as many rows from Redis as in the ledgers');
   const byEvent = new Map(fromRedis.map((r) => [r.event_id, r]));
   for (const r of rows) assert.deepEqual(byEvent.get(r.event_id), r, `${r.event_id}: the same row from Redis`);
   // /admin/v1/usage?scope=cluster on every gateway (through the new primary): the same rows.
