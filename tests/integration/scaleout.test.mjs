@@ -17,6 +17,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
+import { spawnSync } from 'node:child_process';
 import { createRequire } from 'node:module';
 import {
   Cluster, MODEL, KEYS, PREFIX, NS_SECRET, message, system, metrics, mergedExport, usageMismatch, waitFor, kill,
@@ -231,6 +232,53 @@ test('a gateway with another namespace secret is refused at start, the cluster u
   assert.notEqual(d.code, 0);
   assert.match(d.err, /gw-a/, 'the message names the instance id');
   assert.equal((await message(A, { model: MODEL, max_tokens: 1, messages: [{ role: 'user', content: 'still A' }] })).status, 200, 'A still serves');
+});
+
+test('malformed change-feed events are rejected and counted by every gateway, the feed flows on', async () => {
+  const feed = `${PREFIX}:feed`;
+  const ns = '0123456789abcdef';
+  const tok = (n) => Buffer.alloc(4 * n, 1); // token id 0x01010101: the checks come first
+  const w = (fields) => ['t', 'w', 'o', 'gw-evil', 'ns', ns, 'st', '1', 'wk', 'w-evil', ...fields];
+  // Each with a valid type, so that it is counted under kvgw_registry_feed_events_total's type
+  // label (an entry rejected before its type is read, e.g. a duplicated field, is counted only
+  // internally: reported). tok goes last, as redis-cli -x's stdin (no argument size limit).
+  const bad = [
+    [...w(['pts', '16:0:1'])].map((x) => (x === ns ? 'not-hex-at-all!!' : x)), // ns not hex
+    [...w(['pts', '16:0:1'])], // tok of 3 bytes (below)
+    [...w(['pts', '16:0:1,8:0:2'])], // points not increasing
+    [...w(['pts', '8:0:1'])], // the last point is not the token count
+    [...w(['pts', '16:7:1'])], // TTL class 7
+    [...w(['pts', '16:0:1,'])], // a trailing comma
+    [...w(['pts', `${(1 << 20) + 1}:0:1`])], // over max_event_tokens (4 MiB of tokens)
+    ['t', 'r', 'o', 'gw-evil', 'ns', ns, 'n', '15', 'now', '1'], // n is not the token count
+    ['t', 'r', 'o', 'gw-evil', 'ns', ns, 'n', '16'], // no now
+  ];
+  const toks = [tok(16), Buffer.alloc(3), tok(16), tok(16), tok(16), tok(16), tok((1 << 20) + 1), tok(16), tok(16)];
+  const rejected = async (g) => {
+    let n = 0;
+    for (const l of (await metrics(g)).text.split('\n')) if (/^kvgw_registry_feed_events_total\{.*result="rejected"/.test(l)) n += Number(l.split(' ').pop());
+    return n;
+  };
+  const applied = async (g) => (await metrics(g)).value('kvgw_registry_feed_events_total{type="w",result="applied"}');
+  const before = await Promise.all([A, B, C].map(rejected));
+  for (const [i, fields] of bad.entries()) {
+    const r = spawnSync('redis-cli', ['-p', String(cluster.redis.port), '-x', 'XADD', feed, '*', ...fields, 'tok'], { input: toks[i], encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stdout, /^\d+-\d+/, `XADD ${i}: ${r.stdout}`);
+  }
+  for (const [k, g] of [A, B, C].entries()) {
+    await waitFor(`${g.name} to reject the ${bad.length} events`, async () => (await rejected(g)) - before[k] >= bad.length, { timeoutMs: 30000, stepMs: 100 });
+    assert.equal((await rejected(g)) - before[k], bad.length, `${g.name}: each malformed event rejected once`);
+  }
+  // Still serving, and the feed still applies A's writes on B and C.
+  const appliedBefore = await Promise.all([B, C].map(applied));
+  const body = { model: MODEL, max_tokens: 1, system: system(`after-garbage-${process.pid}`), messages: [{ role: 'user', content: 'x' }] };
+  const wa = await message(A, body);
+  assert.ok(wa.complete && wa.usage.cache_creation_input_tokens > 0);
+  for (const [k, g] of [B, C].entries()) {
+    await waitFor(`${g.name} to apply A's write from the feed`, async () => (await applied(g)) > appliedBefore[k], { timeoutMs: 30000, stepMs: 50 });
+    assert.equal((await message(g, body)).usage.cache_read_input_tokens, wa.usage.cache_creation_input_tokens);
+  }
 });
 
 test('a stale gateway is fenced: A frozen past its lease, replaced, then resumed, mutates nothing', async () => {
