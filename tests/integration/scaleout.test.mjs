@@ -428,7 +428,7 @@ test('SIGKILL of a gateway mid-load: every response received in full billed once
   // The merged export over the three ledgers, C's as the kill left it.
   const crashed = check(mergedExport(ledgers()), 'merged export (C killed)');
 
-  // C's claims and its registration expire (claim_ttl 5 s, lease 3 s in the harness).
+  // C's claims and its registration expire (claim_ttl 5 s, lease 5 s in the harness).
   await waitFor('C\'s claims to expire', async () => {
     const claims = (await cluster.redis.cli('KEYS', `${PREFIX}:c:*`)).split('\n').filter(Boolean);
     for (const k of claims) if ((await cluster.redis.cli('GET', k).catch(() => '')).includes(' gw-c ')) return false;
