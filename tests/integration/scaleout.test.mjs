@@ -7,6 +7,10 @@
 //   - a short TTL: the entries expire in Redis, and every gateway then writes them again;
 //   - tenant isolation across gateways; a gateway with another namespace secret, or with the
 //     instance id of a live gateway, is refused at start with a clear message;
+//   - malformed change-feed events (written into the stream with redis-cli) are rejected and
+//     counted by every gateway, and the feed flows on;
+//   - fencing: A frozen past its lease and replaced under its instance id, then resumed, is
+//     fenced (its decisions local, nothing committed) and registers again once the id is free;
 //   - SIGKILL of C mid-load: the clients retry on A and B, every response received in full is
 //     billed exactly once in `kvgw billing export --ledger A --ledger B --ledger C`, C's claims and
 //     registration expire, C restarts on its ledger and rejoins.
