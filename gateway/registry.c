@@ -323,6 +323,17 @@ static bool name_ok(const char *s, size_t max)
     return true;
 }
 
+/* A tenant or model name of a t=w event (registry.h: GW_REGISTRY_LABEL_MAX). */
+static bool label_ok(const char *s, size_t len)
+{
+    if (len == 0 || len > GW_REGISTRY_LABEL_MAX)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] == 0x7f)
+            return false;
+    return true;
+}
+
 static void hex_bytes(const uint8_t *b, size_t n, char *out)
 {
     static const char hx[] = "0123456789abcdef";
@@ -723,11 +734,13 @@ static void ab_ns(argb_t *a, uint64_t ns)
     ab_add(a, b, 16);
 }
 
-int gw_registry_commit(gw_registry_t *r, uint64_t ns, const uint32_t *tokens,
-                       const gw_registry_point_t *points, size_t n_points, uint64_t fence,
-                       uint64_t start_wall_ms, const char *worker)
+int gw_registry_commit(gw_registry_t *r, uint64_t ns, const char *tenant, const char *model,
+                       const uint32_t *tokens, const gw_registry_point_t *points, size_t n_points,
+                       uint64_t fence, uint64_t start_wall_ms, const char *worker)
 {
     if (r == NULL || tokens == NULL || r->stopping || !name_ok(worker, GW_REGISTRY_NAME_MAX) ||
+        tenant == NULL || !label_ok(tenant, strlen(tenant)) || model == NULL ||
+        !label_ok(model, strlen(model)) ||
         check_points(r, points, n_points,
                      points != NULL && n_points > 0 ? points[n_points - 1].n_tokens : 0) != 0)
         return PC_ERR_INVAL;
@@ -755,7 +768,7 @@ int gw_registry_commit(gw_registry_t *r, uint64_t ns, const uint32_t *tokens,
         pl += (size_t)snprintf(pts + pl, sizeof pts - pl, "%s%" PRIu32 ":%u:%" PRIu64, i ? "," : "",
                                points[i].n_tokens, (unsigned)points[i].ttl, exp);
     }
-    ab_str(&a, "7");
+    ab_str(&a, "9");
     ab_str(&a, "t");
     ab_str(&a, "w");
     ab_str(&a, "o");
@@ -770,6 +783,10 @@ int gw_registry_commit(gw_registry_t *r, uint64_t ns, const uint32_t *tokens,
     ab_u64(&a, start_wall_ms);
     ab_str(&a, "wk");
     ab_str(&a, worker);
+    ab_str(&a, "tn");
+    ab_str(&a, tenant);
+    ab_str(&a, "md");
+    ab_str(&a, model);
     return enqueue(r, GW_REGISTRY_OP_COMMIT, SC_COMMIT, &a);
 }
 
@@ -1430,9 +1447,9 @@ static int feed_entry(gw_registry_t *r, const redisReply *ent, sid_t id, char *t
         ent->element[1]->elements > 64)
         return -1;
     const redisReply *f = ent->element[1];
-    enum { F_T, F_O, F_NS, F_TOK, F_PTS, F_ST, F_WK, F_N, F_NOW, F_COUNT };
-    static const char *const names[F_COUNT] = {"t",  "o",  "ns", "tok", "pts",
-                                               "st", "wk", "n",  "now"};
+    enum { F_T, F_O, F_NS, F_TOK, F_PTS, F_ST, F_WK, F_TN, F_MD, F_N, F_NOW, F_COUNT };
+    static const char *const names[F_COUNT] = {"t",  "o",  "ns", "tok", "pts", "st",
+                                               "wk", "tn", "md", "n",   "now"};
     const redisReply *v[F_COUNT] = {0};
     for (size_t i = 0; i < f->elements; i += 2) {
         if (f->element[i + 1]->type != REDIS_REPLY_STRING)
@@ -1478,6 +1495,14 @@ static int feed_entry(gw_registry_t *r, const redisReply *ent, sid_t id, char *t
             !parse_dec(v[F_ST]->str, v[F_ST]->len, &ev.start_wall_ms) || !str_name(v[F_WK], false))
             return -1;
         ev.worker = v[F_WK]->str;
+        /* The namespace's owner: both or neither (a gateway older than these fields). */
+        if ((v[F_TN] == NULL) != (v[F_MD] == NULL) ||
+            (v[F_TN] != NULL &&
+             (!label_ok(v[F_TN]->str, v[F_TN]->len) || strlen(v[F_TN]->str) != v[F_TN]->len ||
+              !label_ok(v[F_MD]->str, v[F_MD]->len) || strlen(v[F_MD]->str) != v[F_MD]->len)))
+            return -1;
+        ev.tenant = v[F_TN] != NULL ? v[F_TN]->str : "";
+        ev.model = v[F_MD] != NULL ? v[F_MD]->str : "";
         /* pts: "len:ttl:expiry" joined by ',' */
         const char *s = v[F_PTS]->str, *end = s + v[F_PTS]->len;
         size_t np = 0;
@@ -1515,7 +1540,7 @@ static int feed_entry(gw_registry_t *r, const redisReply *ent, sid_t id, char *t
         if (v[F_N] == NULL || v[F_NOW] == NULL || !parse_dec(v[F_N]->str, v[F_N]->len, &nr) ||
             nr != n || !parse_dec(v[F_NOW]->str, v[F_NOW]->len, &ev.now_wall_ms))
             return -1;
-        ev.worker = "";
+        ev.worker = ev.tenant = ev.model = "";
     }
     if (r->p.on_feed != NULL && r->p.on_feed(&ev, r->p.ud) < 0)
         return -1;

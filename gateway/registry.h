@@ -24,6 +24,9 @@
  *   PREFIX:feed       change feed stream, XADD MAXLEN ~ feed_maxlen; fields:
  *                       t=w o=ORIGIN ns=NS tok=<u32 LE tokens up to the longest point>
  *                           pts="len:ttl:expiry_wall_ms,..." st=start_wall_ms wk=WORKER
+ *                           tn=TENANT md=MODEL (the namespace's owner: whoever meters storage
+ *                           bills it, even for a salted namespace it never served; both or
+ *                           neither, absent in events of gateways older than these fields)
  *                       t=r o=ORIGIN ns=NS tok=<u32 LE tokens[0..n)> n=N now=now_wall_ms
  * Every mutating script first checks PREFIX:gw:INST == our nonce and otherwise answers the error
  * KVGWFENCED without changing anything. Redis 7.0 or later (PEXPIRETIME, PEXPIREAT GT).
@@ -72,7 +75,8 @@
  * end at the first connect and resumes from the last id read after a reconnect or a failover.
  * Every field is checked (type, origin, namespace, tokens a multiple of 4 bytes and at most
  * max_event_tokens, points strictly increasing with the last at the token count, at most
- * GW_REGISTRY_MAX_POINTS, TTL classes, numbers); a bad event is counted as rejected and skipped,
+ * GW_REGISTRY_MAX_POINTS, TTL classes, numbers, tenant and model as GW_REGISTRY_LABEL_MAX says,
+ * both or neither); a bad event is counted as rejected and skipped,
  * never crashes. Events of our own origin are skipped. on_feed gets the others.
  *
  * Storage meter. Exactly one gateway holds PREFIX:meter (taken and renewed with the lease);
@@ -105,6 +109,10 @@ typedef struct gw_registry_op gw_registry_op_t;
 /* Longest instance id / worker name / prefix, in bytes, without the NUL. Instance ids and
  * prefixes are printable ASCII without spaces; worker names printable without spaces. */
 #define GW_REGISTRY_NAME_MAX 127
+/* Longest tenant / model name in a t=w event, in bytes: what the ledger stores (billing.h's
+ * BILL_STR_MAX - 1). 1 or more bytes, none a control character (< 0x20 or 0x7f); spaces and
+ * UTF-8 allowed, as in the configuration's tenants and model names. */
+#define GW_REGISTRY_LABEL_MAX 63
 /* Bytes of the namespace-secret check (params.secret_check). */
 #define GW_REGISTRY_SECRET_CHECK_BYTES 32
 
@@ -166,6 +174,8 @@ typedef struct gw_registry_feed_event {
     size_t n_points;
     uint64_t start_wall_ms; /* the writing request's start */
     const char *worker;     /* the worker that holds the KV (its name) */
+    const char *tenant;     /* the namespace's owner: tenant and model name ("" for both when */
+    const char *model;      /* the writer was a gateway older than these fields) */
     /* r: */
     uint64_t now_wall_ms; /* when the read happened */
     /* both: the stream id's time (Redis's clock when the event was added) */
@@ -283,11 +293,12 @@ void gw_registry_cancel(gw_registry_t *r, gw_registry_op_t *op);
 
 /* Writes the entries tokens[0..points[i].n_tokens) of ns (the request's prefill is done): expiry
  * start_wall_ms + ttl_ms[ttl] each, max with what Redis holds; deletes our claims of fence (0: a
- * local decision, no claims); XADDs t=w with worker. Queued (see the top). Returns 0, PC_ERR_INVAL
- * (as claim) or PC_ERR_NOMEM; when the queue is full the oldest op is dropped (counted). */
-int gw_registry_commit(gw_registry_t *r, uint64_t ns, const uint32_t *tokens,
-                       const gw_registry_point_t *points, size_t n_points, uint64_t fence,
-                       uint64_t start_wall_ms, const char *worker);
+ * local decision, no claims); XADDs t=w with worker and the namespace's owner (tenant, model
+ * name: GW_REGISTRY_LABEL_MAX). Queued (see the top). Returns 0, PC_ERR_INVAL (as claim, or a bad
+ * tenant or model) or PC_ERR_NOMEM; when the queue is full the oldest op is dropped (counted). */
+int gw_registry_commit(gw_registry_t *r, uint64_t ns, const char *tenant, const char *model,
+                       const uint32_t *tokens, const gw_registry_point_t *points, size_t n_points,
+                       uint64_t fence, uint64_t start_wall_ms, const char *worker);
 
 /* Refreshes the live entries read by a request (points: their lengths and TTL classes, each <=
  * n_read): PEXPIREAT GT max(old, now_wall_ms + ttl_ms[max(class, stored class)]) on each entry

@@ -543,7 +543,8 @@ static void commit_entries(gw_req_t *q, const gw_cache_bp_t *kept, size_t n)
     char wid[GW_REGISTRY_NAME_MAX + 1];
     int rc = 0;
     if (n > 0)
-        rc = gw_registry_commit(s->reg, q->ns, q->r.tokens, pts, n, q->fence, q->wall0_ms,
+        rc = gw_registry_commit(s->reg, q->ns, q->key->tenant, q->model->cfg->name, q->r.tokens,
+                                pts, n, q->fence, q->wall0_ms,
                                 gw__serve_worker_id(s, q->worker, wid, sizeof wid));
     if (rc < 0)
         gw__obs_internal_error(s, "registry_commit",

@@ -273,10 +273,15 @@ bool gw__serve_ns_owner(const serve_t *s, uint64_t ns, const char **tenant, uint
     return true;
 }
 
-/* Every namespace derived without a cache_salt, tenant x model, with its owner: a feed event
- * names a namespace only, and an entry needs its owner (storage billing). */
+/* Every namespace derived without a cache_salt, tenant x model, with its owner (a feed event of
+ * a gateway older than t=w's owner fields names a namespace only, and an entry needs its owner
+ * for storage billing); and the configured tenants by name, for the events that name theirs. */
 static int build_ns_owners(serve_t *s)
 {
+    for (size_t i = 0; i < s->cfg.n_keys; i++)
+        if (pc_strmap_insert(&s->feed_tenants, s->cfg.keys[i].tenant, strlen(s->cfg.keys[i].tenant),
+                             (uint64_t)(uintptr_t)s->cfg.keys[i].tenant, NULL) < 0)
+            return PC_ERR_NOMEM;
     size_t n = s->cfg.n_keys * s->n_models;
     s->ns_owner_tab = pc_calloc(n ? n : 1, sizeof *s->ns_owner_tab);
     if (s->ns_owner_tab == NULL)
@@ -343,10 +348,70 @@ int gw__serve_replica_write(serve_t *s, uint64_t ns, const char *tenant, uint32_
     return 0;
 }
 
+/* The tenant string the namespace table will borrow for a tenant named by the feed: the
+ * configuration's, else a copy kept until the end (at most GW_SERVE_MAX_FEED_TENANTS; NULL
+ * beyond, or out of memory). */
+static const char *feed_tenant(serve_t *s, const char *name)
+{
+    size_t len = strlen(name);
+    uint64_t v;
+    if (pc_strmap_get(&s->feed_tenants, name, len, &v))
+        return (const char *)(uintptr_t)v;
+    if (s->n_feed_tenant_copy >= GW_SERVE_MAX_FEED_TENANTS)
+        return NULL;
+    if (s->n_feed_tenant_copy % 64 == 0) {
+        char **nv = pc_reallocarray(s->feed_tenant_copy, s->n_feed_tenant_copy + 64, sizeof *nv);
+        if (nv == NULL)
+            return NULL;
+        s->feed_tenant_copy = nv;
+    }
+    char *c = pc_strdup(name);
+    if (c == NULL ||
+        pc_strmap_insert(&s->feed_tenants, name, len, (uint64_t)(uintptr_t)c, NULL) < 0) {
+        pc_free(c);
+        return NULL;
+    }
+    s->feed_tenant_copy[s->n_feed_tenant_copy++] = c;
+    return c;
+}
+
+/* The owner of a t=w event's namespace: the one the event names (every gateway sends it, so the
+ * meter's holder can bill a salted namespace it never served), else (an older writer) what this
+ * gateway knows. False when it cannot be named here: a model this gateway does not serve (its
+ * storage cannot be priced or named here), a tenant beyond GW_SERVE_MAX_FEED_TENANTS, or an
+ * older writer's salted namespace this gateway never served. */
+static bool feed_owner(serve_t *s, const gw_registry_feed_event_t *ev, const char **tenant,
+                       uint32_t *model, bool *bad)
+{
+    *bad = false;
+    if (ev->tenant[0] == '\0')
+        return gw__serve_ns_owner(s, ev->ns, tenant, model);
+    uint32_t m = 0;
+    while (m < s->n_models && strcmp(s->models[m].cfg->name, ev->model) != 0)
+        m++;
+    if (m == s->n_models) {
+        if (!s->warned_feed_model)
+            PC_LOG(PC_LOG_WARN, "registry",
+                   "gateway %s wrote cache entries of model '%s', which this gateway does not "
+                   "serve: they are not in its replica (nor in its storage billing when it "
+                   "meters); every gateway of a registry should serve the same models",
+                   ev->origin, ev->model);
+        s->warned_feed_model = true;
+        *bad = true;
+        return false;
+    }
+    *tenant = feed_tenant(s, ev->tenant);
+    *model = m;
+    *bad = *tenant == NULL;
+    return *tenant != NULL;
+}
+
 /* Another gateway's event: its entries into the replica (and the worker that holds them, when
- * this gateway has it), or its read (every replica's expiries follow every gateway's reads). An
- * entry of a namespace whose owner this gateway cannot name (a salted namespace it never served)
- * is left out: a request of it here finds the entry through the claim instead. */
+ * this gateway has it), or its read (every replica's expiries follow every gateway's reads). The
+ * entries go into the namespace table with the owner the event names (feed_owner), so whoever
+ * holds the storage meter bills every namespace of the cluster. An entry whose owner cannot be
+ * named here is left out (rejected, counted; an older writer's unknown salted namespace is
+ * skipped quietly): a request of it here finds the entry through the claim instead. */
 static int on_feed(const gw_registry_feed_event_t *ev, void *ud)
 {
     serve_t *s = ud;
@@ -356,8 +421,9 @@ static int on_feed(const gw_registry_feed_event_t *ev, void *ud)
                               gw__mono_of_wall(ev->now_wall_ms), NULL);
     const char *tenant;
     uint32_t model;
-    if (!gw__serve_ns_owner(s, ev->ns, &tenant, &model))
-        return 0;
+    bool bad;
+    if (!feed_owner(s, ev, &tenant, &model, &bad))
+        return bad ? PC_ERR_NOTFOUND : 0;
     int rc = gw__serve_replica_write(s, ev->ns, tenant, model, ev->tokens, ev->points, ev->n_points,
                                      now);
     if (rc < 0)
@@ -856,6 +922,10 @@ int gw_serve(const gw_serve_params_t *p)
     gw_ns_tab_free(&s->ns);
     pc_u64map_free(&s->ns_owners);
     pc_free(s->ns_owner_tab);
+    pc_strmap_free(&s->feed_tenants);
+    for (size_t i = 0; i < s->n_feed_tenant_copy; i++)
+        pc_free(s->feed_tenant_copy[i]);
+    pc_free(s->feed_tenant_copy);
     pc_u64map_free(&s->live_map);
     pc_free(s);
     if (code == 0)

@@ -90,6 +90,7 @@ billing:
   ledger_dir: ${dir}/ledger-${name}
   instance_id: ${instance}
   fsync: batch
+  storage_interval: 200ms
 redis:
   address: 127.0.0.1:${redisPort}
   prefix: smoke
@@ -132,11 +133,12 @@ function system(tag) {
   return [{ type: 'text', text: s, cache_control: { type: 'ephemeral' } }];
 }
 
-async function ask(gw, sys) {
+async function ask(gw, sys, salt) {
   const r = await fetch(gw.base + '/v1/messages', {
     method: 'POST',
     headers: { 'content-type': 'application/json', 'x-api-key': KEY, 'anthropic-version': '2023-06-01' },
-    body: JSON.stringify({ model: MODEL, max_tokens: 3, system: sys, messages: [{ role: 'user', content: 'What is rule 3?' }] }),
+    body: JSON.stringify({ model: MODEL, max_tokens: 3, system: sys, messages: [{ role: 'user', content: 'What is rule 3?' }],
+      ...(salt !== undefined ? { cache_salt: salt } : {}) }),
   });
   const j = await r.json();
   assert.equal(r.status, 200, JSON.stringify(j));
@@ -144,6 +146,45 @@ async function ask(gw, sys) {
 }
 
 const metricsOf = async (gw) => (await fetch(gw.base + '/metrics', { headers: { authorization: 'Bearer sk-test-admin' } })).text();
+const ownLedger = async (gw) => (await (await fetch(gw.base + '/admin/v1/usage?scope=local&format=jsonl',
+  { headers: { 'x-api-key': 'sk-test-admin' } })).text()).split('\n').filter(Boolean).map((l) => JSON.parse(l));
+
+test('storage: the meter\'s holder bills a salted namespace written only through the other gateway, once', async () => {
+  // Exactly one of A and B holds the storage meter; the other one writes.
+  let holder, writer;
+  await waitFor('one storage meter', async () => {
+    const held = [];
+    for (const g of [gwA, gwB]) if (/^kvgw_registry_storage_meter 1$/m.test(await metricsOf(g))) held.push(g);
+    if (held.length !== 1) return false;
+    holder = held[0];
+    writer = holder === gwA ? gwB : gwA;
+    return true;
+  });
+  // A salted namespace: the holder cannot derive it from its configuration, only the feed's
+  // t=w event (tenant, model) names its owner.
+  const x = await ask(writer, system('salted storage'), 'smoke-salt-storage');
+  assert.ok(x.j.usage.cache_creation_input_tokens > 100, JSON.stringify(x.j.usage));
+  let ns;
+  await waitFor('the writer\'s usage event', async () => {
+    const ev = (await ownLedger(writer)).find((r) => r.request_id === x.id);
+    ns = ev && ev.namespace;
+    return !!ns;
+  });
+  let st;
+  await waitFor('the holder\'s storage events of the salted namespace', async () => {
+    st = (await ownLedger(holder)).filter((r) => r.kind === 'storage' && r.namespace === ns);
+    return st.length > 0;
+  });
+  for (const e of st) {
+    assert.equal(e.tenant, 'tenant-a');
+    assert.equal(e.model, MODEL);
+    assert.equal(e.registry, 'shared');
+    assert.ok(e.usage.storage_token_ms > 0);
+  }
+  assert.ok(!(await ownLedger(holder)).some((r) => r.request_id === x.id), 'the holder never served it');
+  // Exactly once: the writer holds the entry too, but does not bill its storage.
+  assert.deepEqual((await ownLedger(writer)).filter((r) => r.kind === 'storage' && r.namespace === ns), []);
+});
 
 test('the same new prompt on A and B at once: exactly one write, the other a read of it', async () => {
   for (let round = 0; round < 3; round++) {
@@ -177,8 +218,10 @@ test('written through A, billed as a read through B, exactly; both decisions sha
   // Redis holds the entry under the configured prefix; B's access log says how it decided.
   assert.match(await redis('KEYS', 'smoke:e:*'), /smoke:e:[0-9a-f]{16}:[0-9a-f]{32}/);
   const logB = join(dir, 'access-gw-b.log');
-  await waitFor('B\'s access log line', () => existsSync(logB) && readFileSync(logB, 'utf8').includes(b.id));
-  const line = JSON.parse(readFileSync(logB, 'utf8').split('\n').find((l) => l.includes(b.id)));
+  // The log is written in blocks: wait for B's whole line (its newline), not just its start.
+  const lineOf = () => existsSync(logB) && readFileSync(logB, 'utf8').split('\n').slice(0, -1).find((l) => l.includes(b.id));
+  await waitFor('B\'s access log line', () => !!lineOf());
+  const line = JSON.parse(lineOf());
   assert.equal(line.registry, 'shared');
   assert.equal(line.cache_read, written);
 
