@@ -146,6 +146,16 @@ async function ask(gw, sys, salt) {
 }
 
 const metricsOf = async (gw) => (await fetch(gw.base + '/metrics', { headers: { authorization: 'Bearer sk-test-admin' } })).text();
+// The registry ops Redis answered (kvgw_registry_op_seconds_count by op), once nothing is
+// queued any more (commits and reads are fire-and-forget: a request's are queued by its end).
+async function regOps(gw) {
+  let m;
+  await waitFor('an empty registry queue', async () => /^kvgw_registry_replay_pending 0$/m.test(m = await metricsOf(gw)));
+  const n = (op) => Number((m.match(new RegExp(`^kvgw_registry_op_seconds_count\\{op="${op}"\\} (\\d+)$`, 'm')) || [0, 0])[1]);
+  return { claim: n('claim'), commit: n('commit'), read: n('read'), release: n('release') };
+}
+const feedWrites = async (gw) => Number(((await metricsOf(gw)).match(/^kvgw_registry_feed_events_total\{type="w",result="applied"\} (\d+)$/m) || [0, 0])[1]);
+
 const ownLedger = async (gw) => (await (await fetch(gw.base + '/admin/v1/usage?scope=local&format=jsonl',
   { headers: { 'x-api-key': 'sk-test-admin' } })).text()).split('\n').filter(Boolean).map((l) => JSON.parse(l));
 
@@ -203,13 +213,28 @@ test('the same new prompt on A and B at once: exactly one write, the other a rea
 
 test('written through A, billed as a read through B, exactly; both decisions shared', async () => {
   const sys = system('one');
+  const fedB = await feedWrites(gwB);
+  const opsA0 = await regOps(gwA);
   const a = await ask(gwA, sys);
   const written = a.j.usage.cache_creation_input_tokens;
   assert.ok(written > 100, JSON.stringify(a.j.usage));
   assert.equal(a.j.usage.cache_read_input_tokens, 0);
   assert.match(a.cache, /outcome=write; .*registry=shared/);
+  // A write costs two registry ops: the claim and the commit.
+  const opsA1 = await regOps(gwA);
+  assert.deepEqual([opsA1.claim - opsA0.claim, opsA1.commit - opsA0.commit, opsA1.read - opsA0.read], [1, 1, 0]);
 
+  // B's replica has it from the feed: the cached read there costs one op (the read), no claim
+  // and no commit of the entry it merely extended.
+  await waitFor('A\'s write on B\'s feed', async () => (await feedWrites(gwB)) > fedB);
+  const opsB0 = await regOps(gwB);
   const b = await ask(gwB, sys);
+  const opsB1 = await regOps(gwB);
+  assert.deepEqual([opsB1.claim - opsB0.claim, opsB1.commit - opsB0.commit, opsB1.read - opsB0.read], [0, 0, 1]);
+  // The same on A, which wrote it.
+  await ask(gwA, sys);
+  const opsA2 = await regOps(gwA);
+  assert.deepEqual([opsA2.claim - opsA1.claim, opsA2.commit - opsA1.commit, opsA2.read - opsA1.read], [0, 0, 1]);
   assert.equal(b.j.usage.cache_read_input_tokens, written, JSON.stringify(b.j.usage));
   assert.equal(b.j.usage.cache_creation_input_tokens, 0);
   assert.equal(b.j.usage.input_tokens, a.j.usage.input_tokens);
