@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -469,15 +470,56 @@ int gw__serve_redis_params(const gw_config_t *c, bill_redis_params_t *p,
     return 0;
 }
 
-/* Starts the registry: the blocking start-up checks (namespace secret, duplicate instance), then
- * its connections in the background. Returns 0 or SERVE_EXIT_FAIL with the reason printed. */
+/* What the gateways of one registry must agree on (PREFIX:settings): every setting that changes
+ * what is billed for the same prompt. cache.accounting (which prefixes are reads), the real
+ * lengths of the two TTL classes (how long an entry is a read, and its expiry in Redis), and per
+ * served model its min_cache_tokens (shorter prefixes are not written) and auto_ttl (the class,
+ * hence the price, of an automatic entry): one field per model, so gateways may serve different
+ * models. Left out on purpose: prices (billing.pricing: a price change rolls out gateway by
+ * gateway, and each event carries its own cost), storage_interval (how often storage is metered,
+ * not how much), the namespace secret (its own check, PREFIX:nssecret). */
+typedef struct reg_settings {
+    gw_registry_setting_t set[3 + GW_SERVE_MAX_MODELS];
+    char names[GW_SERVE_MAX_MODELS][GW_REGISTRY_NAME_MAX + 1];
+    char values[3 + GW_SERVE_MAX_MODELS][64];
+    size_t n;
+} reg_settings_t;
+
+static int registry_settings(const serve_t *s, reg_settings_t *o, char *err, size_t err_len)
+{
+    static const char *const acc[] = {"token", "anthropic"};
+    o->n = 0;
+    o->set[o->n++] = (gw_registry_setting_t){"cache.accounting", acc[s->cfg.accounting & 1]};
+    snprintf(o->values[1], sizeof o->values[1], "%" PRIu32 "ms", s->cfg.ttl_5m_ms);
+    o->set[o->n++] = (gw_registry_setting_t){"cache.ttl_5m", o->values[1]};
+    snprintf(o->values[2], sizeof o->values[2], "%" PRIu32 "ms", s->cfg.ttl_1h_ms);
+    o->set[o->n++] = (gw_registry_setting_t){"cache.ttl_1h", o->values[2]};
+    for (size_t m = 0; m < s->n_models; m++) {
+        const gw_cfg_model_t *c = s->models[m].cfg;
+        int k = snprintf(o->names[m], sizeof o->names[m], "models[%s]", c->name);
+        if (k < 0 || (size_t)k >= sizeof o->names[m])
+            return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                               "model name '%s' is too long for the registry's settings (%d bytes)",
+                               c->name, GW_REGISTRY_NAME_MAX - 8);
+        snprintf(o->values[3 + m], sizeof o->values[3 + m],
+                 "min_cache_tokens=%" PRIu32 " auto_ttl=%s", c->min_cache_tokens,
+                 c->auto_ttl_ms == 3600000 ? "1h" : "5m");
+        o->set[o->n++] = (gw_registry_setting_t){o->names[m], o->values[3 + m]};
+    }
+    return 0;
+}
+
+/* Starts the registry: the blocking start-up checks (namespace secret, the settings, duplicate
+ * instance), then its connections in the background. Returns 0 or SERVE_EXIT_FAIL with the reason
+ * printed. */
 static int start_registry(serve_t *s)
 {
     char err[512];
+    reg_settings_t settings;
     bill_redis_addr_t sent[BILL_REDIS_MAX_SENTINELS];
     gw_registry_params_t rp = gw_registry_params_default();
     if (gw__serve_redis_params(&s->cfg, &rp.redis, sent, err, sizeof err) != 0 ||
-        build_ns_owners(s) != 0) {
+        registry_settings(s, &settings, err, sizeof err) != 0 || build_ns_owners(s) != 0) {
         fprintf(stderr, "kvgw serve: registry: %s\n", err);
         return SERVE_EXIT_FAIL;
     }
@@ -491,6 +533,8 @@ static int start_registry(serve_t *s)
     rp.replay_max = s->cfg.registry_replay_max;
     rp.ttl_ms[GW_CINDEX_TTL_5M] = s->cfg.ttl_5m_ms;
     rp.ttl_ms[GW_CINDEX_TTL_1H] = s->cfg.ttl_1h_ms;
+    rp.settings = settings.set;
+    rp.n_settings = settings.n;
     rp.on_feed = on_feed;
     rp.on_state = on_registry_state;
     rp.on_op = gw__obs_registry_op;
@@ -500,6 +544,13 @@ static int start_registry(serve_t *s)
         fprintf(stderr,
                 "kvgw serve: refusing to start: registry: %s (cache.namespace_secret must be the "
                 "same on every gateway that shares redis.prefix %s)\n",
+                err, s->cfg.redis_prefix);
+        return SERVE_EXIT_FAIL;
+    }
+    if (rc == PC_ERR_STATE) {
+        fprintf(stderr,
+                "kvgw serve: refusing to start: %s (every gateway that shares redis.prefix %s "
+                "must have the same billing settings)\n",
                 err, s->cfg.redis_prefix);
         return SERVE_EXIT_FAIL;
     }

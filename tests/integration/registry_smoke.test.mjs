@@ -72,7 +72,7 @@ function startWorker() {
 
 // registry.timeout is generous here: a claim past it is decided locally (and may bill a second
 // write), which a loaded 2-core CI machine must not turn into a flaky race below.
-function config(name, { secret = SECRET, lease = '3s', instance = name } = {}) {
+function config(name, { secret = SECRET, lease = '3s', instance = name, accounting = 'token' } = {}) {
   return writeConfig(dir, `listen: 127.0.0.1:0
 models:
   - name: ${MODEL}
@@ -86,6 +86,7 @@ workers:
   heartbeat: 200ms
 cache:
   namespace_secret: ${secret}
+  accounting: ${accounting}
 billing:
   ledger_dir: ${dir}/ledger-${name}
   instance_id: ${instance}
@@ -273,6 +274,13 @@ test('a gateway with another namespace secret is refused at start', () => {
     { encoding: 'utf8', timeout: 60000 });
   assert.equal(r.status, 1, r.stderr);
   assert.match(r.stderr, /kvgw serve: refusing to start: registry: .*cache\.namespace_secret must be the same on every gateway that shares redis\.prefix smoke/);
+  assert.doesNotMatch(r.stdout, /listening on/);
+});
+
+test('a gateway that would bill otherwise (another cache.accounting) is refused at start', () => {
+  const r = spawnSync(BIN, ['serve', '--config', config('gw-s', { accounting: 'anthropic' })], { encoding: 'utf8', timeout: 60000 });
+  assert.equal(r.status, 1, r.stderr);
+  assert.match(r.stderr, /kvgw serve: refusing to start: registry: setting cache\.accounting is 'anthropic' here but 'token' in smoke:settings .*every gateway that shares redis\.prefix smoke must have the same billing settings/);
   assert.doesNotMatch(r.stdout, /listening on/);
 });
 

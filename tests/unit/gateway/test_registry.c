@@ -587,6 +587,104 @@ PC_TEST(duplicate_instance_and_secret_mismatch_refused_at_start)
     uv_loop_close(&g_loop);
 }
 
+static long long hexists(int port, const char *key, const char *field)
+{
+    redisReply *r = rt_cmd(port, "HEXISTS %s %s", key, field);
+    long long v = r != NULL && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    if (r != NULL)
+        freeReplyObject(r);
+    return v;
+}
+
+/* The settings that change billing (PREFIX:settings): a gateway whose value of a setting differs
+ * is refused at start with the setting and both values named, and writes nothing; one with the
+ * same values and a setting more (a model only it serves) adds it; one that starts while Redis
+ * does not answer finds the difference at its first connect and stays fenced. */
+PC_TEST(settings_differ_refused_at_start_or_fenced_at_first_connect)
+{
+    if (!need_redis())
+        PC_SKIP("redis-server not installed");
+    uv_loop_init(&g_loop);
+    gw_t A = {.name = "A"}, B = {.name = "B"};
+    char err[1024];
+    gw_registry_setting_t sa[] = {{"cache.accounting", "token"},
+                                  {"cache.ttl_5m", "300000ms"},
+                                  {"models[m one]", "min_cache_tokens=16 auto_ttl=5m"}};
+    gw_registry_params_t pa = params(g_redis.port, "set", "gwA", 8, &A);
+    pa.settings = sa;
+    pa.n_settings = 3;
+    ASSERT_EQ(gw_registry_start(&g_loop, &pa, &A.r, err, sizeof err), 0);
+    ASSERT_TRUE(run_until(is_up, &A, 10000));
+
+    gw_registry_setting_t sb[] = {{"cache.accounting", "anthropic"},
+                                  {"cache.ttl_5m", "300000ms"},
+                                  {"models[m2]", "min_cache_tokens=1 auto_ttl=1h"}};
+    gw_registry_params_t pb = params(g_redis.port, "set", "gwB", 8, &B);
+    pb.settings = sb;
+    pb.n_settings = 3;
+    ASSERT_EQ(gw_registry_start(&g_loop, &pb, &B.r, err, sizeof err), PC_ERR_STATE);
+    ASSERT_TRUE(B.r == NULL);
+    ASSERT_TRUE(strstr(err, "setting cache.accounting is 'anthropic' here but 'token' in "
+                            "set:settings") != NULL);
+    ASSERT_FALSE(key_exists("set:gw:gwB")); /* refused: nothing written */
+    ASSERT_EQ_I64(hexists(g_redis.port, "set:settings", "models[m2]"), 0);
+    /* A different min_cache_tokens for a model A serves: refused too. */
+    sb[0].value = "token";
+    sb[2] = (gw_registry_setting_t){"models[m one]", "min_cache_tokens=32 auto_ttl=5m"};
+    ASSERT_EQ(gw_registry_start(&g_loop, &pb, &B.r, err, sizeof err), PC_ERR_STATE);
+    ASSERT_TRUE(strstr(err, "models[m one]") != NULL && strstr(err, "min_cache_tokens=32") != NULL);
+    /* The same values and a model only B serves: started, the new field added. */
+    sb[2] = (gw_registry_setting_t){"models[m2]", "min_cache_tokens=1 auto_ttl=1h"};
+    ASSERT_EQ(gw_registry_start(&g_loop, &pb, &B.r, err, sizeof err), 0);
+    ASSERT_TRUE(run_until(is_up, &B, 10000));
+    ASSERT_EQ_I64(hexists(g_redis.port, "set:settings", "models[m2]"), 1);
+    /* Bad settings: refused before anything. */
+    gw_t X = {.name = "X"};
+    gw_registry_setting_t dup[] = {{"cache.ttl_1h", "1ms"}, {"cache.ttl_1h", "1ms"}};
+    gw_registry_setting_t ctl[] = {{"cache.ttl_1h", "1\nms"}};
+    gw_registry_params_t px = params(g_redis.port, "set", "gwX", 8, &X);
+    px.settings = dup;
+    px.n_settings = 2;
+    ASSERT_EQ(gw_registry_start(&g_loop, &px, &X.r, err, sizeof err), PC_ERR_INVAL);
+    px.settings = ctl;
+    px.n_settings = 1;
+    ASSERT_EQ(gw_registry_start(&g_loop, &px, &X.r, err, sizeof err), PC_ERR_INVAL);
+    px.n_settings = GW_REGISTRY_MAX_SETTINGS + 1;
+    ASSERT_EQ(gw_registry_start(&g_loop, &px, &X.r, err, sizeof err), PC_ERR_INVAL);
+    ASSERT_EQ_I64(hexists(g_redis.port, "set:settings", "cache.ttl_1h"), 0);
+    stop2(&A, &B);
+
+    /* Redis not answering at start (paused): the start succeeds degraded; at the first connect
+     * the settings differ: fenced, and it stays so through its renewals, writing nothing. */
+    redisReply *x = rt_cmd(g_redis.port, "HSET set2:settings cache.ttl_1h 60000ms");
+    freeReplyObject(x);
+    gw_t C = {.name = "C"};
+    gw_registry_setting_t sc[] = {{"cache.ttl_1h", "3600000ms"}};
+    gw_registry_params_t pc = params(g_redis.port, "set2", "gwC", 8, &C);
+    pc.settings = sc;
+    pc.n_settings = 1;
+    rt_stop(&g_redis, SIGSTOP);
+    int rc = gw_registry_start(&g_loop, &pc, &C.r, err, sizeof err);
+    rt_stop(&g_redis, SIGCONT);
+    ASSERT_EQ(rc, 0);
+    ASSERT_EQ(gw_registry_state(C.r), GW_REGISTRY_DOWN);
+    uint64_t end = pc_time_mono_ms() + 20000;
+    while (gw_registry_state(C.r) != GW_REGISTRY_FENCED && pc_time_mono_ms() < end)
+        run_for(10);
+    ASSERT_EQ(gw_registry_state(C.r), GW_REGISTRY_FENCED);
+    ASSERT_EQ(C.last_state, GW_REGISTRY_FENCED);
+    run_for(1000); /* several renewal periods (lease 800 ms / 4) */
+    ASSERT_EQ(gw_registry_state(C.r), GW_REGISTRY_FENCED);
+    ASSERT_FALSE(key_exists("set2:gw:gwC"));
+    uint32_t t[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    gw_registry_point_t pt = {.n_tokens = 8, .write = true};
+    gw_registry_op_t *op;
+    ASSERT_EQ(gw_registry_claim(C.r, 1, t, 8, &pt, 1, "wC", on_claim, &C, &op),
+              GW_REGISTRY_REFUSED_DOWN);
+    stop2(&C, NULL);
+    uv_loop_close(&g_loop);
+}
+
 /* Redis unreachable at start, then paused, then killed and restarted: claims answer at once (down)
  * or by their deadline (paused), nothing blocks the loop, queued commits are replayed once, and a
  * claim won after its deadline is released. */
