@@ -273,16 +273,17 @@ void bill_time_str(uint64_t ms, char *buf);
  *
  * Sources. One ledger (bill_export_open), or the merged view of several gateways
  * (bill_export_open_sources): ledgers, one per instance, and the streams the shipper wrote to
- * Redis (shipper.h) for every other instance found there (PREFIX:gws and the PREFIX:ledger:*
- * streams); a ledger is the record, so an instance's stream is read only when its ledger is not
- * given. Every event is exported once, in the order of a k-way merge of the sources by (end_ms,
- * instance, seq): each source is read in seq order, which is its end-time order but for a
- * gateway's wall clock stepping back, and only each source's next event is held. The same event
- * id in two sources (at the same end time, as a copy would be) fails the export (PC_ERR_FORMAT),
- * as do two ledgers of one instance (PC_ERR_INVAL). A stream entry is checked as a ledger record
- * is; entries shipped before the registry field lack per-bucket costs and fail the export
- * (export that instance from its ledger). Redis is read with blocking commands, each under the
- * connection's timeout: like ledger reads, open and steps run off the gateway's loop.
+ * Redis (shipper.h) for every other instance found there (PREFIX:gws; scan_streams also finds
+ * PREFIX:ledger:* streams of older shippers); a ledger is the record, so an instance's stream is
+ * read only when its ledger is not given. Every event is exported once, in the order of a k-way
+ * merge of the sources by (end_ms, instance, seq): each source is read in seq order, which is its
+ * end-time order but for a gateway's wall clock stepping back, and only each source's next event is
+ * held. The same event id in two sources (at the same end time, as a copy would be) fails the
+ * export (PC_ERR_FORMAT), as do two ledgers of one instance (PC_ERR_INVAL). A stream entry is
+ * checked as a ledger record is; entries shipped before the registry field lack per-bucket costs
+ * and fail the export (export that instance from its ledger). Redis is read with blocking commands,
+ * each under the connection's timeout: like ledger reads, open and steps run off the gateway's
+ * loop.
  *
  *   bill_export_params_t xp = bill_export_params_default();
  *   xp.format = BILL_EXPORT_FOCUS; xp.chunk = send_chunk; xp.ud = conn;
@@ -347,6 +348,10 @@ typedef struct bill_export_sources {
     size_t n_ledgers;
     const struct bill_redis_params *redis; /* NULL: no Redis; else the primary to read */
     const char *redis_prefix;              /* the shipper's key prefix, default "kvgw" */
+    /* The instances read from Redis are PREFIX:gws (every shipper adds its own). true also SCANs
+     * the keyspace for PREFIX:ledger:* streams, for streams shipped by a kvgw older than that
+     * (slow on a large Redis: it walks the cache entries too). Default false. */
+    bool scan_streams;
 } bill_export_sources_t;
 
 /* Opens a merged export (at least one ledger or Redis). Connects to Redis and lists its instances

@@ -619,7 +619,8 @@ int bill_export_open_sources(const bill_export_sources_t *src, const bill_export
     const char *prefix = src->redis_prefix != NULL ? src->redis_prefix : "kvgw";
     if (src->redis != NULL) {
         if ((rc = bill_redis_connect_sync(src->redis, &x->redis, err, err_len)) != 0 ||
-            (rc = bill__redis_instances(x->redis, prefix, &insts, &n_insts, err, err_len)) != 0)
+            (rc = bill__redis_instances(x->redis, prefix, src->scan_streams, &insts, &n_insts, err,
+                                        err_len)) != 0)
             goto fail;
     }
     size_t cap = src->n_ledgers + n_insts;

@@ -5,9 +5,9 @@
  * of up to `batch` records is read on the thread pool, then sent as pipelined EVALSHA calls of the
  * shipping script, each reply due within timeout_ms. Replies arrive in order; each confirms its
  * record's seq as the cursor. Any error reply, lost connection or missed deadline drops the
- * connection and reconnects with backoff (possibly to a new primary); each connection re-reads
- * the cursor from Redis (on_up) and restarts the reader there, so the script's seq check makes
- * every replay a no-op.
+ * connection and reconnects with backoff (possibly to a new primary); each connection lists the
+ * instance in PREFIX:gws and re-reads the cursor from Redis (on_up) and restarts the reader there,
+ * so the script's seq check makes every replay a no-op.
  */
 #include "shipper.h"
 #include "common.h"
@@ -56,10 +56,11 @@ struct bill_shipper {
     bill_shipper_params_t p;
     char *dir;
     char instance[BILL_STR_MAX];
-    char stream_key[256], cursor_key[256], keys_key[256], usage_prefix[256];
+    char stream_key[256], cursor_key[256], keys_key[256], usage_prefix[256], gws_key[256];
 
     bill_redis_t *rc; /* the connection (redisconn.h): reconnects, deadlines, Sentinel */
-    bool ready;       /* connected, script loaded, cursor known */
+    bool ready;       /* connected, script loaded, listed in PREFIX:gws, cursor known */
+    bool listed;      /* this connection's SADD PREFIX:gws was answered */
     char sha[48];
     uint64_t cursor; /* confirmed by Redis */
 
@@ -145,12 +146,26 @@ static void on_script(bill_redis_t *rc, redisReply *r, int status, void *priv)
     }
 }
 
+/* SADD PREFIX:gws INSTANCE, answered before the cursor (replies come in order): nothing is
+ * shipped on a connection before the instance is listed where exports and verify look. */
+static void on_listed(bill_redis_t *rc, redisReply *r, int status, void *priv)
+{
+    bill_shipper_t *s = priv;
+    (void)rc;
+    if (reply_ok(s, r, status, "SADD instances") && r->type == REDIS_REPLY_INTEGER)
+        s->listed = true;
+}
+
 static void on_cursor(bill_redis_t *rc, redisReply *r, int status, void *priv)
 {
     bill_shipper_t *s = priv;
     (void)rc;
     if (!reply_ok(s, r, status, "GET cursor"))
         return;
+    if (!s->listed) {
+        fail_conn(s, "the instance is not listed in PREFIX:gws");
+        return;
+    }
     uint64_t v = 0;
     if (r->type == REDIS_REPLY_STRING) {
         char *end;
@@ -175,16 +190,21 @@ static void on_cursor(bill_redis_t *rc, redisReply *r, int status, void *priv)
     pump(s);
 }
 
-/* A new connection: load the script and read the cursor (pipelined). */
+/* A new connection: load the script, list the instance in PREFIX:gws, read the cursor
+ * (pipelined). */
 static void on_up(bill_redis_t *rc, void *ud)
 {
     bill_shipper_t *s = ud;
     s->sha[0] = '\0';
+    s->listed = false;
     const char *av1[3] = {"SCRIPT", "LOAD", ship_script};
     size_t al1[3] = {6, 4, sizeof ship_script - 1};
+    const char *av3[3] = {"SADD", s->gws_key, s->instance};
+    size_t al3[3] = {4, strlen(s->gws_key), strlen(s->instance)};
     const char *av2[2] = {"GET", s->cursor_key};
     size_t al2[2] = {3, strlen(s->cursor_key)};
     if (bill_redis_send(rc, 0, on_script, s, 3, av1, al1) != 0 ||
+        bill_redis_send(rc, 0, on_listed, s, 3, av3, al3) != 0 ||
         bill_redis_send(rc, 0, on_cursor, s, 2, av2, al2) != 0)
         fail_conn(s, "cannot send the setup commands");
 }
@@ -463,6 +483,7 @@ int bill_shipper_start(uv_loop_t *loop, const bill_shipper_params_t *p, bill_shi
     snprintf(s->stream_key, sizeof s->stream_key, "%s:ledger:%s", prefix, s->instance);
     snprintf(s->cursor_key, sizeof s->cursor_key, "%s:cursor:%s", prefix, s->instance);
     snprintf(s->keys_key, sizeof s->keys_key, "%s:usage_keys", prefix);
+    snprintf(s->gws_key, sizeof s->gws_key, "%s:gws", prefix);
     snprintf(s->usage_prefix, sizeof s->usage_prefix, "%s:usage:", prefix);
     if (s->p.retry_max_ms == 0)
         s->p.retry_max_ms = 5000;

@@ -24,6 +24,10 @@
  *   PREFIX:usage:TENANT:YYYY-MM-DD   hash: events, cost_nusd, <bucket> (quantity) and
  *                                    cost_<bucket>_nusd for each of the six buckets
  *   PREFIX:usage_keys                set of every usage hash key written
+ *   PREFIX:gws                       set of every instance that ships (or registers: the
+ *                                    registry's gateways): the shipper SADDs its INSTANCE at each
+ *                                    connect, before it ships anything, so the merged export and
+ *                                    verify list instances from this set, never by a SCAN
  *
  * Redis down or slow: every command batch has a deadline (timeout_ms); past it the connection is
  * dropped and retried with backoff. The connection is redisconn.h's: with Sentinel it follows a
@@ -103,8 +107,10 @@ typedef struct bill_verify_params {
     const char *password;
     const char *prefix;
     uint32_t timeout_ms;
-    uint64_t from_ms; /* reconcile only the UTC days in [from_ms, to_ms): whole days (multiples */
-    uint64_t to_ms;   /* of 86400000, to_ms may be UINT64_MAX); default 0 .. UINT64_MAX: all */
+    uint64_t from_ms;  /* reconcile only the UTC days in [from_ms, to_ms): whole days (multiples */
+    uint64_t to_ms;    /* of 86400000, to_ms may be UINT64_MAX); default 0 .. UINT64_MAX: all */
+    bool scan_streams; /* instances: PREFIX:gws, and also a SCAN for PREFIX:ledger:* streams
+                          (those of a kvgw older than the shipper's SADD); default false */
 } bill_verify_params_t;
 
 bill_verify_params_t bill_verify_params_default(void);
@@ -127,11 +133,11 @@ typedef struct bill_verify_report {
  * are compared (and only their unexplained keys reported), and each stream only against the
  * ledger segments read: those that the time index says can hold events of those days (ledger.h),
  * so verifying a day costs about a day of ledger. PC_ERR_INVAL for a range that is not whole days.
- * Differences are printed one per line to out. Instances that shipped to Redis (PREFIX:gws and
- * the PREFIX:ledger:* streams) but whose ledger was not given are printed as MISSING lines and
- * counted apart (their counters then show as differences too). Returns 0 when the comparison
- * ran (differences or not), an error when it could not (Redis unreachable, damaged ledger, a bad
- * instance id in Redis) with the reason in err. */
+ * Differences are printed one per line to out. Instances that shipped to Redis (PREFIX:gws, and
+ * with scan_streams the PREFIX:ledger:* streams) but whose ledger was not given are printed as
+ * MISSING lines and counted apart (their counters then show as differences too). Returns 0 when the
+ * comparison ran (differences or not), an error when it could not (Redis unreachable, damaged
+ * ledger, a bad instance id in Redis) with the reason in err. */
 int bill_verify(const char *const *ledger_dirs, size_t n, const bill_verify_params_t *p, FILE *out,
                 bill_verify_report_t *rep, char *err, size_t err_len);
 

@@ -23,12 +23,15 @@
 #define BILL__MAX_INSTANCES 4096
 #define BILL__STREAM_PAGE 128
 
-/* Every instance that shipped usage under prefix: the members of PREFIX:gws (the registry's
- * gateways) and the INSTANCE of every PREFIX:ledger:INSTANCE key (SCAN), each once, sorted.
- * *out (pc_free) holds *n ids of BILL_STR_MAX bytes. PC_ERR_UPSTREAM on a Redis error,
- * PC_ERR_FORMAT for an id that is not an instance id, PC_ERR_RANGE beyond BILL__MAX_INSTANCES. */
-int bill__redis_instances(redisContext *c, const char *prefix, char (**out)[BILL_STR_MAX],
-                          size_t *n, char *err, size_t err_len);
+/* Every instance that shipped usage under prefix: the members of PREFIX:gws (every shipper adds
+ * its instance there at each connect, before it ships anything; the registry's gateways too),
+ * each once, sorted. scan_streams also adds the INSTANCE of every PREFIX:ledger:INSTANCE stream
+ * (a SCAN of the whole keyspace, cache entries included: only for streams shipped by a kvgw
+ * older than that SADD and never shipped to since). *out (pc_free) holds *n ids of BILL_STR_MAX
+ * bytes. PC_ERR_UPSTREAM on a Redis error, PC_ERR_FORMAT for an id that is not an instance id,
+ * PC_ERR_RANGE beyond BILL__MAX_INSTANCES. */
+int bill__redis_instances(redisContext *c, const char *prefix, bool scan_streams,
+                          char (**out)[BILL_STR_MAX], size_t *n, char *err, size_t err_len);
 
 /* One instance's stream PREFIX:ledger:INSTANCE, read in id (seq) order page by page. */
 typedef struct bill__stream {

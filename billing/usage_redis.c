@@ -61,8 +61,8 @@ static int reply_err(redisContext *c, redisReply *r, const char *what, char *err
     return rc;
 }
 
-int bill__redis_instances(redisContext *c, const char *prefix, char (**out)[BILL_STR_MAX],
-                          size_t *n_out, char *err, size_t err_len)
+int bill__redis_instances(redisContext *c, const char *prefix, bool scan_streams,
+                          char (**out)[BILL_STR_MAX], size_t *n_out, char *err, size_t err_len)
 {
     *out = NULL;
     *n_out = 0;
@@ -81,8 +81,8 @@ int bill__redis_instances(redisContext *c, const char *prefix, char (**out)[BILL
                  : pc_err_setf(err, err_len, PC_ERR_FORMAT, "redis: %s holds a non-string", key);
     }
     freeReplyObject(r);
-    /* The streams themselves: gateways that ship without a registry are not in PREFIX:gws. The
-     * pattern's prefix is escaped so that glob characters in it match only themselves. */
+    /* On request only, the streams themselves (those of a kvgw older than the shipper's SADD).
+     * The pattern's prefix is escaped so that glob characters in it match only themselves. */
     size_t pl = 0;
     for (const char *p = prefix; *p && pl + 8 < sizeof pattern - 16; p++) {
         if (strchr("*?[]\\", *p) != NULL)
@@ -93,7 +93,7 @@ int bill__redis_instances(redisContext *c, const char *prefix, char (**out)[BILL
     size_t kpl = strlen(prefix) + 8; /* "PREFIX:ledger:" */
     char cursor[32] = "0";
     do {
-        if (rc != 0)
+        if (rc != 0 || !scan_streams)
             break;
         r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000 TYPE stream", cursor, pattern);
         if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||

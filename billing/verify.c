@@ -309,12 +309,12 @@ static void compare_counter(redisContext *c, const char *key, const bill_totals_
 /* The instances that shipped to Redis without their ledger among ledger_dirs: one MISSING line
  * each. */
 static int missing_instances(redisContext *c, const char *const *ledger_dirs, size_t n,
-                             const char *prefix, FILE *out, bill_verify_report_t *rep, char *err,
-                             size_t err_len)
+                             const char *prefix, bool scan_streams, FILE *out,
+                             bill_verify_report_t *rep, char *err, size_t err_len)
 {
     char(*insts)[BILL_STR_MAX];
     size_t n_insts;
-    int rc = bill__redis_instances(c, prefix, &insts, &n_insts, err, err_len);
+    int rc = bill__redis_instances(c, prefix, scan_streams, &insts, &n_insts, err, err_len);
     if (rc != 0)
         return rc;
     for (size_t i = 0; i < n_insts; i++) {
@@ -378,7 +378,8 @@ int bill_verify(const char *const *ledger_dirs, size_t n, const bill_verify_para
         if (rc != 0)
             goto done;
     }
-    if ((rc = missing_instances(c, ledger_dirs, n, prefix, out, rep, err, err_len)) != 0)
+    if ((rc = missing_instances(c, ledger_dirs, n, prefix, p->scan_streams, out, rep, err,
+                                err_len)) != 0)
         goto done;
     /* Every counter the ledgers explain. */
     for (size_t i = 0; i < exp.v.len; i++) {

@@ -2,17 +2,19 @@
  * cmd_billing.c — `kvgw billing export|verify` (DESIGN.md §6): the ledger as CSV, JSON lines or
  * FOCUS for finance, and the reconciliation of the ledger against Redis.
  *
- *   kvgw billing export [--ledger DIR]... [--redis HOST:PORT [--password-env VAR] [--prefix P]]
- *                       [--from T] [--to T] [--tenant ID] [--format csv|jsonl|focus]
+ *   kvgw billing export [--ledger DIR]... [--redis HOST:PORT [--password-env VAR] [--prefix P]
+ *                       [--scan-streams]] [--from T] [--to T] [--tenant ID] [--format
+ * csv|jsonl|focus]
  *                       [--group none|day] [--pricing FILE] [--out FILE] [--no-index] [--stats]
  *   kvgw billing verify [--ledger DIR]... [--redis HOST:PORT [--password-env VAR] [--prefix P]
- *                       [--from DAY] [--to DAY]]
+ *                       [--scan-streams] [--from DAY] [--to DAY]]
  *
  * Times are RFC 3339 UTC ("2025-06-01", "2025-06-01T12:00:00Z") or epoch milliseconds; --from is
  * inclusive, --to exclusive. Exports read the ledgers, and only the segments that the ledger's
  * time index (ledger.h) says can hold events of the range; --no-index reads them all (the output
  * is the same), --stats tells on stderr how many segments were read and skipped. Several
- * --ledger and --redis give the merged view of several gateways (billing.h, Sources).
+ * --ledger and --redis give the merged view of several gateways (billing.h, Sources): the
+ * instances in PREFIX:gws, plus (--scan-streams) any PREFIX:ledger:* stream found by a SCAN.
  */
 #include "billing.h"
 #include "cli.h"
@@ -29,12 +31,12 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvgw billing export [--ledger DIR]... [--redis HOST:PORT "
-               "[--password-env VAR] [--prefix P]]\n"
+               "[--password-env VAR] [--prefix P] [--scan-streams]]\n"
                "                           [--from TIME] [--to TIME] [--tenant ID]\n"
                "                           [--format csv|jsonl|focus] [--group none|day]\n"
                "                           [--pricing FILE] [--out FILE] [--no-index] [--stats]\n"
                "       kvgw billing verify [--ledger DIR]... [--redis HOST:PORT "
-               "[--password-env VAR] [--prefix P]]\n"
+               "[--password-env VAR] [--prefix P] [--scan-streams]]\n"
                "                           [--from DAY] [--to DAY]\n");
 }
 
@@ -51,8 +53,8 @@ static void help(void)
            "wrong); --no-index reads every segment, with the same output; --stats prints the\n"
            "segments read and skipped to stderr.\n"
            "Several --ledger (one per gateway instance) and --redis (the usage every other\n"
-           "instance shipped there, found in PREFIX:gws and the PREFIX:ledger:* streams) give the\n"
-           "merged view of a cluster: every event once, ordered by end time, instance and seq;\n"
+           "instance shipped there, listed in PREFIX:gws) give the merged view of a cluster:\n"
+           "every event once, ordered by end time, instance and seq;\n"
            "the same event in two sources, or two ledgers of one instance, fail the export.\n"
            "Rows carry the event's registry decision (none, shared, local) and its instance.\n"
            "\nverify: without --from/--to, first reads and checks every record of every segment\n"
@@ -66,7 +68,11 @@ static void help(void)
            "difference. --from/--to (UTC dates, --to exclusive; need --redis) limit it to the\n"
            "counters of those days and to the ledger segments that can hold their events.\n"
            "Instances that shipped to Redis but whose ledger was not given are printed as\n"
-           "MISSING (exit status 1). The events are counted by registry decision.\n");
+           "MISSING (exit status 1). The events are counted by registry decision.\n"
+           "\n--scan-streams (export, verify): also look for PREFIX:ledger:* streams with a SCAN\n"
+           "of the whole keyspace, for instances shipped by a kvgw older than the shipper's\n"
+           "listing in PREFIX:gws (any kvgw now lists its instance at each connect); slow on a\n"
+           "Redis that holds many cache entries.\n");
 }
 
 static int write_chunk(void *ud, const char *data, size_t len)
@@ -97,7 +103,7 @@ static int cmd_export(int argc, char **argv)
     const char *dirs[64], *out = NULL, *pricing = NULL, *prefix = NULL;
     size_t n_dirs = 0;
     bill_redis_params_t rp = bill_redis_params_default(); /* the address from --redis */
-    bool stats = false, redis = false;
+    bool stats = false, redis = false, scan_streams = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -110,6 +116,10 @@ static int cmd_export(int argc, char **argv)
         }
         if (strcmp(a, "--stats") == 0) {
             stats = true;
+            continue;
+        }
+        if (strcmp(a, "--scan-streams") == 0) {
+            scan_streams = true;
             continue;
         }
         const char *v = kvgw_cli_value(argc, argv, &i, "kvgw billing export", usage);
@@ -167,8 +177,9 @@ static int cmd_export(int argc, char **argv)
         fprintf(stderr, "kvgw billing export: --from is after --to\n");
         return KVGW_EXIT_USAGE;
     }
-    if (!redis && (prefix != NULL || rp.password != NULL)) {
-        fprintf(stderr, "kvgw billing export: --prefix and --password-env need --redis\n");
+    if (!redis && (prefix != NULL || rp.password != NULL || scan_streams)) {
+        fprintf(stderr,
+                "kvgw billing export: --prefix, --password-env and --scan-streams need --redis\n");
         return KVGW_EXIT_USAGE;
     }
     if (n_dirs == 0 && !redis)
@@ -176,7 +187,8 @@ static int cmd_export(int argc, char **argv)
     bill_export_sources_t src = {.ledger_dirs = dirs,
                                  .n_ledgers = n_dirs,
                                  .redis = redis ? &rp : NULL,
-                                 .redis_prefix = prefix};
+                                 .redis_prefix = prefix,
+                                 .scan_streams = scan_streams};
     char err[512] = "";
     bill_pricing_t *pr = NULL;
     if (pricing != NULL && bill_pricing_load(pricing, &pr, err, sizeof err) != 0) {
@@ -236,6 +248,10 @@ static int cmd_verify(int argc, char **argv)
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             help();
             return KVGW_EXIT_OK;
+        }
+        if (strcmp(a, "--scan-streams") == 0) {
+            vp.scan_streams = true;
+            continue;
         }
         const char *v = kvgw_cli_value(argc, argv, &i, "kvgw billing verify", usage);
         if (v == NULL)

@@ -22,6 +22,7 @@
 
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -171,12 +172,21 @@ static const char sc_release[] = CHECK_REG "local mine = ARGV[3] .. ' ' .. ARGV[
                                            "end\n"
                                            "return done\n";
 
-/* KEYS gw gws nssecret; ARGV nonce lease instance secret. Returns {'registered'|'renewed', 0} or
- * {'taken', pttl of the holder's key}; the error KVGWSECRET on a different namespace secret. */
+/* KEYS gw gws nssecret settings; ARGV nonce lease instance secret {name value}. Returns
+ * {'registered'|'renewed', 0} or {'taken', pttl of the holder's key}; the error KVGWSECRET on a
+ * different namespace secret, KVGWSETTINGS <i> <stored value> when setting i (0-based) differs
+ * from the one stored. The checks come first: a refused gateway writes nothing. */
 static const char sc_register[] =
     "local s = redis.call('GET', KEYS[3])\n"
-    "if not s then redis.call('SET', KEYS[3], ARGV[4])\n"
-    "elseif s ~= ARGV[4] then return redis.error_reply('KVGWSECRET') end\n"
+    "if s and s ~= ARGV[4] then return redis.error_reply('KVGWSECRET') end\n"
+    "for i = 5, #ARGV - 1, 2 do\n"
+    "  local v = redis.call('HGET', KEYS[4], ARGV[i])\n"
+    "  if v and v ~= ARGV[i + 1] then\n"
+    "    return redis.error_reply('KVGWSETTINGS ' .. ((i - 5) / 2) .. ' ' .. v)\n"
+    "  end\n"
+    "end\n"
+    "if not s then redis.call('SET', KEYS[3], ARGV[4]) end\n"
+    "for i = 5, #ARGV - 1, 2 do redis.call('HSETNX', KEYS[4], ARGV[i], ARGV[i + 1]) end\n"
     "local cur = redis.call('GET', KEYS[1])\n"
     "if cur == ARGV[1] then\n"
     "  redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
@@ -242,7 +252,12 @@ struct gw_registry {
     char prefix[GW_REGISTRY_NAME_MAX + 1];
     char nonce[33];
     char secret_hex[2 * GW_REGISTRY_SECRET_CHECK_BYTES + 1];
-    char k_gw[320], k_gws[160], k_fence[160], k_secret[160], k_meter[160], k_feed[160];
+    char k_gw[320], k_gws[160], k_fence[160], k_secret[160], k_meter[160], k_feed[160],
+        k_settings[160];
+    /* The settings (params.settings), copied: names and values back to back in one block. */
+    char *settings_blob;
+    const char *set_name[GW_REGISTRY_MAX_SETTINGS], *set_value[GW_REGISTRY_MAX_SETTINGS];
+    size_t n_settings;
     char lease_str[24], claim_ttl_str[24], maxlen_str[24], ttl_str[2][24];
 
     bill_redis_t *rc, *fc;
@@ -253,7 +268,7 @@ struct gw_registry {
     gw_registry_state_t state;
     uint64_t state_since; /* uv_now of the last change */
     uint64_t degraded_ms; /* accumulated time not UP before state_since */
-    bool secret_refused;  /* permanent FENCED */
+    bool secret_refused;  /* permanent FENCED: the namespace secret or a setting differs */
     char sha[SC_COUNT][41];
     int scripts_pending; /* SCRIPT LOADs not answered on this connection */
     bool scripts_ok;
@@ -319,6 +334,30 @@ static bool name_ok(const char *s, size_t max)
     size_t n = 0;
     for (; s[n] != '\0'; n++)
         if (n >= max || (unsigned char)s[n] <= 0x20 || (unsigned char)s[n] >= 0x7f)
+            return false;
+    return true;
+}
+
+/* A tenant or model name of a t=w event (registry.h: GW_REGISTRY_LABEL_MAX). */
+static bool label_ok(const char *s, size_t len)
+{
+    if (len == 0 || len > GW_REGISTRY_LABEL_MAX)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] == 0x7f)
+            return false;
+    return true;
+}
+
+/* A setting's name or value (params.settings): 1-GW_REGISTRY_NAME_MAX bytes, no control
+ * character. */
+static bool setting_str_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > GW_REGISTRY_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] == 0x7f)
             return false;
     return true;
 }
@@ -419,7 +458,7 @@ static void set_state(gw_registry_t *r, gw_registry_state_t s, const char *fmt, 
 {
     if (r->state == s)
         return;
-    char reason[256];
+    char reason[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(reason, sizeof reason, fmt, ap);
@@ -723,11 +762,13 @@ static void ab_ns(argb_t *a, uint64_t ns)
     ab_add(a, b, 16);
 }
 
-int gw_registry_commit(gw_registry_t *r, uint64_t ns, const uint32_t *tokens,
-                       const gw_registry_point_t *points, size_t n_points, uint64_t fence,
-                       uint64_t start_wall_ms, const char *worker)
+int gw_registry_commit(gw_registry_t *r, uint64_t ns, const char *tenant, const char *model,
+                       const uint32_t *tokens, const gw_registry_point_t *points, size_t n_points,
+                       uint64_t fence, uint64_t start_wall_ms, const char *worker)
 {
     if (r == NULL || tokens == NULL || r->stopping || !name_ok(worker, GW_REGISTRY_NAME_MAX) ||
+        tenant == NULL || !label_ok(tenant, strlen(tenant)) || model == NULL ||
+        !label_ok(model, strlen(model)) ||
         check_points(r, points, n_points,
                      points != NULL && n_points > 0 ? points[n_points - 1].n_tokens : 0) != 0)
         return PC_ERR_INVAL;
@@ -755,7 +796,7 @@ int gw_registry_commit(gw_registry_t *r, uint64_t ns, const uint32_t *tokens,
         pl += (size_t)snprintf(pts + pl, sizeof pts - pl, "%s%" PRIu32 ":%u:%" PRIu64, i ? "," : "",
                                points[i].n_tokens, (unsigned)points[i].ttl, exp);
     }
-    ab_str(&a, "7");
+    ab_str(&a, "9");
     ab_str(&a, "t");
     ab_str(&a, "w");
     ab_str(&a, "o");
@@ -770,6 +811,10 @@ int gw_registry_commit(gw_registry_t *r, uint64_t ns, const uint32_t *tokens,
     ab_u64(&a, start_wall_ms);
     ab_str(&a, "wk");
     ab_str(&a, worker);
+    ab_str(&a, "tn");
+    ab_str(&a, tenant);
+    ab_str(&a, "md");
+    ab_str(&a, model);
     return enqueue(r, GW_REGISTRY_OP_COMMIT, SC_COMMIT, &a);
 }
 
@@ -1101,6 +1146,49 @@ void gw_registry_cancel(gw_registry_t *r, gw_registry_op_t *op)
  * Leases: registration, renewal, meter
  * ------------------------------------------------------------------------------------------- */
 
+/* The register script's arguments from its keys count on: 4 keys, nonce lease instance secret,
+ * then each setting's name and value. Returns their count. */
+#define REGISTER_ARGS (9 + 2 * GW_REGISTRY_MAX_SETTINGS)
+static int register_args(const gw_registry_t *r, const char **av, size_t *al)
+{
+    int n = 0;
+    av[n++] = "4";
+    av[n++] = r->k_gw;
+    av[n++] = r->k_gws;
+    av[n++] = r->k_secret;
+    av[n++] = r->k_settings;
+    av[n++] = r->nonce;
+    av[n++] = r->lease_str;
+    av[n++] = r->instance;
+    av[n++] = r->secret_hex;
+    for (size_t i = 0; i < r->n_settings; i++) {
+        av[n++] = r->set_name[i];
+        av[n++] = r->set_value[i];
+    }
+    for (int i = 0; i < n; i++)
+        al[i] = strlen(av[i]);
+    return n;
+}
+
+/* The reason of a KVGWSETTINGS refusal ("KVGWSETTINGS <i> <stored value>"), naming the setting,
+ * its value here and the one stored. */
+static void settings_refusal(const gw_registry_t *r, const redisReply *rp, char *out, size_t len)
+{
+    const char *s = strstr(rp->str, "KVGWSETTINGS ");
+    char *end = NULL;
+    unsigned long i = s != NULL ? strtoul(s + 13, &end, 10) : ULONG_MAX;
+    if (i >= r->n_settings || end == NULL || *end != ' ') {
+        snprintf(out, len, "a setting differs from the ones in %s (%.200s)", r->k_settings,
+                 rp->str);
+        return;
+    }
+    snprintf(out, len,
+             "setting %s is '%s' here but '%.128s' in %s (written by the first gateway of "
+             "this registry): gateways that share a registry must bill alike (to change "
+             "it for all of them, stop every gateway and DEL %s)",
+             r->set_name[i], r->set_value[i], end + 1, r->k_settings, r->k_settings);
+}
+
 static void on_register_reply(bill_redis_t *c, redisReply *rp, int status, void *priv)
 {
     gw_registry_t *r = priv;
@@ -1119,6 +1207,14 @@ static void on_register_reply(bill_redis_t *c, redisReply *rp, int status, void 
                   "the namespace secret differs from the one in %s: this gateway would isolate "
                   "its tenants from the others; refusing to use the registry",
                   r->k_secret);
+        return;
+    }
+    if (is_error(rp, "KVGWSETTINGS")) {
+        char why[1024];
+        settings_refusal(r, rp, why, sizeof why);
+        r->secret_refused = true;
+        r->st.errors[GW_REGISTRY_OP_LEASE][GW_REGISTRY_ERR_FENCED]++;
+        set_state(r, GW_REGISTRY_FENCED, "refusing to use the registry: %s", why);
         return;
     }
     if (rp->type == REDIS_REPLY_ERROR) {
@@ -1181,12 +1277,10 @@ static void send_leases(gw_registry_t *r)
 {
     if (!r->scripts_ok || r->stopping || r->lease_inflight || !bill_redis_is_up(r->rc))
         return;
-    const char *av[8] = {"3",      r->k_gw,      r->k_gws,    r->k_secret,
-                         r->nonce, r->lease_str, r->instance, r->secret_hex};
-    size_t al[8];
-    for (int i = 0; i < 8; i++)
-        al[i] = strlen(av[i]);
-    if (send_script(r, r->rc, SC_REGISTER, 0, on_register_reply, r, 8, av, al) != 0)
+    const char *av[REGISTER_ARGS];
+    size_t al[REGISTER_ARGS];
+    int n = register_args(r, av, al);
+    if (send_script(r, r->rc, SC_REGISTER, 0, on_register_reply, r, n, av, al) != 0)
         return;
     r->lease_inflight = true;
     if (!r->p.meter || r->secret_refused)
@@ -1430,9 +1524,9 @@ static int feed_entry(gw_registry_t *r, const redisReply *ent, sid_t id, char *t
         ent->element[1]->elements > 64)
         return -1;
     const redisReply *f = ent->element[1];
-    enum { F_T, F_O, F_NS, F_TOK, F_PTS, F_ST, F_WK, F_N, F_NOW, F_COUNT };
-    static const char *const names[F_COUNT] = {"t",  "o",  "ns", "tok", "pts",
-                                               "st", "wk", "n",  "now"};
+    enum { F_T, F_O, F_NS, F_TOK, F_PTS, F_ST, F_WK, F_TN, F_MD, F_N, F_NOW, F_COUNT };
+    static const char *const names[F_COUNT] = {"t",  "o",  "ns", "tok", "pts", "st",
+                                               "wk", "tn", "md", "n",   "now"};
     const redisReply *v[F_COUNT] = {0};
     for (size_t i = 0; i < f->elements; i += 2) {
         if (f->element[i + 1]->type != REDIS_REPLY_STRING)
@@ -1478,6 +1572,14 @@ static int feed_entry(gw_registry_t *r, const redisReply *ent, sid_t id, char *t
             !parse_dec(v[F_ST]->str, v[F_ST]->len, &ev.start_wall_ms) || !str_name(v[F_WK], false))
             return -1;
         ev.worker = v[F_WK]->str;
+        /* The namespace's owner: both or neither (a gateway older than these fields). */
+        if ((v[F_TN] == NULL) != (v[F_MD] == NULL) ||
+            (v[F_TN] != NULL &&
+             (!label_ok(v[F_TN]->str, v[F_TN]->len) || strlen(v[F_TN]->str) != v[F_TN]->len ||
+              !label_ok(v[F_MD]->str, v[F_MD]->len) || strlen(v[F_MD]->str) != v[F_MD]->len)))
+            return -1;
+        ev.tenant = v[F_TN] != NULL ? v[F_TN]->str : "";
+        ev.model = v[F_MD] != NULL ? v[F_MD]->str : "";
         /* pts: "len:ttl:expiry" joined by ',' */
         const char *s = v[F_PTS]->str, *end = s + v[F_PTS]->len;
         size_t np = 0;
@@ -1515,7 +1617,7 @@ static int feed_entry(gw_registry_t *r, const redisReply *ent, sid_t id, char *t
         if (v[F_N] == NULL || v[F_NOW] == NULL || !parse_dec(v[F_N]->str, v[F_N]->len, &nr) ||
             nr != n || !parse_dec(v[F_NOW]->str, v[F_NOW]->len, &ev.now_wall_ms))
             return -1;
-        ev.worker = "";
+        ev.worker = ev.tenant = ev.model = "";
     }
     if (r->p.on_feed != NULL && r->p.on_feed(&ev, r->p.ud) < 0)
         return -1;
@@ -1621,10 +1723,15 @@ static int start_checks(gw_registry_t *r, redisContext *ctx, char *err, size_t e
     if (poll_ms > 500)
         poll_ms = 500;
     uint64_t t0 = pc_time_mono_ms(), prev_pttl = UINT64_MAX;
+    const char *av[2 + REGISTER_ARGS];
+    size_t al[2 + REGISTER_ARGS];
+    av[0] = "EVAL";
+    al[0] = 4;
+    av[1] = sc_register;
+    al[1] = strlen(sc_register);
+    int n = 2 + register_args(r, av + 2, al + 2);
     for (;;) {
-        redisReply *rp =
-            redisCommand(ctx, "EVAL %s 3 %s %s %s %s %s %s %s", sc_register, r->k_gw, r->k_gws,
-                         r->k_secret, r->nonce, r->lease_str, r->instance, r->secret_hex);
+        redisReply *rp = redisCommandArgv(ctx, n, av, al);
         if (rp == NULL)
             return pc_err_setf(err, err_len, PC_ERR_UPSTREAM, "registry: Redis: %s", ctx->errstr);
         if (is_error(rp, "KVGWSECRET")) {
@@ -1634,6 +1741,12 @@ static int start_checks(gw_registry_t *r, redisContext *ctx, char *err, size_t e
                                "gateways use (%s): refusing to start (tenants would be isolated "
                                "across gateways)",
                                r->k_secret);
+        }
+        if (is_error(rp, "KVGWSETTINGS")) {
+            char why[1024];
+            settings_refusal(r, rp, why, sizeof why);
+            freeReplyObject(rp);
+            return pc_err_setf(err, err_len, PC_ERR_STATE, "registry: %s", why);
         }
         if (rp->type != REDIS_REPLY_ARRAY || rp->elements != 2 ||
             rp->element[0]->type != REDIS_REPLY_STRING ||
@@ -1673,6 +1786,7 @@ static int start_checks(gw_registry_t *r, redisContext *ctx, char *err, size_t e
 
 static void registry_free(gw_registry_t *r)
 {
+    pc_free(r->settings_blob);
     pc_free(r->sentinels);
     pc_free(r->master_name);
     pc_free(r->password);
@@ -1714,11 +1828,44 @@ int gw_registry_start(uv_loop_t *loop, const gw_registry_params_t *p, gw_registr
     int rc = bill_redis_params_check(&p->redis, err, err_len);
     if (rc != 0)
         return rc;
+    if (p->n_settings > GW_REGISTRY_MAX_SETTINGS || (p->n_settings > 0 && p->settings == NULL))
+        return pc_err_setf(err, err_len, PC_ERR_INVAL, "registry: at most %d settings",
+                           GW_REGISTRY_MAX_SETTINGS);
+    size_t set_bytes = 0;
+    for (size_t i = 0; i < p->n_settings; i++) {
+        const gw_registry_setting_t *st = &p->settings[i];
+        if (st->name == NULL || st->value == NULL || !setting_str_ok(st->name) ||
+            !setting_str_ok(st->value))
+            return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                               "registry: setting %zu: a name and a value of 1-%d bytes without "
+                               "control characters are needed",
+                               i, GW_REGISTRY_NAME_MAX);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(p->settings[j].name, st->name) == 0)
+                return pc_err_setf(err, err_len, PC_ERR_INVAL, "registry: setting %s given twice",
+                                   st->name);
+        set_bytes += strlen(st->name) + strlen(st->value) + 2;
+    }
     gw_registry_t *r = pc_calloc(1, sizeof *r);
     if (r == NULL)
         return PC_ERR_NOMEM;
+    if (p->n_settings > 0 && (r->settings_blob = pc_malloc(set_bytes)) == NULL) {
+        pc_free(r);
+        return PC_ERR_NOMEM;
+    }
+    for (size_t i = 0, at = 0; i < p->n_settings; i++) {
+        size_t ln = strlen(p->settings[i].name) + 1, lv = strlen(p->settings[i].value) + 1;
+        memcpy(r->settings_blob + at, p->settings[i].name, ln);
+        r->set_name[i] = r->settings_blob + at;
+        memcpy(r->settings_blob + at + ln, p->settings[i].value, lv);
+        r->set_value[i] = r->settings_blob + at + ln;
+        at += ln + lv;
+    }
+    r->n_settings = p->n_settings;
     r->loop = loop;
     r->p = *p;
+    r->p.settings = NULL; /* copied above into set_name / set_value */
+    r->p.n_settings = 0;
     snprintf(r->instance, sizeof r->instance, "%s", p->instance);
     snprintf(r->prefix, sizeof r->prefix, "%s", p->prefix);
     r->p.instance = r->instance;
@@ -1754,6 +1901,7 @@ int gw_registry_start(uv_loop_t *loop, const gw_registry_params_t *p, gw_registr
     snprintf(r->k_secret, sizeof r->k_secret, "%s:nssecret", r->prefix);
     snprintf(r->k_meter, sizeof r->k_meter, "%s:meter", r->prefix);
     snprintf(r->k_feed, sizeof r->k_feed, "%s:feed", r->prefix);
+    snprintf(r->k_settings, sizeof r->k_settings, "%s:settings", r->prefix);
     snprintf(r->lease_str, sizeof r->lease_str, "%" PRIu64, p->lease_ms);
     snprintf(r->claim_ttl_str, sizeof r->claim_ttl_str, "%" PRIu64, p->claim_ttl_ms);
     snprintf(r->maxlen_str, sizeof r->maxlen_str, "%" PRIu64, p->feed_maxlen);
@@ -1773,7 +1921,7 @@ int gw_registry_start(uv_loop_t *loop, const gw_registry_params_t *p, gw_registr
     bool up = false;
     if (rc == 0) {
         rc = start_checks(r, ctx, err, err_len);
-        if (rc == PC_ERR_PERM || rc == PC_ERR_EXISTS) {
+        if (rc == PC_ERR_PERM || rc == PC_ERR_EXISTS || rc == PC_ERR_STATE) {
             redisFree(ctx);
             registry_free(r);
             return rc;

@@ -20,10 +20,16 @@
  *   PREFIX:gws        set of every instance id ever registered
  *   PREFIX:fence      INCR counter: a claim's fencing value
  *   PREFIX:nssecret   hex of the namespace-secret check (SET NX by the first gateway)
+ *   PREFIX:settings   hash: the settings that change what is billed for the same prompt
+ *                     (params.settings: name -> value), each field HSETNX by the first gateway
+ *                     that has it; a gateway whose value of a field differs is refused
  *   PREFIX:meter      storage-meter lease: the holder's nonce, PX lease
  *   PREFIX:feed       change feed stream, XADD MAXLEN ~ feed_maxlen; fields:
  *                       t=w o=ORIGIN ns=NS tok=<u32 LE tokens up to the longest point>
  *                           pts="len:ttl:expiry_wall_ms,..." st=start_wall_ms wk=WORKER
+ *                           tn=TENANT md=MODEL (the namespace's owner: whoever meters storage
+ *                           bills it, even for a salted namespace it never served; both or
+ *                           neither, absent in events of gateways older than these fields)
  *                       t=r o=ORIGIN ns=NS tok=<u32 LE tokens[0..n)> n=N now=now_wall_ms
  * Every mutating script first checks PREFIX:gw:INST == our nonce and otherwise answers the error
  * KVGWFENCED without changing anything. Redis 7.0 or later (PEXPIRETIME, PEXPIREAT GT).
@@ -32,12 +38,19 @@
  * redis timeout (sentinel-aware), then
  *   - the secret check: SET NX PREFIX:nssecret; a different stored value refuses the start
  *     (PC_ERR_PERM): gateways with different namespace secrets would silently isolate tenants;
+ *   - the settings check: every setting of params.settings against PREFIX:settings; a field
+ *     stored with another value refuses the start (PC_ERR_STATE, the reason names the setting,
+ *     both values and how to change it for the whole cluster): gateways that share a registry
+ *     must bill the same prompt alike. Fields absent are added (HSETNX), so a gateway may have
+ *     settings the others lack (a model only it serves). Both checks run before anything is
+ *     written: a refused gateway changes nothing;
  *   - the registration: PREFIX:gw:INST absent -> ours. Held by another nonce -> the start watches
  *     it for up to one lease: renewed by its holder (its TTL went up) -> refused (PC_ERR_EXISTS,
  *     a live gateway has this instance id); expired -> ours (a crashed predecessor);
  *   - Redis unreachable -> the start succeeds in state DOWN (degraded) and both checks run on the
- *     first connect; a mismatch found then puts the registry in FENCED with the reason logged
- *     and on_state called, and it stays refusing (never mutates) until stopped.
+ *     first connect (and on every renewal); a mismatch found then puts the registry in FENCED
+ *     with the reason logged and on_state called, and it stays refusing (never mutates) until
+ *     stopped.
  *
  * States (gw_registry_state_t, on_state on every change, with a reason):
  *   UP      connected, registered, scripts loaded: claims go to Redis.
@@ -45,8 +58,8 @@
  *           (gw_registry_claim returns GW_REGISTRY_REFUSED_DOWN), commits/reads/releases queue for
  * replay. FENCED  our registration is not ours (a mutation answered KVGWFENCED, a renew found
  * another nonce, or the start checks failed on a late first connect): nothing mutates; the registry
- * re-registers when the key is absent again (never after a secret mismatch). The lease is renewed
- * every lease/4; a renewal that fails (Redis down) leaves the state DOWN.
+ * re-registers when the key is absent again (never after a secret or settings mismatch). The lease
+ * is renewed every lease/4; a renewal that fails (Redis down) leaves the state DOWN.
  *
  * Claims. gw_registry_claim sends one script for a request's points (its own deadline,
  * params.timeout_ms, default 50 ms, one timer for all claims: deadlines are FIFO). Per point:
@@ -72,7 +85,8 @@
  * end at the first connect and resumes from the last id read after a reconnect or a failover.
  * Every field is checked (type, origin, namespace, tokens a multiple of 4 bytes and at most
  * max_event_tokens, points strictly increasing with the last at the token count, at most
- * GW_REGISTRY_MAX_POINTS, TTL classes, numbers); a bad event is counted as rejected and skipped,
+ * GW_REGISTRY_MAX_POINTS, TTL classes, numbers, tenant and model as GW_REGISTRY_LABEL_MAX says,
+ * both or neither); a bad event is counted as rejected and skipped,
  * never crashes. Events of our own origin are skipped. on_feed gets the others.
  *
  * Storage meter. Exactly one gateway holds PREFIX:meter (taken and renewed with the lease);
@@ -105,6 +119,12 @@ typedef struct gw_registry_op gw_registry_op_t;
 /* Longest instance id / worker name / prefix, in bytes, without the NUL. Instance ids and
  * prefixes are printable ASCII without spaces; worker names printable without spaces. */
 #define GW_REGISTRY_NAME_MAX 127
+/* Longest tenant / model name in a t=w event, in bytes: what the ledger stores (billing.h's
+ * BILL_STR_MAX - 1). 1 or more bytes, none a control character (< 0x20 or 0x7f); spaces and
+ * UTF-8 allowed, as in the configuration's tenants and model names. */
+#define GW_REGISTRY_LABEL_MAX 63
+/* Settings compared across gateways (params.settings). */
+#define GW_REGISTRY_MAX_SETTINGS 32
 /* Bytes of the namespace-secret check (params.secret_check). */
 #define GW_REGISTRY_SECRET_CHECK_BYTES 32
 
@@ -166,11 +186,20 @@ typedef struct gw_registry_feed_event {
     size_t n_points;
     uint64_t start_wall_ms; /* the writing request's start */
     const char *worker;     /* the worker that holds the KV (its name) */
+    const char *tenant;     /* the namespace's owner: tenant and model name ("" for both when */
+    const char *model;      /* the writer was a gateway older than these fields) */
     /* r: */
     uint64_t now_wall_ms; /* when the read happened */
     /* both: the stream id's time (Redis's clock when the event was added) */
     uint64_t event_wall_ms;
 } gw_registry_feed_event_t;
+
+/* One setting compared across the gateways of a registry (PREFIX:settings): name and value,
+ * each 1-GW_REGISTRY_NAME_MAX bytes without control characters, names distinct. */
+typedef struct gw_registry_setting {
+    const char *name;
+    const char *value;
+} gw_registry_setting_t;
 
 typedef struct gw_registry_params {
     /* The connection (fixed address or sentinels; copied). Its timeout_ms is redis.timeout: the
@@ -182,6 +211,9 @@ typedef struct gw_registry_params {
     /* keyed BLAKE2b(namespace secret, "kvgw-registry-secret-check"), computed by the caller
      * (gateway/ns.c owns the secret); stored and compared as hex. */
     uint8_t secret_check[GW_REGISTRY_SECRET_CHECK_BYTES];
+    /* What every gateway of the registry must agree on (see the top; copied at start). */
+    const gw_registry_setting_t *settings;
+    size_t n_settings;         /* at most GW_REGISTRY_MAX_SETTINGS */
     uint32_t timeout_ms;       /* a claim's deadline, default 50 */
     uint64_t claim_ttl_ms;     /* default 30000; > timeout_ms */
     uint64_t lease_ms;         /* registration and meter lease, default 10000, renewed every /4 */
@@ -213,8 +245,9 @@ gw_registry_params_t gw_registry_params_default(void);
 
 /* The blocking start-up step (see the top), then the background connections on loop. Returns 0
  * and *out (state UP, or DOWN when Redis was unreachable), PC_ERR_PERM (namespace secret
- * mismatch), PC_ERR_EXISTS (the instance id is held by a live gateway), PC_ERR_INVAL (bad params)
- * or PC_ERR_NOMEM, with the reason in err. Loop thread (the loop need not run yet). */
+ * mismatch), PC_ERR_STATE (a setting differs from PREFIX:settings), PC_ERR_EXISTS (the instance
+ * id is held by a live gateway), PC_ERR_INVAL (bad params) or PC_ERR_NOMEM, with the reason in
+ * err. Loop thread (the loop need not run yet). */
 int gw_registry_start(uv_loop_t *loop, const gw_registry_params_t *p, gw_registry_t **out,
                       char *err, size_t err_len);
 
@@ -283,11 +316,12 @@ void gw_registry_cancel(gw_registry_t *r, gw_registry_op_t *op);
 
 /* Writes the entries tokens[0..points[i].n_tokens) of ns (the request's prefill is done): expiry
  * start_wall_ms + ttl_ms[ttl] each, max with what Redis holds; deletes our claims of fence (0: a
- * local decision, no claims); XADDs t=w with worker. Queued (see the top). Returns 0, PC_ERR_INVAL
- * (as claim) or PC_ERR_NOMEM; when the queue is full the oldest op is dropped (counted). */
-int gw_registry_commit(gw_registry_t *r, uint64_t ns, const uint32_t *tokens,
-                       const gw_registry_point_t *points, size_t n_points, uint64_t fence,
-                       uint64_t start_wall_ms, const char *worker);
+ * local decision, no claims); XADDs t=w with worker and the namespace's owner (tenant, model
+ * name: GW_REGISTRY_LABEL_MAX). Queued (see the top). Returns 0, PC_ERR_INVAL (as claim, or a bad
+ * tenant or model) or PC_ERR_NOMEM; when the queue is full the oldest op is dropped (counted). */
+int gw_registry_commit(gw_registry_t *r, uint64_t ns, const char *tenant, const char *model,
+                       const uint32_t *tokens, const gw_registry_point_t *points, size_t n_points,
+                       uint64_t fence, uint64_t start_wall_ms, const char *worker);
 
 /* Refreshes the live entries read by a request (points: their lengths and TTL classes, each <=
  * n_read): PEXPIREAT GT max(old, now_wall_ms + ttl_ms[max(class, stored class)]) on each entry

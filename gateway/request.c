@@ -529,21 +529,25 @@ static gw_api_resp_t resp_of(gw_req_t *q)
     return r;
 }
 
-/* The entries q wrote (kept[0..n)), now in Redis for every gateway: written with our claims'
- * fence (the claims go), or with fence 0 after a local decision. Claims we hold on points that
- * were not written are released. Fire-and-forget (queued through an outage, replayed). */
-static void commit_entries(gw_req_t *q, const gw_cache_bp_t *kept, size_t n)
+/* The entries q wrote new (fresh[0..n): claimed by q, or new in the replica), now in Redis for
+ * every gateway: written with our claims' fence (the claims go), or with fence 0 after a local
+ * decision. An entry q only extended is not committed: it was a read, refreshed in Redis by the
+ * decision's `read` (a cached read costs one op, a write two: claim and commit). Claims we hold
+ * on points that were not written are released. Fire-and-forget (queued through an outage,
+ * replayed). */
+static void commit_entries(gw_req_t *q, const gw_cache_bp_t *fresh, size_t n)
 {
     serve_t *s = q->s;
     gw_registry_point_t pts[GW_CACHEPLAN_MAX_BPS];
     for (size_t i = 0; i < n; i++)
         pts[i] = (gw_registry_point_t){
-            kept[i].n_tokens, kept[i].ttl == ENG_CHAT_TTL_1H ? GW_CINDEX_TTL_1H : GW_CINDEX_TTL_5M,
-            true};
+            fresh[i].n_tokens,
+            fresh[i].ttl == ENG_CHAT_TTL_1H ? GW_CINDEX_TTL_1H : GW_CINDEX_TTL_5M, true};
     char wid[GW_REGISTRY_NAME_MAX + 1];
     int rc = 0;
     if (n > 0)
-        rc = gw_registry_commit(s->reg, q->ns, q->r.tokens, pts, n, q->fence, q->wall0_ms,
+        rc = gw_registry_commit(s->reg, q->ns, q->key->tenant, q->model->cfg->name, q->r.tokens,
+                                pts, n, q->fence, q->wall0_ms,
                                 gw__serve_worker_id(s, q->worker, wid, sizeof wid));
     if (rc < 0)
         gw__obs_internal_error(s, "registry_commit",
@@ -560,6 +564,14 @@ static void commit_entries(gw_req_t *q, const gw_cache_bp_t *kept, size_t n)
     }
     q->n_mine = left;
     release_claims(q);
+}
+
+static bool is_mine(const gw_req_t *q, uint32_t n_tokens)
+{
+    for (uint32_t i = 0; i < q->n_mine; i++)
+        if (q->mine[i].n_tokens == n_tokens)
+            return true;
+    return false;
 }
 
 /* Inserts the plan's entries once the prompt's prefill is done (readable by others now). An
@@ -592,8 +604,8 @@ static void insert_entries(gw_req_t *q)
     }
     if (n_ref > 0)
         gw_cindex_insert_path(s->ix, q->ns, q->r.tokens, pts, n_ref, q->t0_ms, now, res);
-    gw_cache_bp_t kept[GW_CACHEPLAN_MAX_BPS];
-    size_t n_kept = 0;
+    gw_cache_bp_t kept[GW_CACHEPLAN_MAX_BPS], fresh[GW_CACHEPLAN_MAX_BPS];
+    size_t n_kept = 0, n_fresh = 0;
     for (size_t i = 0; i < n; i++) {
         /* 0: new (keeps its count); 1: extended (already counted), 2: nothing written, < 0:
          * failed (those three give their count back) */
@@ -603,8 +615,11 @@ static void insert_entries(gw_req_t *q)
             gw__obs_internal_error(s, "cindex_insert",
                                    "request %s: cache entry of %u tokens not written: %s", q->id,
                                    pts[i].n_tokens, pc_strerror(res[i]));
-        if (res[i] >= 0 && res[i] != 2)
+        if (res[i] >= 0 && res[i] != 2) {
             kept[n_kept++] = q->plan.bps[i];
+            if (res[i] == 0 || is_mine(q, q->plan.bps[i].n_tokens))
+                fresh[n_fresh++] = q->plan.bps[i];
+        }
     }
     if (n_kept < q->plan.n_bps) {
         gw_cacheplan_t p = q->plan;
@@ -616,7 +631,7 @@ static void insert_entries(gw_req_t *q)
     if (n_kept > 0 || q->read_tokens > 0)
         gw_cindex_owner_add(s->ix, q->ns, q->r.tokens, q->r.n_tokens, q->worker, NULL);
     if (s->reg != NULL)
-        commit_entries(q, kept, n_kept);
+        commit_entries(q, fresh, n_fresh);
 }
 
 /* The worker finished q (DONE), failed it (ERROR, worker down) or it was cancelled. */

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -273,10 +274,15 @@ bool gw__serve_ns_owner(const serve_t *s, uint64_t ns, const char **tenant, uint
     return true;
 }
 
-/* Every namespace derived without a cache_salt, tenant x model, with its owner: a feed event
- * names a namespace only, and an entry needs its owner (storage billing). */
+/* Every namespace derived without a cache_salt, tenant x model, with its owner (a feed event of
+ * a gateway older than t=w's owner fields names a namespace only, and an entry needs its owner
+ * for storage billing); and the configured tenants by name, for the events that name theirs. */
 static int build_ns_owners(serve_t *s)
 {
+    for (size_t i = 0; i < s->cfg.n_keys; i++)
+        if (pc_strmap_insert(&s->feed_tenants, s->cfg.keys[i].tenant, strlen(s->cfg.keys[i].tenant),
+                             (uint64_t)(uintptr_t)s->cfg.keys[i].tenant, NULL) < 0)
+            return PC_ERR_NOMEM;
     size_t n = s->cfg.n_keys * s->n_models;
     s->ns_owner_tab = pc_calloc(n ? n : 1, sizeof *s->ns_owner_tab);
     if (s->ns_owner_tab == NULL)
@@ -343,10 +349,70 @@ int gw__serve_replica_write(serve_t *s, uint64_t ns, const char *tenant, uint32_
     return 0;
 }
 
+/* The tenant string the namespace table will borrow for a tenant named by the feed: the
+ * configuration's, else a copy kept until the end (at most GW_SERVE_MAX_FEED_TENANTS; NULL
+ * beyond, or out of memory). */
+static const char *feed_tenant(serve_t *s, const char *name)
+{
+    size_t len = strlen(name);
+    uint64_t v;
+    if (pc_strmap_get(&s->feed_tenants, name, len, &v))
+        return (const char *)(uintptr_t)v;
+    if (s->n_feed_tenant_copy >= GW_SERVE_MAX_FEED_TENANTS)
+        return NULL;
+    if (s->n_feed_tenant_copy % 64 == 0) {
+        char **nv = pc_reallocarray(s->feed_tenant_copy, s->n_feed_tenant_copy + 64, sizeof *nv);
+        if (nv == NULL)
+            return NULL;
+        s->feed_tenant_copy = nv;
+    }
+    char *c = pc_strdup(name);
+    if (c == NULL ||
+        pc_strmap_insert(&s->feed_tenants, name, len, (uint64_t)(uintptr_t)c, NULL) < 0) {
+        pc_free(c);
+        return NULL;
+    }
+    s->feed_tenant_copy[s->n_feed_tenant_copy++] = c;
+    return c;
+}
+
+/* The owner of a t=w event's namespace: the one the event names (every gateway sends it, so the
+ * meter's holder can bill a salted namespace it never served), else (an older writer) what this
+ * gateway knows. False when it cannot be named here: a model this gateway does not serve (its
+ * storage cannot be priced or named here), a tenant beyond GW_SERVE_MAX_FEED_TENANTS, or an
+ * older writer's salted namespace this gateway never served. */
+static bool feed_owner(serve_t *s, const gw_registry_feed_event_t *ev, const char **tenant,
+                       uint32_t *model, bool *bad)
+{
+    *bad = false;
+    if (ev->tenant[0] == '\0')
+        return gw__serve_ns_owner(s, ev->ns, tenant, model);
+    uint32_t m = 0;
+    while (m < s->n_models && strcmp(s->models[m].cfg->name, ev->model) != 0)
+        m++;
+    if (m == s->n_models) {
+        if (!s->warned_feed_model)
+            PC_LOG(PC_LOG_WARN, "registry",
+                   "gateway %s wrote cache entries of model '%s', which this gateway does not "
+                   "serve: they are not in its replica (nor in its storage billing when it "
+                   "meters); every gateway of a registry should serve the same models",
+                   ev->origin, ev->model);
+        s->warned_feed_model = true;
+        *bad = true;
+        return false;
+    }
+    *tenant = feed_tenant(s, ev->tenant);
+    *model = m;
+    *bad = *tenant == NULL;
+    return *tenant != NULL;
+}
+
 /* Another gateway's event: its entries into the replica (and the worker that holds them, when
- * this gateway has it), or its read (every replica's expiries follow every gateway's reads). An
- * entry of a namespace whose owner this gateway cannot name (a salted namespace it never served)
- * is left out: a request of it here finds the entry through the claim instead. */
+ * this gateway has it), or its read (every replica's expiries follow every gateway's reads). The
+ * entries go into the namespace table with the owner the event names (feed_owner), so whoever
+ * holds the storage meter bills every namespace of the cluster. An entry whose owner cannot be
+ * named here is left out (rejected, counted; an older writer's unknown salted namespace is
+ * skipped quietly): a request of it here finds the entry through the claim instead. */
 static int on_feed(const gw_registry_feed_event_t *ev, void *ud)
 {
     serve_t *s = ud;
@@ -356,8 +422,9 @@ static int on_feed(const gw_registry_feed_event_t *ev, void *ud)
                               gw__mono_of_wall(ev->now_wall_ms), NULL);
     const char *tenant;
     uint32_t model;
-    if (!gw__serve_ns_owner(s, ev->ns, &tenant, &model))
-        return 0;
+    bool bad;
+    if (!feed_owner(s, ev, &tenant, &model, &bad))
+        return bad ? PC_ERR_NOTFOUND : 0;
     int rc = gw__serve_replica_write(s, ev->ns, tenant, model, ev->tokens, ev->points, ev->n_points,
                                      now);
     if (rc < 0)
@@ -403,15 +470,56 @@ int gw__serve_redis_params(const gw_config_t *c, bill_redis_params_t *p,
     return 0;
 }
 
-/* Starts the registry: the blocking start-up checks (namespace secret, duplicate instance), then
- * its connections in the background. Returns 0 or SERVE_EXIT_FAIL with the reason printed. */
+/* What the gateways of one registry must agree on (PREFIX:settings): every setting that changes
+ * what is billed for the same prompt. cache.accounting (which prefixes are reads), the real
+ * lengths of the two TTL classes (how long an entry is a read, and its expiry in Redis), and per
+ * served model its min_cache_tokens (shorter prefixes are not written) and auto_ttl (the class,
+ * hence the price, of an automatic entry): one field per model, so gateways may serve different
+ * models. Left out on purpose: prices (billing.pricing: a price change rolls out gateway by
+ * gateway, and each event carries its own cost), storage_interval (how often storage is metered,
+ * not how much), the namespace secret (its own check, PREFIX:nssecret). */
+typedef struct reg_settings {
+    gw_registry_setting_t set[3 + GW_SERVE_MAX_MODELS];
+    char names[GW_SERVE_MAX_MODELS][GW_REGISTRY_NAME_MAX + 1];
+    char values[3 + GW_SERVE_MAX_MODELS][64];
+    size_t n;
+} reg_settings_t;
+
+static int registry_settings(const serve_t *s, reg_settings_t *o, char *err, size_t err_len)
+{
+    static const char *const acc[] = {"token", "anthropic"};
+    o->n = 0;
+    o->set[o->n++] = (gw_registry_setting_t){"cache.accounting", acc[s->cfg.accounting & 1]};
+    snprintf(o->values[1], sizeof o->values[1], "%" PRIu32 "ms", s->cfg.ttl_5m_ms);
+    o->set[o->n++] = (gw_registry_setting_t){"cache.ttl_5m", o->values[1]};
+    snprintf(o->values[2], sizeof o->values[2], "%" PRIu32 "ms", s->cfg.ttl_1h_ms);
+    o->set[o->n++] = (gw_registry_setting_t){"cache.ttl_1h", o->values[2]};
+    for (size_t m = 0; m < s->n_models; m++) {
+        const gw_cfg_model_t *c = s->models[m].cfg;
+        int k = snprintf(o->names[m], sizeof o->names[m], "models[%s]", c->name);
+        if (k < 0 || (size_t)k >= sizeof o->names[m])
+            return pc_err_setf(err, err_len, PC_ERR_INVAL,
+                               "model name '%s' is too long for the registry's settings (%d bytes)",
+                               c->name, GW_REGISTRY_NAME_MAX - 8);
+        snprintf(o->values[3 + m], sizeof o->values[3 + m],
+                 "min_cache_tokens=%" PRIu32 " auto_ttl=%s", c->min_cache_tokens,
+                 c->auto_ttl_ms == 3600000 ? "1h" : "5m");
+        o->set[o->n++] = (gw_registry_setting_t){o->names[m], o->values[3 + m]};
+    }
+    return 0;
+}
+
+/* Starts the registry: the blocking start-up checks (namespace secret, the settings, duplicate
+ * instance), then its connections in the background. Returns 0 or SERVE_EXIT_FAIL with the reason
+ * printed. */
 static int start_registry(serve_t *s)
 {
     char err[512];
+    reg_settings_t settings;
     bill_redis_addr_t sent[BILL_REDIS_MAX_SENTINELS];
     gw_registry_params_t rp = gw_registry_params_default();
     if (gw__serve_redis_params(&s->cfg, &rp.redis, sent, err, sizeof err) != 0 ||
-        build_ns_owners(s) != 0) {
+        registry_settings(s, &settings, err, sizeof err) != 0 || build_ns_owners(s) != 0) {
         fprintf(stderr, "kvgw serve: registry: %s\n", err);
         return SERVE_EXIT_FAIL;
     }
@@ -425,6 +533,8 @@ static int start_registry(serve_t *s)
     rp.replay_max = s->cfg.registry_replay_max;
     rp.ttl_ms[GW_CINDEX_TTL_5M] = s->cfg.ttl_5m_ms;
     rp.ttl_ms[GW_CINDEX_TTL_1H] = s->cfg.ttl_1h_ms;
+    rp.settings = settings.set;
+    rp.n_settings = settings.n;
     rp.on_feed = on_feed;
     rp.on_state = on_registry_state;
     rp.on_op = gw__obs_registry_op;
@@ -434,6 +544,13 @@ static int start_registry(serve_t *s)
         fprintf(stderr,
                 "kvgw serve: refusing to start: registry: %s (cache.namespace_secret must be the "
                 "same on every gateway that shares redis.prefix %s)\n",
+                err, s->cfg.redis_prefix);
+        return SERVE_EXIT_FAIL;
+    }
+    if (rc == PC_ERR_STATE) {
+        fprintf(stderr,
+                "kvgw serve: refusing to start: %s (every gateway that shares redis.prefix %s "
+                "must have the same billing settings)\n",
                 err, s->cfg.redis_prefix);
         return SERVE_EXIT_FAIL;
     }
@@ -856,6 +973,10 @@ int gw_serve(const gw_serve_params_t *p)
     gw_ns_tab_free(&s->ns);
     pc_u64map_free(&s->ns_owners);
     pc_free(s->ns_owner_tab);
+    pc_strmap_free(&s->feed_tenants);
+    for (size_t i = 0; i < s->n_feed_tenant_copy; i++)
+        pc_free(s->feed_tenant_copy[i]);
+    pc_free(s->feed_tenant_copy);
     pc_u64map_free(&s->live_map);
     pc_free(s);
     if (code == 0)

@@ -31,9 +31,12 @@
 #include "router.h"
 #include "shipper.h"
 #include "tokenizer.h"
+#include "pc_strmap.h"
 #include "pc_u64map.h"
 
 #define GW_SERVE_MAX_MODELS 16
+/* Tenants not in this configuration that the change feed may name (serve_t.feed_tenants). */
+#define GW_SERVE_MAX_FEED_TENANTS 4096
 #define GW_SERVE_TICK_MS 250
 #define GW_OBS_TIER_COUNTERS 9
 
@@ -95,6 +98,14 @@ typedef struct serve {
     gw_registry_stats_t reg_seen;  /* its counters as last added to the metrics */
     pc_u64map_t ns_owners;         /* unsalted ns -> gw_ns_owner_t* (ns_owner_tab) */
     gw_ns_owner_t *ns_owner_tab;
+    /* Tenants that other gateways' t=w events name (the owner of every namespace, salted ones
+     * included): name -> const char * (the configuration's string, or a copy in feed_tenant_copy
+     * for a tenant this configuration lacks, at most GW_SERVE_MAX_FEED_TENANTS of them). The
+     * namespace table borrows these strings; they live until the end. */
+    pc_strmap_t feed_tenants;
+    char **feed_tenant_copy;
+    size_t n_feed_tenant_copy;
+    bool warned_feed_model; /* a t=w event of a model not configured here was logged */
     /* metrics (observe.c) */
     gw_metrics_t *m;
     gw_metric_t *m_requests, *m_duration, *m_ttft, *m_tokens, *m_hit_tokens, *m_lookups;

@@ -72,7 +72,7 @@ function startWorker() {
 
 // registry.timeout is generous here: a claim past it is decided locally (and may bill a second
 // write), which a loaded 2-core CI machine must not turn into a flaky race below.
-function config(name, { secret = SECRET, lease = '3s', instance = name } = {}) {
+function config(name, { secret = SECRET, lease = '3s', instance = name, accounting = 'token' } = {}) {
   return writeConfig(dir, `listen: 127.0.0.1:0
 models:
   - name: ${MODEL}
@@ -86,10 +86,12 @@ workers:
   heartbeat: 200ms
 cache:
   namespace_secret: ${secret}
+  accounting: ${accounting}
 billing:
   ledger_dir: ${dir}/ledger-${name}
   instance_id: ${instance}
   fsync: batch
+  storage_interval: 200ms
 redis:
   address: 127.0.0.1:${redisPort}
   prefix: smoke
@@ -132,11 +134,12 @@ function system(tag) {
   return [{ type: 'text', text: s, cache_control: { type: 'ephemeral' } }];
 }
 
-async function ask(gw, sys) {
+async function ask(gw, sys, salt) {
   const r = await fetch(gw.base + '/v1/messages', {
     method: 'POST',
     headers: { 'content-type': 'application/json', 'x-api-key': KEY, 'anthropic-version': '2023-06-01' },
-    body: JSON.stringify({ model: MODEL, max_tokens: 3, system: sys, messages: [{ role: 'user', content: 'What is rule 3?' }] }),
+    body: JSON.stringify({ model: MODEL, max_tokens: 3, system: sys, messages: [{ role: 'user', content: 'What is rule 3?' }],
+      ...(salt !== undefined ? { cache_salt: salt } : {}) }),
   });
   const j = await r.json();
   assert.equal(r.status, 200, JSON.stringify(j));
@@ -144,6 +147,55 @@ async function ask(gw, sys) {
 }
 
 const metricsOf = async (gw) => (await fetch(gw.base + '/metrics', { headers: { authorization: 'Bearer sk-test-admin' } })).text();
+// The registry ops Redis answered (kvgw_registry_op_seconds_count by op), once nothing is
+// queued any more (commits and reads are fire-and-forget: a request's are queued by its end).
+async function regOps(gw) {
+  let m;
+  await waitFor('an empty registry queue', async () => /^kvgw_registry_replay_pending 0$/m.test(m = await metricsOf(gw)));
+  const n = (op) => Number((m.match(new RegExp(`^kvgw_registry_op_seconds_count\\{op="${op}"\\} (\\d+)$`, 'm')) || [0, 0])[1]);
+  return { claim: n('claim'), commit: n('commit'), read: n('read'), release: n('release') };
+}
+const feedWrites = async (gw) => Number(((await metricsOf(gw)).match(/^kvgw_registry_feed_events_total\{type="w",result="applied"\} (\d+)$/m) || [0, 0])[1]);
+
+const ownLedger = async (gw) => (await (await fetch(gw.base + '/admin/v1/usage?scope=local&format=jsonl',
+  { headers: { 'x-api-key': 'sk-test-admin' } })).text()).split('\n').filter(Boolean).map((l) => JSON.parse(l));
+
+test('storage: the meter\'s holder bills a salted namespace written only through the other gateway, once', async () => {
+  // Exactly one of A and B holds the storage meter; the other one writes.
+  let holder, writer;
+  await waitFor('one storage meter', async () => {
+    const held = [];
+    for (const g of [gwA, gwB]) if (/^kvgw_registry_storage_meter 1$/m.test(await metricsOf(g))) held.push(g);
+    if (held.length !== 1) return false;
+    holder = held[0];
+    writer = holder === gwA ? gwB : gwA;
+    return true;
+  });
+  // A salted namespace: the holder cannot derive it from its configuration, only the feed's
+  // t=w event (tenant, model) names its owner.
+  const x = await ask(writer, system('salted storage'), 'smoke-salt-storage');
+  assert.ok(x.j.usage.cache_creation_input_tokens > 100, JSON.stringify(x.j.usage));
+  let ns;
+  await waitFor('the writer\'s usage event', async () => {
+    const ev = (await ownLedger(writer)).find((r) => r.request_id === x.id);
+    ns = ev && ev.namespace;
+    return !!ns;
+  });
+  let st;
+  await waitFor('the holder\'s storage events of the salted namespace', async () => {
+    st = (await ownLedger(holder)).filter((r) => r.kind === 'storage' && r.namespace === ns);
+    return st.length > 0;
+  });
+  for (const e of st) {
+    assert.equal(e.tenant, 'tenant-a');
+    assert.equal(e.model, MODEL);
+    assert.equal(e.registry, 'shared');
+    assert.ok(e.usage.storage_token_ms > 0);
+  }
+  assert.ok(!(await ownLedger(holder)).some((r) => r.request_id === x.id), 'the holder never served it');
+  // Exactly once: the writer holds the entry too, but does not bill its storage.
+  assert.deepEqual((await ownLedger(writer)).filter((r) => r.kind === 'storage' && r.namespace === ns), []);
+});
 
 test('the same new prompt on A and B at once: exactly one write, the other a read of it', async () => {
   for (let round = 0; round < 3; round++) {
@@ -162,13 +214,28 @@ test('the same new prompt on A and B at once: exactly one write, the other a rea
 
 test('written through A, billed as a read through B, exactly; both decisions shared', async () => {
   const sys = system('one');
+  const fedB = await feedWrites(gwB);
+  const opsA0 = await regOps(gwA);
   const a = await ask(gwA, sys);
   const written = a.j.usage.cache_creation_input_tokens;
   assert.ok(written > 100, JSON.stringify(a.j.usage));
   assert.equal(a.j.usage.cache_read_input_tokens, 0);
   assert.match(a.cache, /outcome=write; .*registry=shared/);
+  // A write costs two registry ops: the claim and the commit.
+  const opsA1 = await regOps(gwA);
+  assert.deepEqual([opsA1.claim - opsA0.claim, opsA1.commit - opsA0.commit, opsA1.read - opsA0.read], [1, 1, 0]);
 
+  // B's replica has it from the feed: the cached read there costs one op (the read), no claim
+  // and no commit of the entry it merely extended.
+  await waitFor('A\'s write on B\'s feed', async () => (await feedWrites(gwB)) > fedB);
+  const opsB0 = await regOps(gwB);
   const b = await ask(gwB, sys);
+  const opsB1 = await regOps(gwB);
+  assert.deepEqual([opsB1.claim - opsB0.claim, opsB1.commit - opsB0.commit, opsB1.read - opsB0.read], [0, 0, 1]);
+  // The same on A, which wrote it.
+  await ask(gwA, sys);
+  const opsA2 = await regOps(gwA);
+  assert.deepEqual([opsA2.claim - opsA1.claim, opsA2.commit - opsA1.commit, opsA2.read - opsA1.read], [0, 0, 1]);
   assert.equal(b.j.usage.cache_read_input_tokens, written, JSON.stringify(b.j.usage));
   assert.equal(b.j.usage.cache_creation_input_tokens, 0);
   assert.equal(b.j.usage.input_tokens, a.j.usage.input_tokens);
@@ -177,8 +244,10 @@ test('written through A, billed as a read through B, exactly; both decisions sha
   // Redis holds the entry under the configured prefix; B's access log says how it decided.
   assert.match(await redis('KEYS', 'smoke:e:*'), /smoke:e:[0-9a-f]{16}:[0-9a-f]{32}/);
   const logB = join(dir, 'access-gw-b.log');
-  await waitFor('B\'s access log line', () => existsSync(logB) && readFileSync(logB, 'utf8').includes(b.id));
-  const line = JSON.parse(readFileSync(logB, 'utf8').split('\n').find((l) => l.includes(b.id)));
+  // The log is written in blocks: wait for B's whole line (its newline), not just its start.
+  const lineOf = () => existsSync(logB) && readFileSync(logB, 'utf8').split('\n').slice(0, -1).find((l) => l.includes(b.id));
+  await waitFor('B\'s access log line', () => !!lineOf());
+  const line = JSON.parse(lineOf());
   assert.equal(line.registry, 'shared');
   assert.equal(line.cache_read, written);
 
@@ -205,6 +274,13 @@ test('a gateway with another namespace secret is refused at start', () => {
     { encoding: 'utf8', timeout: 60000 });
   assert.equal(r.status, 1, r.stderr);
   assert.match(r.stderr, /kvgw serve: refusing to start: registry: .*cache\.namespace_secret must be the same on every gateway that shares redis\.prefix smoke/);
+  assert.doesNotMatch(r.stdout, /listening on/);
+});
+
+test('a gateway that would bill otherwise (another cache.accounting) is refused at start', () => {
+  const r = spawnSync(BIN, ['serve', '--config', config('gw-s', { accounting: 'anthropic' })], { encoding: 'utf8', timeout: 60000 });
+  assert.equal(r.status, 1, r.stderr);
+  assert.match(r.stderr, /kvgw serve: refusing to start: registry: setting cache\.accounting is 'anthropic' here but 'token' in smoke:settings .*every gateway that shares redis\.prefix smoke must have the same billing settings/);
   assert.doesNotMatch(r.stdout, /listening on/);
 });
 

@@ -413,6 +413,8 @@ static void fill_instance(const char *dir, const char *inst, uint64_t n)
     bill_ledger_close(l);
 }
 
+static bool g_scan_streams; /* export_all: also SCAN for PREFIX:ledger:* streams */
+
 /* The merged export as one string (NULL on failure, with err). */
 static char *export_all(const char *const *dirs, size_t n, bool redis, int format, char *err,
                         size_t err_len, int *rc_out)
@@ -427,7 +429,10 @@ static char *export_all(const char *const *dirs, size_t n, bool redis, int forma
     bill_redis_params_t rp = bill_redis_params_default();
     snprintf(rp.address.host, sizeof rp.address.host, "127.0.0.1");
     rp.address.port = g_port;
-    bill_export_sources_t src = {.ledger_dirs = dirs, .n_ledgers = n, .redis = redis ? &rp : NULL};
+    bill_export_sources_t src = {.ledger_dirs = dirs,
+                                 .n_ledgers = n,
+                                 .redis = redis ? &rp : NULL,
+                                 .scan_streams = g_scan_streams};
     bill_export_t *x;
     int rc = bill_export_open_sources(&src, &xp, &x, err, err_len);
     if (rc == 0) {
@@ -487,10 +492,21 @@ PC_TEST(export_from_redis_merges_every_instance)
         uv_run(&loop, UV_RUN_ONCE);
     uv_run(&loop, UV_RUN_DEFAULT);
     ASSERT_EQ(uv_loop_close(&loop), 0);
-    /* A registered gateway that shipped nothing yet: listed, contributes nothing. */
+    /* Every shipper listed its instance in PREFIX:gws (where exports and verify look). */
     redisContext *rc = redis_connect();
     ASSERT_TRUE(rc != NULL);
-    redisReply *r = redisCommand(rc, "SADD kvgw:gws gw-a gw-z");
+    redisReply *r = redisCommand(rc, "SMEMBERS kvgw:gws");
+    ASSERT_TRUE(r != NULL && r->type == REDIS_REPLY_ARRAY);
+    ASSERT_EQ_U64(r->elements, 3);
+    for (size_t i = 0; i < r->elements; i++)
+        ASSERT_TRUE(strcmp(r->element[i]->str, "gw-a") == 0 ||
+                    strcmp(r->element[i]->str, "gw-b") == 0 ||
+                    strcmp(r->element[i]->str, "gw-c") == 0);
+    freeReplyObject(r);
+    /* A registered gateway that shipped nothing yet: listed, contributes nothing. */
+    r = redisCommand(rc, "SADD kvgw:gws gw-z");
+    freeReplyObject(r);
+    r = redisCommand(rc, "CONFIG RESETSTAT");
     freeReplyObject(r);
 
     /* The three ledgers merged, from Redis alone, and from one ledger plus Redis: the same bytes,
@@ -519,6 +535,13 @@ PC_TEST(export_from_redis_merges_every_instance)
         free(from_redis);
         free(mixed);
     }
+
+    /* The instances came from PREFIX:gws alone: no SCAN of the keyspace (cache entries too). */
+    r = redisCommand(rc, "INFO commandstats");
+    ASSERT_TRUE(r != NULL && r->type != REDIS_REPLY_ERROR);
+    ASSERT_TRUE(strstr(r->str, "cmdstat_smembers:") != NULL);
+    ASSERT_TRUE(strstr(r->str, "cmdstat_scan:") == NULL);
+    freeReplyObject(r);
 
     /* verify with one ledger: the other instances are MISSING; events counted by registry. */
     bill_verify_params_t vp = bill_verify_params_default();
@@ -556,7 +579,14 @@ PC_TEST(export_from_redis_merges_every_instance)
     ASSERT_TRUE(w != NULL && w->type == REDIS_REPLY_STRING);
     freeReplyObject(w);
     freeReplyObject(r);
+    /* Not in PREFIX:gws (as a stream of a shipper older than its listing): only --scan-streams
+     * finds it. */
     int erc;
+    char *plain = export_all(NULL, 0, true, BILL_EXPORT_CSV, err, sizeof err, &erc);
+    ASSERT_TRUE(plain != NULL);
+    ASSERT_TRUE(strstr(plain, "gw-dup") == NULL);
+    free(plain);
+    g_scan_streams = true;
     ASSERT_TRUE(export_all(NULL, 0, true, BILL_EXPORT_CSV, err, sizeof err, &erc) == NULL);
     ASSERT_EQ(erc, PC_ERR_FORMAT);
     ASSERT_TRUE(strstr(err, "gw-a-0") != NULL && strstr(err, "twice") != NULL);

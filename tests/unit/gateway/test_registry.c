@@ -40,6 +40,7 @@ typedef struct gw {
     size_t last_n_tokens, last_n_points;
     uint32_t last_tok0, last_tok_end;
     char last_worker[64];
+    char last_tenant[64], last_model[64];
     uint64_t last_start;
     int n_state;
     gw_registry_state_t last_state;
@@ -67,6 +68,10 @@ static int on_feed(const gw_registry_feed_event_t *ev, void *ud)
     g->last_tok0 = ev->tokens[0];
     g->last_tok_end = ev->tokens[ev->n_tokens - 1];
     snprintf(g->last_worker, sizeof g->last_worker, "%s", ev->worker);
+    if (ev->type == 'w') {
+        snprintf(g->last_tenant, sizeof g->last_tenant, "%s", ev->tenant);
+        snprintf(g->last_model, sizeof g->last_model, "%s", ev->model);
+    }
     g->last_start = ev->start_wall_ms;
     return 0;
 }
@@ -159,6 +164,11 @@ static bool is_up(void *ud)
 static bool claim_done(void *ud)
 {
     return ((gw_t *)ud)->claim_done > 0;
+}
+
+static bool feed_w_seen(void *ud)
+{
+    return ((gw_t *)ud)->n_feed_w > 0;
 }
 
 static bool queue_empty(void *ud)
@@ -291,9 +301,9 @@ PC_TEST(claim_race_one_winner_then_live_and_feed)
         /* The winner commits at its first token: claims gone, entries live, feed to the other. */
         int feed_before = lose->n_feed_w;
         uint64_t start = pc_time_wall_ms();
-        ASSERT_EQ(
-            gw_registry_commit(win->r, 5, t, pts, 2, win->fence, start, win == &A ? "wA" : "wB"),
-            0);
+        ASSERT_EQ(gw_registry_commit(win->r, 5, "tenant-t", "model m", t, pts, 2, win->fence, start,
+                                     win == &A ? "wA" : "wB"),
+                  0);
         ASSERT_TRUE(run_until(queue_empty, win, 10000));
         char ck[200], ek[200];
         entry_key(ck, sizeof ck, "race", 'c', 5, t, 300);
@@ -321,6 +331,9 @@ PC_TEST(claim_race_one_winner_then_live_and_feed)
         ASSERT_EQ_U64(lose->last_tok_end, t[299]);
         ASSERT_EQ_U64(lose->last_start, start);
         ASSERT_STR_EQ(lose->last_worker, win == &A ? "wA" : "wB");
+        /* The namespace's owner travels with the write (the storage meter's holder bills it). */
+        ASSERT_STR_EQ(lose->last_tenant, "tenant-t");
+        ASSERT_STR_EQ(lose->last_model, "model m");
     }
     ASSERT_EQ(wins_a + wins_b, 40);
     gw_registry_stats_t sa, sb;
@@ -366,11 +379,12 @@ PC_TEST(expiry_read_release)
 
     /* Commit (a local decision: fence 0). */
     uint64_t start = pc_time_wall_ms();
-    ASSERT_EQ(gw_registry_commit(A.r, 9, t, &pt, 1, 0, start, "wA"), 0);
+    ASSERT_EQ(gw_registry_commit(A.r, 9, "tenant-t", "model m", t, &pt, 1, 0, start, "wA"), 0);
     ASSERT_TRUE(run_until(queue_empty, &A, 10000));
     ASSERT_EQ_I64(key_pexpiretime(ek), (long long)(start + 1500));
     /* An older commit (a replay) does not shorten it. */
-    ASSERT_EQ(gw_registry_commit(B.r, 9, t, &pt, 1, 0, start - 1000, "wB"), 0);
+    ASSERT_EQ(gw_registry_commit(B.r, 9, "tenant-t", "model m", t, &pt, 1, 0, start - 1000, "wB"),
+              0);
     ASSERT_TRUE(run_until(queue_empty, &B, 10000));
     ASSERT_EQ_I64(key_pexpiretime(ek), (long long)(start + 1500));
     /* A read at now+300 extends to now+300+TTL; a read with an older time does not shorten. */
@@ -423,7 +437,21 @@ PC_TEST(expiry_read_release)
     gw_registry_point_t big = {.n_tokens = 65, .write = true};
     ASSERT_EQ(gw_registry_claim(A.r, 9, t, 64, &big, 1, "wA", on_claim, &A, &op), PC_ERR_INVAL);
     gw_registry_point_t badttl = {.n_tokens = 64, .ttl = 2};
-    ASSERT_EQ(gw_registry_commit(A.r, 9, t, &badttl, 1, 0, start, "wA"), PC_ERR_INVAL);
+    ASSERT_EQ(gw_registry_commit(A.r, 9, "tenant-t", "model m", t, &badttl, 1, 0, start, "wA"),
+              PC_ERR_INVAL);
+    /* The owner's names: 1-63 bytes without control characters. */
+    char long_name[65];
+    memset(long_name, 'm', 64);
+    long_name[64] = '\0';
+    ASSERT_EQ(gw_registry_commit(A.r, 9, "", "model m", t, &pt, 1, 0, start, "wA"), PC_ERR_INVAL);
+    ASSERT_EQ(gw_registry_commit(A.r, 9, "ten\nant", "model m", t, &pt, 1, 0, start, "wA"),
+              PC_ERR_INVAL);
+    ASSERT_EQ(gw_registry_commit(A.r, 9, "tenant-t", long_name, t, &pt, 1, 0, start, "wA"),
+              PC_ERR_INVAL);
+    ASSERT_EQ(gw_registry_commit(A.r, 9, NULL, "model m", t, &pt, 1, 0, start, "wA"), PC_ERR_INVAL);
+    long_name[63] = '\0';
+    ASSERT_EQ(gw_registry_commit(A.r, 9, "tenant-t", long_name, t, &pt, 1, 0, start, "wA"), 0);
+    ASSERT_TRUE(run_until(queue_empty, &A, 10000));
     stop2(&A, &B);
     uv_loop_close(&g_loop);
 }
@@ -449,7 +477,9 @@ PC_TEST(fenced_instance_refused_then_reregistered)
     gw_registry_point_t pt = {.n_tokens = 32, .ttl = 1, .write = true};
     char ek[200];
     entry_key(ek, sizeof ek, "fen", 'e', 1, t, 32);
-    ASSERT_EQ(gw_registry_commit(A.r, 1, t, &pt, 1, 0, pc_time_wall_ms(), "wA"), 0);
+    ASSERT_EQ(
+        gw_registry_commit(A.r, 1, "tenant-t", "model m", t, &pt, 1, 0, pc_time_wall_ms(), "wA"),
+        0);
     uint64_t end = pc_time_mono_ms() + 10000;
     while (gw_registry_state(A.r) != GW_REGISTRY_FENCED && pc_time_mono_ms() < end)
         uv_run(&g_loop, UV_RUN_NOWAIT), usleep(500);
@@ -557,6 +587,104 @@ PC_TEST(duplicate_instance_and_secret_mismatch_refused_at_start)
     uv_loop_close(&g_loop);
 }
 
+static long long hexists(int port, const char *key, const char *field)
+{
+    redisReply *r = rt_cmd(port, "HEXISTS %s %s", key, field);
+    long long v = r != NULL && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    if (r != NULL)
+        freeReplyObject(r);
+    return v;
+}
+
+/* The settings that change billing (PREFIX:settings): a gateway whose value of a setting differs
+ * is refused at start with the setting and both values named, and writes nothing; one with the
+ * same values and a setting more (a model only it serves) adds it; one that starts while Redis
+ * does not answer finds the difference at its first connect and stays fenced. */
+PC_TEST(settings_differ_refused_at_start_or_fenced_at_first_connect)
+{
+    if (!need_redis())
+        PC_SKIP("redis-server not installed");
+    uv_loop_init(&g_loop);
+    gw_t A = {.name = "A"}, B = {.name = "B"};
+    char err[1024];
+    gw_registry_setting_t sa[] = {{"cache.accounting", "token"},
+                                  {"cache.ttl_5m", "300000ms"},
+                                  {"models[m one]", "min_cache_tokens=16 auto_ttl=5m"}};
+    gw_registry_params_t pa = params(g_redis.port, "set", "gwA", 8, &A);
+    pa.settings = sa;
+    pa.n_settings = 3;
+    ASSERT_EQ(gw_registry_start(&g_loop, &pa, &A.r, err, sizeof err), 0);
+    ASSERT_TRUE(run_until(is_up, &A, 10000));
+
+    gw_registry_setting_t sb[] = {{"cache.accounting", "anthropic"},
+                                  {"cache.ttl_5m", "300000ms"},
+                                  {"models[m2]", "min_cache_tokens=1 auto_ttl=1h"}};
+    gw_registry_params_t pb = params(g_redis.port, "set", "gwB", 8, &B);
+    pb.settings = sb;
+    pb.n_settings = 3;
+    ASSERT_EQ(gw_registry_start(&g_loop, &pb, &B.r, err, sizeof err), PC_ERR_STATE);
+    ASSERT_TRUE(B.r == NULL);
+    ASSERT_TRUE(strstr(err, "setting cache.accounting is 'anthropic' here but 'token' in "
+                            "set:settings") != NULL);
+    ASSERT_FALSE(key_exists("set:gw:gwB")); /* refused: nothing written */
+    ASSERT_EQ_I64(hexists(g_redis.port, "set:settings", "models[m2]"), 0);
+    /* A different min_cache_tokens for a model A serves: refused too. */
+    sb[0].value = "token";
+    sb[2] = (gw_registry_setting_t){"models[m one]", "min_cache_tokens=32 auto_ttl=5m"};
+    ASSERT_EQ(gw_registry_start(&g_loop, &pb, &B.r, err, sizeof err), PC_ERR_STATE);
+    ASSERT_TRUE(strstr(err, "models[m one]") != NULL && strstr(err, "min_cache_tokens=32") != NULL);
+    /* The same values and a model only B serves: started, the new field added. */
+    sb[2] = (gw_registry_setting_t){"models[m2]", "min_cache_tokens=1 auto_ttl=1h"};
+    ASSERT_EQ(gw_registry_start(&g_loop, &pb, &B.r, err, sizeof err), 0);
+    ASSERT_TRUE(run_until(is_up, &B, 10000));
+    ASSERT_EQ_I64(hexists(g_redis.port, "set:settings", "models[m2]"), 1);
+    /* Bad settings: refused before anything. */
+    gw_t X = {.name = "X"};
+    gw_registry_setting_t dup[] = {{"cache.ttl_1h", "1ms"}, {"cache.ttl_1h", "1ms"}};
+    gw_registry_setting_t ctl[] = {{"cache.ttl_1h", "1\nms"}};
+    gw_registry_params_t px = params(g_redis.port, "set", "gwX", 8, &X);
+    px.settings = dup;
+    px.n_settings = 2;
+    ASSERT_EQ(gw_registry_start(&g_loop, &px, &X.r, err, sizeof err), PC_ERR_INVAL);
+    px.settings = ctl;
+    px.n_settings = 1;
+    ASSERT_EQ(gw_registry_start(&g_loop, &px, &X.r, err, sizeof err), PC_ERR_INVAL);
+    px.n_settings = GW_REGISTRY_MAX_SETTINGS + 1;
+    ASSERT_EQ(gw_registry_start(&g_loop, &px, &X.r, err, sizeof err), PC_ERR_INVAL);
+    ASSERT_EQ_I64(hexists(g_redis.port, "set:settings", "cache.ttl_1h"), 0);
+    stop2(&A, &B);
+
+    /* Redis not answering at start (paused): the start succeeds degraded; at the first connect
+     * the settings differ: fenced, and it stays so through its renewals, writing nothing. */
+    redisReply *x = rt_cmd(g_redis.port, "HSET set2:settings cache.ttl_1h 60000ms");
+    freeReplyObject(x);
+    gw_t C = {.name = "C"};
+    gw_registry_setting_t sc[] = {{"cache.ttl_1h", "3600000ms"}};
+    gw_registry_params_t pc = params(g_redis.port, "set2", "gwC", 8, &C);
+    pc.settings = sc;
+    pc.n_settings = 1;
+    rt_stop(&g_redis, SIGSTOP);
+    int rc = gw_registry_start(&g_loop, &pc, &C.r, err, sizeof err);
+    rt_stop(&g_redis, SIGCONT);
+    ASSERT_EQ(rc, 0);
+    ASSERT_EQ(gw_registry_state(C.r), GW_REGISTRY_DOWN);
+    uint64_t end = pc_time_mono_ms() + 20000;
+    while (gw_registry_state(C.r) != GW_REGISTRY_FENCED && pc_time_mono_ms() < end)
+        run_for(10);
+    ASSERT_EQ(gw_registry_state(C.r), GW_REGISTRY_FENCED);
+    ASSERT_EQ(C.last_state, GW_REGISTRY_FENCED);
+    run_for(1000); /* several renewal periods (lease 800 ms / 4) */
+    ASSERT_EQ(gw_registry_state(C.r), GW_REGISTRY_FENCED);
+    ASSERT_FALSE(key_exists("set2:gw:gwC"));
+    uint32_t t[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    gw_registry_point_t pt = {.n_tokens = 8, .write = true};
+    gw_registry_op_t *op;
+    ASSERT_EQ(gw_registry_claim(C.r, 1, t, 8, &pt, 1, "wC", on_claim, &C, &op),
+              GW_REGISTRY_REFUSED_DOWN);
+    stop2(&C, NULL);
+    uv_loop_close(&g_loop);
+}
+
 /* Redis unreachable at start, then paused, then killed and restarted: claims answer at once (down)
  * or by their deadline (paused), nothing blocks the loop, queued commits are replayed once, and a
  * claim won after its deadline is released. */
@@ -584,7 +712,7 @@ PC_TEST(redis_down_timeouts_degraded_replay)
     ASSERT_EQ(gw_registry_claim(A.r, 3, t, 128, pts, 2, "wA", on_claim, &A, &op),
               GW_REGISTRY_REFUSED_DOWN);
     uint64_t start = pc_time_wall_ms();
-    ASSERT_EQ(gw_registry_commit(A.r, 3, t, pts, 2, 0, start, "wA"), 0);
+    ASSERT_EQ(gw_registry_commit(A.r, 3, "tenant-t", "model m", t, pts, 2, 0, start, "wA"), 0);
     ASSERT_EQ(gw_registry_read(A.r, 3, t, 64, pts, 1, start + 10), 0);
     run_for(300);
     gw_registry_stats_t st;
@@ -644,7 +772,9 @@ PC_TEST(redis_down_timeouts_degraded_replay)
     ASSERT_EQ(B.last_state, GW_REGISTRY_DOWN);
     ASSERT_EQ(gw_registry_claim(B.r, 3, u, 16, &pu, 1, "wB", on_claim, &B, &op),
               GW_REGISTRY_REFUSED_DOWN);
-    ASSERT_EQ(gw_registry_commit(B.r, 3, u, &pu, 1, 0, pc_time_wall_ms(), "wB"), 0);
+    ASSERT_EQ(
+        gw_registry_commit(B.r, 3, "tenant-t", "model m", u, &pu, 1, 0, pc_time_wall_ms(), "wB"),
+        0);
     ASSERT_EQ(rt_start(&s, "redis_down", NULL), 0); /* empty: no persistence in this test */
     ASSERT_TRUE(run_until(is_up, &B, 20000));
     ASSERT_TRUE(run_until(queue_empty, &B, 20000));
@@ -698,6 +828,13 @@ PC_TEST(feed_malformed_entries_rejected)
         {"XADD fm:feed * t r o gwB ns %s tok %b n 3 now 1", 1, 8},
         {"XADD fm:feed * t r o gwB o gwC ns %s tok %b n 2 now 1", 1, 8}, /* duplicate */
         {"XADD fm:feed * t r o %s ns %s tok %b n 2 now 1", 2, 8},        /* bad origin */
+        /* the owner: both or neither, 1-63 bytes, no control character */
+        {"XADD fm:feed * t w o gwB ns %s tok %b pts 2:0:5 st 1 wk w tn ten", 1, 8},
+        {"XADD fm:feed * t w o gwB ns %s tok %b pts 2:0:5 st 1 wk w md mod", 1, 8},
+        {"XADD fm:feed * t w o gwB ns %s tok %b pts 2:0:5 st 1 wk w tn te\tn md mod", 1, 8},
+        {"XADD fm:feed * t w o gwB ns %s tok %b pts 2:0:5 st 1 wk w tn ten md "
+         "mmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmm",
+         1, 8},
     };
     int n_bad = (int)(sizeof bad / sizeof bad[0]);
     redisContext *c = rt_connect(g_redis.port);
@@ -728,6 +865,12 @@ PC_TEST(feed_malformed_entries_rejected)
     x = redisCommand(c, "XADD fm:feed * t w o gwB ns %s tok %b pts 1:0:5,2:1:9 st 4 wk w1", ns,
                      tok8, (size_t)8);
     freeReplyObject(x);
+    run_until(feed_w_seen, &A, 10000); /* a writer older than the owner fields: "" for both */
+    ASSERT_STR_EQ(A.last_tenant, "");
+    ASSERT_STR_EQ(A.last_model, "");
+    x = redisCommand(c, "XADD fm:feed * t w o gwB ns %s tok %b pts 2:0:5 st 4 wk w1 tn %s md %s",
+                     ns, tok8, (size_t)8, "t\xc3\xa9nant one", "model-1");
+    freeReplyObject(x);
     x = redisCommand(c, "XADD fm:feed * t r o gwB ns %s tok %b n 2 now 1 extra ignored", ns, tok8,
                      (size_t)8);
     freeReplyObject(x);
@@ -736,14 +879,16 @@ PC_TEST(feed_malformed_entries_rejected)
     while (A.n_feed_r < 1 && pc_time_mono_ms() < end)
         run_for(10);
     run_for(300);
-    ASSERT_EQ(A.n_feed_w, 1);
+    ASSERT_EQ(A.n_feed_w, 2);
     ASSERT_EQ(A.n_feed_r, 1);
     ASSERT_EQ_U64(A.last_ns, 0xab);
+    ASSERT_STR_EQ(A.last_tenant, "t\xc3\xa9nant one");
+    ASSERT_STR_EQ(A.last_model, "model-1");
     gw_registry_stats_t st;
     gw_registry_stats(A.r, &st);
     ASSERT_EQ_U64(st.feed[0][2] + st.feed[1][2] + st.feed_rejected_other, (uint64_t)n_bad);
     ASSERT_EQ_U64(st.feed[1][1], 1); /* our own */
-    ASSERT_EQ_U64(st.feed[0][0], 1);
+    ASSERT_EQ_U64(st.feed[0][0], 2);
     ASSERT_EQ_U64(st.feed[1][0], 1);
     ASSERT_TRUE(st.feed_last_event_wall_ms > 0);
     stop2(&A, NULL);
@@ -797,7 +942,9 @@ PC_TEST(sentinel_failover_followed)
     uint32_t t[40];
     tokens_fill(t, 40, 3);
     gw_registry_point_t pt = {.n_tokens = 40, .ttl = 1, .write = true};
-    ASSERT_EQ(gw_registry_commit(A.r, 2, t, &pt, 1, 0, pc_time_wall_ms(), "wA"), 0);
+    ASSERT_EQ(
+        gw_registry_commit(A.r, 2, "tenant-t", "model m", t, &pt, 1, 0, pc_time_wall_ms(), "wA"),
+        0);
     ASSERT_TRUE(run_until(queue_empty, &A, 10000));
     end = pc_time_mono_ms() + 10000;
     while (B.n_feed_w < 1 && pc_time_mono_ms() < end)
@@ -834,7 +981,9 @@ PC_TEST(sentinel_failover_followed)
     uint32_t u[40];
     tokens_fill(u, 40, 4);
     int fw = B.n_feed_w;
-    ASSERT_EQ(gw_registry_commit(A.r, 2, u, &pt, 1, 0, pc_time_wall_ms(), "wA"), 0);
+    ASSERT_EQ(
+        gw_registry_commit(A.r, 2, "tenant-t", "model m", u, &pt, 1, 0, pc_time_wall_ms(), "wA"),
+        0);
     ASSERT_TRUE(run_until(queue_empty, &A, 20000));
     char ek[200];
     entry_key(ek, sizeof ek, "so", 'e', 2, u, 40);
