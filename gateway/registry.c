@@ -1713,10 +1713,55 @@ static void on_feed_up(bill_redis_t *c, void *ud)
  * Start and stop
  * ------------------------------------------------------------------------------------------- */
 
+/* One CONFIG GET value into out (cap bytes): 1 when Redis answered it, 0 when it refused
+ * (renamed, an ACL), PC_ERR_UPSTREAM when the connection failed. */
+static int config_get(redisContext *ctx, const char *name, char *out, size_t cap)
+{
+    redisReply *rp = redisCommand(ctx, "CONFIG GET %s", name);
+    if (rp == NULL)
+        return PC_ERR_UPSTREAM;
+    bool ok = rp->type == REDIS_REPLY_ARRAY && rp->elements == 2 &&
+              rp->element[1]->type == REDIS_REPLY_STRING;
+    if (ok)
+        snprintf(out, cap, "%s", rp->element[1]->str);
+    freeReplyObject(rp);
+    return ok ? 1 : 0;
+}
+
+/* The registry's Redis must never evict: an evicted claim bills a second write, an evicted
+ * registration fences a live gateway, an evicted entry loses a read. A server with a memory
+ * limit and any policy but noeviction is refused (PC_ERR_STATE); one whose CONFIG is not
+ * available to us (renamed, an ACL, a managed service) is accepted with a warning. */
+static int eviction_check(redisContext *ctx, char *err, size_t err_len)
+{
+    char policy[64], maxmem[32];
+    int a = config_get(ctx, "maxmemory-policy", policy, sizeof policy);
+    int b = a == 1 ? config_get(ctx, "maxmemory", maxmem, sizeof maxmem) : a;
+    if (a < 0 || b < 0)
+        return pc_err_setf(err, err_len, PC_ERR_UPSTREAM, "registry: Redis: %s", ctx->errstr);
+    if (a == 0 || b == 0) {
+        PC_LOG(PC_LOG_WARN, "registry",
+               "Redis refused CONFIG GET maxmemory-policy: make sure it is noeviction, or the "
+               "registry's claims and entries can vanish under memory pressure");
+        return 0;
+    }
+    if (strcmp(policy, "noeviction") == 0 || strcmp(maxmem, "0") == 0)
+        return 0;
+    return pc_err_setf(err, err_len, PC_ERR_STATE,
+                       "registry: Redis evicts keys (maxmemory %s, maxmemory-policy %s): the "
+                       "registry's entries and claims would vanish under memory pressure; give it "
+                       "a Redis with maxmemory-policy noeviction (and persistence)",
+                       maxmem, policy);
+}
+
 /* The blocking checks at start on a connected context. Returns 0 (registered), PC_ERR_PERM
- * (secret), PC_ERR_EXISTS (live duplicate), PC_ERR_UPSTREAM (Redis failed meanwhile). */
+ * (secret), PC_ERR_EXISTS (live duplicate), PC_ERR_STATE (settings differ, or a Redis that
+ * evicts), PC_ERR_UPSTREAM (Redis failed meanwhile). */
 static int start_checks(gw_registry_t *r, redisContext *ctx, char *err, size_t err_len)
 {
+    int erc = eviction_check(ctx, err, err_len);
+    if (erc != 0)
+        return erc;
     uint64_t poll_ms = r->p.lease_ms / 10;
     if (poll_ms < 10)
         poll_ms = 10;

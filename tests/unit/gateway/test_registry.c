@@ -587,6 +587,33 @@ PC_TEST(duplicate_instance_and_secret_mismatch_refused_at_start)
     uv_loop_close(&g_loop);
 }
 
+/* A Redis that may evict keys (a memory limit with an LRU policy) is refused at start: its
+ * claims and registrations could vanish; with noeviction it is accepted. */
+PC_TEST(evicting_redis_refused_at_start)
+{
+    if (!need_redis())
+        PC_SKIP("redis-server not installed");
+    rt_server_t ev = {0};
+    ASSERT_EQ(rt_start(&ev, "evict", "--maxmemory 64mb --maxmemory-policy allkeys-lru"), 0);
+    uv_loop_init(&g_loop);
+    char err[512];
+    gw_t E = {.name = "E"};
+    gw_registry_params_t pe = params(ev.port, "ev", "gw1", 4, &E);
+    ASSERT_EQ(gw_registry_start(&g_loop, &pe, &E.r, err, sizeof err), PC_ERR_STATE);
+    ASSERT_TRUE(strstr(err, "allkeys-lru") != NULL);
+    ASSERT_TRUE(strstr(err, "noeviction") != NULL);
+    ASSERT_TRUE(E.r == NULL);
+    redisReply *x = rt_cmd(ev.port, "EXISTS ev:gw:gw1");
+    ASSERT_EQ(x->integer, 0); /* nothing written */
+    freeReplyObject(x);
+    x = rt_cmd(ev.port, "CONFIG SET maxmemory-policy noeviction");
+    freeReplyObject(x);
+    ASSERT_EQ(gw_registry_start(&g_loop, &pe, &E.r, err, sizeof err), 0);
+    stop2(&E, NULL);
+    uv_loop_close(&g_loop);
+    rt_stop(&ev, SIGTERM);
+}
+
 static long long hexists(int port, const char *key, const char *field)
 {
     redisReply *r = rt_cmd(port, "HEXISTS %s %s", key, field);
