@@ -186,7 +186,8 @@ void gw__obs_setup_metrics(serve_t *s)
                                          "(timeout, error, fenced).",
                                          2, opk);
     s->m_reg_feed = gw_metrics_counter(s->m, "kvgw_registry_feed_events_total",
-                                       "Change feed events by type (w: written, r: read) and "
+                                       "Change feed events by type (w: written, r: read, "
+                                       "unknown: rejected before its type was read) and "
                                        "result (applied, skipped: our own, rejected).",
                                        2, tr);
     s->m_reg_feed_lag =
@@ -302,6 +303,10 @@ static void update_registry(serve_t *s)
             const char *lv[] = {feed_t[t], feed_r[r]};
             add_growth(s->m_reg_feed, lv, st.feed[t][r], seen->feed[t][r], 1);
         }
+    /* Entries rejected before their type was known (no or a bad t, a duplicated field, a bad
+     * stream id): type "unknown". */
+    const char *unknown[] = {"unknown", "rejected"};
+    add_growth(s->m_reg_feed, unknown, st.feed_rejected_other, seen->feed_rejected_other, 1);
     uint64_t wall = pc_time_wall_ms();
     gw_metric_set(s->m_reg_feed_lag, NULL,
                   st.feed_last_event_wall_ms != 0 && wall > st.feed_last_event_wall_ms

@@ -322,7 +322,8 @@ typedef struct gw_registry_stats {
     uint64_t ops[GW_REGISTRY_OPS]; /* ops answered by Redis */
     uint64_t errors[GW_REGISTRY_OPS][GW_REGISTRY_ERR_KINDS];
     uint64_t feed[2][3];              /* [w, r][applied, skipped (own origin), rejected] */
-    uint64_t feed_rejected_other;     /* entries without a valid t (neither w nor r) */
+    uint64_t feed_rejected_other;     /* rejected before the type was known (no valid t, a
+                                         duplicated field, a bad id): type="unknown" */
     uint64_t feed_last_event_wall_ms; /* the last applied event's stream time; 0: none */
     uint64_t feed_gaps;               /* trims past our last id */
     uint64_t replay_pending;          /* queued ops (not yet answered) */
