@@ -15,13 +15,14 @@
 #include "redisconn.h"
 #include "common.h"
 
-#include <hiredis/adapters/libuv.h>
+#include <errno.h>
 #include <hiredis/async.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 enum conn_state {
     ST_IDLE,     /* waiting for the next attempt */
@@ -350,6 +351,109 @@ static void on_ctx_connect(const redisAsyncContext *ac, int status)
     fail_soon(c, PC_ERR_CLOSED, "cannot connect: %s", ac->errstr);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The libuv event adapter
+ *
+ * hiredis's own (hiredis/adapters/libuv.h, 0.14) returns without a word when libuv reports an
+ * error: libuv turns POLLERR (a connection reset: the server closed with our commands unread in
+ * its socket; a refused connect) into UV_EBADF after stopping the poll handle, so such a socket
+ * went unseen until a command's deadline, while a clean close (FIN) was seen at once. This one is
+ * that adapter with the error handled: the connection fails at once with the socket's error.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct rc_ev {
+    redisAsyncContext *ac; /* NULL once hiredis cleaned up (the handle is closing) */
+    uv_poll_t handle;
+    int events;
+} rc_ev_t;
+
+static void ev_poll(uv_poll_t *h, int status, int events)
+{
+    rc_ev_t *p = h->data;
+    if (p->ac == NULL)
+        return;
+    if (status != 0) {
+        bill_redis_t *c = p->ac->data;
+        if (p->ac != c->ac && p->ac != c->sac)
+            return;
+        int e = 0;
+        socklen_t len = sizeof e;
+        if (getsockopt(p->ac->c.fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0 || e == 0)
+            e = ECONNRESET;
+        c->st.n_errors++;
+        fail_soon(c, PC_ERR_CLOSED, "%s: %s",
+                  c->state == ST_UP ? "connection lost" : "cannot connect", strerror(e));
+        return;
+    }
+    if (events & UV_READABLE)
+        redisAsyncHandleRead(p->ac);
+    if (p->ac != NULL && (events & UV_WRITABLE))
+        redisAsyncHandleWrite(p->ac);
+}
+
+static void ev_update(rc_ev_t *p, int add, int del)
+{
+    p->events = (p->events | add) & ~del;
+    if (p->events != 0)
+        uv_poll_start(&p->handle, p->events, ev_poll);
+    else
+        uv_poll_stop(&p->handle);
+}
+
+static void ev_add_read(void *d)
+{
+    ev_update(d, UV_READABLE, 0);
+}
+
+static void ev_del_read(void *d)
+{
+    ev_update(d, 0, UV_READABLE);
+}
+
+static void ev_add_write(void *d)
+{
+    ev_update(d, UV_WRITABLE, 0);
+}
+
+static void ev_del_write(void *d)
+{
+    ev_update(d, 0, UV_WRITABLE);
+}
+
+static void ev_closed(uv_handle_t *h)
+{
+    pc_free(h->data);
+}
+
+static void ev_cleanup(void *d)
+{
+    rc_ev_t *p = d;
+    p->ac = NULL;
+    uv_close((uv_handle_t *)&p->handle, ev_closed);
+}
+
+static int ev_attach(redisAsyncContext *ac, uv_loop_t *loop)
+{
+    if (ac->ev.data != NULL)
+        return REDIS_ERR;
+    rc_ev_t *p = pc_calloc(1, sizeof *p);
+    if (p == NULL)
+        return REDIS_ERR;
+    if (uv_poll_init(loop, &p->handle, ac->c.fd) != 0) {
+        pc_free(p);
+        return REDIS_ERR;
+    }
+    p->handle.data = p;
+    p->ac = ac;
+    ac->ev.addRead = ev_add_read;
+    ac->ev.delRead = ev_del_read;
+    ac->ev.addWrite = ev_add_write;
+    ac->ev.delWrite = ev_del_write;
+    ac->ev.cleanup = ev_cleanup;
+    ac->ev.data = p;
+    return REDIS_OK;
+}
+
 static redisAsyncContext *open_ctx(bill_redis_t *c, const bill_redis_addr_t *a)
 {
     redisAsyncContext *ac = redisAsyncConnect(a->host, a->port);
@@ -363,7 +467,7 @@ static redisAsyncContext *open_ctx(bill_redis_t *c, const bill_redis_addr_t *a)
         return NULL;
     }
     ac->data = c;
-    if (redisLibuvAttach(ac, c->loop) != REDIS_OK) {
+    if (ev_attach(ac, c->loop) != REDIS_OK) {
         redisAsyncFree(ac);
         fail_soon(c, PC_ERR_NOMEM, "cannot attach to the loop");
         return NULL;

@@ -11,7 +11,9 @@
  * Without sentinels the address is used as is and ROLE is not asked.
  *
  * When the connection is given up and made again (the async manager):
- *   - the connection is lost or refused, or a connect does not finish within timeout_ms;
+ *   - the connection is lost (closed or reset) or refused: seen at once, idle or not (a socket
+ *     error event is handled, not left to a deadline), or a connect does not finish within
+ *     timeout_ms;
  *   - a command has waited for its reply longer than its deadline (timeout_ms, or the deadline
  *     passed to bill_redis_send: a blocking XREAD passes its block time plus timeout_ms);
  *   - a reply is an error that says this server cannot take writes now: READONLY, LOADING,

@@ -199,4 +199,74 @@ PC_TEST(async_deadline_down_up)
     rt_stop(&s, SIGKILL);
 }
 
+/* A refused connect and a reset connection are seen at once, never by a deadline (timeout_ms is
+ * far longer than the waits' caps): libuv reports both as an error event, which hiredis's own
+ * libuv adapter ignored. The reset: a server frozen with our commands unread in its socket,
+ * then killed. */
+static bool stats_errors_at_least(bill_redis_t *c, uint64_t n, uint64_t cap_ms, uv_loop_t *loop)
+{
+    uint64_t end = pc_time_mono_ms() + cap_ms;
+    bill_redis_stats_t st;
+    for (;;) {
+        bill_redis_stats(c, &st);
+        if (st.n_errors >= n || pc_time_mono_ms() > end)
+            return st.n_errors >= n;
+        uv_run(loop, UV_RUN_NOWAIT);
+        usleep(500);
+    }
+}
+
+PC_TEST(refused_and_reset_seen_at_once)
+{
+    if (!rt_installed())
+        PC_SKIP("redis-server not installed");
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ctx_t x = {0};
+    bill_redis_params_t p = bill_redis_params_default();
+    p.address.port = rt_free_port(); /* nobody listens */
+    p.timeout_ms = 120000;
+    p.retry_min_ms = 10;
+    p.retry_max_ms = 20;
+    p.on_up = on_up;
+    p.on_down = on_down;
+    p.ud = &x;
+    char err[256];
+    bill_redis_t *c;
+    ASSERT_EQ(bill_redis_start(&loop, &p, &c, err, sizeof err), 0);
+    ASSERT_TRUE(stats_errors_at_least(c, 3, 30000, &loop)); /* three refused attempts */
+    bill_redis_stats_t st;
+    bill_redis_stats(c, &st);
+    ASSERT_EQ_U64(st.n_timeouts, 0);
+    int closed = 0;
+    bill_redis_stop(c, on_closed, &closed);
+    spin(&loop, &closed, 1, 5000);
+
+    rt_server_t s = {0};
+    ASSERT_EQ(rt_start(&s, "reset", NULL), 0);
+    p.address.port = s.port;
+    ASSERT_EQ(bill_redis_start(&loop, &p, &c, err, sizeof err), 0);
+    spin(&loop, &x.n_up, 1, 10000);
+    ASSERT_EQ(x.n_up, 1);
+    rt_stop(&s, SIGSTOP);
+    for (int i = 0; i < 3; i++)
+        ASSERT_EQ(send_incr(c, &x), 0);
+    for (int i = 0; i < 20; i++) { /* the commands leave for the frozen server's socket */
+        uv_run(&loop, UV_RUN_NOWAIT);
+        usleep(5000);
+    }
+    rt_stop(&s, SIGKILL);
+    spin(&loop, &x.n_done, 3, 30000);
+    ASSERT_EQ(x.n_done, 3);
+    ASSERT_EQ(x.last_status, PC_ERR_CLOSED);
+    spin(&loop, &x.n_down, 1, 5000);
+    ASSERT_EQ(x.n_down, 1);
+    bill_redis_stats(c, &st);
+    ASSERT_EQ_U64(st.n_timeouts, 0);
+    closed = 0;
+    bill_redis_stop(c, on_closed, &closed);
+    spin(&loop, &closed, 1, 5000);
+    ASSERT_EQ(uv_loop_close(&loop), 0);
+}
+
 PC_TEST_MAIN()

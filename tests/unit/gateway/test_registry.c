@@ -664,6 +664,51 @@ PC_TEST(redis_down_timeouts_degraded_replay)
     uv_loop_close(&g_loop);
 }
 
+/* The main connection sees a closed socket at once, idle or not, never by a command's deadline
+ * (the redis timeout is far longer than the waits' caps): Redis stopped by SHUTDOWN (a FIN),
+ * then restarted and killed while frozen with our lease renewals unread in its socket (the
+ * kernel answers with a reset: libuv reports an error event, which hiredis's libuv adapter
+ * ignored, so the connection hung until the deadline). */
+static bool is_down(void *ud)
+{
+    return gw_registry_state(((gw_t *)ud)->r) == GW_REGISTRY_DOWN;
+}
+
+PC_TEST(redis_closed_socket_noticed_at_once)
+{
+    if (!rt_installed())
+        PC_SKIP("redis-server not installed");
+    rt_server_t s = {0};
+    ASSERT_EQ(rt_start(&s, "shut", NULL), 0);
+    uv_loop_init(&g_loop);
+    gw_t A = {.name = "A"};
+    char err[512];
+    gw_registry_params_t pa = params(s.port, "sh", "gwA", 9, &A);
+    pa.redis.timeout_ms = 120000; /* a deadline cannot be what notices */
+    pa.lease_ms = 400;            /* renewals every 100 ms */
+    ASSERT_EQ(gw_registry_start(&g_loop, &pa, &A.r, err, sizeof err), 0);
+    ASSERT_TRUE(run_until(is_up, &A, 10000));
+    redisReply *x = rt_cmd(s.port, "SHUTDOWN NOSAVE");
+    if (x != NULL)
+        freeReplyObject(x);
+    rt_stop(&s, SIGKILL); /* reaps it */
+    ASSERT_TRUE(run_until(is_down, &A, 60000));
+
+    ASSERT_EQ(rt_start(&s, "shut", NULL), 0);
+    A.n_ops[GW_REGISTRY_OP_LEASE] = 0;
+    ASSERT_TRUE(run_until(is_up, &A, 20000));
+    rt_stop(&s, SIGSTOP);
+    run_for(400); /* renewals sent, unread by the frozen server */
+    rt_stop(&s, SIGKILL);
+    ASSERT_TRUE(run_until(is_down, &A, 60000));
+    gw_registry_stats_t st;
+    gw_registry_stats(A.r, &st);
+    for (int o = 0; o < GW_REGISTRY_OPS; o++)
+        ASSERT_EQ_U64(st.errors[o][GW_REGISTRY_ERR_TIMEOUT], 0);
+    stop2(&A, NULL);
+    uv_loop_close(&g_loop);
+}
+
 /* Garbage on the feed (XADD by hand): every malformed entry is rejected and counted, the valid
  * one around them is applied, nothing crashes. */
 PC_TEST(feed_malformed_entries_rejected)
