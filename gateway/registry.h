@@ -188,7 +188,9 @@ typedef struct gw_registry_params {
     uint64_t feed_maxlen;      /* XADD MAXLEN ~, default 100000 */
     uint32_t replay_max;       /* queued commits/reads/releases, default 65536 */
     uint64_t replay_max_bytes; /* and their bytes, default 64 MiB */
-    uint32_t max_event_tokens; /* tokens in a call or a feed event, default 1 << 20 */
+    uint32_t max_event_tokens; /* tokens in a call or a feed event, default 1 << 20; serve
+                                  passes its models' largest context (a longer prompt is
+                                  refused), so one XREAD buffers at most feed_count x that */
     uint32_t feed_count;       /* XREAD COUNT, default 256 */
     uint32_t feed_block_ms;    /* XREAD BLOCK, default 1000 */
     uint64_t ttl_ms[2];        /* TTL of each class (the cindex's), default 300000, 3600000 */

@@ -257,8 +257,10 @@ test('malformed change-feed events are rejected and counted by every gateway, th
     ['t', 'r', 'o', 'gw-evil', 'ns', ns, 'n', '15', 'now', '1'], // n is not the token count
     ['t', 'r', 'o', 'gw-evil', 'ns', ns, 'n', '16'], // no now
     ['t', 'w', 'o', 'gw-evil', 'ns', ns, 'ns', ns, 'st', '1', 'wk', 'w-evil', 'pts', '16:0:1'], // ns twice
+    ['t', 'r', 'o', 'gw-evil', 'ns', ns, 'n', '8193', 'now', '1'], // valid tokens, beyond the model's 8192 context
   ];
-  const toks = [tok(16), Buffer.alloc(3), tok(16), tok(16), tok(16), tok(16), tok((1 << 20) + 1), tok(16), tok(16), tok(16)];
+  const ones = (n) => { const b = Buffer.alloc(4 * n); for (let i = 0; i < n; i++) b[4 * i] = 1; return b; }; // token id 1
+  const toks = [tok(16), Buffer.alloc(3), tok(16), tok(16), tok(16), tok(16), tok((1 << 20) + 1), tok(16), tok(16), tok(16), ones(8193)];
   const rejected = async (g) => {
     let n = 0;
     for (const l of (await metrics(g)).text.split('\n')) if (/^kvgw_registry_feed_events_total\{.*result="rejected"/.test(l)) n += Number(l.split(' ').pop());
