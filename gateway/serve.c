@@ -423,6 +423,7 @@ static int start_registry(serve_t *s)
     rp.lease_ms = s->cfg.registry_lease_ms;
     rp.feed_maxlen = s->cfg.registry_feed_maxlen;
     rp.replay_max = s->cfg.registry_replay_max;
+    rp.failover_replay_ms = s->cfg.registry_failover_replay_ms;
     /* No prompt here is longer than the largest context of the models (longer ones are refused
      * before a plan), so neither is a call nor an accepted feed event: one XREAD then buffers at
      * most feed_count x that many tokens. A model whose context is unknown keeps the default. */

@@ -795,6 +795,91 @@ PC_TEST(feed_malformed_entries_rejected)
     uv_loop_close(&g_loop);
 }
 
+/* A failover that loses acknowledged writes: the sentinel is made to name another server that
+ * never had them (SENTINEL REMOVE + MONITOR: the new "primary" is a standalone server, as a
+ * promoted replica is when the old primary's last writes had not reached it). The registry
+ * follows it (the periodic sentinel question) and sends its recent commits and reads again: the
+ * entries and their feed events are there, with the same expiries. With failover_replay 0, not. */
+PC_TEST(failover_resends_recent_writes)
+{
+    if (!rt_installed() || access(RT_SENTINEL_BIN, X_OK) != 0)
+        PC_SKIP("redis-server / redis-sentinel not installed");
+    rt_server_t p1 = {0}, p2 = {0}, sen = {0};
+    ASSERT_EQ(rt_start(&p1, "fr1", NULL), 0);
+    ASSERT_EQ(rt_start(&p2, "fr2", NULL), 0);
+    ASSERT_EQ(rt_sentinel(&sen, "frs", p1.port), 0);
+    uv_loop_init(&g_loop);
+    gw_t A = {.name = "A"}, B = {.name = "B"};
+    bill_redis_addr_t sents[1] = {{.host = "127.0.0.1", .port = sen.port}};
+    char err[512];
+    gw_registry_params_t pa = params(0, "fr", "gwA", 10, &A);
+    pa.redis.sentinels = sents;
+    pa.redis.n_sentinels = 1;
+    pa.redis.master_name = "mymaster";
+    pa.redis.role_check_ms = 100;
+    gw_registry_params_t pb = pa;
+    pb.instance = "gwB";
+    pb.ud = &B;
+    pb.failover_replay_ms = 0;
+    ASSERT_EQ(gw_registry_start(&g_loop, &pa, &A.r, err, sizeof err), 0);
+    ASSERT_EQ(gw_registry_start(&g_loop, &pb, &B.r, err, sizeof err), 0);
+    ASSERT_TRUE(run_until(is_up, &A, 10000));
+    ASSERT_TRUE(run_until(is_up, &B, 10000));
+    uint32_t t[40], u[40];
+    tokens_fill(t, 40, 11);
+    tokens_fill(u, 40, 12);
+    gw_registry_point_t pt = {.n_tokens = 40, .ttl = 1, .write = true};
+    uint64_t start = pc_time_wall_ms();
+    ASSERT_EQ(gw_registry_commit(A.r, 4, t, &pt, 1, 0, start, "wA"), 0);
+    ASSERT_EQ(gw_registry_read(A.r, 4, t, 40, &pt, 1, start + 5), 0);
+    ASSERT_EQ(gw_registry_commit(B.r, 4, u, &pt, 1, 0, start, "wB"), 0);
+    ASSERT_TRUE(run_until(queue_empty, &A, 10000));
+    ASSERT_TRUE(run_until(queue_empty, &B, 10000));
+    char ek[200], eu[200];
+    entry_key(ek, sizeof ek, "fr", 'e', 4, t, 40);
+    entry_key(eu, sizeof eu, "fr", 'e', 4, u, 40);
+    ASSERT_TRUE(key_exists_on(p1.port, ek));
+    ASSERT_TRUE(key_exists_on(p1.port, eu));
+
+    char cmd[128];
+    redisReply *x = rt_cmd(sen.port, "SENTINEL REMOVE mymaster");
+    ASSERT_TRUE(x != NULL && x->type == REDIS_REPLY_STATUS);
+    freeReplyObject(x);
+    snprintf(cmd, sizeof cmd, "SENTINEL MONITOR mymaster 127.0.0.1 %d 1", p2.port);
+    x = rt_cmd(sen.port, cmd);
+    ASSERT_TRUE(x != NULL && x->type == REDIS_REPLY_STATUS);
+    freeReplyObject(x);
+    uint64_t end = pc_time_mono_ms() + 30000;
+    gw_registry_stats_t sa, sb;
+    for (;;) {
+        run_for(20);
+        gw_registry_stats(A.r, &sa);
+        gw_registry_stats(B.r, &sb);
+        if ((sa.failovers >= 1 && sb.failovers >= 1 && is_up(&A) && is_up(&B) && queue_empty(&A)) ||
+            pc_time_mono_ms() > end)
+            break;
+    }
+    ASSERT_TRUE(sa.failovers >= 1 && sb.failovers >= 1);
+    ASSERT_TRUE(is_up(&A) && queue_empty(&A));
+    ASSERT_EQ_U64(sa.failover_resent, 2);
+    ASSERT_EQ_U64(sb.failover_resent, 0);
+    /* A's commit and read are on the new primary with their expiry (the read's: start + 5 + 1h);
+     * B's commit (failover_replay 0) is not. */
+    ASSERT_TRUE(key_exists_on(p2.port, ek));
+    x = rt_cmd(p2.port, "PEXPIRETIME %s", ek);
+    ASSERT_EQ_I64(x->integer, (long long)(start + 5 + 3600000));
+    freeReplyObject(x);
+    ASSERT_FALSE(key_exists_on(p2.port, eu));
+    x = rt_cmd(p2.port, "XLEN fr:feed");
+    ASSERT_EQ_I64(x->integer, 2); /* the t=w and the t=r again */
+    freeReplyObject(x);
+    stop2(&A, &B);
+    uv_loop_close(&g_loop);
+    rt_stop(&sen, SIGKILL);
+    rt_stop(&p2, SIGKILL);
+    rt_stop(&p1, SIGKILL);
+}
+
 /* Sentinel: a primary, a replica and a sentinel (the first sentinel address given is dead, so
  * the second is asked); the registry follows SENTINEL FAILOVER to the promoted replica, writes
  * land there, and its feed resumes. */
