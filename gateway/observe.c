@@ -120,6 +120,11 @@ void gw__obs_setup_metrics(serve_t *s)
     }
     s->m_ship_lag = gw_metrics_gauge(s->m, "kvgw_billing_shipper_lag_events",
                                      "Durable ledger records not yet shipped to Redis.", 0, NULL);
+    s->m_ship_refused = gw_metrics_gauge(
+        s->m, "kvgw_billing_shipper_refused",
+        "1 when the shipper refuses to ship: the Redis cursor of this instance id belongs to "
+        "another ledger (a new billing.instance_id is needed).",
+        0, NULL);
     /* KV tiers (issue 21): G2 host memory, G3 local disk, per worker. */
     const char *wt[] = {"worker", "tier"}, *ws[] = {"worker", "source"};
     s->m_tier_max_bytes = gw_metrics_gauge(s->m, "kvgw_worker_tier_max_bytes",
@@ -361,6 +366,7 @@ void gw__obs_update_gauges(serve_t *s)
         uint64_t durable = bill_ledger_durable_seq(s->ledger);
         gw_metric_set(s->m_ship_lag, NULL,
                       durable > ss.shipped_seq ? (double)(durable - ss.shipped_seq) : 0);
+        gw_metric_set(s->m_ship_refused, NULL, ss.refused ? 1 : 0);
     }
 }
 
