@@ -19,8 +19,11 @@
  * ledger_reader.c (the reader, the index scan, the check); ledger_internal.h is what they share.
  *
  * Directory layout: <dir>/ledger-<first seq, 20 decimal digits>.seg segment files, <dir>/LOCK
- * (flock'ed by the one process that has the ledger open) and <dir>/INSTANCE (the instance id,
- * written once: names this ledger's Redis stream and cursor).
+ * (flock'ed by the one process that has the ledger open), <dir>/INSTANCE (the instance id,
+ * written once: names this ledger's Redis stream and cursor) and <dir>/LEDGER_ID (32 random hex
+ * digits written when the ledger is created, or at the first open of a ledger made before it
+ * existed: this ledger's identity, which the shipper ties its Redis cursor to, so that a new
+ * ledger under an old instance id is never mistaken for the one that shipped).
  *
  * Sequence numbers. Every record has a seq: 1 for the first record ever, then +1 per record,
  * across segments, never reused. It is the record's ledger position (Redis stream ids and the
@@ -357,6 +360,13 @@ int bill_ledger_check_all(const char *dir, FILE *out, bill_ledger_check_t *res, 
 
 /* Reads the INSTANCE id of a ledger directory. PC_ERR_NOTFOUND if absent, PC_ERR_FORMAT if bad. */
 int bill_ledger_read_instance(const char *dir, char out[BILL_STR_MAX]);
+
+/* Hex digits of a ledger's LEDGER_ID. */
+#define BILL_LEDGER_ID_LEN 32
+
+/* Reads the LEDGER_ID of a ledger directory (NUL-terminated). PC_ERR_NOTFOUND if absent (a ledger
+ * never opened by this version), PC_ERR_FORMAT if bad. */
+int bill_ledger_read_id(const char *dir, char out[BILL_LEDGER_ID_LEN + 1]);
 
 /* ---------------------------------------------------------------------------------------------
  * Storage metering. The gateway's cache index integrates, per namespace, cached tokens x time

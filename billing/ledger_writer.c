@@ -179,6 +179,7 @@ struct bill_ledger {
     bill_ledger_io_t io;
     char *dir;
     char instance[BILL_STR_MAX];
+    char ledger_id[BILL_LEDGER_ID_LEN + 1];
     int dir_fd;
     int lock_fd;
     int seg_fd;
@@ -445,6 +446,49 @@ static int write_instance(bill_ledger_t *l, const char *want)
     return fsync_dir(l);
 }
 
+/* Writes LEDGER_ID (32 random hex digits) atomically, as INSTANCE. */
+static int write_ledger_id(bill_ledger_t *l)
+{
+    uint8_t b[BILL_LEDGER_ID_LEN / 2];
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b)
+        return PC_ERR_IO;
+    char txt[BILL_LEDGER_ID_LEN + 2];
+    for (size_t i = 0; i < sizeof b; i++)
+        snprintf(txt + 2 * i, 3, "%02x", b[i]);
+    txt[BILL_LEDGER_ID_LEN] = '\n';
+    txt[BILL_LEDGER_ID_LEN + 1] = '\0';
+    int fd = openat(l->dir_fd, "LEDGER_ID.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return bill__ledger_err_from_errno(errno);
+    bool ok = write(fd, txt, BILL_LEDGER_ID_LEN + 1) == BILL_LEDGER_ID_LEN + 1 && fsync(fd) == 0;
+    close(fd);
+    if (!ok || renameat(l->dir_fd, "LEDGER_ID.tmp", l->dir_fd, "LEDGER_ID") != 0)
+        return bill__ledger_err_from_errno(errno);
+    memcpy(l->ledger_id, txt, BILL_LEDGER_ID_LEN);
+    l->ledger_id[BILL_LEDGER_ID_LEN] = '\0';
+    return fsync_dir(l);
+}
+
+int bill_ledger_read_id(const char *dir, char out[BILL_LEDGER_ID_LEN + 1])
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/LEDGER_ID", dir);
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return PC_ERR_NOTFOUND;
+    char buf[BILL_LEDGER_ID_LEN + 4] = "";
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    if (n != BILL_LEDGER_ID_LEN + 1 || buf[BILL_LEDGER_ID_LEN] != '\n')
+        return PC_ERR_FORMAT;
+    for (size_t i = 0; i < BILL_LEDGER_ID_LEN; i++)
+        if (!((buf[i] >= '0' && buf[i] <= '9') || (buf[i] >= 'a' && buf[i] <= 'f')))
+            return PC_ERR_FORMAT;
+    memcpy(out, buf, BILL_LEDGER_ID_LEN);
+    out[BILL_LEDGER_ID_LEN] = '\0';
+    return 0;
+}
+
 int bill_ledger_read_instance(const char *dir, char out[BILL_STR_MAX])
 {
     char path[4096];
@@ -654,6 +698,13 @@ int bill_ledger_open(const bill_ledger_params_t *p, bill_ledger_t **out, char *e
                          "ledger: %s belongs to instance '%s', not '%s' (each gateway instance "
                          "needs its own ledger directory)",
                          l->dir, l->instance, p->instance);
+        goto fail;
+    }
+    rc = bill_ledger_read_id(l->dir, l->ledger_id);
+    if (rc == PC_ERR_NOTFOUND) /* a new ledger, or one made before LEDGER_ID existed */
+        rc = write_ledger_id(l);
+    if (rc != 0) {
+        rc = pc_err_setf(err, err_len, rc, "ledger: bad or unwritable %s/LEDGER_ID", l->dir);
         goto fail;
     }
     rc = bill__seg_list(l->dir, &segs, &n_segs);

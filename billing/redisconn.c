@@ -15,13 +15,14 @@
 #include "redisconn.h"
 #include "common.h"
 
-#include <hiredis/adapters/libuv.h>
+#include <errno.h>
 #include <hiredis/async.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 enum conn_state {
     ST_IDLE,     /* waiting for the next attempt */
@@ -59,6 +60,15 @@ struct bill_redis {
 
     rc_op_t ops; /* sentinel of the list, oldest first */
     uint64_t n_ops;
+
+    /* With sentinels, while up: a subscription to the sentinels' +switch-master (wac) and a
+     * connection for the periodic SENTINEL get-master-addr-by-name (qac), both to sentinel
+     * watch_idx (the one that named the primary; the next one when it fails). A primary they
+     * name that differs from ours is the next attempt's target (hint), ROLE-checked as usual. */
+    redisAsyncContext *wac, *qac;
+    size_t watch_idx;
+    bool q_inflight;
+    bill_redis_addr_t hint; /* port 0: none */
 
     uv_timer_t retry_timer; /* the next attempt (backoff) */
     uv_timer_t kick_timer;  /* the deferred drop */
@@ -125,6 +135,8 @@ static void fail_soon(bill_redis_t *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void on_dl_timer(uv_timer_t *t);
 static void start_attempt(bill_redis_t *c);
+static void watch_close(bill_redis_t *c);
+static void watch_open(bill_redis_t *c);
 static void on_retry_timer(uv_timer_t *t)
 {
     start_attempt(t->data);
@@ -297,6 +309,7 @@ static void drop(bill_redis_t *c)
     c->state = ST_IDLE;
     c->was_up = false;
     uv_timer_stop(&c->role_timer);
+    watch_close(c);
     free_ctx(c, &c->sac, status);
     free_ctx(c, &c->ac, status);
     PC_LOG(was_up ? PC_LOG_WARN : PC_LOG_INFO, c->name, "Redis %s:%d: %s%s", c->target.host,
@@ -320,10 +333,16 @@ static void on_kick(uv_timer_t *t)
         drop(c);
 }
 
+static void side_lost(bill_redis_t *c, const redisAsyncContext *ac, const char *why);
+
 static void on_ctx_disconnect(const redisAsyncContext *ac, int status)
 {
     bill_redis_t *c = ac->data;
     (void)status;
+    if (ac == c->wac || ac == c->qac) {
+        side_lost(c, ac, ac->errstr[0] ? ac->errstr : "closed");
+        return;
+    }
     if (ac == c->ac)
         c->ac = NULL; /* hiredis frees it after this callback */
     else if (ac == c->sac)
@@ -339,6 +358,10 @@ static void on_ctx_connect(const redisAsyncContext *ac, int status)
     bill_redis_t *c = ac->data;
     if (status == REDIS_OK)
         return;
+    if (ac == c->wac || ac == c->qac) {
+        side_lost(c, ac, ac->errstr);
+        return;
+    }
     /* hiredis frees the context after this callback */
     if (ac == c->ac)
         c->ac = NULL;
@@ -348,6 +371,133 @@ static void on_ctx_connect(const redisAsyncContext *ac, int status)
         return;
     c->st.n_errors++;
     fail_soon(c, PC_ERR_CLOSED, "cannot connect: %s", ac->errstr);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The libuv event adapter
+ *
+ * hiredis's own (hiredis/adapters/libuv.h, 0.14) returns without a word when libuv reports an
+ * error: libuv turns POLLERR (a connection reset: the server closed with our commands unread in
+ * its socket; a refused connect) into UV_EBADF after stopping the poll handle, so such a socket
+ * went unseen until a command's deadline, while a clean close (FIN) was seen at once. This one is
+ * that adapter with the error handled: the connection fails at once with the socket's error.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct rc_ev {
+    redisAsyncContext *ac; /* NULL once hiredis cleaned up (the handle is closing) */
+    uv_poll_t handle;
+    int events;
+} rc_ev_t;
+
+static void ev_poll(uv_poll_t *h, int status, int events)
+{
+    rc_ev_t *p = h->data;
+    if (p->ac == NULL)
+        return;
+    if (status != 0) {
+        bill_redis_t *c = p->ac->data;
+        int e = 0;
+        socklen_t len = sizeof e;
+        if (getsockopt(p->ac->c.fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0 || e == 0)
+            e = ECONNRESET;
+        if (p->ac == c->wac || p->ac == c->qac) {
+            side_lost(c, NULL, strerror(e));
+            return;
+        }
+        if (p->ac != c->ac && p->ac != c->sac)
+            return;
+        c->st.n_errors++;
+        fail_soon(c, PC_ERR_CLOSED, "%s: %s",
+                  c->state == ST_UP ? "connection lost" : "cannot connect", strerror(e));
+        return;
+    }
+    if (events & UV_READABLE)
+        redisAsyncHandleRead(p->ac);
+    if (p->ac != NULL && (events & UV_WRITABLE))
+        redisAsyncHandleWrite(p->ac);
+}
+
+static void ev_update(rc_ev_t *p, int add, int del)
+{
+    p->events = (p->events | add) & ~del;
+    if (p->events != 0)
+        uv_poll_start(&p->handle, p->events, ev_poll);
+    else
+        uv_poll_stop(&p->handle);
+}
+
+static void ev_add_read(void *d)
+{
+    ev_update(d, UV_READABLE, 0);
+}
+
+static void ev_del_read(void *d)
+{
+    ev_update(d, 0, UV_READABLE);
+}
+
+static void ev_add_write(void *d)
+{
+    ev_update(d, UV_WRITABLE, 0);
+}
+
+static void ev_del_write(void *d)
+{
+    ev_update(d, 0, UV_WRITABLE);
+}
+
+static void ev_closed(uv_handle_t *h)
+{
+    pc_free(h->data);
+}
+
+static void ev_cleanup(void *d)
+{
+    rc_ev_t *p = d;
+    p->ac = NULL;
+    uv_close((uv_handle_t *)&p->handle, ev_closed);
+}
+
+static int ev_attach(redisAsyncContext *ac, uv_loop_t *loop)
+{
+    if (ac->ev.data != NULL)
+        return REDIS_ERR;
+    rc_ev_t *p = pc_calloc(1, sizeof *p);
+    if (p == NULL)
+        return REDIS_ERR;
+    if (uv_poll_init(loop, &p->handle, ac->c.fd) != 0) {
+        pc_free(p);
+        return REDIS_ERR;
+    }
+    p->handle.data = p;
+    p->ac = ac;
+    ac->ev.addRead = ev_add_read;
+    ac->ev.delRead = ev_del_read;
+    ac->ev.addWrite = ev_add_write;
+    ac->ev.delWrite = ev_del_write;
+    ac->ev.cleanup = ev_cleanup;
+    ac->ev.data = p;
+    return REDIS_OK;
+}
+
+/* A sentinel side connection (wac, qac): NULL when it cannot even start (retried at the next
+ * check); its failures never touch the primary's connection. */
+static redisAsyncContext *open_side(bill_redis_t *c, const bill_redis_addr_t *a)
+{
+    redisAsyncContext *ac = redisAsyncConnect(a->host, a->port);
+    if (ac == NULL || ac->err) {
+        if (ac != NULL)
+            redisAsyncFree(ac);
+        return NULL;
+    }
+    ac->data = c;
+    if (ev_attach(ac, c->loop) != REDIS_OK) {
+        redisAsyncFree(ac);
+        return NULL;
+    }
+    redisAsyncSetConnectCallback(ac, on_ctx_connect);
+    redisAsyncSetDisconnectCallback(ac, on_ctx_disconnect);
+    return ac;
 }
 
 static redisAsyncContext *open_ctx(bill_redis_t *c, const bill_redis_addr_t *a)
@@ -363,7 +513,7 @@ static redisAsyncContext *open_ctx(bill_redis_t *c, const bill_redis_addr_t *a)
         return NULL;
     }
     ac->data = c;
-    if (redisLibuvAttach(ac, c->loop) != REDIS_OK) {
+    if (ev_attach(ac, c->loop) != REDIS_OK) {
         redisAsyncFree(ac);
         fail_soon(c, PC_ERR_NOMEM, "cannot attach to the loop");
         return NULL;
@@ -417,6 +567,10 @@ static void on_setup_reply(bill_redis_t *c, redisReply *r, int status, void *pri
     }
     c->st.primary = c->target;
     PC_LOG(PC_LOG_INFO, c->name, "connected to Redis %s:%d", c->target.host, c->target.port);
+    if (c->p.n_sentinels > 0) {
+        c->watch_idx = c->sentinel_idx;
+        watch_open(c);
+    }
     if (c->p.n_sentinels > 0 && c->p.role_check_ms > 0)
         uv_timer_start(&c->role_timer, on_role_timer, c->p.role_check_ms, c->p.role_check_ms);
     if (c->p.on_up != NULL)
@@ -496,6 +650,12 @@ static void start_attempt(bill_redis_t *c)
         connect_primary(c);
         return;
     }
+    if (c->hint.port != 0) { /* the sentinels just named it: straight there (ROLE checked) */
+        c->target = c->hint;
+        c->hint.port = 0;
+        connect_primary(c);
+        return;
+    }
     const bill_redis_addr_t *s = &c->sentinels[c->sentinel_idx];
     c->state = ST_SENTINEL;
     snprintf(c->target.host, sizeof c->target.host, "%s", s->host);
@@ -517,6 +677,146 @@ static void start_attempt(bill_redis_t *c)
         fail_soon(c, PC_ERR_UPSTREAM, "cannot ask sentinel");
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Following the sentinels while up: +switch-master and the periodic question
+ * ------------------------------------------------------------------------------------------- */
+
+/* Frees the side connections (their callbacks run with no reply: ignored). */
+static void watch_close(bill_redis_t *c)
+{
+    redisAsyncContext *w = c->wac, *q = c->qac;
+    c->wac = c->qac = NULL;
+    c->q_inflight = false;
+    if (w != NULL)
+        redisAsyncFree(w);
+    if (q != NULL)
+        redisAsyncFree(q);
+}
+
+/* A side connection failed (gone is the context hiredis is freeing itself, or NULL): both go,
+ * the next sentinel is watched from the next check on. */
+static void side_lost(bill_redis_t *c, const redisAsyncContext *gone, const char *why)
+{
+    if (gone == c->wac)
+        c->wac = NULL;
+    if (gone == c->qac)
+        c->qac = NULL;
+    PC_LOG(PC_LOG_INFO, c->name, "sentinel %s:%d (watching the primary): %s",
+           c->sentinels[c->watch_idx].host, c->sentinels[c->watch_idx].port, why);
+    watch_close(c);
+    c->watch_idx = (c->watch_idx + 1) % c->p.n_sentinels;
+}
+
+/* The sentinels name primary a (how: where we heard it). Another address than ours: leave now,
+ * the next attempt goes to a (still ROLE-checked). */
+static void switch_seen(bill_redis_t *c, const char *host, size_t host_len, long port,
+                        const char *how)
+{
+    if (c->state != ST_UP || host_len == 0 || host_len >= sizeof c->hint.host || port <= 0 ||
+        port > 65535)
+        return;
+    if (port == c->st.primary.port && strlen(c->st.primary.host) == host_len &&
+        memcmp(c->st.primary.host, host, host_len) == 0)
+        return;
+    memcpy(c->hint.host, host, host_len);
+    c->hint.host[host_len] = '\0';
+    c->hint.port = (int)port;
+    c->sentinel_idx = c->watch_idx; /* the sentinel that said so is asked first after */
+    fail_soon(c, PC_ERR_CLOSED, "the sentinels name another primary, %s:%d (%s)", c->hint.host,
+              c->hint.port, how);
+}
+
+/* SUBSCRIBE +switch-master: ["message", "+switch-master", "NAME OLDIP OLDPORT NEWIP NEWPORT"]. */
+static void on_switch_msg(redisAsyncContext *ac, void *reply, void *priv)
+{
+    bill_redis_t *c = priv;
+    redisReply *r = reply;
+    if (r == NULL || ac != c->wac || r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
+        r->element[0]->type != REDIS_REPLY_STRING || strcmp(r->element[0]->str, "message") != 0 ||
+        r->element[2]->type != REDIS_REPLY_STRING || r->element[2]->len > 1024)
+        return;
+    const char *f[5];
+    size_t fl[5];
+    const char *p = r->element[2]->str, *end = p + r->element[2]->len;
+    int n = 0;
+    while (n < 5 && p < end) {
+        const char *sp = memchr(p, ' ', (size_t)(end - p));
+        f[n] = p;
+        fl[n] = (size_t)((sp != NULL ? sp : end) - p);
+        n++;
+        p = sp != NULL ? sp + 1 : end;
+    }
+    if (n != 5 || p != end || fl[0] != strlen(c->master_name) ||
+        memcmp(f[0], c->master_name, fl[0]) != 0 || fl[4] == 0 || fl[4] > 5)
+        return;
+    char port[8];
+    memcpy(port, f[4], fl[4]);
+    port[fl[4]] = '\0';
+    char *pe;
+    long v = strtol(port, &pe, 10);
+    if (*pe == '\0')
+        switch_seen(c, f[3], fl[3], v, "+switch-master");
+}
+
+static void on_master_addr(redisAsyncContext *ac, void *reply, void *priv)
+{
+    bill_redis_t *c = priv;
+    redisReply *r = reply;
+    if (r == NULL || ac != c->qac)
+        return;
+    c->q_inflight = false;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[0]->type == REDIS_REPLY_STRING && r->element[1]->type == REDIS_REPLY_STRING &&
+        r->element[1]->len <= 5) {
+        char *pe;
+        long v = strtol(r->element[1]->str, &pe, 10);
+        if (*pe == '\0')
+            switch_seen(c, r->element[0]->str, r->element[0]->len, v,
+                        "SENTINEL get-master-addr-by-name");
+    }
+}
+
+static void on_side_auth(redisAsyncContext *ac, void *reply, void *priv)
+{
+    bill_redis_t *c = priv;
+    redisReply *r = reply;
+    if (r != NULL && (ac == c->wac || ac == c->qac) && r->type == REDIS_REPLY_ERROR)
+        side_lost(c, NULL, "AUTH refused");
+}
+
+/* Opens the side connections to sentinel watch_idx when they are not open (while up). */
+static void watch_open(bill_redis_t *c)
+{
+    if (c->p.n_sentinels == 0 || c->state != ST_UP || c->wac != NULL)
+        return;
+    const bill_redis_addr_t *a = &c->sentinels[c->watch_idx];
+    c->wac = open_side(c, a);
+    c->qac = c->wac != NULL ? open_side(c, a) : NULL;
+    if (c->qac == NULL) {
+        side_lost(c, NULL, "cannot connect");
+        return;
+    }
+    for (int i = 0; i < 2 && c->sentinel_password != NULL; i++)
+        redisAsyncCommand(i == 0 ? c->wac : c->qac, on_side_auth, c, "AUTH %s",
+                          c->sentinel_password);
+    if (redisAsyncCommand(c->wac, on_switch_msg, c, "SUBSCRIBE %s", "+switch-master") != REDIS_OK)
+        side_lost(c, NULL, "cannot subscribe");
+}
+
+/* The periodic question: a question unanswered since the last check means a stuck sentinel. */
+static void watch_check(bill_redis_t *c)
+{
+    if (c->p.n_sentinels == 0)
+        return;
+    if (c->q_inflight)
+        side_lost(c, NULL, "no answer within a check period");
+    watch_open(c);
+    if (c->qac != NULL &&
+        redisAsyncCommand(c->qac, on_master_addr, c, "SENTINEL get-master-addr-by-name %s",
+                          c->master_name) == REDIS_OK)
+        c->q_inflight = true;
+}
+
 static void on_role_check(bill_redis_t *c, redisReply *r, int status, void *priv)
 {
     (void)priv;
@@ -536,6 +836,7 @@ static void on_role_timer(uv_timer_t *t)
     const char *av[1] = {"ROLE"};
     size_t al[1] = {4};
     send_on(c, c->ac, 0, on_role_check, NULL, 1, av, al);
+    watch_check(c);
 }
 
 void bill_redis_reconnect(bill_redis_t *c, const char *reason)
@@ -635,6 +936,7 @@ void bill_redis_stop(bill_redis_t *c, void (*on_closed)(void *ud), void *ud)
     c->state = ST_STOPPED;
     c->on_closed = on_closed;
     c->closed_ud = ud;
+    watch_close(c);
     free_ctx(c, &c->sac, PC_ERR_CANCELED);
     free_ctx(c, &c->ac, PC_ERR_CANCELED);
     uv_close((uv_handle_t *)&c->retry_timer, on_handle_closed);

@@ -11,13 +11,23 @@
  * Without sentinels the address is used as is and ROLE is not asked.
  *
  * When the connection is given up and made again (the async manager):
- *   - the connection is lost or refused, or a connect does not finish within timeout_ms;
+ *   - the connection is lost (closed or reset) or refused: seen at once, idle or not (a socket
+ *     error event is handled, not left to a deadline), or a connect does not finish within
+ *     timeout_ms;
  *   - a command has waited for its reply longer than its deadline (timeout_ms, or the deadline
  *     passed to bill_redis_send: a blocking XREAD passes its block time plus timeout_ms);
  *   - a reply is an error that says this server cannot take writes now: READONLY, LOADING,
  *     MASTERDOWN (the caller still receives that error reply first);
  *   - with sentinels, the periodic ROLE check (every role_check_ms, default 1 s) answers
- *     anything but "master": the primary was demoted by a failover.
+ *     anything but "master": the primary was demoted by a failover;
+ *   - with sentinels, the sentinels name another primary than ours: while up, the manager keeps
+ *     a subscription to `+switch-master` on one sentinel and asks that sentinel `SENTINEL
+ *     get-master-addr-by-name` at each ROLE check (a failed or silent sentinel is replaced by the
+ *     next one). A failover is followed the moment the sentinels promote the new primary, not
+ *     when they demote the old one (up to ~10 s later: their INFO period), which would keep
+ *     taking writes meanwhile that its resync then throws away. The next attempt goes straight
+ *     to the named primary (ROLE still checked), then through the sentinels as usual. With
+ *     sentinels each manager holds two more connections (to one sentinel) while up.
  * Reconnects back off from retry_min_ms, doubling to retry_max_ms, reset by a successful connect.
  * A connect whose primary address differs from the previous connection's counts as a failover
  * (bill_redis_stats_t.n_failovers).

@@ -19,22 +19,31 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* KEYS: stream, cursor, usage hash, usage key set. ARGV: seq, number of stream field pairs, the
- * pairs, then counter field/increment pairs. Returns 1 when applied, 0 when already shipped. */
+/* KEYS: stream, cursor, usage hash, usage key set. ARGV: "seq ledger_id", number of stream field
+ * pairs, the pairs, then counter field/increment pairs. The cursor is "seq ledger_id" ("seq" alone
+ * when written before ledger ids: bound to the first ledger that ships on it). Returns 1 when
+ * applied, 0 when already shipped; the error KVGWLEDGER when the cursor belongs to another
+ * ledger (nothing changed). */
 static const char ship_script[] =
-    "local cur = tonumber(redis.call('GET', KEYS[2]) or '0')\n"
-    "local seq = tonumber(ARGV[1])\n"
+    "local cs, cid = string.match(redis.call('GET', KEYS[2]) or '0', '^(%d+) ?(%x*)$')\n"
+    "local ss, lid = string.match(ARGV[1], '^(%d+) (%x+)$')\n"
+    "if not cs or not ss then return redis.error_reply('KVGWCURSOR malformed cursor') end\n"
+    "if cid ~= '' and cid ~= lid then\n"
+    "  return redis.error_reply('KVGWLEDGER cursor ' .. cs .. ' of ledger ' .. cid)\n"
+    "end\n"
+    "local cur = tonumber(cs)\n"
+    "local seq = tonumber(ss)\n"
     "if seq <= cur then return 0 end\n"
     "if seq ~= cur + 1 then\n"
     "  return redis.error_reply('KVGWGAP cursor ' .. cur .. ' but record ' .. seq)\n"
     "end\n"
     "local n = tonumber(ARGV[2])\n"
-    "local xa = {'XADD', KEYS[1], ARGV[1] .. '-0'}\n"
+    "local xa = {'XADD', KEYS[1], ss .. '-0'}\n"
     "for i = 3, 2 + 2 * n do xa[#xa + 1] = ARGV[i] end\n"
     "redis.call(unpack(xa))\n"
     "for j = 3 + 2 * n, #ARGV, 2 do redis.call('HINCRBY', KEYS[3], ARGV[j], ARGV[j + 1]) end\n"
     "redis.call('SADD', KEYS[4], KEYS[3])\n"
-    "redis.call('SET', KEYS[2], ARGV[1])\n"
+    "redis.call('SET', KEYS[2], ss .. ' ' .. lid)\n"
     "return 1\n";
 
 bill_shipper_params_t bill_shipper_params_default(void)
@@ -56,11 +65,13 @@ struct bill_shipper {
     bill_shipper_params_t p;
     char *dir;
     char instance[BILL_STR_MAX];
+    char ledger_id[BILL_LEDGER_ID_LEN + 1];
     char stream_key[256], cursor_key[256], keys_key[256], usage_prefix[256], gws_key[256];
 
     bill_redis_t *rc; /* the connection (redisconn.h): reconnects, deadlines, Sentinel */
     bool ready;       /* connected, script loaded, listed in PREFIX:gws, cursor known */
     bool listed;      /* this connection's SADD PREFIX:gws was answered */
+    bool refused;     /* the cursor is another ledger's: re-read every retry_max_ms, never ship */
     char sha[48];
     uint64_t cursor; /* confirmed by Redis */
 
@@ -96,9 +107,19 @@ static void schedule(bill_shipper_t *s, uint32_t ms)
         uv_timer_start(&s->timer, on_timer, ms, 0);
 }
 
+static void on_cursor(bill_redis_t *rc, redisReply *r, int status, void *priv);
+
 static void on_timer(uv_timer_t *t)
 {
-    pump(t->data);
+    bill_shipper_t *s = t->data;
+    if (s->refused) { /* read the cursor again: an operator may have resolved it */
+        const char *av[2] = {"GET", s->cursor_key};
+        size_t al[2] = {3, strlen(s->cursor_key)};
+        if (bill_redis_send(s->rc, 0, on_cursor, s, 2, av, al) != 0)
+            schedule(s, s->p.retry_max_ms);
+        return;
+    }
+    pump(s);
 }
 
 /* Something is wrong with what Redis answered: drop the connection; the reconnect re-reads the
@@ -167,11 +188,14 @@ static void on_cursor(bill_redis_t *rc, redisReply *r, int status, void *priv)
         return;
     }
     uint64_t v = 0;
+    const char *owner = NULL; /* the cursor's ledger id; NULL: none (written before ids) */
     if (r->type == REDIS_REPLY_STRING) {
         char *end;
         v = strtoull(r->str, &end, 10);
-        if (*end != '\0') {
-            PC_LOG(PC_LOG_ERROR, "shipper", "bad cursor '%s' in %s", r->str, s->cursor_key);
+        if (*end == ' ' && strlen(end + 1) == BILL_LEDGER_ID_LEN)
+            owner = end + 1;
+        else if (*end != '\0' || r->str[0] < '0' || r->str[0] > '9') {
+            PC_LOG(PC_LOG_ERROR, "shipper", "bad cursor '%.100s' in %s", r->str, s->cursor_key);
             fail_conn(s, "a bad cursor");
             return;
         }
@@ -180,6 +204,31 @@ static void on_cursor(bill_redis_t *rc, redisReply *r, int status, void *priv)
         fail_conn(s, "no script sha");
         return;
     }
+    /* The cursor must be this ledger's: another ledger's (a gateway replaced on a fresh disk
+     * under the same instance id) would make us skip our first records, or ship them over the
+     * old ones. One beyond our durable end cannot be ours either (or the ledger lost records). */
+    uint64_t end_seq = s->p.durable_seq != NULL ? s->p.durable_seq(s->p.durable_ud) : UINT64_MAX;
+    bool other = owner != NULL && strcmp(owner, s->ledger_id) != 0;
+    if (other || v > end_seq) {
+        if (!s->refused)
+            PC_LOG(PC_LOG_ERROR, "shipper",
+                   "refusing to ship %s: %s is %s, but this ledger (%s, LEDGER_ID %s) %s; nothing "
+                   "is shipped until that is resolved: give this gateway a new "
+                   "billing.instance_id (a fresh ledger needs its own), or, if this is the "
+                   "same ledger restored, check it and its stream in Redis",
+                   s->instance, s->cursor_key, r->str, s->dir, s->ledger_id,
+                   other ? "is not the ledger that shipped to it"
+                         : "ends before it (records lost, or another ledger's cursor)");
+        s->refused = true;
+        s->st.refused = true;
+        s->st.connected = true;
+        schedule(s, s->p.retry_max_ms);
+        return;
+    }
+    if (s->refused)
+        PC_LOG(PC_LOG_INFO, "shipper", "%s is this ledger's again: shipping", s->cursor_key);
+    s->refused = false;
+    s->st.refused = false;
     s->cursor = v;
     s->st.shipped_seq = v;
     s->ready = true;
@@ -284,7 +333,9 @@ static void send_event(bill_shipper_t *s, const bill_event_t *ev, uint64_t seq)
     ARG(s->keys_key);
     for (int b = 0; b < BILL_BUCKET_COUNT; b++)
         snprintf(cost_names[b], sizeof cost_names[b], "cost_%s_nusd", bill_bucket_name(b));
-    NUM(seq);
+    char seq_id[24 + BILL_LEDGER_ID_LEN];
+    snprintf(seq_id, sizeof seq_id, "%" PRIu64 " %s", seq, s->ledger_id);
+    ARG(seq_id);
     NUM(14 + 2 * BILL_BUCKET_COUNT + 1);
     ARG("event_id");
     ARG(ev->event_id);
@@ -478,6 +529,11 @@ int bill_shipper_start(uv_loop_t *loop, const bill_shipper_params_t *p, bill_shi
                                "shipper: no INSTANCE in %s (open the ledger first)", p->ledger_dir);
         }
         memcpy(s->instance, inst, sizeof s->instance);
+    }
+    if (bill_ledger_read_id(p->ledger_dir, s->ledger_id) != 0) {
+        shipper_free(s);
+        return pc_err_setf(err, err_len, PC_ERR_NOTFOUND,
+                           "shipper: no LEDGER_ID in %s (open the ledger first)", p->ledger_dir);
     }
     const char *prefix = p->prefix != NULL ? p->prefix : "kvgw";
     snprintf(s->stream_key, sizeof s->stream_key, "%s:ledger:%s", prefix, s->instance);

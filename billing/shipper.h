@@ -20,7 +20,10 @@
  *                                    (none|shared|local), ns, hit_logical, hit_physical and
  *                                    cost_<bucket>_nusd for each bucket (entries shipped by
  *                                    kvgw before the registry field lack these last ones)
- *   PREFIX:cursor:INSTANCE           string: the last seq shipped
+ *   PREFIX:cursor:INSTANCE           string: "SEQ LEDGER_ID", the last seq shipped and the
+ *                                    ledger it came from (ledger.h's LEDGER_ID); "SEQ" alone
+ *                                    from before ledger ids (bound to the first ledger that
+ *                                    ships on it)
  *   PREFIX:usage:TENANT:YYYY-MM-DD   hash: events, cost_nusd, <bucket> (quantity) and
  *                                    cost_<bucket>_nusd for each of the six buckets
  *   PREFIX:usage_keys                set of every usage hash key written
@@ -80,6 +83,11 @@ typedef struct bill_shipper_stats {
     uint64_t n_errors; /* connection errors and error replies */
     uint64_t n_connects;
     bool connected;
+    /* The cursor in Redis belongs to another ledger (its LEDGER_ID differs: a gateway replaced on
+     * a fresh disk under the same instance id), or is beyond this ledger's durable end: nothing
+     * is shipped (never a record skipped or shipped twice), an error is logged, and the cursor is
+     * read again every retry_max_ms. The operator gives the gateway a new billing.instance_id. */
+    bool refused;
 } bill_shipper_stats_t;
 
 /* Starts shipping on loop (the caller's thread must be the loop's). Strings are copied. Returns

@@ -125,6 +125,7 @@ int gw_config_default(gw_config_t *c)
     c->registry_lease_ms = 10000;
     c->registry_feed_maxlen = 100000;
     c->registry_replay_max = 65536;
+    c->registry_failover_replay_ms = 30000;
     c->access_log = pc_strdup("-");
     c->log_level = pc_strdup("info");
     c->metrics_require_key = true;
@@ -960,6 +961,8 @@ static int registry_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
         return get_u32(w, v, 1000, 100000000, &c->registry_feed_maxlen);
     if (strcmp(k, "replay_max") == 0)
         return get_u32(w, v, 0, 10000000, &c->registry_replay_max);
+    if (strcmp(k, "failover_replay") == 0)
+        return get_ms(w, v, 0, 600000, &c->registry_failover_replay_ms);
     return unknown(w, v);
 }
 
@@ -1403,9 +1406,11 @@ int gw_config_print(const gw_config_t *c, pc_buf_t *o)
     if (rc == 0 && c->registry_enabled)
         rc = pc_buf_printf(o,
                            "registry:\n  enabled: true\n  timeout: %ums\n  claim_ttl: %ums\n"
-                           "  lease: %ums\n  feed_maxlen: %u\n  replay_max: %u\n",
+                           "  lease: %ums\n  feed_maxlen: %u\n  replay_max: %u\n"
+                           "  failover_replay: %ums\n",
                            c->registry_timeout_ms, c->registry_claim_ttl_ms, c->registry_lease_ms,
-                           c->registry_feed_maxlen, c->registry_replay_max);
+                           c->registry_feed_maxlen, c->registry_replay_max,
+                           c->registry_failover_replay_ms);
     else if (rc == 0)
         rc = pc_buf_append_cstr(o, "registry: null\n");
     if (rc == 0)

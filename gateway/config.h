@@ -163,6 +163,8 @@ typedef struct gw_config {
     uint32_t registry_lease_ms;     /* the registration's and the storage meter's lease */
     uint32_t registry_feed_maxlen;  /* the change feed's approximate length (XADD MAXLEN ~) */
     uint32_t registry_replay_max;   /* commits/reads kept while Redis is down, replayed after */
+    uint32_t registry_failover_replay_ms; /* commits/reads sent this recently are sent again to
+                                             a new primary after a failover (0: off) */
 
     /* logs */
     char *access_log; /* "-" stdout, "off", or a file path */

@@ -120,6 +120,11 @@ void gw__obs_setup_metrics(serve_t *s)
     }
     s->m_ship_lag = gw_metrics_gauge(s->m, "kvgw_billing_shipper_lag_events",
                                      "Durable ledger records not yet shipped to Redis.", 0, NULL);
+    s->m_ship_refused = gw_metrics_gauge(
+        s->m, "kvgw_billing_shipper_refused",
+        "1 when the shipper refuses to ship: the Redis cursor of this instance id belongs to "
+        "another ledger (a new billing.instance_id is needed).",
+        0, NULL);
     /* KV tiers (issue 21): G2 host memory, G3 local disk, per worker. */
     const char *wt[] = {"worker", "tier"}, *ws[] = {"worker", "source"};
     s->m_tier_max_bytes = gw_metrics_gauge(s->m, "kvgw_worker_tier_max_bytes",
@@ -186,7 +191,8 @@ void gw__obs_setup_metrics(serve_t *s)
                                          "(timeout, error, fenced).",
                                          2, opk);
     s->m_reg_feed = gw_metrics_counter(s->m, "kvgw_registry_feed_events_total",
-                                       "Change feed events by type (w: written, r: read) and "
+                                       "Change feed events by type (w: written, r: read, "
+                                       "unknown: rejected before its type was read) and "
                                        "result (applied, skipped: our own, rejected).",
                                        2, tr);
     s->m_reg_feed_lag =
@@ -302,6 +308,10 @@ static void update_registry(serve_t *s)
             const char *lv[] = {feed_t[t], feed_r[r]};
             add_growth(s->m_reg_feed, lv, st.feed[t][r], seen->feed[t][r], 1);
         }
+    /* Entries rejected before their type was known (no or a bad t, a duplicated field, a bad
+     * stream id): type "unknown". */
+    const char *unknown[] = {"unknown", "rejected"};
+    add_growth(s->m_reg_feed, unknown, st.feed_rejected_other, seen->feed_rejected_other, 1);
     uint64_t wall = pc_time_wall_ms();
     gw_metric_set(s->m_reg_feed_lag, NULL,
                   st.feed_last_event_wall_ms != 0 && wall > st.feed_last_event_wall_ms
@@ -356,6 +366,7 @@ void gw__obs_update_gauges(serve_t *s)
         uint64_t durable = bill_ledger_durable_seq(s->ledger);
         gw_metric_set(s->m_ship_lag, NULL,
                       durable > ss.shipped_seq ? (double)(durable - ss.shipped_seq) : 0);
+        gw_metric_set(s->m_ship_refused, NULL, ss.refused ? 1 : 0);
     }
 }
 

@@ -239,6 +239,7 @@ typedef struct qop {
     bool sent;
     bool waited; /* queued while not UP: its success counts as replayed */
     uint64_t sent_ns;
+    uint64_t done_at; /* in the recent list: when Redis acknowledged it (uv_now) */
     size_t bytes;
     int argc;
     const char **argv; /* [argc] from argv[2] of the EVALSHA: the keys count, keys, args */
@@ -283,6 +284,11 @@ struct gw_registry {
     qop_t q;
     uint64_t q_n, q_bytes;
     uint32_t q_inflight;
+    /* Commits and reads acknowledged in the last failover_replay_ms (oldest first), sent again
+     * to a new primary after a failover (seen as a change of the connection's n_failovers). */
+    qop_t recent;
+    uint64_t rec_n, rec_bytes;
+    uint64_t seen_failovers;
 
     /* Meter lease: held until this uv_now (0: not held). */
     uint64_t meter_until;
@@ -317,6 +323,7 @@ gw_registry_params_t gw_registry_params_default(void)
         .feed_maxlen = 100000,
         .replay_max = 65536,
         .replay_max_bytes = 64ull << 20,
+        .failover_replay_ms = 30000,
         .max_event_tokens = 1u << 20,
         .feed_count = 256,
         .feed_block_ms = 1000,
@@ -633,6 +640,82 @@ static void q_drop_oldest_unsent(gw_registry_t *r)
         }
 }
 
+/* The recent list: acknowledged commits and reads, dropped once older than failover_replay_ms or
+ * beyond replay_max / replay_max_bytes (the oldest first). */
+static void recent_unlink(gw_registry_t *r, qop_t *o)
+{
+    o->prev->next = o->next;
+    o->next->prev = o->prev;
+    r->rec_n--;
+    r->rec_bytes -= o->bytes;
+}
+
+static void recent_prune(gw_registry_t *r)
+{
+    uint64_t now = now_ms(r);
+    while (r->recent.next != &r->recent) {
+        qop_t *o = r->recent.next;
+        if (now - o->done_at < r->p.failover_replay_ms && r->rec_n <= r->p.replay_max &&
+            r->rec_bytes <= r->p.replay_max_bytes)
+            break;
+        recent_unlink(r, o);
+        pc_free(o);
+    }
+}
+
+static void keep_recent(gw_registry_t *r, qop_t *o)
+{
+    if (r->p.failover_replay_ms == 0 ||
+        (o->kind != GW_REGISTRY_OP_COMMIT && o->kind != GW_REGISTRY_OP_READ)) {
+        pc_free(o);
+        return;
+    }
+    o->done_at = now_ms(r);
+    o->prev = r->recent.prev;
+    o->next = &r->recent;
+    r->recent.prev->next = o;
+    r->recent.prev = o;
+    r->rec_n++;
+    r->rec_bytes += o->bytes;
+    recent_prune(r);
+}
+
+/* After a failover: what the old primary acknowledged lately may be lost with it (not yet
+ * replicated when the sentinels promoted the new one). The recent ops go back in front of the
+ * queue, oldest first, and are sent once registered there; they are idempotent (max expiries,
+ * fence-checked deletes; a t=w or t=r event twice changes no replica). What does not fit the
+ * queue's bounds is dropped (counted), the oldest first. */
+static void resend_recent(gw_registry_t *r)
+{
+    recent_prune(r);
+    uint64_t n = 0;
+    while (r->recent.prev != &r->recent) {
+        qop_t *o = r->recent.prev; /* the newest first, each in front of the previous */
+        recent_unlink(r, o);
+        if (r->q_n + 1 > r->p.replay_max || r->q_bytes + o->bytes > r->p.replay_max_bytes) {
+            pc_free(o);
+            r->st.replay_dropped++;
+            continue;
+        }
+        o->sent = false;
+        o->waited = true;
+        o->prev = &r->q;
+        o->next = r->q.next;
+        r->q.next->prev = o;
+        r->q.next = o;
+        r->q_n++;
+        r->q_bytes += o->bytes;
+        n++;
+    }
+    r->st.failover_resent += n;
+    if (n > 0)
+        PC_LOG(PC_LOG_WARN, "registry",
+               "Redis primary changed: sending again the %" PRIu64
+               " commits and reads of the last %" PRIu64 " ms (the old primary may have lost "
+               "them)",
+               n, r->p.failover_replay_ms);
+}
+
 static void on_qop_reply(bill_redis_t *c, redisReply *rp, int status, void *priv)
 {
     qop_t *o = priv;
@@ -672,7 +755,7 @@ static void on_qop_reply(bill_redis_t *c, redisReply *rp, int status, void *priv
         r->st.replayed++;
     report_op(r, o->kind, secs_since(o->sent_ns));
     q_unlink(r, o);
-    pc_free(o);
+    keep_recent(r, o);
     pump_queue(r);
 }
 
@@ -1346,6 +1429,12 @@ static void on_load_reply(bill_redis_t *c, redisReply *rp, int status, void *pri
 static void on_main_up(bill_redis_t *c, void *ud)
 {
     gw_registry_t *r = ud;
+    bill_redis_stats_t rs;
+    bill_redis_stats(c, &rs);
+    if (rs.n_failovers != r->seen_failovers) {
+        r->seen_failovers = rs.n_failovers;
+        resend_recent(r);
+    }
     r->scripts_ok = false;
     r->lease_inflight = false;
     r->scripts_pending = SC_COUNT;
@@ -1832,6 +1921,11 @@ static int start_checks(gw_registry_t *r, redisContext *ctx, char *err, size_t e
 static void registry_free(gw_registry_t *r)
 {
     pc_free(r->settings_blob);
+    while (r->recent.next != NULL && r->recent.next != &r->recent) {
+        qop_t *o = r->recent.next;
+        recent_unlink(r, o);
+        pc_free(o);
+    }
     pc_free(r->sentinels);
     pc_free(r->master_name);
     pc_free(r->password);
@@ -1954,6 +2048,7 @@ int gw_registry_start(uv_loop_t *loop, const gw_registry_params_t *p, gw_registr
     snprintf(r->ttl_str[1], sizeof r->ttl_str[1], "%" PRIu64, p->ttl_ms[1]);
     r->waiting.prev = r->waiting.next = &r->waiting;
     r->q.prev = r->q.next = &r->q;
+    r->recent.prev = r->recent.next = &r->recent;
 
     /* The blocking step. */
     redisContext *ctx = NULL;

@@ -78,6 +78,9 @@
  * replay_max_bytes (the oldest dropped and counted). While UP the queue drains at once (a few
  * ops pipelined); an op leaves it when Redis answered it (a lost reply resends it: idempotent).
  * While DOWN or FENCED it waits and is replayed in order after the next registration.
+ * Failover: commits and reads that Redis acknowledged in the last failover_replay_ms are kept
+ * (bounded like the queue) and go back in front of the queue when the main connection comes up
+ * on another primary: what the old primary accepted and never replicated is restored.
  *
  * Feed. A second connection reads PREFIX:feed with XREAD BLOCK (COUNT feed_count), each XREAD
  * preceded on the same connection by XINFO STREAM so that entries trimmed before we read them
@@ -220,7 +223,12 @@ typedef struct gw_registry_params {
     uint64_t feed_maxlen;      /* XADD MAXLEN ~, default 100000 */
     uint32_t replay_max;       /* queued commits/reads/releases, default 65536 */
     uint64_t replay_max_bytes; /* and their bytes, default 64 MiB */
-    uint32_t max_event_tokens; /* tokens in a call or a feed event, default 1 << 20 */
+    /* Commits and reads acknowledged this recently (bounded by replay_max and replay_max_bytes
+     * too) are sent again to a new primary after a Sentinel failover; default 30000, 0: off. */
+    uint64_t failover_replay_ms;
+    uint32_t max_event_tokens; /* tokens in a call or a feed event, default 1 << 20; serve
+                                  passes its models' largest context (a longer prompt is
+                                  refused), so one XREAD buffers at most feed_count x that */
     uint32_t feed_count;       /* XREAD COUNT, default 256 */
     uint32_t feed_block_ms;    /* XREAD BLOCK, default 1000 */
     uint64_t ttl_ms[2];        /* TTL of each class (the cindex's), default 300000, 3600000 */
@@ -356,13 +364,15 @@ typedef struct gw_registry_stats {
     uint64_t ops[GW_REGISTRY_OPS]; /* ops answered by Redis */
     uint64_t errors[GW_REGISTRY_OPS][GW_REGISTRY_ERR_KINDS];
     uint64_t feed[2][3];              /* [w, r][applied, skipped (own origin), rejected] */
-    uint64_t feed_rejected_other;     /* entries without a valid t (neither w nor r) */
+    uint64_t feed_rejected_other;     /* rejected before the type was known (no valid t, a
+                                         duplicated field, a bad id): type="unknown" */
     uint64_t feed_last_event_wall_ms; /* the last applied event's stream time; 0: none */
     uint64_t feed_gaps;               /* trims past our last id */
     uint64_t replay_pending;          /* queued ops (not yet answered) */
     uint64_t replay_bytes;
     uint64_t replay_dropped;  /* dropped for the bounds, or at stop */
     uint64_t replayed;        /* ops sent after having waited through DOWN/FENCED */
+    uint64_t failover_resent; /* recent commits/reads sent again after a failover */
     uint64_t late_releases;   /* claims won after their deadline or cancel, released */
     uint64_t failovers;       /* primary changes (redisconn n_failovers, both connections) */
     uint64_t n_registrations; /* successful registrations (first and after a fence) */

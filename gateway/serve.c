@@ -531,6 +531,15 @@ static int start_registry(serve_t *s)
     rp.lease_ms = s->cfg.registry_lease_ms;
     rp.feed_maxlen = s->cfg.registry_feed_maxlen;
     rp.replay_max = s->cfg.registry_replay_max;
+    rp.failover_replay_ms = s->cfg.registry_failover_replay_ms;
+    /* No prompt here is longer than the largest context of the models (longer ones are refused
+     * before a plan), so neither is a call nor an accepted feed event: one XREAD then buffers at
+     * most feed_count x that many tokens. A model whose context is unknown keeps the default. */
+    uint32_t max_ctx = 0;
+    for (size_t i = 0; i < s->n_models && (i == 0 || max_ctx > 0); i++)
+        max_ctx = s->models[i].n_ctx == 0 ? 0 : PC_MAX(max_ctx, s->models[i].n_ctx);
+    if (max_ctx > 0 && max_ctx < rp.max_event_tokens)
+        rp.max_event_tokens = max_ctx;
     rp.ttl_ms[GW_CINDEX_TTL_5M] = s->cfg.ttl_5m_ms;
     rp.ttl_ms[GW_CINDEX_TTL_1H] = s->cfg.ttl_1h_ms;
     rp.settings = settings.set;

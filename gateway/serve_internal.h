@@ -111,7 +111,7 @@ typedef struct serve {
     gw_metric_t *m_requests, *m_duration, *m_ttft, *m_tokens, *m_hit_tokens, *m_lookups;
     gw_metric_t *m_entries, *m_entry_tokens, *m_expired, *m_worker_up, *m_worker_queue,
         *m_worker_free, *m_worker_kv_tokens, *m_worker_kv_dtype, *m_routes, *m_billing, *m_inflight,
-        *m_build, *m_ship_lag;
+        *m_build, *m_ship_lag, *m_ship_refused;
     gw_metric_t *m_internal_errors, *m_namespaces;
     gw_metric_t *m_tenant_tokens; /* metrics.per_tenant only: bounded by the configured tenants */
     /* KV tiers per worker and tier (observe.c): gauges from the latest LOAD, counters fed by

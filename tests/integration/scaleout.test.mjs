@@ -243,9 +243,9 @@ test('malformed change-feed events are rejected and counted by every gateway, th
   const ns = '0123456789abcdef';
   const tok = (n) => Buffer.alloc(4 * n, 1); // token id 0x01010101: the checks come first
   const w = (fields) => ['t', 'w', 'o', 'gw-evil', 'ns', ns, 'st', '1', 'wk', 'w-evil', ...fields];
-  // Each with a valid type, so that it is counted under kvgw_registry_feed_events_total's type
-  // label (an entry rejected before its type is read, e.g. a duplicated field, is counted only
-  // internally: reported). tok goes last, as redis-cli -x's stdin (no argument size limit).
+  // Counted under kvgw_registry_feed_events_total's type label; an entry rejected before its
+  // type is read (a duplicated field) under type="unknown". tok goes last, as redis-cli -x's
+  // stdin (no argument size limit).
   const bad = [
     [...w(['pts', '16:0:1'])].map((x) => (x === ns ? 'not-hex-at-all!!' : x)), // ns not hex
     [...w(['pts', '16:0:1'])], // tok of 3 bytes (below)
@@ -256,8 +256,11 @@ test('malformed change-feed events are rejected and counted by every gateway, th
     [...w(['pts', `${(1 << 20) + 1}:0:1`])], // over max_event_tokens (4 MiB of tokens)
     ['t', 'r', 'o', 'gw-evil', 'ns', ns, 'n', '15', 'now', '1'], // n is not the token count
     ['t', 'r', 'o', 'gw-evil', 'ns', ns, 'n', '16'], // no now
+    ['t', 'w', 'o', 'gw-evil', 'ns', ns, 'ns', ns, 'st', '1', 'wk', 'w-evil', 'pts', '16:0:1'], // ns twice
+    ['t', 'r', 'o', 'gw-evil', 'ns', ns, 'n', '8193', 'now', '1'], // valid tokens, beyond the model's 8192 context
   ];
-  const toks = [tok(16), Buffer.alloc(3), tok(16), tok(16), tok(16), tok(16), tok((1 << 20) + 1), tok(16), tok(16)];
+  const ones = (n) => { const b = Buffer.alloc(4 * n); for (let i = 0; i < n; i++) b[4 * i] = 1; return b; }; // token id 1
+  const toks = [tok(16), Buffer.alloc(3), tok(16), tok(16), tok(16), tok(16), tok((1 << 20) + 1), tok(16), tok(16), tok(16), ones(8193)];
   const rejected = async (g) => {
     let n = 0;
     for (const l of (await metrics(g)).text.split('\n')) if (/^kvgw_registry_feed_events_total\{.*result="rejected"/.test(l)) n += Number(l.split(' ').pop());
@@ -273,6 +276,7 @@ test('malformed change-feed events are rejected and counted by every gateway, th
   for (const [k, g] of [A, B, C].entries()) {
     await waitFor(`${g.name} to reject the ${bad.length} events`, async () => (await rejected(g)) - before[k] >= bad.length, { timeoutMs: 30000, stepMs: 100 });
     assert.equal((await rejected(g)) - before[k], bad.length, `${g.name}: each malformed event rejected once`);
+    assert.ok((await metrics(g)).value('kvgw_registry_feed_events_total{type="unknown",result="rejected"}') >= 1, `${g.name}: the duplicated field counted as type unknown`);
   }
   // Still serving, and the feed still applies A's writes on B and C.
   const appliedBefore = await Promise.all([B, C].map(applied));

@@ -199,4 +199,156 @@ PC_TEST(async_deadline_down_up)
     rt_stop(&s, SIGKILL);
 }
 
+/* A refused connect and a reset connection are seen at once, never by a deadline (timeout_ms is
+ * far longer than the waits' caps): libuv reports both as an error event, which hiredis's own
+ * libuv adapter ignored. The reset: a server frozen with our commands unread in its socket,
+ * then killed. */
+static bool stats_errors_at_least(bill_redis_t *c, uint64_t n, uint64_t cap_ms, uv_loop_t *loop)
+{
+    uint64_t end = pc_time_mono_ms() + cap_ms;
+    bill_redis_stats_t st;
+    for (;;) {
+        bill_redis_stats(c, &st);
+        if (st.n_errors >= n || pc_time_mono_ms() > end)
+            return st.n_errors >= n;
+        uv_run(loop, UV_RUN_NOWAIT);
+        usleep(500);
+    }
+}
+
+PC_TEST(refused_and_reset_seen_at_once)
+{
+    if (!rt_installed())
+        PC_SKIP("redis-server not installed");
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ctx_t x = {0};
+    bill_redis_params_t p = bill_redis_params_default();
+    p.address.port = rt_free_port(); /* nobody listens */
+    p.timeout_ms = 120000;
+    p.retry_min_ms = 10;
+    p.retry_max_ms = 20;
+    p.on_up = on_up;
+    p.on_down = on_down;
+    p.ud = &x;
+    char err[256];
+    bill_redis_t *c;
+    ASSERT_EQ(bill_redis_start(&loop, &p, &c, err, sizeof err), 0);
+    ASSERT_TRUE(stats_errors_at_least(c, 3, 30000, &loop)); /* three refused attempts */
+    bill_redis_stats_t st;
+    bill_redis_stats(c, &st);
+    ASSERT_EQ_U64(st.n_timeouts, 0);
+    int closed = 0;
+    bill_redis_stop(c, on_closed, &closed);
+    spin(&loop, &closed, 1, 5000);
+
+    rt_server_t s = {0};
+    ASSERT_EQ(rt_start(&s, "reset", NULL), 0);
+    p.address.port = s.port;
+    ASSERT_EQ(bill_redis_start(&loop, &p, &c, err, sizeof err), 0);
+    spin(&loop, &x.n_up, 1, 10000);
+    ASSERT_EQ(x.n_up, 1);
+    rt_stop(&s, SIGSTOP);
+    for (int i = 0; i < 3; i++)
+        ASSERT_EQ(send_incr(c, &x), 0);
+    for (int i = 0; i < 20; i++) { /* the commands leave for the frozen server's socket */
+        uv_run(&loop, UV_RUN_NOWAIT);
+        usleep(5000);
+    }
+    rt_stop(&s, SIGKILL);
+    spin(&loop, &x.n_done, 3, 30000);
+    ASSERT_EQ(x.n_done, 3);
+    ASSERT_EQ(x.last_status, PC_ERR_CLOSED);
+    spin(&loop, &x.n_down, 1, 5000);
+    ASSERT_EQ(x.n_down, 1);
+    bill_redis_stats(c, &st);
+    ASSERT_EQ_U64(st.n_timeouts, 0);
+    closed = 0;
+    bill_redis_stop(c, on_closed, &closed);
+    spin(&loop, &closed, 1, 5000);
+    ASSERT_EQ(uv_loop_close(&loop), 0);
+}
+
+/* With Sentinel: the connection follows SENTINEL FAILOVER as soon as the sentinels name the new
+ * primary (their +switch-master), without waiting for the old primary to be demoted and with no
+ * command of ours failing first: ROLE checks are off here and nothing is sent, so before this
+ * only a lost connection could have moved it. */
+PC_TEST(sentinel_switch_followed_at_once)
+{
+    if (!rt_installed() || access(RT_SENTINEL_BIN, X_OK) != 0)
+        PC_SKIP("redis-server / redis-sentinel not installed");
+    rt_server_t pr = {0}, rep = {0}, sen = {0};
+    ASSERT_EQ(rt_start(&pr, "swp", NULL), 0);
+    char ra[64];
+    snprintf(ra, sizeof ra, "--replicaof 127.0.0.1 %d", pr.port);
+    ASSERT_EQ(rt_start(&rep, "swr", ra), 0);
+    uint64_t end = pc_time_mono_ms() + 20000;
+    bool synced = false;
+    while (!synced && pc_time_mono_ms() < end) {
+        redisReply *x = rt_cmd(rep.port, "INFO replication");
+        synced = x != NULL && x->type == REDIS_REPLY_STRING &&
+                 strstr(x->str, "master_link_status:up") != NULL;
+        if (x != NULL)
+            freeReplyObject(x);
+        usleep(50000);
+    }
+    ASSERT_TRUE(synced);
+    ASSERT_EQ(rt_sentinel(&sen, "sws", pr.port), 0);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ctx_t x = {0};
+    bill_redis_addr_t sents[1] = {{.host = "127.0.0.1", .port = sen.port}};
+    bill_redis_params_t p = bill_redis_params_default();
+    p.sentinels = sents;
+    p.n_sentinels = 1;
+    p.master_name = "mymaster";
+    p.role_check_ms = 0;
+    p.timeout_ms = 2000;
+    p.retry_min_ms = 20;
+    p.retry_max_ms = 200;
+    p.on_up = on_up;
+    p.on_down = on_down;
+    p.ud = &x;
+    char err[256];
+    bill_redis_t *c;
+    ASSERT_EQ(bill_redis_start(&loop, &p, &c, err, sizeof err), 0);
+    spin(&loop, &x.n_up, 1, 10000);
+    ASSERT_EQ(x.n_up, 1);
+    bill_redis_stats_t st;
+    bill_redis_stats(c, &st);
+    ASSERT_EQ(st.primary.port, pr.port);
+    /* The sentinel must know the replica before it can fail over to it. */
+    bool failed_over = false;
+    end = pc_time_mono_ms() + 60000;
+    while (!failed_over && pc_time_mono_ms() < end) {
+        redisReply *r = rt_cmd(sen.port, "SENTINEL FAILOVER mymaster");
+        failed_over = r != NULL && r->type == REDIS_REPLY_STATUS;
+        if (r != NULL)
+            freeReplyObject(r);
+        for (int i = 0; !failed_over && i < 40; i++) {
+            uv_run(&loop, UV_RUN_NOWAIT);
+            usleep(5000);
+        }
+    }
+    ASSERT_TRUE(failed_over);
+    spin(&loop, &x.n_up, 2, 60000);
+    ASSERT_EQ(x.n_up, 2);
+    bill_redis_stats(c, &st);
+    ASSERT_EQ(st.primary.port, rep.port);
+    ASSERT_EQ_U64(st.n_failovers, 1);
+    ASSERT_EQ_U64(st.n_timeouts, 0);
+    ASSERT_EQ_U64(st.n_demotions, 0); /* not by the old primary's demotion, */
+    ASSERT_EQ_U64(st.n_errors, 0);    /* nor by its closing our connection at the demotion */
+    ASSERT_EQ(send_incr(c, &x), 0);
+    spin(&loop, &x.n_done, 1, 10000);
+    ASSERT_EQ(x.last_status, 0);
+    int closed = 0;
+    bill_redis_stop(c, on_closed, &closed);
+    spin(&loop, &closed, 1, 5000);
+    ASSERT_EQ(uv_loop_close(&loop), 0);
+    rt_stop(&sen, SIGKILL);
+    rt_stop(&rep, SIGKILL);
+    rt_stop(&pr, SIGKILL);
+}
+
 PC_TEST_MAIN()

@@ -256,8 +256,7 @@ PC_TEST(ship_through_outages_and_verify)
     ASSERT_EQ_U64(shipped(&c, 0), 0);
     bill_shipper_stats_t st;
     bill_shipper_stats(c.s[0], &st);
-    /* hiredis 0.14's libuv adapter drops a refused connect silently: the deadline catches it. */
-    ASSERT_TRUE(st.n_errors + st.n_timeouts > 0);
+    ASSERT_TRUE(st.n_errors + st.n_timeouts > 0); /* refused connects */
     ASSERT_FALSE(st.connected);
     ASSERT_EQ(redis_start(), 0);
     ASSERT_TRUE(run_until_caught_up(&c, 30000));
@@ -603,6 +602,157 @@ PC_TEST(export_from_redis_merges_every_instance)
     ASSERT_TRUE(export_all(NULL, 0, true, BILL_EXPORT_CSV, err, sizeof err, &erc) == NULL);
     ASSERT_EQ(erc, PC_ERR_FORMAT);
     ASSERT_TRUE(strstr(err, "not an instance id") != NULL);
+    redisFree(rc);
+    redis_kill(SIGKILL);
+}
+
+/* The cursor is tied to the ledger's LEDGER_ID: a gateway replaced on a fresh disk under the same
+ * instance id (a new ledger, seqs from 1 again) is refused with nothing shipped, instead of taking
+ * over the old cursor and never shipping its first records; a cursor from before ledger ids is
+ * bound to the first ledger that ships on it, unless it is beyond that ledger's end. */
+static uint64_t fixed_durable(void *ud)
+{
+    return *(uint64_t *)ud;
+}
+
+static bool stats_refused(bill_shipper_t *sh)
+{
+    bill_shipper_stats_t st;
+    bill_shipper_stats(sh, &st);
+    return st.refused;
+}
+
+static char *get_str(redisContext *rc, const char *fmt, const char *arg)
+{
+    redisReply *r = redisCommand(rc, fmt, arg);
+    char *v = r != NULL && r->type == REDIS_REPLY_STRING ? strdup(r->str) : NULL;
+    if (r != NULL)
+        freeReplyObject(r);
+    return v;
+}
+
+static long long get_int(redisContext *rc, const char *fmt, const char *arg)
+{
+    redisReply *r = redisCommand(rc, fmt, arg);
+    long long v = r != NULL && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    if (r != NULL)
+        freeReplyObject(r);
+    return v;
+}
+
+PC_TEST(cursor_of_another_ledger_refused)
+{
+    if (access(REDIS_BIN, X_OK) != 0)
+        PC_SKIP("redis-server not installed (scripts/setup.sh installs it)");
+    g_port = free_port();
+    snprintf(g_rdir, sizeof g_rdir, "%s", pc_test_tmp_path("redis3"));
+    mkdir(g_rdir, 0700);
+    ASSERT_EQ(redis_start(), 0);
+    redisContext *rc = redis_connect();
+    ASSERT_TRUE(rc != NULL);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    char old_dir[512], new_dir[512], legacy_dir[512], err[512] = "";
+    snprintf(old_dir, sizeof old_dir, "%s", pc_test_tmp_path("cur-old"));
+    snprintf(new_dir, sizeof new_dir, "%s", pc_test_tmp_path("cur-new"));
+    snprintf(legacy_dir, sizeof legacy_dir, "%s", pc_test_tmp_path("cur-legacy"));
+    fill_instance(old_dir, "gw-x", 100);
+    char old_id[BILL_LEDGER_ID_LEN + 1], new_id[BILL_LEDGER_ID_LEN + 1];
+    ASSERT_EQ(bill_ledger_read_id(old_dir, old_id), 0);
+
+    /* The old ledger ships all of it: the cursor names it. */
+    bill_shipper_params_t sp = bill_shipper_params_default();
+    sp.port = g_port;
+    sp.poll_ms = 10;
+    sp.retry_max_ms = 100;
+    sp.ledger_dir = old_dir;
+    bill_shipper_t *sh;
+    bill_shipper_stats_t st;
+    ASSERT_EQ(bill_shipper_start(&loop, &sp, &sh, err, sizeof err), 0);
+    uint64_t end = pc_time_mono_ms() + 30000;
+    do {
+        uv_run(&loop, UV_RUN_ONCE);
+        bill_shipper_stats(sh, &st);
+    } while (st.shipped_seq < 100 && pc_time_mono_ms() < end);
+    ASSERT_EQ_U64(st.shipped_seq, 100);
+    int closed = 0;
+    bill_shipper_stop(sh, on_closed, &closed);
+    while (!closed)
+        uv_run(&loop, UV_RUN_ONCE);
+    char want[64];
+    snprintf(want, sizeof want, "100 %s", old_id);
+    char *cur = get_str(rc, "GET %s", "kvgw:cursor:gw-x");
+    ASSERT_STR_EQ(cur, want);
+    free(cur);
+
+    /* Replaced on a fresh disk: a new ledger, the same instance id, more records than shipped. */
+    fill_instance(new_dir, "gw-x", 150);
+    ASSERT_EQ(bill_ledger_read_id(new_dir, new_id), 0);
+    ASSERT_TRUE(strcmp(old_id, new_id) != 0);
+    sp.ledger_dir = new_dir;
+    ASSERT_EQ(bill_shipper_start(&loop, &sp, &sh, err, sizeof err), 0);
+    end = pc_time_mono_ms() + 30000;
+    while (!stats_refused(sh) && pc_time_mono_ms() < end)
+        uv_run(&loop, UV_RUN_ONCE);
+    ASSERT_TRUE(stats_refused(sh));
+    end = pc_time_mono_ms() + 500; /* a few re-reads of the cursor: still refused */
+    while (pc_time_mono_ms() < end)
+        uv_run(&loop, UV_RUN_NOWAIT), usleep(1000);
+    bill_shipper_stats(sh, &st);
+    ASSERT_TRUE(st.refused);
+    ASSERT_EQ_U64(st.n_shipped, 0);
+    ASSERT_EQ_I64(get_int(rc, "XLEN %s", "kvgw:ledger:gw-x"), 100); /* nothing skipped or added */
+    cur = get_str(rc, "GET %s", "kvgw:cursor:gw-x");
+    ASSERT_STR_EQ(cur, want);
+    free(cur);
+    closed = 0;
+    bill_shipper_stop(sh, on_closed, &closed);
+    while (!closed)
+        uv_run(&loop, UV_RUN_ONCE);
+
+    /* A cursor from before ledger ids ("seq" alone): bound to the first ledger shipping on it; one
+     * beyond that ledger's end is refused. */
+    fill_instance(legacy_dir, "gw-l", 60);
+    char lid[BILL_LEDGER_ID_LEN + 1];
+    ASSERT_EQ(bill_ledger_read_id(legacy_dir, lid), 0);
+    redisReply *r = redisCommand(rc, "SET kvgw:cursor:gw-l 500");
+    freeReplyObject(r);
+    uint64_t durable = 60;
+    sp.ledger_dir = legacy_dir;
+    sp.durable_seq = fixed_durable;
+    sp.durable_ud = &durable;
+    ASSERT_EQ(bill_shipper_start(&loop, &sp, &sh, err, sizeof err), 0);
+    end = pc_time_mono_ms() + 30000;
+    while (!stats_refused(sh) && pc_time_mono_ms() < end)
+        uv_run(&loop, UV_RUN_ONCE);
+    ASSERT_TRUE(stats_refused(sh));
+    /* The operator resolves it (here: the old stream's cursor set where this ledger's stream
+     * really is, 40, as a restore would): the shipper picks it up at its next look. */
+    for (uint64_t i = 1; i <= 40; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "%" PRIu64 "-0", i);
+        r = redisCommand(rc, "XADD kvgw:ledger:gw-l %s event_id x", id);
+        freeReplyObject(r);
+    }
+    r = redisCommand(rc, "SET kvgw:cursor:gw-l 40");
+    freeReplyObject(r);
+    end = pc_time_mono_ms() + 30000;
+    do {
+        uv_run(&loop, UV_RUN_ONCE);
+        bill_shipper_stats(sh, &st);
+    } while (st.shipped_seq < 60 && pc_time_mono_ms() < end);
+    ASSERT_EQ_U64(st.shipped_seq, 60);
+    ASSERT_FALSE(st.refused);
+    ASSERT_EQ_U64(st.n_shipped, 20);
+    snprintf(want, sizeof want, "60 %s", lid);
+    cur = get_str(rc, "GET %s", "kvgw:cursor:gw-l");
+    ASSERT_STR_EQ(cur, want);
+    free(cur);
+    closed = 0;
+    bill_shipper_stop(sh, on_closed, &closed);
+    while (!closed)
+        uv_run(&loop, UV_RUN_ONCE);
+    ASSERT_EQ(uv_loop_close(&loop), 0);
     redisFree(rc);
     redis_kill(SIGKILL);
 }

@@ -334,6 +334,8 @@ PC_TEST(cluster_checks)
     expect_error("registry:\n  feed_maxlen: 10\n", PC_ERR_INVAL,
                  "t.yaml:2: registry.feed_maxlen: 10 is out of range");
     expect_error("registry:\n  colour: red\n", PC_ERR_INVAL, "t.yaml:2: registry.colour: unknown");
+    expect_error("registry:\n  lease: 5s\n  failover_replay: 11m\n", PC_ERR_INVAL,
+                 "t.yaml:3: registry.failover_replay:");
 
     gw_config_t c;
     char err[512] = "";
@@ -345,12 +347,14 @@ PC_TEST(cluster_checks)
     ASSERT_EQ(c.registry_lease_ms, 10000u);
     ASSERT_EQ(c.registry_feed_maxlen, 100000u);
     ASSERT_EQ(c.registry_replay_max, 65536u);
+    ASSERT_EQ(c.registry_failover_replay_ms, 30000u);
     ASSERT_STR_EQ(c.redis_prefix, "kvgw");
     ASSERT_FALSE(c.instance_id_set);
     gw_config_free(&c);
     const char *ok = "redis:\n  sentinels: [s1:26379, '[::1]:26380']\n  master_name: kvgw-main\n"
                      "  prefix: kvgw-test\n" SECRET INST
-                     "registry:\n  enabled: true\n  timeout: 20ms\n  replay_max: 0\n";
+                     "registry:\n  enabled: true\n  timeout: 20ms\n  replay_max: 0\n"
+                     "  failover_replay: 5s\n";
     ASSERT_EQ(parse(ok, &c, err, sizeof err), 0);
     ASSERT_TRUE(c.registry_enabled);
     ASSERT_TRUE(gw_config_has_redis(&c));
@@ -361,8 +365,10 @@ PC_TEST(cluster_checks)
     ASSERT_STR_EQ(c.redis_prefix, "kvgw-test");
     ASSERT_EQ(c.registry_timeout_ms, 20u);
     ASSERT_EQ(c.registry_replay_max, 0u);
+    ASSERT_EQ(c.registry_failover_replay_ms, 5000u);
     pc_buf_t b = {0};
     ASSERT_EQ(gw_config_print(&c, &b), 0);
+    ASSERT_TRUE(strstr(b.base, "  failover_replay: 5000ms\n") != NULL);
     ASSERT_TRUE(strstr(b.base, "sentinels: ['s1:26379', '[::1]:26380']") != NULL);
     ASSERT_TRUE(strstr(b.base, "registry:\n  enabled: true\n  timeout: 20ms\n") != NULL);
     pc_buf_free(&b);

@@ -821,6 +821,51 @@ PC_TEST(redis_down_timeouts_degraded_replay)
     uv_loop_close(&g_loop);
 }
 
+/* The main connection sees a closed socket at once, idle or not, never by a command's deadline
+ * (the redis timeout is far longer than the waits' caps): Redis stopped by SHUTDOWN (a FIN),
+ * then restarted and killed while frozen with our lease renewals unread in its socket (the
+ * kernel answers with a reset: libuv reports an error event, which hiredis's libuv adapter
+ * ignored, so the connection hung until the deadline). */
+static bool is_down(void *ud)
+{
+    return gw_registry_state(((gw_t *)ud)->r) == GW_REGISTRY_DOWN;
+}
+
+PC_TEST(redis_closed_socket_noticed_at_once)
+{
+    if (!rt_installed())
+        PC_SKIP("redis-server not installed");
+    rt_server_t s = {0};
+    ASSERT_EQ(rt_start(&s, "shut", NULL), 0);
+    uv_loop_init(&g_loop);
+    gw_t A = {.name = "A"};
+    char err[512];
+    gw_registry_params_t pa = params(s.port, "sh", "gwA", 9, &A);
+    pa.redis.timeout_ms = 120000; /* a deadline cannot be what notices */
+    pa.lease_ms = 400;            /* renewals every 100 ms */
+    ASSERT_EQ(gw_registry_start(&g_loop, &pa, &A.r, err, sizeof err), 0);
+    ASSERT_TRUE(run_until(is_up, &A, 10000));
+    redisReply *x = rt_cmd(s.port, "SHUTDOWN NOSAVE");
+    if (x != NULL)
+        freeReplyObject(x);
+    rt_stop(&s, SIGKILL); /* reaps it */
+    ASSERT_TRUE(run_until(is_down, &A, 60000));
+
+    ASSERT_EQ(rt_start(&s, "shut", NULL), 0);
+    A.n_ops[GW_REGISTRY_OP_LEASE] = 0;
+    ASSERT_TRUE(run_until(is_up, &A, 20000));
+    rt_stop(&s, SIGSTOP);
+    run_for(400); /* renewals sent, unread by the frozen server */
+    rt_stop(&s, SIGKILL);
+    ASSERT_TRUE(run_until(is_down, &A, 60000));
+    gw_registry_stats_t st;
+    gw_registry_stats(A.r, &st);
+    for (int o = 0; o < GW_REGISTRY_OPS; o++)
+        ASSERT_EQ_U64(st.errors[o][GW_REGISTRY_ERR_TIMEOUT], 0);
+    stop2(&A, NULL);
+    uv_loop_close(&g_loop);
+}
+
 /* Garbage on the feed (XADD by hand): every malformed entry is rejected and counted, the valid
  * one around them is applied, nothing crashes. */
 PC_TEST(feed_malformed_entries_rejected)
@@ -920,6 +965,91 @@ PC_TEST(feed_malformed_entries_rejected)
     ASSERT_TRUE(st.feed_last_event_wall_ms > 0);
     stop2(&A, NULL);
     uv_loop_close(&g_loop);
+}
+
+/* A failover that loses acknowledged writes: the sentinel is made to name another server that
+ * never had them (SENTINEL REMOVE + MONITOR: the new "primary" is a standalone server, as a
+ * promoted replica is when the old primary's last writes had not reached it). The registry
+ * follows it (the periodic sentinel question) and sends its recent commits and reads again: the
+ * entries and their feed events are there, with the same expiries. With failover_replay 0, not. */
+PC_TEST(failover_resends_recent_writes)
+{
+    if (!rt_installed() || access(RT_SENTINEL_BIN, X_OK) != 0)
+        PC_SKIP("redis-server / redis-sentinel not installed");
+    rt_server_t p1 = {0}, p2 = {0}, sen = {0};
+    ASSERT_EQ(rt_start(&p1, "fr1", NULL), 0);
+    ASSERT_EQ(rt_start(&p2, "fr2", NULL), 0);
+    ASSERT_EQ(rt_sentinel(&sen, "frs", p1.port), 0);
+    uv_loop_init(&g_loop);
+    gw_t A = {.name = "A"}, B = {.name = "B"};
+    bill_redis_addr_t sents[1] = {{.host = "127.0.0.1", .port = sen.port}};
+    char err[512];
+    gw_registry_params_t pa = params(0, "fr", "gwA", 10, &A);
+    pa.redis.sentinels = sents;
+    pa.redis.n_sentinels = 1;
+    pa.redis.master_name = "mymaster";
+    pa.redis.role_check_ms = 100;
+    gw_registry_params_t pb = pa;
+    pb.instance = "gwB";
+    pb.ud = &B;
+    pb.failover_replay_ms = 0;
+    ASSERT_EQ(gw_registry_start(&g_loop, &pa, &A.r, err, sizeof err), 0);
+    ASSERT_EQ(gw_registry_start(&g_loop, &pb, &B.r, err, sizeof err), 0);
+    ASSERT_TRUE(run_until(is_up, &A, 10000));
+    ASSERT_TRUE(run_until(is_up, &B, 10000));
+    uint32_t t[40], u[40];
+    tokens_fill(t, 40, 11);
+    tokens_fill(u, 40, 12);
+    gw_registry_point_t pt = {.n_tokens = 40, .ttl = 1, .write = true};
+    uint64_t start = pc_time_wall_ms();
+    ASSERT_EQ(gw_registry_commit(A.r, 4, "tenant-t", "model m", t, &pt, 1, 0, start, "wA"), 0);
+    ASSERT_EQ(gw_registry_read(A.r, 4, t, 40, &pt, 1, start + 5), 0);
+    ASSERT_EQ(gw_registry_commit(B.r, 4, "tenant-t", "model m", u, &pt, 1, 0, start, "wB"), 0);
+    ASSERT_TRUE(run_until(queue_empty, &A, 10000));
+    ASSERT_TRUE(run_until(queue_empty, &B, 10000));
+    char ek[200], eu[200];
+    entry_key(ek, sizeof ek, "fr", 'e', 4, t, 40);
+    entry_key(eu, sizeof eu, "fr", 'e', 4, u, 40);
+    ASSERT_TRUE(key_exists_on(p1.port, ek));
+    ASSERT_TRUE(key_exists_on(p1.port, eu));
+
+    char cmd[128];
+    redisReply *x = rt_cmd(sen.port, "SENTINEL REMOVE mymaster");
+    ASSERT_TRUE(x != NULL && x->type == REDIS_REPLY_STATUS);
+    freeReplyObject(x);
+    snprintf(cmd, sizeof cmd, "SENTINEL MONITOR mymaster 127.0.0.1 %d 1", p2.port);
+    x = rt_cmd(sen.port, cmd);
+    ASSERT_TRUE(x != NULL && x->type == REDIS_REPLY_STATUS);
+    freeReplyObject(x);
+    uint64_t end = pc_time_mono_ms() + 30000;
+    gw_registry_stats_t sa, sb;
+    for (;;) {
+        run_for(20);
+        gw_registry_stats(A.r, &sa);
+        gw_registry_stats(B.r, &sb);
+        if ((sa.failovers >= 1 && sb.failovers >= 1 && is_up(&A) && is_up(&B) && queue_empty(&A)) ||
+            pc_time_mono_ms() > end)
+            break;
+    }
+    ASSERT_TRUE(sa.failovers >= 1 && sb.failovers >= 1);
+    ASSERT_TRUE(is_up(&A) && queue_empty(&A));
+    ASSERT_EQ_U64(sa.failover_resent, 2);
+    ASSERT_EQ_U64(sb.failover_resent, 0);
+    /* A's commit and read are on the new primary with their expiry (the read's: start + 5 + 1h);
+     * B's commit (failover_replay 0) is not. */
+    ASSERT_TRUE(key_exists_on(p2.port, ek));
+    x = rt_cmd(p2.port, "PEXPIRETIME %s", ek);
+    ASSERT_EQ_I64(x->integer, (long long)(start + 5 + 3600000));
+    freeReplyObject(x);
+    ASSERT_FALSE(key_exists_on(p2.port, eu));
+    x = rt_cmd(p2.port, "XLEN fr:feed");
+    ASSERT_EQ_I64(x->integer, 2); /* the t=w and the t=r again */
+    freeReplyObject(x);
+    stop2(&A, &B);
+    uv_loop_close(&g_loop);
+    rt_stop(&sen, SIGKILL);
+    rt_stop(&p2, SIGKILL);
+    rt_stop(&p1, SIGKILL);
 }
 
 /* Sentinel: a primary, a replica and a sentinel (the first sentinel address given is dead, so
