@@ -179,8 +179,21 @@ static int verify_ledger(redisContext *c, const char *dir, const bill_verify_par
             freeReplyObject(r);
         return rc;
     }
-    uint64_t cursor = r->type == REDIS_REPLY_STRING ? strtoull(r->str, NULL, 10) : 0;
+    /* The cursor is "SEQ LEDGER_ID" (a cursor written before ledger ids: "SEQ"): one of another
+     * ledger (a gateway replaced on a fresh disk under the same id) is a difference. */
+    uint64_t cursor = 0;
+    char owner[BILL_LEDGER_ID_LEN + 1] = "", mine[BILL_LEDGER_ID_LEN + 1];
+    if (r->type == REDIS_REPLY_STRING) {
+        char *end;
+        cursor = strtoull(r->str, &end, 10);
+        if (*end == ' ')
+            snprintf(owner, sizeof owner, "%.*s", BILL_LEDGER_ID_LEN, end + 1);
+    }
     freeReplyObject(r);
+    if (owner[0] != '\0' && bill_ledger_read_id(dir, mine) == 0 && strcmp(owner, mine) != 0)
+        DIFF("%s: cursor %s belongs to ledger %s, not to this one (%s): another ledger shipped "
+             "under instance id %s",
+             dir, cursor_key, owner, mine, inst);
 
     bill_ledger_reader_t *rd;
     int rc = bill_ledger_reader_open(dir, 1, &rd, err, err_len);

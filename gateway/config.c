@@ -960,7 +960,7 @@ static int registry_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
     if (strcmp(k, "feed_maxlen") == 0)
         return get_u32(w, v, 1000, 100000000, &c->registry_feed_maxlen);
     if (strcmp(k, "replay_max") == 0)
-        return get_u32(w, v, 0, 10000000, &c->registry_replay_max);
+        return get_u32(w, v, 1, 10000000, &c->registry_replay_max);
     if (strcmp(k, "failover_replay") == 0)
         return get_ms(w, v, 0, 600000, &c->registry_failover_replay_ms);
     return unknown(w, v);

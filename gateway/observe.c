@@ -212,6 +212,11 @@ void gw__obs_setup_metrics(serve_t *s)
     s->m_reg_failovers =
         gw_metrics_counter(s->m, "kvgw_registry_failovers_total",
                            "Redis primary changes followed through Sentinel.", 0, NULL);
+    s->m_reg_failover_resent =
+        gw_metrics_counter(s->m, "kvgw_registry_failover_resent_total",
+                           "Recent commits and reads sent again to a new primary after a failover "
+                           "(registry.failover_replay).",
+                           0, NULL);
     s->m_reg_meter = gw_metrics_gauge(
         s->m, "kvgw_registry_storage_meter",
         "1 on the gateway that holds the storage-meter lease (it bills cache storage).", 0, NULL);
@@ -321,6 +326,7 @@ static void update_registry(serve_t *s)
     gw_metric_set(s->m_reg_replay_pending, NULL, (double)st.replay_pending);
     add_growth(s->m_reg_replay_dropped, NULL, st.replay_dropped, seen->replay_dropped, 1);
     add_growth(s->m_reg_failovers, NULL, st.failovers, seen->failovers, 1);
+    add_growth(s->m_reg_failover_resent, NULL, st.failover_resent, seen->failover_resent, 1);
     gw_metric_set(s->m_reg_meter, NULL,
                   gw_registry_meter(s->reg) != GW_REGISTRY_METER_NONE ? 1 : 0);
     *seen = st;

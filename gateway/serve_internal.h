@@ -122,7 +122,7 @@ typedef struct serve {
     /* the registry (observe.c; the names are fixed for Grafana) */
     gw_metric_t *m_gw_info, *m_reg_up, *m_reg_degraded, *m_reg_decisions, *m_reg_claims, *m_reg_op,
         *m_reg_errors, *m_reg_feed, *m_reg_feed_lag, *m_reg_feed_gaps, *m_reg_replay_pending,
-        *m_reg_replay_dropped, *m_reg_failovers, *m_reg_meter;
+        *m_reg_replay_dropped, *m_reg_failovers, *m_reg_failover_resent, *m_reg_meter;
     eng_wire_load_t tier_seen[GW_POOL_MAX_WORKERS];
 } serve_t;
 

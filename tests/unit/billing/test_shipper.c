@@ -705,6 +705,21 @@ PC_TEST(cursor_of_another_ledger_refused)
     cur = get_str(rc, "GET %s", "kvgw:cursor:gw-x");
     ASSERT_STR_EQ(cur, want);
     free(cur);
+    { /* verify names the cursor's ledger as another one than the ledger given */
+        bill_verify_params_t vp = bill_verify_params_default();
+        vp.port = g_port;
+        bill_verify_report_t rep;
+        char *text = NULL;
+        size_t len;
+        FILE *f = open_memstream(&text, &len);
+        const char *vd[] = {new_dir};
+        ASSERT_EQ(bill_verify(vd, 1, &vp, f, &rep, err, sizeof err), 0);
+        fclose(f);
+        ASSERT_TRUE(rep.n_differences > 0);
+        ASSERT_TRUE(strstr(text, "belongs to ledger") != NULL);
+        ASSERT_TRUE(strstr(text, old_id) != NULL);
+        free(text);
+    }
     closed = 0;
     bill_shipper_stop(sh, on_closed, &closed);
     while (!closed)

@@ -353,7 +353,7 @@ PC_TEST(cluster_checks)
     gw_config_free(&c);
     const char *ok = "redis:\n  sentinels: [s1:26379, '[::1]:26380']\n  master_name: kvgw-main\n"
                      "  prefix: kvgw-test\n" SECRET INST
-                     "registry:\n  enabled: true\n  timeout: 20ms\n  replay_max: 0\n"
+                     "registry:\n  enabled: true\n  timeout: 20ms\n  replay_max: 1\n"
                      "  failover_replay: 5s\n";
     ASSERT_EQ(parse(ok, &c, err, sizeof err), 0);
     ASSERT_TRUE(c.registry_enabled);
@@ -364,7 +364,7 @@ PC_TEST(cluster_checks)
     ASSERT_STR_EQ(c.redis_master_name, "kvgw-main");
     ASSERT_STR_EQ(c.redis_prefix, "kvgw-test");
     ASSERT_EQ(c.registry_timeout_ms, 20u);
-    ASSERT_EQ(c.registry_replay_max, 0u);
+    ASSERT_EQ(c.registry_replay_max, 1u);
     ASSERT_EQ(c.registry_failover_replay_ms, 5000u);
     pc_buf_t b = {0};
     ASSERT_EQ(gw_config_print(&c, &b), 0);
