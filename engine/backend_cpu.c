@@ -60,13 +60,13 @@ typedef struct cpu_be {
     uint32_t *pos;              /* [max_tokens] */
     uint32_t *row_seq;          /* [max_tokens] */
     float **wtmp;               /* [n_threads] -> ENG_CPU_WTILE * max K */
-    uint16_t *abf;              /* [max_tokens][max K + 1] BF16 activations, or NULL */
+    void *xbuf; /* eng__matmul's x converted (BF16 or quantized rows) for max_tokens x max K */
     /* The BF16 GEMM's weight layout, prepared at init (the model stays as the file has it):
      * each layer matrix's BF16 panels (cpu_kernels.h), [n_layer][ENG_CPU_LAYER_MATS] in
      * layer_mats() order, NULL where not packed; the panels live on panel_mem. */
     const uint16_t **panels;
     pc_pages_t panel_mem;
-    bool has_bf16;          /* the BF16 GEMM runs: a matrix has panels or is quantized */
+    bool has_bf16;          /* the BF16 GEMM runs: a matrix has panels */
     float **attn_scratch;   /* [n_threads] */
     eng_attn_task_t *tasks; /* attention tasks, grown on demand */
     size_t tasks_cap;
@@ -97,7 +97,7 @@ static void cpu_free(eng_backend_t *be)
             pc_free(c->attn_scratch[t]);
     }
     pc_free(c->wtmp);
-    pc_free(c->abf);
+    pc_free(c->xbuf);
     pc_free((void *)c->panels);
     pc_pages_release(&c->panel_mem);
     pc_free(c->attn_scratch);
@@ -385,7 +385,7 @@ static int cpu_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t
         float *const yqkv[] = {c->q, c->k, c->v};
         const uint16_t *const *pl = c->panels != NULL ? c->panels + (size_t)l * ENG_CPU_LAYER_MATS
                                                       : NULL; /* wq wk wv wo w_gate w_up w_down */
-        eng__matmul_n(c->pool, c->h, T, wqkv, pl, yqkv, 3, false, tmp, c->abf, c->isa);
+        eng__matmul_n(c->pool, c->h, T, wqkv, pl, yqkv, 3, false, tmp, c->xbuf, c->isa);
         run_rows(c, stage_qkv, &r, T);
         attn_run_t ar = {.c = c,
                          .args = {.q = c->q,
@@ -403,15 +403,16 @@ static int cpu_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t
                                   .simd = true,
                                   .isa = c->isa}};
         eng__pool_run(c->pool, attn_task, &ar, n_tasks);
-        eng__matmul(c->pool, c->att, T, &L->wo, pl ? pl[3] : NULL, c->x, true, tmp, c->abf, c->isa);
+        eng__matmul(c->pool, c->att, T, &L->wo, pl ? pl[3] : NULL, c->x, true, tmp, c->xbuf,
+                    c->isa);
         r.weight = L->ffn_norm;
         run_rows(c, stage_rmsnorm, &r, T);
         const eng_weight_t *wgu[] = {&L->w_gate, &L->w_up};
         float *const ygu[] = {c->g, c->u};
-        eng__matmul_n(c->pool, c->h, T, wgu, pl ? pl + 4 : NULL, ygu, 2, false, tmp, c->abf,
+        eng__matmul_n(c->pool, c->h, T, wgu, pl ? pl + 4 : NULL, ygu, 2, false, tmp, c->xbuf,
                       c->isa);
         run_rows(c, stage_swiglu, &r, T);
-        eng__matmul(c->pool, c->g, T, &L->w_down, pl ? pl[6] : NULL, c->x, true, tmp, c->abf,
+        eng__matmul(c->pool, c->g, T, &L->w_down, pl ? pl[6] : NULL, c->x, true, tmp, c->xbuf,
                     c->isa);
     }
 
@@ -421,7 +422,7 @@ static int cpu_forward(eng_backend_t *be, const eng_model_t *model, eng_kvpool_t
             memmove(c->q + (size_t)i * D, c->x + (size_t)c->logit_rows[i] * D, D * sizeof(float));
         rows_ctx_t r = {.src = c->q, .dst = c->h, .weight = model->out_norm};
         run_rows(c, stage_rmsnorm, &r, n_logits);
-        eng__matmul(c->pool, c->h, n_logits, &model->output, NULL, logits, false, tmp, c->abf,
+        eng__matmul(c->pool, c->h, n_logits, &model->output, NULL, logits, false, tmp, c->xbuf,
                     c->isa);
     }
     return 0;
@@ -452,13 +453,10 @@ static int pack_panels(cpu_be_t *c, bool skip_f32)
         for (size_t i = 0; i < ENG_CPU_LAYER_MATS; i++) {
             if (skip_f32 && ws[i]->file_type == ENG_GGML_TYPE_F32)
                 continue;
-            /* Q4_0 and the K-quants keep their blocks: whole-matrix panels would take 3.5 to 4.5
-             * times their bytes. Their prefill runs the BF16 GEMM too, on panels of each tile
-             * dequantized in cache (cpu_kernels.c). */
-            if (eng__gemv_int8(ws[i]->type)) {
-                c->has_bf16 = true;
+            /* Q4_0, Q5_0, Q5_1 and the K-quants keep their blocks and their integer products
+             * on x quantized as llama.cpp quantizes it (cpu_kernels.h), in prefill too. */
+            if (eng__gemv_int8(ws[i]->type))
                 continue;
-            }
             size_t n = eng__bf16_packed_elems(ws[i]->n_in, ws[i]->n_out);
             uint16_t *dst = pc_pages_alloc(&c->panel_mem, n * sizeof *dst);
             if (dst == NULL)
@@ -525,12 +523,10 @@ int eng_backend_cpu_init(const eng_model_t *model, const eng_cpu_params_t *p, en
     if (p->bf16 && c->isa == ENG_CPU_ISA_AVX512 && eng__cpu_has_bf16() &&
         (rc = pack_panels(c, p->bf16_skip_f32)) != 0)
         goto fail;
-    if (c->has_bf16) {
-        c->abf = pc_malloc(T * (max_k + 2) * sizeof *c->abf);
-        if (c->abf == NULL) {
-            rc = PC_ERR_NOMEM;
-            goto fail;
-        }
+    c->xbuf = pc_malloc(eng__matmul_xbuf_bytes((uint32_t)T, (uint32_t)max_k));
+    if (c->xbuf == NULL) {
+        rc = PC_ERR_NOMEM;
+        goto fail;
     }
     size_t attn_floats =
         eng__attention_scratch_floats(hp->head_dim, p->block_tokens, ENG_ATTN_MAX_ROWS);

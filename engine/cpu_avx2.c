@@ -380,6 +380,99 @@ AVX2 float eng__avx2_dot_q(uint32_t wtype, const void *w, const void *xq, uint32
     }
 }
 
+/* Activation quantization (quant.h), ggml-cpu's x86 arithmetic instruction for instruction: the
+ * block's amax by VMAXPS (exact in any order), q by VROUNDPS (nearest, halves to even) and
+ * VCVTPS2DQ, packed to bytes with signed saturation (|q| <= 127 already). */
+AVX2 static inline __m256i round_to_i32(__m256 v, __m256 mul)
+{
+    return _mm256_cvtps_epi32(
+        _mm256_round_ps(_mm256_mul_ps(v, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+/* Four vectors of eight int32 (each in -128..127) to 32 bytes in order. */
+AVX2 static inline __m256i pack_i8x32(__m256i i0, __m256i i1, __m256i i2, __m256i i3)
+{
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+AVX2 static inline int hsum_i32x8(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+AVX2 static void act_q8_0(const float *x, eng_block_q8_0_t *y, size_t n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (size_t b = 0; b < n / ENG_QK8_0; b++, x += ENG_QK8_0) {
+        __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+        __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+        __m256 m =
+            _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                          _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        y[b].d = (uint16_t)_cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT);
+        __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        _mm256_storeu_si256((__m256i *)(void *)y[b].qs,
+                            pack_i8x32(round_to_i32(v0, id), round_to_i32(v1, id),
+                                       round_to_i32(v2, id), round_to_i32(v3, id)));
+    }
+}
+
+AVX2 static void act_q8_k(const float *x, eng_block_q8_k_t *y, size_t n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (size_t b = 0; b < n / ENG_QK_K; b++, x += ENG_QK_K) {
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < ENG_QK_K; j += 8)
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+        __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof y[b]);
+            continue;
+        }
+        /* max: the first element of magnitude amax, with its sign (quantize_row_q8_K_ref). */
+        __m256 am = _mm256_set1_ps(amax);
+        int j = 0, bits = 0;
+        for (; j < ENG_QK_K; j += 8) {
+            bits = _mm256_movemask_ps(
+                _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), am, _CMP_EQ_OQ));
+            if (bits != 0)
+                break;
+        }
+        float iscale = -127.0f / x[j + __builtin_ctz((unsigned)bits)];
+        __m256 is = _mm256_set1_ps(iscale);
+        const __m256i top = _mm256_set1_epi32(127);
+        for (int c = 0; c < ENG_QK_K; c += 32) {
+            __m256i i0 = _mm256_min_epi32(round_to_i32(_mm256_loadu_ps(x + c), is), top);
+            __m256i i1 = _mm256_min_epi32(round_to_i32(_mm256_loadu_ps(x + c + 8), is), top);
+            __m256i i2 = _mm256_min_epi32(round_to_i32(_mm256_loadu_ps(x + c + 16), is), top);
+            __m256i i3 = _mm256_min_epi32(round_to_i32(_mm256_loadu_ps(x + c + 24), is), top);
+            _mm256_storeu_si256((__m256i *)(void *)(y[b].qs + c), pack_i8x32(i0, i1, i2, i3));
+            y[b].bsums[c / 16] = (int16_t)hsum_i32x8(_mm256_add_epi32(i0, i1));
+            y[b].bsums[c / 16 + 1] = (int16_t)hsum_i32x8(_mm256_add_epi32(i2, i3));
+        }
+        y[b].d = 1.0f / iscale;
+    }
+}
+
+AVX2 void eng__avx2_quant_act(uint32_t type, const float *x, void *dst, size_t n)
+{
+    if (type == ENG_GGML_TYPE_Q8_K)
+        act_q8_k(x, dst, n);
+    else
+        act_q8_0(x, dst, n);
+}
+
 AVX2 void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
 {
     PC_ASSERT(g->M <= ENG_GEMV_MAX_M);

@@ -132,6 +132,11 @@ static inline void eng__k4_unpack(const uint8_t *scales, uint8_t out[16])
     memcpy(out, v, 16);
 }
 
+/* quant.h's activation quantization (eng_quant_act_q8_0 / eng_quant_act_q8_k, by type: Q8_0 or
+ * Q8_K) with AVX2, byte for byte the same blocks; the AVX-512 path uses it too (it is a few
+ * percent of a product). */
+void eng__avx2_quant_act(uint32_t type, const float *x, void *dst, size_t n);
+
 /* True when the CPU has AVX512-BW and AVX512-VNNI (the AVX-512 integer dot products). */
 bool eng__cpu_has_avx512_vnni(void);
 /* True when the CPU also has AVX512-VBMI (VPERMB): the Q4_0 GEMV's one-load block pairs. */

@@ -5,10 +5,11 @@
  *     and against a double-precision product of the dequantized weight and activation rows,
  *     over random blocks with scales of every magnitude, all-zero blocks and extreme scales;
  *   - the decode GEMV (x quantized once, odd row counts, a slice of output rows, (+)=) and the
- *     whole product eng__matmul (the GEMV below ENG_GEMV_MAX_M rows, tiles dequantized to F32
- *     from it on) against double precision over the dequantized weights;
- *   - with AVX512-BF16, the prefill GEMM on BF16 panels of tiles dequantized in cache against
- *     the same GEMM on the whole matrix packed, and against double precision.
+ *     whole product eng__matmul (the GEMV below ENG_GEMV_MAX_M rows, the integer prefill GEMM
+ *     from it on, both on x quantized) against double precision over the dequantized weights
+ *     and activations;
+ *   - the activation quantizers of every path: the same bytes as the portable one, which is
+ *     ggml-cpu's x86 arithmetic (transcribed here on its own, from llama.cpp's source).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -310,10 +311,11 @@ PC_TEST(gemv_q_matches_reference)
     }
 }
 
-/* eng__matmul end to end on quantized weights: below ENG_GEMV_MAX_M rows the GEMV on x
- * quantized once (checked against the quantized activations), from it on tiles dequantized to
- * F32 (checked against x itself); output counts around the task tiles, every path. Two products
- * of different dot types in one run (eng__matmul_n) share x. */
+/* eng__matmul end to end on quantized weights: below ENG_GEMV_MAX_M rows the GEMV, from it on
+ * the prefill GEMM, both on x quantized once (checked against the quantized activations: prefill
+ * and decode compute the same products); output counts around the task tiles, row counts around
+ * the GEMM's row groups, every path. Two products of different dot types in one run
+ * (eng__matmul_n) share x. */
 PC_TEST(matmul_q_matches_reference)
 {
     uint32_t Ms[] = {1, 7, 31, 32, 45};
@@ -322,6 +324,7 @@ PC_TEST(matmul_q_matches_reference)
     ASSERT_EQ(eng__pool_init(2, &pool), 0);
     float *t0 = malloc((size_t)ENG_CPU_WTILE * K * 4), *t1 = malloc((size_t)ENG_CPU_WTILE * K * 4);
     float *const tmp[2] = {t0, t1};
+    void *xbuf = malloc(eng__matmul_xbuf_bytes(MMAX, K));
     float *x = rnd_x(MMAX, K), *xd = malloc((size_t)MMAX * K * sizeof *xd);
     float *y[2] = {malloc((size_t)MMAX * N * 4), malloc((size_t)MMAX * N * 4)};
     float *y0 = malloc((size_t)MMAX * N * 4), *wd[2];
@@ -349,15 +352,12 @@ PC_TEST(matmul_q_matches_reference)
                 memcpy(y[0], y0, (size_t)MMAX * N * 4);
                 memcpy(y[1], y0, (size_t)MMAX * N * 4);
                 const eng_weight_t *wp[2] = {&w[0], &w[1]};
-                eng__matmul_n(pool, x, M, wp, NULL, y, 2, true, tmp, NULL, paths[pi]);
+                eng__matmul_n(pool, x, M, wp, NULL, y, 2, true, tmp, xbuf, paths[pi]);
                 for (int j = 0; j < 2; j++) {
                     uint8_t xq[2 * K];
                     for (uint32_t m = 0; m < M; m++) {
-                        const float *xr = x + (size_t)m * K;
-                        if (M < ENG_GEMV_MAX_M) { /* the GEMV sees x quantized */
-                            quant_act(ts[j], xr, K, xq, xd);
-                            xr = xd;
-                        }
+                        quant_act(ts[j], x + (size_t)m * K, K, xq, xd); /* seen quantized */
+                        const float *xr = xd;
                         for (uint32_t n = 0; n < N; n++) {
                             size_t i = (size_t)m * N + n;
                             double mag, r = dot_ref(wd[j] + (size_t)n * K, xr, K, &mag) + y0[i];
@@ -377,8 +377,109 @@ PC_TEST(matmul_q_matches_reference)
         for (int j = 0; j < 2; j++)
             free((void *)w[j].data), free(wd[j]);
     }
-    free(t0), free(t1), free(x), free(xd), free(y[0]), free(y[1]), free(y0);
+    free(t0), free(t1), free(x), free(xd), free(y[0]), free(y[1]), free(y0), free(xbuf);
     eng__pool_free(pool);
+}
+
+/* ggml-cpu's activation quantizers on x86 (llama.cpp's ggml/src/ggml-cpu/arch/x86/quants.c,
+ * quantize_row_q8_0 and quantize_row_q8_K -> quantize_row_q8_K_ref), transcribed as written
+ * there: the reference the engine's bytes must equal. nearest_int is ggml's: the float nearest
+ * to v + 1.5 * 2^23 (halves to even), read back as an integer. */
+static int ggml_nearest_int(float v)
+{
+    float val = v + 12582912.f;
+    int i;
+    memcpy(&i, &val, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+static void ggml_q8_0(const float *x, eng_block_q8_0_t *y, uint32_t k)
+{
+    for (uint32_t i = 0; i < k / 32; i++, x += 32) {
+        float maxScalar = 0;
+        for (int j = 0; j < 32; j++)
+            maxScalar = fmaxf(maxScalar, fabsf(x[j]));
+        const float d = maxScalar / 127.f;
+        y[i].d = eng_f32_to_f16(d);
+        const float id = (maxScalar != 0.0f) ? 127.f / maxScalar : 0.0f;
+        for (int j = 0; j < 32; j++)
+            y[i].qs[j] = (int8_t)nearbyintf(x[j] * id); /* _mm256_round_ps(_MM_ROUND_NEAREST) */
+    }
+}
+
+static void ggml_q8_k(const float *x, eng_block_q8_k_t *y, uint32_t k)
+{
+    for (uint32_t i = 0; i < k / 256; i++, x += 256) {
+        float max = 0, amax = 0;
+        for (int j = 0; j < 256; ++j) {
+            float ax = fabsf(x[j]);
+            if (ax > amax) {
+                amax = ax;
+                max = x[j];
+            }
+        }
+        memset(&y[i], 0, sizeof y[i]); /* ggml leaves bsums as they were; the engine zeroes */
+        if (!amax)
+            continue;
+        const float iscale = -127.f / max;
+        for (int j = 0; j < 256; ++j) {
+            int v = ggml_nearest_int(iscale * x[j]);
+            y[i].qs[j] = (int8_t)(v < 127 ? v : 127);
+        }
+        for (int j = 0; j < 16; ++j) {
+            int sum = 0;
+            for (int ii = 0; ii < 16; ++ii)
+                sum += y[i].qs[j * 16 + ii];
+            y[i].bsums[j] = (int16_t)sum;
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+/* Every path's quantized activations are ggml's bytes: random rows of mixed magnitudes, all-zero
+ * blocks, ties of +amax and -amax (the first one sets the sign), values exactly halfway between
+ * levels (x * id = n + 0.5: halves to even), and one huge or tiny block. */
+PC_TEST(quant_act_is_ggml_bytes)
+{
+    enum { K = 2048 };
+    float *x = malloc(K * sizeof *x);
+    eng_block_q8_k_t *ref_k = malloc(K / 256 * sizeof *ref_k),
+                     *got_k = malloc(K / 256 * sizeof *got_k);
+    eng_block_q8_0_t *ref_0 = malloc(K / 32 * sizeof *ref_0),
+                     *got_0 = malloc(K / 32 * sizeof *got_0);
+    for (int rep = 0; rep < 40; rep++) {
+        float *r = rnd_x(1, K);
+        memcpy(x, r, K * sizeof *x);
+        free(r);
+        if (rep % 4 == 1) { /* ties: -amax before +amax in a block, halfway values */
+            for (int b = 0; b < K / 256; b++) {
+                x[256 * b + 3] = -1.0f;
+                x[256 * b + 200] = 1.0f;
+            }
+            for (int j = 0; j < K; j += 5)
+                x[j] = ((float)(int)(rnd() % 200) - 100.0f + 0.5f) / 127.0f;
+        }
+        if (rep % 4 == 2)
+            for (int j = 0; j < 256; j++)
+                x[256 + j] *= rep % 8 == 2 ? 1e30f : 1e-30f;
+        ggml_q8_k(x, ref_k, K);
+        ggml_q8_0(x, ref_0, K);
+        eng_quant_act_q8_k(x, got_k, K);
+        eng_quant_act_q8_0(x, got_0, K);
+        ASSERT_MEM_EQ(got_k, ref_k, K / 256 * sizeof *ref_k);
+        ASSERT_MEM_EQ(got_0, ref_0, K / 32 * sizeof *ref_0);
+        for (size_t pi = 0; pi < PC_ARRAY_LEN(paths); pi++) {
+            if (!eng__cpu_isa_runs(paths[pi]))
+                continue;
+            memset(got_k, 0x55, K / 256 * sizeof *got_k);
+            memset(got_0, 0x55, K / 32 * sizeof *got_0);
+            eng__quant_act_isa(ENG_GGML_TYPE_Q8_K, x, got_k, K, paths[pi]);
+            eng__quant_act_isa(ENG_GGML_TYPE_Q8_0, x, got_0, K, paths[pi]);
+            ASSERT_MEM_EQ(got_k, ref_k, K / 256 * sizeof *ref_k);
+            ASSERT_MEM_EQ(got_0, ref_0, K / 32 * sizeof *ref_0);
+        }
+    }
+    free(x), free(ref_k), free(got_k), free(ref_0), free(got_0);
 }
 
 /* The AVX-512 dequantization of prefill tiles: bit for bit quant.h's reference, random and
@@ -415,55 +516,6 @@ PC_TEST(dequant_avx512_matches_reference)
     float q8[32] = {0};
     ASSERT_FALSE(eng__avx512_quant_row_to_f32(ENG_GGML_TYPE_F16, q8, a, 32)); /* not its type */
     free(a), free(b);
-}
-
-/* From 32 rows on, with AVX512-BF16, quantized weights take the BF16 GEMM on panels of each tile
- * dequantized in cache: bit for bit what the same GEMM gives on the whole matrix packed
- * (eng__bf16_pack), and within F32 rounding of a double-precision product of the BF16-rounded
- * x and dequantized weights. N = 150 ends in a partial tile and a partial panel pair. */
-PC_TEST(matmul_q_bf16_tiles)
-{
-    if (!eng__cpu_isa_runs(ENG_CPU_ISA_AVX512) || !eng__cpu_has_bf16())
-        PC_SKIP("no AVX512-BF16 on this CPU");
-    uint32_t Ms[] = {32, 45};
-    enum { N = 150, K = 512, MMAX = 45 };
-    eng_pool_t *pool;
-    ASSERT_EQ(eng__pool_init(2, &pool), 0);
-    float *t0 = malloc((size_t)ENG_CPU_WTILE * K * 4), *t1 = malloc((size_t)ENG_CPU_WTILE * K * 4);
-    float *const tmp[2] = {t0, t1};
-    float *x = rnd_x(MMAX, K), *wd = malloc((size_t)N * K * sizeof *wd);
-    uint16_t *abf = malloc((size_t)MMAX * (K + 2) * sizeof *abf);
-    uint16_t *panels = malloc(eng__bf16_packed_elems(K, N) * sizeof *panels);
-    float *y = malloc((size_t)MMAX * N * 4), *yp = malloc((size_t)MMAX * N * 4);
-    for (size_t ti = 0; ti < PC_ARRAY_LEN(qtypes); ti++) {
-        uint32_t t = qtypes[ti];
-        size_t rb = eng_quant_row_bytes(t, K);
-        void *data = rnd_rows(t, N, K, false);
-        eng_weight_t w = {.type = t, .file_type = t, .n_in = K, .n_out = N, .data = data};
-        for (uint32_t n = 0; n < N; n++)
-            eng_quant_row_to_f32(t, (const uint8_t *)data + n * rb, wd + (size_t)n * K, K);
-        eng__bf16_pack(&w, panels);
-        for (size_t mi = 0; mi < PC_ARRAY_LEN(Ms); mi++) {
-            uint32_t M = Ms[mi];
-            eng__matmul(pool, x, M, &w, NULL, y, false, tmp, abf, ENG_CPU_ISA_AVX512);
-            eng__matmul(pool, x, M, &w, panels, yp, false, tmp, abf, ENG_CPU_ISA_AVX512);
-            ASSERT_MEM_EQ(y, yp, (size_t)M * N * sizeof *y);
-            for (uint32_t m = 0; m < M; m++) {
-                for (uint32_t n = 0; n < N; n++) {
-                    double r = 0, mag = 0;
-                    for (uint32_t k = 0; k < K; k++) {
-                        double p = (double)eng_bf16_to_f32(eng_f32_to_bf16(wd[(size_t)n * K + k])) *
-                                   eng_bf16_to_f32(eng_f32_to_bf16(x[(size_t)m * K + k]));
-                        r += p, mag += fabs(p);
-                    }
-                    ASSERT_LE(fabs(y[(size_t)m * N + n] - r), 1e-5 * mag);
-                }
-            }
-        }
-        free(data);
-    }
-    free(t0), free(t1), free(x), free(wd), free(abf), free(panels), free(y), free(yp);
-    eng__pool_free(pool);
 }
 
 PC_TEST_MAIN()
