@@ -75,9 +75,9 @@ AVX2 static inline float hsum8(__m256 v)
 #define WLOAD(f16, w, k)                                                                           \
     ((f16) ? HALF8((const uint16_t *)(w) + (k)) : _mm256_loadu_ps((const float *)(w) + (k)))
 
-/* Eight weights at k (a multiple of 8) of a row of type t as floats: F32, F16 (F16C), BF16 (the
- * 16 bits shifted into the high half of each lane: exact) or Q8_0 (eight int8 quants of the
- * k / 32-th block, times its F16 scale). t is a constant wherever this is inlined. */
+/* Eight weights at k (a multiple of 8) of a row of type t as floats: F32, F16 (F16C) or BF16 (the
+ * 16 bits shifted into the high half of each lane: exact). t is a constant wherever this is
+ * inlined. */
 AVX2 static inline __attribute__((always_inline)) __m256 wload8(const uint32_t t, const void *w,
                                                                 uint32_t k)
 {
@@ -89,20 +89,12 @@ AVX2 static inline __attribute__((always_inline)) __m256 wload8(const uint32_t t
             _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
                                   (const __m128i *)(const void *)((const uint16_t *)w + k))),
                               16));
-    case ENG_GGML_TYPE_Q8_0: {
-        const uint8_t *blk = (const uint8_t *)w + (size_t)(k / ENG_QK8_0) * ENG_Q8_0_BYTES;
-        uint16_t d;
-        memcpy(&d, blk, 2);
-        __m256i q = _mm256_cvtepi8_epi32(
-            _mm_loadl_epi64((const __m128i *)(const void *)(blk + 2 + k % ENG_QK8_0)));
-        return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d)), _mm256_cvtepi32_ps(q));
-    }
     default:
         return _mm256_loadu_ps((const float *)w + k);
     }
 }
 
-/* Weight k of a row of type t (the scalar tails; Q8_0 rows have none). */
+/* Weight k of a row of type t (the scalar tails). */
 AVX2 static inline float wload1(uint32_t t, const void *w, uint32_t k)
 {
     switch (t) {
@@ -142,40 +134,6 @@ AVX2 static inline __attribute__((always_inline)) float dot1(const uint32_t t, c
     for (; k < K; k++)
         s += wload1(t, w, k) * x[k];
     return s;
-}
-
-/* One Q8_0 row against one x row, two blocks (68 bytes) per iteration: each block's 32 quants
- * times x summed in F32 (exact small integers times floats), then scaled once by the block's
- * F16 scale into one of two accumulators. K is a multiple of 32. */
-AVX2 static float dot1_q8_0(const uint8_t *w, const float *x, uint32_t K)
-{
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    uint32_t nb = K / ENG_QK8_0, b = 0;
-#define Q8_BLOCK(blk, xb, acc)                                                                     \
-    do {                                                                                           \
-        uint16_t d_;                                                                               \
-        memcpy(&d_, (blk), 2);                                                                     \
-        __m256i q_ = _mm256_loadu_si256((const __m256i *)(const void *)((blk) + 2));               \
-        __m128i lo_ = _mm256_castsi256_si128(q_), hi_ = _mm256_extracti128_si256(q_, 1);           \
-        __m256 p_ =                                                                                \
-            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo_)), _mm256_loadu_ps((xb)));   \
-        p_ = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo_, 8))),     \
-                             _mm256_loadu_ps((xb) + 8), p_);                                       \
-        p_ = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi_)),                        \
-                             _mm256_loadu_ps((xb) + 16), p_);                                      \
-        p_ = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi_, 8))),     \
-                             _mm256_loadu_ps((xb) + 24), p_);                                      \
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(d_)), p_, acc);                             \
-    } while (0)
-    for (; b + 2 <= nb; b += 2) {
-        const uint8_t *blk = w + (size_t)b * ENG_Q8_0_BYTES;
-        Q8_BLOCK(blk, x + (size_t)b * ENG_QK8_0, acc0);
-        Q8_BLOCK(blk + ENG_Q8_0_BYTES, x + (size_t)(b + 1) * ENG_QK8_0, acc1);
-    }
-    if (b < nb)
-        Q8_BLOCK(w + (size_t)b * ENG_Q8_0_BYTES, x + (size_t)b * ENG_QK8_0, acc0);
-#undef Q8_BLOCK
-    return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
 /* One weight row of type t against R <= 4 rows of x (xg, stride K): eight weights converted
@@ -225,7 +183,7 @@ AVX2 static inline __attribute__((always_inline)) void gemv_t(const uint32_t t, 
     for (uint32_t n = n0; n < n1; n++) {
         const void *wr = (const char *)g->w + (size_t)n * rb;
         if (M == 1) {
-            float s = t == ENG_GGML_TYPE_Q8_0 ? dot1_q8_0(wr, g->x, K) : dot1(t, wr, g->x, K);
+            float s = dot1(t, wr, g->x, K);
             g->y[n] = g->accumulate ? g->y[n] + s : s;
             continue;
         }
@@ -362,11 +320,32 @@ AVX2 static float dot_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t *x,
     }
     return hsum8(acc);
 }
-#undef LOAD256
+
+/* Q8_0 x Q8_0 as ggml's: per block, sum w a exact in int32 (VPMADDUBSW on |w| and a with w's
+ * sign: pairs of products stay within int16, at most 2 * 128 * 127), scaled by d_w d_a. */
+AVX2 static float dot_q8_0(const eng_block_q8_0_t *w, const eng_block_q8_0_t *x, uint32_t K)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    uint32_t nb = K / ENG_QK8_0;
+    for (uint32_t b = 0; b < nb; b++) {
+        __m256i qw = LOAD256(w[b].qs), qa = LOAD256(x[b].qs);
+        __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qa, qw));
+        __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(w[b].d) * _cvtsh_ss(x[b].d));
+        if (b % 2)
+            acc1 = _mm256_fmadd_ps(d, s, acc1);
+        else
+            acc0 = _mm256_fmadd_ps(d, s, acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
 
 AVX2 float eng__avx2_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K)
 {
     switch (wtype) {
+    case ENG_GGML_TYPE_Q8_0:
+        return dot_q8_0(w, xq, K);
     case ENG_GGML_TYPE_Q4_0:
         return dot_q4_0(w, xq, K);
     case ENG_GGML_TYPE_Q4_K:
@@ -379,6 +358,7 @@ AVX2 float eng__avx2_dot_q(uint32_t wtype, const void *w, const void *xq, uint32
         PC_ABORT("weight type %u has no integer dot product", wtype);
     }
 }
+#undef LOAD256
 
 /* Activation quantization (quant.h), ggml-cpu's x86 arithmetic instruction for instruction: the
  * block's amax by VMAXPS (exact in any order), q by VROUNDPS (nearest, halves to even) and
@@ -477,6 +457,7 @@ AVX2 void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
 {
     PC_ASSERT(g->M <= ENG_GEMV_MAX_M);
     switch (g->wtype) {
+    case ENG_GGML_TYPE_Q8_0:
     case ENG_GGML_TYPE_Q4_0:
     case ENG_GGML_TYPE_Q4_K:
     case ENG_GGML_TYPE_Q5_K:
@@ -488,10 +469,6 @@ AVX2 void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
         return;
     case ENG_GGML_TYPE_BF16:
         gemv_t(ENG_GGML_TYPE_BF16, g, n0, n1);
-        return;
-    case ENG_GGML_TYPE_Q8_0:
-        PC_ASSERT(g->K % ENG_QK8_0 == 0);
-        gemv_t(ENG_GGML_TYPE_Q8_0, g, n0, n1);
         return;
     default:
         PC_ASSERT(g->wtype == ENG_GGML_TYPE_F32);

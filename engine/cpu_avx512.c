@@ -255,7 +255,7 @@ AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
         eng__gemv_q(c, n0, n1, eng__avx512_dot_q);
         return;
     }
-    if (c->wtype != ENG_GGML_TYPE_F16) { /* F32, BF16 and Q8_0 weights: the AVX2 kernels
+    if (c->wtype != ENG_GGML_TYPE_F16) { /* F32 and BF16 weights: the AVX2 kernels
                                             (every AVX-512 CPU runs them) already stream at the
                                             read bandwidth */
         eng__avx2_gemv(c, n0, n1);
@@ -593,6 +593,8 @@ VNNI static float dot512_q(uint32_t wtype, const void *w, const void *xq, uint32
         return dot512_q45_k(true, w, xq, K);
     case ENG_GGML_TYPE_Q6_K:
         return dot512_q6_k(w, xq, K);
+    case ENG_GGML_TYPE_Q8_0: /* 256-bit blocks: the AVX2 product */
+        return eng__avx2_dot_q(wtype, w, xq, K);
     default:
         PC_ABORT("weight type %u has no integer dot product", wtype);
     }

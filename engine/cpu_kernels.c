@@ -154,24 +154,19 @@ static void gemv_run(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
     }
 }
 
-/* Rows [n0, n1) of w (F16, BF16 or a quantized type) as F32 rows into dst. */
+/* Rows [n0, n1) of w (F16 or BF16) as F32 rows into dst. */
 static void weight_rows_to_f32(const eng_weight_t *w, uint32_t n0, uint32_t n1, float *dst,
                                eng_cpu_isa_t isa)
 {
     size_t K = w->n_in, n = (size_t)(n1 - n0) * K;
-    const char *src = (const char *)w->data + n0 * eng__gemv_row_bytes(w->type, w->n_in);
-    switch (w->type) {
-    case ENG_GGML_TYPE_F16:
-        eng__f16_to_f32_row_isa((const uint16_t *)src, dst, n, isa);
-        return;
-    case ENG_GGML_TYPE_BF16:
-        eng__port_bf16_to_f32((const uint16_t *)src, dst, n);
-        return;
-    default:
-        PC_ASSERT(eng_quant_type_is_quant(w->type));
-        eng_quant_row_to_f32(w->type, src, dst, n);
+    const uint16_t *src =
+        (const uint16_t *)((const char *)w->data + n0 * eng__gemv_row_bytes(w->type, w->n_in));
+    if (w->type == ENG_GGML_TYPE_F16) {
+        eng__f16_to_f32_row_isa(src, dst, n, isa);
         return;
     }
+    PC_ASSERT(w->type == ENG_GGML_TYPE_BF16);
+    eng__port_bf16_to_f32(src, dst, n);
 }
 
 static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
@@ -217,9 +212,8 @@ static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
                     1.0f, c->x, (int)c->K, wp, (int)c->K, beta, c->y + n0, (int)c->N);
         return;
     }
-    /* F16 on the other paths, BF16 and the quantized types on every path: the tile's rows
-     * converted to F32,
-     * then the AVX2 GEMM or sgemm over them. */
+    /* F16 on the other paths and BF16 on every path: the tile's rows converted to F32, then the
+     * AVX2 GEMM or sgemm over them. */
     float *t = c->tmp[thread];
     weight_rows_to_f32(c->w, n0, n1, t, c->isa);
 #if defined(__x86_64__) || defined(__i386__)

@@ -4,11 +4,11 @@
  * Weights are F32, F16, BF16 or quantized (quant.h), as the model stores them. Below ENG_GEMV_MAX_M
  * rows of x (decode) every type is multiplied directly by the path's GEMV kernel, which reads each
  * weight once in its own format. From it on (prefill), on the AVX2 path F16 weights go to the AVX2
- * register-tile GEMM as stored; otherwise F16, BF16 and Q8_0 weights are converted tile by tile
- * into a per-thread F32 buffer, multiplied by that GEMM (AVX2) or by OpenBLAS sgemm (one
+ * register-tile GEMM as stored; otherwise F16 and BF16 weights are converted tile by tile into a
+ * per-thread F32 buffer, multiplied by that GEMM (AVX2) or by OpenBLAS sgemm (one
  * single-threaded call per slice of output columns on each pool thread; OpenBLAS is set to one
- * thread). The weight types whose products take x quantized (eng__gemv_int8: Q4_0, Q5_0, Q5_1
- * and the K-quants) take it quantized at every row count, as llama.cpp's CPU backend does (to
+ * thread). The quantized weight types (eng__gemv_int8: Q8_0, Q4_0, Q5_0, Q5_1 and the K-quants)
+ * take x quantized at every row count, as llama.cpp's CPU backend does (to
  * Q8_0 or Q8_K blocks, byte for byte its rounding, quant.h): prefill runs the decode GEMV's
  * integer dot products on every row of x, a tile of weight rows at a time (read from memory
  * once, in cache while every row group of x passes over them). So prefill and decode compute the

@@ -41,14 +41,14 @@ void eng__avx2_f16_rows_to_f32(const uint16_t *src, size_t ss, float *dst, size_
 /* A small product y[m][n] (+)= x[m] . w[n] for the rows n in [n0, n1) of w and every m < M:
  * memory bound, one pass over those weight rows, each converted once in registers and applied to
  * the rows of x in groups. w is stored as the model keeps it (wtype, an enum eng_ggml_type; rows
- * of eng__gemv_row_bytes() bytes): F32, F16, BF16 and Q8_0 rows meet x in F32; Q4_0, Q5_0, Q5_1,
+ * of eng__gemv_row_bytes() bytes): F32, F16 and BF16 rows meet x in F32; Q8_0, Q4_0, Q5_0, Q5_1,
  * Q4_K, Q5_K and Q6_K rows (eng__gemv_int8) meet xq, the rows of x quantized once to the weight
- * type's dot type (quant.h: Q8_0 for Q4_0 / Q5_0 / Q5_1, Q8_K for the K-quants), in integer dot
- * products. K is a multiple of the type's block (32 for Q8_0, Q4_0, Q5_0 and Q5_1, 256 for the
- * K-quants). */
+ * type's dot type (quant.h: Q8_0 for Q8_0 / Q4_0 / Q5_0 / Q5_1, Q8_K for the K-quants), in
+ * integer dot products. K is a multiple of the type's block (32 for Q8_0, Q4_0, Q5_0 and Q5_1, 256
+ * for the K-quants). */
 typedef struct eng_gemv {
     const void *w;    /* [N] rows of K elements of wtype */
-    uint32_t wtype;   /* ENG_GGML_TYPE_F32, _F16, _BF16, _Q8_0 or an eng__gemv_int8 type */
+    uint32_t wtype;   /* ENG_GGML_TYPE_F32, _F16, _BF16 or an eng__gemv_int8 type */
     const float *x;   /* [M][K] */
     const void *xq;   /* [M] rows of xq_stride bytes: x quantized, for the eng__gemv_int8 types */
     size_t xq_stride; /* eng_quant_row_bytes(eng_quant_dot_type(wtype), K) */
@@ -67,13 +67,14 @@ static inline size_t eng__gemv_row_bytes(uint32_t wtype, uint32_t K)
     return eng_quant_row_bytes(wtype, K);
 }
 
-/* True for the weight types whose products take x quantized (eng_gemv_t.xq): Q4_0, Q5_0, Q5_1,
- * Q4_K, Q5_K and Q6_K. Q8_0 keeps F32 activations (its products stay as exact as before). */
+/* True for the weight types whose products take x quantized (eng_gemv_t.xq), as llama.cpp's
+ * CPU backend quantizes it for them: Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K. */
 static inline bool eng__gemv_int8(uint32_t wtype)
 {
-    return wtype == ENG_GGML_TYPE_Q4_0 || wtype == ENG_GGML_TYPE_Q5_0 ||
-           wtype == ENG_GGML_TYPE_Q5_1 || wtype == ENG_GGML_TYPE_Q4_K ||
-           wtype == ENG_GGML_TYPE_Q5_K || wtype == ENG_GGML_TYPE_Q6_K;
+    return wtype == ENG_GGML_TYPE_Q8_0 || wtype == ENG_GGML_TYPE_Q4_0 ||
+           wtype == ENG_GGML_TYPE_Q5_0 || wtype == ENG_GGML_TYPE_Q5_1 ||
+           wtype == ENG_GGML_TYPE_Q4_K || wtype == ENG_GGML_TYPE_Q5_K ||
+           wtype == ENG_GGML_TYPE_Q6_K;
 }
 
 /* True for the eng__gemv_int8 types the AVX2 / AVX-512 GEMVs have dot products for; the others
@@ -81,8 +82,9 @@ static inline bool eng__gemv_int8(uint32_t wtype)
  * portable GEMV on every ISA. */
 static inline bool eng__gemv_int8_simd(uint32_t wtype)
 {
-    return wtype == ENG_GGML_TYPE_Q4_0 || wtype == ENG_GGML_TYPE_Q4_K ||
-           wtype == ENG_GGML_TYPE_Q5_K || wtype == ENG_GGML_TYPE_Q6_K;
+    return wtype == ENG_GGML_TYPE_Q8_0 || wtype == ENG_GGML_TYPE_Q4_0 ||
+           wtype == ENG_GGML_TYPE_Q4_K || wtype == ENG_GGML_TYPE_Q5_K ||
+           wtype == ENG_GGML_TYPE_Q6_K;
 }
 
 void eng__avx512_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1);

@@ -2,8 +2,9 @@
  * test_cpu_kernels.c — the CPU kernels of every ISA path this CPU runs (avx512, avx2, portable;
  * cpu.h) against naive references: half-precision rows bit for bit against the scalar
  * conversions of half.h (rounding ties, subnormals, infinities, NaN), the decode GEMV and the
- * whole matrix product (eng__matmul: GEMV, AVX2 GEMM, converted tiles and sgemm) on F32, F16,
- * BF16 and Q8_0 weights against a double-precision product (row counts around every tile,
+ * whole matrix product (eng__matmul: GEMV, AVX2 GEMM, converted tiles and sgemm) on F32, F16
+ * and BF16 weights against a double-precision product (Q8_0 and the other quantized types, whose
+ * products take x quantized, are test_cpu_quant's) (row counts around every tile,
  * lengths with every tail), and the element-wise kernels (RMS norm, SwiGLU, both RoPE layouts).
  * Also the path selection: names, parsing, KVGW_CPU_ISA and refusals.
  */
@@ -46,8 +47,7 @@ static void gemv_isa(eng_cpu_isa_t isa, const eng_gemv_t *g, uint32_t n0, uint32
 }
 
 /* The weight types the kernels read, and their names. */
-static const uint32_t wtypes[] = {ENG_GGML_TYPE_F32, ENG_GGML_TYPE_F16, ENG_GGML_TYPE_BF16,
-                                  ENG_GGML_TYPE_Q8_0};
+static const uint32_t wtypes[] = {ENG_GGML_TYPE_F32, ENG_GGML_TYPE_F16, ENG_GGML_TYPE_BF16};
 
 static const char *wtype_name(uint32_t t)
 {
@@ -184,8 +184,8 @@ PC_TEST(half_rows_bit_exact)
     free(h), free(h2), free(f), free(f2);
 }
 
-/* y = x . w^T on a slice of output rows, (+)=, against double precision, for F32, F16, BF16 and
- * Q8_0 weights; the rows outside the slice are never written. */
+/* y = x . w^T on a slice of output rows, (+)=, against double precision, for F32, F16 and BF16
+ * weights; the rows outside the slice are never written. */
 PC_TEST(gemv_matches_double_reference)
 {
     uint32_t Ks[] = {1, 7, 8, 32, 37, 64, 96, 129, 200, 1024, 1030};
