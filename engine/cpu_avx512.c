@@ -396,6 +396,22 @@ typedef struct q40_pair {
     float dx[16];     /* lanes 0-7: block 2p's d, 8-15: block 2p + 1's */
 } q40_pair_t;
 
+/* The np block pairs of a Q8_0 activation row x prepared as q40_pair_t (xp 64-byte aligned). */
+VNNI static void q40_prep_x(const eng_block_q8_0_t *x, uint32_t np, q40_pair_t *xp)
+{
+    const __m512i z = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
+    const __m512i two = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (uint32_t p = 0; p < np; p++) {
+        __m512i a = HALVES(LOAD256(x[2 * p].qs), LOAD256(x[2 * p + 1].qs));
+        _mm512_store_si512(xp[p].a, a);
+        _mm512_store_si512(
+            xp[p].init, _mm512_sub_epi32(z, _mm512_slli_epi32(_mm512_dpbusd_epi32(z, ones, a), 3)));
+        __m128 d =
+            _mm_cvtph_ps(_mm_cvtsi32_si128((int)(x[2 * p].d | (uint32_t)x[2 * p + 1].d << 16)));
+        _mm512_store_ps(xp[p].dx, _mm512_permutexvar_ps(two, _mm512_castps128_ps512(d)));
+    }
+}
+
 /* acc + one weight pair (36 bytes at w) times its prepared activations. */
 VBMI static inline __m512 q4_0_pair_x(const uint8_t *w, const q40_pair_t *xp, __m512i qidx,
                                       __m512i didx, __mmask32 hi_words, __m512 acc)
@@ -418,17 +434,7 @@ VBMI static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
         return false;
     _Alignas(64) q40_pair_t xp[Q40_MAX_PAIRS];
     const eng_block_q8_0_t *x = g->xq;
-    const __m512i z = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
-    const __m512i two = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    for (uint32_t p = 0; p < np; p++) {
-        __m512i a = HALVES(LOAD256(x[2 * p].qs), LOAD256(x[2 * p + 1].qs));
-        _mm512_store_si512(xp[p].a, a);
-        _mm512_store_si512(
-            xp[p].init, _mm512_sub_epi32(z, _mm512_slli_epi32(_mm512_dpbusd_epi32(z, ones, a), 3)));
-        __m128 d =
-            _mm_cvtph_ps(_mm_cvtsi32_si128((int)(x[2 * p].d | (uint32_t)x[2 * p + 1].d << 16)));
-        _mm512_store_ps(xp[p].dx, _mm512_permutexvar_ps(two, _mm512_castps128_ps512(d)));
-    }
+    q40_prep_x(x, np, xp);
     /* Pair bytes: d0 (0-1), qs0 (2-17), d1 (18-19), qs1 (20-35). q: qs0 twice, then qs1 twice,
      * every second copy shifted down 4 bits: low and high nibbles in element order. */
     uint8_t qi[64];
@@ -470,6 +476,15 @@ VNNI static inline __m128i k4_unpack128(const uint8_t *scales)
     __m128i t = _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0)); /* u0 u0 u1 u1 */
     __m128i hi = _mm_and_si128(_mm_srli_epi32(t, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
     return _mm_or_si128(lo, hi);
+}
+
+/* The sum of a Q4_K / Q5_K product's eight lanes (acc - accm), in the order the GEMM repeats. */
+VNNI static inline float hsum8_q45(__m256 r)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
 }
 
 /* Q4_K (hb false) or Q5_K (hb true) x Q8_K, 256 bits wide (measured faster on Zen 4 than
@@ -521,11 +536,7 @@ dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t 
         acc = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->d)),
                               _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc);
     }
-    __m256 r = _mm256_sub_ps(acc, accm);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+    return hsum8_q45(_mm256_sub_ps(acc, accm));
 }
 
 /* Q6_K x Q8_K: 64 elements per product (a 64-byte load of ql gives 64 low nibbles, its high
@@ -608,116 +619,374 @@ float eng__avx512_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Quantized rows to F32 (prefill tiles): quant.c's reference arithmetic, operation for operation
- * (the same products and differences, each rounded once), sixteen elements per instruction.
+ * The quantized prefill GEMM: eng__avx512_dot_q's arithmetic for QG_ROWS rows of x and two weight
+ * rows per micro-kernel. The task's weight rows are first decoded once into a packed form (every
+ * quant widened to a byte in x's element order, the scales spread over the lanes that take them),
+ * which stays in L2 while the row groups of x pass over it; the micro-kernel holds its rows'
+ * activations and every accumulator in registers. The integer sums are those of the dot product
+ * lane for lane (the same VPMADDUBSW pairs, exact int32 sums: the order of integer additions does
+ * not matter), and every float operation is the dot product's, on the same values in the same
+ * order (two outputs' 8-lane K-quant accumulators share a 512-bit register, lane for lane), so each
+ * output is bit for bit eng__avx512_dot_q's.
  * ------------------------------------------------------------------------------------------- */
 
-/* Sixteen unsigned bytes (of which the low nibble, or the byte) as floats. */
-#define U8X16_PS(v) _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v))
+#define LOAD256(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
+#define LOAD512(p) _mm512_loadu_si512((const void *)(p))
+#define QG_ROWS 4 /* rows of x per micro-kernel */
+#define QG_ALIGN 64
+/* The tiles' loops over rows, weight rows and chunks run unrolled: their vectors live in registers.
+ */
+#define QG_UNROLL _Pragma("GCC unroll 16")
 
-VNNI static void deq_q4_0(const eng_block_q4_0_t *b, float *dst, size_t n)
-{
-    const __m128i lo4 = _mm_set1_epi8(0x0f);
-    const __m512i eight = _mm512_set1_epi32(8);
-    for (size_t i = 0; i < n / ENG_QK4_0; i++, b++, dst += ENG_QK4_0) {
-        __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
-        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)b->qs);
-        __m512i lo = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(v, lo4)), eight);
-        __m512i hi =
-            _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), lo4)), eight);
-        _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
-        _mm512_storeu_ps(dst + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
-    }
-}
+/* One K-quant super-block of a weight row, packed. q[e]: element e's unsigned quant (Q4_K 0..15,
+ * Q5_K 0..31, Q6_K 0..63), as the dot product's VPMADDUBSW meets x's byte e; sc[c][l]: the scale
+ * of int16 lane l of chunk c's (elements 64 c ..) products; m: Q4_K / Q5_K's mins, min j in lanes
+ * 2j and 2j + 1 (VPMADDWD with bsums), Q6_K's -32 sc_j (its offset through bsums); d, dmin the
+ * F16 scales in F32. */
+typedef struct qk_pack {
+    uint8_t q[ENG_QK_K];
+    int16_t sc[4][32];
+    int16_t m[16];
+    float d, dmin;
+    uint8_t pad[24];
+} qk_pack_t;
+_Static_assert(sizeof(qk_pack_t) % QG_ALIGN == 0, "packed super-blocks stay aligned");
 
-/* Q4_K (hb false) or Q5_K: d_j q - m_j per sub-block j of 32. */
-VNNI static inline __attribute__((always_inline)) void deq_q45_k(const bool hb, const void *src,
-                                                                 float *dst, size_t n)
+/* A Q4_0 block pair of a weight row, packed: the 64 quants (0..15) in element order, and the two
+ * scales in F32 over their lanes (0-7 the first block's, 8-15 the second's). */
+typedef struct q40_wpack {
+    uint8_t q[64];
+    float dw[16];
+} q40_wpack_t;
+
+/* n super-blocks of a Q4_K (hb false) or Q5_K row, packed. */
+VNNI static inline __attribute__((always_inline)) void qk_pack_q45(const bool hb, const void *src,
+                                                                   uint32_t n, qk_pack_t *p)
 {
-    const __m128i lo4 = _mm_set1_epi8(0x0f), b16 = _mm_set1_epi8(0x10);
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10);
     const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
     const uint8_t *w = src;
-    for (size_t i = 0; i < n / ENG_QK_K; i++, w += wb) {
+    for (uint32_t b = 0; b < n; b++, w += wb, p++) {
         const eng_block_q4_k_t *w4 = (const eng_block_q4_k_t *)(const void *)w;
+        __m128i sm = k4_unpack128(w4->scales);
         const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
-        const uint8_t *qh = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qh : NULL;
-        float d = _cvtsh_ss(w4->d), dmin = _cvtsh_ss(w4->dmin);
-        uint8_t sm[16];
-        _mm_storeu_si128((__m128i *)(void *)sm, k4_unpack128(w4->scales));
-        for (int j = 0; j < 8; j++, dst += 32) { /* sub-block j: nibbles of qs[32 (j / 2) ..] */
-            __m512 dj = _mm512_set1_ps(d * sm[j]), mj = _mm512_set1_ps(dmin * sm[8 + j]);
-            for (int h = 0; h < 2; h++) {
-                __m128i v =
-                    _mm_loadu_si128((const __m128i *)(const void *)(qs + 32 * (j / 2) + 16 * h));
-                __m128i q = _mm_and_si128(j % 2 ? _mm_srli_epi16(v, 4) : v, lo4);
-                if (hb) {
-                    __m128i u = _mm_set1_epi8((char)(1 << j));
-                    __m128i hv = _mm_loadu_si128((const __m128i *)(const void *)(qh + 16 * h));
-                    q = _mm_or_si128(q,
-                                     _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hv, u), u), b16));
-                }
-                _mm512_storeu_ps(dst + 16 * h, _mm512_sub_ps(_mm512_mul_ps(dj, U8X16_PS(q)), mj));
+        __m256i qh =
+            hb ? LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh) : _mm256_setzero_si256();
+        uint8_t s8[16];
+        _mm_storeu_si128((__m128i *)(void *)s8, sm);
+        for (int c = 0; c < 4; c++) {
+            __m256i v = LOAD256(qs + 32 * c);
+            __m256i lo = _mm256_and_si256(v, lo4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            if (hb) {
+                lo = _mm256_mask_add_epi8(
+                    lo, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * c)))), lo, b16);
+                hi = _mm256_mask_add_epi8(
+                    hi, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(2 << (2 * c)))), hi, b16);
             }
+            _mm256_storeu_si256((__m256i *)(void *)(p->q + 64 * c), lo);
+            _mm256_storeu_si256((__m256i *)(void *)(p->q + 64 * c + 32), hi);
+            __m512i sc = _mm512_inserti64x4(_mm512_set1_epi16(s8[2 * c]),
+                                            _mm256_set1_epi16(s8[2 * c + 1]), 1);
+            _mm512_storeu_si512((void *)p->sc[c], sc);
+        }
+        _mm256_storeu_si256((__m256i *)(void *)p->m,
+                            _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm)));
+        p->d = _cvtsh_ss(w4->d);
+        p->dmin = _cvtsh_ss(w4->dmin);
+    }
+}
+
+/* n super-blocks of a Q6_K row, packed (dot512_q6_k's quants and lane scales). */
+VNNI static void qk_pack_q6(const eng_block_q6_k_t *w, uint32_t n, qk_pack_t *p)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    for (uint32_t b = 0; b < n; b++, w++, p++) {
+        __m256i sc16 =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)w->scales));
+        __m512i sc = _mm512_castsi256_si512(sc16);
+        for (int h = 0; h < 2; h++) {
+            __m512i l = LOAD512(w->ql + 64 * h);
+            __m512i qh = _mm512_broadcast_i64x4(LOAD256(w->qh + 32 * h));
+            __m512i qa = _mm512_or_si512(_mm512_and_si512(l, lo4),
+                                         _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
+            __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), lo4),
+                                         _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+            _mm512_storeu_si512((void *)(p->q + 128 * h), qa);
+            _mm512_storeu_si512((void *)(p->q + 128 * h + 64), qb);
+        }
+        for (int c = 0; c < 4; c++)
+            _mm512_storeu_si512((void *)p->sc[c],
+                                _mm512_permutexvar_epi16(LOAD512(q6_lanes[c]), sc));
+        _mm256_storeu_si256((__m256i *)(void *)p->m,
+                            _mm256_mullo_epi16(sc16, _mm256_set1_epi16(-32)));
+        p->d = _cvtsh_ss(w->d);
+        p->dmin = 0;
+    }
+}
+
+/* np block pairs of a Q4_0 row, packed (q4_0_pair's quants and scales). */
+VNNI static void q40_pack(const eng_block_q4_0_t *w, uint32_t np, q40_wpack_t *p)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0f);
+    for (uint32_t i = 0; i < np; i++, w += 2, p++) {
+        __m256i v = _mm256_loadu2_m128i((const __m128i *)(const void *)w[1].qs,
+                                        (const __m128i *)(const void *)w[0].qs);
+        __m512i t = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
+        _mm512_storeu_si512(
+            (void *)p->q,
+            _mm512_and_si512(_mm512_shuffle_i64x2(t, t, _MM_SHUFFLE(3, 1, 2, 0)), lo4));
+        _mm512_storeu_ps(p->dw, _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(_cvtsh_ss(w[0].d)),
+                                                     _mm512_set1_ps(_cvtsh_ss(w[1].d))));
+    }
+}
+
+/* Two F32 values spread over a 512-bit register: lanes 0-7 a, 8-15 b. */
+VNNI static inline __m512 qg_pair_ps(float a, float b)
+{
+    return _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(a), _mm512_set1_ps(b));
+}
+
+/* R rows of Q8_K activations (xr[r], nsb blocks each) times two packed K-quant weight rows p0, p1
+ * (Q6_K with q6, else Q4_K / Q5_K): out[r][j] = eng__avx512_dot_q of row r and weight row j. */
+VNNI static inline __attribute__((always_inline)) void
+qk_tile(const int R, const bool q6, const qk_pack_t *p0, const qk_pack_t *p1, uint32_t nsb,
+        const eng_block_q8_k_t *const *xr, float out[QG_ROWS][2])
+{
+    /* K-quants: lanes 0-7 weight row 0's 8-lane accumulator, 8-15 row 1's (acc, accm); Q6_K:
+     * acc[r] the 16 lanes of weight row 0, accm[r] those of weight row 1. */
+    __m512 acc[QG_ROWS], accm[QG_ROWS];
+    QG_UNROLL
+    for (int r = 0; r < R; r++)
+        acc[r] = accm[r] = _mm512_setzero_ps();
+    for (uint32_t b = 0; b < nsb; b++, p0++, p1++) {
+        __m512i si[QG_ROWS][2];
+        QG_UNROLL
+        for (int r = 0; r < R; r++) {
+            if (q6) { /* the offset -32 sum_j sc_j bsum_j, in lanes 0-7 as dot512_q6_k has it */
+                __m256i bs = LOAD256(xr[r][b].bsums);
+                si[r][0] = _mm512_zextsi256_si512(_mm256_madd_epi16(bs, LOAD256(p0->m)));
+                si[r][1] = _mm512_zextsi256_si512(_mm256_madd_epi16(bs, LOAD256(p1->m)));
+            } else {
+                si[r][0] = si[r][1] = _mm512_setzero_si512();
+            }
+        }
+        QG_UNROLL
+        for (int c = 0; c < 4; c++) {
+            __m512i a[QG_ROWS];
+            QG_UNROLL
+            for (int r = 0; r < R; r++)
+                a[r] = LOAD512(xr[r][b].qs + 64 * c);
+            __m512i w = LOAD512(p0->q + 64 * c), s = LOAD512(p0->sc[c]);
+            QG_UNROLL
+            for (int r = 0; r < R; r++)
+                si[r][0] = _mm512_dpwssd_epi32(si[r][0], _mm512_maddubs_epi16(w, a[r]), s);
+            w = LOAD512(p1->q + 64 * c), s = LOAD512(p1->sc[c]);
+            QG_UNROLL
+            for (int r = 0; r < R; r++)
+                si[r][1] = _mm512_dpwssd_epi32(si[r][1], _mm512_maddubs_epi16(w, a[r]), s);
+        }
+        if (q6) {
+            QG_UNROLL
+            for (int r = 0; r < R; r++) {
+                float xd = xr[r][b].d;
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xd * p0->d), _mm512_cvtepi32_ps(si[r][0]),
+                                         acc[r]);
+                accm[r] = _mm512_fmadd_ps(_mm512_set1_ps(xd * p1->d), _mm512_cvtepi32_ps(si[r][1]),
+                                          accm[r]);
+            }
+            continue;
+        }
+        __m512 wd = qg_pair_ps(p0->d, p1->d), wm = qg_pair_ps(p0->dmin, p1->dmin);
+        __m512i mins =
+            _mm512_inserti64x4(_mm512_castsi256_si512(LOAD256(p0->m)), LOAD256(p1->m), 1);
+        QG_UNROLL
+        for (int r = 0; r < R; r++) {
+            /* Lanes 0-7: s0 + s1 of weight row 0 (dot512_q45_k's two halves), 8-15 row 1's. */
+            __m512i s = _mm512_add_epi32(_mm512_shuffle_i64x2(si[r][0], si[r][1], 0x44),
+                                         _mm512_shuffle_i64x2(si[r][0], si[r][1], 0xee));
+            __m512 xd = _mm512_set1_ps(xr[r][b].d);
+            __m512i mq = _mm512_madd_epi16(_mm512_broadcast_i64x4(LOAD256(xr[r][b].bsums)), mins);
+            accm[r] = _mm512_fmadd_ps(_mm512_mul_ps(xd, wm), _mm512_cvtepi32_ps(mq), accm[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(xd, wd), _mm512_cvtepi32_ps(s), acc[r]);
+        }
+    }
+    QG_UNROLL
+    for (int r = 0; r < R; r++) {
+        if (q6) {
+            out[r][0] = _mm512_reduce_add_ps(acc[r]);
+            out[r][1] = _mm512_reduce_add_ps(accm[r]);
+        } else {
+            __m512d v = _mm512_castps_pd(_mm512_sub_ps(acc[r], accm[r]));
+            out[r][0] = hsum8_q45(_mm256_castpd_ps(_mm512_castpd512_pd256(v)));
+            out[r][1] = hsum8_q45(_mm256_castpd_ps(_mm512_extractf64x4_pd(v, 1)));
         }
     }
 }
 
-/* Q6_K: (d sc) (q - 32) per sub-block of 16. */
-VNNI static void deq_q6_k(const eng_block_q6_k_t *b, float *dst, size_t n)
+/* R prepared Q4_0 activation rows (xr[r], np pairs each) times two packed Q4_0 weight rows:
+ * out[r][j] as dot512_q4_0 (pair p into accumulator p % 2, whole pairs only). */
+VNNI static inline __attribute__((always_inline)) void q40_tile(const int R, const q40_wpack_t *w0,
+                                                                const q40_wpack_t *w1, uint32_t np,
+                                                                const q40_pair_t *const *xr,
+                                                                float out[QG_ROWS][2])
 {
-    const __m128i lo4 = _mm_set1_epi8(0x0f), m3 = _mm_set1_epi8(3);
-    const __m512i k32 = _mm512_set1_epi32(32);
-    for (size_t i = 0; i < n / ENG_QK_K; i++, b++) {
-        float d = _cvtsh_ss(b->d);
-        for (int half = 0; half < 2; half++, dst += 128) {
-            const uint8_t *ql = b->ql + 64 * half, *qh = b->qh + 32 * half;
-            const int8_t *sc = b->scales + 8 * half;
-            for (int c = 0; c < 2; c++) { /* elements l = 16 c .. 16 c + 15 of each quarter */
-                __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(ql + 16 * c));
-                __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(ql + 32 + 16 * c));
-                __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(qh + 16 * c));
-                __m128i q[4] = {_mm_and_si128(a, lo4), _mm_and_si128(e, lo4),
-                                _mm_and_si128(_mm_srli_epi16(a, 4), lo4),
-                                _mm_and_si128(_mm_srli_epi16(e, 4), lo4)};
-                for (int k = 0; k < 4; k++) {
-                    __m128i hk = _mm_and_si128(_mm_srli_epi16(h, 2 * k), m3);
-                    __m128i v = _mm_or_si128(q[k], _mm_slli_epi16(hk, 4));
-                    __m512 qf = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(v), k32));
-                    __m512 ds = _mm512_set1_ps(d * sc[c + 2 * k]);
-                    _mm512_storeu_ps(dst + 32 * k + 16 * c, _mm512_mul_ps(ds, qf));
-                }
-            }
-        }
+    __m512 acc[QG_ROWS][2][2]; /* [row][weight row][chain] */
+    QG_UNROLL
+    for (int r = 0; r < R; r++)
+        QG_UNROLL
+    for (int j = 0; j < 2; j++)
+        acc[r][j][0] = acc[r][j][1] = _mm512_setzero_ps();
+#define Q40_STEP(p, ch)                                                                            \
+    do {                                                                                           \
+        QG_UNROLL                                                                                  \
+        for (int j = 0; j < 2; j++) {                                                              \
+            const q40_wpack_t *wp = (j ? w1 : w0) + (p);                                           \
+            __m512i q = LOAD512(wp->q);                                                            \
+            __m512 dw = _mm512_loadu_ps(wp->dw);                                                   \
+            QG_UNROLL                                                                              \
+            for (int r = 0; r < R; r++) {                                                          \
+                const q40_pair_t *xp = xr[r] + (p);                                                \
+                __m512i s =                                                                        \
+                    _mm512_dpbusd_epi32(_mm512_load_si512(xp->init), q, _mm512_load_si512(xp->a)); \
+                acc[r][j][ch] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_load_ps(xp->dx)),         \
+                                                _mm512_cvtepi32_ps(s), acc[r][j][ch]);             \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+    uint32_t p = 0;
+    for (; p + 2 <= np; p += 2) {
+        Q40_STEP(p, 0);
+        Q40_STEP(p + 1, 1);
     }
+    if (p < np)
+        Q40_STEP(p, 0);
+#undef Q40_STEP
+    QG_UNROLL
+    for (int r = 0; r < R; r++)
+        QG_UNROLL
+    for (int j = 0; j < 2; j++)
+        out[r][j] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][j][0], acc[r][j][1]));
 }
-#undef U8X16_PS
 
-static bool quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n);
+/* One micro-kernel call of R (1..QG_ROWS) rows: the tile functions instantiated per row count. */
+#define QG_BY_ROWS(R, call)                                                                        \
+    switch (R) {                                                                                   \
+    case 1:                                                                                        \
+        call(1);                                                                                   \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        call(2);                                                                                   \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        call(3);                                                                                   \
+        break;                                                                                     \
+    default:                                                                                       \
+        call(QG_ROWS);                                                                             \
+        break;                                                                                     \
+    }
 
-bool eng__avx512_quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n)
+VNNI static void qk_tiles(bool q6, int R, const qk_pack_t *p0, const qk_pack_t *p1, uint32_t nsb,
+                          const eng_block_q8_k_t *const *xr, float out[QG_ROWS][2])
 {
-    return eng__cpu_has_avx512_vnni() && quant_row_to_f32(type, src, dst, n);
+#define QK_CALL(n) qk_tile(n, true, p0, p1, nsb, xr, out)
+#define QK_CALL45(n) qk_tile(n, false, p0, p1, nsb, xr, out)
+    if (q6) {
+        QG_BY_ROWS(R, QK_CALL)
+    } else {
+        QG_BY_ROWS(R, QK_CALL45)
+    }
+#undef QK_CALL
+#undef QK_CALL45
 }
 
-VNNI static bool quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n)
+VNNI static void q40_tiles(int R, const q40_wpack_t *w0, const q40_wpack_t *w1, uint32_t np,
+                           const q40_pair_t *const *xr, float out[QG_ROWS][2]){
+#define Q40_CALL(n) q40_tile(n, w0, w1, np, xr, out)
+    QG_BY_ROWS(R, Q40_CALL)
+#undef Q40_CALL
+}
+#undef QG_BY_ROWS
+
+VNNI static bool qgemm(const eng_gemv_t *g, uint32_t n0, uint32_t n1, void *buf, size_t buf_bytes)
 {
-    switch (type) {
-    case ENG_GGML_TYPE_Q4_0:
-        deq_q4_0(src, dst, n);
-        return true;
-    case ENG_GGML_TYPE_Q4_K:
-        deq_q45_k(false, src, dst, n);
-        return true;
-    case ENG_GGML_TYPE_Q5_K:
-        deq_q45_k(true, src, dst, n);
-        return true;
-    case ENG_GGML_TYPE_Q6_K:
-        deq_q6_k(src, dst, n);
-        return true;
-    default:
+    uint32_t t = g->wtype, K = g->K;
+    bool q40 = t == ENG_GGML_TYPE_Q4_0;
+    uint32_t nc = n1 - n0, ncp = (nc + 1) & ~1u; /* an odd last row is packed twice */
+    uint32_t nblk = q40 ? K / 64 : K / ENG_QK_K; /* packed units per weight row */
+    size_t unit = q40 ? sizeof(q40_wpack_t) : sizeof(qk_pack_t);
+    size_t wbytes = (size_t)ncp * nblk * unit;
+    size_t xbytes = q40 ? (size_t)QG_ROWS * nblk * sizeof(q40_pair_t) : 0;
+    uintptr_t base = ((uintptr_t)buf + QG_ALIGN - 1) & ~(uintptr_t)(QG_ALIGN - 1);
+    if (base - (uintptr_t)buf + wbytes + xbytes > buf_bytes)
         return false;
+    char *wpk = (char *)base;
+    q40_pair_t *xprep = (q40_pair_t *)(void *)(wpk + wbytes);
+    size_t rb = eng__gemv_row_bytes(t, K);
+    for (uint32_t i = 0; i < ncp; i++) {
+        const char *src = (const char *)g->w + (size_t)(n0 + PC_MIN(i, nc - 1)) * rb;
+        void *dst = wpk + (size_t)i * nblk * unit;
+        switch (t) {
+        case ENG_GGML_TYPE_Q4_0:
+            q40_pack((const eng_block_q4_0_t *)(const void *)src, nblk, dst);
+            break;
+        case ENG_GGML_TYPE_Q4_K:
+            qk_pack_q45(false, src, nblk, dst);
+            break;
+        case ENG_GGML_TYPE_Q5_K:
+            qk_pack_q45(true, src, nblk, dst);
+            break;
+        default:
+            qk_pack_q6((const eng_block_q6_k_t *)(const void *)src, nblk, dst);
+            break;
+        }
     }
+    for (uint32_t m0 = 0; m0 < g->M; m0 += QG_ROWS) {
+        int R = (int)PC_MIN(QG_ROWS, g->M - m0);
+        const void *xr[QG_ROWS];
+        for (int r = 0; r < R; r++) {
+            const void *xq = (const char *)g->xq + (size_t)(m0 + r) * g->xq_stride;
+            if (q40) {
+                q40_prep_x(xq, nblk, xprep + (size_t)r * nblk);
+                xr[r] = xprep + (size_t)r * nblk;
+            } else {
+                xr[r] = xq;
+            }
+        }
+        for (uint32_t i = 0; i < ncp; i += 2) {
+            const char *p0 = wpk + (size_t)i * nblk * unit, *p1 = p0 + (size_t)nblk * unit;
+            float out[QG_ROWS][2];
+            if (q40)
+                q40_tiles(R, (const void *)p0, (const void *)p1, nblk,
+                          (const q40_pair_t *const *)xr, out);
+            else
+                qk_tiles(t == ENG_GGML_TYPE_Q6_K, R, (const void *)p0, (const void *)p1, nblk,
+                         (const eng_block_q8_k_t *const *)xr, out);
+            for (int r = 0; r < R; r++) {
+                float *yr = g->y + (size_t)(m0 + r) * g->ldy + n0 + i;
+                for (uint32_t j = 0; j < 2 && i + j < nc; j++)
+                    yr[j] = g->accumulate ? yr[j] + out[r][j] : out[r][j];
+            }
+        }
+    }
+    return true;
 }
+
+bool eng__avx512_qgemm(const eng_gemv_t *g, uint32_t n0, uint32_t n1, void *buf, size_t buf_bytes)
+{
+    uint32_t t = g->wtype;
+    if (!eng__cpu_has_avx512_vnni() || n1 <= n0 ||
+        !(t == ENG_GGML_TYPE_Q4_K || t == ENG_GGML_TYPE_Q5_K || t == ENG_GGML_TYPE_Q6_K ||
+          (t == ENG_GGML_TYPE_Q4_0 && g->K % 64 == 0))) /* Q4_0: whole block pairs (dot512_q4_0
+                                                            ends an odd block count alone) */
+        return false;
+    return qgemm(g, n0, n1, buf, buf_bytes);
+}
+#undef QG_UNROLL
+#undef LOAD256
+#undef LOAD512
 #undef VNNI
 
 /* ---------------------------------------------------------------------------------------------

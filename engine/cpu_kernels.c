@@ -117,7 +117,8 @@ static float (*dot_q_of(const matmul_ctx_t *c))(uint32_t, const void *, const vo
  * rows (about 1.1 K bytes each) stay in L1 while the tile's weight rows pass by. */
 #define QGEMM_ROWS 16
 
-/* Prefill on quantized weights: the decode GEMV's integer dot products (x quantized once, as
+/* Prefill on quantized weights where eng__avx512_qgemm does not run (the AVX2 and portable paths,
+ * the types it does not take): the decode GEMV's integer dot products (x quantized once, as
  * llama.cpp quantizes it) for every row of x, QGEMM_ROWS rows at a time over the task's weight
  * rows, which stay in L2 while every row group passes over them. */
 static void qgemm_run(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
@@ -178,6 +179,13 @@ static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
         return;
     float beta = c->accumulate ? 1.0f : 0.0f;
     if (c->qgemm) {
+#if defined(__x86_64__) || defined(__i386__)
+        eng_gemv_t g = gemv_args(c);
+        if (c->isa == ENG_CPU_ISA_AVX512 &&
+            eng__avx512_qgemm(&g, n0, n1, c->tmp[thread],
+                              (size_t)ENG_CPU_WTILE * c->K * sizeof(float)))
+            return;
+#endif
         qgemm_run(c, n0, n1);
         return;
     }
@@ -254,7 +262,7 @@ static void matmul_setup(matmul_ctx_t *c, uint32_t n_threads, const float *x, ui
         c->tile = 128;
     } else if (eng__gemv_int8(w->type) && M >= ENG_GEMV_MAX_M) {
         c->qgemm = true;
-        c->tile = 32;
+        c->tile = 64;
     } else if (w->type == ENG_GGML_TYPE_F32 &&
                (M > GEMV_F32_MAX_M || isa == ENG_CPU_ISA_PORTABLE)) {
         /* One contiguous slice per thread (rounded to 16 columns) keeps sgemm's blocks big;

@@ -9,10 +9,13 @@
  * single-threaded call per slice of output columns on each pool thread; OpenBLAS is set to one
  * thread). The quantized weight types (eng__gemv_int8: Q8_0, Q4_0, Q5_0, Q5_1 and the K-quants)
  * take x quantized at every row count, as llama.cpp's CPU backend does (to
- * Q8_0 or Q8_K blocks, byte for byte its rounding, quant.h): prefill runs the decode GEMV's
+ * Q8_0 or Q8_K blocks, byte for byte its rounding, quant.h): prefill computes the decode GEMV's
  * integer dot products on every row of x, a tile of weight rows at a time (read from memory
- * once, in cache while every row group of x passes over them). So prefill and decode compute the
- * same products, and llama.cpp's logits on the same file are matched to float rounding. Every
+ * once, in cache while every row group of x passes over them): on the AVX-512 path by a
+ * register-tiled GEMM on the tile decoded once into a packed form (eng__avx512_qgemm, bit for bit
+ * the dot product's results), on the others by the dot product itself, row by row. So prefill and
+ * decode compute the same products, and llama.cpp's logits on the same file are matched to float
+ * rounding. Every
  * function takes the ISA path (cpu.h) to run; AUTO is the best the CPU runs, and a path the CPU
  * cannot run is lowered to the best it can.
  *

@@ -100,10 +100,14 @@ float eng__avx512_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t 
 float eng__avx2_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K);
 float eng__port_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K);
 
-/* A row of n elements of Q4_0, Q4_K, Q5_K or Q6_K to F32 with AVX-512 (BW, VNNI): bit for bit
- * eng_quant_row_to_f32 (NaN payloads aside). Returns false, writing nothing, for another type or
- * on a CPU without those extensions. */
-bool eng__avx512_quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n);
+/* The prefill GEMM of an eng__gemv_int8 type on the AVX-512 path (any M): y[m][n] (+)= the
+ * product of xq's row m and w's row n for n in [n0, n1), bit for bit eng__avx512_dot_q's result for
+ * each (m, n). The weight rows are decoded once into buf (buf_bytes, any alignment: about
+ * 2.25 bytes per weight plus 12 K for Q4_0's prepared rows of x) and every row of x passes over
+ * them, four rows by two weight rows per register tile. Returns false, writing nothing, for a type
+ * it does not take (Q4_0 with K a multiple of 64, Q4_K, Q5_K and Q6_K), a CPU without AVX512-BW
+ * and VNNI, or a buf too small. */
+bool eng__avx512_qgemm(const eng_gemv_t *g, uint32_t n0, uint32_t n1, void *buf, size_t buf_bytes);
 
 /* The GEMV of an eng__gemv_int8 type through one path's dot product: row by row of w, each row
  * (L1-resident after its first use) against every row of xq. */

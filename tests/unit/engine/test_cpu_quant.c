@@ -9,7 +9,8 @@
  *     from it on, both on x quantized) against double precision over the dequantized weights
  *     and activations;
  *   - the activation quantizers of every path: the same bytes as the portable one, which is
- *     ggml-cpu's x86 arithmetic (transcribed here on its own, from llama.cpp's source).
+ *     ggml-cpu's x86 arithmetic (transcribed here on its own, from llama.cpp's source);
+ *   - the AVX-512 prefill GEMM on packed weight tiles: bit for bit the AVX-512 dot product.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -485,42 +486,101 @@ PC_TEST(quant_act_is_ggml_bytes)
     free(x), free(ref_k), free(got_k), free(ref_0), free(got_0);
 }
 
-/* The AVX-512 dequantization of prefill tiles: bit for bit quant.h's reference, random and
- * extreme blocks (NaN from an infinite scale times zero compares as NaN). */
-PC_TEST(dequant_avx512_matches_reference)
+/* The AVX-512 prefill GEMM: every output bit for bit eng__avx512_dot_q's (so prefill and decode
+ * compute the same products), over random and extreme blocks, row counts around its four-row
+ * tiles, odd weight-row ranges (its tiles take two), both y modes; outputs outside the range stay
+ * as they were; the types and shapes it does not take, and a buffer too small, return false. */
+PC_TEST(qgemm_avx512_is_dot_q_bit_for_bit)
 {
     if (!eng__cpu_isa_runs(ENG_CPU_ISA_AVX512) || !eng__cpu_has_avx512_vnni())
         PC_SKIP("no AVX512-VNNI on this CPU");
-    enum { ROWS = 9, K = 1024 };
-    float *a = malloc(K * sizeof *a), *b = malloc(K * sizeof *b);
-    for (size_t ti = 0; ti < PC_ARRAY_LEN(qtypes); ti++) {
-        uint32_t t = qtypes[ti];
-        size_t rb = eng_quant_row_bytes(t, K);
-        if (t == ENG_GGML_TYPE_Q8_0) /* not one of its types (the scalar loop is as fast) */
-            continue;
-        for (int extreme = 0; extreme < 2; extreme++) {
-            uint8_t *w = rnd_rows(t, ROWS, K, extreme == 1);
-            for (uint32_t r = 0; r < ROWS; r++) {
-                eng_quant_row_to_f32(t, w + r * rb, a, K);
-                memset(b, 0xff, K * sizeof *b);
-                ASSERT_TRUE(eng__avx512_quant_row_to_f32(t, w + r * rb, b, K));
-                for (uint32_t k = 0; k < K; k++) {
-                    uint32_t ua, ub;
-                    memcpy(&ua, &a[k], 4), memcpy(&ub, &b[k], 4);
-                    if (isnan(a[k]) && isnan(b[k]))
-                        continue;
-                    if (ua != ub)
-                        fprintf(stderr, "  %s row %u k %u: %.9g vs %.9g\n", eng_ggml_type_name(t),
-                                r, k, b[k], a[k]);
-                    ASSERT_EQ(ua, ub);
+    enum { N = 37, MMAX = 13 };
+    const uint32_t Ks[] = {512, 768};
+    const uint32_t Ms[] = {1, 3, 4, 5, 8, 13};
+    const uint32_t ranges[][2] = {{0, N}, {5, 36}, {7, 8}};
+    const uint32_t types[] = {ENG_GGML_TYPE_Q4_0, ENG_GGML_TYPE_Q4_K, ENG_GGML_TYPE_Q5_K,
+                              ENG_GGML_TYPE_Q6_K};
+    size_t buf_bytes = (size_t)ENG_CPU_WTILE * 768 * sizeof(float);
+    void *buf = malloc(buf_bytes + 1);
+    float *y = malloc((size_t)MMAX * N * sizeof *y), *y0 = malloc((size_t)MMAX * N * sizeof *y0);
+    for (size_t ki = 0; ki < PC_ARRAY_LEN(Ks); ki++) {
+        uint32_t K = Ks[ki];
+        float *x = rnd_x(MMAX, K), xd[768];
+        for (size_t ti = 0; ti < PC_ARRAY_LEN(types); ti++) {
+            uint32_t t = types[ti], dt = eng_quant_dot_type(t);
+            size_t rb = eng_quant_row_bytes(t, K), xs = eng_quant_row_bytes(dt, K);
+            uint8_t *xq = malloc(xs * MMAX);
+            for (uint32_t m = 0; m < MMAX; m++)
+                quant_act(t, x + (size_t)m * K, K, xq + m * xs, xd);
+            for (int extreme = 0; extreme < 2; extreme++) {
+                uint8_t *w = rnd_rows(t, N, K, extreme == 1);
+                for (size_t mi = 0; mi < PC_ARRAY_LEN(Ms); mi++) {
+                    for (size_t ri = 0; ri < PC_ARRAY_LEN(ranges); ri++) {
+                        for (int acc = 0; acc < 2; acc++) {
+                            uint32_t M = Ms[mi], n0 = ranges[ri][0], n1 = ranges[ri][1];
+                            for (size_t i = 0; i < (size_t)MMAX * N; i++)
+                                y[i] = y0[i] = unif();
+                            eng_gemv_t g = {.w = w,
+                                            .wtype = t,
+                                            .xq = xq,
+                                            .xq_stride = xs,
+                                            .M = M,
+                                            .K = K,
+                                            .y = y,
+                                            .ldy = N,
+                                            .accumulate = acc == 1};
+                            /* An unaligned buffer: the GEMM aligns it itself. */
+                            ASSERT_TRUE(eng__avx512_qgemm(&g, n0, n1, (char *)buf + 1, buf_bytes));
+                            for (uint32_t m = 0; m < MMAX; m++) {
+                                for (uint32_t n = 0; n < N; n++) {
+                                    size_t i = (size_t)m * N + n;
+                                    float e = y0[i];
+                                    if (m < M && n >= n0 && n < n1) {
+                                        float d = eng__avx512_dot_q(t, w + n * rb, xq + m * xs, K);
+                                        e = acc ? y0[i] + d : d;
+                                    }
+                                    if (isnan(e) && isnan(y[i]))
+                                        continue;
+                                    uint32_t ue, uy;
+                                    memcpy(&ue, &e, 4), memcpy(&uy, &y[i], 4);
+                                    if (ue != uy)
+                                        fprintf(stderr,
+                                                "  %s K=%u M=%u [%u, %u) m=%u n=%u: %.9g vs %.9g\n",
+                                                eng_ggml_type_name(t), K, M, n0, n1, m, n, y[i], e);
+                                    ASSERT_EQ(uy, ue);
+                                }
+                            }
+                        }
+                    }
                 }
+                free(w);
             }
-            free(w);
+            free(xq);
         }
+        free(x);
     }
-    float q8[32] = {0};
-    ASSERT_FALSE(eng__avx512_quant_row_to_f32(ENG_GGML_TYPE_F16, q8, a, 32)); /* not its type */
-    free(a), free(b);
+    /* Not taken: Q8_0, Q4_0 with an odd block count, a buffer too small; nothing written. */
+    uint8_t *w8 = rnd_rows(ENG_GGML_TYPE_Q4_0, 4, 544, false);
+    uint8_t xq8[4 * 544];
+    memset(xq8, 0, sizeof xq8);
+    for (size_t i = 0; i < (size_t)MMAX * N; i++)
+        y[i] = y0[i] = unif();
+    eng_gemv_t g = {.w = w8,
+                    .wtype = ENG_GGML_TYPE_Q4_0,
+                    .xq = xq8,
+                    .xq_stride = eng_quant_row_bytes(ENG_GGML_TYPE_Q8_0, 544),
+                    .M = 2,
+                    .K = 544,
+                    .y = y,
+                    .ldy = N};
+    ASSERT_FALSE(eng__avx512_qgemm(&g, 0, 4, buf, buf_bytes));
+    g.wtype = ENG_GGML_TYPE_Q8_0;
+    g.K = 512;
+    ASSERT_FALSE(eng__avx512_qgemm(&g, 0, 4, buf, buf_bytes));
+    g.wtype = ENG_GGML_TYPE_Q4_0;
+    ASSERT_FALSE(eng__avx512_qgemm(&g, 0, 4, buf, 4 * 1024));
+    ASSERT_MEM_EQ(y, y0, (size_t)MMAX * N * sizeof *y);
+    free(w8), free(buf), free(y), free(y0);
 }
 
 PC_TEST_MAIN()
