@@ -645,7 +645,7 @@ float eng__avx512_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t 
  * F16 scales in F32. */
 typedef struct qk_pack {
     uint8_t q[ENG_QK_K];
-    int16_t sc[4][32];
+    int16_t sc[2][32];
     int16_t m[16];
     float d, dmin;
     uint8_t pad[24];
@@ -686,10 +686,10 @@ VNNI static inline __attribute__((always_inline)) void qk_pack_q45(const bool hb
             }
             _mm256_storeu_si256((__m256i *)(void *)(p->q + 64 * c), lo);
             _mm256_storeu_si256((__m256i *)(void *)(p->q + 64 * c + 32), hi);
-            __m512i sc = _mm512_inserti64x4(_mm512_set1_epi16(s8[2 * c]),
-                                            _mm256_set1_epi16(s8[2 * c + 1]), 1);
-            _mm512_storeu_si512((void *)p->sc[c], sc);
         }
+        for (int c = 0; c < 4; c++) /* chunk c's lane l: sub-block 2c (l < 8) or 2c + 1 */
+            for (int l = 0; l < 16; l++)
+                p->sc[c / 2][2 * l + c % 2] = s8[2 * c + l / 8];
         _mm256_storeu_si256((__m256i *)(void *)p->m,
                             _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm)));
         p->d = _cvtsh_ss(w4->d);
@@ -706,7 +706,6 @@ VNNI static void qk_pack_q6(const eng_block_q6_k_t *w, uint32_t n, qk_pack_t *p)
     for (uint32_t b = 0; b < n; b++, w++, p++) {
         __m256i sc16 =
             _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)w->scales));
-        __m512i sc = _mm512_castsi256_si512(sc16);
         for (int h = 0; h < 2; h++) {
             __m512i l = LOAD512(w->ql + 64 * h);
             __m512i qh = _mm512_broadcast_i64x4(LOAD256(w->qh + 32 * h));
@@ -717,9 +716,9 @@ VNNI static void qk_pack_q6(const eng_block_q6_k_t *w, uint32_t n, qk_pack_t *p)
             _mm512_storeu_si512((void *)(p->q + 128 * h), qa);
             _mm512_storeu_si512((void *)(p->q + 128 * h + 64), qb);
         }
-        for (int c = 0; c < 4; c++)
-            _mm512_storeu_si512((void *)p->sc[c],
-                                _mm512_permutexvar_epi16(LOAD512(q6_lanes[c]), sc));
+        for (int c = 0; c < 4; c++) /* chunk c's lane l: sub-block 4c + l / 4 */
+            for (int l = 0; l < 16; l++)
+                p->sc[c / 2][2 * l + c % 2] = w->scales[4 * c + l / 4];
         _mm256_storeu_si256((__m256i *)(void *)p->m,
                             _mm256_mullo_epi16(sc16, _mm256_set1_epi16(-32)));
         p->d = _cvtsh_ss(w->d);
@@ -773,20 +772,25 @@ qk_tile(const int R, const bool q6, const qk_pack_t *p0, const qk_pack_t *p1, ui
                 si[r][0] = si[r][1] = _mm512_setzero_si512();
             }
         }
+        /* Chunk pairs (2h, 2h + 1): per weight row and row of x, each chunk's 16 lanes of four
+         * products by VPDPBUSD (exact, within int16: at most 4 * 63 * 127), the two chunks' lane
+         * sums as the int16 pairs of one register, times their sub-blocks' scales by VPDPWSSD. */
         QG_UNROLL
-        for (int c = 0; c < 4; c++) {
-            __m512i a[QG_ROWS];
+        for (int h = 0; h < 2; h++) {
             QG_UNROLL
-            for (int r = 0; r < R; r++)
-                a[r] = LOAD512(xr[r][b].qs + 64 * c);
-            __m512i w = LOAD512(p0->q + 64 * c), s = LOAD512(p0->sc[c]);
-            QG_UNROLL
-            for (int r = 0; r < R; r++)
-                si[r][0] = _mm512_dpwssd_epi32(si[r][0], _mm512_maddubs_epi16(w, a[r]), s);
-            w = LOAD512(p1->q + 64 * c), s = LOAD512(p1->sc[c]);
-            QG_UNROLL
-            for (int r = 0; r < R; r++)
-                si[r][1] = _mm512_dpwssd_epi32(si[r][1], _mm512_maddubs_epi16(w, a[r]), s);
+            for (int j = 0; j < 2; j++) {
+                const qk_pack_t *pj = j ? p1 : p0;
+                __m512i w0 = LOAD512(pj->q + 128 * h), w1 = LOAD512(pj->q + 128 * h + 64);
+                __m512i sc = LOAD512(pj->sc[h]);
+                QG_UNROLL
+                for (int r = 0; r < R; r++) {
+                    const int8_t *a = xr[r][b].qs + 128 * h;
+                    __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, LOAD512(a));
+                    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w1, LOAD512(a + 64));
+                    __m512i t = _mm512_mask_blend_epi16(0xaaaaaaaau, s0, _mm512_slli_epi32(s1, 16));
+                    si[r][j] = _mm512_dpwssd_epi32(si[r][j], t, sc);
+                }
+            }
         }
         if (q6) {
             QG_UNROLL
