@@ -623,11 +623,12 @@ float eng__avx512_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t 
  * rows per micro-kernel. The task's weight rows are first decoded once into a packed form (every
  * quant widened to a byte in x's element order, the scales spread over the lanes that take them),
  * which stays in L2 while the row groups of x pass over it; the micro-kernel holds its rows'
- * activations and every accumulator in registers. The integer sums are those of the dot product
- * lane for lane (the same VPMADDUBSW pairs, exact int32 sums: the order of integer additions does
- * not matter), and every float operation is the dot product's, on the same values in the same
- * order (two outputs' 8-lane K-quant accumulators share a 512-bit register, lane for lane), so each
- * output is bit for bit eng__avx512_dot_q's.
+ * activations and every accumulator in registers. Each int32 lane sums the same products times
+ * the same scales as the dot product's lane (exact: no intermediate leaves int16 where it is
+ * packed there, and the order of integer additions does not matter), and every float operation is
+ * the dot product's, on the same values in the same order (two outputs' 8-lane K-quant
+ * accumulators share a 512-bit register, lane for lane), so each output is bit for bit
+ * eng__avx512_dot_q's.
  * ------------------------------------------------------------------------------------------- */
 
 #define LOAD256(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
@@ -639,10 +640,10 @@ float eng__avx512_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t 
 #define QG_UNROLL _Pragma("GCC unroll 16")
 
 /* One K-quant super-block of a weight row, packed. q[e]: element e's unsigned quant (Q4_K 0..15,
- * Q5_K 0..31, Q6_K 0..63), as the dot product's VPMADDUBSW meets x's byte e; sc[c][l]: the scale
- * of int16 lane l of chunk c's (elements 64 c ..) products; m: Q4_K / Q5_K's mins, min j in lanes
- * 2j and 2j + 1 (VPMADDWD with bsums), Q6_K's -32 sc_j (its offset through bsums); d, dmin the
- * F16 scales in F32. */
+ * Q5_K 0..31, Q6_K 0..63), the one the dot product multiplies by x's byte e; sc[h][2 l + i]: the
+ * scale of int32 lane l (four elements) of chunk 2 h + i (elements 64 (2 h + i) ..); m: Q4_K /
+ * Q5_K's mins, min j in lanes 2j and 2j + 1 (VPMADDWD with bsums), Q6_K's -32 sc_j (its offset
+ * through bsums); d, dmin the F16 scales in F32. */
 typedef struct qk_pack {
     uint8_t q[ENG_QK_K];
     int16_t sc[2][32];
