@@ -50,8 +50,9 @@ static void usage(FILE *f)
                "           runs); all: every path this CPU runs, side by side, alternating\n"
                "  --rounds rounds per path (default 1, 2 with --isa all)\n");
     fprintf(f,
-            "  --gemm   prefill GEMM precision (default auto: BF16 for F16 weights on CPUs with\n"
-            "           AVX512-BF16; logits move by ~1e-2); --bf16 is --gemm bf16\n");
+            "  --gemm   prefill GEMM precision (default auto: BF16 for F16/BF16 weights on CPUs\n"
+            "           with AVX512-BF16; logits move by ~1e-2; quantized weights take integer\n"
+            "           products on 8-bit x in every mode); --bf16 is --gemm bf16\n");
     fprintf(f, "  --quick  prefill 512 and decode only (no 2048 prefill, no TTFT)\n");
     fprintf(f, "  --kv-dtype  f32 or q8_0: that KV dtype beside f16 in the same run (suffixes\n"
                "           _f16 and _q8_0), with decode at context 8192; f16 alone by default\n");
