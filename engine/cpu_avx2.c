@@ -878,17 +878,24 @@ AVX2 void eng__avx2_attn_q8_values4(const uint8_t *const *vrow, uint32_t hd, eng
 
 AVX2 void eng__avx2_rmsnorm(const float *x, const float *w, float *y, uint32_t n, float eps)
 {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    /* As ggml's rms_norm: each square rounded to F32, summed in double, the mean rounded to F32
+     * (the double sums' order changes them by ~1e-16, which the F32 mean almost never sees). */
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0;
     uint32_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
-        a0 = _mm256_fmadd_ps(v0, v0, a0);
-        a1 = _mm256_fmadd_ps(v1, v1, a1);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i), sq = _mm256_mul_ps(v, v);
+        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
     }
-    float ss = hsum8(_mm256_add_ps(a0, a1));
-    for (; i < n; i++)
-        ss += x[i] * x[i];
-    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    __m256d a = _mm256_add_pd(a0, a1);
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
+    double ss = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+    for (; i < n; i++) {
+        float sq = x[i] * x[i];
+        ss += sq;
+    }
+    float mean = (float)(ss / n);
+    float scale = 1.0f / sqrtf(mean + eps);
     __m256 sv = _mm256_set1_ps(scale);
     i = 0;
     for (; i + 8 <= n; i += 8)
@@ -898,14 +905,53 @@ AVX2 void eng__avx2_rmsnorm(const float *x, const float *w, float *y, uint32_t n
         y[i] = x[i] * scale * w[i];
 }
 
+/* e^x as ggml's AVX2 ggml_v_expf (llama.cpp's CPU backend on AVX2 CPUs; after ARM's optimized
+ * routines: at most 1.5 ulp off, +inf above 88.38, 0 below -103.97), operation for operation, so
+ * that the SwiGLU products llama.cpp quantizes are the same floats. */
+AVX2 static inline __m256 ggml_expf256(__m256 x)
+{
+    const __m256 r = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+    const __m256 n = _mm256_sub_ps(z, r);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    const __m256 k =
+        _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1))));
+    const __m256i c = _mm256_castps_si256(
+        _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), n), _mm256_set1_ps(126), _CMP_GT_OQ));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+            _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    if (!_mm256_movemask_ps(_mm256_castsi256_ps(c)))
+        return _mm256_fmadd_ps(j, k, k);
+    const __m256i g =
+        _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                         _mm256_set1_epi32((int)0x82000000u));
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    const __m256i d = _mm256_castps_si256(
+        _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), n), _mm256_set1_ps(192), _CMP_GT_OQ));
+    return _mm256_or_ps(
+        _mm256_and_ps(_mm256_castsi256_ps(d), _mm256_mul_ps(s1, s1)),
+        _mm256_andnot_ps(
+            _mm256_castsi256_ps(d),
+            _mm256_or_ps(_mm256_and_ps(_mm256_castsi256_ps(c),
+                                       _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                         _mm256_andnot_ps(_mm256_castsi256_ps(c), _mm256_fmadd_ps(k, j, k)))));
+}
+
 AVX2 void eng__avx2_swiglu(float *g, const float *u, size_t n)
 {
     size_t j = 0;
     const __m256 one = _mm256_set1_ps(1.0f);
     for (; j + 8 <= n; j += 8) {
         __m256 gv = _mm256_loadu_ps(g + j);
-        /* silu(g) = g / (1 + e^-g); e^-g saturates at e^87 for g < -87 (silu -> -0). */
-        __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        /* silu(g) = g / (1 + e^-g), as ggml_vec_swiglu_f32 computes it. */
+        __m256 e = ggml_expf256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
         __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
         _mm256_storeu_ps(g + j, _mm256_mul_ps(s, _mm256_loadu_ps(u + j)));
     }

@@ -995,6 +995,50 @@ bool eng__avx512_qgemm(const eng_gemv_t *g, uint32_t n0, uint32_t n1, void *buf,
 #undef VNNI
 
 /* ---------------------------------------------------------------------------------------------
+ * SwiGLU as llama.cpp's CPU backend computes it on AVX-512 CPUs (ggml_vec_swiglu_f32 with
+ * ggml_v_silu and the AVX-512 ggml_v_expf, operation for operation), so that the products it
+ * then quantizes are the same floats.
+ * ------------------------------------------------------------------------------------------- */
+
+AVX512 static inline __m512 ggml_expf512(__m512 x)
+{
+    const __m512 r = _mm512_set1_ps(0x1.8p23f);
+    const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), r);
+    const __m512 n = _mm512_sub_ps(z, r);
+    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+    const __mmask16 d = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192), _CMP_GT_OQ);
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(
+            _mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
+            _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0f)));
+    const __m512 res = _mm512_scalef_ps(j, n);
+    if (_mm512_kortestz(d, d))
+        return res;
+    const __m512 alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ),
+                                            _mm512_set1_ps(INFINITY), _mm512_setzero_ps());
+    return _mm512_mask_blend_ps(d, res, alt);
+}
+
+AVX512 void eng__avx512_swiglu(float *g, const float *u, size_t n)
+{
+    size_t j = 0;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; j + 16 <= n; j += 16) {
+        __m512 gv = _mm512_loadu_ps(g + j);
+        __m512 e = ggml_expf512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, e));
+        _mm512_storeu_ps(g + j, _mm512_mul_ps(s, _mm512_loadu_ps(u + j)));
+    }
+    for (; j < n; j++) {
+        float gv = g[j];
+        g[j] = gv / (1.0f + expf(-gv)) * u[j];
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Attention
  * ------------------------------------------------------------------------------------------- */
 

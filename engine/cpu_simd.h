@@ -229,7 +229,10 @@ void eng__avx512_q8_0_quantize(const float *x, uint32_t n, uint8_t *dst);
 /* Element-wise rows: y = x / rms(x) * w (y may be x), and g = silu(g) * u. */
 void eng__avx2_rmsnorm(const float *x, const float *w, float *y, uint32_t n, float eps);
 void eng__port_rmsnorm(const float *x, const float *w, float *y, uint32_t n, float eps);
+/* The SwiGLU of the SIMD paths is llama.cpp's on that ISA (ggml's vector e^x), operation for
+ * operation; the portable one takes libm's expf. */
 void eng__avx2_swiglu(float *g, const float *u, size_t n);
+void eng__avx512_swiglu(float *g, const float *u, size_t n);
 void eng__port_swiglu(float *g, const float *u, size_t n);
 
 /* RoPE on one head: the pairs (x[a], x[b]) with a = i, b = i + rope_dim / 2 (neox) or a = 2i,
