@@ -448,6 +448,7 @@ VBMI static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
     size_t rb = eng__gemv_row_bytes(g->wtype, g->K);
     for (uint32_t n = n0; n < n1; n++) {
         const uint8_t *w = (const uint8_t *)g->w + (size_t)n * rb;
+        eng__gemv_prefetch_row(w, rb);
         __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
         uint32_t p = 0;
         for (; p + 2 <= np; p += 2) { /* two chains, in registers (an indexed pair spills) */
