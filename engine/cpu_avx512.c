@@ -246,11 +246,12 @@ AVX512 static void gemv_f16_rows8(const uint16_t *wr, const float *xg, uint32_t 
  * and with 2 MiB pages) and four interleaved weight rows were all slower or no faster, since the
  * hardware prefetcher follows a single stream per thread best. */
 static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
+static bool gemv_q_vnni(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
 
 AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
 {
     if (eng__gemv_int8(c->wtype)) {
-        if (c->wtype == ENG_GGML_TYPE_Q4_0 && q4_0_gemv_vbmi(c, n0, n1))
+        if ((c->wtype == ENG_GGML_TYPE_Q4_0 && q4_0_gemv_vbmi(c, n0, n1)) || gemv_q_vnni(c, n0, n1))
             return;
         eng__gemv_q(c, n0, n1, eng__avx512_dot_q);
         return;
@@ -364,7 +365,8 @@ VNNI static inline __m512 q4_0_pair(const eng_block_q4_0_t *w, const eng_block_q
     return _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(s), acc);
 }
 
-VNNI static float dot512_q4_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t *x, uint32_t K)
+VNNI static inline __attribute__((always_inline)) float
+dot512_q4_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t *x, uint32_t K)
 {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     uint32_t nb = K / ENG_QK4_0, b = 0;
@@ -488,14 +490,28 @@ VNNI static inline float hsum8_q45(__m256 r)
     return _mm_cvtss_f32(s);
 }
 
-/* Q4_K (hb false) or Q5_K (hb true) x Q8_K, 256 bits wide (measured faster on Zen 4 than
- * 512-bit steps, whose sub-block pairs need their activations and scales gathered per half):
- * per 64 elements the low nibbles (sub-block 2c) and high ones (2c + 1) times their
- * activations by VPMADDUBSW, times their scales and summed in int32 by VPDPWSSD (two chains). */
+/* Q4_K (hb false) or Q5_K (hb true) x Q8_K, two 32-byte chunks of quants (c = 2h, 2h + 1) per
+ * 512-bit step: the low nibbles (sub-blocks 2c) and high ones (2c + 1) times their activations by
+ * VPMADDUBSW (each half of the vector takes its chunk's activations), times their scales and
+ * summed in int32 by VPDPWSSD (two chains). Int32 lane l of the lower half sums the products that
+ * lane l sums in a 256-bit step over chunk 2h, the upper half's lane l those of chunk 2h + 1; the
+ * two halves added give each super-block's eight lane sums of a 256-bit kernel exactly (integer
+ * sums: their order does not matter), and from there on the float operations are the 256-bit
+ * ones: eng__avx512_qgemm repeats them. On the Zen 5 test machine (full-width 512-bit units) this
+ * runs at about twice the 256-bit kernel's bytes per second with the weights in L2 (that one,
+ * compute bound at ~23 GB/s per core, held a Q4_K_M decode under the read bandwidth). */
 VNNI static inline __attribute__((always_inline)) float
 dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t K)
 {
-    const __m256i lo4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10);
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
+    /* VPSHUFB indices spreading scale word j over the int16 lanes of a 128-bit lane, for the
+     * products of step h: the lower half (lanes 0-1) takes sub-block 4h (low nibbles) or 4h + 1
+     * (high), the upper half 4h + 2 or 4h + 3. */
+#define K45_SC(j0, j1)                                                                             \
+    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(0x0100 + 0x0202 * (j0)))), \
+                       _mm256_set1_epi16((short)(0x0100 + 0x0202 * (j1))), 1)
+    const __m512i sc_lo[2] = {K45_SC(0, 2), K45_SC(4, 6)}, sc_hi[2] = {K45_SC(1, 3), K45_SC(5, 7)};
+#undef K45_SC
     const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
     const uint8_t *w = wv;
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
@@ -507,35 +523,35 @@ dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t 
             _mm256_madd_epi16(LOAD256(x->bsums), _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm)));
         accm = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->dmin)), _mm256_cvtepi32_ps(mq),
                                accm);
-        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)); /* scale j: lane j */
+        __m512i sc16 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm)); /* scale j: word j */
         const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
         const int8_t *a = x->qs;
-        __m256i qh =
-            hb ? LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh) : _mm256_setzero_si256();
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            __m256i v = LOAD256(qs + 32 * c);
-            __m256i lo = _mm256_and_si256(v, lo4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-            if (hb) { /* bit 2c of qh[l] is element l's fifth bit, bit 2c + 1 element 32 + l's */
-                lo = _mm256_mask_add_epi8(
-                    lo, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * c)))), lo, b16);
-                hi = _mm256_mask_add_epi8(
-                    hi, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(2 << (2 * c)))), hi, b16);
+        __m512i qh =
+            hb ? _mm512_broadcast_i64x4(LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh))
+               : _mm512_setzero_si512();
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512i v = LOAD512(qs + 64 * h);
+            __m512i lo = _mm512_and_si512(v, lo4);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+            if (hb) { /* bit 2c of qh[l] is chunk c's element l's fifth bit, 2c + 1 element 32 + l's
+                       */
+                __m512i blo = HALVES(_mm256_set1_epi8((char)(1 << (4 * h))),
+                                     _mm256_set1_epi8((char)(1 << (4 * h + 2))));
+                lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, blo), lo, b16);
+                hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, _mm512_add_epi8(blo, blo)),
+                                          hi, b16);
             }
-            __m256i plo = _mm256_maddubs_epi16(lo, LOAD256(a + 64 * c));
-            __m256i phi = _mm256_maddubs_epi16(hi, LOAD256(a + 64 * c + 32));
-            /* Scale j broadcast to every int16 lane: bytes 2j, 2j + 1 of each 128-bit half. */
-            s0 = _mm256_dpwssd_epi32(
-                s0, plo,
-                _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * c))));
-            s1 = _mm256_dpwssd_epi32(
-                s1, phi,
-                _mm256_shuffle_epi8(sc16,
-                                    _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1)))));
+            __m512i alo = HALVES(LOAD256(a + 128 * h), LOAD256(a + 128 * h + 64));
+            __m512i ahi = HALVES(LOAD256(a + 128 * h + 32), LOAD256(a + 128 * h + 96));
+            s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(lo, alo),
+                                     _mm512_shuffle_epi8(sc16, sc_lo[h]));
+            s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(hi, ahi),
+                                     _mm512_shuffle_epi8(sc16, sc_hi[h]));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->d)),
-                              _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc);
+        __m512i s = _mm512_add_epi32(s0, s1);
+        __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->d)), _mm256_cvtepi32_ps(s8), acc);
     }
     return hsum8_q45(_mm256_sub_ps(acc, accm));
 }
@@ -556,7 +572,8 @@ dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t 
 static const int16_t q6_lanes[4][32] = {Q6_LANES(0), Q6_LANES(1), Q6_LANES(2), Q6_LANES(3)};
 #undef Q6_LANES
 
-VNNI static float dot512_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t *x, uint32_t K)
+VNNI static inline __attribute__((always_inline)) float
+dot512_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t *x, uint32_t K)
 {
     const __m512i lo4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const __m512i shl = HALVES(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
@@ -609,6 +626,66 @@ VNNI static float dot512_q(uint32_t wtype, const void *w, const void *xq, uint32
         return eng__avx2_dot_q(wtype, w, xq, K);
     default:
         PC_ABORT("weight type %u has no integer dot product", wtype);
+    }
+}
+
+/* The GEMV on the types of dot512_q but Q8_0: eng__gemv_q's loop with the type's dot product
+ * inlined (no call and no type switch per row; at K 1024 a Q4_K row is only four super-blocks)
+ * and two weight rows per step, whose products the core overlaps. Each row's sum is the dot
+ * product's, operation for operation. */
+VNNI static inline __attribute__((always_inline)) void
+gemv_q_rows(const uint32_t t, const eng_gemv_t *g, uint32_t n0, uint32_t n1)
+{
+    size_t rb = eng__gemv_row_bytes(t, g->K);
+#define GEMV_Q_DOT(wr, xr)                                                                         \
+    (t == ENG_GGML_TYPE_Q4_0 ? dot512_q4_0((const void *)(wr), (const void *)(xr), g->K)           \
+     : t == ENG_GGML_TYPE_Q6_K                                                                     \
+         ? dot512_q6_k((const void *)(wr), (const void *)(xr), g->K)                               \
+         : dot512_q45_k(t == ENG_GGML_TYPE_Q5_K, (wr), (const void *)(xr), g->K))
+    uint32_t n = n0;
+    for (; n + 2 <= n1; n += 2) {
+        const char *w0 = (const char *)g->w + (size_t)n * rb, *w1 = w0 + rb;
+        eng__gemv_prefetch_row(w0, 2 * rb);
+        for (uint32_t m = 0; m < g->M; m++) {
+            const char *xr = (const char *)g->xq + (size_t)m * g->xq_stride;
+            float s0 = GEMV_Q_DOT(w0, xr), s1 = GEMV_Q_DOT(w1, xr);
+            float *yp = &g->y[(size_t)m * g->ldy + n];
+            yp[0] = g->accumulate ? yp[0] + s0 : s0;
+            yp[1] = g->accumulate ? yp[1] + s1 : s1;
+        }
+    }
+    if (n < n1) {
+        const char *w0 = (const char *)g->w + (size_t)n * rb;
+        for (uint32_t m = 0; m < g->M; m++) {
+            float s0 = GEMV_Q_DOT(w0, (const char *)g->xq + (size_t)m * g->xq_stride);
+            float *yp = &g->y[(size_t)m * g->ldy + n];
+            *yp = g->accumulate ? *yp + s0 : s0;
+        }
+    }
+#undef GEMV_Q_DOT
+}
+
+/* The GEMV of a Q4_0 or K-quant weight on a CPU with AVX512-VNNI: returns false, writing
+ * nothing, for another type or CPU. */
+VNNI static bool gemv_q_vnni(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
+{
+    if (!eng__cpu_has_avx512_vnni())
+        return false;
+    switch (g->wtype) {
+    case ENG_GGML_TYPE_Q4_0:
+        gemv_q_rows(ENG_GGML_TYPE_Q4_0, g, n0, n1);
+        return true;
+    case ENG_GGML_TYPE_Q4_K:
+        gemv_q_rows(ENG_GGML_TYPE_Q4_K, g, n0, n1);
+        return true;
+    case ENG_GGML_TYPE_Q5_K:
+        gemv_q_rows(ENG_GGML_TYPE_Q5_K, g, n0, n1);
+        return true;
+    case ENG_GGML_TYPE_Q6_K:
+        gemv_q_rows(ENG_GGML_TYPE_Q6_K, g, n0, n1);
+        return true;
+    default:
+        return false;
     }
 }
 
