@@ -19,10 +19,12 @@
  * or Q4_0 file's blocks, F16, or F32 with --weights-f32) and the K and V of its context (at the
  * decode's mean context; the norms and the one embedding row are left out, well under 0.1%).
  * decode_roofline_fraction compares each 8-token chunk of the decode with stream passes run
- * right before and after it (the faster of the two), and takes the median over the chunks of
- * every round: this machine's read bandwidth moves by 2x within seconds with its neighbours' load,
- * so a roofline taken at another moment (stream_read_gb_s, the best of ten passes at the end,
- * kept for reference) compares two different machines.
+ * right before and after it (the faster of the two) over a buffer of the decode's bytes per
+ * token, read again and again as the decode reads its weights (see stream_roof), and takes the
+ * median over the chunks of every round: this machine's read bandwidth moves by 2x within seconds
+ * with its neighbours' load, so a roofline taken at another moment compares two different
+ * machines. stream_read_gb_s (the best of ten passes over 512 MiB at the end, which no cache
+ * helps) is kept for reference.
  *
  * OpenBLAS picks its own kernels by cpuid when it loads: the F32 sgemm of the prefill path runs
  * its AVX-512 kernels on an AVX-512 machine whatever --isa says. To measure an AVX2-only
@@ -102,9 +104,16 @@ enum { F_P512, F_CPU512, F_P2048, F_DEC, F_DEC_GB, F_COLD, F_WARM, F_DEC8K, F_N 
 
 /* Tokens per decode chunk, between two passes of the in-run stream (decode_roofline_fraction). */
 #define DEC_CHUNK 8
-/* The in-run stream's buffer: four times the test machine's 32 MiB L3, so every pass reads memory.
- */
-#define DEC_STREAM_BYTES ((size_t)128 << 20)
+/* The in-run stream reads a buffer of the decode's bytes per token, over and over like the decode
+ * reads its weights: the 32 MiB L3 of the test machine keeps part of a buffer read cyclically
+ * (two threads read 50 GB/s over 512 MiB, 54 over 160 MiB, 56 over 128 MiB, 70 over 64 MiB), and
+ * the decode has that share too. Each measurement is the second of two passes, so the cache holds
+ * the stream's lines as it would in a steady stream, not the decode's. */
+static double stream_roof(bench_stream_t *st, bool prefetch)
+{
+    (void)bench_stream_pass(st, prefetch);
+    return bench_stream_pass(st, prefetch);
+}
 
 typedef struct isa_run {
     const char *isa; /* its name: the figures' suffix, or the KV dtype's name in a KV run */
@@ -153,7 +162,7 @@ static double decode_after(eng_t *e, const int32_t *tok, uint32_t n_ctx, uint32_
     eng_seq_t *s = NULL;
     if (prefill(e, tok, n_ctx, logits, 0, 0, NULL, &s) < 0)
         return -1;
-    double td = 0, g_prev = st != NULL ? bench_stream_pass(st, false) : -1;
+    double td = 0, g_prev = st != NULL ? stream_roof(st, false) : -1;
     for (uint32_t i0 = 0, k = 0; i0 < n_decode; i0 += DEC_CHUNK, k++) {
         uint32_t n = n_decode - i0 < DEC_CHUNK ? n_decode - i0 : DEC_CHUNK;
         double t0 = bench_now_s();
@@ -169,7 +178,7 @@ static double decode_after(eng_t *e, const int32_t *tok, uint32_t n_ctx, uint32_
         td += dt;
         if (st == NULL)
             continue;
-        double g = bench_stream_pass(st, k % 2 == 0); /* plain and prefetching, alternated */
+        double g = stream_roof(st, k % 2 == 0); /* plain and prefetching, alternated */
         double roof = g > g_prev ? g : g_prev;
         if (roof > 0 && run->n_frac < run->cap) {
             run->frac[run->n_frac++] = run->decode_bytes * n / dt / 1e9 / roof;
@@ -417,7 +426,8 @@ int bench_engine_main(int argc, char **argv)
      * figure takes it out again (the larger of the peak before it and the peak during it, less
      * its bytes). */
     size_t rss_before = pc_rss_peak_bytes();
-    st = bench_stream_new(threads, DEC_STREAM_BYTES);
+    st = bench_stream_new(threads, ((size_t)runs[0].decode_bytes + (2u << 20) - 1) &
+                                       ~(size_t)((2u << 20) - 1));
     if (st == NULL) {
         fprintf(stderr, "kvgw bench engine: no memory or threads for the stream passes\n");
         goto fail_run;
