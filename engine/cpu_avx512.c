@@ -472,7 +472,9 @@ VBMI static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
  * dwords u0 u1 u2 rearranged, shifted and masked per dword lane, no store and reload. */
 VNNI static inline __m128i k4_unpack128(const uint8_t *scales)
 {
-    __m128i u = _mm_maskz_loadu_epi8(0x0fff, scales);
+    /* 16 bytes: the 4 past the scales (the block's qh or qs) land in dword 3, which no shuffle
+     * below takes. A plain load: the masked byte load was slower. */
+    __m128i u = _mm_loadu_si128((const __m128i *)(const void *)scales);
     __m128i s = _mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)); /* u0 u2 u1 u2 */
     __m128i lo = _mm_and_si128(_mm_srlv_epi32(s, _mm_setr_epi32(0, 0, 0, 4)),
                                _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
@@ -501,7 +503,7 @@ VNNI static inline float hsum8_q45(__m256 r)
  * runs at about twice the 256-bit kernel's bytes per second with the weights in L2 (that one,
  * compute bound at ~23 GB/s per core, held a Q4_K_M decode under the read bandwidth). */
 VNNI static inline __attribute__((always_inline)) float
-dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t K)
+dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, const int8_t *xp, uint32_t K)
 {
     const __m512i lo4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
     /* VPSHUFB indices spreading scale word j over the int16 lanes of a 128-bit lane, for the
@@ -518,10 +520,14 @@ dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t 
     for (uint32_t b = 0; b < K / ENG_QK_K; b++, w += wb, x++) {
         const eng_block_q4_k_t *w4 = (const eng_block_q4_k_t *)(const void *)w;
         __m128i sm = k4_unpack128(w4->scales);
+        /* d_x d and d_x dmin (lanes 0 and 1), both halves converted at once: the same products. */
+        uint32_t dd16;
+        memcpy(&dd16, &w4->d, sizeof dd16);
+        __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dd16)), _mm_set1_ps(x->d));
         /* The mins' share: sum_j m_j (bsums[2j] + bsums[2j + 1]), each min taken twice. */
         __m256i mq =
             _mm256_madd_epi16(LOAD256(x->bsums), _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm)));
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->dmin)), _mm256_cvtepi32_ps(mq),
+        accm = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(mq),
                                accm);
         __m512i sc16 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm)); /* scale j: word j */
         const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
@@ -542,8 +548,14 @@ dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t 
                 hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, _mm512_add_epi8(blo, blo)),
                                           hi, b16);
             }
-            __m512i alo = HALVES(LOAD256(a + 128 * h), LOAD256(a + 128 * h + 64));
-            __m512i ahi = HALVES(LOAD256(a + 128 * h + 32), LOAD256(a + 128 * h + 96));
+            __m512i alo, ahi;
+            if (xp != NULL) { /* prepared by q45_prep_x: one load each */
+                alo = LOAD512(xp + 256 * (size_t)b + 128 * h);
+                ahi = LOAD512(xp + 256 * (size_t)b + 128 * h + 64);
+            } else {
+                alo = HALVES(LOAD256(a + 128 * h), LOAD256(a + 128 * h + 64));
+                ahi = HALVES(LOAD256(a + 128 * h + 32), LOAD256(a + 128 * h + 96));
+            }
             s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(lo, alo),
                                      _mm512_shuffle_epi8(sc16, sc_lo[h]));
             s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(hi, ahi),
@@ -551,9 +563,26 @@ dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t 
         }
         __m512i s = _mm512_add_epi32(s0, s1);
         __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->d)), _mm256_cvtepi32_ps(s8), acc);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(s8), acc);
     }
     return hsum8_q45(_mm256_sub_ps(acc, accm));
+}
+
+/* The activations of a Q8_K row (nsb super-blocks) as dot512_q45_k's steps take them: per
+ * super-block and step h, the 64 bytes facing the low nibbles (elements 128h .. + 32 and
+ * 128h + 64 .. + 32), then the 64 facing the high ones (128h + 32 .., 128h + 96 ..). A GEMV
+ * prepares its row once for every weight row: two loads per step instead of four and two
+ * inserts. */
+#define Q45_MAX_K 16384 /* 16 KiB of prepared x on the stack */
+VNNI static void q45_prep_x(const eng_block_q8_k_t *x, uint32_t nsb, int8_t *xp)
+{
+    for (uint32_t b = 0; b < nsb; b++, x++)
+        for (int h = 0; h < 2; h++) {
+            const int8_t *a = x->qs + 128 * h;
+            int8_t *o = xp + 256 * (size_t)b + 128 * h;
+            _mm512_store_si512(o, HALVES(LOAD256(a), LOAD256(a + 64)));
+            _mm512_store_si512(o + 64, HALVES(LOAD256(a + 32), LOAD256(a + 96)));
+        }
 }
 
 /* Q6_K x Q8_K: 64 elements per product (a 64-byte load of ql gives 64 low nibbles, its high
@@ -617,9 +646,9 @@ VNNI static float dot512_q(uint32_t wtype, const void *w, const void *xq, uint32
     case ENG_GGML_TYPE_Q4_0:
         return dot512_q4_0(w, xq, K);
     case ENG_GGML_TYPE_Q4_K:
-        return dot512_q45_k(false, w, xq, K);
+        return dot512_q45_k(false, w, xq, NULL, K);
     case ENG_GGML_TYPE_Q5_K:
-        return dot512_q45_k(true, w, xq, K);
+        return dot512_q45_k(true, w, xq, NULL, K);
     case ENG_GGML_TYPE_Q6_K:
         return dot512_q6_k(w, xq, K);
     case ENG_GGML_TYPE_Q8_0: /* 256-bit blocks: the AVX2 product */
@@ -637,11 +666,18 @@ VNNI static inline __attribute__((always_inline)) void
 gemv_q_rows(const uint32_t t, const eng_gemv_t *g, uint32_t n0, uint32_t n1)
 {
     size_t rb = eng__gemv_row_bytes(t, g->K);
+    /* One row of x (decode): Q4_K / Q5_K take it prepared. */
+    _Alignas(64) int8_t xp_buf[Q45_MAX_K];
+    const int8_t *xp = NULL;
+    if ((t == ENG_GGML_TYPE_Q4_K || t == ENG_GGML_TYPE_Q5_K) && g->M == 1 && g->K <= Q45_MAX_K) {
+        q45_prep_x(g->xq, g->K / ENG_QK_K, xp_buf);
+        xp = xp_buf;
+    }
 #define GEMV_Q_DOT(wr, xr)                                                                         \
     (t == ENG_GGML_TYPE_Q4_0 ? dot512_q4_0((const void *)(wr), (const void *)(xr), g->K)           \
      : t == ENG_GGML_TYPE_Q6_K                                                                     \
          ? dot512_q6_k((const void *)(wr), (const void *)(xr), g->K)                               \
-         : dot512_q45_k(t == ENG_GGML_TYPE_Q5_K, (wr), (const void *)(xr), g->K))
+         : dot512_q45_k(t == ENG_GGML_TYPE_Q5_K, (wr), (const void *)(xr), xp, g->K))
     uint32_t n = n0;
     for (; n + 2 <= n1; n += 2) {
         const char *w0 = (const char *)g->w + (size_t)n * rb, *w1 = w0 + rb;
