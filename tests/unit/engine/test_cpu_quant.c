@@ -246,8 +246,10 @@ PC_TEST(dot_q_sees_every_field)
 PC_TEST(gemv_q_matches_reference)
 {
     /* Q4_0 only: 32 and 96 (an odd block count: the AVX-512 one-row GEMV's last block alone);
-     * 8448 is past that GEMV's prepared pairs (K <= 8192: the plain dot products run). */
-    uint32_t Ks[] = {32, 96, 256, 768, 1280, 8448};
+     * 8448 is past that GEMV's prepared pairs (K <= 8192: the plain dot products run), 16640 past
+     * the Q4_K / Q5_K one's prepared row (K <= 16384). The AVX-512 GEMV is also bit for bit
+     * eng__avx512_dot_q (decode, prefill's GEMM and the dot product agree exactly). */
+    uint32_t Ks[] = {32, 96, 256, 768, 1280, 8448, 16640};
     uint32_t Ms[] = {1, 2, 3, 5, 9, 31};
     enum { N = 19, N0 = 2, N1 = 17, MMAX = 31 };
     for (size_t ti = 0; ti < PC_ARRAY_LEN(qtypes); ti++) {
@@ -303,6 +305,12 @@ PC_TEST(gemv_q_matches_reference)
                                             eng__cpu_isa_name(paths[pi]), eng_ggml_type_name(t), K,
                                             M, m, n, y[i], r);
                                 ASSERT_LE(fabs(y[i] - r), tol);
+#if defined(__x86_64__) || defined(__i386__)
+                                if (paths[pi] == ENG_CPU_ISA_AVX512) {
+                                    float d = eng__avx512_dot_q(t, w + n * rb, xq + m * xs, K);
+                                    ASSERT_EQ(y[i], acc ? y0[i] + d : d);
+                                }
+#endif
                             }
                         }
                         for (size_t i = (size_t)M * N; i < PC_ARRAY_LEN(y); i++)
