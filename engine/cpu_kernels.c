@@ -29,15 +29,17 @@
  * converted to F32 tiles for sgemm, whose cost the rows then amortize. F32 weights take the GEMV
  * for at most GEMV_F32_MAX_M rows on the SIMD paths (decode), else sgemm. */
 #define GEMV_F32_MAX_M 4
-/* The GEMV's tasks: runs of weight rows of about GEMV_TASK_BYTES (at least GEMV_TILE rows, at
- * most a thread's share of the matrix). Each task is one sequential stream, which the hardware
+/* The GEMV's tasks: runs of weight rows of at most about GEMV_TASK_BYTES (at least GEMV_TILE
+ * rows), the same number for every thread. Each task is one sequential stream, which the hardware
  * prefetcher takes some kilobytes to follow at full speed; the threads take tasks in turn, so
  * each thread's stream restarts at every task. Measured on the 2-core Zen 5 machine with two
- * threads, one decode token's matrices of the bench models (Q4_K_M, Q4_0): 64-row tasks (36 to
- * 54 KiB) streamed at 0.63-0.74 of a plain read loop's bandwidth even with the kernel's arithmetic
- * removed; 128 KiB tasks 0.86-0.94, 256 KiB and more 0.89-0.98, with the arithmetic back in and the
- * rows prefetched (eng__gemv_prefetch_row). Tasks stay many on the big matrices (the output
- * head: hundreds), so a thread that the machine's other load delays holds up little. */
+ * threads: the Q4_0 bench model's output head, read with the arithmetic removed, streamed at
+ * 0.69-0.74 of a plain read loop's bandwidth in 64-row tasks (36 KiB) and at the loop's own in
+ * 256-row ones; one decode token's matrices of the Q4_K_M / Q4_0 files, arithmetic and row
+ * prefetch (eng__gemv_prefetch_row) in, at 0.87 / 0.80 in 64 KiB tasks, 0.94 / 0.86 in 128 KiB,
+ * 0.96 / 0.89 in 256 KiB, 0.92-0.99 / 0.86-0.93 in 512 KiB to 1 MiB. Tasks stay many on the big
+ * matrices (the output head: hundreds), so a thread that the machine's other load delays holds
+ * up little. */
 #define GEMV_TILE 64
 #define GEMV_TASK_BYTES ((size_t)256 << 10)
 
@@ -282,9 +284,14 @@ static void matmul_setup(matmul_ctx_t *c, uint32_t n_threads, const float *x, ui
         c->tile = ((c->N + parts - 1) / parts + 15) & ~15u;
     } else if (M < ENG_GEMV_MAX_M) {
         c->gemv = true;
-        size_t rows = GEMV_TASK_BYTES / eng__gemv_row_bytes(w->type, w->n_in);
-        uint32_t share = (c->N + n_threads - 1) / n_threads;
-        c->tile = (uint32_t)PC_MIN(PC_MAX(rows, GEMV_TILE), share);
+        /* A whole number of tasks per thread, each at most about GEMV_TASK_BYTES: a matrix of
+         * 2.25 tasks' bytes (the bench model's wq) runs as 4 even tasks, not 2 full and a
+         * quarter one that a thread does alone while the other waits. */
+        size_t bytes = eng__gemv_row_bytes(w->type, w->n_in) * c->N;
+        size_t n_tasks = (bytes + GEMV_TASK_BYTES - 1) / GEMV_TASK_BYTES;
+        n_tasks = (n_tasks + n_threads - 1) / n_threads * n_threads;
+        uint32_t rows = (uint32_t)((c->N + n_tasks - 1) / n_tasks);
+        c->tile = PC_MIN(PC_MAX(rows, GEMV_TILE), c->N);
     } else if (isa == ENG_CPU_ISA_AVX2 && w->type == ENG_GGML_TYPE_F16) {
         /* F16 prefill on AVX2: the register-tile GEMM on the weights as stored. Measured against
          * F16C-converted F32 tiles and OpenBLAS's Haswell sgemm (OPENBLAS_CORETYPE=Haswell) on
