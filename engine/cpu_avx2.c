@@ -201,8 +201,9 @@ AVX2 static inline __attribute__((always_inline)) void gemv_t(const uint32_t t, 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Quantized rows: integer dot products of Q4_0 / Q4_K / Q5_K / Q6_K weight rows with one
- * activation row quantized once (Q8_0 for Q4_0, Q8_K for the K-quants; the block layouts are in
+ * Quantized rows: integer dot products of Q4_0 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K weight rows with
+ * one activation row quantized once (Q8_0 for Q4_0, Q5_0 and Q5_1, Q8_K for the K-quants; the
+ * block layouts are in
  * quant.h). Each weight byte is loaded once; its nibbles (and high bits) are widened to unsigned
  * bytes and multiplied by the signed activation bytes with VPMADDUBSW (pairs of products stay
  * within int16: at most 2 * 63 * 128), then by the sub-block's scale with VPMADDWD, summed in
@@ -228,6 +229,58 @@ AVX2 static float dot_q4_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t *x,
                               _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
     }
     return hsum8(acc);
+}
+
+/* A Q5_0 / Q5_1 block's 32 levels (0..31) as bytes in element order: the nibbles of qs (low
+ * ones elements 0-15, high ones 16-31) with bit j of qh as element j's fifth bit, spread to a
+ * byte each as ggml's bytes_from_bits_32 does (each byte of the group of 8 that holds qh's byte
+ * k, OR'd with every bit but its own set, is all ones exactly when its bit is). */
+AVX2 static inline __m256i q5_levels(const uint8_t qh4[4], const uint8_t *qs)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0f);
+    uint32_t qh;
+    memcpy(&qh, qh4, sizeof qh);
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    __m256i q = _mm256_and_si256(
+        _mm256_insertf128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), lo4);
+    __m256i bits = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)qh),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    bits = _mm256_cmpeq_epi8(_mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                             _mm256_set1_epi64x(-1));
+    return _mm256_or_si256(q, _mm256_and_si256(bits, _mm256_set1_epi8(0x10)));
+}
+
+/* Q5_0 x Q8_0: per block, sum (q - 16) a = sum q a - 16 sum a, both from VPMADDUBSW (pairs of
+ * products at most 2 * 31 * 128). */
+AVX2 static float dot_q5_0(const eng_block_q5_0_t *w, const eng_block_q8_0_t *x, uint32_t K)
+{
+    const __m256i sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < K / ENG_QK4_0; b++, w++, x++) {
+        __m256i q = q5_levels(w->qh, w->qs), a = LOAD256(x->qs);
+        __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, a), _mm256_maddubs_epi16(sixteen, a));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w->d) * _cvtsh_ss(x->d)),
+                              _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
+    }
+    return hsum8(acc);
+}
+
+/* Q5_1 x Q8_0: per block d_w d_a sum q a + m_w d_a sum a (quant.h's eng_vec_dot_q5_1_q8_0), the
+ * two sums from VPMADDUBSW, each term accumulated in its own vector. */
+AVX2 static float dot_q5_1(const eng_block_q5_1_t *w, const eng_block_q8_0_t *x, uint32_t K)
+{
+    const __m256i one8 = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < K / ENG_QK4_0; b++, w++, x++) {
+        __m256i q = q5_levels(w->qh, w->qs), a = LOAD256(x->qs);
+        __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), ones);
+        __m256i sa = _mm256_madd_epi16(_mm256_maddubs_epi16(one8, a), ones);
+        float da = _cvtsh_ss(x->d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w->d) * da), _mm256_cvtepi32_ps(s), acc);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w->m) * da), _mm256_cvtepi32_ps(sa), accm);
+    }
+    return hsum8(_mm256_add_ps(acc, accm));
 }
 
 /* Q4_K (hb false) or Q5_K (hb true) x Q8_K. The two blocks share their first fields (d, dmin,
@@ -348,6 +401,10 @@ AVX2 float eng__avx2_dot_q(uint32_t wtype, const void *w, const void *xq, uint32
         return dot_q8_0(w, xq, K);
     case ENG_GGML_TYPE_Q4_0:
         return dot_q4_0(w, xq, K);
+    case ENG_GGML_TYPE_Q5_0:
+        return dot_q5_0(w, xq, K);
+    case ENG_GGML_TYPE_Q5_1:
+        return dot_q5_1(w, xq, K);
     case ENG_GGML_TYPE_Q4_K:
         return dot_q45_k(false, w, xq, K);
     case ENG_GGML_TYPE_Q5_K:
@@ -459,6 +516,8 @@ AVX2 void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
     switch (g->wtype) {
     case ENG_GGML_TYPE_Q8_0:
     case ENG_GGML_TYPE_Q4_0:
+    case ENG_GGML_TYPE_Q5_0:
+    case ENG_GGML_TYPE_Q5_1:
     case ENG_GGML_TYPE_Q4_K:
     case ENG_GGML_TYPE_Q5_K:
     case ENG_GGML_TYPE_Q6_K:

@@ -652,6 +652,8 @@ VNNI static float dot512_q(uint32_t wtype, const void *w, const void *xq, uint32
     case ENG_GGML_TYPE_Q6_K:
         return dot512_q6_k(w, xq, K);
     case ENG_GGML_TYPE_Q8_0: /* 256-bit blocks: the AVX2 product */
+    case ENG_GGML_TYPE_Q5_0:
+    case ENG_GGML_TYPE_Q5_1:
         return eng__avx2_dot_q(wtype, w, xq, K);
     default:
         PC_ABORT("weight type %u has no integer dot product", wtype);

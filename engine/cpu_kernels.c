@@ -111,8 +111,6 @@ static eng_gemv_t gemv_args(const matmul_ctx_t *c)
 /* The integer dot product of c's path for its weight type. */
 static float (*dot_q_of(const matmul_ctx_t *c))(uint32_t, const void *, const void *, uint32_t)
 {
-    if (!eng__gemv_int8_simd(c->w->type))
-        return eng__port_dot_q;
     switch (c->isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case ENG_CPU_ISA_AVX512:
@@ -148,10 +146,6 @@ static void qgemm_run(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
 static void gemv_run(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
 {
     eng_gemv_t g = gemv_args(c);
-    if (eng__gemv_int8(g.wtype) && !eng__gemv_int8_simd(g.wtype)) {
-        eng__port_gemv(&g, n0, n1);
-        return;
-    }
     switch (c->isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case ENG_CPU_ISA_AVX512:

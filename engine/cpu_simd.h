@@ -77,16 +77,6 @@ static inline bool eng__gemv_int8(uint32_t wtype)
            wtype == ENG_GGML_TYPE_Q6_K;
 }
 
-/* True for the eng__gemv_int8 types the AVX2 / AVX-512 GEMVs have dot products for; the others
- * (Q5_0 and Q5_1, llama.cpp's fallback for rows that are not whole super-blocks) run the
- * portable GEMV on every ISA. */
-static inline bool eng__gemv_int8_simd(uint32_t wtype)
-{
-    return wtype == ENG_GGML_TYPE_Q8_0 || wtype == ENG_GGML_TYPE_Q4_0 ||
-           wtype == ENG_GGML_TYPE_Q4_K || wtype == ENG_GGML_TYPE_Q5_K ||
-           wtype == ENG_GGML_TYPE_Q6_K;
-}
-
 void eng__avx512_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
 void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
 void eng__port_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1);

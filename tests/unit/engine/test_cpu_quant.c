@@ -1,6 +1,6 @@
 /*
- * test_cpu_quant.c — the CPU kernels on quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), on every
- * ISA path this CPU runs (avx512, avx2, portable):
+ * test_cpu_quant.c — the CPU kernels on quantized weights (Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K,
+ * Q6_K), on every ISA path this CPU runs (avx512, avx2, portable):
  *   - the integer dot products (eng__*_dot_q) against the portable one (quant.h's reference)
  *     and against a double-precision product of the dequantized weight and activation rows,
  *     over random blocks with scales of every magnitude, all-zero blocks and extreme scales;
@@ -39,8 +39,9 @@ static float unif(void) /* [-1, 1) */
 }
 
 static const eng_cpu_isa_t paths[] = {ENG_CPU_ISA_AVX512, ENG_CPU_ISA_AVX2, ENG_CPU_ISA_PORTABLE};
-static const uint32_t qtypes[] = {ENG_GGML_TYPE_Q4_0, ENG_GGML_TYPE_Q4_K, ENG_GGML_TYPE_Q5_K,
-                                  ENG_GGML_TYPE_Q6_K, ENG_GGML_TYPE_Q8_0};
+static const uint32_t qtypes[] = {ENG_GGML_TYPE_Q4_0, ENG_GGML_TYPE_Q5_0, ENG_GGML_TYPE_Q5_1,
+                                  ENG_GGML_TYPE_Q4_K, ENG_GGML_TYPE_Q5_K, ENG_GGML_TYPE_Q6_K,
+                                  ENG_GGML_TYPE_Q8_0};
 
 static float dot_isa(eng_cpu_isa_t isa, uint32_t t, const void *w, const void *xq, uint32_t K)
 {
@@ -109,6 +110,13 @@ static void *rnd_rows(uint32_t t, uint32_t n_rows, uint32_t K, bool extreme)
             break;
         case ENG_GGML_TYPE_Q8_0:
             memcpy(blk + offsetof(eng_block_q8_0_t, d), &d, 2);
+            break;
+        case ENG_GGML_TYPE_Q5_0:
+            memcpy(blk + offsetof(eng_block_q5_0_t, d), &d, 2);
+            break;
+        case ENG_GGML_TYPE_Q5_1:
+            memcpy(blk + offsetof(eng_block_q5_1_t, d), &d, 2);
+            memcpy(blk + offsetof(eng_block_q5_1_t, m), &dmin, 2);
             break;
         case ENG_GGML_TYPE_Q4_K:
         case ENG_GGML_TYPE_Q5_K:
