@@ -1222,8 +1222,11 @@ AVX512 static inline void softmax4(__m512 sv[4][4], eng_attn_row_t *rows, uint32
  * lane), then each row's online-softmax step: m, l, corr, n_valid and the weights p (zero past
  * the row's last visible key, and all zero for a row that sees none of the chunk, with corr 1).
  * Rows past n_rows repeat row 0 in the products and are not updated. */
-AVX512 void eng__avx512_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_t *rows,
-                                     uint32_t n_rows, uint32_t start, uint32_t n_keys)
+/* With kb (f16): the chunk's keys straight from four F16 KV blocks of 16 slots (K [hd][16]
+ * each), converted in registers: the same values as the F32 tile, in the same operations. */
+AVX512 static inline __attribute__((always_inline)) void
+attn_scores4(const bool f16, const float *kt, const uint16_t *const *kb, uint32_t hd,
+             eng_attn_row_t *rows, uint32_t n_rows, uint32_t start, uint32_t n_keys)
 {
     const float *q0 = rows[0].q;
     const float *q1 = rows[PC_MIN(1, n_rows - 1)].q;
@@ -1235,9 +1238,15 @@ AVX512 void eng__avx512_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_
     __m512 s12 = s00, s13 = s00, s20 = s00, s21 = s00, s22 = s00, s23 = s00, s30 = s00;
     __m512 s31 = s00, s32 = s00, s33 = s00;
     for (uint32_t d = 0; d < hd; d++) {
-        const float *kd = kt + (size_t)d * ENG_ATTN_CHUNK;
-        __m512 k0 = _mm512_loadu_ps(kd), k1 = _mm512_loadu_ps(kd + 16);
-        __m512 k2 = _mm512_loadu_ps(kd + 32), k3 = _mm512_loadu_ps(kd + 48);
+        __m512 k0, k1, k2, k3;
+        if (f16) {
+            k0 = HALF16(kb[0] + (size_t)d * 16), k1 = HALF16(kb[1] + (size_t)d * 16);
+            k2 = HALF16(kb[2] + (size_t)d * 16), k3 = HALF16(kb[3] + (size_t)d * 16);
+        } else {
+            const float *kd = kt + (size_t)d * ENG_ATTN_CHUNK;
+            k0 = _mm512_loadu_ps(kd), k1 = _mm512_loadu_ps(kd + 16);
+            k2 = _mm512_loadu_ps(kd + 32), k3 = _mm512_loadu_ps(kd + 48);
+        }
 #define ATTN_QK(qp, a0, a1, a2, a3)                                                                \
     do {                                                                                           \
         __m512 qb = _mm512_set1_ps((qp)[d]);                                                       \
@@ -1257,11 +1266,26 @@ AVX512 void eng__avx512_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_
     softmax4(sv, rows, n_rows, start, n_keys);
 }
 
+AVX512 void eng__avx512_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_t *rows,
+                                     uint32_t n_rows, uint32_t start, uint32_t n_keys)
+{
+    attn_scores4(false, kt, NULL, hd, rows, n_rows, start, n_keys);
+}
+
+AVX512 void eng__avx512_attn_scores4_f16(const uint16_t *const kb[4], uint32_t hd,
+                                         eng_attn_row_t *rows, uint32_t n_rows, uint32_t start)
+{
+    attn_scores4(true, NULL, kb, hd, rows, n_rows, start, ENG_ATTN_CHUNK);
+}
+
 /* o = o * corr + p . V for up to four rows (vb [ENG_ATTN_CHUNK][hd], F32; only the first
  * max(n_valid) rows are read, so unwritten slots past them are never touched). Columns go 32
  * at a time (eight accumulators), then 16. */
-AVX512 void eng__avx512_attn_values4(const float *vb, uint32_t hd, eng_attn_row_t *rows,
-                                     uint32_t n_rows)
+/* With f16: V row j straight from vblk[j / 16] (V [16][hd] of an F16 KV block), converted in
+ * registers. */
+AVX512 static inline __attribute__((always_inline)) void
+attn_values4(const bool f16, const float *vb, const uint16_t *const *vblk, uint32_t hd,
+             eng_attn_row_t *rows, uint32_t n_rows)
 {
     uint32_t nj = 0;
     for (uint32_t r = 0; r < n_rows; r++)
@@ -1284,8 +1308,14 @@ AVX512 void eng__avx512_attn_values4(const float *vb, uint32_t hd, eng_attn_row_
         __m512 a3 = _mm512_mul_ps(_mm512_loadu_ps(r3->o + c), f3);
         __m512 b3 = _mm512_mul_ps(_mm512_loadu_ps(r3->o + c + 16), f3);
         for (uint32_t j = 0; j < nj; j++) {
-            const float *vj = vb + (size_t)j * hd + c;
-            __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
+            __m512 v0, v1;
+            if (f16) {
+                const uint16_t *vj = vblk[j / 16] + (size_t)(j % 16) * hd + c;
+                v0 = HALF16(vj), v1 = HALF16(vj + 16);
+            } else {
+                const float *vj = vb + (size_t)j * hd + c;
+                v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
+            }
             __m512 w0 = _mm512_set1_ps(p0[j]), w1 = _mm512_set1_ps(p1[j]);
             __m512 w2 = _mm512_set1_ps(p2[j]), w3 = _mm512_set1_ps(p3[j]);
             a0 = _mm512_fmadd_ps(w0, v0, a0);
@@ -1313,7 +1343,8 @@ AVX512 void eng__avx512_attn_values4(const float *vb, uint32_t hd, eng_attn_row_
         __m512 a2 = _mm512_mul_ps(_mm512_loadu_ps(r2->o + c), f2);
         __m512 a3 = _mm512_mul_ps(_mm512_loadu_ps(r3->o + c), f3);
         for (uint32_t j = 0; j < nj; j++) {
-            __m512 v0 = _mm512_loadu_ps(vb + (size_t)j * hd + c);
+            __m512 v0 = f16 ? HALF16(vblk[j / 16] + (size_t)(j % 16) * hd + c)
+                            : _mm512_loadu_ps(vb + (size_t)j * hd + c);
             a0 = _mm512_fmadd_ps(_mm512_set1_ps(p0[j]), v0, a0);
             a1 = _mm512_fmadd_ps(_mm512_set1_ps(p1[j]), v0, a1);
             a2 = _mm512_fmadd_ps(_mm512_set1_ps(p2[j]), v0, a2);
@@ -1324,6 +1355,18 @@ AVX512 void eng__avx512_attn_values4(const float *vb, uint32_t hd, eng_attn_row_
         _mm512_storeu_ps(r1->o + c, a1);
         _mm512_storeu_ps(r0->o + c, a0);
     }
+}
+
+AVX512 void eng__avx512_attn_values4(const float *vb, uint32_t hd, eng_attn_row_t *rows,
+                                     uint32_t n_rows)
+{
+    attn_values4(false, vb, NULL, hd, rows, n_rows);
+}
+
+AVX512 void eng__avx512_attn_values4_f16(const uint16_t *const vblk[4], uint32_t hd,
+                                         eng_attn_row_t *rows, uint32_t n_rows)
+{
+    attn_values4(true, NULL, vblk, hd, rows, n_rows);
 }
 
 /* The four rows' sums of one key pair's lanes (lanes 0-7 key j, 8-15 key j + 1) into p. */

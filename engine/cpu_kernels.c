@@ -584,6 +584,23 @@ void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float
     }
     for (uint32_t start = 0; start < n_keys_total; start += keys) {
         uint32_t n_keys = PC_MIN(keys, n_keys_total - start);
+#if defined(__x86_64__) || defined(__i386__)
+        if (isa == ENG_CPU_ISA_AVX512 && a->kv_f16 && chunks && bt == 16 &&
+            n_keys == ENG_ATTN_CHUNK && ENG_ATTN_CHUNK == 4 * 16) {
+            /* A whole chunk of F16 blocks: read in place (cpu_simd.h). */
+            const uint16_t *kb[4], *vb4[4];
+            for (uint32_t i = 0; i < 4; i++) {
+                kb[i] = eng_kvpool_kv(pool, blocks[start / bt + i], a->layer, task->kv_head);
+                vb4[i] = kb[i] + (size_t)hd * bt;
+            }
+            for (uint32_t r = 0; r < n_rows; r += 4) {
+                uint32_t nr = PC_MIN(4, n_rows - r);
+                eng__avx512_attn_scores4_f16(kb, hd, rows + r, nr, start);
+                eng__avx512_attn_values4_f16(vb4, hd, rows + r, nr);
+            }
+            continue;
+        }
+#endif
         for (uint32_t col = 0; col < n_keys; col += bt) {
             const void *kv =
                 eng_kvpool_kv(pool, blocks[(start + col) / bt], a->layer, task->kv_head);

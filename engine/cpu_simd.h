@@ -202,6 +202,14 @@ void eng__avx2_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_t *rows, 
  * max(n_valid) rows of vb are read). hd is a multiple of 16. */
 void eng__avx512_attn_values4(const float *vb, uint32_t hd, eng_attn_row_t *rows, uint32_t n_rows);
 void eng__avx2_attn_values4(const float *vb, uint32_t hd, eng_attn_row_t *rows, uint32_t n_rows);
+/* The same two on a whole chunk of an F16 KV cache in blocks of 16 slots, read in place: kb[i]
+ * and vb[i] are block i's K ([hd][16]) and V ([16][hd]), every slot written (n_keys is
+ * ENG_ATTN_CHUNK). Bit for bit the F32 kernels on the chunk converted (the conversion is exact):
+ * decode skips a pass over the KV through a scratch tile. */
+void eng__avx512_attn_scores4_f16(const uint16_t *const kb[4], uint32_t hd, eng_attn_row_t *rows,
+                                  uint32_t n_rows, uint32_t start);
+void eng__avx512_attn_values4_f16(const uint16_t *const vb[4], uint32_t hd, eng_attn_row_t *rows,
+                                  uint32_t n_rows);
 /* One KV block (kt [hd][bt], vb [bt][hd], F32, block_start the position of its first slot,
  * n_slots valid) against one row: the portable path, for any block size. */
 void eng__port_attn_block(const float *kt, const float *vb, uint32_t hd, uint32_t bt,
