@@ -241,10 +241,11 @@ AVX512 static void gemv_f16_rows8(const uint16_t *wr, const float *xg, uint32_t 
 
 /* x[M][K] . w[n0..n1)^T into y[:, n0..n1) for small M, F16 weights: memory bound, one pass over
  * the weight rows (four accumulators per row for a single x row). Measured on Zen 4 with two
- * threads: this one-row-at-a-time loop streams at the machine's read bandwidth (`kvgw bench
- * engine` prints both); software prefetch (T0/T1/T2, 1-16 KiB ahead, with 4 KiB
- * and with 2 MiB pages) and four interleaved weight rows were all slower or no faster, since the
- * hardware prefetcher follows a single stream per thread best. */
+ * threads and 64-row tasks: software prefetch (T0/T1/T2, 1-16 KiB ahead, with 4 KiB and with
+ * 2 MiB pages) and four interleaved weight rows were all slower or no faster. With the GEMV's
+ * tasks of ~256 KiB (cpu_kernels.c) on the Zen 5 test machine, the rows prefetched
+ * ENG_GEMV_PREFETCH_BYTES ahead read one token's matrices of the F16 bench model at 0.82-0.91 of
+ * the read bandwidth against 0.72-0.82 without. */
 static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
 static bool gemv_q_vnni(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
 
@@ -269,6 +270,7 @@ AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
     if (M == 1) {
         for (; n < n1; n++) {
             const uint16_t *wr = w + (size_t)n * K;
+            eng__gemv_prefetch_row(wr, (size_t)K * sizeof *wr);
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             __m512 a4 = a0, a5 = a0, a6 = a0, a7 = a0;
             uint32_t k = 0;
@@ -311,6 +313,7 @@ AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
     }
     for (; n < n1; n++) {
         const uint16_t *wr = w + (size_t)n * K; /* stays in L1 across the row groups */
+        eng__gemv_prefetch_row(wr, (size_t)K * sizeof *wr);
         for (uint32_t m0 = 0; m0 < M; m0 += GEMV_MAX_ROWS) {
             uint32_t mg = PC_MIN(GEMV_MAX_ROWS, M - m0);
             const float *xg = x + (size_t)m0 * K;
