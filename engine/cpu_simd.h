@@ -99,12 +99,12 @@ float eng__port_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K)
  * and VNNI, or a buf too small. */
 bool eng__avx512_qgemm(const eng_gemv_t *g, uint32_t n0, uint32_t n1, void *buf, size_t buf_bytes);
 
-/* How far ahead of the weight row being multiplied the quantized GEMVs prefetch, in bytes. A
- * quantized row is short (576 bytes for Q4_K at K 1024) and its dot product does enough work per
- * byte that the hardware prefetcher alone leaves the loads waiting: on the Zen 5 test machine the
- * Q4_0 and Q6_K rows' first loads took most of the GEMV's samples. 2-4 KiB ahead brought one
- * decode token's matrices from 0.80-0.87 to 0.94-0.98 of the read bandwidth (the Q6_K output head
- * above a plain read loop's), 8 KiB no further. */
+/* How far ahead of the weight row being multiplied the GEMVs prefetch, in bytes. A quantized row
+ * is short (576 bytes for Q4_K at K 1024) and its dot product does enough work per byte that the
+ * hardware prefetcher alone leaves the loads waiting: on the Zen 5 test machine the Q4_0 and Q6_K
+ * rows' first loads took most of the GEMV's samples. With 256-row tasks, 4 KiB ahead brought one
+ * decode token's Q4_K_M matrices from 0.87 to 0.96-0.98 of a plain read loop's bandwidth (2 KiB:
+ * 0.91; 8 KiB was not better than 4 in end-to-end runs). */
 #define ENG_GEMV_PREFETCH_BYTES 4096
 
 /* Prefetches the rb bytes that lie ENG_GEMV_PREFETCH_BYTES past the weight row wr (rb bytes):
