@@ -502,9 +502,9 @@ VNNI static inline float hsum8_q45(__m256 r)
  * lane l sums in a 256-bit step over chunk 2h, the upper half's lane l those of chunk 2h + 1; the
  * two halves added give each super-block's eight lane sums of a 256-bit kernel exactly (integer
  * sums: their order does not matter), and from there on the float operations are the 256-bit
- * ones: eng__avx512_qgemm repeats them. On the Zen 5 test machine (full-width 512-bit units) this
- * runs at about twice the 256-bit kernel's bytes per second with the weights in L2 (that one,
- * compute bound at ~23 GB/s per core, held a Q4_K_M decode under the read bandwidth). */
+ * ones: eng__avx512_qgemm repeats them. On the Zen 5 test machine (full-width 512-bit units), one
+ * core's GEMV with the weights in L2 ran at 27 / 35 GB/s (K 1024 / 2816) where the 256-bit kernel
+ * ran at 23 / 24, compute bound and so under the read bandwidth in a Q4_K_M decode. */
 VNNI static inline __attribute__((always_inline)) float
 dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, const int8_t *xp, uint32_t K)
 {
@@ -663,7 +663,7 @@ VNNI static float dot512_q(uint32_t wtype, const void *w, const void *xq, uint32
     }
 }
 
-/* The GEMV on the types of dot512_q but Q8_0: eng__gemv_q's loop with the type's dot product
+/* The GEMV on Q4_0 and the K-quants: eng__gemv_q's loop with the type's dot product
  * inlined (no call and no type switch per row; at K 1024 a Q4_K row is only four super-blocks)
  * and two weight rows per step, whose products the core overlaps. Each row's sum is the dot
  * product's, operation for operation. */
