@@ -6,6 +6,7 @@
 #ifndef KVGW_BENCH_H
 #define KVGW_BENCH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,10 +43,19 @@ static inline uint64_t bench_rand(uint64_t *state)
 double bench_now_s(void);
 double bench_cpu_s(void);
 
-/* The best of five passes of `threads` threads each summing its share of an n_bytes buffer (on
- * huge pages where the kernel has them), in GB/s: the most a memory-bound kernel can stream on
- * this machine right now. Benchmarks of such kernels report their own GB/s beside it. -1 when the
- * buffer or threads cannot be had. */
+/* Streaming reads: `threads` threads each summing its share of an n_bytes buffer (on huge pages
+ * where the kernel has them) in 16-byte vectors, optionally with the lines 4 KiB ahead
+ * prefetched: the most a memory-bound kernel can stream on this machine right now. Benchmarks of
+ * such kernels report their own GB/s beside it. bench_stream_new allocates and fills the buffer
+ * (NULL when it or the arguments cannot be had); bench_stream_pass reads it once and returns
+ * GB/s, timed from the first thread's start to the last one's end (-1 when the threads cannot
+ * be had); bench_stream_free(NULL) is a no-op. bench_stream_read_gb_s is the best of ten passes
+ * of a new buffer, alternately plain and prefetching (-1 on failure). */
+typedef struct bench_stream bench_stream_t;
+bench_stream_t *bench_stream_new(unsigned threads, size_t n_bytes);
+double bench_stream_pass(bench_stream_t *s, bool prefetch);
+size_t bench_stream_bytes(const bench_stream_t *s);
+void bench_stream_free(bench_stream_t *s);
 double bench_stream_read_gb_s(unsigned threads, size_t n_bytes);
 
 /* The benchmarks, each a subcommand main: argv[0] is the benchmark's name. */

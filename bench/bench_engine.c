@@ -12,10 +12,19 @@
  * this CPU runs); --isa all measures every path the CPU runs in the same process, alternating
  * the paths round by round (--rounds N), and prints each figure per path (suffix _avx2, ...) as
  * the best round, with the range over the rounds beside it: on a shared machine the rounds see
- * different loads, and alternating puts every path under the same ones. The roofline
- * (stream_read_gb_s, decode_tokens_per_s_roofline) is measured in the same run, at the bytes per
- * weight of the types the model holds (eng_decode_weight_bytes: a Q4_K_M or Q4_0 file's blocks,
- * F16, or F32 with --weights-f32).
+ * different loads, and alternating puts every path under the same ones. The roofline is
+ * measured in the same run, with the same threads, on the same kind of memory (the weights are
+ * copied to huge pages at load, the stream's buffer is on huge pages too), at the bytes a decoded
+ * token must read: the matrices at the types the model holds (eng_decode_weight_bytes: a Q4_K_M
+ * or Q4_0 file's blocks, F16, or F32 with --weights-f32) and the K and V of its context (at the
+ * decode's mean context; the norms and the one embedding row are left out, well under 0.1%).
+ * decode_roofline_fraction compares each 8-token chunk of the decode with stream passes run
+ * right before and after it (the faster of the two) over a buffer of the decode's bytes per
+ * token, read again and again as the decode reads its weights (see stream_roof), and takes the
+ * median over the chunks of every round: this machine's read bandwidth moves by 2x within seconds
+ * with its neighbours' load, so a roofline taken at another moment compares two different
+ * machines. stream_read_gb_s (the best of ten passes over 512 MiB at the end, which no cache
+ * helps) is kept for reference.
  *
  * OpenBLAS picks its own kernels by cpuid when it loads: the F32 sgemm of the prefill path runs
  * its AVX-512 kernels on an AVX-512 machine whatever --isa says. To measure an AVX2-only
@@ -50,8 +59,9 @@ static void usage(FILE *f)
                "           runs); all: every path this CPU runs, side by side, alternating\n"
                "  --rounds rounds per path (default 1, 2 with --isa all)\n");
     fprintf(f,
-            "  --gemm   prefill GEMM precision (default auto: BF16 for F16 weights on CPUs with\n"
-            "           AVX512-BF16; logits move by ~1e-2); --bf16 is --gemm bf16\n");
+            "  --gemm   prefill GEMM precision (default auto: BF16 for F16/BF16 weights on CPUs\n"
+            "           with AVX512-BF16; logits move by ~1e-2; quantized weights take integer\n"
+            "           products on 8-bit x in every mode); --bf16 is --gemm bf16\n");
     fprintf(f, "  --quick  prefill 512 and decode only (no 2048 prefill, no TTFT)\n");
     fprintf(f, "  --kv-dtype  f32 or q8_0: that KV dtype beside f16 in the same run (suffixes\n"
                "           _f16 and _q8_0), with decode at context 8192; f16 alone by default\n");
@@ -92,11 +102,29 @@ enum { F_P512, F_CPU512, F_P2048, F_DEC, F_DEC_GB, F_COLD, F_WARM, F_DEC8K, F_N 
 /* The context of decode_tokens_per_s_ctx8192. */
 #define CTX_LONG 8192
 
+/* Tokens per decode chunk, between two passes of the in-run stream (decode_roofline_fraction). */
+#define DEC_CHUNK 8
+/* The in-run stream reads a buffer of the decode's bytes per token, over and over like the decode
+ * reads its weights: the 32 MiB L3 of the test machine keeps part of a buffer read cyclically
+ * (two threads read 50 GB/s over 512 MiB, 54 over 160 MiB, 56 over 128 MiB, 70 over 64 MiB), and
+ * the decode has that share too. Each measurement is the second of two passes, so the cache holds
+ * the stream's lines as it would in a steady stream, not the decode's. */
+static double stream_roof(bench_stream_t *st, bool prefetch)
+{
+    (void)bench_stream_pass(st, prefetch);
+    return bench_stream_pass(st, prefetch);
+}
+
 typedef struct isa_run {
     const char *isa; /* its name: the figures' suffix, or the KV dtype's name in a KV run */
     eng_t *e;
     double lo[F_N], hi[F_N];
     bool have[F_N];
+    double decode_bytes; /* bytes a decoded token reads: weights and the KV of its context */
+    /* Per decode chunk (every round): its bytes per second over the stream passes' around it
+     * (the faster of the two), and those passes' GB/s. */
+    double *frac, *stream;
+    uint32_t n_frac, n_stream, cap;
 } isa_run_t;
 
 static void fig_add(isa_run_t *r, int f, double v)
@@ -108,30 +136,62 @@ static void fig_add(isa_run_t *r, int f, double v)
     r->have[f] = true;
 }
 
-/* One round of one path: every figure once. Returns 0 or -1. */
-/* Single tokens after an n_ctx-token prompt: tokens/s, or -1. */
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of v[0..n) (sorted in place); -1 for none. */
+static double median(double *v, uint32_t n)
+{
+    if (n == 0)
+        return -1;
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Single tokens after an n_ctx-token prompt: tokens/s, or -1. With st, the tokens run in chunks
+ * of DEC_CHUNK with a pass of st before, between and after them, and each chunk's fraction of
+ * the read bandwidth goes to run (the memory of this machine is shared with other machines' and
+ * its read bandwidth swings by 2x within seconds: a roofline measured at another moment than the
+ * decode would compare two loads). The stream's time is not the decode's. */
 static double decode_after(eng_t *e, const int32_t *tok, uint32_t n_ctx, uint32_t n_decode,
-                           float *logits)
+                           float *logits, bench_stream_t *st, isa_run_t *run)
 {
     eng_seq_t *s = NULL;
     if (prefill(e, tok, n_ctx, logits, 0, 0, NULL, &s) < 0)
         return -1;
-    double td = bench_now_s();
-    for (uint32_t i = 0; i < n_decode; i++) {
-        eng_batch_item_t it = {
-            .seq = s, .tokens = tok + n_ctx + i, .n_tokens = 1, .logits = ENG_LOGITS_LAST};
-        if (eng_forward(e, &it, 1, logits) != 0) {
-            eng_seq_free(e, s);
-            return -1;
+    double td = 0, g_prev = st != NULL ? stream_roof(st, false) : -1;
+    for (uint32_t i0 = 0, k = 0; i0 < n_decode; i0 += DEC_CHUNK, k++) {
+        uint32_t n = n_decode - i0 < DEC_CHUNK ? n_decode - i0 : DEC_CHUNK;
+        double t0 = bench_now_s();
+        for (uint32_t i = i0; i < i0 + n; i++) {
+            eng_batch_item_t it = {
+                .seq = s, .tokens = tok + n_ctx + i, .n_tokens = 1, .logits = ENG_LOGITS_LAST};
+            if (eng_forward(e, &it, 1, logits) != 0) {
+                eng_seq_free(e, s);
+                return -1;
+            }
         }
+        double dt = bench_now_s() - t0;
+        td += dt;
+        if (st == NULL)
+            continue;
+        double g = stream_roof(st, k % 2 == 0); /* plain and prefetching, alternated */
+        double roof = g > g_prev ? g : g_prev;
+        if (roof > 0 && run->n_frac < run->cap) {
+            run->frac[run->n_frac++] = run->decode_bytes * n / dt / 1e9 / roof;
+            run->stream[run->n_stream++] = g;
+        }
+        g_prev = g;
     }
-    td = bench_now_s() - td;
     eng_seq_free(e, s);
     return n_decode / td;
 }
 
 static int measure(isa_run_t *run, const int32_t *tok, float *logits, uint32_t n_decode, bool quick,
-                   bool long_ctx, double decode_bytes, uint64_t ns)
+                   bool long_ctx, bench_stream_t *st, uint64_t ns)
 {
     eng_t *e = run->e;
     enum { N_MAX = 4096, N_CACHED = 4032 };
@@ -148,15 +208,15 @@ static int measure(isa_run_t *run, const int32_t *tok, float *logits, uint32_t n
             return -1;
         fig_add(run, F_P2048, 2048 / t2048);
     }
-    double dec = decode_after(e, tok, 512, n_decode, logits);
+    double dec = decode_after(e, tok, 512, n_decode, logits, st, run);
     if (dec < 0)
         return -1;
     fig_add(run, F_DEC, dec);
-    fig_add(run, F_DEC_GB, decode_bytes * dec / 1e9);
+    fig_add(run, F_DEC_GB, run->decode_bytes * dec / 1e9);
     if (long_ctx) {
         /* The prompt stops n_decode short of 8192, so the last token decoded sits at position
          * 8191 (the bench model's context is 8192). */
-        double dec8k = decode_after(e, tok, CTX_LONG - n_decode, n_decode, logits);
+        double dec8k = decode_after(e, tok, CTX_LONG - n_decode, n_decode, logits, NULL, NULL);
         if (dec8k < 0)
             return -1;
         fig_add(run, F_DEC8K, dec8k);
@@ -300,6 +360,7 @@ int bench_engine_main(int argc, char **argv)
     memset(runs, 0, sizeof runs);
     char err[512];
     int ret = 1;
+    bench_stream_t *st = NULL;
     double load_s = 0;
     for (uint32_t i = 0; i < (all || kv_cmp ? (kv_cmp ? 2u : 3u) : 1u); i++) {
         p.cpu_isa = all ? ladder[i] : isa_arg;
@@ -343,18 +404,42 @@ int bench_engine_main(int argc, char **argv)
     bench_report_init(&r, "engine");
     bench_report_add(&r, "model_load_s", load_s, "mmap + checks (+ conversions)");
     /* Decode is bound by streaming the weights once per token (at the bytes per weight of the
-     * types the model holds): the roofline beside it. */
+     * types the model holds) and the KV of the token's context (512 + 1 .. 512 + n_decode
+     * positions, at the mean): the roofline beside it. */
     double decode_bytes = eng_decode_weight_bytes(runs[0].e);
+    double ctx_mean = 512 + (n_decode + 1) / 2.0;
+    uint32_t n_chunks = (n_decode + DEC_CHUNK - 1) / DEC_CHUNK;
+    for (uint32_t i = 0; i < n_runs; i++) {
+        eng_kv_stats_t kv;
+        eng_kv_stats(runs[i].e, &kv);
+        runs[i].decode_bytes = decode_bytes + (double)kv.bytes_per_token * ctx_mean;
+        runs[i].cap = n_chunks * (uint32_t)rounds;
+        runs[i].frac = pc_xmalloc(runs[i].cap * sizeof *runs[i].frac);
+        runs[i].stream = pc_xmalloc(runs[i].cap * sizeof *runs[i].stream);
+    }
 
     /* Warm-up: touches the weights once so the first figure does not pay the page faults. */
     for (uint32_t i = 0; i < n_runs; i++)
         if (prefill(runs[i].e, tok, 64, logits, 0, 0, NULL, NULL) < 0)
             goto fail_run;
+    /* The in-run stream's buffer is resident from here to the end of the rounds: the peak RSS
+     * figure takes it out again (the larger of the peak before it and the peak during it, less
+     * its bytes). */
+    size_t rss_before = pc_rss_peak_bytes();
+    st = bench_stream_new(threads, ((size_t)runs[0].decode_bytes + (2u << 20) - 1) &
+                                       ~(size_t)((2u << 20) - 1));
+    if (st == NULL) {
+        fprintf(stderr, "kvgw bench engine: no memory or threads for the stream passes\n");
+        goto fail_run;
+    }
     for (int round = 0; round < rounds; round++)
         for (uint32_t i = 0; i < n_runs; i++)
-            if (measure(&runs[i], tok, logits, n_decode, quick, kv_cmp, decode_bytes,
+            if (measure(&runs[i], tok, logits, n_decode, quick, kv_cmp, st,
                         42 + (uint64_t)round * 8 + i) != 0)
                 goto fail_run;
+    size_t rss_during = pc_rss_peak_bytes() - bench_stream_bytes(st);
+    bench_stream_free(st);
+    st = NULL;
 
     bool sfx = n_runs > 1 || kv_cmp;
     if (!sfx)
@@ -369,7 +454,7 @@ int bench_engine_main(int argc, char **argv)
                    rounds);
         report_fig(&r, u, sfx, F_DEC, "decode_tokens_per_s", "after 512 tokens; llama.cpp ~90",
                    false, rounds);
-        report_fig(&r, u, sfx, F_DEC_GB, "decode_gb_s", "weights streamed", false, rounds);
+        report_fig(&r, u, sfx, F_DEC_GB, "decode_gb_s", "weights and KV streamed", false, rounds);
         report_fig(&r, u, sfx, F_DEC8K, "decode_tokens_per_s_ctx8192",
                    "single tokens ending at context 8192", false, rounds);
         report_fig(&r, u, sfx, F_COLD, "ttft_ms_cold_4096", "llama.cpp ~5500-6000", true, rounds);
@@ -383,6 +468,8 @@ int bench_engine_main(int argc, char **argv)
     }
     bench_report_add(&r, "decode_weight_mb_per_token", decode_bytes / 1e6,
                      "the matrices at the model's types");
+    bench_report_add(&r, "decode_kv_mb_per_token", (runs[0].decode_bytes - decode_bytes) / 1e6,
+                     "K and V read at the decode's mean context");
     for (uint32_t i = 0; i < (kv_cmp ? n_runs : 1u); i++) {
         eng_kv_stats_t kv;
         eng_kv_stats(runs[i].e, &kv);
@@ -412,28 +499,37 @@ int bench_engine_main(int argc, char **argv)
         snprintf(key, sizeof key, "prefill_512_ratio_%s_f16", runs[1].isa);
         bench_report_add(&r, key, runs[1].hi[F_P512] / runs[0].hi[F_P512], "target >= 0.95");
     }
-    bench_report_add(&r, "peak_rss_mib", (double)pc_rss_peak_bytes() / (1 << 20), NULL);
+    size_t rss = rss_during > rss_before ? rss_during : rss_before;
+    bench_report_add(&r, "peak_rss_mib", (double)rss / (1 << 20), NULL);
     /* Last, so that its buffer stays out of the peak RSS above. */
     double stream = bench_stream_read_gb_s(threads, (size_t)512 << 20);
     bench_report_add(&r, "stream_read_gb_s", stream, "this machine now, same threads");
-    bench_report_add(&r, "decode_tokens_per_s_roofline", stream * 1e9 / decode_bytes,
-                     "stream_read_gb_s / weight bytes per token");
+    bench_report_add(&r, "decode_tokens_per_s_roofline", stream * 1e9 / runs[0].decode_bytes,
+                     "stream_read_gb_s / bytes per token");
     for (uint32_t i = 0; i < n_runs; i++) {
         char key[64];
+        snprintf(key, sizeof key, "decode_stream_read_gb_s%s%s", sfx ? "_" : "",
+                 sfx ? runs[i].isa : "");
+        bench_report_add(&r, key, median(runs[i].stream, runs[i].n_stream),
+                         "median of the passes between the decode's chunks");
         snprintf(key, sizeof key, "decode_roofline_fraction%s%s", sfx ? "_" : "",
                  sfx ? runs[i].isa : "");
-        bench_report_add(&r, key, runs[i].hi[F_DEC_GB] / stream,
-                         "decode_gb_s (best round) / stream_read_gb_s");
+        bench_report_add(&r, key, median(runs[i].frac, runs[i].n_frac),
+                         "median over 8-token chunks: GB/s / the stream around");
     }
     bench_report_print(&r);
     ret = 0;
 fail_run:
     if (ret != 0)
         fprintf(stderr, "kvgw bench engine: a forward step failed\n");
+    bench_stream_free(st);
     pc_free(tok);
     pc_free(logits);
 fail:
-    for (uint32_t i = 0; i < n_runs; i++)
+    for (uint32_t i = 0; i < n_runs; i++) {
         eng_free(runs[i].e);
+        pc_free(runs[i].frac);
+        pc_free(runs[i].stream);
+    }
     return ret;
 }

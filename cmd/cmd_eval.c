@@ -40,9 +40,10 @@ static void help(void)
            "  --threads N        compute threads (default 2)\n"
            "  --kv-dtype T       KV cache element type: f16 (default), f32, or q8_0 (ggml's\n"
            "                     8-bit blocks, 34/64 of f16's bytes; head size a multiple of 32)\n"
-           "  --gemm M           prefill GEMM precision: auto (default: bf16 for F16/BF16/Q8_0\n"
+           "  --gemm M           prefill GEMM precision: auto (default: bf16 for F16/BF16\n"
            "                     weights on CPUs with AVX512-BF16, logits within ~1e-2 of f32),\n"
-           "                     f32 (exact F32 products), or bf16\n");
+           "                     f32 (exact F32 products), or bf16; quantized weights take\n"
+           "                     integer products on 8-bit x in every mode, as llama.cpp does\n");
 }
 
 /* Reads the JSON array of ids. Returns 0 or 1 with the reason on stderr. */

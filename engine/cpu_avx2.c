@@ -75,9 +75,9 @@ AVX2 static inline float hsum8(__m256 v)
 #define WLOAD(f16, w, k)                                                                           \
     ((f16) ? HALF8((const uint16_t *)(w) + (k)) : _mm256_loadu_ps((const float *)(w) + (k)))
 
-/* Eight weights at k (a multiple of 8) of a row of type t as floats: F32, F16 (F16C), BF16 (the
- * 16 bits shifted into the high half of each lane: exact) or Q8_0 (eight int8 quants of the
- * k / 32-th block, times its F16 scale). t is a constant wherever this is inlined. */
+/* Eight weights at k (a multiple of 8) of a row of type t as floats: F32, F16 (F16C) or BF16 (the
+ * 16 bits shifted into the high half of each lane: exact). t is a constant wherever this is
+ * inlined. */
 AVX2 static inline __attribute__((always_inline)) __m256 wload8(const uint32_t t, const void *w,
                                                                 uint32_t k)
 {
@@ -89,20 +89,12 @@ AVX2 static inline __attribute__((always_inline)) __m256 wload8(const uint32_t t
             _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
                                   (const __m128i *)(const void *)((const uint16_t *)w + k))),
                               16));
-    case ENG_GGML_TYPE_Q8_0: {
-        const uint8_t *blk = (const uint8_t *)w + (size_t)(k / ENG_QK8_0) * ENG_Q8_0_BYTES;
-        uint16_t d;
-        memcpy(&d, blk, 2);
-        __m256i q = _mm256_cvtepi8_epi32(
-            _mm_loadl_epi64((const __m128i *)(const void *)(blk + 2 + k % ENG_QK8_0)));
-        return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d)), _mm256_cvtepi32_ps(q));
-    }
     default:
         return _mm256_loadu_ps((const float *)w + k);
     }
 }
 
-/* Weight k of a row of type t (the scalar tails; Q8_0 rows have none). */
+/* Weight k of a row of type t (the scalar tails). */
 AVX2 static inline float wload1(uint32_t t, const void *w, uint32_t k)
 {
     switch (t) {
@@ -142,40 +134,6 @@ AVX2 static inline __attribute__((always_inline)) float dot1(const uint32_t t, c
     for (; k < K; k++)
         s += wload1(t, w, k) * x[k];
     return s;
-}
-
-/* One Q8_0 row against one x row, two blocks (68 bytes) per iteration: each block's 32 quants
- * times x summed in F32 (exact small integers times floats), then scaled once by the block's
- * F16 scale into one of two accumulators. K is a multiple of 32. */
-AVX2 static float dot1_q8_0(const uint8_t *w, const float *x, uint32_t K)
-{
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    uint32_t nb = K / ENG_QK8_0, b = 0;
-#define Q8_BLOCK(blk, xb, acc)                                                                     \
-    do {                                                                                           \
-        uint16_t d_;                                                                               \
-        memcpy(&d_, (blk), 2);                                                                     \
-        __m256i q_ = _mm256_loadu_si256((const __m256i *)(const void *)((blk) + 2));               \
-        __m128i lo_ = _mm256_castsi256_si128(q_), hi_ = _mm256_extracti128_si256(q_, 1);           \
-        __m256 p_ =                                                                                \
-            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo_)), _mm256_loadu_ps((xb)));   \
-        p_ = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo_, 8))),     \
-                             _mm256_loadu_ps((xb) + 8), p_);                                       \
-        p_ = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi_)),                        \
-                             _mm256_loadu_ps((xb) + 16), p_);                                      \
-        p_ = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi_, 8))),     \
-                             _mm256_loadu_ps((xb) + 24), p_);                                      \
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(d_)), p_, acc);                             \
-    } while (0)
-    for (; b + 2 <= nb; b += 2) {
-        const uint8_t *blk = w + (size_t)b * ENG_Q8_0_BYTES;
-        Q8_BLOCK(blk, x + (size_t)b * ENG_QK8_0, acc0);
-        Q8_BLOCK(blk + ENG_Q8_0_BYTES, x + (size_t)(b + 1) * ENG_QK8_0, acc1);
-    }
-    if (b < nb)
-        Q8_BLOCK(w + (size_t)b * ENG_Q8_0_BYTES, x + (size_t)b * ENG_QK8_0, acc0);
-#undef Q8_BLOCK
-    return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
 /* One weight row of type t against R <= 4 rows of x (xg, stride K): eight weights converted
@@ -225,7 +183,7 @@ AVX2 static inline __attribute__((always_inline)) void gemv_t(const uint32_t t, 
     for (uint32_t n = n0; n < n1; n++) {
         const void *wr = (const char *)g->w + (size_t)n * rb;
         if (M == 1) {
-            float s = t == ENG_GGML_TYPE_Q8_0 ? dot1_q8_0(wr, g->x, K) : dot1(t, wr, g->x, K);
+            float s = dot1(t, wr, g->x, K);
             g->y[n] = g->accumulate ? g->y[n] + s : s;
             continue;
         }
@@ -243,8 +201,9 @@ AVX2 static inline __attribute__((always_inline)) void gemv_t(const uint32_t t, 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Quantized rows: integer dot products of Q4_0 / Q4_K / Q5_K / Q6_K weight rows with one
- * activation row quantized once (Q8_0 for Q4_0, Q8_K for the K-quants; the block layouts are in
+ * Quantized rows: integer dot products of Q4_0 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K weight rows with
+ * one activation row quantized once (Q8_0 for Q4_0, Q5_0 and Q5_1, Q8_K for the K-quants; the
+ * block layouts are in
  * quant.h). Each weight byte is loaded once; its nibbles (and high bits) are widened to unsigned
  * bytes and multiplied by the signed activation bytes with VPMADDUBSW (pairs of products stay
  * within int16: at most 2 * 63 * 128), then by the sub-block's scale with VPMADDWD, summed in
@@ -270,6 +229,58 @@ AVX2 static float dot_q4_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t *x,
                               _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
     }
     return hsum8(acc);
+}
+
+/* A Q5_0 / Q5_1 block's 32 levels (0..31) as bytes in element order: the nibbles of qs (low
+ * ones elements 0-15, high ones 16-31) with bit j of qh as element j's fifth bit, spread to a
+ * byte each as ggml's bytes_from_bits_32 does (each byte of the group of 8 that holds qh's byte
+ * k, OR'd with every bit but its own set, is all ones exactly when its bit is). */
+AVX2 static inline __m256i q5_levels(const uint8_t qh4[4], const uint8_t *qs)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0f);
+    uint32_t qh;
+    memcpy(&qh, qh4, sizeof qh);
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    __m256i q = _mm256_and_si256(
+        _mm256_insertf128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), lo4);
+    __m256i bits = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)qh),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    bits = _mm256_cmpeq_epi8(_mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                             _mm256_set1_epi64x(-1));
+    return _mm256_or_si256(q, _mm256_and_si256(bits, _mm256_set1_epi8(0x10)));
+}
+
+/* Q5_0 x Q8_0: per block, sum (q - 16) a = sum q a - 16 sum a, both from VPMADDUBSW (pairs of
+ * products at most 2 * 31 * 128). */
+AVX2 static float dot_q5_0(const eng_block_q5_0_t *w, const eng_block_q8_0_t *x, uint32_t K)
+{
+    const __m256i sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < K / ENG_QK4_0; b++, w++, x++) {
+        __m256i q = q5_levels(w->qh, w->qs), a = LOAD256(x->qs);
+        __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, a), _mm256_maddubs_epi16(sixteen, a));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w->d) * _cvtsh_ss(x->d)),
+                              _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
+    }
+    return hsum8(acc);
+}
+
+/* Q5_1 x Q8_0: per block d_w d_a sum q a + m_w d_a sum a (quant.h's eng_vec_dot_q5_1_q8_0), the
+ * two sums from VPMADDUBSW, each term accumulated in its own vector. */
+AVX2 static float dot_q5_1(const eng_block_q5_1_t *w, const eng_block_q8_0_t *x, uint32_t K)
+{
+    const __m256i one8 = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < K / ENG_QK4_0; b++, w++, x++) {
+        __m256i q = q5_levels(w->qh, w->qs), a = LOAD256(x->qs);
+        __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), ones);
+        __m256i sa = _mm256_madd_epi16(_mm256_maddubs_epi16(one8, a), ones);
+        float da = _cvtsh_ss(x->d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w->d) * da), _mm256_cvtepi32_ps(s), acc);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(w->m) * da), _mm256_cvtepi32_ps(sa), accm);
+    }
+    return hsum8(_mm256_add_ps(acc, accm));
 }
 
 /* Q4_K (hb false) or Q5_K (hb true) x Q8_K. The two blocks share their first fields (d, dmin,
@@ -362,13 +373,38 @@ AVX2 static float dot_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t *x,
     }
     return hsum8(acc);
 }
-#undef LOAD256
+
+/* Q8_0 x Q8_0 as ggml's: per block, sum w a exact in int32 (VPMADDUBSW on |w| and a with w's
+ * sign: pairs of products stay within int16, at most 2 * 128 * 127), scaled by d_w d_a. */
+AVX2 static float dot_q8_0(const eng_block_q8_0_t *w, const eng_block_q8_0_t *x, uint32_t K)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    uint32_t nb = K / ENG_QK8_0;
+    for (uint32_t b = 0; b < nb; b++) {
+        __m256i qw = LOAD256(w[b].qs), qa = LOAD256(x[b].qs);
+        __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qa, qw));
+        __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(w[b].d) * _cvtsh_ss(x[b].d));
+        if (b % 2)
+            acc1 = _mm256_fmadd_ps(d, s, acc1);
+        else
+            acc0 = _mm256_fmadd_ps(d, s, acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
 
 AVX2 float eng__avx2_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K)
 {
     switch (wtype) {
+    case ENG_GGML_TYPE_Q8_0:
+        return dot_q8_0(w, xq, K);
     case ENG_GGML_TYPE_Q4_0:
         return dot_q4_0(w, xq, K);
+    case ENG_GGML_TYPE_Q5_0:
+        return dot_q5_0(w, xq, K);
+    case ENG_GGML_TYPE_Q5_1:
+        return dot_q5_1(w, xq, K);
     case ENG_GGML_TYPE_Q4_K:
         return dot_q45_k(false, w, xq, K);
     case ENG_GGML_TYPE_Q5_K:
@@ -379,12 +415,109 @@ AVX2 float eng__avx2_dot_q(uint32_t wtype, const void *w, const void *xq, uint32
         PC_ABORT("weight type %u has no integer dot product", wtype);
     }
 }
+#undef LOAD256
+
+/* Activation quantization (quant.h), ggml-cpu's x86 arithmetic instruction for instruction: the
+ * block's amax by VMAXPS (exact in any order), q by VROUNDPS (nearest, halves to even) and
+ * VCVTPS2DQ, packed to bytes with signed saturation (|q| <= 127 already). */
+AVX2 static inline __m256i round_to_i32(__m256 v, __m256 mul)
+{
+    return _mm256_cvtps_epi32(
+        _mm256_round_ps(_mm256_mul_ps(v, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+/* Four vectors of eight int32 (each in -128..127) to 32 bytes in order. */
+AVX2 static inline __m256i pack_i8x32(__m256i i0, __m256i i1, __m256i i2, __m256i i3)
+{
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+AVX2 static inline int hsum_i32x8(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+AVX2 static void act_q8_0(const float *x, eng_block_q8_0_t *y, size_t n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (size_t b = 0; b < n / ENG_QK8_0; b++, x += ENG_QK8_0) {
+        __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+        __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+        __m256 m =
+            _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                          _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        y[b].d = (uint16_t)_cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT);
+        __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        _mm256_storeu_si256((__m256i *)(void *)y[b].qs,
+                            pack_i8x32(round_to_i32(v0, id), round_to_i32(v1, id),
+                                       round_to_i32(v2, id), round_to_i32(v3, id)));
+    }
+}
+
+AVX2 static void act_q8_k(const float *x, eng_block_q8_k_t *y, size_t n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (size_t b = 0; b < n / ENG_QK_K; b++, x += ENG_QK_K) {
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < ENG_QK_K; j += 8)
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+        __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof y[b]);
+            continue;
+        }
+        /* max: the first element of magnitude amax, with its sign (quantize_row_q8_K_ref). */
+        __m256 am = _mm256_set1_ps(amax);
+        int j = 0, bits = 0;
+        for (; j < ENG_QK_K; j += 8) {
+            bits = _mm256_movemask_ps(
+                _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), am, _CMP_EQ_OQ));
+            if (bits != 0)
+                break;
+        }
+        float iscale = -127.0f / x[j + __builtin_ctz((unsigned)bits)];
+        __m256 is = _mm256_set1_ps(iscale);
+        const __m256i top = _mm256_set1_epi32(127);
+        for (int c = 0; c < ENG_QK_K; c += 32) {
+            __m256i i0 = _mm256_min_epi32(round_to_i32(_mm256_loadu_ps(x + c), is), top);
+            __m256i i1 = _mm256_min_epi32(round_to_i32(_mm256_loadu_ps(x + c + 8), is), top);
+            __m256i i2 = _mm256_min_epi32(round_to_i32(_mm256_loadu_ps(x + c + 16), is), top);
+            __m256i i3 = _mm256_min_epi32(round_to_i32(_mm256_loadu_ps(x + c + 24), is), top);
+            _mm256_storeu_si256((__m256i *)(void *)(y[b].qs + c), pack_i8x32(i0, i1, i2, i3));
+            y[b].bsums[c / 16] = (int16_t)hsum_i32x8(_mm256_add_epi32(i0, i1));
+            y[b].bsums[c / 16 + 1] = (int16_t)hsum_i32x8(_mm256_add_epi32(i2, i3));
+        }
+        y[b].d = 1.0f / iscale;
+    }
+}
+
+AVX2 void eng__avx2_quant_act(uint32_t type, const float *x, void *dst, size_t n)
+{
+    if (type == ENG_GGML_TYPE_Q8_K)
+        act_q8_k(x, dst, n);
+    else
+        act_q8_0(x, dst, n);
+}
 
 AVX2 void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
 {
     PC_ASSERT(g->M <= ENG_GEMV_MAX_M);
     switch (g->wtype) {
+    case ENG_GGML_TYPE_Q8_0:
     case ENG_GGML_TYPE_Q4_0:
+    case ENG_GGML_TYPE_Q5_0:
+    case ENG_GGML_TYPE_Q5_1:
     case ENG_GGML_TYPE_Q4_K:
     case ENG_GGML_TYPE_Q5_K:
     case ENG_GGML_TYPE_Q6_K:
@@ -395,10 +528,6 @@ AVX2 void eng__avx2_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
         return;
     case ENG_GGML_TYPE_BF16:
         gemv_t(ENG_GGML_TYPE_BF16, g, n0, n1);
-        return;
-    case ENG_GGML_TYPE_Q8_0:
-        PC_ASSERT(g->K % ENG_QK8_0 == 0);
-        gemv_t(ENG_GGML_TYPE_Q8_0, g, n0, n1);
         return;
     default:
         PC_ASSERT(g->wtype == ENG_GGML_TYPE_F32);
@@ -808,17 +937,24 @@ AVX2 void eng__avx2_attn_q8_values4(const uint8_t *const *vrow, uint32_t hd, eng
 
 AVX2 void eng__avx2_rmsnorm(const float *x, const float *w, float *y, uint32_t n, float eps)
 {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    /* As ggml's rms_norm: each square rounded to F32, summed in double, the mean rounded to F32
+     * (the double sums' order changes them by ~1e-16, which the F32 mean almost never sees). */
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0;
     uint32_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
-        a0 = _mm256_fmadd_ps(v0, v0, a0);
-        a1 = _mm256_fmadd_ps(v1, v1, a1);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i), sq = _mm256_mul_ps(v, v);
+        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
     }
-    float ss = hsum8(_mm256_add_ps(a0, a1));
-    for (; i < n; i++)
-        ss += x[i] * x[i];
-    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    __m256d a = _mm256_add_pd(a0, a1);
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
+    double ss = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+    for (; i < n; i++) {
+        float sq = x[i] * x[i];
+        ss += sq;
+    }
+    float mean = (float)(ss / n);
+    float scale = 1.0f / sqrtf(mean + eps);
     __m256 sv = _mm256_set1_ps(scale);
     i = 0;
     for (; i + 8 <= n; i += 8)
@@ -828,14 +964,53 @@ AVX2 void eng__avx2_rmsnorm(const float *x, const float *w, float *y, uint32_t n
         y[i] = x[i] * scale * w[i];
 }
 
+/* e^x as ggml's AVX2 ggml_v_expf (llama.cpp's CPU backend on AVX2 CPUs; after ARM's optimized
+ * routines: at most 1.5 ulp off, +inf above 88.38, 0 below -103.97), operation for operation, so
+ * that the SwiGLU products llama.cpp quantizes are the same floats. */
+AVX2 static inline __m256 ggml_expf256(__m256 x)
+{
+    const __m256 r = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+    const __m256 n = _mm256_sub_ps(z, r);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    const __m256 k =
+        _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1))));
+    const __m256i c = _mm256_castps_si256(
+        _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), n), _mm256_set1_ps(126), _CMP_GT_OQ));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+            _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    if (!_mm256_movemask_ps(_mm256_castsi256_ps(c)))
+        return _mm256_fmadd_ps(j, k, k);
+    const __m256i g =
+        _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                         _mm256_set1_epi32((int)0x82000000u));
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    const __m256i d = _mm256_castps_si256(
+        _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), n), _mm256_set1_ps(192), _CMP_GT_OQ));
+    return _mm256_or_ps(
+        _mm256_and_ps(_mm256_castsi256_ps(d), _mm256_mul_ps(s1, s1)),
+        _mm256_andnot_ps(
+            _mm256_castsi256_ps(d),
+            _mm256_or_ps(_mm256_and_ps(_mm256_castsi256_ps(c),
+                                       _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                         _mm256_andnot_ps(_mm256_castsi256_ps(c), _mm256_fmadd_ps(k, j, k)))));
+}
+
 AVX2 void eng__avx2_swiglu(float *g, const float *u, size_t n)
 {
     size_t j = 0;
     const __m256 one = _mm256_set1_ps(1.0f);
     for (; j + 8 <= n; j += 8) {
         __m256 gv = _mm256_loadu_ps(g + j);
-        /* silu(g) = g / (1 + e^-g); e^-g saturates at e^87 for g < -87 (silu -> -0). */
-        __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        /* silu(g) = g / (1 + e^-g), as ggml_vec_swiglu_f32 computes it. */
+        __m256 e = ggml_expf256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
         __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
         _mm256_storeu_ps(g + j, _mm256_mul_ps(s, _mm256_loadu_ps(u + j)));
     }

@@ -241,21 +241,23 @@ AVX512 static void gemv_f16_rows8(const uint16_t *wr, const float *xg, uint32_t 
 
 /* x[M][K] . w[n0..n1)^T into y[:, n0..n1) for small M, F16 weights: memory bound, one pass over
  * the weight rows (four accumulators per row for a single x row). Measured on Zen 4 with two
- * threads: this one-row-at-a-time loop streams at the machine's read bandwidth (`kvgw bench
- * engine` prints both); software prefetch (T0/T1/T2, 1-16 KiB ahead, with 4 KiB
- * and with 2 MiB pages) and four interleaved weight rows were all slower or no faster, since the
- * hardware prefetcher follows a single stream per thread best. */
+ * threads and 64-row tasks: software prefetch (T0/T1/T2, 1-16 KiB ahead, with 4 KiB and with
+ * 2 MiB pages) and four interleaved weight rows were all slower or no faster. With the GEMV's
+ * tasks of ~256 KiB (cpu_kernels.c) on the Zen 5 test machine, the rows prefetched
+ * ENG_GEMV_PREFETCH_BYTES ahead read one token's matrices of the F16 bench model at 0.82-0.91 of
+ * the read bandwidth against 0.72-0.82 without. */
 static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
+static bool gemv_q_vnni(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
 
 AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
 {
     if (eng__gemv_int8(c->wtype)) {
-        if (c->wtype == ENG_GGML_TYPE_Q4_0 && q4_0_gemv_vbmi(c, n0, n1))
+        if ((c->wtype == ENG_GGML_TYPE_Q4_0 && q4_0_gemv_vbmi(c, n0, n1)) || gemv_q_vnni(c, n0, n1))
             return;
         eng__gemv_q(c, n0, n1, eng__avx512_dot_q);
         return;
     }
-    if (c->wtype != ENG_GGML_TYPE_F16) { /* F32, BF16 and Q8_0 weights: the AVX2 kernels
+    if (c->wtype != ENG_GGML_TYPE_F16) { /* F32 and BF16 weights: the AVX2 kernels
                                             (every AVX-512 CPU runs them) already stream at the
                                             read bandwidth */
         eng__avx2_gemv(c, n0, n1);
@@ -268,6 +270,7 @@ AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
     if (M == 1) {
         for (; n < n1; n++) {
             const uint16_t *wr = w + (size_t)n * K;
+            eng__gemv_prefetch_row(wr, (size_t)K * sizeof *wr);
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             __m512 a4 = a0, a5 = a0, a6 = a0, a7 = a0;
             uint32_t k = 0;
@@ -310,6 +313,7 @@ AVX512 void eng__avx512_gemv(const eng_gemv_t *c, uint32_t n0, uint32_t n1)
     }
     for (; n < n1; n++) {
         const uint16_t *wr = w + (size_t)n * K; /* stays in L1 across the row groups */
+        eng__gemv_prefetch_row(wr, (size_t)K * sizeof *wr);
         for (uint32_t m0 = 0; m0 < M; m0 += GEMV_MAX_ROWS) {
             uint32_t mg = PC_MIN(GEMV_MAX_ROWS, M - m0);
             const float *xg = x + (size_t)m0 * K;
@@ -364,7 +368,8 @@ VNNI static inline __m512 q4_0_pair(const eng_block_q4_0_t *w, const eng_block_q
     return _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(s), acc);
 }
 
-VNNI static float dot512_q4_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t *x, uint32_t K)
+VNNI static inline __attribute__((always_inline)) float
+dot512_q4_0(const eng_block_q4_0_t *w, const eng_block_q8_0_t *x, uint32_t K)
 {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     uint32_t nb = K / ENG_QK4_0, b = 0;
@@ -396,6 +401,22 @@ typedef struct q40_pair {
     float dx[16];     /* lanes 0-7: block 2p's d, 8-15: block 2p + 1's */
 } q40_pair_t;
 
+/* The np block pairs of a Q8_0 activation row x prepared as q40_pair_t (xp 64-byte aligned). */
+VNNI static void q40_prep_x(const eng_block_q8_0_t *x, uint32_t np, q40_pair_t *xp)
+{
+    const __m512i z = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
+    const __m512i two = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (uint32_t p = 0; p < np; p++) {
+        __m512i a = HALVES(LOAD256(x[2 * p].qs), LOAD256(x[2 * p + 1].qs));
+        _mm512_store_si512(xp[p].a, a);
+        _mm512_store_si512(
+            xp[p].init, _mm512_sub_epi32(z, _mm512_slli_epi32(_mm512_dpbusd_epi32(z, ones, a), 3)));
+        __m128 d =
+            _mm_cvtph_ps(_mm_cvtsi32_si128((int)(x[2 * p].d | (uint32_t)x[2 * p + 1].d << 16)));
+        _mm512_store_ps(xp[p].dx, _mm512_permutexvar_ps(two, _mm512_castps128_ps512(d)));
+    }
+}
+
 /* acc + one weight pair (36 bytes at w) times its prepared activations. */
 VBMI static inline __m512 q4_0_pair_x(const uint8_t *w, const q40_pair_t *xp, __m512i qidx,
                                       __m512i didx, __mmask32 hi_words, __m512 acc)
@@ -418,17 +439,7 @@ VBMI static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
         return false;
     _Alignas(64) q40_pair_t xp[Q40_MAX_PAIRS];
     const eng_block_q8_0_t *x = g->xq;
-    const __m512i z = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
-    const __m512i two = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    for (uint32_t p = 0; p < np; p++) {
-        __m512i a = HALVES(LOAD256(x[2 * p].qs), LOAD256(x[2 * p + 1].qs));
-        _mm512_store_si512(xp[p].a, a);
-        _mm512_store_si512(
-            xp[p].init, _mm512_sub_epi32(z, _mm512_slli_epi32(_mm512_dpbusd_epi32(z, ones, a), 3)));
-        __m128 d =
-            _mm_cvtph_ps(_mm_cvtsi32_si128((int)(x[2 * p].d | (uint32_t)x[2 * p + 1].d << 16)));
-        _mm512_store_ps(xp[p].dx, _mm512_permutexvar_ps(two, _mm512_castps128_ps512(d)));
-    }
+    q40_prep_x(x, np, xp);
     /* Pair bytes: d0 (0-1), qs0 (2-17), d1 (18-19), qs1 (20-35). q: qs0 twice, then qs1 twice,
      * every second copy shifted down 4 bits: low and high nibbles in element order. */
     uint8_t qi[64];
@@ -442,6 +453,7 @@ VBMI static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
     size_t rb = eng__gemv_row_bytes(g->wtype, g->K);
     for (uint32_t n = n0; n < n1; n++) {
         const uint8_t *w = (const uint8_t *)g->w + (size_t)n * rb;
+        eng__gemv_prefetch_row(w, rb);
         __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
         uint32_t p = 0;
         for (; p + 2 <= np; p += 2) { /* two chains, in registers (an indexed pair spills) */
@@ -463,7 +475,9 @@ VBMI static bool q4_0_gemv_vbmi(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
  * dwords u0 u1 u2 rearranged, shifted and masked per dword lane, no store and reload. */
 VNNI static inline __m128i k4_unpack128(const uint8_t *scales)
 {
-    __m128i u = _mm_maskz_loadu_epi8(0x0fff, scales);
+    /* 16 bytes: the 4 past the scales (the block's qh or qs) land in dword 3, which no shuffle
+     * below takes. A plain load: the masked byte load was slower. */
+    __m128i u = _mm_loadu_si128((const __m128i *)(const void *)scales);
     __m128i s = _mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)); /* u0 u2 u1 u2 */
     __m128i lo = _mm_and_si128(_mm_srlv_epi32(s, _mm_setr_epi32(0, 0, 0, 4)),
                                _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
@@ -472,60 +486,106 @@ VNNI static inline __m128i k4_unpack128(const uint8_t *scales)
     return _mm_or_si128(lo, hi);
 }
 
-/* Q4_K (hb false) or Q5_K (hb true) x Q8_K, 256 bits wide (measured faster on Zen 4 than
- * 512-bit steps, whose sub-block pairs need their activations and scales gathered per half):
- * per 64 elements the low nibbles (sub-block 2c) and high ones (2c + 1) times their
- * activations by VPMADDUBSW, times their scales and summed in int32 by VPDPWSSD (two chains). */
-VNNI static inline __attribute__((always_inline)) float
-dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t K)
+/* The sum of a Q4_K / Q5_K product's eight lanes (acc - accm), in the order the GEMM repeats. */
+VNNI static inline float hsum8_q45(__m256 r)
 {
-    const __m256i lo4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Q4_K (hb false) or Q5_K (hb true) x Q8_K, two 32-byte chunks of quants (c = 2h, 2h + 1) per
+ * 512-bit step: the low nibbles (sub-blocks 2c) and high ones (2c + 1) times their activations by
+ * VPMADDUBSW (each half of the vector takes its chunk's activations), times their scales and
+ * summed in int32 by VPDPWSSD (two chains). Int32 lane l of the lower half sums the products that
+ * lane l sums in a 256-bit step over chunk 2h, the upper half's lane l those of chunk 2h + 1; the
+ * two halves added give each super-block's eight lane sums of a 256-bit kernel exactly (integer
+ * sums: their order does not matter), and from there on the float operations are the 256-bit
+ * ones: eng__avx512_qgemm repeats them. On the Zen 5 test machine (full-width 512-bit units), one
+ * core's GEMV with the weights in L2 ran at 27 / 35 GB/s (K 1024 / 2816) where the 256-bit kernel
+ * ran at 23 / 24, compute bound and so under the read bandwidth in a Q4_K_M decode. */
+VNNI static inline __attribute__((always_inline)) float
+dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, const int8_t *xp, uint32_t K)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
+    /* VPSHUFB indices spreading scale word j over the int16 lanes of a 128-bit lane, for the
+     * products of step h: the lower half (lanes 0-1) takes sub-block 4h (low nibbles) or 4h + 1
+     * (high), the upper half 4h + 2 or 4h + 3. */
+#define K45_SC(j0, j1)                                                                             \
+    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(0x0100 + 0x0202 * (j0)))), \
+                       _mm256_set1_epi16((short)(0x0100 + 0x0202 * (j1))), 1)
+    const __m512i sc_lo[2] = {K45_SC(0, 2), K45_SC(4, 6)}, sc_hi[2] = {K45_SC(1, 3), K45_SC(5, 7)};
+#undef K45_SC
     const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
     const uint8_t *w = wv;
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (uint32_t b = 0; b < K / ENG_QK_K; b++, w += wb, x++) {
         const eng_block_q4_k_t *w4 = (const eng_block_q4_k_t *)(const void *)w;
         __m128i sm = k4_unpack128(w4->scales);
+        /* d_x d and d_x dmin (lanes 0 and 1), both halves converted at once: the same products. */
+        uint32_t dd16;
+        memcpy(&dd16, &w4->d, sizeof dd16);
+        __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dd16)), _mm_set1_ps(x->d));
         /* The mins' share: sum_j m_j (bsums[2j] + bsums[2j + 1]), each min taken twice. */
         __m256i mq =
             _mm256_madd_epi16(LOAD256(x->bsums), _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm)));
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->dmin)), _mm256_cvtepi32_ps(mq),
+        accm = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(mq),
                                accm);
-        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)); /* scale j: lane j */
+        __m512i sc16 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm)); /* scale j: word j */
         const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
         const int8_t *a = x->qs;
-        __m256i qh =
-            hb ? LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh) : _mm256_setzero_si256();
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            __m256i v = LOAD256(qs + 32 * c);
-            __m256i lo = _mm256_and_si256(v, lo4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-            if (hb) { /* bit 2c of qh[l] is element l's fifth bit, bit 2c + 1 element 32 + l's */
-                lo = _mm256_mask_add_epi8(
-                    lo, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * c)))), lo, b16);
-                hi = _mm256_mask_add_epi8(
-                    hi, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(2 << (2 * c)))), hi, b16);
+        __m512i qh =
+            hb ? _mm512_broadcast_i64x4(LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh))
+               : _mm512_setzero_si512();
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512i v = LOAD512(qs + 64 * h);
+            __m512i lo = _mm512_and_si512(v, lo4);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+            if (hb) { /* bit 2c of qh[l] is chunk c's element l's fifth bit, 2c + 1 element 32 + l's
+                       */
+                __m512i blo = HALVES(_mm256_set1_epi8((char)(1 << (4 * h))),
+                                     _mm256_set1_epi8((char)(1 << (4 * h + 2))));
+                lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, blo), lo, b16);
+                hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, _mm512_add_epi8(blo, blo)),
+                                          hi, b16);
             }
-            __m256i plo = _mm256_maddubs_epi16(lo, LOAD256(a + 64 * c));
-            __m256i phi = _mm256_maddubs_epi16(hi, LOAD256(a + 64 * c + 32));
-            /* Scale j broadcast to every int16 lane: bytes 2j, 2j + 1 of each 128-bit half. */
-            s0 = _mm256_dpwssd_epi32(
-                s0, plo,
-                _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * c))));
-            s1 = _mm256_dpwssd_epi32(
-                s1, phi,
-                _mm256_shuffle_epi8(sc16,
-                                    _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1)))));
+            __m512i alo, ahi;
+            if (xp != NULL) { /* prepared by q45_prep_x: one load each */
+                alo = LOAD512(xp + 256 * (size_t)b + 128 * h);
+                ahi = LOAD512(xp + 256 * (size_t)b + 128 * h + 64);
+            } else {
+                alo = HALVES(LOAD256(a + 128 * h), LOAD256(a + 128 * h + 64));
+                ahi = HALVES(LOAD256(a + 128 * h + 32), LOAD256(a + 128 * h + 96));
+            }
+            s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(lo, alo),
+                                     _mm512_shuffle_epi8(sc16, sc_lo[h]));
+            s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(hi, ahi),
+                                     _mm512_shuffle_epi8(sc16, sc_hi[h]));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(x->d * _cvtsh_ss(w4->d)),
-                              _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc);
+        __m512i s = _mm512_add_epi32(s0, s1);
+        __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(s8), acc);
     }
-    __m256 r = _mm256_sub_ps(acc, accm);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+    return hsum8_q45(_mm256_sub_ps(acc, accm));
+}
+
+/* The activations of a Q8_K row (nsb super-blocks) as dot512_q45_k's steps take them: per
+ * super-block and step h, the 64 bytes facing the low nibbles (elements 128h .. + 32 and
+ * 128h + 64 .. + 32), then the 64 facing the high ones (128h + 32 .., 128h + 96 ..). A GEMV
+ * prepares its row once for every weight row: two loads per step instead of four and two
+ * inserts. */
+#define Q45_MAX_K 16384 /* 16 KiB of prepared x on the stack */
+VNNI static void q45_prep_x(const eng_block_q8_k_t *x, uint32_t nsb, int8_t *xp)
+{
+    for (uint32_t b = 0; b < nsb; b++, x++)
+        for (int h = 0; h < 2; h++) {
+            const int8_t *a = x->qs + 128 * h;
+            int8_t *o = xp + 256 * (size_t)b + 128 * h;
+            _mm512_store_si512(o, HALVES(LOAD256(a), LOAD256(a + 64)));
+            _mm512_store_si512(o + 64, HALVES(LOAD256(a + 32), LOAD256(a + 96)));
+        }
 }
 
 /* Q6_K x Q8_K: 64 elements per product (a 64-byte load of ql gives 64 low nibbles, its high
@@ -544,7 +604,8 @@ dot512_q45_k(const bool hb, const void *wv, const eng_block_q8_k_t *x, uint32_t 
 static const int16_t q6_lanes[4][32] = {Q6_LANES(0), Q6_LANES(1), Q6_LANES(2), Q6_LANES(3)};
 #undef Q6_LANES
 
-VNNI static float dot512_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t *x, uint32_t K)
+VNNI static inline __attribute__((always_inline)) float
+dot512_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t *x, uint32_t K)
 {
     const __m512i lo4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const __m512i shl = HALVES(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
@@ -588,13 +649,84 @@ VNNI static float dot512_q(uint32_t wtype, const void *w, const void *xq, uint32
     case ENG_GGML_TYPE_Q4_0:
         return dot512_q4_0(w, xq, K);
     case ENG_GGML_TYPE_Q4_K:
-        return dot512_q45_k(false, w, xq, K);
+        return dot512_q45_k(false, w, xq, NULL, K);
     case ENG_GGML_TYPE_Q5_K:
-        return dot512_q45_k(true, w, xq, K);
+        return dot512_q45_k(true, w, xq, NULL, K);
     case ENG_GGML_TYPE_Q6_K:
         return dot512_q6_k(w, xq, K);
+    case ENG_GGML_TYPE_Q8_0: /* 256-bit blocks: the AVX2 product */
+    case ENG_GGML_TYPE_Q5_0:
+    case ENG_GGML_TYPE_Q5_1:
+        return eng__avx2_dot_q(wtype, w, xq, K);
     default:
         PC_ABORT("weight type %u has no integer dot product", wtype);
+    }
+}
+
+/* The GEMV on Q4_0 and the K-quants: eng__gemv_q's loop with the type's dot product
+ * inlined (no call and no type switch per row; at K 1024 a Q4_K row is only four super-blocks)
+ * and two weight rows per step, whose products the core overlaps. Each row's sum is the dot
+ * product's, operation for operation. */
+VNNI static inline __attribute__((always_inline)) void
+gemv_q_rows(const uint32_t t, const eng_gemv_t *g, uint32_t n0, uint32_t n1)
+{
+    size_t rb = eng__gemv_row_bytes(t, g->K);
+    /* One row of x (decode): Q4_K / Q5_K take it prepared. */
+    _Alignas(64) int8_t xp_buf[Q45_MAX_K];
+    const int8_t *xp = NULL;
+    if ((t == ENG_GGML_TYPE_Q4_K || t == ENG_GGML_TYPE_Q5_K) && g->M == 1 && g->K <= Q45_MAX_K) {
+        q45_prep_x(g->xq, g->K / ENG_QK_K, xp_buf);
+        xp = xp_buf;
+    }
+#define GEMV_Q_DOT(wr, xr)                                                                         \
+    (t == ENG_GGML_TYPE_Q4_0 ? dot512_q4_0((const void *)(wr), (const void *)(xr), g->K)           \
+     : t == ENG_GGML_TYPE_Q6_K                                                                     \
+         ? dot512_q6_k((const void *)(wr), (const void *)(xr), g->K)                               \
+         : dot512_q45_k(t == ENG_GGML_TYPE_Q5_K, (wr), (const void *)(xr), xp, g->K))
+    uint32_t n = n0;
+    for (; n + 2 <= n1; n += 2) {
+        const char *w0 = (const char *)g->w + (size_t)n * rb, *w1 = w0 + rb;
+        eng__gemv_prefetch_row(w0, 2 * rb);
+        for (uint32_t m = 0; m < g->M; m++) {
+            const char *xr = (const char *)g->xq + (size_t)m * g->xq_stride;
+            float s0 = GEMV_Q_DOT(w0, xr), s1 = GEMV_Q_DOT(w1, xr);
+            float *yp = &g->y[(size_t)m * g->ldy + n];
+            yp[0] = g->accumulate ? yp[0] + s0 : s0;
+            yp[1] = g->accumulate ? yp[1] + s1 : s1;
+        }
+    }
+    if (n < n1) {
+        const char *w0 = (const char *)g->w + (size_t)n * rb;
+        for (uint32_t m = 0; m < g->M; m++) {
+            float s0 = GEMV_Q_DOT(w0, (const char *)g->xq + (size_t)m * g->xq_stride);
+            float *yp = &g->y[(size_t)m * g->ldy + n];
+            *yp = g->accumulate ? *yp + s0 : s0;
+        }
+    }
+#undef GEMV_Q_DOT
+}
+
+/* The GEMV of a Q4_0 or K-quant weight on a CPU with AVX512-VNNI: returns false, writing
+ * nothing, for another type or CPU. */
+VNNI static bool gemv_q_vnni(const eng_gemv_t *g, uint32_t n0, uint32_t n1)
+{
+    if (!eng__cpu_has_avx512_vnni())
+        return false;
+    switch (g->wtype) {
+    case ENG_GGML_TYPE_Q4_0:
+        gemv_q_rows(ENG_GGML_TYPE_Q4_0, g, n0, n1);
+        return true;
+    case ENG_GGML_TYPE_Q4_K:
+        gemv_q_rows(ENG_GGML_TYPE_Q4_K, g, n0, n1);
+        return true;
+    case ENG_GGML_TYPE_Q5_K:
+        gemv_q_rows(ENG_GGML_TYPE_Q5_K, g, n0, n1);
+        return true;
+    case ENG_GGML_TYPE_Q6_K:
+        gemv_q_rows(ENG_GGML_TYPE_Q6_K, g, n0, n1);
+        return true;
+    default:
+        return false;
     }
 }
 
@@ -606,117 +738,424 @@ float eng__avx512_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Quantized rows to F32 (prefill tiles): quant.c's reference arithmetic, operation for operation
- * (the same products and differences, each rounded once), sixteen elements per instruction.
+ * The quantized prefill GEMM: eng__avx512_dot_q's arithmetic for QG_ROWS rows of x and two weight
+ * rows per micro-kernel. The task's weight rows are first decoded once into a packed form (every
+ * quant widened to a byte in x's element order, the scales spread over the lanes that take them),
+ * which stays in L2 while the row groups of x pass over it; the micro-kernel holds its rows'
+ * activations and every accumulator in registers. Each int32 lane sums the same products times
+ * the same scales as the dot product's lane (exact: no intermediate leaves int16 where it is
+ * packed there, and the order of integer additions does not matter), and every float operation is
+ * the dot product's, on the same values in the same order (two outputs' 8-lane K-quant
+ * accumulators share a 512-bit register, lane for lane), so each output is bit for bit
+ * eng__avx512_dot_q's.
  * ------------------------------------------------------------------------------------------- */
 
-/* Sixteen unsigned bytes (of which the low nibble, or the byte) as floats. */
-#define U8X16_PS(v) _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v))
+#define LOAD256(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
+#define LOAD512(p) _mm512_loadu_si512((const void *)(p))
+#define QG_ROWS 4 /* rows of x per micro-kernel */
+#define QG_ALIGN 64
+/* The tiles' loops over rows, weight rows and chunks run unrolled: their vectors live in registers.
+ */
+#define QG_UNROLL _Pragma("GCC unroll 16")
 
-VNNI static void deq_q4_0(const eng_block_q4_0_t *b, float *dst, size_t n)
-{
-    const __m128i lo4 = _mm_set1_epi8(0x0f);
-    const __m512i eight = _mm512_set1_epi32(8);
-    for (size_t i = 0; i < n / ENG_QK4_0; i++, b++, dst += ENG_QK4_0) {
-        __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
-        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)b->qs);
-        __m512i lo = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(v, lo4)), eight);
-        __m512i hi =
-            _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), lo4)), eight);
-        _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
-        _mm512_storeu_ps(dst + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
-    }
-}
+/* One K-quant super-block of a weight row, packed. q[e]: element e's unsigned quant (Q4_K 0..15,
+ * Q5_K 0..31, Q6_K 0..63), the one the dot product multiplies by x's byte e; sc[h][2 l + i]: the
+ * scale of int32 lane l (four elements) of chunk 2 h + i (elements 64 (2 h + i) ..); m: Q4_K /
+ * Q5_K's mins, min j in lanes 2j and 2j + 1 (VPMADDWD with bsums), Q6_K's -32 sc_j (its offset
+ * through bsums); d, dmin the F16 scales in F32. */
+typedef struct qk_pack {
+    uint8_t q[ENG_QK_K];
+    int16_t sc[2][32];
+    int16_t m[16];
+    float d, dmin;
+    uint8_t pad[24];
+} qk_pack_t;
+_Static_assert(sizeof(qk_pack_t) % QG_ALIGN == 0, "packed super-blocks stay aligned");
 
-/* Q4_K (hb false) or Q5_K: d_j q - m_j per sub-block j of 32. */
-VNNI static inline __attribute__((always_inline)) void deq_q45_k(const bool hb, const void *src,
-                                                                 float *dst, size_t n)
+/* A Q4_0 block pair of a weight row, packed: the 64 quants (0..15) in element order, and the two
+ * scales in F32 over their lanes (0-7 the first block's, 8-15 the second's). */
+typedef struct q40_wpack {
+    uint8_t q[64];
+    float dw[16];
+} q40_wpack_t;
+
+/* n super-blocks of a Q4_K (hb false) or Q5_K row, packed. */
+VNNI static inline __attribute__((always_inline)) void qk_pack_q45(const bool hb, const void *src,
+                                                                   uint32_t n, qk_pack_t *p)
 {
-    const __m128i lo4 = _mm_set1_epi8(0x0f), b16 = _mm_set1_epi8(0x10);
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10);
     const size_t wb = hb ? sizeof(eng_block_q5_k_t) : sizeof(eng_block_q4_k_t);
     const uint8_t *w = src;
-    for (size_t i = 0; i < n / ENG_QK_K; i++, w += wb) {
+    for (uint32_t b = 0; b < n; b++, w += wb, p++) {
         const eng_block_q4_k_t *w4 = (const eng_block_q4_k_t *)(const void *)w;
+        __m128i sm = k4_unpack128(w4->scales);
         const uint8_t *qs = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qs : w4->qs;
-        const uint8_t *qh = hb ? ((const eng_block_q5_k_t *)(const void *)w)->qh : NULL;
-        float d = _cvtsh_ss(w4->d), dmin = _cvtsh_ss(w4->dmin);
-        uint8_t sm[16];
-        _mm_storeu_si128((__m128i *)(void *)sm, k4_unpack128(w4->scales));
-        for (int j = 0; j < 8; j++, dst += 32) { /* sub-block j: nibbles of qs[32 (j / 2) ..] */
-            __m512 dj = _mm512_set1_ps(d * sm[j]), mj = _mm512_set1_ps(dmin * sm[8 + j]);
-            for (int h = 0; h < 2; h++) {
-                __m128i v =
-                    _mm_loadu_si128((const __m128i *)(const void *)(qs + 32 * (j / 2) + 16 * h));
-                __m128i q = _mm_and_si128(j % 2 ? _mm_srli_epi16(v, 4) : v, lo4);
-                if (hb) {
-                    __m128i u = _mm_set1_epi8((char)(1 << j));
-                    __m128i hv = _mm_loadu_si128((const __m128i *)(const void *)(qh + 16 * h));
-                    q = _mm_or_si128(q,
-                                     _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hv, u), u), b16));
-                }
-                _mm512_storeu_ps(dst + 16 * h, _mm512_sub_ps(_mm512_mul_ps(dj, U8X16_PS(q)), mj));
+        __m256i qh =
+            hb ? LOAD256(((const eng_block_q5_k_t *)(const void *)w)->qh) : _mm256_setzero_si256();
+        uint8_t s8[16];
+        _mm_storeu_si128((__m128i *)(void *)s8, sm);
+        for (int c = 0; c < 4; c++) {
+            __m256i v = LOAD256(qs + 32 * c);
+            __m256i lo = _mm256_and_si256(v, lo4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            if (hb) {
+                lo = _mm256_mask_add_epi8(
+                    lo, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * c)))), lo, b16);
+                hi = _mm256_mask_add_epi8(
+                    hi, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(2 << (2 * c)))), hi, b16);
             }
+            _mm256_storeu_si256((__m256i *)(void *)(p->q + 64 * c), lo);
+            _mm256_storeu_si256((__m256i *)(void *)(p->q + 64 * c + 32), hi);
+        }
+        for (int c = 0; c < 4; c++) /* chunk c's lane l: sub-block 2c (l < 8) or 2c + 1 */
+            for (int l = 0; l < 16; l++)
+                p->sc[c / 2][2 * l + c % 2] = s8[2 * c + l / 8];
+        _mm256_storeu_si256((__m256i *)(void *)p->m,
+                            _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm)));
+        p->d = _cvtsh_ss(w4->d);
+        p->dmin = _cvtsh_ss(w4->dmin);
+    }
+}
+
+/* n super-blocks of a Q6_K row, packed (dot512_q6_k's quants and lane scales). */
+VNNI static void qk_pack_q6(const eng_block_q6_k_t *w, uint32_t n, qk_pack_t *p)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    for (uint32_t b = 0; b < n; b++, w++, p++) {
+        __m256i sc16 =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)w->scales));
+        for (int h = 0; h < 2; h++) {
+            __m512i l = LOAD512(w->ql + 64 * h);
+            __m512i qh = _mm512_broadcast_i64x4(LOAD256(w->qh + 32 * h));
+            __m512i qa = _mm512_or_si512(_mm512_and_si512(l, lo4),
+                                         _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
+            __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), lo4),
+                                         _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+            _mm512_storeu_si512((void *)(p->q + 128 * h), qa);
+            _mm512_storeu_si512((void *)(p->q + 128 * h + 64), qb);
+        }
+        for (int c = 0; c < 4; c++) /* chunk c's lane l: sub-block 4c + l / 4 */
+            for (int l = 0; l < 16; l++)
+                p->sc[c / 2][2 * l + c % 2] = w->scales[4 * c + l / 4];
+        _mm256_storeu_si256((__m256i *)(void *)p->m,
+                            _mm256_mullo_epi16(sc16, _mm256_set1_epi16(-32)));
+        p->d = _cvtsh_ss(w->d);
+        p->dmin = 0;
+    }
+}
+
+/* np block pairs of a Q4_0 row, packed (q4_0_pair's quants and scales). */
+VNNI static void q40_pack(const eng_block_q4_0_t *w, uint32_t np, q40_wpack_t *p)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0f);
+    for (uint32_t i = 0; i < np; i++, w += 2, p++) {
+        __m256i v = _mm256_loadu2_m128i((const __m128i *)(const void *)w[1].qs,
+                                        (const __m128i *)(const void *)w[0].qs);
+        __m512i t = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
+        _mm512_storeu_si512(
+            (void *)p->q,
+            _mm512_and_si512(_mm512_shuffle_i64x2(t, t, _MM_SHUFFLE(3, 1, 2, 0)), lo4));
+        _mm512_storeu_ps(p->dw, _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(_cvtsh_ss(w[0].d)),
+                                                     _mm512_set1_ps(_cvtsh_ss(w[1].d))));
+    }
+}
+
+/* Two F32 values spread over a 512-bit register: lanes 0-7 a, 8-15 b. */
+VNNI static inline __m512 qg_pair_ps(float a, float b)
+{
+    return _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(a), _mm512_set1_ps(b));
+}
+
+/* R rows of Q8_K activations (xr[r], nsb blocks each) times two packed K-quant weight rows p0, p1
+ * (Q6_K with q6, else Q4_K / Q5_K): out[r][j] = eng__avx512_dot_q of row r and weight row j. */
+VNNI static inline __attribute__((always_inline)) void
+qk_tile(const int R, const bool q6, const qk_pack_t *p0, const qk_pack_t *p1, uint32_t nsb,
+        const eng_block_q8_k_t *const *xr, float out[QG_ROWS][2])
+{
+    /* K-quants: lanes 0-7 weight row 0's 8-lane accumulator, 8-15 row 1's (acc, accm); Q6_K:
+     * acc[r] the 16 lanes of weight row 0, accm[r] those of weight row 1. */
+    __m512 acc[QG_ROWS], accm[QG_ROWS];
+    QG_UNROLL
+    for (int r = 0; r < R; r++)
+        acc[r] = accm[r] = _mm512_setzero_ps();
+    for (uint32_t b = 0; b < nsb; b++, p0++, p1++) {
+        __m512i si[QG_ROWS][2];
+        QG_UNROLL
+        for (int r = 0; r < R; r++) {
+            if (q6) { /* the offset -32 sum_j sc_j bsum_j, in lanes 0-7 as dot512_q6_k has it */
+                __m256i bs = LOAD256(xr[r][b].bsums);
+                si[r][0] = _mm512_zextsi256_si512(_mm256_madd_epi16(bs, LOAD256(p0->m)));
+                si[r][1] = _mm512_zextsi256_si512(_mm256_madd_epi16(bs, LOAD256(p1->m)));
+            } else {
+                si[r][0] = si[r][1] = _mm512_setzero_si512();
+            }
+        }
+        /* Chunk pairs (2h, 2h + 1): per weight row and row of x, each chunk's 16 lanes of four
+         * products by VPDPBUSD (exact, within int16: at most 4 * 63 * 127), the two chunks' lane
+         * sums as the int16 pairs of one register, times their sub-blocks' scales by VPDPWSSD. */
+        QG_UNROLL
+        for (int h = 0; h < 2; h++) {
+            QG_UNROLL
+            for (int j = 0; j < 2; j++) {
+                const qk_pack_t *pj = j ? p1 : p0;
+                __m512i w0 = LOAD512(pj->q + 128 * h), w1 = LOAD512(pj->q + 128 * h + 64);
+                __m512i sc = LOAD512(pj->sc[h]);
+                QG_UNROLL
+                for (int r = 0; r < R; r++) {
+                    const int8_t *a = xr[r][b].qs + 128 * h;
+                    __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, LOAD512(a));
+                    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w1, LOAD512(a + 64));
+                    __m512i t = _mm512_mask_blend_epi16(0xaaaaaaaau, s0, _mm512_slli_epi32(s1, 16));
+                    si[r][j] = _mm512_dpwssd_epi32(si[r][j], t, sc);
+                }
+            }
+        }
+        if (q6) {
+            QG_UNROLL
+            for (int r = 0; r < R; r++) {
+                float xd = xr[r][b].d;
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xd * p0->d), _mm512_cvtepi32_ps(si[r][0]),
+                                         acc[r]);
+                accm[r] = _mm512_fmadd_ps(_mm512_set1_ps(xd * p1->d), _mm512_cvtepi32_ps(si[r][1]),
+                                          accm[r]);
+            }
+            continue;
+        }
+        __m512 wd = qg_pair_ps(p0->d, p1->d), wm = qg_pair_ps(p0->dmin, p1->dmin);
+        __m512i mins =
+            _mm512_inserti64x4(_mm512_castsi256_si512(LOAD256(p0->m)), LOAD256(p1->m), 1);
+        QG_UNROLL
+        for (int r = 0; r < R; r++) {
+            /* Lanes 0-7: s0 + s1 of weight row 0 (dot512_q45_k's two halves), 8-15 row 1's. */
+            __m512i s = _mm512_add_epi32(_mm512_shuffle_i64x2(si[r][0], si[r][1], 0x44),
+                                         _mm512_shuffle_i64x2(si[r][0], si[r][1], 0xee));
+            __m512 xd = _mm512_set1_ps(xr[r][b].d);
+            __m512i mq = _mm512_madd_epi16(_mm512_broadcast_i64x4(LOAD256(xr[r][b].bsums)), mins);
+            accm[r] = _mm512_fmadd_ps(_mm512_mul_ps(xd, wm), _mm512_cvtepi32_ps(mq), accm[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(xd, wd), _mm512_cvtepi32_ps(s), acc[r]);
+        }
+    }
+    QG_UNROLL
+    for (int r = 0; r < R; r++) {
+        if (q6) {
+            out[r][0] = _mm512_reduce_add_ps(acc[r]);
+            out[r][1] = _mm512_reduce_add_ps(accm[r]);
+        } else {
+            __m512d v = _mm512_castps_pd(_mm512_sub_ps(acc[r], accm[r]));
+            out[r][0] = hsum8_q45(_mm256_castpd_ps(_mm512_castpd512_pd256(v)));
+            out[r][1] = hsum8_q45(_mm256_castpd_ps(_mm512_extractf64x4_pd(v, 1)));
         }
     }
 }
 
-/* Q6_K: (d sc) (q - 32) per sub-block of 16. */
-VNNI static void deq_q6_k(const eng_block_q6_k_t *b, float *dst, size_t n)
+/* R prepared Q4_0 activation rows (xr[r], np pairs each) times two packed Q4_0 weight rows:
+ * out[r][j] as dot512_q4_0 (pair p into accumulator p % 2, whole pairs only). */
+VNNI static inline __attribute__((always_inline)) void q40_tile(const int R, const q40_wpack_t *w0,
+                                                                const q40_wpack_t *w1, uint32_t np,
+                                                                const q40_pair_t *const *xr,
+                                                                float out[QG_ROWS][2])
 {
-    const __m128i lo4 = _mm_set1_epi8(0x0f), m3 = _mm_set1_epi8(3);
-    const __m512i k32 = _mm512_set1_epi32(32);
-    for (size_t i = 0; i < n / ENG_QK_K; i++, b++) {
-        float d = _cvtsh_ss(b->d);
-        for (int half = 0; half < 2; half++, dst += 128) {
-            const uint8_t *ql = b->ql + 64 * half, *qh = b->qh + 32 * half;
-            const int8_t *sc = b->scales + 8 * half;
-            for (int c = 0; c < 2; c++) { /* elements l = 16 c .. 16 c + 15 of each quarter */
-                __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(ql + 16 * c));
-                __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(ql + 32 + 16 * c));
-                __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(qh + 16 * c));
-                __m128i q[4] = {_mm_and_si128(a, lo4), _mm_and_si128(e, lo4),
-                                _mm_and_si128(_mm_srli_epi16(a, 4), lo4),
-                                _mm_and_si128(_mm_srli_epi16(e, 4), lo4)};
-                for (int k = 0; k < 4; k++) {
-                    __m128i hk = _mm_and_si128(_mm_srli_epi16(h, 2 * k), m3);
-                    __m128i v = _mm_or_si128(q[k], _mm_slli_epi16(hk, 4));
-                    __m512 qf = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(v), k32));
-                    __m512 ds = _mm512_set1_ps(d * sc[c + 2 * k]);
-                    _mm512_storeu_ps(dst + 32 * k + 16 * c, _mm512_mul_ps(ds, qf));
-                }
-            }
-        }
+    __m512 acc[QG_ROWS][2][2]; /* [row][weight row][chain] */
+    QG_UNROLL
+    for (int r = 0; r < R; r++)
+        QG_UNROLL
+    for (int j = 0; j < 2; j++)
+        acc[r][j][0] = acc[r][j][1] = _mm512_setzero_ps();
+#define Q40_STEP(p, ch)                                                                            \
+    do {                                                                                           \
+        QG_UNROLL                                                                                  \
+        for (int j = 0; j < 2; j++) {                                                              \
+            const q40_wpack_t *wp = (j ? w1 : w0) + (p);                                           \
+            __m512i q = LOAD512(wp->q);                                                            \
+            __m512 dw = _mm512_loadu_ps(wp->dw);                                                   \
+            QG_UNROLL                                                                              \
+            for (int r = 0; r < R; r++) {                                                          \
+                const q40_pair_t *xp = xr[r] + (p);                                                \
+                __m512i s =                                                                        \
+                    _mm512_dpbusd_epi32(_mm512_load_si512(xp->init), q, _mm512_load_si512(xp->a)); \
+                acc[r][j][ch] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_load_ps(xp->dx)),         \
+                                                _mm512_cvtepi32_ps(s), acc[r][j][ch]);             \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+    uint32_t p = 0;
+    for (; p + 2 <= np; p += 2) {
+        Q40_STEP(p, 0);
+        Q40_STEP(p + 1, 1);
     }
+    if (p < np)
+        Q40_STEP(p, 0);
+#undef Q40_STEP
+    QG_UNROLL
+    for (int r = 0; r < R; r++)
+        QG_UNROLL
+    for (int j = 0; j < 2; j++)
+        out[r][j] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][j][0], acc[r][j][1]));
 }
-#undef U8X16_PS
 
-static bool quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n);
+/* One micro-kernel call of R (1..QG_ROWS) rows: the tile functions instantiated per row count. */
+#define QG_BY_ROWS(R, call)                                                                        \
+    switch (R) {                                                                                   \
+    case 1:                                                                                        \
+        call(1);                                                                                   \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        call(2);                                                                                   \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        call(3);                                                                                   \
+        break;                                                                                     \
+    default:                                                                                       \
+        call(QG_ROWS);                                                                             \
+        break;                                                                                     \
+    }
 
-bool eng__avx512_quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n)
+VNNI static void qk_tiles(bool q6, int R, const qk_pack_t *p0, const qk_pack_t *p1, uint32_t nsb,
+                          const eng_block_q8_k_t *const *xr, float out[QG_ROWS][2])
 {
-    return eng__cpu_has_avx512_vnni() && quant_row_to_f32(type, src, dst, n);
+#define QK_CALL(n) qk_tile(n, true, p0, p1, nsb, xr, out)
+#define QK_CALL45(n) qk_tile(n, false, p0, p1, nsb, xr, out)
+    if (q6) {
+        QG_BY_ROWS(R, QK_CALL)
+    } else {
+        QG_BY_ROWS(R, QK_CALL45)
+    }
+#undef QK_CALL
+#undef QK_CALL45
 }
 
-VNNI static bool quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n)
+VNNI static void q40_tiles(int R, const q40_wpack_t *w0, const q40_wpack_t *w1, uint32_t np,
+                           const q40_pair_t *const *xr, float out[QG_ROWS][2]){
+#define Q40_CALL(n) q40_tile(n, w0, w1, np, xr, out)
+    QG_BY_ROWS(R, Q40_CALL)
+#undef Q40_CALL
+}
+#undef QG_BY_ROWS
+
+VNNI static bool qgemm(const eng_gemv_t *g, uint32_t n0, uint32_t n1, void *buf, size_t buf_bytes)
 {
-    switch (type) {
-    case ENG_GGML_TYPE_Q4_0:
-        deq_q4_0(src, dst, n);
-        return true;
-    case ENG_GGML_TYPE_Q4_K:
-        deq_q45_k(false, src, dst, n);
-        return true;
-    case ENG_GGML_TYPE_Q5_K:
-        deq_q45_k(true, src, dst, n);
-        return true;
-    case ENG_GGML_TYPE_Q6_K:
-        deq_q6_k(src, dst, n);
-        return true;
-    default:
+    uint32_t t = g->wtype, K = g->K;
+    bool q40 = t == ENG_GGML_TYPE_Q4_0;
+    uint32_t nc = n1 - n0, ncp = (nc + 1) & ~1u; /* an odd last row is packed twice */
+    uint32_t nblk = q40 ? K / 64 : K / ENG_QK_K; /* packed units per weight row */
+    size_t unit = q40 ? sizeof(q40_wpack_t) : sizeof(qk_pack_t);
+    size_t wbytes = (size_t)ncp * nblk * unit;
+    size_t xbytes = q40 ? (size_t)QG_ROWS * nblk * sizeof(q40_pair_t) : 0;
+    uintptr_t base = ((uintptr_t)buf + QG_ALIGN - 1) & ~(uintptr_t)(QG_ALIGN - 1);
+    if (base - (uintptr_t)buf + wbytes + xbytes > buf_bytes)
         return false;
+    char *wpk = (char *)base;
+    q40_pair_t *xprep = (q40_pair_t *)(void *)(wpk + wbytes);
+    size_t rb = eng__gemv_row_bytes(t, K);
+    for (uint32_t i = 0; i < ncp; i++) {
+        const char *src = (const char *)g->w + (size_t)(n0 + PC_MIN(i, nc - 1)) * rb;
+        void *dst = wpk + (size_t)i * nblk * unit;
+        switch (t) {
+        case ENG_GGML_TYPE_Q4_0:
+            q40_pack((const eng_block_q4_0_t *)(const void *)src, nblk, dst);
+            break;
+        case ENG_GGML_TYPE_Q4_K:
+            qk_pack_q45(false, src, nblk, dst);
+            break;
+        case ENG_GGML_TYPE_Q5_K:
+            qk_pack_q45(true, src, nblk, dst);
+            break;
+        default:
+            qk_pack_q6((const eng_block_q6_k_t *)(const void *)src, nblk, dst);
+            break;
+        }
+    }
+    for (uint32_t m0 = 0; m0 < g->M; m0 += QG_ROWS) {
+        int R = (int)PC_MIN(QG_ROWS, g->M - m0);
+        const void *xr[QG_ROWS];
+        for (int r = 0; r < R; r++) {
+            const void *xq = (const char *)g->xq + (size_t)(m0 + r) * g->xq_stride;
+            if (q40) {
+                q40_prep_x(xq, nblk, xprep + (size_t)r * nblk);
+                xr[r] = xprep + (size_t)r * nblk;
+            } else {
+                xr[r] = xq;
+            }
+        }
+        for (uint32_t i = 0; i < ncp; i += 2) {
+            const char *p0 = wpk + (size_t)i * nblk * unit, *p1 = p0 + (size_t)nblk * unit;
+            float out[QG_ROWS][2];
+            if (q40)
+                q40_tiles(R, (const void *)p0, (const void *)p1, nblk,
+                          (const q40_pair_t *const *)xr, out);
+            else
+                qk_tiles(t == ENG_GGML_TYPE_Q6_K, R, (const void *)p0, (const void *)p1, nblk,
+                         (const eng_block_q8_k_t *const *)xr, out);
+            for (int r = 0; r < R; r++) {
+                float *yr = g->y + (size_t)(m0 + r) * g->ldy + n0 + i;
+                for (uint32_t j = 0; j < 2 && i + j < nc; j++)
+                    yr[j] = g->accumulate ? yr[j] + out[r][j] : out[r][j];
+            }
+        }
+    }
+    return true;
+}
+
+bool eng__avx512_qgemm(const eng_gemv_t *g, uint32_t n0, uint32_t n1, void *buf, size_t buf_bytes)
+{
+    uint32_t t = g->wtype;
+    if (!eng__cpu_has_avx512_vnni() || n1 <= n0 ||
+        !(t == ENG_GGML_TYPE_Q4_K || t == ENG_GGML_TYPE_Q5_K || t == ENG_GGML_TYPE_Q6_K ||
+          (t == ENG_GGML_TYPE_Q4_0 && g->K % 64 == 0))) /* Q4_0: whole block pairs (dot512_q4_0
+                                                            ends an odd block count alone) */
+        return false;
+    return qgemm(g, n0, n1, buf, buf_bytes);
+}
+#undef QG_UNROLL
+#undef LOAD256
+#undef LOAD512
+#undef VNNI
+
+/* ---------------------------------------------------------------------------------------------
+ * SwiGLU as llama.cpp's CPU backend computes it on AVX-512 CPUs (ggml_vec_swiglu_f32 with
+ * ggml_v_silu and the AVX-512 ggml_v_expf, operation for operation), so that the products it
+ * then quantizes are the same floats.
+ * ------------------------------------------------------------------------------------------- */
+
+AVX512 static inline __m512 ggml_expf512(__m512 x)
+{
+    const __m512 r = _mm512_set1_ps(0x1.8p23f);
+    const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), r);
+    const __m512 n = _mm512_sub_ps(z, r);
+    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+    const __mmask16 d = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192), _CMP_GT_OQ);
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(
+            _mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
+            _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0f)));
+    const __m512 res = _mm512_scalef_ps(j, n);
+    if (_mm512_kortestz(d, d))
+        return res;
+    const __m512 alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ),
+                                            _mm512_set1_ps(INFINITY), _mm512_setzero_ps());
+    return _mm512_mask_blend_ps(d, res, alt);
+}
+
+AVX512 void eng__avx512_swiglu(float *g, const float *u, size_t n)
+{
+    size_t j = 0;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; j + 16 <= n; j += 16) {
+        __m512 gv = _mm512_loadu_ps(g + j);
+        __m512 e = ggml_expf512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, e));
+        _mm512_storeu_ps(g + j, _mm512_mul_ps(s, _mm512_loadu_ps(u + j)));
+    }
+    for (; j < n; j++) {
+        float gv = g[j];
+        g[j] = gv / (1.0f + expf(-gv)) * u[j];
     }
 }
-#undef VNNI
 
 /* ---------------------------------------------------------------------------------------------
  * Attention
@@ -786,8 +1225,11 @@ AVX512 static inline void softmax4(__m512 sv[4][4], eng_attn_row_t *rows, uint32
  * lane), then each row's online-softmax step: m, l, corr, n_valid and the weights p (zero past
  * the row's last visible key, and all zero for a row that sees none of the chunk, with corr 1).
  * Rows past n_rows repeat row 0 in the products and are not updated. */
-AVX512 void eng__avx512_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_t *rows,
-                                     uint32_t n_rows, uint32_t start, uint32_t n_keys)
+/* With kb (f16): the chunk's keys straight from four F16 KV blocks of 16 slots (K [hd][16]
+ * each), converted in registers: the same values as the F32 tile, in the same operations. */
+AVX512 static inline __attribute__((always_inline)) void
+attn_scores4(const bool f16, const float *kt, const uint16_t *const *kb, uint32_t hd,
+             eng_attn_row_t *rows, uint32_t n_rows, uint32_t start, uint32_t n_keys)
 {
     const float *q0 = rows[0].q;
     const float *q1 = rows[PC_MIN(1, n_rows - 1)].q;
@@ -799,9 +1241,15 @@ AVX512 void eng__avx512_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_
     __m512 s12 = s00, s13 = s00, s20 = s00, s21 = s00, s22 = s00, s23 = s00, s30 = s00;
     __m512 s31 = s00, s32 = s00, s33 = s00;
     for (uint32_t d = 0; d < hd; d++) {
-        const float *kd = kt + (size_t)d * ENG_ATTN_CHUNK;
-        __m512 k0 = _mm512_loadu_ps(kd), k1 = _mm512_loadu_ps(kd + 16);
-        __m512 k2 = _mm512_loadu_ps(kd + 32), k3 = _mm512_loadu_ps(kd + 48);
+        __m512 k0, k1, k2, k3;
+        if (f16) {
+            k0 = HALF16(kb[0] + (size_t)d * 16), k1 = HALF16(kb[1] + (size_t)d * 16);
+            k2 = HALF16(kb[2] + (size_t)d * 16), k3 = HALF16(kb[3] + (size_t)d * 16);
+        } else {
+            const float *kd = kt + (size_t)d * ENG_ATTN_CHUNK;
+            k0 = _mm512_loadu_ps(kd), k1 = _mm512_loadu_ps(kd + 16);
+            k2 = _mm512_loadu_ps(kd + 32), k3 = _mm512_loadu_ps(kd + 48);
+        }
 #define ATTN_QK(qp, a0, a1, a2, a3)                                                                \
     do {                                                                                           \
         __m512 qb = _mm512_set1_ps((qp)[d]);                                                       \
@@ -821,11 +1269,26 @@ AVX512 void eng__avx512_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_
     softmax4(sv, rows, n_rows, start, n_keys);
 }
 
+AVX512 void eng__avx512_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_t *rows,
+                                     uint32_t n_rows, uint32_t start, uint32_t n_keys)
+{
+    attn_scores4(false, kt, NULL, hd, rows, n_rows, start, n_keys);
+}
+
+AVX512 void eng__avx512_attn_scores4_f16(const uint16_t *const kb[4], uint32_t hd,
+                                         eng_attn_row_t *rows, uint32_t n_rows, uint32_t start)
+{
+    attn_scores4(true, NULL, kb, hd, rows, n_rows, start, ENG_ATTN_CHUNK);
+}
+
 /* o = o * corr + p . V for up to four rows (vb [ENG_ATTN_CHUNK][hd], F32; only the first
  * max(n_valid) rows are read, so unwritten slots past them are never touched). Columns go 32
  * at a time (eight accumulators), then 16. */
-AVX512 void eng__avx512_attn_values4(const float *vb, uint32_t hd, eng_attn_row_t *rows,
-                                     uint32_t n_rows)
+/* With f16: V row j straight from vblk[j / 16] (V [16][hd] of an F16 KV block), converted in
+ * registers. */
+AVX512 static inline __attribute__((always_inline)) void
+attn_values4(const bool f16, const float *vb, const uint16_t *const *vblk, uint32_t hd,
+             eng_attn_row_t *rows, uint32_t n_rows)
 {
     uint32_t nj = 0;
     for (uint32_t r = 0; r < n_rows; r++)
@@ -848,8 +1311,14 @@ AVX512 void eng__avx512_attn_values4(const float *vb, uint32_t hd, eng_attn_row_
         __m512 a3 = _mm512_mul_ps(_mm512_loadu_ps(r3->o + c), f3);
         __m512 b3 = _mm512_mul_ps(_mm512_loadu_ps(r3->o + c + 16), f3);
         for (uint32_t j = 0; j < nj; j++) {
-            const float *vj = vb + (size_t)j * hd + c;
-            __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
+            __m512 v0, v1;
+            if (f16) {
+                const uint16_t *vj = vblk[j / 16] + (size_t)(j % 16) * hd + c;
+                v0 = HALF16(vj), v1 = HALF16(vj + 16);
+            } else {
+                const float *vj = vb + (size_t)j * hd + c;
+                v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
+            }
             __m512 w0 = _mm512_set1_ps(p0[j]), w1 = _mm512_set1_ps(p1[j]);
             __m512 w2 = _mm512_set1_ps(p2[j]), w3 = _mm512_set1_ps(p3[j]);
             a0 = _mm512_fmadd_ps(w0, v0, a0);
@@ -877,7 +1346,8 @@ AVX512 void eng__avx512_attn_values4(const float *vb, uint32_t hd, eng_attn_row_
         __m512 a2 = _mm512_mul_ps(_mm512_loadu_ps(r2->o + c), f2);
         __m512 a3 = _mm512_mul_ps(_mm512_loadu_ps(r3->o + c), f3);
         for (uint32_t j = 0; j < nj; j++) {
-            __m512 v0 = _mm512_loadu_ps(vb + (size_t)j * hd + c);
+            __m512 v0 = f16 ? HALF16(vblk[j / 16] + (size_t)(j % 16) * hd + c)
+                            : _mm512_loadu_ps(vb + (size_t)j * hd + c);
             a0 = _mm512_fmadd_ps(_mm512_set1_ps(p0[j]), v0, a0);
             a1 = _mm512_fmadd_ps(_mm512_set1_ps(p1[j]), v0, a1);
             a2 = _mm512_fmadd_ps(_mm512_set1_ps(p2[j]), v0, a2);
@@ -888,6 +1358,18 @@ AVX512 void eng__avx512_attn_values4(const float *vb, uint32_t hd, eng_attn_row_
         _mm512_storeu_ps(r1->o + c, a1);
         _mm512_storeu_ps(r0->o + c, a0);
     }
+}
+
+AVX512 void eng__avx512_attn_values4(const float *vb, uint32_t hd, eng_attn_row_t *rows,
+                                     uint32_t n_rows)
+{
+    attn_values4(false, vb, NULL, hd, rows, n_rows);
+}
+
+AVX512 void eng__avx512_attn_values4_f16(const uint16_t *const vblk[4], uint32_t hd,
+                                         eng_attn_row_t *rows, uint32_t n_rows)
+{
+    attn_values4(true, NULL, vblk, hd, rows, n_rows);
 }
 
 /* The four rows' sums of one key pair's lanes (lanes 0-7 key j, 8-15 key j + 1) into p. */

@@ -29,7 +29,19 @@
  * converted to F32 tiles for sgemm, whose cost the rows then amortize. F32 weights take the GEMV
  * for at most GEMV_F32_MAX_M rows on the SIMD paths (decode), else sgemm. */
 #define GEMV_F32_MAX_M 4
+/* The GEMV's tasks: runs of weight rows of at most about GEMV_TASK_BYTES (at least GEMV_TILE
+ * rows), the same number for every thread. Each task is one sequential stream, which the hardware
+ * prefetcher takes some kilobytes to follow at full speed; the threads take tasks in turn, so
+ * each thread's stream restarts at every task. Measured on the 2-core Zen 5 machine with two
+ * threads: the Q4_0 bench model's output head, read with the arithmetic removed, streamed at
+ * 0.69-0.74 of a plain read loop's bandwidth in 64-row tasks (36 KiB) and at the loop's own in
+ * 256-row ones; one decode token's matrices of the Q4_K_M / Q4_0 files, arithmetic and row
+ * prefetch (eng__gemv_prefetch_row) in, at 0.87 / 0.80 in 64 KiB tasks, 0.94 / 0.86 in 128 KiB,
+ * 0.96 / 0.89 in 256 KiB, 0.92-0.99 / 0.86-0.93 in 512 KiB to 1 MiB. Tasks stay many on the big
+ * matrices (the output head: hundreds), so a thread that the machine's other load delays holds
+ * up little. */
 #define GEMV_TILE 64
+#define GEMV_TASK_BYTES ((size_t)256 << 10)
 
 /* ---------------------------------------------------------------------------------------------
  * BF16 GEMM
@@ -44,31 +56,6 @@ size_t eng__bf16_packed_elems(uint32_t n_in, uint32_t n_out)
 {
     return (size_t)bf16_panels(n_out) * ((n_in + 1) / 2) * 32;
 }
-
-/* Rows [n0, n1) of w as the BF16 panels of a tile at dst, with AVX512-BF16: the panels of rows
- * up to the even panel count, rows past n1 zero; 16 rows at a time dequantized into rows (room for
- * 16 K floats), then transposed into their panel in registers. K a multiple of 32. */
-#if defined(__x86_64__) || defined(__i386__)
-static void bf16_pack_tile_avx512(const eng_weight_t *w, uint32_t n0, uint32_t n1, uint16_t *dst,
-                                  float *rows)
-{
-    uint32_t K = w->n_in, kp = (K + 1) / 2;
-    size_t rb = eng__gemv_row_bytes(w->type, K);
-    for (uint32_t p = 0; p < bf16_panels(n1 - n0); p++) {
-        const float *r[16];
-        for (uint32_t i = 0; i < 16; i++) {
-            uint32_t n = n0 + 16 * p + i;
-            float *row = rows + (size_t)i * 2 * kp;
-            r[i] = n < n1 ? row : NULL;
-            if (n >= n1)
-                continue;
-            if (!eng__avx512_quant_row_to_f32(w->type, (const char *)w->data + n * rb, row, K))
-                eng_weight_row_f32(w, n, row);
-        }
-        eng__avx512_bf16_panel(r, kp, dst + (size_t)p * kp * 32);
-    }
-}
-#endif
 
 void eng__bf16_pack(const eng_weight_t *w, uint16_t *dst)
 {
@@ -98,7 +85,8 @@ typedef struct matmul_ctx {
     const uint16_t *a_bf16; /* x as BF16 rows, when the BF16 path runs */
     eng_cpu_isa_t isa;      /* resolved: never AUTO, always one the CPU runs */
     bool gemv;              /* the GEMV kernel of isa, not sgemm */
-    const void *xq;         /* with gemv and an eng__gemv_int8 type: x quantized (gemv_quantize) */
+    bool qgemm;             /* an eng__gemv_int8 type from ENG_GEMV_MAX_M rows on (qgemm_run) */
+    const void *xq;         /* with gemv or qgemm: x quantized (quantize_x) */
     size_t xq_stride;
     bool gemm;     /* the AVX2 register-tile GEMM, not F32 tiles and sgemm */
     uint32_t tile; /* output columns per task */
@@ -120,13 +108,44 @@ static eng_gemv_t gemv_args(const matmul_ctx_t *c)
                         .accumulate = c->accumulate};
 }
 
+/* The integer dot product of c's path for its weight type. */
+static float (*dot_q_of(const matmul_ctx_t *c))(uint32_t, const void *, const void *, uint32_t)
+{
+    switch (c->isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    case ENG_CPU_ISA_AVX512:
+        return eng__avx512_dot_q;
+    case ENG_CPU_ISA_AVX2:
+        return eng__avx2_dot_q;
+#endif
+    default:
+        return eng__port_dot_q;
+    }
+}
+
+/* Rows of x per pass of the quantized prefill GEMM over a tile of weight rows: their quantized
+ * rows (about 1.1 K bytes each) stay in L1 while the tile's weight rows pass by. */
+#define QGEMM_ROWS 16
+
+/* Prefill on quantized weights where eng__avx512_qgemm does not run (the AVX2 and portable paths,
+ * the types it does not take): the decode GEMV's integer dot products (x quantized once, as
+ * llama.cpp quantizes it) for every row of x, QGEMM_ROWS rows at a time over the task's weight
+ * rows, which stay in L2 while every row group passes over them. */
+static void qgemm_run(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
+{
+    float (*dot)(uint32_t, const void *, const void *, uint32_t) = dot_q_of(c);
+    eng_gemv_t g = gemv_args(c);
+    for (uint32_t m0 = 0; m0 < c->M; m0 += QGEMM_ROWS) {
+        g.M = PC_MIN(QGEMM_ROWS, c->M - m0);
+        g.xq = (const char *)c->xq + (size_t)m0 * c->xq_stride;
+        g.y = c->y + (size_t)m0 * c->N;
+        eng__gemv_q(&g, n0, n1, dot);
+    }
+}
+
 static void gemv_run(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
 {
     eng_gemv_t g = gemv_args(c);
-    if (eng__gemv_int8(g.wtype) && !eng__gemv_int8_simd(g.wtype)) {
-        eng__port_gemv(&g, n0, n1);
-        return;
-    }
     switch (c->isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case ENG_CPU_ISA_AVX512:
@@ -142,24 +161,19 @@ static void gemv_run(const matmul_ctx_t *c, uint32_t n0, uint32_t n1)
     }
 }
 
-/* Rows [n0, n1) of w (F16, BF16 or a quantized type) as F32 rows into dst. */
+/* Rows [n0, n1) of w (F16 or BF16) as F32 rows into dst. */
 static void weight_rows_to_f32(const eng_weight_t *w, uint32_t n0, uint32_t n1, float *dst,
                                eng_cpu_isa_t isa)
 {
     size_t K = w->n_in, n = (size_t)(n1 - n0) * K;
-    const char *src = (const char *)w->data + n0 * eng__gemv_row_bytes(w->type, w->n_in);
-    switch (w->type) {
-    case ENG_GGML_TYPE_F16:
-        eng__f16_to_f32_row_isa((const uint16_t *)src, dst, n, isa);
-        return;
-    case ENG_GGML_TYPE_BF16:
-        eng__port_bf16_to_f32((const uint16_t *)src, dst, n);
-        return;
-    default:
-        PC_ASSERT(eng_quant_type_is_quant(w->type));
-        eng_quant_row_to_f32(w->type, src, dst, n);
+    const uint16_t *src =
+        (const uint16_t *)((const char *)w->data + n0 * eng__gemv_row_bytes(w->type, w->n_in));
+    if (w->type == ENG_GGML_TYPE_F16) {
+        eng__f16_to_f32_row_isa(src, dst, n, isa);
         return;
     }
+    PC_ASSERT(w->type == ENG_GGML_TYPE_BF16);
+    eng__port_bf16_to_f32(src, dst, n);
 }
 
 static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
@@ -170,26 +184,23 @@ static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
     if (n0 >= n1)
         return;
     float beta = c->accumulate ? 1.0f : 0.0f;
+    if (c->qgemm) {
+#if defined(__x86_64__) || defined(__i386__)
+        eng_gemv_t g = gemv_args(c);
+        if (c->isa == ENG_CPU_ISA_AVX512 &&
+            eng__avx512_qgemm(&g, n0, n1, c->tmp[thread],
+                              (size_t)ENG_CPU_WTILE * c->K * sizeof(float)))
+            return;
+#endif
+        qgemm_run(c, n0, n1);
+        return;
+    }
 #if defined(__x86_64__) || defined(__i386__)
     if (c->a_bf16 != NULL) {
         /* Tiles are whole panel pairs: n0 is a multiple of 32. */
         uint32_t kp = (c->K + 1) / 2;
-        const uint16_t *panels = c->w_bf16;
-        uint32_t p0 = 0; /* the panel of row 0 in panels */
-        if (panels == NULL) {
-            /* Q4_0 and the K-quants: this tile's panels, dequantized into tmp (in cache while
-             * every row block of x passes over them), then the row and pair scratch. */
-            uint16_t *tp = (uint16_t *)(void *)c->tmp[thread];
-            size_t elems = (size_t)bf16_panels(n1 - n0) * kp * 32;
-            float *row = (float *)(void *)(tp + elems);
-            PC_ASSERT(n1 - n0 <= ENG_CPU_WTILE && elems % 32 == 0);
-            PC_ASSERT(kp % 16 == 0); /* K of Q4_0 and the K-quants: a multiple of 32 */
-            bf16_pack_tile_avx512(c->w, n0, n1, tp, row);
-            panels = tp;
-            p0 = n0 / 16;
-        }
         for (uint32_t n = n0; n < n1; n += 32) {
-            const uint16_t *b0 = panels + (size_t)(n / 16 - p0) * kp * 32;
+            const uint16_t *b0 = c->w_bf16 + (size_t)(n / 16) * kp * 32;
             for (uint32_t m0 = 0; m0 < c->M; m0 += 8)
                 eng__avx512_gemm_bf16_block((const uint32_t *)c->a_bf16, c->M, m0, kp, b0,
                                             b0 + (size_t)kp * 32, c->y, c->N, n, PC_MIN(32, n1 - n),
@@ -215,9 +226,8 @@ static void matmul_task(void *ctx, uint32_t task, uint32_t thread)
                     1.0f, c->x, (int)c->K, wp, (int)c->K, beta, c->y + n0, (int)c->N);
         return;
     }
-    /* F16 on the other paths, BF16 and the quantized types on every path: the tile's rows
-     * converted to F32,
-     * then the AVX2 GEMM or sgemm over them. */
+    /* F16 on the other paths and BF16 on every path: the tile's rows converted to F32, then the
+     * AVX2 GEMM or sgemm over them. */
     float *t = c->tmp[thread];
     weight_rows_to_f32(c->w, n0, n1, t, c->isa);
 #if defined(__x86_64__) || defined(__i386__)
@@ -252,10 +262,13 @@ static void matmul_setup(matmul_ctx_t *c, uint32_t n_threads, const float *x, ui
                         .accumulate = accumulate,
                         .tmp = tmp,
                         .isa = isa};
-    if (a_bf16 != NULL && (w_bf16 != NULL || eng__gemv_int8(w->type))) {
+    if (a_bf16 != NULL && w_bf16 != NULL) {
         c->a_bf16 = a_bf16;
         c->w_bf16 = w_bf16;
         c->tile = 128;
+    } else if (eng__gemv_int8(w->type) && M >= ENG_GEMV_MAX_M) {
+        c->qgemm = true;
+        c->tile = 64;
     } else if (w->type == ENG_GGML_TYPE_F32 &&
                (M > GEMV_F32_MAX_M || isa == ENG_CPU_ISA_PORTABLE)) {
         /* One contiguous slice per thread (rounded to 16 columns) keeps sgemm's blocks big;
@@ -265,7 +278,14 @@ static void matmul_setup(matmul_ctx_t *c, uint32_t n_threads, const float *x, ui
         c->tile = ((c->N + parts - 1) / parts + 15) & ~15u;
     } else if (M < ENG_GEMV_MAX_M) {
         c->gemv = true;
-        c->tile = GEMV_TILE;
+        /* A whole number of tasks per thread, each at most about GEMV_TASK_BYTES: a matrix of
+         * 2.25 tasks' bytes (the bench model's wq) runs as 4 even tasks, not 2 full and a
+         * quarter one that a thread does alone while the other waits. */
+        size_t bytes = eng__gemv_row_bytes(w->type, w->n_in) * c->N;
+        size_t n_tasks = (bytes + GEMV_TASK_BYTES - 1) / GEMV_TASK_BYTES;
+        n_tasks = (n_tasks + n_threads - 1) / n_threads * n_threads;
+        uint32_t rows = (uint32_t)((c->N + n_tasks - 1) / n_tasks);
+        c->tile = PC_MIN(PC_MAX(rows, GEMV_TILE), c->N);
     } else if (isa == ENG_CPU_ISA_AVX2 && w->type == ENG_GGML_TYPE_F16) {
         /* F16 prefill on AVX2: the register-tile GEMM on the weights as stored. Measured against
          * F16C-converted F32 tiles and OpenBLAS's Haswell sgemm (OPENBLAS_CORETYPE=Haswell) on
@@ -285,33 +305,56 @@ static void matmul_setup(matmul_ctx_t *c, uint32_t n_threads, const float *x, ui
         c->tile = 16;
 }
 
-/* x[M][K] quantized once for the integer GEMVs of the products in c[0..n) that take it, into buf
- * (room for M rows of both dot types: Q8_K rows first, then Q8_0 ones); each product's xq points
- * at its dot type's rows. */
-static void gemv_quantize(matmul_ctx_t *c, uint32_t n, const float *x, uint32_t M, uint32_t K,
-                          void *buf)
+/* Bytes of x[M][K] in each quantized activation format (K a multiple of 32; Q8_K rows exist
+ * for K a multiple of 256 only and take 0 bytes otherwise). */
+static size_t xq_bytes(uint32_t type, uint32_t M, uint32_t K)
 {
-    size_t sk = eng_quant_row_bytes(ENG_GGML_TYPE_Q8_K, K);
-    size_t s0 = eng_quant_row_bytes(ENG_GGML_TYPE_Q8_0, K);
-    char *q8k = buf, *q80 = q8k + (size_t)M * sk;
+    uint32_t bs = eng_ggml_type_block_size(type);
+    return K % bs != 0 ? 0 : (size_t)M * eng_quant_row_bytes(type, K);
+}
+
+size_t eng__matmul_xbuf_bytes(uint32_t M, uint32_t K)
+{
+    size_t bf16 = (size_t)M * (K + 2) * sizeof(uint16_t);
+    return bf16 + xq_bytes(ENG_GGML_TYPE_Q8_K, M, K) + xq_bytes(ENG_GGML_TYPE_Q8_0, M, K);
+}
+
+/* x[M][K] quantized once for the integer products (GEMV or prefill GEMM) of the products in
+ * c[0..n) that take it, into buf (room for M rows of both dot types: Q8_K rows first, then
+ * Q8_0 ones); each product's xq points at its dot type's rows. */
+static void quantize_x(matmul_ctx_t *c, uint32_t n, const float *x, uint32_t M, uint32_t K,
+                       void *buf)
+{
+    char *q8k = buf, *q80 = q8k + xq_bytes(ENG_GGML_TYPE_Q8_K, M, K);
     bool done_k = false, done_0 = false;
     for (uint32_t i = 0; i < n; i++) {
-        if (!c[i].gemv || !eng__gemv_int8(c[i].w->type))
+        if (!(c[i].gemv || c[i].qgemm) || !eng__gemv_int8(c[i].w->type))
             continue;
-        bool k = eng_quant_dot_type(c[i].w->type) == ENG_GGML_TYPE_Q8_K;
-        bool *done = k ? &done_k : &done_0;
-        char *dst = k ? q8k : q80;
-        size_t stride = k ? sk : s0;
-        for (uint32_t m = 0; m < M && !*done; m++) {
-            if (k)
-                eng_quant_act_q8_k(x + (size_t)m * K, (eng_block_q8_k_t *)(dst + m * stride), K);
-            else
-                eng_quant_act_q8_0(x + (size_t)m * K, (eng_block_q8_0_t *)(dst + m * stride), K);
-        }
+        uint32_t t = eng_quant_dot_type(c[i].w->type);
+        bool *done = t == ENG_GGML_TYPE_Q8_K ? &done_k : &done_0;
+        char *dst = t == ENG_GGML_TYPE_Q8_K ? q8k : q80;
+        size_t stride = eng_quant_row_bytes(t, K);
+        for (uint32_t m = 0; m < M && !*done; m++)
+            eng__quant_act_isa(t, x + (size_t)m * K, dst + m * stride, K, c[i].isa);
         *done = true;
         c[i].xq = dst;
         c[i].xq_stride = stride;
     }
+}
+
+void eng__quant_act_isa(uint32_t type, const float *x, void *dst, uint32_t K, eng_cpu_isa_t isa)
+{
+    PC_ASSERT(type == ENG_GGML_TYPE_Q8_K || type == ENG_GGML_TYPE_Q8_0);
+#if defined(__x86_64__) || defined(__i386__)
+    if (eng__cpu_isa_clamp(isa) != ENG_CPU_ISA_PORTABLE) {
+        eng__avx2_quant_act(type, x, dst, K);
+        return;
+    }
+#endif
+    if (type == ENG_GGML_TYPE_Q8_K)
+        eng_quant_act_q8_k(x, dst, K);
+    else
+        eng_quant_act_q8_0(x, dst, K);
 }
 
 /* Several products over one pool run: task t belongs to the first product whose task range
@@ -334,17 +377,20 @@ static void matmul_multi_task(void *ctx, uint32_t task, uint32_t thread)
 
 void eng__matmul_n(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *const *w,
                    const uint16_t *const *w_bf16, float *const *y, uint32_t n, bool accumulate,
-                   float *const *tmp, uint16_t *a_bf16, eng_cpu_isa_t isa)
+                   float *const *tmp, void *xbuf, eng_cpu_isa_t isa)
 {
     PC_ASSERT(n >= 1 && n <= ENG_MATMUL_MAX);
     isa = eng__cpu_isa_clamp(isa);
+    uint32_t K = w[0]->n_in;
+    uint16_t *a_bf16 = xbuf;
     bool bf16 =
-        a_bf16 != NULL && M >= ENG_GEMV_MAX_M && isa == ENG_CPU_ISA_AVX512 && eng__cpu_has_bf16();
-    bool x_bf16 = false;
+        xbuf != NULL && M >= ENG_GEMV_MAX_M && isa == ENG_CPU_ISA_AVX512 && eng__cpu_has_bf16();
+    bool x_bf16 = false, quant = false;
     matmul_multi_t mm = {.n = n};
     for (uint32_t i = 0; i < n; i++) {
         const uint16_t *panels = w_bf16 != NULL ? w_bf16[i] : NULL;
-        bool use_bf16 = bf16 && (panels != NULL || eng__gemv_int8(w[i]->type));
+        bool use_bf16 = bf16 && panels != NULL;
+        quant = quant || eng__gemv_int8(w[i]->type);
         if (use_bf16 && !x_bf16) { /* x is the same for every product: convert it once */
 #if defined(__x86_64__) || defined(__i386__)
             eng__avx512_to_bf16_rows(x, M, w[i]->n_in, a_bf16);
@@ -355,11 +401,15 @@ void eng__matmul_n(eng_pool_t *pool, const float *x, uint32_t M, const eng_weigh
                      use_bf16 ? a_bf16 : NULL, isa);
         mm.task0[i + 1] = mm.task0[i] + (mm.c[i].N + mm.c[i].tile - 1) / mm.c[i].tile;
     }
-    /* tmp[0] holds x quantized: below ENG_GEMV_MAX_M rows no task converts tiles into tmp. The
-     * two formats take at most 292 / 256 + 34 / 32 bytes per element, well within its
-     * ENG_CPU_WTILE floats per element. */
-    if (M < ENG_GEMV_MAX_M)
-        gemv_quantize(mm.c, n, x, M, w[0]->n_in, tmp[0]);
+    /* x quantized: below ENG_GEMV_MAX_M rows into tmp[0] (no task converts tiles into it then;
+     * the two formats take at most 292 / 256 + 34 / 32 bytes per element, well within its
+     * ENG_CPU_WTILE floats per element), from it on into xbuf past the BF16 rows. */
+    if (quant && M < ENG_GEMV_MAX_M) {
+        quantize_x(mm.c, n, x, M, K, tmp[0]);
+    } else if (quant) {
+        PC_ASSERT(xbuf != NULL);
+        quantize_x(mm.c, n, x, M, K, a_bf16 + (size_t)M * (K + 2));
+    }
     if (n == 1)
         eng__pool_run(pool, matmul_task, &mm.c[0], mm.task0[1]);
     else
@@ -367,10 +417,10 @@ void eng__matmul_n(eng_pool_t *pool, const float *x, uint32_t M, const eng_weigh
 }
 
 void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *w,
-                 const uint16_t *w_bf16, float *y, bool accumulate, float *const *tmp,
-                 uint16_t *a_bf16, eng_cpu_isa_t isa)
+                 const uint16_t *w_bf16, float *y, bool accumulate, float *const *tmp, void *xbuf,
+                 eng_cpu_isa_t isa)
 {
-    eng__matmul_n(pool, x, M, &w, &w_bf16, &y, 1, accumulate, tmp, a_bf16, isa);
+    eng__matmul_n(pool, x, M, &w, &w_bf16, &y, 1, accumulate, tmp, xbuf, isa);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -534,6 +584,23 @@ void eng__attention(const eng_attn_args_t *a, const eng_attn_task_t *task, float
     }
     for (uint32_t start = 0; start < n_keys_total; start += keys) {
         uint32_t n_keys = PC_MIN(keys, n_keys_total - start);
+#if defined(__x86_64__) || defined(__i386__)
+        if (isa == ENG_CPU_ISA_AVX512 && a->kv_f16 && chunks && bt == 16 &&
+            n_keys == ENG_ATTN_CHUNK && ENG_ATTN_CHUNK == 4 * 16) {
+            /* A whole chunk of F16 blocks: read in place (cpu_simd.h). */
+            const uint16_t *kb[4], *vb4[4];
+            for (uint32_t i = 0; i < 4; i++) {
+                kb[i] = eng_kvpool_kv(pool, blocks[start / bt + i], a->layer, task->kv_head);
+                vb4[i] = kb[i] + (size_t)hd * bt;
+            }
+            for (uint32_t r = 0; r < n_rows; r += 4) {
+                uint32_t nr = PC_MIN(4, n_rows - r);
+                eng__avx512_attn_scores4_f16(kb, hd, rows + r, nr, start);
+                eng__avx512_attn_values4_f16(vb4, hd, rows + r, nr);
+            }
+            continue;
+        }
+#endif
         for (uint32_t col = 0; col < n_keys; col += bt) {
             const void *kv =
                 eng_kvpool_kv(pool, blocks[(start + col) / bt], a->layer, task->kv_head);

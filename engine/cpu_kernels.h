@@ -4,14 +4,20 @@
  * Weights are F32, F16, BF16 or quantized (quant.h), as the model stores them. Below ENG_GEMV_MAX_M
  * rows of x (decode) every type is multiplied directly by the path's GEMV kernel, which reads each
  * weight once in its own format. From it on (prefill), on the AVX2 path F16 weights go to the AVX2
- * register-tile GEMM as stored; otherwise non-F32 weights are converted tile by tile into a
+ * register-tile GEMM as stored; otherwise F16 and BF16 weights are converted tile by tile into a
  * per-thread F32 buffer, multiplied by that GEMM (AVX2) or by OpenBLAS sgemm (one
  * single-threaded call per slice of output columns on each pool thread; OpenBLAS is set to one
- * thread). With the BF16 GEMM (below), Q4_0 and K-quant weights are instead dequantized tile by
- * tile into BF16 panels in that buffer, in cache while every row block of x passes over them
- * (no whole-matrix copy: their blocks stay the only stored form). Every function takes the ISA path
- * (cpu.h) to run; AUTO is the best the CPU runs, and a path the CPU cannot run is lowered to the
- * best it can.
+ * thread). The quantized weight types (eng__gemv_int8: Q8_0, Q4_0, Q5_0, Q5_1 and the K-quants)
+ * take x quantized at every row count, as llama.cpp's CPU backend does (to
+ * Q8_0 or Q8_K blocks, byte for byte its rounding, quant.h): prefill computes the decode GEMV's
+ * integer dot products on every row of x, a tile of weight rows at a time (read from memory
+ * once, in cache while every row group of x passes over them): on the AVX-512 path by a
+ * register-tiled GEMM on the tile decoded once into a packed form (eng__avx512_qgemm, bit for bit
+ * the dot product's results), on the others by the dot product itself, row by row. So prefill and
+ * decode compute the same products, and llama.cpp's logits on the same file are matched to float
+ * rounding. Every
+ * function takes the ISA path (cpu.h) to run; AUTO is the best the CPU runs, and a path the CPU
+ * cannot run is lowered to the best it can.
  *
  * Attention runs over the paged KV cache, one task per (sequence, KV head, run of query
  * tokens), block by block with an online softmax (FlashAttention's recurrence), so no score
@@ -31,15 +37,24 @@
 #define ENG_CPU_WTILE 128
 
 /* y[M][N] = x[M][K] . w^T, or y += that with accumulate. tmp[thread] points at
- * ENG_CPU_WTILE * K floats per pool thread. With a_bf16 (room for M * (K + 1) halves) and
- * w_bf16 (w's BF16 panels, eng__bf16_pack; the backend's own layout, not the model's) set, or w
- * of Q4_0 or a K-quant (panels made per tile), products
- * of at least 32 rows (prefill) run as BF16 dot products with F32 accumulation (x rounded to BF16):
+ * ENG_CPU_WTILE * K floats per pool thread. xbuf is NULL or room for eng__matmul_xbuf_bytes(M, K)
+ * bytes: x converted once for the products that take it converted (BF16 rows, quantized rows);
+ * it must be set for an eng__gemv_int8 w from ENG_GEMV_MAX_M rows on. With xbuf and w_bf16 (w's
+ * BF16 panels, eng__bf16_pack; the backend's own layout, not the model's) set, products of at
+ * least 32 rows (prefill) run as BF16 dot products with F32 accumulation (x rounded to BF16):
  * twice the FMA rate of F32 on CPUs with AVX512-BF16. Fewer rows (decode) take the GEMV on the
  * weights as stored. */
 void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *w,
-                 const uint16_t *w_bf16, float *y, bool accumulate, float *const *tmp,
-                 uint16_t *a_bf16, eng_cpu_isa_t isa);
+                 const uint16_t *w_bf16, float *y, bool accumulate, float *const *tmp, void *xbuf,
+                 eng_cpu_isa_t isa);
+
+/* Bytes of the xbuf eng__matmul takes for M rows of K (K a multiple of 32 for quantized
+ * weights). */
+size_t eng__matmul_xbuf_bytes(uint32_t M, uint32_t K);
+
+/* x[K] quantized to type (ENG_GGML_TYPE_Q8_0 or _Q8_K; quant.h's eng_quant_act_q8_0 / _q8_k) on
+ * the fastest kernel of isa: the same bytes on every path. */
+void eng__quant_act_isa(uint32_t type, const float *x, void *dst, uint32_t K, eng_cpu_isa_t isa);
 
 /* y[i] = x . w[i]^T (or +=) for i < n <= ENG_MATMUL_MAX, the same x (all w[i]->n_in equal), in
  * one pool run: the q/k/v and the gate/up projections of a layer. w_bf16 is NULL or [n] (each
@@ -47,7 +62,7 @@ void eng__matmul(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_
 #define ENG_MATMUL_MAX 4
 void eng__matmul_n(eng_pool_t *pool, const float *x, uint32_t M, const eng_weight_t *const *w,
                    const uint16_t *const *w_bf16, float *const *y, uint32_t n, bool accumulate,
-                   float *const *tmp, uint16_t *a_bf16, eng_cpu_isa_t isa);
+                   float *const *tmp, void *xbuf, eng_cpu_isa_t isa);
 
 /*
  * BF16 panels. A weight matrix [n_out][n_in] is stored as ceil(n_out / 16) panels of 16 output

@@ -195,15 +195,14 @@ void eng__port_attn_block(const float *kt, const float *vb, uint32_t hd, uint32_
 
 void eng__port_rmsnorm(const float *x, const float *w, float *y, uint32_t n, float eps)
 {
-    float a[8] = {0}, tail = 0;
-    uint32_t n8 = n & ~7u;
-    for (uint32_t i = 0; i < n8; i += 8)
-        for (uint32_t j = 0; j < 8; j++)
-            a[j] += x[i + j] * x[i + j];
-    for (uint32_t i = n8; i < n; i++)
-        tail += x[i] * x[i];
-    float ss = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])) + tail;
-    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    /* ggml's rms_norm: squares in F32, their sum in double, the mean in F32. */
+    double ss = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        float sq = x[i] * x[i];
+        ss += sq;
+    }
+    float mean = (float)(ss / n);
+    float scale = 1.0f / sqrtf(mean + eps);
     for (uint32_t i = 0; i < n; i++)
         y[i] = x[i] * scale * w[i];
 }

@@ -41,14 +41,14 @@ void eng__avx2_f16_rows_to_f32(const uint16_t *src, size_t ss, float *dst, size_
 /* A small product y[m][n] (+)= x[m] . w[n] for the rows n in [n0, n1) of w and every m < M:
  * memory bound, one pass over those weight rows, each converted once in registers and applied to
  * the rows of x in groups. w is stored as the model keeps it (wtype, an enum eng_ggml_type; rows
- * of eng__gemv_row_bytes() bytes): F32, F16, BF16 and Q8_0 rows meet x in F32; Q4_0, Q5_0, Q5_1,
+ * of eng__gemv_row_bytes() bytes): F32, F16 and BF16 rows meet x in F32; Q8_0, Q4_0, Q5_0, Q5_1,
  * Q4_K, Q5_K and Q6_K rows (eng__gemv_int8) meet xq, the rows of x quantized once to the weight
- * type's dot type (quant.h: Q8_0 for Q4_0 / Q5_0 / Q5_1, Q8_K for the K-quants), in integer dot
- * products. K is a multiple of the type's block (32 for Q8_0, Q4_0, Q5_0 and Q5_1, 256 for the
- * K-quants). */
+ * type's dot type (quant.h: Q8_0 for Q8_0 / Q4_0 / Q5_0 / Q5_1, Q8_K for the K-quants), in
+ * integer dot products. K is a multiple of the type's block (32 for Q8_0, Q4_0, Q5_0 and Q5_1, 256
+ * for the K-quants). */
 typedef struct eng_gemv {
     const void *w;    /* [N] rows of K elements of wtype */
-    uint32_t wtype;   /* ENG_GGML_TYPE_F32, _F16, _BF16, _Q8_0 or an eng__gemv_int8 type */
+    uint32_t wtype;   /* ENG_GGML_TYPE_F32, _F16, _BF16 or an eng__gemv_int8 type */
     const float *x;   /* [M][K] */
     const void *xq;   /* [M] rows of xq_stride bytes: x quantized, for the eng__gemv_int8 types */
     size_t xq_stride; /* eng_quant_row_bytes(eng_quant_dot_type(wtype), K) */
@@ -67,22 +67,14 @@ static inline size_t eng__gemv_row_bytes(uint32_t wtype, uint32_t K)
     return eng_quant_row_bytes(wtype, K);
 }
 
-/* True for the weight types whose products take x quantized (eng_gemv_t.xq): Q4_0, Q5_0, Q5_1,
- * Q4_K, Q5_K and Q6_K. Q8_0 keeps F32 activations (its products stay as exact as before). */
+/* True for the weight types whose products take x quantized (eng_gemv_t.xq), as llama.cpp's
+ * CPU backend quantizes it for them: Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K. */
 static inline bool eng__gemv_int8(uint32_t wtype)
 {
-    return wtype == ENG_GGML_TYPE_Q4_0 || wtype == ENG_GGML_TYPE_Q5_0 ||
-           wtype == ENG_GGML_TYPE_Q5_1 || wtype == ENG_GGML_TYPE_Q4_K ||
-           wtype == ENG_GGML_TYPE_Q5_K || wtype == ENG_GGML_TYPE_Q6_K;
-}
-
-/* True for the eng__gemv_int8 types the AVX2 / AVX-512 GEMVs have dot products for; the others
- * (Q5_0 and Q5_1, llama.cpp's fallback for rows that are not whole super-blocks) run the
- * portable GEMV on every ISA. */
-static inline bool eng__gemv_int8_simd(uint32_t wtype)
-{
-    return wtype == ENG_GGML_TYPE_Q4_0 || wtype == ENG_GGML_TYPE_Q4_K ||
-           wtype == ENG_GGML_TYPE_Q5_K || wtype == ENG_GGML_TYPE_Q6_K;
+    return wtype == ENG_GGML_TYPE_Q8_0 || wtype == ENG_GGML_TYPE_Q4_0 ||
+           wtype == ENG_GGML_TYPE_Q5_0 || wtype == ENG_GGML_TYPE_Q5_1 ||
+           wtype == ENG_GGML_TYPE_Q4_K || wtype == ENG_GGML_TYPE_Q5_K ||
+           wtype == ENG_GGML_TYPE_Q6_K;
 }
 
 void eng__avx512_gemv(const eng_gemv_t *g, uint32_t n0, uint32_t n1);
@@ -98,19 +90,43 @@ float eng__avx512_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t 
 float eng__avx2_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K);
 float eng__port_dot_q(uint32_t wtype, const void *w, const void *xq, uint32_t K);
 
-/* A row of n elements of Q4_0, Q4_K, Q5_K or Q6_K to F32 with AVX-512 (BW, VNNI): bit for bit
- * eng_quant_row_to_f32 (NaN payloads aside). Returns false, writing nothing, for another type or
- * on a CPU without those extensions. */
-bool eng__avx512_quant_row_to_f32(uint32_t type, const void *src, float *dst, size_t n);
+/* The prefill GEMM of an eng__gemv_int8 type on the AVX-512 path (any M): y[m][n] (+)= the
+ * product of xq's row m and w's row n for n in [n0, n1), bit for bit eng__avx512_dot_q's result for
+ * each (m, n). The weight rows are decoded once into buf (buf_bytes, any alignment: about
+ * 2.25 bytes per weight plus 12 K for Q4_0's prepared rows of x) and every row of x passes over
+ * them, four rows by two weight rows per register tile. Returns false, writing nothing, for a type
+ * it does not take (Q4_0 with K a multiple of 64, Q4_K, Q5_K and Q6_K), a CPU without AVX512-BW
+ * and VNNI, or a buf too small. */
+bool eng__avx512_qgemm(const eng_gemv_t *g, uint32_t n0, uint32_t n1, void *buf, size_t buf_bytes);
+
+/* How far ahead of the weight row being multiplied the GEMVs prefetch, in bytes. A quantized row
+ * is short (576 bytes for Q4_K at K 1024) and its dot product does enough work per byte that the
+ * hardware prefetcher alone leaves the loads waiting: on the Zen 5 test machine the Q4_0 and Q6_K
+ * rows' first loads took most of the GEMV's samples. With 256-row tasks, 4 KiB ahead brought one
+ * decode token's Q4_K_M matrices from 0.87 to 0.96-0.98 of a plain read loop's bandwidth (2 KiB:
+ * 0.91; 8 KiB was not better than 4 in end-to-end runs). */
+#define ENG_GEMV_PREFETCH_BYTES 4096
+
+/* Prefetches the rb bytes that lie ENG_GEMV_PREFETCH_BYTES past the weight row wr (rb bytes):
+ * called once per row of a run of consecutive rows, it touches every cache line of the stream
+ * once, ahead of its use. The lines past the task's last row (or the matrix's end) are only
+ * hinted: a prefetch never faults. */
+static inline void eng__gemv_prefetch_row(const void *wr, size_t rb)
+{
+    const char *p = (const char *)wr + ENG_GEMV_PREFETCH_BYTES;
+    for (size_t o = 0; o < rb; o += 64)
+        __builtin_prefetch(p + o, 0, 3);
+}
 
 /* The GEMV of an eng__gemv_int8 type through one path's dot product: row by row of w, each row
- * (L1-resident after its first use) against every row of xq. */
+ * (L1-resident after its first use) against every row of xq, the rows ahead prefetched. */
 static inline void eng__gemv_q(const eng_gemv_t *g, uint32_t n0, uint32_t n1,
                                float (*dot)(uint32_t, const void *, const void *, uint32_t))
 {
     size_t rb = eng__gemv_row_bytes(g->wtype, g->K);
     for (uint32_t n = n0; n < n1; n++) {
         const void *wr = (const char *)g->w + (size_t)n * rb;
+        eng__gemv_prefetch_row(wr, rb);
         for (uint32_t m = 0; m < g->M; m++) {
             float s = dot(g->wtype, wr, (const char *)g->xq + (size_t)m * g->xq_stride, g->K);
             float *yp = &g->y[(size_t)m * g->ldy + n];
@@ -131,6 +147,11 @@ static inline void eng__k4_unpack(const uint8_t *scales, uint8_t out[16])
     v[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
     memcpy(out, v, 16);
 }
+
+/* quant.h's activation quantization (eng_quant_act_q8_0 / eng_quant_act_q8_k, by type: Q8_0 or
+ * Q8_K) with AVX2, byte for byte the same blocks; the AVX-512 path uses it too (it is a few
+ * percent of a product). */
+void eng__avx2_quant_act(uint32_t type, const float *x, void *dst, size_t n);
 
 /* True when the CPU has AVX512-BW and AVX512-VNNI (the AVX-512 integer dot products). */
 bool eng__cpu_has_avx512_vnni(void);
@@ -181,6 +202,14 @@ void eng__avx2_attn_scores4(const float *kt, uint32_t hd, eng_attn_row_t *rows, 
  * max(n_valid) rows of vb are read). hd is a multiple of 16. */
 void eng__avx512_attn_values4(const float *vb, uint32_t hd, eng_attn_row_t *rows, uint32_t n_rows);
 void eng__avx2_attn_values4(const float *vb, uint32_t hd, eng_attn_row_t *rows, uint32_t n_rows);
+/* The same two on a whole chunk of an F16 KV cache in blocks of 16 slots, read in place: kb[i]
+ * and vb[i] are block i's K ([hd][16]) and V ([16][hd]), every slot written (n_keys is
+ * ENG_ATTN_CHUNK). Bit for bit the F32 kernels on the chunk converted (the conversion is exact):
+ * decode skips a pass over the KV through a scratch tile. */
+void eng__avx512_attn_scores4_f16(const uint16_t *const kb[4], uint32_t hd, eng_attn_row_t *rows,
+                                  uint32_t n_rows, uint32_t start);
+void eng__avx512_attn_values4_f16(const uint16_t *const vb[4], uint32_t hd, eng_attn_row_t *rows,
+                                  uint32_t n_rows);
 /* One KV block (kt [hd][bt], vb [bt][hd], F32, block_start the position of its first slot,
  * n_slots valid) against one row: the portable path, for any block size. */
 void eng__port_attn_block(const float *kt, const float *vb, uint32_t hd, uint32_t bt,
@@ -218,7 +247,10 @@ void eng__avx512_q8_0_quantize(const float *x, uint32_t n, uint8_t *dst);
 /* Element-wise rows: y = x / rms(x) * w (y may be x), and g = silu(g) * u. */
 void eng__avx2_rmsnorm(const float *x, const float *w, float *y, uint32_t n, float eps);
 void eng__port_rmsnorm(const float *x, const float *w, float *y, uint32_t n, float eps);
+/* The SwiGLU of the SIMD paths is llama.cpp's on that ISA (ggml's vector e^x), operation for
+ * operation; the portable one takes libm's expf. */
 void eng__avx2_swiglu(float *g, const float *u, size_t n);
+void eng__avx512_swiglu(float *g, const float *u, size_t n);
 void eng__port_swiglu(float *g, const float *u, size_t n);
 
 /* RoPE on one head: the pairs (x[a], x[b]) with a = i, b = i + rope_dim / 2 (neox) or a = 2i,

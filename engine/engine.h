@@ -61,9 +61,10 @@ typedef void (*eng_load_progress_fn)(uint32_t done, uint32_t total, void *ud);
  * F16-weight products in reduced precision). Steps of fewer than 32 rows (decode batches)
  * always take the F16/F32 GEMV, which reads the weights as stored. */
 enum eng_gemm_mode {
-    ENG_GEMM_AUTO = 0, /* BF16 for weight matrices stored with fewer than 32 bits (F16, BF16,
-                          Q8_0) when the CPU has AVX512-BF16 and SIMD is on; F32 otherwise, so
-                          F32 weights always keep the exact F32 path */
+    ENG_GEMM_AUTO = 0, /* BF16 for F16 and BF16 weight matrices when the CPU has AVX512-BF16
+                          and SIMD is on; F32 otherwise, so F32 weights always keep the exact F32
+                          path. Quantized weights (Q8_0, Q4_0, the K-quants, ...) take integer
+                          products on x quantized to 8 bits in every mode, as llama.cpp does */
     ENG_GEMM_F32 = 1,  /* always F32 (sgemm, or F16 tiles converted to F32) */
     ENG_GEMM_BF16 = 2, /* BF16 for every layer matrix, F32 ones included, where the CPU has
                           AVX512-BF16 (F32 elsewhere) */

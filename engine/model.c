@@ -200,6 +200,8 @@ int eng_model_load(const char *path, const eng_model_params_t *p, eng_model_t **
     if (hp->has_rope_freqs &&
         (rc = load_vec(m, "rope_freqs.weight", -1, &factors, err, err_len)) != 0)
         goto fail;
+    m->rope_theta_scale = powf(hp->rope_theta, -2.0f / (float)hp->rope_dim);
+    m->rope_freq_factors = factors;
     for (uint32_t i = 0; i < n_freq; i++) {
         double f = pow((double)hp->rope_theta, -2.0 * i / hp->rope_dim);
         if (factors != NULL)

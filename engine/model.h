@@ -58,10 +58,15 @@ typedef struct eng_model {
     const float *out_norm; /* [n_embd] */
     eng_weight_t output;   /* [n_vocab][n_embd]; equals tok_embd when tied */
     float *rope_inv_freq;  /* [rope_dim / 2]: theta^(-2i/rope_dim) / rope_freqs[i] */
-    eng_layer_t *layers;   /* [n_layer] */
-    eng_gguf_t *_gguf;     /* private: the mapping the weights point into */
-    void **_owned;         /* private: converted buffers */
-    pc_pages_t _pages;     /* private: weight copies and panels, on huge pages (copy_weights) */
+    /* RoPE's angles as llama.cpp's CPU backend computes them (ggml_rope_cache_init), which the
+     * CPU backend follows: for position p, a = (float)p, then per frequency i the angle
+     * a / rope_freqs[i] (a alone without the tensor), a *= rope_theta_scale, all in F32. */
+    float rope_theta_scale;         /* powf(rope_theta, -2.0f / rope_dim) */
+    const float *rope_freq_factors; /* [rope_dim / 2] rope_freqs.weight, or NULL */
+    eng_layer_t *layers;            /* [n_layer] */
+    eng_gguf_t *_gguf;              /* private: the mapping the weights point into */
+    void **_owned;                  /* private: converted buffers */
+    pc_pages_t _pages; /* private: weight copies and panels, on huge pages (copy_weights) */
     size_t _n_owned;
     size_t _weight_bytes;
 } eng_model_t;

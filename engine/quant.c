@@ -295,10 +295,10 @@ void eng_quant_act_q8_0(const float *x, eng_block_q8_0_t *dst, size_t n)
         float amax = 0.0f;
         for (int j = 0; j < ENG_QK8_0; j++)
             amax = fmaxf(amax, fabsf(x[j]));
-        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        dst[b].d = eng_f32_to_f16(d);
+        float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        dst[b].d = eng_f32_to_f16(amax / 127.0f);
         for (int j = 0; j < ENG_QK8_0; j++)
-            dst[b].qs[j] = (int8_t)roundf(x[j] * id);
+            dst[b].qs[j] = (int8_t)lrintf(x[j] * id);
     }
 }
 
@@ -760,17 +760,21 @@ static int quantize_q6_k(const float *x, eng_block_q6_k_t *y, size_t n)
     return 0;
 }
 
-/* ggml's quantize_row_q8_0_ref (the activation quantizer is the same arithmetic). */
+/* ggml's quantize_row_q8_0_ref, what llama-quantize writes: q = roundf(x * (1 / d)) (halves away
+ * from zero; the activation quantizer above rounds as ggml's x86 CPU one does). */
 static int quantize_q8_0(const float *x, eng_block_q8_0_t *y, size_t n)
 {
-    for (size_t b = 0; b < n / ENG_QK8_0; b++) {
+    for (size_t b = 0; b < n / ENG_QK8_0; b++, x += ENG_QK8_0) {
         float amax = 0.0f;
         for (int j = 0; j < ENG_QK8_0; j++)
-            amax = fmaxf(amax, fabsf(x[b * ENG_QK8_0 + j]));
-        if (!isfinite(eng_f16_to_f32(eng_f32_to_f16(amax / 127.0f))))
+            amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = eng_f32_to_f16(d);
+        if (!isfinite(eng_f16_to_f32(y[b].d)))
             return PC_ERR_RANGE;
+        for (int j = 0; j < ENG_QK8_0; j++)
+            y[b].qs[j] = (int8_t)roundf(x[j] * id);
     }
-    eng_quant_act_q8_0(x, y, n);
     return 0;
 }
 

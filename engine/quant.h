@@ -169,12 +169,17 @@ static inline void eng_quant_k4_scale_min(const uint8_t *scales, int j, uint8_t 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Activation quantization (ggml's quantize_row_q8_0 / quantize_row_q8_K): x[n] -> dst blocks.
- *   Q8_0: per 32, d = amax / 127, q = round(x / d), d stored as F16 (the product uses the F16 d).
- *   Q8_K: per 256, d = max / -127 where max is the element of largest magnitude (its sign kept),
- *         q = round(x / d) in -127..127 (never -128: a quant can be negated), bsums filled; an
- *         all-zero block has d = 0 and zero quants.
- * x must be finite.
+ * Activation quantization, byte for byte what llama.cpp's CPU backend computes on x86 (ggml-cpu's
+ * quantize_row_q8_0 of arch/x86/quants.c, quantize_row_q8_K = quantize_row_q8_K_ref), so that
+ * products over the same weights see the same rounded activations: x[n] -> dst blocks.
+ *   Q8_0: per 32, d = amax / 127 stored as F16 (the product uses the F16 d), q = rint(x * id)
+ *         with id = 127 / amax (0 for an all-zero block), rint rounding halves to even.
+ *   Q8_K: per 256, max = the first element of largest magnitude (its sign kept), iscale =
+ *         -127 / max, q = min(127, rint(iscale * x)) (never -128: a quant can be negated), d =
+ *         1 / iscale, bsums filled; an all-zero block has d = 0 and zero quants.
+ * (The weight quantizer's Q8_0, eng_quantize_row, is ggml's quantize_row_q8_0_ref instead: 1 / d
+ * and halves away from zero, as llama-quantize writes.) x must be finite. The SIMD paths
+ * (cpu_simd.h) give the same bytes.
  * ------------------------------------------------------------------------------------------- */
 
 void eng_quant_act_q8_0(const float *x, eng_block_q8_0_t *dst, size_t n);

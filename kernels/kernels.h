@@ -446,6 +446,10 @@ typedef struct krn_gemm_args {
  *
  *   Q4_0   32 elements,  18 bytes: d, qs[16]; element j < 16 = d * ((qs[j] & 15) - 8),
  *          element 16 + j = d * ((qs[j] >> 4) - 8)
+ *   Q5_0   32 elements,  22 bytes: d, qh[4] (a little-endian 32-bit word), qs[16]; q_j = the
+ *          low (j < 16) or high (j >= 16) nibble of qs[j % 16] with bit j of qh as its fifth
+ *          bit; element j = d * (q_j - 16)
+ *   Q5_1   32 elements,  24 bytes: d, m, qh[4], qs[16]; q_j as Q5_0's; element j = d * q_j + m
  *   Q8_0   32 elements,  34 bytes: d, int8 qs[32]; element j = d * qs[j]
  *   Q4_K  256 elements, 144 bytes: d, dmin, scales[12] (eight 6-bit scales and mins), qs[128];
  *          sub-block s (elements 32s .. 32s + 31) = (d * sc[s]) * q - (dmin * m[s]) with q the
@@ -461,6 +465,8 @@ typedef struct krn_gemm_args {
  * ------------------------------------------------------------------------------------------- */
 enum krn_qtype {
     KRN_QT_Q4_0 = 2,
+    KRN_QT_Q5_0 = 6,
+    KRN_QT_Q5_1 = 7,
     KRN_QT_Q8_0 = 8,
     KRN_QT_Q4_K = 12,
     KRN_QT_Q5_K = 13,

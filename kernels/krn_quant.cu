@@ -11,7 +11,7 @@
  *            elements (16-byte stores when y is 16-byte aligned); 256 threads per block
  *   qgemv    grid ceil(N / 4), 4 warps: warp w owns weight row n = 4 * blockIdx.x + w; lane l
  *            takes groups l, l + 32, ... of the row (so a warp reads one K-quant super-block,
- *            or 8 Q4_0 / Q8_0 blocks, per iteration, every weight byte once from DRAM), decodes
+ *            or 8 Q4_0 / Q5_0 / Q5_1 / Q8_0 blocks, per iteration, every weight byte once from DRAM), decodes
  *            the group's 8 quants in affine form (krn_q_group8_affine: small integers, one scale
  *            and one offset) and adds scale * sum(q x) - offset * sum(x) for each of the M
  *            activation rows (F32 accumulators per row, x read through L1/L2: it is small and
@@ -178,6 +178,10 @@ int krn_dequant(krn_ctx_t *c, const krn_dequant_args_t *a)
     switch (a->qtype) {
     case KRN_QT_Q4_0:
         return dequant_launch<KRN_QT_Q4_0>(c, a, rb, grid);
+    case KRN_QT_Q5_0:
+        return dequant_launch<KRN_QT_Q5_0>(c, a, rb, grid);
+    case KRN_QT_Q5_1:
+        return dequant_launch<KRN_QT_Q5_1>(c, a, rb, grid);
     case KRN_QT_Q8_0:
         return dequant_launch<KRN_QT_Q8_0>(c, a, rb, grid);
     case KRN_QT_Q4_K:
@@ -219,6 +223,10 @@ int krn_qgemv(krn_ctx_t *c, const krn_qmatmul_args_t *a)
     switch (a->qtype) {
     case KRN_QT_Q4_0:
         return qgemv_launch<KRN_QT_Q4_0>(c, a, rb);
+    case KRN_QT_Q5_0:
+        return qgemv_launch<KRN_QT_Q5_0>(c, a, rb);
+    case KRN_QT_Q5_1:
+        return qgemv_launch<KRN_QT_Q5_1>(c, a, rb);
     case KRN_QT_Q8_0:
         return qgemv_launch<KRN_QT_Q8_0>(c, a, rb);
     case KRN_QT_Q4_K:

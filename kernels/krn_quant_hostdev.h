@@ -7,7 +7,8 @@
  * The unit of decoding is a group of 8 consecutive elements of a row (elements 8g .. 8g + 7):
  * 8 divides every block (32 or 256 elements) and every sub-block that shares a scale (16 or
  * 32), so a group needs one block's header and one scale. A warp of the GEMV kernel takes 32
- * consecutive groups: one K-quant super-block, or 8 Q4_0 / Q8_0 blocks, read together.
+ * consecutive groups: one K-quant super-block, or 8 Q4_0 / Q5_0 / Q5_1 / Q8_0 blocks, read
+ * together.
  *
  * Bit exactness: each element is the F32 expression of ggml's dequantize_row_* (and gguf-py's
  * dequantize), operation by operation. Products and differences go through krn_q_mul and
@@ -41,6 +42,8 @@ int krn__qmatmul_check(const krn_qmatmul_args_t *a);
 #define KRN_QK4_0 32
 #define KRN_QK_K 256
 #define KRN_Q4_0_BYTES 18
+#define KRN_Q5_0_BYTES 22
+#define KRN_Q5_1_BYTES 24
 #define KRN_Q4_K_BYTES 144
 #define KRN_Q5_K_BYTES 176
 #define KRN_Q6_K_BYTES 210
@@ -49,6 +52,8 @@ KRN_HD int32_t krn_q_block_elems(int32_t t)
 {
     switch (t) {
     case KRN_QT_Q4_0:
+    case KRN_QT_Q5_0:
+    case KRN_QT_Q5_1:
         return KRN_QK4_0;
     case KRN_QT_Q8_0:
         return KRN_QK8_0;
@@ -66,6 +71,10 @@ KRN_HD int32_t krn_q_block_bytes(int32_t t)
     switch (t) {
     case KRN_QT_Q4_0:
         return KRN_Q4_0_BYTES;
+    case KRN_QT_Q5_0:
+        return KRN_Q5_0_BYTES;
+    case KRN_QT_Q5_1:
+        return KRN_Q5_1_BYTES;
     case KRN_QT_Q8_0:
         return KRN_Q8_0_BYTES;
     case KRN_QT_Q4_K:
@@ -140,6 +149,9 @@ KRN_HD float krn_q_i2f(uint32_t v, uint32_t bias)
  * with x is scale * sum(q x) - offset * sum(x): the scale (and the K-quants' min) applied once
  * per group instead of once per element.
  *   Q4_0  q = nibble - 8, scale d, offset 0
+ *   Q5_0  q = nibble | qh bit << 4, - 16, scale d, offset 0
+ *   Q5_1  q = nibble | qh bit << 4 (0..31), scale d, offset -m (d * q - (-m) is d * q + m,
+ *         exactly: IEEE defines a - b as a + (-b))
  *   Q8_0  q = the int8 quant, scale d, offset 0
  *   Q4_K, Q5_K  q = 0..15 / 0..31, scale d * sc, offset dmin * m (krn_q_group8's d1, m1)
  *   Q6_K  q = 0..63 - 32, scale d * scales[e / 16] (krn_q_group8's ds), offset 0
@@ -158,6 +170,21 @@ KRN_HD void krn_q_group8_affine(int32_t t, const uint8_t *row, int64_t g, float 
         *offset = 0.0f;
         for (int i = 0; i < 8; i++)
             q[i] = krn_q_i2f((uint32_t)(qs[i] >> sh) & 15, 8);
+        break;
+    }
+    case KRN_QT_Q5_0:
+    case KRN_QT_Q5_1: {
+        const bool q51 = t == KRN_QT_Q5_1;
+        const uint8_t *b = row + (g / 4) * (q51 ? KRN_Q5_1_BYTES : KRN_Q5_0_BYTES);
+        const int32_t e0 = (int32_t)(g % 4) * 8, sh = e0 >= 16 ? 4 : 0, h0 = q51 ? 4 : 2;
+        const uint32_t qh = (uint32_t)b[h0] | (uint32_t)b[h0 + 1] << 8 | (uint32_t)b[h0 + 2] << 16 |
+                            (uint32_t)b[h0 + 3] << 24;
+        const uint8_t *qs = b + h0 + 4 + (e0 & 15);
+        *scale = krn_q_half(b);
+        *offset = q51 ? -krn_q_half(b + 2) : 0.0f;
+        for (int i = 0; i < 8; i++)
+            q[i] = krn_q_i2f(((uint32_t)(qs[i] >> sh) & 15) | ((qh >> (e0 + i)) & 1) << 4,
+                             q51 ? 0 : 16);
         break;
     }
     case KRN_QT_Q8_0: {
@@ -211,10 +238,10 @@ KRN_HD void krn_q_group8_affine(int32_t t, const uint8_t *row, int64_t g, float 
 
 /* Elements 8g .. 8g + 7 of a row of type t (row: its first block; g < n_in / 8) into out[8],
  * ggml's values bit for bit: scale * q - offset of the affine form, the very F32 operations of
- * dequantize_row_* (d * q for Q4_0 and Q8_0, d1 * q - m1 for the K-quants' mins, (d * sc) * q
- * for Q6_K; x - 0 is x, -0 included). t must be a krn_qtype (callers check; an unknown one
- * gives zeros). A kernel instantiated for one type passes a constant, and the switch folds
- * away. */
+ * dequantize_row_* (d * q for Q4_0, Q5_0 and Q8_0, d * q + m for Q5_1, d1 * q - m1 for the
+ * K-quants' mins, (d * sc) * q for Q6_K; x - 0 is x, -0 included). t must be a krn_qtype (callers
+ * check; an unknown one gives zeros). A kernel instantiated for one type passes a constant, and the
+ * switch folds away. */
 KRN_HD void krn_q_group8(int32_t t, const uint8_t *row, int64_t g, float *out)
 {
     float q[8], scale, offset;
@@ -229,7 +256,8 @@ KRN_HD void krn_q_group8(int32_t t, const uint8_t *row, int64_t g, float *out)
 KRN_HD float krn_q_dot8(int32_t t, const float *q, float scale, float offset, const float *x,
                         float acc)
 {
-    const bool mins = t == KRN_QT_Q4_K || t == KRN_QT_Q5_K; /* the only types with an offset */
+    /* The only types with an offset. */
+    const bool mins = t == KRN_QT_Q4_K || t == KRN_QT_Q5_K || t == KRN_QT_Q5_1;
     float sq = 0.0f, sx = 0.0f;
     for (int k = 0; k < 8; k++) {
         sq = fmaf(q[k], x[k], sq);

@@ -330,6 +330,10 @@ static int32_t qtype_of(uint32_t type)
     switch (type) {
     case ENG_GGML_TYPE_Q4_0:
         return KRN_QT_Q4_0;
+    case ENG_GGML_TYPE_Q5_0:
+        return KRN_QT_Q5_0;
+    case ENG_GGML_TYPE_Q5_1:
+        return KRN_QT_Q5_1;
     case ENG_GGML_TYPE_Q8_0:
         return KRN_QT_Q8_0;
     case ENG_GGML_TYPE_Q4_K:

@@ -39,6 +39,10 @@ const char *krn_qtype_name(int32_t t)
     switch (t) {
     case KRN_QT_Q4_0:
         return "Q4_0";
+    case KRN_QT_Q5_0:
+        return "Q5_0";
+    case KRN_QT_Q5_1:
+        return "Q5_1";
     case KRN_QT_Q8_0:
         return "Q8_0";
     case KRN_QT_Q4_K:

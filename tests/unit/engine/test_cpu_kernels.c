@@ -2,14 +2,18 @@
  * test_cpu_kernels.c — the CPU kernels of every ISA path this CPU runs (avx512, avx2, portable;
  * cpu.h) against naive references: half-precision rows bit for bit against the scalar
  * conversions of half.h (rounding ties, subnormals, infinities, NaN), the decode GEMV and the
- * whole matrix product (eng__matmul: GEMV, AVX2 GEMM, converted tiles and sgemm) on F32, F16,
- * BF16 and Q8_0 weights against a double-precision product (row counts around every tile,
+ * whole matrix product (eng__matmul: GEMV, AVX2 GEMM, converted tiles and sgemm) on F32, F16
+ * and BF16 weights against a double-precision product (Q8_0 and the other quantized types, whose
+ * products take x quantized, are test_cpu_quant's) (row counts around every tile,
  * lengths with every tail), and the element-wise kernels (RMS norm, SwiGLU, both RoPE layouts).
- * Also the path selection: names, parsing, KVGW_CPU_ISA and refusals.
+ * Also the path selection: names, parsing, KVGW_CPU_ISA and refusals, and the thread pool
+ * (every task of every run once, before the run returns).
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cpu.h"
 #include "cpu_kernels.h"
@@ -46,8 +50,7 @@ static void gemv_isa(eng_cpu_isa_t isa, const eng_gemv_t *g, uint32_t n0, uint32
 }
 
 /* The weight types the kernels read, and their names. */
-static const uint32_t wtypes[] = {ENG_GGML_TYPE_F32, ENG_GGML_TYPE_F16, ENG_GGML_TYPE_BF16,
-                                  ENG_GGML_TYPE_Q8_0};
+static const uint32_t wtypes[] = {ENG_GGML_TYPE_F32, ENG_GGML_TYPE_F16, ENG_GGML_TYPE_BF16};
 
 static const char *wtype_name(uint32_t t)
 {
@@ -184,8 +187,8 @@ PC_TEST(half_rows_bit_exact)
     free(h), free(h2), free(f), free(f2);
 }
 
-/* y = x . w^T on a slice of output rows, (+)=, against double precision, for F32, F16, BF16 and
- * Q8_0 weights; the rows outside the slice are never written. */
+/* y = x . w^T on a slice of output rows, (+)=, against double precision, for F32, F16 and BF16
+ * weights; the rows outside the slice are never written. */
 PC_TEST(gemv_matches_double_reference)
 {
     uint32_t Ks[] = {1, 7, 8, 32, 37, 64, 96, 129, 200, 1024, 1030};
@@ -365,6 +368,54 @@ PC_TEST(elementwise_match_portable)
 #else
     PC_SKIP("no SIMD path on this architecture");
 #endif
+}
+
+/* The pool: every task of every run runs exactly once, on a valid thread index, before the run
+ * returns; runs follow each other with their context on the caller's stack (a worker late for
+ * one run must neither run its tasks after it returned nor touch the next run's context with the
+ * old function). Some tasks sleep, so that workers fall behind the caller. */
+typedef struct pool_case {
+    uint32_t run; /* the run this context belongs to */
+    uint32_t n_threads;
+    _Atomic uint32_t *count;    /* [n_tasks] */
+    _Atomic uint32_t bad;       /* calls with a wrong run id or thread index */
+    _Atomic uint32_t *done_run; /* the run the caller last finished */
+} pool_case_t;
+
+static void pool_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    pool_case_t *c = ctx;
+    if (thread >= c->n_threads || atomic_load(c->done_run) >= c->run)
+        atomic_fetch_add(&c->bad, 1);
+    if (task % 61 == 7) { /* a slow task now and then */
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+    atomic_fetch_add(&c->count[task], 1);
+}
+
+PC_TEST(pool_runs_every_task_once)
+{
+    for (uint32_t nt = 2; nt <= 4; nt++) {
+        eng_pool_t *pool;
+        ASSERT_EQ(eng__pool_init(nt, &pool), 0);
+        _Atomic uint32_t count[300];
+        _Atomic uint32_t done_run = 0;
+        for (uint32_t run = 1; run <= 400; run++) {
+            uint32_t n_tasks = 1 + (run * 37) % 300;
+            for (uint32_t t = 0; t < n_tasks; t++)
+                atomic_store(&count[t], 0);
+            pool_case_t c = {.run = run, .n_threads = nt, .count = count, .done_run = &done_run};
+            eng__pool_run(pool, pool_task, &c, n_tasks);
+            atomic_store(&done_run, run);
+            uint32_t wrong = 0;
+            for (uint32_t t = 0; t < n_tasks; t++)
+                wrong += atomic_load(&count[t]) != 1;
+            ASSERT_EQ(wrong, 0);
+            ASSERT_EQ(atomic_load(&c.bad), 0);
+        }
+        eng__pool_free(pool);
+    }
 }
 
 PC_TEST_MAIN()

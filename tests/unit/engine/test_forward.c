@@ -310,8 +310,10 @@ PC_TEST(f16_weights_and_kv)
 
 /* BF16 and Q8_0 weights are kept as stored (decode reads 2 and 1.06 bytes per weight) and give
  * the logits of the same model converted to F32 at load (weights_f32) on every path: prefill 33
- * (tiles converted to F32), a chunk of 17 (the GEMV on row groups), then decode (the GEMV on one
- * row), within the products' rounding. */
+ * (tiles converted to F32; Q8_0: the integer GEMM), a chunk of 17 (the GEMV on row groups), then
+ * decode (the GEMV on one row): BF16 within the products' rounding, Q8_0 within the rounding of
+ * its activations to Q8_0 blocks (as llama.cpp's products take them; test_forward_quant.c derives
+ * 0.06 for it). */
 PC_TEST(bf16_and_q8_0_weights_native)
 {
     const uint32_t types[] = {ENG_GGML_TYPE_BF16, ENG_GGML_TYPE_Q8_0};
@@ -366,7 +368,7 @@ PC_TEST(bf16_and_q8_0_weights_native)
             double rel = tm_rel_err(lg[0], lg[1], N, N_VOCAB);
             fprintf(stderr, "  %s %s: native vs converted rel err %g\n",
                     eng_ggml_type_name(types[ti]), isas[ii], rel);
-            ASSERT_LE(rel, 1e-4);
+            ASSERT_LE(rel, types[ti] == ENG_GGML_TYPE_Q8_0 ? 0.06 : 1e-4);
             free(lg[0]), free(lg[1]);
         }
         unlink(path);

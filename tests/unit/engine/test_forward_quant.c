@@ -1,22 +1,23 @@
 /*
- * test_forward_quant.c — models with quantized weights (Q4_0, Q4_K, Q5_K, Q6_K and the Q4_K_M
+ * test_forward_quant.c — models with quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and the Q4_K_M
  * mix, written by kvgw's own quantizer) load and compute end to end: the engine's logits on
  * every CPU path, in prefill and in decode, against a float64 forward pass over the same weights
  * dequantized (eng_testmodel.h's tm_reference over the file's exact values).
  *
  * The tolerance comes from the activation rounding the integer products use: activations are
  * quantized to 8 bits per block before each product (Q8_K blocks of 256 for the K-quants, Q8_0
- * blocks of 32 for Q4_0), d = amax / 127, so each element is off by at most d / 2, uniformly:
- * rms d / sqrt(12). For Gaussian-like activations a block's amax is about 3 sigma (256 values;
- * 2.1 sigma for 32), so each product's output carries a relative rms noise of about
- * 3 / (127 sqrt(12)) = 0.0068 (the errors are independent and see the same weights as the
- * signal). A layer has four products in series on the residual stream (q/k/v, output, gate/up,
- * down) and the head one more: 2 layers give 9, whose noises add in quadrature, sqrt(9) x 0.0068
- * = 0.020 of the logits' rms. The check is the worst row's max |difference| over its max |logit|;
- * over 300 logits both maxima sit near 3 rms, so the expected figure is about 0.02, and the
- * tolerance QUANT_TOL is three times that. Prefill's BF16 GEMM rounds activations to 8 bits of
- * mantissa (2^-9 relative), well inside it. A top-1 token must agree wherever the reference's
- * top-2 gap exceeds twice the allowed logit error.
+ * blocks of 32 for Q8_0, Q4_0, Q5_0 and Q5_1), d = amax / 127, so each element is off by at most d
+ * / 2, uniformly: rms d / sqrt(12). For Gaussian-like activations a block's amax is about 3 sigma
+ * (256 values; 2.1 sigma for 32), so each product's output carries a relative rms noise of about 3
+ * / (127 sqrt(12)) = 0.0068 (the errors are independent and see the same weights as the signal). A
+ * layer has four products in series on the residual stream (q/k/v, output, gate/up, down) and the
+ * head one more: 2 layers give 9, whose noises add in quadrature, sqrt(9) x 0.0068 = 0.020 of the
+ * logits' rms. The check is the worst row's max |difference| over its max |logit|; over 300 logits
+ * both maxima sit near 3 rms, so the expected figure is about 0.02, and the tolerance QUANT_TOL is
+ * three times that. Prefill rounds the activations the same way (the same integer products as
+ * decode, as llama.cpp does), so one tolerance covers both; the Q8_0 fallback matrices of the
+ * llama.cpp mixes too. A top-1 token must agree wherever the reference's top-2 gap exceeds twice
+ * the allowed logit error.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -237,6 +238,11 @@ PC_TEST(q6_k_vs_float64)
 PC_TEST(q4_k_m_vs_float64)
 {
     run_type(ENG_MKMODEL_Q4_K_M, false);
+}
+
+PC_TEST(q8_0_vs_float64)
+{
+    run_type(ENG_GGML_TYPE_Q8_0, false);
 }
 
 PC_TEST(q5_0_vs_float64)

@@ -337,7 +337,7 @@ static inline void kt_qlayout(int32_t t, int32_t *half0, int32_t *n_half, int32_
                               int32_t *n_sc)
 {
     *half0 = t == KRN_QT_Q6_K ? 208 : 0;
-    *n_half = t == KRN_QT_Q4_K || t == KRN_QT_Q5_K ? 2 : 1;
+    *n_half = t == KRN_QT_Q4_K || t == KRN_QT_Q5_K || t == KRN_QT_Q5_1 ? 2 : 1;
     *sc0 = t == KRN_QT_Q6_K ? 192 : t == KRN_QT_Q4_K || t == KRN_QT_Q5_K ? 4 : 0;
     *n_sc = t == KRN_QT_Q6_K ? 16 : t == KRN_QT_Q4_K || t == KRN_QT_Q5_K ? 12 : 0;
 }

@@ -8,7 +8,8 @@
  * against the reference GEMM over the same dequantized halves it hands cuBLAS.
  */
 
-static const int32_t g_qtypes[] = {KRN_QT_Q4_0, KRN_QT_Q8_0, KRN_QT_Q4_K, KRN_QT_Q5_K, KRN_QT_Q6_K};
+static const int32_t g_qtypes[] = {KRN_QT_Q4_0, KRN_QT_Q5_0, KRN_QT_Q5_1, KRN_QT_Q8_0,
+                                   KRN_QT_Q4_K, KRN_QT_Q5_K, KRN_QT_Q6_K};
 
 /* Element i of a host F32/F16/BF16 array, as F32. */
 static float q_elem(const void *p, int64_t i, enum krn_dtype t)

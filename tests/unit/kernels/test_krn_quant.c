@@ -25,8 +25,14 @@
 #include "pc_test.h"
 #include "quant.h" /* the engine's reference dequantization */
 
-static const int32_t k_types[] = {KRN_QT_Q4_0, KRN_QT_Q8_0, KRN_QT_Q4_K, KRN_QT_Q5_K, KRN_QT_Q6_K};
-#define N_TYPES 5
+static const int32_t k_types[] = {KRN_QT_Q4_0, KRN_QT_Q5_0, KRN_QT_Q5_1, KRN_QT_Q8_0,
+                                  KRN_QT_Q4_K, KRN_QT_Q5_K, KRN_QT_Q6_K};
+#define N_TYPES 7
+/* The types quant-vectors.gguf holds llama.cpp's tensors of (no Q5_0 / Q5_1: those are checked
+ * against ggml's loops below and the engine's dequantization, itself ggml's bit for bit). */
+static const int32_t k_file_types[] = {KRN_QT_Q4_0, KRN_QT_Q8_0, KRN_QT_Q4_K, KRN_QT_Q5_K,
+                                       KRN_QT_Q6_K};
+#define N_FILE_TYPES 5
 
 PC_TEST(sizes_match_the_engines_ggml_table)
 {
@@ -70,12 +76,12 @@ PC_TEST(dequant_reproduces_llama_cpp_vectors_bit_for_bit)
     char err[256];
     eng_gguf_t *g = NULL;
     ASSERT_EQ(eng_gguf_open(path, &g, err, sizeof err), 0);
-    int n_per_type[N_TYPES] = {0};
+    int n_per_type[N_FILE_TYPES] = {0};
     for (uint64_t i = 0; i < eng_gguf_n_tensors(g); i++) {
         const eng_gguf_tensor_t *t = eng_gguf_tensor_at(g, i);
         int ti = -1;
-        for (int k = 0; k < N_TYPES; k++)
-            ti = (uint32_t)k_types[k] == t->type ? k : ti;
+        for (int k = 0; k < N_FILE_TYPES; k++)
+            ti = (uint32_t)k_file_types[k] == t->type ? k : ti;
         if (ti < 0)
             continue;
         char name[128];
@@ -85,7 +91,8 @@ PC_TEST(dequant_reproduces_llama_cpp_vectors_bit_for_bit)
         ASSERT_EQ(ref->type, ENG_GGML_TYPE_F32);
         ASSERT_EQ(ref->n_elements, t->n_elements);
         int32_t n_in = (int32_t)t->ne[0], n_rows = (int32_t)(t->n_elements / n_in);
-        ASSERT_EQ((int64_t)krn_qtype_row_bytes(k_types[ti], n_in) * n_rows, (int64_t)t->n_bytes);
+        ASSERT_EQ((int64_t)krn_qtype_row_bytes(k_file_types[ti], n_in) * n_rows,
+                  (int64_t)t->n_bytes);
         float *y = malloc((size_t)t->n_elements * sizeof(float));
         uint16_t *h = malloc((size_t)t->n_elements * sizeof(uint16_t));
         ASSERT_TRUE(y != NULL && h != NULL);
@@ -94,7 +101,7 @@ PC_TEST(dequant_reproduces_llama_cpp_vectors_bit_for_bit)
                                 .n_rows = n_rows,
                                 .n_wrows = n_rows,
                                 .n_in = n_in,
-                                .qtype = k_types[ti],
+                                .qtype = k_file_types[ti],
                                 .dtype = KRN_F32};
         ASSERT_EQ(krn_ref_dequant(&a), 0);
         const float *want = ref->data;
@@ -119,9 +126,9 @@ PC_TEST(dequant_reproduces_llama_cpp_vectors_bit_for_bit)
         n_per_type[ti]++;
     }
     eng_gguf_free(g);
-    for (int k = 0; k < N_TYPES; k++)
+    for (int k = 0; k < N_FILE_TYPES; k++)
         if (n_per_type[k] == 0)
-            PC_TEST__FAIL("%s has no %s tensor", path, krn_qtype_name(k_types[k]));
+            PC_TEST__FAIL("%s has no %s tensor", path, krn_qtype_name(k_file_types[k]));
 }
 
 /*
@@ -154,6 +161,25 @@ static void decode_block(int32_t t, const uint8_t *b, float *want32, double *wan
             want32[j + 16] = x1 * d;
             want64[j] = (double)x0 * d;
             want64[j + 16] = (double)x1 * d;
+        }
+        break;
+    }
+    case KRN_QT_Q5_0:
+    case KRN_QT_Q5_1: { /* dequantize_row_q5_0 / _q5_1 */
+        const bool q51 = t == KRN_QT_Q5_1;
+        const float d = half_at(b), m = q51 ? half_at(b + 2) : 0.0f;
+        const uint8_t *qhp = b + (q51 ? 4 : 2), *qs = qhp + 4;
+        uint32_t qh = (uint32_t)qhp[0] | (uint32_t)qhp[1] << 8 | (uint32_t)qhp[2] << 16 |
+                      (uint32_t)qhp[3] << 24;
+        for (int j = 0; j < 16; j++) {
+            const uint8_t xh_0 = ((qh >> (j + 0)) << 4) & 0x10;
+            const uint8_t xh_1 = ((qh >> (j + 12))) & 0x10;
+            const int32_t x0 = ((qs[j] & 0x0F) | xh_0) - (q51 ? 0 : 16);
+            const int32_t x1 = ((qs[j] >> 4) | xh_1) - (q51 ? 0 : 16);
+            want32[j] = q51 ? x0 * d + m : x0 * d;
+            want32[j + 16] = q51 ? x1 * d + m : x1 * d;
+            want64[j] = (double)x0 * d + m;
+            want64[j + 16] = (double)x1 * d + m;
         }
         break;
     }
@@ -236,6 +262,8 @@ PC_TEST(dequant_matches_ggml_loops_and_float64_over_random_and_edge_blocks)
                 /* Each F32 rounding is within half an ulp of its exact operands: at most 3
                  * roundings (d * sc, dmin * m, the difference; d * sc * q for Q6_K). */
                 double tol = 4.0 * FLT_EPSILON * fabs(w64[e]) + 1e-30;
+                if (t == KRN_QT_Q5_1) /* d * q + m: the sum's rounding is relative to its terms */
+                    tol += 4.0 * FLT_EPSILON * fabs((double)half_at(w + (size_t)b * bb + 2));
                 if (t == KRN_QT_Q4_K || t == KRN_QT_Q5_K) {
                     int s, m;
                     scale_min(e / 32, w + (size_t)b * bb + 4, &s, &m);
