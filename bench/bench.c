@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -72,6 +73,21 @@ double bench_cpu_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double bench_percentile(double *v, int n, double p)
+{
+    if (n <= 0)
+        return NAN;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    int i = (int)(p * (n - 1) + 0.5);
+    return v[i < 0 ? 0 : i >= n ? n - 1 : i];
 }
 
 /* ---------------------------------------------------------------------------------------------

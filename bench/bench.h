@@ -43,6 +43,9 @@ static inline uint64_t bench_rand(uint64_t *state)
 double bench_now_s(void);
 double bench_cpu_s(void);
 
+/* The p-quantile (0..1, nearest rank) of v[0..n), which it sorts in place; NAN when n <= 0. */
+double bench_percentile(double *v, int n, double p);
+
 /* Streaming reads: `threads` threads each summing its share of an n_bytes buffer (on huge pages
  * where the kernel has them) in 16-byte vectors, optionally with the lines 4 KiB ahead
  * prefetched: the most a memory-bound kernel can stream on this machine right now. Benchmarks of

@@ -705,21 +705,6 @@ static double worker_total_s(const char *log, const char *rid)
     return strtod(w + 18, NULL) / 1e6;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, int n, double p)
-{
-    if (n <= 0)
-        return NAN;
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    int i = (int)(p * (n - 1) + 0.5);
-    return v[i < 0 ? 0 : i >= n ? n - 1 : i];
-}
-
 static const char *const reg_ops[] = {"claim", "commit", "read", "release"};
 #define N_REG_OPS 4
 
@@ -842,11 +827,15 @@ static int phase_added(cluster_t *cl, bench_report_t *rep, int n_req, int client
     char note[96];
     snprintf(note, sizeof note, "%d cached-prefix requests over 3 gateways, %d clients", n_add[0],
              clients);
-    bench_report_add(rep, "gateway_added_ms_p50_shared", 1e3 * pct(add[0], n_add[0], 0.5), note);
-    bench_report_add(rep, "gateway_added_ms_p99_shared", 1e3 * pct(add[0], n_add[0], 0.99), NULL);
+    bench_report_add(rep, "gateway_added_ms_p50_shared",
+                     1e3 * bench_percentile(add[0], n_add[0], 0.5), note);
+    bench_report_add(rep, "gateway_added_ms_p99_shared",
+                     1e3 * bench_percentile(add[0], n_add[0], 0.99), NULL);
     snprintf(note, sizeof note, "%d on one gateway without the registry, same time", n_add[1]);
-    bench_report_add(rep, "gateway_added_ms_p50_single", 1e3 * pct(add[1], n_add[1], 0.5), note);
-    bench_report_add(rep, "gateway_added_ms_p99_single", 1e3 * pct(add[1], n_add[1], 0.99), NULL);
+    bench_report_add(rep, "gateway_added_ms_p50_single",
+                     1e3 * bench_percentile(add[1], n_add[1], 0.5), note);
+    bench_report_add(rep, "gateway_added_ms_p99_single",
+                     1e3 * bench_percentile(add[1], n_add[1], 0.99), NULL);
     bench_report_add(rep, "cached_fraction_shared", n_sent[0] ? (double)n_read[0] / n_sent[0] : NAN,
                      "requests billed a read (kvgw-cache), want 1");
     bench_report_add(rep, "cached_fraction_single", n_sent[1] ? (double)n_read[1] / n_sent[1] : NAN,
@@ -941,9 +930,10 @@ static int phase_visible(cluster_t *cl, bench_report_t *rep, int rounds, int pro
             n_replica++;
         pc_free(sys);
     }
-    bench_report_add(rep, "cross_gateway_visible_ms_p50", 1e3 * pct(vis, n_vis, 0.5),
+    bench_report_add(rep, "cross_gateway_visible_ms_p50", 1e3 * bench_percentile(vis, n_vis, 0.5),
                      "first token on A until B's replica applied the write");
-    bench_report_add(rep, "cross_gateway_visible_ms_p99", 1e3 * pct(vis, n_vis, 0.99), NULL);
+    bench_report_add(rep, "cross_gateway_visible_ms_p99", 1e3 * bench_percentile(vis, n_vis, 0.99),
+                     NULL);
     int done = rounds - failed;
     bench_report_add(rep, "cross_gateway_replica_reads", done > 0 ? (double)n_replica / done : NAN,
                      "then B billed a read without a claim, want 1");

@@ -215,19 +215,6 @@ static int worker_times(const char *log, const char *rid, double *ttft, double *
     return -1;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, int n, double p)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    int i = (int)(p * (n - 1) + 0.5);
-    return v[i < 0 ? 0 : i >= n ? n - 1 : i];
-}
-
 /* A system prompt of about n_tokens tokens (about 1.3 tokens per word of this text). */
 static char *long_prompt(size_t n_tokens)
 {
@@ -337,18 +324,21 @@ int bench_gateway_main(int argc, char **argv)
         fprintf(stderr, "kvgw bench gateway: a request failed\n");
         return 1;
     }
-    bench_report_add(&rep, "ttft_ms_cold_median", 1e3 * pct(cold, n_req, 0.5),
+    bench_report_add(&rep, "ttft_ms_cold_median", 1e3 * bench_percentile(cold, n_req, 0.5),
                      "8k-token system prompt, nothing cached");
-    bench_report_add(&rep, "ttft_ms_cold_p99", 1e3 * pct(cold, n_req, 0.99), NULL);
-    bench_report_add(&rep, "ttft_ms_cached_median", 1e3 * pct(warm, n_req, 0.5),
+    bench_report_add(&rep, "ttft_ms_cold_p99", 1e3 * bench_percentile(cold, n_req, 0.99), NULL);
+    bench_report_add(&rep, "ttft_ms_cached_median", 1e3 * bench_percentile(warm, n_req, 0.5),
                      "same prompt, system prompt cached");
-    bench_report_add(&rep, "ttft_ms_cached_p99", 1e3 * pct(warm, n_req, 0.99), NULL);
-    bench_report_add(&rep, "ttft_cold_over_cached", pct(cold, n_req, 0.5) / pct(warm, n_req, 0.5),
-                     NULL);
-    bench_report_add(&rep, "gateway_added_ms_cold_median", 1e3 * pct(add_cold, n_req, 0.5),
+    bench_report_add(&rep, "ttft_ms_cached_p99", 1e3 * bench_percentile(warm, n_req, 0.99), NULL);
+    bench_report_add(&rep, "ttft_cold_over_cached",
+                     bench_percentile(cold, n_req, 0.5) / bench_percentile(warm, n_req, 0.5), NULL);
+    bench_report_add(&rep, "gateway_added_ms_cold_median",
+                     1e3 * bench_percentile(add_cold, n_req, 0.5),
                      "HTTP TTFT minus the worker's own time to its first token");
-    bench_report_add(&rep, "gateway_added_ms_cached_median", 1e3 * pct(add_warm, n_req, 0.5), NULL);
-    bench_report_add(&rep, "gateway_added_ms_cached_p99", 1e3 * pct(add_warm, n_req, 0.99), NULL);
+    bench_report_add(&rep, "gateway_added_ms_cached_median",
+                     1e3 * bench_percentile(add_warm, n_req, 0.5), NULL);
+    bench_report_add(&rep, "gateway_added_ms_cached_p99",
+                     1e3 * bench_percentile(add_warm, n_req, 0.99), NULL);
 
     /* ---- overhead on the demo model with max_tokens 1 ---- */
     gw_proc_t d = {0};
@@ -366,7 +356,7 @@ int bench_gateway_main(int argc, char **argv)
                 ov[m++] = t2 - wtot;
         }
         if (m > 0) {
-            double med = pct(ov, m, 0.5), p99 = pct(ov, m, 0.99);
+            double med = bench_percentile(ov, m, 0.5), p99 = bench_percentile(ov, m, 0.99);
             bench_report_add(&rep, "messages_overhead_ms_median", 1e3 * med,
                              "demo model, max_tokens 1: HTTP total minus the worker's time");
             bench_report_add(&rep, "messages_overhead_ms_p99", 1e3 * p99, NULL);
