@@ -470,6 +470,52 @@ static int unknown(walk_t *w, yaml_node_t *v)
 
 /* ---- sections --------------------------------------------------------------------------- */
 
+/* A name that goes into Redis keys or file names: 1-max of [A-Za-z0-9_.-] (a Sentinel master
+ * name, a key prefix, which is followed by ':' in every key, or an instance id). */
+static int get_name(walk_t *w, yaml_node_t *v, int max, char **out)
+{
+    const char *s = scalar(v);
+    size_t n = s && !is_null(v) ? strlen(s) : 0;
+    bool ok = n >= 1 && n <= (size_t)max;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = isalnum((unsigned char)s[i]) || s[i] == '_' || s[i] == '.' || s[i] == '-';
+    if (!ok)
+        return fail_at(w, v, "expected 1-%d characters of A-Z a-z 0-9 _ . -", max);
+    return get_str(w, v, out);
+}
+
+/* Appends the items of sequence v to (*arr)[*n], each a HOST:PORT in the link's own syntax
+ * (link/lnk_addr.h: IPv4, [IPv6] or an RFC 1123 host name, port 1..65535; names are resolved
+ * by the link at every connect): at most max of what (plural), and, with one (singular) not
+ * NULL, none twice. */
+static int append_addrs(walk_t *w, yaml_node_t *v, int max, const char *what, const char *one,
+                        char ***arr, size_t *n)
+{
+    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
+         it++) {
+        yaml_node_t *e = yaml_document_get_node(w->doc, *it);
+        lnk_addr_t a;
+        char why[200];
+        if (scalar(e) == NULL)
+            return fail_at(w, e, "expected HOST:PORT");
+        if (lnk_addr_parse(scalar(e), 0, &a, why, sizeof why) != 0)
+            return fail_at(w, e, "%s", why);
+        if (*n + 1 > (size_t)max)
+            return fail_at(w, e, "at most %d %s", max, what);
+        for (size_t j = 0; one != NULL && j < *n; j++)
+            if (strcmp((*arr)[j], scalar(e)) == 0)
+                return fail_at(w, e, "%s %s appears twice", one, scalar(e));
+        char **r = pc_reallocarray(*arr, *n + 1, sizeof *r);
+        if (r == NULL)
+            return PC_ERR_NOMEM;
+        *arr = r;
+        if ((r[*n] = pc_strdup(scalar(e))) == NULL)
+            return PC_ERR_NOMEM;
+        (*n)++;
+    }
+    return 0;
+}
+
 static int model_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
 {
     gw_cfg_model_t *m = ud;
@@ -520,28 +566,7 @@ static int model_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
     if (strcmp(k, "remote") == 0) {
         if (v->type != YAML_SEQUENCE_NODE)
             return fail_at(w, v, "expected a list of HOST:PORT");
-        for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
-             it++) {
-            yaml_node_t *e = yaml_document_get_node(w->doc, *it);
-            /* The link's own syntax (link/lnk_addr.h): IPv4, [IPv6] or an RFC 1123 host
-             * name, port 1..65535. Names are resolved by the link at every connect. */
-            lnk_addr_t a;
-            char why[200];
-            if (scalar(e) == NULL)
-                return fail_at(w, e, "expected HOST:PORT");
-            if (lnk_addr_parse(scalar(e), 0, &a, why, sizeof why) != 0)
-                return fail_at(w, e, "%s", why);
-            if (m->n_remote + 1 > GW_CONFIG_MAX_WORKERS)
-                return fail_at(w, e, "at most %d workers", GW_CONFIG_MAX_WORKERS);
-            char **r = pc_reallocarray(m->remote, m->n_remote + 1, sizeof *r);
-            if (r == NULL)
-                return PC_ERR_NOMEM;
-            m->remote = r;
-            if ((r[m->n_remote] = pc_strdup(scalar(e))) == NULL)
-                return PC_ERR_NOMEM;
-            m->n_remote++;
-        }
-        return 0;
+        return append_addrs(w, v, GW_CONFIG_MAX_WORKERS, "workers", NULL, &m->remote, &m->n_remote);
     }
     return unknown(w, v);
 }
@@ -789,14 +814,7 @@ static int billing_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
     if (strcmp(k, "instance_id") == 0) {
         /* The ledger's own rule (billing/ledger.h): it names Redis keys and the ledger's
          * INSTANCE file, so serve would refuse anything else at start. */
-        const char *s = scalar(v);
-        size_t n = s ? strlen(s) : 0;
-        bool ok = n >= 1 && n <= BILL_STR_MAX - 1;
-        for (size_t i = 0; ok && i < n; i++)
-            ok = isalnum((unsigned char)s[i]) || s[i] == '_' || s[i] == '.' || s[i] == '-';
-        if (!ok)
-            return fail_at(w, v, "expected 1-%d characters of A-Z a-z 0-9 _ . -", BILL_STR_MAX - 1);
-        int rc = get_str(w, v, &c->instance_id);
+        int rc = get_name(w, v, BILL_STR_MAX - 1, &c->instance_id);
         c->instance_id_set = rc == 0;
         return rc;
     }
@@ -869,6 +887,7 @@ static unsigned long line_of(yaml_node_t *n)
 }
 
 #define GW_CONFIG_MAX_SENTINELS 16
+#define REDIS_NAME_MAX 32 /* a Sentinel master name or a key prefix */
 
 static int get_sentinels(walk_t *w, yaml_node_t *v, gw_config_t *c)
 {
@@ -877,43 +896,8 @@ static int get_sentinels(walk_t *w, yaml_node_t *v, gw_config_t *c)
     for (size_t i = 0; i < c->n_redis_sentinels; i++)
         pc_free(c->redis_sentinels[i]);
     c->n_redis_sentinels = 0;
-    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
-         it++) {
-        yaml_node_t *e = yaml_document_get_node(w->doc, *it);
-        lnk_addr_t a;
-        char why[200];
-        if (scalar(e) == NULL)
-            return fail_at(w, e, "expected HOST:PORT");
-        if (lnk_addr_parse(scalar(e), 0, &a, why, sizeof why) != 0)
-            return fail_at(w, e, "%s", why);
-        if (c->n_redis_sentinels + 1 > GW_CONFIG_MAX_SENTINELS)
-            return fail_at(w, e, "at most %d sentinels", GW_CONFIG_MAX_SENTINELS);
-        for (size_t j = 0; j < c->n_redis_sentinels; j++)
-            if (strcmp(c->redis_sentinels[j], scalar(e)) == 0)
-                return fail_at(w, e, "sentinel %s appears twice", scalar(e));
-        char **r = pc_reallocarray(c->redis_sentinels, c->n_redis_sentinels + 1, sizeof *r);
-        if (r == NULL)
-            return PC_ERR_NOMEM;
-        c->redis_sentinels = r;
-        if ((r[c->n_redis_sentinels] = pc_strdup(scalar(e))) == NULL)
-            return PC_ERR_NOMEM;
-        c->n_redis_sentinels++;
-    }
-    return 0;
-}
-
-/* A Sentinel master name or a key prefix: 1-32 of [A-Za-z0-9_.-] (a prefix is followed by ':'
- * in every key, so it must not hold one itself). */
-static int get_name(walk_t *w, yaml_node_t *v, char **out)
-{
-    const char *s = scalar(v);
-    size_t n = s && !is_null(v) ? strlen(s) : 0;
-    bool ok = n >= 1 && n <= 32;
-    for (size_t i = 0; ok && i < n; i++)
-        ok = isalnum((unsigned char)s[i]) || s[i] == '_' || s[i] == '.' || s[i] == '-';
-    if (!ok)
-        return fail_at(w, v, "expected 1-32 characters of A-Z a-z 0-9 _ . -");
-    return get_str(w, v, out);
+    return append_addrs(w, v, GW_CONFIG_MAX_SENTINELS, "sentinels", "sentinel", &c->redis_sentinels,
+                        &c->n_redis_sentinels);
 }
 
 static int redis_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
@@ -930,10 +914,10 @@ static int redis_pair(walk_t *w, const char *k, yaml_node_t *v, void *ud)
     }
     if (strcmp(k, "master_name") == 0) {
         x->lines.redis_master_name = line_of(v);
-        return get_name(w, v, &c->redis_master_name);
+        return get_name(w, v, REDIS_NAME_MAX, &c->redis_master_name);
     }
     if (strcmp(k, "prefix") == 0)
-        return get_name(w, v, &c->redis_prefix);
+        return get_name(w, v, REDIS_NAME_MAX, &c->redis_prefix);
     if (strcmp(k, "password") == 0)
         return get_secret(w, v, &c->redis_password);
     if (strcmp(k, "timeout") == 0)
