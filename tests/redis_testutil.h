@@ -4,7 +4,9 @@
  * under the test's temporary directory; every process started here is killed at exit.
  *
  *   rt_server_t s; rt_start(&s, "name", NULL)   a primary (AOF off, no RDB)
- *   rt_start(&s, "name", "--replicaof 127.0.0.1 PORT") a replica (extra args split on spaces)
+ *   rt_start(&s, "name", "--appendonly yes") with extra args (split on spaces; they win)
+ *   rt_replica(&s, "name", &primary)              a replica, returned once in sync
+ *   rt_reserve(&s, "name")                        a port and directory only (rt_start later)
  *   rt_sentinel(&s, "name", master_port)         a sentinel monitoring "mymaster" (quorum 1)
  *   rt_stop(&s, SIGKILL|SIGSTOP|SIGCONT|SIGTERM), rt_cmd(port, fmt, ...) one blocking command
  */
@@ -111,14 +113,19 @@ static inline pid_t rt__spawn(const char *bin, char **argv)
     return pid;
 }
 
+/* Gives s a free port and its directory, starting nothing (a server down at first). */
+static inline void rt_reserve(rt_server_t *s, const char *name)
+{
+    s->port = rt_free_port();
+    snprintf(s->dir, sizeof s->dir, "%s", pc_test_tmp_path(name));
+    mkdir(s->dir, 0700);
+}
+
 /* Starts (or restarts, same port and dir when s->port != 0) a redis-server. */
 static inline int rt_start(rt_server_t *s, const char *name, const char *extra)
 {
-    if (s->port == 0) {
-        s->port = rt_free_port();
-        snprintf(s->dir, sizeof s->dir, "%s", pc_test_tmp_path(name));
-        mkdir(s->dir, 0700);
-    }
+    if (s->port == 0)
+        rt_reserve(s, name);
     char port[16], ex[256] = "";
     snprintf(port, sizeof port, "%d", s->port);
     char *argv[32] = {RT_REDIS_BIN, "--port",       port,   "--bind",
@@ -136,12 +143,30 @@ static inline int rt_start(rt_server_t *s, const char *name, const char *extra)
     return s->pid > 0 && rt__wait_ping(s->port) ? 0 : -1;
 }
 
+/* A replica of primary started as s, once in sync with it (master_link_status:up, up to 20 s). */
+static inline int rt_replica(rt_server_t *s, const char *name, const rt_server_t *primary)
+{
+    char ra[64];
+    snprintf(ra, sizeof ra, "--replicaof 127.0.0.1 %d", primary->port);
+    if (rt_start(s, name, ra) != 0)
+        return -1;
+    for (int i = 0; i < 400; i++) { /* up to 20 s */
+        redisReply *x = rt_cmd(s->port, "INFO replication");
+        bool synced = x != NULL && x->type == REDIS_REPLY_STRING &&
+                      strstr(x->str, "master_link_status:up") != NULL;
+        if (x != NULL)
+            freeReplyObject(x);
+        if (synced)
+            return 0;
+        usleep(50000);
+    }
+    return -1;
+}
+
 /* A sentinel monitoring 127.0.0.1:master_port as "mymaster", quorum 1, fast timeouts. */
 static inline int rt_sentinel(rt_server_t *s, const char *name, int master_port)
 {
-    s->port = rt_free_port();
-    snprintf(s->dir, sizeof s->dir, "%s", pc_test_tmp_path(name));
-    mkdir(s->dir, 0700);
+    rt_reserve(s, name);
     char conf[600];
     snprintf(conf, sizeof conf, "%s/sentinel.conf", s->dir);
     FILE *f = fopen(conf, "w");

@@ -1,120 +1,31 @@
 /*
- * test_shipper.c — the Redis shipper against a real redis-server started here (a free loopback
- * port, a temporary directory, AOF with appendfsync always): two gateway instances' ledgers ship
- * into one Redis; Redis down at start, killed mid-run and restarted, and paused (SIGSTOP, so every
- * command times out) must all end with the streams and the shared counters exactly equal to the
- * ledgers (`verify` finds no difference); a flushed counter key is reported by verify.
+ * test_shipper.c — the Redis shipper against a real redis-server started here
+ * (tests/redis_testutil.h: a free loopback port, a temporary directory; AOF with appendfsync
+ * always): two gateway instances' ledgers ship into one Redis; Redis down at start, killed
+ * mid-run and restarted, and paused (SIGSTOP, so every command times out) must all end with the
+ * streams and the shared counters exactly equal to the ledgers (`verify` finds no difference); a
+ * flushed counter key is reported by verify.
  */
 #include "common.h"
 #include "ledger.h"
 #include "pc_test.h"
 #include "pc_testutil.h"
+#include "redis_testutil.h"
 #include "redisconn.h"
 #include "shipper.h"
 
-#include <arpa/inet.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
 
-#define REDIS_BIN "/usr/bin/redis-server"
+/* Redis with every write on disk before it answers, so a kill -9 loses nothing acknowledged. */
+#define AOF_ALWAYS "--appendonly yes --appendfsync always"
 
-static int g_port;
-static pid_t g_redis = -1;
-static char g_rdir[512];
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        close(fd);
-        return -1;
-    }
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-static redisContext *redis_connect(void)
-{
-    struct timeval tv = {1, 0};
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", g_port, tv);
-    if (c == NULL || c->err) {
-        redisFree(c);
-        return NULL;
-    }
-    redisSetTimeout(c, tv);
-    return c;
-}
-
-static int redis_start(void)
-{
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        char port[16];
-        snprintf(port, sizeof port, "%d", g_port);
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        dup2(null, 2);
-        execl(REDIS_BIN, REDIS_BIN, "--port", port, "--bind", "127.0.0.1", "--dir", g_rdir,
-              "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
-              "--protected-mode", "no", (char *)NULL);
-        _exit(127);
-    }
-    g_redis = pid;
-    for (int i = 0; i < 200; i++) { /* up to 10 s */
-        redisContext *c = redis_connect();
-        if (c != NULL) {
-            redisReply *r = redisCommand(c, "PING");
-            bool ok = r != NULL && r->type == REDIS_REPLY_STATUS;
-            if (r != NULL)
-                freeReplyObject(r);
-            redisFree(c);
-            if (ok)
-                return 0;
-        }
-        usleep(50000);
-    }
-    return -1;
-}
-
-static void redis_kill(int sig)
-{
-    if (g_redis > 0) {
-        kill(g_redis, sig);
-        if (sig == SIGKILL || sig == SIGTERM) {
-            waitpid(g_redis, NULL, 0);
-            g_redis = -1;
-        }
-    }
-}
-
-__attribute__((destructor)) static void redis_cleanup(void)
-{
-    if (g_redis > 0) {
-        kill(g_redis, SIGCONT);
-        redis_kill(SIGKILL);
-    }
-    char cmd[600];
-    if (pc_test__tmp_dir[0] != '\0') { /* the ledgers and Redis's files, in subdirectories */
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", pc_test__tmp_dir);
-        if (system(cmd) != 0)
-            fprintf(stderr, "cannot remove %s\n", pc_test__tmp_dir);
-    }
-}
+static rt_server_t g_redis;
 
 static void fill(const char *dir, uint64_t first, uint64_t n, const char *tag)
 {
@@ -199,7 +110,7 @@ static int verify_days(const char *a, const char *b, uint64_t from_ms, uint64_t 
 {
     const char *dirs[2] = {a, b};
     bill_verify_params_t vp = bill_verify_params_default();
-    vp.port = g_port;
+    vp.port = g_redis.port;
     vp.from_ms = from_ms;
     vp.to_ms = to_ms;
     size_t len;
@@ -226,11 +137,10 @@ static void on_closed(void *ud)
 
 PC_TEST(ship_through_outages_and_verify)
 {
-    if (access(REDIS_BIN, X_OK) != 0)
+    if (!rt_installed())
         PC_SKIP("redis-server not installed (scripts/setup.sh installs it)");
-    g_port = free_port();
-    snprintf(g_rdir, sizeof g_rdir, "%s", pc_test_tmp_path("redis"));
-    mkdir(g_rdir, 0700);
+    g_redis = (rt_server_t){0};
+    rt_reserve(&g_redis, "redis"); /* started later: down at the shippers' start */
     char da[512], db[512];
     snprintf(da, sizeof da, "%s", pc_test_tmp_path("ledgerA"));
     snprintf(db, sizeof db, "%s", pc_test_tmp_path("ledgerB"));
@@ -240,7 +150,7 @@ PC_TEST(ship_through_outages_and_verify)
     ctx_t c = {.want = {3000, 2000}};
     uv_loop_init(&c.loop);
     bill_shipper_params_t sp = bill_shipper_params_default();
-    sp.port = g_port;
+    sp.port = g_redis.port;
     sp.timeout_ms = 300;
     sp.poll_ms = 20;
     sp.retry_min_ms = 50;
@@ -258,7 +168,7 @@ PC_TEST(ship_through_outages_and_verify)
     bill_shipper_stats(c.s[0], &st);
     ASSERT_TRUE(st.n_errors + st.n_timeouts > 0); /* refused connects */
     ASSERT_FALSE(st.connected);
-    ASSERT_EQ(redis_start(), 0);
+    ASSERT_EQ(rt_start(&g_redis, "redis", AOF_ALWAYS), 0);
     ASSERT_TRUE(run_until_caught_up(&c, 30000));
 
     char *text = NULL;
@@ -277,9 +187,9 @@ PC_TEST(ship_through_outages_and_verify)
         uv_run(&c.loop, UV_RUN_ONCE);
     }
     ASSERT_TRUE(shipped(&c, 0) < 23000); /* really mid-run */
-    redis_kill(SIGKILL);
+    rt_stop(&g_redis, SIGKILL);
     run_for(&c, 400);
-    ASSERT_EQ(redis_start(), 0);
+    ASSERT_EQ(rt_start(&g_redis, "redis", AOF_ALWAYS), 0);
     ASSERT_TRUE(run_until_caught_up(&c, 60000));
     ASSERT_EQ(verify(da, db, &text, &rep), 0);
     ASSERT_EQ_U64(rep.n_differences, 0);
@@ -294,13 +204,13 @@ PC_TEST(ship_through_outages_and_verify)
         bill_shipper_kick(c.s[1]);
         uv_run(&c.loop, UV_RUN_ONCE);
     }
-    redis_kill(SIGSTOP);
+    rt_stop(&g_redis, SIGSTOP);
     run_for(&c, 1000);
     fill(da, 23000, 1000, "a");
     c.want[0] = 24000;
     bill_shipper_stats(c.s[1], &st);
     ASSERT_TRUE(st.n_timeouts > 0);
-    redis_kill(SIGCONT);
+    rt_stop(&g_redis, SIGCONT);
     ASSERT_TRUE(run_until_caught_up(&c, 60000));
     ASSERT_EQ(verify(da, db, &text, &rep), 0);
     ASSERT_EQ_U64(rep.n_differences, 0);
@@ -308,7 +218,7 @@ PC_TEST(ship_through_outages_and_verify)
     free(text);
 
     /* A counter key flushed behind our back: verify reports it. */
-    redisContext *rc = redis_connect();
+    redisContext *rc = rt_connect(g_redis.port);
     ASSERT_TRUE(rc != NULL);
     redisReply *r = redisCommand(rc, "DEL kvgw:usage:acme:2025-01-02");
     ASSERT_TRUE(r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer == 1);
@@ -340,7 +250,7 @@ PC_TEST(ship_through_outages_and_verify)
     /* A stream entry of day 4 deleted: a day-4 verify sees it, a day-5 one does not. */
     char inst[BILL_STR_MAX];
     ASSERT_EQ(bill_ledger_read_instance(da, inst), 0);
-    rc = redis_connect();
+    rc = rt_connect(g_redis.port);
     ASSERT_TRUE(rc != NULL);
     r = redisCommand(rc, "XDEL kvgw:ledger:%s 13001-0", inst); /* event a-13000: day 4 */
     ASSERT_TRUE(r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer == 1);
@@ -364,7 +274,7 @@ PC_TEST(ship_through_outages_and_verify)
         uv_run(&c.loop, UV_RUN_ONCE);
     uv_run(&c.loop, UV_RUN_DEFAULT);
     ASSERT_EQ(uv_loop_close(&c.loop), 0);
-    redis_kill(SIGKILL);
+    rt_stop(&g_redis, SIGKILL);
 }
 
 static int write_to(void *ud, const char *data, size_t len)
@@ -427,7 +337,7 @@ static char *export_all(const char *const *dirs, size_t n, bool redis, int forma
     xp.ud = f;
     bill_redis_params_t rp = bill_redis_params_default();
     snprintf(rp.address.host, sizeof rp.address.host, "127.0.0.1");
-    rp.address.port = g_port;
+    rp.address.port = g_redis.port;
     bill_export_sources_t src = {.ledger_dirs = dirs,
                                  .n_ledgers = n,
                                  .redis = redis ? &rp : NULL,
@@ -451,12 +361,10 @@ static char *export_all(const char *const *dirs, size_t n, bool redis, int forma
 
 PC_TEST(export_from_redis_merges_every_instance)
 {
-    if (access(REDIS_BIN, X_OK) != 0)
+    if (!rt_installed())
         PC_SKIP("redis-server not installed (scripts/setup.sh installs it)");
-    g_port = free_port();
-    snprintf(g_rdir, sizeof g_rdir, "%s", pc_test_tmp_path("redis2"));
-    mkdir(g_rdir, 0700);
-    ASSERT_EQ(redis_start(), 0);
+    g_redis = (rt_server_t){0};
+    ASSERT_EQ(rt_start(&g_redis, "redis2", AOF_ALWAYS), 0);
     const char *inst[3] = {"gw-a", "gw-b", "gw-c"};
     const uint64_t n[3] = {300, 200, 120};
     char dir[3][512];
@@ -470,7 +378,7 @@ PC_TEST(export_from_redis_merges_every_instance)
         snprintf(dir[i], sizeof dir[i], "%s", pc_test_tmp_path(name));
         fill_instance(dir[i], inst[i], n[i]);
         bill_shipper_params_t sp = bill_shipper_params_default();
-        sp.port = g_port;
+        sp.port = g_redis.port;
         sp.poll_ms = 10;
         sp.ledger_dir = dir[i];
         ASSERT_EQ(bill_shipper_start(&loop, &sp, &sh[i], err, sizeof err), 0);
@@ -492,7 +400,7 @@ PC_TEST(export_from_redis_merges_every_instance)
     uv_run(&loop, UV_RUN_DEFAULT);
     ASSERT_EQ(uv_loop_close(&loop), 0);
     /* Every shipper listed its instance in PREFIX:gws (where exports and verify look). */
-    redisContext *rc = redis_connect();
+    redisContext *rc = rt_connect(g_redis.port);
     ASSERT_TRUE(rc != NULL);
     redisReply *r = redisCommand(rc, "SMEMBERS kvgw:gws");
     ASSERT_TRUE(r != NULL && r->type == REDIS_REPLY_ARRAY);
@@ -544,7 +452,7 @@ PC_TEST(export_from_redis_merges_every_instance)
 
     /* verify with one ledger: the other instances are MISSING; events counted by registry. */
     bill_verify_params_t vp = bill_verify_params_default();
-    vp.port = g_port;
+    vp.port = g_redis.port;
     bill_verify_report_t rep;
     char *text = NULL;
     size_t len;
@@ -603,7 +511,7 @@ PC_TEST(export_from_redis_merges_every_instance)
     ASSERT_EQ(erc, PC_ERR_FORMAT);
     ASSERT_TRUE(strstr(err, "not an instance id") != NULL);
     redisFree(rc);
-    redis_kill(SIGKILL);
+    rt_stop(&g_redis, SIGKILL);
 }
 
 /* The cursor is tied to the ledger's LEDGER_ID: a gateway replaced on a fresh disk under the same
@@ -642,13 +550,11 @@ static long long get_int(redisContext *rc, const char *fmt, const char *arg)
 
 PC_TEST(cursor_of_another_ledger_refused)
 {
-    if (access(REDIS_BIN, X_OK) != 0)
+    if (!rt_installed())
         PC_SKIP("redis-server not installed (scripts/setup.sh installs it)");
-    g_port = free_port();
-    snprintf(g_rdir, sizeof g_rdir, "%s", pc_test_tmp_path("redis3"));
-    mkdir(g_rdir, 0700);
-    ASSERT_EQ(redis_start(), 0);
-    redisContext *rc = redis_connect();
+    g_redis = (rt_server_t){0};
+    ASSERT_EQ(rt_start(&g_redis, "redis3", AOF_ALWAYS), 0);
+    redisContext *rc = rt_connect(g_redis.port);
     ASSERT_TRUE(rc != NULL);
     uv_loop_t loop;
     uv_loop_init(&loop);
@@ -662,7 +568,7 @@ PC_TEST(cursor_of_another_ledger_refused)
 
     /* The old ledger ships all of it: the cursor names it. */
     bill_shipper_params_t sp = bill_shipper_params_default();
-    sp.port = g_port;
+    sp.port = g_redis.port;
     sp.poll_ms = 10;
     sp.retry_max_ms = 100;
     sp.ledger_dir = old_dir;
@@ -707,7 +613,7 @@ PC_TEST(cursor_of_another_ledger_refused)
     free(cur);
     { /* verify names the cursor's ledger as another one than the ledger given */
         bill_verify_params_t vp = bill_verify_params_default();
-        vp.port = g_port;
+        vp.port = g_redis.port;
         bill_verify_report_t rep;
         char *text = NULL;
         size_t len;
@@ -769,7 +675,7 @@ PC_TEST(cursor_of_another_ledger_refused)
         uv_run(&loop, UV_RUN_ONCE);
     ASSERT_EQ(uv_loop_close(&loop), 0);
     redisFree(rc);
-    redis_kill(SIGKILL);
+    rt_stop(&g_redis, SIGKILL);
 }
 
 PC_TEST_MAIN()
