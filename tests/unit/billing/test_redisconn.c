@@ -68,6 +68,23 @@ static int send_incr(bill_redis_t *c, ctx_t *x)
     return bill_redis_send(c, 0, on_reply, x, 2, av, al);
 }
 
+/* The async manager's params: port (0: the defaults' address), its deadline and retry backoff, x
+ * counting the ups and downs. */
+static bill_redis_params_t async_params(ctx_t *x, int port, uint32_t timeout_ms,
+                                        uint32_t retry_min_ms, uint32_t retry_max_ms)
+{
+    bill_redis_params_t p = bill_redis_params_default();
+    if (port != 0)
+        p.address.port = port;
+    p.timeout_ms = timeout_ms;
+    p.retry_min_ms = retry_min_ms;
+    p.retry_max_ms = retry_max_ms;
+    p.on_up = on_up;
+    p.on_down = on_down;
+    p.ud = x;
+    return p;
+}
+
 PC_TEST(params_check)
 {
     bill_redis_params_t p = bill_redis_params_default();
@@ -131,14 +148,7 @@ PC_TEST(async_deadline_down_up)
     uv_loop_t loop;
     uv_loop_init(&loop);
     ctx_t x = {0};
-    bill_redis_params_t p = bill_redis_params_default();
-    p.address.port = s.port;
-    p.timeout_ms = 300;
-    p.retry_min_ms = 20;
-    p.retry_max_ms = 100;
-    p.on_up = on_up;
-    p.on_down = on_down;
-    p.ud = &x;
+    bill_redis_params_t p = async_params(&x, s.port, 300, 20, 100);
     char err[256];
     bill_redis_t *c;
     ASSERT_EQ(bill_redis_start(&loop, &p, &c, err, sizeof err), 0);
@@ -223,14 +233,7 @@ PC_TEST(refused_and_reset_seen_at_once)
     uv_loop_t loop;
     uv_loop_init(&loop);
     ctx_t x = {0};
-    bill_redis_params_t p = bill_redis_params_default();
-    p.address.port = rt_free_port(); /* nobody listens */
-    p.timeout_ms = 120000;
-    p.retry_min_ms = 10;
-    p.retry_max_ms = 20;
-    p.on_up = on_up;
-    p.on_down = on_down;
-    p.ud = &x;
+    bill_redis_params_t p = async_params(&x, rt_free_port(), 120000, 10, 20); /* nobody listens */
     char err[256];
     bill_redis_t *c;
     ASSERT_EQ(bill_redis_start(&loop, &p, &c, err, sizeof err), 0);
@@ -285,17 +288,11 @@ PC_TEST(sentinel_switch_followed_at_once)
     uv_loop_init(&loop);
     ctx_t x = {0};
     bill_redis_addr_t sents[1] = {{.host = "127.0.0.1", .port = sen.port}};
-    bill_redis_params_t p = bill_redis_params_default();
+    bill_redis_params_t p = async_params(&x, 0, 2000, 20, 200);
     p.sentinels = sents;
     p.n_sentinels = 1;
     p.master_name = "mymaster";
     p.role_check_ms = 0;
-    p.timeout_ms = 2000;
-    p.retry_min_ms = 20;
-    p.retry_max_ms = 200;
-    p.on_up = on_up;
-    p.on_down = on_down;
-    p.ud = &x;
     char err[256];
     bill_redis_t *c;
     ASSERT_EQ(bill_redis_start(&loop, &p, &c, err, sizeof err), 0);
