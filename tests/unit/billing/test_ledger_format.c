@@ -71,6 +71,29 @@ static const char *old_ledger(const char *name, bool records)
     return dir;
 }
 
+/* Opens the ledger in dir (fsync off) and reads its stats. */
+static int open_ledger(const char *dir, bill_ledger_t **l, bill_ledger_stats_t *st)
+{
+    bill_ledger_params_t lp = bill_ledger_params_default();
+    lp.dir = dir;
+    lp.fsync = BILL_FSYNC_OFF;
+    char err[256] = "";
+    int rc = bill_ledger_open(&lp, l, err, sizeof err);
+    if (rc != 0)
+        fprintf(stderr, "  open %s: %s\n", dir, err);
+    else
+        bill_ledger_stats(*l, st);
+    return rc;
+}
+
+/* The bytes of dir's segment starting at seq first (free them), NULL when unreadable. */
+static uint8_t *read_segment(const char *dir, uint64_t first, size_t *len)
+{
+    char path[600];
+    seg_path(path, sizeof path, dir, first, "seg");
+    return pc_test_slurp(path, len);
+}
+
 static void check_old_events(bill_ledger_reader_t *r)
 {
     bill_event_t ev;
@@ -118,14 +141,9 @@ PC_TEST(open_seals_old_segment_and_appends_in_a_new_one)
 {
     const char *dir = old_ledger("old_open", true);
     ASSERT_TRUE(dir != NULL);
-    bill_ledger_params_t lp = bill_ledger_params_default();
-    lp.dir = dir;
-    lp.fsync = BILL_FSYNC_OFF;
     bill_ledger_t *l;
-    char err[256] = "";
-    ASSERT_EQ(bill_ledger_open(&lp, &l, err, sizeof err), 0);
     bill_ledger_stats_t st;
-    bill_ledger_stats(l, &st);
+    ASSERT_EQ(open_ledger(dir, &l, &st), 0);
     ASSERT_EQ_U64(st.next_seq, 3);
     ASSERT_EQ_U64(st.n_segments, 2);
     ASSERT_EQ_U64(st.torn_bytes_truncated, 0);
@@ -143,10 +161,8 @@ PC_TEST(open_seals_old_segment_and_appends_in_a_new_one)
     ASSERT_EQ(bill_ledger_close(l), 0);
 
     /* The old segment is untouched (sealed, with a sidecar); the new one is version 2. */
-    char path[600];
     size_t len;
-    seg_path(path, sizeof path, dir, 1, "seg");
-    uint8_t *b = pc_test_slurp(path, &len);
+    uint8_t *b = read_segment(dir, 1, &len);
     ASSERT_TRUE(b != NULL);
     ASSERT_EQ_U64(len, old_len);
     ASSERT_MEM_EQ(b, old_seg, old_len);
@@ -154,8 +170,7 @@ PC_TEST(open_seals_old_segment_and_appends_in_a_new_one)
     bill_ledger_index_t ix;
     ASSERT_EQ(bill_ledger_index_load(dir, 1, &ix), 0);
     ASSERT_EQ_U64(ix.n_records, 2);
-    seg_path(path, sizeof path, dir, 3, "seg");
-    b = pc_test_slurp(path, &len);
+    b = read_segment(dir, 3, &len);
     ASSERT_TRUE(b != NULL && len > BILL_LEDGER_SEGMENT_HEADER);
     ASSERT_EQ(b[8], 2);                         /* segment format version */
     ASSERT_EQ(b[16 + 8], 2);                    /* record format version */
@@ -174,12 +189,12 @@ PC_TEST(open_seals_old_segment_and_appends_in_a_new_one)
     bill_ledger_reader_free(r);
 
     /* A second open finds a current segment: nothing more to rotate. */
-    ASSERT_EQ(bill_ledger_open(&lp, &l, err, sizeof err), 0);
-    bill_ledger_stats(l, &st);
+    ASSERT_EQ(open_ledger(dir, &l, &st), 0);
     ASSERT_EQ_U64(st.n_segments, 2);
     ASSERT_EQ_U64(st.next_seq, 4);
     ASSERT_EQ(bill_ledger_close(l), 0);
     bill_ledger_check_t ck;
+    char err[256];
     ASSERT_EQ(bill_ledger_check_all(dir, NULL, &ck, err, sizeof err), 0);
     ASSERT_EQ_U64(ck.n_records, 3);
     ASSERT_EQ_U64(ck.n_problems, 0);
@@ -189,21 +204,14 @@ PC_TEST(empty_old_segment_is_rewritten_in_place)
 {
     const char *dir = old_ledger("old_empty", false);
     ASSERT_TRUE(dir != NULL);
-    bill_ledger_params_t lp = bill_ledger_params_default();
-    lp.dir = dir;
-    lp.fsync = BILL_FSYNC_OFF;
     bill_ledger_t *l;
-    char err[256] = "";
-    ASSERT_EQ(bill_ledger_open(&lp, &l, err, sizeof err), 0);
     bill_ledger_stats_t st;
-    bill_ledger_stats(l, &st);
+    ASSERT_EQ(open_ledger(dir, &l, &st), 0);
     ASSERT_EQ_U64(st.n_segments, 1);
     ASSERT_EQ_U64(st.next_seq, 1);
     ASSERT_EQ(bill_ledger_close(l), 0);
-    char path[600];
     size_t len;
-    seg_path(path, sizeof path, dir, 1, "seg");
-    uint8_t *b = pc_test_slurp(path, &len);
+    uint8_t *b = read_segment(dir, 1, &len);
     ASSERT_TRUE(b != NULL);
     ASSERT_EQ_U64(len, BILL_LEDGER_SEGMENT_HEADER);
     ASSERT_EQ(b[8], 2);
