@@ -480,6 +480,20 @@ static int ev_attach(redisAsyncContext *ac, uv_loop_t *loop)
     return REDIS_OK;
 }
 
+/* Attaches ac (just opened) to c's loop with c's connect and disconnect callbacks; frees it when
+ * that fails. */
+static int attach_ctx(bill_redis_t *c, redisAsyncContext *ac)
+{
+    ac->data = c;
+    if (ev_attach(ac, c->loop) != REDIS_OK) {
+        redisAsyncFree(ac);
+        return REDIS_ERR;
+    }
+    redisAsyncSetConnectCallback(ac, on_ctx_connect);
+    redisAsyncSetDisconnectCallback(ac, on_ctx_disconnect);
+    return REDIS_OK;
+}
+
 /* A sentinel side connection (wac, qac): NULL when it cannot even start (retried at the next
  * check); its failures never touch the primary's connection. */
 static redisAsyncContext *open_side(bill_redis_t *c, const bill_redis_addr_t *a)
@@ -490,14 +504,7 @@ static redisAsyncContext *open_side(bill_redis_t *c, const bill_redis_addr_t *a)
             redisAsyncFree(ac);
         return NULL;
     }
-    ac->data = c;
-    if (ev_attach(ac, c->loop) != REDIS_OK) {
-        redisAsyncFree(ac);
-        return NULL;
-    }
-    redisAsyncSetConnectCallback(ac, on_ctx_connect);
-    redisAsyncSetDisconnectCallback(ac, on_ctx_disconnect);
-    return ac;
+    return attach_ctx(c, ac) == REDIS_OK ? ac : NULL;
 }
 
 static redisAsyncContext *open_ctx(bill_redis_t *c, const bill_redis_addr_t *a)
@@ -512,14 +519,10 @@ static redisAsyncContext *open_ctx(bill_redis_t *c, const bill_redis_addr_t *a)
             redisAsyncFree(ac);
         return NULL;
     }
-    ac->data = c;
-    if (ev_attach(ac, c->loop) != REDIS_OK) {
-        redisAsyncFree(ac);
+    if (attach_ctx(c, ac) != REDIS_OK) {
         fail_soon(c, PC_ERR_NOMEM, "cannot attach to the loop");
         return NULL;
     }
-    redisAsyncSetConnectCallback(ac, on_ctx_connect);
-    redisAsyncSetDisconnectCallback(ac, on_ctx_disconnect);
     return ac;
 }
 
