@@ -246,6 +246,12 @@ typedef struct qop {
     size_t *argvlen;
 } qop_t;
 
+/* A list of ops (a ring through head, oldest first) with their count and bytes. */
+typedef struct qlist {
+    qop_t head;
+    uint64_t n, bytes;
+} qlist_t;
+
 struct gw_registry {
     uv_loop_t *loop;
     gw_registry_params_t p;
@@ -281,13 +287,11 @@ struct gw_registry {
     uv_timer_t lease_timer;
 
     /* The queue. */
-    qop_t q;
-    uint64_t q_n, q_bytes;
+    qlist_t q;
     uint32_t q_inflight;
     /* Commits and reads acknowledged in the last failover_replay_ms (oldest first), sent again
      * to a new primary after a failover (seen as a change of the connection's n_failovers). */
-    qop_t recent;
-    uint64_t rec_n, rec_bytes;
+    qlist_t recent;
     uint64_t seen_failovers;
 
     /* Meter lease: held until this uv_now (0: not held). */
@@ -621,19 +625,31 @@ static int script_error(gw_registry_t *r, const redisReply *rp, const char *what
  * The queue (commit, read, release)
  * ------------------------------------------------------------------------------------------- */
 
-static void q_unlink(gw_registry_t *r, qop_t *o)
+static void ql_unlink(qlist_t *l, qop_t *o)
 {
     o->prev->next = o->next;
     o->next->prev = o->prev;
-    r->q_n--;
-    r->q_bytes -= o->bytes;
+    l->n--;
+    l->bytes -= o->bytes;
+}
+
+/* Links o at the back of l, or with front in front of it. */
+static void ql_push(qlist_t *l, qop_t *o, bool front)
+{
+    qop_t *at = front ? &l->head : l->head.prev; /* o goes after at */
+    o->prev = at;
+    o->next = at->next;
+    at->next->prev = o;
+    at->next = o;
+    l->n++;
+    l->bytes += o->bytes;
 }
 
 static void q_drop_oldest_unsent(gw_registry_t *r)
 {
-    for (qop_t *o = r->q.next; o != &r->q; o = o->next)
+    for (qop_t *o = r->q.head.next; o != &r->q.head; o = o->next)
         if (!o->sent) {
-            q_unlink(r, o);
+            ql_unlink(&r->q, o);
             pc_free(o);
             r->st.replay_dropped++;
             return;
@@ -642,23 +658,15 @@ static void q_drop_oldest_unsent(gw_registry_t *r)
 
 /* The recent list: acknowledged commits and reads, dropped once older than failover_replay_ms or
  * beyond replay_max / replay_max_bytes (the oldest first). */
-static void recent_unlink(gw_registry_t *r, qop_t *o)
-{
-    o->prev->next = o->next;
-    o->next->prev = o->prev;
-    r->rec_n--;
-    r->rec_bytes -= o->bytes;
-}
-
 static void recent_prune(gw_registry_t *r)
 {
     uint64_t now = now_ms(r);
-    while (r->recent.next != &r->recent) {
-        qop_t *o = r->recent.next;
-        if (now - o->done_at < r->p.failover_replay_ms && r->rec_n <= r->p.replay_max &&
-            r->rec_bytes <= r->p.replay_max_bytes)
+    while (r->recent.head.next != &r->recent.head) {
+        qop_t *o = r->recent.head.next;
+        if (now - o->done_at < r->p.failover_replay_ms && r->recent.n <= r->p.replay_max &&
+            r->recent.bytes <= r->p.replay_max_bytes)
             break;
-        recent_unlink(r, o);
+        ql_unlink(&r->recent, o);
         pc_free(o);
     }
 }
@@ -671,12 +679,7 @@ static void keep_recent(gw_registry_t *r, qop_t *o)
         return;
     }
     o->done_at = now_ms(r);
-    o->prev = r->recent.prev;
-    o->next = &r->recent;
-    r->recent.prev->next = o;
-    r->recent.prev = o;
-    r->rec_n++;
-    r->rec_bytes += o->bytes;
+    ql_push(&r->recent, o, false);
     recent_prune(r);
 }
 
@@ -689,22 +692,17 @@ static void resend_recent(gw_registry_t *r)
 {
     recent_prune(r);
     uint64_t n = 0;
-    while (r->recent.prev != &r->recent) {
-        qop_t *o = r->recent.prev; /* the newest first, each in front of the previous */
-        recent_unlink(r, o);
-        if (r->q_n + 1 > r->p.replay_max || r->q_bytes + o->bytes > r->p.replay_max_bytes) {
+    while (r->recent.head.prev != &r->recent.head) {
+        qop_t *o = r->recent.head.prev; /* the newest first, each in front of the previous */
+        ql_unlink(&r->recent, o);
+        if (r->q.n + 1 > r->p.replay_max || r->q.bytes + o->bytes > r->p.replay_max_bytes) {
             pc_free(o);
             r->st.replay_dropped++;
             continue;
         }
         o->sent = false;
         o->waited = true;
-        o->prev = &r->q;
-        o->next = r->q.next;
-        r->q.next->prev = o;
-        r->q.next = o;
-        r->q_n++;
-        r->q_bytes += o->bytes;
+        ql_push(&r->q, o, true);
         n++;
     }
     r->st.failover_resent += n;
@@ -724,7 +722,7 @@ static void on_qop_reply(bill_redis_t *c, redisReply *rp, int status, void *priv
     o->sent = false;
     r->q_inflight--;
     if (r->stopping) {
-        q_unlink(r, o);
+        ql_unlink(&r->q, o);
         pc_free(o);
         return;
     }
@@ -744,7 +742,7 @@ static void on_qop_reply(bill_redis_t *c, redisReply *rp, int status, void *priv
             o->waited = true; /* kept: replayed once registered again */
             return;
         }
-        q_unlink(r, o); /* any other error: this op cannot succeed; do not wedge the queue */
+        ql_unlink(&r->q, o); /* any other error: this op cannot succeed; do not wedge the queue */
         pc_free(o);
         r->st.replay_dropped++;
         pump_queue(r);
@@ -754,7 +752,7 @@ static void on_qop_reply(bill_redis_t *c, redisReply *rp, int status, void *priv
     if (o->waited)
         r->st.replayed++;
     report_op(r, o->kind, secs_since(o->sent_ns));
-    q_unlink(r, o);
+    ql_unlink(&r->q, o);
     keep_recent(r, o);
     pump_queue(r);
 }
@@ -763,7 +761,8 @@ static void pump_queue(gw_registry_t *r)
 {
     if (r->state != GW_REGISTRY_UP || !r->scripts_ok || r->stopping)
         return;
-    for (qop_t *o = r->q.next; o != &r->q && r->q_inflight < QUEUE_INFLIGHT; o = o->next) {
+    for (qop_t *o = r->q.head.next; o != &r->q.head && r->q_inflight < QUEUE_INFLIGHT;
+         o = o->next) {
         if (o->sent)
             continue;
         o->sent_ns = pc_time_mono_ns();
@@ -809,24 +808,19 @@ static int enqueue(gw_registry_t *r, gw_registry_opkind_t kind, int script, argb
     o->bytes = bytes;
     o->waited = r->state != GW_REGISTRY_UP;
     ab_free(a);
-    while ((r->q_n + 1 > r->p.replay_max || r->q_bytes + bytes > r->p.replay_max_bytes) &&
-           r->q_n > r->q_inflight) {
-        uint64_t before = r->q_n;
+    while ((r->q.n + 1 > r->p.replay_max || r->q.bytes + bytes > r->p.replay_max_bytes) &&
+           r->q.n > r->q_inflight) {
+        uint64_t before = r->q.n;
         q_drop_oldest_unsent(r);
-        if (r->q_n == before)
+        if (r->q.n == before)
             break;
     }
-    if (r->q_n + 1 > r->p.replay_max || r->q_bytes + bytes > r->p.replay_max_bytes) {
+    if (r->q.n + 1 > r->p.replay_max || r->q.bytes + bytes > r->p.replay_max_bytes) {
         pc_free(o); /* everything queued is in flight: the new one is the one dropped */
         r->st.replay_dropped++;
         return 0;
     }
-    o->prev = r->q.prev;
-    o->next = &r->q;
-    r->q.prev->next = o;
-    r->q.prev = o;
-    r->q_n++;
-    r->q_bytes += bytes;
+    ql_push(&r->q, o, false);
     pump_queue(r);
     return 0;
 }
@@ -1921,9 +1915,9 @@ static int start_checks(gw_registry_t *r, redisContext *ctx, char *err, size_t e
 static void registry_free(gw_registry_t *r)
 {
     pc_free(r->settings_blob);
-    while (r->recent.next != NULL && r->recent.next != &r->recent) {
-        qop_t *o = r->recent.next;
-        recent_unlink(r, o);
+    while (r->recent.head.next != NULL && r->recent.head.next != &r->recent.head) {
+        qop_t *o = r->recent.head.next;
+        ql_unlink(&r->recent, o);
         pc_free(o);
     }
     pc_free(r->sentinels);
@@ -2047,8 +2041,8 @@ int gw_registry_start(uv_loop_t *loop, const gw_registry_params_t *p, gw_registr
     snprintf(r->ttl_str[0], sizeof r->ttl_str[0], "%" PRIu64, p->ttl_ms[0]);
     snprintf(r->ttl_str[1], sizeof r->ttl_str[1], "%" PRIu64, p->ttl_ms[1]);
     r->waiting.prev = r->waiting.next = &r->waiting;
-    r->q.prev = r->q.next = &r->q;
-    r->recent.prev = r->recent.next = &r->recent;
+    r->q.head.prev = r->q.head.next = &r->q.head;
+    r->recent.head.prev = r->recent.head.next = &r->recent.head;
 
     /* The blocking step. */
     redisContext *ctx = NULL;
@@ -2138,8 +2132,8 @@ void gw_registry_stats(const gw_registry_t *r, gw_registry_stats_t *out)
     out->degraded_ms = r->degraded_ms;
     if (r->state != GW_REGISTRY_UP)
         out->degraded_ms += uv_now(r->loop) - r->state_since;
-    out->replay_pending = r->q_n;
-    out->replay_bytes = r->q_bytes;
+    out->replay_pending = r->q.n;
+    out->replay_bytes = r->q.bytes;
     bill_redis_stats_t rs;
     bill_redis_stats(r->rc, &rs);
     out->failovers = rs.n_failovers;
@@ -2203,10 +2197,10 @@ void gw_registry_stop(gw_registry_t *r, void (*on_closed)(void *ud), void *ud)
     r->stopping = true;
     uv_timer_stop(&r->claim_timer);
     uv_timer_stop(&r->lease_timer);
-    for (qop_t *o = r->q.next, *next; o != &r->q; o = next) {
+    for (qop_t *o = r->q.head.next, *next; o != &r->q.head; o = next) {
         next = o->next;
         if (!o->sent) {
-            q_unlink(r, o);
+            ql_unlink(&r->q, o);
             pc_free(o);
             r->st.replay_dropped++;
         }
