@@ -839,6 +839,32 @@ static void ab_ns(argb_t *a, uint64_t ns)
     ab_add(a, b, 16);
 }
 
+/* The start of the commit and read scripts' arguments: their two keys (our registration, the
+ * feed) and our nonce. */
+static void ab_feed_keys(argb_t *a, const gw_registry_t *r)
+{
+    ab_str(a, "2");
+    ab_str(a, r->k_gw);
+    ab_str(a, r->k_feed);
+    ab_str(a, r->nonce);
+}
+
+/* A feed event's field count (n_pairs) and its first fields: t (w: a commit, r: a read), o (our
+ * instance), ns and tok (the first n_tokens tokens). */
+static void ab_event_head(argb_t *a, const gw_registry_t *r, unsigned n_pairs, const char *t,
+                          uint64_t ns, const uint32_t *tokens, size_t n_tokens)
+{
+    ab_u64(a, n_pairs);
+    ab_str(a, "t");
+    ab_str(a, t);
+    ab_str(a, "o");
+    ab_str(a, r->instance);
+    ab_str(a, "ns");
+    ab_ns(a, ns);
+    ab_str(a, "tok");
+    ab_tokens(a, tokens, n_tokens);
+}
+
 int gw_registry_commit(gw_registry_t *r, uint64_t ns, const char *tenant, const char *model,
                        const uint32_t *tokens, const gw_registry_point_t *points, size_t n_points,
                        uint64_t fence, uint64_t start_wall_ms, const char *worker)
@@ -852,10 +878,7 @@ int gw_registry_commit(gw_registry_t *r, uint64_t ns, const char *tenant, const 
     char h[GW_REGISTRY_MAX_POINTS][33];
     hash_points(ns, tokens, points, n_points, h);
     argb_t a = {0};
-    ab_str(&a, "2");
-    ab_str(&a, r->k_gw);
-    ab_str(&a, r->k_feed);
-    ab_str(&a, r->nonce);
+    ab_feed_keys(&a, r);
     ab_str(&a, r->instance);
     ab_u64(&a, fence);
     ab_ns_prefix(&a, r, 'e', ns);
@@ -873,15 +896,7 @@ int gw_registry_commit(gw_registry_t *r, uint64_t ns, const char *tenant, const 
         pl += (size_t)snprintf(pts + pl, sizeof pts - pl, "%s%" PRIu32 ":%u:%" PRIu64, i ? "," : "",
                                points[i].n_tokens, (unsigned)points[i].ttl, exp);
     }
-    ab_str(&a, "9");
-    ab_str(&a, "t");
-    ab_str(&a, "w");
-    ab_str(&a, "o");
-    ab_str(&a, r->instance);
-    ab_str(&a, "ns");
-    ab_ns(&a, ns);
-    ab_str(&a, "tok");
-    ab_tokens(&a, tokens, points[n_points - 1].n_tokens);
+    ab_event_head(&a, r, 9, "w", ns, tokens, points[n_points - 1].n_tokens);
     ab_str(&a, "pts");
     ab_add(&a, pts, pl);
     ab_str(&a, "st");
@@ -904,10 +919,7 @@ int gw_registry_read(gw_registry_t *r, uint64_t ns, const uint32_t *tokens, size
     char h[GW_REGISTRY_MAX_POINTS][33];
     hash_points(ns, tokens, points, n_points, h);
     argb_t a = {0};
-    ab_str(&a, "2");
-    ab_str(&a, r->k_gw);
-    ab_str(&a, r->k_feed);
-    ab_str(&a, r->nonce);
+    ab_feed_keys(&a, r);
     ab_ns_prefix(&a, r, 'e', ns);
     ab_u64(&a, now_wall_ms);
     ab_str(&a, r->ttl_str[0]);
@@ -918,15 +930,7 @@ int gw_registry_read(gw_registry_t *r, uint64_t ns, const uint32_t *tokens, size
         ab_str(&a, h[i]);
         ab_u64(&a, points[i].ttl);
     }
-    ab_str(&a, "6");
-    ab_str(&a, "t");
-    ab_str(&a, "r");
-    ab_str(&a, "o");
-    ab_str(&a, r->instance);
-    ab_str(&a, "ns");
-    ab_ns(&a, ns);
-    ab_str(&a, "tok");
-    ab_tokens(&a, tokens, n_read);
+    ab_event_head(&a, r, 6, "r", ns, tokens, n_read);
     ab_str(&a, "n");
     ab_u64(&a, n_read);
     ab_str(&a, "now");
