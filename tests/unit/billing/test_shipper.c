@@ -105,10 +105,11 @@ static uint64_t shipped(ctx_t *c, int i)
     return st.shipped_seq;
 }
 
-static int verify_days(const char *a, const char *b, uint64_t from_ms, uint64_t to_ms, char **text,
-                       bill_verify_report_t *rep)
+/* bill_verify of the ledgers dirs[0..n) against g_redis over the days [from_ms, to_ms): its
+ * report in *text (free it). */
+static int verify_dirs(const char *const *dirs, size_t n, uint64_t from_ms, uint64_t to_ms,
+                       char **text, bill_verify_report_t *rep)
 {
-    const char *dirs[2] = {a, b};
     bill_verify_params_t vp = bill_verify_params_default();
     vp.port = g_redis.port;
     vp.from_ms = from_ms;
@@ -116,10 +117,19 @@ static int verify_days(const char *a, const char *b, uint64_t from_ms, uint64_t 
     size_t len;
     FILE *f = open_memstream(text, &len);
     char err[256] = "";
-    int rc = bill_verify(dirs, 2, &vp, f, rep, err, sizeof err);
+    int rc = bill_verify(dirs, n, &vp, f, rep, err, sizeof err);
     fclose(f);
     if (rc != 0)
         fprintf(stderr, "  verify: %s\n", err);
+    return rc;
+}
+
+/* Ledgers a and b verified, their differences shown. */
+static int verify_days(const char *a, const char *b, uint64_t from_ms, uint64_t to_ms, char **text,
+                       bill_verify_report_t *rep)
+{
+    const char *dirs[2] = {a, b};
+    int rc = verify_dirs(dirs, 2, from_ms, to_ms, text, rep);
     if (rep->n_differences > 0)
         fprintf(stderr, "%s", *text);
     return rc;
@@ -451,23 +461,16 @@ PC_TEST(export_from_redis_merges_every_instance)
     freeReplyObject(r);
 
     /* verify with one ledger: the other instances are MISSING; events counted by registry. */
-    bill_verify_params_t vp = bill_verify_params_default();
-    vp.port = g_redis.port;
     bill_verify_report_t rep;
     char *text = NULL;
-    size_t len;
-    FILE *f = open_memstream(&text, &len);
-    ASSERT_EQ(bill_verify(dirs, 1, &vp, f, &rep, err, sizeof err), 0);
-    fclose(f);
+    ASSERT_EQ(verify_dirs(dirs, 1, 0, UINT64_MAX, &text, &rep), 0);
     ASSERT_EQ_U64(rep.n_instances_missing, 3);
     ASSERT_TRUE(strstr(text, "MISSING instance gw-b: Redis holds 200 shipped events") != NULL);
     ASSERT_TRUE(strstr(text, "MISSING instance gw-z: Redis holds 0") != NULL);
     ASSERT_EQ_U64(rep.n_registry[0] + rep.n_registry[1] + rep.n_registry[2], n[0]);
     ASSERT_EQ_U64(rep.n_registry[BILL_REGISTRY_LOCAL], n[0] / 3);
     free(text);
-    f = open_memstream(&text, &len);
-    ASSERT_EQ(bill_verify(dirs, 3, &vp, f, &rep, err, sizeof err), 0);
-    fclose(f);
+    ASSERT_EQ(verify_dirs(dirs, 3, 0, UINT64_MAX, &text, &rep), 0);
     ASSERT_EQ_U64(rep.n_instances_missing, 1); /* gw-z */
     ASSERT_EQ_U64(rep.n_differences, 0);
     free(text);
@@ -612,15 +615,10 @@ PC_TEST(cursor_of_another_ledger_refused)
     ASSERT_STR_EQ(cur, want);
     free(cur);
     { /* verify names the cursor's ledger as another one than the ledger given */
-        bill_verify_params_t vp = bill_verify_params_default();
-        vp.port = g_redis.port;
         bill_verify_report_t rep;
         char *text = NULL;
-        size_t len;
-        FILE *f = open_memstream(&text, &len);
         const char *vd[] = {new_dir};
-        ASSERT_EQ(bill_verify(vd, 1, &vp, f, &rep, err, sizeof err), 0);
-        fclose(f);
+        ASSERT_EQ(verify_dirs(vd, 1, 0, UINT64_MAX, &text, &rep), 0);
         ASSERT_TRUE(rep.n_differences > 0);
         ASSERT_TRUE(strstr(text, "belongs to ledger") != NULL);
         ASSERT_TRUE(strstr(text, old_id) != NULL);
