@@ -604,12 +604,25 @@ VNNI static void q45_prep_x(const eng_block_q8_k_t *x, uint32_t nsb, int8_t *xp)
 static const int16_t q6_lanes[4][32] = {Q6_LANES(0), Q6_LANES(1), Q6_LANES(2), Q6_LANES(3)};
 #undef Q6_LANES
 
-VNNI static inline __attribute__((always_inline)) float
-dot512_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t *x, uint32_t K)
+/* Half h (quants 128h .. 128h + 127) of a Q6_K super-block, each 6-bit quant (0..63) widened to a
+ * byte in element order: the first 64 in *qa, the next 64 in *qb. */
+VNNI static inline __attribute__((always_inline)) void q6_half(const eng_block_q6_k_t *w, int h,
+                                                               __m512i *qa, __m512i *qb)
 {
     const __m512i lo4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const __m512i shl = HALVES(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
     const __m512i shr = HALVES(_mm256_setzero_si256(), _mm256_set1_epi16(2));
+    __m512i l = LOAD512(w->ql + 64 * h);
+    __m512i qh = _mm512_broadcast_i64x4(LOAD256(w->qh + 32 * h));
+    *qa = _mm512_or_si512(_mm512_and_si512(l, lo4),
+                          _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
+    *qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), lo4),
+                          _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+}
+
+VNNI static inline __attribute__((always_inline)) float
+dot512_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t *x, uint32_t K)
+{
     __m512i idx[4] = {LOAD512(q6_lanes[0]), LOAD512(q6_lanes[1]), LOAD512(q6_lanes[2]),
                       LOAD512(q6_lanes[3])};
     __m512 acc = _mm512_setzero_ps();
@@ -620,12 +633,8 @@ dot512_q6_k(const eng_block_q6_k_t *w, const eng_block_q8_k_t *x, uint32_t K)
         __m256i off = _mm256_madd_epi16(LOAD256(x->bsums), sc16); /* sum_j sc_j bsum_j */
         __m512i sumi = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++) {
-            __m512i l = LOAD512(w->ql + 64 * h);
-            __m512i qh = _mm512_broadcast_i64x4(LOAD256(w->qh + 32 * h));
-            __m512i qa = _mm512_or_si512(_mm512_and_si512(l, lo4),
-                                         _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
-            __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), lo4),
-                                         _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+            __m512i qa, qb;
+            q6_half(w, h, &qa, &qb);
             __m512i pa = _mm512_maddubs_epi16(qa, LOAD512(x->qs + 128 * h));
             __m512i pb = _mm512_maddubs_epi16(qb, LOAD512(x->qs + 128 * h + 64));
             sumi = _mm512_dpwssd_epi32(sumi, pa, _mm512_permutexvar_epi16(idx[2 * h], sc));
@@ -820,19 +829,12 @@ VNNI static inline __attribute__((always_inline)) void qk_pack_q45(const bool hb
 /* n super-blocks of a Q6_K row, packed (dot512_q6_k's quants and lane scales). */
 VNNI static void qk_pack_q6(const eng_block_q6_k_t *w, uint32_t n, qk_pack_t *p)
 {
-    const __m512i lo4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     for (uint32_t b = 0; b < n; b++, w++, p++) {
         __m256i sc16 =
             _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)w->scales));
         for (int h = 0; h < 2; h++) {
-            __m512i l = LOAD512(w->ql + 64 * h);
-            __m512i qh = _mm512_broadcast_i64x4(LOAD256(w->qh + 32 * h));
-            __m512i qa = _mm512_or_si512(_mm512_and_si512(l, lo4),
-                                         _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
-            __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), lo4),
-                                         _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+            __m512i qa, qb;
+            q6_half(w, h, &qa, &qb);
             _mm512_storeu_si512((void *)(p->q + 128 * h), qa);
             _mm512_storeu_si512((void *)(p->q + 128 * h + 64), qb);
         }
