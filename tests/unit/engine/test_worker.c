@@ -1419,18 +1419,19 @@ PC_TEST(tier_load_does_not_stall_decoding)
     res[0].id = 2;
     res[1].id = 3;
     collector_t c = {.res = res, .n_res = 2};
+    /* Both submitted at once: request 2 decodes while request 3's load waits at the gate (waiting
+     * for request 2's first token before submitting 3 let this model's fast decode fill the
+     * pool first, so that 3 was admitted, and reached the gate, only once 2 was done). */
     eng_wire_submit_t q = greedy_req(2, 9, dprompt, ND, DOUT);
     ASSERT_EQ(submit(w, &q), 0);
-    uint64_t until = pc_time_mono_ms() + 20000;
-    while (res[0].n_tokens == 0 && !res[0].done && pc_time_mono_ms() < until)
-        drain_for(w, &c, 10);
-    ASSERT_TRUE(res[0].n_tokens > 0); /* decoding */
     q = greedy_req(3, 9, prompt, N, OUT);
     ASSERT_EQ(submit(w, &q), 0);
+    uint64_t until = pc_time_mono_ms() + 20000;
     while (disk_gate_entered(&gate) == 0 && pc_time_mono_ms() < until)
-        drain_for(w, &c, 10);
+        drain_for(w, &c, 1);
     ASSERT_TRUE(disk_gate_entered(&gate) > 0); /* request 3's load is pending at the gate */
     uint32_t at_gate = res[0].n_tokens;
+    ASSERT_FALSE(res[0].done);
     while (res[0].n_tokens < at_gate + 8 && !res[0].done && pc_time_mono_ms() < until)
         drain_for(w, &c, 10);
     ASSERT_TRUE(res[0].n_tokens >= at_gate + 8); /* progress while the load was pending */
