@@ -11,17 +11,16 @@
  *            elements (16-byte stores when y is 16-byte aligned); 256 threads per block
  *   qgemv    grid ceil(N / 4), 4 warps: warp w owns weight row n = 4 * blockIdx.x + w; lane l
  *            takes groups l, l + 32, ... of the row (so a warp reads one K-quant super-block,
- *            or 8 Q4_0 / Q5_0 / Q5_1 / Q8_0 blocks, per iteration, every weight byte once from DRAM), decodes
- *            the group's 8 quants in affine form (krn_q_group8_affine: small integers, one scale
- *            and one offset) and adds scale * sum(q x) - offset * sum(x) for each of the M
- *            activation rows (F32 accumulators per row, x read through L1/L2: it is small and
- *            every warp reads it); a warp-shuffle sum, then lane 0 writes y[m][n] for every m.
- *            Per weight: the bit extraction, an OR and an add for its float (krn_q_i2f) and an
- *            FMA per row (and an add for the K-quants' mins), meant to keep decode memory-bound
- *            at 4 bits per weight; unmeasured as of this writing (`kvgw bench kernels`' qgemv
- *            figures measure it).
- *   qmatmul  M <= KRN_QGEMV_MAX_ROWS: qgemv; else per chunk of krn_qmatmul_chunk_rows rows,
- *            dequant into the caller's scratch as x's type, then krn_gemm into y's columns.
+ *            or 8 Q4_0 / Q5_0 / Q5_1 / Q8_0 blocks, per iteration, every weight byte once from
+ * DRAM), decodes the group's 8 quants in affine form (krn_q_group8_affine: small integers, one
+ * scale and one offset) and adds scale * sum(q x) - offset * sum(x) for each of the M activation
+ * rows (F32 accumulators per row, x read through L1/L2: it is small and every warp reads it); a
+ * warp-shuffle sum, then lane 0 writes y[m][n] for every m. Per weight: the bit extraction, an OR
+ * and an add for its float (krn_q_i2f) and an FMA per row (and an add for the K-quants' mins),
+ * meant to keep decode memory-bound at 4 bits per weight; unmeasured as of this writing (`kvgw
+ * bench kernels`' qgemv figures measure it). qmatmul  M <= KRN_QGEMV_MAX_ROWS: qgemv; else per
+ * chunk of krn_qmatmul_chunk_rows rows, dequant into the caller's scratch as x's type, then
+ * krn_gemm into y's columns.
  */
 #include "krn_cuda.cuh"
 #include "krn_quant_hostdev.h"

@@ -202,7 +202,9 @@ test('in process: retained prompts pushed out of the pool go down to G3 in the g
     const again = await ask(gw.base, body('epsilon', true));
     assert.match(again.cache, /^outcome=hit; /);
     assert.equal(again.workerCached, entry, `the router knew the worker held it: ${again.cache}`);
-    assert.ok(again.g3 >= 256, `read from the disk: ${again.cache}`);
+    // Some of it from the disk: how much is the cost model's choice from the speeds it measured
+    // (a loaded machine's slow reads against its prefill rate can make it recompute the tail).
+    assert.ok(again.g3 >= 16, `read from the disk: ${again.cache}`);
     assert.equal(again.text, first.text);
     // Read back into the pool: it is in G1 again (and zeta went down in its place).
     await until(gw.base, 'epsilon back in G1, zeta in G3', (m) =>
